@@ -1,0 +1,17 @@
+"""spmd: SPMD distributed execution for Python with a JAX-compatible API.
+
+>>> import spmd, spmd.numpy as snp
+>>> f = spmd.jit(lambda x: snp.tanh(x) * 2.0)
+>>> print(spmd.make_jaxpr(f)(snp.ones(3)))   # doctest: +SKIP
+"""
+
+from spmd import config as _config_module
+from spmd.config import config  # noqa: F401
+from spmd import errors, tree_util  # noqa: F401
+from spmd.compiler import ops as _ops  # noqa: F401  (registers the primitives)
+from spmd.compiler.array import Array  # noqa: F401
+from spmd.compiler.avals import ShapedArray  # noqa: F401
+from spmd.compiler.jit import eval_shape, jit, make_jaxpr  # noqa: F401
+from spmd import numpy, lax  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,69 @@
+"""The small vocabulary that jvp and transpose rules are written in.
+
+- :class:`Zero` is a symbolic zero tangent or cotangent: it costs nothing and
+  rules must accept it for any tangent/cotangent argument.
+- :class:`UndefinedPrimal` marks, in a transpose rule's arguments, the linear
+  inputs whose cotangents the rule must return.
+"""
+
+from __future__ import annotations
+
+from spmd.compiler.avals import ShapedArray, tangent_aval
+
+
+class Zero:
+    """A symbolic zero of type ``aval`` (a tangent or cotangent that is known to be 0)."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: ShapedArray):
+        self.aval = aval
+
+    @staticmethod
+    def from_primal_value(x) -> "Zero":
+        from spmd.compiler.trace import get_aval
+
+        return Zero(tangent_aval(get_aval(x)))
+
+    def __repr__(self):
+        return f"Zero({self.aval})"
+
+
+class UndefinedPrimal:
+    """A linear input of a transpose rule: its value is unknown, its type is not."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: ShapedArray):
+        self.aval = aval
+
+    def __repr__(self):
+        return f"UndefinedPrimal({self.aval})"
+
+
+def is_undefined(x) -> bool:
+    return isinstance(x, UndefinedPrimal)
+
+
+def is_zero(x) -> bool:
+    return isinstance(x, Zero)
+
+
+def instantiate(t):
+    """A real array for a tangent that may be a symbolic :class:`Zero`."""
+    if isinstance(t, Zero):
+        from spmd.compiler.ops.structural import zeros
+
+        return zeros(t.aval.shape, t.aval.dtype)
+    return t
+
+
+def add_tangents(a, b):
+    """Sum two tangents, keeping symbolic zeros symbolic."""
+    if isinstance(a, Zero):
+        return b
+    if isinstance(b, Zero):
+        return a
+    from spmd.compiler.ops.elementwise import add
+
+    return add(a, b)

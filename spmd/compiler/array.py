@@ -1,0 +1,110 @@
+"""The concrete array that eager operations and jitted calls return.
+
+An :class:`Array` holds one buffer of the array module (numpy here) and its
+aval.  Later layers attach a sharding; arithmetic operators are installed by
+``spmd.numpy`` (the compiler does not import the front end).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler.avals import ShapedArray
+from spmd.errors import DeletedArrayError
+
+
+class Array:
+    """A concrete array: ``np.asarray(x)`` gives its value.
+
+    >>> import spmd.numpy as snp
+    >>> snp.arange(3)
+    Array([0, 1, 2], dtype=int32)
+    """
+
+    __slots__ = ("_value", "aval", "_deleted", "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, value, aval: ShapedArray):
+        self._value = value
+        self.aval = aval
+        self._deleted = False
+
+    # ---------------------------------------------------------------- data
+    @property
+    def value(self):
+        if self._deleted:
+            raise DeletedArrayError(
+                "this Array was donated to a jitted call (donate_argnums) and its buffer "
+                "may have been reused; use the call's result instead of the donated input")
+        return self._value
+
+    def __array__(self, dtype=None, copy=None):
+        v = np.asarray(self.value)
+        return v if dtype is None else v.astype(dtype, copy=False)
+
+    def delete(self) -> None:
+        self._deleted = True
+
+    def is_deleted(self) -> bool:
+        return self._deleted
+
+    def block_until_ready(self) -> "Array":
+        return self
+
+    def copy(self) -> "Array":
+        return Array(np.array(self.value, copy=True), self.aval)
+
+    def item(self):
+        return np.asarray(self.value).item()
+
+    def tolist(self):
+        return np.asarray(self.value).tolist()
+
+    # ------------------------------------------------------------- metadata
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: self.aval.ndim)
+    size = property(lambda self: self.aval.size)
+    weak_type = property(lambda self: self.aval.weak_type)
+    nbytes = property(lambda self: self.aval.nbytes)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d Array")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d Array")
+        return (self[i] for i in range(self.shape[0]))
+
+    # Concrete values convert to Python values, as numpy's do.
+    def __bool__(self):
+        return bool(np.asarray(self.value))
+
+    def __int__(self):
+        return int(np.asarray(self.value))
+
+    def __float__(self):
+        return float(np.asarray(self.value))
+
+    def __index__(self):
+        return int(np.asarray(self.value).__index__())
+
+    def __complex__(self):
+        return complex(np.asarray(self.value))
+
+    __hash__ = None  # arrays are mutable-looking values: unhashable, as in numpy and JAX
+
+    def __repr__(self):
+        if self._deleted:
+            return "Array(<deleted>)"
+        body = np.array2string(np.asarray(self._value), separator=", ", prefix="Array(")
+        extra = ", weak_type=True" if self.aval.weak_type else ""
+        return f"Array({body}, dtype={self.dtype}{extra})"
+
+    def __str__(self):
+        return str(np.asarray(self.value))
+
+    def __format__(self, spec):
+        return format(np.asarray(self.value) if self.shape else self.item(), spec)

@@ -1,0 +1,69 @@
+"""Abstract values: what the compiler knows of an array without its data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spmd.compiler import dtypes
+
+
+class ShapedArray:
+    """An array's type: shape, dtype, weak typing and varying manual axes.
+
+    ``vma`` is the frozenset of mesh axes along which the value may differ
+    between devices inside a ``shard_map`` body (JEP 17111); it is empty outside.
+
+    >>> ShapedArray((4, 8), np.float32)
+    f32[4,8]
+    """
+
+    __slots__ = ("shape", "dtype", "weak_type", "vma", "_hash")
+
+    def __init__(self, shape, dtype, weak_type: bool = False, vma=frozenset()):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.weak_type = bool(weak_type)
+        self.vma = frozenset(vma)
+        self._hash = hash((self.shape, self.dtype, self.weak_type, self.vma))
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
+
+    def update(self, shape=None, dtype=None, weak_type=None, vma=None) -> "ShapedArray":
+        return ShapedArray(self.shape if shape is None else shape,
+                           self.dtype if dtype is None else dtype,
+                           self.weak_type if weak_type is None else weak_type,
+                           self.vma if vma is None else vma)
+
+    def strip_weak(self) -> "ShapedArray":
+        return self.update(weak_type=False) if self.weak_type else self
+
+    def __eq__(self, other):
+        return (isinstance(other, ShapedArray) and self.shape == other.shape
+                and self.dtype == other.dtype and self.weak_type == other.weak_type
+                and self.vma == other.vma)
+
+    def __hash__(self):
+        return self._hash
+
+    def str_short(self) -> str:
+        s = f"{dtypes.SHORT_NAMES.get(self.dtype, str(self.dtype))}[{','.join(map(str, self.shape))}]"
+        if self.vma:
+            s += "{" + ",".join(sorted(self.vma)) + "}"
+        return s
+
+    def __repr__(self):
+        return self.str_short()
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+def tangent_aval(aval: ShapedArray) -> ShapedArray:
+    """The aval of a tangent/cotangent of a value of type ``aval``."""
+    if dtypes.is_float(aval.dtype):
+        return aval.update(weak_type=False)
+    return aval.update(dtype=dtypes.float0, weak_type=False)

@@ -1,0 +1,156 @@
+"""Dtypes: which are supported, 32-bit canonicalisation, and type promotion.
+
+The rules follow JAX (JEP 9407): a lattice ``bool < int < float`` in which Python
+scalars are *weak* (they adopt the dtype of the array they meet), and 64-bit
+types are narrowed to 32 bits unless ``enable_x64`` is on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.config import config
+from spmd.errors import DTypeError
+
+bool_ = np.dtype(np.bool_)
+int8, int16, int32, int64 = (np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+uint8, uint16, uint32, uint64 = (np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+float16, float32, float64 = (np.dtype(t) for t in (np.float16, np.float32, np.float64))
+
+SUPPORTED = frozenset([bool_, int8, int16, int32, int64, uint8, uint16, uint32, uint64,
+                       float16, float32, float64])
+
+try:  # bfloat16 is optional: it comes with ml_dtypes when installed.
+    import ml_dtypes
+
+    bfloat16 = np.dtype(ml_dtypes.bfloat16)
+    SUPPORTED = SUPPORTED | {bfloat16}
+except ImportError:  # pragma: no cover - depends on the environment
+    bfloat16 = None
+
+_NARROW = {int64: int32, uint64: uint32, float64: float32}
+
+# float0 is the dtype of cotangents of integer inputs (as in JAX): no data.
+float0 = np.dtype([("float0", np.void, 0)])
+
+
+def _short_names() -> dict:
+    names = {bool_: "bool", float16: "f16", float32: "f32", float64: "f64"}
+    for d in (int8, int16, int32, int64):
+        names[d] = f"i{d.itemsize * 8}"
+    for d in (uint8, uint16, uint32, uint64):
+        names[d] = f"u{d.itemsize * 8}"
+    if bfloat16 is not None:
+        names[bfloat16] = "bf16"
+    names[float0] = "float0"
+    return names
+
+
+SHORT_NAMES = _short_names()
+
+
+def x64_enabled() -> bool:
+    return bool(config.enable_x64)
+
+
+def default_int() -> np.dtype:
+    return int64 if x64_enabled() else int32
+
+
+def default_float() -> np.dtype:
+    return float64 if x64_enabled() else float32
+
+
+def is_float(dtype) -> bool:
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == bfloat16
+
+
+def is_int(dtype) -> bool:
+    return np.dtype(dtype).kind in "iu"
+
+
+def is_bool(dtype) -> bool:
+    return np.dtype(dtype) == bool_
+
+
+def check_dtype(dtype, where: str = "") -> np.dtype:
+    """Return ``dtype`` as a supported ``np.dtype`` or raise :class:`DTypeError`."""
+    try:
+        d = np.dtype(dtype)
+    except TypeError as e:
+        raise DTypeError(f"{where or 'spmd'}: {dtype!r} is not a dtype ({e})") from None
+    if d not in SUPPORTED and d != float0:
+        supported = ", ".join(sorted(SHORT_NAMES[t] for t in SUPPORTED))
+        raise DTypeError(
+            f"{where or 'spmd'}: unsupported dtype {d} (supported: {supported}); "
+            "convert the value first, e.g. x.astype(np.float32)")
+    return d
+
+
+def canonicalize(dtype, where: str = "") -> np.dtype:
+    """Narrow 64-bit dtypes to 32 bits unless x64 mode is on."""
+    d = check_dtype(dtype, where)
+    if not x64_enabled():
+        return _NARROW.get(d, d)
+    return d
+
+
+def python_scalar_dtype(x) -> np.dtype:
+    """The (weak) dtype a Python scalar takes."""
+    if isinstance(x, (bool, np.bool_)):
+        return bool_
+    if isinstance(x, int):
+        return default_int()
+    if isinstance(x, float):
+        return default_float()
+    if isinstance(x, complex):
+        raise DTypeError("spmd: complex numbers are not supported")
+    raise DTypeError(f"spmd: {type(x).__name__} is not a Python scalar")
+
+
+# Kinds on the promotion lattice, in order: a higher kind wins.
+def _kind_rank(dtype) -> int:
+    if is_bool(dtype):
+        return 0
+    if is_int(dtype):
+        return 1
+    return 2
+
+
+def _promote_strong(a: np.dtype, b: np.dtype) -> np.dtype:
+    if a == b:
+        return a
+    ra, rb = _kind_rank(a), _kind_rank(b)
+    if ra != rb:  # int with float gives the float (JAX's lattice), bool gives the other
+        return a if ra > rb else b
+    if ra == 2:
+        if bfloat16 is not None and bfloat16 in (a, b):
+            other = b if a == bfloat16 else a
+            return float32 if other == float16 else other
+        return a if a.itemsize >= b.itemsize else b
+    return np.promote_types(a, b)
+
+
+def result_type(*typed) -> tuple:
+    """Promote ``(dtype, weak)`` pairs; return ``(dtype, weak)`` of the result.
+
+    >>> result_type((np.dtype('int32'), False), (np.dtype('float32'), True))
+    (dtype('float32'), True)
+    """
+    strong = [d for d, w in typed if not w]
+    weak = [d for d, w in typed if w]
+    if strong:
+        out = strong[0]
+        for d in strong[1:]:
+            out = _promote_strong(out, d)
+        # A weak operand only matters when it is of a higher kind.
+        top_weak = max((_kind_rank(d) for d in weak), default=-1)
+        if top_weak > _kind_rank(out):
+            return (default_float() if top_weak == 2 else default_int()), True
+        return canonicalize(out), False
+    out = weak[0]
+    for d in weak[1:]:
+        if _kind_rank(d) > _kind_rank(out):
+            out = d
+    return canonicalize(out), True

@@ -1,0 +1,315 @@
+"""``jit``: trace once per signature, optimise, generate code, cache.
+
+Called eagerly, a jitted function runs its generated code directly (the fast
+path: flatten the arguments, look up the cache, call).  Called under another
+transformation, it binds the ``jit`` primitive, whose parameter is the traced
+program, so the transformation sees one equation it knows how to handle.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.compiler import dtypes
+from spmd.compiler.array import Array
+from spmd.compiler.codegen import Executable, compile_program
+from spmd.compiler.ir import ClosedProgram
+from spmd.compiler.passes import optimize
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import (Tracer, eval_program, get_aval, is_array_like, is_eager,
+                                 to_array_value, trace_to_program, wrap_value)
+from spmd.errors import OutputTypeError, StaticArgumentError
+
+# ------------------------------------------------------------- the primitive
+
+jit_p = Primitive("jit", multiple_results=True, higher_order=True)
+
+_executables: dict = {}
+
+
+def executable_for(closed: ClosedProgram, xp=np) -> Executable:
+    """The compiled code of ``closed`` (compiled once per program and array module)."""
+    key = (id(closed), xp.__name__)
+    hit = _executables.get(key)
+    if hit is None or hit[0] is not closed:
+        hit = (closed, compile_program(optimize(closed), xp))
+        _executables[key] = hit
+    return hit[1]
+
+
+@jit_p.def_impl
+def _jit_impl(xp, *args, program: ClosedProgram, name: str):
+    return executable_for(program, xp)(*args)
+
+
+@jit_p.def_abstract_eval
+def _jit_abstract_eval(*avals, program: ClosedProgram, name: str):
+    return program.out_avals
+
+
+jit_p.rules["inline"] = lambda eqn: eqn.params["program"]
+
+
+# ------------------------------------------------------- argument handling
+
+def _norm_argnums(argnums, n_params, fname, what) -> tuple[int, ...]:
+    if argnums is None:
+        return ()
+    if isinstance(argnums, int):
+        argnums = (argnums,)
+    out = []
+    for i in argnums:
+        if not isinstance(i, int):
+            raise StaticArgumentError(f"jit({fname}): {what} entries must be ints, got {i!r}")
+        if n_params is not None and not -n_params <= i < n_params:
+            raise StaticArgumentError(
+                f"jit({fname}): {what}={i} is out of range for a function of {n_params} "
+                "positional parameters")
+        out.append(i % n_params if n_params is not None and i < 0 else i)
+    return tuple(sorted(set(out)))
+
+
+def flatten_outputs(outs, fname: str):
+    """Flatten a function's results, checking that every leaf is an array."""
+    paths_leaves, treedef = tree_util.tree_flatten_with_path(outs)
+    for path, leaf in paths_leaves:
+        if not is_array_like(leaf):
+            raise OutputTypeError(
+                f"{fname} returned a {type(leaf).__name__} at output{tree_util.keystr(path)}: "
+                f"{leaf!r:.60}; transformed functions must return arrays (or pytrees of "
+                "arrays). Return Python values through static arguments or outside the function")
+    return [leaf for _, leaf in paths_leaves], treedef
+
+
+class _Entry:
+    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe")
+
+    def __init__(self, closed, out_tree):
+        self.closed = closed
+        self.out_tree = out_tree
+        self.out_avals = closed.out_avals
+        self._optimized = None
+        self._exe = None
+
+    @property
+    def optimized(self) -> ClosedProgram:
+        if self._optimized is None:
+            self._optimized = optimize(self.closed)
+        return self._optimized
+
+    @property
+    def exe(self) -> Executable:
+        if self._exe is None:
+            self._exe = compile_program(self.optimized, np, "program")
+        return self._exe
+
+
+class JitFunction:
+    """The result of :func:`jit`: call it, or ``.lower(*args)`` to inspect it."""
+
+    def __init__(self, fun: Callable, static_argnums=None, static_argnames=None,
+                 donate_argnums=None):
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        self._name = getattr(fun, "__name__", "fun")
+        try:
+            sig = inspect.signature(fun)
+            params = list(sig.parameters.values())
+            varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+            n_pos = None if varargs else sum(
+                p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        except (TypeError, ValueError):
+            sig, n_pos = None, None
+        self._static_argnums = _norm_argnums(static_argnums, n_pos, self._name, "static_argnums")
+        self._donate_argnums = _norm_argnums(donate_argnums, n_pos, self._name, "donate_argnums")
+        if isinstance(static_argnames, str):
+            static_argnames = (static_argnames,)
+        self._static_argnames = tuple(static_argnames or ())
+        # static_argnames may name positional parameters too (as in JAX).
+        if sig is not None:
+            names = list(sig.parameters)
+            for nm in self._static_argnames:
+                if nm in names and n_pos is not None and names.index(nm) < n_pos:
+                    self._static_argnums = tuple(sorted(set(self._static_argnums)
+                                                        | {names.index(nm)}))
+        self._cache: dict = {}
+
+    # The signature of a call: everything the traced program depends on.
+    def _signature(self, args, kwargs):
+        static_pos = []
+        dyn_args = []
+        for i, a in enumerate(args):
+            if i in self._static_argnums:
+                static_pos.append((i, a))
+            else:
+                dyn_args.append(a)
+        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        static_key = (tuple(static_pos), static_kw)
+        try:
+            hash(static_key)
+        except TypeError:
+            for where, v in list(static_pos) + list(static_kw):
+                try:
+                    hash(v)
+                except TypeError:
+                    what = f"argument {where}" if isinstance(where, int) else f"argument {where!r}"
+                    raise StaticArgumentError(
+                        f"jit({self._name}): static {what} is an unhashable "
+                        f"{type(v).__name__} ({v!r:.60}); static arguments are cache keys and "
+                        "must be hashable: pass a tuple instead of a list, or make the argument "
+                        "non-static") from None
+            raise
+        leaves, treedef = tree_util.tree_flatten((tuple(dyn_args), dyn_kw))
+        return static_key, leaves, treedef
+
+    def _trace(self, static_key, treedef, avals) -> _Entry:
+        static_pos, static_kw = static_key
+        out_tree_box = []
+
+        def flat_fun(*tracers):
+            dyn_args, dyn_kw = tree_util.tree_unflatten(treedef, tracers)
+            args = list(dyn_args)
+            for i, v in static_pos:
+                args.insert(i, v)
+            outs = self._fun(*args, **dyn_kw, **dict(static_kw))
+            leaves, out_tree = flatten_outputs(outs, f"jit({self._name})")
+            out_tree_box.append(out_tree)
+            return leaves
+
+        closed = trace_to_program(flat_fun, avals)
+        return _Entry(closed, out_tree_box[0])
+
+    def _entry(self, args, kwargs):
+        static_key, leaves, treedef = self._signature(args, kwargs)
+        avals = tuple(map(get_aval, leaves))
+        key = (treedef, static_key, avals, dtypes.x64_enabled())
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._trace(static_key, treedef, avals)
+            self._cache[key] = entry  # only reached when tracing succeeded
+        return entry, leaves, avals
+
+    def __call__(self, *args, **kwargs):
+        entry, leaves, avals = self._entry(args, kwargs)
+        if not is_eager():
+            outs = jit_p.bind(*leaves, program=entry.closed, name=self._name)
+            return tree_util.tree_unflatten(entry.out_tree, outs)
+        vals = [to_array_value(x, a) for x, a in zip(leaves, avals)]
+        outs = entry.exe(*vals)
+        if self._donate_argnums:
+            self._delete_donated(args)
+        return tree_util.tree_unflatten(
+            entry.out_tree, [wrap_value(o, a) for o, a in zip(outs, entry.out_avals)])
+
+    def _delete_donated(self, args):
+        for i in self._donate_argnums:
+            if i < len(args):
+                for leaf in tree_util.tree_leaves(args[i]):
+                    if isinstance(leaf, Array):
+                        leaf.delete()
+
+    def lower(self, *args, **kwargs) -> "Lowered":
+        entry, _, _ = self._entry(args, kwargs)
+        return Lowered(entry, self._name)
+
+    def eval_shape(self, *args, **kwargs):
+        entry, _, _ = self._entry(args, kwargs)
+        return tree_util.tree_unflatten(entry.out_tree, list(entry.out_avals))
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def _cache_size(self) -> int:
+        return len(self._cache)
+
+    def __get__(self, obj, objtype=None):  # so that jit works on methods
+        return self if obj is None else functools.partial(self, obj)
+
+    def __repr__(self):
+        return f"<jit {self._name}>"
+
+
+class Lowered:
+    """A traced and optimised program: ``.as_text()`` prints it."""
+
+    def __init__(self, entry: _Entry, name: str):
+        self._entry = entry
+        self.name = name
+
+    @property
+    def program(self) -> ClosedProgram:
+        return self._entry.optimized
+
+    def as_text(self) -> str:
+        return str(self._entry.optimized)
+
+    def compile(self) -> "Compiled":
+        return Compiled(self._entry)
+
+    def __str__(self):
+        return self.as_text()
+
+
+class Compiled:
+    """The generated code of a lowered program (``.source`` shows it)."""
+
+    def __init__(self, entry: _Entry):
+        self._entry = entry
+
+    @property
+    def source(self) -> str:
+        return self._entry.exe.source
+
+    def as_text(self) -> str:
+        return self.source
+
+    def __call__(self, *leaves):
+        avals = [get_aval(x) for x in leaves]
+        outs = self._entry.exe(*[to_array_value(x, a) for x, a in zip(leaves, avals)])
+        return tree_util.tree_unflatten(
+            self._entry.out_tree, [wrap_value(o, a) for o, a in zip(outs, self._entry.out_avals)])
+
+
+def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None,
+        donate_argnums=None):
+    """Compile ``fun``: trace once per argument signature, then run generated code.
+
+    >>> @jit
+    ... def f(x):
+    ...     return x * 2 + 1
+    >>> f(np.arange(3.0))
+    Array([1., 3., 5.], dtype=float32)
+    """
+    if fun is None:
+        return functools.partial(jit, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, donate_argnums=donate_argnums)
+    if not callable(fun):
+        raise TypeError(f"jit: expected a function, got {type(fun).__name__}")
+    return JitFunction(fun, static_argnums, static_argnames, donate_argnums)
+
+
+def make_jaxpr(fun: Callable, static_argnums=None):
+    """Return a function that traces ``fun`` and returns its :class:`ClosedProgram`.
+
+    >>> print(make_jaxpr(lambda x: x + 1)(np.ones(3, np.float32)))  # doctest: +SKIP
+    { lambda ; a:f32[3]. let
+        b:f32[3] = add a 1.0
+      in (b) }
+    """
+    def traced(*args, **kwargs):
+        jf = JitFunction(fun, static_argnums=static_argnums)
+        entry, _, _ = jf._entry(args, kwargs)
+        return entry.closed
+
+    return traced
+
+
+def eval_shape(fun: Callable, *args, **kwargs):
+    """The output avals (shape, dtype) of ``fun`` without running it."""
+    return JitFunction(fun).eval_shape(*args, **kwargs)

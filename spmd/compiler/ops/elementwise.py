@@ -1,0 +1,598 @@
+"""Elementwise primitives: unary math, binary arithmetic, comparisons, select.
+
+Operands of a binary primitive have equal shapes, or one of them is a scalar
+(shape ``()``), which broadcasts; equal dtypes always (``spmd.numpy`` promotes
+and broadcasts before binding).  Each primitive's rules sit in its table row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.compiler.ad_util import Zero, add_tangents, instantiate, is_undefined
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import bind
+from spmd.errors import DTypeError, ShapeError
+
+
+# --------------------------------------------------------- shape/type rules
+
+def _binary_aval(name, *avals, out_dtype=None):
+    shapes = [a.shape for a in avals if a.shape != ()]
+    shape = shapes[0] if shapes else ()
+    for s in shapes[1:]:
+        if s != shape:
+            raise ShapeError(f"{name}: operand shapes {shape} and {s} differ; broadcast them "
+                             "first (spmd.numpy does), e.g. snp.broadcast_to")
+    dts = {a.dtype for a in avals}
+    if len(dts) > 1:
+        raise DTypeError(f"{name}: operand dtypes {sorted(map(str, dts))} differ; convert "
+                         "first with .astype (spmd.numpy promotes automatically)")
+    weak = all(a.weak_type for a in avals)
+    return ShapedArray(shape, out_dtype or avals[0].dtype, weak)
+
+
+def _check_kind(name, aval, kinds):
+    ok = {"float": dtypes.is_float, "int": dtypes.is_int, "bool": dtypes.is_bool}
+    if not any(ok[k](aval.dtype) for k in kinds):
+        raise DTypeError(f"{name}: operand dtype {aval.dtype} is not supported "
+                         f"(expects {' or '.join(kinds)}); convert with .astype")
+
+
+def _sum_to_shape(ct, shape):
+    """Reduce a cotangent of a broadcast scalar operand back to that operand's shape."""
+    from spmd.compiler.ops.reduce import reduce_sum
+
+    if ct is None or isinstance(ct, Zero) or getattr(ct, "shape", ()) == shape:
+        return ct
+    return reduce_sum(ct, tuple(range(len(ct.shape))))
+
+
+def _shaped(t, aval):
+    """Broadcast a scalar tangent to ``aval``'s shape (for rules mixing scalars)."""
+    from spmd.compiler.ops.structural import broadcast_in_dim
+
+    if isinstance(t, Zero) or t.shape == aval.shape:
+        return t
+    return broadcast_in_dim(t, aval.shape, ())
+
+
+# --------------------------------------------------------------- batching
+
+def _batch_elementwise(prim):
+    def rule(args, dims, **params):
+        from spmd.compiler.batching import bdim_size, move_to_front
+        from spmd.compiler.ops.structural import broadcast_in_dim
+
+        size = bdim_size(args, dims)
+        shapes = [tuple(np.shape(a)) if d is None else
+                  tuple(np.shape(a))[:d] + tuple(np.shape(a))[d + 1:] for a, d in zip(args, dims)]
+        out_shape = next((s for s in shapes if s), ())
+        new = []
+        for a, d, s in zip(args, dims, shapes):
+            if d is None:
+                # Unbatched scalars broadcast by themselves; arrays get the batch axis.
+                new.append(a if s == () else
+                           broadcast_in_dim(a, (size,) + s, tuple(range(1, len(s) + 1))))
+            else:
+                a = move_to_front(a, d)
+                if s == () and out_shape:
+                    a = broadcast_in_dim(a, (size,) + out_shape, (0,))
+                new.append(a)
+        out = bind(prim, *new, **params)
+        return (out, [0] * len(out)) if prim.multiple_results else (out, 0)
+
+    return rule
+
+
+# ------------------------------------------------------------- definitions
+
+def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
+    """Define an elementwise unary primitive (impl from ``xp.<np_name>``)."""
+    p = Primitive(name)
+    fn_name = np_name
+
+    @p.def_impl
+    def impl(xp, x):
+        return getattr(xp, fn_name)(x)
+
+    @p.def_abstract_eval
+    def abstract_eval(x):
+        _check_kind(name, x, kinds)
+        return ShapedArray(x.shape, out_dtype or x.dtype, x.weak_type)
+
+    p.def_emit(emit or (lambda ins: f"xp.{fn_name}({ins[0]})"))
+    p.def_batch(_batch_elementwise(p))
+    if jvp is not None:
+        def jvp_rule(primals, tangents):
+            (x,), (t,) = primals, tangents
+            y = bind(p, x)
+            if isinstance(t, Zero):
+                return y, Zero(t.aval)
+            return y, jvp(t, x, y)
+
+        p.def_jvp(jvp_rule)
+    else:  # piecewise-constant functions (floor, sign, comparisons): zero derivative
+        def zero_jvp(primals, tangents):
+            y = bind(p, *primals)
+            from spmd.compiler.avals import tangent_aval
+            from spmd.compiler.trace import get_aval
+            return y, Zero(tangent_aval(get_aval(y)))
+
+        p.def_jvp(zero_jvp)
+    return p
+
+
+def binary(name, np_name, kinds=("float", "int"), emit_op=None, out_dtype=None):
+    p = Primitive(name)
+
+    @p.def_impl
+    def impl(xp, x, y):
+        return getattr(xp, np_name)(x, y)
+
+    @p.def_abstract_eval
+    def abstract_eval(x, y):
+        _check_kind(name, x, kinds)
+        return _binary_aval(name, x, y, out_dtype=out_dtype)
+
+    if emit_op is not None:
+        p.def_emit(lambda ins: f"({ins[0]} {emit_op} {ins[1]})")
+    else:
+        p.def_emit(lambda ins: f"xp.{np_name}({ins[0]}, {ins[1]})")
+    p.def_batch(_batch_elementwise(p))
+    return p
+
+
+def _zero_jvp(p):
+    def rule(primals, tangents, **params):
+        from spmd.compiler.avals import tangent_aval
+        from spmd.compiler.trace import get_aval
+
+        y = bind(p, *primals, **params)
+        return y, Zero(tangent_aval(get_aval(y)))
+
+    p.def_jvp(rule)
+    return p
+
+
+# Unary math.  Each jvp maps (tangent, x, y=f(x)) to the output tangent.
+neg_p = unary("neg", "negative", lambda t, x, y: neg(t), kinds=("float", "int"),
+              emit=lambda ins: f"(-{ins[0]})")
+neg_p.linear = True
+exp_p = unary("exp", "exp", lambda t, x, y: mul(t, y))
+log_p = unary("log", "log", lambda t, x, y: div(t, x))
+log1p_p = unary("log1p", "log1p", lambda t, x, y: div(t, add(x, _one(x))))
+expm1_p = unary("expm1", "expm1", lambda t, x, y: mul(t, add(y, _one(y))))
+tanh_p = unary("tanh", "tanh", lambda t, x, y: mul(t, sub(_one(y), mul(y, y))))
+logistic_p = unary("logistic", "logistic", lambda t, x, y: mul(t, mul(y, sub(_one(y), y))))
+sin_p = unary("sin", "sin", lambda t, x, y: mul(t, cos(x)))
+cos_p = unary("cos", "cos", lambda t, x, y: neg(mul(t, sin(x))))
+tan_p = unary("tan", "tan", lambda t, x, y: mul(t, add(_one(y), mul(y, y))))
+sinh_p = unary("sinh", "sinh", lambda t, x, y: mul(t, cosh(x)))
+cosh_p = unary("cosh", "cosh", lambda t, x, y: mul(t, sinh(x)))
+arcsin_p = unary("asin", "arcsin", lambda t, x, y: mul(t, rsqrt(sub(_one(x), mul(x, x)))))
+arccos_p = unary("acos", "arccos", lambda t, x, y: neg(mul(t, rsqrt(sub(_one(x), mul(x, x))))))
+arctan_p = unary("atan", "arctan", lambda t, x, y: div(t, add(_one(x), mul(x, x))))
+sqrt_p = unary("sqrt", "sqrt", lambda t, x, y: div(t, mul(_const(y, 2), y)))
+rsqrt_p = unary("rsqrt", "rsqrt",
+                lambda t, x, y: mul(t, mul(_const(y, -0.5), div(y, x))),
+                emit=lambda ins: f"(1 / xp.sqrt({ins[0]}))")
+abs_p = unary("abs", "abs", lambda t, x, y: select(ge(x, _zero(x)), t, neg(t)),
+              kinds=("float", "int"))
+sign_p = unary("sign", "sign", kinds=("float", "int"))
+floor_p = unary("floor", "floor")
+ceil_p = unary("ceil", "ceil")
+round_p = unary("round", "round")  # half to even, as numpy and JAX's jnp.round
+is_finite_p = unary("is_finite", "isfinite", out_dtype=np.dtype(bool))
+not_p = unary("not", "invert", kinds=("bool", "int"), emit=lambda ins: f"(~{ins[0]})")
+
+
+# The numpy module has no `logistic` or `rsqrt`; the impl reaches them here.
+def _logistic_impl(xp, x):
+    # Stable for large |x|: never exponentiates a large positive number.
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+logistic_p.def_impl(_logistic_impl)
+logistic_p.def_emit(None)
+rsqrt_p.def_impl(lambda xp, x: 1 / xp.sqrt(x))
+
+# Binary arithmetic.
+add_p = binary("add", "add", emit_op="+")
+add_p.linear = True
+sub_p = binary("sub", "subtract", emit_op="-")
+sub_p.linear = True
+mul_p = binary("mul", "multiply", emit_op="*")
+div_p = binary("div", "divide")
+rem_p = binary("rem", "fmod")
+pow_p = binary("pow", "power", kinds=("float",))
+max_p = binary("max", "maximum")
+min_p = binary("min", "minimum")
+atan2_p = binary("atan2", "arctan2", kinds=("float",))
+and_p = binary("and", "bitwise_and", kinds=("bool", "int"), emit_op="&")
+or_p = binary("or", "bitwise_or", kinds=("bool", "int"), emit_op="|")
+xor_p = binary("xor", "bitwise_xor", kinds=("bool", "int"), emit_op="^")
+_BOOL = np.dtype(bool)
+eq_p = binary("eq", "equal", kinds=("float", "int", "bool"), emit_op="==", out_dtype=_BOOL)
+ne_p = binary("ne", "not_equal", kinds=("float", "int", "bool"), emit_op="!=", out_dtype=_BOOL)
+lt_p = binary("lt", "less", kinds=("float", "int", "bool"), emit_op="<", out_dtype=_BOOL)
+le_p = binary("le", "less_equal", kinds=("float", "int", "bool"), emit_op="<=", out_dtype=_BOOL)
+gt_p = binary("gt", "greater", kinds=("float", "int", "bool"), emit_op=">", out_dtype=_BOOL)
+ge_p = binary("ge", "greater_equal", kinds=("float", "int", "bool"), emit_op=">=",
+              out_dtype=_BOOL)
+for _p in (and_p, or_p, xor_p, eq_p, ne_p, lt_p, le_p, gt_p, ge_p):
+    _zero_jvp(_p)
+
+
+# Integer division truncates toward zero in lax (C semantics), as XLA's does.
+def _div_impl(xp, x, y):
+    if x.dtype.kind in "iu":
+        q = xp.floor_divide(x, y)
+        r = xp.fmod(x, y)
+        # floor_divide rounds toward -inf; move toward zero where signs differ.
+        fix = (r != 0) & ((x < 0) != (y < 0))
+        return (q + fix).astype(x.dtype, copy=False)
+    return xp.divide(x, y)
+
+
+div_p.def_impl(_div_impl)
+div_p.def_emit(lambda ins: None)
+
+
+# --------------------------------------------------------------- binders
+
+def _b(p):
+    def f(*args):
+        return bind(p, *args)
+
+    f.__name__ = p.name
+    f.__doc__ = f"Elementwise ``{p.name}`` (lax level: no promotion or broadcasting)."
+    return f
+
+
+neg, exp, log, log1p, expm1, tanh, logistic = map(
+    _b, (neg_p, exp_p, log_p, log1p_p, expm1_p, tanh_p, logistic_p))
+sin, cos, tan, sinh, cosh, asin, acos, atan = map(
+    _b, (sin_p, cos_p, tan_p, sinh_p, cosh_p, arcsin_p, arccos_p, arctan_p))
+sqrt, rsqrt, abs, sign, floor, ceil, round, is_finite, bitwise_not = map(
+    _b, (sqrt_p, rsqrt_p, abs_p, sign_p, floor_p, ceil_p, round_p, is_finite_p, not_p))
+add, sub, mul, div, rem, pow, max, min, atan2 = map(
+    _b, (add_p, sub_p, mul_p, div_p, rem_p, pow_p, max_p, min_p, atan2_p))
+bitwise_and, bitwise_or, bitwise_xor = map(_b, (and_p, or_p, xor_p))
+eq, ne, lt, le, gt, ge = map(_b, (eq_p, ne_p, lt_p, le_p, gt_p, ge_p))
+
+
+def _const(like, value):
+    """A scalar of ``like``'s dtype (a literal in traced programs)."""
+    return np.array(value, dtype=like.dtype)[()]
+
+
+def _one(like):
+    return _const(like, 1)
+
+
+def _zero(like):
+    return _const(like, 0)
+
+
+# ------------------------------------------------------- linear rules: add
+
+def _add_jvp(primals, tangents):
+    x, y = primals
+    tx, ty = tangents
+    out = add(x, y)
+    if isinstance(tx, Zero) and isinstance(ty, Zero):
+        return out, Zero(tx.aval.update(shape=np.shape(out)))
+    return out, add_tangents(_shaped(tx, _aval(out)), _shaped(ty, _aval(out)))
+
+
+def _aval(x):
+    from spmd.compiler.trace import get_aval
+
+    return get_aval(x)
+
+
+def _add_transpose(ct, x, y):
+    if isinstance(ct, Zero):
+        return [None if not is_undefined(x) else Zero(x.aval),
+                None if not is_undefined(y) else Zero(y.aval)]
+    return [_sum_to_shape(ct, x.aval.shape) if is_undefined(x) else None,
+            _sum_to_shape(ct, y.aval.shape) if is_undefined(y) else None]
+
+
+add_p.def_jvp(_add_jvp)
+add_p.def_transpose(_add_transpose)
+
+
+def _sub_jvp(primals, tangents):
+    x, y = primals
+    tx, ty = tangents
+    out = sub(x, y)
+    if isinstance(ty, Zero):
+        return out, _shaped(tx, _aval(out)) if not isinstance(tx, Zero) else \
+            Zero(tx.aval.update(shape=np.shape(out)))
+    nty = _shaped(neg(ty), _aval(out))
+    return out, nty if isinstance(tx, Zero) else add(_shaped(tx, _aval(out)), nty)
+
+
+def _sub_transpose(ct, x, y):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval) if is_undefined(x) else None,
+                Zero(y.aval) if is_undefined(y) else None]
+    return [_sum_to_shape(ct, x.aval.shape) if is_undefined(x) else None,
+            _sum_to_shape(neg(ct), y.aval.shape) if is_undefined(y) else None]
+
+
+sub_p.def_jvp(_sub_jvp)
+sub_p.def_transpose(_sub_transpose)
+neg_p.def_transpose(lambda ct, x: [Zero(x.aval) if isinstance(ct, Zero) else neg(ct)])
+
+
+def _mul_jvp(primals, tangents):
+    x, y = primals
+    tx, ty = tangents
+    out = mul(x, y)
+    terms = Zero(_aval(out).update(weak_type=False))
+    if not isinstance(tx, Zero):
+        terms = add_tangents(terms, _shaped(mul(tx, y), _aval(out)))
+    if not isinstance(ty, Zero):
+        terms = add_tangents(terms, _shaped(mul(x, ty), _aval(out)))
+    return out, terms
+
+
+def _mul_transpose(ct, x, y):
+    # Linear in whichever operand is undefined (never both: mul is bilinear).
+    assert not (is_undefined(x) and is_undefined(y))
+    if isinstance(ct, Zero):
+        return [Zero(x.aval) if is_undefined(x) else None,
+                Zero(y.aval) if is_undefined(y) else None]
+    if is_undefined(x):
+        return [_sum_to_shape(mul(ct, y), x.aval.shape), None]
+    return [None, _sum_to_shape(mul(x, ct), y.aval.shape)]
+
+
+mul_p.def_jvp(_mul_jvp)
+mul_p.def_transpose(_mul_transpose)
+
+
+def _div_jvp(primals, tangents):
+    x, y = primals
+    tx, ty = tangents
+    out = div(x, y)
+    t = Zero(_aval(out).update(weak_type=False))
+    if not isinstance(tx, Zero):
+        t = add_tangents(t, _shaped(div(tx, y), _aval(out)))
+    if not isinstance(ty, Zero):
+        t = add_tangents(t, _shaped(neg(mul(ty, div(out, y))), _aval(out)))
+    return out, t
+
+
+def _div_transpose(ct, x, y):
+    assert is_undefined(x) and not is_undefined(y)
+    if isinstance(ct, Zero):
+        return [Zero(x.aval), None]
+    return [_sum_to_shape(div(ct, y), x.aval.shape), None]
+
+
+div_p.def_jvp(_div_jvp)
+div_p.def_transpose(_div_transpose)
+
+
+def _binary_jvp(p, dx, dy):
+    """jvp for f(x, y) from partials ``dx(x, y, out)`` and ``dy(x, y, out)``."""
+    def rule(primals, tangents):
+        x, y = primals
+        tx, ty = tangents
+        out = bind(p, x, y)
+        t = Zero(_aval(out).update(weak_type=False))
+        if not isinstance(tx, Zero):
+            t = add_tangents(t, _shaped(mul(tx, dx(x, y, out)), _aval(out)))
+        if not isinstance(ty, Zero):
+            t = add_tangents(t, _shaped(mul(ty, dy(x, y, out)), _aval(out)))
+        return out, t
+
+    p.def_jvp(rule)
+
+
+def _pow_dy(x, y, out):
+    # d/dy x**y = log(x) * x**y, taken as 0 where x == 0 (as JAX does).
+    safe = select(eq(x, _zero(x)), _one(x) if np.ndim(x) == 0 else
+                  _full_like(x, 1), x)
+    return select(eq(x, _zero(x)), _zero_like_out(out), mul(log(safe), out))
+
+
+def _full_like(x, v):
+    from spmd.compiler.ops.structural import full
+
+    return full(np.shape(x), v, _aval(x).dtype)
+
+
+def _zero_like_out(out):
+    return _full_like(out, 0)
+
+
+_binary_jvp(pow_p, lambda x, y, out: mul(y, pow(x, sub(y, _one(y)))), _pow_dy)
+_binary_jvp(max_p, lambda x, y, out: _pick(gt(x, y), eq(x, y), x),
+            lambda x, y, out: _pick(lt(x, y), eq(x, y), x))
+_binary_jvp(min_p, lambda x, y, out: _pick(lt(x, y), eq(x, y), x),
+            lambda x, y, out: _pick(gt(x, y), eq(x, y), x))
+_binary_jvp(atan2_p, lambda x, y, out: div(y, add(mul(x, x), mul(y, y))),
+            lambda x, y, out: neg(div(x, add(mul(x, x), mul(y, y)))))
+_binary_jvp(rem_p, lambda x, y, out: _full_like(out, 1),
+            lambda x, y, out: neg(_trunc(div(x, y))))
+
+
+def _trunc(x):
+    return mul(sign(x), floor(abs(x)))
+
+
+def _pick(strict, tie, like):
+    """1 where ``strict``, 0.5 on ties (JAX's convention for max/min), else 0."""
+    one = convert(strict, _aval(like).dtype)
+    half = mul(convert(tie, _aval(like).dtype), _const(like, 0.5))
+    return add(one, half)
+
+
+# -------------------------------------------------------------- select_n
+
+select_n_p = Primitive("select_n")
+
+
+@select_n_p.def_impl
+def _select_impl(xp, pred, *cases):
+    if pred.dtype == bool:
+        return xp.where(pred, cases[1], cases[0])
+    return xp.choose(pred, cases)
+
+
+@select_n_p.def_abstract_eval
+def _select_aval(pred, *cases):
+    if not (dtypes.is_bool(pred.dtype) or dtypes.is_int(pred.dtype)):
+        raise DTypeError(f"select_n: predicate dtype {pred.dtype} must be bool or int")
+    out = _binary_aval("select_n", *cases)
+    if pred.shape not in ((), out.shape):
+        raise ShapeError(f"select_n: predicate shape {pred.shape} must be () or {out.shape}")
+    return out
+
+
+select_n_p.def_emit(lambda ins: None)
+
+
+def select_n(pred, *cases):
+    """``cases[pred]`` elementwise (``pred`` bool picks between two cases)."""
+    return bind(select_n_p, pred, *cases)
+
+
+def select(pred, on_true, on_false):
+    return bind(select_n_p, pred, on_false, on_true)
+
+
+def _select_jvp(primals, tangents):
+    pred, *cases = primals
+    out = bind(select_n_p, pred, *cases)
+    ts = tangents[1:]
+    if all(isinstance(t, Zero) for t in ts):
+        return out, Zero(ts[0].aval.update(shape=np.shape(out)))
+    ts = [_shaped(instantiate(t), _aval(out).update(weak_type=False)) for t in ts]
+    return out, bind(select_n_p, pred, *ts)
+
+
+def _select_transpose(ct, pred, *cases):
+    assert not is_undefined(pred)
+    if isinstance(ct, Zero):
+        return [None] + [Zero(c.aval) if is_undefined(c) else None for c in cases]
+    zeros = _full_like(ct, 0)
+    outs = [None]
+    for i, c in enumerate(cases):
+        if not is_undefined(c):
+            outs.append(None)
+            continue
+        picked = [zeros] * len(cases)
+        picked[i] = ct
+        outs.append(_sum_to_shape(bind(select_n_p, pred, *picked), c.aval.shape))
+    return outs
+
+
+select_n_p.def_jvp(_select_jvp)
+select_n_p.def_transpose(_select_transpose)
+select_n_p.linear = False  # linear in the cases only; its transpose handles that
+select_n_p.def_batch(_batch_elementwise(select_n_p))
+
+
+# -------------------------------------------------- convert_element_type
+
+convert_p = Primitive("convert_element_type")
+
+
+@convert_p.def_impl
+def _convert_impl(xp, x, *, new_dtype, weak_type):
+    return x.astype(new_dtype)
+
+
+@convert_p.def_abstract_eval
+def _convert_aval(x, *, new_dtype, weak_type):
+    return ShapedArray(x.shape, new_dtype, weak_type)
+
+
+convert_p.def_emit(lambda ins, new_dtype, weak_type: f"{ins[0]}.astype(xp.{new_dtype.name})"
+                   if new_dtype.name in ("float32", "float64", "int32", "int64", "bool",
+                                         "float16", "int8", "int16", "uint8", "uint16",
+                                         "uint32", "uint64") else None)
+
+
+def convert(x, dtype, weak_type: bool = False):
+    """Convert ``x`` to ``dtype`` (no-op when it already has it)."""
+    dtype = dtypes.check_dtype(dtype, "convert_element_type")
+    av = _aval(x)
+    if av.dtype == dtype and av.weak_type == weak_type:
+        return x
+    from spmd.compiler.array import Array
+    if isinstance(x, Array):  # a known value converts now, not as a program equation
+        return Array(np.asarray(x.value, dtype=dtype), ShapedArray(av.shape, dtype, weak_type))
+    return bind(convert_p, x, new_dtype=dtype, weak_type=bool(weak_type))
+
+
+def _convert_jvp(primals, tangents, *, new_dtype, weak_type):
+    (x,), (t,) = primals, tangents
+    out = bind(convert_p, x, new_dtype=new_dtype, weak_type=weak_type)
+    if isinstance(t, Zero) or not dtypes.is_float(new_dtype) or not dtypes.is_float(t.dtype):
+        from spmd.compiler.avals import tangent_aval
+        return out, Zero(tangent_aval(_aval(out)))
+    return out, bind(convert_p, t, new_dtype=new_dtype, weak_type=False)
+
+
+def _convert_transpose(ct, x, *, new_dtype, weak_type):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    return [bind(convert_p, ct, new_dtype=x.aval.dtype, weak_type=False)]
+
+
+convert_p.def_jvp(_convert_jvp)
+convert_p.def_transpose(_convert_transpose)
+convert_p.linear = True
+
+
+def _convert_batch(args, dims, **params):
+    return bind(convert_p, args[0], **params), dims[0]
+
+
+convert_p.def_batch(_convert_batch)
+
+# `integer_pow` (x ** n for a static int n) keeps x**2 a cheap multiply.
+integer_pow_p = Primitive("integer_pow")
+
+
+@integer_pow_p.def_impl
+def _ipow_impl(xp, x, *, y):
+    if y == 2:
+        return x * x
+    if y < 0 and x.dtype.kind in "iu":
+        raise ValueError("integer_pow: negative power of an integer")
+    return xp.power(x, x.dtype.type(y)) if y >= 0 else (1 / xp.power(x, x.dtype.type(-y))).astype(
+        x.dtype, copy=False)
+
+
+integer_pow_p.def_abstract_eval(lambda x, *, y: x)
+integer_pow_p.def_emit(lambda ins, y: f"({ins[0]} * {ins[0]})" if y == 2 else None)
+
+
+def integer_pow(x, y: int):
+    return bind(integer_pow_p, x, y=int(y))
+
+
+def _ipow_jvp(primals, tangents, *, y):
+    (x,), (t,) = primals, tangents
+    out = integer_pow(x, y)
+    if isinstance(t, Zero):
+        return out, t
+    if y == 0:
+        return out, Zero(t.aval)
+    d = mul(_const(x, y), x if y == 2 else (integer_pow(x, y - 1) if y != 1 else _one(x)))
+    return out, mul(t, d)
+
+
+integer_pow_p.def_jvp(_ipow_jvp)
+integer_pow_p.def_batch(lambda args, dims, y: (integer_pow(args[0], y), dims[0]))

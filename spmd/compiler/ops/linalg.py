@@ -1,0 +1,141 @@
+"""``dot_general``: contraction with batch dimensions (all matmuls reduce to it).
+
+``dimension_numbers = ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``;
+the output's dimensions are: batch, then lhs free, then rhs free (XLA's order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.compiler.ad_util import Zero, add_tangents, is_undefined
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import bind, get_aval
+from spmd.errors import DTypeError, ShapeError
+
+dot_general_p = Primitive("dot_general")
+
+
+def _free(ndim, contract, batch):
+    return [i for i in range(ndim) if i not in contract and i not in batch]
+
+
+def _plan(lhs_shape, rhs_shape, dimension_numbers):
+    """Permutations and shapes that turn dot_general into one batched matmul."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    lf = _free(len(lhs_shape), lc, lb)
+    rf = _free(len(rhs_shape), rc, rb)
+    size = lambda shape, ax: int(np.prod([shape[a] for a in ax], dtype=np.int64))
+    b, m, k, n = size(lhs_shape, lb), size(lhs_shape, lf), size(lhs_shape, lc), size(rhs_shape, rf)
+    out_shape = tuple(lhs_shape[a] for a in lb) + tuple(lhs_shape[a] for a in lf) + \
+        tuple(rhs_shape[a] for a in rf)
+    return (tuple(lb) + tuple(lf) + tuple(lc), (b, m, k),
+            tuple(rb) + tuple(rc) + tuple(rf), (b, k, n), out_shape)
+
+
+@dot_general_p.def_impl
+def _dot_impl(xp, x, y, *, dimension_numbers):
+    (lc, rc), (lb, rb) = dimension_numbers
+    if not lb and x.ndim <= 2 and y.ndim <= 2 and lc == (x.ndim - 1,) and rc == (0,):
+        return xp.matmul(x, y)  # the common case: straight to BLAS
+    lperm, lshape, rperm, rshape, out_shape = _plan(x.shape, y.shape, dimension_numbers)
+    a = xp.reshape(xp.transpose(x, lperm), lshape)
+    b = xp.reshape(xp.transpose(y, rperm), rshape)
+    return xp.reshape(xp.matmul(a, b), out_shape)
+
+
+@dot_general_p.def_abstract_eval
+def _dot_aval(x, y, *, dimension_numbers):
+    (lc, rc), (lb, rb) = dimension_numbers
+    if x.dtype != y.dtype:
+        raise DTypeError(f"dot_general: operand dtypes {x.dtype} and {y.dtype} differ")
+    if dtypes.is_bool(x.dtype):
+        raise DTypeError("dot_general: bool operands are not supported; convert with .astype")
+    for name, dims, aval in (("lhs", tuple(lc) + tuple(lb), x), ("rhs", tuple(rc) + tuple(rb), y)):
+        if any(not 0 <= d < aval.ndim for d in dims) or len(set(dims)) != len(dims):
+            raise ShapeError(f"dot_general: bad {name} dimensions {dims} for shape {aval.shape}")
+    if len(lc) != len(rc) or len(lb) != len(rb):
+        raise ShapeError(f"dot_general: dimension_numbers {dimension_numbers} pair unequal "
+                         "numbers of dimensions")
+    for a, b, what in [(i, j, "contracting") for i, j in zip(lc, rc)] + \
+                      [(i, j, "batch") for i, j in zip(lb, rb)]:
+        if x.shape[a] != y.shape[b]:
+            raise ShapeError(f"dot_general: {what} dimensions differ in size: lhs shape "
+                             f"{x.shape} (dim {a}) and rhs shape {y.shape} (dim {b})")
+    out = _plan(x.shape, y.shape, dimension_numbers)[-1]
+    return ShapedArray(out, x.dtype, x.weak_type and y.weak_type)
+
+
+def dot_general(x, y, dimension_numbers):
+    (lc, rc), (lb, rb) = dimension_numbers
+    dn = ((tuple(map(int, lc)), tuple(map(int, rc))), (tuple(map(int, lb)), tuple(map(int, rb))))
+    return bind(dot_general_p, x, y, dimension_numbers=dn)
+
+
+@dot_general_p.def_jvp
+def _dot_jvp(primals, tangents, *, dimension_numbers):
+    x, y = primals
+    tx, ty = tangents
+    out = dot_general(x, y, dimension_numbers)
+    t = Zero(get_aval(out).update(weak_type=False))
+    if not isinstance(tx, Zero):
+        t = add_tangents(t, dot_general(tx, y, dimension_numbers))
+    if not isinstance(ty, Zero):
+        t = add_tangents(t, dot_general(x, ty, dimension_numbers))
+    return out, t
+
+
+def _transpose_operand(ct, other, my_ndim, dimension_numbers, swap):
+    """Cotangent of one operand of dot_general given the other's value."""
+    from spmd.compiler.ops.structural import transpose
+
+    (lc, rc), (lb, rb) = dimension_numbers
+    if swap:  # the rhs: exchange roles
+        lc, rc, lb, rb = rc, lc, rb, lb
+    other_ndim = len(np.shape(other))
+    my_free = _free(my_ndim, lc, lb)
+    other_free = _free(other_ndim, rc, rb)
+    nb = len(lb)
+    # ct's layout is batch + lhs_free + rhs_free.
+    if swap:
+        ct_other_free = tuple(range(nb, nb + len(other_free)))
+    else:
+        ct_other_free = tuple(range(nb + len(my_free), nb + len(my_free) + len(other_free)))
+    out = dot_general(ct, other, ((ct_other_free, tuple(other_free)),
+                                  (tuple(range(nb)), tuple(rb))))
+    # `out` is batch + (ct's remaining free dims = my free) + other's contracting dims (sorted).
+    partner = dict(zip(rc, lc))
+    as_mine = list(lb) + my_free + [partner[d] for d in sorted(rc)]
+    return transpose(out, tuple(np.argsort(as_mine)))
+
+
+@dot_general_p.def_transpose
+def _dot_transpose(ct, x, y, *, dimension_numbers):
+    assert is_undefined(x) != is_undefined(y)
+    if is_undefined(x):
+        if isinstance(ct, Zero):
+            return [Zero(x.aval), None]
+        return [_transpose_operand(ct, y, x.aval.ndim, dimension_numbers, False), None]
+    if isinstance(ct, Zero):
+        return [None, Zero(y.aval)]
+    return [None, _transpose_operand(ct, x, y.aval.ndim, dimension_numbers, True)]
+
+
+@dot_general_p.def_batch
+def _dot_batch(args, dims, *, dimension_numbers):
+    from spmd.compiler.batching import move_to_front
+
+    (x, y), (dx, dy) = args, dims
+    (lc, rc), (lb, rb) = dimension_numbers
+    up = lambda ds: tuple(d + 1 for d in ds)
+    if dx is not None and dy is not None:
+        x, y = move_to_front(x, dx), move_to_front(y, dy)
+        return dot_general(x, y, ((up(lc), up(rc)), ((0,) + up(lb), (0,) + up(rb)))), 0
+    if dx is not None:
+        x = move_to_front(x, dx)
+        return dot_general(x, y, ((up(lc), rc), (up(lb), rb))), len(lb)
+    y = move_to_front(y, dy)
+    x_free = _free(len(np.shape(x)), lc, lb)
+    return dot_general(x, y, ((lc, up(rc)), (lb, up(rb)))), len(lb) + len(x_free)

@@ -1,0 +1,180 @@
+"""Program passes: inlining of nested jit, constant folding, CSE and DCE.
+
+Each pass maps a :class:`ClosedProgram` to an equivalent one.  ``optimize``
+runs them in the order that lets each help the next.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
+
+# Results larger than this many elements are not folded into constants: the
+# saving is small and the program would keep a large buffer alive.
+FOLD_LIMIT = 1 << 20
+
+
+def optimize(closed: ClosedProgram) -> ClosedProgram:
+    closed = inline_calls(closed)
+    closed = fold_constants(closed)
+    closed = cse(closed)
+    return dce(closed)
+
+
+# ------------------------------------------------------------------ inlining
+
+def inline_calls(closed: ClosedProgram) -> ClosedProgram:
+    """Replace nested ``jit`` equations by their bodies (renamed)."""
+    if not any(e.primitive.rules.get("inline") for e in closed.program.eqns):
+        return closed
+    program = closed.program
+    consts = list(closed.consts)
+    const_vars = list(program.in_vars[:len(consts)])
+    subst: dict = {}
+
+    def read(a):
+        return subst.get(a, a) if isinstance(a, Var) else a
+
+    eqns = []
+    for eqn in program.eqns:
+        inline = eqn.primitive.rules.get("inline")
+        if inline is None:
+            eqns.append(eqn.replace(inputs=[read(a) for a in eqn.inputs]))
+            continue
+        inner = inline_calls(inline(eqn))
+        ip = inner.program
+        ren: dict = {}
+        for v, val in zip(ip.in_vars[:len(inner.consts)], inner.consts):
+            nv = Var(v.aval)
+            const_vars.append(nv)
+            consts.append(val)
+            ren[v] = nv
+        for v, a in zip(ip.in_vars[len(inner.consts):], eqn.inputs):
+            ren[v] = read(a)
+
+        def rd(a, ren=ren):
+            return ren.get(a, a) if isinstance(a, Var) else a
+
+        for e in ip.eqns:
+            outs = [Var(v.aval) for v in e.outputs]
+            ren.update(zip(e.outputs, outs))
+            eqns.append(e.replace(inputs=[rd(a) for a in e.inputs], outputs=outs))
+        for v, a in zip(eqn.outputs, ip.out_atoms):
+            subst[v] = rd(a)
+    n = len(closed.consts)
+    new = Program(const_vars + program.in_vars[n:], eqns, [read(a) for a in program.out_atoms])
+    return ClosedProgram(new, consts)
+
+
+# ---------------------------------------------------------- constant folding
+
+def fold_constants(closed: ClosedProgram) -> ClosedProgram:
+    """Evaluate equations whose inputs are all known at compile time."""
+    program = closed.program
+    n = len(closed.consts)
+    known: dict = dict(zip(program.in_vars[:n], closed.consts))
+    subst: dict = {}
+    eqns = []
+    new_consts: dict = {}
+
+    def value(a):
+        return a.val if isinstance(a, Literal) else known[a]
+
+    for eqn in program.eqns:
+        inputs = [subst.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs]
+        prim = eqn.primitive
+        foldable = (not prim.effectful and not prim.higher_order and prim.impl is not None
+                    and all(isinstance(a, Literal) or a in known for a in inputs)
+                    and all(o.aval.size <= FOLD_LIMIT for o in eqn.outputs))
+        if not foldable:
+            eqns.append(eqn.replace(inputs=inputs) if inputs != eqn.inputs else eqn)
+            continue
+        outs = prim.impl(np, *map(value, inputs), **eqn.params)
+        if not prim.multiple_results:
+            outs = [outs]
+        for v, val in zip(eqn.outputs, outs):
+            val = np.asarray(val, dtype=v.aval.dtype)
+            if val.ndim == 0:
+                subst[v] = Literal(val[()], v.aval)
+            else:
+                known[v] = val
+                new_consts[v] = val
+    if not new_consts and not subst:
+        return closed
+    outs = [subst.get(a, a) if isinstance(a, Var) else a for a in program.out_atoms]
+    # Constants no longer used by any equation are dropped by DCE below.
+    const_vars = program.in_vars[:n] + list(new_consts)
+    consts = list(closed.consts) + list(new_consts.values())
+    return ClosedProgram(Program(const_vars + program.in_vars[n:], eqns, outs), consts)
+
+
+# ----------------------------------------------------------------------- CSE
+
+def _atom_key(a):
+    if isinstance(a, Literal):
+        return ("lit", a.aval.dtype, a.aval.weak_type, np.asarray(a.val).item())
+    return a
+
+
+def cse(closed: ClosedProgram) -> ClosedProgram:
+    """Merge equations that apply the same primitive to the same inputs."""
+    program = closed.program
+    subst: dict = {}
+    seen: dict = {}
+    eqns = []
+    for eqn in program.eqns:
+        inputs = [subst.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs]
+        if eqn.primitive.effectful:
+            eqns.append(eqn.replace(inputs=inputs))
+            continue
+        try:
+            key = (eqn.primitive, tuple(map(_atom_key, inputs)),
+                   tuple(sorted(eqn.params.items(), key=lambda kv: kv[0])))
+            hash(key)
+        except TypeError:
+            key = None
+        prev = seen.get(key) if key is not None else None
+        if prev is not None:
+            subst.update(zip(eqn.outputs, prev.outputs))
+            continue
+        new = eqn.replace(inputs=inputs)
+        if key is not None:
+            seen[key] = new
+        eqns.append(new)
+    if not subst:
+        return closed
+    outs = [subst.get(a, a) if isinstance(a, Var) else a for a in program.out_atoms]
+    return ClosedProgram(Program(program.in_vars, eqns, outs), closed.consts)
+
+
+# ----------------------------------------------------------------------- DCE
+
+def dce_program(program: Program, used_outputs=None) -> tuple[Program, list[bool]]:
+    """Remove equations whose results are unused; return (program, used inputs)."""
+    outs = program.out_atoms if used_outputs is None else \
+        [a for a, u in zip(program.out_atoms, used_outputs) if u]
+    live = {a for a in outs if isinstance(a, Var)}
+    kept = []
+    for eqn in reversed(program.eqns):
+        dce_rule = eqn.primitive.rules.get("dce")
+        if eqn.primitive.effectful or any(o in live for o in eqn.outputs):
+            if dce_rule is not None:
+                eqn = dce_rule(eqn, [o in live for o in eqn.outputs])
+            kept.append(eqn)
+            live.update(a for a in eqn.inputs if isinstance(a, Var))
+    kept.reverse()
+    used = [v in live for v in program.in_vars]
+    return Program(program.in_vars, kept, outs), used
+
+
+def dce(closed: ClosedProgram) -> ClosedProgram:
+    """DCE that also drops unused constants (never arguments)."""
+    program, used = dce_program(closed.program)
+    n = len(closed.consts)
+    keep = [i for i in range(n) if used[i]]
+    if len(keep) == n:
+        return ClosedProgram(program, closed.consts)
+    in_vars = [program.in_vars[i] for i in keep] + program.in_vars[n:]
+    return ClosedProgram(Program(in_vars, program.eqns, program.out_atoms),
+                         [closed.consts[i] for i in keep])

@@ -1,0 +1,400 @@
+"""Tracing: the trace stack, tracers, eager evaluation and program building.
+
+This is the Autodidax design: each transformation is a ``Trace`` whose tracers
+box values; ``bind`` hands a primitive application to the highest-level trace
+among its arguments (or to the dynamic trace, so that program building also
+captures operations on constants).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.compiler.array import Array
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, SourceInfo, Var
+from spmd.errors import (ConcretizationError, DTypeError, SpmdError,
+                         TracerBoolConversionError, TracerIntegerConversionError)
+
+
+# --------------------------------------------------------------- trace stack
+
+class MainTrace:
+    __slots__ = ("level", "trace_type", "global_data")
+
+    def __init__(self, level, trace_type, global_data):
+        self.level = level
+        self.trace_type = trace_type
+        self.global_data = global_data
+
+    def __repr__(self):
+        return f"MainTrace({self.level}, {self.trace_type.__name__})"
+
+
+class Trace:
+    def __init__(self, main: MainTrace):
+        self.main = main
+
+    def pure(self, val):
+        raise NotImplementedError
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        raise NotImplementedError
+
+
+class EvalTrace(Trace):
+    """Applies primitives to concrete values right away."""
+
+    def pure(self, val):
+        return val
+
+    lift = pure
+
+    def process_primitive(self, prim, args, params):
+        avals_in = [get_aval(a) for a in args]
+        avals_out = abstract_eval(prim, avals_in, params)
+        vals = [to_array_value(a, av) for a, av in zip(args, avals_in)]
+        outs = prim.impl(np, *vals, **params)
+        if not prim.multiple_results:
+            outs = (outs,)
+        return [wrap_value(o, av) for o, av in zip(outs, avals_out)]
+
+
+trace_stack: list[MainTrace] = [MainTrace(0, EvalTrace, None)]
+_dynamic: list[MainTrace | None] = [None]
+
+
+def dynamic_trace() -> MainTrace | None:
+    return _dynamic[-1]
+
+
+def is_eager() -> bool:
+    """True when no transformation is active (the jit fast path can run)."""
+    return len(trace_stack) == 1 and _dynamic[-1] is None
+
+
+@contextmanager
+def new_main(trace_type, global_data=None, dynamic: bool = False):
+    main = MainTrace(len(trace_stack), trace_type, global_data)
+    trace_stack.append(main)
+    if dynamic:
+        _dynamic.append(main)
+    try:
+        yield main
+    finally:
+        if dynamic:
+            _dynamic.pop()
+        trace_stack.pop()
+
+
+# ------------------------------------------------------------------- tracers
+
+_TRACED_HINT = ("The value is traced: its data is not known while the function is "
+                "transformed (jit, grad, vmap, ...).")
+
+
+class Tracer:
+    """A value boxed by a trace.  Operators are installed by ``spmd.numpy``."""
+
+    __array_priority__ = 1000
+    __slots__ = ("_trace",)
+
+    @property
+    def aval(self) -> ShapedArray:
+        raise NotImplementedError
+
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: self.aval.ndim)
+    size = property(lambda self: self.aval.size)
+    weak_type = property(lambda self: self.aval.weak_type)
+
+    def full_lower(self):
+        return self
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d traced array")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d traced array")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __bool__(self):
+        raise TracerBoolConversionError(
+            f"bool() of a traced array {self.aval}. {_TRACED_HINT} A Python `if`, `while`, "
+            "`and`/`or` or `assert` cannot depend on it: use spmd.lax.cond / lax.switch or "
+            "snp.where for a branch, lax.while_loop / lax.fori_loop for a loop, or mark the "
+            "argument static with jit(..., static_argnums=...) / static_argnames=...")
+
+    def _concrete_error(self, what):
+        raise TracerIntegerConversionError(
+            f"{what}() of a traced array {self.aval}. {_TRACED_HINT} Compute with the traced "
+            "value (spmd.numpy / spmd.lax), or mark the argument static with "
+            "jit(..., static_argnums=...) / static_argnames=... if it decides shapes or "
+            "Python control flow; use lax.cond / lax.while_loop for data-dependent branches")
+
+    def __int__(self):
+        self._concrete_error("int")
+
+    def __float__(self):
+        self._concrete_error("float")
+
+    def __complex__(self):
+        self._concrete_error("complex")
+
+    def __index__(self):
+        self._concrete_error("__index__ (use as a Python integer, e.g. an index or shape) via int")
+
+    def __array__(self, dtype=None, copy=None):
+        raise ConcretizationError(
+            f"np.asarray() / numpy function on a traced array {self.aval}. {_TRACED_HINT} "
+            "Use spmd.numpy functions instead of numpy ones inside transformed code")
+
+    def tolist(self):
+        self._concrete_error("tolist")
+
+    def item(self):
+        self._concrete_error("item")
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"Traced<{self.aval}>with<{type(self._trace).__name__}>"
+
+
+# --------------------------------------------------------- values and avals
+
+_SCALAR_TYPES = (bool, int, float, complex)
+
+
+def get_aval(x) -> ShapedArray:
+    """The aval of any value bindable to a primitive."""
+    if isinstance(x, Tracer):
+        return x.aval
+    if isinstance(x, Array):
+        return x.aval
+    if isinstance(x, (np.ndarray, np.generic)):
+        if x.dtype == object or x.dtype.kind in "USV":
+            raise DTypeError(f"spmd: arrays of dtype {x.dtype} are not supported; only numeric "
+                             "and bool arrays can be traced")
+        return ShapedArray(x.shape, dtypes.canonicalize(x.dtype), False)
+    if isinstance(x, _SCALAR_TYPES):
+        return ShapedArray((), dtypes.python_scalar_dtype(x), True)
+    raise DTypeError(
+        f"spmd: a value of type {type(x).__name__} ({_short_repr(x)}) is not an array; pass "
+        "numpy arrays, spmd Arrays or Python scalars (mark other arguments static with "
+        "static_argnums)")
+
+
+def is_array_like(x) -> bool:
+    return isinstance(x, (Tracer, Array, np.ndarray, np.generic) + _SCALAR_TYPES)
+
+
+def _short_repr(x) -> str:
+    r = repr(x)
+    return r if len(r) < 60 else r[:57] + "..."
+
+
+def to_array_value(x, aval: ShapedArray):
+    """The raw numpy value of a concrete argument, in its canonical dtype."""
+    if isinstance(x, Array):
+        return x.value
+    if isinstance(x, np.ndarray) and x.dtype == aval.dtype:
+        return x
+    return np.asarray(x, dtype=aval.dtype)
+
+
+def wrap_value(v, aval: ShapedArray) -> Array:
+    if not isinstance(v, np.ndarray) or v.dtype != aval.dtype:
+        v = np.asarray(v, dtype=aval.dtype)
+    return Array(v, aval)
+
+
+def abstract_eval(prim, avals_in, params) -> list[ShapedArray]:
+    """Output avals, with the varying-manual-axes rule applied."""
+    out = prim.abstract_eval(*avals_in, **params)
+    outs = list(out) if prim.multiple_results else [out]
+    if prim.vma is not None:
+        vmas = prim.vma(*avals_in, **params)
+        return [a.update(vma=v) for a, v in zip(outs, vmas)]
+    vma = frozenset().union(*(a.vma for a in avals_in)) if avals_in else frozenset()
+    return [a.update(vma=vma) if a.vma != vma else a for a in outs]
+
+
+# --------------------------------------------------------------------- bind
+
+def find_top_trace(args) -> Trace:
+    top = trace_stack[0]
+    for x in args:
+        if isinstance(x, Tracer) and x._trace.main.level > top.level:
+            top = x._trace.main
+    dyn = _dynamic[-1]
+    if dyn is not None and dyn.level > top.level:
+        top = dyn
+    return top.trace_type(top)
+
+
+def full_raise(trace: Trace, val):
+    if not isinstance(val, Tracer):
+        return trace.pure(val)
+    main = val._trace.main
+    if main is trace.main:
+        return val
+    if main.level < trace.main.level:
+        return trace.lift(val)
+    raise SpmdError(
+        f"a traced value {val.aval} escaped the transformation that created it (it was "
+        "stored outside the function, e.g. in a global or a closure, and used later); "
+        "return it from the function instead")
+
+
+def full_lower(val):
+    return val.full_lower() if isinstance(val, Tracer) else val
+
+
+def bind(prim, *args, **params):
+    """Apply ``prim`` to ``args`` under the right trace."""
+    trace = find_top_trace(args)
+    tracers = [full_raise(trace, a) for a in args]
+    outs = trace.process_primitive(prim, tracers, params)
+    if prim.multiple_results:
+        return [full_lower(o) for o in outs]
+    return full_lower(outs[0])
+
+
+# ----------------------------------------------------------- program builder
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_source_info() -> SourceInfo | None:
+    """The innermost frame outside the spmd package (for printed programs and errors)."""
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PKG_DIR) and "functools" not in fn:
+            return SourceInfo(fn, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
+class ProgramTracer(Tracer):
+    __slots__ = ("_aval", "var")
+
+    def __init__(self, trace, aval, var):
+        self._trace = trace
+        self._aval = aval
+        self.var = var
+
+    @property
+    def aval(self):
+        return self._aval
+
+
+class ProgramBuilder:
+    """Collects equations and constants while a function is traced."""
+
+    def __init__(self):
+        self.eqns: list[Eqn] = []
+        self.const_vars: list[Var] = []
+        self.const_vals: list[Any] = []
+        self._const_tracers: dict[int, ProgramTracer] = {}
+        self._keepalive: list[Any] = []
+
+    def new_const(self, trace, val) -> ProgramTracer:
+        key = id(val)
+        t = self._const_tracers.get(key)
+        if t is None:
+            self._keepalive.append(val)  # ids stay unique while the trace lives
+            aval = get_aval(val)
+            t = ProgramTracer(trace, aval, Var(aval))
+            if isinstance(val, Array):
+                val = val.value
+            elif not (isinstance(val, np.ndarray) and val.dtype == aval.dtype):
+                val = np.asarray(val, dtype=aval.dtype)
+            self.const_vars.append(t.var)
+            self.const_vals.append(val)
+            self._const_tracers[key] = t
+        return t
+
+    def build(self, in_vars, out_tracers) -> ClosedProgram:
+        # Scalar constants become literals; the rest stay constant inputs.
+        literals = {}
+        const_vars, const_vals = [], []
+        for v, val in zip(self.const_vars, self.const_vals):
+            if np.ndim(val) == 0:
+                literals[v] = Literal(np.asarray(val)[()], v.aval)
+            else:
+                const_vars.append(v)
+                const_vals.append(val)
+        sub = (lambda a: literals.get(a, a)) if literals else (lambda a: a)
+        eqns = [e.replace(inputs=[sub(a) for a in e.inputs]) if literals else e for e in self.eqns]
+        outs = [sub(t.var) for t in out_tracers]
+        return ClosedProgram(Program(const_vars + list(in_vars), eqns, outs), const_vals)
+
+
+class ProgramTrace(Trace):
+    """Builds a program: every primitive application becomes an equation."""
+
+    @property
+    def builder(self) -> ProgramBuilder:
+        return self.main.global_data
+
+    def new_arg(self, aval) -> ProgramTracer:
+        return ProgramTracer(self, aval, Var(aval))
+
+    def pure(self, val):
+        return self.builder.new_const(self, val)
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        avals_out = abstract_eval(prim, [t.aval for t in tracers], params)
+        outs = [ProgramTracer(self, a, Var(a)) for a in avals_out]
+        self.builder.eqns.append(
+            Eqn(prim, [t.var for t in tracers], [o.var for o in outs], params, user_source_info()))
+        return outs
+
+
+def trace_to_program(flat_fun: Callable, in_avals) -> ClosedProgram:
+    """Trace ``flat_fun`` (a function of a flat list of arrays returning a flat list)."""
+    builder = ProgramBuilder()
+    with new_main(ProgramTrace, builder, dynamic=True) as main:
+        trace = ProgramTrace(main)
+        tracers_in = [trace.new_arg(a) for a in in_avals]
+        outs = flat_fun(*tracers_in)
+        tracers_out = [full_raise(trace, o) for o in outs]
+        return builder.build([t.var for t in tracers_in], tracers_out)
+
+
+def eval_program(closed: ClosedProgram | Program, *args, consts=None):
+    """Interpret a program by binding each equation's primitive (works under any trace)."""
+    if isinstance(closed, ClosedProgram):
+        program, consts = closed.program, closed.consts
+    else:
+        program, consts = closed, consts or []
+    env: dict = {}
+
+    def read(a):
+        return a.val if isinstance(a, Literal) else env[a]
+
+    for v, x in zip(program.in_vars, list(consts) + list(args)):
+        env[v] = x
+    for eqn in program.eqns:
+        outs = bind(eqn.primitive, *map(read, eqn.inputs), **eqn.params)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for v, o in zip(eqn.outputs, outs):
+            env[v] = o
+    return [read(a) for a in program.out_atoms]

@@ -1,0 +1,14 @@
+"""``spmd.lax``: the primitives' direct bindings (no promotion or broadcasting).
+
+Collectives and control flow are exported here too as they are added.
+"""
+
+from spmd.compiler.ops.elementwise import (  # noqa: F401
+    abs, acos, add, asin, atan, atan2, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, ceil,
+    convert as convert_element_type, cos, cosh, div, eq, exp, expm1, floor, ge, gt,
+    integer_pow, is_finite, le, log, log1p, logistic, lt, max, min, mul, ne, neg, pow, rem,
+    round, rsqrt, select, select_n, sign, sin, sinh, sqrt, sub, tan, tanh)
+from spmd.compiler.ops.linalg import dot_general  # noqa: F401
+from spmd.compiler.ops.reduce import reduce_max, reduce_min, reduce_sum  # noqa: F401
+from spmd.compiler.ops.structural import (  # noqa: F401
+    broadcast_in_dim, full, iota, reshape, squeeze, transpose)

@@ -1,0 +1,65 @@
+"""Operators and methods of traced and concrete arrays (``x + y``, ``x.sum()``, ``x.T``).
+
+The compiler's ``Tracer`` and ``Array`` classes know nothing of numpy semantics;
+this module installs the methods on both, so they behave identically.
+"""
+
+from __future__ import annotations
+
+from spmd.compiler.array import Array
+from spmd.compiler.trace import Tracer
+
+
+def _swap(f):
+    def g(self, other):
+        return f(other, self)
+
+    return g
+
+
+def install() -> None:
+    import spmd.numpy as snp
+
+    ops = {
+        "__add__": snp.add, "__sub__": snp.subtract, "__mul__": snp.multiply,
+        "__truediv__": snp.true_divide, "__floordiv__": snp.floor_divide,
+        "__mod__": snp.remainder, "__pow__": snp.power, "__matmul__": snp.matmul,
+        "__and__": snp.bitwise_and, "__or__": snp.bitwise_or, "__xor__": snp.bitwise_xor,
+        "__lt__": snp.less, "__le__": snp.less_equal, "__gt__": snp.greater,
+        "__ge__": snp.greater_equal, "__eq__": snp.equal, "__ne__": snp.not_equal,
+    }
+    reflected = {"__radd__": snp.add, "__rsub__": snp.subtract, "__rmul__": snp.multiply,
+                 "__rtruediv__": snp.true_divide, "__rfloordiv__": snp.floor_divide,
+                 "__rmod__": snp.remainder, "__rpow__": snp.power, "__rmatmul__": snp.matmul,
+                 "__rand__": snp.bitwise_and, "__ror__": snp.bitwise_or,
+                 "__rxor__": snp.bitwise_xor}
+    unary = {"__neg__": snp.negative, "__pos__": lambda x: x, "__abs__": snp.abs,
+             "__invert__": snp.invert}
+    methods = {name: getattr(snp, name) for name in (
+        "reshape", "transpose", "sum", "mean", "max", "min", "astype", "squeeze", "ravel",
+        "argmax", "argmin", "any", "all", "cumsum", "prod", "var", "std", "clip", "round",
+        "swapaxes", "flatten", "dot", "take", "sort", "argsort") if hasattr(snp, name)}
+    if "reshape" in methods:
+        methods["reshape"] = lambda self, *shape, **kw: snp.reshape(
+            self, shape[0] if len(shape) == 1 else shape, **kw)
+    if "transpose" in methods:
+        methods["transpose"] = lambda self, *axes: snp.transpose(
+            self, (axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes)
+            or None)
+    for cls in (Tracer, Array):
+        for name, fn in ops.items():
+            setattr(cls, name, fn)
+        for name, fn in reflected.items():
+            setattr(cls, name, _swap(fn))
+        for name, fn in unary.items():
+            setattr(cls, name, fn)
+        for name, fn in methods.items():
+            setattr(cls, name, fn)
+        cls.T = property(lambda self: snp.transpose(self))
+        cls.mT = property(lambda self: snp.swapaxes(self, -1, -2))
+        if hasattr(snp, "_getitem"):
+            cls.__getitem__ = snp._getitem
+        if hasattr(snp, "_IndexUpdateHelper"):
+            cls.at = property(lambda self: snp._IndexUpdateHelper(self))
+        # == on arrays is elementwise, so arrays stay unhashable.
+        cls.__hash__ = None

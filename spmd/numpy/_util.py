@@ -1,0 +1,130 @@
+"""Shared helpers of the numpy front end: conversion, promotion, broadcasting, axes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.compiler.array import Array
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.ops.elementwise import convert
+from spmd.compiler.ops.structural import broadcast_in_dim
+from spmd.compiler.trace import Tracer, get_aval
+from spmd.errors import ArgumentError, ShapeError
+
+
+def is_traced_or_array(x) -> bool:
+    return isinstance(x, (Tracer, Array))
+
+
+def to_array(x, dtype=None, fname: str = "spmd.numpy"):
+    """Turn any array-like (nested lists too) into an Array or tracer.
+
+    Python scalars keep their weak type; numpy values are canonicalised.
+    """
+    if isinstance(x, (Tracer, Array)):
+        return x if dtype is None else convert(x, dtypes.canonicalize(dtype, fname))
+    if isinstance(x, (bool, int, float)) and dtype is None:
+        aval = get_aval(x)
+        return Array(np.asarray(x, dtype=aval.dtype), aval)
+    if isinstance(x, (list, tuple)) and any(is_traced_or_array(e) for e in _flat(x)):
+        from spmd.numpy._shape import stack
+
+        return stack([to_array(e, dtype, fname) for e in x])
+    arr = np.asarray(x)
+    if arr.dtype == object or arr.dtype.kind in "USVc":
+        dtypes.check_dtype(arr.dtype, fname)
+    if dtype is not None:
+        target = dtypes.canonicalize(dtype, fname)
+    elif arr.dtype == np.float64 and not isinstance(x, np.ndarray) and not isinstance(x, np.generic):
+        target = dtypes.default_float()  # Python floats in lists are float32 by default
+    else:
+        target = dtypes.canonicalize(arr.dtype, fname)
+    arr = np.asarray(arr, dtype=target)
+    return Array(arr, ShapedArray(arr.shape, target, False))
+
+
+def _flat(x):
+    for e in x:
+        if isinstance(e, (list, tuple)):
+            yield from _flat(e)
+        else:
+            yield e
+
+
+def promote_dtypes(*args, fname: str = "spmd.numpy"):
+    """Convert ``args`` to their common dtype (weak types follow JEP 9407)."""
+    arrs = [to_array(a, fname=fname) for a in args]
+    avals = [get_aval(a) for a in arrs]
+    dtype, weak = dtypes.result_type(*[(a.dtype, a.weak_type) for a in avals])
+    return [convert(a, dtype, weak) if (av.dtype != dtype or av.weak_type != weak) else a
+            for a, av in zip(arrs, avals)]
+
+
+def promote_to_float(*args, fname: str = "spmd.numpy"):
+    """Promote, then make integers and bools floating (for sqrt, exp, true divide...)."""
+    arrs = promote_dtypes(*args, fname=fname)
+    av = get_aval(arrs[0])
+    if dtypes.is_float(av.dtype):
+        return arrs
+    return [convert(a, dtypes.default_float(), av.weak_type) for a in arrs]
+
+
+def broadcast_shapes(*shapes, fname: str = "spmd.numpy") -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"{fname}: operand shapes {' and '.join(map(str, shapes))} cannot be "
+                         "broadcast together (numpy broadcasting rules)") from None
+
+
+def broadcast_to_shape(x, shape):
+    xs = np.shape(x)
+    if xs == tuple(shape):
+        return x
+    nd = len(shape)
+    return broadcast_in_dim(x, shape, tuple(range(nd - len(xs), nd)))
+
+
+def promote_and_broadcast(*args, fname: str, to_float: bool = False):
+    """Promote dtypes, then broadcast non-scalars to a common shape.
+
+    Scalars (shape ``()``) stay scalars: the lax primitives broadcast them.
+    """
+    arrs = (promote_to_float if to_float else promote_dtypes)(*args, fname=fname)
+    shapes = [np.shape(a) for a in arrs]
+    if all(s == shapes[0] for s in shapes):
+        return arrs
+    shape = broadcast_shapes(*shapes, fname=fname)
+    return [a if np.shape(a) == () else broadcast_to_shape(a, shape) for a in arrs]
+
+
+def canonicalize_axis(axis, ndim: int, fname: str, argname: str = "axis") -> int:
+    try:
+        a = int(axis)
+    except TypeError:
+        raise ArgumentError(f"{fname}: {argname} must be an int, got {axis!r}") from None
+    if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+        raise ArgumentError(f"{fname}: {argname}={axis} is out of bounds for an array of "
+                            f"{ndim} dimension{'s' if ndim != 1 else ''}")
+    return a % ndim if ndim else 0
+
+
+def canonicalize_axes(axis, ndim: int, fname: str) -> tuple:
+    """``axis=None`` means all axes; ints and tuples of ints, negative allowed."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (tuple, list)):
+        axes = tuple(canonicalize_axis(a, ndim, fname) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise ArgumentError(f"{fname}: repeated axis in axis={axis}")
+        return axes
+    return (canonicalize_axis(axis, ndim, fname),)
+
+
+def shape_of(x) -> tuple:
+    return tuple(np.shape(x)) if not is_traced_or_array(x) else x.shape
+
+
+def aval_of(x) -> ShapedArray:
+    return get_aval(x if is_traced_or_array(x) else to_array(x))
