@@ -319,9 +319,12 @@ class ProgramBuilder:
             self._keepalive.append(val)  # ids stay unique while the trace lives
             aval = get_aval(val)
             t = ProgramTracer(trace, aval, Var(aval))
+            # Tracers of outer transformations stay as they are: the program is
+            # then evaluated under those transformations (e.g. jit(grad(f))).
             if isinstance(val, Array):
                 val = val.value
-            elif not (isinstance(val, np.ndarray) and val.dtype == aval.dtype):
+            elif not isinstance(val, Tracer) and not (
+                    isinstance(val, np.ndarray) and val.dtype == aval.dtype):
                 val = np.asarray(val, dtype=aval.dtype)
             self.const_vars.append(t.var)
             self.const_vals.append(val)
@@ -333,7 +336,7 @@ class ProgramBuilder:
         literals = {}
         const_vars, const_vals = [], []
         for v, val in zip(self.const_vars, self.const_vals):
-            if np.ndim(val) == 0:
+            if not isinstance(val, Tracer) and np.ndim(val) == 0:
                 literals[v] = Literal(np.asarray(val)[()], v.aval)
             else:
                 const_vars.append(v)

@@ -1,0 +1,57 @@
+# spmd: developer and CI entry points. Needs only Python (>= 3.10) and make:
+# every target that needs packages creates .venv and installs them there
+# (MPI included: PyPI's `mpich` wheel puts mpiexec in .venv/bin).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Ranks of the multi-process test suite.
+NP ?= 4
+# Per-test time limit (seconds), so a hang fails instead of blocking.
+PYTEST_TIMEOUT ?= 300
+
+.PHONY: venv demo test test-single test-mpi bench clean distclean
+
+venv: $(VENV)/.stamp
+
+# Re-runs only when pyproject.toml changes (or the venv is missing).
+$(VENV)/.stamp: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,mpi]'
+	touch $@
+
+# The main job. Later it becomes: $(BIN)/spmd-run -n 4 examples/train_mlp.py
+demo: venv
+	$(BIN)/python examples/demo.py
+
+# The whole suite: single-process, then multi-process under mpiexec.
+SELF := $(firstword $(MAKEFILE_LIST))
+
+test:
+	@$(MAKE) --no-print-directory -f $(SELF) test-single
+	@$(MAKE) --no-print-directory -f $(SELF) test-mpi
+
+# Single-process suite. pytest's exit 5 (no test collected) fails the build:
+# it would mean the suite vanished.
+test-single: venv
+	@echo "=== single-process suite: pytest tests (per-test $(PYTEST_TIMEOUT)s)"
+	@$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=$(PYTEST_TIMEOUT) tests; \
+	rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "ERROR: the single-process test suite collected no tests" >&2; fi; \
+	exit $$rc
+
+# Multi-process suite: $(BIN)/mpiexec -n $(NP) ... pytest --with-mpi -m mpi tests,
+# with a per-test and a whole-run time limit; see .ci/pytest_mpi.sh.
+test-mpi: venv
+	NP=$(NP) PYTEST_TIMEOUT=$(PYTEST_TIMEOUT) bash .ci/pytest_mpi.sh tests
+
+bench: venv
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
