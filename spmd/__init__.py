@@ -13,5 +13,8 @@ from spmd.compiler.array import Array  # noqa: F401
 from spmd.compiler.avals import ShapedArray  # noqa: F401
 from spmd.compiler.jit import eval_shape, jit, make_jaxpr  # noqa: F401
 from spmd import numpy, lax  # noqa: F401
+from spmd.autodiff import (grad, hessian, jacfwd, jacrev, jvp, linearize,  # noqa: F401
+                           value_and_grad, vjp)
+from spmd.vectorize import vmap  # noqa: F401
 
 __version__ = "0.1.0"

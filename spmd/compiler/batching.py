@@ -50,3 +50,88 @@ def broadcast_batch(x, d, size):
         shape = tuple(np.shape(x))
         return broadcast_in_dim(x, (size,) + shape, tuple(range(1, len(shape) + 1)))
     return move_to_front(x, d)
+
+
+# --------------------------------------------------------------- the trace
+
+from spmd.compiler.trace import Trace, Tracer, full_lower, full_raise, get_aval, new_main  # noqa: E402
+
+
+class BatchTracer(Tracer):
+    __slots__ = ("val", "bdim")
+
+    def __init__(self, trace, val, bdim):
+        self._trace = trace
+        self.val = val
+        self.bdim = bdim
+
+    @property
+    def aval(self):
+        aval = get_aval(self.val)
+        if self.bdim is None:
+            return aval
+        shape = aval.shape[:self.bdim] + aval.shape[self.bdim + 1:]
+        return aval.update(shape=shape)
+
+    def full_lower(self):
+        return full_lower(self.val) if self.bdim is None else self
+
+
+class BatchTrace(Trace):
+    """Carries a batch axis through each primitive with its batching rule.
+
+    ``main.global_data`` is ``(axis_name, axis_size)``: collectives over
+    ``axis_name`` under vmap read it (JAX's named-axis vmap).
+    """
+
+    def pure(self, val):
+        return BatchTracer(self, val, None)
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        vals = [t.val for t in tracers]
+        dims = [t.bdim for t in tracers]
+        if all(d is None for d in dims):
+            from spmd.compiler.trace import bind
+            out = bind(prim, *vals, **params)
+            outs = out if prim.multiple_results else [out]
+            return [BatchTracer(self, o, None) for o in outs]
+        rule = prim.batch
+        if rule is None:
+            raise NotImplementedError(f"vmap of '{prim.name}' is not supported (it has no "
+                                      "batching rule)")
+        rule_params = dict(params)
+        if prim.rules.get("batch_needs_axis"):
+            rule_params["_axis_data"] = self.main.global_data
+        out, out_dims = rule(vals, dims, **rule_params)
+        if prim.multiple_results:
+            return [BatchTracer(self, o, d) for o, d in zip(out, out_dims)]
+        return [BatchTracer(self, out, out_dims)]
+
+    @property
+    def axis_name(self):
+        return self.main.global_data[0]
+
+
+def batch_flat(fun, args, in_dims, axis_size, axis_name=None, out_dims_req=None):
+    """Run ``fun`` (flat in, flat out) batched; returns outputs with batch at ``out_dims_req``."""
+    with new_main(BatchTrace, (axis_name, axis_size)) as main:
+        trace = BatchTrace(main)
+        tracers = [BatchTracer(trace, a, d) if d is not None else a for a, d in zip(args, in_dims)]
+        outs = fun(*tracers)
+        outs = [full_raise(trace, o) for o in outs]
+        res = []
+        for o, want in zip(outs, out_dims_req):
+            val, d = o.val, o.bdim
+            if want is None:
+                if d is not None:
+                    from spmd.errors import ArgumentError
+                    raise ArgumentError("vmap: an output with out_axes=None varies along the "
+                                        "mapped axis; only unbatched outputs can use None")
+                res.append(val)
+                continue
+            val = broadcast_batch(val, d, axis_size)
+            nd = len(np.shape(val))
+            res.append(move_axis(val, 0, want % nd))
+        return res

@@ -303,9 +303,11 @@ def make_jaxpr(fun: Callable, static_argnums=None):
       in (b) }
     """
     def traced(*args, **kwargs):
+        from spmd.compiler.passes import dce
+
         jf = JitFunction(fun, static_argnums=static_argnums)
         entry, _, _ = jf._entry(args, kwargs)
-        return entry.closed
+        return dce(entry.closed)  # dead equations are noise in a printed program
 
     return traced
 
@@ -313,3 +315,26 @@ def make_jaxpr(fun: Callable, static_argnums=None):
 def eval_shape(fun: Callable, *args, **kwargs):
     """The output avals (shape, dtype) of ``fun`` without running it."""
     return JitFunction(fun).eval_shape(*args, **kwargs)
+
+
+# ------------------------------------------- transformation rules of `jit`
+# A nested jit is transparent to transformations: they see its body.  (The
+# optimiser inlines nested jits anyway, so nothing is lost by inlining here.)
+
+def _jit_jvp(primals, tangents, *, program, name):
+    from spmd.compiler.ad import jvp_flat
+
+    return jvp_flat(lambda *a: eval_program(program, *a), primals, tangents)
+
+
+def _jit_batch(args, dims, *, program, name):
+    from spmd.compiler.batching import batch_flat, bdim_size
+
+    size = bdim_size(args, dims)
+    outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, None,
+                      [0] * len(program.out_avals))
+    return outs, [0] * len(outs)
+
+
+jit_p.def_jvp(_jit_jvp)
+jit_p.def_batch(_jit_batch)

@@ -12,3 +12,4 @@ from spmd.compiler.ops.linalg import dot_general  # noqa: F401
 from spmd.compiler.ops.reduce import reduce_max, reduce_min, reduce_sum  # noqa: F401
 from spmd.compiler.ops.structural import (  # noqa: F401
     broadcast_in_dim, full, iota, reshape, squeeze, transpose)
+from spmd.compiler.ad import stop_gradient  # noqa: F401

@@ -1,0 +1,350 @@
+"""The differentiation API on pytrees: jvp, linearize, vjp, grad, jacobians."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.compiler import dtypes
+from spmd.compiler.ad import linearize_flat, jvp_flat, zeros_for
+from spmd.compiler.ad_util import Zero, instantiate
+from spmd.compiler.avals import tangent_aval
+from spmd.compiler.jit import flatten_outputs
+from spmd.compiler.trace import get_aval
+from spmd.errors import ArgumentError, SpmdError
+
+
+class GradientError(SpmdError, TypeError):
+    """A bad use of grad/vjp/jvp (non-scalar output, integer input, bad argnums...)."""
+
+
+def _flat_fun(fun, in_tree, fname, out_tree_box):
+    def flat(*leaves):
+        args = tree_util.tree_unflatten(in_tree, leaves)
+        out = fun(*args)
+        leaves_out, out_tree = flatten_outputs(out, fname)
+        out_tree_box[:] = [out_tree]
+        return leaves_out
+
+    return flat
+
+
+def _name(f) -> str:
+    return getattr(f, "__name__", type(f).__name__)
+
+
+def jvp(fun: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = False):
+    """Forward mode: ``(fun(*primals), J @ tangents)``.
+
+    >>> jvp(lambda x: x * x, (3.0,), (1.0,))
+    (Array(9., dtype=float32, weak_type=True), Array(6., dtype=float32, weak_type=True))
+    """
+    if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
+        raise GradientError(f"jvp({_name(fun)}): primals and tangents must be tuples or lists, "
+                            f"got {type(primals).__name__} and {type(tangents).__name__}")
+    p_leaves, p_tree = tree_util.tree_flatten(tuple(primals))
+    t_leaves, t_tree = tree_util.tree_flatten(tuple(tangents))
+    if p_tree != t_tree:
+        raise GradientError(f"jvp({_name(fun)}): primals and tangents have different "
+                            f"structures: {p_tree} vs {t_tree}")
+    for i, (p, t) in enumerate(zip(p_leaves, t_leaves)):
+        if np.shape(p) != np.shape(t):
+            raise GradientError(f"jvp({_name(fun)}): tangent {i} has shape {np.shape(t)}, its "
+                                f"primal has shape {np.shape(p)}")
+    box: list = []
+    f = fun
+    if has_aux:
+        f = _split_aux(fun, box_aux := [])
+    flat = _flat_fun(f, p_tree, f"jvp({_name(fun)})", box)
+    tangents_in = [_tangent_in(p, t) for p, t in zip(p_leaves, t_leaves)]
+    out_p, out_t = jvp_flat(flat, p_leaves, tangents_in)
+    out_t = [zeros_for(t.aval) if isinstance(t, Zero) else t for t in out_t]
+    res = (tree_util.tree_unflatten(box[0], out_p), tree_util.tree_unflatten(box[0], out_t))
+    return res + (box_aux[0],) if has_aux else res
+
+
+def _tangent_in(p, t):
+    av = get_aval(p)
+    if not dtypes.is_float(av.dtype):
+        return Zero(tangent_aval(av))
+    from spmd.numpy._util import to_array
+    from spmd.compiler.ops.elementwise import convert
+
+    return convert(to_array(t), av.dtype)
+
+
+def _split_aux(fun, aux_box):
+    def f(*args):
+        out = fun(*args)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise GradientError(f"{_name(fun)} was marked has_aux=True, so it must return a "
+                                f"pair (output, aux); it returned {type(out).__name__}"
+                                + (f" of length {len(out)}" if isinstance(out, (tuple, list))
+                                   else ""))
+        aux_box[:] = [_stop_aux(out[1])]
+        return out[0]
+
+    return f
+
+
+def _stop_aux(aux):
+    from spmd.compiler.ad import stop_gradient
+
+    return stop_gradient(aux)
+
+
+def linearize(fun: Callable, *primals):
+    """``(fun(*primals), f_jvp)`` where ``f_jvp(*tangents)`` is the linear map (evaluated
+    without re-running the non-linear part)."""
+    p_leaves, p_tree = tree_util.tree_flatten(tuple(primals))
+    box: list = []
+    flat = _flat_fun(fun, p_tree, f"linearize({_name(fun)})", box)
+    diff = [dtypes.is_float(get_aval(p).dtype) for p in p_leaves]
+    out_p, lin = linearize_flat(flat, p_leaves, diff)
+    out_tree = box[0]
+
+    def f_jvp(*tangents):
+        t_leaves, t_tree = tree_util.tree_flatten(tuple(tangents))
+        if t_tree != p_tree:
+            raise GradientError(f"linearize: tangents' structure {t_tree} differs from the "
+                                f"primals' {p_tree}")
+        ts = [_tangent_in(p, t) for p, t, d in zip(p_leaves, t_leaves, diff) if d]
+        return tree_util.tree_unflatten(out_tree, lin.jvp(ts))
+
+    return tree_util.tree_unflatten(out_tree, out_p), f_jvp
+
+
+def vjp(fun: Callable, *primals, has_aux: bool = False):
+    """``(fun(*primals), f_vjp)``; ``f_vjp(ct)`` returns one cotangent per primal.
+
+    Integer and bool inputs get float0 cotangents (as in JAX).
+    """
+    p_leaves, p_tree = tree_util.tree_flatten(tuple(primals))
+    box: list = []
+    aux_box: list = []
+    f = _split_aux(fun, aux_box) if has_aux else fun
+    flat = _flat_fun(f, p_tree, f"vjp({_name(fun)})", box)
+    diff = [dtypes.is_float(get_aval(p).dtype) for p in p_leaves]
+    out_p, lin = linearize_flat(flat, p_leaves, diff)
+    out_tree = box[0]
+
+    def f_vjp(ct):
+        ct_leaves, ct_tree = tree_util.tree_flatten(ct)
+        if ct_tree != out_tree:
+            raise GradientError(f"vjp({_name(fun)}): the cotangent's structure {ct_tree} "
+                                f"differs from the output's {out_tree}")
+        for i, (c, o) in enumerate(zip(ct_leaves, out_p)):
+            if np.shape(c) != np.shape(o):
+                raise GradientError(f"vjp({_name(fun)}): cotangent {i} has shape "
+                                    f"{np.shape(c)}, the output has shape {np.shape(o)}")
+        cts = [_ct_in(c, o) for c, o in zip(ct_leaves, out_p)]
+        cts_in = iter(lin.transpose(cts))
+        res = []
+        for p, d in zip(p_leaves, diff):
+            av = tangent_aval(get_aval(p))
+            res.append(zeros_for(av) if not d else _materialize(next(cts_in), av))
+        return tree_util.tree_unflatten(p_tree, res)
+
+    out = tree_util.tree_unflatten(out_tree, out_p)
+    return (out, f_vjp, aux_box[0]) if has_aux else (out, f_vjp)
+
+
+def _ct_in(c, o):
+    av = get_aval(o)
+    if not dtypes.is_float(av.dtype):
+        return Zero(tangent_aval(av))
+    from spmd.compiler.ops.elementwise import convert
+    from spmd.numpy._util import to_array
+
+    return convert(to_array(c), av.dtype)
+
+
+def _materialize(ct, aval):
+    return zeros_for(aval) if isinstance(ct, Zero) else ct
+
+
+def _check_argnums(fun, argnums, nargs, fname):
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+    for a in nums:
+        if not isinstance(a, int) or not -nargs <= a < nargs:
+            raise ArgumentError(f"{fname}({_name(fun)}): argnums={argnums} is out of range for "
+                                f"a call with {nargs} positional argument(s)")
+    return single, tuple(a % nargs for a in nums)
+
+
+def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False):
+    """A function returning ``(fun(*args), gradient w.r.t. args[argnums])``.
+
+    >>> value_and_grad(lambda x: (x ** 2).sum())(np.ones(3, np.float32))  # doctest: +SKIP
+    """
+    fname = "grad"
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        single, nums = _check_argnums(fun, argnums, len(args), fname)
+        for i in nums:
+            for path, leaf in tree_util.tree_flatten_with_path(args[i])[0]:
+                dt = get_aval(leaf).dtype
+                if not dtypes.is_float(dt):
+                    raise GradientError(
+                        f"grad({_name(fun)}): argument {i}{tree_util.keystr(path)} has dtype "
+                        f"{dt}; grad requires floating-point inputs. Convert it with "
+                        ".astype(np.float32), or exclude it with argnums")
+
+        def f_of_diff(*diff_args):
+            full = list(args)
+            for i, a in zip(nums, diff_args):
+                full[i] = a
+            return fun(*full, **kwargs)
+
+        res = vjp(f_of_diff, *[args[i] for i in nums], has_aux=has_aux)
+        out, f_vjp = res[0], res[1]
+        leaves = tree_util.tree_leaves(out)
+        if len(leaves) != 1 or np.shape(leaves[0]) != ():
+            shapes = [np.shape(x) for x in leaves]
+            raise GradientError(f"grad({_name(fun)}): the function must return a scalar "
+                                f"(shape ()), it returned shape(s) {shapes}; reduce it (e.g. "
+                                ".sum()) or use vjp/jacrev for non-scalar outputs")
+        dt = get_aval(leaves[0]).dtype
+        if not dtypes.is_float(dt):
+            raise GradientError(f"grad({_name(fun)}): the output has dtype {dt}; grad needs a "
+                                "floating-point output")
+        from spmd.compiler.ops.structural import full
+
+        g = f_vjp(full((), 1.0, dt))
+        g = g[0] if single else g
+        if has_aux:
+            return (out, res[2]), g
+        return out, g
+
+    return wrapped
+
+
+def grad(fun: Callable, argnums=0, has_aux: bool = False):
+    """The gradient of a scalar-valued ``fun`` w.r.t. ``args[argnums]``.
+
+    >>> grad(lambda x: (x * x).sum())(np.array([1.0, 2.0], np.float32))
+    Array([2., 4.], dtype=float32)
+    """
+    vg = value_and_grad(fun, argnums, has_aux)
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        (out, g) = vg(*args, **kwargs)
+        return (g, out[1]) if has_aux else g
+
+    return wrapped
+
+
+def _std_basis(leaves):
+    """Rows of the identity, one per element of the flattened inputs."""
+    n = sum(int(np.prod(np.shape(x))) for x in leaves)
+    dt = get_aval(leaves[0]).dtype if leaves else dtypes.default_float()
+    return np.eye(n, dtype=dt), n
+
+
+def jacfwd(fun: Callable, argnums=0, has_aux: bool = False):
+    """Jacobian by forward mode (vmap of jvp over the standard basis)."""
+    from spmd.vectorize import vmap
+
+    def jac(*args):
+        single, nums = _check_argnums(fun, argnums, len(args), "jacfwd")
+        diff = tuple(args[i] for i in nums)
+        leaves, tree = tree_util.tree_flatten(diff)
+
+        def f_diff(*d):
+            full = list(args)
+            for i, a in zip(nums, d):
+                full[i] = a
+            return fun(*full)
+
+        basis, n = _std_basis(leaves)
+
+        def push(row):
+            ts, off = [], 0
+            for x in leaves:
+                k = int(np.prod(np.shape(x)))
+                from spmd.compiler.ops.structural import reshape
+                ts.append(reshape(row[off:off + k], np.shape(x)))
+                off += k
+            return jvp(f_diff, diff, tree_util.tree_unflatten(tree, ts))[1]
+
+        out_t = vmap(push, out_axes=-1)(basis)
+        return _unravel_jac(out_t, leaves, tree, single, last=True)
+
+    return jac
+
+
+def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
+    """Jacobian by reverse mode (vmap of vjp over the output basis)."""
+    from spmd.vectorize import vmap
+
+    def jac(*args):
+        single, nums = _check_argnums(fun, argnums, len(args), "jacrev")
+        diff = tuple(args[i] for i in nums)
+
+        def f_diff(*d):
+            full = list(args)
+            for i, a in zip(nums, d):
+                full[i] = a
+            return fun(*full)
+
+        out, f_vjp = vjp(f_diff, *diff)
+        out_leaves, out_tree = tree_util.tree_flatten(out)
+        basis, n = _std_basis(out_leaves)
+        in_leaves, in_tree = tree_util.tree_flatten(diff)
+
+        def pull(row):
+            cts, off = [], 0
+            for o in out_leaves:
+                k = int(np.prod(np.shape(o)))
+                from spmd.compiler.ops.structural import reshape
+                cts.append(reshape(row[off:off + k], np.shape(o)))
+                off += k
+            return f_vjp(tree_util.tree_unflatten(out_tree, cts))
+
+        g = vmap(pull)(basis)  # leaves: (n_out, *in_shape)
+        return _unravel_rev(g, out_leaves, out_tree, in_tree, single)
+
+    return jac
+
+
+def _unravel_jac(out_t, in_leaves, in_tree, single, last):
+    """Forward-mode Jacobian: split the trailing flat input axis per input leaf."""
+    from spmd.compiler.ops.structural import reshape
+
+    def split(o):
+        res, off = [], 0
+        for x in in_leaves:
+            k = int(np.prod(np.shape(x)))
+            res.append(reshape(o[..., off:off + k], np.shape(o)[:-1] + np.shape(x)))
+            off += k
+        t = tree_util.tree_unflatten(in_tree, res)
+        return t[0] if single else t
+
+    return tree_util.tree_map(split, out_t)
+
+
+def _unravel_rev(g, out_leaves, out_tree, in_tree, single):
+    """Reverse-mode Jacobian: split the leading flat output axis per output leaf."""
+    from spmd.compiler.ops.structural import reshape
+
+    g_leaves = tree_util.tree_leaves(g)
+    per_out = []
+    off = 0
+    for o in out_leaves:
+        k = int(np.prod(np.shape(o)))
+        parts = [reshape(gl[off:off + k], np.shape(o) + np.shape(gl)[1:]) for gl in g_leaves]
+        t = tree_util.tree_unflatten(in_tree, parts)
+        per_out.append(t[0] if single else t)
+        off += k
+    return tree_util.tree_unflatten(out_tree, per_out)
+
+
+def hessian(fun: Callable, argnums=0):
+    """``jacfwd(jacrev(fun))``."""
+    return jacfwd(jacrev(fun, argnums), argnums)

@@ -1,0 +1,122 @@
+"""``vmap``: vectorise a function over a batch axis of its arguments."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.compiler.batching import batch_flat
+from spmd.compiler.jit import flatten_outputs
+from spmd.errors import ArgumentError
+
+
+def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:
+    """One entry of ``prefix`` per leaf of ``tree`` (``prefix`` is a pytree prefix;
+    ``None`` and ints are leaves of the prefix)."""
+    out: list = []
+
+    def walk(p, t, path):
+        if p is None or isinstance(p, int):
+            out.extend([p] * len(tree_util.tree_leaves(t)))
+            return
+        if isinstance(p, (tuple, list)) and isinstance(t, (tuple, list)) and len(p) == len(t):
+            for i, (pc, tc) in enumerate(zip(p, t)):
+                walk(pc, tc, path + f"[{i}]")
+            return
+        if isinstance(p, dict) and isinstance(t, dict) and set(p) == set(t):
+            for k in sorted(t):
+                walk(p[k], t[k], path + f"[{k!r}]")
+            return
+        raise ArgumentError(
+            f"{fname}: {what} is not a pytree prefix of the arguments: at {path or 'the top'} "
+            f"{what} has {_describe(p)} but the value is {_describe(t)}. Give one axis (or "
+            "None) per argument, e.g. in_axes=(0, None)")
+
+    walk(prefix, tree, "")
+    return out
+
+
+def _describe(x) -> str:
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of length {len(x)}"
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(x)}"
+    return f"a {type(x).__name__}"
+
+
+def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None):
+    """Map ``fun`` over axis ``in_axes`` of its arguments.
+
+    >>> vmap(lambda x, y: x @ y, in_axes=(0, None))(np.ones((5, 3)), np.ones(3))  # doctest: +SKIP
+    """
+    if not callable(fun):
+        raise TypeError(f"vmap: expected a function, got {type(fun).__name__}")
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)
+    fname = f"vmap({getattr(fun, '__name__', 'fun')})"
+
+    @functools.wraps(fun)
+    def batched(*args, **kwargs):
+        # As in JAX, keyword arguments are mapped over their leading axis.
+        axes_tree = in_axes
+        if isinstance(axes_tree, tuple) and len(axes_tree) != len(args):
+            raise ArgumentError(f"{fname}: in_axes has {len(axes_tree)} entries but the function "
+                                f"was called with {len(args)} positional arguments")
+        leaves, in_tree = tree_util.tree_flatten(args)
+        dims = broadcast_prefix(axes_tree if isinstance(axes_tree, tuple) else
+                                tuple([axes_tree] * len(args)), args, "in_axes", fname)
+        kw_leaves, kw_tree = tree_util.tree_flatten(kwargs)
+        paths = [p for p, _ in tree_util.tree_flatten_with_path(args)[0]]
+        norm_dims = []
+        size, size_from = axis_size, "axis_size"
+        for leaf, d, path in zip(leaves, dims, paths):
+            if d is None:
+                norm_dims.append(None)
+                continue
+            nd = np.ndim(leaf)
+            if not -nd <= d < nd:
+                raise ArgumentError(f"{fname}: in_axes={d} is out of range for argument"
+                                    f"{tree_util.keystr(path)} of shape {np.shape(leaf)}")
+            d %= nd
+            n = np.shape(leaf)[d]
+            where = f"argument{tree_util.keystr(path)} (axis {d}, shape {np.shape(leaf)})"
+            if size is None:
+                size, size_from = n, where
+            elif n != size:
+                raise ArgumentError(f"{fname}: inconsistent sizes of the mapped axis: {n} for "
+                                    f"{where} but {size} for {size_from}")
+            norm_dims.append(d)
+        for leaf in kw_leaves:
+            n = np.shape(leaf)[0] if np.ndim(leaf) else None
+            if size is None:
+                size = n
+            elif n != size:
+                raise ArgumentError(f"{fname}: keyword argument has mapped size {n}, expected "
+                                    f"{size}")
+        if size is None:
+            raise ArgumentError(f"{fname}: no argument is mapped (all in_axes are None); pass "
+                                "axis_size= to say how many copies to make")
+        out_tree_box: list = []
+
+        def flat(*all_leaves):
+            a = tree_util.tree_unflatten(in_tree, all_leaves[:len(leaves)])
+            kw = tree_util.tree_unflatten(kw_tree, all_leaves[len(leaves):])
+            outs, out_tree = flatten_outputs(fun(*a, **kw), fname)
+            out_tree_box[:] = [out_tree, outs]
+            return outs
+
+        # out_axes is a prefix of the outputs, known only after tracing: resolve lazily.
+        class _OutDims:
+            def __iter__(self_inner):
+                out_tree, outs = out_tree_box
+                full = tree_util.tree_unflatten(out_tree, list(range(len(outs))))
+                return iter(broadcast_prefix(out_axes, full, "out_axes", fname))
+
+        outs = batch_flat(flat, leaves + kw_leaves, norm_dims + [0] * len(kw_leaves), size,
+                          axis_name, _OutDims())
+        return tree_util.tree_unflatten(out_tree_box[0], outs)
+
+    return batched
