@@ -78,8 +78,11 @@ def partial_eval(closed: ClosedProgram, unknown_ins):
     Returns ``(known, unknown, out_unknown, n_res)``: ``known`` maps the known
     inputs to the known outputs followed by ``n_res`` residuals; ``unknown``
     maps (residuals, unknown inputs) to the unknown outputs.  Equations of
-    higher-order primitives may provide a ``partial_eval`` rule that splits them
-    in two; otherwise an equation with any unknown input is unknown.
+    higher-order primitives may provide a ``partial_eval`` rule
+    ``rule(eqn, in_unknown) -> (known_eqn or None, unknown_eqn, out_unknown)``
+    that splits them in two (all outputs of ``unknown_eqn`` are unknown; the
+    known equation defines the others); otherwise an equation with any unknown
+    input is unknown.
     """
     from spmd.compiler.passes import inline_calls
 
@@ -99,7 +102,7 @@ def partial_eval(closed: ClosedProgram, unknown_ins):
             if eqn_known is not None:
                 known_eqns.append(eqn_known)
             unknown_eqns.append(eqn_unknown)
-            unknown.update(o for o, u in zip(eqn_unknown.outputs, out_unknown) if u)
+            unknown.update(eqn_unknown.outputs)
             continue
         unknown_eqns.append(eqn)
         unknown.update(eqn.outputs)
