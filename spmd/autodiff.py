@@ -55,15 +55,18 @@ def jvp(fun: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fa
             raise GradientError(f"jvp({_name(fun)}): tangent {i} has shape {np.shape(t)}, its "
                                 f"primal has shape {np.shape(p)}")
     box: list = []
-    f = fun
-    if has_aux:
-        f = _split_aux(fun, box_aux := [])
+    f = _aux_as_output(fun) if has_aux else fun
     flat = _flat_fun(f, p_tree, f"jvp({_name(fun)})", box)
     tangents_in = [_tangent_in(p, t) for p, t in zip(p_leaves, t_leaves)]
     out_p, out_t = jvp_flat(flat, p_leaves, tangents_in)
     out_t = [zeros_for(t.aval) if isinstance(t, Zero) else t for t in out_t]
-    res = (tree_util.tree_unflatten(box[0], out_p), tree_util.tree_unflatten(box[0], out_t))
-    return res + (box_aux[0],) if has_aux else res
+    if not has_aux:
+        return tree_util.tree_unflatten(box[0], out_p), tree_util.tree_unflatten(box[0], out_t)
+    out_tree, aux_tree = box[0].children()
+    n = out_tree.num_leaves
+    return (tree_util.tree_unflatten(out_tree, out_p[:n]),
+            tree_util.tree_unflatten(out_tree, out_t[:n]),
+            tree_util.tree_unflatten(aux_tree, out_p[n:]))
 
 
 def _tangent_in(p, t):
@@ -74,20 +77,6 @@ def _tangent_in(p, t):
     from spmd.compiler.ops.elementwise import convert
 
     return convert(to_array(t), av.dtype)
-
-
-def _split_aux(fun, aux_box):
-    def f(*args):
-        out = fun(*args)
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise GradientError(f"{_name(fun)} was marked has_aux=True, so it must return a "
-                                f"pair (output, aux); it returned {type(out).__name__}"
-                                + (f" of length {len(out)}" if isinstance(out, (tuple, list))
-                                   else ""))
-        aux_box[:] = [_stop_aux(out[1])]
-        return out[0]
-
-    return f
 
 
 def _stop_aux(aux):
@@ -124,12 +113,20 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
     """
     p_leaves, p_tree = tree_util.tree_flatten(tuple(primals))
     box: list = []
-    aux_box: list = []
-    f = _split_aux(fun, aux_box) if has_aux else fun
+    # With has_aux the aux values are extra (undifferentiated) outputs of the
+    # traced function, so that they leave the trace as values, not tracers.
+    f = _aux_as_output(fun) if has_aux else fun
     flat = _flat_fun(f, p_tree, f"vjp({_name(fun)})", box)
     diff = [dtypes.is_float(get_aval(p).dtype) for p in p_leaves]
     out_p, lin = linearize_flat(flat, p_leaves, diff)
     out_tree = box[0]
+    aux = None
+    if has_aux:
+        out_tree, aux_tree = out_tree.children()
+        n_aux = aux_tree.num_leaves
+        aux = tree_util.tree_unflatten(aux_tree, out_p[len(out_p) - n_aux:])
+        out_p = out_p[:len(out_p) - n_aux]
+        lin.out_zero = lin.out_zero[:len(out_p)] + [True] * n_aux
 
     def f_vjp(ct):
         ct_leaves, ct_tree = tree_util.tree_flatten(ct)
@@ -141,6 +138,7 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
                 raise GradientError(f"vjp({_name(fun)}): cotangent {i} has shape "
                                     f"{np.shape(c)}, the output has shape {np.shape(o)}")
         cts = [_ct_in(c, o) for c, o in zip(ct_leaves, out_p)]
+        cts += [None] * (len(lin.out_zero) - len(cts))  # aux outputs: no cotangent
         cts_in = iter(lin.transpose(cts))
         res = []
         for p, d in zip(p_leaves, diff):
@@ -149,7 +147,20 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
         return tree_util.tree_unflatten(p_tree, res)
 
     out = tree_util.tree_unflatten(out_tree, out_p)
-    return (out, f_vjp, aux_box[0]) if has_aux else (out, f_vjp)
+    return (out, f_vjp, aux) if has_aux else (out, f_vjp)
+
+
+def _aux_as_output(fun):
+    def f(*args):
+        out = fun(*args)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise GradientError(f"{_name(fun)} was marked has_aux=True, so it must return a "
+                                f"pair (output, aux); it returned {type(out).__name__}"
+                                + (f" of length {len(out)}" if isinstance(out, (tuple, list))
+                                   else ""))
+        return (out[0], _stop_aux(out[1]))
+
+    return f
 
 
 def _ct_in(c, o):
@@ -240,109 +251,92 @@ def grad(fun: Callable, argnums=0, has_aux: bool = False):
     return wrapped
 
 
-def _std_basis(leaves):
-    """Rows of the identity, one per element of the flattened inputs."""
-    n = sum(int(np.prod(np.shape(x))) for x in leaves)
-    dt = get_aval(leaves[0]).dtype if leaves else dtypes.default_float()
-    return np.eye(n, dtype=dt), n
+def _basis(x):
+    """The standard basis of ``x``'s space, shaped ``(size, *x.shape)`` (a constant)."""
+    av = get_aval(x)
+    n = int(np.prod(av.shape))
+    return np.eye(n, dtype=av.dtype).reshape((n,) + av.shape)
+
+
+def _with_args(fun, args, nums):
+    def f_diff(*d):
+        full = list(args)
+        for i, a in zip(nums, d):
+            full[i] = a
+        return fun(*full)
+
+    return f_diff
 
 
 def jacfwd(fun: Callable, argnums=0, has_aux: bool = False):
-    """Jacobian by forward mode (vmap of jvp over the standard basis)."""
+    """Jacobian by forward mode: one vmapped jvp per input leaf over its basis.
+
+    The result has the output's structure; each leaf has shape ``out.shape + in.shape``.
+    """
+    from spmd.compiler.ops.structural import reshape, transpose
     from spmd.vectorize import vmap
 
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacfwd")
         diff = tuple(args[i] for i in nums)
+        f_diff = _with_args(fun, args, nums)
         leaves, tree = tree_util.tree_flatten(diff)
+        per_input = []
+        for i, x in enumerate(leaves):
+            def push(t, i=i):
+                ts = [t if j == i else np.zeros(np.shape(l), get_aval(l).dtype)
+                      for j, l in enumerate(leaves)]
+                return jvp(f_diff, diff, tree_util.tree_unflatten(tree, ts))[1]
 
-        def f_diff(*d):
-            full = list(args)
-            for i, a in zip(nums, d):
-                full[i] = a
-            return fun(*full)
+            outs = vmap(push)(_basis(x))  # leaves: (k, *out_shape)
 
-        basis, n = _std_basis(leaves)
+            def fix(o, x=x):
+                nd = len(np.shape(o)) - 1
+                moved = transpose(o, tuple(range(1, nd + 1)) + (0,))
+                return reshape(moved, np.shape(o)[1:] + np.shape(x))
 
-        def push(row):
-            ts, off = [], 0
-            for x in leaves:
-                k = int(np.prod(np.shape(x)))
-                from spmd.compiler.ops.structural import reshape
-                ts.append(reshape(row[off:off + k], np.shape(x)))
-                off += k
-            return jvp(f_diff, diff, tree_util.tree_unflatten(tree, ts))[1]
-
-        out_t = vmap(push, out_axes=-1)(basis)
-        return _unravel_jac(out_t, leaves, tree, single, last=True)
+            per_input.append(tree_util.tree_map(fix, outs))
+        return _assemble(per_input, tree, single)
 
     return jac
 
 
 def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
-    """Jacobian by reverse mode (vmap of vjp over the output basis)."""
+    """Jacobian by reverse mode: one vmapped vjp per output leaf over its basis."""
+    from spmd.compiler.ops.structural import reshape
     from spmd.vectorize import vmap
 
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacrev")
         diff = tuple(args[i] for i in nums)
-
-        def f_diff(*d):
-            full = list(args)
-            for i, a in zip(nums, d):
-                full[i] = a
-            return fun(*full)
-
-        out, f_vjp = vjp(f_diff, *diff)
+        out, f_vjp = vjp(_with_args(fun, args, nums), *diff)
         out_leaves, out_tree = tree_util.tree_flatten(out)
-        basis, n = _std_basis(out_leaves)
         in_leaves, in_tree = tree_util.tree_flatten(diff)
+        per_output = []
+        for j, o in enumerate(out_leaves):
+            def pull(c, j=j):
+                cts = [c if k == j else np.zeros(np.shape(l), get_aval(l).dtype)
+                       for k, l in enumerate(out_leaves)]
+                return tree_util.tree_leaves(f_vjp(tree_util.tree_unflatten(out_tree, cts)))
 
-        def pull(row):
-            cts, off = [], 0
-            for o in out_leaves:
-                k = int(np.prod(np.shape(o)))
-                from spmd.compiler.ops.structural import reshape
-                cts.append(reshape(row[off:off + k], np.shape(o)))
-                off += k
-            return f_vjp(tree_util.tree_unflatten(out_tree, cts))
-
-        g = vmap(pull)(basis)  # leaves: (n_out, *in_shape)
-        return _unravel_rev(g, out_leaves, out_tree, in_tree, single)
+            g = vmap(pull)(_basis(o))  # each: (k_out, *in_shape)
+            parts = [reshape(gl, np.shape(o) + np.shape(x)) for gl, x in zip(g, in_leaves)]
+            t = tree_util.tree_unflatten(in_tree, parts)
+            per_output.append(t[0] if single else t)
+        return tree_util.tree_unflatten(out_tree, per_output)
 
     return jac
 
 
-def _unravel_jac(out_t, in_leaves, in_tree, single, last):
-    """Forward-mode Jacobian: split the trailing flat input axis per input leaf."""
-    from spmd.compiler.ops.structural import reshape
-
-    def split(o):
-        res, off = [], 0
-        for x in in_leaves:
-            k = int(np.prod(np.shape(x)))
-            res.append(reshape(o[..., off:off + k], np.shape(o)[:-1] + np.shape(x)))
-            off += k
-        t = tree_util.tree_unflatten(in_tree, res)
-        return t[0] if single else t
-
-    return tree_util.tree_map(split, out_t)
-
-
-def _unravel_rev(g, out_leaves, out_tree, in_tree, single):
-    """Reverse-mode Jacobian: split the leading flat output axis per output leaf."""
-    from spmd.compiler.ops.structural import reshape
-
-    g_leaves = tree_util.tree_leaves(g)
-    per_out = []
-    off = 0
-    for o in out_leaves:
-        k = int(np.prod(np.shape(o)))
-        parts = [reshape(gl[off:off + k], np.shape(o) + np.shape(gl)[1:]) for gl in g_leaves]
-        t = tree_util.tree_unflatten(in_tree, parts)
-        per_out.append(t[0] if single else t)
-        off += k
-    return tree_util.tree_unflatten(out_tree, per_out)
+def _assemble(per_input, in_tree, single):
+    """Regroup per-input-leaf Jacobians into output-structure -> input-structure."""
+    out_tree = tree_util.tree_structure(per_input[0])
+    per_in_leaves = [tree_util.tree_leaves(p) for p in per_input]
+    result = []
+    for k in range(out_tree.num_leaves):
+        t = tree_util.tree_unflatten(in_tree, [p[k] for p in per_in_leaves])
+        result.append(t[0] if single else t)
+    return tree_util.tree_unflatten(out_tree, result)
 
 
 def hessian(fun: Callable, argnums=0):

@@ -118,13 +118,21 @@ def _remat_partial_eval(eqn, in_unknown):
     producers = {o: e for e in kp.eqns for o in e.outputs}
     saved = [r for r in res_used if _saveable(policy, r, producers)]
     saved_set = set(saved)
-    # The recomputation: the known equations the non-saved residuals depend on.
+    # The recomputation: the known equations the non-saved residuals depend on,
+    # stopping at values the policy lets us save (inputs, and e.g. dot outputs).
     needed = {r for r in res_used if r not in saved_set}
     slice_eqns = []
     for e in reversed(kp.eqns):
         if any(o in needed for o in e.outputs):
             slice_eqns.append(e)
-            needed.update(a for a in e.inputs if isinstance(a, Var) and a not in saved_set)
+            for a in e.inputs:
+                if not isinstance(a, Var) or a in saved_set:
+                    continue
+                if _saveable(policy, a, producers):
+                    saved.append(a)
+                    saved_set.add(a)
+                else:
+                    needed.add(a)
     slice_eqns.reverse()
     slice_inputs = [v for v in kp.in_vars if v in needed and v not in saved_set]
     outer_known = [a for a, u in zip(eqn.inputs, in_unknown) if not u]
