@@ -162,8 +162,7 @@ class _Namer:
 def _fmt_literal(val) -> str:
     val = np.asarray(val)
     if val.shape == ():
-        item = val.item()
-        return repr(item)
+        return str(val[()])  # numpy prints the shortest repr of its own dtype
     return f"<{val.dtype}{list(val.shape)}>"
 
 
