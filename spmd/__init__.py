@@ -21,3 +21,4 @@ from spmd.compiler.remat import checkpoint, checkpoint_policies, remat  # noqa: 
 from spmd import ad_checkpoint, test_util  # noqa: F401
 
 __version__ = "0.1.0"
+from spmd import nn  # noqa: F401,E402

@@ -20,7 +20,7 @@ import itertools
 
 import numpy as np
 
-from spmd.compiler.ir import ClosedProgram, Literal, Program
+from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 
 
 class Executable:
@@ -57,7 +57,7 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Exec
 
     def atom(a) -> str:
         if isinstance(a, Literal):
-            return const(a.val)
+            return const(_literal_value(a, xp))
         return names[a]
 
     n_consts = len(closed.consts)
@@ -67,7 +67,8 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Exec
     for v in program.in_vars[n_consts:]:
         names[v] = next(gen)
         args.append(names[v])
-    emit_eqns(program.eqns, xp, namespace, names, gen, const, atom, lines)
+    emit_eqns(program.eqns, xp, namespace, names, gen, const, atom, lines,
+              live_out=program.out_atoms)
     # A constant returned as a result is copied: results must not alias the
     # buffers the compiled function keeps for its next call.
     const_names = {names[v] for v in program.in_vars[:n_consts]}
@@ -79,7 +80,95 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Exec
     return Executable(namespace[name], src)
 
 
-def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines) -> None:
+def _literal_value(lit: Literal, xp):
+    """The value a literal is bound to in the generated code.
+
+    For numpy, a 0-d array: ``x + k`` with ``k`` a 0-d array is about a third
+    faster than with a numpy scalar (measured, numpy 2.4).  Other array modules
+    get the numpy scalar, which they all accept as an operand.
+    """
+    val = np.asarray(lit.val, dtype=lit.aval.dtype)
+    return val if xp is np else val[()]
+
+
+# ------------------------------------------------------- implicit broadcasting
+
+# Primitives whose implementation is a numpy-broadcasting elementwise function
+# (a ufunc, ``xp.where`` or ``xp.choose``).  When one operand comes from a
+# ``broadcast_in_dim`` and another operand already has the full result shape,
+# the generated code passes the un-broadcast operand (reshaped to the result's
+# rank) and lets the ufunc broadcast it in its inner loop: no ``broadcast_to``
+# view is built (a Python-level numpy function, several microseconds) and the
+# ufunc runs on its fast path for a stride-0 operand.  ``x @ w + b`` then costs
+# what it costs in hand-written numpy.
+IMPLICIT_BROADCAST = frozenset({
+    "add", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2",
+    "and", "or", "xor", "eq", "ne", "lt", "le", "gt", "ge", "select_n",
+})
+
+
+def _compact_shape(eqn) -> tuple | None:
+    """The shape numpy broadcasting needs in place of a ``broadcast_in_dim``.
+
+    It is the operand reshaped to the result's rank (size-1 axes where the
+    result has new ones), without leading 1s (numpy aligns shapes on the right).
+    ``None`` where the dimensions are not increasing (a transposition hides in
+    the broadcast: only an explicit broadcast is right then).
+    """
+    shape = eqn.params["shape"]
+    bdims = eqn.params["broadcast_dimensions"]
+    if any(a >= b for a, b in zip(bdims, bdims[1:])):
+        return None
+    expanded = [1] * len(shape)
+    for d, s in zip(bdims, eqn.inputs[0].aval.shape):
+        expanded[d] = s
+    while expanded and expanded[0] == 1:
+        expanded.pop(0)
+    return tuple(expanded)
+
+
+def plan_implicit_broadcasts(eqns, live_out=()) -> dict:
+    """``{var: compact shape}`` for the broadcasts that need not be materialised.
+
+    A broadcast qualifies when every use of its result is an operand of an
+    :data:`IMPLICIT_BROADCAST` equation that has another operand of the full
+    result shape which is not itself such a broadcast (so the ufunc's result
+    shape is unchanged), and the result is not a program output.
+    """
+    candidates = {}
+    for eqn in eqns:
+        if eqn.primitive.name == "broadcast_in_dim" and isinstance(eqn.inputs[0], Var):
+            compact = _compact_shape(eqn)
+            if compact is not None:
+                candidates[eqn.outputs[0]] = compact
+    if not candidates:
+        return {}
+    plan = dict(candidates)
+    for a in live_out:
+        plan.pop(a, None)
+    for eqn in eqns:
+        for i, a in enumerate(eqn.inputs):
+            if a not in plan:
+                continue
+            if eqn.primitive.name not in IMPLICIT_BROADCAST or eqn.primitive.multiple_results:
+                del plan[a]
+                continue
+            full = eqn.outputs[0].aval.shape
+            if not any(j != i and b not in candidates and b.aval.shape == full
+                       for j, b in enumerate(eqn.inputs)):
+                del plan[a]
+    return plan
+
+
+# ------------------------------------------------------------------ emission
+
+def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) -> None:
+    """Append one line of code per equation to ``lines``.
+
+    ``live_out`` are the atoms the caller reads after these equations (the
+    program's outputs); values among them are always materialised.
+    """
+    compact = plan_implicit_broadcasts(eqns, live_out)
     for i, eqn in enumerate(eqns):
         prim = eqn.primitive
         ins = [atom(a) for a in eqn.inputs]
@@ -87,6 +176,12 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines) -> None:
         for v in eqn.outputs:
             names[v] = next(gen)
             outs.append(names[v])
+        if eqn.outputs and eqn.outputs[0] in compact:
+            shape = compact[eqn.outputs[0]]
+            same = shape == eqn.inputs[0].aval.shape
+            lines.append(f"{outs[0]} = {ins[0]}" if same else
+                         f"{outs[0]} = {ins[0]}.reshape({shape!r})")
+            continue
         expr = prim.emit(ins, **eqn.params) if prim.emit is not None else None
         if expr is None:
             fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \

@@ -323,8 +323,11 @@ class ProgramBuilder:
             # then evaluated under those transformations (e.g. jit(grad(f))).
             if isinstance(val, Array):
                 val = val.value
-            elif not isinstance(val, Tracer) and not (
-                    isinstance(val, np.ndarray) and val.dtype == aval.dtype):
+            elif isinstance(val, np.ndarray):
+                # A copy, as JAX takes one: mutating a closed-over array later
+                # must not change what a cached program computes.
+                val = np.array(val, dtype=aval.dtype, copy=True)
+            elif not isinstance(val, Tracer):
                 val = np.asarray(val, dtype=aval.dtype)
             self.const_vars.append(t.var)
             self.const_vals.append(val)

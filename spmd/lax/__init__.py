@@ -13,3 +13,10 @@ from spmd.compiler.ops.reduce import reduce_max, reduce_min, reduce_sum  # noqa:
 from spmd.compiler.ops.structural import (  # noqa: F401
     broadcast_in_dim, full, iota, reshape, squeeze, transpose)
 from spmd.compiler.ad import stop_gradient  # noqa: F401
+from spmd.compiler.ops.indexing import (  # noqa: F401
+    dynamic_slice, dynamic_update_slice, gather, scatter)
+from spmd.compiler.ops.reduce import (  # noqa: F401
+    argmax, argmin, associative_scan, cummax, cummin, cumprod, cumsum, reduce_and, reduce_or,
+    reduce_prod)
+from spmd.compiler.ops.sort import sort, sort_key_val  # noqa: F401
+from spmd.compiler.ops.shape_more import concatenate, pad, rev, slice, slice_in_dim  # noqa: F401,A004

@@ -13,6 +13,9 @@ from spmd.numpy._linalg import *  # noqa: F401,F403
 from spmd.numpy._reductions import *  # noqa: F401,F403
 from spmd.numpy._reductions import max, min, sum  # noqa: F401
 from spmd.numpy._shape import *  # noqa: F401,F403
+from spmd.numpy._shape_more import *  # noqa: F401,F403
+from spmd.numpy._indexing import *  # noqa: F401,F403
+from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
 from spmd.numpy import _methods
 
 import numpy as _np

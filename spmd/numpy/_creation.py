@@ -54,8 +54,10 @@ def arange(start, stop=None, step=None, dtype=None):
         if v is not None and not isinstance(v, (int, float, np.integer, np.floating)):
             from spmd.compiler.trace import Tracer
             if isinstance(v, Tracer):
-                raise TypeError("spmd.numpy.arange: bounds must be concrete Python numbers "
-                                "(they decide the output shape); mark them static in jit")
+                from spmd.errors import ConcretizationError
+                raise ConcretizationError(
+                    "spmd.numpy.arange: bounds must be concrete Python numbers (they decide "
+                    "the output shape); mark them static in jit")
     ref = np.arange(start, stop, step) if stop is not None or step is not None else np.arange(start)
     if dtype is None:
         dtype = dtypes.default_int() if ref.dtype.kind in "iu" else dtypes.default_float()
@@ -68,3 +70,149 @@ def arange(start, stop=None, step=None, dtype=None):
 def astype(x, dtype):
     """``x`` converted to ``dtype`` (64-bit types narrowed unless x64 is on)."""
     return convert(to_array(x), dtypes.canonicalize(dtype, "spmd.numpy.astype"))
+
+
+def empty(shape, dtype=None):
+    """Like :func:`zeros` (arrays are immutable, so there is nothing to leave uninitialised)."""
+    return zeros(shape, dtype)
+
+
+def _like(fname, a, fill_value, dtype, shape):
+    """An array filled with ``fill_value``, taking dtype (and weak type) and shape from ``a``."""
+    av = get_aval(to_array(a, fname=fname))
+    weak = dtype is None and av.weak_type
+    dt = _dtype(dtype, av.dtype)
+    shape = av.shape if shape is None else _shape(shape)
+    return st.full(shape, fill_value, dt, weak_type=weak)
+
+
+def zeros_like(a, dtype=None, shape=None):
+    """Zeros with ``a``'s shape and dtype (its values are not read).
+
+    >>> zeros_like(ones((2, 3), dtype=int32)).dtype
+    dtype('int32')
+    """
+    return _like("spmd.numpy.zeros_like", a, 0, dtype, shape)
+
+
+def ones_like(a, dtype=None, shape=None):
+    """Ones with ``a``'s shape and dtype."""
+    return _like("spmd.numpy.ones_like", a, 1, dtype, shape)
+
+
+def full_like(a, fill_value, dtype=None, shape=None):
+    """``fill_value`` (cast to ``a``'s dtype unless ``dtype`` is given) with ``a``'s shape."""
+    return _like("spmd.numpy.full_like", a, fill_value, dtype, shape)
+
+
+def empty_like(prototype, dtype=None, shape=None):
+    """Like :func:`zeros_like`."""
+    return zeros_like(prototype, dtype, shape)
+
+
+def linspace(start, stop, num: int = 50, endpoint: bool = True, retstep: bool = False,
+             dtype=None, axis: int = 0):
+    """``num`` evenly spaced values from ``start`` to ``stop`` (float32 by default).
+
+    >>> linspace(0, 1, 5)
+    Array([0.  , 0.25, 0.5 , 0.75, 1.  ], dtype=float32)
+    """
+    num = _static_count(num, "spmd.numpy.linspace", "num")
+    dt = _dtype(dtype, None)
+    if _is_concrete(start) and _is_concrete(stop):
+        # Concrete bounds: numpy computes in float64, then one rounding to the dtype.
+        lo, hi = np.asarray(_value(start)), np.asarray(_value(stop))
+        out_dtype = dt or dtypes.default_float()
+        vals, step = np.linspace(lo, hi, num, endpoint=endpoint, retstep=True,
+                                 dtype=out_dtype, axis=axis)
+        out = to_array(vals, out_dtype)
+        return (out, step) if retstep else out
+    return _traced_linspace(start, stop, num, endpoint, retstep, dt, axis)
+
+
+def _is_concrete(x):
+    from spmd.compiler.array import Array
+    return not is_traced_or_array(x) or isinstance(x, Array)
+
+
+def _value(x):
+    from spmd.compiler.array import Array
+    return np.asarray(x.value) if isinstance(x, Array) else x
+
+
+def _traced_linspace(start, stop, num, endpoint, retstep, dt, axis):
+    """linspace of traced bounds: ``start * (1 - t) + stop * t`` with ``t = i / div``."""
+    from spmd.numpy._elementwise import add, multiply, subtract
+    from spmd.numpy._shape import expand_dims
+    from spmd.numpy._util import broadcast_shapes, broadcast_to_shape, promote_to_float
+
+    lo, hi = promote_to_float(start, stop, fname="spmd.numpy.linspace")
+    shape = broadcast_shapes(get_aval(lo).shape, get_aval(hi).shape, fname="spmd.numpy.linspace")
+    lo, hi = broadcast_to_shape(lo, shape), broadcast_to_shape(hi, shape)
+    fdt = get_aval(lo).dtype
+    div = (num - 1) if endpoint else num
+    t = st.iota(fdt, num)
+    if div > 0:
+        t = multiply(t, np.array(1.0 / div, fdt)[()]) if num > 1 else t
+    ax = axis % (len(shape) + 1)
+    out_shape = shape[:ax] + (num,) + shape[ax:]
+    t = st.broadcast_in_dim(t, out_shape, (ax,))
+    lo_b, hi_b = (st.broadcast_in_dim(expand_dims(v, ax), out_shape, tuple(range(len(out_shape))))
+                  for v in (lo, hi))
+    out = add(lo_b, multiply(subtract(hi_b, lo_b), t))
+    if endpoint and num > 1:
+        # The last sample is exactly `stop`, as in numpy.
+        from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
+        out = concatenate([slice_in_dim(out, 0, num - 1, 1, ax), expand_dims(hi, ax)], ax)
+    if dt is not None:
+        out = convert(out, dt)
+    step = multiply(subtract(hi, lo), np.array(1.0 / div, fdt)[()]) if div > 0 else \
+        np.array(np.nan, fdt)[()]
+    return (out, step) if retstep else out
+
+
+def _static_count(n, fname, argname):
+    from spmd.compiler.trace import Tracer
+    if isinstance(n, Tracer):
+        raise TypeError(f"{fname}: {argname} must be a concrete int (it decides the output "
+                        "shape); mark it static in jit")
+    n = int(n)
+    if n < 0:
+        raise ValueError(f"{fname}: {argname}={n} must be non-negative")
+    return n
+
+
+def eye(N: int, M: int | None = None, k: int = 0, dtype=None):
+    """A 2-d array with ones on the ``k``-th diagonal and zeros elsewhere.
+
+    >>> eye(2)
+    Array([[1., 0.],
+           [0., 1.]], dtype=float32)
+    """
+    N = _static_count(N, "spmd.numpy.eye", "N")
+    M = N if M is None else _static_count(M, "spmd.numpy.eye", "M")
+    return _diagonal_mask(N, M, int(k), "eq", _dtype(dtype, dtypes.default_float()))
+
+
+def identity(n: int, dtype=None):
+    """The ``n`` x ``n`` identity matrix."""
+    return eye(n, dtype=dtype)
+
+
+def tri(N: int, M: int | None = None, k: int = 0, dtype=None):
+    """Ones at and below the ``k``-th diagonal, zeros above."""
+    N = _static_count(N, "spmd.numpy.tri", "N")
+    M = N if M is None else _static_count(M, "spmd.numpy.tri", "M")
+    return _diagonal_mask(N, M, int(k), "ge", _dtype(dtype, dtypes.default_float()))
+
+
+def _diagonal_mask(N, M, k, cmp, dtype):
+    """``row + k (cmp) col`` as ``dtype``, computed from iotas (no constant is captured)."""
+    from spmd.compiler.ops import elementwise as ew
+
+    idt = dtypes.default_int()
+    rows = st.iota(idt, (N, M), 0)
+    cols = st.iota(idt, (N, M), 1)
+    if k:
+        rows = ew.add(rows, np.array(k, idt)[()])
+    return convert(getattr(ew, cmp)(rows, cols), dtype)

@@ -1,4 +1,4 @@
-"""Reductions over static axes: sum, max, min (more are added beside these)."""
+"""Reductions over static axes: sum, prod, max, min, and, or, argmax, argmin."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from spmd.compiler.ad_util import Zero, is_undefined
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
-from spmd.errors import ArgumentError
+from spmd.errors import ArgumentError, DTypeError
 
 
 def _reduced_aval(name, x, axes, dtype=None):
@@ -118,3 +118,338 @@ def reduce_max(x, axes):
 def reduce_min(x, axes):
     axes = _norm_axes(axes)
     return bind(reduce_min_p, x, axes=axes) if axes else x
+
+
+def _zero_tangent(out):
+    """The symbolic zero tangent of a primitive's output ``out``."""
+    from spmd.compiler.avals import tangent_aval
+
+    return Zero(tangent_aval(get_aval(out)))
+
+
+def _scalar(value, dtype):
+    """A scalar constant of ``dtype`` (a literal in traced programs)."""
+    return np.array(value, dtype=dtype)[()]
+
+
+def _check_dtype(name, x, kinds):
+    ok = {"float": dtypes.is_float, "int": dtypes.is_int, "bool": dtypes.is_bool}
+    if not any(ok[k](x.dtype) for k in kinds):
+        raise DTypeError(f"{name}: operand dtype {x.dtype} is not supported (expects "
+                         f"{' or '.join(kinds)}); convert with .astype first")
+
+
+# -------------------------------------------------------------- reduce_prod
+
+reduce_prod_p = _batch_reduce(Primitive("reduce_prod"))
+reduce_prod_p.def_impl(lambda xp, x, *, axes: xp.prod(x, axis=axes, dtype=x.dtype))
+reduce_prod_p.def_emit(lambda ins, axes: f"xp.prod({ins[0]}, axis={axes!r}, dtype={ins[0]}.dtype)")
+
+
+@reduce_prod_p.def_abstract_eval
+def _prod_aval(x, *, axes):
+    _check_dtype("reduce_prod", x, ("float", "int"))
+    return _reduced_aval("reduce_prod", x, axes)
+
+
+def reduce_prod(x, axes):
+    """The product of ``x`` over ``axes`` (lax level: no dtype promotion)."""
+    axes = _norm_axes(axes)
+    return bind(reduce_prod_p, x, axes=axes) if axes else x
+
+
+@reduce_prod_p.def_jvp
+def _prod_jvp(primals, tangents, *, axes):
+    (x,), (t,) = primals, tangents
+    out = reduce_prod(x, axes)
+    if isinstance(t, Zero):
+        return out, _zero_tangent(out)
+    return out, _prod_tree_tangent(x, t, axes)
+
+
+def _prod_tree_tangent(x, t, axes):
+    """The tangent of ``prod(x, axes)`` by a pairwise product tree (as JAX).
+
+    Each level multiplies the two halves with the product rule, so zeros in
+    ``x`` get exact derivatives of every order (no division by ``x``).
+    """
+    from spmd.compiler.ops.elementwise import add, mul
+    from spmd.compiler.ops.shape_more import pad, slice_in_dim
+    from spmd.compiler.ops.structural import reshape, transpose, zeros
+
+    shape = np.shape(x)
+    kept = tuple(i for i in range(len(shape)) if i not in axes)
+    kept_shape = tuple(shape[i] for i in kept)
+    n = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    tdt = get_aval(t).dtype
+    if n == 0:
+        return zeros(kept_shape, tdt)
+    x = reshape(transpose(x, tuple(axes) + kept), (n,) + kept_shape)
+    t = reshape(transpose(t, tuple(axes) + kept), (n,) + kept_shape)
+    rest = ((0, 0, 0),) * len(kept)
+    while n > 1:
+        n1 = (n + 1) // 2
+        a, b = slice_in_dim(x, 0, n1), slice_in_dim(x, n1, n)
+        ta, tb = slice_in_dim(t, 0, n1), slice_in_dim(t, n1, n)
+        if n - n1 != n1:  # odd length: the second half gets a neutral 1 (tangent 0)
+            b = pad(b, _scalar(1, get_aval(x).dtype), ((0, 1, 0),) + rest)
+            tb = pad(tb, _scalar(0, tdt), ((0, 1, 0),) + rest)
+        x, t = mul(a, b), add(mul(ta, b), mul(a, tb))
+        n = n1
+    return reshape(t, kept_shape)
+
+
+# ------------------------------------------------------ reduce_and / or
+
+def _bool_reduce(name, np_fn):
+    p = _batch_reduce(Primitive(name))
+    p.def_impl(lambda xp, x, *, axes: getattr(xp, np_fn)(x, axis=axes))
+    p.def_emit(lambda ins, axes: f"xp.{np_fn}({ins[0]}, axis={axes!r})")
+
+    @p.def_abstract_eval
+    def aval(x, *, axes):
+        _check_dtype(name, x, ("bool",))
+        return _reduced_aval(name, x, axes)
+
+    @p.def_jvp
+    def jvp(primals, tangents, *, axes):
+        out = bind(p, *primals, axes=axes)
+        return out, _zero_tangent(out)
+
+    return p
+
+
+reduce_and_p = _bool_reduce("reduce_and", "all")
+reduce_or_p = _bool_reduce("reduce_or", "any")
+
+
+def reduce_and(x, axes):
+    """Logical and of a bool array over ``axes`` (True over an empty axis)."""
+    axes = _norm_axes(axes)
+    return bind(reduce_and_p, x, axes=axes) if axes else x
+
+
+def reduce_or(x, axes):
+    """Logical or of a bool array over ``axes`` (False over an empty axis)."""
+    axes = _norm_axes(axes)
+    return bind(reduce_or_p, x, axes=axes) if axes else x
+
+
+# --------------------------------------------------------- argmax / argmin
+
+def _arg_reduce(name, np_fn):
+    p = _batch_reduce(Primitive(name))
+
+    @p.def_impl
+    def impl(xp, x, *, axes, index_dtype):
+        # numpy's argmax/argmin: the first occurrence wins, and a NaN counts as
+        # the extremum (as in JAX).
+        return getattr(xp, np_fn)(x, axis=axes[0]).astype(index_dtype, copy=False)
+
+    p.def_emit(lambda ins, axes, index_dtype:
+               f"xp.{np_fn}({ins[0]}, axis={axes[0]}).astype(xp.{index_dtype.name})")
+
+    @p.def_abstract_eval
+    def aval(x, *, axes, index_dtype):
+        if len(axes) != 1:
+            raise ArgumentError(f"{name}: needs exactly one axis, got axes={axes}")
+        _check_dtype(name, x, ("float", "int", "bool"))
+        if not dtypes.is_int(index_dtype):
+            raise DTypeError(f"{name}: index_dtype must be an integer dtype, got {index_dtype}")
+        out = _reduced_aval(name, x, axes, index_dtype)
+        if x.shape[axes[0]] == 0:
+            raise ArgumentError(f"{name}: axis {axes[0]} of the operand of shape {x.shape} is "
+                                "empty; an empty sequence has no " + np_fn)
+        return out.update(weak_type=False)
+
+    @p.def_jvp
+    def jvp(primals, tangents, **params):
+        out = bind(p, *primals, **params)
+        return out, _zero_tangent(out)
+
+    return p
+
+
+argmax_p = _arg_reduce("argmax", "argmax")
+argmin_p = _arg_reduce("argmin", "argmin")
+
+
+def argmax(operand, axis: int, index_dtype=np.int32):
+    """Index of the maximum along ``axis`` (first occurrence), as ``lax.argmax``."""
+    nd = len(np.shape(operand))
+    a = int(axis) % nd if nd else int(axis)
+    return bind(argmax_p, operand, axes=(a,), index_dtype=np.dtype(index_dtype))
+
+
+def argmin(operand, axis: int, index_dtype=np.int32):
+    """Index of the minimum along ``axis`` (first occurrence), as ``lax.argmin``."""
+    nd = len(np.shape(operand))
+    a = int(axis) % nd if nd else int(axis)
+    return bind(argmin_p, operand, axes=(a,), index_dtype=np.dtype(index_dtype))
+
+
+# ------------------------------------------------ cumulative reductions
+#
+# cumsum / cumprod / cummax / cummin(x, axis, reverse): the running reduction
+# along one axis (from the end when ``reverse``).  cumsum is linear (its
+# transpose is the cumsum the other way); the others differentiate through a
+# parallel prefix scan of (value, tangent) pairs, as JAX's rules do.
+
+def _cumulative(name, np_expr, kinds, emit_expr):
+    p = Primitive(name)
+
+    @p.def_impl
+    def impl(xp, x, *, axis, reverse):
+        if reverse:
+            x = xp.flip(x, axis)
+        out = np_expr(xp, x, axis)
+        return xp.flip(out, axis) if reverse else out
+
+    # The common forward case is one inline numpy call.
+    p.def_emit(lambda ins, axis, reverse: None if reverse else emit_expr(ins[0], axis))
+
+    @p.def_abstract_eval
+    def aval(x, *, axis, reverse):
+        _check_dtype(name, x, kinds)
+        if not 0 <= axis < x.ndim:
+            raise ArgumentError(f"{name}: axis {axis} is out of range for an operand of shape "
+                                f"{x.shape}")
+        return ShapedArray(x.shape, x.dtype, x.weak_type)
+
+    @p.def_batch
+    def batch(args, dims, *, axis, reverse):
+        (x,), (d,) = args, dims
+        # The batch axis stays where it is; the scanned axis moves past it.
+        return bind(p, x, axis=axis + (d <= axis), reverse=reverse), d
+
+    return p
+
+
+cumsum_p = _cumulative("cumsum", lambda xp, x, a: xp.cumsum(x, axis=a, dtype=x.dtype),
+                       ("float", "int"), lambda x, a: f"xp.cumsum({x}, axis={a}, dtype={x}.dtype)")
+cumprod_p = _cumulative("cumprod", lambda xp, x, a: xp.cumprod(x, axis=a, dtype=x.dtype),
+                        ("float", "int"),
+                        lambda x, a: f"xp.cumprod({x}, axis={a}, dtype={x}.dtype)")
+cummax_p = _cumulative("cummax", lambda xp, x, a: xp.maximum.accumulate(x, axis=a),
+                       ("float", "int", "bool"),
+                       lambda x, a: f"xp.maximum.accumulate({x}, axis={a})")
+cummin_p = _cumulative("cummin", lambda xp, x, a: xp.minimum.accumulate(x, axis=a),
+                       ("float", "int", "bool"),
+                       lambda x, a: f"xp.minimum.accumulate({x}, axis={a})")
+
+
+def _cum_binder(p):
+    def f(operand, axis: int = 0, reverse: bool = False):
+        nd = len(np.shape(operand))
+        a = int(axis)
+        if nd and -nd <= a < nd:
+            a %= nd
+        return bind(p, operand, axis=a, reverse=bool(reverse))
+
+    f.__name__ = p.name
+    f.__doc__ = (f"``{p.name}`` of ``operand`` along ``axis`` (from the end when ``reverse``), "
+                 f"as ``lax.{p.name}``.\n\n    >>> {p.name}(np.arange(1, 4), 0)  # doctest: +SKIP")
+    return f
+
+
+cumsum = _cum_binder(cumsum_p)
+cumprod = _cum_binder(cumprod_p)
+cummax = _cum_binder(cummax_p)
+cummin = _cum_binder(cummin_p)
+
+cumsum_p.linear = True
+
+
+@cumsum_p.def_jvp
+def _cumsum_jvp(primals, tangents, *, axis, reverse):
+    out = bind(cumsum_p, primals[0], axis=axis, reverse=reverse)
+    t = tangents[0]
+    if isinstance(t, Zero):
+        return out, _zero_tangent(out)
+    return out, bind(cumsum_p, t, axis=axis, reverse=reverse)
+
+
+@cumsum_p.def_transpose
+def _cumsum_transpose(ct, x, *, axis, reverse):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    # Each input feeds every later output: the cotangent sums the other way.
+    return [bind(cumsum_p, ct, axis=axis, reverse=not reverse)]
+
+
+def _scan_jvp(p, combine_prim):
+    """jvp of a cumulative op: a prefix scan of (value, tangent) pairs combined
+    with ``combine_prim``'s own jvp rule (so ties and zeros follow its rules)."""
+    def rule(primals, tangents, *, axis, reverse):
+        from spmd.compiler.ops.shape_more import rev
+
+        (x,), (t,) = primals, tangents
+        out = bind(p, x, axis=axis, reverse=reverse)
+        if isinstance(t, Zero):
+            return out, _zero_tangent(out)
+
+        def combine(a, b):
+            return list(combine_prim.jvp((a[0], b[0]), (a[1], b[1])))
+
+        if reverse:
+            x, t = rev(x, (axis,)), rev(t, (axis,))
+        _, tout = associative_scan(combine, [x, t], axis)
+        return out, rev(tout, (axis,)) if reverse else tout
+
+    p.def_jvp(rule)
+
+
+def _register_scan_jvps():
+    from spmd.compiler.ops.elementwise import max_p, min_p, mul_p
+
+    _scan_jvp(cumprod_p, mul_p)
+    _scan_jvp(cummax_p, max_p)
+    _scan_jvp(cummin_p, min_p)
+
+
+_register_scan_jvps()
+
+
+def associative_scan(combine, elems, axis: int):
+    """Inclusive prefix scan of the arrays ``elems`` along ``axis`` (Blelloch-style).
+
+    ``combine(a, b)`` maps two lists of arrays (earlier, later) to one list; it
+    must be associative.  O(n) work in O(log n) levels of slices (JAX's
+    ``lax.associative_scan``).
+
+    >>> associative_scan(lambda a, b: [add(a[0], b[0])], [x], 0)  # doctest: +SKIP
+    """
+    from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
+
+    n = np.shape(elems[0])[axis]
+    if n < 2:
+        return list(elems)
+
+    def sl(e, start, limit, stride=1):
+        return slice_in_dim(e, start, limit, stride, axis)
+
+    # Combine adjacent pairs, scan those recursively: that gives the odd positions.
+    odd = associative_scan(combine, combine([sl(e, 0, n - 1, 2) for e in elems],
+                                            [sl(e, 1, n, 2) for e in elems]), axis)
+    # Even positions (after the first) add one more element to an odd result.
+    head = odd if n % 2 else [sl(o, 0, np.shape(o)[axis] - 1) for o in odd]
+    even = combine(head, [sl(e, 2, n, 2) for e in elems])
+    even = [concatenate([sl(e, 0, 1), r], axis) for e, r in zip(elems, even)]
+    return [_interleave(a, b, axis) for a, b in zip(even, odd)]
+
+
+def _interleave(a, b, axis):
+    """``a[0], b[0], a[1], b[1], ...`` along ``axis`` (``a`` may be one longer)."""
+    from spmd.compiler.ops.elementwise import add, bitwise_or
+    from spmd.compiler.ops.shape_more import pad
+
+    na, nb = np.shape(a)[axis], np.shape(b)[axis]
+    nd = len(np.shape(a))
+    cfg_a = [(0, 0, 0)] * nd
+    cfg_b = [(0, 0, 0)] * nd
+    cfg_a[axis] = (0, 1 if na == nb else 0, 1)
+    cfg_b[axis] = (1, 0 if na == nb else 1, 1)
+    dt = get_aval(a).dtype
+    # Adding a zero is exact, so interleaving by padding and adding loses nothing.
+    op = bitwise_or if dtypes.is_bool(dt) else add
+    return op(pad(a, _scalar(0, dt), tuple(cfg_a)), pad(b, _scalar(0, dt), tuple(cfg_b)))

@@ -62,7 +62,16 @@ def _bid_aval(x, *, shape, broadcast_dimensions):
 
 
 def _bid_emit(ins, shape, broadcast_dimensions):
-    return None
+    # With increasing broadcast_dimensions the operand's axes keep their order, so
+    # inserting the missing axes gives the expanded shape; otherwise call impl.
+    if list(broadcast_dimensions) != sorted(broadcast_dimensions):
+        return None
+    new_axes = tuple(d for d in range(len(shape)) if d not in broadcast_dimensions)
+    x = f"xp.expand_dims({ins[0]}, {new_axes!r})" if new_axes else ins[0]
+    return f"xp.broadcast_to({x}, {shape!r})"
+
+
+broadcast_in_dim_p.def_emit(_bid_emit)
 
 
 def broadcast_in_dim(x, shape, broadcast_dimensions):
@@ -176,6 +185,7 @@ def _transpose_batch(args, dims, *, permutation):
 
 squeeze_p = _linear_jvp(Primitive("squeeze"))
 squeeze_p.def_impl(lambda xp, x, *, dimensions: xp.squeeze(x, dimensions))
+squeeze_p.def_emit(lambda ins, dimensions: f"xp.squeeze({ins[0]}, {dimensions!r})")
 
 
 @squeeze_p.def_abstract_eval

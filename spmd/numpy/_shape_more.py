@@ -1,0 +1,261 @@
+"""Joining, splitting, flipping, tiling and padding arrays (numpy semantics).
+
+Each function is a thin composition of the structural primitives
+(``concatenate``, ``slice``, ``pad``, ``rev``, ``reshape``, ``broadcast_in_dim``);
+all sizes, axes and split points are static.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler.ops import shape_more as sm
+from spmd.compiler.ops import structural as st
+from spmd.compiler.trace import Tracer, get_aval
+from spmd.errors import ArgumentError, ShapeError
+from spmd.numpy._shape import atleast_1d, atleast_2d, atleast_3d, ravel, reshape
+from spmd.numpy._util import canonicalize_axes, canonicalize_axis, promote_dtypes, to_array
+
+__all__ = ["concatenate", "hstack", "vstack", "dstack", "column_stack", "split", "array_split",
+           "hsplit", "vsplit", "flip", "fliplr", "flipud", "tile", "repeat", "roll", "pad"]
+
+
+def concatenate(arrays, axis=0, dtype=None):
+    """Join arrays along an existing axis (``axis=None`` flattens them first).
+
+    >>> concatenate([ones((2, 3)), zeros((1, 3))]).shape
+    (3, 3)
+    """
+    if isinstance(arrays, Tracer) or hasattr(arrays, "aval"):
+        arrays = list(arrays)  # an array is a sequence of its rows, as in numpy
+    arrs = list(arrays)
+    if not arrs:
+        raise ArgumentError("spmd.numpy.concatenate: need at least one array to concatenate")
+    arrs = promote_dtypes(*arrs, fname="spmd.numpy.concatenate")
+    if dtype is not None:
+        arrs = [to_array(a, dtype, "spmd.numpy.concatenate") for a in arrs]
+    if axis is None:
+        arrs, axis = [ravel(a) for a in arrs], 0
+    shapes = [get_aval(a).shape for a in arrs]
+    nd = len(shapes[0])
+    if nd == 0:
+        raise ShapeError("spmd.numpy.concatenate: zero-dimensional arrays cannot be "
+                         "concatenated; use stack, or reshape them to 1-d first")
+    ax = canonicalize_axis(axis, nd, "spmd.numpy.concatenate")
+    for s in shapes[1:]:
+        if len(s) != nd or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0])) if i != ax):
+            raise ShapeError(f"spmd.numpy.concatenate: array shapes {shapes} must match in "
+                             f"every dimension except the concatenation axis {ax}")
+    return sm.concatenate(arrs, ax)
+
+
+def hstack(tup, dtype=None):
+    """Stack along the second axis (the first for 1-d arrays)."""
+    arrs = [atleast_1d(a) for a in tup]
+    axis = 0 if arrs and get_aval(arrs[0]).ndim == 1 else 1
+    return concatenate(arrs, axis=axis, dtype=dtype)
+
+
+def vstack(tup, dtype=None):
+    """Stack along the first axis, after making inputs at least 2-d."""
+    return concatenate([atleast_2d(a) for a in tup], axis=0, dtype=dtype)
+
+
+def dstack(tup, dtype=None):
+    """Stack along the third axis, after making inputs at least 3-d."""
+    return concatenate([atleast_3d(a) for a in tup], axis=2, dtype=dtype)
+
+
+def column_stack(tup):
+    """Stack 1-d arrays as columns of a 2-d array (2-d inputs as they are)."""
+    arrs = []
+    for a in tup:
+        x = to_array(a)
+        arrs.append(reshape(x, (-1, 1)) if get_aval(x).ndim < 2 else x)
+    return concatenate(arrs, axis=1)
+
+
+# ------------------------------------------------------------------ splitting
+
+def _pieces(x, axis, bounds):
+    """Slices ``x[b0:b1], x[b1:b2], ...`` along ``axis`` with Python's clamping."""
+    n = get_aval(x).shape[axis]
+    outs = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        s, e, _ = slice(lo, hi).indices(n)
+        outs.append(sm.slice_in_dim(x, s, max(s, e), 1, axis))
+    return outs
+
+
+def split(ary, indices_or_sections, axis: int = 0):
+    """Split into equal sections (an int) or at the given indices (a sequence).
+
+    >>> [p.shape for p in split(ones(6), 3)]
+    [(2,), (2,), (2,)]
+    """
+    x = to_array(ary)
+    shape = get_aval(x).shape
+    ax = canonicalize_axis(axis, len(shape), "spmd.numpy.split")
+    if isinstance(indices_or_sections, (int, np.integer)):
+        k = int(indices_or_sections)
+        if k <= 0 or shape[ax] % k:
+            raise ShapeError(f"spmd.numpy.split: array split does not result in an equal "
+                             f"division: axis {ax} has size {shape[ax]}, not divisible into "
+                             f"{k} sections (use array_split for unequal sections)")
+        step = shape[ax] // k
+        return _pieces(x, ax, [i * step for i in range(k + 1)])
+    return _pieces(x, ax, [0] + _static_ints(indices_or_sections, "split") + [shape[ax]])
+
+
+def array_split(ary, indices_or_sections, axis: int = 0):
+    """Like :func:`split`, but ``n`` sections need not divide the axis evenly."""
+    x = to_array(ary)
+    shape = get_aval(x).shape
+    ax = canonicalize_axis(axis, len(shape), "spmd.numpy.array_split")
+    if isinstance(indices_or_sections, (int, np.integer)):
+        k = int(indices_or_sections)
+        if k <= 0:
+            raise ArgumentError(f"spmd.numpy.array_split: number of sections must be larger "
+                                f"than 0, got {k}")
+        each, extra = divmod(shape[ax], k)
+        sizes = [each + 1] * extra + [each] * (k - extra)
+        return _pieces(x, ax, [0] + list(np.cumsum(sizes)))
+    return _pieces(x, ax, [0] + _static_ints(indices_or_sections, "array_split") + [shape[ax]])
+
+
+def _static_ints(seq, fname):
+    if isinstance(seq, Tracer):
+        raise TypeError(f"spmd.numpy.{fname}: split indices must be static (they decide the "
+                        "output shapes); pass a Python list or mark the argument static in jit")
+    return [int(i) for i in np.asarray(seq).reshape(-1)]
+
+
+def hsplit(ary, indices_or_sections):
+    """Split along the second axis (the first for 1-d arrays)."""
+    return split(ary, indices_or_sections, axis=0 if get_aval(to_array(ary)).ndim == 1 else 1)
+
+
+def vsplit(ary, indices_or_sections):
+    """Split along the first axis."""
+    return split(ary, indices_or_sections, axis=0)
+
+
+# --------------------------------------------------------- flips and copies
+
+def flip(m, axis=None):
+    """Reverse the order of elements along ``axis`` (all axes when None)."""
+    x = to_array(m)
+    return sm.rev(x, canonicalize_axes(axis, get_aval(x).ndim, "spmd.numpy.flip"))
+
+
+def fliplr(m):
+    return flip(m, 1)
+
+
+def flipud(m):
+    return flip(m, 0)
+
+
+def tile(A, reps):
+    """Repeat the whole array ``reps`` times along each axis.
+
+    >>> tile(arange(2), (2, 2)).shape
+    (2, 4)
+    """
+    x = to_array(A)
+    reps = (int(reps),) if isinstance(reps, (int, np.integer)) else tuple(int(r) for r in reps)
+    shape = get_aval(x).shape
+    nd = max(len(reps), len(shape))
+    shape = (1,) * (nd - len(shape)) + shape
+    reps = (1,) * (nd - len(reps)) + reps
+    # (r0, s0, r1, s1, ...): a broadcast along new axes, then merge each pair.
+    x = st.reshape(x, shape)
+    big = tuple(v for r, s in zip(reps, shape) for v in (r, s))
+    x = st.broadcast_in_dim(x, big, tuple(range(1, 2 * nd, 2)))
+    return st.reshape(x, tuple(r * s for r, s in zip(reps, shape)))
+
+
+def repeat(a, repeats, axis=None, *, total_repeat_length=None):
+    """Repeat each element ``repeats`` times (an int, or a static sequence per element)."""
+    x = to_array(a)
+    if axis is None:
+        x, axis = ravel(x), 0
+    shape = get_aval(x).shape
+    ax = canonicalize_axis(axis, len(shape), "spmd.numpy.repeat")
+    if isinstance(repeats, Tracer):
+        raise TypeError("spmd.numpy.repeat: repeats must be static (they decide the output "
+                        "shape); pass Python ints or mark the argument static in jit")
+    reps = np.asarray(repeats).reshape(-1)
+    if reps.size == 1:
+        r = int(reps[0])
+        inner = shape[:ax + 1] + (r,) + shape[ax + 1:]
+        y = st.broadcast_in_dim(x, inner, tuple(i for i in range(len(inner)) if i != ax + 1))
+        out = st.reshape(y, shape[:ax] + (shape[ax] * r,) + shape[ax + 1:])
+    else:
+        if reps.size != shape[ax]:
+            raise ShapeError(f"spmd.numpy.repeat: {reps.size} repeats for an axis of size "
+                             f"{shape[ax]}")
+        parts = []
+        for i, r in enumerate(reps):
+            piece = sm.slice_in_dim(x, i, i + 1, 1, ax)
+            parts.append(st.broadcast_in_dim(piece, shape[:ax] + (int(r),) + shape[ax + 1:],
+                                             tuple(range(len(shape)))))
+        out = sm.concatenate(parts, ax) if parts else st.reshape(x, shape)
+    if total_repeat_length is not None and get_aval(out).shape[ax] != total_repeat_length:
+        raise ShapeError(f"spmd.numpy.repeat: total_repeat_length={total_repeat_length} "
+                         f"differs from the result's length {get_aval(out).shape[ax]}")
+    return out
+
+
+def roll(a, shift, axis=None):
+    """Shift elements cyclically along ``axis`` (of the flattened array when None)."""
+    x = to_array(a)
+    if isinstance(shift, Tracer):
+        raise TypeError("spmd.numpy.roll: shift must be a static int here; mark it static in jit")
+    if axis is None:
+        shape = get_aval(x).shape
+        return reshape(roll(ravel(x), shift, 0), shape)
+    shifts = np.broadcast_to(np.asarray(shift), np.shape(axis)).reshape(-1)
+    axes = np.asarray(axis).reshape(-1)
+    if shifts.size != axes.size:
+        raise ArgumentError(f"spmd.numpy.roll: shift {shift} and axis {axis} do not match")
+    nd = get_aval(x).ndim
+    for s, ax in zip(shifts, axes):
+        ax = canonicalize_axis(ax, nd, "spmd.numpy.roll")
+        n = get_aval(x).shape[ax]
+        s = int(s) % n if n else 0
+        if s:
+            x = sm.concatenate([sm.slice_in_dim(x, n - s, n, 1, ax),
+                                sm.slice_in_dim(x, 0, n - s, 1, ax)], ax)
+    return x
+
+
+def pad(array, pad_width, mode: str = "constant", constant_values=0):
+    """Pad with a constant (numpy's ``mode='constant'``; other modes are not supported).
+
+    >>> pad(ones(2), 1).shape
+    (4,)
+    """
+    if mode != "constant":
+        raise NotImplementedError(f"spmd.numpy.pad: mode={mode!r} is not supported; only "
+                                  "mode='constant'")
+    x = to_array(array)
+    av = get_aval(x)
+    widths = np.asarray(pad_width, dtype=np.int64)
+    try:
+        widths = np.broadcast_to(widths.reshape(widths.shape or (1,)) if widths.ndim < 2
+                                 else widths, (av.ndim, 2))
+    except ValueError:
+        raise ShapeError(f"spmd.numpy.pad: pad_width {pad_width} does not fit an array of "
+                         f"{av.ndim} dimensions (give an int, a (before, after) pair or one "
+                         "pair per axis)") from None
+    if (widths < 0).any():
+        raise ArgumentError(f"spmd.numpy.pad: pad_width must be >= 0, got {pad_width}")
+    if np.ndim(constant_values) != 0:
+        raise NotImplementedError("spmd.numpy.pad: only a scalar constant_values is supported")
+    value = to_array(constant_values)
+    from spmd.compiler.ops.elementwise import convert
+
+    value = convert(value, av.dtype, av.weak_type)
+    return sm.pad(x, value, tuple((int(lo), int(hi), 0) for lo, hi in widths))
+
