@@ -366,3 +366,66 @@ def test_where_broadcasting_property(mode, shapes, seed):
     c, a, b = rand(sc, BOOL, seed), rand(sa, F32, seed + 1), rand(sb, I32, seed + 2)
     out = run(snp.where, (c, a, b), mode)
     assert_array(out, np.where(c, a, b), F32)
+
+
+# ---------------------------------------------------------------------------
+# IEEE special values and integer wrap-around (no Python exceptions, as numpy/JAX)
+
+
+def test_ieee_special_values(mode):
+    x = np.array([0.0, -1.0, 1.0, np.inf, -np.inf, np.nan], np.float32)
+    with np.errstate(all="ignore"):
+        cases = [
+            (snp.log, np.log), (snp.sqrt, np.sqrt), (lambda a: 1.0 / a, lambda a: 1.0 / a),
+            (lambda a: a / 0.0, lambda a: a / 0.0), (snp.exp, np.exp),
+            (lambda a: snp.maximum(a, 0.5), lambda a: np.maximum(a, 0.5)),
+            (lambda a: snp.minimum(a, 0.5), lambda a: np.minimum(a, 0.5)),
+            (lambda a: a * 0.0, lambda a: a * 0.0),
+            (lambda a: a == a, lambda a: a == a),
+        ]
+        for fn, ref in cases:
+            out = run(fn, (x,), mode)
+            want = BOOL if out.dtype == BOOL else F32
+            assert_array(out, ref(x.astype(np.float64)), want, rtol=1e-6, atol=0)
+
+
+def test_int32_arithmetic_wraps_around(mode):
+    x = np.array([2**31 - 1, -(2**31), 7], np.int32)
+    with np.errstate(all="ignore"):
+        for fn in (lambda a: a + 1, lambda a: a - 1, lambda a: a * 2, lambda a: -a):
+            same(fn, x, mode=mode, dtype=I32, upcast=False)
+
+
+def test_logaddexp_infinities(mode):
+    # numpy and JAX: logaddexp(-inf, -inf) = -inf, logaddexp(inf, inf) = inf
+    a = np.array([-np.inf, np.inf, 0.0, -np.inf, 1000.0], np.float32)
+    b = np.array([-np.inf, np.inf, -np.inf, 1.0, 1000.0], np.float32)
+    check(snp.logaddexp, np.logaddexp, a, b, mode=mode, dtype=F32, rtol=1e-6, atol=0)
+
+
+def test_integer_power_is_exact(mode):
+    # int32 ** int32 is computed in integers (JAX: repeated squaring), so
+    # results above 2**24 are exact and overflow wraps like numpy's int32
+    base = np.array([3, -3, 7, 2, 3, -1, 0], np.int32)
+    exp = np.array([19, 19, 11, 30, 25, 7, 0], np.int32)
+    with np.errstate(all="ignore"):
+        check(snp.power, np.power, base, exp, mode=mode, dtype=I32)
+        same(lambda a, b: a ** b, base, exp, mode=mode, dtype=I32)
+        same(lambda a: a ** 19, base[:2], mode=mode, dtype=I32)
+
+
+def test_float_floor_divide_and_mod_match_divmod(mode):
+    # numpy and JAX compute float // from the remainder (divmod), not as
+    # floor(x / y): 1.0 // 0.1 is 9.0 in float32, and x == (x // y) * y + x % y
+    x = np.array([1.0, -1.0, 7.0, 0.3, 5.0, -5.5], np.float32)
+    y = np.array([0.1, 0.1, 0.7, 0.1, -0.3, 0.25], np.float32)
+    check(snp.floor_divide, np.floor_divide, x, y, mode=mode, dtype=F32, rtol=0, atol=0,
+          upcast=False)
+    same(lambda a, b: a // b, x, y, mode=mode, dtype=F32, rtol=0, atol=0, upcast=False)
+    check(snp.mod, np.mod, x, y, mode=mode, dtype=F32, rtol=0, atol=0, upcast=False)
+
+
+def test_reciprocal_of_int_promotes_to_float(mode):
+    # jax.numpy.reciprocal promotes integers to float (numpy keeps ints)
+    x = np.array([1, 2, -4, 5], np.int32)
+    check(snp.reciprocal, lambda a: 1.0 / a, x, mode=mode, dtype=F32)

@@ -138,6 +138,27 @@ def test_int_float_of_traced_value(conv):
     assert str(err)
 
 
+# spmd.errors.ConcretizationError: "raised ... by functions that need a static
+# value (a shape, an axis)"; the fix (a static argument) then works
+STATIC_NEEDED = [
+    ("arange", lambda x, n: snp.arange(n) + x[0]),
+    ("zeros_shape", lambda x, n: snp.zeros(n) + x[0]),
+    ("reshape_shape", lambda x, n: snp.reshape(x, (n, -1))),
+    ("sum_axis", lambda x, n: snp.sum(x.reshape(2, 3), axis=n)),
+    ("eye_k", lambda x, n: snp.eye(3, k=n) * x[0]),
+]
+
+
+@pytest.mark.parametrize("label,fn", STATIC_NEEDED, ids=[c[0] for c in STATIC_NEEDED])
+def test_traced_value_where_static_needed(label, fn):
+    x = np.arange(6, dtype=np.float32)
+    with pytest.raises(errors.ConcretizationError):
+        spmd.jit(fn)(x, 2)
+    expected = np.asarray(fn(x, 2))  # eager result: concrete values are fine
+    out = spmd.jit(fn, static_argnums=1)(x, 2)
+    np.testing.assert_allclose(np.asarray(out), expected)
+
+
 # ---------------------------------------------------------------------------
 # shape errors
 

@@ -36,6 +36,9 @@ STATIC_INDEX = [
     ("int_array_2d", lambda x: x[np.array([[0, 1], [3, 2]])]),
     ("int_arrays_paired", lambda x: x[np.array([0, 2, 3]), np.array([1, 1, 0])]),
     ("int_array_and_slice", lambda x: x[np.array([3, 0]), 1:]),
+    ("int_arrays_separated", lambda x: x[np.array([1, 0]), :, np.array([0, 4])]),
+    ("int_array_then_none", lambda x: x[np.array([1, 2]), None]),
+    ("slice_int_array_slice", lambda x: x[1:, np.array([2, 0, 2]), ::2]),
 ]
 
 
@@ -117,6 +120,9 @@ AT_CASES = [
     ("array_repeated", np.array([0, 2, 0, 0]), (4, 5)),
     ("array_pair_repeated", (np.array([1, 1, 3]), np.array([2, 2, 0])), (3,)),
     ("array_axis1_repeated", (slice(None), np.array([4, 4, 1])), (4, 3)),
+    ("arrays_broadcast_2d", (np.array([[0], [3]]), np.array([1, 2])), (2, 2)),
+    ("neg_step_slice", slice(None, None, -2), (2, 5)),
+    ("ellipsis", (Ellipsis, 1), (4,)),
 ]
 
 
@@ -141,6 +147,16 @@ def test_at_update_traced_index(mode, method):
     check(lambda a, i, b: getattr(a.at[i], method)(b),
           lambda a, i, b: _np_update(method, a, i, b),
           x, idx, v, mode=mode, dtype=F32, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("idx", [2, -1], ids=["pos", "neg"])
+def test_at_update_traced_scalar_index(mode, idx):
+    x = rand((4, 3), F32, 15)
+    v = rand((3,), F32, 16)
+    check(lambda a, i, b: a.at[i].set(b), lambda a, i, b: _np_set(a, i, b),
+          x, idx, v, mode=mode, dtype=F32, rtol=0, atol=0)
+    check(lambda a, i: a.at[i, 0].add(1.0), lambda a, i: _np_update("add", a, (i, 0), 1.0),
+          x, idx, mode=mode, dtype=F32, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("method", ["set", "add", "min", "max"])
@@ -181,3 +197,39 @@ def test_getitem_on_eager_result_returns_array():
     assert int(y) == 2
     out = run(lambda a: a[1:4], (np.arange(6, dtype=np.int32),), "jit")
     assert_array(out, np.arange(1, 4), I32)
+
+
+# ---------------------------------------------------------------------------
+# property tests: random basic indices and random integer-array indices
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from _np_helpers import HYP, MODES  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", MODES)
+@HYP
+@given(data=st.data(),
+       shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=1, max_side=5))
+def test_basic_indexing_property(mode, data, shape):
+    idx = data.draw(hnp.basic_indices(shape, allow_newaxis=True, allow_ellipsis=True),
+                    label="index")
+    x = rand(shape, F32, 50)
+    out = run(lambda a: a[idx], (x,), mode)
+    assert_array(out, x[idx], F32, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@HYP
+@given(data=st.data(),
+       shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5))
+def test_integer_array_indexing_property(mode, data, shape):
+    idx = data.draw(hnp.integer_array_indices(
+        shape, result_shape=hnp.array_shapes(min_dims=1, max_dims=2, max_side=4)),
+        label="index")
+    x = rand(shape, I32, 51)
+    # the index arrays are arguments: traced under jit
+    out = run(lambda a, i: a[i], (x, idx), mode)
+    assert_array(out, x[idx], I32)

@@ -189,3 +189,20 @@ def test_sort_1d(mode):
     x = rand((17,), F32, 13)
     check(snp.sort, np.sort, x, mode=mode, dtype=F32, rtol=0, atol=0)
     check(snp.argsort, np.argsort, x, mode=mode, dtype=I32)
+
+
+# ---------------------------------------------------------------------------
+# NaN handling follows numpy (and JAX): NaN propagates through max/min,
+# argmax/argmin point at the first NaN, sort puts NaNs last.
+
+
+def test_nan_handling(mode):
+    x = np.array([[1.0, np.nan, 3.0, -1.0], [2.0, 0.5, 4.0, 1.0]], np.float32)
+    for name in ("max", "min", "sum", "mean"):
+        check(lambda a: getattr(snp, name)(a, axis=1), lambda a: getattr(np, name)(a, axis=1),
+              x, mode=mode, dtype=F32, rtol=1e-6)
+    for name in ("argmax", "argmin"):
+        check(lambda a: getattr(snp, name)(a, axis=1), lambda a: getattr(np, name)(a, axis=1),
+              x, mode=mode, dtype=I32)
+    check(snp.sort, np.sort, x, mode=mode, dtype=F32, rtol=0, atol=0)
+    check(lambda a: snp.maximum(a, 2.0), lambda a: np.maximum(a, 2.0), x, mode=mode, dtype=F32)
