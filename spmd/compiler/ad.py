@@ -163,7 +163,7 @@ def backward_pass(program: Program, residuals, linear_avals, cts_out):
         cts = [ct_env.pop(o, None) for o in eqn.outputs]
         if all(c is None for c in cts):
             continue
-        cts = [Zero(tangent_aval(o.aval)) if c is None else c for c in cts]
+        cts = [Zero(tangent_aval(o.aval)) if c is None else c for o, c in zip(eqn.outputs, cts)]
         args = [UndefinedPrimal(a.aval) if isinstance(a, Var) and a in linear else _read(env, a)
                 for a in eqn.inputs]
         rule = eqn.primitive.transpose

@@ -114,7 +114,7 @@ class ClosedProgram:
     arguments.  ``.jaxpr`` is the open program (JAX's name).
     """
 
-    __slots__ = ("program", "consts")
+    __slots__ = ("program", "consts", "__weakref__")
 
     def __init__(self, program: Program, consts=()):
         self.program = program

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -29,17 +30,19 @@ from spmd.errors import OutputTypeError, StaticArgumentError
 
 jit_p = Primitive("jit", multiple_results=True, higher_order=True)
 
-_executables: dict = {}
+# Compiled code lives as long as its program (programs are keys by identity).
+_executables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def executable_for(closed: ClosedProgram, xp=np) -> Executable:
     """The compiled code of ``closed`` (compiled once per program and array module)."""
-    key = (id(closed), xp.__name__)
-    hit = _executables.get(key)
-    if hit is None or hit[0] is not closed:
-        hit = (closed, compile_program(optimize(closed), xp))
-        _executables[key] = hit
-    return hit[1]
+    per_program = _executables.get(closed)
+    if per_program is None:
+        per_program = _executables[closed] = {}
+    exe = per_program.get(xp.__name__)
+    if exe is None:
+        exe = per_program[xp.__name__] = compile_program(optimize(closed), xp)
+    return exe
 
 
 @jit_p.def_impl

@@ -20,3 +20,4 @@ from spmd.compiler.ops.reduce import (  # noqa: F401
     reduce_prod)
 from spmd.compiler.ops.sort import sort, sort_key_val  # noqa: F401
 from spmd.compiler.ops.shape_more import concatenate, pad, rev, slice, slice_in_dim  # noqa: F401,A004
+from spmd.lax.control_flow import cond, fori_loop, scan, switch, while_loop  # noqa: F401

@@ -1,0 +1,430 @@
+"""Control flow, part 1: the ``cond`` primitive and the program helpers shared
+with the loops (``control_loops.py``).
+
+``cond`` applies one of several branch programs, chosen by an int32 index
+(operand 0), to the remaining operands.  Its rules transform the branches as
+whole programs: the jvp of a cond is a cond of the branches' jvps, and so on.
+
+Sub-programs in the parameters of control-flow primitives hold only concrete
+constants, never tracers: the ``spmd.lax`` wrappers turn the values a body
+closes over into operands, and the rules below only trace bodies whose inputs
+are all program inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.compiler.ad_util import Zero, instantiate, is_undefined, is_zero
+from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import (Tracer, eval_program, full_raise, get_aval, new_main,
+                                 trace_to_program)
+from spmd.errors import DTypeError, ProgramTypeError
+
+
+# ================================================= program helpers (shared)
+
+def trace_closed(fun, avals) -> ClosedProgram:
+    """Trace a rule's body; its inputs are the only tracers it may see."""
+    closed = trace_to_program(fun, avals)
+    assert not any(isinstance(c, Tracer) for c in closed.consts), \
+        "a control-flow rule captured a traced value as a constant"
+    return closed
+
+
+def cast_to(x, aval: ShapedArray):
+    """``x`` converted to ``aval``'s dtype and weak type (a no-op when they agree)."""
+    from spmd.compiler.ops.elementwise import convert
+
+    av = get_aval(x)
+    if av.dtype != aval.dtype or av.weak_type != aval.weak_type:
+        return convert(x, aval.dtype, aval.weak_type)
+    return x
+
+
+def is_float_aval(aval) -> bool:
+    return dtypes.is_float(aval.dtype)
+
+
+def has_tangent(t) -> bool:
+    """A tangent that may be non-zero (float0 and symbolic zeros never are)."""
+    return not is_zero(t) and dtypes.is_float(get_aval(t).dtype)
+
+
+def zero_tangent(aval) -> Zero:
+    return Zero(tangent_aval(aval))
+
+
+def permute(closed: ClosedProgram, in_order, out_order) -> ClosedProgram:
+    """The same program with its (non-constant) inputs and its outputs reordered."""
+    prog = closed.program
+    n = len(closed.consts)
+    args = prog.in_vars[n:]
+    new = Program(prog.in_vars[:n] + [args[i] for i in in_order], prog.eqns,
+                  [prog.out_atoms[i] for i in out_order])
+    return ClosedProgram(new, closed.consts)
+
+
+def interleave_order(sizes, extra):
+    """Order that turns ``[g0, g1, .., e0, e1, ..]`` into ``[g0, e0, g1, e1, ..]``.
+
+    ``sizes[k]`` and ``extra[k]`` are the lengths of group k in the first and
+    second half (primals then tangents -> primal/tangent pairs per group).
+    """
+    order, base, ebase = [], 0, sum(sizes)
+    for s, e in zip(sizes, extra):
+        order += list(range(base, base + s)) + list(range(ebase, ebase + e))
+        base += s
+        ebase += e
+    return order
+
+
+def jvp_program(closed: ClosedProgram, nonzero, instantiate_out):
+    """The jvp of ``closed`` as a program: ``(primals, nonzero tangents) ->
+    (primal outs, tangent outs that are non-zero)``.
+
+    ``instantiate_out[k]`` forces output k's tangent to be materialised (when
+    it is a float).  Returns ``(program, out_nonzero)``.
+    """
+    from spmd.compiler.ad import jvp_flat
+
+    avals = closed.in_avals
+    t_avals = [tangent_aval(a) for a, nz in zip(avals, nonzero) if nz]
+    out_avals = closed.out_avals
+    out_nz: list = []
+
+    def fun(*args):
+        primals = list(args[:len(avals)])
+        it = iter(args[len(avals):])
+        tangents = [next(it) if nz else zero_tangent(a) for a, nz in zip(avals, nonzero)]
+        outs, touts = jvp_flat(lambda *a: eval_program(closed, *a), primals, tangents)
+        res = []
+        for t, inst, aval in zip(touts, instantiate_out, out_avals):
+            if not is_float_aval(aval):
+                t = zero_tangent(aval)
+            elif is_zero(t) and inst:
+                t = instantiate(t)
+            res.append(t)
+        out_nz[:] = [not is_zero(t) for t in res]
+        return [cast_to(o, a) for o, a in zip(outs, out_avals)] + [
+            cast_to(t, tangent_aval(a)) for t, a in zip(res, out_avals) if not is_zero(t)]
+
+    prog = trace_closed(fun, list(avals) + t_avals)
+    return prog, list(out_nz)
+
+
+def batch_eval(closed: ClosedProgram, args, batched, size, axis_name, force):
+    """Evaluate ``closed`` batched (batched args have the batch axis at 0).
+
+    Outputs that are batched, or forced (``force[k]``), come back with the batch
+    axis at 0.  Returns ``(outs, out_batched)``.
+    """
+    from spmd.compiler.batching import BatchTrace, BatchTracer, broadcast_batch
+
+    with new_main(BatchTrace, (axis_name, size)) as main:
+        trace = BatchTrace(main)
+        tracers = [BatchTracer(trace, a, 0) if b else a for a, b in zip(args, batched)]
+        outs = [full_raise(trace, o) for o in eval_program(closed, *tracers)]
+        res, out_b = [], []
+        for o, f in zip(outs, force):
+            if o.bdim is None and not f:
+                res.append(o.val)
+                out_b.append(False)
+            else:
+                res.append(broadcast_batch(o.val, o.bdim, size))
+                out_b.append(True)
+    return res, out_b
+
+
+def batch_program(closed: ClosedProgram, batched, size, axis_name, force):
+    """``closed`` batched as a program; returns ``(program, out_batched)``."""
+    avals = [a.update(shape=(size,) + a.shape) if b else a
+             for a, b in zip(closed.in_avals, batched)]
+    box: list = []
+
+    def fun(*args):
+        outs, out_b = batch_eval(closed, args, batched, size, axis_name, force)
+        box[:] = out_b
+        return outs
+
+    prog = trace_closed(fun, avals)
+    return prog, list(box)
+
+
+def transpose_program(closed: ClosedProgram, linear, ct_nonzero, extra_residuals=()):
+    """The transpose of ``closed`` w.r.t. its inputs marked ``linear``.
+
+    The result maps ``(non-linear inputs, non-zero output cotangents)`` to one
+    (materialised) cotangent per linear input.
+    """
+    from spmd.compiler.ad import backward_pass
+
+    prog = closed.program
+    n = len(closed.consts)
+    args = prog.in_vars[n:]
+    res_vars = [v for v, l in zip(args, linear) if not l]
+    lin_vars = [v for v, l in zip(args, linear) if l]
+    reordered = Program(prog.in_vars[:n] + res_vars + lin_vars, prog.eqns, prog.out_atoms)
+    ct_avals = [tangent_aval(a) for a, nz in zip(closed.out_avals, ct_nonzero) if nz]
+
+    def fun(*a):
+        res = list(closed.consts) + list(a[:len(res_vars)])
+        it = iter(a[len(res_vars):])
+        cts = [next(it) if nz else zero_tangent(av)
+               for av, nz in zip(closed.out_avals, ct_nonzero)]
+        cts_in = backward_pass(reordered, res, [v.aval for v in lin_vars], cts)
+        return [cast_to(instantiate(c), tangent_aval(v.aval)) for c, v in zip(cts_in, lin_vars)]
+
+    return trace_closed(fun, [v.aval for v in res_vars] + ct_avals)
+
+
+def zeros_eqn(aval: ShapedArray):
+    """``(atom, eqns)`` computing zeros of ``aval`` inside a program being rewritten."""
+    from spmd.compiler.ops.structural import broadcast_in_dim_p
+
+    scalar = Literal(np.zeros((), aval.dtype)[()], ShapedArray((), aval.dtype, aval.weak_type))
+    if aval.shape == ():
+        return scalar, []
+    out = Var(aval)
+    return out, [Eqn(broadcast_in_dim_p, [scalar], [out],
+                     dict(shape=aval.shape, broadcast_dimensions=()))]
+
+
+def dce_closed(closed: ClosedProgram, used_outputs):
+    """DCE of a sub-program; returns ``(closed, used non-constant inputs)``."""
+    from spmd.compiler.passes import dce_program
+
+    prog, used = dce_program(closed.program, used_outputs)
+    return ClosedProgram(prog, closed.consts), used[len(closed.consts):]
+
+
+def drop_inputs(closed: ClosedProgram, keep) -> ClosedProgram:
+    """``closed`` without the (unused) non-constant inputs where ``keep`` is False."""
+    prog = closed.program
+    n = len(closed.consts)
+    args = [v for v, k in zip(prog.in_vars[n:], keep) if k]
+    return ClosedProgram(Program(prog.in_vars[:n] + args, prog.eqns, prog.out_atoms),
+                         closed.consts)
+
+
+def same_type(a: ShapedArray, b: ShapedArray) -> bool:
+    """Equal shapes and dtypes (weak types and varying axes aside)."""
+    return a.shape == b.shape and a.dtype == b.dtype
+
+
+def check_avals(fname: str, what: str, got, want) -> None:
+    """Internal invariant of the control-flow primitives: operand types fit the body."""
+    if len(got) != len(want) or not all(same_type(g, w) for g, w in zip(got, want)):
+        raise ProgramTypeError(f"{fname}: {what} have types {list(got)} but the body program "
+                               f"expects {list(want)}")
+
+
+# ====================================================================== cond
+
+cond_p = Primitive("cond", multiple_results=True, higher_order=True)
+
+
+def cond_bind(index, *operands, branches):
+    """Bind ``cond`` (``index`` is an int32 scalar in ``[0, len(branches))``)."""
+    return cond_p.bind(index, *operands, branches=tuple(branches))
+
+
+@cond_p.def_impl
+def _cond_impl(xp, index, *operands, branches):
+    from spmd.compiler.jit import executable_for
+
+    i = min(max(int(index), 0), len(branches) - 1)
+    return executable_for(branches[i], xp)(*operands)
+
+
+@cond_p.def_abstract_eval
+def _cond_abstract_eval(index, *operands, branches):
+    if index.shape != () or not dtypes.is_int(index.dtype):
+        raise DTypeError(f"cond: the branch index must be an integer scalar, got {index}")
+    for i, br in enumerate(branches):
+        check_avals("cond", f"the operands of branch {i}", operands, br.in_avals)
+        if not all(same_type(a, b) for a, b in zip(br.out_avals, branches[0].out_avals)) \
+                or len(br.out_avals) != len(branches[0].out_avals):
+            raise ProgramTypeError(f"cond: branch {i} returns {br.out_avals} but branch 0 "
+                                   f"returns {branches[0].out_avals}")
+    return list(branches[0].out_avals)
+
+
+# ------------------------------------------------------------------- jvp
+
+def _cond_jvp(primals, tangents, *, branches):
+    index, ops = primals[0], primals[1:]
+    ts = tangents[1:]
+    nz = [has_tangent(t) for t in ts]
+    out_avals = branches[0].out_avals
+    first = [jvp_program(br, nz, [False] * len(out_avals)) for br in branches]
+    out_nz = [any(f[1][k] for f in first) for k in range(len(out_avals))]
+    new = tuple(p if onz == out_nz else jvp_program(br, nz, out_nz)[0]
+                for (p, onz), br in zip(first, branches))
+    t_ops = [cast_to(t, tangent_aval(get_aval(p))) for p, t, z in zip(ops, ts, nz) if z]
+    outs = cond_bind(index, *ops, *t_ops, branches=new)
+    n = len(out_avals)
+    it = iter(outs[n:])
+    return outs[:n], [next(it) if z else zero_tangent(a) for a, z in zip(out_avals, out_nz)]
+
+
+cond_p.def_jvp(_cond_jvp)
+
+
+# --------------------------------------------------------------- batching
+
+def _cond_batch(args, dims, *, branches, _axis_data):
+    from spmd.compiler.batching import move_to_front
+
+    axis_name, size = _axis_data
+    index, ops = args[0], args[1:]
+    batched = [d is not None for d in dims[1:]]
+    ops = [move_to_front(o, d) if d is not None else o for o, d in zip(ops, dims[1:])]
+    n_out = len(branches[0].out_avals)
+    if dims[0] is not None:
+        return _cond_batch_select(move_to_front(index, dims[0]), ops, batched, branches, size,
+                                  axis_name), [0] * n_out
+    first = [batch_program(br, batched, size, axis_name, [False] * n_out) for br in branches]
+    out_b = [any(f[1][k] for f in first) for k in range(n_out)]
+    new = tuple(p if ob == out_b else batch_program(br, batched, size, axis_name, out_b)[0]
+                for (p, ob), br in zip(first, branches))
+    outs = cond_bind(index, *ops, branches=new)
+    return outs, [0 if b else None for b in out_b]
+
+
+def _cond_batch_select(index, ops, batched, branches, size, axis_name):
+    """A batched index: run every branch on the whole batch and select per element."""
+    from spmd.compiler.ops.elementwise import max as lax_max, min as lax_min, select_n
+    from spmd.compiler.ops.structural import broadcast_in_dim
+
+    n_out = len(branches[0].out_avals)
+    results = [batch_eval(br, ops, batched, size, axis_name, [True] * n_out)[0]
+               for br in branches]
+    dt = get_aval(index).dtype
+    index = lax_min(lax_max(index, np.zeros((), dt)), np.full((), len(branches) - 1, dt))
+    outs = []
+    for k in range(n_out):
+        cases = [r[k] for r in results]
+        shape = get_aval(cases[0]).shape
+        pred = broadcast_in_dim(index, shape, (0,))
+        outs.append(select_n(pred, *cases) if len(cases) > 1 else cases[0])
+    return outs
+
+
+cond_p.def_batch(_cond_batch)
+cond_p.rules["batch_needs_axis"] = True
+
+
+# ---------------------------------------------------- partial evaluation
+
+def _cond_partial_eval(eqn, in_unknown):
+    """Split a cond into a known cond (known outputs + residuals) and an unknown one.
+
+    Each branch is split with :func:`spmd.compiler.ad.partial_eval`; all
+    branches of the known cond return every branch's residuals, zeros in the
+    slots of the other branches.
+    """
+    from spmd.compiler.ad import partial_eval
+    from spmd.compiler.passes import dce_program
+
+    branches = eqn.params["branches"]
+    n_out = len(eqn.outputs)
+    if in_unknown[0]:
+        return None, eqn, [True] * n_out
+    ops_uk = list(in_unknown[1:])
+    splits = [partial_eval(br, ops_uk) for br in branches]
+    out_uk = [any(s[2][k] for s in splits) for k in range(n_out)]
+    # The unknown side of each branch: its residuals + unknown operands -> unknown outputs.
+    uk_progs, res_per_branch = [], []
+    for known, unknown, _, n_res in splits:
+        outs = [a for a, u in zip(unknown.out_atoms, out_uk) if u]
+        prog, used = dce_program(Program(unknown.in_vars, unknown.eqns, outs))
+        res = [v for v, u in zip(unknown.in_vars[:n_res], used[:n_res]) if u]
+        uk_progs.append((prog, unknown.in_vars[n_res:]))
+        res_per_branch.append(res)
+    slots = [v.aval for res in res_per_branch for v in res]
+    # Known branches: known outputs, then every residual slot (zeros for other branches').
+    known_branches = []
+    offset = 0
+    for (known, _, br_uk, n_res), res in zip(splits, res_per_branch):
+        kp = known.program
+        by_out = iter(kp.out_atoms[:len(kp.out_atoms) - n_res])
+        known_outs = [next(by_out) if not u else None for u in br_uk]
+        outs = [a for a, u in zip(known_outs, out_uk) if not u]
+        eqns = list(kp.eqns)
+        for j, aval in enumerate(slots):
+            if offset <= j < offset + len(res):
+                outs.append(res[j - offset])
+            else:
+                atom, zeqns = zeros_eqn(aval)
+                outs.append(atom)
+                eqns += zeqns
+        offset += len(res)
+        prog, _ = dce_program(Program(kp.in_vars, eqns, outs))
+        known_branches.append(ClosedProgram(prog, known.consts))
+    res_vars = [Var(a) for a in slots]
+    known_ops = [a for a, u in zip(eqn.inputs[1:], ops_uk) if not u]
+    known_outs = [o for o, u in zip(eqn.outputs, out_uk) if not u]
+    known_eqn = None
+    if known_outs or res_vars:
+        known_eqn = eqn.replace(inputs=[eqn.inputs[0]] + known_ops,
+                                outputs=known_outs + res_vars,
+                                params=dict(branches=tuple(known_branches)))
+    # Unknown branches: all residual slots (only their own are read) + unknown operands.
+    uk_branches = []
+    offset = 0
+    for (prog, uk_in), res in zip(uk_progs, res_per_branch):
+        slot_vars = [Var(a) for a in slots]
+        slot_vars[offset:offset + len(res)] = res
+        offset += len(res)
+        uk_branches.append(ClosedProgram(Program(slot_vars + list(uk_in), prog.eqns,
+                                                 prog.out_atoms)))
+    uk_ops = [a for a, u in zip(eqn.inputs[1:], ops_uk) if u]
+    uk_outs = [o for o, u in zip(eqn.outputs, out_uk) if u]
+    unknown_eqn = eqn.replace(inputs=[eqn.inputs[0]] + res_vars + uk_ops, outputs=uk_outs,
+                              params=dict(branches=tuple(uk_branches)))
+    return known_eqn, unknown_eqn, [True] * len(uk_outs)
+
+
+cond_p.rules["partial_eval"] = _cond_partial_eval
+
+
+# ------------------------------------------------------------- transpose
+
+def _cond_transpose(cts, index, *ops, branches):
+    """Transpose each branch w.r.t. the undefined (linear) operands."""
+    assert not is_undefined(index)
+    linear = [is_undefined(o) for o in ops]
+    if not any(linear):
+        return [None] * (1 + len(ops))
+    ct_nz = [not is_zero(c) for c in cts]
+    out_avals = branches[0].out_avals
+    new = tuple(transpose_program(br, linear, ct_nz) for br in branches)
+    res = [o for o, l in zip(ops, linear) if not l]
+    ct_vals = [cast_to(c, tangent_aval(a)) for c, a, nz in zip(cts, out_avals, ct_nz) if nz]
+    outs = iter(cond_bind(index, *res, *ct_vals, branches=new))
+    return [None] + [next(outs) if l else None for l in linear]
+
+
+cond_p.def_transpose(_cond_transpose)
+
+
+# ------------------------------------------------------------------- DCE
+
+def _cond_dce(eqn, used_outputs):
+    branches = eqn.params["branches"]
+    n_ops = len(eqn.inputs) - 1
+    pruned = [dce_closed(br, used_outputs) for br in branches]
+    used_in = [any(p[1][i] for p in pruned) for i in range(n_ops)]
+    if all(used_outputs) and all(used_in):
+        return eqn
+    new = tuple(drop_inputs(p[0], used_in) for p in pruned)
+    return eqn.replace(inputs=[eqn.inputs[0]] + [a for a, u in zip(eqn.inputs[1:], used_in) if u],
+                       outputs=[o for o, u in zip(eqn.outputs, used_outputs) if u],
+                       params=dict(branches=new))
+
+
+cond_p.rules["dce"] = _cond_dce
