@@ -273,6 +273,45 @@ def bind(prim, *args, **params):
     return full_lower(outs[0])
 
 
+# ------------------------------------------------------- named axes in scope
+
+class AxisScope:
+    """Mesh or vmap axes in scope: ``sizes`` by name; ``track_vma`` when values
+    carry varying-axes types (a ``shard_map`` body traced with ``check_vma``)."""
+
+    __slots__ = ("sizes", "track_vma")
+
+    def __init__(self, sizes: dict, track_vma: bool):
+        self.sizes = dict(sizes)
+        self.track_vma = track_vma
+
+
+_axis_env: list[AxisScope] = []
+# Set by the collectives layer: ``pvary(x, axes)``; the compiler cannot import it.
+_pvary_hook: list = [None]
+
+
+@contextmanager
+def extend_axis_env(sizes: dict, track_vma: bool = False):
+    _axis_env.append(AxisScope(sizes, track_vma))
+    try:
+        yield
+    finally:
+        _axis_env.pop()
+
+
+def axis_scope(name: str) -> AxisScope | None:
+    """The innermost scope that binds axis ``name`` (None when out of scope)."""
+    for scope in reversed(_axis_env):
+        if name in scope.sizes:
+            return scope
+    return None
+
+
+def axes_in_scope() -> list[str]:
+    return [n for scope in _axis_env for n in scope.sizes]
+
+
 # ----------------------------------------------------------- program builder
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -322,7 +361,9 @@ class ProgramBuilder:
             # Tracers of outer transformations stay as they are: the program is
             # then evaluated under those transformations (e.g. jit(grad(f))).
             if isinstance(val, Array):
-                val = val.value
+                # Eager Arrays may wrap a caller's numpy buffer (snp.asarray does not
+                # copy), so the program keeps its own copy of those too.
+                val = np.array(val.value, copy=True)
             elif isinstance(val, np.ndarray):
                 # A copy, as JAX takes one: mutating a closed-over array later
                 # must not change what a cached program computes.
@@ -366,6 +407,14 @@ class ProgramTrace(Trace):
     lift = pure
 
     def process_primitive(self, prim, tracers, params):
+        if prim.vma is None and len(tracers) > 1 and _pvary_hook[0] is not None:
+            vmas = [t.aval.vma for t in tracers]
+            if any(v != vmas[0] for v in vmas):
+                # Invariant operands meeting varying ones get an explicit pvary, so
+                # that transposition turns it into the psum it needs (JEP 17111).
+                union = frozenset().union(*vmas)
+                tracers = [full_raise(self, _pvary_hook[0](t, tuple(sorted(union - t.aval.vma))))
+                           if t.aval.vma != union else t for t in tracers]
         avals_out = abstract_eval(prim, [t.aval for t in tracers], params)
         outs = [ProgramTracer(self, a, Var(a)) for a in avals_out]
         self.builder.eqns.append(
