@@ -69,11 +69,11 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Exec
         args.append(names[v])
     emit_eqns(program.eqns, xp, namespace, names, gen, const, atom, lines,
               live_out=program.out_atoms)
-    # A constant returned as a result is copied: results must not alias the
-    # buffers the compiled function keeps for its next call.
+    # A constant (or literal) returned as a result is copied: results must not
+    # alias the buffers the compiled function keeps for its next call.
     const_names = {names[v] for v in program.in_vars[:n_consts]}
-    outs = ", ".join(f"xp.array({n})" if n in const_names else n
-                     for n in map(atom, program.out_atoms))
+    outs = ", ".join(f"xp.array({n})" if n in const_names or isinstance(a, Literal) else n
+                     for a, n in zip(program.out_atoms, map(atom, program.out_atoms)))
     src = f"def {name}({', '.join(args)}):\n" + "".join(f"    {ln}\n" for ln in lines)
     src += f"    return [{outs}]\n"
     exec(compile(src, f"<spmd:{name}>", "exec"), namespace)
@@ -160,15 +160,85 @@ def plan_implicit_broadcasts(eqns, live_out=()) -> dict:
     return plan
 
 
+# --------------------------------------------------------------- buffer reuse
+
+# Primitives whose ``impl`` returns a new buffer that nothing else references
+# (never a view of an input), although their code is not a ufunc call.
+FRESH_RESULT = frozenset({"dot_general"})
+
+_INFIX_UFUNCS = {"+": "add", "-": "subtract", "*": "multiply", "&": "bitwise_and",
+                 "|": "bitwise_or", "^": "bitwise_xor"}
+_PREFIX_UFUNCS = {"-": "negative", "~": "invert"}
+
+
+def ufunc_of(expr: str, ins: list[str]) -> str | None:
+    """The numpy ufunc's name when ``expr`` is exactly that ufunc applied to ``ins``.
+
+    >>> ufunc_of("(a + b)", ["a", "b"]), ufunc_of("xp.tanh(a)", ["a"])
+    ('add', 'tanh')
+    """
+    if len(ins) == 2:
+        for op, uf in _INFIX_UFUNCS.items():
+            if expr == f"({ins[0]} {op} {ins[1]})":
+                return uf
+    if len(ins) == 1:
+        for op, uf in _PREFIX_UFUNCS.items():
+            if expr == f"({op}{ins[0]})":
+                return uf
+    if expr.startswith("xp.") and "(" in expr:
+        name = expr[3:expr.index("(")]
+        if isinstance(getattr(np, name, None), np.ufunc) and \
+                expr == f"xp.{name}({', '.join(ins)})":
+            return name
+    return None
+
+
+def _use_counts(eqns, live_out) -> dict:
+    uses: dict = {}
+    for eqn in eqns:
+        for a in eqn.inputs:
+            if isinstance(a, Var):
+                uses[a] = uses.get(a, 0) + 1
+    for a in live_out:
+        if isinstance(a, Var):
+            uses[a] = uses.get(a, 0) + 1
+    return uses
+
+
+def _reusable_input(eqn, owned, uses):
+    """An input whose buffer the equation's ufunc may overwrite, or ``None``.
+
+    Hand-written numpy gets this for free: ``x @ w + b`` adds into the matmul's
+    temporary (numpy elides temporaries whose reference count is 1), which the
+    generated code's named values defeat.  So the code generator does it
+    explicitly, with ``out=``, for an input that
+
+    - was produced in this program by a ufunc or a :data:`FRESH_RESULT`
+      primitive, so that no argument, constant or view shares its buffer;
+    - has this equation as its only use (so no view of it exists either, and
+      nothing reads it afterwards) and is not a program output;
+    - has the result's shape and dtype.
+    """
+    out = eqn.outputs[0].aval
+    for a in eqn.inputs:
+        if (isinstance(a, Var) and a in owned and uses.get(a) == 1
+                and a.aval.shape == out.shape and a.aval.dtype == out.dtype):
+            return a
+    return None
+
+
 # ------------------------------------------------------------------ emission
 
 def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) -> None:
     """Append one line of code per equation to ``lines``.
 
     ``live_out`` are the atoms the caller reads after these equations (the
-    program's outputs); values among them are always materialised.
+    program's outputs); values among them are always materialised and never
+    overwritten.
     """
     compact = plan_implicit_broadcasts(eqns, live_out)
+    uses = _use_counts(eqns, live_out)
+    owned: set = set()  # values in buffers that only this program's code references
     for i, eqn in enumerate(eqns):
         prim = eqn.primitive
         ins = [atom(a) for a in eqn.inputs]
@@ -189,6 +259,17 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             fname = f"_{prim.name}_{i}".replace("-", "_")
             namespace[fname] = fn
             expr = f"{fname}({', '.join(ins)})"
+            if prim.name in FRESH_RESULT and len(eqn.outputs) == 1 and eqn.outputs[0].aval.ndim:
+                owned.add(eqn.outputs[0])
+        elif not prim.multiple_results and eqn.outputs[0].aval.ndim:
+            # A ufunc with an array result returns a fresh buffer (0-d results
+            # are numpy scalars: immutable, and never reused).
+            uf = ufunc_of(expr, ins)
+            if uf is not None:
+                target = _reusable_input(eqn, owned, uses)
+                if target is not None:
+                    expr = f"xp.{uf}({', '.join(ins)}, out={names[target]})"
+                owned.add(eqn.outputs[0])
         if prim.multiple_results:
             lhs = (", ".join(outs) + ",") if outs else "_"
         else:

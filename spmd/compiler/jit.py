@@ -20,7 +20,7 @@ from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.passes import optimize
+from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (Tracer, eval_program, get_aval, is_array_like, is_eager,
                                  to_array_value, trace_to_program, wrap_value)
@@ -41,7 +41,8 @@ def executable_for(closed: ClosedProgram, xp=np) -> Executable:
         per_program = _executables[closed] = {}
     exe = per_program.get(xp.__name__)
     if exe is None:
-        exe = per_program[xp.__name__] = compile_program(optimize(closed), xp)
+        exe = per_program[xp.__name__] = compile_program(
+            lower_for_execution(optimize(closed)), xp)
     return exe
 
 
@@ -108,7 +109,7 @@ class _Entry:
     @property
     def exe(self) -> Executable:
         if self._exe is None:
-            self._exe = compile_program(self.optimized, np, "program")
+            self._exe = compile_program(lower_for_execution(self.optimized), np, "program")
         return self._exe
 
 

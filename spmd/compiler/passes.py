@@ -24,9 +24,20 @@ def optimize(closed: ClosedProgram) -> ClosedProgram:
 
 # ------------------------------------------------------------------ inlining
 
-def inline_calls(closed: ClosedProgram) -> ClosedProgram:
-    """Replace nested ``jit`` equations by their bodies (renamed)."""
-    if not any(e.primitive.rules.get("inline") for e in closed.program.eqns):
+def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
+    """Inline equations whose primitive has a ``lower`` rule (e.g. ``shard_map`` on the
+    local backend becomes array code over all simulated devices), then re-optimise.
+
+    The printed program keeps those equations; only the executed code is lowered.
+    """
+    if not any(e.primitive.rules.get("lower") for e in closed.program.eqns):
+        return closed
+    return optimize(inline_calls(closed, "lower"))
+
+
+def inline_calls(closed: ClosedProgram, rule: str = "inline") -> ClosedProgram:
+    """Replace nested ``jit`` equations (or those with the given rule) by their bodies."""
+    if not any(e.primitive.rules.get(rule) for e in closed.program.eqns):
         return closed
     program = closed.program
     consts = list(closed.consts)
@@ -38,11 +49,11 @@ def inline_calls(closed: ClosedProgram) -> ClosedProgram:
 
     eqns = []
     for eqn in program.eqns:
-        inline = eqn.primitive.rules.get("inline")
+        inline = eqn.primitive.rules.get(rule)
         if inline is None:
             eqns.append(eqn.replace(inputs=[read(a) for a in eqn.inputs]))
             continue
-        inner = inline_calls(inline(eqn))
+        inner = inline_calls(inline(eqn), rule)
         ip = inner.program
         ren: dict = {}
         for v, val in zip(ip.in_vars[:len(inner.consts)], inner.consts):

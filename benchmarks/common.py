@@ -1,0 +1,249 @@
+"""Timing utilities shared by the ``benchmarks/bench_*.py`` modules.
+
+Rules every benchmark follows (see ``docs/performance.md``):
+
+- Variants that are compared run in one process, interleaved (A, B, A, B, ...),
+  so that slow phases of the machine (frequency changes, a neighbour's load)
+  hit every variant alike.
+- Each variant is warmed up first; each sample times a loop of ``number`` calls
+  (calibrated so that a sample lasts a few milliseconds: the timer's own cost
+  disappears); many samples are taken and their median is reported with the
+  interquartile range.
+- The garbage collector is off while timing, as in :mod:`timeit`.
+
+A benchmark module defines ``run(quick: bool) -> list[dict]``; each dict is a
+row made by :func:`row`.  ``benchmarks/run.py`` computes the statistics,
+ratios against the baseline row and the pass/fail of each goal.
+
+Example::
+
+    times = interleave({"numpy": f_np, "spmd": f_jit}, repeats=50)
+    rows = [row("mlp", "numpy", times["numpy"]),
+            row("mlp", "spmd", times["spmd"], baseline="numpy", goal_ratio=1.15)]
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # so that a checkout runs without `pip install -e .`
+    sys.path.insert(0, _REPO)
+
+clock = time.perf_counter
+
+
+# ----------------------------------------------------------------- timing
+
+def time_once(fn: Callable[[], Any], number: int = 1) -> float:
+    """Seconds per call of ``fn`` over a loop of ``number`` calls."""
+    t0 = clock()
+    for _ in range(number):
+        fn()
+    return (clock() - t0) / number
+
+
+def calibrate(fn: Callable[[], Any], target_s: float) -> int:
+    """How many calls of ``fn`` make one sample of at least ``target_s`` seconds."""
+    per_call = statistics.median(time_once(fn) for _ in range(3))
+    return max(1, math.ceil(target_s / max(per_call, 1e-9)))
+
+
+def interleave(variants: dict[str, Callable[[], Any]], *, repeats: int, warmup: int = 3,
+               target_s: float = 0.002, number: dict[str, int] | None = None
+               ) -> dict[str, list[float]]:
+    """Time the variants alternately; return ``{name: [seconds per call, ...]}``.
+
+    Each of the ``repeats`` rounds takes one sample of every variant; the order
+    within a round rotates, so that no variant always runs first after another.
+
+    >>> t = interleave({"a": lambda: None, "b": lambda: None}, repeats=5)
+    >>> sorted(t), len(t["a"])
+    (['a', 'b'], 5)
+    """
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+    number = dict(number or {})
+    for name in names:
+        number.setdefault(name, calibrate(variants[name], target_s))
+    times: dict[str, list[float]] = {n: [] for n in names}
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                times[name].append(time_once(variants[name], number[name]))
+    finally:
+        if was_enabled:
+            gc.enable()
+    return times
+
+
+def first_call_times(make: Callable[[], Callable[[], Any]], *, repeats: int,
+                     steady_calls: int = 20) -> tuple[list[float], list[float]]:
+    """Time the first call of fresh callables, and steady calls of the same ones.
+
+    ``make()`` builds a fresh callable (e.g. ``lambda: (lambda: spmd.jit(f)(x))``).
+    Returns ``(first_call_seconds, steady_call_seconds)``, one entry per repeat;
+    the steady time of a repeat is the median of ``steady_calls`` later calls.
+    """
+    firsts, steadies = [], []
+    for _ in range(repeats):
+        gc.collect()
+        t0 = clock()
+        fn = make()
+        fn()
+        firsts.append(clock() - t0)
+        steadies.append(statistics.median(time_once(fn) for _ in range(steady_calls)))
+    return firsts, steadies
+
+
+# -------------------------------------------------------------- statistics
+
+def quantiles(xs: list[float]) -> tuple[float, float, float]:
+    """``(q1, median, q3)`` of ``xs`` (inclusive method; a single value repeats)."""
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, med, q3
+
+
+def row(benchmark: str, variant: str, times: list[float], *, baseline: str | None = None,
+        goal_ratio: float | None = None, goal_max_s: float | None = None, unit: str = "ms",
+        note: str = "") -> dict:
+    """One result row: ``times`` are seconds (per call, or a derived quantity).
+
+    ``baseline`` names the variant of the same ``benchmark`` that the ratio is
+    taken against; ``goal_ratio`` is the largest acceptable ratio of medians,
+    ``goal_max_s`` the largest acceptable median in seconds.  ``unit`` is how the
+    table shows times: ``"s"``, ``"ms"`` or ``"us"``.
+    """
+    if unit not in UNITS:
+        raise ValueError(f"row: unit must be one of {sorted(UNITS)}, got {unit!r}")
+    return {"benchmark": benchmark, "variant": variant, "times_s": [float(t) for t in times],
+            "baseline": baseline, "goal_ratio": goal_ratio, "goal_max_s": goal_max_s,
+            "unit": unit, "note": note}
+
+
+UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Add median/IQR, the ratio against the baseline row and the goal's verdict."""
+    by_key = {(r["benchmark"], r["variant"]): r for r in rows}
+    for r in rows:
+        q1, med, q3 = quantiles(r["times_s"])
+        r.update(median_s=med, q1_s=q1, q3_s=q3, n=len(r["times_s"]))
+    for r in rows:
+        r["ratio"] = None
+        if r["baseline"] is not None:
+            base = by_key.get((r["benchmark"], r["baseline"]))
+            if base is None:
+                raise KeyError(f"{r['benchmark']}/{r['variant']}: baseline variant "
+                               f"{r['baseline']!r} has no row")
+            r["ratio"] = r["median_s"] / base["median_s"] if base["median_s"] > 0 else math.inf
+        verdicts = []
+        if r["goal_ratio"] is not None:
+            verdicts.append(r["ratio"] is not None and r["ratio"] <= r["goal_ratio"])
+        if r["goal_max_s"] is not None:
+            verdicts.append(r["median_s"] <= r["goal_max_s"])
+        r["passed"] = all(verdicts) if verdicts else None
+    return rows
+
+
+def fmt_time(seconds: float, unit: str) -> str:
+    v = seconds * UNITS[unit]
+    text = f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return f"{text} {'µs' if unit == 'us' else unit}"
+
+
+def fmt_goal(r: dict) -> str:
+    parts = []
+    if r["goal_ratio"] is not None:
+        parts.append(f"ratio <= {r['goal_ratio']:g}")
+    if r["goal_max_s"] is not None:
+        parts.append(f"<= {fmt_time(r['goal_max_s'], r['unit'])}")
+    return ", ".join(parts) or "-"
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a Markdown table (also readable on a terminal)."""
+    head = ["benchmark", "variant", "median", "IQR", "ratio", "goal", "result"]
+    body = []
+    for r in rows:
+        verdict = {True: "pass", False: "FAIL", None: "-"}[r["passed"]]
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        iqr = fmt_time(r["q3_s"] - r["q1_s"], r["unit"])
+        body.append([r["benchmark"], r["variant"], fmt_time(r["median_s"], r["unit"]), iqr,
+                     ratio, fmt_goal(r), verdict])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    sep = "| " + " | ".join("-" * w for w in widths) + " |"
+    return "\n".join([line(head), sep] + [line(b) for b in body])
+
+
+# ----------------------------------------------------------------- machine
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _blas() -> dict:
+    """The BLAS numpy uses: threadpoolctl's live view when installed, else the build config."""
+    try:
+        import threadpoolctl
+
+        return {"source": "threadpoolctl", "libraries": [
+            {k: v for k, v in lib.items() if k in ("internal_api", "version", "num_threads",
+                                                  "threading_layer", "architecture")}
+            for lib in threadpoolctl.threadpool_info()]}
+    except ImportError:
+        pass
+    import numpy as np
+
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return {"source": "numpy.show_config", "name": blas.get("name"),
+                "version": blas.get("version"),
+                "configuration": blas.get("openblas configuration")}
+    except Exception as e:  # the config layout differs between numpy versions
+        return {"source": "unavailable", "error": repr(e)}
+
+
+def machine_info() -> dict:
+    """Where the numbers were measured: CPU, cores, Python, numpy and its BLAS."""
+    import numpy as np
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count()
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
+            "platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__, "blas": _blas(),
+            "blas_threads_env": {k: os.environ[k] for k in
+                                 ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+                                 if k in os.environ}}
+
+
+def now_iso() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
