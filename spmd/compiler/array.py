@@ -21,13 +21,16 @@ class Array:
     Array([0, 1, 2], dtype=int32)
     """
 
-    __slots__ = ("_value", "aval", "_deleted", "__weakref__")
+    __slots__ = ("_value", "aval", "_deleted", "_sharding", "__weakref__")
     __array_priority__ = 1000
 
-    def __init__(self, value, aval: ShapedArray):
+    def __init__(self, value, aval: ShapedArray, sharding=None):
         self._value = value
         self.aval = aval
         self._deleted = False
+        # The placement of the blocks (a NamedSharding, set by the sharding layer);
+        # None means "not placed": one whole copy in this process.
+        self._sharding = sharding
 
     # ---------------------------------------------------------------- data
     @property
