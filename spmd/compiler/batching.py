@@ -92,7 +92,7 @@ class BatchTrace(Trace):
     def process_primitive(self, prim, tracers, params):
         vals = [t.val for t in tracers]
         dims = [t.bdim for t in tracers]
-        if all(d is None for d in dims):
+        if all(d is None for d in dims) and not self._communicates(prim, params):
             from spmd.compiler.trace import bind
             out = bind(prim, *vals, **params)
             outs = out if prim.multiple_results else [out]
@@ -109,14 +109,55 @@ class BatchTrace(Trace):
             return [BatchTracer(self, o, d) for o, d in zip(out, out_dims)]
         return [BatchTracer(self, out, out_dims)]
 
+    def _communicates(self, prim, params) -> bool:
+        """A collective over this level's named axes acts even on unbatched values
+        (``psum`` of an invariant value scales it; ``axis_index`` creates one)."""
+        level = self.main.global_data[0]
+        if level is None or not prim.rules.get("batch_needs_axis"):
+            return False
+        return any(a in level.names for a in params.get("axes", ()))
+
     @property
     def axis_name(self):
         return self.main.global_data[0]
 
 
+class NamedAxes:
+    """The named axes one batch level stands for.
+
+    ``vmap(axis_name='b')`` is one axis; the local backend runs a ``shard_map``
+    body as one batch level standing for all mesh axes at once (the batch
+    index is the device's position in the mesh, row-major), so collectives
+    see the whole mesh shape.
+    """
+
+    __slots__ = ("names", "sizes")
+
+    def __init__(self, names, sizes):
+        self.names = tuple(names)
+        self.sizes = tuple(int(s) for s in sizes)
+
+    def size_of(self, axes) -> int:
+        out = 1
+        for a in axes:
+            out *= self.sizes[self.names.index(a)]
+        return out
+
+
 def batch_flat(fun, args, in_dims, axis_size, axis_name=None, out_dims_req=None):
-    """Run ``fun`` (flat in, flat out) batched; returns outputs with batch at ``out_dims_req``."""
-    with new_main(BatchTrace, (axis_name, axis_size)) as main:
+    """Run ``fun`` (flat in, flat out) batched; returns outputs with batch at ``out_dims_req``.
+
+    ``axis_name`` is None, a name, or a :class:`NamedAxes` (several mesh axes).
+    """
+    from contextlib import nullcontext
+
+    from spmd.compiler.trace import extend_axis_env
+
+    if isinstance(axis_name, str):
+        axis_name = NamedAxes((axis_name,), (axis_size,))
+    with new_main(BatchTrace, (axis_name, axis_size)) as main, (
+            extend_axis_env(dict(zip(axis_name.names, axis_name.sizes)), main=main)
+            if axis_name is not None else nullcontext()):
         trace = BatchTrace(main)
         tracers = [BatchTracer(trace, a, d) if d is not None else a for a, d in zip(args, in_dims)]
         outs = fun(*tracers)

@@ -266,6 +266,14 @@ def full_lower(val):
 def bind(prim, *args, **params):
     """Apply ``prim`` to ``args`` under the right trace."""
     trace = find_top_trace(args)
+    if prim.rules.get("batch_needs_axis"):
+        # A collective belongs to the level of its axes even when no argument is
+        # traced there (axis_index has none; psum of a constant is a product).
+        for a in params.get("axes", ()):
+            scope = axis_scope(a)
+            if scope is not None and scope.main is not None and \
+                    scope.main.level > trace.main.level:
+                trace = scope.main.trace_type(scope.main)
     tracers = [full_raise(trace, a) for a in args]
     outs = trace.process_primitive(prim, tracers, params)
     if prim.multiple_results:
@@ -279,11 +287,12 @@ class AxisScope:
     """Mesh or vmap axes in scope: ``sizes`` by name; ``track_vma`` when values
     carry varying-axes types (a ``shard_map`` body traced with ``check_vma``)."""
 
-    __slots__ = ("sizes", "track_vma")
+    __slots__ = ("sizes", "track_vma", "main")
 
-    def __init__(self, sizes: dict, track_vma: bool):
+    def __init__(self, sizes: dict, track_vma: bool, main=None):
         self.sizes = dict(sizes)
         self.track_vma = track_vma
+        self.main = main  # the batch level that stands for these axes, if any
 
 
 _axis_env: list[AxisScope] = []
@@ -292,8 +301,8 @@ _pvary_hook: list = [None]
 
 
 @contextmanager
-def extend_axis_env(sizes: dict, track_vma: bool = False):
-    _axis_env.append(AxisScope(sizes, track_vma))
+def extend_axis_env(sizes: dict, track_vma: bool = False, main=None):
+    _axis_env.append(AxisScope(sizes, track_vma, main))
     try:
         yield
     finally:

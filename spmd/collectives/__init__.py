@@ -1,0 +1,9 @@
+"""Layer 3: collective primitives and the communication backends.
+
+``primitives`` defines the collectives with their typing, transpose and
+batching rules; ``local`` is the in-process backend (devices simulated
+together); ``api`` is what ``spmd.lax`` exports.
+"""
+
+from spmd.collectives.api import (all_gather, all_to_all, axis_index, pmax, pmean,  # noqa: F401
+                                  pmin, ppermute, psum, psum_scatter, pvary)

@@ -1,0 +1,200 @@
+"""The collectives as users call them (exported from ``spmd.lax``).
+
+Each accepts a pytree of arrays and an axis name or a tuple of names; inside a
+``shard_map`` traced with ``check_vma`` it follows the varying-axes types:
+``psum`` of a value that does not vary along an axis multiplies by the axis
+size with no communication, and a collective that needs a varying operand
+gets an explicit ``pvary`` first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, all_to_all_p,
+                                         axis_index_p, pmax_p, pmin_p, ppermute_p, psum_p,
+                                         psum_scatter_p, pvary_p)
+from spmd.compiler.ops.elementwise import div, mul
+from spmd.compiler.ops.structural import reshape
+from spmd.compiler.trace import _pvary_hook, bind, get_aval
+from spmd.errors import ArgumentError, ShapeError
+
+
+def _leafwise(f, x):
+    return tree_util.tree_map(f, x)
+
+
+def _varying_split(x, axes):
+    """(axes along which x varies, the rest) — all axes count as varying when untyped."""
+    if not _tracking(axes):
+        return axes, ()
+    vma = get_aval(x).vma
+    return tuple(a for a in axes if a in vma), tuple(a for a in axes if a not in vma)
+
+
+def _ensure_varying(x, axes):
+    if not _tracking(axes):
+        return x
+    missing = tuple(a for a in axes if a not in get_aval(x).vma)
+    return bind(pvary_p, x, axes=missing) if missing else x
+
+
+def psum(x, axis_name):
+    """Sum over the devices along ``axis_name`` (all-reduce); the result is invariant there.
+
+    >>> lax.psum(x_block, "i")  # inside shard_map
+    """
+    axes = _axes(axis_name, "psum")
+
+    def leaf(v):
+        varying, invariant = _varying_split(v, axes)
+        if invariant:  # the same on every device: no communication
+            v = mul(v, np.array(_size(invariant), get_aval(v).dtype)[()])
+        return bind(psum_p, v, axes=varying) if varying else v
+
+    return _leafwise(leaf, x)
+
+
+def pmean(x, axis_name):
+    """The mean over the devices along ``axis_name``."""
+    axes = _axes(axis_name, "pmean")
+    n = _size(axes)
+    return _leafwise(lambda v: div(v, np.array(n, get_aval(v).dtype)[()]), psum(x, axes))
+
+
+def _pextremum(p, name):
+    def f(x, axis_name):
+        axes = _axes(axis_name, name)
+
+        def leaf(v):
+            varying, _ = _varying_split(v, axes)
+            return bind(p, v, axes=varying) if varying else v
+
+        return _leafwise(leaf, x)
+
+    f.__name__ = name
+    f.__doc__ = f"The elementwise {name[1:]} over the devices along ``axis_name``."
+    return f
+
+
+pmax = _pextremum(pmax_p, "pmax")
+pmin = _pextremum(pmin_p, "pmin")
+
+
+def pvary(x, axis_names):
+    """Mark ``x`` as varying along ``axis_names`` (no data moves; its transpose is psum)."""
+    axes = _axes(axis_names, "pvary")
+
+    def leaf(v):
+        if not _tracking(axes):
+            return v
+        missing = tuple(a for a in axes if a not in get_aval(v).vma)
+        return bind(pvary_p, v, axes=missing) if missing else v
+
+    return _leafwise(leaf, x)
+
+
+def _norm_dim(d, ndim, fname, arg):
+    if not -ndim <= d < ndim:
+        raise ArgumentError(f"{fname}: {arg}={d} is out of range for an operand of rank {ndim}")
+    return d % ndim
+
+
+def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False):
+    """Every device gets the blocks of all devices along ``axis_name``, stacked at ``axis``
+    (``tiled=True``: concatenated along ``axis``)."""
+    axes = _axes(axis_name, "all_gather")
+    n = _size(axes)
+
+    def leaf(v):
+        nd = len(get_aval(v).shape)
+        ax = _norm_dim(axis, nd + (0 if tiled else 1), "all_gather", "axis")
+        return bind(all_gather_p, _ensure_varying(v, axes), axes=axes, axis=ax,
+                    tiled=bool(tiled), axis_size=n)
+
+    return _leafwise(leaf, x)
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False):
+    """Sum over ``axis_name`` and give device k the k-th block of ``scatter_dimension``
+    (reduce-scatter).  Untiled, that dimension's size must equal the axis size and is removed."""
+    axes = _axes(axis_name, "psum_scatter")
+    n = _size(axes)
+
+    def leaf(v):
+        shape = get_aval(v).shape
+        sd = _norm_dim(scatter_dimension, len(shape), "psum_scatter", "scatter_dimension")
+        if (tiled and shape[sd] % n) or (not tiled and shape[sd] != n):
+            need = f"a multiple of {n}" if tiled else f"equal to {n}"
+            raise ShapeError(f"psum_scatter: dimension {sd} of the operand (shape {shape}) has "
+                             f"size {shape[sd]}, which must be {need}, the size of axes {axes}"
+                             + ("" if tiled else "; pass tiled=True to split it into blocks"))
+        return bind(psum_scatter_p, _ensure_varying(v, axes), axes=axes, scatter_dimension=sd,
+                    tiled=bool(tiled), axis_size=n)
+
+    return _leafwise(leaf, x)
+
+
+def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool = False):
+    """Split ``split_axis`` into one chunk per device along ``axis_name``, send chunk j to
+    device j, and concatenate what arrives along ``concat_axis``.  Untiled (JAX's default)
+    ``split_axis`` must have the axis size; it is removed and a new axis of that size
+    appears at ``concat_axis``."""
+    axes = _axes(axis_name, "all_to_all")
+    n = _size(axes)
+
+    def leaf(v):
+        shape = get_aval(v).shape
+        nd = len(shape)
+        s = _norm_dim(split_axis, nd, "all_to_all", "split_axis")
+        c = _norm_dim(concat_axis, nd if tiled else nd, "all_to_all", "concat_axis")
+        if (tiled and shape[s] % n) or (not tiled and shape[s] != n):
+            need = f"a multiple of {n}" if tiled else f"equal to {n}"
+            raise ShapeError(f"all_to_all: split_axis {s} of the operand (shape {shape}) has "
+                             f"size {shape[s]}, which must be {need}, the size of axes {axes}")
+        v = _ensure_varying(v, axes)
+        if tiled:
+            return bind(all_to_all_p, v, axes=axes, split_axis=s, concat_axis=c, axis_size=n)
+        # Untiled: make room for the new axis, exchange, then drop the split axis.
+        v = reshape(v, shape[:c] + (1,) + shape[c:])
+        s2 = s + 1 if s >= c else s
+        out = bind(all_to_all_p, v, axes=axes, split_axis=s2, concat_axis=c, axis_size=n)
+        out_shape = get_aval(out).shape
+        return reshape(out, out_shape[:s2] + out_shape[s2 + 1:])
+
+    return _leafwise(leaf, x)
+
+
+def ppermute(x, axis_name, perm):
+    """Send device ``src``'s value to device ``dst`` for each ``(src, dst)`` in ``perm``
+    (indices along ``axis_name``); devices that receive nothing get zeros."""
+    axes = _axes(axis_name, "ppermute")
+    n = _size(axes)
+    try:
+        pairs = tuple((int(s), int(d)) for s, d in perm)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"ppermute: perm must be a sequence of (source, destination) "
+                            f"index pairs, got {perm!r}") from None
+    srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
+    bad = [i for i in srcs + dsts if not 0 <= i < n]
+    if bad or len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+        why = (f"index {bad[0]} is outside 0..{n - 1}" if bad else
+               "a source or destination appears twice")
+        raise ArgumentError(f"ppermute: perm {list(pairs)} is not a permutation over axis "
+                            f"{axes} of size {n}: {why}")
+    return _leafwise(lambda v: bind(ppermute_p, _ensure_varying(v, axes), axes=axes,
+                                    perm=pairs), x)
+
+
+def axis_index(axis_name):
+    """This device's index along ``axis_name`` (row-major over a tuple of axes)."""
+    axes = _axes(axis_name, "axis_index")
+    return bind(axis_index_p, axes=axes)
+
+
+def _pvary_for_hook(x, axes):
+    return bind(pvary_p, x, axes=tuple(axes))
+
+
+_pvary_hook[0] = _pvary_for_hook

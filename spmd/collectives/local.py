@@ -1,0 +1,146 @@
+"""The ``local`` backend: collectives among devices simulated in one process.
+
+The devices of a mesh run together: a per-device value is one stacked array
+whose leading axis is the device's position in the mesh (row-major), or an
+unstacked array when it is the same on every device.  Each collective is a
+few array operations over the stacked axis, written with the compiler's
+primitives so that a jitted ``shard_map`` compiles into one straight-line
+numpy program for all devices at once.
+
+The interface is the seven collectives over a group of mesh axes (the
+``Communicator`` of ``spmd.collectives.backend``); ``stacked`` values have the
+device axis first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler.ops import reduce as red
+from spmd.compiler.ops.elementwise import mul
+from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
+from spmd.compiler.ops.structural import broadcast_in_dim, full, reshape, transpose
+from spmd.compiler.trace import get_aval
+
+
+class LocalGroup:
+    """Collectives over ``axes`` among devices stacked along axis 0.
+
+    ``names``/``sizes`` describe the whole mesh the stacked axis stands for;
+    ``axes`` (a subset of ``names``) is the group the collective spans: devices
+    that share their coordinates on the other axes form one group.
+    """
+
+    def __init__(self, names, sizes, axes):
+        self.names, self.sizes, self.axes = tuple(names), tuple(sizes), tuple(axes)
+        self.a_pos = [self.names.index(a) for a in self.axes]  # in the group's order
+        self.b_pos = [i for i in range(len(self.names)) if i not in self.a_pos]
+        self.n = int(np.prod(self.sizes, dtype=np.int64))
+        self.na = int(np.prod([self.sizes[i] for i in self.a_pos], dtype=np.int64))
+        self.nb = self.n // self.na
+
+    # (N, *r) -> (nB, nA, *r): each row of nB is one group, in group order.
+    def _groups(self, x):
+        r = tuple(get_aval(x).shape[1:])
+        k = len(self.names)
+        xm = reshape(x, self.sizes + r)
+        perm = tuple(self.b_pos) + tuple(self.a_pos) + tuple(range(k, k + len(r)))
+        return reshape(transpose(xm, perm), (self.nb, self.na) + r)
+
+    # (nB, nA, *r) -> (N, *r): the inverse of _groups.
+    def _ungroup(self, g):
+        r = tuple(get_aval(g).shape[2:])
+        k = len(self.names)
+        order = self.b_pos + self.a_pos
+        shaped = reshape(g, tuple(self.sizes[i] for i in order) + r)
+        inv = tuple(int(i) for i in np.argsort(order)) + tuple(range(k, k + len(r)))
+        return reshape(transpose(shaped, inv), (self.n,) + r)
+
+    # (nB, *r) -> (N, *r) or unstacked when nB == 1: the same value on each group member.
+    def _spread(self, g):
+        r = tuple(get_aval(g).shape[1:])
+        if self.nb == 1:
+            return reshape(g, r), None
+        k = len(self.names)
+        bshape = tuple(self.sizes[i] for i in self.b_pos)
+        g = reshape(g, bshape + r)
+        full_shape = self.sizes + r
+        dims = tuple(self.b_pos) + tuple(range(k, k + len(r)))
+        return reshape(broadcast_in_dim(g, full_shape, dims), (self.n,) + r), 0
+
+    # ----------------------------------------------------------- collectives
+    def all_reduce(self, x, op: str):
+        """Sum/max/min over the group; every member gets the result."""
+        reducer = {"sum": red.reduce_sum, "max": red.reduce_max, "min": red.reduce_min}[op]
+        return self._spread(reducer(self._groups(x), (1,)))
+
+    def all_gather(self, x, axis: int, tiled: bool):
+        g = self._groups(x)  # (nB, nA, *r)
+        r = tuple(get_aval(g).shape[2:])
+        nd = len(r)
+        perm = (0,) + tuple(range(2, 2 + axis)) + (1,) + tuple(range(2 + axis, 2 + nd))
+        g = transpose(g, perm)  # (nB, *r[:axis], nA, *r[axis:])
+        if tiled:
+            shape = get_aval(g).shape
+            g = reshape(g, shape[:1 + axis] + (shape[1 + axis] * shape[2 + axis],)
+                        + shape[3 + axis:])
+        return self._spread(g)
+
+    def reduce_scatter(self, x, dim: int, tiled: bool):
+        s = red.reduce_sum(self._groups(x), (1,))  # (nB, *r)
+        r = tuple(get_aval(s).shape[1:])
+        c = r[dim] // self.na
+        split = reshape(s, (self.nb,) + r[:dim] + (self.na, c) + r[dim + 1:])
+        nd = len(r) + 1
+        perm = (0, 1 + dim) + tuple(i for i in range(1, nd + 1) if i != 1 + dim)
+        out = transpose(split, perm)  # (nB, nA, *r[:dim], c, *r[dim+1:])
+        if not tiled:
+            shape = get_aval(out).shape
+            out = reshape(out, shape[:2 + dim] + shape[3 + dim:])
+        return self._ungroup(out), 0
+
+    def all_to_all(self, x, split_axis: int, concat_axis: int):
+        """Tiled all-to-all: chunk j of ``split_axis`` goes to member j, and the chunks a
+        member receives are concatenated along ``concat_axis`` in source order."""
+        g = self._groups(x)  # (nB, nA_src, *r)
+        r = tuple(get_aval(g).shape[2:])
+        s = split_axis
+        c = r[s] // self.na
+        y = reshape(g, (self.nb, self.na) + r[:s] + (self.na, c) + r[s + 1:])
+        # Positions in y: 0 nB, 1 src, r_i at 2+i (i<s), dst at 2+s, c at 3+s, r_i at 3+i (i>s).
+        pos = [2 + i if i < s else (3 + s if i == s else 3 + i) for i in range(len(r))]
+        order = [0, 2 + s]
+        for i in range(len(r)):
+            order += [1, pos[i]] if i == concat_axis else [pos[i]]
+        y = transpose(y, tuple(order))
+        shape = get_aval(y).shape
+        k = 2 + concat_axis
+        y = reshape(y, shape[:k] + (shape[k] * shape[k + 1],) + shape[k + 2:])
+        return self._ungroup(y), 0
+
+    def ppermute(self, x, perm):
+        """Member ``dst`` receives member ``src``'s value for each ``(src, dst)``; others
+        receive zeros."""
+        g = self._groups(x)  # (nB, nA, *r)
+        source = {d: s for s, d in perm}
+        parts = []
+        for dst in range(self.na):
+            if dst in source:
+                parts.append(slice_in_dim(g, source[dst], source[dst] + 1, axis=1))
+            else:
+                shape = (self.nb, 1) + tuple(get_aval(g).shape[2:])
+                parts.append(full(shape, 0, get_aval(g).dtype))
+        out = concatenate(parts, 1) if len(parts) > 1 else parts[0]
+        return self._ungroup(out), 0
+
+    def axis_index(self):
+        """Each device's index in its group (a constant stacked array)."""
+        coords = np.indices(self.sizes).reshape(len(self.sizes), -1)
+        idx = np.zeros(self.n, np.int32)
+        for p in self.a_pos:
+            idx = idx * self.sizes[p] + coords[p]
+        return idx.astype(np.int32), 0
+
+    def scale(self, x, dim):
+        """``psum`` of a value that is the same on every member: multiply by the group size."""
+        return mul(x, np.array(self.na, get_aval(x).dtype)[()]), dim

@@ -1,0 +1,340 @@
+"""The collective primitives, with their varying-axes typing and transposes.
+
+| primitive      | varying axes                | transpose                 |
+| -------------- | --------------------------- | ------------------------- |
+| psum           | varying -> invariant        | pvary                     |
+| pvary          | invariant -> varying        | psum                      |
+| all_gather     | varying -> varying          | psum_scatter              |
+| psum_scatter   | varying -> varying          | all_gather                |
+| all_to_all     | varying -> varying          | all_to_all (axes swapped) |
+| ppermute       | varying -> varying          | ppermute (inverse perm)   |
+| axis_index     | -> varying                  | (not linear)              |
+
+A collective's ``axes`` parameter is a tuple of axis names.  Under a batch
+level that stands for those axes (the local backend, or ``vmap`` with
+``axis_name``) the batching rule performs the communication with
+:class:`spmd.collectives.local.LocalGroup`; under any other batch level the
+batch axis is just one more data axis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.compiler.ad_util import Zero
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import axis_scope, axes_in_scope, bind, get_aval
+from spmd.errors import ArgumentError, ShapeError, SpmdError
+
+
+class CollectiveAxisError(SpmdError, NameError):
+    """A collective used outside any shard_map/vmap, or over an axis not in scope."""
+
+
+def _axes(axis_name, fname) -> tuple[str, ...]:
+    axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+    if not axes or not all(isinstance(a, str) for a in axes):
+        raise ArgumentError(f"{fname}: axis_name must be a mesh axis name or a tuple of them, "
+                            f"got {axis_name!r}")
+    if len(set(axes)) != len(axes):
+        raise ArgumentError(f"{fname}: axis_name {axes} repeats an axis")
+    for a in axes:
+        if axis_scope(a) is None:
+            scope = axes_in_scope()
+            where = (f"axes in scope: {scope}" if scope else
+                     "no axis is in scope: collectives run inside shard_map (over its mesh "
+                     "axes) or vmap(..., axis_name=...)")
+            raise CollectiveAxisError(f"{fname}: axis {a!r} is not in scope; {where}")
+    return axes
+
+
+def _size(axes) -> int:
+    return int(np.prod([axis_scope(a).sizes[a] for a in axes], dtype=np.int64))
+
+
+def _tracking(axes) -> bool:
+    return all(axis_scope(a).track_vma for a in axes)
+
+
+# ------------------------------------------------------------------ rules
+
+def _linear_jvp(p):
+    def rule(primals, tangents, **params):
+        out = bind(p, *primals, **params)
+        (t,) = tangents
+        if isinstance(t, Zero):
+            return out, Zero(get_aval(out).update(dtype=t.aval.dtype, weak_type=False))
+        return out, bind(p, t, **params)
+
+    p.def_jvp(rule)
+    p.linear = True
+    return p
+
+
+def _batch(p, local_rule, shift):
+    """Batching: communicate when the level stands for the axes, else map over data."""
+    def rule(args, dims, *, _axis_data, **params):
+        from spmd.compiler.batching import NamedAxes, move_to_front
+        from spmd.collectives.local import LocalGroup
+
+        level, _ = _axis_data
+        (x,), (d,) = (args, dims) if args else ((None,), (None,))
+        axes = params["axes"]
+        mine = tuple(a for a in axes if isinstance(level, NamedAxes) and a in level.names)
+        if not mine:
+            x = move_to_front(x, d)
+            return bind(p, x, **shift(params)), 0
+        if len(mine) != len(axes):
+            if p is not psum_p:
+                raise NotImplementedError(f"{p.name} over axes {axes} that span a vmap axis "
+                                          "and shard_map axes at once is not supported")
+            out, d = local_rule(LocalGroup(level.names, level.sizes, mine), x, d,
+                                {**params, "axes": mine})
+            rest = tuple(a for a in axes if a not in mine)
+            return bind(p, out, axes=rest), d
+        return local_rule(LocalGroup(level.names, level.sizes, axes), x, d, params)
+
+    p.def_batch(rule)
+    p.rules["batch_needs_axis"] = True
+    return p
+
+
+def _front(x, d):
+    from spmd.compiler.batching import move_to_front
+
+    return move_to_front(x, d)
+
+
+def _plus1(*names):
+    return lambda params: {**params, **{n: params[n] + 1 for n in names}}
+
+
+_same = lambda params: params  # noqa: E731
+
+
+# ------------------------------------------------------------ psum / pmax / pmin
+
+def _reduce_prim(name, op):
+    p = Primitive(name)
+    p.def_impl(_no_impl(name))
+    p.def_abstract_eval(lambda x, *, axes: x)
+    p.def_vma(lambda x, *, axes: [x.vma - set(axes)])
+
+    def local(group, x, d, params):
+        if d is None:  # the same on every device
+            return group.scale(x, None) if op == "sum" else (x, None)
+        return group.all_reduce(_front(x, d), op)
+
+    _batch(p, local, _same)
+    return p
+
+
+def _no_impl(name):
+    def impl(xp, *args, **params):
+        raise CollectiveAxisError(f"{name} ran outside any shard_map or vmap; collectives must "
+                                  "run inside a shard_map body (or vmap with axis_name)")
+    return impl
+
+
+psum_p = _linear_jvp(_reduce_prim("psum", "sum"))
+pmax_p = _reduce_prim("pmax", "max")
+pmin_p = _reduce_prim("pmin", "min")
+
+
+def _pminmax_jvp(p):
+    def rule(primals, tangents, *, axes):
+        # The derivative flows from the devices holding the extremum (shared on ties).
+        from spmd.compiler.ops.elementwise import convert, div, eq, mul
+
+        (x,), (t,) = primals, tangents
+        out = bind(p, x, axes=axes)
+        if isinstance(t, Zero):
+            return out, Zero(get_aval(out).update(weak_type=False))
+        mask = convert(eq(x, out), get_aval(t).dtype)
+        return out, div(bind(psum_p, mul(t, mask), axes=axes), bind(psum_p, mask, axes=axes))
+
+    p.def_jvp(rule)
+
+
+_pminmax_jvp(pmax_p)
+_pminmax_jvp(pmin_p)
+
+
+# --------------------------------------------------------------------- pvary
+
+pvary_p = _linear_jvp(Primitive("pvary"))
+pvary_p.def_impl(lambda xp, x, *, axes: x)
+pvary_p.def_emit(lambda ins, axes: ins[0])
+pvary_p.def_abstract_eval(lambda x, *, axes: x)
+pvary_p.def_vma(lambda x, *, axes: [x.vma | set(axes)])
+# No data moves: the stacked representation of an invariant value serves as is.
+_batch(pvary_p, lambda group, x, d, params: (x, d), _same)
+
+
+@psum_p.def_transpose
+def _psum_transpose(ct, x, *, axes):
+    return [Zero(x.aval) if isinstance(ct, Zero) else bind(pvary_p, ct, axes=axes)]
+
+
+@pvary_p.def_transpose
+def _pvary_transpose(ct, x, *, axes):
+    return [Zero(x.aval) if isinstance(ct, Zero) else bind(psum_p, ct, axes=axes)]
+
+
+# ---------------------------------------------------------------- all_gather
+
+all_gather_p = _linear_jvp(Primitive("all_gather"))
+all_gather_p.def_impl(_no_impl("all_gather"))
+all_gather_p.def_vma(lambda x, *, axes, **_: [x.vma | set(axes)])
+
+
+@all_gather_p.def_abstract_eval
+def _all_gather_aval(x, *, axes, axis, tiled, axis_size):
+    if tiled:
+        shape = x.shape[:axis] + (x.shape[axis] * axis_size,) + x.shape[axis + 1:]
+    else:
+        shape = x.shape[:axis] + (axis_size,) + x.shape[axis:]
+    return x.update(shape=shape)
+
+
+def _all_gather_local(group, x, d, params):
+    if d is None:
+        from spmd.compiler.batching import broadcast_batch
+        x, d = broadcast_batch(x, None, group.n), 0
+    return group.all_gather(_front(x, d), params["axis"], params["tiled"])
+
+
+_batch(all_gather_p, _all_gather_local, _plus1("axis"))
+
+
+# -------------------------------------------------------------- psum_scatter
+
+psum_scatter_p = _linear_jvp(Primitive("psum_scatter"))
+psum_scatter_p.def_impl(_no_impl("psum_scatter"))
+psum_scatter_p.def_vma(lambda x, *, axes, **_: [x.vma | set(axes)])
+
+
+@psum_scatter_p.def_abstract_eval
+def _psum_scatter_aval(x, *, axes, scatter_dimension, tiled, axis_size):
+    n = x.shape[scatter_dimension]
+    if tiled:
+        shape = x.shape[:scatter_dimension] + (n // axis_size,) + x.shape[scatter_dimension + 1:]
+    else:
+        shape = x.shape[:scatter_dimension] + x.shape[scatter_dimension + 1:]
+    return x.update(shape=shape)
+
+
+def _psum_scatter_local(group, x, d, params):
+    if d is None:
+        from spmd.compiler.batching import broadcast_batch
+        x, d = broadcast_batch(x, None, group.n), 0
+    return group.reduce_scatter(_front(x, d), params["scatter_dimension"], params["tiled"])
+
+
+_batch(psum_scatter_p, _psum_scatter_local, _plus1("scatter_dimension"))
+
+
+@all_gather_p.def_transpose
+def _all_gather_transpose(ct, x, *, axes, axis, tiled, axis_size):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    return [bind(psum_scatter_p, ct, axes=axes, scatter_dimension=axis, tiled=tiled,
+                 axis_size=axis_size)]
+
+
+@psum_scatter_p.def_transpose
+def _psum_scatter_transpose(ct, x, *, axes, scatter_dimension, tiled, axis_size):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    return [bind(all_gather_p, ct, axes=axes, axis=scatter_dimension, tiled=tiled,
+                 axis_size=axis_size)]
+
+
+# ---------------------------------------------------------------- all_to_all
+
+all_to_all_p = _linear_jvp(Primitive("all_to_all"))
+all_to_all_p.def_impl(_no_impl("all_to_all"))
+all_to_all_p.def_vma(lambda x, *, axes, **_: [x.vma | set(axes)])
+
+
+@all_to_all_p.def_abstract_eval
+def _all_to_all_aval(x, *, axes, split_axis, concat_axis, axis_size):
+    shape = list(x.shape)
+    shape[split_axis] //= axis_size
+    shape[concat_axis] *= axis_size
+    return x.update(shape=tuple(shape))
+
+
+def _all_to_all_local(group, x, d, params):
+    if d is None:
+        from spmd.compiler.batching import broadcast_batch
+        x, d = broadcast_batch(x, None, group.n), 0
+    return group.all_to_all(_front(x, d), params["split_axis"], params["concat_axis"])
+
+
+_batch(all_to_all_p, _all_to_all_local, _plus1("split_axis", "concat_axis"))
+
+
+@all_to_all_p.def_transpose
+def _all_to_all_transpose(ct, x, *, axes, split_axis, concat_axis, axis_size):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    return [bind(all_to_all_p, ct, axes=axes, split_axis=concat_axis, concat_axis=split_axis,
+                 axis_size=axis_size)]
+
+
+# ------------------------------------------------------------------ ppermute
+
+ppermute_p = _linear_jvp(Primitive("ppermute"))
+ppermute_p.def_impl(_no_impl("ppermute"))
+ppermute_p.def_abstract_eval(lambda x, *, axes, perm: x)
+ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | set(axes)])
+
+
+def _ppermute_local(group, x, d, params):
+    if d is None:
+        from spmd.compiler.batching import broadcast_batch
+        x, d = broadcast_batch(x, None, group.n), 0
+    return group.ppermute(_front(x, d), params["perm"])
+
+
+_batch(ppermute_p, _ppermute_local, _same)
+
+
+@ppermute_p.def_transpose
+def _ppermute_transpose(ct, x, *, axes, perm):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    return [bind(ppermute_p, ct, axes=axes, perm=tuple((d, s) for s, d in perm))]
+
+
+# ---------------------------------------------------------------- axis_index
+
+axis_index_p = Primitive("axis_index")
+axis_index_p.def_impl(_no_impl("axis_index"))
+axis_index_p.def_abstract_eval(lambda *, axes: ShapedArray((), dtypes.int32))
+axis_index_p.def_vma(lambda *, axes: [frozenset(axes)])
+
+
+@axis_index_p.def_jvp
+def _axis_index_jvp(primals, tangents, *, axes):
+    from spmd.compiler.avals import tangent_aval
+
+    out = bind(axis_index_p, axes=axes)
+    return out, Zero(tangent_aval(get_aval(out)))
+
+
+def _axis_index_batch(args, dims, *, _axis_data, axes):
+    from spmd.compiler.batching import NamedAxes
+    from spmd.collectives.local import LocalGroup
+
+    level, _ = _axis_data
+    if isinstance(level, NamedAxes) and all(a in level.names for a in axes):
+        return LocalGroup(level.names, level.sizes, axes).axis_index()
+    return bind(axis_index_p, axes=axes), None
+
+
+axis_index_p.def_batch(_axis_index_batch)
+axis_index_p.rules["batch_needs_axis"] = True

@@ -1,0 +1,23 @@
+"""Lazy MPI initialisation through mpi4py."""
+
+from __future__ import annotations
+
+import functools
+
+from spmd.errors import SpmdError
+
+
+class MPIUnavailableError(SpmdError, RuntimeError):
+    """MPI was requested or detected but mpi4py cannot be imported."""
+
+
+@functools.lru_cache(maxsize=None)
+def world():
+    """``MPI.COMM_WORLD``, importing (and so initialising) mpi4py on first use."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise MPIUnavailableError(
+            f"this process was launched as an MPI rank but mpi4py cannot be imported ({e}); "
+            "install it with `pip install mpi4py mpich` (or `make venv`)") from None
+    return MPI.COMM_WORLD

@@ -1,0 +1,63 @@
+"""The process runtime: detect an MPI launch and describe this process's devices.
+
+Without MPI one process owns ``SPMD_NUM_DEVICES`` simulated CPU devices
+(default 8).  Under ``mpirun``/``mpiexec``/``srun`` (detected from the
+environment) each rank owns ``SPMD_LOCAL_DEVICES`` devices (default 1).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Environment variables that launchers set in every rank, by launcher.
+_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
+              "SLURM_PROCID")
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+
+_forced: dict = {}
+
+
+def launched_by_mpi() -> bool:
+    """True when a launcher started this process as one of several ranks."""
+    if _forced.get("backend") == "mpi":
+        return True
+    if _forced.get("backend") == "local":
+        return False
+    for name in _SIZE_VARS:
+        val = os.environ.get(name)
+        if val and val.isdigit() and int(val) > 1:
+            return True
+    return False
+
+
+def _env_count(name: str, default: int) -> int:
+    from spmd.mesh.devices import _env_int
+
+    return _env_int(name, default)
+
+
+def describe() -> tuple[int, int, int, str]:
+    """``(process_index, process_count, local_device_count, platform)``."""
+    platform = _forced.get("platform") or os.environ.get("SPMD_PLATFORM", "cpu")
+    if launched_by_mpi():
+        from spmd.launch import mpi
+
+        comm = mpi.world()
+        local = _forced.get("local_devices") or _env_count("SPMD_LOCAL_DEVICES", 1)
+        return comm.Get_rank(), comm.Get_size(), local, platform
+    local = _forced.get("local_devices") or _env_count("SPMD_NUM_DEVICES", 8)
+    return 0, 1, local, platform
+
+
+def force(backend: str | None = None, local_devices: int | None = None,
+          platform: str | None = None) -> None:
+    """Override detection (``spmd.distributed.initialize``)."""
+    from spmd.mesh.devices import reset_for_tests
+
+    if backend is not None:
+        _forced["backend"] = backend
+    if local_devices is not None:
+        _forced["local_devices"] = int(local_devices)
+    if platform is not None:
+        _forced["platform"] = platform
+    reset_for_tests()

@@ -1,0 +1,100 @@
+"""Devices: the global list, this process's part, and their identities."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from spmd.errors import SpmdError
+
+
+class DeviceError(SpmdError, ValueError):
+    """A bad device configuration (count, platform) or a mesh needing more devices."""
+
+
+class Device:
+    """One device: a global ``id``, the ``process_index`` that owns it, its
+    ``local_id`` within that process and its ``platform`` (``'cpu'`` or ``'gpu'``)."""
+
+    __slots__ = ("id", "process_index", "local_id", "platform")
+
+    def __init__(self, id: int, process_index: int, local_id: int, platform: str = "cpu"):
+        self.id = id
+        self.process_index = process_index
+        self.local_id = local_id
+        self.platform = platform
+
+    @property
+    def device_kind(self) -> str:
+        return "simulated cpu" if self.platform == "cpu" else "gpu"
+
+    def __repr__(self):
+        return f"{self.platform.upper()}Device(id={self.id}" + (
+            f", process={self.process_index})" if self.process_index else ")")
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and (self.id, self.platform) == (other.id, other.platform)
+
+    def __hash__(self):
+        return hash((self.id, self.platform))
+
+    def __lt__(self, other):
+        return self.id < other.id
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        raise DeviceError(f"{name}={raw!r} is not an integer; set it to a positive number "
+                          "of devices, e.g. {name}=8") from None
+    if n < 1:
+        raise DeviceError(f"{name}={n} must be at least 1")
+    return n
+
+
+@functools.lru_cache(maxsize=None)
+def _runtime():
+    """(process_index, process_count, local device count, platform), decided once."""
+    from spmd.launch import runtime
+
+    return runtime.describe()
+
+
+def process_index() -> int:
+    """This process's rank (0 without MPI)."""
+    return _runtime()[0]
+
+
+def process_count() -> int:
+    return _runtime()[1]
+
+
+@functools.lru_cache(maxsize=None)
+def devices() -> list[Device]:
+    """All devices of the job, ordered by process, then local id (the same on every rank)."""
+    _, nproc, nlocal, platform = _runtime()
+    return [Device(p * nlocal + i, p, i, platform) for p in range(nproc) for i in range(nlocal)]
+
+
+def local_devices() -> list[Device]:
+    """This process's devices."""
+    me = process_index()
+    return [d for d in devices() if d.process_index == me]
+
+
+def device_count() -> int:
+    return len(devices())
+
+
+def local_device_count() -> int:
+    return len(local_devices())
+
+
+def reset_for_tests() -> None:
+    """Forget the cached device configuration (tests change the environment)."""
+    _runtime.cache_clear()
+    devices.cache_clear()

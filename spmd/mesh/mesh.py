@@ -1,0 +1,131 @@
+"""``Mesh``: an n-d array of devices with named axes."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+from spmd.mesh.devices import Device, DeviceError, process_index
+from spmd.mesh.devices import devices as all_devices
+
+
+class Mesh:
+    """Devices laid out in an n-d array whose axes have names.
+
+    >>> mesh = Mesh(np.array(spmd.devices()).reshape(4, 2), ("i", "j"))
+    >>> mesh.shape
+    OrderedDict([('i', 4), ('j', 2)])
+    """
+
+    def __init__(self, devices: np.ndarray | Sequence, axis_names: Sequence[str] | str):
+        if isinstance(axis_names, str):
+            axis_names = (axis_names,)
+        axis_names = tuple(axis_names)
+        arr = np.asarray(devices, dtype=object)
+        if arr.ndim != len(axis_names):
+            raise DeviceError(f"Mesh: the device array has {arr.ndim} dimensions "
+                              f"{arr.shape} but {len(axis_names)} axis names {axis_names} were "
+                              "given; give one name per dimension")
+        for name in axis_names:
+            if not isinstance(name, str) or not name:
+                raise DeviceError(f"Mesh: axis names must be non-empty strings, got {name!r}")
+        if len(set(axis_names)) != len(axis_names):
+            raise DeviceError(f"Mesh: axis names {axis_names} repeat a name")
+        flat = list(arr.flat)
+        if not all(isinstance(d, Device) for d in flat):
+            raise DeviceError("Mesh: the device array must hold spmd Device objects "
+                              "(from spmd.devices())")
+        if len(set(flat)) != len(flat):
+            raise DeviceError("Mesh: a device appears twice in the device array")
+        self.devices = arr
+        self.axis_names = axis_names
+        self._hash = hash((tuple(d.id for d in flat), arr.shape, axis_names))
+        self._coords = {d: idx for idx, d in np.ndenumerate(arr)}
+
+    # ----------------------------------------------------------- geometry
+    @property
+    def shape(self) -> "OrderedDict[str, int]":
+        return OrderedDict(zip(self.axis_names, self.devices.shape))
+
+    @property
+    def axis_sizes(self) -> tuple[int, ...]:
+        return tuple(self.devices.shape)
+
+    @property
+    def size(self) -> int:
+        return self.devices.size
+
+    @property
+    def device_ids(self) -> np.ndarray:
+        return np.vectorize(lambda d: d.id, otypes=[int])(self.devices)
+
+    def axis_size(self, names) -> int:
+        """The product of the sizes of one axis name or a tuple of them."""
+        names = (names,) if isinstance(names, str) else tuple(names)
+        return math.prod(self.shape[n] for n in names)
+
+    def coords(self, device: Device) -> tuple[int, ...]:
+        """The position of ``device`` in the mesh, one index per axis."""
+        return self._coords[device]
+
+    @property
+    def local_devices(self) -> list[Device]:
+        me = process_index()
+        return [d for d in self.devices.flat if d.process_index == me]
+
+    @property
+    def is_multi_process(self) -> bool:
+        return len({d.process_index for d in self.devices.flat}) > 1
+
+    def __eq__(self, other):
+        return (isinstance(other, Mesh) and self.axis_names == other.axis_names
+                and self.devices.shape == other.devices.shape
+                and all(a == b for a, b in zip(self.devices.flat, other.devices.flat)))
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):
+        axes = ", ".join(f"'{n}': {s}" for n, s in self.shape.items())
+        return f"Mesh({{{axes}}})"
+
+    # JAX lets a mesh be a context manager; shard_map takes it explicitly here.
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str],
+              devices: Sequence[Device] | None = None) -> Mesh:
+    """A mesh of the first ``prod(axis_shapes)`` devices (or of ``devices``).
+
+    >>> mesh = make_mesh((4, 2), ("i", "j"))
+    """
+    axis_shapes = tuple(int(s) for s in axis_shapes)
+    axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    if len(axis_shapes) != len(axis_names):
+        raise DeviceError(f"make_mesh: {len(axis_shapes)} axis sizes {axis_shapes} but "
+                          f"{len(axis_names)} names {axis_names}")
+    if any(s < 1 for s in axis_shapes):
+        raise DeviceError(f"make_mesh: axis sizes must be positive, got {axis_shapes}")
+    need = math.prod(axis_shapes)
+    pool = list(devices) if devices is not None else all_devices()
+    if need > len(pool):
+        have = len(pool)
+        from spmd.launch.runtime import launched_by_mpi
+
+        if devices is not None:
+            hint = "pass more devices"
+        elif launched_by_mpi():
+            hint = ("launch more ranks (spmd-run -n N) or give each rank more devices "
+                    "(--local-devices / SPMD_LOCAL_DEVICES)")
+        else:
+            hint = f"set SPMD_NUM_DEVICES={need} (or more) before importing spmd"
+        raise DeviceError(f"make_mesh: a mesh of shape {axis_shapes} needs {need} devices but "
+                          f"only {have} exist; {hint}")
+    return Mesh(np.array(pool[:need], dtype=object).reshape(axis_shapes), axis_names)

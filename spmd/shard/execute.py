@@ -1,0 +1,122 @@
+"""Running a ``shard_map`` on the local backend: all simulated devices at once.
+
+The per-device program runs under one batch level that stands for every mesh
+axis (:class:`spmd.compiler.batching.NamedAxes`): an input split over some mesh
+axes becomes a stacked array with one block per device (row-major device
+order); an input replicated over the whole mesh stays one unstacked array.
+The collectives' batching rules do the communication
+(:mod:`spmd.collectives.local`).  The whole thing is traced once into a
+program over global arrays and compiled like any jitted program.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
+from spmd.compiler.ir import ClosedProgram
+from spmd.compiler.jit import executable_for
+from spmd.compiler.ops.shape_more import slice_in_dim
+from spmd.compiler.ops.structural import broadcast_in_dim, reshape, transpose
+from spmd.compiler.trace import (eval_program, extend_axis_env, full_raise, get_aval, new_main,
+                                 trace_to_program)
+
+_programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedProgram:
+    """A program over global arrays that runs ``program`` on every device of ``mesh``."""
+    per = _programs.get(program)
+    if per is None:
+        per = _programs[program] = {}
+    key = (mesh, tuple(in_specs), tuple(out_specs))
+    hit = per.get(key)
+    if hit is None:
+        in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
+                    for a, s in zip(program.in_avals, in_specs)]
+        hit = per[key] = trace_to_program(
+            lambda *xs: run_on_mesh(program, mesh, in_specs, out_specs, xs), in_avals)
+    return hit
+
+
+def executable(program: ClosedProgram, mesh, in_specs, out_specs, xp=np):
+    return executable_for(local_program(program, mesh, in_specs, out_specs), xp)
+
+
+def _global(block, spec, mesh):
+    return tuple(s * (mesh.axis_size(spec.axes_of(d)) if spec.axes_of(d) else 1)
+                 for d, s in enumerate(block))
+
+
+def run_on_mesh(program, mesh, in_specs, out_specs, global_args):
+    """Split the inputs into per-device blocks, run the body batched, assemble outputs."""
+    level = NamedAxes(mesh.axis_names, mesh.axis_sizes)
+    n = mesh.size
+    stacked = [to_blocks(x, s, mesh) for x, s in zip(global_args, in_specs)]
+    with new_main(BatchTrace, (level, n)) as main, \
+            extend_axis_env(dict(mesh.shape), main=main):
+        trace = BatchTrace(main)
+        tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
+        outs = eval_program(program, *tracers)
+        outs = [full_raise(trace, o) for o in outs]
+        raw = [(o.val, o.bdim) for o in outs]
+    return [from_blocks(v, d, s, mesh) for (v, d), s in zip(raw, out_specs)]
+
+
+def to_blocks(x, spec, mesh):
+    """(stacked blocks with the device axis first, 0) — or (x, None) when replicated."""
+    if not spec.mesh_axes:
+        return x, None
+    shape = tuple(get_aval(x).shape)
+    split_shape, pos = [], {}
+    for d, s in enumerate(shape):
+        axes = spec.axes_of(d)
+        for a in axes:
+            pos[a] = len(split_shape)
+            split_shape.append(mesh.shape[a])
+        split_shape.append(s // (mesh.axis_size(axes) if axes else 1))
+    block = tuple(s for i, s in enumerate(split_shape) if i not in pos.values())
+    used = [a for a in mesh.axis_names if a in pos]
+    rest = [i for i in range(len(split_shape)) if i not in pos.values()]
+    xt = transpose(reshape(x, tuple(split_shape)), tuple(pos[a] for a in used) + tuple(rest))
+    k = len(mesh.axis_names)
+    if len(used) < k:  # replicated over the other mesh axes: every device gets a copy
+        dims = tuple(mesh.axis_names.index(a) for a in used) + tuple(range(k, k + len(block)))
+        xt = broadcast_in_dim(xt, mesh.axis_sizes + block, dims)
+    return reshape(xt, (mesh.size,) + block), 0
+
+
+def from_blocks(v, d, spec, mesh):
+    """The global value whose blocks, placed by ``spec``, are the devices' values."""
+    if d is None:  # the same block on every device: repeat it along the split dims
+        block = tuple(get_aval(v).shape)
+        out = v
+        for dim in range(len(block)):
+            axes = spec.axes_of(dim)
+            if not axes:
+                continue
+            m = mesh.axis_size(axes)
+            cur = tuple(get_aval(out).shape)
+            expanded = cur[:dim] + (m,) + cur[dim:]
+            out = broadcast_in_dim(out, expanded, tuple(i for i in range(len(expanded))
+                                                       if i != dim))
+            out = reshape(out, cur[:dim] + (m * cur[dim],) + cur[dim + 1:])
+        return out
+    v = move_to_front(v, d)
+    block = tuple(get_aval(v).shape[1:])
+    k = len(mesh.axis_names)
+    v = reshape(v, mesh.axis_sizes + block)
+    # Mesh axes the spec leaves out hold equal blocks (checked by the vma types): keep one.
+    for i in reversed(range(k)):
+        if mesh.axis_names[i] not in spec.mesh_axes:
+            v = slice_in_dim(v, 0, 1, axis=i)
+    kept = [a for a in mesh.axis_names if a in spec.mesh_axes]
+    v = reshape(v, tuple(mesh.shape[a] for a in kept) + block)
+    order, shape = [], []
+    for dim, s in enumerate(block):
+        axes = spec.axes_of(dim)
+        order += [kept.index(a) for a in axes] + [len(kept) + dim]
+        shape.append(s * (mesh.axis_size(axes) if axes else 1))
+    return reshape(transpose(v, tuple(order)), tuple(shape))

@@ -1,0 +1,401 @@
+"""``shard_map``: run a per-device program over a mesh (JEP 14273).
+
+``shard_map(f, mesh=..., in_specs=..., out_specs=...)`` traces ``f`` once on
+per-device block types and binds the higher-order primitive ``shard_map``,
+whose parameter is that per-device program.  Its rules keep the per-device
+structure under every transformation: the jvp, the two halves of partial
+evaluation, the transpose and the batched form of a ``shard_map`` are
+``shard_map``s again.  Executing it is the backend's job (``execute.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.collectives.api import psum
+from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
+from spmd.compiler.ad_util import Zero, instantiate, is_undefined
+from spmd.compiler.array import Array
+from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
+from spmd.compiler.jit import flatten_outputs
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
+                                 trace_to_program)
+from spmd.errors import SpmdError
+from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
+                             check_spec, global_shape)
+
+shard_map_p = Primitive("shard_map", multiple_results=True, higher_order=True)
+
+
+class ShardMapError(SpmdError, ValueError):
+    """A bad shard_map call: specs that do not match the arguments or results."""
+
+
+# ------------------------------------------------------------- tracing a body
+
+def trace_body(fun: Callable, mesh, in_avals, check_vma: bool) -> ClosedProgram:
+    """Trace ``fun`` on per-device avals with the mesh axes in scope."""
+    with extend_axis_env(dict(mesh.shape), track_vma=check_vma):
+        return trace_to_program(fun, in_avals)
+
+
+def _bind_body(closed: ClosedProgram, args, mesh, in_specs, out_specs, check_vma):
+    """Bind shard_map, passing the body's constants as replicated inputs."""
+    n = len(closed.consts)
+    program = ClosedProgram(closed.program, [])
+    return bind(shard_map_p, *closed.consts, *args, program=program, mesh=mesh,
+                in_specs=(PartitionSpec(),) * n + tuple(in_specs), out_specs=tuple(out_specs),
+                check_vma=check_vma)
+
+
+def reshape_eqn(src: Var, dst: Var) -> Eqn:
+    from spmd.compiler.ops.structural import reshape_p
+
+    return Eqn(reshape_p, [src], [dst], {"new_sizes": dst.aval.shape})
+
+
+def _block_aval(aval: ShapedArray, spec, mesh, check_vma) -> ShapedArray:
+    vma = frozenset(spec.mesh_axes) if check_vma else frozenset()
+    return ShapedArray(block_shape(spec, mesh, aval.shape), aval.dtype, aval.weak_type, vma)
+
+
+# ------------------------------------------------------------------- rules
+
+@shard_map_p.def_abstract_eval
+def _shard_map_aval(*avals, program, mesh, in_specs, out_specs, check_vma):
+    return [ShapedArray(global_shape(s, mesh, a.shape), a.dtype, a.weak_type)
+            for a, s in zip(program.out_avals, out_specs)]
+
+
+@shard_map_p.def_impl
+def _shard_map_impl(xp, *args, program, mesh, in_specs, out_specs, check_vma):
+    from spmd.shard.execute import executable
+
+    return executable(program, mesh, in_specs, out_specs, xp)(*args)
+
+
+def _lower(eqn):
+    from spmd.shard.execute import local_program
+
+    p = eqn.params
+    return local_program(p["program"], p["mesh"], p["in_specs"], p["out_specs"])
+
+
+shard_map_p.rules["lower"] = _lower
+
+
+@shard_map_p.def_jvp
+def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, check_vma):
+    nz = [not isinstance(t, Zero) for t in tangents]
+    n = len(primals)
+    out_nz: list = []
+
+    def body(*args):
+        ps, ts = list(args[:n]), iter(args[n:])
+        tin = [next(ts) if z else Zero(tangent_aval(a)) for a, z in zip(program.in_avals, nz)]
+        out_p, out_t = jvp_flat(lambda *a: eval_program(program, *a), ps, tin)
+        out_nz[:] = [not isinstance(t, Zero) for t in out_t]
+        return out_p + [t for t in out_t if not isinstance(t, Zero)]
+
+    in_avals = list(program.in_avals) + [tangent_aval(a) for a, z in zip(program.in_avals, nz)
+                                         if z]
+    closed = trace_body(body, mesh, in_avals, check_vma)
+    t_specs = [s for s, z in zip(in_specs, nz) if z]
+    out_t_specs = [s for s, z in zip(out_specs, out_nz) if z]
+    outs = _bind_body(closed, list(primals) + [t for t in tangents if not isinstance(t, Zero)],
+                      mesh, list(in_specs) + t_specs, list(out_specs) + out_t_specs, check_vma)
+    n_out = len(out_specs)
+    it = iter(outs[n_out:])
+    out_t = [next(it) if z else Zero(tangent_aval(get_aval(o)))
+             for z, o in zip(out_nz, outs[:n_out])]
+    return outs[:n_out], out_t
+
+
+def _residual_spec(aval, mesh, check_vma):
+    """Residuals leave a body with one block per device that can differ: a new
+    leading axis split over the mesh axes the value varies along."""
+    axes = tuple(a for a in mesh.axis_names if a in aval.vma) if check_vma else mesh.axis_names
+    return axes
+
+
+def _shard_map_partial_eval(eqn, in_unknown):
+    from spmd.compiler.passes import dce_program
+
+    p = eqn.params
+    program, mesh, check_vma = p["program"], p["mesh"], p["check_vma"]
+    known, unknown, out_unknown, n_res = partial_eval(program, in_unknown)
+    kp = known.program
+    n_known_out = len(kp.out_atoms) - n_res
+    lin_outs = [a for a, u in zip(unknown.out_atoms, out_unknown) if u]
+    lin_prog, used = dce_program(Program(unknown.in_vars, unknown.eqns, lin_outs))
+    residuals = [r for r, u in zip(unknown.in_vars[:n_res], used[:n_res]) if u]
+    # Each residual leaves the known body with a leading axis of size 1 per device,
+    # split over the axes it varies along (or as is, when it varies along none).
+    res_axes = [_residual_spec(r.aval, mesh, check_vma) for r in residuals]
+    k_out_eqns, k_out_vars, u_in_eqns, u_in_vars, res_specs = [], [], [], [], []
+    in_specs, out_specs = p["in_specs"], p["out_specs"]
+    known_outer = [a for a, u in zip(eqn.inputs, in_unknown) if not u]
+    known_specs = [s for s, u in zip(in_specs, in_unknown) if not u]
+    forwarded = {}  # residuals that are inputs of the body: pass the outer value on
+    for r, axes in zip(residuals, res_axes):
+        if r in kp.in_vars:
+            i = kp.in_vars.index(r)
+            forwarded[r] = (known_outer[i], known_specs[i])
+            u_in_vars.append(r)
+            continue
+        if axes:
+            expanded = Var(r.aval.update(shape=(1,) + r.aval.shape))
+            k_out_eqns.append(reshape_eqn(r, expanded))
+            k_out_vars.append(expanded)
+            inp = Var(expanded.aval)
+            u_in_eqns.append(reshape_eqn(inp, r))
+            u_in_vars.append(inp)
+            res_specs.append(PartitionSpec(axes))
+        else:
+            k_out_vars.append(r)
+            u_in_vars.append(r)
+            res_specs.append(PartitionSpec())
+    known_body = ClosedProgram(Program(kp.in_vars, kp.eqns + k_out_eqns,
+                                       kp.out_atoms[:n_known_out] + k_out_vars), known.consts)
+    assert not known.consts
+    unknown_body = ClosedProgram(Program(u_in_vars + unknown.in_vars[n_res:],
+                                         u_in_eqns + lin_prog.eqns, lin_prog.out_atoms), [])
+    known_out_specs = tuple(s for s, u in zip(out_specs, out_unknown) if not u) + \
+        tuple(res_specs)
+    res_outer = [Var(ShapedArray(global_shape(s, mesh, v.aval.shape), v.aval.dtype))
+                 for s, v in zip(res_specs, k_out_vars)]
+    known_eqn = Eqn(shard_map_p, known_outer,
+                    [o for o, u in zip(eqn.outputs, out_unknown) if not u] + res_outer,
+                    {**p, "program": known_body, "in_specs": tuple(known_specs),
+                     "out_specs": known_out_specs}, eqn.source_info)
+    # The unknown body reads residuals in the order of u_in_vars.
+    it_out, it_spec = iter(res_outer), iter(res_specs)
+    res_args, res_in_specs = [], []
+    for r in residuals:
+        if r in forwarded:
+            res_args.append(forwarded[r][0])
+            res_in_specs.append(forwarded[r][1])
+        else:
+            res_args.append(next(it_out))
+            res_in_specs.append(next(it_spec))
+    unknown_eqn = Eqn(shard_map_p, res_args + [a for a, u in zip(eqn.inputs, in_unknown) if u],
+                      [o for o, u in zip(eqn.outputs, out_unknown) if u],
+                      {**p, "program": unknown_body,
+                       "in_specs": tuple(res_in_specs) + tuple(
+                           s for s, u in zip(in_specs, in_unknown) if u),
+                       "out_specs": tuple(s for s, u in zip(out_specs, out_unknown) if u)},
+                      eqn.source_info)
+    return known_eqn, unknown_eqn, out_unknown
+
+
+shard_map_p.rules["partial_eval"] = _shard_map_partial_eval
+
+
+@shard_map_p.def_transpose
+def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_vma):
+    lin = [is_undefined(a) for a in args]
+    res_vals = [a for a, l in zip(args, lin) if not l]
+    nz = [not isinstance(c, Zero) for c in cts]
+    body_prog = program.program
+    in_vars = body_prog.in_vars
+    res_vars = [v for v, l in zip(in_vars, lin) if not l]
+    lin_vars = [v for v, l in zip(in_vars, lin) if l]
+    reordered = Program(res_vars + lin_vars, body_prog.eqns, body_prog.out_atoms)
+    lin_specs = [s for s, l in zip(in_specs, lin) if l]
+    n_res = len(res_vars)
+
+    def body(*xs):
+        res, it = list(xs[:n_res]), iter(xs[n_res:])
+        cts_in = [next(it) if z else Zero(tangent_aval(a)) for a, z in
+                  zip(program.out_avals, nz)]
+        cts_out = backward_pass(reordered, res, [v.aval for v in lin_vars], cts_in)
+        outs = []
+        for ct, v, spec in zip(cts_out, lin_vars, lin_specs):
+            ct = instantiate(ct) if isinstance(ct, Zero) else ct
+            # A value the input was broadcast to must have its cotangent summed back.
+            extra = tuple(a for a in mesh.axis_names if a not in spec.mesh_axes and
+                          (a in get_aval(ct).vma or not check_vma))
+            outs.append(psum(ct, extra) if extra else ct)
+        return outs
+
+    in_avals = [v.aval for v in res_vars] + [tangent_aval(a) for a, z in
+                                             zip(program.out_avals, nz) if z]
+    closed = trace_body(body, mesh, in_avals, check_vma)
+    res_specs = [s for s, l in zip(in_specs, lin) if not l]
+    ct_specs = [s for s, z in zip(out_specs, nz) if z]
+    outs = _bind_body(closed, res_vals + [c for c in cts if not isinstance(c, Zero)], mesh,
+                      res_specs + ct_specs, lin_specs, check_vma)
+    it = iter(outs)
+    return [next(it) if l else None for l in lin]
+
+
+@shard_map_p.def_batch
+def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma):
+    from spmd.compiler.batching import move_to_front
+    from spmd.vectorize import vmap
+
+    args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
+    size = next(np.shape(a)[0] for a, d in zip(args, dims) if d is not None)
+    axes = tuple(None if d is None else 0 for d in dims)
+    body = vmap(lambda *a: eval_program(program, *a), in_axes=axes)
+    in_avals = [a if d is None else a.update(shape=(size,) + a.shape)
+                for a, d in zip(program.in_avals, dims)]
+    closed = trace_body(lambda *a: body(*a), mesh, in_avals, check_vma)
+    b_in = [s if d is None else PartitionSpec(None, *s) for s, d in zip(in_specs, dims)]
+    b_out = [PartitionSpec(None, *s) for s in out_specs]
+    outs = _bind_body(closed, args, mesh, b_in, b_out, check_vma)
+    return outs, [0] * len(outs)
+
+
+def _shard_map_dce(eqn, used_outputs):
+    from spmd.compiler.passes import dce_program
+
+    if all(used_outputs):
+        return eqn
+    p = eqn.params
+    prog, _ = dce_program(p["program"].program, used_outputs)
+    outs = [o for o, u in zip(eqn.outputs, used_outputs) if u]
+    specs = tuple(s for s, u in zip(p["out_specs"], used_outputs) if u)
+    return eqn.replace(outputs=outs, params={**p, "program": ClosedProgram(prog, []),
+                                             "out_specs": specs})
+
+
+shard_map_p.rules["dce"] = _shard_map_dce
+
+
+# --------------------------------------------------------------------- API
+
+def _spec_leaves(specs, tree, what: str, fname: str) -> list:
+    """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``."""
+    out: list = []
+
+    def walk(s, t, path):
+        if isinstance(s, PartitionSpec):
+            out.extend([(s, path)] * len(tree_util.tree_leaves(t)))
+            return
+        if isinstance(s, (tuple, list)) and isinstance(t, (tuple, list)) and len(s) == len(t):
+            for i, (sc, tc) in enumerate(zip(s, t)):
+                walk(sc, tc, path + f"[{i}]")
+            return
+        if isinstance(s, dict) and isinstance(t, dict) and set(s) == set(t):
+            for k in sorted(t):
+                walk(s[k], t[k], path + f"[{k!r}]")
+            return
+        if s is None:
+            raise ShardMapError(f"{fname}: {what}{path} is None; use P() for a replicated "
+                                "value")
+        desc = lambda x: (f"a {type(x).__name__} of length {len(x)}"  # noqa: E731
+                          if isinstance(x, (tuple, list)) else
+                          f"a dict with keys {sorted(x)}" if isinstance(x, dict)
+                          else f"a {type(x).__name__}")
+        raise ShardMapError(f"{fname}: {what} is not a pytree prefix of the "
+                            f"{'arguments' if what == 'in_specs' else 'outputs'}: at "
+                            f"{what}{path or ''} the spec is {desc(s)} but the value is "
+                            f"{desc(t)}")
+
+    walk(specs, tree, "")
+    return out
+
+
+def _as_global(x):
+    """The argument as an array value (numpy arrays and scalars are global values)."""
+    from spmd.compiler.trace import Tracer, is_array_like
+
+    if isinstance(x, (Tracer, Array)):
+        return x
+    if not is_array_like(x):
+        from spmd.errors import DTypeError
+        raise DTypeError(f"shard_map: argument of type {type(x).__name__} is not an array")
+    from spmd.numpy._util import to_array
+
+    return to_array(x)
+
+
+def shard_map(f: Callable | None = None, *, mesh, in_specs, out_specs, check_vma: bool = True,
+              check_rep: bool | None = None):
+    """Map a per-device function over ``mesh``: each device gets the blocks that
+    ``in_specs`` assign it and returns blocks that ``out_specs`` assemble.
+
+    >>> @functools.partial(shard_map, mesh=mesh, in_specs=(P("i"),), out_specs=P())
+    ... def total(x_block):
+    ...     return lax.psum(x_block.sum(), "i")
+    """
+    if f is None:
+        return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=check_vma, check_rep=check_rep)
+    from spmd.mesh import Mesh
+
+    if not isinstance(mesh, Mesh):
+        raise ShardMapError(f"shard_map: mesh must be a spmd.Mesh, got {type(mesh).__name__}")
+    if check_rep is not None:  # JAX's older name
+        check_vma = check_rep
+    fname = f"shard_map({getattr(f, '__name__', 'f')})"
+
+    @functools.wraps(f)
+    def wrapped(*args):
+        specs = in_specs
+        if isinstance(specs, PartitionSpec) and len(args) == 1:
+            specs = (specs,)
+        leaves, in_tree = tree_util.tree_flatten(args)
+        spec_paths = _spec_leaves(tuple(specs) if isinstance(specs, list) else specs,
+                                  args, "in_specs", fname)
+        if len(spec_paths) != len(leaves):
+            raise ShardMapError(f"{fname}: in_specs is not a pytree prefix of the arguments "
+                                f"({len(spec_paths)} specs for {len(leaves)} array leaves)")
+        vals = [_as_global(x) for x in leaves]
+        flat_specs = []
+        for v, (spec, path) in zip(vals, spec_paths):
+            try:
+                check_spec(spec, mesh, get_aval(v).shape, f"{fname}: in_specs{path}")
+            except ShardingError as e:
+                raise ShardMapError(str(e)) from None
+            flat_specs.append(spec)
+        block_avals = [_block_aval(get_aval(v), s, mesh, check_vma)
+                       for v, s in zip(vals, flat_specs)]
+        out_box: list = []
+
+        def flat_body(*blocks):
+            outs = f(*tree_util.tree_unflatten(in_tree, blocks))
+            leaves_out, out_tree = flatten_outputs(outs, fname)
+            out_box[:] = [out_tree, outs]
+            return leaves_out
+
+        closed = trace_body(flat_body, mesh, block_avals, check_vma)
+        out_tree, outs_struct = out_box
+        out_spec_paths = _spec_leaves(out_specs, outs_struct, "out_specs", fname)
+        out_flat_specs = [s for s, _ in out_spec_paths]
+        for a, (spec, path) in zip(closed.out_avals, out_spec_paths):
+            _check_out(a, spec, path, mesh, check_vma, fname)
+        outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
+        outs = [_placed(o, mesh, s) for o, s in zip(outs, out_flat_specs)]
+        return tree_util.tree_unflatten(out_tree, outs)
+
+    return wrapped
+
+
+def _check_out(aval, spec, path, mesh, check_vma, fname):
+    try:
+        check_spec(spec, mesh, tuple(1 << 30 for _ in aval.shape), f"{fname}: out_specs{path}")
+    except ShardingError as e:
+        raise ShardMapError(str(e)) from None
+    if check_vma:
+        missing = [a for a in mesh.axis_names if a in aval.vma and a not in spec.mesh_axes]
+        if missing:
+            a = missing[0]
+            raise ShardMapError(
+                f"{fname}: output{path} varies along mesh axis {a!r} but out_specs{path}={spec} "
+                f"does not mention {a!r}, so its blocks would disagree. Reduce it first (e.g. "
+                f"lax.psum(x, {a!r}) or lax.all_gather(x, {a!r})), put {a!r} in the spec, or "
+                "pass check_vma=False")
+
+
+def _placed(out, mesh, spec):
+    if isinstance(out, Array):
+        out._sharding = NamedSharding(mesh, spec)
+    return out

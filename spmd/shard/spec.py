@@ -1,0 +1,158 @@
+"""``PartitionSpec`` and ``NamedSharding``: where each block of an array lives."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spmd.errors import SpmdError
+
+
+class ShardingError(SpmdError, ValueError):
+    """A spec or sharding that does not fit its mesh or array."""
+
+
+class PartitionSpec(tuple):
+    """Per array dimension: ``None`` (not split), a mesh axis name, or a tuple of names
+    (split over their product, major to minor).  Trailing dimensions may be omitted.
+
+    >>> P("i", None), P(("i", "j"))
+    (PartitionSpec('i', None), PartitionSpec(('i', 'j'),))
+    """
+
+    def __new__(cls, *parts):
+        for p in parts:
+            if p is not None and not isinstance(p, str) and not (
+                    isinstance(p, tuple) and all(isinstance(q, str) for q in p)):
+                raise ShardingError(f"PartitionSpec: entry {p!r} must be None, a mesh axis "
+                                    "name, or a tuple of axis names")
+        return super().__new__(cls, parts)
+
+    def __repr__(self):
+        return "PartitionSpec(" + ", ".join(map(repr, self)) + ("," if len(self) == 1 and
+                                                               isinstance(self[0], tuple) else "") + ")"
+
+    def axes_of(self, dim: int) -> tuple[str, ...]:
+        """The mesh axes dimension ``dim`` is split over (empty when not split)."""
+        if dim >= len(self) or self[dim] is None:
+            return ()
+        p = self[dim]
+        return (p,) if isinstance(p, str) else tuple(p)
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...]:
+        return tuple(a for d in range(len(self)) for a in self.axes_of(d))
+
+    def __reduce__(self):
+        return (PartitionSpec, tuple(self))
+
+
+P = PartitionSpec
+
+
+def check_spec(spec: PartitionSpec, mesh, shape, where: str) -> None:
+    """Raise :class:`ShardingError` unless ``spec`` fits ``mesh`` and an array of ``shape``."""
+    if not isinstance(spec, PartitionSpec):
+        raise ShardingError(f"{where}: expected a PartitionSpec, got {spec!r}")
+    if len(spec) > len(shape):
+        raise ShardingError(f"{where}: spec {spec} has {len(spec)} entries but the array has "
+                            f"rank {len(shape)} (shape {tuple(shape)}); a spec may not be longer "
+                            "than the array's rank")
+    seen = set()
+    for d in range(len(spec)):
+        for a in spec.axes_of(d):
+            if a not in mesh.shape:
+                raise ShardingError(f"{where}: spec {spec} names axis {a!r}, which is not in the "
+                                    f"mesh (axes {mesh.axis_names})")
+            if a in seen:
+                raise ShardingError(f"{where}: spec {spec} uses mesh axis {a!r} twice; each "
+                                    "axis may split at most one dimension")
+            seen.add(a)
+        n = mesh.axis_size(spec.axes_of(d)) if spec.axes_of(d) else 1
+        if shape[d] % n:
+            raise ShardingError(f"{where}: dimension {d} of size {shape[d]} is not divisible by "
+                                f"{n}, the size of mesh axes {spec.axes_of(d)}; pad the array or "
+                                "choose a spec whose axes divide it")
+
+
+def block_shape(spec: PartitionSpec, mesh, shape) -> tuple[int, ...]:
+    """The per-device block shape of a global ``shape`` under ``spec``."""
+    return tuple(s // (mesh.axis_size(spec.axes_of(d)) if spec.axes_of(d) else 1)
+                 for d, s in enumerate(shape))
+
+
+def global_shape(spec: PartitionSpec, mesh, block) -> tuple[int, ...]:
+    return tuple(s * (mesh.axis_size(spec.axes_of(d)) if spec.axes_of(d) else 1)
+                 for d, s in enumerate(block))
+
+
+class NamedSharding:
+    """A mesh and a spec: the placement of an array's blocks on the mesh's devices.
+
+    >>> NamedSharding(mesh, P("i", None)).shard_shape((8, 3))
+    (2, 3)
+    """
+
+    def __init__(self, mesh, spec: PartitionSpec = PartitionSpec()):
+        from spmd.mesh import Mesh
+
+        if not isinstance(mesh, Mesh):
+            raise ShardingError(f"NamedSharding: expected a Mesh, got {type(mesh).__name__}")
+        if not isinstance(spec, PartitionSpec):
+            spec = PartitionSpec(*spec) if isinstance(spec, (tuple, list)) else spec
+        if not isinstance(spec, PartitionSpec):
+            raise ShardingError(f"NamedSharding: expected a PartitionSpec, got {spec!r}")
+        for a in spec.mesh_axes:
+            if a not in mesh.shape:
+                raise ShardingError(f"NamedSharding: spec {spec} names axis {a!r}, not in the "
+                                    f"mesh (axes {mesh.axis_names})")
+        self.mesh = mesh
+        self.spec = spec
+
+    def shard_shape(self, shape) -> tuple[int, ...]:
+        check_spec(self.spec, self.mesh, shape, "NamedSharding")
+        return block_shape(self.spec, self.mesh, shape)
+
+    def device_index(self, device, shape) -> tuple[slice, ...]:
+        """The global index (slices) of the block that ``device`` holds."""
+        coords = dict(zip(self.mesh.axis_names, self.mesh.coords(device)))
+        idx = []
+        for d, s in enumerate(shape):
+            axes = self.spec.axes_of(d)
+            if not axes:
+                idx.append(slice(None))
+                continue
+            k = 0
+            for a in axes:  # major to minor
+                k = k * self.mesh.shape[a] + coords[a]
+            n = s // self.mesh.axis_size(axes)
+            idx.append(slice(k * n, (k + 1) * n))
+        return tuple(idx)
+
+    def devices_indices_map(self, shape) -> dict:
+        return {d: self.device_index(d, shape) for d in self.mesh.devices.flat}
+
+    @property
+    def device_set(self) -> set:
+        return set(self.mesh.devices.flat)
+
+    def is_fully_replicated(self) -> bool:
+        return not self.spec.mesh_axes
+
+    def __eq__(self, other):
+        return (isinstance(other, NamedSharding) and self.mesh == other.mesh
+                and _norm(self.spec) == _norm(other.spec))
+
+    def __hash__(self):
+        return hash((self.mesh, _norm(self.spec)))
+
+    def __repr__(self):
+        return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"
+
+
+def _norm(spec):
+    parts = list(spec)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return tuple(parts)
