@@ -15,7 +15,8 @@ from spmd import tree_util
 from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, all_to_all_p,
                                          axis_index_p, pmax_p, pmin_p, ppermute_p, psum_p,
                                          psum_scatter_p, pvary_p)
-from spmd.compiler.ops.elementwise import div, mul
+from spmd.compiler import dtypes
+from spmd.compiler.ops.elementwise import convert, div, mul
 from spmd.compiler.ops.structural import reshape
 from spmd.compiler.trace import _pvary_hook, bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
@@ -48,6 +49,8 @@ def psum(x, axis_name):
     axes = _axes(axis_name, "psum")
 
     def leaf(v):
+        if get_aval(v).dtype == np.bool_:  # as in JAX: a count of the True values
+            v = convert(v, dtypes.int32)
         varying, invariant = _varying_split(v, axes)
         if invariant:  # the same on every device: no communication
             v = mul(v, np.array(_size(invariant), get_aval(v).dtype)[()])
@@ -156,10 +159,12 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool =
         v = _ensure_varying(v, axes)
         if tiled:
             return bind(all_to_all_p, v, axes=axes, split_axis=s, concat_axis=c, axis_size=n)
-        # Untiled: make room for the new axis, exchange, then drop the split axis.
-        v = reshape(v, shape[:c] + (1,) + shape[c:])
+        # Untiled: make room for the new axis, exchange, then drop the split axis.  As in
+        # JAX, concat_axis is a position in the result, i.e. after split_axis is removed.
+        ci = c + 1 if s < c else c
+        v = reshape(v, shape[:ci] + (1,) + shape[ci:])
         s2 = s + 1 if s >= c else s
-        out = bind(all_to_all_p, v, axes=axes, split_axis=s2, concat_axis=c, axis_size=n)
+        out = bind(all_to_all_p, v, axes=axes, split_axis=s2, concat_axis=ci, axis_size=n)
         out_shape = get_aval(out).shape
         return reshape(out, out_shape[:s2] + out_shape[s2 + 1:])
 

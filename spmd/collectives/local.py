@@ -36,6 +36,7 @@ class LocalGroup:
         self.a_pos = [self.names.index(a) for a in self.axes]  # in the group's order
         self.b_pos = [i for i in range(len(self.names)) if i not in self.a_pos]
         self.n = int(np.prod(self.sizes, dtype=np.int64))
+        self.stacked = self.n  # every device of the mesh is stacked here
         self.na = int(np.prod([self.sizes[i] for i in self.a_pos], dtype=np.int64))
         self.nb = self.n // self.na
 

@@ -87,18 +87,32 @@ def _batch(p, local_rule, shift):
             x = move_to_front(x, d)
             return bind(p, x, **shift(params)), 0
         if len(mine) != len(axes):
-            if p is not psum_p:
+            # Reductions split into this level's part and the rest (an outer level).
+            if p not in (psum_p, pmax_p, pmin_p):
                 raise NotImplementedError(f"{p.name} over axes {axes} that span a vmap axis "
                                           "and shard_map axes at once is not supported")
-            out, d = local_rule(LocalGroup(level.names, level.sizes, mine), x, d,
+            out, d = local_rule(group_for(level, mine), x, d,
                                 {**params, "axes": mine})
             rest = tuple(a for a in axes if a not in mine)
             return bind(p, out, axes=rest), d
-        return local_rule(LocalGroup(level.names, level.sizes, axes), x, d, params)
+        return local_rule(group_for(level, axes), x, d, params)
 
     p.def_batch(rule)
     p.rules["batch_needs_axis"] = True
     return p
+
+
+def group_for(level, axes):
+    """The communicator for ``axes`` at a batch level that stands for mesh axes: all
+    devices in this process (local backend), or this process's devices of a
+    multi-process mesh (the mpi backend)."""
+    from spmd.collectives.local import LocalGroup
+
+    if getattr(level, "local", None) is None:
+        return LocalGroup(level.names, level.sizes, axes)
+    from spmd.collectives.process_group import ProcessGroup
+
+    return ProcessGroup(level.names, level.sizes, axes, level.local, level.procs, level.me)
 
 
 def _front(x, d):
@@ -202,7 +216,7 @@ def _all_gather_aval(x, *, axes, axis, tiled, axis_size):
 def _all_gather_local(group, x, d, params):
     if d is None:
         from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.n), 0
+        x, d = broadcast_batch(x, None, group.stacked), 0
     return group.all_gather(_front(x, d), params["axis"], params["tiled"])
 
 
@@ -229,7 +243,7 @@ def _psum_scatter_aval(x, *, axes, scatter_dimension, tiled, axis_size):
 def _psum_scatter_local(group, x, d, params):
     if d is None:
         from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.n), 0
+        x, d = broadcast_batch(x, None, group.stacked), 0
     return group.reduce_scatter(_front(x, d), params["scatter_dimension"], params["tiled"])
 
 
@@ -270,7 +284,7 @@ def _all_to_all_aval(x, *, axes, split_axis, concat_axis, axis_size):
 def _all_to_all_local(group, x, d, params):
     if d is None:
         from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.n), 0
+        x, d = broadcast_batch(x, None, group.stacked), 0
     return group.all_to_all(_front(x, d), params["split_axis"], params["concat_axis"])
 
 
@@ -296,7 +310,7 @@ ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | set(axes)])
 def _ppermute_local(group, x, d, params):
     if d is None:
         from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.n), 0
+        x, d = broadcast_batch(x, None, group.stacked), 0
     return group.ppermute(_front(x, d), params["perm"])
 
 
@@ -332,8 +346,21 @@ def _axis_index_batch(args, dims, *, _axis_data, axes):
 
     level, _ = _axis_data
     if isinstance(level, NamedAxes) and all(a in level.names for a in axes):
-        return LocalGroup(level.names, level.sizes, axes).axis_index()
-    return bind(axis_index_p, axes=axes), None
+        return group_for(level, axes).axis_index()
+    if len(axes) == 1:
+        return bind(axis_index_p, axes=axes), None
+    # Axes spanning this level and outer ones (nested vmaps, or vmap inside shard_map):
+    # combine the per-axis indices row-major over the tuple's order.
+    from spmd.compiler.ops.elementwise import add, mul
+
+    out, dim = None, None
+    for a in axes:
+        if isinstance(level, NamedAxes) and a in level.names:
+            idx, dim = group_for(level, (a,)).axis_index()
+        else:
+            idx = bind(axis_index_p, axes=(a,))
+        out = idx if out is None else add(mul(out, np.int32(_size((a,)))), idx)
+    return out, dim
 
 
 axis_index_p.def_batch(_axis_index_batch)

@@ -55,7 +55,7 @@ class Array:
         return self
 
     def copy(self) -> "Array":
-        return Array(np.array(self.value, copy=True), self.aval)
+        return Array(np.array(self.value, copy=True), self.aval, self._sharding)
 
     def item(self):
         return np.asarray(self.value).item()

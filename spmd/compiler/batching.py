@@ -131,11 +131,16 @@ class NamedAxes:
     see the whole mesh shape.
     """
 
-    __slots__ = ("names", "sizes")
+    __slots__ = ("names", "sizes", "local", "procs", "me")
 
-    def __init__(self, names, sizes):
+    def __init__(self, names, sizes, local=None, procs=None, me=0):
         self.names = tuple(names)
         self.sizes = tuple(int(s) for s in sizes)
+        # On a multi-process mesh only this process's devices are stacked: their
+        # flat mesh positions, the owning process of every position, and ours.
+        self.local = None if local is None else tuple(local)
+        self.procs = None if procs is None else tuple(procs)
+        self.me = me
 
     def size_of(self, axes) -> int:
         out = 1

@@ -14,6 +14,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import optree
 
 from spmd import tree_util
 from spmd.compiler import dtypes
@@ -24,6 +25,7 @@ from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (Tracer, eval_program, get_aval, is_array_like, is_eager,
                                  to_array_value, trace_to_program, wrap_value)
+from spmd.config import config
 from spmd.errors import OutputTypeError, StaticArgumentError
 
 # ------------------------------------------------------------- the primitive
@@ -90,6 +92,30 @@ def flatten_outputs(outs, fname: str):
     return [leaf for _, leaf in paths_leaves], treedef
 
 
+_flatten = functools.partial(optree.tree_flatten, none_is_leaf=False,
+                             namespace=tree_util.NAMESPACE)
+_ndarray = np.ndarray
+_NO_STATIC = ((), ())
+_EMPTY: dict = {}
+_SCALAR_TYPES = frozenset({bool, int, float, complex})
+
+
+def _leaf_key(x):
+    """The part of a call's fast key for a leaf that is not an exact numpy array.
+
+    spmd Arrays give their aval (its hash is precomputed); Python and numpy
+    scalars their type, which fixes their dtype and weak type; anything else
+    (ndarray subclasses, tracers) a 3-tuple with its type and aval, which
+    never equals the ``(shape, dtype)`` pair of a numpy array.
+    """
+    t = type(x)
+    if t is Array:
+        return x.aval
+    if t in _SCALAR_TYPES or isinstance(x, np.generic):
+        return t
+    return (t, get_aval(x), None)
+
+
 class _Entry:
     __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe")
 
@@ -111,6 +137,36 @@ class _Entry:
         if self._exe is None:
             self._exe = compile_program(lower_for_execution(self.optimized), np, "program")
         return self._exe
+
+
+class _CallPlan:
+    """What a call with one fast key does: the traced entry, and per-leaf work.
+
+    The fast key of a call (see :meth:`JitFunction._fast_key`) fixes the Python
+    type of every leaf, and of numpy arrays their shape and raw dtype, so the
+    work each leaf needs before the generated code runs is known once per key:
+    ``arrays`` are the positions of ``spmd.Array`` leaves (their buffer is
+    passed), ``converts`` the ``(position, aval)`` of leaves that need
+    :func:`to_array_value` (Python and numpy scalars, arrays whose dtype is
+    canonicalised, e.g. float64 without x64); other leaves are numpy arrays
+    passed as they are.
+    """
+
+    __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
+                 "single")
+
+    def __init__(self, entry: _Entry, leaves, avals):
+        self.entry = entry
+        self.avals = avals
+        self.arrays = tuple(i for i, x in enumerate(leaves) if type(x) is Array)
+        self.converts = tuple(
+            (i, a) for i, (x, a) in enumerate(zip(leaves, avals))
+            if type(x) is not Array and not (type(x) is np.ndarray and x.dtype == a.dtype))
+        self.fn = None  # the generated function, compiled at the first call
+        self.out_tree = entry.out_tree
+        self.out_avals = tuple(entry.out_avals)
+        # A function returning one array needs no unflattening.
+        self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
 
 
 class JitFunction:
@@ -141,10 +197,15 @@ class JitFunction:
                 if nm in names and n_pos is not None and names.index(nm) < n_pos:
                     self._static_argnums = tuple(sorted(set(self._static_argnums)
                                                         | {names.index(nm)}))
-        self._cache: dict = {}
+        self._cache: dict = {}   # (treedef, static key, avals, x64) -> _Entry
+        self._plans: dict = {}   # fast key (see _fast_key) -> _CallPlan
+        self._no_static = not self._static_argnums and not self._static_argnames
 
-    # The signature of a call: everything the traced program depends on.
+    # The signature of a call with static arguments: the static key (checked
+    # hashable), the leaves and the structure of the dynamic arguments.
     def _signature(self, args, kwargs):
+        if self._no_static:
+            return _NO_STATIC, *_flatten((args, kwargs))
         static_pos = []
         dyn_args = []
         for i, a in enumerate(args):
@@ -169,8 +230,7 @@ class JitFunction:
                         "must be hashable: pass a tuple instead of a list, or make the argument "
                         "non-static") from None
             raise
-        leaves, treedef = tree_util.tree_flatten((tuple(dyn_args), dyn_kw))
-        return static_key, leaves, treedef
+        return static_key, *_flatten((tuple(dyn_args), dyn_kw))
 
     def _trace(self, static_key, treedef, avals) -> _Entry:
         static_pos, static_kw = static_key
@@ -189,27 +249,59 @@ class JitFunction:
         closed = trace_to_program(flat_fun, avals)
         return _Entry(closed, out_tree_box[0])
 
+    # Two caches.  ``_plans`` is keyed by what is cheap to read off the
+    # arguments (no aval is built, only C-level hashing: see _leaf_key); on a
+    # miss, the avals are computed and ``_cache`` (keyed by avals: a numpy
+    # array and an spmd.Array of one aval share their trace) gives the entry.
+    def _plan(self, args, kwargs):
+        """The call plan for these arguments (tracing on a miss), and the leaves."""
+        if self._no_static and not kwargs:  # the common case: no split, no sorting
+            leaves, treedef = _flatten((args, _EMPTY))
+            static_key = _NO_STATIC
+        else:
+            static_key, leaves, treedef = self._signature(args, kwargs)
+        key = (treedef, static_key, config.enable_x64,
+               tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
+                      for x in leaves]))
+        plan = self._plans.get(key)
+        if plan is None:
+            avals = tuple(map(get_aval, leaves))  # raises DTypeError on unsupported leaves
+            akey = (treedef, static_key, avals, dtypes.x64_enabled())
+            entry = self._cache.get(akey)
+            if entry is None:
+                entry = self._trace(static_key, treedef, avals)
+                self._cache[akey] = entry  # only reached when tracing succeeded
+            plan = self._plans[key] = _CallPlan(entry, leaves, avals)
+        return plan, leaves
+
     def _entry(self, args, kwargs):
-        static_key, leaves, treedef = self._signature(args, kwargs)
-        avals = tuple(map(get_aval, leaves))
-        key = (treedef, static_key, avals, dtypes.x64_enabled())
-        entry = self._cache.get(key)
-        if entry is None:
-            entry = self._trace(static_key, treedef, avals)
-            self._cache[key] = entry  # only reached when tracing succeeded
-        return entry, leaves, avals
+        plan, leaves = self._plan(args, kwargs)
+        return plan.entry, leaves, plan.avals
 
     def __call__(self, *args, **kwargs):
-        entry, leaves, avals = self._entry(args, kwargs)
+        plan, vals = self._plan(args, kwargs)
         if not is_eager():
-            outs = jit_p.bind(*leaves, program=entry.closed, name=self._name)
-            return tree_util.tree_unflatten(entry.out_tree, outs)
-        vals = [to_array_value(x, a) for x, a in zip(leaves, avals)]
-        outs = entry.exe(*vals)
+            outs = jit_p.bind(*vals, program=plan.entry.closed, name=self._name)
+            return plan.out_tree.unflatten(outs)
+        # Only the leaves that need it are touched (``vals`` is a fresh list).
+        for i in plan.arrays:
+            vals[i] = vals[i].value
+        for i, a in plan.converts:
+            vals[i] = to_array_value(vals[i], a)
+        fn = plan.fn
+        if fn is None:
+            fn = plan.fn = plan.entry.exe.fn
+        outs = fn(*vals)
         if self._donate_argnums:
             self._delete_donated(args)
-        return tree_util.tree_unflatten(
-            entry.out_tree, [wrap_value(o, a) for o, a in zip(outs, entry.out_avals)])
+        # Results of the generated code are fresh ndarrays of the right dtype,
+        # except 0-d ones (numpy scalars), which wrap_value converts.
+        if plan.single:
+            o, a = outs[0], plan.out_avals[0]
+            return Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
+        return plan.out_tree.unflatten(
+            [Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
+             for o, a in zip(outs, plan.out_avals)])
 
     def _delete_donated(self, args):
         for i in self._donate_argnums:
@@ -228,6 +320,7 @@ class JitFunction:
 
     def clear_cache(self) -> None:
         self._cache.clear()
+        self._plans.clear()
 
     def _cache_size(self) -> int:
         return len(self._cache)

@@ -50,7 +50,7 @@ def _env_int(name: str, default: int) -> int:
         n = int(raw)
     except ValueError:
         raise DeviceError(f"{name}={raw!r} is not an integer; set it to a positive number "
-                          "of devices, e.g. {name}=8") from None
+                          f"of devices, e.g. {name}=8") from None
     if n < 1:
         raise DeviceError(f"{name}={n} must be at least 1")
     return n

@@ -8,7 +8,7 @@ from spmd.compiler import dtypes
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.trace import get_aval
-from spmd.numpy._util import is_traced_or_array, to_array
+from spmd.numpy._util import is_traced_or_array, require_static, static_int, static_shape, to_array
 
 
 def array(object, dtype=None, copy: bool = True):
@@ -23,10 +23,8 @@ def asarray(a, dtype=None):
     return to_array(a, dtype, "spmd.numpy.asarray")
 
 
-def _shape(shape):
-    if isinstance(shape, (int, np.integer)):
-        return (int(shape),)
-    return tuple(int(s) for s in shape)
+def _shape(shape, fname):
+    return static_shape(shape, f"spmd.numpy.{fname}")
 
 
 def _dtype(dtype, default):
@@ -37,27 +35,21 @@ def full(shape, fill_value, dtype=None):
     if dtype is None:
         fv = to_array(fill_value)
         dtype = get_aval(fv).dtype
-    return st.full(_shape(shape), fill_value, _dtype(dtype, dtypes.default_float()))
+    return st.full(_shape(shape, "full"), fill_value, _dtype(dtype, dtypes.default_float()))
 
 
 def zeros(shape, dtype=None):
-    return st.full(_shape(shape), 0, _dtype(dtype, dtypes.default_float()))
+    return st.full(_shape(shape, "zeros"), 0, _dtype(dtype, dtypes.default_float()))
 
 
 def ones(shape, dtype=None):
-    return st.full(_shape(shape), 1, _dtype(dtype, dtypes.default_float()))
+    return st.full(_shape(shape, "ones"), 1, _dtype(dtype, dtypes.default_float()))
 
 
 def arange(start, stop=None, step=None, dtype=None):
     """Evenly spaced values; the bounds must be concrete (they decide the shape)."""
-    for v in (start, stop, step):
-        if v is not None and not isinstance(v, (int, float, np.integer, np.floating)):
-            from spmd.compiler.trace import Tracer
-            if isinstance(v, Tracer):
-                from spmd.errors import ConcretizationError
-                raise ConcretizationError(
-                    "spmd.numpy.arange: bounds must be concrete Python numbers (they decide "
-                    "the output shape); mark them static in jit")
+    for v, argname in ((start, "start"), (stop, "stop"), (step, "step")):
+        require_static(v, "spmd.numpy.arange", argname, "number")
     ref = np.arange(start, stop, step) if stop is not None or step is not None else np.arange(start)
     if dtype is None:
         dtype = dtypes.default_int() if ref.dtype.kind in "iu" else dtypes.default_float()
@@ -82,7 +74,7 @@ def _like(fname, a, fill_value, dtype, shape):
     av = get_aval(to_array(a, fname=fname))
     weak = dtype is None and av.weak_type
     dt = _dtype(dtype, av.dtype)
-    shape = av.shape if shape is None else _shape(shape)
+    shape = av.shape if shape is None else _shape(shape, fname.rsplit(".", 1)[-1])
     return st.full(shape, fill_value, dt, weak_type=weak)
 
 
@@ -172,11 +164,7 @@ def _traced_linspace(start, stop, num, endpoint, retstep, dt, axis):
 
 
 def _static_count(n, fname, argname):
-    from spmd.compiler.trace import Tracer
-    if isinstance(n, Tracer):
-        raise TypeError(f"{fname}: {argname} must be a concrete int (it decides the output "
-                        "shape); mark it static in jit")
-    n = int(n)
+    n = static_int(n, fname, argname)
     if n < 0:
         raise ValueError(f"{fname}: {argname}={n} must be non-negative")
     return n
@@ -191,7 +179,7 @@ def eye(N: int, M: int | None = None, k: int = 0, dtype=None):
     """
     N = _static_count(N, "spmd.numpy.eye", "N")
     M = N if M is None else _static_count(M, "spmd.numpy.eye", "M")
-    return _diagonal_mask(N, M, int(k), "eq", _dtype(dtype, dtypes.default_float()))
+    return _diagonal_mask(N, M, static_int(k, "spmd.numpy.eye", "k"), "eq", _dtype(dtype, dtypes.default_float()))
 
 
 def identity(n: int, dtype=None):
@@ -203,7 +191,7 @@ def tri(N: int, M: int | None = None, k: int = 0, dtype=None):
     """Ones at and below the ``k``-th diagonal, zeros above."""
     N = _static_count(N, "spmd.numpy.tri", "N")
     M = N if M is None else _static_count(M, "spmd.numpy.tri", "M")
-    return _diagonal_mask(N, M, int(k), "ge", _dtype(dtype, dtypes.default_float()))
+    return _diagonal_mask(N, M, static_int(k, "spmd.numpy.tri", "k"), "ge", _dtype(dtype, dtypes.default_float()))
 
 
 def _diagonal_mask(N, M, k, cmp, dtype):

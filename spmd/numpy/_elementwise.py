@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.trace import get_aval
-from spmd.numpy._util import promote_and_broadcast, promote_dtypes, to_array
+from spmd.errors import DTypeError
+from spmd.numpy._util import promote_and_broadcast, promote_dtypes, static_int, to_array
 
 
 def _binary(lax_fn, name, to_float=False):
@@ -94,6 +97,7 @@ ceil = _rounding(ew.ceil, "ceil")
 def round(x, decimals: int = 0):
     """Round half to even, like ``numpy.round``."""
     (a,) = promote_dtypes(x, fname="spmd.numpy.round")
+    decimals = static_int(decimals, "spmd.numpy.round", "decimals")
     if not dtypes.is_float(get_aval(a).dtype):
         return a
     if decimals == 0:
@@ -111,15 +115,50 @@ def square(x, /):
 
 
 def reciprocal(x, /):
-    (a,) = promote_dtypes(x, fname="spmd.numpy.reciprocal")
+    """``1 / x``; integers promote to float, as in JAX (numpy keeps them integer).
+
+    >>> reciprocal(np.array([1, 2]))  # doctest: +SKIP
+    Array([1. , 0.5], dtype=float32)
+    """
+    (a,) = promote_and_broadcast(x, fname="spmd.numpy.reciprocal", to_float=True)
     return ew.div(np.array(1, get_aval(a).dtype)[()], a)
 
 
+def _float_divmod(a, b):
+    """``(a // b, a % b)`` for floats, exactly as numpy's ``npy_divmod``.
+
+    The quotient comes from the exact remainder, ``(a - fmod(a, b)) / b`` rounded
+    to the nearest integer, not from ``floor(a / b)``: in float32 ``1 // 0.1`` is 9
+    (``0.1`` is a little above 1/10), and ``a == (a // b) * b + a % b`` holds.
+    """
+    c = lambda v: np.array(v, get_aval(a).dtype)[()]  # noqa: E731
+    mod = ew.rem(a, b)
+    div = ew.div(ew.sub(a, mod), b)
+    # Python's convention: a non-zero remainder has the sign of b.
+    fix = ew.bitwise_and(ew.ne(mod, c(0)), ew.ne(ew.lt(b, c(0)), ew.lt(mod, c(0))))
+    mod = ew.select(fix, ew.add(mod, b), mod)
+    div = ew.select(fix, ew.sub(div, c(1)), div)
+    zero = ew.sub(mod, mod)  # +0 (or NaN where mod is NaN, where it is not selected)
+    mod = ew.select(ew.eq(mod, c(0)), ew.select(ew.lt(b, c(0)), ew.neg(zero), zero), mod)
+    # Snap the quotient to the nearest integer; a zero one has the sign of a / b.
+    fl = ew.floor(div)
+    q = ew.select(ew.gt(ew.sub(div, fl), c(0.5)), ew.add(fl, c(1)), fl)
+    exact = ew.div(a, b)
+    q = ew.select(ew.eq(div, c(0)), ew.mul(exact, c(0)), q)
+    # Division by zero: numpy returns a / b (inf or nan) and fmod's nan.
+    return ew.select(ew.eq(b, c(0)), exact, q), mod
+
+
 def floor_divide(x1, x2, /):
+    """``x1 // x2``: rounds toward -inf; floats as numpy's divmod (``1.0 // 0.1 == 9``).
+
+    >>> floor_divide(np.float32(1.0), np.float32(0.1))  # doctest: +SKIP
+    Array(9., dtype=float32)
+    """
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.floor_divide")
     dt = get_aval(a).dtype
     if dtypes.is_float(dt):
-        return ew.floor(ew.div(a, b))
+        return _float_divmod(a, b)[0]
     if dtypes.is_bool(dt):
         raise TypeError("spmd.numpy.floor_divide: bool operands are not supported")
     # lax div truncates; adjust toward -inf where the remainder has the other sign.
@@ -134,6 +173,8 @@ def remainder(x1, x2, /):
     """``x1 - floor(x1 / x2) * x2``: the result has the sign of ``x2`` (numpy's ``%``)."""
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.remainder")
     dt = get_aval(a).dtype
+    if dtypes.is_float(dt):
+        return _float_divmod(a, b)[1]
     r = ew.rem(a, b)
     zero = np.array(0, dt)[()]
     fix = ew.bitwise_and(ew.ne(r, zero), ew.ne(ew.lt(r, zero), ew.lt(b, zero)))
@@ -144,18 +185,37 @@ mod = remainder
 
 
 def power(x1, x2, /):
-    # An integer Python exponent keeps x**2 a multiply and integer powers exact.
-    if isinstance(x2, int) and not isinstance(x2, bool):
-        (a,) = promote_dtypes(x1, fname="spmd.numpy.power")
-        if x2 >= 0 or dtypes.is_float(get_aval(a).dtype):
-            return ew.integer_pow(a, x2)
-    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.power")
-    dt = get_aval(a).dtype
-    if dtypes.is_float(dt):
-        return ew.pow(a, b)
-    fa, fb = ew.convert(a, dtypes.float64 if dtypes.x64_enabled() else dtypes.float32), None
-    fb = ew.convert(b, get_aval(fa).dtype)
-    return ew.convert(ew.round(ew.pow(fa, fb)), dt)
+    """``x1 ** x2`` elementwise; integer powers of integers are exact (wrapping on overflow).
+
+    A static integer exponent (a Python or numpy int, as in JAX) keeps ``x ** 2`` a
+    multiply; a negative static exponent of an integer base raises, as in JAX.  For
+    integer arrays of exponents, a negative power is ``1 / x1 ** -x2`` truncated
+    toward zero (numpy raises there; it cannot under ``jit``).
+
+    >>> power(np.int32(3), np.int32(19))  # doctest: +SKIP
+    Array(1162261467, dtype=int32)
+    """
+    try:
+        n = operator.index(x2)  # JAX's test: concrete ints (not traced ones) are static
+    except TypeError:
+        pass
+    else:
+        (a,) = _numeric(promote_dtypes(x1, fname="spmd.numpy.power"))
+        if n < 0 and not dtypes.is_float(get_aval(a).dtype):
+            raise DTypeError(f"spmd.numpy.power: integers cannot be raised to a negative "
+                             f"static power, got {get_aval(a).dtype} ** {n} (as in JAX); "
+                             "convert the base to float first, e.g. x.astype(float) ** n")
+        return ew.integer_pow(a, n)
+    a, b = _numeric(promote_and_broadcast(x1, x2, fname="spmd.numpy.power"))
+    return ew.pow(a, b)
+
+
+def _numeric(arrs):
+    """Bools as the default int (JAX's ``promote_dtypes_numeric``)."""
+    av = get_aval(arrs[0])
+    if not dtypes.is_bool(av.dtype):
+        return arrs
+    return [ew.convert(a, dtypes.default_int(), av.weak_type) for a in arrs]
 
 
 def invert(x, /):
@@ -214,7 +274,16 @@ def clip(a, a_min=None, a_max=None, *, min=None, max=None):
 
 
 def logaddexp(x1, x2, /):
+    """``log(exp(x1) + exp(x2))`` without overflow; ``logaddexp(-inf, -inf) == -inf``.
+
+    >>> logaddexp(np.float32(1000), np.float32(1000))  # doctest: +SKIP
+    Array(1000.6931, dtype=float32)
+    """
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.logaddexp", to_float=True)
-    m = ew.max(a, b)
-    d = ew.neg(ew.abs(ew.sub(a, b)))
-    return ew.add(m, ew.log1p(ew.exp(d)))
+    hi, lo = ew.max(a, b), ew.min(a, b)
+    # d = lo - hi <= 0, taken as 0 on ties, so that equal infinities give hi + log(2)
+    # = hi instead of inf - inf = NaN.  On ties d is a constant, so the gradient
+    # is max's even split (1/2 each); elsewhere it is exp(x - out), as it should be.
+    tie, zero = ew.eq(lo, hi), np.array(0, get_aval(lo).dtype)[()]
+    d = ew.sub(ew.select(tie, zero, lo), ew.select(tie, zero, hi))
+    return ew.add(hi, ew.log1p(ew.exp(d)))

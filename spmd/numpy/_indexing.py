@@ -97,9 +97,14 @@ def _classify(e):
     if a.dtype == bool:
         return ("boolscalar", bool(a), 0) if a.ndim == 0 else ("bool", a, a.ndim)
     if a.size == 0 and a.dtype.kind == "f" and not isinstance(e, np.ndarray):
-        a = a.astype(np.intp)  # `x[[]]`: an empty list is an empty integer index
+        a = a.astype(np.intp)  # `x[[], :]`: an empty list is an empty integer index
     _check_int_index(a.dtype)
     return ("int", int(a), 1) if a.ndim == 0 else ("arr", a, 1)
+
+
+def _short(x, limit: int = 40) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit - 4] + " ...]"
 
 
 def _leaves(x):
@@ -138,6 +143,12 @@ def _static_slice(s):
 
 
 def _parse(shape, idx) -> _Plan:
+    if isinstance(idx, list):
+        # numpy once read x[[0, 1]] as x[0, 1]; JAX refuses the ambiguity, and so do we.
+        raise DTypeError(
+            f"indexing: a Python list {_short(idx)} is not a valid index; use a tuple for "
+            "multidimensional indexing (x[(0, 1)] is x[0, 1]) or an array for integer-array "
+            "indexing (x[np.array([0, 1])] or x[snp.array(seq)])")
     items = [_classify(e) for e in (idx if isinstance(idx, tuple) else (idx,))]
     if sum(k == "ellipsis" for k, _, _ in items) > 1:
         raise ArgumentError("indexing: an index can only have a single ellipsis ('...')")

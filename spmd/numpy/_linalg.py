@@ -8,7 +8,7 @@ from spmd.compiler.ops.linalg import dot_general
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axis,
-                              promote_dtypes)
+                              promote_dtypes, require_static)
 
 
 def matmul(a, b, /):
@@ -62,6 +62,7 @@ def tensordot(a, b, axes=2):
     """
     x, y = promote_dtypes(a, b, fname="spmd.numpy.tensordot")
     xs, ys = get_aval(x).shape, get_aval(y).shape
+    require_static(axes, "spmd.numpy.tensordot", "axes", "int or pair of axis sequences")
     if isinstance(axes, (int, np.integer)):
         n = int(axes)
         if n < 0 or n > len(xs) or n > len(ys):

@@ -16,7 +16,7 @@ from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops import sort as _sort
 from spmd.compiler.ops.structural import broadcast_in_dim as _bid
 from spmd.compiler.ops.structural import reshape
-from spmd.compiler.trace import get_aval
+from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError as _ArgumentError
 from spmd.numpy._util import canonicalize_axes, canonicalize_axis, to_array
 
@@ -121,7 +121,12 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     centered = ew.sub(x, _bid(m, av.shape, kept))
     ss = red.reduce_sum(ew.mul(centered, centered), axes)
     # numpy's divisor: never negative, so ddof >= n gives inf/nan, not a sign flip.
-    v = ew.div(ss, np.array(n - ddof if n > ddof else 0, dt)[()])
+    if isinstance(ddof, Tracer):  # a traced ddof is fine (as in JAX): it is only data
+        zero = np.array(0, dt)[()]
+        divisor = ew.max(ew.sub(np.array(n, dt)[()], ew.convert(ddof, dt)), zero)
+    else:
+        divisor = np.array(n - ddof if n > ddof else 0, dt)[()]
+    v = ew.div(ss, divisor)
     return _keep(v, av.shape, axes, keepdims)
 
 
@@ -168,20 +173,35 @@ def _minmax(red_fn, name):
         x = to_array(a)
         av = get_aval(x)
         axes = canonicalize_axes(axis, av.ndim, f"spmd.numpy.{name}")
-        if _any_empty(av.shape, axes) and initial is None:
-            raise _ArgumentError(f"spmd.numpy.{name}: zero-size reduction along axis={axis} "
-                                 f"of an array of shape {av.shape} has no identity; pass "
-                                 "initial=")
+        init = None if initial is None else _initial(initial, av, f"spmd.numpy.{name}")
+        if _any_empty(av.shape, axes):
+            if init is None:
+                raise _ArgumentError(f"spmd.numpy.{name}: zero-size reduction along "
+                                     f"axis={axis} of an array of shape {av.shape} has no "
+                                     "identity; pass initial=")
+            # Nothing to reduce: every result element is `initial`.
+            kept = tuple(s for i, s in enumerate(av.shape) if i not in axes)
+            return _keep(_bid(init, kept, ()), av.shape, axes, keepdims)
         res = _keep(red_fn(x, axes), av.shape, axes, keepdims)
-        if initial is not None:
-            from spmd.numpy._elementwise import maximum, minimum
-            res = (maximum if name == "max" else minimum)(res, initial)
+        if init is not None:
+            combine = {("max", True): ew.bitwise_or, ("min", True): ew.bitwise_and,
+                       ("max", False): ew.max, ("min", False): ew.min}
+            res = combine[name, dtypes.is_bool(av.dtype)](res, init)
         return res
 
     f.__name__ = name
     f.__doc__ = f"The {name}imum over ``axis`` (None: all).\n\n    >>> {name}(np.array([1, 3]))"
     f.__doc__ += "  # doctest: +SKIP"
     return f
+
+
+def _initial(initial, av, fname):
+    """``initial`` as a scalar of the reduced array's dtype (JAX converts it so)."""
+    init = to_array(initial, fname=fname)
+    if get_aval(init).shape != ():
+        raise _ArgumentError(f"{fname}: initial must be a scalar, got an array of shape "
+                             f"{get_aval(init).shape}")
+    return ew.convert(init, av.dtype, av.weak_type)
 
 
 def _any_empty(shape, axes) -> bool:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from spmd.compiler.ops import structural as st
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
-from spmd.numpy._util import canonicalize_axis, promote_dtypes, to_array
+from spmd.numpy._util import canonicalize_axis, promote_dtypes, static_shape, to_array
 
 
 def reshape(a, shape, order: str = "C"):
@@ -18,8 +16,7 @@ def reshape(a, shape, order: str = "C"):
         raise NotImplementedError("spmd.numpy.reshape: only order='C' is supported")
     x = to_array(a)
     av = get_aval(x)
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    shape = tuple(int(s) for s in shape)
+    shape = static_shape(shape, "spmd.numpy.reshape", "shape")
     if shape.count(-1) > 1:
         raise ShapeError(f"spmd.numpy.reshape: can only specify one unknown dimension, got {shape}")
     if -1 in shape:
@@ -138,8 +135,7 @@ def broadcast_to(array, shape):
     (2, 3)
     """
     x = to_array(array)
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    shape = tuple(int(s) for s in shape)
+    shape = static_shape(shape, "spmd.numpy.broadcast_to", "shape")
     xs = get_aval(x).shape
     nd = len(shape)
     ok = len(xs) <= nd and all(s in (1, t) for s, t in zip(xs, shape[nd - len(xs):]))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.array import Array
 from spmd.compiler.ops import shape_more as sm
 from spmd.compiler.ops import structural as st
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._shape import atleast_1d, atleast_2d, atleast_3d, ravel, reshape
-from spmd.numpy._util import canonicalize_axes, canonicalize_axis, promote_dtypes, to_array
+from spmd.numpy._util import (canonicalize_axes, canonicalize_axis, promote_dtypes,
+                              require_static, static_int, static_shape, to_array)
 
 __all__ = ["concatenate", "hstack", "vstack", "dstack", "column_stack", "split", "array_split",
            "hsplit", "vsplit", "flip", "fliplr", "flipud", "tile", "repeat", "roll", "pad"]
@@ -96,6 +98,8 @@ def split(ary, indices_or_sections, axis: int = 0):
     x = to_array(ary)
     shape = get_aval(x).shape
     ax = canonicalize_axis(axis, len(shape), "spmd.numpy.split")
+    require_static(indices_or_sections, "spmd.numpy.split", "indices_or_sections",
+                   "int or sequence of ints")
     if isinstance(indices_or_sections, (int, np.integer)):
         k = int(indices_or_sections)
         if k <= 0 or shape[ax] % k:
@@ -112,6 +116,8 @@ def array_split(ary, indices_or_sections, axis: int = 0):
     x = to_array(ary)
     shape = get_aval(x).shape
     ax = canonicalize_axis(axis, len(shape), "spmd.numpy.array_split")
+    require_static(indices_or_sections, "spmd.numpy.array_split", "indices_or_sections",
+                   "int or sequence of ints")
     if isinstance(indices_or_sections, (int, np.integer)):
         k = int(indices_or_sections)
         if k <= 0:
@@ -124,9 +130,8 @@ def array_split(ary, indices_or_sections, axis: int = 0):
 
 
 def _static_ints(seq, fname):
-    if isinstance(seq, Tracer):
-        raise TypeError(f"spmd.numpy.{fname}: split indices must be static (they decide the "
-                        "output shapes); pass a Python list or mark the argument static in jit")
+    if not isinstance(seq, Array):
+        seq = [static_int(i, f"spmd.numpy.{fname}", "indices_or_sections") for i in seq]
     return [int(i) for i in np.asarray(seq).reshape(-1)]
 
 
@@ -163,7 +168,7 @@ def tile(A, reps):
     (2, 4)
     """
     x = to_array(A)
-    reps = (int(reps),) if isinstance(reps, (int, np.integer)) else tuple(int(r) for r in reps)
+    reps = static_shape(reps, "spmd.numpy.tile", "reps")
     shape = get_aval(x).shape
     nd = max(len(reps), len(shape))
     shape = (1,) * (nd - len(shape)) + shape
@@ -182,10 +187,10 @@ def repeat(a, repeats, axis=None, *, total_repeat_length=None):
         x, axis = ravel(x), 0
     shape = get_aval(x).shape
     ax = canonicalize_axis(axis, len(shape), "spmd.numpy.repeat")
-    if isinstance(repeats, Tracer):
-        raise TypeError("spmd.numpy.repeat: repeats must be static (they decide the output "
-                        "shape); pass Python ints or mark the argument static in jit")
-    reps = np.asarray(repeats).reshape(-1)
+    require_static(repeats, "spmd.numpy.repeat", "repeats", "int or sequence of ints")
+    if isinstance(repeats, (list, tuple)):
+        repeats = [static_int(r, "spmd.numpy.repeat", "repeats") for r in repeats]
+    reps = np.asarray(repeats.value if isinstance(repeats, Array) else repeats).reshape(-1)
     if reps.size == 1:
         r = int(reps[0])
         inner = shape[:ax + 1] + (r,) + shape[ax + 1:]
@@ -210,8 +215,9 @@ def repeat(a, repeats, axis=None, *, total_repeat_length=None):
 def roll(a, shift, axis=None):
     """Shift elements cyclically along ``axis`` (of the flattened array when None)."""
     x = to_array(a)
-    if isinstance(shift, Tracer):
-        raise TypeError("spmd.numpy.roll: shift must be a static int here; mark it static in jit")
+    require_static(shift, "spmd.numpy.roll", "shift", "int or sequence of ints")
+    if isinstance(shift, (list, tuple)):
+        shift = [static_int(s, "spmd.numpy.roll", "shift") for s in shift]
     if axis is None:
         shape = get_aval(x).shape
         return reshape(roll(ravel(x), shift, 0), shape)
@@ -230,6 +236,14 @@ def roll(a, shift, axis=None):
     return x
 
 
+def _static_nested(x, fname, argname):
+    """Nested sequences of static ints (traced entries raise ConcretizationError)."""
+    if isinstance(x, (list, tuple)):
+        return [_static_nested(e, fname, argname) for e in x]
+    require_static(x, fname, argname, "int or sequence of int pairs")
+    return x.value if isinstance(x, Array) else x
+
+
 def pad(array, pad_width, mode: str = "constant", constant_values=0):
     """Pad with a constant (numpy's ``mode='constant'``; other modes are not supported).
 
@@ -241,7 +255,8 @@ def pad(array, pad_width, mode: str = "constant", constant_values=0):
                                   "mode='constant'")
     x = to_array(array)
     av = get_aval(x)
-    widths = np.asarray(pad_width, dtype=np.int64)
+    require_static(pad_width, "spmd.numpy.pad", "pad_width", "int or sequence of int pairs")
+    widths = np.asarray(_static_nested(pad_width, "spmd.numpy.pad", "pad_width"), dtype=np.int64)
     try:
         widths = np.broadcast_to(widths.reshape(widths.shape or (1,)) if widths.ndim < 2
                                  else widths, (av.ndim, 2))

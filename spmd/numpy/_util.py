@@ -10,7 +10,7 @@ from spmd.compiler.avals import ShapedArray
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.structural import broadcast_in_dim
 from spmd.compiler.trace import Tracer, get_aval
-from spmd.errors import ArgumentError, ShapeError
+from spmd.errors import ArgumentError, ConcretizationError, ShapeError
 
 
 def is_traced_or_array(x) -> bool:
@@ -99,7 +99,39 @@ def promote_and_broadcast(*args, fname: str, to_float: bool = False):
     return [a if np.shape(a) == () else broadcast_to_shape(a, shape) for a in arrs]
 
 
+def require_static(value, fname: str, argname: str, what: str = "int") -> None:
+    """Raise :class:`ConcretizationError` if ``value`` is traced (it must decide a shape).
+
+    >>> require_static(3, "spmd.numpy.zeros", "shape")  # concrete values pass
+    """
+    if isinstance(value, Tracer):
+        raise ConcretizationError(
+            f"{fname}: {argname} must be a static {what}, but got a traced value {value.aval}. "
+            "It decides the structure of the result (a shape, an axis), which must be known "
+            "when the function is traced: pass a Python value, or mark the argument static "
+            "with spmd.jit(f, static_argnums=...) (or static_argnames=...)")
+
+
+def static_int(value, fname: str, argname: str) -> int:
+    """``int(value)`` for an argument that decides a shape (traced values raise)."""
+    require_static(value, fname, argname)
+    return int(value)
+
+
+def static_shape(shape, fname: str, argname: str = "shape") -> tuple:
+    """A shape argument (an int or a sequence of ints) as a tuple of Python ints.
+
+    >>> static_shape(3, "spmd.numpy.zeros")
+    (3,)
+    """
+    require_static(shape, fname, argname, "int or tuple of ints")
+    if isinstance(shape, (int, np.integer)) or (isinstance(shape, Array) and shape.ndim == 0):
+        return (int(shape),)
+    return tuple(static_int(s, fname, f"{argname}[{i}]") for i, s in enumerate(shape))
+
+
 def canonicalize_axis(axis, ndim: int, fname: str, argname: str = "axis") -> int:
+    require_static(axis, fname, argname)
     try:
         a = int(axis)
     except TypeError:
@@ -114,6 +146,7 @@ def canonicalize_axes(axis, ndim: int, fname: str) -> tuple:
     """``axis=None`` means all axes; ints and tuples of ints, negative allowed."""
     if axis is None:
         return tuple(range(ndim))
+    require_static(axis, fname, "axis", "int or tuple of ints")
     if isinstance(axis, (tuple, list)):
         axes = tuple(canonicalize_axis(a, ndim, fname) for a in axis)
         if len(set(axes)) != len(axes):

@@ -36,8 +36,15 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
     if hit is None:
         in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
                     for a, s in zip(program.in_avals, in_specs)]
+        run = run_on_process if mesh.is_multi_process else run_on_mesh
         hit = per[key] = trace_to_program(
-            lambda *xs: run_on_mesh(program, mesh, in_specs, out_specs, xs), in_avals)
+            lambda *xs: run(program, mesh, in_specs, out_specs, xs), in_avals)
+        if mesh.is_multi_process:
+            from spmd.shard.fingerprint import agree
+
+            # The per-device program and the global types are the same on every
+            # rank (the lowered per-process programs differ: each slices its blocks).
+            agree(program, in_avals, in_specs, out_specs, mesh)
     return hit
 
 
@@ -120,3 +127,75 @@ def from_blocks(v, d, spec, mesh):
         order += [kept.index(a) for a in axes] + [len(kept) + dim]
         shape.append(s * (mesh.axis_size(axes) if axes else 1))
     return reshape(transpose(v, tuple(order)), tuple(shape))
+
+
+# ------------------------------------------------------ multi-process meshes
+#
+# On a mesh spread over processes each process stacks only its own devices.
+# Values between equations are global-shaped buffers in which this process has
+# filled the blocks of its devices (the other blocks are zeros): a shard_map
+# reads only its own blocks from them, so chained shard_maps compose.
+
+def run_on_process(program, mesh, in_specs, out_specs, global_args):
+    from spmd.mesh import process_index
+
+    flat = list(mesh.devices.flat)
+    me = process_index()
+    local = tuple(i for i, d in enumerate(flat) if d.process_index == me)
+    level = NamedAxes(mesh.axis_names, mesh.axis_sizes, local=local,
+                      procs=tuple(d.process_index for d in flat), me=me)
+    stacked = [_my_blocks(x, s, mesh, local) for x, s in zip(global_args, in_specs)]
+    with new_main(BatchTrace, (level, len(local))) as main, \
+            extend_axis_env(dict(mesh.shape), main=main):
+        trace = BatchTrace(main)
+        tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
+        outs = eval_program(program, *tracers)
+        outs = [full_raise(trace, o) for o in outs]
+        raw = [(o.val, o.bdim) for o in outs]
+    return [_fill_global(v, d, s, mesh, local) for (v, d), s in zip(raw, out_specs)]
+
+
+def _block_index(spec, mesh, shape, flat_pos):
+    from spmd.shard.spec import NamedSharding
+
+    device = mesh.devices.flat[flat_pos]
+    return NamedSharding(mesh, spec).device_index(device, shape)
+
+
+def _my_blocks(x, spec, mesh, local):
+    """This process's devices' blocks of global ``x``, stacked (or x when replicated)."""
+    from spmd.compiler.ops.shape_more import concatenate, slice as lax_slice
+
+    if not spec.mesh_axes:
+        return x, None
+    shape = tuple(get_aval(x).shape)
+    blocks = []
+    for f in local:
+        idx = _block_index(spec, mesh, shape, f)
+        start = tuple(sl.start or 0 for sl in idx)
+        stop = tuple(s if sl.stop is None else sl.stop for sl, s in zip(idx, shape))
+        b = lax_slice(x, start, stop)
+        blocks.append(reshape(b, (1,) + tuple(get_aval(b).shape)))
+    return (concatenate(blocks, 0) if len(blocks) > 1 else blocks[0]), 0
+
+
+def _fill_global(v, d, spec, mesh, local):
+    """A global buffer holding this process's devices' output blocks."""
+    from spmd.compiler.ops.indexing import dynamic_update_slice
+    from spmd.compiler.ops.structural import full
+
+    if d is None:
+        return from_blocks(v, None, spec, mesh)
+    v = move_to_front(v, d)
+    block = tuple(get_aval(v).shape[1:])
+    shape = tuple(s * (mesh.axis_size(spec.axes_of(i)) if spec.axes_of(i) else 1)
+                  for i, s in enumerate(block))
+    if not spec.mesh_axes:  # replicated: every device holds the whole value
+        return reshape(slice_in_dim(v, 0, 1, axis=0), block)
+    out = full(shape, 0, get_aval(v).dtype)
+    for i, f in enumerate(local):
+        idx = _block_index(spec, mesh, shape, f)
+        starts = [np.int32(sl.start or 0) for sl in idx]
+        b = reshape(slice_in_dim(v, i, i + 1, axis=0), block)
+        out = dynamic_update_slice(out, b, starts)
+    return out

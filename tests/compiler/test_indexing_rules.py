@@ -40,7 +40,7 @@ STATIC = [
     slice(10, None), slice(-10, 2), slice(2, -10, -1), slice(5, 1),
     None, (None, Ellipsis, None), (Ellipsis, 1), (1, Ellipsis), (Ellipsis,), (),
     (slice(None), None, 1), (None, 1, None, slice(1, None)),
-    np.array([0, 2]), np.array([0, -1, 1, 0]), [3, 1], [], np.array([[0, 1], [3, 2]]),
+    np.array([0, 2]), np.array([0, -1, 1, 0]), np.array([3, 1]), np.array([], np.intp), np.array([[0, 1], [3, 2]]),
     (slice(None), np.array([1, 0, 1])), (np.array([0, 2, 3]), np.array([1, 1, 0])),
     (np.array([3, 0]), slice(1, None)), (slice(None), np.array([2, 0]), np.array([4, 1])),
     (np.array([1, 2]), slice(None), np.array([0, 4])),          # not adjacent: B first

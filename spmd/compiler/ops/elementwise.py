@@ -11,7 +11,7 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero, add_tangents, instantiate, is_undefined
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
 from spmd.errors import DTypeError, ShapeError
@@ -117,9 +117,7 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
     else:  # piecewise-constant functions (floor, sign, comparisons): zero derivative
         def zero_jvp(primals, tangents):
             y = bind(p, *primals)
-            from spmd.compiler.avals import tangent_aval
-            from spmd.compiler.trace import get_aval
-            return y, Zero(tangent_aval(get_aval(y)))
+            return y, Zero(tangent_aval(_aval(y)))
 
         p.def_jvp(zero_jvp)
     return p
@@ -147,11 +145,8 @@ def binary(name, np_name, kinds=("float", "int"), emit_op=None, out_dtype=None):
 
 def _zero_jvp(p):
     def rule(primals, tangents, **params):
-        from spmd.compiler.avals import tangent_aval
-        from spmd.compiler.trace import get_aval
-
         y = bind(p, *primals, **params)
-        return y, Zero(tangent_aval(get_aval(y)))
+        return y, Zero(tangent_aval(_aval(y)))
 
     p.def_jvp(rule)
     return p
@@ -208,7 +203,7 @@ sub_p.linear = True
 mul_p = binary("mul", "multiply", emit_op="*")
 div_p = binary("div", "divide")
 rem_p = binary("rem", "fmod")
-pow_p = binary("pow", "power", kinds=("float",))
+pow_p = binary("pow", "power")  # integers too: exact, unlike JAX's lax.pow
 max_p = binary("max", "maximum")
 min_p = binary("min", "minimum")
 atan2_p = binary("atan2", "arctan2", kinds=("float",))
@@ -240,6 +235,22 @@ def _div_impl(xp, x, y):
 
 div_p.def_impl(_div_impl)
 div_p.def_emit(lambda ins: None)
+
+
+def _pow_impl(xp, x, y):
+    """``x ** y``; integers exactly (wrapping on overflow, as numpy's)."""
+    if x.dtype.kind != "i":
+        return xp.power(x, y)
+    neg = y < 0
+    out = xp.power(x, xp.where(neg, 0, y))
+    # A negative power is 1 / x**|y| truncated toward zero: 1 for x == 1, (-1)**y for
+    # x == -1, else 0 (numpy raises here; 0**-n is 0 too, as in JAX's integer pow).
+    frac = xp.where(x == 1, 1, xp.where(x == -1, 1 - 2 * (y & 1), 0))
+    return xp.where(neg, frac, out).astype(x.dtype, copy=False)
+
+
+pow_p.def_impl(_pow_impl)
+pow_p.def_emit(lambda ins: None)
 
 
 # --------------------------------------------------------------- binders
@@ -335,7 +346,7 @@ def _mul_jvp(primals, tangents):
     x, y = primals
     tx, ty = tangents
     out = mul(x, y)
-    terms = Zero(_aval(out).update(weak_type=False))
+    terms = Zero(tangent_aval(_aval(out)))
     if not isinstance(tx, Zero):
         terms = add_tangents(terms, _shaped(mul(tx, y), _aval(out)))
     if not isinstance(ty, Zero):
@@ -362,7 +373,7 @@ def _div_jvp(primals, tangents):
     x, y = primals
     tx, ty = tangents
     out = div(x, y)
-    t = Zero(_aval(out).update(weak_type=False))
+    t = Zero(tangent_aval(_aval(out)))
     if not isinstance(tx, Zero):
         t = add_tangents(t, _shaped(div(tx, y), _aval(out)))
     if not isinstance(ty, Zero):
@@ -387,7 +398,7 @@ def _binary_jvp(p, dx, dy):
         x, y = primals
         tx, ty = tangents
         out = bind(p, x, y)
-        t = Zero(_aval(out).update(weak_type=False))
+        t = Zero(tangent_aval(_aval(out)))
         if not isinstance(tx, Zero):
             t = add_tangents(t, _shaped(mul(tx, dx(x, y, out)), _aval(out)))
         if not isinstance(ty, Zero):
@@ -539,7 +550,6 @@ def _convert_jvp(primals, tangents, *, new_dtype, weak_type):
     (x,), (t,) = primals, tangents
     out = bind(convert_p, x, new_dtype=new_dtype, weak_type=weak_type)
     if isinstance(t, Zero) or not dtypes.is_float(new_dtype) or not dtypes.is_float(t.dtype):
-        from spmd.compiler.avals import tangent_aval
         return out, Zero(tangent_aval(_aval(out)))
     return out, bind(convert_p, t, new_dtype=new_dtype, weak_type=False)
 
@@ -569,13 +579,17 @@ integer_pow_p = Primitive("integer_pow")
 def _ipow_impl(xp, x, *, y):
     if y == 2:
         return x * x
-    if y < 0 and x.dtype.kind in "iu":
-        raise ValueError("integer_pow: negative power of an integer")
     return xp.power(x, x.dtype.type(y)) if y >= 0 else (1 / xp.power(x, x.dtype.type(-y))).astype(
         x.dtype, copy=False)
 
 
-integer_pow_p.def_abstract_eval(lambda x, *, y: x)
+@integer_pow_p.def_abstract_eval
+def _ipow_aval(x, *, y):
+    if y < 0 and not dtypes.is_float(x.dtype):
+        raise DTypeError(f"integer_pow: integers cannot be raised to negative powers, got "
+                         f"{x.dtype} ** {y}; convert the base to float first "
+                         "(x.astype(float) ** y)")
+    return x
 integer_pow_p.def_emit(lambda ins, y: f"({ins[0]} * {ins[0]})" if y == 2 else None)
 
 

@@ -38,8 +38,10 @@ def _plan(lhs_shape, rhs_shape, dimension_numbers):
 @dot_general_p.def_impl
 def _dot_impl(xp, x, y, *, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
-    if not lb and x.ndim <= 2 and y.ndim <= 2 and lc == (x.ndim - 1,) and rc == (0,):
-        return xp.matmul(x, y)  # the common case: straight to BLAS
+    if not lb and len(lc) == 1 and x.ndim <= 2 and y.ndim <= 2:
+        # Straight to BLAS; a transposed operand is passed as a view (``x.T @ g``),
+        # which BLAS reads in place, as hand-written numpy does: no copy.
+        return xp.matmul(x if lc[0] == x.ndim - 1 else x.T, y if rc[0] == 0 else y.T)
     lperm, lshape, rperm, rshape, out_shape = _plan(x.shape, y.shape, dimension_numbers)
     a = xp.reshape(xp.transpose(x, lperm), lshape)
     b = xp.reshape(xp.transpose(y, rperm), rshape)
@@ -103,12 +105,22 @@ def _transpose_operand(ct, other, my_ndim, dimension_numbers, swap):
         ct_other_free = tuple(range(nb, nb + len(other_free)))
     else:
         ct_other_free = tuple(range(nb + len(my_free), nb + len(my_free) + len(other_free)))
-    out = dot_general(ct, other, ((ct_other_free, tuple(other_free)),
-                                  (tuple(range(nb)), tuple(rb))))
-    # `out` is batch + (ct's remaining free dims = my free) + other's contracting dims (sorted).
+    dims = ((ct_other_free, tuple(other_free)), (tuple(range(nb)), tuple(rb)))
+    # dot_general(ct, other) is batch + (ct's remaining free dims = my free) + other's
+    # contracting dims (sorted); dot_general(other, ct) puts the last two groups the
+    # other way round.  Whichever is already in my layout needs no transpose: the
+    # weight gradient of `x @ w` is then `x.T @ ct`, as written by hand.
     partner = dict(zip(rc, lc))
-    as_mine = list(lb) + my_free + [partner[d] for d in sorted(rc)]
-    return transpose(out, tuple(np.argsort(as_mine)))
+    contracted = [partner[d] for d in sorted(rc)]
+    as_mine = list(lb) + my_free + contracted
+    if as_mine != sorted(as_mine) and nb == 0 and \
+            contracted + my_free == sorted(contracted + my_free):
+        (a, b), batch = dims
+        return dot_general(other, ct, ((b, a), batch))
+    out = dot_general(ct, other, dims)
+    if as_mine == sorted(as_mine):
+        return out
+    return transpose(out, tuple(int(i) for i in np.argsort(as_mine)))
 
 
 @dot_general_p.def_transpose

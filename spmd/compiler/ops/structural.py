@@ -54,6 +54,12 @@ def _bid_aval(x, *, shape, broadcast_dimensions):
     if len(broadcast_dimensions) != x.ndim:
         raise ShapeError(f"broadcast_in_dim: operand of shape {x.shape} needs {x.ndim} "
                          f"broadcast_dimensions, got {broadcast_dimensions}")
+    # As in JAX: the operand's axes keep their order (the impl and the code
+    # generator rely on it); a transposition is an explicit `transpose` first.
+    if any(a >= b for a, b in zip(broadcast_dimensions, broadcast_dimensions[1:])):
+        raise ShapeError(f"broadcast_in_dim: broadcast_dimensions must be strictly increasing, "
+                         f"got {tuple(broadcast_dimensions)} for operand shape {x.shape} and "
+                         f"shape {tuple(shape)}; transpose the operand first to reorder its axes")
     for d, s in zip(broadcast_dimensions, x.shape):
         if not 0 <= d < len(shape) or s not in (1, shape[d]):
             raise ShapeError(f"broadcast_in_dim: cannot broadcast shape {x.shape} to {shape} "

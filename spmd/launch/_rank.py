@@ -1,0 +1,196 @@
+"""The per-rank wrapper that ``spmd-run`` starts under ``mpiexec``.
+
+    mpiexec -n 4 python -m spmd.launch._rank script.py args...
+    mpiexec -n 4 python -m spmd.launch._rank -m package.module args...
+
+runs the target as ``python script.py args...`` (or ``python -m``) would, with
+what a launcher needs on top:
+
+- An uncaught exception prints its traceback to stderr and ends the rank at
+  once with status 1 (``os._exit``, after flushing stdout/stderr).  A normal
+  interpreter exit would call ``MPI_Finalize``, which waits for the other
+  ranks, while they wait in a collective for this one: the job would hang.
+  Exiting without finalising makes ``mpiexec`` end the whole job.  A
+  non-zero ``sys.exit(code)`` ends the rank the same way with ``code``;
+  ``sys.exit(0)`` and returning normally finalise as usual.  (So the script's
+  ``atexit`` handlers do not run when it fails.)
+- When ``$SPMD_LAUNCH_DIR`` names a directory (``spmd-run`` makes one per
+  job), the rank writes there: ``rank<N>.pid`` when it starts,
+  ``rank<N>.json`` (exit status, kind, error text) when the script ends, a
+  fatal-signal dump (segfault...) in ``rank<N>.fault`` and, when sent
+  ``SIGUSR1``, its Python stacks in ``rank<N>.stack`` (``spmd-run --timeout``
+  uses them to say where hung ranks were).  ``spmd-run`` reads them to
+  summarise a failure.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import time
+import traceback
+
+# Launchers set one of these in every rank (MPICH/Hydra, PMIx, Open MPI,
+# MVAPICH, Slurm), first match wins.
+_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
+              "SLURM_PROCID")
+
+# Exit status of a rank ended by Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
+
+USAGE = "usage: python -m spmd.launch._rank (script.py | -m module) [args...]"
+
+
+def rank_from_env(environ=os.environ) -> int | None:
+    """This process's rank as the launcher announced it, or None when not launched."""
+    for name in _RANK_VARS:
+        val = environ.get(name, "")
+        if val.isdigit():
+            return int(val)
+    return None
+
+
+class _Reporter:
+    """Writes this rank's files into ``$SPMD_LAUNCH_DIR`` (a no-op without it)."""
+
+    def __init__(self, directory: str | None, rank: int):
+        self.dir = directory if directory and os.path.isdir(directory) else None
+        self.rank = rank
+        self._keep = []  # files faulthandler writes to must stay open
+
+    def path(self, suffix: str) -> str:
+        return os.path.join(self.dir, f"rank{self.rank}.{suffix}")
+
+    def start(self) -> None:
+        if self.dir is None:
+            faulthandler.enable(sys.stderr, all_threads=True)
+            return
+        fault = open(self.path("fault"), "w")
+        stack = open(self.path("stack"), "w")
+        self._keep += [fault, stack]
+        faulthandler.enable(fault, all_threads=True)
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True, chain=False)
+        # Written last: a pid file means the handlers above are in place.
+        self._write("pid", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+
+    def finish(self, status: int, kind: str, error: str = "") -> None:
+        if self.dir is None:
+            return
+        self._write("json", json.dumps({"rank": self.rank, "status": status, "kind": kind,
+                                        "error": error, "time": time.time()}))
+
+    def _write(self, suffix: str, text: str) -> None:
+        # Write then rename, so the launcher never reads half a file.
+        final = self.path(suffix)
+        tmp = final + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, final)
+        except OSError as e:  # a full or vanished directory must not hide the real error
+            sys.stderr.write(f"spmd-run: rank {self.rank}: cannot write {final}: {e}\n")
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without this wrapper's and runpy's frames."""
+    tb = exc.__traceback__
+    skip = (os.path.abspath(__file__), runpy.__file__)
+    while tb is not None and (tb.tb_frame.f_code.co_filename in skip
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _exit_code(code) -> tuple[int, str]:
+    """(status, message) of ``sys.exit(code)``, as the interpreter maps them."""
+    if code is None:
+        return 0, ""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return 1, str(code)  # Python prints a non-integer code and exits 1
+    return code & 0xFF, ""
+
+
+def _die(status: int) -> None:
+    """End this rank now, without MPI_Finalize (see the module docstring)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def _line_buffered() -> None:
+    # With PYTHONUNBUFFERED each piece of a print() is its own write, and the
+    # launcher's rank prefix lands mid-line between ranks; whole lines keep the
+    # output readable.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError):
+            pass
+
+
+def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """(script, module, args) from ``script args...`` or ``-m module args...``."""
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stderr.write(USAGE + "\n")
+        raise SystemExit(2)
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            sys.stderr.write(USAGE + "\n")
+            raise SystemExit(2)
+        return None, argv[1], argv[2:]
+    return argv[0], None, argv[1:]
+
+
+def _run_target(script: str | None, module: str | None, args: list[str]) -> None:
+    if module is not None:
+        # As `python -m module`: argv[0] becomes the module's file, the
+        # current directory stays first on sys.path.
+        sys.argv = [module] + args
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        # As `python script.py`: the script's directory replaces ours on sys.path.
+        sys.argv = [script] + args
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the target; return 0 on success (failures end the process directly)."""
+    script, module, args = _parse(sys.argv[1:] if argv is None else argv)
+    rank = rank_from_env()
+    report = _Reporter(os.environ.get("SPMD_LAUNCH_DIR"), 0 if rank is None else rank)
+    report.start()
+    _line_buffered()
+    try:
+        _run_target(script, module, args)
+    except SystemExit as e:
+        status, message = _exit_code(e.code)
+        if message:
+            sys.stderr.write(message + "\n")
+        report.finish(status, "exit", message or f"SystemExit: {e.code}")
+        if status != 0:
+            _die(status)
+        return 0
+    except KeyboardInterrupt:
+        report.finish(INTERRUPTED, "interrupt", "KeyboardInterrupt")
+        _die(INTERRUPTED)
+    except BaseException as e:  # noqa: BLE001 - every failure must end the rank
+        text = _user_traceback(e)
+        sys.stderr.write(text)
+        report.finish(1, "exception", text)
+        _die(1)
+    report.finish(0, "ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

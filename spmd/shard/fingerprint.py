@@ -1,0 +1,51 @@
+"""Before a program first runs across processes, its processes agree on it.
+
+Every process hashes the program it is about to run; one small ``Allgather``
+compares the hashes.  A mismatch (ranks traced different programs, e.g. from
+differently shaped inputs or rank-dependent Python control flow) would
+otherwise hang in a collective or compute garbage; instead every process
+raises :class:`ProgramMismatchError` naming the ranks that differ and the
+first equation where their programs part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from spmd.errors import SpmdError
+
+
+class ProgramMismatchError(SpmdError, RuntimeError):
+    """Processes of one mesh are about to run different programs."""
+
+
+def agree(program, in_avals, in_specs, out_specs, mesh) -> None:
+    """Raise on every process of ``mesh`` unless all are about to run the same per-device
+    ``program`` on inputs of the same global types and specs."""
+    from spmd.collectives import mpi
+
+    ranks = tuple(sorted({d.process_index for d in mesh.devices.flat}))
+    text = (f"inputs: {', '.join(map(str, in_avals))}\nin_specs: {list(in_specs)}\n"
+            f"out_specs: {list(out_specs)}\n{program}")
+    digest = np.frombuffer(hashlib.blake2b(text.encode(), digest_size=16).digest(), np.uint8)
+    all_digests = mpi.allgather(digest, ranks)
+    if all((row == all_digests[0]).all() for row in all_digests):
+        return
+    # The error path may pickle: gather the texts to say where they differ.
+    texts = mpi.communicator(ranks).allgather(text)
+    groups: dict = {}
+    for r, t in zip(ranks, texts):
+        groups.setdefault(t, []).append(r)
+    (ref_text, ref_ranks), *others = sorted(groups.items(), key=lambda kv: kv[1][0])
+    lines = []
+    for other_text, other_ranks in others:
+        a, b = ref_text.splitlines(), other_text.splitlines()
+        i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+        lines.append(f"ranks {ref_ranks} have: {a[i].strip() if i < len(a) else '<end>'}\n"
+                     f"  ranks {other_ranks} have: {b[i].strip() if i < len(b) else '<end>'}")
+    raise ProgramMismatchError(
+        "the processes of this mesh traced different programs, so their collectives would "
+        "not match (different input shapes or dtypes on different ranks, or Python control "
+        "flow that depends on the rank). First difference:\n" + "\n".join(lines))

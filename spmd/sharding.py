@@ -1,0 +1,5 @@
+"""``spmd.sharding``: the sharding names in one place (as ``jax.sharding``)."""
+
+from spmd.mesh import Mesh  # noqa: F401
+from spmd.shard.array import SingleDeviceSharding  # noqa: F401
+from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
