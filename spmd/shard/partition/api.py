@@ -1,0 +1,250 @@
+"""``jit`` with shardings: trace globally, partition, run as a ``shard_map``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.compiler.ad_util import Zero
+from spmd.compiler.array import Array
+from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var, pp_program, _Namer, pp_eqn
+from spmd.compiler.jit import executable_for, flatten_outputs
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import bind, get_aval, is_eager, to_array_value, trace_to_program, wrap_value
+from spmd.shard.partition.partitioner import PartitionError, partition
+from spmd.shard.spec import NamedSharding, PartitionSpec
+
+# ------------------------------------------------------ with_sharding_constraint
+
+sharding_constraint_p = Primitive("sharding_constraint")
+sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
+sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
+sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
+sharding_constraint_p.linear = True
+
+
+@sharding_constraint_p.def_jvp
+def _constraint_jvp(primals, tangents, *, spec, mesh):
+    out = sharding_constraint_p.bind(primals[0], spec=spec, mesh=mesh)
+    t = tangents[0]
+    return out, t if isinstance(t, Zero) else sharding_constraint_p.bind(t, spec=spec, mesh=mesh)
+
+
+@sharding_constraint_p.def_transpose
+def _constraint_transpose(ct, x, *, spec, mesh):
+    # The cotangent is asked for the same placement (as in JAX).
+    return [ct if isinstance(ct, Zero) else sharding_constraint_p.bind(ct, spec=spec, mesh=mesh)]
+
+
+@sharding_constraint_p.def_batch
+def _constraint_batch(args, dims, *, spec, mesh):
+    from spmd.compiler.batching import move_to_front
+
+    x = move_to_front(args[0], dims[0])
+    return sharding_constraint_p.bind(x, spec=PartitionSpec(None, *spec), mesh=mesh), 0
+
+
+def with_sharding_constraint(x, sharding):
+    """Ask the partitioner to give ``x`` this sharding here (a pytree and a prefix of
+    shardings); the identity elsewhere.
+
+    >>> y = lax.with_sharding_constraint(y, NamedSharding(mesh, P("data", None)))
+    """
+    leaves, tree = tree_util.tree_flatten(x)
+    shardings = _broadcast(sharding, x, "with_sharding_constraint")
+    outs = [sharding_constraint_p.bind(v, spec=s.spec, mesh=s.mesh)
+            for v, s in zip(leaves, shardings)]
+    return tree_util.tree_unflatten(tree, outs)
+
+
+def _broadcast(shardings, tree, fname):
+    from spmd.vectorize import broadcast_prefix
+
+    if isinstance(shardings, (NamedSharding, PartitionSpec)) or shardings is None:
+        return [shardings] * len(tree_util.tree_leaves(tree))
+    leaves = tree_util.tree_leaves(shardings, is_leaf=lambda s: isinstance(
+        s, (NamedSharding, PartitionSpec)) or s is None)
+    _, _tree = tree_util.tree_flatten(tree)
+    if isinstance(shardings, (tuple, list)) and isinstance(tree, (tuple, list)) and \
+            len(shardings) == len(tree):
+        out = []
+        for s, t in zip(shardings, tree):
+            out.extend(_broadcast(s, t, fname))
+        return out
+    if isinstance(shardings, dict) and isinstance(tree, dict) and set(shardings) == set(tree):
+        out = []
+        for k in sorted(tree):
+            out.extend(_broadcast(shardings[k], tree[k], fname))
+        return out
+    raise PartitionError(f"{fname}: the shardings are not a pytree prefix of the values "
+                         f"({len(leaves)} shardings for {len(tree_util.tree_leaves(tree))} "
+                         "arrays); give one per argument (or per leaf)")
+
+
+# ---------------------------------------------------------------- the jit
+
+class _Entry:
+    def __init__(self, partitioned, mesh, closed, out_tree, out_avals, out_specs):
+        self.partitioned = partitioned
+        self.mesh = mesh
+        self.closed = closed  # the global-view program with one shard_map equation
+        self.out_tree = out_tree
+        self.out_avals = out_avals
+        self.out_specs = out_specs
+
+
+class PartitionedJit:
+    """``jit(f, in_shardings=..., out_shardings=...)``."""
+
+    def __init__(self, fun, in_shardings, out_shardings, forbid_gather_bytes=None,
+                 static_argnums=None):
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        self._in = in_shardings
+        self._out = out_shardings
+        self._forbid = forbid_gather_bytes
+        self._static = tuple(static_argnums or ()) if not isinstance(static_argnums, int) \
+            else (static_argnums,)
+        self._cache: dict = {}
+        self._name = getattr(fun, "__name__", "fun")
+
+    def _mesh_and_specs(self, args, leaves):
+        fname = f"jit({self._name})"
+        dyn = [a for i, a in enumerate(args) if i not in self._static]
+        if self._in is not None:
+            if isinstance(self._in, (tuple, list)) and len(self._in) != len(dyn):
+                raise PartitionError(f"{fname}: in_shardings has {len(self._in)} entries for "
+                                     f"{len(dyn)} arguments; give one per argument (a pytree "
+                                     "prefix), or None to decide")
+            given = _broadcast(tuple(self._in) if isinstance(self._in, list) else self._in,
+                               tuple(dyn) if isinstance(self._in, (tuple, list)) else dyn[0]
+                               if len(dyn) == 1 and not isinstance(self._in, (tuple, list))
+                               else tuple(dyn), fname)
+        else:
+            given = [None] * len(leaves)
+        meshes = set()
+        specs = []
+        for i, (leaf, s) in enumerate(zip(leaves, given)):
+            if s is None and isinstance(leaf, Array) and isinstance(leaf._sharding,
+                                                                    NamedSharding):
+                s = leaf._sharding
+            if isinstance(s, NamedSharding):
+                meshes.add(s.mesh)
+                specs.append(s.spec)
+            else:
+                specs.append(s)
+        out_given = self._out
+        for s in tree_util.tree_leaves(out_given, is_leaf=lambda s: isinstance(
+                s, (NamedSharding, PartitionSpec))):
+            if isinstance(s, NamedSharding):
+                meshes.add(s.mesh)
+        if len(meshes) > 1:
+            raise PartitionError(f"{fname}: the shardings name {len(meshes)} different meshes "
+                                 f"({', '.join(map(repr, meshes))}); all inputs and outputs "
+                                 "of one jit must share a mesh")
+        if not meshes:
+            raise PartitionError(f"{fname}: shardings need a mesh: give NamedSharding(mesh, "
+                                 "spec) values (a bare PartitionSpec has no mesh)")
+        return next(iter(meshes)), specs
+
+    def _entry(self, args):
+        dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
+        static = tuple((i, args[i]) for i in self._static)
+        leaves, in_tree = tree_util.tree_flatten(dyn)
+        avals = tuple(get_aval(x) for x in leaves)
+        shard_key = tuple(x._sharding if isinstance(x, Array) else None for x in leaves)
+        key = (in_tree, static, avals, shard_key)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._build(args, leaves, in_tree, avals)
+            self._cache[key] = entry
+        return entry, leaves
+
+    def _build(self, args, leaves, in_tree, avals):
+        mesh, in_specs = self._mesh_and_specs(args, leaves)
+        box: list = []
+
+        def flat(*xs):
+            d = iter(tree_util.tree_unflatten(in_tree, xs))
+            full = [args[i] if i in self._static else next(d) for i in range(len(args))]
+            outs, out_tree = flatten_outputs(self._fun(*full), f"jit({self._name})")
+            box[:] = [out_tree, outs]
+            return outs
+
+        closed = trace_to_program(flat, list(avals))
+        out_tree, outs = box
+        out_given = _broadcast(self._out, outs, f"jit({self._name}) out_shardings") \
+            if self._out is not None else [None] * len(closed.out_avals)
+        out_specs = [s.spec if isinstance(s, NamedSharding) else s for s in out_given]
+        n_consts = len(closed.consts)
+        part = partition(closed, mesh, [None] * 0 + list(in_specs) if not n_consts else
+                         list(in_specs), out_specs, self._forbid)
+        consts = closed.consts
+
+        def run(*xs):
+            from spmd.shard.shard_map import _bind_body
+
+            return _bind_body(ClosedProgram(part.body.program, part.body.consts), xs, mesh,
+                              part.in_specs, part.out_specs, False)
+
+        if consts:  # constants the global program closed over are replicated inputs
+            raise PartitionError("internal: global programs keep constants as constants")
+        final = trace_to_program(run, list(avals))
+        return _Entry(part, mesh, final, out_tree, final.out_avals, part.out_specs)
+
+    def __call__(self, *args):
+        entry, leaves = self._entry(args)
+        if not is_eager():
+            from spmd.compiler.trace import eval_program
+            outs = eval_program(entry.closed, *leaves)
+            return tree_util.tree_unflatten(entry.out_tree, outs)
+        vals = [to_array_value(x, get_aval(x)) for x in leaves]
+        outs = executable_for(entry.closed)(*vals)
+        arrays = []
+        for o, a, s in zip(outs, entry.out_avals, entry.out_specs):
+            arr = wrap_value(o, a)
+            arr._sharding = NamedSharding(entry.mesh, s)
+            arrays.append(arr)
+        return tree_util.tree_unflatten(entry.out_tree, arrays)
+
+    def lower(self, *args) -> "PartitionedLowered":
+        entry, _ = self._entry(args)
+        return PartitionedLowered(entry)
+
+
+class PartitionedLowered:
+    """The per-device program of a partitioned jit, with why each collective is there."""
+
+    def __init__(self, entry: _Entry):
+        self._entry = entry
+        self.in_specs = entry.partitioned.in_specs
+        self.out_specs = entry.partitioned.out_specs
+
+    @property
+    def program(self) -> ClosedProgram:
+        from spmd.compiler.passes import optimize
+
+        return optimize(self._entry.partitioned.body)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes each device sends per call (from the inserted collectives)."""
+        return sum(n.bytes_sent for n in self._entry.partitioned.notes)
+
+    def collectives(self) -> list:
+        return [(n.collective, n.reason, n.bytes_sent) for n in self._entry.partitioned.notes]
+
+    def as_text(self) -> str:
+        notes = self._entry.partitioned.notes
+        head = [f"# per-device program on {self._entry.mesh}",
+                f"# in_specs:  {list(self.in_specs)}", f"# out_specs: {list(self.out_specs)}",
+                f"# bytes sent per device per call: {self.bytes_sent}"]
+        for n in notes:
+            head.append(f"# {n.collective}: needed by {n.reason} ({n.bytes_sent} bytes)")
+        return "\n".join(head) + "\n" + str(self.program)
+
+    def __str__(self):
+        return self.as_text()
