@@ -30,3 +30,6 @@ from spmd import shard  # noqa: F401,E402  (installs Array.sharding and friends)
 from spmd.shard.array import (device_put, make_array_from_callback,  # noqa: F401,E402
                               visualize_array_sharding)
 from spmd import sharding  # noqa: F401,E402
+from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa: F401,E402
+                                     process_allgather)
+from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)

@@ -23,3 +23,4 @@ from spmd.compiler.ops.shape_more import concatenate, pad, rev, slice, slice_in_
 from spmd.lax.control_flow import cond, fori_loop, scan, switch, while_loop  # noqa: F401
 from spmd.collectives import (all_gather, all_to_all, axis_index, pmax, pmean, pmin,  # noqa: F401
                               ppermute, psum, psum_scatter, pvary)
+from spmd.shard.partition.api import with_sharding_constraint  # noqa: F401,E402

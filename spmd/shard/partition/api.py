@@ -248,3 +248,26 @@ class PartitionedLowered:
 
     def __str__(self):
         return self.as_text()
+
+
+def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None,
+        forbid_gather_bytes: int | None = None, static_argnums=None, static_argnames=None,
+        donate_argnums=None):
+    """``spmd.jit``: compile ``fun``; with shardings, partition it over their mesh.
+
+    >>> step = jit(f, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))))
+    """
+    from spmd.compiler.jit import jit as plain_jit
+
+    if fun is None:
+        return functools.partial(jit, in_shardings=in_shardings, out_shardings=out_shardings,
+                                 forbid_gather_bytes=forbid_gather_bytes,
+                                 static_argnums=static_argnums, static_argnames=static_argnames,
+                                 donate_argnums=donate_argnums)
+    if in_shardings is None and out_shardings is None and forbid_gather_bytes is None:
+        return plain_jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
+                         donate_argnums=donate_argnums)
+    if static_argnames or donate_argnums:
+        raise PartitionError("jit with shardings supports static_argnums, not static_argnames "
+                             "or donate_argnums yet")
+    return PartitionedJit(fun, in_shardings, out_shardings, forbid_gather_bytes, static_argnums)
