@@ -58,6 +58,19 @@ def _tracking(axes) -> bool:
     return all(axis_scope(a).track_vma for a in axes)
 
 
+def _tracked(axes) -> set:
+    """The axes among ``axes`` whose variance values carry in their types: those of a
+    shard_map traced with check_vma (not of check_vma=False bodies, nor of vmap).  An
+    untracked axis must never enter a type: the implicit pvary it would cause
+    transposes to a psum."""
+    out = set()
+    for a in axes:
+        scope = axis_scope(a)
+        if scope is None or scope.track_vma:
+            out.add(a)
+    return out
+
+
 # ------------------------------------------------------------------ rules
 
 def _linear_jvp(p):
@@ -182,14 +195,24 @@ pvary_p = _linear_jvp(Primitive("pvary"))
 pvary_p.def_impl(lambda xp, x, *, axes: x)
 pvary_p.def_emit(lambda ins, axes: ins[0])
 pvary_p.def_abstract_eval(lambda x, *, axes: x)
-pvary_p.def_vma(lambda x, *, axes: [x.vma | set(axes)])
+pvary_p.def_vma(lambda x, *, axes: [x.vma | _tracked(axes)])
 # No data moves: the stacked representation of an invariant value serves as is.
 _batch(pvary_p, lambda group, x, d, params: (x, d), _same)
 
 
 @psum_p.def_transpose
 def _psum_transpose(ct, x, *, axes):
-    return [Zero(x.aval) if isinstance(ct, Zero) else bind(pvary_p, ct, axes=axes)]
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    # Typed axes: the cotangent of an invariant result is invariant, and pvary is all
+    # the transpose needs (JEP 17111).  Untyped axes (check_vma=False, vmap): the
+    # cotangent may differ between devices, so it is summed (JAX's psum transpose).
+    tracked = _tracked(axes)
+    untracked = tuple(a for a in axes if a not in tracked)
+    if untracked:
+        ct = bind(psum_p, ct, axes=untracked)
+    typed = tuple(a for a in axes if a in tracked)
+    return [bind(pvary_p, ct, axes=typed) if typed else ct]
 
 
 @pvary_p.def_transpose
@@ -201,7 +224,7 @@ def _pvary_transpose(ct, x, *, axes):
 
 all_gather_p = _linear_jvp(Primitive("all_gather"))
 all_gather_p.def_impl(_no_impl("all_gather"))
-all_gather_p.def_vma(lambda x, *, axes, **_: [x.vma | set(axes)])
+all_gather_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
 
 
 @all_gather_p.def_abstract_eval
@@ -227,7 +250,7 @@ _batch(all_gather_p, _all_gather_local, _plus1("axis"))
 
 psum_scatter_p = _linear_jvp(Primitive("psum_scatter"))
 psum_scatter_p.def_impl(_no_impl("psum_scatter"))
-psum_scatter_p.def_vma(lambda x, *, axes, **_: [x.vma | set(axes)])
+psum_scatter_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
 
 
 @psum_scatter_p.def_abstract_eval
@@ -270,7 +293,7 @@ def _psum_scatter_transpose(ct, x, *, axes, scatter_dimension, tiled, axis_size)
 
 all_to_all_p = _linear_jvp(Primitive("all_to_all"))
 all_to_all_p.def_impl(_no_impl("all_to_all"))
-all_to_all_p.def_vma(lambda x, *, axes, **_: [x.vma | set(axes)])
+all_to_all_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
 
 
 @all_to_all_p.def_abstract_eval
@@ -304,7 +327,7 @@ def _all_to_all_transpose(ct, x, *, axes, split_axis, concat_axis, axis_size):
 ppermute_p = _linear_jvp(Primitive("ppermute"))
 ppermute_p.def_impl(_no_impl("ppermute"))
 ppermute_p.def_abstract_eval(lambda x, *, axes, perm: x)
-ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | set(axes)])
+ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | _tracked(axes)])
 
 
 def _ppermute_local(group, x, d, params):
@@ -329,7 +352,7 @@ def _ppermute_transpose(ct, x, *, axes, perm):
 axis_index_p = Primitive("axis_index")
 axis_index_p.def_impl(_no_impl("axis_index"))
 axis_index_p.def_abstract_eval(lambda *, axes: ShapedArray((), dtypes.int32))
-axis_index_p.def_vma(lambda *, axes: [frozenset(axes)])
+axis_index_p.def_vma(lambda *, axes: [frozenset(_tracked(axes))])
 
 
 @axis_index_p.def_jvp

@@ -212,8 +212,8 @@ def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_v
 
     def body(*xs):
         res, it = list(xs[:n_res]), iter(xs[n_res:])
-        cts_in = [next(it) if z else Zero(tangent_aval(a)) for a, z in
-                  zip(program.out_avals, nz)]
+        cts_in = [_out_ct(next(it), a, spec, mesh, check_vma) if z else Zero(tangent_aval(a))
+                  for a, z, spec in zip(program.out_avals, nz, out_specs)]
         cts_out = backward_pass(reordered, res, [v.aval for v in lin_vars], cts_in)
         outs = []
         for ct, v, spec in zip(cts_out, lin_vars, lin_specs):
@@ -224,8 +224,8 @@ def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_v
             outs.append(psum(ct, extra) if extra else ct)
         return outs
 
-    in_avals = [v.aval for v in res_vars] + [tangent_aval(a) for a, z in
-                                             zip(program.out_avals, nz) if z]
+    in_avals = [v.aval for v in res_vars] + [_ct_aval(a, s, check_vma) for a, z, s in
+                                             zip(program.out_avals, nz, out_specs) if z]
     closed = trace_body(body, mesh, in_avals, check_vma)
     res_specs = [s for s, l in zip(in_specs, lin) if not l]
     ct_specs = [s for s, z in zip(out_specs, nz) if z]
@@ -233,6 +233,31 @@ def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_v
                       res_specs + ct_specs, lin_specs, check_vma)
     it = iter(outs)
     return [next(it) if l else None for l in lin]
+
+
+def _ct_aval(aval, spec, check_vma):
+    """The type of an output's cotangent block: it varies along every axis its spec
+    splits over, even where the output itself is invariant (and tiled)."""
+    ct = tangent_aval(aval)
+    return ct.update(vma=ct.vma | frozenset(spec.mesh_axes)) if check_vma else ct
+
+
+def _out_ct(ct, aval, spec, mesh, check_vma):
+    """The cotangent of a body output from the block of the global cotangent that
+    ``spec`` gives each device.  Typed: an output invariant along an axis its spec
+    splits over is tiled there, so its cotangent sums the tiles (psum).  Untyped
+    (check_vma=False), as in JAX, devices holding copies of one block (the axes the spec
+    leaves out) share its cotangent evenly."""
+    from spmd.compiler.ops.elementwise import div
+
+    if check_vma:
+        tiled = tuple(a for a in mesh.axis_names if a in spec.mesh_axes and a not in aval.vma)
+        return psum(ct, tiled) if tiled else ct
+    copies = int(np.prod([mesh.shape[a] for a in mesh.axis_names if a not in spec.mesh_axes],
+                         dtype=np.int64))
+    if copies == 1 or not np.issubdtype(get_aval(ct).dtype, np.inexact):
+        return ct
+    return div(ct, np.array(copies, get_aval(ct).dtype)[()])
 
 
 @shard_map_p.def_batch
@@ -380,8 +405,11 @@ def shard_map(f: Callable | None = None, *, mesh, in_specs, out_specs, check_vma
 
 
 def _check_out(aval, spec, path, mesh, check_vma, fname):
+    # Checked against the global shape the blocks assemble into (always divisible).
+    shape = tuple(n * mesh.axis_size([a for a in spec.axes_of(d) if a in mesh.shape])
+                  for d, n in enumerate(aval.shape))
     try:
-        check_spec(spec, mesh, tuple(1 << 30 for _ in aval.shape), f"{fname}: out_specs{path}")
+        check_spec(spec, mesh, shape, f"{fname}: out_specs{path}")
     except ShardingError as e:
         raise ShardMapError(str(e)) from None
     if check_vma:
