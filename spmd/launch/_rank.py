@@ -82,6 +82,11 @@ class _Reporter:
     def finish(self, status: int, kind: str, error: str = "") -> None:
         if self.dir is None:
             return
+        if hasattr(signal, "SIGUSR1"):
+            # The stack dump is for ranks still in the script; after it (in
+            # MPI_Finalize, where faulthandler is gone) the signal must not kill.
+            faulthandler.unregister(signal.SIGUSR1)
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         self._write("json", json.dumps({"rank": self.rank, "status": status, "kind": kind,
                                         "error": error, "time": time.time()}))
 
@@ -95,6 +100,42 @@ class _Reporter:
             os.replace(tmp, final)
         except OSError as e:  # a full or vanished directory must not hide the real error
             sys.stderr.write(f"spmd-run: rank {self.rank}: cannot write {final}: {e}\n")
+
+
+# The launcher's side of these files (``spmd-run`` reads them).
+
+def read_reports(directory: str) -> dict[int, dict]:
+    """Rank -> the result its wrapper recorded (ranks still running have none)."""
+    out = {}
+    for name in os.listdir(directory):
+        if name.startswith("rank") and name.endswith(".json"):
+            rep = _read_json(os.path.join(directory, name))
+            if isinstance(rep, dict) and isinstance(rep.get("rank"), int):
+                out[rep["rank"]] = rep
+    return out
+
+
+def read_pid_file(directory: str, rank: int) -> dict | None:
+    """``{"pid", "host"}`` of a rank that has started, else None."""
+    info = _read_json(os.path.join(directory, f"rank{rank}.pid"))
+    return info if isinstance(info, dict) else None
+
+
+def read_text(directory: str, rank: int, suffix: str) -> str:
+    """A rank's ``fault`` or ``stack`` dump ("" when there is none)."""
+    try:
+        with open(os.path.join(directory, f"rank{rank}.{suffix}"), errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -176,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         status, message = _exit_code(e.code)
         if message:
             sys.stderr.write(message + "\n")
-        report.finish(status, "exit", message or f"SystemExit: {e.code}")
+        report.finish(status, "exit", message)
         if status != 0:
             _die(status)
         return 0

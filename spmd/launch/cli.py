@@ -18,7 +18,6 @@ import argparse
 import functools
 import importlib.metadata
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -27,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from spmd.launch import _rank
 
 PROG = "spmd-run"
 # Exit statuses of the launcher itself.
@@ -62,15 +63,16 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Everything after the script (or -m module) is passed to it. "
                "Exit status: the failing rank's, 124 after --timeout, 130 after Ctrl-C, "
                "2 for a launcher error. See docs/launching.md.")
-    p.add_argument("-n", "--np", dest="np", metavar="N", required=True, type=_positive_int,
-                   help="number of ranks (processes)")
-    p.add_argument("--local-devices", metavar="K", type=_positive_int,
+    p.add_argument("-n", "--np", dest="np", metavar="N", required=True,
+                   type=_positive(int, "a positive integer"), help="number of ranks (processes)")
+    p.add_argument("--local-devices", metavar="K", type=_positive(int, "a positive integer"),
                    help="devices per rank (sets SPMD_LOCAL_DEVICES; default 1)")
     p.add_argument("--platform", choices=("cpu", "gpu"),
                    help="device platform (sets SPMD_PLATFORM; default cpu)")
     p.add_argument("--prefix", action=argparse.BooleanOptionalAction, default=True,
                    help="prefix each output line with its rank (default: on)")
-    p.add_argument("--timeout", metavar="SECONDS", type=_positive_float,
+    p.add_argument("--timeout", metavar="SECONDS",
+                   type=_positive(float, "a positive number of seconds"),
                    help="end the job if it runs longer than this")
     p.add_argument("--mpiexec", metavar="PATH",
                    help="the mpiexec to use (default: $SPMD_MPIEXEC, the one next to this "
@@ -80,24 +82,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
-
-
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return x
+def _positive(kind, what: str):
+    """An argparse ``type=`` accepting positive ``kind`` values only."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return convert
 
 
 def _split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
@@ -170,16 +165,13 @@ def find_mpiexec(explicit: str | None = None, environ=None,
             raise LaunchError(f"{source} {path!r}: no such executable; {INSTALL_MPI}")
     # Not resolved through symlinks: a venv's python links to the system one.
     bindir = os.path.dirname(executable or sys.executable)
-    for name in ("mpiexec", "mpirun"):
-        if _executable(os.path.join(bindir, name)):
-            return os.path.join(bindir, name)
-    for name in ("mpiexec", "mpirun"):
-        found = shutil.which(name, path=environ.get("PATH", ""))
-        if found:
-            return found
-    found = _wheel_mpiexec()
-    if found:
-        return found
+    names = ("mpiexec", "mpirun")
+    candidates = ([os.path.join(bindir, name) for name in names]
+                  + [shutil.which(name, path=environ.get("PATH", "")) for name in names]
+                  + [_wheel_mpiexec()])
+    for path in candidates:
+        if path and _executable(path):
+            return path
     raise LaunchError(f"no mpiexec found (looked next to {executable or sys.executable}, "
                       f"on PATH, and for the mpich wheel); {INSTALL_MPI}")
 
@@ -222,6 +214,10 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None) -> dict[str
         env["SPMD_LOCAL_DEVICES"] = str(ns.local_devices)
     if ns.platform is not None:
         env["SPMD_PLATFORM"] = ns.platform
+    if ns.np == 1:
+        # A job of one rank is not detected as MPI (size 1): it reads
+        # SPMD_NUM_DEVICES, which must then mean the rank's devices.
+        env["SPMD_NUM_DEVICES"] = env.get("SPMD_LOCAL_DEVICES", "1")
     # The ranks share the cores: with each BLAS/OpenMP pool as wide as the
     # machine, N ranks oversubscribe it (4 ranks on 2 cores ran 10x slower).
     threads = str(max(1, usable_cores() // _ranks_per_node(ns.np, env)))
@@ -233,8 +229,8 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None) -> dict[str
 
 
 # Variables Open MPI must be told to export to remote nodes (Hydra exports all).
-_EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_PLATFORM", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-             "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR")
+_EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "OMP_NUM_THREADS",
+             "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR")
 
 
 def build_command(ns: argparse.Namespace, mpiexec: str, impl: str,
@@ -293,23 +289,11 @@ def check_gpu(ns: argparse.Namespace, environ=None) -> None:
 # ------------------------------------------------------------------ the job
 
 class _Terminated(Exception):
-    """The launcher itself received SIGTERM (e.g. a cancelled batch job)."""
+    """The launcher itself received SIGTERM or SIGHUP."""
 
-
-def _read_json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 class Job:
@@ -322,23 +306,19 @@ class Job:
     def start(self) -> None:
         # Its own session: Ctrl-C reaches only the launcher, which then ends
         # the job in order, and the job's processes can be killed as a group.
-        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
+        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
 
     def reports(self) -> dict[int, dict]:
         """Rank -> the result its wrapper recorded (ranks still running have none)."""
-        out = {}
-        for r in range(self.np):
-            rep = _read_json(os.path.join(self.dir, f"rank{r}.json"))
-            if rep is not None:
-                out[r] = rep
-        return out
+        return _rank.read_reports(self.dir)
 
     def pids(self) -> dict[int, int]:
         """Rank -> pid, for ranks that started on this host."""
         host = socket.gethostname()
         out = {}
         for r in range(self.np):
-            info = _read_json(os.path.join(self.dir, f"rank{r}.pid"))
+            info = _rank.read_pid_file(self.dir, r)
             if info and info.get("host") == host and _is_our_rank(info.get("pid"), self.dir):
                 out[r] = info["pid"]
         return out
@@ -368,21 +348,24 @@ class Job:
         for pid in pids.values():
             _signal(pid, signal.SIGUSR1)
         time.sleep(0.5)
-        return {r: _read_text(os.path.join(self.dir, f"rank{r}.stack")) for r in pids}
+        return {r: _rank.read_text(self.dir, r, "stack") for r in pids}
 
     def end(self) -> int:
         """End every process of the job; return mpiexec's exit status."""
+        if self.proc is None:
+            return 0
         if self.proc.poll() is None:
             ranks = self.pids()
-            self.proc.send_signal(signal.SIGTERM)  # mpiexec ends its ranks
             try:
+                self.proc.send_signal(signal.SIGTERM)  # mpiexec ends its ranks
                 self.proc.wait(timeout=TERM_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _killpg(self.proc.pid)
-                self.proc.wait()
-            # Hydra puts each rank in a session of its own: make sure.
-            for pid in ranks.values():
-                _signal(pid, signal.SIGKILL)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):  # or a second Ctrl-C
+                _signal(-self.proc.pid, signal.SIGKILL)  # its process group
+            finally:
+                # Hydra puts each rank in a session of its own: make sure.
+                for pid in ranks.values():
+                    _signal(pid, signal.SIGKILL)
+            self.proc.wait()
         return self.proc.returncode
 
 
@@ -404,17 +387,24 @@ def _is_our_rank(pid, launch_dir: str) -> bool:
 
 
 def _signal(pid: int, sig) -> None:
+    """``os.kill`` that ignores processes already gone (a negative pid is a group)."""
     try:
         os.kill(pid, sig)
     except OSError:
         pass
 
 
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the launcher dies (Linux), so a
+    killed ``spmd-run`` does not leave its job running in a session of its own."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        except (OSError, AttributeError):
+            pass
 
 
 # ------------------------------------------------------------------ summary
@@ -443,10 +433,20 @@ def _tail(text: str, n: int = ERROR_TAIL) -> str:
     return "\n".join("    " + ln for ln in lines)
 
 
+def _ends(text: str, n: int) -> str:
+    """The first and last ``n`` lines (a stack's innermost and outermost frames)."""
+    lines = text.rstrip("\n").splitlines()
+    if len(lines) > 2 * n:
+        lines = lines[:n] + ["..."] + lines[-n:]
+    return "\n".join("    " + ln for ln in lines)
+
+
 def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
                     faults: dict[int, str]) -> tuple[str, int]:
     """(the message, the launcher's exit status) for a job that did not succeed."""
     failed = {r: rep for r, rep in reports.items() if rep.get("status", 1) != 0}
+    silent = [r for r in range(np) if r not in reports]
+    crashed = {r: _without_launcher(faults[r]) for r in silent if faults.get(r, "").strip()}
     lines = []
     if failed:
         first = min(failed, key=lambda r: (failed[r].get("time", 0), r))
@@ -462,17 +462,19 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
             lines.append(f"{PROG}: {_plural(sorted(failed))} of {np} failed; rank {first} "
                          f"first, with exit status {status}; the job was ended")
         for (st, kind, error), ranks in groups.items():
-            what = {"exception": "raised an exception", "exit": "called sys.exit",
-                    "interrupt": "was interrupted"}.get(kind, "failed")
+            what = {"exception": "raised an exception", "exit": f"called sys.exit({st})",
+                    "interrupt": "was interrupted (KeyboardInterrupt)"}.get(kind, "failed")
             lines.append(f"--- {_plural(ranks)}: {what}, exit status {st}")
             if error.strip():
                 lines.append(_tail(error))
     else:
         status = rc if rc else 1
-        lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
-                     "reported an error from Python")
-    silent = [r for r in range(np) if r not in reports]
-    crashed = {r: t for r, t in faults.items() if r in silent and t.strip()}
+        if crashed:
+            lines.append(f"{PROG}: {_plural(sorted(crashed))} of {np} died on a fatal signal; "
+                         f"the job was ended (mpiexec exit status {rc})")
+        else:
+            lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
+                         "reported an error from Python")
     for r, text in sorted(crashed.items()):
         lines.append(f"--- rank {r}: died on a fatal signal")
         lines.append(_tail(text))
@@ -496,16 +498,29 @@ def timeout_summary(np: int, timeout: float, reports: dict[int, dict],
             lines.append(f"({_plural(unknown)} not started here or on another host)")
         finished = [r for r in reports if reports[r].get("status") == 0]
         if finished:
-            lines.append(f"({_plural(finished)} finished the script and were waiting in "
+            verb = "was" if len(finished) == 1 else "were"
+            lines.append(f"({_plural(finished)} finished the script and {verb} waiting in "
                          "MPI_Finalize for the others)")
+        # Ranks stuck at the same place are shown once.
+        groups: dict[str, list[int]] = {}
         for r in still:
             where = _current_thread(stacks.get(r, ""))
             if where:
-                lines.append(f"--- rank {r} was at (most recent call first):")
-                lines.append(_tail(where, 12))
+                groups.setdefault(where, []).append(r)
+        for where, ranks in groups.items():
+            lines.append(f"--- {_plural(ranks)} at (most recent call first):")
+            lines.append(_ends(where, 6))
     else:
         lines.append("(cannot tell which ranks were still running)")
     return "\n".join(lines)
+
+
+def _without_launcher(dump: str) -> str:
+    """A faulthandler dump less the launcher's frames and the extension list."""
+    keep = [ln for ln in dump.splitlines()
+            if "<frozen runpy>" not in ln and "spmd/launch/_rank.py" not in ln
+            and not ln.startswith("Extension modules:")]
+    return "\n".join(keep).strip()
 
 
 def _current_thread(dump: str) -> str:
@@ -513,8 +528,14 @@ def _current_thread(dump: str) -> str:
     blocks = dump.split("Current thread")
     if len(blocks) < 2:
         return dump.strip()
-    block = blocks[-1].split("\n\n")[0]
-    return "\n".join(ln.strip() for ln in block.splitlines()[1:] if ln.strip())
+    frames = []
+    for line in blocks[-1].split("\n\n")[0].splitlines()[1:]:
+        line = line.strip()
+        if "<frozen runpy>" in line or "runpy.py" in line:
+            break  # the launcher's own frames follow
+        if line:
+            frames.append(line)
+    return "\n".join(frames)
 
 
 # ------------------------------------------------------------------ main
@@ -539,20 +560,28 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _supervise(job: Job, ns: argparse.Namespace) -> int:
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    # SIGTERM (a cancelled batch job) and SIGHUP (a closed terminal) end the
+    # job as Ctrl-C does.
+    previous = {sig: signal.signal(sig, _raise_terminated)
+                for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None}
     try:
-        job.start()
         try:
+            job.start()
             outcome, rc = job.wait(ns.timeout)
-        except (KeyboardInterrupt, _Terminated) as e:
-            print(f"\n{PROG}: {'interrupted' if isinstance(e, KeyboardInterrupt) else 'terminated'}"
-                  "; ending the job", file=sys.stderr)
+        except KeyboardInterrupt:
+            print(f"\n{PROG}: interrupted; ending the job", file=sys.stderr)
             job.end()
-            return INTERRUPTED if isinstance(e, KeyboardInterrupt) else 128 + signal.SIGTERM
+            return INTERRUPTED
+        except _Terminated as e:
+            print(f"{PROG}: received {signal.Signals(e.signum).name}; ending the job",
+                  file=sys.stderr)
+            job.end()
+            return 128 + e.signum
         if outcome == "timeout":
             pids = job.pids()
-            stacks = job.stacks(pids)
             reports = job.reports()
+            # Only ranks still in the script have the stack-dump handler.
+            stacks = job.stacks({r: p for r, p in pids.items() if r not in reports})
             job.end()
             print(timeout_summary(ns.np, ns.timeout, reports, pids, stacks), file=sys.stderr)
             return TIMED_OUT
@@ -563,16 +592,17 @@ def _supervise(job: Job, ns: argparse.Namespace) -> int:
             return 0
         if rc is not None and rc < 0:
             rc = 128 - rc  # mpiexec itself died on a signal
-        faults = {r: _read_text(os.path.join(job.dir, f"rank{r}.fault")) for r in range(ns.np)}
+        faults = {r: _rank.read_text(job.dir, r, "fault") for r in range(ns.np)}
         message, status = failure_summary(ns.np, reports, rc, faults)
         print(message, file=sys.stderr)
         return status
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _raise_terminated(signum, frame):
-    raise _Terminated()
+    raise _Terminated(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
