@@ -8,8 +8,10 @@ Usage::
     python benchmarks/run.py --strict     # exit 1 if any goal is missed
 
 Each ``bench_<name>.py`` defines ``run(quick: bool) -> list[dict]`` (rows made by
-``common.row``).  Results go to ``benchmarks/results/<name>.json`` with the date,
-the machine (CPU, cores, numpy and its BLAS) and every raw timing; a ``--quick``
+``common.row``), and may define ``skip_reason() -> str | None``: a reason it
+cannot run in this process (``bench_mpi.py`` runs only under mpiexec; see
+``make bench-mpi``) makes the runner print it and go on.  Results go to
+``benchmarks/results/<name>.json`` with the date, the machine (CPU, cores, numpy and its BLAS) and every raw timing; a ``--quick``
 run writes ``benchmarks/results/tmp_quick_<name>.json`` instead (ignored by git),
 so that a smoke run never overwrites the recorded numbers.
 """
@@ -90,8 +92,14 @@ def main(argv=None) -> int:
           + ("  (quick)" if args.quick else ""), flush=True)
     all_rows, failed = [], []
     for name, path in chosen.items():
+        module = load(name, path)
+        # A module may say it cannot run here (bench_mpi.py: only under mpiexec).
+        reason = getattr(module, "skip_reason", lambda: None)()
+        if reason:
+            print(f"\n## {name}: skipped: {reason}", flush=True)
+            continue
         t0 = time.perf_counter()
-        rows = common.summarize(load(name, path).run(quick=args.quick))
+        rows = common.summarize(module.run(quick=args.quick))
         seconds = time.perf_counter() - t0
         print(f"\n## {name} ({seconds:.1f} s)\n\n{common.table(rows)}", flush=True)
         if not args.no_save:

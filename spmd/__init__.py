@@ -33,3 +33,4 @@ from spmd import sharding  # noqa: F401,E402
 from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa: F401,E402
                                      process_allgather)
 from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)
+from spmd import distributed  # noqa: F401,E402

@@ -60,3 +60,9 @@ class ProgramTypeError(SpmdError, TypeError):
 
 class DeletedArrayError(SpmdError, RuntimeError):
     """An :class:`spmd.Array` was used after it was donated to a jitted call."""
+
+
+class NotFullyAddressableError(SpmdError, ValueError):
+    """The value of an :class:`spmd.Array` spread over several processes was needed
+    where this process holds only some of its blocks (``np.asarray``, an eager
+    operation); gather it with ``spmd.process_allgather`` first."""

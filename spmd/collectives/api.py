@@ -18,7 +18,7 @@ from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, 
 from spmd.compiler import dtypes
 from spmd.compiler.ops.elementwise import convert, div, mul
 from spmd.compiler.ops.structural import reshape
-from spmd.compiler.trace import _pvary_hook, bind, get_aval
+from spmd.compiler.trace import Tracer, _pvary_hook, bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 
 
@@ -51,6 +51,12 @@ def psum(x, axis_name):
     def leaf(v):
         if get_aval(v).dtype == np.bool_:  # as in JAX: a count of the True values
             v = convert(v, dtypes.int32)
+        if not isinstance(v, Tracer):
+            # A constant is the same on every device: the sum is known now
+            # (so ``psum(1, 'i')`` is the axis size as a concrete value, as in JAX).
+            dt = get_aval(v).dtype
+            value = np.asarray(v.value if hasattr(v, "value") else v, dtype=dt)
+            return (value * dt.type(_size(axes)))[()]
         varying, invariant = _varying_split(v, axes)
         if invariant:  # the same on every device: no communication
             v = mul(v, np.array(_size(invariant), get_aval(v).dtype)[()])

@@ -102,8 +102,11 @@ def _batch(p, local_rule, shift):
         if len(mine) != len(axes):
             # Reductions split into this level's part and the rest (an outer level).
             if p not in (psum_p, pmax_p, pmin_p):
-                raise NotImplementedError(f"{p.name} over axes {axes} that span a vmap axis "
-                                          "and shard_map axes at once is not supported")
+                raise NotImplementedError(
+                    f"{p.name} over axes {axes} that belong to different nested vmap/shard_map "
+                    f"levels ({mine} to one, {tuple(a for a in axes if a not in mine)} to an "
+                    "enclosing one) is not supported (only psum, pmax and pmin can span levels); "
+                    "apply it over each level's axes in turn")
             out, d = local_rule(group_for(level, mine), x, d,
                                 {**params, "axes": mine})
             rest = tuple(a for a in axes if a not in mine)

@@ -26,6 +26,12 @@ from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.trace import get_aval
 
 
+# The spmd collective each operation implements (named in timeout messages).
+_NAMES = {"all_gather": "all_gather", "reduce_scatter": "psum_scatter",
+          "all_to_all": "all_to_all", "ppermute": "ppermute"}
+_REDUCE_NAMES = {"sum": "psum", "max": "pmax", "min": "pmin"}
+
+
 class ProcessGroup:
     """Collectives over ``axes`` for the local devices ``local`` (flat mesh positions) of
     this process; ``procs[f]`` is the process owning flat position ``f``."""
@@ -85,14 +91,15 @@ class ProcessGroup:
         return reshape(y, (1,) + tuple(get_aval(y).shape)), 0
 
     # --------------------------------------------------- general path
-    def _everyone(self, x):
+    def _everyone(self, x, what: str):
         """The stacked blocks of every device of the mesh (zeros outside this component)."""
         shape = tuple(get_aval(x).shape[1:])
         dtype = get_aval(x).dtype
         if self.component == (self.me,):
             rows = {f: slice_in_dim(x, i, i + 1, axis=0) for i, f in enumerate(self.local)}
         else:
-            gathered = mpi.call("allgather", x, self.component)  # (P_c, L, *r)
+            gathered = mpi.call("allgather", x, self.component,
+                                what=what)  # (P_c, L, *r)
             rows = {}
             for qi, q in enumerate(self.component):
                 mine = [f for f in range(self.n) if self.procs[f] == q]
@@ -111,19 +118,20 @@ class ProcessGroup:
                                                      axis=0), 0
 
     def _general(self, method, x, *args):
-        out, d = getattr(self.local_group, method)(self._everyone(x), *args)
+        what = _NAMES[method] if method != "all_reduce" else _REDUCE_NAMES[args[0]]
+        out, d = getattr(self.local_group, method)(self._everyone(x, what), *args)
         return self._mine(out, d)
 
     # ------------------------------------------------------ collectives
     def all_reduce(self, x, op: str):
         if not self.fast:
             return self._general("all_reduce", x, op)
-        return mpi.call("allreduce", x, self.ranks, op=op), 0
+        return mpi.call("allreduce", x, self.ranks, op=op, what=_REDUCE_NAMES[op]), 0
 
     def all_gather(self, x, axis: int, tiled: bool):
         if not self.fast:
             return self._general("all_gather", x, axis, tiled)
-        g = mpi.call("allgather", self._strip(x), self.ranks)  # (nA, *r)
+        g = mpi.call("allgather", self._strip(x), self.ranks, what="all_gather")  # (nA, *r)
         r = tuple(get_aval(g).shape[1:])
         perm = tuple(range(1, 1 + axis)) + (0,) + tuple(range(1 + axis, 1 + len(r)))
         g = transpose(g, perm)
@@ -140,7 +148,8 @@ class ProcessGroup:
         c = r[dim] // self.na
         v = reshape(v, r[:dim] + (self.na, c) + r[dim + 1:])
         v = transpose(v, (dim,) + tuple(i for i in range(len(r) + 1) if i != dim))
-        out = mpi.call("reduce_scatter", v, self.ranks, op="sum")  # r with c at dim
+        out = mpi.call("reduce_scatter", v, self.ranks, op="sum",
+                       what="psum_scatter")  # r with c at dim
         if not tiled:
             out = reshape(out, r[:dim] + r[dim + 1:])
         return self._stack(out)
@@ -153,7 +162,7 @@ class ProcessGroup:
         s, c = split_axis, r[split_axis] // self.na
         v = reshape(v, r[:s] + (self.na, c) + r[s + 1:])
         v = transpose(v, (s,) + tuple(i for i in range(len(r) + 1) if i != s))
-        got = mpi.call("alltoall", v, self.ranks)  # (nA_src, *r with c at s)
+        got = mpi.call("alltoall", v, self.ranks, what="all_to_all")  # (nA_src, *r, c at s)
         rr = tuple(get_aval(got).shape[1:])
         order = []
         for i in range(len(rr)):
@@ -170,7 +179,7 @@ class ProcessGroup:
         src = next((s for s, d in perm if d == self.pos), None)
         if dst is None and src is None:
             return full(tuple(get_aval(x).shape), 0, get_aval(x).dtype), 0
-        return mpi.call("sendrecv", x, self.ranks, dst=dst, src=src), 0
+        return mpi.call("sendrecv", x, self.ranks, dst=dst, src=src, what="ppermute"), 0
 
     def axis_index(self):
         return np.array([self.position[f] for f in self.local], np.int32), 0

@@ -6,6 +6,10 @@ argument with its batch axis (``None`` when the argument is not batched).
 
 from __future__ import annotations
 
+import itertools
+import weakref
+from contextlib import contextmanager
+
 import numpy as np
 
 not_mapped = None
@@ -111,11 +115,15 @@ class BatchTrace(Trace):
 
     def _communicates(self, prim, params) -> bool:
         """A collective over this level's named axes acts even on unbatched values
-        (``psum`` of an invariant value scales it; ``axis_index`` creates one)."""
+        (``psum`` of an invariant value scales it; ``axis_index`` creates one), and so
+        does a higher-order primitive whose body holds such a collective."""
         level = self.main.global_data[0]
         if level is None or not prim.rules.get("batch_needs_axis"):
             return False
-        return any(a in level.names for a in params.get("axes", ()))
+        names = level.names
+        if any(a in names for a in params.get("axes", ())):
+            return True
+        return any(a in names for a in collective_axes(params))
 
     @property
     def axis_name(self):
@@ -149,21 +157,38 @@ class NamedAxes:
         return out
 
 
-def batch_flat(fun, args, in_dims, axis_size, axis_name=None, out_dims_req=None):
-    """Run ``fun`` (flat in, flat out) batched; returns outputs with batch at ``out_dims_req``.
-
-    ``axis_name`` is None, a name, or a :class:`NamedAxes` (several mesh axes).
-    """
+def _scope_for(axis_name, main):
     from contextlib import nullcontext
 
     from spmd.compiler.trace import extend_axis_env
 
+    if axis_name is None:
+        return nullcontext()
+    return extend_axis_env(dict(zip(axis_name.names, axis_name.sizes)), main=main)
+
+
+@contextmanager
+def batch_level(axis_name, axis_size):
+    """A new batch level, named by ``axis_name`` (None, a name or a :class:`NamedAxes`).
+
+    A named level binds its axes to itself, so that collectives over them inside
+    reach its batching rules.  Rules of higher-order primitives re-batch their
+    bodies under a level named like the one they run at (``_axis_data``), so that
+    collectives inside bodies keep seeing the mesh or vmap axes.
+    """
     if isinstance(axis_name, str):
         axis_name = NamedAxes((axis_name,), (axis_size,))
-    with new_main(BatchTrace, (axis_name, axis_size)) as main, (
-            extend_axis_env(dict(zip(axis_name.names, axis_name.sizes)), main=main)
-            if axis_name is not None else nullcontext()):
-        trace = BatchTrace(main)
+    with new_main(BatchTrace, (axis_name, axis_size)) as main, _scope_for(axis_name, main):
+        yield BatchTrace(main)
+
+
+def batch_flat(fun, args, in_dims, axis_size, axis_name=None, out_dims_req=None):
+    """Run ``fun`` (flat in, flat out) batched; returns outputs with batch at ``out_dims_req``.
+
+    ``axis_name`` is None, a name, or a :class:`NamedAxes` (several mesh axes).
+    ``out_dims_req`` is iterated once, alongside the outputs.
+    """
+    with batch_level(axis_name, axis_size) as trace:
         tracers = [BatchTracer(trace, a, d) if d is not None else a for a, d in zip(args, in_dims)]
         outs = fun(*tracers)
         outs = [full_raise(trace, o) for o in outs]
@@ -181,3 +206,75 @@ def batch_flat(fun, args, in_dims, axis_size, axis_name=None, out_dims_req=None)
             nd = len(np.shape(val))
             res.append(move_axis(val, 0, want % nd))
         return res
+
+
+def vmap_at_level(fun, axis_name, axis_size):
+    """``fun`` (pytrees in and out) mapped over axis 0 of every argument leaf at a level
+    named ``axis_name``; every output leaf comes back batched at axis 0.
+
+    The batching rules of user-rule primitives (custom_jvp/custom_vjp) use it to map
+    the user's rules with the axes of the level they run at.
+    """
+    from spmd import tree_util
+
+    def mapped(*args):
+        leaves, tree = tree_util.tree_flatten(args)
+        box: list = []
+
+        def flat(*xs):
+            out = fun(*tree_util.tree_unflatten(tree, list(xs)))
+            out_leaves, out_tree = tree_util.tree_flatten(out)
+            box[:] = [out_tree]
+            return out_leaves
+
+        outs = batch_flat(flat, leaves, [0] * len(leaves), axis_size, axis_name,
+                          itertools.repeat(0))
+        return tree_util.tree_unflatten(box[0], outs)
+
+    return mapped
+
+
+# ------------------------------------------- collectives inside sub-programs
+
+# ClosedProgram -> the axis names its collectives (at any depth) communicate over.
+_program_axes_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def collective_axes(params) -> frozenset:
+    """The axes of the collectives inside the sub-programs held by ``params`` (at any
+    depth; cached per program).  A higher-order primitive with such a body belongs to
+    the batch level of those axes even when none of its operands is batched."""
+    out = frozenset()
+    for v in params.values():
+        out |= _value_axes(v)
+    return out
+
+
+def _value_axes(v) -> frozenset:
+    from spmd.compiler.ir import ClosedProgram, Program
+
+    if isinstance(v, ClosedProgram):
+        hit = _program_axes_cache.get(v)
+        if hit is None:
+            hit = _program_axes_cache[v] = _program_axes(v.program)
+        return hit
+    if isinstance(v, Program):
+        return _program_axes(v)
+    if isinstance(v, (tuple, list)):
+        out = frozenset()
+        for x in v:
+            out |= _value_axes(x)
+        return out
+    return frozenset()
+
+
+def _program_axes(program) -> frozenset:
+    out: set = set()
+    for eqn in program.eqns:
+        # Only primitives that receive the level (collectives, and the higher-order
+        # ones that re-batch their bodies under it) carry communication along.
+        if not eqn.primitive.rules.get("batch_needs_axis"):
+            continue
+        out.update(a for a in eqn.params.get("axes", ()) if isinstance(a, str))
+        out |= collective_axes(eqn.params)
+    return frozenset(out)

@@ -15,7 +15,7 @@ from spmd import tree_util
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import executable_for, flatten_outputs
+from spmd.compiler.jit import call_vma, executable_for, flatten_outputs
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, eval_program, get_aval, trace_to_program
 from spmd.errors import SpmdError
@@ -42,20 +42,25 @@ def _impl(xp, *args, program, **_):
 
 
 def _batch_via_vmap(prim, wrap_params):
-    """Batch rule: move every batch axis to 0 and vmap the body and the rules."""
-    def rule(args, dims, *, program, **params):
-        from spmd.compiler.batching import bdim_size, broadcast_batch
-        from spmd.vectorize import vmap
+    """Batch rule: move every batch axis to 0 and map the body and the rules, at a
+    level named like this one (collectives inside keep seeing its axes)."""
+    def rule(args, dims, *, program, _axis_data, **params):
+        from spmd.compiler.batching import batch_flat, broadcast_batch
 
-        size = bdim_size(args, dims)
+        level, size = _axis_data
         args = [broadcast_batch(a, d, size) for a, d in zip(args, dims)]
-        body = vmap(lambda *a: eval_program(program, *a))
-        closed = trace_to_program(lambda *a: body(*a), [get_aval(a) for a in args])
-        new_params = wrap_params(params)
+        n_out = len(program.out_avals)
+        closed = trace_to_program(
+            lambda *a: batch_flat(lambda *b: eval_program(program, *b), a, [0] * len(a), size,
+                                  level, [0] * n_out),
+            [get_aval(a) for a in args])
+        new_params = wrap_params(params, level, size)
         outs = bind(prim, *args, program=closed, **new_params)
         return outs, [0] * len(outs)
 
-    return rule
+    prim.def_batch(rule)
+    prim.def_vma(call_vma)
+    prim.rules["batch_needs_axis"] = True
 
 
 # --------------------------------------------------------------- custom_jvp
@@ -82,14 +87,13 @@ def _custom_jvp_rule(primals, tangents, *, program, jvp, in_tree, out_tree):
     return out_p, out_t
 
 
-def _jvp_batch_params(params):
-    from spmd.vectorize import vmap
+def _jvp_batch_params(params, level, size):
+    from spmd.compiler.batching import vmap_at_level
 
-    jvp = params["jvp"]
-    return {**params, "jvp": lambda p, t: vmap(jvp)(p, t)}
+    return {**params, "jvp": vmap_at_level(params["jvp"], level, size)}
 
 
-custom_jvp_call_p.def_batch(_batch_via_vmap(custom_jvp_call_p, _jvp_batch_params))
+_batch_via_vmap(custom_jvp_call_p, _jvp_batch_params)
 
 
 class custom_jvp:
@@ -154,6 +158,8 @@ def _custom_lin_impl(xp, *args, **params):
 
 
 custom_lin_p.def_abstract_eval(lambda *avals, out_avals, **_: list(out_avals))
+# The tangents have the types of the outputs they belong to.
+custom_lin_p.def_vma(lambda *avals, out_avals, **_: [a.vma for a in out_avals])
 
 
 @custom_lin_p.def_transpose
@@ -211,14 +217,14 @@ def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree):
     return out_leaves, out_t
 
 
-def _vjp_batch_params(params):
-    from spmd.vectorize import vmap
+def _vjp_batch_params(params, level, size):
+    from spmd.compiler.batching import vmap_at_level
 
-    fwd, bwd = params["fwd"], params["bwd"]
-    return {**params, "fwd": vmap(fwd), "bwd": vmap(bwd)}
+    return {**params, "fwd": vmap_at_level(params["fwd"], level, size),
+            "bwd": vmap_at_level(params["bwd"], level, size)}
 
 
-custom_vjp_call_p.def_batch(_batch_via_vmap(custom_vjp_call_p, _vjp_batch_params))
+_batch_via_vmap(custom_vjp_call_p, _vjp_batch_params)
 
 
 class custom_vjp:

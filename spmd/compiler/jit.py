@@ -250,36 +250,58 @@ class JitFunction:
         return _Entry(closed, out_tree_box[0])
 
     # Two caches.  ``_plans`` is keyed by what is cheap to read off the
-    # arguments (no aval is built, only C-level hashing: see _leaf_key); on a
-    # miss, the avals are computed and ``_cache`` (keyed by avals: a numpy
-    # array and an spmd.Array of one aval share their trace) gives the entry.
+    # arguments: the structure, the x64 switch and a key per leaf (no aval is
+    # built, only C-level hashing: see _leaf_key); on a miss, the avals are
+    # computed and ``_cache`` (keyed by avals: a numpy array and an spmd.Array
+    # of one aval share their trace) gives the entry.  Without static or
+    # keyword arguments (the common case) the key holds the structure of
+    # ``args`` alone: no split, no sorting, and no wrapping tuple to flatten.
     def _plan(self, args, kwargs):
         """The call plan for these arguments (tracing on a miss), and the leaves."""
-        if self._no_static and not kwargs:  # the common case: no split, no sorting
-            leaves, treedef = _flatten((args, _EMPTY))
-            static_key = _NO_STATIC
-        else:
-            static_key, leaves, treedef = self._signature(args, kwargs)
+        if self._no_static and not kwargs:
+            leaves, treedef = _flatten(args)
+            key = (treedef, config.enable_x64,
+                   tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
+                          for x in leaves]))
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._new_plan(key, _NO_STATIC, _flatten((args, _EMPTY))[1], leaves)
+            return plan, leaves
+        static_key, leaves, treedef = self._signature(args, kwargs)
+        # A 4-tuple: never equal to the 3-tuple keys of the common case.
         key = (treedef, static_key, config.enable_x64,
                tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
                       for x in leaves]))
         plan = self._plans.get(key)
         if plan is None:
-            avals = tuple(map(get_aval, leaves))  # raises DTypeError on unsupported leaves
-            akey = (treedef, static_key, avals, dtypes.x64_enabled())
-            entry = self._cache.get(akey)
-            if entry is None:
-                entry = self._trace(static_key, treedef, avals)
-                self._cache[akey] = entry  # only reached when tracing succeeded
-            plan = self._plans[key] = _CallPlan(entry, leaves, avals)
+            plan = self._new_plan(key, static_key, treedef, leaves)
         return plan, leaves
+
+    def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
+        avals = tuple(map(get_aval, leaves))  # raises DTypeError on unsupported leaves
+        akey = (treedef, static_key, avals, dtypes.x64_enabled())
+        entry = self._cache.get(akey)
+        if entry is None:
+            entry = self._trace(static_key, treedef, avals)
+            self._cache[akey] = entry  # only reached when tracing succeeded
+        plan = self._plans[key] = _CallPlan(entry, leaves, avals)
+        return plan
 
     def _entry(self, args, kwargs):
         plan, leaves = self._plan(args, kwargs)
         return plan.entry, leaves, plan.avals
 
     def __call__(self, *args, **kwargs):
-        plan, vals = self._plan(args, kwargs)
+        if self._no_static and not kwargs:  # _plan's common case, inline: a call less
+            vals, treedef = _flatten(args)
+            plan = self._plans.get(
+                (treedef, config.enable_x64,
+                 tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
+                        for x in vals])))
+            if plan is None:
+                plan, vals = self._plan(args, kwargs)
+        else:
+            plan, vals = self._plan(args, kwargs)
         if not is_eager():
             outs = jit_p.bind(*vals, program=plan.entry.closed, name=self._name)
             return plan.out_tree.unflatten(outs)
@@ -424,14 +446,62 @@ def _jit_jvp(primals, tangents, *, program, name):
     return jvp_flat(lambda *a: eval_program(program, *a), primals, tangents)
 
 
-def _jit_batch(args, dims, *, program, name):
-    from spmd.compiler.batching import batch_flat, bdim_size
+def _jit_batch(args, dims, *, program, name, _axis_data):
+    from spmd.compiler.batching import batch_flat
 
-    size = bdim_size(args, dims)
-    outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, None,
+    # The body is batched under a level named like this one, so that collectives in
+    # it still see the vmap or mesh axes (even when no argument is batched).
+    level, size = _axis_data
+    outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, level,
                       [0] * len(program.out_avals))
     return outs, [0] * len(outs)
 
 
+def program_vma(closed, in_vmas) -> list:
+    """The varying axes of ``closed``'s outputs when its inputs vary along ``in_vmas``.
+
+    The varying-axes rule of the primitives that call a program (jit, remat,
+    custom_jvp/custom_vjp, the control-flow bodies): their outputs have the types
+    of the body's outputs (JEP 17111), not the union of the operands'.  When the
+    operands' types are those the body was traced with, that is the body's output
+    types; otherwise (a body typed in a shard_map and run on global values, or
+    given a more or less varying operand) the types are propagated through the
+    body's equations with their rules.
+    """
+    from spmd.compiler.ir import Literal
+
+    prog = closed.program if isinstance(closed, ClosedProgram) else closed
+    n_consts = len(closed.consts) if isinstance(closed, ClosedProgram) else 0
+    args = prog.in_vars[n_consts:]
+    in_vmas = [frozenset(v) for v in in_vmas]
+    if all(v.aval.vma == m for v, m in zip(args, in_vmas)):
+        return [a.aval.vma for a in prog.out_atoms]
+    env = dict(zip(args, in_vmas))
+
+    def read(a):
+        if isinstance(a, Literal):
+            return frozenset()
+        return env.get(a, a.aval.vma)  # constants: as typed
+
+    for eqn in prog.eqns:
+        ins = [read(a) for a in eqn.inputs]
+        rule = eqn.primitive.vma
+        if rule is None:
+            outs = [frozenset().union(*ins)] * len(eqn.outputs)
+        else:
+            avals = [a.aval.update(vma=m) for a, m in zip(eqn.inputs, ins)]
+            outs = rule(*avals, **eqn.params)
+        for o, m in zip(eqn.outputs, outs):
+            env[o] = frozenset(m)
+    return [read(a) for a in prog.out_atoms]
+
+
+def call_vma(*avals, program, **_):
+    """The varying-axes rule of a primitive that calls ``program`` on its operands."""
+    return program_vma(program, [a.vma for a in avals])
+
+
 jit_p.def_jvp(_jit_jvp)
 jit_p.def_batch(_jit_batch)
+jit_p.def_vma(call_vma)
+jit_p.rules["batch_needs_axis"] = True

@@ -19,7 +19,61 @@ def optimize(closed: ClosedProgram) -> ClosedProgram:
     closed = inline_calls(closed)
     closed = fold_constants(closed)
     closed = cse(closed)
+    closed = sum_batched_dots(closed)
     return dce(closed)
+
+
+# ------------------------------------------------- sums of batched products
+
+def sum_batched_dots(closed: ClosedProgram) -> ClosedProgram:
+    """``reduce_sum`` over batch dimensions of a ``dot_general`` becomes contraction.
+
+    ``sum_b (A_b @ B_b)`` is one product contracting over ``b`` too: one large
+    matrix product instead of many small ones and a sum.  This is how the
+    per-device weight gradients of data parallelism (a batched product over the
+    stacked devices, then the psum's sum over them) become one product.
+    """
+    program = closed.program
+    uses: dict = {}
+    for e in program.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                uses[a] = uses.get(a, 0) + 1
+    for a in program.out_atoms:
+        if isinstance(a, Var):
+            uses[a] = uses.get(a, 0) + 2
+    producer = {o: e for e in program.eqns for o in e.outputs}
+    new_dot: dict = {}  # dot equation -> its rewritten form (kept at its position)
+    new_sum: dict = {}  # reduce_sum equation -> its rewritten form, or None when absorbed
+    for e in program.eqns:
+        x = e.inputs[0] if e.primitive.name == "reduce_sum" else None
+        dot = producer.get(x)
+        if dot is None or dot.primitive.name != "dot_general" or uses.get(x) != 1:
+            continue
+        (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+        moved = [k for k in e.params["axes"] if k < len(lb)]
+        if not moved:
+            continue
+        dn = ((tuple(lc) + tuple(lb[k] for k in moved), tuple(rc) + tuple(rb[k] for k in moved)),
+              (tuple(b for k, b in enumerate(lb) if k not in moved),
+               tuple(b for k, b in enumerate(rb) if k not in moved)))
+        rest = tuple(a - sum(m < a for m in moved) for a in e.params["axes"] if a not in moved)
+        shape = tuple(s for i, s in enumerate(x.aval.shape) if i not in moved)
+        out = Var(x.aval.update(shape=shape)) if rest else e.outputs[0]
+        new_dot[dot] = dot.replace(outputs=[out], params={**dot.params, "dimension_numbers": dn})
+        new_sum[e] = e.replace(inputs=[out], params={**e.params, "axes": rest}) if rest else None
+    if not new_dot:
+        return closed
+    final = []
+    for e in program.eqns:
+        if e in new_dot:
+            final.append(new_dot[e])
+        elif e in new_sum:
+            if new_sum[e] is not None:
+                final.append(new_sum[e])
+        else:
+            final.append(e)
+    return ClosedProgram(Program(program.in_vars, final, program.out_atoms), closed.consts)
 
 
 # ------------------------------------------------------------------ inlining

@@ -17,7 +17,7 @@ from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, is_undefined
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
-from spmd.compiler.jit import executable_for, flatten_outputs, jit_p
+from spmd.compiler.jit import call_vma, executable_for, flatten_outputs, jit_p
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, eval_program, get_aval, trace_to_program
 
@@ -83,17 +83,25 @@ def _remat_jvp(primals, tangents, *, program, policy):
 
 
 @remat_p.def_batch
-def _remat_batch(args, dims, *, program, policy):
-    from spmd.compiler.batching import bdim_size, broadcast_batch
-    from spmd.vectorize import vmap
+def _remat_batch(args, dims, *, program, policy, _axis_data):
+    from spmd.compiler.batching import batch_flat, broadcast_batch
 
-    size = bdim_size(args, dims)
+    # Re-batched under a level named like this one: collectives in the body keep
+    # seeing the mesh or vmap axes (and run even when no argument is batched).
+    level, size = _axis_data
     args = [broadcast_batch(a, d, size) for a, d in zip(args, dims)]
-    body = vmap(lambda *a: eval_program(program, *a))
-    closed = trace_to_program(lambda *a: body(*a), [get_aval(a) for a in args])
+    n_out = len(program.out_avals)
+    closed = trace_to_program(
+        lambda *a: batch_flat(lambda *b: eval_program(program, *b), a, [0] * len(a), size,
+                              level, [0] * n_out),
+        [get_aval(a) for a in args])
     outs = bind(remat_p, *closed.consts, *args, program=ClosedProgram(closed.program, []),
                 policy=policy)
     return outs, [0] * len(outs)
+
+
+remat_p.def_vma(call_vma)
+remat_p.rules["batch_needs_axis"] = True
 
 
 def _saveable(policy, var, producers) -> bool:
@@ -195,13 +203,17 @@ def _remat_lin_jvp(primals, tangents, *, program, num_res):
 
 
 @remat_lin_p.def_batch
-def _remat_lin_batch(args, dims, *, program, num_res):
-    from spmd.compiler.batching import bdim_size, batch_flat
+def _remat_lin_batch(args, dims, *, program, num_res, _axis_data):
+    from spmd.compiler.batching import batch_flat
 
-    size = bdim_size(args, dims)
-    outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, None,
+    level, size = _axis_data
+    outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, level,
                       [0] * len(program.out_avals))
     return outs, [0] * len(outs)
+
+
+remat_lin_p.def_vma(call_vma)
+remat_lin_p.rules["batch_needs_axis"] = True
 
 
 def checkpoint(fun: Callable, *, policy: Callable | None = None, prevent_cse: bool = True,

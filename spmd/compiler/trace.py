@@ -59,13 +59,71 @@ class EvalTrace(Trace):
     lift = pure
 
     def process_primitive(self, prim, args, params):
+        partial = None
+        placed = False
+        for a in args:
+            # Cheap first test: only Arrays placed by the sharding layer can hold a
+            # partial buffer (one spread over processes; see spmd.shard.multiprocess).
+            if type(a) is Array and a._sharding is not None:
+                placed = True
+                if getattr(a._sharding, "_partial_buffer", False):
+                    partial = a
+                    break
+        if placed and partial is None and _sharded_eager_hook[0] is not None:
+            # Sharded Arrays go through the partitioner (spmd.shard.partition.eager),
+            # which returns None where it does not apply.
+            outs = _sharded_eager_hook[0](prim, args, params)
+            if outs is not None:
+                return outs
         avals_in = [get_aval(a) for a in args]
         avals_out = abstract_eval(prim, avals_in, params)
         vals = [to_array_value(a, av) for a, av in zip(args, avals_in)]
-        outs = prim.impl(np, *vals, **params)
+        if partial is None and not prim.higher_order:
+            outs = prim.impl(np, *vals, **params)
+            if not prim.multiple_results:
+                outs = (outs,)
+            return [wrap_value(o, av) for o, av in zip(outs, avals_out)]
+        shardings = _eager_shardings(prim, args, params, partial)
+        if partial is not None:  # the blocks of other processes are placeholders
+            with np.errstate(all="ignore"):
+                outs = prim.impl(np, *vals, **params)
+        else:
+            outs = prim.impl(np, *vals, **params)
         if not prim.multiple_results:
             outs = (outs,)
-        return [wrap_value(o, av) for o, av in zip(outs, avals_out)]
+        outs = [wrap_value(o, av) for o, av in zip(outs, avals_out)]
+        if shardings is not None:
+            for o, s in zip(outs, shardings):
+                o._sharding = s
+        return outs
+
+
+# Set by spmd.shard.partition: runs an eager primitive on sharded Arrays.
+_sharded_eager_hook: list = [None]
+
+
+def _eager_shardings(prim, args, params, partial):
+    """The placements of an eager ``prim``'s outputs, or None (whole local values).
+
+    An Array spread over processes (``partial``: this process holds only its
+    devices' blocks) may only reach primitives with an ``eager_shardings`` rule:
+    ``shard_map`` and ``jit`` (they read only this process's blocks) and the
+    elementwise ones (they compute blockwise); the rule checks the arguments
+    and says how the outputs are placed.  Any other primitive would silently
+    compute on the placeholders standing for other processes' blocks.
+    """
+    rule = prim.rules.get("eager_shardings")
+    if rule is not None:
+        return rule(args, params)
+    if partial is None:
+        return None
+    from spmd.errors import NotFullyAddressableError
+
+    raise NotFullyAddressableError(
+        f"{prim.name}: an argument (shape {partial.shape}, dtype {partial.dtype}) is an Array "
+        f"spread over processes ({partial._sharding!r}) of which this process holds only its "
+        "devices' blocks; this operation needs the whole value. Compute on it inside a "
+        "shard_map or a jitted function, or gather it first with spmd.process_allgather(x)")
 
 
 trace_stack: list[MainTrace] = [MainTrace(0, EvalTrace, None)]
@@ -358,6 +416,7 @@ class ProgramBuilder:
         self.const_vars: list[Var] = []
         self.const_vals: list[Any] = []
         self._const_tracers: dict[int, ProgramTracer] = {}
+        self.producer: dict = {}  # var -> the equation that defines it
         self._keepalive: list[Any] = []
 
     def new_const(self, trace, val) -> ProgramTracer:
@@ -422,13 +481,26 @@ class ProgramTrace(Trace):
                 # Invariant operands meeting varying ones get an explicit pvary, so
                 # that transposition turns it into the psum it needs (JEP 17111).
                 union = frozenset().union(*vmas)
-                tracers = [full_raise(self, _pvary_hook[0](t, tuple(sorted(union - t.aval.vma))))
+                tracers = [self._pvary(t, tuple(sorted(union - t.aval.vma)))
                            if t.aval.vma != union else t for t in tracers]
         avals_out = abstract_eval(prim, [t.aval for t in tracers], params)
         outs = [ProgramTracer(self, a, Var(a)) for a in avals_out]
-        self.builder.eqns.append(
-            Eqn(prim, [t.var for t in tracers], [o.var for o in outs], params, user_source_info()))
+        eqn = Eqn(prim, [t.var for t in tracers], [o.var for o in outs], params,
+                  user_source_info())
+        self.builder.eqns.append(eqn)
+        for o in outs:
+            self.builder.producer[o.var] = eqn
         return outs
+
+    def _pvary(self, t, axes):
+        """``pvary(t, axes)``; for a broadcast value, pvary what was broadcast and
+        broadcast again, so that its transpose sums the small value."""
+        eqn = self.builder.producer.get(t.var)
+        if eqn is not None and eqn.primitive.name == "broadcast_in_dim" and \
+                isinstance(eqn.inputs[0], Var) and eqn.inputs[0].aval.vma == t.aval.vma:
+            src = ProgramTracer(self, eqn.inputs[0].aval, eqn.inputs[0])
+            return full_raise(self, eqn.primitive.bind(_pvary_hook[0](src, axes), **eqn.params))
+        return full_raise(self, _pvary_hook[0](t, axes))
 
 
 def trace_to_program(flat_fun: Callable, in_avals) -> ClosedProgram:

@@ -21,7 +21,7 @@ from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.ops.control_cond import cond_bind, same_type
 from spmd.compiler.ops.control_loops import scan_bind, while_bind
 from spmd.compiler.ops.elementwise import add, convert, lt, max as lax_max, min as lax_min, ne
-from spmd.compiler.trace import Tracer, get_aval, trace_to_program
+from spmd.compiler.trace import Tracer, _pvary_hook, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError
 
 __all__ = ["cond", "switch", "fori_loop", "while_loop", "scan"]
@@ -69,9 +69,20 @@ def _fmt(aval: ShapedArray) -> str:
 
 
 def _conform(outs, targets):
-    """Convert traced outputs to the weak types of ``targets`` (same shape and dtype)."""
-    return [convert(o, t.dtype, t.weak_type) if get_aval(o) != t.update(vma=get_aval(o).vma)
-            else o for o, t in zip(outs, targets)]
+    """Convert traced outputs to the weak types of ``targets`` (same shape and dtype),
+    and mark them varying along the axes of ``targets`` they do not vary along."""
+    return [_pvary_to(convert(o, t.dtype, t.weak_type) if get_aval(o) != t.update(
+        vma=get_aval(o).vma) else o, t.vma) for o, t in zip(outs, targets)]
+
+
+def _pvary_to(x, vma):
+    """``x`` typed as varying along ``vma`` (an explicit ``pvary``, whose transpose is
+    the ``psum`` reverse mode needs; JEP 17111).  Only values inside a ``shard_map``
+    body traced with varying-axes types have a non-empty ``vma``."""
+    missing = frozenset(vma) - get_aval(x).vma
+    if missing and _pvary_hook[0] is not None:
+        return _pvary_hook[0](x, tuple(sorted(missing)))
+    return x
 
 
 # ---------------------------------------------------------------- branches
@@ -90,9 +101,19 @@ def _trace_branch(fun, in_tree, in_avals, fname, targets=None):
     return closed, box[0], box[1]
 
 
-def _trace_branches(fname, funs, names, operands):
-    """Trace every branch on the operands; all must return the same types."""
+def _trace_branches(fname, funs, names, operands, index_vma=frozenset()):
+    """Trace every branch on the operands; all must return the same types.
+
+    Inside a shard_map body the outputs vary where any branch's do, and along
+    the axes the index varies along: each branch marks its outputs so
+    (``pvary``), so that the branches agree on the types of the results; with a
+    varying index the operands are marked varying along its axes first.
+    """
     leaves, in_tree, _ = _flatten(tuple(operands), fname, "operands")
+    if index_vma:
+        # Devices that may take different branches: the operands vary along the
+        # index's axes before the branch (so reverse mode sums their cotangents there).
+        leaves = [_pvary_to(x, get_aval(x).vma | index_vma) for x in leaves]
     in_avals = [get_aval(x) for x in leaves]
     traced = [_trace_branch(f, in_tree, in_avals, fname) for f in funs]
     tree0, paths0 = traced[0][1], traced[0][2]
@@ -109,11 +130,13 @@ def _trace_branches(fname, funs, names, operands):
                     f"output{tree_util.keystr(path)} {names[0]} returns {_fmt(a)} and {name} "
                     f"returns {_fmt(b)}; make them agree (e.g. .astype or broadcast_to)")
     # Types that differ only in weak typing join to the strong type (as in JAX).
-    joined = [a.update(weak_type=all(t[0].out_avals[k].weak_type for t in traced))
+    joined = [a.update(weak_type=all(t[0].out_avals[k].weak_type for t in traced),
+                       vma=index_vma.union(*(t[0].out_avals[k].vma for t in traced)))
               for k, a in enumerate(avals0)]
     closed_list = []
     for (closed, _, _), f in zip(traced, funs):
-        if [a.weak_type for a in closed.out_avals] != [a.weak_type for a in joined]:
+        if [(a.weak_type, a.vma) for a in closed.out_avals] != \
+                [(a.weak_type, a.vma) for a in joined]:
             closed = _trace_branch(f, in_tree, in_avals, fname, joined)[0]
         closed_list.append(closed)
     return closed_list, leaves, tree0
@@ -171,7 +194,8 @@ def cond(pred, true_fun: Callable, false_fun: Callable, *operands):
         pred = ne(pred, np.zeros((), aval.dtype))
     index = convert(pred, np.dtype(np.int32))
     closed, leaves, out_tree = _trace_branches("cond", [true_fun, false_fun],
-                                               ["true_fun", "false_fun"], operands)
+                                               ["true_fun", "false_fun"], operands,
+                                               get_aval(index).vma)
     return _bind_cond(index, closed[::-1], leaves, out_tree)  # index 0 is false_fun
 
 
@@ -201,7 +225,8 @@ def switch(index, branches: Sequence[Callable], *operands):
     if len(branches) == 1:
         return branches[0](*operands)
     closed, leaves, out_tree = _trace_branches(
-        "switch", branches, [f"branches[{i}]" for i in range(len(branches))], operands)
+        "switch", branches, [f"branches[{i}]" for i in range(len(branches))], operands,
+        get_aval(index).vma)
     return _bind_cond(index, closed, leaves, out_tree)
 
 
@@ -220,10 +245,15 @@ def _trace_carry_fun(fname, make_flat, carry_leaves, carry_tree, carry_paths, ex
     """Trace a loop body until its carry output types match the carry input types.
 
     Weakly typed initial carries are promoted to the body's output type (JAX's
-    rule), then the body is traced again.  Returns ``(closed, carry_leaves,
-    extra info)``.
+    rule), then the body is traced again.  Inside a shard_map body, a carry the
+    body makes vary along more mesh axes than its initial value is marked
+    varying there (``pvary``) and the body traced again, until the carries'
+    types are a fixed point (as in JAX); a body output varying along fewer axes
+    than its carry is marked varying inside the body (``_conform``).  Returns
+    ``(closed, carry_leaves, extra info)``.
     """
-    for _ in range(3):
+    # Each round widens some carry's type (a weak dtype, or more varying axes).
+    for _ in range(3 + len(carry_leaves) * (1 + len(axes_in_scope()))):
         avals = [get_aval(x) for x in carry_leaves]
         closed, info = make_flat(avals, extra_avals)
         out_tree, out_carry_avals = out_tree_check(info)
@@ -243,6 +273,8 @@ def _trace_carry_fun(fname, make_flat, carry_leaves, carry_tree, carry_paths, ex
                 if dt != b.dtype:
                     raise _carry_error(fname, path, a, b)
                 leaf, changed = convert(leaf, dt, weak), True
+            if b.vma - a.vma:
+                leaf, changed = _pvary_to(leaf, a.vma | b.vma), True
             new_leaves.append(leaf)
         carry_leaves = new_leaves
         if not changed:
@@ -346,6 +378,16 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val):
             raise ArgumentError(f"while_loop: {name} must be callable, got {type(f).__name__}")
     init_leaves, carry_tree, carry_paths = _flatten(init_val, "while_loop", "init_val")
 
+    def flat_cond(*args):
+        out = cond_fun(tree_util.tree_unflatten(carry_tree, list(args)))
+        leaves, _ = flatten_outputs(out, f"while_loop's cond_fun {_fname(cond_fun)}")
+        avals = [get_aval(x) for x in leaves]
+        if len(leaves) != 1 or avals[0].shape != () or not dtypes.is_bool(avals[0].dtype):
+            raise DTypeError(f"while_loop: cond_fun must return a boolean scalar, but it "
+                             f"returned {[_fmt(a) for a in avals]}; compare (e.g. i < n) or "
+                             "reduce (.any()) to get one")
+        return leaves
+
     def make_body(carry_avals, _):
         box: list = []
 
@@ -358,21 +400,18 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val):
                 leaves = _conform(leaves, carry_avals)
             return leaves
 
-        return trace_to_program(flat, list(carry_avals)), box
+        closed = trace_to_program(flat, list(carry_avals))
+        # Devices whose predicates differ run different numbers of iterations: the
+        # carries vary along the axes the predicate varies along.
+        pred = (trace_to_program(flat_cond, list(carry_avals)).out_avals[0].vma
+                if axes_in_scope() else frozenset())
+        if pred:
+            box[1] = [a.update(vma=a.vma | pred) for a in box[1]]
+        return closed, box
 
     body, init_leaves, _ = _trace_carry_fun("while_loop", make_body, init_leaves, carry_tree,
                                             carry_paths, [], lambda info: (info[0], info[1]))
     carry_avals = [get_aval(x) for x in init_leaves]
-
-    def flat_cond(*args):
-        out = cond_fun(tree_util.tree_unflatten(carry_tree, list(args)))
-        leaves, _ = flatten_outputs(out, f"while_loop's cond_fun {_fname(cond_fun)}")
-        avals = [get_aval(x) for x in leaves]
-        if len(leaves) != 1 or avals[0].shape != () or not dtypes.is_bool(avals[0].dtype):
-            raise DTypeError(f"while_loop: cond_fun must return a boolean scalar, but it "
-                             f"returned {[_fmt(a) for a in avals]}; compare (e.g. i < n) or "
-                             "reduce (.any()) to get one")
-        return leaves
 
     cond_closed = trace_to_program(flat_cond, carry_avals)
     cond_prog, cond_consts = _hoist(cond_closed)

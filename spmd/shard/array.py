@@ -1,11 +1,15 @@
 """The array side of the sharding layer: placements, shards, ``device_put``.
 
-An :class:`~spmd.compiler.array.Array` holds its whole global value in this
-process (one numpy buffer) whatever its sharding; the sharding says which
-device holds which block.  This module installs ``.sharding``,
-``.addressable_shards``, ``.is_fully_addressable`` and ``.is_fully_replicated``
-on ``Array`` (the compiler layer does not import the sharding layer), and
-defines ``device_put``, ``make_array_from_callback`` and
+An :class:`~spmd.compiler.array.Array` holds one global-shaped numpy buffer in
+this process whatever its sharding; the sharding says which device holds which
+block.  On a mesh of this process's devices the buffer is the whole value; on a
+mesh spread over processes only this process's devices' blocks are filled (see
+:mod:`spmd.shard.multiprocess`), and reading the whole value (``np.asarray``,
+``repr``, eager operations) raises :class:`~spmd.errors.NotFullyAddressableError`
+unless this process holds every block (e.g. a replicated array).  This module
+installs ``.sharding``, ``.addressable_shards``, ``.is_fully_addressable`` and
+``.is_fully_replicated`` on ``Array`` (the compiler layer does not import the
+sharding layer), and defines ``device_put``, ``make_array_from_callback`` and
 ``visualize_array_sharding``.
 
 >>> mesh = spmd.make_mesh((4, 2), ("i", "j"))
@@ -28,8 +32,10 @@ from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.trace import Tracer, is_array_like
-from spmd.errors import ArgumentError, DTypeError, ShapeError
+from spmd.errors import ArgumentError, DTypeError, NotFullyAddressableError, ShapeError
 from spmd.mesh.devices import Device, local_devices, process_index
+from spmd.shard import multiprocess
+from spmd.shard.multiprocess import check_full_value, fill_local, holds_full_value
 from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
 
 
@@ -177,13 +183,48 @@ def _is_fully_replicated(self) -> bool:
     return self.sharding.is_fully_replicated()
 
 
+def _needs_full_value(method, what: str):
+    """``method`` of Array, refusing an Array whose buffer here lacks blocks."""
+    def checked(self, *args, **kwargs):
+        if self._sharding is not None:
+            check_full_value(self, what)
+        return method(self, *args, **kwargs)
+
+    checked.__name__ = method.__name__
+    checked.__doc__ = method.__doc__
+    return checked
+
+
+_plain_repr = Array.__repr__
+
+
+def _repr(self) -> str:
+    s = self._sharding
+    if s is None or self._deleted or holds_full_value(s):
+        return _plain_repr(self)
+    # The values are not all here: describe the array instead.
+    return f"Array(shape={self.shape}, dtype={self.dtype}, sharding={s!r})"
+
+
+_VALUE_METHODS = {"__array__": "np.asarray(x)", "item": "x.item()", "tolist": "x.tolist()",
+                  "__bool__": "bool(x)", "__int__": "int(x)", "__float__": "float(x)",
+                  "__index__": "operator.index(x)", "__complex__": "complex(x)",
+                  "__str__": "str(x)", "__format__": "format(x)"}
+
+
 def install() -> None:
-    """Put the sharding properties on ``Array`` (called once at import)."""
+    """Put the sharding properties on ``Array`` and the checks that keep partial
+    buffers from being read as values (called once at import)."""
     Array.sharding = property(_sharding)
     Array.addressable_shards = property(_addressable_shards)
     Array.addressable_data = _addressable_data
     Array.is_fully_addressable = property(_is_fully_addressable)
     Array.is_fully_replicated = property(_is_fully_replicated)
+    for name, what in _VALUE_METHODS.items():
+        setattr(Array, name, _needs_full_value(getattr(Array, name), what))
+    Array.__repr__ = _repr
+    NamedSharding.is_fully_addressable = property(_is_addressable)
+    multiprocess.install()
 
 
 install()
@@ -276,7 +317,30 @@ def _put_leaf(x, sharding, where: str) -> Array:
         return arr
     if isinstance(sharding, NamedSharding):
         check_spec(sharding.spec, sharding.mesh, arr.shape, where)
-    return Array(arr.value, arr.aval, sharding)
+    have = arr._sharding
+    if have is None or holds_full_value(have):
+        # The whole value is here: keep the blocks of this process's devices.
+        return Array(fill_local(arr.value, sharding), arr.aval, sharding)
+    return Array(_reshard(arr, sharding, where), arr.aval, sharding)
+
+
+def _reshard(arr: Array, sharding, where: str):
+    """The buffer of ``arr`` (spread over processes) for ``sharding``: its own buffer
+    when every process already holds the blocks it needs, else gathered over the
+    processes of ``arr``'s mesh (a collective: every one of them calls device_put)."""
+    have = arr._sharding
+    if sharding == have:
+        return arr.value
+    multi = isinstance(sharding, NamedSharding) and sharding.mesh.is_multi_process
+    if multi and multiprocess._processes(sharding) == multiprocess._processes(have):
+        if multiprocess.first_uncovered_process(have, sharding, arr.shape) is None:
+            return fill_local(arr.value, sharding)
+        return fill_local(multiprocess._gather_global(arr, "device_put"), sharding)
+    raise NotFullyAddressableError(
+        f"{where} is an Array spread over processes ({have!r}) and this process does not "
+        f"hold all the blocks that {sharding!r} places here; gather it first with "
+        "spmd.process_allgather(x) (every process of its mesh must call it) and put the "
+        "global value")
 
 
 def device_put(x, sharding=None):
@@ -307,7 +371,8 @@ def make_array_from_callback(shape: Sequence[int], sharding,
 
     The callback gets the global index of a block (a tuple of slices) and returns
     that block (a numpy array or Array of the sharding's block shape).  It is called
-    once per distinct block held by this process's devices.
+    once per distinct block held by this process's devices, and only for those: on a
+    mesh spread over processes each process gives the blocks of its own devices.
 
     >>> data = np.arange(32.0).reshape(8, 4)
     >>> x = spmd.make_array_from_callback((8, 4), NamedSharding(mesh, P("i")),
@@ -325,11 +390,6 @@ def make_array_from_callback(shape: Sequence[int], sharding,
         raise ShardingError(f"{fname}: sharding is None; pass a NamedSharding or a Device")
     if isinstance(sharding, NamedSharding):
         check_spec(sharding.spec, sharding.mesh, shape, f"{fname}: sharding")
-    if not _is_addressable(sharding):
-        raise ShardingError(
-            f"{fname}: the sharding spans devices of other processes; arrays that are not "
-            "fully addressable are not supported yet: use a mesh of this process's devices "
-            "(mesh.local_devices)")
     want = sharding.shard_shape(shape)
     imap = sharding.devices_indices_map(shape)
     me = process_index()
@@ -342,7 +402,9 @@ def make_array_from_callback(shape: Sequence[int], sharding,
         if key not in blocks:
             blocks[key] = (index, _callback_block(data_callback, index, want, fname))
     dtype = _common_dtype(blocks.values(), fname)
-    out = np.empty(shape, dtype=dtype)
+    # Blocks of other processes' devices stay zeros (see spmd.shard.multiprocess).
+    out = np.empty(shape, dtype=dtype) if holds_full_value(sharding) else \
+        np.zeros(shape, dtype=dtype)
     for index, block in blocks.values():
         out[index] = block
     return Array(out, ShapedArray(shape, dtype, False), sharding)

@@ -37,14 +37,16 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
         in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
                     for a, s in zip(program.in_avals, in_specs)]
         run = run_on_process if mesh.is_multi_process else run_on_mesh
-        hit = per[key] = trace_to_program(
+        hit = trace_to_program(
             lambda *xs: run(program, mesh, in_specs, out_specs, xs), in_avals)
         if mesh.is_multi_process:
             from spmd.shard.fingerprint import agree
 
             # The per-device program and the global types are the same on every
             # rank (the lowered per-process programs differ: each slices its blocks).
+            # Cached only once agreed: after a mismatch, a retry agrees again.
             agree(program, in_avals, in_specs, out_specs, mesh)
+        per[key] = hit
     return hit
 
 

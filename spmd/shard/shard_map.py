@@ -135,6 +135,19 @@ def _shard_map_partial_eval(eqn, in_unknown):
     lin_outs = [a for a, u in zip(unknown.out_atoms, out_unknown) if u]
     lin_prog, used = dce_program(Program(unknown.in_vars, unknown.eqns, lin_outs))
     residuals = [r for r, u in zip(unknown.in_vars[:n_res], used[:n_res]) if u]
+    # A residual that is ``pvary(v)`` of a known v is saved as v (one copy where v is
+    # invariant, not one per device) and marked varying again in the backward body.
+    producers = {o: e for e in kp.eqns for o in e.outputs}
+    revary = []
+    saved = []
+    for r in residuals:
+        e = producers.get(r)
+        if e is not None and e.primitive.name == "pvary" and isinstance(e.inputs[0], Var):
+            revary.append(e)
+            r = e.inputs[0]
+        if r not in saved:
+            saved.append(r)
+    residuals = saved
     # Each residual leaves the known body with a leading axis of size 1 per device,
     # split over the axes it varies along (or as is, when it varies along none).
     res_axes = [_residual_spec(r.aval, mesh, check_vma) for r in residuals]
@@ -165,7 +178,8 @@ def _shard_map_partial_eval(eqn, in_unknown):
                                        kp.out_atoms[:n_known_out] + k_out_vars), known.consts)
     assert not known.consts
     unknown_body = ClosedProgram(Program(u_in_vars + unknown.in_vars[n_res:],
-                                         u_in_eqns + lin_prog.eqns, lin_prog.out_atoms), [])
+                                         u_in_eqns + revary + lin_prog.eqns,
+                                         lin_prog.out_atoms), [])
     known_out_specs = tuple(s for s, u in zip(out_specs, out_unknown) if not u) + \
         tuple(res_specs)
     res_outer = [Var(ShapedArray(global_shape(s, mesh, v.aval.shape), v.aval.dtype))

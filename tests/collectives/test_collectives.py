@@ -659,9 +659,6 @@ def test_vmap_collective_unknown_axis():
         spmd.vmap(lambda v: lax.psum(v, "c"), axis_name="b")(np.ones((2, 3), np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="jit's batch rule batches its body under a fresh "
-                   "anonymous level, so a psum over the vmap axis inside jit scales instead of "
-                   "summing (and ppermute/axis_index fail to concretize)")
 @pytest.mark.parametrize("name", ["psum", "ppermute", "axis_index"])
 def test_vmap_of_jit_with_collectives(name):
     x = _data((4, 4, 3), np.float32)

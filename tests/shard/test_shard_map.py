@@ -261,8 +261,6 @@ def test_control_flow_in_body_values(mesh42):
         _close(out[3], np.tile(blocks.sum(0), 4))
 
 
-@pytest.mark.xfail(strict=True, reason="higher-order primitives (scan, cond, while, remat) have "
-                   "no varying-axes rule: outputs get the union of the operands' vma")
 @pytest.mark.parametrize("kind", ["scan", "cond", "checkpoint"])
 def test_higher_order_outputs_keep_body_types(mesh42, kind):
     def body(b):
@@ -277,8 +275,6 @@ def test_higher_order_outputs_keep_body_types(mesh42, kind):
     _close(f(x), x.reshape(4, 2).sum(0))
 
 
-@pytest.mark.xfail(strict=True, reason="loop bodies are typed with the initial carry's vma; "
-                   "the carry is pvary'd at bind but the body is not retraced (control_flow)")
 def test_loop_carry_becoming_varying():
     # Carry starts invariant (zeros) and becomes varying: psum of it must sum, not scale.
     mesh = spmd.make_mesh((4,), ("i",))
@@ -429,9 +425,6 @@ def test_error_bad_mesh_and_arguments(mesh42):
         _sm(mesh42, (P(),))("abc")
 
 
-@pytest.mark.xfail(strict=True, reason="the jit call primitive has no varying-axes rule (its "
-                   "output gets the union of the operands' vma) and its batch rule hides the "
-                   "mesh axes from collectives in its body (untyped: psum scales block 0)")
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_jit_inside_body(mesh42, check_vma):
     f = spmd.shard_map(spmd.jit(lambda b: lax.psum(b, "i")), mesh=mesh42, in_specs=P("i"),

@@ -245,8 +245,6 @@ def test_checkpoint_in_body_without_collectives():
     check_grads(g, (_x(8, 4),), order=1)
 
 
-@pytest.mark.xfail(strict=True, reason="remat's batch rule vmaps its body without the mesh "
-                   "axes, so collectives inside checkpoint run outside the shard_map")
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_checkpoint_around_collective(check_vma):
     f = sm(spmd.checkpoint(lambda b: lax.ppermute(snp.sin(snp.sin(b)), "i", RING)),
@@ -286,8 +284,6 @@ def test_control_flow_with_ppermute_typed(kind):
     check_grads(f, (_x(8, 4),), order=2 if kind == "cond" else 1, modes=modes)
 
 
-@pytest.mark.xfail(strict=True, reason="scan's partial eval drops the vma of stacked residuals "
-                   "(control_loops._scan_partial_eval), so shard_map keeps device 0's only")
 @pytest.mark.parametrize("kind", ["fori", "scan", "fori_no_collective"])
 def test_control_flow_grads_typed(kind):
     bodies = dict(_loop_bodies(), fori_no_collective=lambda b: lax.fori_loop(

@@ -20,7 +20,7 @@ from spmd.compiler.ad_util import Zero, instantiate, is_undefined, is_zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Tracer, eval_program, full_raise, get_aval, new_main,
+from spmd.compiler.trace import (Tracer, eval_program, full_raise, get_aval,
                                  trace_to_program)
 from spmd.errors import DTypeError, ProgramTypeError
 
@@ -122,10 +122,10 @@ def batch_eval(closed: ClosedProgram, args, batched, size, axis_name, force):
     Outputs that are batched, or forced (``force[k]``), come back with the batch
     axis at 0.  Returns ``(outs, out_batched)``.
     """
-    from spmd.compiler.batching import BatchTrace, BatchTracer, broadcast_batch
+    from spmd.compiler.batching import BatchTracer, batch_level, broadcast_batch
 
-    with new_main(BatchTrace, (axis_name, size)) as main:
-        trace = BatchTrace(main)
+    # Under the level's own axis names: collectives in the body communicate.
+    with batch_level(axis_name, size) as trace:
         tracers = [BatchTracer(trace, a, 0) if b else a for a, b in zip(args, batched)]
         outs = [full_raise(trace, o) for o in eval_program(closed, *tracers)]
         res, out_b = [], []
@@ -251,6 +251,17 @@ def _cond_abstract_eval(index, *operands, branches):
             raise ProgramTypeError(f"cond: branch {i} returns {br.out_avals} but branch 0 "
                                    f"returns {branches[0].out_avals}")
     return list(branches[0].out_avals)
+
+
+@cond_p.def_vma
+def _cond_vma(index, *operands, branches):
+    """Each output varies where some branch's output does, and along the axes the
+    index varies along (devices may take different branches)."""
+    from spmd.compiler.jit import program_vma
+
+    in_vmas = [a.vma for a in operands]
+    outs = [program_vma(br, in_vmas) for br in branches]
+    return [index.vma.union(*ms) for ms in zip(*outs)]
 
 
 # ------------------------------------------------------------------- jvp

@@ -7,15 +7,16 @@ results are the final carries and the stacked ys.  ``while`` operands are
 
 The implementations compile each body once (``executable_for``) and run it in
 a Python loop over arrays.  Rules that change which carries hold tangents (jvp),
-a batch axis (vmap) or unknown values (partial evaluation) iterate to a fixed
-point, since a carry's output feeds its next input.
+a batch axis (vmap), unknown values (partial evaluation) or varying mesh axes
+(the varying-axes rule) iterate to a fixed point, since a carry's output feeds
+its next input.
 """
 
 from __future__ import annotations
 
 from spmd.compiler import dtypes
 from spmd.compiler.ad_util import instantiate, is_undefined, is_zero
-from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.avals import tangent_aval
 from spmd.compiler.ir import ClosedProgram, Program, Var
 from spmd.compiler.ops.control_cond import (batch_program, cast_to, check_avals, dce_closed,
                                             drop_inputs, has_tangent, interleave_order,
@@ -118,9 +119,29 @@ def _scan_abstract_eval(*avals, program, num_consts, num_carry, length, reverse)
     check_avals("scan", "the operands", consts + carry + slices, program.in_avals)
     carry_out = program.out_avals[:num_carry]
     check_avals("scan", "the carry outputs", carry_out, carry)
-    ys = [ShapedArray((length,) + a.shape, a.dtype, a.weak_type)
-          for a in program.out_avals[num_carry:]]
+    ys = [a.update(shape=(length,) + a.shape) for a in program.out_avals[num_carry:]]
     return list(carry) + ys
+
+
+def _carry_fixpoint(vmas_of, init_vmas):
+    """The carries' varying axes: the least types that the loop keeps (a carry
+    varies where its initial value does or where the body makes it vary)."""
+    carry = [frozenset(m) for m in init_vmas]
+    while True:  # grows monotonically over a finite set of axes
+        outs = vmas_of(carry)
+        grown = [c | o for c, o in zip(carry, outs)]
+        if grown == carry:
+            return carry, outs
+        carry = grown
+
+
+@scan_p.def_vma
+def _scan_vma(*avals, program, num_consts, num_carry, length, reverse):
+    from spmd.compiler.jit import program_vma
+
+    consts, init, xs = _split([a.vma for a in avals], num_consts, num_carry)
+    carry, outs = _carry_fixpoint(lambda c: program_vma(program, consts + c + xs), init)
+    return carry + list(outs[num_carry:])
 
 
 # ------------------------------------------------------------------- jvp
@@ -251,8 +272,9 @@ def _scan_partial_eval(eqn, in_unknown):
     k_carry_outs = [a for a, u in zip(body.program.out_atoms[:ncar], carry_uk) if not u]
     k_ys_outs = [a for a, u in zip(body.program.out_atoms[ncar:], ys_uk) if not u]
     k_prog, _ = dce_program(Program(kp.in_vars, kp.eqns, k_carry_outs + k_ys_outs + stacked))
-    stacked_vars = [Var(ShapedArray((length,) + r.aval.shape, r.aval.dtype, r.aval.weak_type))
-                    for r in stacked]
+    # Stacked residuals keep their types (varying axes included: a shard_map that
+    # splits the scan must know which residuals differ between devices).
+    stacked_vars = [Var(r.aval.update(shape=(length,) + r.aval.shape)) for r in stacked]
     k_outputs = ([o for o, u in zip(eqn.outputs[:ncar], carry_uk) if not u]
                  + [o for o, u in zip(eqn.outputs[ncar:], ys_uk) if not u] + stacked_vars)
     known_eqn = None
@@ -419,6 +441,21 @@ def _while_abstract_eval(*avals, cond_program, body_program, cond_nconsts, body_
                                f"{pred}")
     check_avals("while", "the carry outputs", body_program.out_avals, carry)
     return list(carry)
+
+
+@while_p.def_vma
+def _while_vma(*avals, cond_program, body_program, cond_nconsts, body_nconsts):
+    """Carries vary where the body makes them, and along the axes the predicate
+    varies along (devices may then run different numbers of iterations)."""
+    from spmd.compiler.jit import program_vma
+
+    cc, bc, init = _split([a.vma for a in avals], cond_nconsts, body_nconsts)
+
+    def step(carry):
+        pred = program_vma(cond_program, cc + carry)[0]
+        return [m | pred for m in program_vma(body_program, bc + carry)]
+
+    return _carry_fixpoint(step, init)[0]
 
 
 def _cond_with_extra(cond_program, n_extra_avals):

@@ -1,0 +1,195 @@
+"""The jit fast path (per-leaf cheap cache keys, per-entry conversions, direct
+wrapping of results) and the program shapes the performance work relies on:
+``dot_general`` with transposed operands, the weight gradient without a
+transpose, and ``broadcast_in_dim``'s strictly increasing dimensions."""
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd import errors, lax
+from spmd.compiler.trace import get_aval
+from spmd.config import config
+from spmd.test_util import check_grads
+
+F32 = np.float32
+rng = np.random.default_rng(0)
+
+
+def counted_jit(fun, **kw):
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return fun(*args, **kwargs)
+
+    return spmd.jit(wrapper, **kw), calls
+
+
+# --------------------------------------------------------------- cache keys
+
+def test_leaves_of_one_aval_share_one_trace():
+    f, calls = counted_jit(lambda x: x * 2.0)
+    x = np.arange(3, dtype=F32)
+    for arg in (x, snp.asarray(x), x.astype(np.float64), x.view(np.ndarray)):
+        out = f(arg)
+        assert out.dtype == F32 and isinstance(out, spmd.Array)
+        np.testing.assert_array_equal(np.asarray(out), x * 2)
+    assert len(calls) == 1 and f._cache_size() == 1
+
+
+def test_float64_input_is_converted_without_x64():
+    f = spmd.jit(lambda x, y: x + y)
+    x64 = np.linspace(0, 1, 4)
+    out = f(x64, np.ones(4, F32))
+    assert out.dtype == F32
+    np.testing.assert_allclose(np.asarray(out), x64 + 1, rtol=1e-6)
+    out = f(x64, np.ones(4, F32))  # the cached plan converts the same leaf again
+    np.testing.assert_allclose(np.asarray(out), x64 + 1, rtol=1e-6)
+
+
+def test_x64_switch_retraces():
+    f, calls = counted_jit(lambda x: x * 2.0)
+    x = np.ones(3, np.float64)
+    assert f(x).dtype == F32
+    old = config.enable_x64
+    config.update("enable_x64", True)
+    try:
+        assert f(x).dtype == np.float64
+    finally:
+        config.update("enable_x64", old)
+    assert f(x).dtype == F32
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("a, b", [
+    (1.0, F32(1.0)),               # weak Python float vs strong numpy scalar
+    (1.0, np.float64(1.0)),        # np.float64 is a float subclass, but strong
+    (1, 1.0),                      # weak int vs weak float
+    (True, 1),                     # bool vs int
+    (np.ones((), F32), 1.0),       # 0-d array vs Python scalar
+    (np.int32(1), np.int64(1)),    # canonicalised to one aval: shared trace
+])
+def test_scalar_kinds(a, b):
+    f, calls = counted_jit(lambda x: x + 1)
+    ra, rb = f(a), f(b)
+    same = get_aval(a) == get_aval(b)
+    assert len(calls) == (1 if same else 2)
+    assert ra.weak_type == get_aval(a).weak_type and rb.weak_type == get_aval(b).weak_type
+    f(a), f(b)
+    assert len(calls) == (1 if same else 2)
+
+
+def test_mixed_pytree_leaves():
+    f, calls = counted_jit(lambda p, s: {"y": p["w"] * s + p["b"], "n": p["n"] + 1})
+    p = {"w": snp.ones((2, 3)), "b": np.arange(3.0), "n": np.int32(4)}
+    for _ in range(3):
+        out = f(p, 2.0)
+        np.testing.assert_allclose(np.asarray(out["y"]), 2 + np.arange(3.0) * np.ones((2, 3)))
+        assert out["y"].dtype == F32 and int(out["n"]) == 5
+    assert len(calls) == 1
+
+
+def test_keyword_arguments_without_static_arguments():
+    f, calls = counted_jit(lambda x, *, scale, shift=0.0: x * scale + shift)
+    x = np.ones(2, F32)
+    np.testing.assert_array_equal(np.asarray(f(x, scale=3.0)), [3, 3])
+    np.testing.assert_array_equal(np.asarray(f(x, shift=1.0, scale=3.0)), [4, 4])
+    np.testing.assert_array_equal(np.asarray(f(x, scale=3.0, shift=2.0)), [5, 5])
+    assert len(calls) == 2  # keyword order does not matter
+
+
+def test_unsupported_leaf_caches_nothing():
+    f = spmd.jit(lambda x: x)
+    for bad in (np.array([object()], dtype=object), np.array(["a"]), "text"):
+        with pytest.raises(errors.DTypeError):
+            f(bad)
+        assert f._cache_size() == 0 and not f._plans
+    assert float(f(np.ones((), F32))) == 1.0
+
+
+def test_deleted_array_argument_is_an_error_on_the_fast_path():
+    f = spmd.jit(lambda x: x + 1.0)
+    x = snp.ones(3)
+    f(x)
+    x.delete()
+    with pytest.raises(errors.DeletedArrayError):
+        f(x)
+
+
+def test_outputs_are_wrapped_with_their_avals():
+    f = spmd.jit(lambda x: (x, snp.sum(x), x.astype(np.int32), 2.0))
+    outs = f(np.arange(3, dtype=F32))
+    assert all(isinstance(o, spmd.Array) for o in outs)
+    assert [o.shape for o in outs] == [(3,), (), (3,), ()]
+    assert [o.dtype for o in outs] == [F32, F32, np.int32, F32]
+    assert outs[3].weak_type and not outs[1].weak_type
+    single = spmd.jit(lambda x: snp.sum(x))(np.arange(3, dtype=F32))
+    assert isinstance(single, spmd.Array) and single.shape == () and float(single) == 3.0
+
+
+def test_jitted_function_under_transformations():
+    f = spmd.jit(lambda x, s: snp.sum(snp.tanh(x) * s))
+    x = rng.standard_normal(4).astype(F32)
+    g = spmd.grad(f)(x, 2.0)
+    np.testing.assert_allclose(np.asarray(g), 2 * (1 - np.tanh(x) ** 2), rtol=1e-5)
+    v = spmd.vmap(f, in_axes=(0, None))(np.stack([x, -x]), 1.0)
+    np.testing.assert_allclose(np.asarray(v), [np.tanh(x).sum(), -np.tanh(x).sum()], rtol=1e-5)
+
+
+# ------------------------------------------------------------- dot_general
+
+@pytest.mark.parametrize("lc, rc", [((1,), (0,)), ((0,), (0,)), ((1,), (1,)), ((0,), (1,))])
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_dot_general_2d_transposed_operands(lc, rc, mode):
+    x = rng.standard_normal((3, 4) if lc == (1,) else (4, 3)).astype(F32)
+    y = rng.standard_normal((4, 5) if rc == (0,) else (5, 4)).astype(F32)
+    f = lambda a, b: lax.dot_general(a, b, ((lc, rc), ((), ())))
+    out = (spmd.jit(f) if mode == "jit" else f)(x, y)
+    want = (x if lc == (1,) else x.T) @ (y if rc == (0,) else y.T)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5)
+    check_grads(f, (x, y), order=1, modes=("rev",))
+
+
+def test_weight_gradient_needs_no_transpose():
+    def loss(w, b, x):
+        return snp.sum(snp.tanh(x @ w + b))
+
+    w, b = rng.standard_normal((4, 3)).astype(F32), rng.standard_normal(3).astype(F32)
+    x = rng.standard_normal((5, 4)).astype(F32)
+    program = spmd.jit(spmd.grad(loss, argnums=(0, 1, 2))).lower(w, b, x).program
+    names = [e.primitive.name for e in program.eqns]
+    assert "transpose" not in names
+    gw, gb, gx = spmd.grad(loss, argnums=(0, 1, 2))(w, b, x)
+    d = 1 - np.tanh(x @ w + b) ** 2
+    np.testing.assert_allclose(np.asarray(gw), x.T @ d, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(gx), d @ w.T, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dims, sx, sy", [
+    ((((2,), (1,)), ((0,), (0,))), (2, 3, 4), (2, 4, 5)),   # batched matmul
+    ((((1,), (2,)), ((0,), (0,))), (2, 4, 3), (2, 5, 4)),   # batched, both transposed
+    ((((2, 0), (1, 0)), ((), ())), (3, 2, 4), (3, 4, 5)),   # two contracting dims
+    ((((1,), (0,)), ((), ())), (2, 3, 4), (3, 5)),          # 3-d lhs
+])
+def test_dot_general_gradients_other_layouts(dims, sx, sy):
+    x, y = rng.standard_normal(sx).astype(F32), rng.standard_normal(sy).astype(F32)
+    check_grads(lambda a, b: lax.dot_general(a, b, dims), (x, y), order=1, modes=("rev",))
+
+
+# -------------------------------------------------------- broadcast_in_dim
+
+@pytest.mark.parametrize("dims", [(1, 0), (0, 0), (2, 1)])
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_broadcast_in_dim_needs_increasing_dimensions(dims, mode):
+    x = np.ones((3, 3), F32)
+    f = lambda a: lax.broadcast_in_dim(a, (3, 3, 3), dims)
+    with pytest.raises(errors.ShapeError, match="strictly increasing"):
+        (spmd.jit(f) if mode == "jit" else f)(x)
+
+
+def test_broadcast_in_dim_increasing_dimensions_still_work():
+    x = rng.standard_normal((3, 1)).astype(F32)
+    out = lax.broadcast_in_dim(x, (2, 3, 4), (1, 2))
+    np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(x[None], (2, 3, 4)))
