@@ -149,7 +149,9 @@ def fold_constants(closed: ClosedProgram) -> ClosedProgram:
     for eqn in program.eqns:
         inputs = [subst.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs]
         prim = eqn.primitive
+        # Collectives depend on the device they run on: never folded.
         foldable = (not prim.effectful and not prim.higher_order and prim.impl is not None
+                    and not prim.rules.get("batch_needs_axis")
                     and all(isinstance(a, Literal) or a in known for a in inputs)
                     and all(o.aval.size <= FOLD_LIMIT for o in eqn.outputs))
         if not foldable:

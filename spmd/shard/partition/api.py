@@ -5,15 +5,13 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-import numpy as np
-
 from spmd import tree_util
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.array import Array
-from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var, pp_program, _Namer, pp_eqn
+from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for, flatten_outputs
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval, is_eager, to_array_value, trace_to_program, wrap_value
+from spmd.compiler.trace import get_aval, is_eager, to_array_value, trace_to_program, wrap_value
 from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
@@ -55,14 +53,16 @@ def with_sharding_constraint(x, sharding):
     """
     leaves, tree = tree_util.tree_flatten(x)
     shardings = _broadcast(sharding, x, "with_sharding_constraint")
+    for s in shardings:
+        if not isinstance(s, NamedSharding):
+            raise PartitionError(f"with_sharding_constraint: expected NamedSharding(mesh, spec) "
+                                 f"values, got {s!r}; a bare PartitionSpec has no mesh")
     outs = [sharding_constraint_p.bind(v, spec=s.spec, mesh=s.mesh)
             for v, s in zip(leaves, shardings)]
     return tree_util.tree_unflatten(tree, outs)
 
 
 def _broadcast(shardings, tree, fname):
-    from spmd.vectorize import broadcast_prefix
-
     if isinstance(shardings, (NamedSharding, PartitionSpec)) or shardings is None:
         return [shardings] * len(tree_util.tree_leaves(tree))
     leaves = tree_util.tree_leaves(shardings, is_leaf=lambda s: isinstance(
@@ -79,9 +79,12 @@ def _broadcast(shardings, tree, fname):
         for k in sorted(tree):
             out.extend(_broadcast(shardings[k], tree[k], fname))
         return out
-    raise PartitionError(f"{fname}: the shardings are not a pytree prefix of the values "
+    what = "outputs" if "out_shardings" in fname else "arguments" if "jit" in fname else \
+        "values"
+    raise PartitionError(f"{fname}: the shardings are not a pytree prefix of the {what} "
                          f"({len(leaves)} shardings for {len(tree_util.tree_leaves(tree))} "
-                         "arrays); give one per argument (or per leaf)")
+                         f"arrays); give one sharding per {what[:-1]} (or a pytree prefix "
+                         "of them)")
 
 
 # ---------------------------------------------------------------- the jit
@@ -94,6 +97,8 @@ class _Entry:
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.out_specs = out_specs
+        self.executable = None  # compiled on the first eager call
+        self.out_shardings = None
 
 
 class PartitionedJit:
@@ -170,19 +175,17 @@ class PartitionedJit:
         def flat(*xs):
             d = iter(tree_util.tree_unflatten(in_tree, xs))
             full = [args[i] if i in self._static else next(d) for i in range(len(args))]
-            outs, out_tree = flatten_outputs(self._fun(*full), f"jit({self._name})")
-            box[:] = [out_tree, outs]
+            res = self._fun(*full)
+            outs, out_tree = flatten_outputs(res, f"jit({self._name})")
+            box[:] = [out_tree, res]
             return outs
 
         closed = trace_to_program(flat, list(avals))
-        out_tree, outs = box
-        out_given = _broadcast(self._out, outs, f"jit({self._name}) out_shardings") \
+        out_tree, res = box
+        out_given = _broadcast(self._out, res, f"jit({self._name}) out_shardings") \
             if self._out is not None else [None] * len(closed.out_avals)
         out_specs = [s.spec if isinstance(s, NamedSharding) else s for s in out_given]
-        n_consts = len(closed.consts)
-        part = partition(closed, mesh, [None] * 0 + list(in_specs) if not n_consts else
-                         list(in_specs), out_specs, self._forbid)
-        consts = closed.consts
+        part = partition(closed, mesh, list(in_specs), out_specs, self._forbid)
 
         def run(*xs):
             from spmd.shard.shard_map import _bind_body
@@ -190,8 +193,6 @@ class PartitionedJit:
             return _bind_body(ClosedProgram(part.body.program, part.body.consts), xs, mesh,
                               part.in_specs, part.out_specs, False)
 
-        if consts:  # constants the global program closed over are replicated inputs
-            raise PartitionError("internal: global programs keep constants as constants")
         final = trace_to_program(run, list(avals))
         return _Entry(part, mesh, final, out_tree, final.out_avals, part.out_specs)
 
@@ -202,11 +203,14 @@ class PartitionedJit:
             outs = eval_program(entry.closed, *leaves)
             return tree_util.tree_unflatten(entry.out_tree, outs)
         vals = [to_array_value(x, get_aval(x)) for x in leaves]
-        outs = executable_for(entry.closed)(*vals)
+        if entry.executable is None:
+            entry.executable = executable_for(entry.closed)
+            entry.out_shardings = [NamedSharding(entry.mesh, s) for s in entry.out_specs]
+        outs = entry.executable(*vals)
         arrays = []
-        for o, a, s in zip(outs, entry.out_avals, entry.out_specs):
+        for o, a, s in zip(outs, entry.out_avals, entry.out_shardings):
             arr = wrap_value(o, a)
-            arr._sharding = NamedSharding(entry.mesh, s)
+            arr._sharding = s
             arrays.append(arr)
         return tree_util.tree_unflatten(entry.out_tree, arrays)
 
@@ -225,9 +229,11 @@ class PartitionedLowered:
 
     @property
     def program(self) -> ClosedProgram:
-        from spmd.compiler.passes import optimize
+        from spmd.compiler.passes import cse, dce, inline_calls
 
-        return optimize(self._entry.partitioned.body)
+        # No constant folding: collectives (axis_index of an inserted slice) only run
+        # inside the shard_map this program is the body of.
+        return dce(cse(inline_calls(self._entry.partitioned.body)))
 
     @property
     def bytes_sent(self) -> int:

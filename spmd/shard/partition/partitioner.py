@@ -6,7 +6,10 @@ Propagation runs forward through the program, one rule per primitive
 where placements meet, :func:`~spmd.shard.partition.reshard.reshard` inserts
 the collective that converts them.  Unspecified input shardings are inferred
 backward from the first constraint or output sharding the input reaches
-unchanged; otherwise inputs are replicated.
+unchanged; otherwise inputs are replicated.  Calls (``jit``, ``remat``,
+``custom_jvp``/``custom_vjp`` functions) are partitioned through their bodies;
+control flow (:mod:`spmd.shard.partition.control`) through its bodies with loop
+carries at a fixed point; a nested ``shard_map`` is a fixed point of its specs.
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ from spmd.compiler.trace import bind
 from spmd.errors import SpmdError
 from spmd.shard.partition import rules
 from spmd.shard.partition.placement import Placement
-from spmd.shard.partition.reshard import Context, reshard
+from spmd.shard.partition.reshard import Context, plan, reshard
 from spmd.shard.spec import PartitionSpec, check_spec
 
 rules.install()
+
+# Call-like primitives whose body is partitioned in place (their derivative rules
+# have already been applied when a partitioned program is traced).
+_CALLS = {"jit", "remat", "custom_jvp_call", "custom_vjp_call"}
 
 
 class PartitionError(SpmdError, ValueError):
@@ -43,10 +50,191 @@ def _where(eqn) -> str:
     return f"{eqn.primitive.name}{src}"
 
 
+def _valid(pl: Placement, shape, mesh) -> bool:
+    if len(pl.dims) != len(shape) or (pl.partial & set(pl.axes)):
+        return False
+    if len(set(pl.axes)) != len(pl.axes):
+        return False
+    return all(not a or s % mesh.axis_size(a) == 0 for s, a in zip(shape, pl.dims))
+
+
+class Evaluator:
+    """Evaluates a global program on per-device values, each with its placement,
+    under the current trace (the body of the shard_map being traced)."""
+
+    def __init__(self, mesh, ctx: Context):
+        self.mesh = mesh
+        self.ctx = ctx
+        # (value, placement) of a global variable already resharded: reused, so that
+        # a value two equations need alike is communicated once.
+        self._resharded: dict = {}
+
+    # ------------------------------------------------------------ one program
+    def run(self, closed: ClosedProgram, ins: list) -> list:
+        """``ins``: (local value, placement) per non-constant input; returns the same
+        per output."""
+        program = closed.program
+        n = len(closed.consts)
+        env: dict = {}
+        producers: dict = {}
+        for v, c in zip(program.in_vars[:n], closed.consts):
+            env[v] = (c, Placement.replicated(np.ndim(c)))
+        for v, xp in zip(program.in_vars[n:], ins):
+            env[v] = xp
+
+        def read(a):
+            if isinstance(a, Literal):
+                return a.val, Placement.replicated(np.ndim(a.val))
+            return env[a]
+
+        for eqn in program.eqns:
+            self.ctx.reason = _where(eqn)
+            outs = self.eqn(eqn, [read(a) for a in eqn.inputs], producers, env)
+            env.update(zip(eqn.outputs, outs))
+            if eqn.primitive.name in ("broadcast_in_dim", "iota"):
+                producers[eqn.outputs[0]] = eqn
+        return [read(a) for a in program.out_atoms]
+
+    def eqn(self, eqn, ins, producers, env) -> list:
+        name = eqn.primitive.name
+        vals = [x for x, _ in ins]
+        pls = [p for _, p in ins]
+        if name == "sharding_constraint":
+            if eqn.params["mesh"] != self.mesh:
+                raise PartitionError(
+                    f"with_sharding_constraint at {eqn.source_info}: its sharding is over "
+                    f"{eqn.params['mesh']} but the program is partitioned over {self.mesh}; "
+                    "use the mesh of the jit's shardings")
+            check_spec(eqn.params["spec"], self.mesh, eqn.outputs[0].aval.shape,
+                       f"with_sharding_constraint at {eqn.source_info}")
+            want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
+            return [(reshard(vals[0], pls[0], want, self.ctx,
+                             _describe(eqn.inputs[0], "a constrained value")), want)]
+        if name == "shard_map":
+            return self._nested_shard_map(eqn, vals, pls)
+        if name in _CALLS and "program" in eqn.params:
+            return self.run(eqn.params["program"], list(zip(vals, pls)))
+        if name in ("cond", "while", "scan"):
+            from spmd.shard.partition import control
+
+            return control.partition(self, eqn, vals, pls)
+        return self.apply(eqn, vals, pls, producers, env)
+
+    def apply(self, eqn, vals, pls, producers=None, env=None) -> list:
+        """One first-order equation: its rule, the reshards it asks for, the local bind."""
+        prim = eqn.primitive
+        avals_in = [a.aval for a in eqn.inputs]
+        avals_out = [o.aval for o in eqn.outputs]
+        rule = prim.partition or rules.replicate_rule
+        res = rule(pls, avals_in, avals_out, self.mesh, **eqn.params)
+        wanted, out_pls, params = res[:3]
+        post = res[3] if len(res) > 3 else None
+        if not all(_valid(p, a.shape, self.mesh) for p, a in zip(wanted, avals_in)) or \
+                not all(_valid(p, a.shape, self.mesh) for p, a in zip(out_pls, avals_out)):
+            # A rule proposing an impossible placement: fall back to replicating.
+            wanted, out_pls, params = rules.replicate_rule(pls, avals_in, avals_out,
+                                                           self.mesh, **eqn.params)
+            post = None
+        new_vals = []
+        for k, (x, p, w, a) in enumerate(zip(vals, pls, wanted, eqn.inputs)):
+            new_vals.append(self._input(x, p, w, a, k, eqn, producers, env))
+        outs = bind(prim, *new_vals, **params)
+        outs = list(outs) if prim.multiple_results else [outs]
+        if post is not None:
+            outs = post(outs, self.ctx)
+        for o, pl, a in zip(outs, out_pls, avals_out):
+            expect = pl.local_shape(a.shape, self.mesh)
+            if tuple(np.shape(o)) != tuple(expect):
+                raise PartitionError(
+                    f"internal: the partition rule of {prim.name} produced a block of shape "
+                    f"{tuple(np.shape(o))} where placement {pl} of {a} needs {expect}")
+        return list(zip(outs, out_pls))
+
+    def _input(self, x, src, dst, atom, k, eqn, producers, env):
+        """Input ``k`` of ``eqn`` resharded; a replicated broadcast or iota that only
+        needs slicing is recomputed at the local shape instead (no global buffer)."""
+        if src == dst:
+            return x
+        if producers is not None and isinstance(atom, Var) and atom in producers and \
+                not src.axes and not src.partial:
+            # Zeros are also a pending sum of zeros: no mask needed.
+            zeros = _is_zeros(producers[atom])
+            steps = plan(src, dst, np.shape(x), 1, self.mesh)
+            if steps and all(s.kind == "slice" or (s.kind == "mask" and zeros) for s in steps):
+                y = self._recompute(producers[atom], dst, env)
+                if y is not None:
+                    return y
+        key = (atom, dst) if isinstance(atom, Var) else None
+        if key in self._resharded:
+            return self._resharded[key]
+        y = reshard(x, src, dst, self.ctx, _describe(atom, f"input {k} of "
+                                                           f"{eqn.primitive.name}"))
+        if key is not None:
+            self._resharded[key] = y
+        return y
+
+    def _recompute(self, eqn, dst: Placement, env):
+        from spmd.collectives.api import axis_index
+        from spmd.compiler.ops.elementwise import add, convert, mul
+
+        shape = dst.local_shape(eqn.outputs[0].aval.shape, self.mesh)
+        if eqn.primitive.name == "broadcast_in_dim":
+            x, pl = env[eqn.inputs[0]] if isinstance(eqn.inputs[0], Var) else \
+                (eqn.inputs[0].val, Placement(()))
+            bd = eqn.params["broadcast_dimensions"]
+            in_shape = eqn.inputs[0].aval.shape
+            out_shape = eqn.outputs[0].aval.shape
+            want = Placement(tuple(dst.dims[d] if in_shape[i] == out_shape[d] else ()
+                                   for i, d in enumerate(bd)))
+            if any(dst.dims[d] for i, d in enumerate(bd) if in_shape[i] != out_shape[d]):
+                return None
+            steps = plan(pl, want, np.shape(x), 1, self.mesh)
+            if not all(s.kind == "slice" for s in steps):
+                return None  # the operand would need communication
+            x = reshard(x, pl, want, self.ctx)
+            return bind(eqn.primitive, x, shape=shape, broadcast_dimensions=bd)
+        p = eqn.params  # iota: the local iota plus the block's offset
+        d = p["dimension"]
+        y = bind(eqn.primitive, dtype=p["dtype"], shape=shape, dimension=d)
+        if not dst.dims[d]:
+            return y
+        start = mul(axis_index(dst.dims[d]), np.int32(shape[d]))
+        return add(y, convert(start, p["dtype"]))
+
+    # ------------------------------------------------------------ shard_map
+    def _nested_shard_map(self, eqn, vals, pls):
+        """A shard_map inside a partitioned program: its specs are fixed points."""
+        from spmd.compiler.trace import eval_program
+
+        p = eqn.params
+        if p["mesh"] != self.mesh:
+            raise PartitionError(f"a shard_map over {p['mesh']} inside a program partitioned "
+                                 f"over {self.mesh}: use one mesh")
+        vals = [reshard(x, pl, Placement.from_spec(s, len(a.aval.shape)), self.ctx,
+                        _describe(a, "a shard_map input"))
+                for x, pl, s, a in zip(vals, pls, p["in_specs"], eqn.inputs)]
+        outs = eval_program(p["program"], *vals)
+        return [(o, Placement.from_spec(s, len(v.aval.shape)))
+                for o, s, v in zip(outs, p["out_specs"], eqn.outputs)]
+
+
+def _is_zeros(eqn) -> bool:
+    a = eqn.inputs[0] if eqn.inputs else None
+    return eqn.primitive.name == "broadcast_in_dim" and isinstance(a, Literal) and \
+        not np.any(a.val)
+
+
+def _describe(atom, role: str) -> str:
+    if isinstance(atom, Var):
+        return f"{role} (global {atom.aval})"
+    return role
+
+
 def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_bytes=None):
     """Partition ``closed`` (global) given one PartitionSpec (or None) per input and output."""
     from spmd.shard.shard_map import trace_body
 
+    rules.install()
     closed = inline_calls(closed)
     program = closed.program
     n_consts = len(closed.consts)
@@ -56,85 +244,40 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
     for i, (v, s) in enumerate(zip(args, in_specs)):
         if s is None:
             in_specs[i] = hints.get(v, PartitionSpec())
-    in_pls = [Placement.from_spec(s, len(v.aval.shape)) for v, s in zip(args, in_specs)]
     for i, (v, s) in enumerate(zip(args, in_specs)):
-        check_spec(s, mesh, v.aval.shape, f"in_shardings[{i}]")
+        check_spec(s, mesh, v.aval.shape, f"in_shardings[{i}] (argument leaf {i}, "
+                   f"{v.aval})")
+    for i, (a, spec) in enumerate(zip(program.out_atoms, out_specs)):
+        if spec is not None:
+            if len(spec) > len(a.aval.shape):
+                raise PartitionError(
+                    f"out_shardings[{i}]: spec {spec} has {len(spec)} entries but output {i} "
+                    f"has rank {len(a.aval.shape)} (shape {a.aval.shape}); it cannot be "
+                    f"reached: give a spec of at most {len(a.aval.shape)} entries")
+            check_spec(spec, mesh, a.aval.shape, f"out_shardings[{i}] (output leaf {i}, "
+                       f"{a.aval})")
+    in_pls = [Placement.from_spec(s, len(v.aval.shape)) for v, s in zip(args, in_specs)]
     ctx = Context(mesh, forbid_gather_bytes)
     out_pls_box: list = []
 
     def body(*local_args):
-        env: dict = {}
-        for v, c in zip(program.in_vars[:n_consts], closed.consts):
-            env[v] = (c, Placement.replicated(np.ndim(c)))
-        for v, x, pl in zip(args, local_args, in_pls):
-            env[v] = (x, pl)
-
-        def read(a):
-            if isinstance(a, Literal):
-                return a.val, Placement.replicated(np.ndim(a.val))
-            return env[a]
-
-        for eqn in program.eqns:
-            ins = [read(a) for a in eqn.inputs]
-            vals = [x for x, _ in ins]
-            pls = [p for _, p in ins]
-            ctx.reason = _where(eqn)
-            if eqn.primitive.name == "sharding_constraint":
-                want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
-                env[eqn.outputs[0]] = (reshard(vals[0], pls[0], want, ctx, "a constrained value"),
-                                       want)
-                continue
-            if eqn.primitive.name == "shard_map":
-                outs = _nested_shard_map(eqn, vals, pls, mesh, ctx)
-                env.update(zip(eqn.outputs, outs))
-                continue
-            wanted, out_pls, params = eqn.primitive.partition(
-                pls, [a.aval for a in eqn.inputs], [o.aval for o in eqn.outputs], mesh,
-                **eqn.params)
-            vals = [reshard(x, p, w, ctx, f"an input of {eqn.primitive.name}")
-                    for x, p, w in zip(vals, pls, wanted)]
-            outs = bind(eqn.primitive, *vals, **params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-            env.update(zip(eqn.outputs, zip(outs, out_pls)))
+        ev = Evaluator(mesh, ctx)
+        outs = ev.run(closed, list(zip(local_args, in_pls)))
         results, final = [], []
-        for i, (a, spec) in enumerate(zip(program.out_atoms, out_specs)):
-            x, pl = read(a)
+        for i, ((x, pl), a, spec) in enumerate(zip(outs, program.out_atoms, out_specs)):
             ctx.reason = f"output {i}"
             want = Placement.from_spec(spec, len(a.aval.shape)) if spec is not None else \
                 pl.without_partial()
-            results.append(reshard(x, pl, want, ctx, f"output {i}"))
+            results.append(reshard(x, pl, want, ctx, _describe(a, f"output {i}")))
             final.append(want)
         out_pls_box[:] = final
         return results
 
     local_avals = [v.aval.update(shape=pl.local_shape(v.aval.shape, mesh))
                    for v, pl in zip(args, in_pls)]
-    for i, (a, spec) in enumerate(zip(program.out_atoms, out_specs)):
-        if spec is not None:
-            if len(spec) > len(a.aval.shape):
-                raise PartitionError(
-                    f"out_shardings[{i}]: spec {spec} has {len(spec)} entries but output {i} "
-                    f"has rank {len(a.aval.shape)} (shape {a.aval.shape}); it cannot be reached")
-            check_spec(spec, mesh, a.aval.shape, f"out_shardings[{i}]")
     body_prog = trace_body(body, mesh, local_avals, check_vma=False)
     return Partitioned(body_prog, tuple(in_specs),
                        tuple(p.to_spec() for p in out_pls_box), ctx.notes)
-
-
-def _nested_shard_map(eqn, vals, pls, mesh, ctx):
-    """A shard_map inside a partitioned program: its specs are fixed points."""
-    from spmd.compiler.trace import eval_program
-
-    p = eqn.params
-    if p["mesh"] != mesh:
-        raise PartitionError(f"a shard_map over {p['mesh']} inside a program partitioned over "
-                             f"{mesh}: use one mesh")
-    vals = [reshard(x, pl, Placement.from_spec(s, len(a.aval.shape)), ctx,
-                    "a shard_map input")
-            for x, pl, s, a in zip(vals, pls, p["in_specs"], eqn.inputs)]
-    outs = eval_program(p["program"], *vals)
-    return [(o, Placement.from_spec(s, len(v.aval.shape)))
-            for o, s, v in zip(outs, p["out_specs"], eqn.outputs)]
 
 
 def _backward_hints(program, n_consts, out_specs) -> dict:
@@ -150,7 +293,8 @@ def _backward_hints(program, n_consts, out_specs) -> dict:
             want.setdefault(eqn.inputs[0], eqn.params["spec"])
     for eqn in reversed(program.eqns):
         spec = next((want[o] for o in eqn.outputs if o in want), None)
-        if spec is None or eqn.primitive.name not in rules.ELEMENTWISE:
+        if spec is None or (eqn.primitive.name not in rules.ELEMENTWISE and
+                            eqn.primitive.name != "sharding_constraint"):
             continue
         for a in eqn.inputs:
             if isinstance(a, Var) and a.aval.shape == eqn.outputs[0].aval.shape:
@@ -159,3 +303,6 @@ def _backward_hints(program, n_consts, out_specs) -> dict:
         if v in want:
             hints[v] = want[v]
     return hints
+
+
+__all__ = ["PartitionError", "Partitioned", "partition", "Evaluator"]

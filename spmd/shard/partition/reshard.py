@@ -7,10 +7,13 @@
 | split on d -> replicated        | ``all_gather`` (tiled, dim d)     |
 | split on d -> split on e        | ``all_to_all`` (split e, concat d)|
 | replicated -> split on d        | a local slice at ``axis_index``   |
+| replicated -> partial           | a local mask (device 0 keeps it)  |
 
-Each inserted collective is recorded with the reason (the equation and source
-line that needed it) and the bytes each device sends, for ``as_text`` and
-``Lowered.bytes_sent``.
+A conversion is first planned (:func:`plan`: a list of steps, each with the bytes a
+device sends), then executed (:func:`reshard`).  Rules use the plan alone to compare
+the cost of their choices (:func:`cost`).  Each inserted collective is recorded with
+the reason (the equation and source line that needed it) and the bytes each device
+sends, for ``as_text`` and ``Lowered.bytes_sent``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from spmd.collectives import api as coll
-from spmd.compiler.ops.elementwise import mul
+from spmd.compiler.ops.elementwise import convert, eq, mul
 from spmd.compiler.ops.indexing import dynamic_slice
 from spmd.compiler.trace import get_aval
 from spmd.errors import SpmdError
@@ -40,6 +43,19 @@ class Note(NamedTuple):
     bytes_sent: int
 
 
+class Step(NamedTuple):
+    """One move of a plan: ``kind`` over mesh ``axes`` on local dimension ``dim``
+    (``target``: the dimension an all_to_all splits); ``bytes_sent`` per device;
+    ``out_bytes``: the local size after the step."""
+
+    kind: str  # psum | psum_scatter | all_gather | all_to_all | slice | mask
+    axes: tuple
+    dim: int
+    target: int
+    bytes_sent: int
+    out_bytes: int
+
+
 class Context:
     """What resharding needs: the mesh, the notes taken so far, the gather limit."""
 
@@ -53,6 +69,95 @@ class Context:
         self.notes.append(Note(collective, value, self.reason, int(nbytes)))
 
 
+def _prefix(a: tuple, b: tuple) -> tuple:
+    """The longest common prefix of two axis tuples."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return tuple(a[:n])
+
+
+def plan(src: Placement, dst: Placement, local_shape, itemsize: int, mesh) -> list[Step]:
+    """The steps turning a block of ``local_shape`` placed as ``src`` into ``dst``."""
+    if src == dst:
+        return []
+    shape = list(local_shape)
+    dims = [tuple(a) for a in src.dims]
+    steps: list[Step] = []
+
+    def size() -> int:
+        return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+    # 1. Pending sums: reduce-scatter into a dimension dst splits further (right after
+    #    its current axes), all-reduce the rest.
+    pending = [a for a in mesh.axis_names if a in src.partial and a not in dst.partial]
+    if pending:
+        for d, want in enumerate(dst.dims):
+            have = dims[d]
+            if tuple(want[:len(have)]) != have:
+                continue
+            scatter = []
+            for a in want[len(have):]:
+                if a not in pending:
+                    break
+                scatter.append(a)
+            scatter = tuple(scatter)
+            if not scatter:
+                continue
+            n = mesh.axis_size(scatter)
+            if shape[d] % n:
+                continue
+            before = size()
+            shape[d] //= n
+            steps.append(Step("psum_scatter", scatter, d, -1, before * (n - 1) // n, size()))
+            dims[d] = have + scatter
+            pending = [a for a in pending if a not in scatter]
+        if pending:
+            n = mesh.axis_size(tuple(pending))
+            steps.append(Step("psum", tuple(pending), -1, -1, 2 * size() * (n - 1) // n, size()))
+    # 2. Axes leaving a dimension (all but the common prefix with dst): all_to_all when
+    #    the same axes are wanted next on a dimension not split yet, else all_gather.
+    for d in range(len(dims)):
+        keep = _prefix(dims[d], tuple(dst.dims[d]))
+        extra = dims[d][len(keep):]
+        if not extra:
+            continue
+        n = mesh.axis_size(extra)
+        target = next((e for e in range(len(dims)) if e != d and not dims[e]
+                       and tuple(dst.dims[e][:len(extra)]) == extra and shape[e] % n == 0),
+                      None)
+        before = size()
+        if target is not None:
+            shape[target] //= n
+            shape[d] *= n
+            steps.append(Step("all_to_all", extra, d, target, before * (n - 1) // n, size()))
+            dims[target], dims[d] = extra, keep
+            continue
+        shape[d] *= n
+        steps.append(Step("all_gather", extra, d, -1, size() * (n - 1) // n, size()))
+        dims[d] = keep
+    # 3. Axes joining a dimension: each device keeps its slice (no communication).
+    for d in range(len(dims)):
+        new = tuple(dst.dims[d][len(dims[d]):])
+        if not new:
+            continue
+        assert dims[d] == tuple(dst.dims[d][:len(dims[d])]), (src, dst)
+        shape[d] //= mesh.axis_size(new)
+        steps.append(Step("slice", new, d, -1, 0, size()))
+        dims[d] = dims[d] + new
+    # 4. Pending sums joining: device 0 along those axes keeps the value, others zero.
+    added = tuple(a for a in mesh.axis_names if a in dst.partial and a not in src.partial)
+    if added:
+        steps.append(Step("mask", added, -1, -1, 0, size()))
+    return steps
+
+
+def cost(shape, itemsize: int, src: Placement, dst: Placement, mesh) -> int:
+    """Bytes each device sends to convert a value of global ``shape`` from ``src`` to ``dst``."""
+    return sum(s.bytes_sent for s in plan(src, dst, src.local_shape(shape, mesh), itemsize,
+                                          mesh))
+
+
 def _nbytes(x) -> int:
     a = get_aval(x)
     return int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
@@ -62,73 +167,40 @@ def reshard(x, src: Placement, dst: Placement, ctx: Context, what: str = "value"
     """Per-device ``x`` with placement ``src`` converted to placement ``dst``."""
     if src == dst:
         return x
-    mesh = ctx.mesh
-    dims = [tuple(a) for a in src.dims]
-    # 1. Pending sums: reduce-scatter into a dimension dst splits (where that dim is
-    #    not split yet), all-reduce the rest.
-    pending = [a for a in mesh.axis_names if a in src.partial and a not in dst.partial]
-    if pending:
-        for d, want in enumerate(dst.dims):
-            scatter = tuple(a for a in want if a in pending)
-            if scatter and not dims[d] and tuple(want[:len(scatter)]) == scatter:
-                n = mesh.axis_size(scatter)
-                if np.shape(x)[d] % n == 0:
-                    before = _nbytes(x)
-                    x = coll.psum_scatter(x, scatter, scatter_dimension=d, tiled=True)
-                    ctx.note("psum_scatter", x, before * (n - 1) // n)
-                    dims[d] = scatter
-                    pending = [a for a in pending if a not in scatter]
-        if pending:
-            n = mesh.axis_size(tuple(pending))
-            before = _nbytes(x)
-            x = coll.psum(x, tuple(pending))
-            ctx.note("psum", x, 2 * before * (n - 1) // n)
-    if dst.partial - src.partial:
-        raise NotImplementedError("partitioner: a rule asked for a pending sum the value "
-                                  "does not have")
-    # 2. Axes leaving a dimension: all_to_all when the same axes are wanted on a
-    #    dimension that is not split yet, else all_gather.
-    for d in range(len(dims)):
-        extra = tuple(a for a in dims[d] if a not in dst.dims[d])
-        if not extra:
-            continue
-        keep = tuple(a for a in dims[d] if a in dst.dims[d])
-        if keep != dims[d][:len(keep)]:  # only minor axes can leave a split: gather all
-            extra, keep = dims[d], ()
-        target = next((e for e in range(len(dims)) if e != d and not dims[e]
-                       and tuple(dst.dims[e][:len(extra)]) == extra), None)
-        n = mesh.axis_size(extra)
-        if target is not None and np.shape(x)[target] % n == 0:
-            before = _nbytes(x)
-            x = coll.all_to_all(x, extra, split_axis=target, concat_axis=d, tiled=True)
-            ctx.note("all_to_all", x, before * (n - 1) // n)
-            dims[target], dims[d] = extra, keep
-            continue
-        x = coll.all_gather(x, extra, axis=d, tiled=True)
-        gathered = _nbytes(x)
-        if ctx.forbid_gather_bytes is not None and gathered > ctx.forbid_gather_bytes:
+    aval = get_aval(x)
+    for s in plan(src, dst, aval.shape, aval.dtype.itemsize, ctx.mesh):
+        x = _execute(x, s, ctx, what)
+    return x
+
+
+def _execute(x, s: Step, ctx: Context, what: str):
+    if s.kind == "psum_scatter":
+        x = coll.psum_scatter(x, s.axes, scatter_dimension=s.dim, tiled=True)
+    elif s.kind == "psum":
+        x = coll.psum(x, s.axes)
+    elif s.kind == "all_to_all":
+        x = coll.all_to_all(x, s.axes, split_axis=s.target, concat_axis=s.dim, tiled=True)
+    elif s.kind == "all_gather":
+        limit = ctx.forbid_gather_bytes
+        if limit is not None and s.out_bytes > limit:
+            shape = list(np.shape(x))
+            shape[s.dim] *= ctx.mesh.axis_size(s.axes)
             raise GatherTooLargeError(
-                f"the partitioner needs an all_gather of {what} ({gathered} bytes per device, "
-                f"shape {tuple(np.shape(x))}) for {ctx.reason}, more than forbid_gather_bytes="
-                f"{ctx.forbid_gather_bytes}; shard the consumer differently or add a "
-                "with_sharding_constraint")
-        ctx.note("all_gather", x, gathered * (n - 1) // n)
-        dims[d] = keep
-    # 3. Axes joining a dimension: each device keeps its slice (no communication).
-    for d in range(len(dims)):
-        new = tuple(a for a in dst.dims[d] if a not in dims[d])
-        if not new:
-            continue
-        if dims[d] != tuple(dst.dims[d][:len(dims[d])]):
-            raise NotImplementedError(f"partitioner: cannot reshard dim {d} from {src} to "
-                                      f"{dst}")
-        n = mesh.axis_size(new)
-        size = np.shape(x)[d] // n
-        idx = coll.axis_index(new)
-        starts = [np.int32(0)] * len(dims)
-        starts[d] = mul(idx, np.int32(size))
+                f"the partitioner needs an all_gather over {s.axes} of {what} "
+                f"({s.out_bytes} bytes per device, gathered block shape {tuple(shape)}) for "
+                f"{ctx.reason}, more than forbid_gather_bytes={limit}; shard the consumer "
+                "differently, add a with_sharding_constraint, or raise the limit")
+        x = coll.all_gather(x, s.axes, axis=s.dim, tiled=True)
+    elif s.kind == "slice":
+        n = ctx.mesh.axis_size(s.axes)
+        size = np.shape(x)[s.dim] // n
+        starts = [np.int32(0)] * np.ndim(x)
+        starts[s.dim] = mul(coll.axis_index(s.axes), np.int32(size))
         sizes = list(np.shape(x))
-        sizes[d] = size
-        x = dynamic_slice(x, starts, tuple(sizes))
-        dims[d] = dims[d] + new
+        sizes[s.dim] = size
+        return dynamic_slice(x, starts, tuple(sizes))
+    else:  # mask
+        keep = convert(eq(coll.axis_index(s.axes), np.int32(0)), get_aval(x).dtype)
+        return mul(x, keep)
+    ctx.note(s.kind, x, s.bytes_sent)
     return x
