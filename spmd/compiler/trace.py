@@ -326,8 +326,13 @@ def bind(prim, *args, **params):
     trace = find_top_trace(args)
     if prim.rules.get("batch_needs_axis"):
         # A collective belongs to the level of its axes even when no argument is
-        # traced there (axis_index has none; psum of a constant is a product).
-        for a in params.get("axes", ()):
+        # traced there (axis_index has none; psum of a constant is a product); so
+        # does a higher-order primitive whose body holds one.
+        axes = params.get("axes", ())
+        if prim.higher_order and _axis_env:
+            from spmd.compiler.batching import collective_axes
+            axes = collective_axes(params)
+        for a in axes:
             scope = axis_scope(a)
             if scope is not None and scope.main is not None and \
                     scope.main.level > trace.main.level:

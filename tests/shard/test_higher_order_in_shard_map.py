@@ -429,14 +429,8 @@ def test_collective_axes_of_nested_bodies():
     assert collective_axes(cond_eqn.params) == frozenset()
 
 
-_NEEDS_BIND = pytest.mark.xfail(
-    strict=True, reason="trace.bind routes only primitives with an `axes` parameter to the "
-    "batch level of their axes; a higher-order primitive whose operands are all replicated "
-    "(unbatched) but whose body holds a collective must be routed there too, with "
-    "spmd.compiler.batching.collective_axes(params) (see the report of this change)")
 
 
-@_NEEDS_BIND
 @pytest.mark.parametrize("check_vma", [True, False])
 @pytest.mark.parametrize("kind", ["jit", "checkpoint", "fori", "cond", "while"])
 def test_collective_in_body_on_replicated_operands(kind, check_vma):
@@ -458,7 +452,6 @@ def test_collective_in_body_on_replicated_operands(kind, check_vma):
     _close(spmd.jit(f)(x), want)
 
 
-@_NEEDS_BIND
 def test_second_order_reverse_mode_of_a_carry_becoming_varying():
     # The transposed loop's operands are all replicated; its body holds a psum.
     f = sm(lambda b: lax.fori_loop(0, 2, lambda k, c: snp.sin(lax.psum(c, "i")) + b,
@@ -466,7 +459,6 @@ def test_second_order_reverse_mode_of_a_carry_becoming_varying():
     check_grads(f, (_x(8, 3),), order=2, modes=("rev",))
 
 
-@_NEEDS_BIND
 def test_untyped_loop_over_a_psum_result():
     # Untyped, a psum result is one unstacked value: the loop's operands are all replicated.
     body = lambda b: lax.while_loop(lambda c: c[0] < 2,  # noqa: E731
@@ -478,7 +470,6 @@ def test_untyped_loop_over_a_psum_result():
     _close(f(x), 4 * np.sin(4 * np.sin(s)))
 
 
-@_NEEDS_BIND
 def test_named_vmap_of_cond_over_a_closed_over_constant():
     c = _x(3)
     f = spmd.vmap(lambda v: v + lax.cond(True, lambda u: u * lax.axis_index("b"),

@@ -286,8 +286,6 @@ def test_loop_carry_becoming_varying():
     _close(f(x), (blocks.sum(0)[None] + blocks).ravel())
 
 
-@pytest.mark.xfail(strict=True, reason="BatchTrace skips the batch rule of scan/cond/while "
-                   "whose operands are all unbatched, so collectives inside run eagerly")
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_collective_in_loop_on_replicated_operands(check_vma):
     mesh = spmd.make_mesh((4,), ("i",))
