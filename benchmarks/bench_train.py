@@ -144,7 +144,7 @@ def run(quick: bool = False) -> list[dict]:
     rng = np.random.default_rng(2)
     scale = 4 if quick else 1
     rows = []
-    # About 20 s in all on 2 cores (a quarter of that with quick=True).
+    # About 10 s in all on an idle 2-core machine (a quarter of that with quick=True).
     rows += _bench_step(256, 1.15, repeats=120 // scale, rng=rng)
     rows += _bench_step(2048, 1.05, repeats=40 // scale, rng=rng)
     rows += _bench_compile(repeats=20 // scale, rng=rng)

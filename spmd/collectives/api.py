@@ -16,6 +16,7 @@ from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, 
                                          axis_index_p, pmax_p, pmin_p, ppermute_p, psum_p,
                                          psum_scatter_p, pvary_p)
 from spmd.compiler import dtypes
+from spmd.compiler.array_module import to_host
 from spmd.compiler.ops.elementwise import convert, div, mul
 from spmd.compiler.ops.structural import reshape
 from spmd.compiler.trace import Tracer, _pvary_hook, bind, get_aval
@@ -55,7 +56,7 @@ def psum(x, axis_name):
             # A constant is the same on every device: the sum is known now
             # (so ``psum(1, 'i')`` is the axis size as a concrete value, as in JAX).
             dt = get_aval(v).dtype
-            value = np.asarray(v.value if hasattr(v, "value") else v, dtype=dt)
+            value = np.asarray(to_host(v.value) if hasattr(v, "value") else v, dtype=dt)
             return (value * dt.type(_size(axes)))[()]
         varying, invariant = _varying_split(v, axes)
         if invariant:  # the same on every device: no communication

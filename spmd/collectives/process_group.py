@@ -12,13 +12,17 @@ runs all of them).  :class:`ProcessGroup` has the same seven operations as
 - several devices per process (hybrid meshes): groups entirely inside the
   process need no MPI; otherwise the processes that share groups exchange
   their stacked blocks with one ``Allgather`` and finish locally.
+
+On GPU devices the same calls go through NCCL (``spmd.collectives.nccl``, the
+same interface) when CuPy has it, unless ``SPMD_GPU_BACKEND=mpi`` asks for the
+``mpi`` backend, which stages GPU arrays through host memory.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from spmd.collectives import mpi
+from spmd.collectives import mpi, nccl
 from spmd.collectives.local import LocalGroup
 from spmd.compiler.ops.elementwise import mul
 from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
@@ -32,12 +36,23 @@ _NAMES = {"all_gather": "all_gather", "reduce_scatter": "psum_scatter",
 _REDUCE_NAMES = {"sum": "psum", "max": "pmax", "min": "pmin"}
 
 
+def backend():
+    """The module that moves data between processes: ``nccl`` for GPU devices when
+    NCCL is available (and not ``SPMD_GPU_BACKEND=mpi``), else ``mpi``."""
+    from spmd.launch import platform
+
+    if platform.current() == "gpu" and platform.gpu_backend() == "nccl":
+        return nccl
+    return mpi
+
+
 class ProcessGroup:
     """Collectives over ``axes`` for the local devices ``local`` (flat mesh positions) of
     this process; ``procs[f]`` is the process owning flat position ``f``."""
 
     def __init__(self, names, sizes, axes, local, procs, me):
         self.local_group = LocalGroup(names, sizes, axes)
+        self.comm = backend()  # mpi or nccl: both have call(kind, x, ranks, **params)
         self.names, self.sizes, self.axes = tuple(names), tuple(sizes), tuple(axes)
         self.local, self.procs, self.me = tuple(local), tuple(procs), me
         self.n = len(procs)
@@ -98,8 +113,8 @@ class ProcessGroup:
         if self.component == (self.me,):
             rows = {f: slice_in_dim(x, i, i + 1, axis=0) for i, f in enumerate(self.local)}
         else:
-            gathered = mpi.call("allgather", x, self.component,
-                                what=what)  # (P_c, L, *r)
+            gathered = self.comm.call("allgather", x, self.component,
+                                      what=what)  # (P_c, L, *r)
             rows = {}
             for qi, q in enumerate(self.component):
                 mine = [f for f in range(self.n) if self.procs[f] == q]
@@ -126,12 +141,12 @@ class ProcessGroup:
     def all_reduce(self, x, op: str):
         if not self.fast:
             return self._general("all_reduce", x, op)
-        return mpi.call("allreduce", x, self.ranks, op=op, what=_REDUCE_NAMES[op]), 0
+        return self.comm.call("allreduce", x, self.ranks, op=op, what=_REDUCE_NAMES[op]), 0
 
     def all_gather(self, x, axis: int, tiled: bool):
         if not self.fast:
             return self._general("all_gather", x, axis, tiled)
-        g = mpi.call("allgather", self._strip(x), self.ranks, what="all_gather")  # (nA, *r)
+        g = self.comm.call("allgather", self._strip(x), self.ranks, what="all_gather")  # (nA, *r)
         r = tuple(get_aval(g).shape[1:])
         perm = tuple(range(1, 1 + axis)) + (0,) + tuple(range(1 + axis, 1 + len(r)))
         g = transpose(g, perm)
@@ -148,7 +163,7 @@ class ProcessGroup:
         c = r[dim] // self.na
         v = reshape(v, r[:dim] + (self.na, c) + r[dim + 1:])
         v = transpose(v, (dim,) + tuple(i for i in range(len(r) + 1) if i != dim))
-        out = mpi.call("reduce_scatter", v, self.ranks, op="sum",
+        out = self.comm.call("reduce_scatter", v, self.ranks, op="sum",
                        what="psum_scatter")  # r with c at dim
         if not tiled:
             out = reshape(out, r[:dim] + r[dim + 1:])
@@ -162,7 +177,7 @@ class ProcessGroup:
         s, c = split_axis, r[split_axis] // self.na
         v = reshape(v, r[:s] + (self.na, c) + r[s + 1:])
         v = transpose(v, (s,) + tuple(i for i in range(len(r) + 1) if i != s))
-        got = mpi.call("alltoall", v, self.ranks, what="all_to_all")  # (nA_src, *r, c at s)
+        got = self.comm.call("alltoall", v, self.ranks, what="all_to_all")  # (nA_src, *r, c at s)
         rr = tuple(get_aval(got).shape[1:])
         order = []
         for i in range(len(rr)):
@@ -179,7 +194,7 @@ class ProcessGroup:
         src = next((s for s, d in perm if d == self.pos), None)
         if dst is None and src is None:
             return full(tuple(get_aval(x).shape), 0, get_aval(x).dtype), 0
-        return mpi.call("sendrecv", x, self.ranks, dst=dst, src=src, what="ppermute"), 0
+        return self.comm.call("sendrecv", x, self.ranks, dst=dst, src=src, what="ppermute"), 0
 
     def axis_index(self):
         return np.array([self.position[f] for f in self.local], np.int32), 0

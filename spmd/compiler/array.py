@@ -1,7 +1,8 @@
 """The concrete array that eager operations and jitted calls return.
 
-An :class:`Array` holds one buffer of the array module (numpy here) and its
-aval.  Later layers attach a sharding; arithmetic operators are installed by
+An :class:`Array` holds one buffer of the array module (numpy, or cupy when the
+devices are GPUs: reading its value, ``np.asarray(x)``, then copies it to the
+host) and its aval.  Later layers attach a sharding; arithmetic operators are installed by
 ``spmd.numpy`` (the compiler does not import the front end).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.array_module import device_types, synchronize, to_host
 from spmd.compiler.avals import ShapedArray
 from spmd.errors import DeletedArrayError
 
@@ -42,7 +44,7 @@ class Array:
         return self._value
 
     def __array__(self, dtype=None, copy=None):
-        v = np.asarray(self.value)
+        v = to_host(self.value)
         return v if dtype is None else v.astype(dtype, copy=False)
 
     def delete(self) -> None:
@@ -52,16 +54,22 @@ class Array:
         return self._deleted
 
     def block_until_ready(self) -> "Array":
+        """Wait until the value is computed (GPU work is asynchronous)."""
+        v = self.value
+        if type(v) in device_types:
+            synchronize(v)
         return self
 
     def copy(self) -> "Array":
-        return Array(np.array(self.value, copy=True), self.aval, self._sharding)
+        v = self.value
+        v = v.copy() if type(v) in device_types else np.array(v, copy=True)
+        return Array(v, self.aval, self._sharding)
 
     def item(self):
-        return np.asarray(self.value).item()
+        return to_host(self.value).item()
 
     def tolist(self):
-        return np.asarray(self.value).tolist()
+        return to_host(self.value).tolist()
 
     # ------------------------------------------------------------- metadata
     shape = property(lambda self: self.aval.shape)
@@ -83,31 +91,31 @@ class Array:
 
     # Concrete values convert to Python values, as numpy's do.
     def __bool__(self):
-        return bool(np.asarray(self.value))
+        return bool(to_host(self.value))
 
     def __int__(self):
-        return int(np.asarray(self.value))
+        return int(to_host(self.value))
 
     def __float__(self):
-        return float(np.asarray(self.value))
+        return float(to_host(self.value))
 
     def __index__(self):
-        return int(np.asarray(self.value).__index__())
+        return int(to_host(self.value).__index__())
 
     def __complex__(self):
-        return complex(np.asarray(self.value))
+        return complex(to_host(self.value))
 
     __hash__ = None  # arrays are mutable-looking values: unhashable, as in numpy and JAX
 
     def __repr__(self):
         if self._deleted:
             return "Array(<deleted>)"
-        body = np.array2string(np.asarray(self._value), separator=", ", prefix="Array(")
+        body = np.array2string(to_host(self._value), separator=", ", prefix="Array(")
         extra = ", weak_type=True" if self.aval.weak_type else ""
         return f"Array({body}, dtype={self.dtype}{extra})"
 
     def __str__(self):
-        return str(np.asarray(self.value))
+        return str(to_host(self.value))
 
     def __format__(self, spec):
-        return format(np.asarray(self.value) if self.shape else self.item(), spec)
+        return format(to_host(self.value) if self.shape else self.item(), spec)

@@ -3,12 +3,17 @@
 Each equation becomes one line of straight-line code over the array module
 ``xp`` (numpy or cupy): either an inline expression from the primitive's
 ``emit`` rule (``c = xp.tanh(b)``) or a call of its ``impl`` with the static
-parameters bound once at compile time.  Nothing is interpreted per call.
+parameters bound once at compile time.  Nothing is interpreted per call.  A
+primitive whose expression depends on its operands' types registers
+``rules["emit_avals"](names, in_avals, **params) -> str | None`` instead
+(``dot_general``: ``(a.T @ b)`` for a transposed 2-d operand); for a
+:data:`FRESH_RESULT` primitive it is also called with ``out=NAME``, a dead
+buffer of the result's shape and dtype that its code may write into.
 
 Example of generated code (``spmd.jit(f).lower(x).compile().source``)::
 
     def program(a, b):
-        c = xp.matmul(a, b)
+        c = (a @ b)
         d = xp.tanh(c)
         return [d]
 """
@@ -62,7 +67,9 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Exec
 
     n_consts = len(closed.consts)
     for v, val in zip(program.in_vars[:n_consts], closed.consts):
-        names[v] = const(val)
+        # Constants are host (numpy) values; another array module (cupy) gets its
+        # own copy once, here, rather than one per call.
+        names[v] = const(val if xp is np else xp.asarray(val))
     args = []
     for v in program.in_vars[n_consts:]:
         names[v] = next(gen)
@@ -85,10 +92,11 @@ def _literal_value(lit: Literal, xp):
 
     For numpy, a 0-d array: ``x + k`` with ``k`` a 0-d array is about a third
     faster than with a numpy scalar (measured, numpy 2.4).  Other array modules
-    get the numpy scalar, which they all accept as an operand.
+    (cupy) get a 0-d array of their own: impls index, mask and combine literals
+    with their other operands, and a host value among device arrays fails there.
     """
     val = np.asarray(lit.val, dtype=lit.aval.dtype)
-    return val if xp is np else val[()]
+    return val if xp is np else xp.asarray(val)
 
 
 # ------------------------------------------------------- implicit broadcasting
@@ -162,8 +170,8 @@ def plan_implicit_broadcasts(eqns, live_out=()) -> dict:
 
 # --------------------------------------------------------------- buffer reuse
 
-# Primitives whose ``impl`` returns a new buffer that nothing else references
-# (never a view of an input), although their code is not a ufunc call.
+# Primitives whose code (``impl`` or emitted) returns a new buffer that nothing
+# else references (never a view of an input), although it is not a ufunc call.
 FRESH_RESULT = frozenset({"dot_general"})
 
 _INFIX_UFUNCS = {"+": "add", "-": "subtract", "*": "multiply", "&": "bitwise_and",
@@ -229,6 +237,46 @@ def _reusable_input(eqn, owned, uses):
 
 # ------------------------------------------------------------------ emission
 
+# Calls that return a new array (never a view of an argument), besides ufuncs
+# and FRESH_RESULT primitives: reading a value there leaves no alias behind.
+_FRESH_CALLS = ("xp.sum(", "xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
+
+
+class _DeadBuffers:
+    """Buffers of values that nothing reads any more, by (shape, dtype).
+
+    A fresh result (a ufunc's, a matmul's) is written into one of them with
+    ``out=`` rather than into a new allocation: fewer and smaller heap
+    peaks, so fewer page faults (a training step on large batches otherwise
+    grows and trims the heap by tens of megabytes per call), as a careful
+    numpy user reusing temporaries gets.  A value's buffer becomes dead at
+    its last use when it is owned (see :func:`_reusable_input`), is not an
+    output, was not handed on (written in place by a later value) and every
+    equation that read it returns a new array (no view of it can exist).
+    """
+
+    def __init__(self, eqns, live_out):
+        self.remaining = _use_counts(eqns, live_out)
+        self.aliased: set = set()  # read by code that may return a view of it
+        self.handed_on: set = set()  # its buffer now holds a later value
+        self.free: dict = {}
+
+    def take(self, aval) -> str | None:
+        names = self.free.get((aval.shape, aval.dtype))
+        return names.pop() if names else None
+
+    def release_inputs(self, eqn, names, owned, never_aliases: bool) -> None:
+        for a in eqn.inputs:
+            if not isinstance(a, Var):
+                continue
+            if not never_aliases:
+                self.aliased.add(a)
+            self.remaining[a] -= 1
+            if (self.remaining[a] == 0 and a in owned and a not in self.aliased
+                    and a not in self.handed_on and a.aval.ndim):
+                self.free.setdefault((a.aval.shape, a.aval.dtype), []).append(names[a])
+
+
 def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) -> None:
     """Append one line of code per equation to ``lines``.
 
@@ -239,6 +287,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
     compact = plan_implicit_broadcasts(eqns, live_out)
     uses = _use_counts(eqns, live_out)
     owned: set = set()  # values in buffers that only this program's code references
+    dead = _DeadBuffers(eqns, live_out)
     for i, eqn in enumerate(eqns):
         prim = eqn.primitive
         ins = [atom(a) for a in eqn.inputs]
@@ -251,25 +300,45 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             same = shape == eqn.inputs[0].aval.shape
             lines.append(f"{outs[0]} = {ins[0]}" if same else
                          f"{outs[0]} = {ins[0]}.reshape({shape!r})")
+            dead.release_inputs(eqn, names, owned, never_aliases=False)  # a view
             continue
-        expr = prim.emit(ins, **eqn.params) if prim.emit is not None else None
+        out_aval = eqn.outputs[0].aval if len(eqn.outputs) == 1 else None
+        array_result = out_aval is not None and out_aval.ndim > 0
+        emit_avals = prim.rules.get("emit_avals")
+        if emit_avals is not None:  # an emit rule that needs the operands' types
+            in_avals = [a.aval for a in eqn.inputs]
+            expr = emit_avals(ins, in_avals, **eqn.params)
+            buf = dead.take(out_aval) if expr is not None and array_result and \
+                prim.name in FRESH_RESULT else None
+            if buf is not None:  # the same code, writing into a dead buffer
+                expr = emit_avals(ins, in_avals, out=buf, **eqn.params) or expr
+        else:
+            expr = prim.emit(ins, **eqn.params) if prim.emit is not None and (
+            xp is np or not prim.rules.get("emit_numpy_only")) else None
+        fresh = prim.name in FRESH_RESULT
+        if fresh and array_result:
+            owned.add(eqn.outputs[0])
         if expr is None:
             fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
                 functools.partial(prim.impl, xp)
             fname = f"_{prim.name}_{i}".replace("-", "_")
             namespace[fname] = fn
             expr = f"{fname}({', '.join(ins)})"
-            if prim.name in FRESH_RESULT and len(eqn.outputs) == 1 and eqn.outputs[0].aval.ndim:
-                owned.add(eqn.outputs[0])
-        elif not prim.multiple_results and eqn.outputs[0].aval.ndim:
+        elif not prim.multiple_results and array_result:
             # A ufunc with an array result returns a fresh buffer (0-d results
             # are numpy scalars: immutable, and never reused).
             uf = ufunc_of(expr, ins)
             if uf is not None:
+                fresh = True
                 target = _reusable_input(eqn, owned, uses)
                 if target is not None:
-                    expr = f"xp.{uf}({', '.join(ins)}, out={names[target]})"
+                    dead.handed_on.add(target)
+                out = names[target] if target is not None else dead.take(out_aval)
+                if out is not None:
+                    expr = f"xp.{uf}({', '.join(ins)}, out={out})"
                 owned.add(eqn.outputs[0])
+            fresh = fresh or expr.startswith(_FRESH_CALLS)
+        dead.release_inputs(eqn, names, owned, never_aliases=fresh)
         if prim.multiple_results:
             lhs = (", ".join(outs) + ",") if outs else "_"
         else:

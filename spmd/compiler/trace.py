@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from spmd.compiler import array_module as _am
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
@@ -75,20 +76,23 @@ class EvalTrace(Trace):
             outs = _sharded_eager_hook[0](prim, args, params)
             if outs is not None:
                 return outs
+        # numpy, or cupy when the devices are GPUs (resolved before the values are
+        # converted: to_array_value moves host values to the device then).
+        xp = _am._xp[0] or _am.current()
         avals_in = [get_aval(a) for a in args]
         avals_out = abstract_eval(prim, avals_in, params)
         vals = [to_array_value(a, av) for a, av in zip(args, avals_in)]
         if partial is None and not prim.higher_order:
-            outs = prim.impl(np, *vals, **params)
+            outs = prim.impl(xp, *vals, **params)
             if not prim.multiple_results:
                 outs = (outs,)
             return [wrap_value(o, av) for o, av in zip(outs, avals_out)]
         shardings = _eager_shardings(prim, args, params, partial)
         if partial is not None:  # the blocks of other processes are placeholders
             with np.errstate(all="ignore"):
-                outs = prim.impl(np, *vals, **params)
+                outs = prim.impl(xp, *vals, **params)
         else:
-            outs = prim.impl(np, *vals, **params)
+            outs = prim.impl(xp, *vals, **params)
         if not prim.multiple_results:
             outs = (outs,)
         outs = [wrap_value(o, av) for o, av in zip(outs, avals_out)]
@@ -249,6 +253,8 @@ def get_aval(x) -> ShapedArray:
         return ShapedArray(x.shape, dtypes.canonicalize(x.dtype), False)
     if isinstance(x, _SCALAR_TYPES):
         return ShapedArray((), dtypes.python_scalar_dtype(x), True)
+    if _am.is_device_array(x):  # a GPU array (cupy)
+        return ShapedArray(x.shape, dtypes.canonicalize(x.dtype), False)
     raise DTypeError(
         f"spmd: a value of type {type(x).__name__} ({_short_repr(x)}) is not an array; pass "
         "numpy arrays, spmd Arrays or Python scalars (mark other arguments static with "
@@ -256,7 +262,8 @@ def get_aval(x) -> ShapedArray:
 
 
 def is_array_like(x) -> bool:
-    return isinstance(x, (Tracer, Array, np.ndarray, np.generic) + _SCALAR_TYPES)
+    return isinstance(x, (Tracer, Array, np.ndarray, np.generic) + _SCALAR_TYPES) or \
+        _am.is_device_array(x)
 
 
 def _short_repr(x) -> str:
@@ -265,7 +272,10 @@ def _short_repr(x) -> str:
 
 
 def to_array_value(x, aval: ShapedArray):
-    """The raw numpy value of a concrete argument, in its canonical dtype."""
+    """The raw value of a concrete argument, in its canonical dtype: a numpy array,
+    or a device (cupy) array when the devices are GPUs (host values are copied there)."""
+    if _am.on_device[0] or (_am._xp[0] is None and _am.current() is not np):
+        return _am.to_device(x.value if isinstance(x, Array) else x, aval.dtype)
     if isinstance(x, Array):
         return x.value
     if isinstance(x, np.ndarray) and x.dtype == aval.dtype:
@@ -275,6 +285,8 @@ def to_array_value(x, aval: ShapedArray):
 
 def wrap_value(v, aval: ShapedArray) -> Array:
     if not isinstance(v, np.ndarray) or v.dtype != aval.dtype:
+        if type(v) in _am.device_types:  # stays in device memory
+            return Array(v if v.dtype == aval.dtype else v.astype(aval.dtype), aval)
         v = np.asarray(v, dtype=aval.dtype)
     return Array(v, aval)
 
@@ -435,8 +447,12 @@ class ProgramBuilder:
             # then evaluated under those transformations (e.g. jit(grad(f))).
             if isinstance(val, Array):
                 # Eager Arrays may wrap a caller's numpy buffer (snp.asarray does not
-                # copy), so the program keeps its own copy of those too.
-                val = np.array(val.value, copy=True)
+                # copy), so the program keeps its own copy of those too.  Programs
+                # keep constants in host memory (constant folding runs on numpy); the
+                # executor puts them on the device once, when it compiles.
+                val = np.array(_am.to_host(val.value), copy=True)
+            elif type(val) in _am.device_types:
+                val = np.array(_am.to_host(val), dtype=aval.dtype, copy=True)
             elif isinstance(val, np.ndarray):
                 # A copy, as JAX takes one: mutating a closed-over array later
                 # must not change what a cached program computes.

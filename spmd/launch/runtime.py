@@ -1,8 +1,10 @@
 """The process runtime: detect an MPI launch and describe this process's devices.
 
-Without MPI one process owns ``SPMD_NUM_DEVICES`` simulated CPU devices
-(default 8).  Under ``mpirun``/``mpiexec``/``srun`` (detected from the
-environment) each rank owns ``SPMD_LOCAL_DEVICES`` devices (default 1).
+Without MPI one process owns ``SPMD_NUM_DEVICES`` simulated devices (default
+8).  Under ``mpirun``/``mpiexec``/``srun`` (detected from the environment) each
+rank owns ``SPMD_LOCAL_DEVICES`` devices (default 1).  The devices' platform
+(``cpu``, or ``gpu`` when asked for or when CuPy sees a GPU) is decided by
+:mod:`spmd.launch.platform`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ def _env_count(name: str, default: int) -> int:
 
 def describe() -> tuple[int, int, int, str]:
     """``(process_index, process_count, local_device_count, platform)``."""
-    platform = _forced.get("platform") or os.environ.get("SPMD_PLATFORM", "cpu")
+    from spmd.launch.platform import current
+
+    platform = current()  # raises PlatformError when gpu is asked for and cannot run
+    if platform == "gpu":
+        from spmd.compiler import array_module
+
+        array_module.current()  # picks this rank's GPU now (and checks ranks vs GPUs)
     if launched_by_mpi():
         from spmd.launch import mpi
 
@@ -60,4 +68,4 @@ def force(backend: str | None = None, local_devices: int | None = None,
         _forced["local_devices"] = int(local_devices)
     if platform is not None:
         _forced["platform"] = platform
-    reset_for_tests()
+    reset_for_tests()  # the platform and array module are decided again, too

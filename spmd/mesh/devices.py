@@ -96,5 +96,8 @@ def local_device_count() -> int:
 
 def reset_for_tests() -> None:
     """Forget the cached device configuration (tests change the environment)."""
+    from spmd.launch import platform
+
     _runtime.cache_clear()
     devices.cache_clear()
+    platform.reset()  # the platform and its array module are decided again

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler.array_module import to_host
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.trace import get_aval
@@ -129,7 +130,7 @@ def _is_concrete(x):
 
 def _value(x):
     from spmd.compiler.array import Array
-    return np.asarray(x.value) if isinstance(x, Array) else x
+    return to_host(x.value) if isinstance(x, Array) else x
 
 
 def _traced_linspace(start, stop, num, endpoint, retstep, dt, axis):

@@ -6,6 +6,7 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
+from spmd.compiler.array_module import is_device_array
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.structural import broadcast_in_dim
@@ -31,6 +32,10 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
         from spmd.numpy._shape import stack
 
         return stack([to_array(e, dtype, fname) for e in x])
+    if is_device_array(x):  # a GPU (cupy) array: it stays on its device
+        target = dtypes.canonicalize(x.dtype if dtype is None else dtype, fname)
+        return Array(x if x.dtype == target else x.astype(target),
+                     ShapedArray(x.shape, target, False))
     arr = np.asarray(x)
     if arr.dtype == object or arr.dtype.kind in "USVc":
         dtypes.check_dtype(arr.dtype, fname)

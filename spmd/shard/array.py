@@ -29,6 +29,7 @@ import optree
 
 from spmd import tree_util
 from spmd.compiler import dtypes
+from spmd.compiler import array_module
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.trace import Tracer, is_array_like
@@ -300,6 +301,10 @@ def _leaf_array(x, where: str) -> Array:
     if isinstance(x, (bool, int, float)):  # Python scalars stay weakly typed
         dtype = dtypes.python_scalar_dtype(x)
         return Array(np.array(x, dtype=dtype), ShapedArray((), dtype, True))
+    if array_module.is_device_array(x):  # a GPU (cupy) array: copied on its device
+        dtype = dtypes.canonicalize(x.dtype, where)
+        value = x.astype(dtype)
+        return Array(value, ShapedArray(value.shape, dtype, False))
     dtype = dtypes.canonicalize(np.asarray(x).dtype, where)
     value = np.array(x, dtype=dtype, copy=True)
     return Array(value, ShapedArray(value.shape, dtype, False))
@@ -314,14 +319,26 @@ def _put_leaf(x, sharding, where: str) -> Array:
                             "lax.with_sharding_constraint, or jit(..., out_shardings=...)")
     arr = _leaf_array(x, where)
     if sharding is None:
-        return arr
+        return _on_devices(arr)
     if isinstance(sharding, NamedSharding):
         check_spec(sharding.spec, sharding.mesh, arr.shape, where)
     have = arr._sharding
     if have is None or holds_full_value(have):
         # The whole value is here: keep the blocks of this process's devices.
-        return Array(fill_local(arr.value, sharding), arr.aval, sharding)
-    return Array(_reshard(arr, sharding, where), arr.aval, sharding)
+        buf = fill_local(arr.value, sharding)
+    else:
+        buf = _reshard(arr, sharding, where)
+    if array_module.current() is not np:  # GPU devices: the buffer goes to GPU memory
+        buf = array_module.to_device(buf)
+    return Array(buf, arr.aval, sharding)
+
+
+def _on_devices(arr: Array) -> Array:
+    """``arr``, with its buffer in GPU memory when the devices are GPUs."""
+    v = arr.value
+    if array_module.current() is np or array_module.is_device_array(v):
+        return arr
+    return Array(array_module.to_device(v), arr.aval, arr._sharding)
 
 
 def _reshard(arr: Array, sharding, where: str):
@@ -407,6 +424,8 @@ def make_array_from_callback(shape: Sequence[int], sharding,
         np.zeros(shape, dtype=dtype)
     for index, block in blocks.values():
         out[index] = block
+    if array_module.current() is not np:  # GPU devices: the buffer goes to GPU memory
+        out = array_module.to_device(out)
     return Array(out, ShapedArray(shape, dtype, False), sharding)
 
 
@@ -415,7 +434,8 @@ def _callback_block(data_callback, index, want, fname):
     if isinstance(block, Tracer):
         raise ArgumentError(f"{fname}: data_callback({index}) returned a traced value; "
                             "return a concrete numpy array")
-    block = np.asarray(block)
+    # (np.asarray of an Array checks that its value is whole; cupy blocks are copied.)
+    block = np.asarray(block) if isinstance(block, Array) else array_module.to_host(block)
     if block.dtype == object or block.dtype.kind in "USVc":
         raise DTypeError(f"{fname}: data_callback({index}) returned an array of dtype "
                          f"{block.dtype}; return numeric or bool arrays")

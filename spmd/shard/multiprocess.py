@@ -31,6 +31,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.compiler.array import Array
+from spmd.compiler.array_module import module_of, to_host
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.trace import Tracer
 from spmd.errors import ArgumentError, NotFullyAddressableError, ShapeError
@@ -125,7 +126,7 @@ def fill_local(value: np.ndarray, sharding) -> np.ndarray:
     (zeros elsewhere), or ``value`` itself when this process holds every block."""
     if holds_full_value(sharding):
         return value
-    out = np.zeros(value.shape, value.dtype)
+    out = module_of(value).zeros(value.shape, value.dtype)  # numpy, or cupy on GPUs
     for index in local_indices(sharding, value.shape):
         out[index] = value[index]
     return out
@@ -274,14 +275,14 @@ def _gather_global(x: Array, fname: str) -> np.ndarray:
     value = x.value
     ranks = _processes(s) if isinstance(s, NamedSharding) else _world_ranks()
     if all(_holds_full(s, p) for p in ranks):  # e.g. replicated: nothing to exchange
-        return np.array(value, copy=True)
+        return np.array(to_host(value), copy=True)
     me = process_index()
     if me not in ranks:
         raise NotFullyAddressableError(
             f"{fname}: process {me} holds no device of this Array's mesh ({s!r}); only the "
             f"processes {list(ranks)} that own its blocks can gather it")
     _agree_on(f"array {x.shape} {x.dtype} {s!r}", ranks, fname)
-    everyone = mpi.allgather(np.asarray(value), ranks)  # (P, *shape)
+    everyone = mpi.allgather(to_host(value), ranks)  # (P, *shape)
     pos = {p: i for i, p in enumerate(ranks)}
     out = np.empty(x.shape, x.dtype)
     for d in s.device_set:
@@ -382,7 +383,7 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
     if isinstance(local_data, Array):
         check_full_value(local_data, f"{fname}: local_data")
     local = _leaf_array(local_data, f"{fname}: local_data")
-    value = np.asarray(local.value)
+    value = to_host(local.value)
     if isinstance(sharding, SingleDeviceSharding):
         sharding = NamedSharding(_one_device_mesh(sharding.device), ())
     if global_shape is not None:

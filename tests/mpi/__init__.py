@@ -212,7 +212,9 @@ def run_per_device(mesh, body, *global_args, check_vma=True):
 def assert_local_blocks(buffer, expected, sharding):
     """Each of this process's blocks of ``buffer`` (a global-shaped buffer in which this
     process filled its devices' blocks) equals that block of ``expected``."""
-    buffer = np.asarray(buffer.value if hasattr(buffer, "value") else buffer)
+    from spmd.compiler.array_module import to_host  # (a GPU buffer is copied to the host)
+
+    buffer = to_host(buffer.value if hasattr(buffer, "value") else buffer)
     for d, index in sharding.devices_indices_map(expected.shape).items():
         if d in sharding.mesh.local_devices:
             np.testing.assert_allclose(buffer[index], expected[index], rtol=1e-5, atol=1e-5,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler.array_module import is_device_array
 from spmd.compiler.ad_util import Zero, add_tangents, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
@@ -456,6 +457,8 @@ select_n_p = Primitive("select_n")
 def _select_impl(xp, pred, *cases):
     if pred.dtype == bool:
         return xp.where(pred, cases[1], cases[0])
+    if xp is not np:  # CuPy's choose takes the cases as one array
+        cases = xp.stack(xp.broadcast_arrays(*cases))
     return xp.choose(pred, cases)
 
 
@@ -528,7 +531,10 @@ def _convert_aval(x, *, new_dtype, weak_type):
     return ShapedArray(x.shape, new_dtype, weak_type)
 
 
-convert_p.def_emit(lambda ins, new_dtype, weak_type: f"{ins[0]}.astype(xp.{new_dtype.name})"
+# (``xp.bool_``: numpy 2 and cupy both have it; cupy may lack ``bool``.)
+_XP_TYPE = {"bool": "bool_"}
+convert_p.def_emit(lambda ins, new_dtype, weak_type:
+                   f"{ins[0]}.astype(xp.{_XP_TYPE.get(new_dtype.name, new_dtype.name)})"
                    if new_dtype.name in ("float32", "float64", "int32", "int64", "bool",
                                          "float16", "int8", "int16", "uint8", "uint16",
                                          "uint32", "uint64") else None)
@@ -542,7 +548,9 @@ def convert(x, dtype, weak_type: bool = False):
         return x
     from spmd.compiler.array import Array
     if isinstance(x, Array):  # a known value converts now, not as a program equation
-        return Array(np.asarray(x.value, dtype=dtype), ShapedArray(av.shape, dtype, weak_type))
+        v = x.value  # numpy, or cupy on GPUs (converted where it lives)
+        v = v.astype(dtype) if is_device_array(v) else np.asarray(v, dtype=dtype)
+        return Array(v, ShapedArray(av.shape, dtype, weak_type))
     return bind(convert_p, x, new_dtype=dtype, weak_type=bool(weak_type))
 
 

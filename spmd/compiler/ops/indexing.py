@@ -366,9 +366,27 @@ def _scatter_impl(xp, x, updates, *idx, axes, mode):
         ids, upd = tuple(i[ok] for i in idx), updates[ok]
     if mode == "set":
         view[ids] = upd
-    else:
+    elif xp is np:
         getattr(xp, _UFUNCS[mode]).at(view, ids, upd)
+    else:
+        _device_ufunc_at(xp, _UFUNCS[mode], view, ids, upd)
     return out
+
+
+def _device_ufunc_at(xp, name, view, ids, upd):
+    """``ufunc.at`` on another array module (cupy): its own where it has one for this
+    operation and dtype (CuPy: add, maximum, minimum, on the dtypes its atomics take),
+    else numpy's on a host copy, written back (slow, but right)."""
+    from spmd.compiler.array_module import to_host
+
+    try:
+        getattr(xp, name).at(view, ids, upd)
+        return
+    except (NotImplementedError, TypeError):
+        pass
+    host = to_host(view).copy()
+    getattr(np, name).at(host, tuple(to_host(i) for i in ids), to_host(upd))
+    view[...] = xp.asarray(host)
 
 
 @scatter_p.def_abstract_eval

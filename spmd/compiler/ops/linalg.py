@@ -48,6 +48,27 @@ def _dot_impl(xp, x, y, *, dimension_numbers):
     return xp.reshape(xp.matmul(a, b), out_shape)
 
 
+def _dot_emit(names, avals, *, dimension_numbers, out=None):
+    """``(x @ y)``, ``(x.T @ y)``, ... for the cases the impl sends straight to BLAS.
+
+    Hand-written numpy, with no Python call between the generated code and
+    the matmul.  (A registered ``emit_avals`` rule: it needs the operands'
+    ranks, which ``emit`` does not see.)  With ``out`` (the name of a dead
+    buffer of the result's shape and dtype), ``xp.matmul(x, y, out=out)``.
+    Other cases call the impl.
+    """
+    (lc, rc), (lb, rb) = dimension_numbers
+    x, y = avals
+    if lb or len(lc) != 1 or not 1 <= x.ndim <= 2 or not 1 <= y.ndim <= 2:
+        return None
+    a = names[0] if lc[0] == x.ndim - 1 else f"{names[0]}.T"
+    b = names[1] if rc[0] == 0 else f"{names[1]}.T"
+    return f"({a} @ {b})" if out is None else f"xp.matmul({a}, {b}, out={out})"
+
+
+dot_general_p.rules["emit_avals"] = _dot_emit
+
+
 @dot_general_p.def_abstract_eval
 def _dot_aval(x, y, *, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers

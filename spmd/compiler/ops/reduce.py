@@ -330,12 +330,32 @@ cumsum_p = _cumulative("cumsum", lambda xp, x, a: xp.cumsum(x, axis=a, dtype=x.d
 cumprod_p = _cumulative("cumprod", lambda xp, x, a: xp.cumprod(x, axis=a, dtype=x.dtype),
                         ("float", "int"),
                         lambda x, a: f"xp.cumprod({x}, axis={a}, dtype={x}.dtype)")
-cummax_p = _cumulative("cummax", lambda xp, x, a: xp.maximum.accumulate(x, axis=a),
+
+
+def _running(xp, x, axis, fn):
+    """``fn.accumulate(x, axis)`` by doubling (Hillis-Steele), for array modules whose
+    ufuncs lack ``accumulate`` (CuPy has it for add and multiply only): log2(n) rounds of
+    ``out[i] = fn(out[i], out[i - k])``.  NaNs propagate as in numpy's accumulate."""
+    n = x.shape[axis]
+    out, k = x, 1
+    while k < n:
+        head, hi, lo = ([slice(None)] * x.ndim for _ in range(3))
+        head[axis], hi[axis], lo[axis] = slice(None, k), slice(k, None), slice(None, n - k)
+        out = xp.concatenate([out[tuple(head)], fn(out[tuple(hi)], out[tuple(lo)])], axis=axis)
+        k *= 2
+    return out
+
+
+cummax_p = _cumulative("cummax", lambda xp, x, a: xp.maximum.accumulate(x, axis=a)
+                       if xp is np else _running(xp, x, a, xp.maximum),
                        ("float", "int", "bool"),
                        lambda x, a: f"xp.maximum.accumulate({x}, axis={a})")
-cummin_p = _cumulative("cummin", lambda xp, x, a: xp.minimum.accumulate(x, axis=a),
+cummin_p = _cumulative("cummin", lambda xp, x, a: xp.minimum.accumulate(x, axis=a)
+                       if xp is np else _running(xp, x, a, xp.minimum),
                        ("float", "int", "bool"),
                        lambda x, a: f"xp.minimum.accumulate({x}, axis={a})")
+# Their inline code is numpy's; other array modules call the impl (spmd.compiler.codegen).
+cummax_p.rules["emit_numpy_only"] = cummin_p.rules["emit_numpy_only"] = True
 
 
 def _cum_binder(p):

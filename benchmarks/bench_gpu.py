@@ -1,0 +1,201 @@
+"""On a GPU: psum through NCCL against raw NCCL; a jitted MLP step against CuPy.
+
+Measured in one process on one GPU (``SPMD_PLATFORM=gpu``), variants interleaved;
+each sample is a loop of calls followed by one device synchronisation, so a
+sample times the work queued on the GPU, not only its launch:
+
+- ``psum_nccl[4 MiB]``, ``psum_nccl[256 MiB]``: a float32 all-reduce over a
+  1-member NCCL communicator (the only one a single GPU allows).  ``raw NCCL``
+  is CuPy's ``NcclCommunicator.allReduce`` on preallocated buffers (the floor);
+  ``spmd psum`` is the path a ``psum`` across processes takes: a jitted program
+  whose collective the process group lowered to the ``nccl`` primitive
+  (argument handling, the generated code, a fresh result buffer, the call).
+  Goal: ratio <= 1.10 at 256 MiB.  (With one member NCCL copies the buffer:
+  this measures spmd's overhead around NCCL, not NCCL's bandwidth between GPUs.)
+- ``train_step_gpu[batch=4096]``: one SGD step of the 784-512-512-10 tanh MLP of
+  ``bench_train.py`` in float32, ``spmd.jit(value_and_grad)`` against the same
+  step written by hand in CuPy (forward, textbook backward, update).  Goal:
+  ratio <= 1.15.
+
+Run: ``SPMD_PLATFORM=gpu python benchmarks/run.py gpu`` (``benchmarks/gpu_check.sh``
+does, on a GPU machine); skipped without CuPy or a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+
+from common import calibrate, row
+
+import spmd
+
+
+def skip_reason() -> str | None:
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install cupy-cuda12x / cupy-cuda13x)"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no GPU"
+    except Exception as e:  # noqa: BLE001 - CUDA's own error types
+        return f"CuPy sees no GPU ({type(e).__name__})"
+    if os.environ.get("SPMD_PLATFORM", "gpu") != "gpu":
+        return "SPMD_PLATFORM is not gpu"
+    return None
+
+
+def _interleave_gpu(variants: dict, *, repeats: int, target_s: float) -> dict:
+    """Like common.interleave, with a device synchronisation closing every sample."""
+    import cupy as cp
+    from common import clock
+
+    sync = cp.cuda.get_current_stream().synchronize
+
+    def synced(fn):
+        def run():
+            fn()
+            sync()
+        return run
+
+    names = list(variants)
+    for name in names:
+        for _ in range(3):
+            synced(variants[name])()
+    number = {n: calibrate(synced(variants[n]), target_s) for n in names}
+    times: dict = {n: [] for n in names}
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                fn = variants[name]
+                sync()
+                t0 = clock()
+                for _ in range(number[name]):
+                    fn()
+                sync()
+                times[name].append((clock() - t0) / number[name])
+    finally:
+        gc.enable()
+    return times
+
+
+# ------------------------------------------------------------------ psum
+
+def _bench_psum(mib: int, goal: float | None, repeats: int) -> list[dict]:
+    import cupy as cp
+    from cupy.cuda import nccl as cnccl
+
+    from spmd.collectives import nccl
+    from spmd.collectives.process_group import ProcessGroup
+
+    n = mib * 1024 * 1024 // 4
+    x_host = np.random.default_rng(0).standard_normal((1, n)).astype(np.float32)
+    x = cp.asarray(x_host)
+    comm = nccl.communicator((0,))
+    out = cp.empty_like(x)
+    stream = cp.cuda.get_current_stream().ptr
+
+    def raw():
+        comm.allReduce(x.data.ptr, out.data.ptr, n, cnccl.NCCL_FLOAT32, cnccl.NCCL_SUM, stream)
+
+    pg = ProcessGroup(("i",), (1,), ("i",), (0,), (0,), 0)  # the group a psum over "i" uses
+    assert pg.comm is nccl, "the process group did not choose NCCL"
+    psum = spmd.jit(lambda v: pg.all_reduce(v, "sum")[0])
+    got = psum(x)
+    assert type(got.value) is cp.ndarray
+    np.testing.assert_array_equal(cp.asnumpy(got.value[0, :1000]), x_host[0, :1000])
+    del got
+    times = _interleave_gpu({"raw NCCL": raw, "spmd psum": lambda: psum(x)},
+                            repeats=repeats, target_s=0.01)
+    name = f"psum_nccl[{mib} MiB]"
+    return [row(name, "raw NCCL", times["raw NCCL"], unit="us"),
+            row(name, "spmd psum", times["spmd psum"], baseline="raw NCCL", goal_ratio=goal,
+                unit="us", note="1-member communicator; jitted psum lowered to nccl")]
+
+
+# -------------------------------------------------------------- MLP step
+
+def _step_cupy(params, x, y, lr):
+    """The floor: bench_train.step_numpy written with CuPy."""
+    import cupy as cp
+
+    (w1, b1), (w2, b2), (w3, b3) = params
+    n = x.shape[0]
+    h1 = cp.tanh(x @ w1 + b1)
+    h2 = cp.tanh(h1 @ w2 + b2)
+    z = h2 @ w3 + b3
+    z -= z.max(axis=1, keepdims=True)
+    e = cp.exp(z)
+    s = e.sum(axis=1, keepdims=True)
+    loss = -(y * (z - cp.log(s))).sum() / n
+    dz = cp.divide(e, s, out=e)
+    dz -= y
+    dz /= n
+    gw3, gb3 = h2.T @ dz, dz.sum(axis=0)
+    dh = dz @ w3.T
+    dh *= 1 - h2 * h2
+    gw2, gb2 = h1.T @ dh, dh.sum(axis=0)
+    dh = dh @ w2.T
+    dh *= 1 - h1 * h1
+    gw1, gb1 = x.T @ dh, dh.sum(axis=0)
+    new = []
+    for (w, b), (gw, gb) in zip(params, ((gw1, gb1), (gw2, gb2), (gw3, gb3))):
+        gw *= lr
+        gb *= lr
+        new.append((cp.subtract(w, gw, out=gw), cp.subtract(b, gb, out=gb)))
+    return loss, new
+
+
+def _bench_step(batch: int, goal: float, repeats: int) -> list[dict]:
+    import cupy as cp
+
+    from bench_train import LR, make_batch, make_params, step_spmd
+
+    rng = np.random.default_rng(3)
+    params_host = make_params()
+    x_host, y_host = make_batch(batch, rng)
+    params = [(cp.asarray(w), cp.asarray(b)) for w, b in params_host]
+    x, y = cp.asarray(x_host), cp.asarray(y_host)
+    jf = spmd.jit(step_spmd)
+    loss_j, new_j = jf(params, x, y)
+    loss_c, new_c = _step_cupy(params, x, y, LR)
+    np.testing.assert_allclose(float(loss_j), float(loss_c), rtol=1e-4)
+    for (wj, bj), (wc, bc) in zip(new_j, new_c):
+        np.testing.assert_allclose(np.asarray(wj), cp.asnumpy(wc), rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(bj), cp.asnumpy(bc), rtol=1e-3, atol=1e-5)
+    times = _interleave_gpu({"cupy": lambda: _step_cupy(params, x, y, LR),
+                             "spmd.jit": lambda: jf(params, x, y)},
+                            repeats=repeats, target_s=0.02)
+    name = f"train_step_gpu[batch={batch}]"
+    return [row(name, "cupy", times["cupy"]),
+            row(name, "spmd.jit", times["spmd.jit"], baseline="cupy", goal_ratio=goal)]
+
+
+def run(quick: bool = False) -> list[dict]:
+    from spmd.launch import platform
+
+    if platform.current() != "gpu":
+        raise RuntimeError("bench_gpu: the devices are not GPUs; set SPMD_PLATFORM=gpu")
+    scale = 3 if quick else 1
+    rows = []
+    if platform.nccl_available():
+        rows += _bench_psum(4, None, repeats=30 // scale)
+        rows += _bench_psum(256, 1.10, repeats=30 // scale)
+    else:
+        print("bench_gpu: CuPy cannot load NCCL: the psum rows are skipped")
+    rows += _bench_step(4096, 1.15, repeats=30 // scale)
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    from common import summarize, table
+
+    print(table(summarize(run(quick="--quick" in sys.argv))))

@@ -1,0 +1,287 @@
+"""The ``nccl`` backend: collectives between processes' GPUs through CuPy's NCCL.
+
+The same five operations as :mod:`spmd.collectives.mpi` (``allreduce``,
+``allgather``, ``reduce_scatter``, ``alltoall``, ``sendrecv``), on CuPy arrays,
+in one effectful primitive, ``nccl``.  :class:`spmd.collectives.process_group.ProcessGroup`
+binds it instead of ``mpi`` when the devices are GPUs and CuPy has NCCL
+(``SPMD_GPU_BACKEND=mpi`` forces the host-staged ``mpi`` one).
+
+- Communicators: one per ordered tuple of world ranks, made on first use and
+  cached.  The group's first member creates the unique id and broadcasts it
+  over the group's MPI communicator (setup only: no data goes through MPI).
+- Every call is enqueued on the current CuPy stream, like the CuPy work that
+  produces and consumes its buffers, so nothing waits on the host.
+- Buffers: inputs are made C-contiguous; results are fresh arrays.  Data
+  movement (gather, all-to-all, send/recv) moves bytes, so every dtype goes
+  as it is; reductions run in the dtype when NCCL has it (int8/uint8,
+  (u)int32/64, float16/32/64, bfloat16), else widened (bool, (u)int16) and
+  cast back; complex sums run on the real and imaginary parts.
+- Unlike the ``mpi`` backend, ``SPMD_COLLECTIVE_TIMEOUT`` is not applied:
+  NCCL calls return before the transfer completes.
+
+cupy is imported inside the functions only: importing this module on a
+machine without CuPy costs nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import bind
+from spmd.errors import SpmdError
+
+
+class NCCLError(SpmdError, RuntimeError):
+    """NCCL is missing, or a collective failed (the message names it and its ranks)."""
+
+
+def _modules():
+    """``(cupy, cupy.cuda.nccl)``, or NCCLError saying what to install."""
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except ImportError as e:
+        raise NCCLError(f"the nccl backend needs CuPy with NCCL ({e}); install CuPy "
+                        "(`pip install cupy-cuda12x` or `cupy-cuda13x`) and NCCL "
+                        "(`pip install nvidia-nccl-cu12` / `nvidia-nccl-cu13`), or set "
+                        "SPMD_GPU_BACKEND=mpi") from None
+    if not getattr(nccl, "available", False):
+        raise NCCLError("CuPy cannot load the NCCL library; install it (`pip install "
+                        "nvidia-nccl-cu12` or `nvidia-nccl-cu13`, matching the CuPy package) "
+                        "or set SPMD_GPU_BACKEND=mpi to stage collectives through host memory")
+    return cupy, nccl
+
+
+@functools.lru_cache(maxsize=None)
+def communicator(ranks: tuple):
+    """The NCCL communicator over world ``ranks`` in that order (member i is ranks[i])."""
+    _, nccl = _modules()
+    n = len(ranks)
+    if n == 1:
+        return nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    from spmd.collectives import mpi
+
+    comm = mpi.communicator(ranks)
+    me = comm.Get_rank()
+    uid = comm.bcast(nccl.get_unique_id() if me == 0 else None, root=0)
+    return nccl.NcclCommunicator(n, uid, me)
+
+
+@functools.lru_cache(maxsize=None)
+def _tables():
+    """(NCCL datatype by numpy dtype, NCCL op by name), built once."""
+    _, nccl = _modules()
+    types = {np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
+             np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.uint32): nccl.NCCL_UINT32,
+             np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint64): nccl.NCCL_UINT64,
+             np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
+             np.dtype(np.float64): nccl.NCCL_FLOAT64}
+    try:
+        import ml_dtypes
+
+        # NCCL >= 2.10 has bfloat16 (its enum value is 9 where CuPy lacks the name).
+        types[np.dtype(ml_dtypes.bfloat16)] = getattr(nccl, "NCCL_BFLOAT16", 9)
+    except ImportError:
+        pass
+    ops = {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+    return types, ops
+
+
+# Reductions on types NCCL lacks run in a wider one (and are cast back).
+_WIDEN = {np.dtype(np.bool_): np.dtype(np.uint8), np.dtype(np.int16): np.dtype(np.int32),
+          np.dtype(np.uint16): np.dtype(np.uint32)}
+_COMPLEX_PARTS = {np.dtype(np.complex64): np.dtype(np.float32),
+                  np.dtype(np.complex128): np.dtype(np.float64)}
+
+
+def _contiguous(cp, x):
+    return x if x.flags.c_contiguous else cp.ascontiguousarray(x)
+
+
+def _reducible(cp, x, op: str, what):
+    """``(buffer, NCCL datatype, elements per value, dtype to cast back to or None)``."""
+    types, _ = _tables()
+    dt = x.dtype
+    back = None
+    if dt in _WIDEN:
+        x, back = x.astype(_WIDEN[dt]), dt
+    elif dt in _COMPLEX_PARTS:
+        if op != "sum":
+            raise NCCLError(f"{what or 'allreduce'}: NCCL cannot take the {op} of complex "
+                            f"values ({dt})")
+        return _contiguous(cp, x), types[_COMPLEX_PARTS[dt]], 2, None
+    nccl_type = types.get(x.dtype)
+    if nccl_type is None:
+        raise NCCLError(f"{what or 'allreduce'}: NCCL has no reduction over {x.dtype}; use "
+                        "SPMD_GPU_BACKEND=mpi, or convert the values first")
+    return _contiguous(cp, x), nccl_type, 1, back
+
+
+def _failed(call: str, ranks, what, e):
+    return NCCLError(f"{what or call} (NCCL {call}) over world ranks {list(ranks)} failed: "
+                     f"{type(e).__name__}: {e}")
+
+
+def _stream(cp) -> int:
+    return cp.cuda.get_current_stream().ptr
+
+
+# ---------------------------------------------------------------- the calls
+
+def allreduce(x, ranks, op, what=None):
+    """Sum/max/min of ``x`` over the members; every member gets the result."""
+    cp, _ = _modules()
+    comm = communicator(ranks)
+    buf, nccl_type, per, back = _reducible(cp, x, op, what)
+    out = cp.empty(buf.shape, buf.dtype)
+    if buf.size:
+        try:
+            comm.allReduce(buf.data.ptr, out.data.ptr, buf.size * per, nccl_type,
+                           _tables()[1][op], _stream(cp))
+        except Exception as e:  # noqa: BLE001 - NcclError and CUDA errors alike
+            raise _failed(f"allReduce({op})", ranks, what, e) from None
+    return out.astype(back) if back is not None else out
+
+
+def allgather(x, ranks, what=None):
+    """``(members, *x.shape)``: row i is member i's ``x``."""
+    cp, nccl = _modules()
+    comm = communicator(ranks)
+    src = _contiguous(cp, x)
+    out = cp.empty((len(ranks),) + src.shape, src.dtype)
+    if src.nbytes:
+        try:
+            comm.allGather(src.data.ptr, out.data.ptr, src.nbytes, nccl.NCCL_UINT8,
+                           _stream(cp))
+        except Exception as e:  # noqa: BLE001
+            raise _failed("allGather", ranks, what, e) from None
+    return out
+
+
+def reduce_scatter(x, ranks, op="sum", what=None):
+    """``x`` has the member count as its leading axis; member k gets the sum of row k."""
+    cp, _ = _modules()
+    comm = communicator(ranks)
+    buf, nccl_type, per, back = _reducible(cp, x, op, what)
+    out = cp.empty(buf.shape[1:], buf.dtype)
+    if out.size:
+        try:
+            comm.reduceScatter(buf.data.ptr, out.data.ptr, out.size * per, nccl_type,
+                               _tables()[1][op], _stream(cp))
+        except Exception as e:  # noqa: BLE001
+            raise _failed(f"reduceScatter({op})", ranks, what, e) from None
+    return out.astype(back) if back is not None else out
+
+
+def alltoall(x, ranks, what=None):
+    """``x`` has the member count as its leading axis; row j goes to member j, and row
+    i of the result comes from member i (grouped point-to-point calls)."""
+    cp, nccl = _modules()
+    comm = communicator(ranks)
+    src = _contiguous(cp, x)
+    out = cp.empty(src.shape, src.dtype)
+    n = len(ranks)
+    block = src.nbytes // n if n else 0
+    if block:
+        stream = _stream(cp)
+        try:
+            nccl.groupStart()
+            try:
+                for j in range(n):
+                    comm.send(src.data.ptr + j * block, block, nccl.NCCL_UINT8, j, stream)
+                    comm.recv(out.data.ptr + j * block, block, nccl.NCCL_UINT8, j, stream)
+            finally:
+                nccl.groupEnd()
+        except Exception as e:  # noqa: BLE001
+            raise _failed("send/recv (all-to-all)", ranks, what, e) from None
+    return out
+
+
+def sendrecv(x, ranks, dst, src, what=None):
+    """Send ``x`` to member ``dst`` and receive from member ``src`` (either may be
+    None; without a source the result is zeros)."""
+    cp, nccl = _modules()
+    comm = communicator(ranks)
+    buf = _contiguous(cp, x)
+    out = cp.zeros(buf.shape, buf.dtype) if src is None else cp.empty(buf.shape, buf.dtype)
+    if buf.nbytes and (dst is not None or src is not None):
+        stream = _stream(cp)
+        try:
+            nccl.groupStart()
+            try:
+                if dst is not None:
+                    comm.send(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, dst, stream)
+                if src is not None:
+                    comm.recv(out.data.ptr, out.nbytes, nccl.NCCL_UINT8, src, stream)
+            finally:
+                nccl.groupEnd()
+        except Exception as e:  # noqa: BLE001
+            raise _failed("send/recv", ranks, what, e) from None
+    return out
+
+
+_CALLS = {"allreduce": allreduce, "allgather": allgather, "reduce_scatter": reduce_scatter,
+          "alltoall": alltoall, "sendrecv": sendrecv}
+
+
+# --------------------------------------------------------- the primitive
+
+nccl_p = Primitive("nccl", effectful=True)
+
+
+@nccl_p.def_impl
+def _nccl_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
+    cp, _ = _modules()
+    dev = x if type(x) is cp.ndarray else cp.asarray(x)  # host values (xp numpy) move
+    if kind == "allreduce":
+        out = allreduce(dev, ranks, op, what)
+    elif kind == "allgather":
+        out = allgather(dev, ranks, what)
+    elif kind == "reduce_scatter":
+        out = reduce_scatter(dev, ranks, op, what)
+    elif kind == "alltoall":
+        out = alltoall(dev, ranks, what)
+    elif kind == "sendrecv":
+        out = sendrecv(dev, ranks, dst, src, what)
+    else:  # pragma: no cover - the binders only make the kinds above
+        raise ValueError(f"nccl: unknown kind {kind!r}")
+    return out if xp is cp else cp.asnumpy(out)
+
+
+@nccl_p.def_abstract_eval
+def _nccl_aval(x, *, kind, ranks, op=None, dst=None, src=None, what=None):
+    n = len(ranks)
+    if kind == "allgather":
+        return ShapedArray((n,) + x.shape, x.dtype, x.weak_type)
+    if kind == "reduce_scatter":
+        return ShapedArray(x.shape[1:], x.dtype, x.weak_type)
+    return ShapedArray(x.shape, x.dtype, x.weak_type)
+
+
+@nccl_p.def_jvp
+def _nccl_jvp(primals, tangents, **params):
+    # As for `mpi`: execution programs are not differentiated (AD happens before
+    # lowering), but the linear kinds have the obvious rule.
+    from spmd.compiler.ad_util import Zero
+
+    if params["kind"] == "allreduce" and params.get("op") != "sum":
+        raise NotImplementedError("nccl allreduce(max/min) is not differentiable")
+    out = bind(nccl_p, *primals, **params)
+    (t,) = tangents
+    return out, t if isinstance(t, Zero) else bind(nccl_p, t, **params)
+
+
+@nccl_p.def_batch
+def _nccl_batch(args, dims, **params):
+    raise NotImplementedError("the nccl execution primitive is not batched: vmap applies "
+                              "before a program is lowered for execution")
+
+
+def call(kind, x, ranks, **params):
+    """Bind the ``nccl`` primitive (the interface of :func:`spmd.collectives.mpi.call`):
+    ``kind`` is one of allreduce, allgather, reduce_scatter, alltoall, sendrecv."""
+    return bind(nccl_p, x, kind=kind, ranks=tuple(int(r) for r in ranks), **params)
