@@ -73,6 +73,10 @@ class LocalGroup:
     def all_reduce(self, x, op: str):
         """Sum/max/min over the group; every member gets the result."""
         reducer = {"sum": red.reduce_sum, "max": red.reduce_max, "min": red.reduce_min}[op]
+        if self.nb == 1:
+            # The group is the whole mesh: reduce the stacked axis directly (a sum
+            # of per-device products then folds into one product, see passes).
+            return reducer(x, (0,)), None
         return self._spread(reducer(self._groups(x), (1,)))
 
     def all_gather(self, x, axis: int, tiled: bool):

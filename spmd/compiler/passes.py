@@ -19,8 +19,39 @@ def optimize(closed: ClosedProgram) -> ClosedProgram:
     closed = inline_calls(closed)
     closed = fold_constants(closed)
     closed = cse(closed)
+    closed = fold_reshapes(closed)
     closed = sum_batched_dots(closed)
     return dce(closed)
+
+
+def fold_reshapes(closed: ClosedProgram) -> ClosedProgram:
+    """``reshape(reshape(x))`` is one reshape, and a reshape to the same shape is ``x``."""
+    program = closed.program
+    producer: dict = {}
+    subst: dict = {}
+    eqns = []
+    changed = False
+    for e in program.eqns:
+        inputs = [subst.get(a, a) if isinstance(a, Var) else a for a in e.inputs]
+        if e.primitive.name == "reshape" and isinstance(inputs[0], Var):
+            src = inputs[0]
+            inner = producer.get(src)
+            if inner is not None:  # look through the reshape that made the input
+                src = inner
+            if tuple(src.aval.shape) == tuple(e.outputs[0].aval.shape):
+                subst[e.outputs[0]] = src
+                changed = True
+                continue
+            if src is not inputs[0]:
+                changed = True
+            producer[e.outputs[0]] = src
+            eqns.append(e.replace(inputs=[src]))
+            continue
+        eqns.append(e.replace(inputs=inputs) if inputs != e.inputs else e)
+    if not changed:
+        return closed
+    outs = [subst.get(a, a) if isinstance(a, Var) else a for a in program.out_atoms]
+    return ClosedProgram(Program(program.in_vars, eqns, outs), closed.consts)
 
 
 # ------------------------------------------------- sums of batched products

@@ -229,7 +229,7 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None) -> dict[str
 
 
 # Variables Open MPI must be told to export to remote nodes (Hydra exports all).
-_EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "OMP_NUM_THREADS",
+_EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "SPMD_GPU_BACKEND", "OMP_NUM_THREADS",
              "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR")
 
 

@@ -134,8 +134,12 @@ def nccl_available() -> bool:
 def _probe_nccl() -> bool:
     if not _cupy_installed():
         return False
+    import warnings
+
     try:
-        from cupy.cuda import nccl
+        with warnings.catch_warnings():  # CuPy warns when libnccl is missing: we say it
+            warnings.simplefilter("ignore")
+            from cupy.cuda import nccl
     except Exception:  # noqa: BLE001 - any failure to load means "not available"
         return False
     return bool(getattr(nccl, "available", False))

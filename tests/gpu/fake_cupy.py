@@ -402,13 +402,14 @@ def install() -> None:
         import importlib.machinery
 
         mod.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
-    for name in ("cupy", "cupy.cuda"):
+    for name in ("cupy", "cupy.cuda", "cupy.cuda.nccl"):  # (the real ones, if imported)
         _saved.setdefault(name, sys.modules.get(name))
     sys.modules["cupy"] = mod
     # Without FAKE_CUPY_NCCL=1, `from cupy.cuda import nccl` fails: no NCCL.
     sys.modules["cupy.cuda"] = cuda
+    sys.modules.pop("cupy.cuda.nccl", None)
     if os.environ.get("FAKE_CUPY_NCCL") == "1":
-        cuda.nccl = _FakeNccl("cupy.cuda.nccl")
+        cuda.nccl = sys.modules["cupy.cuda.nccl"] = _FakeNccl("cupy.cuda.nccl")
     elif hasattr(cuda, "nccl"):
         del cuda.nccl
 
