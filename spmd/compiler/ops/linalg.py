@@ -42,10 +42,43 @@ def _dot_impl(xp, x, y, *, dimension_numbers):
         # Straight to BLAS; a transposed operand is passed as a view (``x.T @ g``),
         # which BLAS reads in place, as hand-written numpy does: no copy.
         return xp.matmul(x if lc[0] == x.ndim - 1 else x.T, y if rc[0] == 0 else y.T)
+    if not lb:
+        two_d = _as_matrices(xp, x, y, lc, rc)
+        if two_d is not None:  # one GEMM on (transposed) 2-d views: no copies
+            a, b, out_shape = two_d
+            return xp.reshape(xp.matmul(a, b), out_shape)
     lperm, lshape, rperm, rshape, out_shape = _plan(x.shape, y.shape, dimension_numbers)
     a = xp.reshape(xp.transpose(x, lperm), lshape)
     b = xp.reshape(xp.transpose(y, rperm), rshape)
     return xp.reshape(xp.matmul(a, b), out_shape)
+
+
+def _as_matrices(xp, x, y, lc, rc):
+    """2-d views ``(a, b, out_shape)`` with ``a @ b`` the product, when each operand's
+    contracting dims form one block at its front or back (in the same order in both):
+    e.g. the weight gradient ``sum over (device, batch)`` of stacked activations."""
+    def side(z, c, lhs):
+        nd, k = z.ndim, len(c)
+        if tuple(c) == tuple(range(nd - k, nd)):  # contract at the back
+            free = z.shape[:nd - k]
+            m = int(np.prod(free, dtype=np.int64))
+            v = xp.reshape(z, (m, -1))
+            return (v if lhs else v.T), free
+        if tuple(c) == tuple(range(k)):  # contract at the front
+            free = z.shape[k:]
+            m = int(np.prod(free, dtype=np.int64))
+            v = xp.reshape(z, (-1, m))
+            return (v.T if lhs else v), free
+        return None
+
+    order = np.argsort(lc)
+    lc, rc = tuple(lc[i] for i in order), tuple(rc[i] for i in order)
+    if list(rc) != sorted(rc) or not x.flags.c_contiguous or not y.flags.c_contiguous:
+        return None
+    left, right = side(x, lc, True), side(y, rc, False)
+    if left is None or right is None:
+        return None
+    return left[0], right[0], tuple(left[1]) + tuple(right[1])
 
 
 def _dot_emit(names, avals, *, dimension_numbers, out=None):
