@@ -174,8 +174,20 @@ def _walk(x, leaves: list, toks: list) -> bool:
     return False
 
 
+def _output_shardings(closed) -> tuple | None:
+    """The placements of outputs made by equations that place their results (a
+    ``shard_map`` over processes: this process holds only its blocks), else None."""
+    producer = {o: e for e in closed.program.eqns for o in e.outputs}
+    found = []
+    for a in closed.program.out_atoms:
+        e = producer.get(a)
+        rule = e.primitive.rules.get("output_sharding") if e is not None else None
+        found.append(rule(e, e.outputs.index(a)) if rule is not None else None)
+    return tuple(found) if any(s is not None for s in found) else None
+
+
 class _Entry:
-    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe")
+    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_shardings")
 
     def __init__(self, closed, out_tree):
         self.closed = closed
@@ -183,6 +195,7 @@ class _Entry:
         self.out_avals = closed.out_avals
         self._optimized = None
         self._exe = None
+        self.out_shardings = _output_shardings(closed)
 
     @property
     def optimized(self) -> ClosedProgram:
@@ -198,6 +211,14 @@ class _Entry:
             self._exe = compile_program(lower_for_execution(self.optimized), _am.current(),
                                         "program")
         return self._exe
+
+
+def _placed(outs, avals, shardings) -> list:
+    arrays = [wrap_value(o, a) for o, a in zip(outs, avals)]
+    for arr, sh in zip(arrays, shardings):
+        if sh is not None:
+            arr._sharding = sh
+    return arrays
 
 
 class _CallPlan:
@@ -394,6 +415,9 @@ class JitFunction:
             self._delete_donated(args)
         # Results of the generated code are fresh ndarrays of the right dtype,
         # except 0-d ones (numpy scalars), which wrap_value converts.
+        if plan.entry.out_shardings is not None:
+            return plan.out_tree.unflatten(_placed(outs, plan.out_avals,
+                                                   plan.entry.out_shardings))
         if plan.single:
             o, a = outs[0], plan.out_avals[0]
             return Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)

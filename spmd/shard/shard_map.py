@@ -90,6 +90,16 @@ def _lower(eqn):
 shard_map_p.rules["lower"] = _lower
 
 
+def _output_sharding(eqn, i):
+    """A jitted shard_map over processes returns Arrays placed by its out_specs (each
+    process holds only its blocks); on one process jit results stay unplaced."""
+    mesh = eqn.params["mesh"]
+    return NamedSharding(mesh, eqn.params["out_specs"][i]) if mesh.is_multi_process else None
+
+
+shard_map_p.rules["output_sharding"] = _output_sharding
+
+
 @shard_map_p.def_jvp
 def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, check_vma):
     nz = [not isinstance(t, Zero) for t in tangents]

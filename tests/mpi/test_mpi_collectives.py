@@ -155,8 +155,7 @@ def test_axis_index(kind, axes):
 @pytest.mark.parametrize("kind", ["1d", "2d", "2dT"])
 def test_jitted_shard_map_chain_matches_eager(kind):
     """Two shard_maps chained: the first's output (spread over processes) feeds the
-    second, eagerly and under jit; only this process's blocks are compared for jit
-    (its outputs carry no sharding, see test_jit_output_is_marked_as_spread)."""
+    second, eagerly and under jit."""
     mesh = make_mesh(kind)
     names = mesh.axis_names
     ref = RefMesh.of(mesh)
@@ -239,14 +238,11 @@ def test_gradients_of_collectives(kind, axes, coll, jit):
         {c: oracle(ref.split_rows(x), c) for c in ref.coords()}) * r), rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "jit results carry no sharding: a jitted shard_map whose out_specs split the result "
-    "over processes returns a plain Array whose buffer holds only this process's blocks, "
-    "so np.asarray reads zeros for the other blocks instead of raising "
-    "(spmd/compiler/jit.py JitFunction.__call__ wraps outputs as Array(o, aval))"))
 def test_jit_output_is_marked_as_spread():
     mesh = make_mesh("1d")
     f = spmd.jit(spmd.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("i"),
                                 out_specs=P("i")))
-    y = f(np.arange(mesh.size * 2, dtype=np.float32))
+    x = np.arange(mesh.size * 2, dtype=np.float32)
+    y = f(x)
     assert not y.is_fully_addressable
+    np.testing.assert_allclose(spmd.process_allgather(y, tiled=True), x * 2)
