@@ -140,3 +140,50 @@ class Partial:
 
 register_pytree_node(Partial, lambda p: ((p.args, p.keywords), p.func),
                      lambda func, ch: Partial(func, *ch[0], **ch[1]))
+
+
+# ------------------------------------------------------------ prefix trees
+
+class PrefixMismatch(ValueError):
+    """``prefix`` is not a pytree prefix of ``tree``: at ``path`` the prefix has
+    ``prefix_node`` where the tree has ``tree_node``."""
+
+    def __init__(self, path: str, prefix_node, tree_node):
+        self.path, self.prefix_node, self.tree_node = path, prefix_node, tree_node
+        super().__init__(f"at {path or 'the top'} the prefix has {describe(prefix_node)} but "
+                         f"the value is {describe(tree_node)}")
+
+
+def describe(x) -> str:
+    """A short description of a pytree node for error messages."""
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of length {len(x)}"
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(x)}"
+    return f"a {type(x).__name__}"
+
+
+def broadcast_prefix(prefix, tree, is_leaf: Callable) -> list:
+    """``[(entry, path), ...]``: the entry of ``prefix`` that covers each leaf of ``tree``
+    (in ``tree_leaves`` order), where ``is_leaf(entry)`` marks the prefix's leaves
+    (e.g. ``in_axes`` ints, ``PartitionSpec``s).  Raises :class:`PrefixMismatch`.
+
+    >>> broadcast_prefix((0, None), ([1, 2], 3), lambda e: e is None or isinstance(e, int))
+    [(0, '[0]'), (0, '[0]'), (None, '[1]')]
+    """
+    out: list = []
+
+    def walk(p, t, path):
+        if is_leaf(p):
+            out.extend([(p, path)] * len(tree_leaves(t)))
+        elif isinstance(p, (tuple, list)) and isinstance(t, (tuple, list)) and len(p) == len(t):
+            for i, (pc, tc) in enumerate(zip(p, t)):
+                walk(pc, tc, f"{path}[{i}]")
+        elif isinstance(p, dict) and isinstance(t, dict) and set(p) == set(t):
+            for k in sorted(t):
+                walk(p[k], t[k], f"{path}[{k!r}]")
+        else:
+            raise PrefixMismatch(path, p, t)
+
+    walk(prefix, tree, "")
+    return out

@@ -16,35 +16,16 @@ from spmd.errors import ArgumentError
 def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:
     """One entry of ``prefix`` per leaf of ``tree`` (``prefix`` is a pytree prefix;
     ``None`` and ints are leaves of the prefix)."""
-    out: list = []
-
-    def walk(p, t, path):
-        if p is None or isinstance(p, int):
-            out.extend([p] * len(tree_util.tree_leaves(t)))
-            return
-        if isinstance(p, (tuple, list)) and isinstance(t, (tuple, list)) and len(p) == len(t):
-            for i, (pc, tc) in enumerate(zip(p, t)):
-                walk(pc, tc, path + f"[{i}]")
-            return
-        if isinstance(p, dict) and isinstance(t, dict) and set(p) == set(t):
-            for k in sorted(t):
-                walk(p[k], t[k], path + f"[{k!r}]")
-            return
+    try:
+        pairs = tree_util.broadcast_prefix(prefix, tree,
+                                           lambda e: e is None or isinstance(e, int))
+    except tree_util.PrefixMismatch as e:
         raise ArgumentError(
-            f"{fname}: {what} is not a pytree prefix of the arguments: at {path or 'the top'} "
-            f"{what} has {_describe(p)} but the value is {_describe(t)}. Give one axis (or "
-            "None) per argument, e.g. in_axes=(0, None)")
-
-    walk(prefix, tree, "")
-    return out
-
-
-def _describe(x) -> str:
-    if isinstance(x, (tuple, list)):
-        return f"a {type(x).__name__} of length {len(x)}"
-    if isinstance(x, dict):
-        return f"a dict with keys {sorted(x)}"
-    return f"a {type(x).__name__}"
+            f"{fname}: {what} is not a pytree prefix of the arguments: at "
+            f"{e.path or 'the top'} {what} has {tree_util.describe(e.prefix_node)} but the "
+            f"value is {tree_util.describe(e.tree_node)}. Give one axis (or None) per "
+            "argument, e.g. in_axes=(0, None)") from None
+    return [entry for entry, _ in pairs]
 
 
 def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None):

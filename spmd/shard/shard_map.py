@@ -322,34 +322,16 @@ shard_map_p.rules["dce"] = _shard_map_dce
 
 def _spec_leaves(specs, tree, what: str, fname: str) -> list:
     """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``."""
-    out: list = []
-
-    def walk(s, t, path):
-        if isinstance(s, PartitionSpec):
-            out.extend([(s, path)] * len(tree_util.tree_leaves(t)))
-            return
-        if isinstance(s, (tuple, list)) and isinstance(t, (tuple, list)) and len(s) == len(t):
-            for i, (sc, tc) in enumerate(zip(s, t)):
-                walk(sc, tc, path + f"[{i}]")
-            return
-        if isinstance(s, dict) and isinstance(t, dict) and set(s) == set(t):
-            for k in sorted(t):
-                walk(s[k], t[k], path + f"[{k!r}]")
-            return
-        if s is None:
-            raise ShardMapError(f"{fname}: {what}{path} is None; use P() for a replicated "
-                                "value")
-        desc = lambda x: (f"a {type(x).__name__} of length {len(x)}"  # noqa: E731
-                          if isinstance(x, (tuple, list)) else
-                          f"a dict with keys {sorted(x)}" if isinstance(x, dict)
-                          else f"a {type(x).__name__}")
+    try:
+        return tree_util.broadcast_prefix(specs, tree, lambda s: isinstance(s, PartitionSpec))
+    except tree_util.PrefixMismatch as e:
+        if e.prefix_node is None:
+            raise ShardMapError(f"{fname}: {what}{e.path} is None; use P() for a replicated "
+                                "value") from None
         raise ShardMapError(f"{fname}: {what} is not a pytree prefix of the "
                             f"{'arguments' if what == 'in_specs' else 'outputs'}: at "
-                            f"{what}{path or ''} the spec is {desc(s)} but the value is "
-                            f"{desc(t)}")
-
-    walk(specs, tree, "")
-    return out
+                            f"{what}{e.path} the spec is {tree_util.describe(e.prefix_node)} "
+                            f"but the value is {tree_util.describe(e.tree_node)}") from None
 
 
 def _as_global(x):

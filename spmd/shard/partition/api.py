@@ -63,28 +63,20 @@ def with_sharding_constraint(x, sharding):
 
 
 def _broadcast(shardings, tree, fname):
-    if isinstance(shardings, (NamedSharding, PartitionSpec)) or shardings is None:
-        return [shardings] * len(tree_util.tree_leaves(tree))
-    leaves = tree_util.tree_leaves(shardings, is_leaf=lambda s: isinstance(
-        s, (NamedSharding, PartitionSpec)) or s is None)
-    _, _tree = tree_util.tree_flatten(tree)
-    if isinstance(shardings, (tuple, list)) and isinstance(tree, (tuple, list)) and \
-            len(shardings) == len(tree):
-        out = []
-        for s, t in zip(shardings, tree):
-            out.extend(_broadcast(s, t, fname))
-        return out
-    if isinstance(shardings, dict) and isinstance(tree, dict) and set(shardings) == set(tree):
-        out = []
-        for k in sorted(tree):
-            out.extend(_broadcast(shardings[k], tree[k], fname))
-        return out
-    what = "outputs" if "out_shardings" in fname else "arguments" if "jit" in fname else \
-        "values"
-    raise PartitionError(f"{fname}: the shardings are not a pytree prefix of the {what} "
-                         f"({len(leaves)} shardings for {len(tree_util.tree_leaves(tree))} "
-                         f"arrays); give one sharding per {what[:-1]} (or a pytree prefix "
-                         "of them)")
+    """One sharding (or None) per leaf of ``tree`` from a pytree prefix ``shardings``."""
+    try:
+        pairs = tree_util.broadcast_prefix(shardings, tree, lambda s: s is None or isinstance(
+            s, (NamedSharding, PartitionSpec)))
+    except tree_util.PrefixMismatch:
+        n = len(tree_util.tree_leaves(shardings, is_leaf=lambda s: isinstance(
+            s, (NamedSharding, PartitionSpec)) or s is None))
+        what = "outputs" if "out_shardings" in fname else "arguments" if "jit" in fname else \
+            "values"
+        raise PartitionError(f"{fname}: the shardings are not a pytree prefix of the {what} "
+                             f"({n} shardings for {len(tree_util.tree_leaves(tree))} "
+                             f"arrays); give one sharding per {what[:-1]} (or a pytree prefix "
+                             "of them)") from None
+    return [s for s, _ in pairs]
 
 
 # ---------------------------------------------------------------- the jit
