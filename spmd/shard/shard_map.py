@@ -286,13 +286,16 @@ def _out_ct(ct, aval, spec, mesh, check_vma):
 
 @shard_map_p.def_batch
 def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma):
-    from spmd.compiler.batching import move_to_front
-    from spmd.vectorize import vmap
+    from spmd.compiler.batching import batch_flat, move_to_front
 
     args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
     size = next(np.shape(a)[0] for a, d in zip(args, dims) if d is not None)
-    axes = tuple(None if d is None else 0 for d in dims)
-    body = vmap(lambda *a: eval_program(program, *a), in_axes=axes)
+    axes = [None if d is None else 0 for d in dims]
+    n_out = len(program.out_avals)
+
+    def body(*a):
+        return batch_flat(lambda *b: eval_program(program, *b), list(a), axes, size, None,
+                          [0] * n_out)
     in_avals = [a if d is None else a.update(shape=(size,) + a.shape)
                 for a, d in zip(program.in_avals, dims)]
     closed = trace_body(lambda *a: body(*a), mesh, in_avals, check_vma)
@@ -343,9 +346,8 @@ def _as_global(x):
     if not is_array_like(x):
         from spmd.errors import DTypeError
         raise DTypeError(f"shard_map: argument of type {type(x).__name__} is not an array")
-    from spmd.numpy._util import to_array
-
-    return to_array(x)
+    aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak
+    return Array(np.asarray(x, dtype=aval.dtype), aval)
 
 
 def shard_map(f: Callable | None = None, *, mesh, in_specs, out_specs, check_vma: bool = True,
