@@ -171,7 +171,10 @@ class Progress:
     def __init__(self, total: int, enabled: bool):
         self.enabled, self.total, self.done = enabled, total, 0
         self.bar = None
-        if enabled:
+        # A redrawn bar needs a terminal; through pipes (spmd-run's rank prefixes,
+        # CI logs) each epoch line carries a text bar instead.
+        self.live = enabled and sys.stderr.isatty()
+        if self.live:
             try:
                 from tqdm import tqdm
 
@@ -187,7 +190,7 @@ class Progress:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-        elif self.done == self.total or self.done % max(1, self.total // 50) == 0:
+        elif self.live and (self.done == self.total or self.done % max(1, self.total // 50) == 0):
             width = 30
             filled = width * self.done // self.total
             sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] "
@@ -199,6 +202,10 @@ class Progress:
             return
         if self.bar is not None:
             self.bar.write(line, file=sys.stdout)
+        elif not self.live:
+            width = 20
+            filled = width * self.done // max(1, self.total)
+            print(f"[{'#' * filled}{'.' * (width - filled)}] {line}", flush=True)
         else:
             if self.done:
                 sys.stderr.write("\r" + " " * 70 + "\r")
@@ -207,7 +214,7 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        elif self.enabled and self.done:
+        elif self.live and self.done:
             sys.stderr.write("\n")
 
 
