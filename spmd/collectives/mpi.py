@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from spmd.compiler.avals import ShapedArray
+from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
 from spmd.errors import SpmdError
@@ -286,33 +286,7 @@ def _mpi_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
     return out if xp is np else xp.asarray(out)
 
 
-@mpi_p.def_abstract_eval
-def _mpi_aval(x, *, kind, ranks, op=None, dst=None, src=None, what=None):
-    n = len(ranks)
-    if kind == "allgather":
-        return ShapedArray((n,) + x.shape, x.dtype, x.weak_type)
-    if kind == "reduce_scatter":
-        return ShapedArray(x.shape[1:], x.dtype, x.weak_type)
-    return ShapedArray(x.shape, x.dtype, x.weak_type)
-
-
-@mpi_p.def_jvp
-def _mpi_jvp(primals, tangents, **params):
-    # Execution programs are never differentiated (AD happens before lowering);
-    # the linear kinds still have the obvious rule.
-    from spmd.compiler.ad_util import Zero
-
-    if params["kind"] == "allreduce" and params.get("op") != "sum":
-        raise NotImplementedError("mpi allreduce(max/min) is not differentiable")
-    out = bind(mpi_p, *primals, **params)
-    (t,) = tangents
-    return out, t if isinstance(t, Zero) else bind(mpi_p, t, **params)
-
-
-@mpi_p.def_batch
-def _mpi_batch(args, dims, **params):
-    raise NotImplementedError("the mpi execution primitive is not batched: vmap applies "
-                              "before a program is lowered for execution")
+define_rules(mpi_p, "mpi")
 
 
 def call(kind, x, ranks, **params):

@@ -29,7 +29,7 @@ import functools
 
 import numpy as np
 
-from spmd.compiler.avals import ShapedArray
+from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
 from spmd.errors import SpmdError
@@ -252,33 +252,7 @@ def _nccl_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
     return out if xp is cp else cp.asnumpy(out)
 
 
-@nccl_p.def_abstract_eval
-def _nccl_aval(x, *, kind, ranks, op=None, dst=None, src=None, what=None):
-    n = len(ranks)
-    if kind == "allgather":
-        return ShapedArray((n,) + x.shape, x.dtype, x.weak_type)
-    if kind == "reduce_scatter":
-        return ShapedArray(x.shape[1:], x.dtype, x.weak_type)
-    return ShapedArray(x.shape, x.dtype, x.weak_type)
-
-
-@nccl_p.def_jvp
-def _nccl_jvp(primals, tangents, **params):
-    # As for `mpi`: execution programs are not differentiated (AD happens before
-    # lowering), but the linear kinds have the obvious rule.
-    from spmd.compiler.ad_util import Zero
-
-    if params["kind"] == "allreduce" and params.get("op") != "sum":
-        raise NotImplementedError("nccl allreduce(max/min) is not differentiable")
-    out = bind(nccl_p, *primals, **params)
-    (t,) = tangents
-    return out, t if isinstance(t, Zero) else bind(nccl_p, t, **params)
-
-
-@nccl_p.def_batch
-def _nccl_batch(args, dims, **params):
-    raise NotImplementedError("the nccl execution primitive is not batched: vmap applies "
-                              "before a program is lowered for execution")
+define_rules(nccl_p, "nccl")
 
 
 def call(kind, x, ranks, **params):
