@@ -122,34 +122,11 @@ def _bench_psum(mib: int, goal: float | None, repeats: int) -> list[dict]:
 # -------------------------------------------------------------- MLP step
 
 def _step_cupy(params, x, y, lr):
-    """The floor: bench_train.step_numpy written with CuPy."""
+    """The floor: bench_train.step_numpy run with CuPy as the array module."""
     import cupy as cp
+    from bench_train import step_numpy
 
-    (w1, b1), (w2, b2), (w3, b3) = params
-    n = x.shape[0]
-    h1 = cp.tanh(x @ w1 + b1)
-    h2 = cp.tanh(h1 @ w2 + b2)
-    z = h2 @ w3 + b3
-    z -= z.max(axis=1, keepdims=True)
-    e = cp.exp(z)
-    s = e.sum(axis=1, keepdims=True)
-    loss = -(y * (z - cp.log(s))).sum() / n
-    dz = cp.divide(e, s, out=e)
-    dz -= y
-    dz /= n
-    gw3, gb3 = h2.T @ dz, dz.sum(axis=0)
-    dh = dz @ w3.T
-    dh *= 1 - h2 * h2
-    gw2, gb2 = h1.T @ dh, dh.sum(axis=0)
-    dh = dh @ w2.T
-    dh *= 1 - h1 * h1
-    gw1, gb1 = x.T @ dh, dh.sum(axis=0)
-    new = []
-    for (w, b), (gw, gb) in zip(params, ((gw1, gb1), (gw2, gb2), (gw3, gb3))):
-        gw *= lr
-        gb *= lr
-        new.append((cp.subtract(w, gw, out=gw), cp.subtract(b, gb, out=gb)))
-    return loss, new
+    return step_numpy(params, x, y, xp=cp, lr=lr)
 
 
 def _bench_step(batch: int, goal: float, repeats: int) -> list[dict]:

@@ -27,18 +27,9 @@ from common import first_call_times, interleave, row
 import spmd
 import spmd.numpy as snp
 
-SIZES = (784, 512, 512, 10)
+from bench_mlp import SIZES, make_params  # noqa: F401  (the same model and weights)
+
 LR = 0.1
-
-
-def make_params(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    params = []
-    for n_in, n_out in zip(SIZES[:-1], SIZES[1:]):
-        w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
-        b = (0.1 * rng.standard_normal(n_out)).astype(np.float32)
-        params.append((w, b))
-    return params
 
 
 def make_batch(batch: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -70,19 +61,20 @@ def step_spmd(params, x, y):
 
 # ------------------------------------------------------------------ numpy
 
-def step_numpy(params, x, y):
-    """The floor: the same step by hand (forward, manual backward, update)."""
+def step_numpy(params, x, y, xp=np, lr=LR):
+    """The floor: the same step by hand (forward, manual backward, update), over the
+    array module ``xp`` (numpy here; CuPy in bench_gpu)."""
     (w1, b1), (w2, b2), (w3, b3) = params
     n = x.shape[0]
-    h1 = np.tanh(x @ w1 + b1)
-    h2 = np.tanh(h1 @ w2 + b2)
+    h1 = xp.tanh(x @ w1 + b1)
+    h2 = xp.tanh(h1 @ w2 + b2)
     z = h2 @ w3 + b3
     z -= z.max(axis=1, keepdims=True)
-    e = np.exp(z)
+    e = xp.exp(z)
     s = e.sum(axis=1, keepdims=True)
-    loss = -(y * (z - np.log(s))).sum() / n
+    loss = -(y * (z - xp.log(s))).sum() / n
     # d loss / d z = (softmax(z) - y) / n  (each row of y sums to 1)
-    dz = np.divide(e, s, out=e)
+    dz = xp.divide(e, s, out=e)
     dz -= y
     dz /= n
     gw3, gb3 = h2.T @ dz, dz.sum(axis=0)
@@ -94,9 +86,9 @@ def step_numpy(params, x, y):
     gw1, gb1 = x.T @ dh, dh.sum(axis=0)
     new = []
     for (w, b), (gw, gb) in zip(params, ((gw1, gb1), (gw2, gb2), (gw3, gb3))):
-        gw *= LR
-        gb *= LR
-        new.append((np.subtract(w, gw, out=gw), np.subtract(b, gb, out=gb)))
+        gw *= lr
+        gb *= lr
+        new.append((xp.subtract(w, gw, out=gw), xp.subtract(b, gb, out=gb)))
     return loss, new
 
 
