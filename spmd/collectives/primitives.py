@@ -239,11 +239,19 @@ def _all_gather_aval(x, *, axes, axis, tiled, axis_size):
     return x.update(shape=shape)
 
 
-def _all_gather_local(group, x, d, params):
-    if d is None:
-        from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.stacked), 0
-    return group.all_gather(_front(x, d), params["axis"], params["tiled"])
+def _stacked(method: str, *names):
+    """A local rule calling ``group.<method>(x, *params[names])`` on stacked blocks
+    (a value the same on every device is stacked first)."""
+    def rule(group, x, d, params):
+        if d is None:
+            from spmd.compiler.batching import broadcast_batch
+            x, d = broadcast_batch(x, None, group.stacked), 0
+        return getattr(group, method)(_front(x, d), *(params[n] for n in names))
+
+    return rule
+
+
+_all_gather_local = _stacked("all_gather", "axis", "tiled")
 
 
 _batch(all_gather_p, _all_gather_local, _plus1("axis"))
@@ -266,11 +274,7 @@ def _psum_scatter_aval(x, *, axes, scatter_dimension, tiled, axis_size):
     return x.update(shape=shape)
 
 
-def _psum_scatter_local(group, x, d, params):
-    if d is None:
-        from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.stacked), 0
-    return group.reduce_scatter(_front(x, d), params["scatter_dimension"], params["tiled"])
+_psum_scatter_local = _stacked("reduce_scatter", "scatter_dimension", "tiled")
 
 
 _batch(psum_scatter_p, _psum_scatter_local, _plus1("scatter_dimension"))
@@ -307,11 +311,7 @@ def _all_to_all_aval(x, *, axes, split_axis, concat_axis, axis_size):
     return x.update(shape=tuple(shape))
 
 
-def _all_to_all_local(group, x, d, params):
-    if d is None:
-        from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.stacked), 0
-    return group.all_to_all(_front(x, d), params["split_axis"], params["concat_axis"])
+_all_to_all_local = _stacked("all_to_all", "split_axis", "concat_axis")
 
 
 _batch(all_to_all_p, _all_to_all_local, _plus1("split_axis", "concat_axis"))
@@ -333,11 +333,7 @@ ppermute_p.def_abstract_eval(lambda x, *, axes, perm: x)
 ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | _tracked(axes)])
 
 
-def _ppermute_local(group, x, d, params):
-    if d is None:
-        from spmd.compiler.batching import broadcast_batch
-        x, d = broadcast_batch(x, None, group.stacked), 0
-    return group.ppermute(_front(x, d), params["perm"])
+_ppermute_local = _stacked("ppermute", "perm")
 
 
 _batch(ppermute_p, _ppermute_local, _same)
