@@ -12,12 +12,15 @@ from typing import Callable
 import numpy as np
 
 from spmd import tree_util
+from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
-from spmd.compiler.avals import tangent_aval
+from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import call_vma, executable_for, flatten_outputs
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, eval_program, get_aval, trace_to_program
+from spmd.compiler.array import Array
+from spmd.compiler.trace import (Tracer, bind, eval_program, get_aval, hoist_traced_consts,
+                                 trace_to_program)
 from spmd.errors import SpmdError
 
 
@@ -33,8 +36,23 @@ def _trace(fun, leaves, tree, what):
         box.append(out_tree)
         return outs
 
-    closed = trace_to_program(flat, [get_aval(x) for x in leaves])
-    return closed, box[0]
+    closed, hoisted = hoist_traced_consts(trace_to_program(flat, [get_aval(x) for x in leaves]))
+    return closed, box[0], hoisted
+
+
+def _split_closure(primals, tangents, num_consts, kind):
+    """The explicit arguments' primals and tangents, after checking that no value the
+    function closed over (the first ``num_consts`` operands) is being differentiated:
+    the user's rule says nothing about them, so their derivative would silently be
+    zero (JAX raises the same error)."""
+    for t in tangents[:num_consts]:
+        if not isinstance(t, Zero) and dtypes.is_float(get_aval(t).dtype):
+            raise CustomRuleError(
+                f"differentiation of a {kind} function with respect to a value it closes "
+                f"over: the {kind} rule only says how to differentiate with respect to the "
+                "function's explicit arguments. Pass the closed-over value to the function "
+                "as an argument (and handle it in the rule)")
+    return primals[num_consts:], tangents[num_consts:]
 
 
 def _impl(xp, *args, program, **_):
@@ -68,12 +86,14 @@ def _batch_via_vmap(prim, wrap_params):
 custom_jvp_call_p = Primitive("custom_jvp_call", multiple_results=True, higher_order=True)
 custom_jvp_call_p.def_impl(_impl)
 custom_jvp_call_p.def_abstract_eval(lambda *avals, program, jvp, **_: program.out_avals)
+# Operands: the values the function closed over (``num_consts``), then its arguments.
 custom_jvp_call_p.rules["inline"] = None  # kept as one equation until differentiated
 
 
 @custom_jvp_call_p.def_jvp
-def _custom_jvp_rule(primals, tangents, *, program, jvp, in_tree, out_tree):
-    tangents = [instantiate(t) for t in tangents]
+def _custom_jvp_rule(primals, tangents, *, program, jvp, in_tree, out_tree, num_consts):
+    primals, tangents = _split_closure(primals, tangents, num_consts, "custom_jvp")
+    tangents = [_rule_tangent(t) for t in tangents]
     p_tree = tree_util.tree_unflatten(in_tree, primals)
     t_tree = tree_util.tree_unflatten(in_tree, tangents)
     res = jvp(tuple(p_tree), tuple(t_tree))
@@ -84,7 +104,16 @@ def _custom_jvp_rule(primals, tangents, *, program, jvp, in_tree, out_tree):
     if tree_p != out_tree or tree_t != out_tree:
         raise CustomRuleError(f"custom_jvp rule returned structures {tree_p} and {tree_t}; the "
                               f"function returns {out_tree}")
-    return out_p, out_t
+    rule = f"custom_jvp rule {_rule_name(jvp)}"
+    checked = []
+    for i, (p, t, aval) in enumerate(zip(out_p, out_t, program.out_avals)):
+        got = get_aval(p)
+        if got.shape != aval.shape or got.dtype != aval.dtype:
+            raise CustomRuleError(
+                f"{rule} returned a primal output of type {got.str_short()} at output {i}; "
+                f"the function returns {aval.str_short()} there")
+        checked.append(_checked_tangent(t, got, f"output {i}", rule))
+    return out_p, checked
 
 
 def _jvp_batch_params(params, level, size):
@@ -134,9 +163,9 @@ class custom_jvp:
 
         jvp = functools.partial(self.jvp, *static) if nd else self.jvp
         leaves, in_tree = tree_util.tree_flatten(dyn)
-        closed, out_tree = _trace(lambda *a: fun(*a), leaves, in_tree, self.__name__)
-        outs = bind(custom_jvp_call_p, *leaves, program=closed, jvp=jvp, in_tree=in_tree,
-                    out_tree=out_tree)
+        closed, out_tree, hoisted = _trace(lambda *a: fun(*a), leaves, in_tree, self.__name__)
+        outs = bind(custom_jvp_call_p, *hoisted, *leaves, program=closed, jvp=jvp,
+                    in_tree=in_tree, out_tree=out_tree, num_consts=len(hoisted))
         return tree_util.tree_unflatten(out_tree, outs)
 
 
@@ -164,7 +193,7 @@ custom_lin_p.def_vma(lambda *avals, out_avals, **_: [a.vma for a in out_avals])
 
 @custom_lin_p.def_transpose
 def _custom_lin_transpose(cts, *args, num_res, bwd, in_tree, res_tree, out_tree, out_avals,
-                          in_avals):
+                          in_avals, tangent_pos):
     res = tree_util.tree_unflatten(res_tree, list(args[:num_res]))
     cts = [instantiate(c) if isinstance(c, Zero) else c for c in cts]
     ct_tree = tree_util.tree_unflatten(out_tree, cts)
@@ -176,14 +205,69 @@ def _custom_lin_transpose(cts, *args, num_res, bwd, in_tree, res_tree, out_tree,
     if len(got) != n_args:
         raise CustomRuleError(f"custom_vjp bwd returned {len(got)} cotangents for {n_args} "
                               "arguments")
-    flat = []
-    for g, sub in zip(got, in_tree.children()):
+    cts_in = []
+    avals = iter(in_avals)
+    for pos, (g, sub) in enumerate(zip(got, in_tree.children())):
+        arg_avals = [next(avals) for _ in range(sub.num_leaves)]
         if g is None:
-            flat.extend([None] * sub.num_leaves)
-        else:
-            flat.extend(tree_util.tree_leaves(g))
-    cts_in = [Zero(tangent_aval(a)) if c is None else c for c, a in zip(flat, in_avals)]
-    return [None] * num_res + cts_in
+            cts_in.extend(Zero(tangent_aval(a)) for a in arg_avals)
+            continue
+        paths_leaves, g_tree = tree_util.tree_flatten_with_path(g)
+        if g_tree != sub:
+            raise CustomRuleError(
+                f"custom_vjp bwd {_rule_name(bwd)} returned a cotangent for argument {pos} "
+                f"with structure {g_tree}; the argument has structure {sub}. Return one "
+                "cotangent per argument, shaped like the argument (or None for a zero)")
+        for (path, leaf), aval in zip(paths_leaves, arg_avals):
+            cts_in.append(_checked_cotangent(leaf, aval, f"args[{pos}]{tree_util.keystr(path)}",
+                                             bwd))
+    return [None] * num_res + [cts_in[i] for i in tangent_pos]
+
+
+def _rule_name(fn) -> str:
+    fn = getattr(fn, "func", fn)  # a functools.partial (nondiff_argnums)
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _checked_cotangent(ct, aval, where: str, bwd):
+    return _checked_tangent(ct, aval, where, f"custom_vjp bwd {_rule_name(bwd)}", "cotangent")
+
+
+def _checked_tangent(ct, aval, where: str, rule: str, kind: str = "tangent"):
+    """``ct`` as the (co)tangent of a value of type ``aval``, or an error naming
+    the value: a (co)tangent of another shape or dtype would silently corrupt every
+    derivative downstream of it (JAX checks the same)."""
+    want = tangent_aval(aval)
+    if ct is None or isinstance(ct, Zero):
+        return Zero(want)
+    if isinstance(ct, np.ndarray) and ct.dtype == dtypes.float0:
+        got = ShapedArray(ct.shape, dtypes.float0)
+    else:
+        got = get_aval(ct)
+    if want.dtype == dtypes.float0:
+        # No derivative flows through integer or boolean values: any zero-like value
+        # of the right shape stands for "none" (float0, or zeros of the value's dtype).
+        if got.shape == want.shape:
+            return Zero(want)
+    elif got.shape == want.shape and (got.dtype == want.dtype or got.weak_type):
+        if got.dtype != want.dtype or got.weak_type or not isinstance(ct, (Tracer, Array)):
+            # A Python scalar, numpy value or weakly typed value: an array of the type.
+            from spmd.compiler.ops.elementwise import convert
+            ct = convert(ct, want.dtype, False)
+        return ct
+    raise CustomRuleError(
+        f"{rule} returned a {kind} of type {got.str_short()} for {where}, whose primal has "
+        f"type {aval.str_short()}: the {kind} must have type {want.str_short()} (the "
+        "primal's shape, and its dtype for floating values). Fix the rule's output there "
+        "(reduce any broadcast dimensions, cast the dtype)")
+
+
+def _rule_tangent(t):
+    """A tangent as a custom rule receives it: symbolic zeros of integer values are
+    numpy float0 zeros (as in JAX); other zeros are real arrays."""
+    if isinstance(t, Zero) and t.aval.dtype == dtypes.float0:
+        return np.zeros(t.aval.shape, dtypes.float0)
+    return instantiate(t)
 
 
 @custom_lin_p.def_jvp
@@ -198,7 +282,8 @@ custom_lin_p.def_batch(lambda args, dims, **p: (_ for _ in ()).throw(
 
 
 @custom_vjp_call_p.def_jvp
-def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree):
+def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree, num_consts):
+    primals, tangents = _split_closure(primals, tangents, num_consts, "custom_vjp")
     res = fwd(*tree_util.tree_unflatten(in_tree, primals))
     if not (isinstance(res, (tuple, list)) and len(res) == 2):
         raise CustomRuleError("custom_vjp fwd must return a pair (output, residuals)")
@@ -208,12 +293,15 @@ def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree):
         raise CustomRuleError(f"custom_vjp fwd returned output structure {tree}; the function "
                               f"returns {out_tree}")
     res_leaves, res_tree = tree_util.tree_flatten(residuals)
-    tangents = [instantiate(t) for t in tangents]
-    out_avals = tuple(tangent_aval(get_aval(o)) for o in out_leaves)
     in_avals = tuple(get_aval(p) for p in primals)
+    # Integer and boolean inputs have float0 tangents, which carry nothing: only the
+    # floating inputs' tangents are operands of the linear stand-in.
+    tangent_pos = tuple(i for i, a in enumerate(in_avals) if dtypes.is_float(a.dtype))
+    tangents = [instantiate(tangents[i]) for i in tangent_pos]
+    out_avals = tuple(tangent_aval(get_aval(o)) for o in out_leaves)
     out_t = bind(custom_lin_p, *res_leaves, *tangents, num_res=len(res_leaves), bwd=bwd,
                  in_tree=in_tree, res_tree=res_tree, out_tree=out_tree, out_avals=out_avals,
-                 in_avals=in_avals)
+                 in_avals=in_avals, tangent_pos=tangent_pos)
     return out_leaves, out_t
 
 
@@ -263,7 +351,9 @@ class custom_vjp:
 
         bwd = functools.partial(self.bwd, *static) if nd else self.bwd
         leaves, in_tree = tree_util.tree_flatten(dyn)
-        closed, out_tree = _trace(with_static(self.fun), leaves, in_tree, self.__name__)
-        outs = bind(custom_vjp_call_p, *leaves, program=closed, fwd=with_static(self.fwd),
-                    bwd=bwd, in_tree=in_tree, out_tree=out_tree)
+        closed, out_tree, hoisted = _trace(with_static(self.fun), leaves, in_tree,
+                                           self.__name__)
+        outs = bind(custom_vjp_call_p, *hoisted, *leaves, program=closed,
+                    fwd=with_static(self.fwd), bwd=bwd, in_tree=in_tree, out_tree=out_tree,
+                    num_consts=len(hoisted))
         return tree_util.tree_unflatten(out_tree, outs)

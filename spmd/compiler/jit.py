@@ -24,8 +24,10 @@ from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Tracer, eval_program, get_aval, is_array_like, is_eager,
-                                 to_array_value, trace_to_program, wrap_value)
+from spmd.compiler.trace import (Tracer, axis_env_key, eval_program, get_aval,
+                                 hoist_traced_consts, is_array_like, is_eager, to_array_value,
+                                 trace_to_program, wrap_value)
+from spmd.compiler.trace import _state as _trace_state
 from spmd.config import config
 from spmd.errors import OutputTypeError, StaticArgumentError
 
@@ -187,10 +189,17 @@ def _output_shardings(closed) -> tuple | None:
 
 
 class _Entry:
-    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_shardings")
+    """One traced signature.  ``hoisted``: values of enclosing transformations that
+    the function closed over, passed as the program's leading arguments (see
+    :func:`hoist_traced_consts`); an entry with any is never cached, since they
+    belong to the trace that made them."""
 
-    def __init__(self, closed, out_tree):
+    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_shardings",
+                 "hoisted")
+
+    def __init__(self, closed, out_tree, hoisted=()):
         self.closed = closed
+        self.hoisted = tuple(hoisted)
         self.out_tree = out_tree
         self.out_avals = closed.out_avals
         self._optimized = None
@@ -333,8 +342,8 @@ class JitFunction:
             out_tree_box.append(out_tree)
             return leaves
 
-        closed = trace_to_program(flat_fun, avals)
-        return _Entry(closed, out_tree_box[0])
+        closed, hoisted = hoist_traced_consts(trace_to_program(flat_fun, avals))
+        return _Entry(closed, out_tree_box[0], hoisted)
 
     # Two caches.  ``_plans`` is keyed by what is cheap to read off the
     # arguments: the structure, the x64 switch and a key per leaf (no aval is
@@ -347,7 +356,7 @@ class JitFunction:
         """The call plan for these arguments (tracing on a miss), and the leaves."""
         if self._no_static and not kwargs:
             leaves, treedef = _flatten(args)
-            key = (treedef, config.enable_x64,
+            key = (treedef, config.enable_x64, axis_env_key(),
                    tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
                           for x in leaves]))
             plan = self._plans.get(key)
@@ -355,8 +364,8 @@ class JitFunction:
                 plan = self._new_plan(key, _NO_STATIC, _flatten((args, _EMPTY))[1], leaves)
             return plan, leaves
         static_key, leaves, treedef = self._signature(args, kwargs)
-        # A 4-tuple: never equal to the 3-tuple keys of the common case.
-        key = (treedef, static_key, config.enable_x64,
+        # A 5-tuple: never equal to the 4-tuple keys of the common case.
+        key = (treedef, static_key, config.enable_x64, axis_env_key(),
                tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
                       for x in leaves]))
         plan = self._plans.get(key)
@@ -366,10 +375,14 @@ class JitFunction:
 
     def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
         avals = tuple(map(get_aval, leaves))  # raises DTypeError on unsupported leaves
-        akey = (treedef, static_key, avals, dtypes.x64_enabled())
+        # The named axes in scope are part of the signature: a body traced inside a
+        # shard_map over an 8-device axis is not the program for another mesh.
+        akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key())
         entry = self._cache.get(akey)
         if entry is None:
             entry = self._trace(static_key, treedef, avals)
+            if entry.hoisted:  # closed over an enclosing trace's values: this call only
+                return _CallPlan(entry, leaves, avals)
             self._cache[akey] = entry  # only reached when tracing succeeded
         plan = self._plans[key] = _CallPlan(entry, leaves, avals)
         return plan
@@ -389,7 +402,7 @@ class JitFunction:
         # The common case (no static or keyword arguments; containers, arrays
         # and scalars) keys the plans on _walk's tokens; anything else, _plan.
         vals: list = []
-        toks = [config.enable_x64]
+        toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else ()]
         if self._no_static and not kwargs and _walk(args, vals, toks):
             key = tuple(toks)
             plan = self._plans.get(key)
@@ -400,7 +413,8 @@ class JitFunction:
         else:
             plan, vals = self._plan(args, kwargs)
         if not is_eager():
-            outs = jit_p.bind(*vals, program=plan.entry.closed, name=self._name)
+            outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
+                              name=self._name)
             return plan.out_tree.unflatten(outs)
         # Only the leaves that need it are touched (``vals`` is a fresh list).
         for i in plan.arrays:

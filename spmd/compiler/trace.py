@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Callable
 
@@ -130,31 +131,45 @@ def _eager_shardings(prim, args, params, partial):
         "shard_map or a jitted function, or gather it first with spmd.process_allgather(x)")
 
 
-trace_stack: list[MainTrace] = [MainTrace(0, EvalTrace, None)]
-_dynamic: list[MainTrace | None] = [None]
+class _TraceState(threading.local):
+    """The tracing state of one thread (as JAX keeps it): the stack of active
+    transformations, the dynamic (program-building) traces and the named axes in
+    scope.  Per thread, so that threads tracing at once never see each other's
+    transformations (a shared stack mixed them up: tracers of one thread's trace
+    were lifted into another's program)."""
+
+    def __init__(self):
+        self.stack: list[MainTrace] = [MainTrace(0, EvalTrace, None)]
+        self.dynamic: list[MainTrace | None] = [None]
+        self.axis_env: list[AxisScope] = []
+
+
+_state = _TraceState()
 
 
 def dynamic_trace() -> MainTrace | None:
-    return _dynamic[-1]
+    return _state.dynamic[-1]
 
 
 def is_eager() -> bool:
     """True when no transformation is active (the jit fast path can run)."""
-    return len(trace_stack) == 1 and _dynamic[-1] is None
+    st = _state
+    return len(st.stack) == 1 and st.dynamic[-1] is None
 
 
 @contextmanager
 def new_main(trace_type, global_data=None, dynamic: bool = False):
-    main = MainTrace(len(trace_stack), trace_type, global_data)
-    trace_stack.append(main)
+    st = _state
+    main = MainTrace(len(st.stack), trace_type, global_data)
+    st.stack.append(main)
     if dynamic:
-        _dynamic.append(main)
+        st.dynamic.append(main)
     try:
         yield main
     finally:
         if dynamic:
-            _dynamic.pop()
-        trace_stack.pop()
+            st.dynamic.pop()
+        st.stack.pop()
 
 
 # ------------------------------------------------------------------- tracers
@@ -305,11 +320,12 @@ def abstract_eval(prim, avals_in, params) -> list[ShapedArray]:
 # --------------------------------------------------------------------- bind
 
 def find_top_trace(args) -> Trace:
-    top = trace_stack[0]
+    st = _state
+    top = st.stack[0]
     for x in args:
         if isinstance(x, Tracer) and x._trace.main.level > top.level:
             top = x._trace.main
-    dyn = _dynamic[-1]
+    dyn = st.dynamic[-1]
     if dyn is not None and dyn.level > top.level:
         top = dyn
     return top.trace_type(top)
@@ -322,7 +338,11 @@ def full_raise(trace: Trace, val):
     if main is trace.main:
         return val
     if main.level < trace.main.level:
-        return trace.lift(val)
+        stack = _state.stack
+        # Only a transformation still active in this thread may be lifted from: a
+        # tracer of a finished trace, or of another thread's, has no value here.
+        if main.level < len(stack) and stack[main.level] is main:
+            return trace.lift(val)
     raise SpmdError(
         f"a traced value {val.aval} escaped the transformation that created it (it was "
         "stored outside the function, e.g. in a global or a closure, and used later); "
@@ -341,7 +361,7 @@ def bind(prim, *args, **params):
         # traced there (axis_index has none; psum of a constant is a product); so
         # does a higher-order primitive whose body holds one.
         axes = params.get("axes", ())
-        if prim.higher_order and _axis_env:
+        if prim.higher_order and _state.axis_env:
             from spmd.compiler.batching import collective_axes
             axes = collective_axes(params)
         for a in axes:
@@ -370,30 +390,43 @@ class AxisScope:
         self.main = main  # the batch level that stands for these axes, if any
 
 
-_axis_env: list[AxisScope] = []
 # Set by the collectives layer: ``pvary(x, axes)``; the compiler cannot import it.
 _pvary_hook: list = [None]
 
 
 @contextmanager
 def extend_axis_env(sizes: dict, track_vma: bool = False, main=None):
-    _axis_env.append(AxisScope(sizes, track_vma, main))
+    env = _state.axis_env
+    env.append(AxisScope(sizes, track_vma, main))
     try:
         yield
     finally:
-        _axis_env.pop()
+        env.pop()
 
 
 def axis_scope(name: str) -> AxisScope | None:
     """The innermost scope that binds axis ``name`` (None when out of scope)."""
-    for scope in reversed(_axis_env):
+    for scope in reversed(_state.axis_env):
         if name in scope.sizes:
             return scope
     return None
 
 
 def axes_in_scope() -> list[str]:
-    return [n for scope in _axis_env for n in scope.sizes]
+    return [n for scope in _state.axis_env for n in scope.sizes]
+
+
+def axis_env_key() -> tuple:
+    """The named axes in scope as a hashable key: ``()`` outside any.
+
+    A cache of traced programs must include it: a body traced with axis ``i`` of
+    size 8 in scope (``psum`` of an invariant value folds to ``x * 8``) is not
+    the program of the same function under another mesh or outside any.
+    """
+    env = _state.axis_env
+    if not env:
+        return ()
+    return tuple((tuple(s.sizes.items()), s.track_vma) for s in env)
 
 
 # ----------------------------------------------------------- program builder
@@ -533,6 +566,35 @@ def trace_to_program(flat_fun: Callable, in_avals) -> ClosedProgram:
         outs = flat_fun(*tracers_in)
         tracers_out = [full_raise(trace, o) for o in outs]
         return builder.build([t.var for t in tracers_in], tracers_out)
+
+
+def hoist_traced_consts(closed: ClosedProgram) -> tuple[ClosedProgram, list]:
+    """Closure conversion: the constants of ``closed`` that are tracers of
+    enclosing transformations become leading arguments.
+
+    A function traced under another transformation may close over that
+    transformation's values (``grad(lambda s: jit(lambda x: s * x)(y))``); kept as
+    constants of the inner program, they would be invisible to the outer
+    transformation (a zero gradient, a leaked tracer).  As explicit operands of the
+    primitive that calls the program, the outer transformation sees them.  Returns
+    the program, whose arguments are now ``hoisted + original arguments`` (concrete
+    constants stay constants), and the hoisted tracers.
+    """
+    consts = closed.consts
+    if not any(isinstance(c, Tracer) for c in consts):
+        return closed, []
+    prog = closed.program
+    n = len(consts)
+    keep_vars, keep_vals, hoist_vars, hoisted = [], [], [], []
+    for v, c in zip(prog.in_vars[:n], consts):
+        if isinstance(c, Tracer):
+            hoist_vars.append(v)
+            hoisted.append(c)
+        else:
+            keep_vars.append(v)
+            keep_vals.append(c)
+    new = Program(keep_vars + hoist_vars + prog.in_vars[n:], prog.eqns, prog.out_atoms)
+    return ClosedProgram(new, keep_vals), hoisted
 
 
 def eval_program(closed: ClosedProgram | Program, *args, consts=None):

@@ -100,9 +100,17 @@ class NamedSharding:
         if not isinstance(mesh, Mesh):
             raise ShardingError(f"NamedSharding: expected a Mesh, got {type(mesh).__name__}")
         if not isinstance(spec, PartitionSpec):
-            spec = PartitionSpec(*spec) if isinstance(spec, (tuple, list)) else spec
-        if not isinstance(spec, PartitionSpec):
-            raise ShardingError(f"NamedSharding: expected a PartitionSpec, got {spec!r}")
+            # A tuple reads like a spec but is not one (JAX refuses it too): accepting
+            # it would make ("i", "j") ambiguous between P("i", "j") and P(("i", "j")).
+            if isinstance(spec, (tuple, list)):
+                fix = f"write P({', '.join(map(repr, spec))})"
+            elif isinstance(spec, str) or spec is None:
+                fix = f"write P({spec!r})"
+            else:
+                fix = "pass spmd.P(...) (spmd.sharding.PartitionSpec)"
+            raise ShardingError(
+                f"NamedSharding: spec must be a PartitionSpec, got the {type(spec).__name__} "
+                f"{spec!r}; {fix}")
         for a in spec.mesh_axes:
             if a not in mesh.shape:
                 raise ShardingError(f"NamedSharding: spec {spec} names axis {a!r}, not in the "

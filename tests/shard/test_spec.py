@@ -117,8 +117,16 @@ def test_named_sharding_errors(mesh42):
         NamedSharding(mesh42, P("i")).shard_shape((6,))
 
 
-def test_named_sharding_accepts_plain_tuple(mesh42):
-    assert NamedSharding(mesh42, ("i", None)).spec == P("i", None)
+@pytest.mark.parametrize("spec, fix", [(("i",), "write P('i')"),
+                                       (("i", None), "write P('i', None)"),
+                                       (["i", "j"], "write P('i', 'j')"),
+                                       ("i", "write P('i')"),
+                                       (3, "pass spmd.P")])
+def test_named_sharding_refuses_what_is_not_a_partition_spec(mesh42, spec, fix):
+    # A tuple reads like a spec but is not one; accepting it silently hid mistakes.
+    with pytest.raises(ShardingError, match="spec must be a PartitionSpec") as info:
+        NamedSharding(mesh42, spec)
+    assert fix in str(info.value) and repr(spec) in str(info.value)
 
 
 def test_sharding_errors_are_value_errors():

@@ -11,7 +11,8 @@ from spmd.compiler.array import Array
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for, flatten_outputs
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import get_aval, is_eager, to_array_value, trace_to_program, wrap_value
+from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, is_eager, to_array_value,
+                                 trace_to_program, wrap_value)
 from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
@@ -153,11 +154,15 @@ class PartitionedJit:
         leaves, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(get_aval(x) for x in leaves)
         shard_key = tuple(x._sharding if isinstance(x, Array) else None for x in leaves)
-        key = (in_tree, static, avals, shard_key)
+        key = (in_tree, static, avals, shard_key, axis_env_key())
         entry = self._cache.get(key)
         if entry is None:
             entry = self._build(args, leaves, in_tree, avals)
-            self._cache[key] = entry
+            # A trace that closed over an enclosing transformation's values (they
+            # stay constants of the program, which runs under that transformation)
+            # belongs to that call alone.
+            if not any(isinstance(c, Tracer) for c in entry.closed.consts):
+                self._cache[key] = entry
         return entry, leaves
 
     def _build(self, args, leaves, in_tree, avals):
