@@ -1,0 +1,24 @@
+"""Optimizers as gradient transformations (the interface users know from optax).
+
+>>> import spmd.optim as optim
+>>> opt = optim.chain(optim.clip_by_global_norm(1.0),
+...                   optim.adamw(optim.warmup_cosine_decay_schedule(0, 1e-3, 100, 1000)))
+>>> state = opt.init(params)
+>>> updates, state = opt.update(grads, state, params)
+>>> params = optim.apply_updates(params, updates)
+
+All of it is pure pytree code over ``spmd.numpy``: it runs eagerly or under
+``jit``, and the state of each parameter is computed from, and sharded like, that
+parameter (see docs/training.md).
+"""
+
+from spmd.optim._base import (EmptyState, GradientTransformation, OptimError,  # noqa: F401
+                              apply_updates, chain, global_norm, stateless)
+from spmd.optim._schedules import (constant_schedule, cosine_decay_schedule,  # noqa: F401
+                                   linear_schedule, warmup_cosine_decay_schedule)
+from spmd.optim._transforms import *  # noqa: F401,F403
+from spmd.optim._transforms import __all__ as _transform_names
+
+__all__ = ["EmptyState", "GradientTransformation", "OptimError", "apply_updates", "chain",
+           "constant_schedule", "cosine_decay_schedule", "global_norm", "linear_schedule",
+           "stateless", "warmup_cosine_decay_schedule", *_transform_names]
