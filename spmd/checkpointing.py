@@ -1,0 +1,366 @@
+"""Checkpoints of pytrees of (sharded) arrays that restore onto another mesh.
+
+>>> from spmd import checkpointing
+>>> checkpointing.save("ckpt", {"params": params, "opt": opt_state}, step=100, keep=3)
+>>> step = checkpointing.latest_step("ckpt")                     # 100
+>>> target = spmd.tree_util.tree_map(lambda x: x.sharding, state) # shardings for the new mesh
+>>> state = checkpointing.restore("ckpt", target)                 # the latest step
+
+Layout: ``<directory>/step_<k>/`` holds one zarr v3 array per leaf (written
+through tensorstore) and ``spmd_checkpoint.json`` (the step, the leaves' pytree
+paths, shapes, dtypes and saving shardings, the saving mesh).  Each array is
+chunked by the blocks of its saving sharding, so every process writes only the
+chunks of the blocks its devices hold, each block once (by the device whose
+``replica_id`` is 0) even when replicated.  On restore each process reads only
+the regions its devices need under the target sharding: no process ever holds
+the whole model unless the target says it should.
+
+Atomic: everything is written into ``<directory>/.tmp-step_<k>.<nonce>``; once
+every process has written its chunks, process 0 writes the metadata and renames
+the directory to ``step_<k>``.  A crash mid-save leaves only a ``.tmp-`` directory,
+which :func:`latest_step` never picks (and the next save removes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from typing import Any
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.compiler.array import Array
+from spmd.errors import SpmdError
+from spmd.mesh import process_count, process_index
+from spmd.shard.array import make_array_from_callback
+from spmd.shard.spec import NamedSharding, ShardingError, check_spec
+
+METADATA = "spmd_checkpoint.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_FORMAT = 1
+
+
+class CheckpointError(SpmdError, ValueError):
+    """A checkpoint that is missing, incomplete, or does not match its target."""
+
+
+# ------------------------------------------------------------ coordination
+
+_comm_cache: list = []
+
+
+def _comm():
+    """A communicator of all processes for the save protocol (None in one process).
+
+    Its own duplicate of the world communicator: the barriers and flags of a save
+    can never pair with a data collective of the program."""
+    if process_count() == 1:
+        return None
+    if not _comm_cache:
+        from spmd.launch.mpi import world
+
+        _comm_cache.append(world().Dup())
+    return _comm_cache[0]
+
+
+def _all_ok(ok: bool, what: str) -> None:
+    """Raise on every process unless ``ok`` holds on all of them (naming the ranks)."""
+    comm = _comm()
+    flags = [ok] if comm is None else comm.allgather(ok)
+    bad = [r for r, f in enumerate(flags) if not f]
+    if bad:
+        raise CheckpointError(f"{what} failed on process(es) {bad}; see their errors")
+
+
+def _bcast(value):
+    comm = _comm()
+    return value if comm is None else comm.bcast(value, root=0)
+
+
+def _barrier():
+    comm = _comm()
+    if comm is not None:
+        comm.Barrier()
+
+
+# --------------------------------------------------------------- helpers
+
+def step_dir(directory: str, step: int) -> str:
+    return os.path.join(directory, f"step_{int(step)}")
+
+
+def all_steps(directory: str) -> list[int]:
+    """The steps of the complete checkpoints in ``directory``, ascending."""
+    if not os.path.isdir(directory):
+        return []
+    steps = []
+    for name in os.listdir(directory):
+        m = _STEP_DIR.match(name)
+        if m and os.path.isfile(os.path.join(directory, name, METADATA)):
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def latest_step(directory: str) -> int | None:
+    """The newest complete checkpoint's step in ``directory`` (None when there is none).
+
+    Temporary directories of saves that did not finish are never picked.
+
+    >>> latest_step("ckpt")
+    100
+    """
+    steps = all_steps(directory)
+    return steps[-1] if steps else None
+
+
+def _store(path: str, meta: dict | None = None):
+    import tensorstore as ts
+
+    spec: dict = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}
+    if meta is None:
+        return ts.open(spec, open=True).result()
+    spec["metadata"] = meta
+    return ts.open(spec, create=True, delete_existing=True).result()
+
+
+def _leaf_info(x, path: str) -> tuple[tuple, np.dtype, Any]:
+    """(shape, dtype, sharding or None) of a leaf to save."""
+    if isinstance(x, Array):
+        sh = x.sharding
+        return tuple(x.shape), np.dtype(x.dtype), sh if isinstance(sh, NamedSharding) else None
+    if isinstance(x, (np.ndarray, np.generic, int, float, bool)):
+        a = np.asarray(x)
+        return a.shape, a.dtype, None
+    raise CheckpointError(f"save: the leaf at {path} is a {type(x).__name__}; checkpoints hold "
+                          "arrays (spmd Arrays, numpy arrays, Python scalars)")
+
+
+def _chunk(shape, sharding) -> list[int]:
+    if sharding is None:
+        return [max(int(n), 1) for n in shape]
+    return [max(int(n), 1) for n in sharding.shard_shape(shape)]
+
+
+def _mesh_record(sharding) -> dict | None:
+    if sharding is None:
+        return None
+    m = sharding.mesh
+    return {"axis_names": list(m.axis_names), "shape": [int(m.shape[a]) for a in m.axis_names]}
+
+
+def _spec_record(sharding):
+    if sharding is None:
+        return None
+    return [list(e) if isinstance(e, tuple) else e for e in sharding.spec]
+
+
+# ------------------------------------------------------------------- save
+
+def save(directory: str, tree, *, step: int, keep: int | None = None) -> str:
+    """Save ``tree`` as ``<directory>/step_<step>``; every process must call it.
+
+    Each process writes only the blocks its devices hold (replicated blocks
+    once).  ``keep``: then delete all but the newest ``keep`` checkpoints.
+    Returns the checkpoint's directory.
+
+    >>> save("ckpt", {"params": params}, step=10, keep=2)
+    'ckpt/step_10'
+    """
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"save: step must be an integer >= 0, got {step!r}")
+    if keep is not None and (not isinstance(keep, int) or keep < 1):
+        raise CheckpointError(f"save: keep must be an integer >= 1 or None, got {keep!r}")
+    paths_leaves, treedef = tree_util.tree_flatten_with_path(tree)
+    leaves = []
+    for path, x in paths_leaves:
+        p = tree_util.keystr(path)
+        leaves.append((p, x, *_leaf_info(x, p)))
+    final = step_dir(directory, step)
+    if os.path.exists(final):  # checked by every process: they all raise or none
+        raise CheckpointError(f"save: {final} already exists; save under a new step, or "
+                              "delete it first")
+    me = process_index()
+    nonce = _bcast(uuid.uuid4().hex[:12] if me == 0 else None)
+    tmp = os.path.join(directory, f".tmp-step_{int(step)}.{nonce}")
+    ok = True
+    try:
+        if me == 0:
+            os.makedirs(directory, exist_ok=True)
+            _remove_stale_tmp(directory)
+            os.makedirs(tmp)
+            for i, (p, x, shape, dtype, sh) in enumerate(leaves):
+                _store(os.path.join(tmp, f"leaf_{i:05d}"), {
+                    "shape": list(shape), "data_type": _zarr_dtype(dtype, p),
+                    "chunk_grid": {"name": "regular",
+                                   "configuration": {"chunk_shape": _chunk(shape, sh)}}})
+    except BaseException:
+        ok = False
+        raise
+    finally:
+        _all_ok(ok, f"save of {final}: creating the arrays")
+    try:
+        writes = []
+        for i, (p, x, shape, dtype, sh) in enumerate(leaves):
+            store = None
+            for index, block in _blocks_to_write(x, sh, me):
+                store = store or _store(os.path.join(tmp, f"leaf_{i:05d}"))
+                writes.append(store[index].write(block))
+        for w in writes:
+            w.result()
+    except BaseException:
+        ok = False
+        raise
+    finally:
+        _all_ok(ok, f"save of {final}: writing the blocks")
+    try:
+        if me == 0:
+            meta = {"format": _FORMAT, "step": int(step), "treedef": str(treedef),
+                    "leaves": [{"path": p, "file": f"leaf_{i:05d}", "shape": list(shape),
+                                "dtype": dtype.name, "mesh": _mesh_record(sh),
+                                "spec": _spec_record(sh)}
+                               for i, (p, x, shape, dtype, sh) in enumerate(leaves)]}
+            with open(os.path.join(tmp, METADATA), "w") as f:
+                json.dump(meta, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, final)  # the commit
+            if keep is not None:
+                for old in all_steps(directory)[:-keep]:
+                    shutil.rmtree(step_dir(directory, old), ignore_errors=True)
+    except BaseException:
+        ok = False
+        raise
+    finally:
+        _all_ok(ok, f"save of {final}: the commit")
+    return final
+
+
+def _remove_stale_tmp(directory: str) -> None:
+    for name in os.listdir(directory):
+        if name.startswith(".tmp-step_"):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def _zarr_dtype(dtype: np.dtype, path: str) -> str:
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        raise CheckpointError(f"save: the leaf at {path} has dtype {dtype}, which checkpoints "
+                              "do not store (bool, integer and floating dtypes)")
+    return "bool" if dtype.kind == "b" else dtype.name
+
+
+def _blocks_to_write(x, sharding, me: int):
+    """(global index, block) pairs this process writes: the replica-0 blocks of its
+    devices; process 0 writes leaves that are not placed on a mesh."""
+    if sharding is None:
+        if me == 0:
+            yield (Ellipsis, np.asarray(x))
+        return
+    for shard in x.addressable_shards:
+        if shard.replica_id == 0:
+            yield (shard.index, np.asarray(shard.data))
+
+
+# ---------------------------------------------------------------- restore
+
+def _read_meta(path: str) -> dict:
+    meta_file = os.path.join(path, METADATA)
+    if not os.path.isfile(meta_file):
+        raise CheckpointError(f"restore: {path} is not a complete checkpoint (it has no "
+                              f"{METADATA}); a save that did not finish leaves such a directory")
+    with open(meta_file) as f:
+        return json.load(f)
+
+
+def _target_info(t, path: str):
+    """(sharding or None, shape or None, dtype or None) that a target leaf asks for."""
+    if isinstance(t, NamedSharding):
+        return t, None, None
+    sh = getattr(t, "sharding", None)
+    shape = getattr(t, "shape", None)
+    dtype = getattr(t, "dtype", None)
+    if shape is None and sh is None:
+        raise CheckpointError(f"restore: the target leaf at {path} is a {type(t).__name__}; "
+                              "give a NamedSharding, an array, or an abstract array with "
+                              ".shape/.dtype (and .sharding)")
+    return (sh if isinstance(sh, NamedSharding) else None,
+            None if shape is None else tuple(shape),
+            None if dtype is None else np.dtype(dtype))
+
+
+def restore(directory: str, target, *, step: int | None = None):
+    """Read the checkpoint of ``step`` (default: the latest) in ``directory`` into the
+    structure of ``target``, placed by its shardings; every process must call it.
+
+    ``target`` is a pytree like the saved one whose leaves are ``NamedSharding``s,
+    arrays (their sharding, shape and dtype), or abstract arrays with ``.shape``,
+    ``.dtype`` and ``.sharding``.  Leaves without a sharding restore as whole
+    numpy arrays.  Each process reads only the blocks of its devices.
+
+    >>> state = restore("ckpt", tree_map(lambda x: x.sharding, state))
+    """
+    if step is None:
+        step = latest_step(directory)
+        if step is None:
+            found = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
+            raise CheckpointError(
+                f"restore: no complete checkpoint in {directory!r}" +
+                (f" (it holds {found[:8]})" if found else " (no such directory)" if found is None
+                 else " (it is empty)"))
+    path = step_dir(directory, step)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"restore: no checkpoint for step {step} in {directory!r} "
+                              f"(steps there: {all_steps(directory)})")
+    meta = _read_meta(path)
+    saved = {leaf["path"]: leaf for leaf in meta["leaves"]}
+    paths_targets, treedef = tree_util.tree_flatten_with_path(
+        target, is_leaf=lambda x: isinstance(x, NamedSharding))
+    wanted = [tree_util.keystr(p) for p, _ in paths_targets]
+    missing = [p for p in wanted if p not in saved]
+    extra = [p for p in saved if p not in set(wanted)]
+    if missing or extra:
+        raise CheckpointError(
+            f"restore: the target's structure differs from the checkpoint {path}: "
+            f"in the target only: {missing[:8] or 'none'}; in the checkpoint only: "
+            f"{extra[:8] or 'none'}")
+    plans = []
+    for p, t in zip(wanted, (t for _, t in paths_targets)):
+        leaf = saved[p]
+        shape, dtype = tuple(leaf["shape"]), np.dtype(leaf["dtype"])
+        sh, t_shape, t_dtype = _target_info(t, p)
+        if t_shape is not None and t_shape != shape:
+            raise CheckpointError(f"restore: the leaf at {p} was saved with shape {shape}; "
+                                  f"the target asks for {t_shape}")
+        if t_dtype is not None and t_dtype != dtype:
+            raise CheckpointError(f"restore: the leaf at {p} was saved as {dtype}; the target "
+                                  f"asks for {t_dtype} (restore as saved, then cast)")
+        if sh is not None:
+            try:
+                check_spec(sh.spec, sh.mesh, shape, f"restore of {p}")
+            except ShardingError as e:
+                raise CheckpointError(f"restore: the target sharding of the leaf at {p} does "
+                                      f"not fit its saved shape {shape}: {e}") from None
+        plans.append((os.path.join(path, leaf["file"]), shape, sh))
+    # Every process has checked the same things: all raise above, or none.
+    leaves = [_read_leaf(*plan) for plan in plans]
+    return tree_util.tree_unflatten(treedef, leaves)
+
+
+def _read_leaf(file: str, shape: tuple, sharding):
+    store = _store(file)
+    if sharding is None:
+        return np.asarray(store.read().result())
+    return make_array_from_callback(shape, sharding,
+                                    lambda index: np.asarray(store[index].read().result()))
+
+
+def saved_metadata(directory: str, step: int | None = None) -> dict:
+    """The metadata of a checkpoint: step, leaves (path, shape, dtype, saving mesh and
+    spec)."""
+    step = latest_step(directory) if step is None else step
+    if step is None:
+        raise CheckpointError(f"saved_metadata: no complete checkpoint in {directory!r}")
+    return _read_meta(step_dir(directory, step))

@@ -1,0 +1,284 @@
+"""spmd.checkpointing: round trips across meshes and process counts, atomicity, and
+every bad-input case.
+
+Oracles: the saved numpy values.  The cross-process tests launch their own small
+MPI jobs (4 and 2 ranks) under time limits and exchange checkpoints with this
+process's 8 simulated devices.
+"""
+
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+import spmd
+from spmd import P, NamedSharding
+from spmd import checkpointing as ckpt
+from spmd.checkpointing import CheckpointError
+from tests.mpi import run_mpi
+
+W = np.arange(64, dtype=np.float32).reshape(8, 8)
+B = np.arange(8, dtype=np.int32)
+
+
+def _meshes():
+    return {"4x2": spmd.make_mesh((4, 2), ("data", "model")),
+            "2x4": spmd.make_mesh((2, 4), ("a", "b")),
+            "8": spmd.make_mesh((8,), ("d",))}
+
+
+def _tree(mesh):
+    return {"params": {"w": spmd.device_put(W, NamedSharding(mesh, P("data", "model"))),
+                       "b": spmd.device_put(B, NamedSharding(mesh, P("model")))},
+            "step_scale": np.float32(0.5),
+            "opt": (spmd.device_put(W * 2, NamedSharding(mesh, P())),)}
+
+
+def _check(tree):
+    np.testing.assert_array_equal(np.asarray(tree["params"]["w"]), W)
+    np.testing.assert_array_equal(np.asarray(tree["params"]["b"]), B)
+    assert float(tree["step_scale"]) == 0.5
+    np.testing.assert_array_equal(np.asarray(tree["opt"][0]), W * 2)
+
+
+@pytest.mark.parametrize("target_mesh, w_spec, b_spec", [
+    ("4x2", P("data", "model"), P("model")),
+    ("2x4", P(None, ("a", "b")), P("b")),
+    ("8", P("d"), P()),
+    ("8", P(), P("d")),
+])
+def test_round_trip_onto_another_mesh(tmp_path, target_mesh, w_spec, b_spec):
+    meshes = _meshes()
+    path = ckpt.save(str(tmp_path), _tree(meshes["4x2"]), step=3)
+    assert path == str(tmp_path / "step_3") and ckpt.latest_step(str(tmp_path)) == 3
+    m = meshes[target_mesh]
+    target = {"params": {"w": NamedSharding(m, w_spec), "b": NamedSharding(m, b_spec)},
+              "step_scale": np.float32(0), "opt": (NamedSharding(m, P()),)}
+    out = ckpt.restore(str(tmp_path), target)
+    _check(out)
+    assert out["params"]["w"].sharding == NamedSharding(m, w_spec)
+
+
+def test_restore_reads_only_each_devices_block(tmp_path, monkeypatch):
+    meshes = _meshes()
+    ckpt.save(str(tmp_path), {"w": spmd.device_put(W, NamedSharding(meshes["8"], P()))},
+              step=0)
+    reads = []
+    real = ckpt._store
+
+    def spying_store(path, meta=None):
+        store = real(path, meta)
+
+        class Spy:
+            def __getitem__(self, index):
+                reads.append(index)
+                return store[index]
+
+            def read(self):
+                reads.append("all")
+                return store.read()
+        return Spy()
+
+    monkeypatch.setattr(ckpt, "_store", spying_store)
+    out = ckpt.restore(str(tmp_path), {"w": NamedSharding(meshes["4x2"], P("data", "model"))})
+    np.testing.assert_array_equal(np.asarray(out["w"]), W)
+    assert "all" not in reads and len(reads) == 8  # one (2, 4) block per device
+    assert all(tuple(s.stop - s.start for s in idx) == (2, 4) for idx in reads)
+
+
+def test_save_writes_each_block_once_even_when_replicated(tmp_path, monkeypatch):
+    mesh = _meshes()["4x2"]
+    written = []
+    real = ckpt._blocks_to_write
+
+    def spy(x, sharding, me):
+        for index, block in real(x, sharding, me):
+            written.append(block.shape)
+            yield index, block
+
+    monkeypatch.setattr(ckpt, "_blocks_to_write", spy)
+    # Split over 'data' only: each block is held by the 2 devices of a 'model' row.
+    ckpt.save(str(tmp_path), {"w": spmd.device_put(W, NamedSharding(mesh, P("data")))}, step=0)
+    assert written == [(2, 8)] * 4
+    meta = ckpt.saved_metadata(str(tmp_path))
+    assert meta["leaves"][0]["mesh"] == {"axis_names": ["data", "model"], "shape": [4, 2]}
+    assert meta["leaves"][0]["spec"] == ["data"] and meta["step"] == 0
+
+
+def test_keep_last_k_and_latest_step(tmp_path):
+    mesh = _meshes()["8"]
+    for step in (1, 5, 10, 20):
+        ckpt.save(str(tmp_path), _tree(spmd.make_mesh((4, 2), ("data", "model"))), step=step,
+                  keep=2)
+    assert ckpt.all_steps(str(tmp_path)) == [10, 20]
+    assert ckpt.latest_step(str(tmp_path)) == 20
+    out = ckpt.restore(str(tmp_path), {"params": {"w": NamedSharding(mesh, P()),
+                                                  "b": NamedSharding(mesh, P())},
+                                       "step_scale": np.float32(0),
+                                       "opt": (NamedSharding(mesh, P()),)}, step=10)
+    _check(out)
+    assert ckpt.latest_step(str(tmp_path / "nowhere")) is None
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    mesh = _meshes()["4x2"]
+    ckpt.save(str(tmp_path), _tree(mesh), step=1)
+    calls = []
+    real = ckpt._blocks_to_write
+
+    def failing(x, sharding, me):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        yield from real(x, sharding, me)
+
+    monkeypatch.setattr(ckpt, "_blocks_to_write", failing)
+    with pytest.raises(CheckpointError, match="writing the blocks failed on process"):
+        ckpt.save(str(tmp_path), _tree(mesh), step=2)
+    assert ckpt.latest_step(str(tmp_path)) == 1
+    assert any(n.startswith(".tmp-step_2.") for n in os.listdir(tmp_path))
+    monkeypatch.setattr(ckpt, "_blocks_to_write", real)
+    _check(ckpt.restore(str(tmp_path), _tree(mesh)))
+    ckpt.save(str(tmp_path), _tree(mesh), step=2)  # the next save clears the debris
+    assert not any(n.startswith(".tmp-") for n in os.listdir(tmp_path))
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_restore_into_another_structure_lists_the_paths(tmp_path):
+    mesh = _meshes()["4x2"]
+    ckpt.save(str(tmp_path), _tree(mesh), step=0)
+    target = _tree(mesh)
+    del target["params"]["b"]
+    target["params"]["bias"] = NamedSharding(mesh, P())
+    with pytest.raises(CheckpointError, match=r"in the target only: \[\"\['params'\]\['bias'\]\"\]"
+                                              r"; in the checkpoint only: \[\"\['params'\]\['b'\]\"\]"):
+        ckpt.restore(str(tmp_path), target)
+
+
+def test_restore_with_another_shape_or_dtype(tmp_path):
+    mesh = _meshes()["4x2"]
+    ckpt.save(str(tmp_path), _tree(mesh), step=0)
+    target = _tree(mesh)
+    target["params"]["w"] = spmd.device_put(np.zeros((8, 4), np.float32),
+                                            NamedSharding(mesh, P()))
+    with pytest.raises(CheckpointError, match=r"\['params'\]\['w'\] was saved with shape \(8, 8\); "
+                                              r"the target asks for \(8, 4\)"):
+        ckpt.restore(str(tmp_path), target)
+    target = _tree(mesh)
+    target["params"]["b"] = np.zeros(8, np.float32)
+    with pytest.raises(CheckpointError, match=r"\['params'\]\['b'\] was saved as int32; the "
+                                              r"target asks for float32"):
+        ckpt.restore(str(tmp_path), target)
+
+
+def test_target_sharding_that_does_not_divide_the_saved_shape(tmp_path):
+    mesh = _meshes()["4x2"]
+    ckpt.save(str(tmp_path), {"v": np.arange(6, dtype=np.float32)}, step=0)
+    with pytest.raises(CheckpointError, match=r"target sharding of the leaf at \['v'\] does not "
+                                              r"fit its saved shape \(6,\)"):
+        ckpt.restore(str(tmp_path), {"v": NamedSharding(mesh, P("data"))})
+
+
+def test_missing_and_half_written_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="no complete checkpoint in .*no such directory"):
+        ckpt.restore(str(tmp_path / "absent"), {})
+    (tmp_path / ".tmp-step_4.abc").mkdir()
+    (tmp_path / "step_7").mkdir()  # a step directory without its metadata
+    assert ckpt.latest_step(str(tmp_path)) is None
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        ckpt.restore(str(tmp_path), {})
+    with pytest.raises(CheckpointError, match="step_7 is not a complete checkpoint"):
+        ckpt.restore(str(tmp_path), {}, step=7)
+    with pytest.raises(CheckpointError, match="no checkpoint for step 3"):
+        ckpt.restore(str(tmp_path), {}, step=3)
+
+
+def test_bad_save_arguments(tmp_path):
+    with pytest.raises(CheckpointError, match="step must be an integer >= 0, got -1"):
+        ckpt.save(str(tmp_path), {}, step=-1)
+    with pytest.raises(CheckpointError, match="keep must be an integer >= 1"):
+        ckpt.save(str(tmp_path), {}, step=1, keep=0)
+    with pytest.raises(CheckpointError, match=r"leaf at \['f'\] is a str"):
+        ckpt.save(str(tmp_path), {"f": "text"}, step=1)
+    ckpt.save(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)
+    with pytest.raises(CheckpointError, match="step_1 already exists"):
+        ckpt.save(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)
+    assert not any(n.startswith(".tmp-") for n in os.listdir(tmp_path))
+
+
+# ---------------------------------------------- across process counts (MPI)
+
+_SAVE_4 = textwrap.dedent("""
+    import numpy as np, spmd
+    from spmd import P, NamedSharding, checkpointing as ckpt
+    mesh = spmd.make_mesh((2, 2), ("data", "model"))
+    W = np.arange(64, dtype=np.float32).reshape(8, 8)
+    w = spmd.make_array_from_callback((8, 8), NamedSharding(mesh, P("data", "model")),
+                                      lambda idx: W[idx])
+    b = spmd.make_array_from_callback((8,), NamedSharding(mesh, P("model")),
+                                      lambda idx: np.arange(8, dtype=np.int32)[idx])
+    ckpt.save({d!r}, {{"w": w, "b": b}}, step=4)
+    print("saved", spmd.process_index())
+""")
+
+_RESTORE_2 = textwrap.dedent("""
+    import numpy as np, spmd
+    from spmd import P, NamedSharding, checkpointing as ckpt
+    mesh = spmd.make_mesh((1, 2), ("data", "model"))
+    out = ckpt.restore({d!r}, {{"w": NamedSharding(mesh, P("data", "model")),
+                               "b": NamedSharding(mesh, P())}})
+    W = np.arange(64, dtype=np.float32).reshape(8, 8)
+    for s in out["w"].addressable_shards:
+        assert s.data.shape == (8, 4), s.data.shape
+        np.testing.assert_array_equal(np.asarray(s.data), W[s.index])
+    np.testing.assert_array_equal(spmd.process_allgather(out["b"]), np.arange(8))
+    ckpt.save({d2!r}, out, step=5)
+    print("restored", spmd.process_index())
+""")
+
+_KILLED = textwrap.dedent("""
+    import os, signal, numpy as np, spmd
+    from spmd import P, NamedSharding, checkpointing as ckpt
+    mesh = spmd.make_mesh((4,), ("d",))
+    x = spmd.make_array_from_callback((8,), NamedSharding(mesh, P("d")),
+                                      lambda idx: np.arange(8, dtype=np.float32)[idx])
+    ckpt.save({d!r}, {{"x": x}}, step=1)
+    real = ckpt._blocks_to_write
+    def dying(x, sharding, me):
+        if me == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield from real(x, sharding, me)
+    ckpt._blocks_to_write = dying
+    ckpt.save({d!r}, {{"x": x * 10}}, step=2)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_saved_on_4_ranks_restored_on_2_ranks_and_on_one_process(tmp_path):
+    d, d2 = str(tmp_path / "four"), str(tmp_path / "two")
+    status, out, _ = run_mpi(_SAVE_4.format(d=d), 4, tmp_path, timeout=120)
+    assert status == 0, out[-4000:]
+    status, out, _ = run_mpi(_RESTORE_2.format(d=d, d2=d2), 2, tmp_path, timeout=120)
+    assert status == 0, out[-4000:]
+    mesh = spmd.make_mesh((2, 2, 2), ("x", "y", "z"))
+    for where, step in ((d, 4), (d2, 5)):
+        back = ckpt.restore(where, {"w": NamedSharding(mesh, P("x", ("y", "z"))),
+                                    "b": NamedSharding(mesh, P("z"))})
+        assert ckpt.latest_step(where) == step
+        np.testing.assert_array_equal(np.asarray(back["w"]), W)
+        np.testing.assert_array_equal(np.asarray(back["b"]), B)
+    meta = ckpt.saved_metadata(d)
+    assert meta["leaves"][1]["mesh"] == {"axis_names": ["data", "model"], "shape": [2, 2]}
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint(tmp_path):
+    d = str(tmp_path / "ck")
+    status, out, _ = run_mpi(_KILLED.format(d=d), 4, tmp_path, timeout=120)
+    assert status not in (0, None), out[-4000:]
+    assert ckpt.latest_step(d) == 1
+    mesh = spmd.make_mesh((8,), ("d",))
+    back = ckpt.restore(d, {"x": NamedSharding(mesh, P("d"))})
+    np.testing.assert_array_equal(np.asarray(back["x"]), np.arange(8, dtype=np.float32))
