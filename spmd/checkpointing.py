@@ -36,7 +36,7 @@ from spmd import tree_util
 from spmd.compiler.array import Array
 from spmd.errors import SpmdError
 from spmd.mesh import process_count, process_index
-from spmd.shard.array import make_array_from_callback
+from spmd.shard.array import SingleDeviceSharding, make_array_from_callback
 from spmd.shard.spec import NamedSharding, ShardingError, check_spec
 
 METADATA = "spmd_checkpoint.json"
@@ -279,6 +279,8 @@ def _target_info(t, path: str):
     """(sharding or None, shape or None, dtype or None) that a target leaf asks for."""
     if isinstance(t, NamedSharding):
         return t, None, None
+    if isinstance(t, SingleDeviceSharding):  # an unplaced value: restored whole
+        return None, None, None
     sh = getattr(t, "sharding", None)
     shape = getattr(t, "shape", None)
     dtype = getattr(t, "dtype", None)
@@ -317,7 +319,7 @@ def restore(directory: str, target, *, step: int | None = None):
     meta = _read_meta(path)
     saved = {leaf["path"]: leaf for leaf in meta["leaves"]}
     paths_targets, treedef = tree_util.tree_flatten_with_path(
-        target, is_leaf=lambda x: isinstance(x, NamedSharding))
+        target, is_leaf=lambda x: isinstance(x, (NamedSharding, SingleDeviceSharding)))
     wanted = [tree_util.keystr(p) for p, _ in paths_targets]
     missing = [p for p in wanted if p not in saved]
     extra = [p for p in saved if p not in set(wanted)]

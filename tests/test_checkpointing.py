@@ -282,3 +282,16 @@ def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     mesh = spmd.make_mesh((8,), ("d",))
     back = ckpt.restore(d, {"x": NamedSharding(mesh, P("d"))})
     np.testing.assert_array_equal(np.asarray(back["x"]), np.arange(8, dtype=np.float32))
+
+
+def test_restore_onto_the_shardings_of_a_live_tree(tmp_path):
+    # The usual target: tree_map(lambda x: x.sharding, state), where unplaced values
+    # (a step counter) have a SingleDeviceSharding and restore whole.
+    mesh = _meshes()["2x4"]
+    state = {"w": spmd.device_put(W, NamedSharding(mesh, P("a"))),
+             "count": spmd.numpy.zeros((), np.int32) + 7}
+    ckpt.save(str(tmp_path), state, step=1)
+    target = spmd.tree_util.tree_map(lambda x: x.sharding, state)
+    out = ckpt.restore(str(tmp_path), target)
+    assert int(out["count"]) == 7 and out["w"].sharding == NamedSharding(mesh, P("a"))
+    np.testing.assert_array_equal(np.asarray(out["w"]), W)

@@ -1,0 +1,406 @@
+"""Train a character-level transformer with data, tensor and (optionally) fully
+sharded data parallelism, with checkpoints that resume on another mesh.
+
+    spmd-run -n 4 examples/train_transformer.py --mesh data=2,model=2 --steps 60
+    spmd-run -n 4 examples/train_transformer.py --mesh data=2,model=2 --fsdp --ckpt-dir ck
+    spmd-run -n 2 examples/train_transformer.py --mesh data=1,model=2 --ckpt-dir ck --resume
+    python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
+
+The model is a decoder-only transformer (token and position embeddings, pre-norm
+blocks of causal multi-head attention and a GELU MLP, a final layer norm, output
+weights tied to the token embedding).  The text is the documentation of Python's
+standard library (module, class and function docstrings of ~90 modules, read
+with ``inspect``: present offline on every machine, identical on every rank).
+
+Parallelism on the mesh ``('data', 'model')``, written as one ``shard_map``:
+
+- ``'data'`` splits the batch; the loss is averaged over it with ``pmean``, and
+  the gradients of replicated parameters are summed over it by the transposes;
+- ``'model'`` splits the attention heads and the MLP hidden layer Megatron-style:
+  ``W_qkv`` and ``W_1`` by output columns, ``W_o`` and ``W_2`` by input rows, so
+  each block needs one ``psum`` over ``'model'`` after attention and one after
+  the MLP in the forward pass;
+- ``--fsdp`` also splits every weight matrix (and so its AdamW state) over
+  ``'data'``: each is ``all_gather``-ed before use, and the transpose of that
+  gather is a ``psum_scatter`` of its gradient, so a device keeps 1/D of them.
+
+The optimizer is ``spmd.optim.adamw`` with a warm-up cosine schedule, applied
+inside the same program to each device's blocks.  Rank 0 shows a progress bar
+with tokens per second, prints ``step <k> loss <x>`` at step 1 and every
+``--log-every`` steps and ``final loss <x>`` at the end, writes a loss-curve PNG
+(``--plot``) and prints a short generated sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import inspect
+import os
+import sys
+import time
+
+import numpy as np
+
+import spmd
+import spmd.numpy as snp
+import spmd.optim as optim
+from spmd import P, NamedSharding, checkpointing, lax
+
+MODULES = (
+    "abc argparse array ast asyncio base64 bisect calendar cmd codecs collections "
+    "concurrent.futures configparser contextlib copy csv dataclasses datetime decimal difflib "
+    "dis doctest email enum fnmatch fractions functools gettext glob gzip hashlib heapq html "
+    "http.client inspect io ipaddress itertools json keyword locale logging math "
+    "multiprocessing operator os pathlib pdb pickle platform pprint queue random re sched "
+    "secrets selectors shelve shlex shutil signal site socket sqlite3 statistics string "
+    "struct subprocess sysconfig tarfile tempfile textwrap threading time timeit tokenize "
+    "trace traceback types typing unicodedata unittest urllib.parse uuid warnings weakref "
+    "xml.etree.ElementTree zipfile").split()
+VOCAB = [chr(c) for c in range(32, 127)] + ["\n"]  # 96 symbols; others map to '?'
+
+
+# ------------------------------------------------------------------- data
+
+def load_corpus() -> np.ndarray:
+    """The docstrings of the standard library modules above as int32 symbol ids."""
+    parts = []
+    for name in MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:  # a trimmed Python: fewer modules, same code
+            continue
+        parts.append(inspect.getdoc(mod) or "")
+        for attr, obj in sorted(vars(mod).items()):
+            if not attr.startswith("_") and getattr(obj, "__module__", None) == mod.__name__:
+                doc = inspect.getdoc(obj)
+                if doc:
+                    parts.append(doc)
+    index = {c: i for i, c in enumerate(VOCAB)}
+    unknown = index["?"]
+    text = "\n\n".join(parts)
+    return np.fromiter((index.get(c, unknown) for c in text), np.int32, len(text))
+
+
+def batch_at(corpus: np.ndarray, step: int, batch: int, context: int, seed: int) -> np.ndarray:
+    """The global batch of ``step``: ``batch`` windows of ``context + 1`` symbols.
+
+    A function of the step alone, so that a resumed run sees the data it would have."""
+    rng = np.random.default_rng((seed, step))
+    starts = rng.integers(0, len(corpus) - context - 1, size=batch)
+    return np.stack([corpus[s:s + context + 1] for s in starts])
+
+
+# ------------------------------------------------------------------ model
+
+class Config:
+    def __init__(self, args):
+        self.vocab, self.d, self.heads, self.layers = len(VOCAB), args.d_model, args.heads, \
+            args.layers
+        self.hidden, self.context = 4 * args.d_model, args.context
+        self.head_dim = self.d // self.heads
+
+
+def param_specs(cfg: Config, fsdp: bool):
+    """Each parameter's PartitionSpec over ('data', 'model')."""
+    f = "data" if fsdp else None
+    block = {"ln1": (P(), P()), "ln2": (P(), P()),
+             "wqkv": P(f, None, "model", None),      # (d, 3, heads, head_dim)
+             "wo": P("model", None, f),               # (heads, head_dim, d)
+             "w1": P(f, "model"), "b1": P("model"),   # (d, hidden)
+             "w2": P("model", f), "b2": P()}          # (hidden, d)
+    return {"tok": P(f, None), "pos": P(f, None), "lnf": (P(), P()),
+            "blocks": [dict(block) for _ in range(cfg.layers)]}
+
+
+def init_params(cfg: Config, specs, mesh, seed: int):
+    """Parameters placed by ``specs``: each process builds the blocks of its devices."""
+    rng = np.random.default_rng(seed)
+    d, h, hd, hid = cfg.d, cfg.heads, cfg.head_dim, cfg.hidden
+    scale_out = 0.02 / np.sqrt(2 * cfg.layers)  # GPT-2's scaling of residual projections
+
+    def normal(shape, std):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    ln = lambda: (np.ones(d, np.float32), np.zeros(d, np.float32))  # noqa: E731
+    params = {"tok": normal((cfg.vocab, d), 0.02), "pos": normal((cfg.context, d), 0.01),
+              "lnf": ln(),
+              "blocks": [{"ln1": ln(), "ln2": ln(), "wqkv": normal((d, 3, h, hd), 0.02),
+                          "wo": normal((h, hd, d), scale_out), "w1": normal((d, hid), 0.02),
+                          "b1": np.zeros(hid, np.float32), "w2": normal((hid, d), scale_out),
+                          "b2": np.zeros(d, np.float32)} for _ in range(cfg.layers)]}
+    return spmd.tree_util.tree_map(
+        lambda x, s: spmd.make_array_from_callback(x.shape, NamedSharding(mesh, s),
+                                                   lambda idx: x[idx]),
+        params, specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def _gather(w, spec):
+    """A weight whole over 'data' (FSDP): all-gather the dimension split over it."""
+    for dim, entry in enumerate(spec):
+        if entry == "data":
+            return lax.all_gather(w, "data", axis=dim, tiled=True)
+    return w
+
+
+def layer_norm(x, gb, eps=1e-5):
+    g, b = gb
+    mu = snp.mean(x, axis=-1, keepdims=True)
+    var = snp.mean(snp.square(x - mu), axis=-1, keepdims=True)
+    return (x - mu) * lax.rsqrt(var + eps) * g + b
+
+
+def forward(cfg: Config, params, specs, tokens):
+    """Per-device logits: ``tokens`` (rows, T) of this device; the heads and hidden units
+    of its 'model' slice."""
+    g = lambda name, p=params, s=specs: _gather(p[name], s[name])  # noqa: E731
+    t = tokens.shape[1]
+    tok = g("tok")
+    x = snp.take(tok, tokens, axis=0) + g("pos")[:t]
+    causal = np.tril(np.ones((t, t), bool))  # a constant of the program
+    for blk, bspec in zip(params["blocks"], specs["blocks"]):
+        gb = lambda name: _gather(blk[name], bspec[name])  # noqa: E731
+        h = layer_norm(x, blk["ln1"])
+        qkv = snp.einsum("btd,dchk->cbhtk", h, gb("wqkv"))       # local heads only
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = snp.einsum("bhtk,bhsk->bhts", q, k) / np.float32(np.sqrt(cfg.head_dim))
+        att = spmd.nn.softmax(snp.where(causal, att, np.float32(-1e9)), axis=-1)
+        y = snp.einsum("bhts,bhsk->bhtk", att, v)
+        x = x + lax.psum(snp.einsum("bhtk,hkd->btd", y, gb("wo")), "model")
+        h = layer_norm(x, blk["ln2"])
+        a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
+        x = x + lax.psum(a @ gb("w2"), "model") + blk["b2"]
+    x = layer_norm(x, params["lnf"])
+    return x @ tok.T  # weight tying
+
+
+def make_step(cfg: Config, mesh, specs, opt):
+    """The jitted training step over the mesh: loss, gradients and AdamW in one program."""
+    state_specs = _state_specs(opt, specs)
+
+    def loss_fn(params, batch):
+        tokens, targets = batch[:, :-1], batch[:, 1:]
+        logp = spmd.nn.log_softmax(forward(cfg, params, specs, tokens))
+        nll = -snp.mean(snp.take_along_axis(logp, targets[..., None], axis=-1))
+        return lax.pmean(nll, "data")
+
+    @spmd.jit
+    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(specs, state_specs, P("data", None)),
+                       out_specs=(specs, state_specs, P()))
+    def step(params, state, batch):
+        loss, grads = spmd.value_and_grad(loss_fn)(params, batch)
+        updates, state = opt.update(grads, state, params)
+        return optim.apply_updates(params, updates), state, loss
+
+    return step, state_specs
+
+
+def _state_specs(opt, specs):
+    """The optimizer state's specs: each parameter's state like the parameter (ZeRO),
+    counters replicated."""
+    abstract = spmd.tree_util.tree_map(lambda s: np.zeros((), np.float32), specs,
+                                       is_leaf=lambda x: isinstance(x, P))
+    shape_of_state = opt.init(abstract)
+    flat_specs = spmd.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, P))
+
+    def assign(sub):
+        leaves, tree = spmd.tree_util.tree_flatten(sub)
+        if len(leaves) == len(flat_specs):
+            return spmd.tree_util.tree_unflatten(tree, flat_specs)
+        return spmd.tree_util.tree_map(lambda _: P(), sub)
+
+    return _map_state(shape_of_state, assign)
+
+
+def _map_state(state, assign):
+    """Replace each per-parameter tree of the optimizer state by ``assign(tree)``."""
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*[_map_state(v, assign) if f == "count" else assign(v)
+                             if f in ("mu", "nu", "trace") else _map_state(v, assign)
+                             for f, v in zip(state._fields, state)])
+    if isinstance(state, tuple):
+        return tuple(_map_state(s, assign) for s in state)
+    return P()
+
+
+def sample(cfg: Config, params, specs_whole, start: str, n: int, seed: int) -> str:
+    """Generate ``n`` symbols after ``start`` (rank 0, on whole numpy parameters)."""
+    mesh1 = spmd.make_mesh((1, 1), ("data", "model"), devices=spmd.local_devices()[:1])
+    logits_of = spmd.jit(spmd.shard_map(
+        lambda p, t: forward(cfg, p, specs_whole, t), mesh=mesh1,
+        in_specs=(specs_whole, P()), out_specs=P()))
+    index = {c: i for i, c in enumerate(VOCAB)}
+    ids = [index.get(c, index["?"]) for c in start]
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        window = np.array([ids[-cfg.context:]], np.int32)
+        logits = np.asarray(logits_of(params, window))[0, -1] / 0.8
+        probs = np.exp(logits - logits.max())
+        ids.append(int(rng.choice(len(VOCAB), p=probs / probs.sum())))
+    return "".join(VOCAB[i] for i in ids)
+
+
+# ------------------------------------------------------------------ driver
+
+def parse_mesh(text: str, n_devices: int) -> tuple[int, int]:
+    try:
+        parts = dict(kv.split("=") for kv in text.split(","))
+        data, model = int(parts.pop("data")), int(parts.pop("model"))
+        if parts:
+            raise ValueError
+    except (ValueError, KeyError):
+        raise SystemExit(f"--mesh must read data=D,model=M, got {text!r}") from None
+    if data * model != n_devices:
+        raise SystemExit(f"--mesh data={data},model={model} needs {data * model} devices, but "
+                         f"this job has {n_devices} (the number of MPI ranks times "
+                         "SPMD_LOCAL_DEVICES, or SPMD_NUM_DEVICES in one process)")
+    return data, model
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mesh", default=None, help="data=D,model=M (default: data=N/2,model=2)")
+    ap.add_argument("--fsdp", action="store_true", help="also shard weights over 'data'")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-2, help="peak learning rate")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--ckpt-dir", default=None)
+    ap.add_argument("--save-every", type=int, default=0, help="0: only at the end")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--plot", default=None, metavar="PNG")
+    ap.add_argument("--sample", type=int, default=120, help="symbols to generate at the end")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    n = spmd.device_count()
+    data, model = parse_mesh(args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
+    if args.resume and not args.ckpt_dir:
+        raise SystemExit("--resume needs --ckpt-dir")
+    rank0 = spmd.process_index() == 0
+    say = print if rank0 else (lambda *a, **k: None)
+    cfg = Config(args)
+    if cfg.heads % model or cfg.hidden % model or args.batch % data:
+        raise SystemExit(f"--mesh: 'model'={model} must divide the heads ({cfg.heads}) and "
+                         f"'data'={data} the batch ({args.batch})")
+    mesh = spmd.make_mesh((data, model), ("data", "model"))
+    specs = param_specs(cfg, args.fsdp)
+    schedule = optim.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup,
+                                                  max(args.steps, args.warmup + 1),
+                                                  end_value=args.lr / 10)
+    opt = optim.adamw(schedule, b2=0.99, weight_decay=0.01,
+                      mask=lambda p: spmd.tree_util.tree_map(lambda x: x.ndim > 1, p))
+    step_fn, state_specs = make_step(cfg, mesh, specs, opt)
+    corpus = load_corpus()
+    say(f"corpus: {len(corpus)} symbols of standard-library documentation; model d={cfg.d}, "
+        f"{cfg.layers} layers, {cfg.heads} heads, context {cfg.context}; mesh data={data} x "
+        f"model={model}{' (FSDP)' if args.fsdp else ''} over {n} devices in "
+        f"{spmd.process_count()} process(es)")
+
+    params = init_params(cfg, specs, mesh, args.seed)
+    state = opt.init(params)
+    first = 0
+    if args.resume:
+        target = {"params": params, "opt": state}
+        if checkpointing.latest_step(args.ckpt_dir) is None:
+            raise SystemExit(f"--resume: no checkpoint in {args.ckpt_dir!r}")
+        restored = checkpointing.restore(args.ckpt_dir, _targets(target, mesh, specs,
+                                                                 state_specs))
+        params, state = restored["params"], restored["opt"]
+        first = checkpointing.latest_step(args.ckpt_dir)
+        say(f"resumed from step {first}")
+
+    losses, t0, tokens = [], time.perf_counter(), 0
+    bar = _progress(args.steps - first, rank0)
+    for k in range(first + 1, args.steps + 1):
+        batch = _put_batch(batch_at(corpus, k, args.batch, cfg.context, args.seed), mesh)
+        params, state, loss = step_fn(params, state, batch)
+        loss = float(loss)
+        losses.append((k, loss))
+        tokens += args.batch * cfg.context
+        rate = tokens / (time.perf_counter() - t0)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+        if k == 1 or k % args.log_every == 0:
+            msg = f"step {k} loss {loss:.4f} ({rate:,.0f} tokens/s)"
+            bar.write(msg) if bar is not None else say(msg, flush=True)
+        if args.ckpt_dir and (k == args.steps or (args.save_every and k % args.save_every == 0)):
+            checkpointing.save(args.ckpt_dir, {"params": params, "opt": state}, step=k, keep=3)
+    if bar is not None:
+        bar.close()
+    if losses:
+        say(f"final loss {losses[-1][1]:.4f}")
+    if args.plot and rank0 and losses:
+        _plot(args.plot, losses)
+        say(f"loss curve written to {args.plot}")
+    if args.sample:
+        whole = spmd.tree_util.tree_map(_whole, params)
+        if rank0:
+            specs1 = param_specs(cfg, False)
+            text = sample(cfg, whole, specs1, "Return the ", args.sample, args.seed)
+            say("sample: " + repr(text))
+    return 0
+
+
+def _whole(x):
+    """The whole value of a parameter (rank 0 samples from the whole model)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    return spmd.process_allgather(x)
+
+
+def _targets(tree, mesh, specs, state_specs):
+    """The shardings to restore onto: this run's mesh and specs."""
+    return spmd.tree_util.tree_map(lambda x: x.sharding, tree)
+
+
+def _put_batch(batch: np.ndarray, mesh):
+    """Each process passes only the rows of its devices."""
+    sharding = NamedSharding(mesh, P("data", None))
+    if spmd.process_count() == 1:
+        return spmd.device_put(batch, sharding)
+    index = sharding.devices_indices_map(batch.shape)
+    rows = sorted({(index[d][0].start or 0, index[d][0].stop or batch.shape[0])
+                   for d in spmd.local_devices() if d in index})
+    lo, hi = rows[0][0], rows[-1][1]
+    return spmd.make_array_from_process_local_data(sharding, batch[lo:hi], batch.shape)
+
+
+def _progress(total: int, enabled: bool):
+    if not (enabled and sys.stderr.isatty()):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+def _plot(path: str, losses) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([k for k, _ in losses], [v for _, v in losses])
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats per symbol)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
