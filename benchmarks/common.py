@@ -229,6 +229,28 @@ def _blas() -> dict:
         return {"source": "unavailable", "error": repr(e)}
 
 
+def provenance() -> dict:
+    """What produced a result: the git commit (and whether the tree had changes) and
+    the command line, with the launcher when the process is an MPI rank."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
+    launcher = f"mpiexec -n {size} " if size and size != "1" else ""
+    return {"commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "command": launcher + "python " + " ".join(sys.argv)}
+
+
 def machine_info() -> dict:
     """Where the numbers were measured: CPU, cores, Python, numpy and its BLAS."""
     import numpy as np

@@ -65,7 +65,7 @@ def save(name: str, rows: list[dict], quick: bool, seconds: float, out_dir: str)
     os.makedirs(out_dir, exist_ok=True)
     fname = f"tmp_quick_{name}.json" if quick else f"{name}.json"
     path = os.path.join(out_dir, fname)
-    doc = {"benchmark": name, "date": common.now_iso(), "quick": quick,
+    doc = {"benchmark": name, "date": common.now_iso(), **common.provenance(), "quick": quick,
            "wall_seconds": round(seconds, 2), "machine": common.machine_info(), "rows": rows}
     tmp = path + ".partial"
     with open(tmp, "w") as f:  # write then rename: never a half-written results file

@@ -37,7 +37,6 @@ import argparse
 import functools
 import importlib
 import inspect
-import os
 import sys
 import time
 
@@ -277,6 +276,8 @@ def parse_args(argv=None):
     ap.add_argument("--plot", default=None, metavar="PNG")
     ap.add_argument("--sample", type=int, default=120, help="symbols to generate at the end")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stats", default=None, metavar="JSON",
+                    help="write this rank's measurements to JSON.rank<k>.json (benchmarks)")
     return ap.parse_args(argv)
 
 
@@ -320,6 +321,7 @@ def main(argv=None) -> int:
         say(f"resumed from step {first}")
 
     losses, t0, tokens = [], time.perf_counter(), 0
+    steady = None  # (time, tokens) after the first step, which traces and compiles
     bar = _progress(args.steps - first, rank0)
     for k in range(first + 1, args.steps + 1):
         batch = _put_batch(batch_at(corpus, k, args.batch, cfg.context, args.seed), mesh)
@@ -328,6 +330,8 @@ def main(argv=None) -> int:
         losses.append((k, loss))
         tokens += args.batch * cfg.context
         rate = tokens / (time.perf_counter() - t0)
+        if steady is None:
+            steady = (time.perf_counter(), tokens)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
@@ -340,6 +344,8 @@ def main(argv=None) -> int:
         bar.close()
     if losses:
         say(f"final loss {losses[-1][1]:.4f}")
+    if args.stats:
+        _write_stats(args, steady, tokens, params, state, losses)
     if args.plot and rank0 and losses:
         _plot(args.plot, losses)
         say(f"loss curve written to {args.plot}")
@@ -350,6 +356,32 @@ def main(argv=None) -> int:
             text = sample(cfg, whole, specs1, "Return the ", args.sample, args.seed)
             say("sample: " + repr(text))
     return 0
+
+
+def _local_bytes(tree) -> int:
+    """Bytes of the blocks this process's devices hold."""
+    total = 0
+    for x in spmd.tree_util.tree_leaves(tree):
+        if hasattr(x, "addressable_shards"):
+            total += sum(s.data.nbytes for s in x.addressable_shards)
+        else:
+            total += np.asarray(x).nbytes
+    return total
+
+
+def _write_stats(args, steady, tokens, params, state, losses) -> None:
+    import json
+    import resource
+
+    elapsed = time.perf_counter() - steady[0] if steady else 0.0
+    stats = {"rank": spmd.process_index(), "ranks": spmd.process_count(),
+             "mesh": args.mesh, "fsdp": args.fsdp, "steps": len(losses),
+             "tokens_per_s": (tokens - steady[1]) / elapsed if elapsed > 0 else None,
+             "param_bytes": _local_bytes(params), "opt_state_bytes": _local_bytes(state),
+             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+             "final_loss": losses[-1][1] if losses else None}
+    with open(f"{args.stats}.rank{spmd.process_index()}.json", "w") as f:
+        json.dump(stats, f)
 
 
 def _whole(x):

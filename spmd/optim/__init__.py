@@ -16,9 +16,16 @@ from spmd.optim._base import (EmptyState, GradientTransformation, OptimError,  #
                               apply_updates, chain, global_norm, stateless)
 from spmd.optim._schedules import (constant_schedule, cosine_decay_schedule,  # noqa: F401
                                    linear_schedule, warmup_cosine_decay_schedule)
-from spmd.optim._transforms import *  # noqa: F401,F403
-from spmd.optim._transforms import __all__ as _transform_names
+from spmd.optim._transforms import (ScaleByAdamState, ScaleByLionState,  # noqa: F401
+                                    ScaleByScheduleState, TraceState, add_decayed_weights, adam,
+                                    adamw, clip_by_global_norm, lion, scale, scale_by_adam,
+                                    scale_by_learning_rate, scale_by_lion, scale_by_schedule,
+                                    sgd, trace)
 
-__all__ = ["EmptyState", "GradientTransformation", "OptimError", "apply_updates", "chain",
-           "constant_schedule", "cosine_decay_schedule", "global_norm", "linear_schedule",
-           "stateless", "warmup_cosine_decay_schedule", *_transform_names]
+__all__ = ["EmptyState", "GradientTransformation", "OptimError", "ScaleByAdamState",
+           "ScaleByLionState", "ScaleByScheduleState", "TraceState", "add_decayed_weights",
+           "adam", "adamw", "apply_updates", "chain", "clip_by_global_norm",
+           "constant_schedule", "cosine_decay_schedule", "global_norm", "lion",
+           "linear_schedule", "scale", "scale_by_adam", "scale_by_learning_rate",
+           "scale_by_lion", "scale_by_schedule", "sgd", "stateless", "trace",
+           "warmup_cosine_decay_schedule"]

@@ -15,7 +15,7 @@ import spmd.numpy as snp
 from spmd.compiler.array import Array
 from spmd.shard.array import make_array_from_callback
 from spmd.shard.spec import NamedSharding
-from spmd.optim._base import (EmptyState, GradientTransformation, OptimError, chain,
+from spmd.optim._base import (GradientTransformation, OptimError, chain,
                               check_same_structure, global_norm, safe_int32_increment,
                               stateless)
 
@@ -285,7 +285,3 @@ def lion(learning_rate, b1: float = 0.9, b2: float = 0.99, weight_decay: float =
                  scale_by_learning_rate(learning_rate))
 
 
-__all__ = ["EmptyState", "ScaleByAdamState", "ScaleByLionState", "ScaleByScheduleState",
-           "TraceState", "add_decayed_weights", "adam", "adamw", "clip_by_global_norm", "lion",
-           "scale", "scale_by_adam", "scale_by_learning_rate", "scale_by_lion",
-           "scale_by_schedule", "sgd", "trace"]
