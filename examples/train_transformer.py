@@ -39,6 +39,7 @@ import importlib
 import inspect
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -65,17 +66,19 @@ VOCAB = [chr(c) for c in range(32, 127)] + ["\n"]  # 96 symbols; others map to '
 def load_corpus() -> np.ndarray:
     """The docstrings of the standard library modules above as int32 symbol ids."""
     parts = []
-    for name in MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:  # a trimmed Python: fewer modules, same code
-            continue
-        parts.append(inspect.getdoc(mod) or "")
-        for attr, obj in sorted(vars(mod).items()):
-            if not attr.startswith("_") and getattr(obj, "__module__", None) == mod.__name__:
-                doc = inspect.getdoc(obj)
-                if doc:
-                    parts.append(doc)
+    with warnings.catch_warnings():  # reading some attributes warns of their deprecation
+        warnings.simplefilter("ignore")
+        for name in MODULES:
+            try:
+                mod = importlib.import_module(name)
+            except ImportError:  # a trimmed Python: fewer modules, same code
+                continue
+            parts.append(inspect.getdoc(mod) or "")
+            for attr, obj in sorted(vars(mod).items()):
+                if not attr.startswith("_") and getattr(obj, "__module__", None) == mod.__name__:
+                    doc = inspect.getdoc(obj)
+                    if doc:
+                        parts.append(doc)
     index = {c: i for i, c in enumerate(VOCAB)}
     unknown = index["?"]
     text = "\n\n".join(parts)
