@@ -227,11 +227,31 @@ def _random_bits_batch(args, dims, **params):
 
     key, offsets = args[0], args[1:]
     if any(d is not None for d in dims[1:]):
-        raise ShapeError("random_bits: the block offsets cannot be batched (they come from "
-                         "the partitioner, never from vmap)")
+        return _random_bits_per_block(args, dims, params), 0
     if dims[0] is None:
         return bind(random_bits_p, key, *offsets, **params), None
     return bind(random_bits_p, move_to_front(key, dims[0]), *offsets, **params), 0
+
+
+def _random_bits_per_block(args, dims, params):
+    """Batched block offsets (the devices of one process simulated together, each
+    with its own block): one bind per batch entry, stacked."""
+    from spmd.compiler.batching import bdim_size
+    from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
+    from spmd.compiler.ops.structural import reshape
+
+    def entry(x, d, b):
+        if d is None:
+            return x
+        shape = tuple(np.shape(x))
+        piece = slice_in_dim(x, b, b + 1, axis=d)
+        return reshape(piece, shape[:d] + shape[d + 1:])
+
+    outs = []
+    for b in range(bdim_size(args, dims)):
+        out = bind(random_bits_p, *[entry(a, d, b) for a, d in zip(args, dims)], **params)
+        outs.append(reshape(out, (1,) + tuple(np.shape(out))))
+    return concatenate(outs, 0)
 
 
 def random_bits(key_data, shape, bit_width: int = 32, split: bool = False):
