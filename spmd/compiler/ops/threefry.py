@@ -332,7 +332,9 @@ def _horner(coeffs, w, xp):
 
 
 def _erf_inv_f32(xp, x):
-    x = x.astype(np.float32, copy=False)
+    shape = x.shape
+    # 1-d, so that in-place ops never meet numpy scalars.
+    x = xp.asarray(x).astype(np.float32, copy=False).reshape(-1)
     w = x * x
     xp.negative(w, out=w)
     xp.log1p(w, out=w)
@@ -347,7 +349,7 @@ def _erf_inv_f32(xp, x):
     ends = xp.abs(x) == np.float32(1.0)
     if bool(ends.any()):
         p[ends] = x[ends] * np.float32(np.inf)
-    return p
+    return p.reshape(shape)
 
 
 def _erf_inv_impl(xp, x):
