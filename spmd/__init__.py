@@ -22,6 +22,7 @@ from spmd import ad_checkpoint, test_util  # noqa: F401
 
 __version__ = "0.1.0"
 from spmd import nn  # noqa: F401,E402
+from spmd import random  # noqa: F401,E402
 from spmd.mesh import (Device, Mesh, device_count, devices, local_device_count,  # noqa: F401
                        local_devices, make_mesh, process_count, process_index)
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401

@@ -20,6 +20,7 @@ import pytest
 
 import spmd
 from spmd import lax
+from spmd.compiler.ops import threefry
 from spmd.compiler.trace import get_aval, trace_to_program
 from spmd.shard.partition.partitioner import Evaluator
 from spmd.shard.partition.placement import Placement
@@ -268,6 +269,9 @@ def _cases():
     c["cummin"] = (lambda x: lax.cummin(x, 1), lambda r: [f32(r, 8, 4)])
     c["cummax"] = (lambda x: lax.cummax(x, 0, reverse=True), lambda r: [f32(r, 8, 4)])
     c["rev"] = (lambda x: lax.rev(x, (0,)), lambda r: [f32(r, 8, 4)])
+    # A batch of keys: the output's batch dimension follows the keys' split.
+    c["random_bits"] = (lambda k: threefry.random_bits(k, (4, 2)),
+                        lambda r: [r.integers(0, 2**32, (8, 2), dtype=np.uint32)])
     return c
 
 

@@ -5,3 +5,4 @@ from spmd.compiler.ops import shape_more  # noqa: F401
 from spmd.compiler.ops import indexing  # noqa: F401
 from spmd.compiler.ops import sort  # noqa: F401
 from spmd.compiler.ops import control_cond, control_loops  # noqa: F401
+from spmd.compiler.ops import threefry  # noqa: F401
