@@ -98,3 +98,39 @@ def test_insert_errors():
         snp.insert(a, [0.5], 1)
     with pytest.raises(ConcretizationError, match="obj"):
         spmd.jit(lambda i: snp.insert(a, i, 1))(1)
+
+
+# ------------------------------------------------------- convolve, correlate
+
+@pytest.mark.parametrize("mode", ["full", "same", "valid"])
+@pytest.mark.parametrize("fn", ["convolve", "correlate"])
+def test_convolve_correlate_match_numpy_for_all_length_pairs(fn, mode):
+    rng = np.random.default_rng(0)
+    for n in range(1, 7):
+        for m in range(1, 7):
+            a = rng.standard_normal(n).astype(np.float32)
+            v = rng.standard_normal(m).astype(np.float32)
+            got = getattr(snp, fn)(a, v, mode)
+            want = getattr(np, fn)(a, v, mode)
+            assert got.shape == want.shape, (n, m)
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_convolve_jit_ints_and_gradient():
+    a, v = np.array([1, 2, 3], np.int32), np.array([0, 1, 2], np.int32)
+    got = spmd.jit(snp.convolve)(a, v)
+    assert got.dtype == np.int32 and got.tolist() == np.convolve(a, v).tolist()
+    from spmd.test_util import check_grads
+
+    x, k = np.random.default_rng(1).standard_normal((2, 6))
+    check_grads(lambda p, q: snp.convolve(p, q[:3], "same"), (x, k), order=2)
+    check_grads(lambda p, q: snp.correlate(p, q[:4]), (x, k), order=1)
+
+
+def test_convolve_errors():
+    with pytest.raises(ShapeError, match="1-d"):
+        snp.convolve(np.ones((2, 2)), np.ones(2))
+    with pytest.raises(ShapeError, match="empty"):
+        snp.convolve(np.ones(0), np.ones(2))
+    with pytest.raises(ArgumentError, match="mode='circular'"):
+        snp.convolve(np.ones(3), np.ones(2), "circular")

@@ -274,7 +274,7 @@ def squeeze_rule(pls, avals_in, avals_out, mesh, *, dimensions):
 
 
 def _rules() -> dict:
-    from spmd.shard.partition import rules_index as ri
+    from spmd.shard.partition import rules_conv, rules_index as ri
 
     return {
         "broadcast_in_dim": broadcast_in_dim_rule,
@@ -292,6 +292,7 @@ def _rules() -> dict:
         "iota": iota_rule,
         "squeeze": squeeze_rule,
         **ri.RULES,
+        **rules_conv.RULES,
     }
 
 
