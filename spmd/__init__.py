@@ -7,7 +7,7 @@
 
 from spmd import config as _config_module
 from spmd.config import config  # noqa: F401
-from spmd import errors, tree_util  # noqa: F401
+from spmd import errors, tree, tree_util  # noqa: F401
 from spmd.compiler import ops as _ops  # noqa: F401  (registers the primitives)
 from spmd.compiler.array import Array  # noqa: F401
 from spmd.compiler.avals import ShapedArray  # noqa: F401

@@ -272,6 +272,11 @@ def _cases():
     # A batch of keys: the output's batch dimension follows the keys' split.
     c["random_bits"] = (lambda k: threefry.random_bits(k, (4, 2)),
                         lambda r: [r.integers(0, 2**32, (8, 2), dtype=np.uint32)])
+    from spmd.compiler.ops.conv import conv
+    c["conv"] = (lambda x, w: conv(x, w, (1,), [(1, 1)]),
+                 lambda r: [f32(r, 8, 4, 6), f32(r, 4, 4, 3)])
+    c["conv_grouped"] = (lambda x, w: conv(x, w, (2,), [(0, 1)], feature_group_count=2),
+                         lambda r: [f32(r, 8, 4, 6), f32(r, 8, 2, 3)])
     return c
 
 
