@@ -285,24 +285,52 @@ def _out_ct(ct, aval, spec, mesh, check_vma):
 
 
 @shard_map_p.def_batch
-def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma):
+def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma,
+                     _axis_data=(None, None)):
     from spmd.compiler.batching import batch_flat, move_to_front
 
     args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
     size = next(np.shape(a)[0] for a, d in zip(args, dims) if d is not None)
     axes = [None if d is None else 0 for d in dims]
     n_out = len(program.out_avals)
+    # vmap(spmd_axis_name=...): the batch dimension is split over those mesh axes.
+    spmd_name = getattr(_axis_data[0], "spmd_name", None)
+    size_in, batch_entry, vary = size, None, frozenset()
+    if spmd_name is not None:
+        size_in, batch_entry = _spmd_batch(spmd_name, mesh, in_specs, size)
+        vary = frozenset(spmd_name) if check_vma else frozenset()
 
     def body(*a):
-        return batch_flat(lambda *b: eval_program(program, *b), list(a), axes, size, None,
+        return batch_flat(lambda *b: eval_program(program, *b), list(a), axes, size_in, None,
                           [0] * n_out)
-    in_avals = [a if d is None else a.update(shape=(size,) + a.shape)
+    in_avals = [a if d is None else a.update(shape=(size_in,) + a.shape, vma=a.vma | vary)
                 for a, d in zip(program.in_avals, dims)]
     closed = trace_body(lambda *a: body(*a), mesh, in_avals, check_vma)
-    b_in = [s if d is None else PartitionSpec(None, *s) for s, d in zip(in_specs, dims)]
-    b_out = [PartitionSpec(None, *s) for s in out_specs]
+    b_in = [s if d is None else PartitionSpec(batch_entry, *s) for s, d in zip(in_specs, dims)]
+    b_out = [PartitionSpec(batch_entry, *s) for s in out_specs]
     outs = _bind_body(closed, args, mesh, b_in, b_out, check_vma)
     return outs, [0] * len(outs)
+
+
+shard_map_p.rules["batch_reads_level"] = True
+
+
+def _spmd_batch(spmd_name, mesh, in_specs, size):
+    """(per-device batch size, batch spec entry) for vmap(spmd_axis_name=...)."""
+    bad = [a for a in spmd_name if a not in mesh.shape]
+    if bad:
+        raise ShardMapError(f"vmap: spmd_axis_name {spmd_name} names {bad[0]!r}, which is not "
+                            f"an axis of the shard_map's mesh (axes {mesh.axis_names})")
+    used = [a for s in in_specs for a in s.mesh_axes if a in spmd_name]
+    if used:
+        raise ShardMapError(f"vmap: spmd_axis_name {spmd_name} cannot appear in the "
+                            f"shard_map's in_specs (axis {used[0]!r} is used there); map "
+                            "over another mesh axis")
+    n = mesh.axis_size(spmd_name)
+    if size % n:
+        raise ShardMapError(f"vmap: the mapped axis has size {size}, which is not divisible "
+                            f"by {n}, the size of spmd_axis_name {spmd_name}")
+    return size // n, spmd_name[0] if len(spmd_name) == 1 else tuple(spmd_name)
 
 
 def _shard_map_dce(eqn, used_outputs):
