@@ -507,6 +507,8 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args):
 
     closed = trace_body(flat_body, mesh, block_avals, check_vma)
     out_tree, outs_struct = out_box
+    if callable(out_specs):  # a thunk, called once the outputs are known (as in JAX)
+        out_specs = out_specs()
     out_spec_paths = _spec_leaves(out_specs, outs_struct, "out_specs", fname)
     out_flat_specs = [s for s, _ in out_spec_paths]
     for a, (spec, path) in zip(closed.out_avals, out_spec_paths):
