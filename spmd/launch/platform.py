@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import sys
 
 import numpy as np
 
@@ -52,10 +51,7 @@ class PlatformError(SpmdError, RuntimeError):
 
 def _cupy_installed() -> bool:
     """Whether ``import cupy`` can work, without importing it."""
-    try:
-        return importlib.util.find_spec("cupy") is not None
-    except ValueError:  # in sys.modules without a spec (a stand-in)
-        return "cupy" in sys.modules
+    return importlib.util.find_spec("cupy") is not None
 
 def requested() -> str | None:
     """The platform asked for (``initialize``, else ``SPMD_PLATFORM``), or None."""

@@ -246,7 +246,7 @@ def test_more_ranks_than_gpus_with_nccl_is_an_error(fake_gpu, runtime_env):
                        match="2 ranks on this node but only 1 GPU.*SPMD_GPU_BACKEND=mpi"):
         array_module.current()
     runtime_env(SPMD_GPU_BACKEND="mpi")  # host-staged: the two ranks share GPU 0
-    assert array_module.current() is fake_gpu and fake_gpu.cuda._current == 0
+    assert array_module.current() is fake_gpu and fake_gpu.cuda.runtime.getDevice() == 0
 
 
 def test_without_nccl_gpu_arrays_take_the_mpi_backend(fake_gpu):
