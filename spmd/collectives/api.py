@@ -56,7 +56,7 @@ def psum(x, axis_name):
             # A constant is the same on every device: the sum is known now
             # (so ``psum(1, 'i')`` is the axis size as a concrete value, as in JAX).
             dt = get_aval(v).dtype
-            value = np.asarray(to_host(v.value) if hasattr(v, "value") else v, dtype=dt)
+            value = np.asarray(to_host(v.value if hasattr(v, "value") else v), dtype=dt)
             return (value * dt.type(_size(axes)))[()]
         varying, invariant = _varying_split(v, axes)
         if invariant:  # the same on every device: no communication

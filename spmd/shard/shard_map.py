@@ -339,6 +339,7 @@ def _spec_leaves(specs, tree, what: str, fname: str) -> list:
 
 def _as_global(x):
     """The argument as an array value (numpy arrays and scalars are global values)."""
+    from spmd.compiler.array_module import is_device_array, to_device
     from spmd.compiler.trace import Tracer, is_array_like
 
     if isinstance(x, (Tracer, Array)):
@@ -347,6 +348,8 @@ def _as_global(x):
         from spmd.errors import DTypeError
         raise DTypeError(f"shard_map: argument of type {type(x).__name__} is not an array")
     aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak
+    if is_device_array(x):  # a cupy array: it stays on (this process's) GPU
+        return Array(to_device(x, aval.dtype), aval)
     return Array(np.asarray(x, dtype=aval.dtype), aval)
 
 

@@ -366,6 +366,7 @@ def _device_count() -> int:
 cuda = types.SimpleNamespace(
     runtime=types.SimpleNamespace(getDeviceCount=_device_count,
                                   getDevice=lambda: _current[0],
+                                  deviceGetPCIBusId=lambda i: _Device(i).pci_bus_id,
                                   CUDARuntimeError=CUDARuntimeError),
     Device=_Device, get_current_stream=lambda: _Stream(), Stream=_Stream)
 
