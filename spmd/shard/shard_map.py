@@ -91,10 +91,9 @@ shard_map_p.rules["lower"] = _lower
 
 
 def _output_sharding(eqn, i):
-    """A jitted shard_map over processes returns Arrays placed by its out_specs (each
-    process holds only its blocks); on one process jit results stay unplaced."""
-    mesh = eqn.params["mesh"]
-    return NamedSharding(mesh, eqn.params["out_specs"][i]) if mesh.is_multi_process else None
+    """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
+    (and as in JAX)."""
+    return NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
 
 
 shard_map_p.rules["output_sharding"] = _output_sharding
