@@ -31,7 +31,7 @@ from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ops import threefry_native
-from spmd.compiler.primitives import PRIMITIVES, Primitive
+from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
 
@@ -312,132 +312,8 @@ def unit_float_bits(dtype) -> int:
     return _float_layout(np.dtype(dtype))[0]
 
 
-# ----------------------------------------------------------------- erf_inv
+# ------------------------------------------------------------ erf, erf_inv
 
-# Giles (2010), "Approximating the erfinv function", single precision: the
-# polynomial XLA evaluates for float32 (and narrower floats, widened to float32).
-_GILES_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                  0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
-_GILES_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-               0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
-
-
-def _horner(coeffs, w, xp):
-    f32 = np.float32
-    p = xp.full_like(w, f32(coeffs[0]))
-    for c in coeffs[1:]:
-        p *= w
-        p += f32(c)
-    return p
-
-
-def _erf_inv_f32(xp, x):
-    shape = x.shape
-    # 1-d, so that in-place ops never meet numpy scalars.
-    x = xp.asarray(x).astype(np.float32, copy=False).reshape(-1)
-    w = x * x
-    xp.negative(w, out=w)
-    xp.log1p(w, out=w)
-    xp.negative(w, out=w)
-    tail = w >= np.float32(5.0)
-    central = w - np.float32(2.5)
-    p = _horner(_GILES_CENTRAL, central, xp)
-    if bool(tail.any()):
-        wt = xp.sqrt(w[tail]) - np.float32(3.0)
-        p[tail] = _horner(_GILES_TAIL, wt, xp)
-    p *= x
-    ends = xp.abs(x) == np.float32(1.0)
-    if bool(ends.any()):
-        p[ends] = x[ends] * np.float32(np.inf)
-    return p.reshape(shape)
-
-
-def _erf_inv_impl(xp, x):
-    if x.dtype == np.float64:
-        try:
-            from scipy.special import erfinv
-        except ImportError:  # pragma: no cover - scipy comes with the test extras
-            raise DTypeError("erf_inv: float64 needs scipy (pip install scipy)") from None
-        return xp.asarray(erfinv(np.asarray(x) if _is_host(xp) else x.get()))
-    return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
-
-
-def _define_erf_inv():
-    p = Primitive("erf_inv")
-    p.def_impl(_erf_inv_impl)
-
-    @p.def_abstract_eval
-    def _aval(x):
-        if not dtypes.is_float(x.dtype):
-            raise DTypeError(f"erf_inv: operand dtype {x.dtype} is not a float dtype; "
-                             "convert with .astype(np.float32)")
-        return ShapedArray(x.shape, x.dtype, x.weak_type)
-
-    @p.def_jvp
-    def _jvp(primals, tangents):
-        from spmd.compiler.ops import elementwise as ew
-
-        (x,), (t,) = primals, tangents
-        y = bind(p, x)
-        if isinstance(t, Zero):
-            return y, Zero(t.aval)
-        aval = get_aval(y)
-        c = np.array(math.sqrt(math.pi) / 2, aval.dtype)
-        return y, ew.mul(t, ew.mul(c, ew.exp(ew.mul(y, y))))
-
-    p.def_batch(lambda args, dims: (bind(p, args[0]), dims[0]))
-    return p
-
-
-# Another module may define erf_inv (lax.erf_inv); one primitive serves both.
-erf_inv_p = PRIMITIVES.get("erf_inv") or _define_erf_inv()
-
-
-def erf_inv(x):
-    """The inverse error function, elementwise (float32: Giles' polynomial, as XLA)."""
-    return bind(erf_inv_p, x)
-
-
-# --------------------------------------------------------------------- erf
-
-def _erf_impl(xp, x):
-    # float64 math.erf per element, rounded: within one ulp of XLA's float32 erf.
-    # (truncated_normal applies it to its bounds, usually scalars.)
-    host = np.asarray(x) if _is_host(xp) else x.get()
-    y = np.asarray(np.frompyfunc(math.erf, 1, 1)(host.astype(np.float64)), np.float64)
-    y = y.astype(x.dtype)
-    return y if _is_host(xp) else xp.asarray(y)
-
-
-def _define_erf():
-    p = Primitive("erf")
-    p.def_impl(_erf_impl)
-
-    @p.def_abstract_eval
-    def _aval(x):
-        if not dtypes.is_float(x.dtype):
-            raise DTypeError(f"erf: operand dtype {x.dtype} is not a float dtype; "
-                             "convert with .astype(np.float32)")
-        return ShapedArray(x.shape, x.dtype, x.weak_type)
-
-    @p.def_jvp
-    def _jvp(primals, tangents):
-        from spmd.compiler.ops import elementwise as ew
-
-        (x,), (t,) = primals, tangents
-        y = bind(p, x)
-        if isinstance(t, Zero):
-            return y, Zero(t.aval)
-        c = np.array(2 / math.sqrt(math.pi), get_aval(y).dtype)
-        return y, ew.mul(t, ew.mul(c, ew.exp(ew.neg(ew.mul(x, x)))))
-
-    p.def_batch(lambda args, dims: (bind(p, args[0]), dims[0]))
-    return p
-
-
-erf_p = PRIMITIVES.get("erf") or _define_erf()
-
-
-def erf(x):
-    """The error function, elementwise."""
-    return bind(erf_p, x)
+# One primitive each, in ops/special.py (erf_inv's float32 impl is XLA's
+# polynomial there, so normal samples match JAX's bit for bit).
+from spmd.compiler.ops.special import erf, erf_inv, erf_inv_p, erf_p  # noqa: E402,F401
