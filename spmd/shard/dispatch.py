@@ -85,8 +85,8 @@ def _partition(program, mesh, in_specs):
 
 def _eval_jit(args, params, mesh):
     """A jitted program on sharded arguments: partitioned with their shardings."""
+    from spmd.errors import SpmdError
     from spmd.shard.execute import call
-    from spmd.shard.partition.partitioner import PartitionError
 
     program = params["program"]
     in_specs = _in_specs(args, mesh)
@@ -98,7 +98,7 @@ def _eval_jit(args, params, mesh):
     outs = eval_plain(jit_p, args, params)
     try:
         out_specs = _partition(program, mesh, in_specs).out_specs
-    except PartitionError:
+    except SpmdError:  # (PartitionError and the like)
         # No propagation for this program: its shard_map and constrained outputs
         # keep their placements, the others are left unplaced (whole values).
         wrappers = output_wrappers(program) or [None] * len(outs)

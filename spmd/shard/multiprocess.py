@@ -37,6 +37,9 @@ from spmd.errors import ArgumentError, NotFullyAddressableError, ShapeError
 from spmd.mesh.devices import process_count, process_index
 from spmd.shard.sharded import (ShardedArray, _holds_full, holds_full_value, my_devices,
                                 not_here_error, processes)
+from spmd.shard.sharded import cut_blocks as _cut_blocks
+from spmd.shard.sharded import from_blocks as _from_blocks
+from spmd.shard.sharded import from_whole as _from_whole
 from spmd.shard.spec import NamedSharding, check_spec
 
 
@@ -175,8 +178,6 @@ def reshard(x: ShardedArray, sharding, where: str) -> ShardedArray:
     """``x`` (spread over processes) placed by ``sharding`` instead: its own blocks
     when every process already holds what ``sharding`` asks of it, else gathered over
     the processes of ``x``'s mesh and cut (a collective: all of them must call it)."""
-    from spmd.shard.sharded import cut_blocks, from_blocks, from_whole
-
     have = x.sharding
     if sharding == have:
         return x
@@ -188,22 +189,34 @@ def reshard(x: ShardedArray, sharding, where: str) -> ShardedArray:
             "spmd.process_allgather(x) (every process of its mesh must call it) and put the "
             "global value")
     if first_uncovered_process(have, sharding, x.shape) is None:
-        whole = _local_whole(x)  # only this process's blocks are filled in
-    else:
-        whole = _gather_global(x, "device_put")
+        # Every process holds what it needs: cut the new blocks from its own.
+        if holds_full_value(sharding):
+            return _from_whole(_assemble_from(x, None), x.aval, sharding)
+        return _from_blocks(_assemble_from(x, sharding), x.aval, sharding)
+    whole = _gather_global(x, "device_put")
     if holds_full_value(sharding):
-        return from_whole(whole, x.aval, sharding)
-    return from_blocks(cut_blocks(whole, sharding, x.shape), x.aval, sharding)
+        return _from_whole(whole, x.aval, sharding)
+    return _from_blocks(_cut_blocks(whole, sharding, x.shape), x.aval, sharding)
 
 
-def _local_whole(x: ShardedArray) -> np.ndarray:
-    """A buffer of the global shape holding this process's blocks of ``x`` (used only
-    where this process holds every block it is about to read)."""
-    blocks = x.local_blocks()
-    out = np.zeros(x.shape, x.dtype)
-    for k, d in enumerate(my_devices(x.sharding)):
-        out[x.sharding.device_index(d, x.shape)] = to_host(blocks[k])
-    return out
+def _assemble_from(x: ShardedArray, sharding):
+    """The blocks of this process's devices under ``sharding`` (the whole value when
+    None), written from the blocks of ``x`` this process holds, which cover them."""
+    shape = x.shape
+    held = [(_key(x.sharding.device_index(d, shape), shape), to_host(b))
+            for d, b in zip(my_devices(x.sharding), x.local_blocks())]
+    targets = [tuple((0, n) for n in shape)] if sharding is None else \
+        [_key(sharding.device_index(d, shape), shape) for d in my_devices(sharding)]
+    out = np.empty((len(targets),) + tuple(hi - lo for lo, hi in targets[0]), x.dtype)
+    for k, t in enumerate(targets):
+        for src, block in held:
+            lo = [max(a[0], b[0]) for a, b in zip(t, src)]
+            hi = [min(a[1], b[1]) for a, b in zip(t, src)]
+            if all(lo_ < hi_ for lo_, hi_ in zip(lo, hi)) or not shape:
+                dst = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, t))
+                part = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, src))
+                out[k][dst] = block[part]
+    return out[0] if sharding is None else out
 
 
 def _gather_local(x, tiled: bool, fname: str) -> np.ndarray:

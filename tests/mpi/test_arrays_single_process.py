@@ -125,3 +125,17 @@ def test_process_allgather_in_one_process():
     out = spmd.process_allgather({"a": whole}, tiled=True)
     assert isinstance(out["a"], np.ndarray)
     np.testing.assert_array_equal(out["a"], x)
+
+
+@pytest.mark.parametrize("src,dst", [(P("p", "d"), P("p")), (P("p"), P("p", "d")),
+                                     (P("p", "d"), P(("p", "d"))), (P(None, "d"), P("p", "d"))])
+def test_resharding_within_what_this_process_holds_needs_no_global_buffer(src, dst):
+    """This process (devices (0, 0) and (0, 1) of a (p, d) mesh) already holds every
+    block ``dst`` places on its devices: they are cut from its own blocks."""
+    mesh = _mesh((2, 2), ("p", "d"))
+    x = _x((8, 4))
+    a = spmd.device_put(x, NamedSharding(mesh, src))
+    b = spmd.device_put(a, NamedSharding(mesh, dst))
+    assert b.sharding == NamedSharding(mesh, dst) and b._value is None
+    for sh in b.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(sh.data), x[sh.index])
