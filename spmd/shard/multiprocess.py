@@ -37,7 +37,6 @@ from spmd.errors import ArgumentError, NotFullyAddressableError, ShapeError
 from spmd.mesh.devices import process_count, process_index
 from spmd.shard.sharded import (ShardedArray, _holds_full, holds_full_value, my_devices,
                                 not_here_error, processes)
-from spmd.shard.sharded import cut_blocks as _cut_blocks
 from spmd.shard.sharded import from_blocks as _from_blocks
 from spmd.shard.sharded import from_whole as _from_whole
 from spmd.shard.spec import NamedSharding, check_spec
@@ -193,10 +192,58 @@ def reshard(x: ShardedArray, sharding, where: str) -> ShardedArray:
         if holds_full_value(sharding):
             return _from_whole(_assemble_from(x, None), x.aval, sharding)
         return _from_blocks(_assemble_from(x, sharding), x.aval, sharding)
-    whole = _gather_global(x, "device_put")
+    blocks = _exchange(x, sharding, where)
     if holds_full_value(sharding):
-        return _from_whole(whole, x.aval, sharding)
-    return _from_blocks(_cut_blocks(whole, sharding, x.shape), x.aval, sharding)
+        return _from_whole(blocks[0], x.aval, sharding)
+    return _from_blocks(blocks, x.aval, sharding)
+
+
+def _exchange(x: ShardedArray, sharding, where: str) -> np.ndarray:
+    """This process's blocks of ``x`` under ``sharding`` (one whole value, stacked,
+    when it holds every block), received from the processes that hold them: each
+    block of ``x`` is sent by the lowest process holding it, only to the processes
+    whose new blocks overlap it.  A collective over the processes of the mesh."""
+    from spmd.collectives import mpi
+
+    shape, have = x.shape, x.sharding
+    ranks = _processes(have)
+    _agree_on(f"reshard {x.shape} {x.dtype} {have!r} -> {sharding!r}", ranks, where)
+    me = process_index()
+    owner: dict = {}  # block key of x -> the lowest process holding it
+    for d in have.mesh.devices.flat:
+        k = _key(have.device_index(d, shape), shape)
+        owner[k] = min(owner.get(k, d.process_index), d.process_index)
+    mine = {}
+    for d, b in zip(my_devices(have), x.local_blocks()):
+        k = _key(have.device_index(d, shape), shape)
+        if owner[k] == me:
+            mine[k] = to_host(b)
+
+    def targets(p):
+        if _holds_full(sharding, p):
+            return [tuple((0, n) for n in shape)]
+        return [_key(sharding.device_index(d, shape), shape)
+                for d in sharding.mesh.devices.flat if d.process_index == p]
+
+    sends = []
+    for p in ranks:
+        pieces = []
+        for k, t in enumerate(targets(p)):
+            for src, block in mine.items():
+                lo = [max(a[0], b[0]) for a, b in zip(t, src)]
+                hi = [min(a[1], b[1]) for a, b in zip(t, src)]
+                if all(a < b for a, b in zip(lo, hi)):
+                    dst = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, t))
+                    part = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, src))
+                    pieces.append((k, dst, np.ascontiguousarray(block[part])))
+        sends.append(pieces)
+    received = mpi.communicator(ranks).alltoall(sends)
+    want = targets(me)
+    out = np.empty((len(want),) + tuple(hi - lo for lo, hi in want[0]), x.dtype)
+    for pieces in received:
+        for k, dst, data in pieces:
+            out[k][dst] = data
+    return out
 
 
 def _assemble_from(x: ShardedArray, sharding):

@@ -83,10 +83,17 @@ def test_device_put_of_a_spread_array_reshards_through_a_gather():
     # Every process already holds what P("a", "b") asks: no exchange needed...
     same = spmd.device_put(a, NamedSharding(mesh, P("a", "b")))
     np.testing.assert_array_equal(spmd.process_allgather(same), x)
-    # ...but P("b") and P() need other processes' blocks: gathered, then placed.
-    for spec in (P("b"), P(), P(None, "a")):
+    # ...but P("b") and P() need other processes' blocks: exchanged, never gathered
+    # whole where the new placement does not hold the whole value.
+    for spec in (P("b"), P(), P(None, "a"), P("b", "a"), P(("a", "b"))):
         b = spmd.device_put(a, NamedSharding(mesh, spec))
         assert b.sharding.spec == spec
+        if not spec.mesh_axes:
+            assert b.held_nbytes == x.nbytes
+        else:
+            assert b.held_nbytes == sum(s.data.nbytes for s in b.addressable_shards)
+        for s in b.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(s.data), x[s.index])
         np.testing.assert_array_equal(spmd.process_allgather(b), x)
     np.testing.assert_array_equal(np.asarray(spmd.device_put(a, NamedSharding(mesh, P()))), x)
 
