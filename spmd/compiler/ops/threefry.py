@@ -359,7 +359,12 @@ def _erf_inv_impl(xp, x):
         except ImportError:  # pragma: no cover - scipy comes with the test extras
             raise DTypeError("erf_inv: float64 needs scipy (pip install scipy)") from None
         return xp.asarray(erfinv(np.asarray(x) if _is_host(xp) else x.get()))
-    return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
+    if _is_host(xp) and x.dtype == np.float32:
+        out = threefry_native.erf_inv_f32(x)
+        if out is not None:
+            return out
+    with np.errstate(divide="ignore", invalid="ignore"):  # |x| = 1 gives +-inf, as XLA
+        return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
 
 
 def _define_erf_inv():
