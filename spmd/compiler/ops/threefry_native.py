@@ -183,15 +183,16 @@ def erf_inv_f32(x: np.ndarray):
     lib = library()
     if lib is None:
         return None
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    shape = np.shape(x)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)  # 1-d (never a scalar)
     w = x * x
     np.negative(w, out=w)
     with np.errstate(divide="ignore"):  # |x| = 1: -inf here, +-inf in the result
         np.log1p(w, out=w)
     np.negative(w, out=w)
     out = np.empty_like(x)
-    lib.spmd_erf_inv_f32(x.reshape(-1), w.reshape(-1), out.reshape(-1), x.size)
-    return out
+    lib.spmd_erf_inv_f32(x, w, out, x.size)
+    return out.reshape(shape)
 
 
 def rows(k0s, k1s, row_start, rowlen: int, pair: bool):
