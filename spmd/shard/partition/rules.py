@@ -274,7 +274,7 @@ def squeeze_rule(pls, avals_in, avals_out, mesh, *, dimensions):
 
 
 def _rules() -> dict:
-    from spmd.shard.partition import rules_index as ri
+    from spmd.shard.partition import rules_conv, rules_index as ri
     from spmd.shard.partition import rules_random as rr
 
     return {
@@ -294,6 +294,7 @@ def _rules() -> dict:
         "squeeze": squeeze_rule,
         **ri.RULES,
         **rr.RULES,
+        **rules_conv.RULES,
     }
 
 
