@@ -306,7 +306,7 @@ ELEMENTWISE = {
     "integer_pow", "stop_gradient", "pvary", "real", "imag", "conj", "clamp", "erf",
     "erf_inv", "lgamma", "digamma", "cbrt", "nextafter", "square", "exp2", "population_count",
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "reduce_precision",
-    "threefry2x32", "random_unit_float",
+    "threefry2x32", "random_unit_float", "erf_inv_giles",
 }
 
 def _sources() -> dict:
