@@ -63,6 +63,17 @@ def cases():
                                               independent=True)
     out["truncated_normal"] = jr.truncated_normal(k, -1.0, 2.0, (8,))
     out["legacy_normal"] = jr.normal(jr.PRNGKey(3), (4,))
+    out["gamma"] = jr.gamma(k, jnp.array([0.3, 1.0, 2.5, 7.0]), (2, 4))
+    out["loggamma"] = jr.loggamma(k, 0.2, (5,))
+    out["beta"] = jr.beta(k, 2.0, 3.0, (5,))
+    out["dirichlet"] = jr.dirichlet(k, jnp.array([1.0, 2.0, 0.5]), (2,))
+    out["poisson_small"] = jr.poisson(k, 3.0, (8,))
+    out["poisson_mixed"] = jr.poisson(k, jnp.array([0.0, 0.5, 12.0, 40.0, 200.0]))
+    mean = jnp.array([1.0, -1.0, 0.5])
+    cov = jnp.array([[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 0.5]])
+    out["multivariate_normal"] = jr.multivariate_normal(k, mean, cov, (4,))
+    out["orthogonal"] = jr.orthogonal(k, 4)
+    out["orthogonal_3x5"] = jr.orthogonal(k, 3, m=5)
     return out
 
 
