@@ -6,45 +6,16 @@ import functools
 from typing import Callable
 
 from spmd import tree_util
-from spmd.compiler.ad_util import Zero
 from spmd.compiler.array import Array
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for, flatten_outputs
-from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
+from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
 # ------------------------------------------------------ with_sharding_constraint
-
-sharding_constraint_p = Primitive("sharding_constraint")
-sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
-sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
-sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
-sharding_constraint_p.linear = True
-
-
-@sharding_constraint_p.def_jvp
-def _constraint_jvp(primals, tangents, *, spec, mesh):
-    out = sharding_constraint_p.bind(primals[0], spec=spec, mesh=mesh)
-    t = tangents[0]
-    return out, t if isinstance(t, Zero) else sharding_constraint_p.bind(t, spec=spec, mesh=mesh)
-
-
-@sharding_constraint_p.def_transpose
-def _constraint_transpose(ct, x, *, spec, mesh):
-    # The cotangent is asked for the same placement (as in JAX).
-    return [ct if isinstance(ct, Zero) else sharding_constraint_p.bind(ct, spec=spec, mesh=mesh)]
-
-
-@sharding_constraint_p.def_batch
-def _constraint_batch(args, dims, *, spec, mesh):
-    from spmd.compiler.batching import move_to_front
-
-    x = move_to_front(args[0], dims[0])
-    return sharding_constraint_p.bind(x, spec=PartitionSpec(None, *spec), mesh=mesh), 0
-
 
 def with_sharding_constraint(x, sharding):
     """Ask the partitioner to give ``x`` this sharding here (a pytree and a prefix of
