@@ -97,9 +97,7 @@ name_p.def_emit(lambda ins, name: ins[0])
 name_p.def_jvp(lambda primals, tangents, *, name: (name_p.bind(primals[0], name=name),
                                                    tangents[0]))
 name_p.def_batch(lambda args, dims, *, name: (name_p.bind(args[0], name=name), dims[0]))
-# Partitioning: the value keeps its placement (no import of the shard layer needed).
-name_p.def_partition(lambda pls, avals_in, avals_out, mesh, **params:
-                     (list(pls), list(pls), params))
+# Partitioned as the identity (spmd/shard/partition/rules.py): it keeps its placement.
 
 
 def checkpoint_name(x, name: str):
