@@ -18,6 +18,7 @@ from spmd.autodiff import (grad, hessian, jacfwd, jacrev, jvp, linearize,  # noq
 from spmd.vectorize import vmap  # noqa: F401
 from spmd.compiler.custom import custom_jvp, custom_vjp  # noqa: F401
 from spmd.compiler.remat import checkpoint, checkpoint_policies, remat  # noqa: F401
+from spmd.compiler.remat import checkpoint_name  # noqa: F401
 from spmd import ad_checkpoint, test_util  # noqa: F401
 
 __version__ = "0.1.0"
@@ -39,3 +40,6 @@ from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa
 from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)
 from spmd import distributed  # noqa: F401,E402
 from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy: see there)
+from spmd.config import disable_jit  # noqa: F401,E402
+from spmd.compiler.avals import ShapeDtypeStruct  # noqa: F401,E402
+from spmd.linear_util import linear_transpose  # noqa: F401,E402

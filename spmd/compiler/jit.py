@@ -20,6 +20,7 @@ from spmd import tree_util
 from spmd.compiler import array_module as _am
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
+from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
@@ -121,7 +122,13 @@ def _leaf_key(x):
         return t
     if _am.is_device_array(x):  # a cupy array: like a numpy array's key, with its type
         return (t, x.shape, x.dtype)
-    return (t, get_aval(x), None)
+    return (t, _arg_aval(x), None)
+
+
+def _arg_aval(x):
+    """The aval of an argument: a value's, or an abstract one's (ShapeDtypeStruct)."""
+    a = abstract_arg_aval(x)
+    return get_aval(x) if a is None else a
 
 
 def _walk(x, leaves: list, toks: list) -> bool:
@@ -287,7 +294,7 @@ class _CallPlan:
     """
 
     __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
-                 "single", "bind")
+                 "single", "bind", "abstract")
 
     def __init__(self, entry: _Entry, leaves, avals):
         self.entry = entry
@@ -311,6 +318,8 @@ class _CallPlan:
         # that those arrays evaluate it (see Array._eval_primitive).
         self.bind = entry.needs_arrays or any(
             type(x) is not Array and isinstance(x, Array) for x in leaves)
+        # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
+        self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
 
 
 class JitFunction:
@@ -422,7 +431,7 @@ class JitFunction:
         return plan, leaves
 
     def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
-        avals = tuple(map(get_aval, leaves))  # raises DTypeError on unsupported leaves
+        avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.
         akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key())
@@ -447,6 +456,8 @@ class JitFunction:
         return plan.entry, leaves, plan.avals
 
     def __call__(self, *args, **kwargs):
+        if config.disable_jit:  # spmd.disable_jit(): run the Python function op by op
+            return self._fun(*args, **kwargs)
         # The common case (no static or keyword arguments; containers, arrays
         # and scalars) keys the plans on _walk's tokens; anything else, _plan.
         vals: list = []
@@ -460,6 +471,10 @@ class JitFunction:
                     plan, vals = self._plan(args, kwargs)
         else:
             plan, vals = self._plan(args, kwargs)
+            if plan.abstract:
+                raise TypeError(f"jit({self._name}) was called with abstract arguments "
+                                "(ShapeDtypeStruct), which have no values; pass arrays, or use "
+                                ".trace(...), .lower(...) or spmd.eval_shape to trace only")
         if plan.bind or not is_eager():
             outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
                               name=self._name)
@@ -499,6 +514,15 @@ class JitFunction:
     def lower(self, *args, **kwargs) -> "Lowered":
         entry, _, _ = self._entry(args, kwargs)
         return Lowered(entry, self._name)
+
+    def trace(self, *args, **kwargs):
+        """Trace for these arguments (arrays or ``ShapeDtypeStruct``): a
+        :class:`~spmd.compiler.traced.Traced` with ``.jaxpr``, ``.out_info`` and
+        ``.lower()``."""
+        from spmd.compiler.traced import Traced
+
+        entry, _, avals = self._entry(args, kwargs)
+        return Traced(entry, self._name, avals)
 
     def eval_shape(self, *args, **kwargs):
         entry, _, _ = self._entry(args, kwargs)
