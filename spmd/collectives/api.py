@@ -67,7 +67,7 @@ def psum(x, axis_name, *, axis_index_groups=None):
             # A constant is the same on every device: the sum is known now
             # (so ``psum(1, 'i')`` is the axis size as a concrete value, as in JAX).
             dt = get_aval(v).dtype
-            value = np.asarray(to_host(v.value) if hasattr(v, "value") else v, dtype=dt)
+            value = np.asarray(to_host(v.value if hasattr(v, "value") else v), dtype=dt)
             return (value * dt.type(groups.size if groups else _size(axes)))[()]
         if groups is not None:
             return _grouped_sum(v, axes, groups)

@@ -295,7 +295,7 @@ def _gather_local(x, tiled: bool, fname: str) -> np.ndarray:
     """Process-local values stacked (or, ``tiled``, concatenated) over all processes."""
     from spmd.collectives import mpi
 
-    value = np.asarray(x)
+    value = to_host(x)  # a cupy array too (never np.asarray: CuPy refuses it)
     if process_count() == 1:
         return np.array(value, copy=True) if tiled and value.ndim else value[None].copy()
     ranks = _world_ranks()

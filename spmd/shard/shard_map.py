@@ -91,10 +91,9 @@ shard_map_p.rules["lower"] = _lower
 
 
 def _output_sharding(eqn, i):
-    """A jitted shard_map over processes returns Arrays placed by its out_specs (each
-    process holds only its blocks); on one process jit results stay unplaced."""
-    mesh = eqn.params["mesh"]
-    return NamedSharding(mesh, eqn.params["out_specs"][i]) if mesh.is_multi_process else None
+    """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
+    (and as in JAX)."""
+    return NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
 
 
 shard_map_p.rules["output_sharding"] = _output_sharding
@@ -370,6 +369,7 @@ def _spec_leaves(specs, tree, what: str, fname: str) -> list:
 
 def _as_global(x, where: str = "argument"):
     """The argument as an array value (numpy arrays and scalars are global values)."""
+    from spmd.compiler.array_module import is_device_array, to_device
     from spmd.compiler.trace import Tracer, is_array_like
 
     if isinstance(x, (Tracer, Array)):
@@ -379,6 +379,8 @@ def _as_global(x, where: str = "argument"):
         raise DTypeError(f"shard_map: {where} of type {type(x).__name__} is not an array; "
                          "give it the in_specs entry None to pass it to the body as it is")
     aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak
+    if is_device_array(x):  # a cupy array: it stays on (this process's) GPU
+        return Array(to_device(x, aval.dtype), aval)
     return Array(np.asarray(x, dtype=aval.dtype), aval)
 
 

@@ -274,7 +274,8 @@ def squeeze_rule(pls, avals_in, avals_out, mesh, *, dimensions):
 
 
 def _rules() -> dict:
-    from spmd.shard.partition import rules_index as ri
+    from spmd.shard.partition import rules_conv, rules_index as ri
+    from spmd.shard.partition import rules_random as rr
 
     return {
         "broadcast_in_dim": broadcast_in_dim_rule,
@@ -292,6 +293,8 @@ def _rules() -> dict:
         "iota": iota_rule,
         "squeeze": squeeze_rule,
         **ri.RULES,
+        **rr.RULES,
+        **rules_conv.RULES,
     }
 
 
@@ -303,7 +306,18 @@ ELEMENTWISE = {
     "integer_pow", "stop_gradient", "pvary", "real", "imag", "conj", "clamp", "erf",
     "erf_inv", "lgamma", "digamma", "cbrt", "nextafter", "square", "exp2", "population_count",
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "reduce_precision",
+    "threefry2x32", "random_unit_float",
 }
+
+def _sources() -> dict:
+    from spmd.shard.partition import rules_random as rr
+
+    return rr.SOURCES
+
+
+# Primitives without array operands of their output's shape that compute only the
+# block wanted of them (see rules_random): name -> source(ev, eqn, vals, pls, spec).
+SOURCES = _sources()
 
 _installed = [0]
 
