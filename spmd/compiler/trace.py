@@ -378,6 +378,14 @@ def axes_in_scope() -> list[str]:
     return [n for scope in _state.axis_env for n in scope.sizes]
 
 
+# Ambient state of upper layers that changes what a trace produces (the mesh of
+# ``spmd.sharding.use_mesh``, which a ``shard_map`` without ``mesh=`` reads): a
+# function returning a hashable key, installed by that layer.  Caches of traced
+# programs include it, so that a function traced under one mesh is retraced
+# under another.
+context_key_hook = [lambda: None]
+
+
 def axis_env_key() -> tuple:
     """The named axes in scope as a hashable key: ``()`` outside any.
 
