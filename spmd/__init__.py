@@ -35,3 +35,8 @@ from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa
 from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)
 from spmd import distributed  # noqa: F401,E402
 from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy: see there)
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+# The compiler's extension points (spmd.compiler.extensions), filled from the layers
+# above it in one place.
+_install_extensions()
