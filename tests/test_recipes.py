@@ -193,3 +193,60 @@ def test_recipe_add_a_collective(cleanup):
     # vmap with an axis name runs the same batching rule.
     v = spmd.vmap(lambda r: toy_pmean(r, "b"), axis_name="b")(x)
     np.testing.assert_allclose(np.asarray(v), np.broadcast_to(x.mean(0), x.shape), rtol=1e-6)
+
+
+# ------------------------------------------------------------ add a backend
+
+def _define_loopback_transport():
+    """Steps 1-2 of "Add a backend": a transport module.  The toy is a loopback: every
+    process is taken to hold what this one holds (so it runs in one process)."""
+    import types
+
+    from spmd.collectives.backend import run
+    from spmd.collectives.transport import define_rules
+    from spmd.compiler.primitives import Primitive
+    from spmd.compiler.trace import bind
+
+    # 1. The module: the five operations of spmd.collectives.backend.KINDS, and an
+    #    effectful primitive whose impl dispatches through the table.
+    mod = types.ModuleType("toy_loopback")
+    mod.allreduce = lambda x, ranks, op, what=None: \
+        x * len(ranks) if op == "sum" else x
+    mod.allgather = lambda x, ranks, what=None: np.stack([x] * len(ranks))
+    mod.reduce_scatter = lambda x, ranks, op="sum", what=None: x[0] * len(ranks)
+    mod.alltoall = lambda x, ranks, what=None: x
+    mod.sendrecv = lambda x, ranks, dst, src, what=None: x
+    mod.loopback_p = Primitive("toy_loopback", effectful=True)
+    mod.loopback_p.def_impl(lambda xp, x, *, kind, ranks, op=None, dst=None, src=None,
+                            what=None: run(mod, kind, np.asarray(x), ranks,
+                                           {"op": op, "dst": dst, "src": src, "what": what}))
+    define_rules(mod.loopback_p, "toy_loopback")
+    mod.call = lambda kind, x, ranks, **params: bind(
+        mod.loopback_p, x, kind=kind, ranks=tuple(ranks), **params)
+
+    # 2. The transport primitive's partition decision
+    #    (spmd/shard/partition/rules_collectives.py).
+    from spmd.shard.partition.registry import Unreachable, register
+
+    register(mod.loopback_p, Unreachable("a transport primitive runs after partitioning"))
+    return mod
+
+
+def test_recipe_add_a_backend(cleanup):
+    from spmd.collectives.backend import Transport
+    from spmd.collectives.process_group import ProcessGroup
+
+    cleanup.append("toy_loopback")
+    mod = _define_loopback_transport()
+    assert isinstance(mod, Transport) and _missing_rules(mod.loopback_p) == []
+    # 3. Choose it for the devices it serves (process_group.backend()); here, a group of
+    #    2 processes along 'i' as process 0 sees it.
+    g = ProcessGroup(("i",), (2,), ("i",), (0,), (0, 1), 0)
+    g.comm = mod
+    x = np.arange(3, dtype=np.float32).reshape(1, 3)  # this process's stacked block
+    out, d = g.all_reduce(x, "sum")
+    np.testing.assert_array_equal(np.asarray(out), 2 * x)
+    out, d = g.all_gather(x, 0, True)
+    np.testing.assert_array_equal(np.asarray(out), np.concatenate([x, x], 1))
+    text = str(spmd.make_jaxpr(lambda v: g.all_reduce(v, "sum")[0])(x))
+    assert "toy_loopback[kind='allreduce', ranks=(0, 1), op='sum'" in text

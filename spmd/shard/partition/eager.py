@@ -1,7 +1,8 @@
 """Eager operations on sharded Arrays run through the partitioner.
 
-``EvalTrace.process_primitive`` calls :func:`run_sharded` when an argument is an
-Array that carries a sharding: where that is a NamedSharding over more than one
+``EvalTrace.process_primitive`` calls :func:`run_sharded` (through the compiler's
+``SHARDED_EAGER`` extension point, filled by :mod:`spmd._install`) when an
+argument is an Array that carries a sharding: where that is a NamedSharding over more than one
 device, the primitive runs as a (cached) partitioned jit of ``bind(prim, ...)``
 whose inputs keep their placements, and its results carry the shardings that
 propagation decided.
