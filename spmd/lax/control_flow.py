@@ -430,7 +430,7 @@ def _static_int(x):
     if isinstance(x, (bool, float)) or not dtypes.is_int(get_aval(_as_value(
             x, "fori_loop", "a bound")).dtype):
         raise DTypeError(f"fori_loop: lower and upper must be integers, got {x!r:.40}")
-    return int(np.asarray(x))
+    return int(x)  # (never np.asarray: CuPy refuses it for a device array)
 
 
 def fori_loop(lower, upper, body_fun: Callable, init_val, *, unroll=None):

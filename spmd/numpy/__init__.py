@@ -11,17 +11,19 @@ Array([2., 2., 2.], dtype=float32)
 import numpy as _np
 
 from spmd.compiler.array import Array as ndarray
-from spmd.numpy import (_creation, _elementwise, _indexing, _linalg, _methods, _reductions,
-                        _shape, _shape_more)
+from spmd.numpy import (_creation, _elementwise, _indexing, _linalg, _methods, _misc,
+                        _reductions, _shape, _shape_more)
 from spmd.numpy._creation import *  # noqa: F401,F403
 from spmd.numpy._elementwise import *  # noqa: F401,F403
 from spmd.numpy._indexing import *  # noqa: F401,F403
 from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
 from spmd.numpy._linalg import *  # noqa: F401,F403
+from spmd.numpy._misc import *  # noqa: F401,F403
 from spmd.numpy._reductions import *  # noqa: F401,F403
 from spmd.numpy._shape import *  # noqa: F401,F403
 from spmd.numpy._shape_more import *  # noqa: F401,F403
 from spmd.numpy._util import broadcast_shapes
+from spmd.numpy import linalg  # noqa: F401,E402  (spmd.numpy.linalg, a module as in numpy)
 
 # dtype names, as in numpy / jax.numpy.
 bool_ = _np.bool_
@@ -33,7 +35,7 @@ pi, e, inf, nan, newaxis = _np.pi, _np.e, _np.inf, _np.nan, None
 
 __all__ = [
     *_creation.__all__, *_elementwise.__all__, *_indexing.__all__, *_linalg.__all__,
-    *_reductions.__all__, *_shape.__all__, *_shape_more.__all__,
+    *_misc.__all__, *_reductions.__all__, *_shape.__all__, *_shape_more.__all__,
     "broadcast_shapes", "ndarray",
     "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "dtype",

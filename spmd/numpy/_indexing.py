@@ -94,7 +94,7 @@ def _classify(e):
         return ("dyn" if av.ndim == 0 else "arr"), e, 1
     if isinstance(e, (list, tuple)) and any(isinstance(a, Tracer) for a in _leaves(e)):
         return _classify(to_array(e))
-    a = np.asarray(to_host(e.value) if isinstance(e, Array) else e)  # concrete: a static index
+    a = to_host(e.value if isinstance(e, Array) else e)  # concrete: a static index
     if a.dtype == bool:
         return ("boolscalar", bool(a), 0) if a.ndim == 0 else ("bool", a, a.ndim)
     if a.size == 0 and a.dtype.kind == "f" and not isinstance(e, np.ndarray):
@@ -534,7 +534,7 @@ def _index_operand(indices, fname):
     if isinstance(indices, Tracer):
         _check_int_index(indices.dtype)
         return indices
-    a = np.asarray(to_host(indices.value) if isinstance(indices, Array) else indices)
+    a = to_host(indices.value if isinstance(indices, Array) else indices)
     if a.size == 0 and a.dtype.kind == "f" and not isinstance(indices, np.ndarray):
         a = a.astype(np.intp)
     if not dtypes.is_int(a.dtype):

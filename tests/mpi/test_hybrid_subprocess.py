@@ -30,6 +30,8 @@ SUITES = {
                     "or jit_output"),
     "arrays": ("test_mpi_arrays.py", None),
     "training": ("test_mpi_training.py", None),
+    "pmap": ("test_mpi_pmap.py", None),
+    "groups": ("test_mpi_groups.py", None),
 }
 
 

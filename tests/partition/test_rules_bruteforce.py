@@ -20,6 +20,7 @@ import pytest
 
 import spmd
 from spmd import lax
+from spmd.compiler.ops import threefry
 from spmd.compiler.trace import get_aval, trace_to_program
 from spmd.shard.partition.partitioner import Evaluator
 from spmd.shard.partition.placement import Placement
@@ -268,6 +269,26 @@ def _cases():
     c["cummin"] = (lambda x: lax.cummin(x, 1), lambda r: [f32(r, 8, 4)])
     c["cummax"] = (lambda x: lax.cummax(x, 0, reverse=True), lambda r: [f32(r, 8, 4)])
     c["rev"] = (lambda x: lax.rev(x, (0,)), lambda r: [f32(r, 8, 4)])
+    # A batch of keys: the output's batch dimension follows the keys' split.
+    c["random_bits"] = (lambda k: threefry.random_bits(k, (4, 2)),
+                        lambda r: [r.integers(0, 2**32, (8, 2), dtype=np.uint32)])
+    from spmd.compiler.ops import linalg_decomp as ld
+
+    def spd(r):  # symmetric positive definite matrices in a batch
+        a = f32(r, 8, 3, 3)
+        return (a @ a.swapaxes(-1, -2) + 3 * np.eye(3, dtype=np.float32)).astype(np.float32)
+
+    c["cholesky"] = (ld.cholesky, lambda r: [spd(r)])
+    c["linalg_solve"] = (ld.solve, lambda r: [spd(r), f32(r, 8, 3, 2)])
+    c["slogdet"] = (ld.slogdet, lambda r: [spd(r)])
+    c["qr"] = (ld.qr, lambda r: [f32(r, 8, 4, 3)])
+    c["eigh"] = (ld.eigh, lambda r: [spd(r)])
+    c["svd"] = (lambda a: ld.svd(a, full_matrices=False), lambda r: [f32(r, 8, 4, 3)])
+    from spmd.compiler.ops.conv import conv
+    c["conv"] = (lambda x, w: conv(x, w, (1,), [(1, 1)]),
+                 lambda r: [f32(r, 8, 4, 6), f32(r, 4, 4, 3)])
+    c["conv_grouped"] = (lambda x, w: conv(x, w, (2,), [(0, 1)], feature_group_count=2),
+                         lambda r: [f32(r, 8, 4, 6), f32(r, 8, 2, 3)])
     return c
 
 

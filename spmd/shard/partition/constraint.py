@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.primitives import Primitive
-from spmd.shard.spec import PartitionSpec
+from spmd.shard.spec import NamedSharding, PartitionSpec
 
 sharding_constraint_p = Primitive("sharding_constraint")
 sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
 sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
 sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
 sharding_constraint_p.linear = True
+# A constrained value that a jitted function returns keeps that placement.
+sharding_constraint_p.rules["output_sharding"] = lambda eqn, i: NamedSharding(
+    eqn.params["mesh"], eqn.params["spec"])
 
 
 @sharding_constraint_p.def_jvp
@@ -30,8 +33,14 @@ def _constraint_transpose(ct, x, *, spec, mesh):
 
 
 @sharding_constraint_p.def_batch
-def _constraint_batch(args, dims, *, spec, mesh):
+def _constraint_batch(args, dims, *, spec, mesh, _axis_data=(None, None)):
     from spmd.compiler.batching import move_to_front
 
     x = move_to_front(args[0], dims[0])
-    return sharding_constraint_p.bind(x, spec=PartitionSpec(None, *spec), mesh=mesh), 0
+    # vmap(spmd_axis_name=...) asks for the batch dimension split over those axes.
+    name = getattr(_axis_data[0], "spmd_name", None)
+    entry = None if name is None else name[0] if len(name) == 1 else tuple(name)
+    return sharding_constraint_p.bind(x, spec=PartitionSpec(entry, *spec), mesh=mesh), 0
+
+
+sharding_constraint_p.rules["batch_reads_level"] = True

@@ -26,7 +26,8 @@ from spmd.compiler.passes import inline_calls
 from spmd.compiler.remat import remat_lin_p, remat_p
 from spmd.compiler.trace import bind
 from spmd.shard.partition import control, registry  # noqa: F401  (control registers)
-from spmd.shard.partition import rules, rules_collectives, rules_index  # noqa: F401
+from spmd.shard.partition import rules, rules_collectives, rules_conv, rules_index  # noqa: F401
+from spmd.shard.partition import rules_linalg, rules_random  # noqa: F401
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import (DECISIONS, MissingPartitionRuleError,
@@ -61,9 +62,12 @@ class Evaluator:
     """Evaluates a global program on per-device values, each with its placement,
     under the current trace (the body of the shard_map being traced)."""
 
-    def __init__(self, mesh, ctx: Context):
+    def __init__(self, mesh, ctx: Context, wants: dict | None = None):
         self.mesh = mesh
         self.ctx = ctx
+        # Where values are wanted (backward hints): source primitives such as
+        # random_bits compute only their block there (rules_random).
+        self.wants = wants or {}
         # (value, placement) of a global variable already resharded: reused, so that
         # a value two equations need alike is communicated once.
         self._resharded: dict = {}
@@ -101,6 +105,10 @@ class Evaluator:
         pls = [p for _, p in ins]
         if type(d) is Structural:
             return d.fn(self, eqn, vals, pls)
+        if type(d) is Propagate and d.source is not None:
+            res = d.source(self, eqn, vals, pls, self.wants.get(eqn.outputs[0]))
+            if res is not None:
+                return res
         return self.apply(eqn, vals, pls, producers, env)
 
     def constraint(self, eqn, vals, pls) -> list:
@@ -257,7 +265,8 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
     n_consts = len(closed.consts)
     args = program.in_vars[n_consts:]
     in_specs = list(in_specs)
-    hints = _backward_hints(program, n_consts, out_specs)
+    wants = _backward_wants(program, out_specs)
+    hints = {v: wants[v] for v in args if v in wants}
     for i, (v, s) in enumerate(zip(args, in_specs)):
         if s is None:
             in_specs[i] = hints.get(v, PartitionSpec())
@@ -278,7 +287,7 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
     out_pls_box: list = []
 
     def body(*local_args):
-        ev = Evaluator(mesh, ctx)
+        ev = Evaluator(mesh, ctx, wants)
         outs = ev.run(closed, list(zip(local_args, in_pls)))
         results, final = [], []
         for i, ((x, pl), a, spec) in enumerate(zip(outs, program.out_atoms, out_specs)):
@@ -297,10 +306,9 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
                        tuple(p.to_spec() for p in out_pls_box), ctx.notes)
 
 
-def _backward_hints(program, n_consts, out_specs) -> dict:
-    """Specs for inputs that reach a constraint or an output through elementwise and
+def _backward_wants(program, out_specs) -> dict:
+    """Specs for values that reach a constraint or an output through elementwise and
     shape-preserving equations only (a cheap backward propagation)."""
-    hints: dict = {}
     want: dict = {}
     for a, s in zip(program.out_atoms, out_specs):
         if isinstance(a, Var) and s is not None:
@@ -315,10 +323,7 @@ def _backward_hints(program, n_consts, out_specs) -> dict:
         for a in eqn.inputs:
             if isinstance(a, Var) and a.aval.shape == eqn.outputs[0].aval.shape:
                 want.setdefault(a, spec)
-    for v in program.in_vars[n_consts:]:
-        if v in want:
-            hints[v] = want[v]
-    return hints
+    return want
 
 
 def _specs_flow_back(prim) -> bool:

@@ -49,10 +49,14 @@ class Propagate(NamedTuple):
 
     ``specs_flow_back``: an input of the output's shape may take the output's
     spec when the partitioner infers unspecified input shardings backward
-    (elementwise primitives)."""
+    (elementwise primitives).  ``source``: see below."""
 
     rule: Callable
     specs_flow_back: bool = False
+    # ``source(ev, eqn, vals, pls, wanted_spec)``: for a primitive with no operand of
+    # its output's shape (random_bits), computes only the block where the output is
+    # wanted; None falls back to ``rule``.
+    source: Callable | None = None
 
 
 class Replicate(NamedTuple):
