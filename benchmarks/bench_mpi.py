@@ -432,6 +432,7 @@ def main(argv=None) -> int:
     import run as runner
 
     comm = _world()
+    common.provenance()  # the commit and tree state now, before anything runs
     t0 = time.perf_counter()
     rows = run(quick=args.quick, sizes=sizes, kinds=kinds, mlp=not args.no_mlp)
     seconds = time.perf_counter() - t0

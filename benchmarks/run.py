@@ -86,6 +86,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     chosen = select(discover(), args.names)
+    common.provenance()  # the commit and tree state now, before anything runs
     info = common.machine_info()
     print(f"# {common.now_iso()}  {info['cpu']}, {info['usable_cores']} usable cores, "
           f"Python {info['python']}, numpy {info['numpy']}, BLAS {_blas_name(info['blas'])}"

@@ -18,7 +18,11 @@ reshaped.  The combined equation's parameters come from the primitive's
 members and the bytes in its ``what``, so the printed program shows them).
 Equations that read a member's result and sat between members move after the
 combined collective; nothing else moves, so collectives keep their relative
-order (every rank runs the same program, so all ranks agree on it).  A group is
+order.  Every process must decide alike, or ranks would all-reduce buffers of
+different sizes: the decisions depend only on the sequence of effectful
+equations and the data dependences between them, which the backends keep the
+same on every process (a member of a ``ppermute`` without partners still issues
+its empty exchange, see ``ProcessGroup.ppermute``).  A group is
 closed before it would exceed ``bucket_bytes``, as PyTorch DDP's buckets and
 XLA's all-reduce combiner do.
 

@@ -114,3 +114,34 @@ def test_combined_step_equals_the_uncombined_one(form, bucket):
         assert len(got) == len(want)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
+
+
+def test_a_ppermute_some_ranks_skip_keeps_every_rank_combining_alike(bucket):
+    """Ranks outside a ppermute's pairs still issue its (empty) exchange: every rank's
+    program has the same collectives in the same order, so combining groups them the
+    same way everywhere (else ranks would all-reduce buffers of different sizes)."""
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("i",))
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.standard_normal((n, 3)).astype(np.float32) for _ in range(3))
+
+    def body(a, b, c):
+        s1 = lax.psum(a, "i")
+        t = lax.ppermute(s1 * 2.0, "i", perm=[(0, 1)])  # ranks >= 2 take no part
+        return s1, lax.psum(b + t, "i"), lax.psum(c, "i")
+
+    def make():
+        return spmd.jit(spmd.shard_map(body, mesh=mesh, in_specs=(P("i"),) * 3,
+                                       out_specs=(P(), P(), P()), check_vma=False))
+
+    bucket(1 << 25)
+    got = [np.asarray(v) for v in make()(a, b, c)]
+    s1 = a.sum(0, keepdims=True)
+    shifted = np.zeros_like(b)
+    shifted[1] = 2 * s1[0]
+    np.testing.assert_allclose(got[0], s1, rtol=1e-6)
+    np.testing.assert_allclose(got[1], (b + shifted).sum(0, keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(got[2], c.sum(0, keepdims=True), rtol=1e-6)
+    bucket(0)
+    for g, w in zip(got, make()(a, b, c)):
+        np.testing.assert_array_equal(g, np.asarray(w))
