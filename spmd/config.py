@@ -21,10 +21,13 @@ def _env_int(name: str, default: int) -> int:
     if not raw:
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise ArgumentError(f"{name}={raw!r} is not an integer; set it to a number of bytes "
-                            "(0 disables)") from None
+        value = -1
+    if value < 0:
+        raise ArgumentError(f"{name}={raw!r} is not an integer >= 0; set it to a number of "
+                            "bytes (0 disables)")
+    return value
 
 
 class Config:

@@ -148,3 +148,38 @@ def test_config_rejects_bad_bucket_sizes(bad):
 
     with pytest.raises(ArgumentError, match="combine_collectives_bytes must be an int >= 0"):
         config.update("combine_collectives_bytes", bad)
+
+
+@pytest.mark.parametrize("raw", ["abc", "-5", "1.5"])
+def test_a_bad_environment_value_is_named_at_import(raw):
+    import subprocess
+    import sys
+
+    env = dict(__import__("os").environ, SPMD_COMBINE_COLLECTIVES_BYTES=raw)
+    proc = subprocess.run([sys.executable, "-c", "import spmd"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"SPMD_COMBINE_COLLECTIVES_BYTES={raw!r} is not an integer >= 0" in proc.stderr
+
+
+def test_the_local_backend_has_nothing_to_combine():
+    """Simulated devices reduce stacked arrays (no collective calls): the executed
+    program of a data-parallel step has no mpi equation, so nothing changes there."""
+    import functools
+
+    from spmd import P, lax
+
+    mesh = spmd.make_mesh((8,), ("d",))
+    w = np.ones((4, 3), np.float32)
+    x = np.arange(32 * 4, dtype=np.float32).reshape(32, 4) / 100
+
+    @spmd.jit
+    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(P(), P("d")), out_specs=P(),
+                       check_vma=False)
+    def grads(w, x):
+        g = spmd.grad(lambda w: spmd.numpy.sum(spmd.numpy.tanh(x @ w)))(w)
+        return lax.pmean(g, "d"), lax.pmean(x.sum(), "d")
+
+    text = grads.lower(w, x).as_text(executed=True)
+    assert "mpi[" not in text and "combined" not in text
+    assert "reduce_sum" in text or "dot_general" in text
