@@ -447,6 +447,8 @@ def main(argv=None) -> int:
         if not args.no_save and not partial:  # a partial run never replaces the results
             path = runner.save(name, rows, args.quick, seconds, args.out)
             print(f"\nsaved {os.path.relpath(path)}")
+            if not args.quick and os.path.abspath(args.out) == os.path.join(HERE, "results"):
+                runner.regenerate_tables()
         missed = [f"{r['benchmark']} / {r['variant']}" for r in rows if r["passed"] is False]
         if missed:
             print("\ngoals missed:\n  " + "\n  ".join(missed))

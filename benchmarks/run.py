@@ -105,12 +105,22 @@ def main(argv=None) -> int:
         print(f"\n## {name} ({seconds:.1f} s)\n\n{common.table(rows)}", flush=True)
         if not args.no_save:
             print(f"\nsaved {os.path.relpath(save(name, rows, args.quick, seconds, args.out))}")
+            if not args.quick and os.path.abspath(args.out) == os.path.join(HERE, "results"):
+                regenerate_tables()
         all_rows += rows
         failed += [f"{name}: {r['benchmark']} / {r['variant']}" for r in rows
                    if r["passed"] is False]
     if failed:
         print("\ngoals missed:\n  " + "\n  ".join(failed))
     return 1 if failed and args.strict else 0
+
+
+def regenerate_tables() -> None:
+    """Rewrite the results tables of docs/performance.md from the recorded runs."""
+    import make_tables
+
+    make_tables.main([])
+    print(f"updated {os.path.relpath(make_tables.DOC)} (benchmarks/make_tables.py)")
 
 
 def _blas_name(blas: dict) -> str:
