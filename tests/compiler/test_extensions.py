@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import spmd
-import spmd.numpy as snp
-from spmd import NamedSharding, P
+from spmd import P
 from spmd.compiler import extensions
 from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
