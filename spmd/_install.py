@@ -20,10 +20,13 @@ from spmd.compiler import extensions
 def install_extensions() -> None:
     """Fill every extension point of the compiler (idempotent)."""
     from spmd.collectives.api import pvary_traced
-    from spmd.shard.partition.eager import run_sharded
+    from spmd.shard.mesh_context import get_mesh
+    from spmd.shard.sharded import plain_sharding, plain_shards
 
     extensions.PVARY.install(pvary_traced, by="spmd.collectives.api")
-    extensions.SHARDED_EAGER.install(run_sharded, by="spmd.shard.partition.eager")
+    extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.mesh_context")
+    extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.sharded")
+    extensions.PLAIN_SHARDS.install(plain_shards, by="spmd.shard.sharded")
     left = [p.name for p in extensions.POINTS if p.installed_by is None]
     if left:  # a point declared without a line above
         raise RuntimeError(f"install_extensions: extension points left at their default: "

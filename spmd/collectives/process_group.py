@@ -194,8 +194,11 @@ class ProcessGroup:
             return self._general("ppermute", x, perm)
         dst = next((d for s, d in perm if s == self.pos), None)
         src = next((s for s, d in perm if d == self.pos), None)
-        if dst is None and src is None:
-            return full(tuple(get_aval(x).shape), 0, get_aval(x).dtype), 0
+        # A member with neither partner still issues the (empty) exchange, which
+        # returns zeros: every process's program then has the same collectives in
+        # the same order with the same data dependences, which collective
+        # combining (spmd.compiler.combine) relies on to group them alike on
+        # every rank, and the group's communicator is made by all its members.
         return self.comm.call("sendrecv", x, self.ranks, dst=dst, src=src, what="ppermute"), 0
 
     def axis_index(self):

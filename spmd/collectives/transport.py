@@ -31,6 +31,21 @@ def define_rules(prim, backend: str) -> None:
         (t,) = tangents
         return out, t if isinstance(t, Zero) else bind(prim, t, **params)
 
+    # Collective combining (spmd.compiler.combine): all-reduces over the same ranks
+    # with the same operation are elementwise, so several can run as one over
+    # their concatenation.
+    def _combine_key(eqn):
+        p = eqn.params
+        return (p["ranks"], p.get("op")) if p["kind"] == "allreduce" else None
+
+    def _combine_params(eqns, nbytes):
+        names = sorted({e.params.get("what") or "allreduce" for e in eqns})
+        return {**eqns[0].params,
+                "what": f"{'/'.join(names)} x{len(eqns)} combined ({nbytes} bytes)"}
+
+    prim.rules["combine_key"] = _combine_key
+    prim.rules["combine_params"] = _combine_params
+
     @prim.def_batch
     def _batch(args, dims, **params):
         raise NotImplementedError(f"the {backend} execution primitive is not batched: vmap "

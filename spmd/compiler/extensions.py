@@ -1,8 +1,9 @@
 """The compiler's extension points: the behaviour that upper layers supply.
 
 The compiler (layer 0) never imports the layers above it, yet two of its paths
-need them: tracing a ``shard_map`` body inserts ``pvary`` (a collective), and an
-eager operation on a sharded ``Array`` runs through the partitioner.  Each such
+need them: tracing a ``shard_map`` body inserts ``pvary`` (a collective), and
+caches of traced programs must key on ambient state of the shard layer (the
+mesh context that a ``shard_map`` without ``mesh=`` reads).  Each such
 need is one :class:`ExtensionPoint` declared here, with its name, the signature of
 the function that fills it, what it is for, and a default that keeps the compiler
 working alone.  Nothing fills a point when a module is imported: one installer,
@@ -12,13 +13,20 @@ all, so this file and that one are the whole picture of the wiring.
 | point | filled with | default |
 | --- | --- | --- |
 | :data:`PVARY` | ``spmd.collectives.api.pvary_traced`` | raises ExtensionNotInstalledError |
-| :data:`SHARDED_EAGER` | ``spmd.shard.partition.eager.run_sharded`` | returns None (computed whole) |
+| :data:`CONTEXT_KEY` | ``spmd.shard.mesh_context.get_mesh`` | returns None (no ambient state) |
+| :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
+| :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
+
+The other declared seam is the Array type itself: an upper layer's subclass of
+:class:`spmd.compiler.array.Array` (the shard layer's ``ShardedArray``) evaluates
+eager primitives on its arguments through ``Array._eval_primitive``, so the
+compiler's Array knows nothing of shardings or processes.
 
 Not yet moved here (issue 16): ``spmd.compiler.array_module.resolver`` (the array
 module of the devices), still filled by ``spmd.launch.platform`` when imported.
 
 >>> [p.name for p in POINTS]
-['pvary', 'sharded_eager']
+['pvary', 'context_key', 'plain_sharding', 'plain_shards']
 """
 
 from __future__ import annotations
@@ -87,11 +95,33 @@ PVARY: ExtensionPoint = ExtensionPoint(
     "an operand invariant along some axes meets one that varies along them.",
     _pvary_missing)
 
-SHARDED_EAGER: ExtensionPoint = ExtensionPoint(
-    "sharded_eager", "(prim: Primitive, args: list, params: dict) -> list | None",
-    "Run an eager primitive whose arguments include an Array placed on a mesh; returns "
-    "the outputs (placed by the partitioner), or None where it does not apply.",
-    lambda prim, args, params: None)
+CONTEXT_KEY: ExtensionPoint = ExtensionPoint(
+    "context_key", "() -> Hashable",
+    "A key of the upper layers' ambient state that changes what a trace produces (the "
+    "mesh of spmd.sharding.use_mesh/set_mesh, read by a shard_map without mesh=); caches "
+    "of traced programs include it, so a function traced under one mesh is retraced "
+    "under another.",
+    lambda: None)
+
+
+
+def _placement_missing(x):
+    raise ExtensionNotInstalledError(
+        "an Array's placement (.sharding, .addressable_shards) is described by the shard "
+        "layer; `import spmd` (it installs the compiler's extension points) first")
+
+
+PLAIN_SHARDING: ExtensionPoint = ExtensionPoint(
+    "plain_sharding", "(x: Array) -> Sharding",
+    "The sharding of an Array that was never placed (JAX's x.sharding of an unplaced "
+    "array: one whole copy on this process's first device).",
+    _placement_missing)
+
+PLAIN_SHARDS: ExtensionPoint = ExtensionPoint(
+    "plain_shards", "(x: Array) -> list[Shard]",
+    "The addressable shards of an Array that was never placed (one, holding the whole "
+    "value).",
+    _placement_missing)
 
 # Every point, for the installer's check and the tests.
-POINTS: tuple = (PVARY, SHARDED_EAGER)
+POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS)

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 import spmd
-import spmd.numpy as snp
-from spmd import NamedSharding, P
+from spmd import P
 from spmd.compiler import extensions
 from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
 
 def test_every_point_is_declared_and_installed_by_spmd():
-    assert [p.name for p in extensions.POINTS] == ["pvary", "sharded_eager"]
+    assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
+                                                   "plain_shards"]
     for p in extensions.POINTS:
         assert p.signature.startswith("(") and "->" in p.signature
         assert len(p.doc) > 40 and callable(p.default)
@@ -26,7 +26,7 @@ def test_every_point_is_declared_and_installed_by_spmd():
 
 
 def test_defaults_keep_the_compiler_working_alone():
-    assert extensions.SHARDED_EAGER.default(None, [], {}) is None
+    assert extensions.CONTEXT_KEY.default() is None
     with pytest.raises(ExtensionNotInstalledError, match=r"needs pvary.*`import spmd`"):
         extensions.PVARY.default(np.ones(2), ("i",))
 
@@ -72,16 +72,21 @@ def test_shard_map_bodies_call_the_pvary_point():
     assert calls == [("i",)]
 
 
-def test_eager_ops_on_sharded_arrays_call_the_sharded_eager_point():
-    mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
-    x = spmd.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh, P("i")))
-    seen = []
-    real = extensions.SHARDED_EAGER.fn
-    restore = _swap(extensions.SHARDED_EAGER,
-                    lambda prim, args, params: seen.append(prim.name) or real(prim, args, params))
+def test_jit_caches_key_on_the_context_key_point():
+    """A function traced under one mesh context is retraced under another."""
+    traces = []
+
+    @spmd.jit
+    def f(x):
+        traces.append(1)
+        return x * 2
+
+    current = ["mesh-a"]
+    restore = _swap(extensions.CONTEXT_KEY, lambda: current[0])
     try:
-        y = snp.tanh(x)
+        for key in ("mesh-a", "mesh-a", "mesh-b", "mesh-b"):
+            current[0] = key
+            f(np.ones(2, np.float32))
     finally:
         restore()
-    assert "tanh" in seen and y.sharding.spec == P("i")
-    np.testing.assert_allclose(np.asarray(y), np.tanh(np.arange(8.0)), rtol=1e-6)
+    assert len(traces) == 2
