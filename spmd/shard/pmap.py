@@ -110,7 +110,7 @@ def pmap(fun: Callable, axis_name=None, *, in_axes=0, out_axes=0,
             runners[key] = _runner(fun, name, mesh, st, in_axes, out_axes, multi, fname)
         if not multi:
             return runners[key](*args)
-        return _run_multi(runners[key], args, st, dyn_idx, dims, mesh, out_axes, fname)
+        return _run_multi(runners[key], args, st, dyn_idx, dims, mesh, name, out_axes, fname)
 
     return mapped
 
@@ -223,14 +223,18 @@ def _out_dims(out, outs, out_axes, extra, fname):
     return [_norm(d, np.ndim(o) + extra, "out_axes", fname) for o, d in zip(outs, dims)]
 
 
-def _run_multi(run, args, st, dyn_idx, dims, mesh, out_axes, fname):
+def _run_multi(run, args, st, dyn_idx, dims, mesh, name, out_axes, fname):
     """Multi-process pmap: local values in, a global Array per mapped argument, the
     jitted shard_map, and this process's slices out."""
+    from spmd.mesh import Mesh
     from spmd.shard.multiprocess import make_array_from_process_local_data
     from spmd.shard.spec import NamedSharding, PartitionSpec as P
 
     leaves, tree = tree_util.tree_flatten(tuple(args[i] for i in dyn_idx))
-    sharding = NamedSharding(mesh, P("_pmap"))
+    # Placed on the mesh of the shard_map inside `run` (named after the pmap's axis),
+    # so that the jitted call runs it on these blocks as they are.
+    mesh = Mesh(mesh.devices, (name,))
+    sharding = NamedSharding(mesh, P(name))
     glob = []
     for x, d in zip(leaves, dims):
         if isinstance(x, Tracer):
