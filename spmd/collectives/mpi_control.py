@@ -174,8 +174,7 @@ class Collective:
     (blocking) MPI calls that make it.  See the module docstring for what it enforces;
     ``control_traffic=True`` for the control communicator's own collectives."""
 
-    __slots__ = ("ranks", "what", "control", "seq", "limit", "since", "wall", "thread",
-                 "lock")
+    __slots__ = ("ranks", "what", "control", "seq", "limit", "since", "thread", "lock")
 
     def __init__(self, ranks: tuple, what, control_traffic: bool = False):
         self.ranks, self.what, self.control = ranks, what, control_traffic
@@ -192,7 +191,7 @@ class Collective:
         self.lock = lock
         self.seq = 0
         me = self.thread = threading.get_ident()
-        self.since, self.wall = time.monotonic(), time.time()
+        self.since = time.monotonic()
         try:
             if not self.control:
                 self.seq = _seq[ranks] = _seq.get(ranks, 0) + 1
@@ -207,7 +206,7 @@ class Collective:
             inflight.pop(me, None)
             lock.release()
             raise
-        _busy[ranks] = threading.current_thread()
+        _busy[ranks] = me
         return self
 
     def __exit__(self, *exc):
@@ -218,13 +217,13 @@ class Collective:
     def _wait_for(self, lock) -> None:
         """Another thread of this process is in a collective over these ranks: wait for
         it (within the deadline)."""
-        other = _busy.get(self.ranks)
+        other = _thread_name(_busy.get(self.ranks))
         if lock.acquire(timeout=-1 if self.limit is None else self.limit):
             return
         raise CollectiveTimeoutError(
             f"rank {_me()}: thread {threading.current_thread().name!r} waited {self.limit:g}s "
             f"to issue {self.what or 'a collective'} over ranks {list(self.ranks)} while thread "
-            f"{getattr(other, 'name', '?')!r} was in a collective over the same ranks "
+            f"{other!r} was in a collective over the same ranks "
             f"({_setting()})")
 
     def state(self) -> dict:
@@ -232,7 +231,15 @@ class Collective:
         w = self.what
         return {"ranks": list(self.ranks), "seq": self.seq, "what": str(w or "a collective"),
                 "where": w.describe() if isinstance(w, Site) else "",
-                "call": getattr(w, "calls", 0), "since": self.wall}
+                "call": getattr(w, "calls", 0), "since": self.wall()}
+
+    def wall(self) -> float:
+        """When it began, as ``time.time()``."""
+        return time.time() - (time.monotonic() - self.since)
+
+
+def _thread_name(ident) -> str:
+    return next((t.name for t in threading.enumerate() if t.ident == ident), "?")
 
 
 _watchdog_started = False

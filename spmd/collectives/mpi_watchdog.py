@@ -174,7 +174,7 @@ def report(c, limit: float, answers: dict) -> str:
                 f"is in no collective; it runs Python at {a['python']}"
             lines.append(f"  rank {r}: never arrived (its last collective over these ranks "
                          f"was #{a['seq']}); it {where}")
-    waited = time.time() - c.wall
+    waited = time.monotonic() - c.since
     lines.insert(1, f"  ranks that never arrived: {missing}; ranks waiting in it too: "
                     f"{arrived} (this rank waited {waited:.1f}s)")
     return "\n".join(lines)
@@ -204,7 +204,7 @@ def _expire(c, limit: float) -> None:
     answers = _ask(c, limit)
     if answers is None:  # it completed while the others were asked
         return
-    name = next((t.name for t in threading.enumerate() if t.ident == c.thread), "?")
+    name = ctl._thread_name(c.thread)
     text = (f"Traceback of thread {name!r} (most recent call last):\n{_stack(c.thread)}"
             f"spmd.collectives.mpi_control.CollectiveTimeoutError: {report(c, limit, answers)}\n")
     sys.stderr.write(text)
