@@ -152,8 +152,10 @@ def site_here(what: str | None) -> Site | None:
         equation = pp_eqn(eqn, _Namer(), indent=0).strip()
         if len(equation) > 160:
             equation = equation[:157] + "..."
-        if eqn.source_info is not None:
-            source = str(eqn.source_info)
+        si = eqn.source_info
+        # (A library frame, e.g. optree's tree_map under lax.psum, says nothing.)
+        if si is not None and "-packages" not in si.file:
+            source = str(si)
     return Site(what, program, equation, source)
 
 

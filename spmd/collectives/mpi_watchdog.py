@@ -189,13 +189,15 @@ def _where(w: dict) -> str:
             + (f" ({'; '.join(detail)})" if detail else ""))
 
 
-def _stack(thread_id: int) -> str:
-    """The thread's Python stack, less the launcher's frames (spmd-run's wrapper)."""
+def _stack(thread_id: int, user_only: bool = False) -> str:
+    """The thread's Python stack, less the launcher's frames (spmd-run's wrapper);
+    ``user_only``: only the frames outside the spmd package."""
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return ""
     frames = [f for f in traceback.extract_stack(frame)
-              if "runpy" not in f.filename and not f.filename.endswith("launch/_rank.py")]
+              if "runpy" not in f.filename and not f.filename.endswith("launch/_rank.py")
+              and not (user_only and f.filename.startswith(_PKG_DIR))]
     return "".join(traceback.format_list(frames))
 
 
@@ -205,12 +207,14 @@ def _expire(c, limit: float) -> None:
     if answers is None:  # it completed while the others were asked
         return
     name = ctl._thread_name(c.thread)
-    text = (f"Traceback of thread {name!r} (most recent call last):\n{_stack(c.thread)}"
-            f"spmd.collectives.mpi_control.CollectiveTimeoutError: {report(c, limit, answers)}\n")
-    sys.stderr.write(text)
+    error = (f"spmd.collectives.mpi_control.CollectiveTimeoutError: {report(c, limit, answers)}\n"
+             f"  where thread {name!r} waits (its frames outside spmd, most recent call last):\n"
+             f"{_stack(c.thread, user_only=True)}")
+    sys.stderr.write(f"Traceback of thread {name!r} (most recent call last):\n"
+                     f"{_stack(c.thread)}{error}")
     from spmd.launch import _rank
 
-    _rank.record_failure(ctl._me(), 1, "deadline", text)
+    _rank.record_failure(ctl._me(), 1, "deadline", error)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
