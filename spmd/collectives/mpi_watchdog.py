@@ -21,6 +21,7 @@ GIL while it waits), so this thread can, meanwhile:
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -56,14 +57,31 @@ def start() -> None:
     # MPI_THREAD_MULTIPLE (mpi4py's default); without it the deadline still
     # reports, without the others' answers.
     _threads_ok[0] = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    # Registered after mpi4py's own exit handler, so it runs first: no tick may
+    # call MPI once MPI_Finalize has begun.
+    atexit.register(_stop)
     threading.Thread(target=_run, name="spmd-collective-watchdog", daemon=True).start()
 
 
+_tick_lock = threading.Lock()
+_stopped = [False]
+
+
+def _stop() -> None:
+    with _tick_lock:  # waits for a tick in progress
+        _stopped[0] = True
+
+
 def _run() -> None:
+    from mpi4py import MPI
+
     while True:
         time.sleep(TICK_S)
         try:
-            _tick()
+            with _tick_lock:
+                if _stopped[0] or MPI.Is_finalized():
+                    return
+                _tick()
         except Exception as e:  # noqa: BLE001 - the watchdog must outlive a bad tick
             kind = type(e).__name__
             if kind not in _complained:  # say it once, keep watching
