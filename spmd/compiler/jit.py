@@ -23,6 +23,7 @@ from spmd.compiler.array import Array
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
+from spmd.compiler.program_arrays import needs_arrays, output_wrappers
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
@@ -174,46 +175,6 @@ def _walk(x, leaves: list, toks: list) -> bool:
         toks.append(t)
         return True
     return False
-
-
-def _output_wrappers(closed) -> tuple | None:
-    """Per output, the ``output_array`` rule of the equation that made it, if any: a
-    function that turns the plain result into an array of an upper layer's type (a
-    ``shard_map`` result keeps its ``out_specs`` placement); None when no output has
-    one."""
-    producer = {o: e for e in closed.program.eqns for o in e.outputs}
-    found = []
-    for a in closed.program.out_atoms:
-        e = producer.get(a)
-        rule = e.primitive.rules.get("output_array") if e is not None else None
-        found.append(rule(e, e.outputs.index(a)) if rule is not None else None)
-    return tuple(found) if any(w is not None for w in found) else None
-
-
-def needs_arrays(closed: ClosedProgram) -> bool:
-    """Whether ``closed`` has an equation that must be evaluated on Arrays rather than
-    compiled (a primitive whose ``needs_arrays`` rule says so for its parameters,
-    e.g. a ``shard_map`` over processes, which returns this process's blocks)."""
-    hit = _needs_arrays.get(closed)
-    if hit is None:
-        hit = _needs_arrays[closed] = any(
-            e.primitive.rules.get("needs_arrays") is not None
-            and e.primitive.rules["needs_arrays"](e.params) for e in closed.program.eqns)
-    return hit
-
-
-_needs_arrays: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def output_wrappers(closed: ClosedProgram) -> tuple | None:
-    """:func:`_output_wrappers`, cached per program."""
-    hit = _wrappers.get(closed, False)
-    if hit is False:
-        hit = _wrappers[closed] = _output_wrappers(closed)
-    return hit
-
-
-_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _jit_eval_arrays(args, params):

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import weakref
 
-from spmd.compiler.jit import jit_p, output_wrappers
+from spmd.compiler.jit import jit_p
+from spmd.compiler.program_arrays import output_wrappers
 from spmd.compiler.trace import eval_plain
 from spmd.shard.sharded import ShardedArray, from_whole
 from spmd.shard.spec import NamedSharding
