@@ -135,7 +135,8 @@ def _walk(x, leaves: list, toks: list) -> bool:
     these arguments it is twice as fast as ``optree`` plus the leaf keys, and
     the token tuple is the cache key itself (no treedef to hash).  Tokens:
     ``tuple``/``list`` then the length; ``(dict, sorted keys)``; ``None``;
-    a leaf's key as in :func:`_leaf_key`.  No leaf key equals a node token,
+    a leaf's key as in :func:`_leaf_key` (an Array of an upper layer's type:
+    ``(its type, its aval)``).  No leaf key equals a node token,
     so two token tuples are equal only for equal structures and leaf keys.
     """
     t = type(x)
@@ -173,6 +174,10 @@ def _walk(x, leaves: list, toks: list) -> bool:
     if t in _SCALAR_TYPES or isinstance(x, np.generic):
         leaves.append(x)
         toks.append(t)
+        return True
+    if isinstance(x, Array):  # an upper layer's array type: its type and aval
+        leaves.append(x)
+        toks.append((t, x.aval))
         return True
     return False
 
