@@ -39,7 +39,7 @@ def mesh_of(args):
     for a in args:
         s = a._sharding if isinstance(a, ShardedArray) else None
         if isinstance(s, NamedSharding) and s.mesh.size > 1:
-            if mesh is not None and s.mesh != mesh:
+            if mesh is not None and s.mesh is not mesh and s.mesh != mesh:
                 return None
             mesh = s.mesh
     return mesh
