@@ -41,6 +41,18 @@ if _REPO not in sys.path:  # so that a checkout runs without `pip install -e .`
 clock = time.perf_counter
 
 
+def _load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):  # not on this platform
+        return None
+
+
+# The load before this process did any work: a results file records it, so that a
+# table can say when its numbers were measured on a machine busy with other jobs.
+LOAD_AT_START = _load_average()
+
+
 # ----------------------------------------------------------------- timing
 
 def time_once(fn: Callable[[], Any], number: int = 1) -> float:
@@ -231,9 +243,20 @@ def _blas() -> dict:
         return {"source": "unavailable", "error": repr(e)}
 
 
+_PROVENANCE: dict = {}
+
+
 def provenance() -> dict:
     """What produced a result: the git commit (and whether the tree had changes) and
-    the command line, with the launcher when the process is an MPI rank."""
+    the command line, with the launcher when the process is an MPI rank.  Read once,
+    at the first call (runners call it before measuring): the code that ran is the
+    code of that moment, whatever the tree holds when the results are saved."""
+    if not _PROVENANCE:
+        _PROVENANCE.update(_read_provenance())
+    return dict(_PROVENANCE)
+
+
+def _read_provenance() -> dict:
     import subprocess
     import sys
 
@@ -264,6 +287,7 @@ def machine_info() -> dict:
     return {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
             "platform": platform.platform(), "python": platform.python_version(),
             "numpy": np.__version__, "blas": _blas(),
+            "load_average_at_start": LOAD_AT_START, "load_average_at_end": _load_average(),
             "blas_threads_env": {k: os.environ[k] for k in
                                  ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
                                  if k in os.environ}}

@@ -106,7 +106,9 @@ class BatchTrace(Trace):
             raise NotImplementedError(f"vmap of '{prim.name}' is not supported (it has no "
                                       "batching rule)")
         rule_params = dict(params)
-        if prim.rules.get("batch_needs_axis"):
+        if prim.rules.get("batch_needs_axis") or prim.rules.get("batch_reads_level"):
+            # batch_reads_level: the rule reads the level (e.g. its spmd_axis_name) but,
+            # unlike a collective, does not communicate over the level's axes.
             rule_params["_axis_data"] = self.main.global_data
         out, out_dims = rule(vals, dims, **rule_params)
         if prim.multiple_results:
@@ -139,22 +141,19 @@ class NamedAxes:
     see the whole mesh shape.
     """
 
-    __slots__ = ("names", "sizes", "local", "procs", "me")
+    __slots__ = ("names", "sizes", "local", "procs", "me", "spmd_name")
 
-    def __init__(self, names, sizes, local=None, procs=None, me=0):
+    def __init__(self, names, sizes, local=None, procs=None, me=0, spmd_name=None):
         self.names = tuple(names)
         self.sizes = tuple(int(s) for s in sizes)
+        # vmap(spmd_axis_name=...): the mesh axes the batch axis is split over when it
+        # meets a shard_map or a sharding constraint (a tuple of names), else None.
+        self.spmd_name = spmd_name
         # On a multi-process mesh only this process's devices are stacked: their
         # flat mesh positions, the owning process of every position, and ours.
         self.local = None if local is None else tuple(local)
         self.procs = None if procs is None else tuple(procs)
         self.me = me
-
-    def size_of(self, axes) -> int:
-        out = 1
-        for a in axes:
-            out *= self.sizes[self.names.index(a)]
-        return out
 
 
 def _scope_for(axis_name, main):
@@ -278,3 +277,26 @@ def _program_axes(program) -> frozenset:
         out.update(a for a in eqn.params.get("axes", ()) if isinstance(a, str))
         out |= collective_axes(eqn.params)
     return frozenset(out)
+
+
+def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:
+    """One entry of ``prefix`` per leaf of ``tree`` (``prefix`` is a pytree prefix;
+    ``None`` and ints are leaves of the prefix), for ``in_axes``/``out_axes`` of vmap
+    and pmap.
+
+    >>> broadcast_prefix((0, None), ([1, 2], 3), "in_axes", "vmap")
+    [0, 0, None]
+    """
+    from spmd import tree_util
+    from spmd.errors import ArgumentError
+
+    try:
+        pairs = tree_util.broadcast_prefix(prefix, tree,
+                                           lambda e: e is None or isinstance(e, int))
+    except tree_util.PrefixMismatch as e:
+        raise ArgumentError(
+            f"{fname}: {what} is not a pytree prefix of the arguments: at "
+            f"{e.path or 'the top'} {what} has {tree_util.describe(e.prefix_node)} but the "
+            f"value is {tree_util.describe(e.tree_node)}. Give one axis (or None) per "
+            "argument, e.g. in_axes=(0, None)") from None
+    return [entry for entry, _ in pairs]

@@ -109,9 +109,9 @@ def _leaf_array(x, where: str) -> Array:
     if isinstance(x, (bool, int, float)):  # Python scalars stay weakly typed
         dtype = dtypes.python_scalar_dtype(x)
         return Array(np.array(x, dtype=dtype), ShapedArray((), dtype, True))
-    if array_module.is_device_array(x):  # a GPU (cupy) array: copied on its device
+    if array_module.is_device_array(x):  # a GPU (cupy) array: copied on (this process's) GPU
         dtype = dtypes.canonicalize(x.dtype, where)
-        value = x.astype(dtype)
+        value = array_module.to_device(x).astype(dtype)
         return Array(value, ShapedArray(value.shape, dtype, False))
     dtype = dtypes.canonicalize(np.asarray(x).dtype, where)
     value = np.array(x, dtype=dtype, copy=True)

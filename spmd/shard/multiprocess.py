@@ -126,13 +126,14 @@ def _world_ranks() -> tuple[int, ...]:
 def _agree_on(desc: str, ranks: tuple, fname: str) -> None:
     """Raise on every rank of ``ranks`` unless all give the same ``desc`` (so that no
     rank enters a data exchange of the wrong size)."""
-    from spmd.collectives import mpi
+    from spmd.collectives import mpi, mpi_control
 
     digest = np.frombuffer(hashlib.blake2b(desc.encode(), digest_size=16).digest(), np.uint8)
-    rows = mpi.allgather(digest, ranks)
+    # Control traffic: it never pairs with a data collective.
+    rows = mpi.allgather(digest, ranks, what=f"the {fname} shape check", control=True)
     if all((r == rows[0]).all() for r in rows):
         return
-    texts = mpi.communicator(ranks).allgather(desc)
+    texts = mpi_control.control(ranks).allgather(desc)
     groups: dict = {}
     for r, t in zip(ranks, texts):
         groups.setdefault(t, []).append(r)
@@ -270,7 +271,7 @@ def _gather_local(x, tiled: bool, fname: str) -> np.ndarray:
     """Process-local values stacked (or, ``tiled``, concatenated) over all processes."""
     from spmd.collectives import mpi
 
-    value = np.asarray(x)
+    value = to_host(x)  # a cupy array too (never np.asarray: CuPy refuses it)
     if process_count() == 1:
         return np.array(value, copy=True) if tiled and value.ndim else value[None].copy()
     ranks = _world_ranks()

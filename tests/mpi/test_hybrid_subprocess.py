@@ -32,6 +32,8 @@ SUITES = {
     "local_blocks": ("test_mpi_local_blocks.py", None),
     "eager": ("test_mpi_eager.py", None),
     "training": ("test_mpi_training.py", None),
+    "pmap": ("test_mpi_pmap.py", None),
+    "groups": ("test_mpi_groups.py", None),
 }
 
 
