@@ -24,7 +24,7 @@ from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
-from spmd.compiler.program_arrays import needs_arrays, output_wrappers
+from spmd.compiler.program_arrays import array_equation, needs_arrays, output_wrappers
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
@@ -191,11 +191,15 @@ def _walk(x, leaves: list, toks: list) -> bool:
 
 
 def _jit_eval_arrays(args, params):
-    """A jitted program with equations that need Arrays runs equation by equation; one
-    whose outputs have wrappers runs compiled and wraps them."""
+    """A jitted program with equations that need Arrays runs as their layer says
+    (``eval_program`` rule), else equation by equation; one whose outputs have
+    wrappers runs compiled and wraps them."""
     program = params["program"]
     if needs_arrays(program):
-        return eval_program(program, *args)
+        eqn = array_equation(program)
+        rule = eqn.primitive.rules.get("eval_program") if eqn is not None else None
+        outs = rule(eqn.params, program, args) if rule is not None else None
+        return eval_program(program, *args) if outs is None else outs
     wrappers = output_wrappers(program)
     if wrappers is None:
         return None
@@ -527,6 +531,10 @@ class Lowered:
         lowering for execution (``shard_map`` inlined for this backend, collectives
         combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
         if executed:
+            eqn = array_equation(self._entry.optimized)
+            rule = eqn.primitive.rules.get("executed_program") if eqn is not None else None
+            if rule is not None:  # run by that equation's layer (e.g. over processes)
+                return str(rule(eqn.params, self._entry.optimized))
             return str(lower_for_execution(self._entry.optimized))
         return str(self._entry.optimized)
 

@@ -8,7 +8,12 @@ the Array side of the interface):
   ``out_specs`` placement), or None;
 - ``rules["needs_arrays"](params)``: True when the equation's eager results are
   not plain buffers (a ``shard_map`` over processes returns this process's
-  blocks), so a jitted program holding it runs equation by equation.
+  blocks), so a jitted program holding it cannot be compiled as it is;
+- ``rules["eval_program"](params, program, args)``: how such an equation's layer
+  runs a whole program holding it (a ``shard_map`` over processes: the program
+  partitioned over that mesh and run as one per-process program), or None to
+  run it equation by equation; ``rules["executed_program"](params, program)``:
+  the program that is then run, for printing.
 """
 
 from __future__ import annotations
@@ -56,3 +61,12 @@ def output_wrappers(closed: ClosedProgram) -> tuple | None:
 
 
 _wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def array_equation(closed: ClosedProgram):
+    """The first equation of ``closed`` whose ``needs_arrays`` rule says so, or None."""
+    for e in closed.program.eqns:
+        rule = e.primitive.rules.get("needs_arrays")
+        if rule is not None and rule(e.params):
+            return e
+    return None
