@@ -121,6 +121,26 @@ shard_map_p.rules["output_array"] = _output_array
 shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
 
 
+def _eval_program(params, program, args):
+    """A jitted program holding a shard_map over processes runs partitioned over its
+    mesh, as one per-process program (so e.g. the collectives of its forward and
+    backward bodies are combined); None (equation by equation) where the
+    partitioner cannot take it."""
+    from spmd.shard.dispatch import eval_jit_over
+
+    return eval_jit_over(program, args, params["mesh"])
+
+
+def _executed_program(params, program):
+    from spmd.shard.dispatch import executed_program
+
+    return executed_program(program, params["mesh"])
+
+
+shard_map_p.rules["eval_program"] = _eval_program
+shard_map_p.rules["executed_program"] = _executed_program
+
+
 @shard_map_p.def_jvp
 def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, check_vma):
     nz = [not isinstance(t, Zero) for t in tangents]
