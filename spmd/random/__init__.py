@@ -18,6 +18,7 @@ from spmd.random.keys import (PRNGKey, PRNGKeyArray, bits, clone, fold_in,  # no
                               key, key_data, key_impl, split, wrap_key_data)
 from spmd.random.distributions import (beta, dirichlet, gamma, loggamma,  # noqa: F401
                                        multivariate_normal, orthogonal, poisson)
+from spmd.random.stateful import StatefulPRNG, StatefulTraceError, stateful_rng  # noqa: F401
 from spmd.random.samplers import (bernoulli, categorical, choice, exponential,  # noqa: F401
                                   gumbel, laplace, logistic, normal, permutation,
                                   rademacher, randint, shuffle, truncated_normal, uniform)
@@ -26,4 +27,5 @@ __all__ = ["PRNGKey", "PRNGKeyArray", "bernoulli", "beta", "bits", "categorical"
            "clone", "dirichlet", "exponential", "fold_in", "gamma", "gumbel", "key", "key_data",
            "key_impl", "laplace", "loggamma", "logistic", "multivariate_normal", "normal",
            "orthogonal", "permutation", "poisson", "rademacher", "randint", "shuffle", "split",
-           "truncated_normal", "uniform", "wrap_key_data"]
+           "StatefulPRNG", "StatefulTraceError", "stateful_rng", "truncated_normal", "uniform",
+           "wrap_key_data"]
