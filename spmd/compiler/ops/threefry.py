@@ -282,9 +282,10 @@ def _float_layout(dtype):
 def _unit_float_impl(xp, bits, *, dtype):
     rng_bits, udt, nmant = _float_layout(dtype)
     bits = bits.astype(udt, copy=False)
-    one = np.array(1.0, dtype).view(udt)
+    # Scalars, not 0-d numpy arrays: CuPy arrays meet numpy scalars only.
+    one = udt.type(np.array(1.0, dtype).view(udt))
     f = ((bits >> udt.type(rng_bits - nmant)) | one).view(dtype)
-    f -= np.array(1.0, dtype)
+    f -= np.dtype(dtype).type(1.0)
     return f
 
 
