@@ -147,5 +147,8 @@ def stateful_rng(seed=None) -> StatefulPRNG:
             raise StatefulTraceError("stateful_rng() inside a function being compiled needs "
                                      "an explicit seed")
         seed = int(np.random.SeedSequence().entropy & np.iinfo(np.int64).max)
+    if isinstance(seed, PRNGKeyArray) and seed.shape:
+        raise ArgumentError(f"stateful_rng: a key array of shape {seed.shape} was given; pass "
+                            "one key (or StatefulPRNG.split for a batch of generators)")
     base = seed if isinstance(seed, PRNGKeyArray) else make_key(seed)
     return StatefulPRNG(base, 0)
