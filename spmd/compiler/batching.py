@@ -155,12 +155,6 @@ class NamedAxes:
         self.procs = None if procs is None else tuple(procs)
         self.me = me
 
-    def size_of(self, axes) -> int:
-        out = 1
-        for a in axes:
-            out *= self.sizes[self.names.index(a)]
-        return out
-
 
 def _scope_for(axis_name, main):
     from contextlib import nullcontext
