@@ -5,11 +5,11 @@
 NumPy's ``default_rng`` while every number is still a pure function of
 (seed, counter, position) and the same on every mesh.
 
-The counter is state.  Eagerly (and under ``vmap`` called eagerly: one key for
-the whole batch) it is this object's Python integer.  A function being compiled
-(``jit``, ``shard_map``, ``scan``, and ``grad``, which builds a program) cannot
-update a Python integer on every call: a draw there would be frozen into the
-compiled program and repeat on every call.  So:
+The counter is state.  Eagerly (and under ``grad`` or ``vmap`` called eagerly,
+which run the function once per call; ``vmap`` draws one key for the whole
+batch) it is this object's Python integer.  A function being compiled (``jit``,
+``shard_map``, ``scan``) cannot update a Python integer on every call: a draw
+there would be frozen into the compiled program and repeat on every call.  So:
 
 - pass the generator to the jitted function as an argument and return it: it is
   a pytree (base key, counter), its counter is then a traced value that the
