@@ -52,7 +52,14 @@ def test_sharded_steps_match_one_device(ex, mesh_shape, fsdp):
         pn, sn, ln = stepn(pn, sn, batch)
         np.testing.assert_allclose(float(ln), float(l1), rtol=2e-5)
     for a, b in zip(spmd.tree_util.tree_leaves(pn), spmd.tree_util.tree_leaves(p1)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
+        a, b = np.asarray(a), np.asarray(b)
+        # Adam divides by sqrt(v): where a gradient is ~0, summation-order noise of
+        # 1e-7 moves that element's update by up to ~lr (1e-2). So: nearly every
+        # element to the tight tolerance, and none beyond a tenth of lr. (With the
+        # old numpy initialisation, seeds 1 and 2 already broke a uniform 2e-6.)
+        tight = np.isclose(a, b, rtol=2e-4, atol=2e-6)
+        assert tight.mean() > 0.98, (a.shape, tight.mean())
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-3)
 
 
 def test_forward_has_two_model_psums_per_block(ex):
