@@ -5,19 +5,19 @@
 NumPy's ``default_rng`` while every number is still a pure function of
 (seed, counter, position) and the same on every mesh.
 
-The counter is state.  Eagerly (and under ``grad`` or ``vmap`` called eagerly,
-which run the function once per call; ``vmap`` draws one key for the whole
-batch) it is this object's Python integer.  A function being compiled (``jit``,
-``shard_map``, ``scan``) cannot update a Python integer on every call: a draw
-there would be frozen into the compiled program and repeat on every call.  So:
+The counter is state, held by the generator on the host.  Eagerly a draw takes
+the count and advances it.  In a function being compiled (``jit``, and the
+bodies of ``shard_map``, ``scan``, ``while_loop``, ``cond``) a draw becomes the
+effectful primitive ``rng_counter``, which the compiled program runs on every
+call: it reads the generator's current count and advances it, so each call of
+a jitted function (and each iteration of a loop) gets new numbers, exactly the
+ones the same sequence of eager draws would give.  Under ``vmap`` the count is
+read once for the whole batch (every entry gets the same key, as eagerly); to
+give each entry its own stream, ``vmap`` over ``rng.split(n)``.
 
-- pass the generator to the jitted function as an argument and return it: it is
-  a pytree (base key, counter), its counter is then a traced value that the
-  program reads and advances, and the returned generator carries the new counter
-  (``rng, y = step(rng, x)``);
-- a generator closed over by a function being compiled raises
-  :class:`StatefulTraceError` instead of returning stale numbers (draw a key
-  outside, ``k = rng.key()``, and close over ``k``).
+A generator is also a pytree (base key, count): passed *as an argument* through
+a transformation, its count becomes a traced value that the function advances
+functionally, and the generator it returns carries the new count.
 
 ``split(n)`` gives a batch of ``n`` generators to ``vmap`` over (one base key
 and counter each); ``spawn(n)`` a list of ``n`` independent generators.
@@ -31,7 +31,8 @@ import threading
 import numpy as np
 
 import spmd.numpy as snp
-from spmd.compiler.trace import Tracer, dynamic_trace
+from spmd.compiler.ops.threefry import rng_counter
+from spmd.compiler.trace import dynamic_trace
 from spmd.errors import ArgumentError, SpmdError
 from spmd.random.keys import PRNGKeyArray, fold_in, key as make_key, split as split_key
 from spmd.random.samplers import normal, randint, uniform
@@ -50,6 +51,30 @@ def _size(size, *params):
     return tuple(operator.index(s) for s in size)
 
 
+class _Counter:
+    """The host-side count of a generator; ``take`` returns it and advances it (under a
+    lock: threads drawing at once get different counts).  Compiled programs hold it
+    as the parameter of ``rng_counter``, which calls ``take`` on every run."""
+
+    _made = [0]
+
+    def __init__(self, start: int = 0):
+        self.value = int(start)
+        self._lock = threading.Lock()
+        # A name by creation order (no memory address): the same on every process.
+        _Counter._made[0] += 1
+        self._name = f"counter#{_Counter._made[0]}"
+
+    def take(self) -> int:
+        with self._lock:
+            v = self.value
+            self.value = v + 1
+        return v
+
+    def __repr__(self):
+        return self._name
+
+
 class StatefulPRNG:
     """A generator: ``key()``, ``random``, ``uniform``, ``normal``, ``integers``,
     ``split``, ``spawn``.
@@ -60,26 +85,28 @@ class StatefulPRNG:
 
     def __init__(self, base_key: PRNGKeyArray, counter=0):
         self._base_key = base_key
-        self._counter = counter
-        self._lock = threading.Lock()
+        # A host counter (the generator's own state), or a traced/array counter when
+        # the generator was passed through a transformation as a pytree.
+        self._counter = _Counter(counter) if isinstance(counter, (int, np.integer)) \
+            else counter
 
     def __repr__(self):
-        return f"StatefulPRNG(base_key={self._base_key!r}, counter={self._counter!r})"
+        return f"StatefulPRNG(base_key={self._base_key!r}, counter={self.count!r})"
+
+    @property
+    def count(self):
+        """How many keys were drawn (an int, or a traced value inside a transformation)."""
+        c = self._counter
+        return c.value if isinstance(c, _Counter) else c
 
     def _next_count(self):
         c = self._counter
-        if isinstance(c, (int, np.integer)) and dynamic_trace() is not None:
-            raise StatefulTraceError(
-                "a stateful_rng generator closed over by a function being compiled (jit, "
-                "shard_map, scan, ...) was asked for numbers: its Python counter cannot "
-                "advance on each call of the compiled program, so every call would repeat "
-                "the same numbers. Pass the generator as an argument and return it "
-                "(rng, y = f(rng, x)), or draw a key outside, k = rng.key(), and pass k")
-        if isinstance(c, Tracer) or not isinstance(c, (int, np.integer)):
-            self._counter = c + 1  # traced (or array) counter: the program advances it
-            return c
-        with self._lock:  # threads drawing at once get different counts
-            self._counter = c + 1
+        if isinstance(c, _Counter):
+            if dynamic_trace() is not None:
+                # Compiled: the program reads and advances the counter on each run.
+                return rng_counter(c)
+            return c.take()
+        self._counter = c + 1  # traced (or array) counter: the program advances it
         return c
 
     def key(self, shape=()):
@@ -125,7 +152,7 @@ class StatefulPRNG:
 
 
 def _flatten(g):
-    return (g._base_key, g._counter), None
+    return (g._base_key, g.count), None
 
 
 def _unflatten(_, children):
