@@ -46,7 +46,7 @@ import numpy as np
 import spmd
 import spmd.numpy as snp
 import spmd.optim as optim
-from spmd import P, NamedSharding, checkpointing, lax
+from spmd import P, NamedSharding, checkpointing, lax, nn
 
 MODULES = (
     "abc argparse array ast asyncio base64 bisect calendar cmd codecs collections "
@@ -117,25 +117,29 @@ def param_specs(cfg: Config, fsdp: bool):
 
 
 def init_params(cfg: Config, specs, mesh, seed: int):
-    """Parameters placed by ``specs``, drawn with ``spmd.random``: the jitted initialiser
-    has the specs as out_shardings, so each device draws only its own block (the same
-    numbers on any mesh and process count; no process builds a global array)."""
+    """Parameters drawn with ``spmd.random`` and placed by ``specs``: under
+    ``jit(out_shardings=...)`` each device draws only its own block of a sharded
+    weight (the numbers do not depend on the mesh, so a run on another mesh starts
+    from the same model)."""
     d, h, hd, hid = cfg.d, cfg.heads, cfg.head_dim, cfg.hidden
     scale_out = 0.02 / np.sqrt(2 * cfg.layers)  # GPT-2's scaling of residual projections
-    init = spmd.nn.initializers
+    normal = nn.initializers.normal
+    zeros = nn.initializers.zeros
+    ones = nn.initializers.ones
 
     def build(key):
         keys = iter(spmd.random.split(key, 2 + 4 * cfg.layers))
-        ln = lambda: (init.ones(None, (d,)), init.zeros(None, (d,)))  # noqa: E731
-        return {"tok": init.normal(0.02)(next(keys), (cfg.vocab, d)),
-                "pos": init.normal(0.01)(next(keys), (cfg.context, d)), "lnf": ln(),
+        ln = lambda: (ones(None, (d,)), zeros(None, (d,)))  # noqa: E731
+        return {"tok": normal(0.02)(next(keys), (cfg.vocab, d)),
+                "pos": normal(0.01)(next(keys), (cfg.context, d)),
+                "lnf": ln(),
                 "blocks": [{"ln1": ln(), "ln2": ln(),
-                            "wqkv": init.normal(0.02)(next(keys), (d, 3, h, hd)),
-                            "wo": init.normal(scale_out)(next(keys), (h, hd, d)),
-                            "w1": init.normal(0.02)(next(keys), (d, hid)),
-                            "b1": init.zeros(None, (hid,)),
-                            "w2": init.normal(scale_out)(next(keys), (hid, d)),
-                            "b2": init.zeros(None, (d,))} for _ in range(cfg.layers)]}
+                            "wqkv": normal(0.02)(next(keys), (d, 3, h, hd)),
+                            "wo": normal(scale_out)(next(keys), (h, hd, d)),
+                            "w1": normal(0.02)(next(keys), (d, hid)),
+                            "b1": zeros(None, (hid,)),
+                            "w2": normal(scale_out)(next(keys), (hid, d)),
+                            "b2": zeros(None, (d,))} for _ in range(cfg.layers)]}
 
     shardings = spmd.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
                                         is_leaf=lambda x: isinstance(x, P))

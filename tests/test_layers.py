@@ -26,10 +26,6 @@ FRONT = 5
 # when one is fixed, so that this list only ever shrinks.
 KNOWN = {
     ("spmd.launch.runtime", "spmd.mesh.devices"): "issue 16 item 1 (the runtime helper)",
-    # pmap is a front end living in the shard layer: it reads spmd.process_count and
-    # vectorize.broadcast_prefix inside functions (spmd.mesh and tree_util have both).
-    ("spmd.shard.pmap", "spmd"): "issue 16: pmap imports the top package",
-    ("spmd.shard.pmap", "spmd.vectorize"): "issue 16: pmap imports the vmap front end",
 }
 
 
