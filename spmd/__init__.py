@@ -19,7 +19,7 @@ from spmd.vectorize import vmap  # noqa: F401
 from spmd.compiler.custom import custom_jvp, custom_vjp  # noqa: F401
 from spmd.compiler.remat import checkpoint, checkpoint_policies, remat  # noqa: F401
 from spmd.compiler.remat import checkpoint_name  # noqa: F401
-from spmd import ad_checkpoint, test_util  # noqa: F401
+from spmd import ad_checkpoint, custom_derivatives, test_util  # noqa: F401
 
 __version__ = "0.1.0"
 from spmd import nn  # noqa: F401,E402
