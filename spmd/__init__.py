@@ -29,9 +29,13 @@ from spmd.mesh import (Device, Mesh, device_count, devices, local_device_count, 
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
 from spmd.shard.shard_map import shard_map  # noqa: F401
 from spmd.shard.pmap import pmap  # noqa: F401,E402
-from spmd import shard  # noqa: F401,E402  (installs Array.sharding and friends)
-from spmd.shard.array import (device_put, make_array_from_callback,  # noqa: F401,E402
+from spmd import shard  # noqa: F401,E402
+from spmd.shard.sharded import install_plain_array_properties as _install_placement  # noqa: E402
+_install_placement()  # unplaced Arrays answer .sharding etc. as one copy on a local device
+from spmd.shard.array import (make_array_from_callback,  # noqa: F401,E402
                               visualize_array_sharding)
+# device_put also resolves a bare PartitionSpec against the mesh context.
+from spmd.shard.mesh_context import device_put, set_mesh  # noqa: F401,E402
 from spmd import sharding  # noqa: F401,E402
 from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa: F401,E402
                                      process_allgather)

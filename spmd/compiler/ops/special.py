@@ -1,7 +1,7 @@
 """Special functions: ``erf``, ``erf_inv``, ``lgamma``, ``digamma``, ``polygamma``.
 
 The implementations are ``scipy.special``'s ufuncs (``cupyx.scipy.special``
-on the GPU), except ``erf_inv`` in float32, which is XLA's polynomial (Giles 2010); derivatives are the textbook ones:
+on the GPU); derivatives are the textbook ones:
 
 - ``erf'(x) = 2/sqrt(pi) exp(-x^2)``, ``erf_inv'(x) = sqrt(pi)/2 exp(erf_inv(x)^2)``;
 - ``lgamma'(x) = digamma(x)``, ``digamma'(x) = polygamma(1, x)``,
@@ -37,52 +37,6 @@ def _ufunc(name):
     return impl
 
 
-# Giles (2010), "Approximating the erfinv function", single precision: the
-# polynomial XLA evaluates for float32 (and narrower floats, widened to float32).
-_GILES_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                  0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
-_GILES_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-               0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
-
-
-def _horner(coeffs, w, xp):
-    f32 = np.float32
-    p = xp.full_like(w, f32(coeffs[0]))
-    for c in coeffs[1:]:
-        p *= w
-        p += f32(c)
-    return p
-
-
-def _erf_inv_f32(xp, x):
-    shape = x.shape
-    # 1-d, so that in-place ops never meet numpy scalars.
-    x = xp.asarray(x).astype(np.float32, copy=False).reshape(-1)
-    w = x * x
-    xp.negative(w, out=w)
-    xp.log1p(w, out=w)
-    xp.negative(w, out=w)
-    tail = w >= np.float32(5.0)
-    central = w - np.float32(2.5)
-    p = _horner(_GILES_CENTRAL, central, xp)
-    if bool(tail.any()):
-        wt = xp.sqrt(w[tail]) - np.float32(3.0)
-        p[tail] = _horner(_GILES_TAIL, wt, xp)
-    p *= x
-    ends = xp.abs(x) == np.float32(1.0)
-    if bool(ends.any()):
-        p[ends] = x[ends] * np.float32(np.inf)
-    return p.reshape(shape)
-
-
-def _erf_inv_impl(xp, x):
-    # float32 and narrower: XLA's polynomial (so spmd.random.normal matches JAX bit for
-    # bit); float64: scipy's (cupyx's on the GPU).
-    if x.dtype == np.float64:
-        return _special(xp).erfinv(x)
-    return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
-
-
 def _scaled(c):
     return lambda x: np.array(c, x.dtype)
 
@@ -93,9 +47,9 @@ erf_inv_p = unary("erf_inv", "erfinv",
                   lambda t, x, y: mul(t, mul(_scaled(np.sqrt(np.pi) / 2)(y), exp(mul(y, y)))))
 lgamma_p = unary("lgamma", "gammaln", lambda t, x, y: mul(t, digamma(x)))
 digamma_p = unary("digamma", "digamma", lambda t, x, y: mul(t, polygamma(1, x)))
-for _p, _impl in ((erf_p, _ufunc("erf")), (erf_inv_p, _erf_inv_impl),
-                  (lgamma_p, _ufunc("gammaln")), (digamma_p, _ufunc("digamma"))):
-    _p.def_impl(_impl)
+for _p, _name in ((erf_p, "erf"), (erf_inv_p, "erfinv"), (lgamma_p, "gammaln"),
+                  (digamma_p, "digamma")):
+    _p.def_impl(_ufunc(_name))
     _p.def_emit(None)  # the generated code calls the impl (it picks scipy or cupyx)
 
 polygamma_p = Primitive("polygamma")

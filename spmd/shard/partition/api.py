@@ -6,13 +6,13 @@ import functools
 from typing import Callable
 
 from spmd import tree_util
-from spmd.compiler.array import Array
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for, flatten_outputs
 from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
+from spmd.shard.sharded import ShardedArray, from_whole
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
 # ------------------------------------------------------ with_sharding_constraint
@@ -23,12 +23,17 @@ def with_sharding_constraint(x, sharding):
 
     >>> y = lax.with_sharding_constraint(y, NamedSharding(mesh, P("data", None)))
     """
+    from spmd.shard.mesh_context import get_mesh, resolve_specs
+
     leaves, tree = tree_util.tree_flatten(x)
+    if get_mesh() is not None:  # bare PartitionSpecs name axes of the context mesh
+        sharding = resolve_specs(sharding, "with_sharding_constraint")
     shardings = _broadcast(sharding, x, "with_sharding_constraint")
     for s in shardings:
         if not isinstance(s, NamedSharding):
             raise PartitionError(f"with_sharding_constraint: expected NamedSharding(mesh, spec) "
-                                 f"values, got {s!r}; a bare PartitionSpec has no mesh")
+                                 f"values, got {s!r}; a bare PartitionSpec has no mesh (give "
+                                 "one with spmd.sharding.use_mesh(mesh))")
     outs = [sharding_constraint_p.bind(v, spec=s.spec, mesh=s.mesh)
             for v, s in zip(leaves, shardings)]
     return tree_util.tree_unflatten(tree, outs)
@@ -84,22 +89,25 @@ class PartitionedJit:
         fname = f"jit({self._name})"
         dyn = [a for i, a in enumerate(args) if i not in self._static]
         if self._in is not None:
-            if isinstance(self._in, (tuple, list)) and len(self._in) != len(dyn):
+            # A PartitionSpec is one sharding (for every argument), not a tuple of them.
+            per_arg = isinstance(self._in, (tuple, list)) and \
+                not isinstance(self._in, PartitionSpec)
+            if per_arg and len(self._in) != len(dyn):
                 raise PartitionError(f"{fname}: in_shardings has {len(self._in)} entries for "
                                      f"{len(dyn)} arguments; give one per argument (a pytree "
                                      "prefix), or None to decide")
             given = _broadcast(tuple(self._in) if isinstance(self._in, list) else self._in,
-                               tuple(dyn) if isinstance(self._in, (tuple, list)) else dyn[0]
-                               if len(dyn) == 1 and not isinstance(self._in, (tuple, list))
+                               tuple(dyn) if per_arg else dyn[0]
+                               if len(dyn) == 1 and not per_arg
                                else tuple(dyn), fname)
         else:
             given = [None] * len(leaves)
         meshes = set()
         specs = []
         for i, (leaf, s) in enumerate(zip(leaves, given)):
-            if s is None and isinstance(leaf, Array) and isinstance(leaf._sharding,
-                                                                    NamedSharding):
-                s = leaf._sharding
+            if s is None and isinstance(leaf, ShardedArray) and isinstance(leaf.sharding,
+                                                                           NamedSharding):
+                s = leaf.sharding
             if isinstance(s, NamedSharding):
                 meshes.add(s.mesh)
                 specs.append(s.spec)
@@ -115,8 +123,13 @@ class PartitionedJit:
                                  f"({', '.join(map(repr, meshes))}); all inputs and outputs "
                                  "of one jit must share a mesh")
         if not meshes:
+            from spmd.shard.mesh_context import get_mesh
+
+            if get_mesh() is not None:  # bare PartitionSpecs under use_mesh/set_mesh
+                return get_mesh(), specs
             raise PartitionError(f"{fname}: shardings need a mesh: give NamedSharding(mesh, "
-                                 "spec) values (a bare PartitionSpec has no mesh)")
+                                 "spec) values (a bare PartitionSpec has no mesh), or call "
+                                 "it under spmd.sharding.use_mesh(mesh)")
         return next(iter(meshes)), specs
 
     def _entry(self, args):
@@ -124,8 +137,10 @@ class PartitionedJit:
         static = tuple((i, args[i]) for i in self._static)
         leaves, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(get_aval(x) for x in leaves)
-        shard_key = tuple(x._sharding if isinstance(x, Array) else None for x in leaves)
-        key = (in_tree, static, avals, shard_key, axis_env_key())
+        shard_key = tuple(x.sharding if isinstance(x, ShardedArray) else None for x in leaves)
+        from spmd.shard.mesh_context import get_mesh
+
+        key = (in_tree, static, avals, shard_key, axis_env_key(), get_mesh())
         entry = self._cache.get(key)
         if entry is None:
             entry = self._build(args, leaves, in_tree, avals)
@@ -170,16 +185,20 @@ class PartitionedJit:
             from spmd.compiler.trace import eval_program
             outs = eval_program(entry.closed, *leaves)
             return tree_util.tree_unflatten(entry.out_tree, outs)
+        if entry.mesh.is_multi_process:
+            # Each process runs the per-device program on its own blocks.
+            from spmd.shard.execute import call
+
+            part = entry.partitioned
+            arrays = call(part.body, entry.mesh, part.in_specs, part.out_specs, leaves)
+            return tree_util.tree_unflatten(entry.out_tree, arrays)
         vals = [to_array_value(x, get_aval(x)) for x in leaves]
         if entry.executable is None:
             entry.executable = executable_for(entry.closed)
             entry.out_shardings = [NamedSharding(entry.mesh, s) for s in entry.out_specs]
         outs = entry.executable(*vals)
-        arrays = []
-        for o, a, s in zip(outs, entry.out_avals, entry.out_shardings):
-            arr = wrap_value(o, a)
-            arr._sharding = s
-            arrays.append(arr)
+        arrays = [from_whole(wrap_value(o, a).value, a, s)
+                  for o, a, s in zip(outs, entry.out_avals, entry.out_shardings)]
         return tree_util.tree_unflatten(entry.out_tree, arrays)
 
     def lower(self, *args) -> "PartitionedLowered":

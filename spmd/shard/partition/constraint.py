@@ -14,9 +14,17 @@ sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
 sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
 sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
 sharding_constraint_p.linear = True
-# A constrained value that a jitted function returns keeps that placement.
-sharding_constraint_p.rules["output_sharding"] = lambda eqn, i: NamedSharding(
-    eqn.params["mesh"], eqn.params["spec"])
+
+
+def _constraint_output(eqn, i):
+    """A constrained value that a jitted function returns keeps that placement."""
+    from spmd.shard.sharded import placed
+
+    s = NamedSharding(eqn.params["mesh"], eqn.params["spec"])
+    return lambda a: placed(a, s)
+
+
+sharding_constraint_p.rules["output_array"] = _constraint_output
 
 
 @sharding_constraint_p.def_jvp
