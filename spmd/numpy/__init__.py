@@ -19,6 +19,8 @@ from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
 from spmd.numpy._take import *  # noqa: F401,F403
 from spmd.numpy._misc import *  # noqa: F401,F403
 from spmd.numpy._more import *  # noqa: F401,F403
+from spmd.numpy._ufuncs_more import *  # noqa: F401,F403
+from spmd.numpy._index_tricks import *  # noqa: F401,F403
 from spmd.numpy import _methods
 from spmd.numpy import linalg  # noqa: F401,E402
 
