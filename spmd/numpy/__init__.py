@@ -35,5 +35,10 @@ uint8, uint16, uint32, uint64 = _np.uint8, _np.uint16, _np.uint32, _np.uint64
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
 dtype = _np.dtype
 pi, e, inf, nan, newaxis = _np.pi, _np.e, _np.inf, _np.nan, None
+# The abstract dtype classes, for issubdtype(x.dtype, snp.floating) and friends.
+generic, number, inexact, floating, integer = (_np.generic, _np.number, _np.inexact,
+                                               _np.floating, _np.integer)
+signedinteger, unsignedinteger, complexfloating = (_np.signedinteger, _np.unsignedinteger,
+                                                   _np.complexfloating)
 
 _methods.install()

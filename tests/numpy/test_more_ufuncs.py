@@ -67,7 +67,8 @@ def test_dtype_helpers():
     assert snp.finfo(snp.float32).eps == np.finfo(np.float32).eps
     assert snp.iinfo(np.int32).max == 2**31 - 1
     assert snp.finfo(snp.ones(2)).bits == 32
-    assert snp.issubdtype(snp.float32, snp.floating if hasattr(snp, "floating") else np.floating)
+    assert snp.issubdtype(snp.float32, snp.floating) and snp.issubdtype(snp.int8, snp.integer)
+    assert not snp.issubdtype(snp.float32, snp.integer)
     assert snp.can_cast(np.int8, np.int32) and not snp.can_cast(np.float32, np.int32)
     assert snp.result_type(np.ones(2, np.int32), 1.0) == np.float32  # weak Python float
     assert snp.result_type(np.int8, np.uint8) == np.int16
