@@ -45,3 +45,4 @@ from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy
 from spmd.config import disable_jit  # noqa: F401,E402
 from spmd.compiler.avals import ShapeDtypeStruct  # noqa: F401,E402
 from spmd.linear_util import linear_transpose  # noqa: F401,E402
+from spmd import scipy  # noqa: F401,E402
