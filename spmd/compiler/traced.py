@@ -55,7 +55,14 @@ class Lowered:
     def program(self) -> ClosedProgram:
         return self._entry.optimized
 
-    def as_text(self) -> str:
+    def as_text(self, executed: bool = False) -> str:
+        """The optimised program; ``executed=True``: the program this process runs, after
+        lowering for execution (``shard_map`` inlined for this backend, collectives
+        combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
+        if executed:
+            from spmd.compiler.passes import lower_for_execution
+
+            return str(lower_for_execution(self._entry.optimized))
         return str(self._entry.optimized)
 
     def compile(self) -> "Compiled":
