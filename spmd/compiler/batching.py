@@ -96,7 +96,8 @@ class BatchTrace(Trace):
     def process_primitive(self, prim, tracers, params):
         vals = [t.val for t in tracers]
         dims = [t.bdim for t in tracers]
-        if all(d is None for d in dims) and not self._communicates(prim, params):
+        if all(d is None for d in dims) and not self._communicates(prim, params) and \
+                not prim.rules.get("batch_always"):
             from spmd.compiler.trace import bind
             out = bind(prim, *vals, **params)
             outs = out if prim.multiple_results else [out]
