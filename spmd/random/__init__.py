@@ -16,11 +16,14 @@ is the NumPy-style generator of JEP 28845.  See ``docs/random.md``.
 
 from spmd.random.keys import (PRNGKey, PRNGKeyArray, bits, clone, fold_in,  # noqa: F401
                               key, key_data, key_impl, split, wrap_key_data)
+from spmd.random.distributions import (beta, dirichlet, gamma, loggamma,  # noqa: F401
+                                       multivariate_normal, orthogonal, poisson)
 from spmd.random.samplers import (bernoulli, categorical, choice, exponential,  # noqa: F401
                                   gumbel, laplace, logistic, normal, permutation,
                                   rademacher, randint, shuffle, truncated_normal, uniform)
 
-__all__ = ["PRNGKey", "PRNGKeyArray", "bernoulli", "bits", "categorical", "choice", "clone",
-           "exponential", "fold_in", "gumbel", "key", "key_data", "key_impl", "laplace",
-           "logistic", "normal", "permutation", "rademacher", "randint", "shuffle", "split",
+__all__ = ["PRNGKey", "PRNGKeyArray", "bernoulli", "beta", "bits", "categorical", "choice",
+           "clone", "dirichlet", "exponential", "fold_in", "gamma", "gumbel", "key", "key_data",
+           "key_impl", "laplace", "loggamma", "logistic", "multivariate_normal", "normal",
+           "orthogonal", "permutation", "poisson", "rademacher", "randint", "shuffle", "split",
            "truncated_normal", "uniform", "wrap_key_data"]

@@ -98,7 +98,9 @@ def normal(key, shape=(), dtype=None):
 
 
 def _erf(x):
-    return tf.erf(x)
+    from spmd.compiler.ops.special import erf
+
+    return erf(x)
 
 
 def truncated_normal(key, lower, upper, shape=None, dtype=None):

@@ -31,14 +31,6 @@ _state = _State()
 _base: list = [None]
 
 
-def _install_cache_key():
-    """Caches of traced programs key on the current mesh (a shard_map without mesh=
-    traced under one mesh is not the program for another)."""
-    from spmd.compiler.trace import context_key_hook
-
-    context_key_hook[0] = get_mesh
-
-
 def _check(mesh, fname):
     from spmd.mesh import Mesh
 
@@ -138,4 +130,3 @@ def device_put(x, device=None, *args, **kwargs):
     return put(x, device, *args, **kwargs)
 
 
-_install_cache_key()

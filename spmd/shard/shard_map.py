@@ -92,13 +92,35 @@ def _lower(eqn):
 shard_map_p.rules["lower"] = _lower
 
 
-def _output_sharding(eqn, i):
+def eval_shard_map(args, params):
+    """An eager shard_map: results placed by ``out_specs``.  Over processes, each
+    process runs its devices on its blocks (:func:`spmd.shard.execute.call`); in one
+    process the compiled program runs on the whole values."""
+    from spmd.compiler.trace import eval_plain
+    from spmd.shard.execute import call
+    from spmd.shard.sharded import from_whole
+
+    mesh, out_specs = params["mesh"], params["out_specs"]
+    if mesh.is_multi_process:
+        return call(params["program"], mesh, params["in_specs"], out_specs, args)
+    outs = eval_plain(shard_map_p, args, params)
+    return [from_whole(o.value, o.aval, NamedSharding(mesh, s)) for o, s in zip(outs, out_specs)]
+
+
+def _output_array(eqn, i):
     """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
     (and as in JAX)."""
-    return NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
+    from spmd.shard.sharded import placed
+
+    s = NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
+    return lambda a: placed(a, s)
 
 
-shard_map_p.rules["output_sharding"] = _output_sharding
+shard_map_p.rules["eval_arrays"] = eval_shard_map
+shard_map_p.rules["output_array"] = _output_array
+# Over processes its results are this process's blocks: a jitted program holding
+# one is evaluated equation by equation (spmd.compiler.jit.needs_arrays).
+shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
 
 
 @shard_map_p.def_jvp
@@ -540,7 +562,6 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
             _check_manual_spec(spec, manual, f"out_specs{path}", fname)
         _check_out(a, spec, path, mesh, check_vma, fname)
     outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
-    outs = [_placed(o, mesh, s) for o, s in zip(outs, out_flat_specs)]
     return tree_util.tree_unflatten(out_tree, outs)
 
 
@@ -562,8 +583,3 @@ def _check_out(aval, spec, path, mesh, check_vma, fname):
                 f"lax.psum(x, {a!r}) or lax.all_gather(x, {a!r})), put {a!r} in the spec, or "
                 "pass check_vma=False")
 
-
-def _placed(out, mesh, spec):
-    if isinstance(out, Array):
-        out._sharding = NamedSharding(mesh, spec)
-    return out

@@ -63,18 +63,53 @@ def cases():
                                               independent=True)
     out["truncated_normal"] = jr.truncated_normal(k, -1.0, 2.0, (8,))
     out["legacy_normal"] = jr.normal(jr.PRNGKey(3), (4,))
+    out["gamma"] = jr.gamma(k, jnp.array([0.3, 1.0, 2.5, 7.0]), (2, 4))
+    out["loggamma"] = jr.loggamma(k, 0.2, (5,))
+    out["beta"] = jr.beta(k, 2.0, 3.0, (5,))
+    out["dirichlet"] = jr.dirichlet(k, jnp.array([1.0, 2.0, 0.5]), (2,))
+    out["poisson_small"] = jr.poisson(k, 3.0, (8,))
+    out["poisson_mixed"] = jr.poisson(k, jnp.array([0.0, 0.5, 12.0, 40.0, 200.0]))
+    mean = jnp.array([1.0, -1.0, 0.5])
+    cov = jnp.array([[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 0.5]])
+    out["multivariate_normal"] = jr.multivariate_normal(k, mean, cov, (4,))
+    out["orthogonal"] = jr.orthogonal(k, 4)
+    out["orthogonal_3x5"] = jr.orthogonal(k, 3, m=5)
     return out
 
 
 def main():
     res = {}
-    for name, v in cases().items():
+    for name, v in {**cases(), **initializer_cases()}.items():
         a = np.asarray(v)
         res[name] = {"dtype": str(a.dtype), "shape": list(a.shape),
                      "values": a.ravel().tolist()}
     res["_provenance"] = {"jax": jax.__version__, "backend": jax.default_backend(),
                           "threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
     print(json.dumps(res, indent=0))
+
+
+def initializer_cases():
+    from jax.nn import initializers as ji
+
+    k = jr.key(42)
+    out = {
+        "init_glorot_uniform": ji.glorot_uniform()(k, (4, 3)),
+        "init_glorot_normal": ji.glorot_normal()(k, (4, 3)),
+        "init_he_uniform": ji.he_uniform()(k, (5, 2)),
+        "init_he_normal": ji.he_normal()(k, (5, 2)),
+        "init_lecun_uniform": ji.lecun_uniform()(k, (3, 3)),
+        "init_lecun_normal": ji.lecun_normal()(k, (2, 3, 4)),
+        "init_normal": ji.normal(0.5)(k, (6,)),
+        "init_uniform": ji.uniform(2.0)(k, (6,)),
+        "init_truncated_normal": ji.truncated_normal(0.3)(k, (6,)),
+        "init_variance_scaling_fan_out": ji.variance_scaling(0.7, "fan_out", "normal")(k, (3, 5)),
+        "init_variance_scaling_conv": ji.variance_scaling(
+            1.0, "fan_geo_avg", "uniform", in_axis=-2, out_axis=-1)(k, (3, 3, 2, 4)),
+        "init_orthogonal": ji.orthogonal(1.5)(k, (3, 4)),
+        "init_orthogonal_3d": ji.orthogonal(column_axis=0)(k, (2, 3, 2)),
+        "init_constant": ji.constant(0.25)(k, (2, 2)),
+    }
+    return out
 
 
 if __name__ == "__main__":

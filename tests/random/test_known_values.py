@@ -104,6 +104,8 @@ EXACT = {
     "choice_array_axis1": lambda k: sr.choice(k, np.arange(12).reshape(3, 4), (2,), axis=1),
     "permutation_10": lambda k: sr.permutation(k, 10),
     "permutation_2d": lambda k: sr.permutation(k, np.arange(12).reshape(4, 3)),
+    "poisson_small": lambda k: sr.poisson(k, 3.0, (8,)),
+    "poisson_mixed": lambda k: sr.poisson(k, np.array([0.0, 0.5, 12.0, 40.0, 200.0], np.float32)),
     "permutation_indep": lambda k: sr.permutation(k, np.arange(12).reshape(3, 4), axis=1,
                                                   independent=True),
 }
@@ -120,6 +122,15 @@ CLOSE = {
     "gumbel": lambda k: sr.gumbel(k, (6,)),
     "truncated_normal": lambda k: sr.truncated_normal(k, -1.0, 2.0, (8,)),
     "legacy_normal": lambda k: sr.normal(sr.PRNGKey(3), (4,)),
+    "gamma": lambda k: sr.gamma(k, np.array([0.3, 1.0, 2.5, 7.0], np.float32), (2, 4)),
+    "loggamma": lambda k: sr.loggamma(k, 0.2, (5,)),
+    "beta": lambda k: sr.beta(k, 2.0, 3.0, (5,)),
+    "dirichlet": lambda k: sr.dirichlet(k, np.array([1.0, 2.0, 0.5], np.float32), (2,)),
+    "multivariate_normal": lambda k: sr.multivariate_normal(
+        k, np.array([1.0, -1.0, 0.5], np.float32),
+        np.array([[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 0.5]], np.float32), (4,)),
+    "orthogonal": lambda k: sr.orthogonal(k, 4),
+    "orthogonal_3x5": lambda k: sr.orthogonal(k, 3, m=5),
 }
 
 

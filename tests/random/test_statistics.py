@@ -99,3 +99,37 @@ def test_split_keys_give_uncorrelated_streams():
     c = np.corrcoef(m)
     off = c[~np.eye(64, dtype=bool)]
     assert np.abs(off).max() < 5 / np.sqrt(512)
+
+
+@pytest.mark.parametrize("a", [0.4, 1.0, 3.5])
+def test_gamma_ks(a):
+    x = np.asarray(sr.gamma(sr.key(21), a, (4000,)), np.float64)
+    assert (x > 0).all()
+    assert stats.kstest(x, stats.gamma(a).cdf).statistic < 1.95 / np.sqrt(4000)
+
+
+def test_beta_and_dirichlet_moments():
+    x = np.asarray(sr.beta(sr.key(4), 2.0, 5.0, (4000,)), np.float64)
+    assert stats.kstest(x, stats.beta(2, 5).cdf).statistic < 1.95 / np.sqrt(4000)
+    alpha = np.array([1.0, 2.0, 3.0], np.float32)
+    d = np.asarray(sr.dirichlet(sr.key(4), alpha, (3000,)), np.float64)
+    np.testing.assert_allclose(d.sum(-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(d.mean(0), alpha / alpha.sum(), atol=0.02)
+
+
+@pytest.mark.parametrize("lam", [0.7, 4.0, 25.0])
+def test_poisson_mean_and_variance(lam):
+    x = np.asarray(sr.poisson(sr.key(6), lam, (4000,)), np.float64)
+    se = np.sqrt(lam / 4000)
+    assert abs(x.mean() - lam) < 5 * se
+    assert abs(x.var() / lam - 1) < 0.15
+
+
+def test_multivariate_normal_covariance_and_orthogonality():
+    cov = np.array([[2.0, 0.6], [0.6, 1.0]], np.float32)
+    x = np.asarray(sr.multivariate_normal(sr.key(9), np.zeros(2, np.float32), cov, (N,)))
+    np.testing.assert_allclose(np.cov(x.T), cov, atol=0.06)
+    q = np.asarray(sr.orthogonal(sr.key(9), 5, (3,)))
+    np.testing.assert_allclose(np.einsum("bij,bkj->bik", q, q), np.broadcast_to(np.eye(5),
+                                                                                (3, 5, 5)),
+                               atol=1e-5)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import spmd
+import spmd.numpy as snp
 from spmd import NamedSharding, P, lax, shard_map
 from spmd.shard import SingleDeviceSharding
 
@@ -47,3 +48,35 @@ def test_sharding_constraint_on_an_output_survives_jit():
     np.testing.assert_array_equal(np.asarray(y), 2 * _value())
     # The unconstrained output of numpy inputs is one whole copy.
     assert isinstance(z.sharding, SingleDeviceSharding)
+
+
+@pytest.mark.parametrize("spec", [P("i"), P("i", "j"), P(None, "j")])
+def test_jit_of_sharded_inputs_returns_the_propagated_shardings(spec):
+    mesh = _mesh()
+    s = NamedSharding(mesh, spec)
+    x = spmd.device_put(_value(), s)
+    y = spmd.jit(lambda v: snp.tanh(v) * 2.0 + 1.0)(x)
+    assert y.sharding == s
+    np.testing.assert_allclose(np.asarray(y), np.tanh(_value()) * 2 + 1, rtol=1e-6)
+    # A reduction over the split dimension is replicated, as the partitioner decides.
+    total = spmd.jit(lambda v: snp.sum(v, axis=0))(x)
+    assert total.sharding.mesh == mesh
+    np.testing.assert_allclose(np.asarray(total), _value().sum(0), rtol=1e-6)
+
+
+def test_jit_of_sharded_inputs_keeps_an_output_constraint():
+    mesh = _mesh()
+    x = spmd.device_put(_value(), NamedSharding(mesh, P("i")))
+    want = NamedSharding(mesh, P(None, "j"))
+    y = spmd.jit(lambda v: lax.with_sharding_constraint(v * 3.0, want))(x)
+    assert y.sharding == want
+    np.testing.assert_array_equal(np.asarray(y), 3 * _value())
+
+
+def test_jit_of_sharded_inputs_reuses_its_trace():
+    mesh = _mesh()
+    f = spmd.jit(lambda v: v + 1.0)
+    x = spmd.device_put(_value(), NamedSharding(mesh, P("i")))
+    for _ in range(3):
+        f(x)
+    assert f._cache_size() == 1

@@ -15,10 +15,11 @@
   another's numbers.
 - ``random_unit_float(bits, dtype)``: ``bits`` (unsigned) to floats in [0, 1)
   with JAX's mantissa recipe: ``bitcast((bits >> (nbits - nmant)) | 1.0) - 1``.
-- ``erf_inv``: the inverse error function (``normal`` maps uniforms through it).
+- ``erf_inv_giles``: the inverse error function as XLA evaluates it (``normal``
+  maps uniforms through it; ``lax.erf_inv`` is the accurate one).
 
 All outputs are integers or piecewise constant in their integer inputs, so the
-jvps are symbolic zeros, except ``erf_inv``'s.
+jvps are symbolic zeros, except ``erf_inv_giles``'s.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ops import threefry_native
-from spmd.compiler.primitives import PRIMITIVES, Primitive
+from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
 
@@ -359,17 +360,22 @@ def _erf_inv_impl(xp, x):
         except ImportError:  # pragma: no cover - scipy comes with the test extras
             raise DTypeError("erf_inv: float64 needs scipy (pip install scipy)") from None
         return xp.asarray(erfinv(np.asarray(x) if _is_host(xp) else x.get()))
-    return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
+    if _is_host(xp) and x.dtype == np.float32:
+        out = threefry_native.erf_inv_f32(x)
+        if out is not None:
+            return out
+    with np.errstate(divide="ignore", invalid="ignore"):  # |x| = 1 gives +-inf, as XLA
+        return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
 
 
-def _define_erf_inv():
-    p = Primitive("erf_inv")
+def _define_erf_inv_giles():
+    p = Primitive("erf_inv_giles")
     p.def_impl(_erf_inv_impl)
 
     @p.def_abstract_eval
     def _aval(x):
         if not dtypes.is_float(x.dtype):
-            raise DTypeError(f"erf_inv: operand dtype {x.dtype} is not a float dtype; "
+            raise DTypeError(f"erf_inv_giles: operand dtype {x.dtype} is not a float dtype; "
                              "convert with .astype(np.float32)")
         return ShapedArray(x.shape, x.dtype, x.weak_type)
 
@@ -389,55 +395,14 @@ def _define_erf_inv():
     return p
 
 
-# Another module may define erf_inv (lax.erf_inv); one primitive serves both.
-erf_inv_p = PRIMITIVES.get("erf_inv") or _define_erf_inv()
+# Not lax.erf_inv (spmd.compiler.ops.special, accurate to the last bit): this is the
+# approximation XLA evaluates, up to 65 float32 ulps from the true value near +-1,
+# which JAX's normal sampler goes through; spmd.random uses it to give JAX's numbers.
+erf_inv_giles_p = _define_erf_inv_giles()
 
 
 def erf_inv(x):
-    """The inverse error function, elementwise (float32: Giles' polynomial, as XLA)."""
-    return bind(erf_inv_p, x)
+    """The inverse error function as XLA computes it (float32: Giles' polynomial;
+    float64: scipy's), elementwise."""
+    return bind(erf_inv_giles_p, x)
 
-
-# --------------------------------------------------------------------- erf
-
-def _erf_impl(xp, x):
-    # float64 math.erf per element, rounded: within one ulp of XLA's float32 erf.
-    # (truncated_normal applies it to its bounds, usually scalars.)
-    host = np.asarray(x) if _is_host(xp) else x.get()
-    y = np.asarray(np.frompyfunc(math.erf, 1, 1)(host.astype(np.float64)), np.float64)
-    y = y.astype(x.dtype)
-    return y if _is_host(xp) else xp.asarray(y)
-
-
-def _define_erf():
-    p = Primitive("erf")
-    p.def_impl(_erf_impl)
-
-    @p.def_abstract_eval
-    def _aval(x):
-        if not dtypes.is_float(x.dtype):
-            raise DTypeError(f"erf: operand dtype {x.dtype} is not a float dtype; "
-                             "convert with .astype(np.float32)")
-        return ShapedArray(x.shape, x.dtype, x.weak_type)
-
-    @p.def_jvp
-    def _jvp(primals, tangents):
-        from spmd.compiler.ops import elementwise as ew
-
-        (x,), (t,) = primals, tangents
-        y = bind(p, x)
-        if isinstance(t, Zero):
-            return y, Zero(t.aval)
-        c = np.array(2 / math.sqrt(math.pi), get_aval(y).dtype)
-        return y, ew.mul(t, ew.mul(c, ew.exp(ew.neg(ew.mul(x, x)))))
-
-    p.def_batch(lambda args, dims: (bind(p, args[0]), dims[0]))
-    return p
-
-
-erf_p = PRIMITIVES.get("erf") or _define_erf()
-
-
-def erf(x):
-    """The error function, elementwise."""
-    return bind(erf_p, x)

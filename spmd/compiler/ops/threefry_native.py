@@ -75,6 +75,34 @@ void spmd_threefry_rows(const uint32_t *k0s, const uint32_t *k1s, int64_t nkeys,
 }
 """
 
+_ERF_INV_SOURCE = r"""
+#include <math.h>
+
+/* Giles (2010) single-precision erfinv, the polynomial XLA uses for float32, given
+   w = -log1p(-x*x) (computed by numpy's vectorised log1p).  Both branches are
+   evaluated and one selected, so that the loop vectorises; the operations are
+   those of the numpy version, in its order (no fused multiply-add). */
+void spmd_erf_inv_f32(const float *x, const float *w, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], wi = w[i];
+        float c = wi - 2.5f;
+        float p = 2.81022636e-08f;
+        p = p * c + 3.43273939e-07f; p = p * c + -3.5233877e-06f;
+        p = p * c + -4.39150654e-06f; p = p * c + 0.00021858087f;
+        p = p * c + -0.00125372503f; p = p * c + -0.00417768164f;
+        p = p * c + 0.246640727f; p = p * c + 1.50140941f;
+        float t = sqrtf(wi) - 3.0f;
+        float q = -0.000200214257f;
+        q = q * t + 0.000100950558f; q = q * t + 0.00134934322f;
+        q = q * t + -0.00367342844f; q = q * t + 0.00573950773f;
+        q = q * t + -0.0076224613f; q = q * t + 0.00943887047f;
+        q = q * t + 1.00167406f; q = q * t + 2.83297682f;
+        float r = (wi < 5.0f ? p : q) * v;
+        out[i] = (fabsf(v) == 1.0f) ? v * INFINITY : r;
+    }
+}
+"""
+
 _lock = threading.Lock()
 _lib: list = []  # [] not tried yet; [None] unavailable; [fn] loaded
 
@@ -87,7 +115,8 @@ def _cache_dir() -> str:
 
 def _build() -> str | None:
     """Compile the kernel (once per source, machine and user); the shared library's path."""
-    tag = hashlib.sha256((_SOURCE + platform.machine() + platform.node()).encode()).hexdigest()
+    source = _SOURCE + _ERF_INV_SOURCE
+    tag = hashlib.sha256((source + platform.machine() + platform.node()).encode()).hexdigest()
     d = _cache_dir()
     path = os.path.join(d, f"threefry_{tag[:16]}.so")
     if os.path.exists(path):
@@ -96,11 +125,13 @@ def _build() -> str | None:
     with tempfile.TemporaryDirectory(dir=d) as tmp:
         src = os.path.join(tmp, "threefry.c")
         with open(src, "w") as f:
-            f.write(_SOURCE)
+            f.write(source)
         out = os.path.join(tmp, "threefry.so")
         cc = os.environ.get("CC", "cc")
         for flags in (["-O3", "-march=native"], ["-O3"]):
-            r = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", out, src],
+            # No contraction into fused multiply-adds: the numpy rounds' rounding.
+            r = subprocess.run([cc, *flags, "-ffp-contract=off", "-shared", "-fPIC", "-o", out,
+                                src, "-lm"],
                                capture_output=True)
             if r.returncode == 0:
                 # Atomic: several processes of one job may build at once.
@@ -109,28 +140,59 @@ def _build() -> str | None:
     return None
 
 
-def kernel():
-    """The loaded C function, or None (no compiler, or disabled by SPMD_RANDOM_NATIVE=0)."""
+def _load():
+    """The library with its argument types set, or None."""
+    if os.environ.get("SPMD_RANDOM_NATIVE", "1") == "0":
+        return None
+    try:
+        path = _build()
+        if path is None:
+            return None
+        lib = ctypes.CDLL(path)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no compiler or no writable cache: the numpy versions serve
+    u32p = np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS")
+    u64p = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS")
+    f32p = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
+    lib.spmd_threefry_rows.argtypes = [u32p, u32p, ctypes.c_int64, u64p, ctypes.c_int64,
+                                       ctypes.c_int64, u32p, ctypes.c_void_p, ctypes.c_int]
+    lib.spmd_threefry_rows.restype = None
+    lib.spmd_erf_inv_f32.argtypes = [f32p, f32p, f32p, ctypes.c_int64]
+    lib.spmd_erf_inv_f32.restype = None
+    return lib
+
+
+def library():
+    """The loaded kernels, or None (no compiler, or disabled by SPMD_RANDOM_NATIVE=0)."""
     if _lib:
         return _lib[0]
     with _lock:
-        if _lib:
-            return _lib[0]
-        fn = None
-        if os.environ.get("SPMD_RANDOM_NATIVE", "1") != "0":
-            try:
-                path = _build()
-                if path is not None:
-                    fn = ctypes.CDLL(path).spmd_threefry_rows
-                    u32p = np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS")
-                    u64p = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS")
-                    fn.argtypes = [u32p, u32p, ctypes.c_int64, u64p, ctypes.c_int64,
-                                   ctypes.c_int64, u32p, ctypes.c_void_p, ctypes.c_int]
-                    fn.restype = None
-            except (OSError, subprocess.SubprocessError):
-                fn = None  # no compiler or no writable cache: the numpy rounds serve
-        _lib.append(fn)
-        return fn
+        if not _lib:
+            _lib.append(_load())
+        return _lib[0]
+
+
+def kernel():
+    """The Threefry rows kernel, or None."""
+    lib = library()
+    return None if lib is None else lib.spmd_threefry_rows
+
+
+def erf_inv_f32(x: np.ndarray):
+    """``erf_inv`` of a float32 host array with the C kernel, or None when unavailable."""
+    lib = library()
+    if lib is None:
+        return None
+    shape = np.shape(x)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)  # 1-d (never a scalar)
+    w = x * x
+    np.negative(w, out=w)
+    with np.errstate(divide="ignore"):  # |x| = 1: -inf here, +-inf in the result
+        np.log1p(w, out=w)
+    np.negative(w, out=w)
+    out = np.empty_like(x)
+    lib.spmd_erf_inv_f32(x, w, out, x.size)
+    return out.reshape(shape)
 
 
 def rows(k0s, k1s, row_start, rowlen: int, pair: bool):

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import itertools
 
+from spmd.compiler.ops.conv import conv_p
+from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import Propagate
 from spmd.shard.partition.reshard import cost as reshard_cost
 
 
@@ -78,4 +81,4 @@ def conv_rule(pls, avals_in, avals_out, mesh, *, feature_group_count, batch_grou
                              "batch_group_count": B}
 
 
-RULES = {"conv_general_dilated": conv_rule}
+registry.register(conv_p, Propagate(conv_rule))

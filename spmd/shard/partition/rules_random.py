@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.ops.threefry import (erf_inv_giles_p, random_bits_p, random_unit_float_p,
+                                        threefry2x32_p)
+from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import Propagate
+from spmd.shard.partition.rules import elementwise_rule
 from spmd.shard.partition.reshard import reshard
 
 
@@ -72,5 +77,8 @@ def random_bits_source(ev, eqn, vals, pls, want_spec):
     return [(out, Placement(batch + tuple(dims) + extra))]
 
 
-RULES = {"random_bits": random_bits_rule}
-SOURCES = {"random_bits": random_bits_source}
+registry.register(random_bits_p, Propagate(random_bits_rule, source=random_bits_source))
+# Elementwise in their operands (counters/bits of the same shape as the output).
+registry.register(threefry2x32_p, Propagate(elementwise_rule("none"), specs_flow_back=True))
+for _p in (random_unit_float_p, erf_inv_giles_p):
+    registry.register(_p, Propagate(elementwise_rule("none"), specs_flow_back=True))
