@@ -112,3 +112,14 @@ def visualize_array_sharding(x, *, use_color: bool = False) -> str:
     from spmd.shard.array import visualize_array_sharding as viz
 
     return viz(x, use_color=use_color)
+
+
+def _register_partition_decision():
+    from spmd.shard.partition import registry
+
+    registry.register(debug_print_p, registry.Replicate(
+        "a print shows whole values: under jit with shardings the value is gathered and "
+        "printed once"))
+
+
+_register_partition_decision()

@@ -87,6 +87,14 @@ def test_vmap_loops_and_grad(capsys):
     assert float(spmd.jit(f)(3.0)) == 6.0 and _lines(capsys) == ["x=3.0"]
 
 
+def test_under_jit_with_shardings_the_global_value_prints_once(capsys):
+    mesh = spmd.make_mesh((4,), ("i",))
+    f = spmd.jit(lambda x: (spmd.debug.print("x={}", x * 2), x + 1)[1],
+                 in_shardings=NamedSharding(mesh, P("i")))
+    np.testing.assert_allclose(np.asarray(f(np.arange(8.0))), np.arange(8.0) + 1)
+    assert _lines(capsys) == [f"x={np.arange(8.0) * 2}"]
+
+
 def test_errors():
     with pytest.raises(ArgumentError, match="fmt must be a format string"):
         spmd.debug.print(3)

@@ -37,7 +37,9 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
                 fname):
     """Run ``f`` on every device's concrete blocks; the global outputs, placed."""
     from spmd.shard.execute import from_blocks, to_blocks
-    from spmd.shard.shard_map import _check_manual_spec, _check_out, _placed, _spec_leaves
+    from spmd.shard.shard_map import _check_manual_spec, _check_out, _spec_leaves
+    from spmd.shard.sharded import from_whole
+    from spmd.shard.spec import NamedSharding
 
     level = NamedAxes(mesh.axis_names, mesh.axis_sizes, concrete=True)
     stacked = [to_blocks(v, s, mesh) for v, s in zip(vals, specs)]
@@ -57,8 +59,10 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
         if manual is not None:
             _check_manual_spec(spec, manual, f"out_specs{path}", fname)
         _check_out(_block_aval(v, d, mesh, check_vma), spec, path, mesh, check_vma, fname)
-    results = [_placed(from_blocks(v, d, s, mesh), mesh, s)
-               for (v, d), (s, _) in zip(raw, out_spec_paths)]
+    results = []
+    for (v, d), (s, _) in zip(raw, out_spec_paths):
+        out = from_blocks(v, d, s, mesh)
+        results.append(from_whole(out.value, out.aval, NamedSharding(mesh, s)))
     return tree_util.tree_unflatten(out_tree, results)
 
 
