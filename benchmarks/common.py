@@ -41,6 +41,18 @@ if _REPO not in sys.path:  # so that a checkout runs without `pip install -e .`
 clock = time.perf_counter
 
 
+def _load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):  # not on this platform
+        return None
+
+
+# The load before this process did any work: a results file records it, so that a
+# table can say when its numbers were measured on a machine busy with other jobs.
+LOAD_AT_START = _load_average()
+
+
 # ----------------------------------------------------------------- timing
 
 def time_once(fn: Callable[[], Any], number: int = 1) -> float:
@@ -128,7 +140,8 @@ def row(benchmark: str, variant: str, times: list[float], *, baseline: str | Non
     ``baseline`` names the variant of the same ``benchmark`` that the ratio is
     taken against; ``goal_ratio`` is the largest acceptable ratio of medians,
     ``goal_max_s`` the largest acceptable median in seconds.  ``unit`` is how the
-    table shows times: ``"s"``, ``"ms"`` or ``"us"``.
+    table shows times: ``"s"``, ``"ms"`` or ``"us"`` (or ``"MiB"`` for a row of byte
+    counts).
     """
     if unit not in UNITS:
         raise ValueError(f"row: unit must be one of {sorted(UNITS)}, got {unit!r}")
@@ -137,7 +150,8 @@ def row(benchmark: str, variant: str, times: list[float], *, baseline: str | Non
             "unit": unit, "note": note}
 
 
-UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6,
+         "MiB": 1 / 2 ** 20}  # a memory row holds bytes in ``times_s`` (bench_arrays.py)
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -262,6 +276,7 @@ def machine_info() -> dict:
     return {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
             "platform": platform.platform(), "python": platform.python_version(),
             "numpy": np.__version__, "blas": _blas(),
+            "load_average_at_start": LOAD_AT_START, "load_average_at_end": _load_average(),
             "blas_threads_env": {k: os.environ[k] for k in
                                  ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
                                  if k in os.environ}}

@@ -7,7 +7,7 @@
 
 from spmd import config as _config_module
 from spmd.config import config  # noqa: F401
-from spmd import errors, tree_util  # noqa: F401
+from spmd import errors, tree, tree_util  # noqa: F401
 from spmd.compiler import ops as _ops  # noqa: F401  (registers the primitives)
 from spmd.compiler.array import Array  # noqa: F401
 from spmd.compiler.avals import ShapedArray  # noqa: F401
@@ -22,11 +22,15 @@ from spmd import ad_checkpoint, test_util  # noqa: F401
 
 __version__ = "0.1.0"
 from spmd import nn  # noqa: F401,E402
+from spmd import random  # noqa: F401,E402
 from spmd.mesh import (Device, Mesh, device_count, devices, local_device_count,  # noqa: F401
                        local_devices, make_mesh, process_count, process_index)
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
 from spmd.shard.shard_map import shard_map  # noqa: F401
-from spmd import shard  # noqa: F401,E402  (installs Array.sharding and friends)
+from spmd.shard.pmap import pmap  # noqa: F401,E402
+from spmd import shard  # noqa: F401,E402
+from spmd.shard.sharded import install_plain_array_properties as _install_placement  # noqa: E402
+_install_placement()  # unplaced Arrays answer .sharding etc. as one copy on a local device
 from spmd.shard.array import (device_put, make_array_from_callback,  # noqa: F401,E402
                               visualize_array_sharding)
 from spmd import sharding  # noqa: F401,E402

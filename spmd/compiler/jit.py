@@ -24,7 +24,7 @@ from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Tracer, axis_env_key, eval_program, get_aval,
+from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
 from spmd.compiler.trace import _state as _trace_state
@@ -176,16 +176,61 @@ def _walk(x, leaves: list, toks: list) -> bool:
     return False
 
 
-def _output_shardings(closed) -> tuple | None:
-    """The placements of outputs made by equations that place their results (a
-    ``shard_map`` over processes: this process holds only its blocks), else None."""
+def _output_wrappers(closed) -> tuple | None:
+    """Per output, the ``output_array`` rule of the equation that made it, if any: a
+    function that turns the plain result into an array of an upper layer's type (a
+    ``shard_map`` result keeps its ``out_specs`` placement); None when no output has
+    one."""
     producer = {o: e for e in closed.program.eqns for o in e.outputs}
     found = []
     for a in closed.program.out_atoms:
         e = producer.get(a)
-        rule = e.primitive.rules.get("output_sharding") if e is not None else None
+        rule = e.primitive.rules.get("output_array") if e is not None else None
         found.append(rule(e, e.outputs.index(a)) if rule is not None else None)
-    return tuple(found) if any(s is not None for s in found) else None
+    return tuple(found) if any(w is not None for w in found) else None
+
+
+def needs_arrays(closed: ClosedProgram) -> bool:
+    """Whether ``closed`` has an equation that must be evaluated on Arrays rather than
+    compiled (a primitive whose ``needs_arrays`` rule says so for its parameters,
+    e.g. a ``shard_map`` over processes, which returns this process's blocks)."""
+    hit = _needs_arrays.get(closed)
+    if hit is None:
+        hit = _needs_arrays[closed] = any(
+            e.primitive.rules.get("needs_arrays") is not None
+            and e.primitive.rules["needs_arrays"](e.params) for e in closed.program.eqns)
+    return hit
+
+
+_needs_arrays: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def output_wrappers(closed: ClosedProgram) -> tuple | None:
+    """:func:`_output_wrappers`, cached per program."""
+    hit = _wrappers.get(closed, False)
+    if hit is False:
+        hit = _wrappers[closed] = _output_wrappers(closed)
+    return hit
+
+
+_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _jit_eval_arrays(args, params):
+    """A jitted program with equations that need Arrays runs equation by equation; one
+    whose outputs have wrappers runs compiled and wraps them."""
+    program = params["program"]
+    if needs_arrays(program):
+        return eval_program(program, *args)
+    wrappers = output_wrappers(program)
+    if wrappers is None:
+        return None
+    return [a if w is None else w(a)
+            for a, w in zip(eval_plain(jit_p, args, params), wrappers)]
+
+
+jit_p.rules["eval_arrays"] = _jit_eval_arrays
+jit_p.rules["needs_arrays"] = lambda params: needs_arrays(params["program"])
 
 
 class _Entry:
@@ -194,8 +239,8 @@ class _Entry:
     :func:`hoist_traced_consts`); an entry with any is never cached, since they
     belong to the trace that made them."""
 
-    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_shardings",
-                 "hoisted")
+    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_wrappers",
+                 "hoisted", "needs_arrays")
 
     def __init__(self, closed, out_tree, hoisted=()):
         self.closed = closed
@@ -204,7 +249,8 @@ class _Entry:
         self.out_avals = closed.out_avals
         self._optimized = None
         self._exe = None
-        self.out_shardings = _output_shardings(closed)
+        self.out_wrappers = output_wrappers(closed)
+        self.needs_arrays = needs_arrays(closed)
 
     @property
     def optimized(self) -> ClosedProgram:
@@ -222,12 +268,9 @@ class _Entry:
         return self._exe
 
 
-def _placed(outs, avals, shardings) -> list:
+def _wrapped(outs, avals, wrappers) -> list:
     arrays = [wrap_value(o, a) for o, a in zip(outs, avals)]
-    for arr, sh in zip(arrays, shardings):
-        if sh is not None:
-            arr._sharding = sh
-    return arrays
+    return [arr if w is None else w(arr) for arr, w in zip(arrays, wrappers)]
 
 
 class _CallPlan:
@@ -244,7 +287,7 @@ class _CallPlan:
     """
 
     __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
-                 "single")
+                 "single", "bind")
 
     def __init__(self, entry: _Entry, leaves, avals):
         self.entry = entry
@@ -263,6 +306,11 @@ class _CallPlan:
         self.out_avals = tuple(entry.out_avals)
         # A function returning one array needs no unflattening.
         self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
+        # Arrays of an upper layer's type (e.g. sharded over processes) among the
+        # arguments, or equations that need Arrays: the call binds ``jit`` eagerly, so
+        # that those arrays evaluate it (see Array._eval_primitive).
+        self.bind = entry.needs_arrays or any(
+            type(x) is not Array and isinstance(x, Array) for x in leaves)
 
 
 class JitFunction:
@@ -412,9 +460,11 @@ class JitFunction:
                     plan, vals = self._plan(args, kwargs)
         else:
             plan, vals = self._plan(args, kwargs)
-        if not is_eager():
+        if plan.bind or not is_eager():
             outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
                               name=self._name)
+            if plan.bind and self._donate_argnums:
+                self._delete_donated(args)
             return plan.out_tree.unflatten(outs)
         # Only the leaves that need it are touched (``vals`` is a fresh list).
         for i in plan.arrays:
@@ -429,9 +479,9 @@ class JitFunction:
             self._delete_donated(args)
         # Results of the generated code are fresh ndarrays of the right dtype,
         # except 0-d ones (numpy scalars), which wrap_value converts.
-        if plan.entry.out_shardings is not None:
-            return plan.out_tree.unflatten(_placed(outs, plan.out_avals,
-                                                   plan.entry.out_shardings))
+        if plan.entry.out_wrappers is not None:
+            return plan.out_tree.unflatten(_wrapped(outs, plan.out_avals,
+                                                    plan.entry.out_wrappers))
         if plan.single:
             o, a = outs[0], plan.out_avals[0]
             return Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
