@@ -44,7 +44,8 @@ def test_train_step_rows(bench_gpu):
 
 def test_data_parallel_rows(bench_gpu):
     rows = bench_gpu._bench_dp(repeats=2, batch=64)
-    assert [r["variant"] for r in rows] == ["1 device", "8 devices shard_map"]
+    assert [r["variant"] for r in rows] == ["1 device", "8 devices, grad outside",
+                                            "8 devices, grad inside"]
 
 
 def test_nccl_missing_is_an_error_when_required(bench_gpu, runtime_env, fake_gpu):
