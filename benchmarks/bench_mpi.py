@@ -432,6 +432,7 @@ def main(argv=None) -> int:
     import run as runner
 
     comm = _world()
+    common.provenance()  # the commit and tree state now, before anything runs
     t0 = time.perf_counter()
     rows = run(quick=args.quick, sizes=sizes, kinds=kinds, mlp=not args.no_mlp)
     seconds = time.perf_counter() - t0
@@ -446,6 +447,8 @@ def main(argv=None) -> int:
         if not args.no_save and not partial:  # a partial run never replaces the results
             path = runner.save(name, rows, args.quick, seconds, args.out)
             print(f"\nsaved {os.path.relpath(path)}")
+            if not args.quick and os.path.abspath(args.out) == os.path.join(HERE, "results"):
+                runner.regenerate_tables()
         missed = [f"{r['benchmark']} / {r['variant']}" for r in rows if r["passed"] is False]
         if missed:
             print("\ngoals missed:\n  " + "\n  ".join(missed))

@@ -243,9 +243,20 @@ def _blas() -> dict:
         return {"source": "unavailable", "error": repr(e)}
 
 
+_PROVENANCE: dict = {}
+
+
 def provenance() -> dict:
     """What produced a result: the git commit (and whether the tree had changes) and
-    the command line, with the launcher when the process is an MPI rank."""
+    the command line, with the launcher when the process is an MPI rank.  Read once,
+    at the first call (runners call it before measuring): the code that ran is the
+    code of that moment, whatever the tree holds when the results are saved."""
+    if not _PROVENANCE:
+        _PROVENANCE.update(_read_provenance())
+    return dict(_PROVENANCE)
+
+
+def _read_provenance() -> dict:
     import subprocess
     import sys
 

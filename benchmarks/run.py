@@ -86,6 +86,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     chosen = select(discover(), args.names)
+    common.provenance()  # the commit and tree state now, before anything runs
     info = common.machine_info()
     print(f"# {common.now_iso()}  {info['cpu']}, {info['usable_cores']} usable cores, "
           f"Python {info['python']}, numpy {info['numpy']}, BLAS {_blas_name(info['blas'])}"
@@ -104,12 +105,22 @@ def main(argv=None) -> int:
         print(f"\n## {name} ({seconds:.1f} s)\n\n{common.table(rows)}", flush=True)
         if not args.no_save:
             print(f"\nsaved {os.path.relpath(save(name, rows, args.quick, seconds, args.out))}")
+            if not args.quick and os.path.abspath(args.out) == os.path.join(HERE, "results"):
+                regenerate_tables()
         all_rows += rows
         failed += [f"{name}: {r['benchmark']} / {r['variant']}" for r in rows
                    if r["passed"] is False]
     if failed:
         print("\ngoals missed:\n  " + "\n  ".join(failed))
     return 1 if failed and args.strict else 0
+
+
+def regenerate_tables() -> None:
+    """Rewrite the results tables of docs/performance.md from the recorded runs."""
+    import make_tables
+
+    make_tables.main([])
+    print(f"updated {os.path.relpath(make_tables.DOC)} (benchmarks/make_tables.py)")
 
 
 def _blas_name(blas: dict) -> str:

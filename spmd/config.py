@@ -7,6 +7,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from spmd.errors import ArgumentError
@@ -16,11 +17,32 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ArgumentError(f"{name}={raw!r} is not an integer >= 0; set it to a number of "
+                            "bytes (0 disables)")
+    return value
+
+
 class Config:
     """Holds the switches; ``update(name, value)`` changes one."""
 
     def __init__(self) -> None:
         self.enable_x64: bool = _env_flag("SPMD_ENABLE_X64")
+        # jit runs the Python function op by op (see disable_jit).
+        self.disable_jit: bool = _env_flag("SPMD_DISABLE_JIT")
+        # Independent all-reduces of a program lowered for execution are combined
+        # into buckets of at most this many bytes (spmd.compiler.combine); 0
+        # disables combining.  Applies to programs compiled after a change.
+        self.combine_collectives_bytes: int = _env_int("SPMD_COMBINE_COLLECTIVES_BYTES",
+                                                       32 * 1024 * 1024)
         # Listeners are told of every change; the dtype layer and the jit cache
         # use this so that a switch never leaves a stale cached program behind.
         self._listeners: list = []
@@ -30,9 +52,31 @@ class Config:
             known = sorted(k for k in vars(self) if not k.startswith("_"))
             raise ArgumentError(
                 f"spmd.config.update: unknown option {name!r}; known options: {known}")
+        if name == "combine_collectives_bytes" and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ArgumentError(
+                f"spmd.config.update: combine_collectives_bytes must be an int >= 0 (bytes per "
+                f"combined collective; 0 disables combining), got {value!r}")
         setattr(self, name, value)
         for fn in self._listeners:
             fn(name, value)
 
 
 config = Config()
+
+
+@contextlib.contextmanager
+def disable_jit(disable: bool = True):
+    """Within the block, jitted functions run their Python code op by op (so
+    ``print`` shows values), and ``lax.cond``/``switch``/``while_loop``/``fori_loop``/
+    ``scan`` run as Python control flow on concrete operands, as ``jax.disable_jit``.
+
+    >>> with disable_jit():
+    ...     spmd.jit(lambda x: print(x) or x)(np.ones(2))  # doctest: +SKIP
+    """
+    old = config.disable_jit
+    config.update("disable_jit", bool(disable))
+    try:
+        yield
+    finally:
+        config.update("disable_jit", old)

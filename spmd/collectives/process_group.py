@@ -37,8 +37,9 @@ _REDUCE_NAMES = {"sum": "psum", "max": "pmax", "min": "pmin"}
 
 
 def backend():
-    """The module that moves data between processes: ``nccl`` for GPU devices when
-    NCCL is available (and not ``SPMD_GPU_BACKEND=mpi``), else ``mpi``."""
+    """The module that moves data between processes (a
+    :class:`spmd.collectives.backend.Transport`): ``nccl`` for GPU devices when NCCL is
+    available (and not ``SPMD_GPU_BACKEND=mpi``), else ``mpi``."""
     from spmd.launch import platform
 
     if platform.current() == "gpu" and platform.gpu_backend() == "nccl":
@@ -58,7 +59,8 @@ class ProcessGroup:
 
     def __init__(self, names, sizes, axes, local, procs, me):
         self.local_group = LocalGroup(names, sizes, axes)
-        self.comm = backend()  # mpi or nccl: both have call(kind, x, ranks, **params)
+        # The Transport (spmd.collectives.backend) that moves blocks: mpi or nccl.
+        self.comm = backend()
         self.names, self.sizes, self.axes = tuple(names), tuple(sizes), tuple(axes)
         self.local, self.procs, self.me = tuple(local), tuple(procs), me
         self.n = len(procs)
@@ -199,8 +201,11 @@ class ProcessGroup:
             return self._general("ppermute", x, perm)
         dst = next((d for s, d in perm if s == self.pos), None)
         src = next((s for s, d in perm if d == self.pos), None)
-        if dst is None and src is None:
-            return full(tuple(get_aval(x).shape), 0, get_aval(x).dtype), 0
+        # A member with neither partner still issues the (empty) exchange, which
+        # returns zeros: every process's program then has the same collectives in
+        # the same order with the same data dependences, which collective
+        # combining (spmd.compiler.combine) relies on to group them alike on
+        # every rank, and the group's communicator is made by all its members.
         return self.comm.call("sendrecv", x, self.ranks, dst=dst, src=src, what="ppermute"), 0
 
     def axis_index(self):

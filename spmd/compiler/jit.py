@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import optree
@@ -20,14 +20,16 @@ from spmd import tree_util
 from spmd.compiler import array_module as _am
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
+from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
+from spmd.compiler.trace import (axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
 from spmd.compiler.trace import _state as _trace_state
+from spmd.compiler import extensions as _ext
 from spmd.config import config
 from spmd.errors import OutputTypeError, StaticArgumentError
 
@@ -121,7 +123,13 @@ def _leaf_key(x):
         return t
     if _am.is_device_array(x):  # a cupy array: like a numpy array's key, with its type
         return (t, x.shape, x.dtype)
-    return (t, get_aval(x), None)
+    return (t, _arg_aval(x), None)
+
+
+def _arg_aval(x):
+    """The aval of an argument: a value's, or an abstract one's (ShapeDtypeStruct)."""
+    a = abstract_arg_aval(x)
+    return get_aval(x) if a is None else a
 
 
 def _walk(x, leaves: list, toks: list) -> bool:
@@ -287,7 +295,7 @@ class _CallPlan:
     """
 
     __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
-                 "single", "bind")
+                 "single", "bind", "abstract")
 
     def __init__(self, entry: _Entry, leaves, avals):
         self.entry = entry
@@ -311,6 +319,8 @@ class _CallPlan:
         # that those arrays evaluate it (see Array._eval_primitive).
         self.bind = entry.needs_arrays or any(
             type(x) is not Array and isinstance(x, Array) for x in leaves)
+        # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
+        self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
 
 
 class JitFunction:
@@ -404,7 +414,7 @@ class JitFunction:
         """The call plan for these arguments (tracing on a miss), and the leaves."""
         if self._no_static and not kwargs:
             leaves, treedef = _flatten(args)
-            key = (treedef, config.enable_x64, axis_env_key(),
+            key = (treedef, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
                    tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
                           for x in leaves]))
             plan = self._plans.get(key)
@@ -412,8 +422,8 @@ class JitFunction:
                 plan = self._new_plan(key, _NO_STATIC, _flatten((args, _EMPTY))[1], leaves)
             return plan, leaves
         static_key, leaves, treedef = self._signature(args, kwargs)
-        # A 5-tuple: never equal to the 4-tuple keys of the common case.
-        key = (treedef, static_key, config.enable_x64, axis_env_key(),
+        # A 6-tuple: never equal to the 5-tuple keys of the common case.
+        key = (treedef, static_key, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
                tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
                       for x in leaves]))
         plan = self._plans.get(key)
@@ -422,10 +432,11 @@ class JitFunction:
         return plan, leaves
 
     def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
-        avals = tuple(map(get_aval, leaves))  # raises DTypeError on unsupported leaves
+        avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.
-        akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key())
+        akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key(),
+                _ext.CONTEXT_KEY.fn())
         entry = self._cache.get(akey)
         if entry is None:
             entry = self._trace(static_key, treedef, avals)
@@ -447,10 +458,13 @@ class JitFunction:
         return plan.entry, leaves, plan.avals
 
     def __call__(self, *args, **kwargs):
+        if config.disable_jit:  # spmd.disable_jit(): run the Python function op by op
+            return self._fun(*args, **kwargs)
         # The common case (no static or keyword arguments; containers, arrays
         # and scalars) keys the plans on _walk's tokens; anything else, _plan.
         vals: list = []
-        toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else ()]
+        toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else (),
+                _ext.CONTEXT_KEY.fn()]
         if self._no_static and not kwargs and _walk(args, vals, toks):
             key = tuple(toks)
             plan = self._plans.get(key)
@@ -460,6 +474,10 @@ class JitFunction:
                     plan, vals = self._plan(args, kwargs)
         else:
             plan, vals = self._plan(args, kwargs)
+            if plan.abstract:
+                raise TypeError(f"jit({self._name}) was called with abstract arguments "
+                                "(ShapeDtypeStruct), which have no values; pass arrays, or use "
+                                ".trace(...), .lower(...) or spmd.eval_shape to trace only")
         if plan.bind or not is_eager():
             outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
                               name=self._name)
@@ -500,6 +518,15 @@ class JitFunction:
         entry, _, _ = self._entry(args, kwargs)
         return Lowered(entry, self._name)
 
+    def trace(self, *args, **kwargs):
+        """Trace for these arguments (arrays or ``ShapeDtypeStruct``): a
+        :class:`~spmd.compiler.traced.Traced` with ``.jaxpr``, ``.out_info`` and
+        ``.lower()``."""
+        from spmd.compiler.traced import Traced
+
+        entry, _, avals = self._entry(args, kwargs)
+        return Traced(entry, self._name, avals)
+
     def eval_shape(self, *args, **kwargs):
         entry, _, _ = self._entry(args, kwargs)
         return tree_util.tree_unflatten(entry.out_tree, list(entry.out_avals))
@@ -529,7 +556,12 @@ class Lowered:
     def program(self) -> ClosedProgram:
         return self._entry.optimized
 
-    def as_text(self) -> str:
+    def as_text(self, executed: bool = False) -> str:
+        """The optimised program; ``executed=True``: the program this process runs, after
+        lowering for execution (``shard_map`` inlined for this backend, collectives
+        combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
+        if executed:
+            return str(lower_for_execution(self._entry.optimized))
         return str(self._entry.optimized)
 
     def compile(self) -> "Compiled":

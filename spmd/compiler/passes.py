@@ -1,4 +1,5 @@
-"""Program passes: inlining of nested jit, constant folding, CSE and DCE.
+"""Program passes: inlining of nested jit, constant folding, CSE, scalar folding
+(:mod:`spmd.compiler.fold`) and DCE.
 
 Each pass maps a :class:`ClosedProgram` to an equivalent one.  ``optimize``
 runs them in the order that lets each help the next.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.fold import fold_scalar_chains
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 
 # Results larger than this many elements are not folded into constants: the
@@ -19,6 +21,7 @@ def optimize(closed: ClosedProgram) -> ClosedProgram:
     closed = inline_calls(closed)
     closed = fold_constants(closed)
     closed = cse(closed)
+    closed = fold_scalar_chains(closed)
     closed = fold_reshapes(closed)
     closed = sum_batched_dots(closed)
     return dce(closed)
@@ -111,13 +114,19 @@ def sum_batched_dots(closed: ClosedProgram) -> ClosedProgram:
 
 def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
     """Inline equations whose primitive has a ``lower`` rule (e.g. ``shard_map`` on the
-    local backend becomes array code over all simulated devices), then re-optimise.
+    local backend becomes array code over all simulated devices), re-optimise, then
+    combine independent collectives (:mod:`spmd.compiler.combine`; the bucket size is
+    ``spmd.config.combine_collectives_bytes``, 0 disables it).
 
-    The printed program keeps those equations; only the executed code is lowered.
+    The printed program keeps those equations; only the executed code is lowered
+    (``Lowered.as_text(executed=True)`` prints it).
     """
-    if not any(e.primitive.rules.get("lower") for e in closed.program.eqns):
-        return closed
-    return optimize(inline_calls(closed, "lower"))
+    from spmd.compiler.combine import combine_collectives
+    from spmd.config import config
+
+    if any(e.primitive.rules.get("lower") for e in closed.program.eqns):
+        closed = optimize(inline_calls(closed, "lower"))
+    return combine_collectives(closed, config.combine_collectives_bytes)
 
 
 def inline_calls(closed: ClosedProgram, rule: str = "inline") -> ClosedProgram:

@@ -13,13 +13,15 @@ from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.ops import elementwise as ew
 from spmd.errors import ArgumentError, IndexOutOfBoundsError, ShapeError
-from spmd.numpy._util import canonicalize_axis, promote_and_broadcast, require_static, to_array
+from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_and_broadcast,
+                              require_static, to_array)
 
 __all__ = ["allclose", "convolve", "copy", "correlate", "insert", "isclose", "isinf", "isnan"]
 
 
 def isnan(x, /):
     """Elementwise: is ``x`` NaN (always False for integers and bools)."""
+    check_arraylike("spmd.numpy.isnan", x)
     a = to_array(x, fname="spmd.numpy.isnan")
     if not dtypes.is_float(a.dtype):
         from spmd.numpy._creation import zeros
@@ -30,6 +32,7 @@ def isnan(x, /):
 
 def isinf(x, /):
     """Elementwise: is ``x`` +inf or -inf (always False for integers and bools)."""
+    check_arraylike("spmd.numpy.isinf", x)
     a = to_array(x, fname="spmd.numpy.isinf")
     if not dtypes.is_float(a.dtype):
         from spmd.numpy._creation import zeros
@@ -63,6 +66,7 @@ def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan: bool = False):
     0-d bool Array (``bool(...)`` gives a Python bool outside ``jit``)."""
     from spmd.numpy._reductions import all as all_
 
+    check_arraylike("spmd.numpy.allclose", a, b)
     return all_(isclose(a, b, rtol, atol, equal_nan))
 
 
@@ -92,6 +96,7 @@ def insert(arr, obj, values, axis=None):
     from spmd.numpy._shape_more import concatenate
 
     fname = "spmd.numpy.insert"
+    check_arraylike(fname, arr, values)
     x = to_array(arr, fname=fname)
     if axis is None:
         x, axis = ravel(x), 0

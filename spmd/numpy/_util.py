@@ -56,8 +56,21 @@ def _flat(x):
             yield e
 
 
+def check_arraylike(fname: str, *args) -> None:
+    """Raise ``TypeError`` for a list or tuple operand, as JAX does: an operand must be
+    an array or a scalar (``spmd.numpy.asarray`` converts a sequence explicitly, so
+    that a large Python list is never converted silently on every call)."""
+    for i, a in enumerate(args):
+        if isinstance(a, (list, tuple)):
+            raise TypeError(f"{fname} requires ndarray or scalar arguments, got "
+                            f"{type(a).__name__} at position {i}; convert it with "
+                            f"spmd.numpy.asarray(...) first (as JAX requires)")
+
+
 def promote_dtypes(*args, fname: str = "spmd.numpy"):
-    """Convert ``args`` to their common dtype (weak types follow JEP 9407)."""
+    """Convert ``args`` to their common dtype (weak types follow JEP 9407); list and
+    tuple operands raise ``TypeError`` (:func:`check_arraylike`)."""
+    check_arraylike(fname, *args)
     arrs = [to_array(a, fname=fname) for a in args]
     avals = [get_aval(a) for a in arrs]
     dtype, weak = dtypes.result_type(*[(a.dtype, a.weak_type) for a in avals])
@@ -157,11 +170,3 @@ def canonicalize_axes(axis, ndim: int, fname: str) -> tuple:
             raise ArgumentError(f"{fname}: repeated axis in axis={axis}")
         return axes
     return (canonicalize_axis(axis, ndim, fname),)
-
-
-def shape_of(x) -> tuple:
-    return tuple(np.shape(x)) if not is_traced_or_array(x) else x.shape
-
-
-def aval_of(x) -> ShapedArray:
-    return get_aval(x if is_traced_or_array(x) else to_array(x))

@@ -34,8 +34,9 @@ def test_isclose_tolerances_broadcasting_and_ints():
 def test_allclose():
     x = np.linspace(0, 1, 7).astype(np.float32)
     assert bool(snp.allclose(x, x + 1e-9)) and not bool(snp.allclose(x, x + 1e-3))
-    assert not bool(snp.allclose([np.nan], [np.nan]))
-    assert bool(snp.allclose([np.nan, 1.0], [np.nan, 1.0], equal_nan=True))
+    nan, nan1 = np.array([np.nan]), np.array([np.nan, 1.0])
+    assert not bool(snp.allclose(nan, nan))
+    assert bool(snp.allclose(nan1, nan1, equal_nan=True))
     out = spmd.jit(snp.allclose)(x, x)
     assert out.shape == () and out.dtype == np.bool_ and bool(out)
 
@@ -70,7 +71,7 @@ INSERT_CASES = [
 @pytest.mark.parametrize("jit", [False, True])
 def test_insert_matches_numpy(obj, values, axis, jit):
     a = np.arange(6, dtype=np.int32).reshape(2, 3)
-    f = lambda x: snp.insert(x, obj, values, axis)  # noqa: E731
+    f = lambda x: snp.insert(x, obj, np.asarray(values), axis)  # noqa: E731
     got = (spmd.jit(f) if jit else f)(a)
     want = np.insert(a, obj, values, axis)
     assert got.dtype == np.int32
@@ -90,10 +91,12 @@ def test_insert_casts_values_and_differentiates():
 
 def test_insert_errors():
     a = np.arange(3)
+    with pytest.raises(TypeError, match="list at position 1"):
+        snp.insert(a, 0, [1, 2])
     with pytest.raises(IndexOutOfBoundsError, match="obj=5"):
         snp.insert(a, 5, 1)
     with pytest.raises(ShapeError, match="do not fit"):
-        snp.insert(a, [0, 1], [1, 2, 3])
+        snp.insert(a, [0, 1], np.array([1, 2, 3]))
     with pytest.raises(ArgumentError, match="integers"):
         snp.insert(a, [0.5], 1)
     with pytest.raises(ConcretizationError, match="obj"):

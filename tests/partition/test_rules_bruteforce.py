@@ -285,6 +285,8 @@ def _cases():
     c["eigh"] = (ld.eigh, lambda r: [spd(r)])
     c["svd"] = (lambda a: ld.svd(a, full_matrices=False), lambda r: [f32(r, 8, 4, 3)])
     from spmd.compiler.ops.conv import conv
+    from spmd.compiler.remat import checkpoint_name
+    c["name"] = (lambda x: checkpoint_name(x, "a"), lambda r: [f32(r, 8, 4)])
     c["conv"] = (lambda x, w: conv(x, w, (1,), [(1, 1)]),
                  lambda r: [f32(r, 8, 4, 6), f32(r, 4, 4, 3)])
     c["conv_grouped"] = (lambda x, w: conv(x, w, (2,), [(0, 1)], feature_group_count=2),

@@ -22,6 +22,7 @@ import numpy as np
 
 from spmd.collectives.primitives import pvary_p
 from spmd.compiler.ad import stop_gradient_p
+from spmd.compiler.remat import name_p
 from spmd.compiler.custom import custom_lin_p
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import reduce as rd
@@ -318,6 +319,7 @@ def _table() -> dict:
     table.update({
         ew.neg_p: _elementwise("linear"),
         stop_gradient_p: _elementwise("linear"),
+        name_p: _elementwise("linear"),  # checkpoint_name: the identity
         pvary_p: _elementwise("linear"),
         ew.convert_p: _elementwise("convert"),
         ew.add_p: _elementwise("joint"),

@@ -1,0 +1,112 @@
+"""Where the fixed cost of a small ``psum`` goes, layer by layer (a diagnostic).
+
+Runs under MPI (``.venv/bin/mpiexec -n 2 .venv/bin/python
+benchmarks/mpi_call_overhead.py``).  For a float32 operand of 4 KiB per rank it
+times, in hot loops (all ranks loop together; each call synchronises them), the
+layers between a jitted ``shard_map`` psum and the raw mpi4py call:
+
+1. ``comm.Allreduce`` on preallocated buffers (the floor);
+2. ``spmd.collectives.mpi.allreduce`` (the backend function: dtype widening,
+   the receive buffer, reading ``SPMD_COLLECTIVE_TIMEOUT``, the communicator
+   cache);
+3. the ``mpi`` primitive's impl as generated code calls it (``functools.partial``,
+   ``np.asarray``, the dispatch on ``kind``);
+4. the compiled program of the jitted psum, called on the flat arrays;
+5. the jitted call itself (argument handling, blocks, result wrapping).
+
+It also times the parts of the backend function that need no communication
+alone (rank 0's medians).  Each row is the median over rounds of the per-call time of a loop, and the
+difference to the row above: what that layer adds.  Rank 0 prints the table;
+nothing is saved (``bench_mpi.py``'s ``added latency`` rows are the recorded
+numbers).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import common  # noqa: E402,F401  (puts the repository root on sys.path)
+
+
+def _per_call(fn, number: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) / number
+
+
+def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tuple[str, float]]:
+    import numpy as np
+    from mpi4py import MPI
+
+    import spmd
+    from spmd import P, lax
+    from spmd.collectives import mpi
+
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    m = nbytes // 4
+    x = np.arange(n * m, dtype=np.float32)
+    mine = np.ascontiguousarray(x[rank * m:(rank + 1) * m])
+    out = np.empty_like(mine)
+    ranks = tuple(range(n))
+    mesh = spmd.make_mesh((n,), ("i",))
+    f = spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
+                                out_specs=P()))
+    exe = f.lower(x).compile()._entry.exe
+    impl = functools.partial(mpi.mpi_p.impl, np, kind="allreduce", ranks=ranks, op="sum",
+                             what="psum")
+    layers = [("raw comm.Allreduce", lambda: comm.Allreduce(mine, out, op=MPI.SUM)),
+              ("mpi.allreduce (backend function)", lambda: mpi.allreduce(mine, ranks, "sum")),
+              ("mpi primitive impl (as generated code calls it)", lambda: impl(mine)),
+              ("compiled program on flat arrays", lambda: exe(x)),
+              ("jitted shard_map call", lambda: f(x))]
+    np.testing.assert_array_equal(np.asarray(f(x)), x.reshape(n, m).sum(0))
+    samples = {name: [] for name, _ in layers}
+    for _ in range(rounds):
+        for name, fn in layers:
+            comm.Barrier()
+            samples[name].append(_per_call(fn, number))
+    medians = {}
+    for name, _ in layers:  # the slowest rank's median
+        medians[name] = comm.allreduce(statistics.median(samples[name]), op=MPI.MAX)
+    # The parts of the backend function that need no communication, alone.
+    parts = [("  part: _timeout() (reads SPMD_COLLECTIVE_TIMEOUT)", mpi._timeout),
+             ("  part: communicator(ranks) (cached)", lambda: mpi.communicator(ranks)),
+             ("  part: _widen(x)", lambda: mpi._widen(mine)),
+             ("  part: _recv_buffer(shape, dtype)",
+              lambda: mpi._recv_buffer(mine.shape, mine.dtype)),
+             ("  part: np.asarray(x) in the impl", lambda: np.asarray(mine))]
+    part_rows = [(name, statistics.median(_per_call(fn, 2000) for _ in range(15)))
+                 for name, fn in parts]
+    return [(name, medians[name]) for name, _ in layers], part_rows
+
+
+def main() -> int:
+    from mpi4py import MPI
+
+    rows, parts = measure()
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(f"psum of 4 KiB per rank, {MPI.COMM_WORLD.Get_size()} ranks, hot loops "
+              f"({common.now_iso()}, load {common.LOAD_AT_START})\n")
+        print("| layer | per call | added by this layer |\n| --- | --- | --- |")
+        prev = None
+        for name, t in rows:
+            added = "-" if prev is None else f"{(t - prev) * 1e6:+.1f} µs"
+            print(f"| {name} | {t * 1e6:.1f} µs | {added} |")
+            prev = t
+        for name, t in parts:
+            print(f"| {name} | {t * 1e6:.2f} µs | (no communication) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
