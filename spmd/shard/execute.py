@@ -282,9 +282,19 @@ def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
         if spec.mesh_axes:
             results.append(from_blocks(o, aval, s))
         else:
-            results.append(from_whole(np.asarray(o, a.dtype) if np.ndim(o) == 0 else o,
+            results.append(from_whole(_scalar_as(o, a.dtype) if np.ndim(o) == 0 else o,
                                       aval, s))
     return results
+
+
+def _scalar_as(o, dtype):
+    """A 0-d output as a 0-d array of ``dtype``, where it is (a numpy scalar becomes a
+    numpy array; a CuPy array stays on its GPU: CuPy refuses ``np.asarray`` of it)."""
+    from spmd.compiler import array_module
+
+    if array_module.is_device_array(o):
+        return o if o.dtype == dtype else o.astype(dtype)
+    return np.asarray(o, dtype)
 
 
 def _unclosed(program: ClosedProgram) -> ClosedProgram:
