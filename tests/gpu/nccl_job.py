@@ -4,6 +4,7 @@
     mpiexec -n 4 python tests/gpu/nccl_job.py collectives
     mpiexec -n 2 python tests/gpu/nccl_job.py bound        # CUDA_VISIBLE_DEVICES=<rank>
     mpiexec -n 2 python tests/gpu/nccl_job.py shared-gpu   # CUDA_VISIBLE_DEVICES=0 on both
+    mpiexec -n 2 python tests/gpu/nccl_job.py host-staged  # SPMD_GPU_BACKEND=mpi
 
 Each rank prints ``RANK <r> OK`` at the end, or the error it expected.
 """
@@ -17,6 +18,8 @@ SCENARIO = sys.argv[1]
 RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 os.environ.update(SPMD_PLATFORM="gpu", FAKE_CUPY_NCCL="1")
 os.environ.pop("SPMD_GPU_BACKEND", None)
+if SCENARIO == "host-staged":  # GPU arrays, collectives through host memory and MPI
+    os.environ["SPMD_GPU_BACKEND"] = "mpi"
 if SCENARIO == "bound":  # a launcher that binds each rank to its own GPU
     os.environ["CUDA_VISIBLE_DEVICES"] = str(RANK)
 elif SCENARIO == "shared-gpu":  # a wrong binding: both ranks on physical GPU 0
@@ -41,7 +44,7 @@ from tests.gpu import fake_nccl  # noqa: E402
 
 cp = fake_cupy
 n = spmd.process_count()
-assert platform.gpu_backend() == "nccl"
+assert platform.gpu_backend() == ("mpi" if SCENARIO == "host-staged" else "nccl")
 
 
 def check_group_collectives():
@@ -109,6 +112,27 @@ def check_psum():
     np.testing.assert_array_equal(np.asarray(got), x.sum(0, keepdims=True))
 
 
+def check_arrays_spread_over_processes():
+    """Arrays made from each process's data, a jitted step on them (partitioned over
+    the processes), a scalar result: every buffer on the GPU, values as numpy's."""
+    mesh = spmd.make_mesh((n,), ("i",))
+    sharding = spmd.NamedSharding(mesh, P("i"))
+    x = np.arange(n * 4 * 3, dtype=np.float32).reshape(n * 4, 3) / 10
+    w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+    xs = spmd.make_array_from_process_local_data(sharding, x[4 * RANK:4 * RANK + 4])
+    for shard in xs.addressable_shards:
+        assert type(shard.data.value) is cp.ndarray
+    loss, grad = spmd.jit(spmd.value_and_grad(
+        lambda w, x: spmd.numpy.sum(spmd.numpy.tanh(x @ w) ** 2)))(w, xs)
+    t = np.tanh(x @ w)
+    np.testing.assert_allclose(float(loss), (t ** 2).sum(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), x.T @ (2 * t * (1 - t * t)), rtol=1e-4,
+                               atol=1e-5)
+    y = spmd.jit(lambda v: v * 2 + 1)(xs)
+    np.testing.assert_allclose(spmd.process_allgather(y), x * 2 + 1, rtol=1e-6)
+    check_psum()
+
+
 if SCENARIO == "collectives":
     assert array_module.device_id[0] == RANK  # the GPU of its local rank
     check_group_collectives()
@@ -126,6 +150,8 @@ elif SCENARIO == "shared-gpu":
         print(f"RANK {RANK} REFUSED: {e}", flush=True)
     else:
         raise AssertionError("two ranks on one GPU were not refused")
+elif SCENARIO == "host-staged":
+    check_arrays_spread_over_processes()
 else:
     raise SystemExit(f"unknown scenario {SCENARIO!r}")
 print(f"RANK {RANK} OK", flush=True)
