@@ -140,7 +140,8 @@ def row(benchmark: str, variant: str, times: list[float], *, baseline: str | Non
     ``baseline`` names the variant of the same ``benchmark`` that the ratio is
     taken against; ``goal_ratio`` is the largest acceptable ratio of medians,
     ``goal_max_s`` the largest acceptable median in seconds.  ``unit`` is how the
-    table shows times: ``"s"``, ``"ms"`` or ``"us"``.
+    table shows times: ``"s"``, ``"ms"`` or ``"us"`` (or ``"MiB"`` for a row of byte
+    counts).
     """
     if unit not in UNITS:
         raise ValueError(f"row: unit must be one of {sorted(UNITS)}, got {unit!r}")
@@ -149,7 +150,8 @@ def row(benchmark: str, variant: str, times: list[float], *, baseline: str | Non
             "unit": unit, "note": note}
 
 
-UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6,
+         "MiB": 1 / 2 ** 20}  # a memory row holds bytes in ``times_s`` (bench_arrays.py)
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -325,6 +325,7 @@ def main(argv=None) -> int:
 
     losses, t0, tokens = [], time.perf_counter(), 0
     steady = None  # (time, tokens) after the first step, which traces and compiles
+    pending = None  # the checkpoint being written in the background
     bar = _progress(args.steps - first, rank0)
     for k in range(first + 1, args.steps + 1):
         batch = _put_batch(batch_at(corpus, k, args.batch, cfg.context, args.seed), mesh)
@@ -342,7 +343,11 @@ def main(argv=None) -> int:
             msg = f"step {k} loss {loss:.4f} ({rate:,.0f} tokens/s)"
             bar.write(msg) if bar is not None else say(msg, flush=True)
         if args.ckpt_dir and (k == args.steps or (args.save_every and k % args.save_every == 0)):
-            checkpointing.save(args.ckpt_dir, {"params": params, "opt": state}, step=k, keep=3)
+            # Written by a background thread while the next steps train.
+            pending = checkpointing.save_async(args.ckpt_dir, {"params": params, "opt": state},
+                                               step=k, keep=3)
+    if pending is not None:
+        pending.wait()
     if bar is not None:
         bar.close()
     if losses:

@@ -7,7 +7,7 @@
 
 from spmd import config as _config_module
 from spmd.config import config  # noqa: F401
-from spmd import errors, tree_util  # noqa: F401
+from spmd import errors, tree, tree_util  # noqa: F401
 from spmd.compiler import ops as _ops  # noqa: F401  (registers the primitives)
 from spmd.compiler.array import Array  # noqa: F401
 from spmd.compiler.avals import ShapedArray  # noqa: F401
@@ -18,15 +18,20 @@ from spmd.autodiff import (grad, hessian, jacfwd, jacrev, jvp, linearize,  # noq
 from spmd.vectorize import vmap  # noqa: F401
 from spmd.compiler.custom import custom_jvp, custom_vjp  # noqa: F401
 from spmd.compiler.remat import checkpoint, checkpoint_policies, remat  # noqa: F401
+from spmd.compiler.remat import checkpoint_name  # noqa: F401
 from spmd import ad_checkpoint, test_util  # noqa: F401
 
 __version__ = "0.1.0"
 from spmd import nn  # noqa: F401,E402
+from spmd import random  # noqa: F401,E402
 from spmd.mesh import (Device, Mesh, device_count, devices, local_device_count,  # noqa: F401
                        local_devices, make_mesh, process_count, process_index)
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
 from spmd.shard.shard_map import shard_map  # noqa: F401
-from spmd import shard  # noqa: F401,E402  (installs Array.sharding and friends)
+from spmd.shard.pmap import pmap  # noqa: F401,E402
+from spmd import shard  # noqa: F401,E402
+from spmd.shard.sharded import install_plain_array_properties as _install_placement  # noqa: E402
+_install_placement()  # unplaced Arrays answer .sharding etc. as one copy on a local device
 from spmd.shard.array import (device_put, make_array_from_callback,  # noqa: F401,E402
                               visualize_array_sharding)
 from spmd import sharding  # noqa: F401,E402
@@ -35,3 +40,6 @@ from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa
 from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)
 from spmd import distributed  # noqa: F401,E402
 from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy: see there)
+from spmd.config import disable_jit  # noqa: F401,E402
+from spmd.compiler.avals import ShapeDtypeStruct  # noqa: F401,E402
+from spmd.linear_util import linear_transpose  # noqa: F401,E402

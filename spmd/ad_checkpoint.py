@@ -1,4 +1,4 @@
 """``spmd.ad_checkpoint``: rematerialisation (as ``jax.ad_checkpoint``)."""
 
-from spmd.compiler.remat import (checkpoint, checkpoint_policies, remat,  # noqa: F401
-                                 saved_residuals)
+from spmd.compiler.remat import (checkpoint, checkpoint_name, checkpoint_policies,  # noqa: F401
+                                 print_saved_residuals, remat, saved_residuals)

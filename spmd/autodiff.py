@@ -187,8 +187,11 @@ def _check_argnums(fun, argnums, nargs, fname):
     return single, tuple(a % nargs for a in nums)
 
 
-def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False):
+def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = False):
     """A function returning ``(fun(*args), gradient w.r.t. args[argnums])``.
+
+    With ``allow_int=True`` integer and bool arguments are allowed; their
+    gradients are float0 zeros (as in JAX).
 
     >>> value_and_grad(lambda x: (x ** 2).sum())(np.ones(3, np.float32))  # doctest: +SKIP
     """
@@ -200,11 +203,12 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False):
         for i in nums:
             for path, leaf in tree_util.tree_flatten_with_path(args[i])[0]:
                 dt = get_aval(leaf).dtype
-                if not dtypes.is_float(dt):
+                if not dtypes.is_float(dt) and not allow_int:
                     raise GradientError(
                         f"grad({_name(fun)}): argument {i}{tree_util.keystr(path)} has dtype "
                         f"{dt}; grad requires floating-point inputs. Convert it with "
-                        ".astype(np.float32), or exclude it with argnums")
+                        ".astype(np.float32), exclude it with argnums, or pass allow_int=True "
+                        "(its gradient is then a float0 zero)")
 
         def f_of_diff(*diff_args):
             full = list(args)
@@ -235,13 +239,14 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False):
     return wrapped
 
 
-def grad(fun: Callable, argnums=0, has_aux: bool = False):
-    """The gradient of a scalar-valued ``fun`` w.r.t. ``args[argnums]``.
+def grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = False):
+    """The gradient of a scalar-valued ``fun`` w.r.t. ``args[argnums]`` (``allow_int``:
+    see :func:`value_and_grad`).
 
     >>> grad(lambda x: (x * x).sum())(np.array([1.0, 2.0], np.float32))
     Array([2., 4.], dtype=float32)
     """
-    vg = value_and_grad(fun, argnums, has_aux)
+    vg = value_and_grad(fun, argnums, has_aux, allow_int)
 
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):

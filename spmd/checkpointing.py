@@ -23,11 +23,14 @@ which :func:`latest_step` never picks (and the next save removes).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
 import shutil
+import threading
 import uuid
+import warnings
 from typing import Any
 
 import numpy as np
@@ -165,34 +168,153 @@ def save(directory: str, tree, *, step: int, keep: int | None = None) -> str:
 
     Each process writes only the blocks its devices hold (replicated blocks
     once).  ``keep``: then delete all but the newest ``keep`` checkpoints.
-    Returns the checkpoint's directory.
+    Returns the checkpoint's directory.  Waits for a pending :func:`save_async`
+    first, so checkpoints commit in the order they were asked for.
 
     >>> save("ckpt", {"params": params}, step=10, keep=2)
     'ckpt/step_10'
     """
+    wait_pending()  # one save at a time uses the checkpoint communicator
+    return _write(_plan(directory, tree, step, keep, copy=False))
+
+
+class PendingSave:
+    """A checkpoint being written by a background thread (see :func:`save_async`)."""
+
+    def __init__(self, plan: "_Plan", background: bool = True):
+        self.path = plan.final
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(plan,),
+                                        name=f"spmd-checkpoint-{plan.step}", daemon=True)
+        self._thread.start()
+        if not background:
+            self._thread.join()
+
+    def _run(self, plan):
+        try:
+            _write(plan)
+        except BaseException as e:  # re-raised by wait() in the caller's thread
+            self._error = e
+
+    def done(self) -> bool:
+        """True once the checkpoint is committed (or its save failed)."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> str:
+        """Block until the checkpoint is committed; return its directory, or raise the
+        save's error."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.path
+
+
+_pending: list[PendingSave] = []
+_pending_lock = threading.Lock()
+
+
+def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> PendingSave:
+    """Start saving ``tree`` as ``<directory>/step_<step>`` in a background thread and
+    return at once; every process must call it.
+
+    The arguments are checked, and the blocks this process writes are copied,
+    before it returns, so training may go on and change its arrays.  A second
+    save (async or not) first waits for a pending one, so checkpoints commit in
+    order and at most one is in flight; ``wait()`` on the
+    returned handle re-raises a failed save's error.  The program waits for a
+    pending save at exit.
+
+    >>> pending = save_async("ckpt", state, step=200, keep=3)
+    >>> ...                                   # more training steps
+    >>> pending.wait()
+    'ckpt/step_200'
+    """
+    with _pending_lock:
+        # The plan's checks are collectives on the checkpoint communicator, which a
+        # pending save's thread may still be using: one save at a time.
+        wait_pending()
+        plan = _plan(directory, tree, step, keep, copy=True)
+        handle = PendingSave(plan, background=_threads_may_call_mpi())
+        _pending.append(handle)
+    return handle
+
+
+def _threads_may_call_mpi() -> bool:
+    """Whether a background thread may run the save's MPI calls while the main thread
+    runs the program's collectives (MPI_THREAD_MULTIPLE; mpi4py asks for it)."""
+    if process_count() == 1:
+        return True
+    from mpi4py import MPI
+
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        return True
+    warnings.warn("spmd.checkpointing.save_async: this MPI library was initialised without "
+                  "MPI_THREAD_MULTIPLE, so the save runs in the calling thread",
+                  RuntimeWarning, stacklevel=3)
+    return False
+
+
+def wait_pending() -> None:
+    """Wait for every checkpoint started by :func:`save_async` to commit (errors of
+    those saves are raised by their handles' ``wait()``, not here)."""
+    while _pending:
+        _pending.pop(0)._thread.join()
+
+
+atexit.register(wait_pending)
+
+
+class _Plan:
+    """What one process writes for one checkpoint, checked on every process."""
+
+    def __init__(self, directory, step, keep, final, treedef, leaves):
+        self.directory, self.step, self.keep, self.final = directory, step, keep, final
+        self.treedef, self.leaves = treedef, leaves  # leaves: (path, shape, dtype, sh, blocks)
+
+
+def _plan(directory: str, tree, step, keep, *, copy: bool) -> _Plan:
     if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"save: step must be an integer >= 0, got {step!r}")
     if keep is not None and (not isinstance(keep, int) or keep < 1):
         raise CheckpointError(f"save: keep must be an integer >= 1 or None, got {keep!r}")
     paths_leaves, treedef = tree_util.tree_flatten_with_path(tree)
+    me = process_index()
+    _comm()  # created here, in the calling thread: Dup is a collective on the world
     leaves = []
     for path, x in paths_leaves:
         p = tree_util.keystr(path)
-        leaves.append((p, x, *_leaf_info(x, p)))
+        shape, dtype, sh = _leaf_info(x, p)
+        _zarr_dtype(dtype, p)
+        leaves.append((p, shape, dtype, sh, x))
+    ok = True
+    try:  # a process-local failure (memory, a device) must fail every process
+        leaves = [(p, shape, dtype, sh,
+                   [(index, np.array(b, copy=True) if copy else b)
+                    for index, b in _blocks_to_write(x, sh, me)])
+                  for p, shape, dtype, sh, x in leaves]
+    except BaseException:
+        ok = False
+        raise
+    finally:
+        _all_ok(ok, f"save of {step_dir(directory, step)}: reading the blocks")
     final = step_dir(directory, step)
     if os.path.exists(final):  # checked by every process: they all raise or none
         raise CheckpointError(f"save: {final} already exists; save under a new step, or "
                               "delete it first")
-    me = process_index()
+    return _Plan(directory, int(step), keep, final, treedef, leaves)
+
+
+def _write(plan: _Plan) -> str:
+    directory, final, me = plan.directory, plan.final, process_index()
     nonce = _bcast(uuid.uuid4().hex[:12] if me == 0 else None)
-    tmp = os.path.join(directory, f".tmp-step_{int(step)}.{nonce}")
+    tmp = os.path.join(directory, f".tmp-step_{plan.step}.{nonce}")
     ok = True
     try:
         if me == 0:
             os.makedirs(directory, exist_ok=True)
             _remove_stale_tmp(directory)
             os.makedirs(tmp)
-            for i, (p, x, shape, dtype, sh) in enumerate(leaves):
+            for i, (p, shape, dtype, sh, _) in enumerate(plan.leaves):
                 _store(os.path.join(tmp, f"leaf_{i:05d}"), {
                     "shape": list(shape), "data_type": _zarr_dtype(dtype, p),
                     "chunk_grid": {"name": "regular",
@@ -204,11 +326,9 @@ def save(directory: str, tree, *, step: int, keep: int | None = None) -> str:
         _all_ok(ok, f"save of {final}: creating the arrays")
     try:
         writes = []
-        for i, (p, x, shape, dtype, sh) in enumerate(leaves):
-            store = None
-            for index, block in _blocks_to_write(x, sh, me):
-                store = store or _store(os.path.join(tmp, f"leaf_{i:05d}"))
-                writes.append(store[index].write(block))
+        for i, (p, shape, dtype, sh, blocks) in enumerate(plan.leaves):
+            store = _store(os.path.join(tmp, f"leaf_{i:05d}")) if blocks else None
+            writes.extend(store[index].write(block) for index, block in blocks)
         for w in writes:
             w.result()
     except BaseException:
@@ -218,18 +338,18 @@ def save(directory: str, tree, *, step: int, keep: int | None = None) -> str:
         _all_ok(ok, f"save of {final}: writing the blocks")
     try:
         if me == 0:
-            meta = {"format": _FORMAT, "step": int(step), "treedef": str(treedef),
+            meta = {"format": _FORMAT, "step": plan.step, "treedef": str(plan.treedef),
                     "leaves": [{"path": p, "file": f"leaf_{i:05d}", "shape": list(shape),
                                 "dtype": dtype.name, "mesh": _mesh_record(sh),
                                 "spec": _spec_record(sh)}
-                               for i, (p, x, shape, dtype, sh) in enumerate(leaves)]}
+                               for i, (p, shape, dtype, sh, _) in enumerate(plan.leaves)]}
             with open(os.path.join(tmp, METADATA), "w") as f:
                 json.dump(meta, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, final)  # the commit
-            if keep is not None:
-                for old in all_steps(directory)[:-keep]:
+            if plan.keep is not None:
+                for old in all_steps(directory)[:-plan.keep]:
                     shutil.rmtree(step_dir(directory, old), ignore_errors=True)
     except BaseException:
         ok = False

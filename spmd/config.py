@@ -7,6 +7,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from spmd.errors import ArgumentError
@@ -40,6 +41,8 @@ class Config:
         # disables combining.  Applies to programs compiled after a change.
         self.combine_collectives_bytes: int = _env_int("SPMD_COMBINE_COLLECTIVES_BYTES",
                                                        32 * 1024 * 1024)
+        # jit runs the Python function op by op (see disable_jit).
+        self.disable_jit: bool = _env_flag("SPMD_DISABLE_JIT")
         # Listeners are told of every change; the dtype layer and the jit cache
         # use this so that a switch never leaves a stale cached program behind.
         self._listeners: list = []
@@ -60,3 +63,20 @@ class Config:
 
 
 config = Config()
+
+
+@contextlib.contextmanager
+def disable_jit(disable: bool = True):
+    """Within the block, jitted functions run their Python code op by op (so
+    ``print`` shows values), and ``lax.cond``/``switch``/``while_loop``/``fori_loop``/
+    ``scan`` run as Python control flow on concrete operands, as ``jax.disable_jit``.
+
+    >>> with disable_jit():
+    ...     spmd.jit(lambda x: print(x) or x)(np.ones(2))  # doctest: +SKIP
+    """
+    old = config.disable_jit
+    config.update("disable_jit", bool(disable))
+    try:
+        yield
+    finally:
+        config.update("disable_jit", old)

@@ -26,10 +26,22 @@ def tree_flatten(tree, is_leaf: Callable | None = None):
 
 
 def tree_flatten_with_path(tree, is_leaf: Callable | None = None):
-    """Return ``([(path, leaf), ...], treedef)``; paths are tuples of keys."""
-    paths, leaves, treedef = optree.tree_flatten_with_path(
+    """Return ``([(path, leaf), ...], treedef)``; a path is a tuple of keys
+    (:class:`DictKey`, :class:`SequenceKey`, :class:`GetAttrKey`,
+    :class:`FlattenedIndexKey`), as in JAX.
+
+    >>> [keystr(p) for p, _ in tree_flatten_with_path({"a": [1, 2]})[0]]
+    ["['a'][0]", "['a'][1]"]
+    """
+    accessors, leaves, treedef = optree.tree_flatten_with_accessor(
         tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE)
+    paths = [tuple(_key_of(e) for e in acc) for acc in accessors]
     return list(zip(paths, leaves)), treedef
+
+
+def tree_leaves_with_path(tree, is_leaf: Callable | None = None) -> list:
+    """``[(path, leaf), ...]`` (the first half of :func:`tree_flatten_with_path`)."""
+    return tree_flatten_with_path(tree, is_leaf)[0]
 
 
 def tree_unflatten(treedef, leaves):
@@ -50,18 +62,44 @@ def tree_map(f: Callable, tree, *rest, is_leaf: Callable | None = None):
 
 
 def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None):
-    return optree.tree_map_with_path(f, tree, *rest, is_leaf=is_leaf, none_is_leaf=False,
-                                     namespace=NAMESPACE)
+    """``f(path, leaf, *others)`` at each leaf of ``tree``; ``rest`` must have
+    ``tree``'s structure (or one that ``tree`` is a prefix of).
+
+    >>> tree_map_with_path(lambda p, x: keystr(p), {"a": [0]})
+    {'a': ["['a'][0]"]}
+    """
+    pairs, treedef = tree_flatten_with_path(tree, is_leaf)
+    others = [treedef.flatten_up_to(r) for r in rest]
+    return treedef.unflatten([f(p, x, *xs) for (p, x), *xs in zip(pairs, *others)])
+
+
+def tree_all(tree, *, is_leaf: Callable | None = None) -> bool:
+    """Whether every leaf of ``tree`` is truthy (``True`` for an empty tree).
+
+    >>> tree_all([True, (1, None)])
+    True
+    """
+    return all(tree_leaves(tree, is_leaf=is_leaf))
 
 
 _NO_INIT = object()
 
 
-def tree_reduce(f: Callable, tree, initializer=_NO_INIT):
-    leaves = tree_leaves(tree)
+def tree_reduce(f: Callable, tree, initializer=_NO_INIT, *, is_leaf: Callable | None = None):
+    """Fold ``f`` over the leaves, left to right (from ``initializer`` when given)."""
+    leaves = tree_leaves(tree, is_leaf=is_leaf)
     if initializer is _NO_INIT:
         return functools.reduce(f, leaves)
     return functools.reduce(f, leaves, initializer)
+
+
+def tree_transpose(outer_treedef, inner_treedef, pytree_to_transpose):
+    """Turn an outer tree of inner trees into an inner tree of outer trees.
+
+    >>> tree_transpose(tree_structure([0, 0]), tree_structure((0, 0)), [(1, 2), (3, 4)])
+    ([1, 3], [2, 4])
+    """
+    return optree.tree_transpose(outer_treedef, inner_treedef, pytree_to_transpose)
 
 
 def treedef_children(treedef) -> list:
@@ -72,12 +110,73 @@ def treedef_is_leaf(treedef) -> bool:
     return treedef.is_leaf()
 
 
-def keystr(path: Sequence[Any]) -> str:
-    """Format a key path like ``['params'][0]``."""
-    out = []
-    for k in path:
-        out.append(f"[{k!r}]")
-    return "".join(out)
+@dataclasses.dataclass(frozen=True)
+class SequenceKey:
+    """Path entry of a list or tuple element: ``[idx]``."""
+    idx: int
+
+    def __str__(self):
+        return f"[{self.idx!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class DictKey:
+    """Path entry of a dict value: ``[key]``."""
+    key: Any
+
+    def __str__(self):
+        return f"[{self.key!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class GetAttrKey:
+    """Path entry of an attribute (namedtuple or dataclass field): ``.name``."""
+    name: str
+
+    def __str__(self):
+        return f".{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlattenedIndexKey:
+    """Path entry of the ``key``-th child of a custom node without named children."""
+    key: int
+
+    def __str__(self):
+        return f"[<flat index {self.key}>]"
+
+
+def _key_of(entry):
+    """The JAX-style key of one optree accessor entry."""
+    if isinstance(entry, (optree.NamedTupleEntry, optree.StructSequenceEntry)):
+        return GetAttrKey(entry.field)
+    if isinstance(entry, optree.GetAttrEntry):  # dataclass fields too
+        return GetAttrKey(entry.name)
+    if isinstance(entry, optree.MappingEntry):
+        return DictKey(entry.entry)
+    if isinstance(entry, optree.SequenceEntry):
+        return SequenceKey(entry.entry)
+    return FlattenedIndexKey(entry.entry)
+
+
+def _simple(k) -> str:
+    for attr in ("idx", "key", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def keystr(path: Sequence[Any], *, simple: bool = False, separator: str = "") -> str:
+    """Format a key path: ``['params'][0].name``; with ``simple=True`` the bare keys
+    joined by ``separator`` (``params/0/name`` with ``separator="/"``).
+
+    >>> keystr((DictKey("w"), SequenceKey(0), GetAttrKey("mu")))
+    "['w'][0].mu"
+    """
+    if simple:
+        return separator.join(_simple(k) for k in path)
+    return separator.join(str(k) if isinstance(
+        k, (SequenceKey, DictKey, GetAttrKey, FlattenedIndexKey)) else f"[{k!r}]" for k in path)
 
 
 def register_pytree_node(cls: type, flatten_func: Callable, unflatten_func: Callable) -> type:

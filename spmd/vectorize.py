@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from spmd import tree_util
-from spmd.compiler.batching import batch_flat
+from spmd.compiler.batching import NamedAxes, batch_flat
 from spmd.compiler.jit import flatten_outputs
 from spmd.errors import ArgumentError
 
@@ -28,13 +28,20 @@ def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:
     return [entry for entry, _ in pairs]
 
 
-def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None):
+def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,
+         spmd_axis_name=None):
     """Map ``fun`` over axis ``in_axes`` of its arguments.
+
+    ``spmd_axis_name`` (a mesh axis name or a tuple of them) splits the mapped axis over
+    those mesh axes where it meets a ``shard_map`` (its specs gain the axes at the batch
+    dimension, so each device maps over its part of the batch) or a
+    ``with_sharding_constraint``, as in JAX.
 
     >>> vmap(lambda x, y: x @ y, in_axes=(0, None))(np.ones((5, 3)), np.ones(3))  # doctest: +SKIP
     """
     if not callable(fun):
         raise TypeError(f"vmap: expected a function, got {type(fun).__name__}")
+    spmd_name = _spmd_axis_name(spmd_axis_name)
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)
     fname = f"vmap({getattr(fun, '__name__', 'fun')})"
@@ -96,8 +103,23 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None):
                 full = tree_util.tree_unflatten(out_tree, list(range(len(outs))))
                 return iter(broadcast_prefix(out_axes, full, "out_axes", fname))
 
+        level = axis_name
+        if spmd_name is not None:
+            names = () if axis_name is None else (axis_name,)
+            level = NamedAxes(names, (size,) * len(names), spmd_name=spmd_name)
         outs = batch_flat(flat, leaves + kw_leaves, norm_dims + [0] * len(kw_leaves), size,
-                          axis_name, _OutDims())
+                          level, _OutDims())
         return tree_util.tree_unflatten(out_tree_box[0], outs)
 
     return batched
+
+
+def _spmd_axis_name(name):
+    """``spmd_axis_name`` as a tuple of mesh axis names (None when not given)."""
+    if name is None:
+        return None
+    names = (name,) if isinstance(name, str) else name
+    if not isinstance(names, tuple) or not names or not all(isinstance(n, str) for n in names):
+        raise ArgumentError(f"vmap: spmd_axis_name must be a mesh axis name or a tuple of "
+                            f"them, got {name!r}")
+    return names

@@ -125,23 +125,72 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     mesh = _meshes()["4x2"]
     ckpt.save(str(tmp_path), _tree(mesh), step=1)
     calls = []
-    real = ckpt._blocks_to_write
+    real = ckpt._store
 
-    def failing(x, sharding, me):
-        calls.append(1)
-        if len(calls) == 2:
-            raise OSError("disk full")
-        yield from real(x, sharding, me)
+    def failing(path, meta=None):  # the second leaf's writes fail
+        if meta is None:
+            calls.append(path)
+            if len(calls) == 2:
+                raise OSError("disk full")
+        return real(path, meta)
 
-    monkeypatch.setattr(ckpt, "_blocks_to_write", failing)
+    monkeypatch.setattr(ckpt, "_store", failing)
     with pytest.raises(CheckpointError, match="writing the blocks failed on process"):
         ckpt.save(str(tmp_path), _tree(mesh), step=2)
     assert ckpt.latest_step(str(tmp_path)) == 1
     assert any(n.startswith(".tmp-step_2.") for n in os.listdir(tmp_path))
-    monkeypatch.setattr(ckpt, "_blocks_to_write", real)
+    monkeypatch.setattr(ckpt, "_store", real)
     _check(ckpt.restore(str(tmp_path), _tree(mesh)))
     ckpt.save(str(tmp_path), _tree(mesh), step=2)  # the next save clears the debris
     assert not any(n.startswith(".tmp-") for n in os.listdir(tmp_path))
+
+
+def test_a_failure_reading_the_blocks_fails_the_save_before_writing(tmp_path, monkeypatch):
+    mesh = _meshes()["4x2"]
+
+    def failing(x, sharding, me):
+        raise MemoryError("no room for the copy")
+        yield
+
+    monkeypatch.setattr(ckpt, "_blocks_to_write", failing)
+    with pytest.raises(CheckpointError, match="reading the blocks failed on process"):
+        ckpt.save(str(tmp_path), _tree(mesh), step=1)
+    assert ckpt.latest_step(str(tmp_path)) is None
+
+
+# ------------------------------------------------------------------ async save
+
+def test_save_async_snapshots_the_values_and_commits_in_order(tmp_path):
+    mesh = _meshes()["4x2"]
+    tree = _tree(mesh)
+    host = {"h": np.arange(6, dtype=np.float32)}
+    first = ckpt.save_async(str(tmp_path), {**tree, **host}, step=1)
+    host["h"][:] = -1  # training goes on and changes its buffers
+    second = ckpt.save_async(str(tmp_path), {**tree, **host}, step=2, keep=1)
+    assert second.wait() == os.path.join(str(tmp_path), "step_2")
+    assert first.done() and first.wait() == os.path.join(str(tmp_path), "step_1")
+    assert ckpt.all_steps(str(tmp_path)) == [2]  # keep=1 applied after step 1 committed
+    back = ckpt.restore(str(tmp_path), {**_tree(mesh), "h": np.zeros(6, np.float32)})
+    _check(back)
+    np.testing.assert_array_equal(back["h"], -np.ones(6, np.float32))
+
+
+def test_save_async_checks_its_arguments_at_once_and_raises_failures_in_wait(tmp_path,
+                                                                            monkeypatch):
+    with pytest.raises(CheckpointError, match="step must be an integer >= 0"):
+        ckpt.save_async(str(tmp_path), {}, step=-2)
+    ckpt.save(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)
+    with pytest.raises(CheckpointError, match="step_1 already exists"):
+        ckpt.save_async(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)
+
+    def failing(path, meta=None):
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(ckpt, "_store", failing)
+    pending = ckpt.save_async(str(tmp_path), {"x": np.ones(2, np.float32)}, step=2)
+    with pytest.raises(CheckpointError, match="creating the arrays failed"):
+        pending.wait()
+    assert ckpt.latest_step(str(tmp_path)) == 1
 
 
 # ------------------------------------------------------------------ bad input
@@ -245,12 +294,12 @@ _KILLED = textwrap.dedent("""
     x = spmd.make_array_from_callback((8,), NamedSharding(mesh, P("d")),
                                       lambda idx: np.arange(8, dtype=np.float32)[idx])
     ckpt.save({d!r}, {{"x": x}}, step=1)
-    real = ckpt._blocks_to_write
-    def dying(x, sharding, me):
-        if me == 2:
+    real = ckpt._store
+    def dying(path, meta=None):  # rank 2 dies while writing its blocks
+        if meta is None and spmd.process_index() == 2:
             os.kill(os.getpid(), signal.SIGKILL)
-        yield from real(x, sharding, me)
-    ckpt._blocks_to_write = dying
+        return real(path, meta)
+    ckpt._store = dying
     ckpt.save({d!r}, {{"x": x * 10}}, step=2)
 """)
 
@@ -271,6 +320,37 @@ def test_saved_on_4_ranks_restored_on_2_ranks_and_on_one_process(tmp_path):
         np.testing.assert_array_equal(np.asarray(back["b"]), B)
     meta = ckpt.saved_metadata(d)
     assert meta["leaves"][1]["mesh"] == {"axis_names": ["data", "model"], "shape": [2, 2]}
+
+
+_ASYNC_4 = textwrap.dedent("""
+    import numpy as np, spmd
+    from spmd import P, NamedSharding, checkpointing as ckpt, lax, shard_map
+    mesh = spmd.make_mesh((4,), ("d",))
+    x = spmd.make_array_from_callback((8,), NamedSharding(mesh, P("d")),
+                                      lambda idx: np.arange(8, dtype=np.float32)[idx])
+    total = spmd.jit(shard_map(lambda b: lax.psum(b.sum(), "d"), mesh=mesh,
+                               in_specs=P("d"), out_specs=P()))
+    pending = ckpt.save_async({d!r}, {{"x": x}}, step=1)
+    for _ in range(50):  # the program's collectives run while the save's travel
+        assert float(total(x)) == 28.0
+    pending2 = ckpt.save_async({d!r}, {{"x": x * 2}}, step=2)
+    assert float(total(x * 3)) == 84.0
+    assert pending2.wait().endswith("step_2") and pending.done()
+    print("async ok", spmd.process_index())
+""")
+
+
+@pytest.mark.timeout(300)
+def test_save_async_on_4_ranks_beside_the_programs_collectives(tmp_path):
+    d = str(tmp_path / "ck")
+    status, out, _ = run_mpi(_ASYNC_4.format(d=d), 4, tmp_path, timeout=120)
+    assert status == 0, out[-4000:]
+    assert out.count("async ok") == 4
+    mesh = spmd.make_mesh((8,), ("d",))
+    for step, scale in ((1, 1), (2, 2)):
+        back = ckpt.restore(d, {"x": NamedSharding(mesh, P("d"))}, step=step)
+        np.testing.assert_array_equal(np.asarray(back["x"]),
+                                      scale * np.arange(8, dtype=np.float32))
 
 
 @pytest.mark.timeout(300)

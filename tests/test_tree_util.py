@@ -63,7 +63,9 @@ def test_tree_map_is_leaf():
 
 def test_paths():
     pairs, _ = tu.tree_flatten_with_path({"a": [10, 20], "b": 30})
-    assert [(tuple(p), v) for p, v in pairs] == [(("a", 0), 10), (("a", 1), 20), (("b",), 30)]
+    assert [(tuple(p), v) for p, v in pairs] == [
+        ((tu.DictKey("a"), tu.SequenceKey(0)), 10), ((tu.DictKey("a"), tu.SequenceKey(1)), 20),
+        ((tu.DictKey("b"),), 30)]
     assert tu.keystr(pairs[1][0]) == "['a'][1]"
     out = tu.tree_map_with_path(lambda p, x: (tu.keystr(p), x), {"a": [1]})
     assert out == {"a": [("['a'][0]", 1)]}
@@ -177,3 +179,62 @@ def test_partial_is_a_pytree():
     assert sorted(leaves) == [1, 2]
     q = tu.tree_map(lambda v: v * 10, p)
     assert q(3) == (10 + 3) * 20
+
+
+# ------------------------------------------------- key paths and spmd.tree
+
+def test_keystr_names_namedtuple_and_dataclass_fields():
+    State = collections.namedtuple("State", "count mu")
+    pairs = tu.tree_leaves_with_path({"opt": [State(0, {"w": 1})]})
+    assert [tu.keystr(p) for p, _ in pairs] == ["['opt'][0].count", "['opt'][0].mu['w']"]
+    assert pairs[0][0][-1] == tu.GetAttrKey("count") and pairs[0][0][-1].name == "count"
+    assert tu.keystr(pairs[1][0], simple=True, separator="/") == "opt/0/mu/w"
+
+    @tu.register_dataclass
+    @dataclasses.dataclass
+    class Layer:
+        w: int
+        b: int
+    assert [tu.keystr(p) for p, _ in tu.tree_leaves_with_path([Layer(1, 2)])] == \
+        ["[0].w", "[0].b"]
+
+
+def test_custom_nodes_get_flattened_index_keys():
+    pairs = tu.tree_leaves_with_path(Pair(1, (2, 3)))
+    assert [tu.keystr(p) for p, _ in pairs] == \
+        ["[<flat index 0>]", "[<flat index 1>][0]", "[<flat index 1>][1]"]
+    assert pairs[0][0] == (tu.FlattenedIndexKey(0),)
+
+
+def test_tree_all():
+    assert tu.tree_all([True, (1, None), {"a": np.True_}])
+    assert not tu.tree_all({"a": True, "b": [1, 0]})
+    assert tu.tree_all(None) and tu.tree_all([])
+    assert tu.tree_all([(1, 0)], is_leaf=lambda x: isinstance(x, tuple))
+
+
+def test_map_with_path_over_several_trees():
+    out = tu.tree_map_with_path(lambda p, x, y: (tu.keystr(p), x + y),
+                                {"a": [1, 2]}, {"a": [10, 20]})
+    assert out == {"a": [("['a'][0]", 11), ("['a'][1]", 22)]}
+    with pytest.raises(ValueError):
+        tu.tree_map_with_path(lambda p, x, y: x, {"a": [1, 2]}, {"a": [1]})
+
+
+def test_spmd_tree_module_mirrors_jax_tree():
+    import spmd
+
+    t = {"b": [1, (2, None)], "a": 3}
+    assert spmd.tree.map(lambda x: x * 2, t) == {"b": [2, (4, None)], "a": 6}
+    assert spmd.tree.leaves(t) == [3, 1, 2]
+    leaves, treedef = spmd.tree.flatten(t)
+    assert spmd.tree.unflatten(treedef, leaves) == t
+    assert spmd.tree.structure(t) == treedef
+    assert spmd.tree.all(t) and not spmd.tree.all([1, 0])
+    assert spmd.tree.reduce(lambda a, b: a + b, t) == 6
+    assert spmd.tree.reduce(lambda a, b: a + b, [], 5) == 5
+    assert [tu.keystr(p) for p, _ in spmd.tree.leaves_with_path(t)] == \
+        ["['a']", "['b'][0]", "['b'][1][0]"]
+    assert spmd.tree.map_with_path(lambda p, x: len(p), t) == {"b": [2, (3, None)], "a": 1}
+    assert spmd.tree.transpose(spmd.tree.structure([0, 0]), spmd.tree.structure((0, 0)),
+                               [(1, 2), (3, 4)]) == ([1, 3], [2, 4])

@@ -5,5 +5,6 @@ batching rules; ``local`` is the in-process backend (devices simulated
 together); ``api`` is what ``spmd.lax`` exports.
 """
 
-from spmd.collectives.api import (all_gather, all_to_all, axis_index, pmax, pmean,  # noqa: F401
-                                  pmin, ppermute, psum, psum_scatter, pvary)
+from spmd.collectives.api import (all_gather, all_to_all, axis_index, axis_size,  # noqa: F401
+                                  pcast, pmax, pmean, pmin, ppermute, psum, psum_scatter,
+                                  pvary)

@@ -42,12 +42,23 @@ def _ensure_varying(x, axes):
     return bind(pvary_p, x, axes=missing) if missing else x
 
 
-def psum(x, axis_name):
+def _groups(axis_index_groups, axes, fname):
+    """Validated ``axis_index_groups`` over ``axes`` (None when not given)."""
+    if axis_index_groups is None:
+        return None
+    from spmd.collectives.groups import Groups
+
+    return Groups(axis_index_groups, _size(axes), fname)
+
+
+def psum(x, axis_name, *, axis_index_groups=None):
     """Sum over the devices along ``axis_name`` (all-reduce); the result is invariant there.
+    With ``axis_index_groups`` (lists of indices along the axis), each group sums apart.
 
     >>> lax.psum(x_block, "i")  # inside shard_map
     """
     axes = _axes(axis_name, "psum")
+    groups = _groups(axis_index_groups, axes, "psum")
 
     def leaf(v):
         if get_aval(v).dtype == np.bool_:  # as in JAX: a count of the True values
@@ -56,8 +67,10 @@ def psum(x, axis_name):
             # A constant is the same on every device: the sum is known now
             # (so ``psum(1, 'i')`` is the axis size as a concrete value, as in JAX).
             dt = get_aval(v).dtype
-            value = np.asarray(to_host(v.value) if hasattr(v, "value") else v, dtype=dt)
-            return (value * dt.type(_size(axes)))[()]
+            value = np.asarray(to_host(v.value if hasattr(v, "value") else v), dtype=dt)
+            return (value * dt.type(groups.size if groups else _size(axes)))[()]
+        if groups is not None:
+            return _grouped_sum(v, axes, groups)
         varying, invariant = _varying_split(v, axes)
         if invariant:  # the same on every device: no communication
             v = mul(v, np.array(_size(invariant), get_aval(v).dtype)[()])
@@ -66,18 +79,39 @@ def psum(x, axis_name):
     return _leafwise(leaf, x)
 
 
-def pmean(x, axis_name):
-    """The mean over the devices along ``axis_name``."""
+def _grouped_sum(v, axes, groups):
+    from spmd.collectives.groups import grouped_psum
+
+    varying, _ = _varying_split(v, axes)
+    if len(varying) < len(axes):  # the same on every device: each group sums k copies
+        v = mul(v, np.array(groups.size, get_aval(v).dtype)[()])
+        return pvary(v, axes) if _tracking(axes) else v
+    return grouped_psum(v, axes, groups)
+
+
+def pmean(x, axis_name, *, axis_index_groups=None):
+    """The mean over the devices along ``axis_name`` (of each group, with
+    ``axis_index_groups``)."""
     axes = _axes(axis_name, "pmean")
-    n = _size(axes)
-    return _leafwise(lambda v: div(v, np.array(n, get_aval(v).dtype)[()]), psum(x, axes))
+    groups = _groups(axis_index_groups, axes, "pmean")
+    n = groups.size if groups else _size(axes)
+    return _leafwise(lambda v: div(v, np.array(n, get_aval(v).dtype)[()]),
+                     psum(x, axes, axis_index_groups=axis_index_groups))
 
 
 def _pextremum(p, name):
-    def f(x, axis_name):
+    def f(x, axis_name, *, axis_index_groups=None):
         axes = _axes(axis_name, name)
+        groups = _groups(axis_index_groups, axes, name)
 
         def leaf(v):
+            if groups is not None:
+                from spmd.collectives.groups import grouped_extremum
+
+                varying, _ = _varying_split(v, axes)
+                if len(varying) < len(axes):  # the same value throughout each group
+                    return v
+                return grouped_extremum(v, axes, groups, name[1:])
             varying, _ = _varying_split(v, axes)
             return bind(p, v, axes=varying) if varying else v
 
@@ -111,26 +145,36 @@ def _norm_dim(d, ndim, fname, arg):
     return d % ndim
 
 
-def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False):
+def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False):
     """Every device gets the blocks of all devices along ``axis_name``, stacked at ``axis``
-    (``tiled=True``: concatenated along ``axis``)."""
+    (``tiled=True``: concatenated along ``axis``); with ``axis_index_groups``, the blocks of
+    its group's members, in group order."""
     axes = _axes(axis_name, "all_gather")
     n = _size(axes)
+    groups = _groups(axis_index_groups, axes, "all_gather")
 
     def leaf(v):
         nd = len(get_aval(v).shape)
         ax = _norm_dim(axis, nd + (0 if tiled else 1), "all_gather", "axis")
+        if groups is not None:
+            from spmd.collectives.groups import grouped_all_gather
+
+            return grouped_all_gather(v, axes, groups, ax, bool(tiled))
         return bind(all_gather_p, _ensure_varying(v, axes), axes=axes, axis=ax,
                     tiled=bool(tiled), axis_size=n)
 
     return _leafwise(leaf, x)
 
 
-def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False):
+def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None,
+                 tiled: bool = False):
     """Sum over ``axis_name`` and give device k the k-th block of ``scatter_dimension``
-    (reduce-scatter).  Untiled, that dimension's size must equal the axis size and is removed."""
+    (reduce-scatter).  Untiled, that dimension's size must equal the axis size and is removed.
+    With ``axis_index_groups`` each group reduces apart and the k-th member of a group gets
+    the k-th block (sizes are then those of a group)."""
     axes = _axes(axis_name, "psum_scatter")
-    n = _size(axes)
+    groups = _groups(axis_index_groups, axes, "psum_scatter")
+    n = groups.size if groups else _size(axes)
 
     def leaf(v):
         shape = get_aval(v).shape
@@ -140,19 +184,33 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
             raise ShapeError(f"psum_scatter: dimension {sd} of the operand (shape {shape}) has "
                              f"size {shape[sd]}, which must be {need}, the size of axes {axes}"
                              + ("" if tiled else "; pass tiled=True to split it into blocks"))
+        if groups is not None:
+            from spmd.collectives.groups import grouped_psum_scatter
+
+            return grouped_psum_scatter(v, axes, groups, sd, bool(tiled))
         return bind(psum_scatter_p, _ensure_varying(v, axes), axes=axes, scatter_dimension=sd,
                     tiled=bool(tiled), axis_size=n)
 
     return _leafwise(leaf, x)
 
 
-def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool = False):
+def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_groups=None,
+               tiled: bool = False):
     """Split ``split_axis`` into one chunk per device along ``axis_name``, send chunk j to
     device j, and concatenate what arrives along ``concat_axis``.  Untiled (JAX's default)
     ``split_axis`` must have the axis size; it is removed and a new axis of that size
-    appears at ``concat_axis``."""
+    appears at ``concat_axis``.  With ``axis_index_groups`` the exchange happens within
+    each group (sizes are then those of a group)."""
     axes = _axes(axis_name, "all_to_all")
-    n = _size(axes)
+    groups = _groups(axis_index_groups, axes, "all_to_all")
+    n = groups.size if groups else _size(axes)
+
+    def exchange(v, s, c):
+        if groups is not None:
+            from spmd.collectives.groups import grouped_all_to_all
+
+            return grouped_all_to_all(v, axes, groups, s, c)
+        return bind(all_to_all_p, v, axes=axes, split_axis=s, concat_axis=c, axis_size=n)
 
     def leaf(v):
         shape = get_aval(v).shape
@@ -165,13 +223,13 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool =
                              f"size {shape[s]}, which must be {need}, the size of axes {axes}")
         v = _ensure_varying(v, axes)
         if tiled:
-            return bind(all_to_all_p, v, axes=axes, split_axis=s, concat_axis=c, axis_size=n)
+            return exchange(v, s, c)
         # Untiled: make room for the new axis, exchange, then drop the split axis.  As in
         # JAX, concat_axis is a position in the result, i.e. after split_axis is removed.
         ci = c + 1 if s < c else c
         v = reshape(v, shape[:ci] + (1,) + shape[ci:])
         s2 = s + 1 if s >= c else s
-        out = bind(all_to_all_p, v, axes=axes, split_axis=s2, concat_axis=ci, axis_size=n)
+        out = exchange(v, s2, ci)
         out_shape = get_aval(out).shape
         return reshape(out, out_shape[:s2] + out_shape[s2 + 1:])
 
@@ -197,6 +255,30 @@ def ppermute(x, axis_name, perm):
                             f"{axes} of size {n}: {why}")
     return _leafwise(lambda v: bind(ppermute_p, _ensure_varying(v, axes), axes=axes,
                                     perm=pairs), x)
+
+
+def axis_size(axis_name) -> int:
+    """The number of devices along ``axis_name`` (the product, for a tuple of axes), as a
+    Python int; inside ``shard_map``, ``pmap`` or ``vmap(axis_name=...)``.
+
+    >>> n = lax.axis_size("i")  # inside shard_map over a mesh with axis i of size 4: 4
+    """
+    return _size(_axes(axis_name, "axis_size"))
+
+
+_PCAST_TO = ("varying",)
+
+
+def pcast(x, axis_name, *, to: str):
+    """Cast the varying-axes type of ``x`` along ``axis_name``: ``to='varying'`` marks an
+    invariant value as varying (``pvary``; no data moves, its transpose is ``psum``).
+
+    >>> y = lax.pcast(w, "i", to="varying")
+    """
+    if to not in _PCAST_TO:
+        raise ArgumentError(f"pcast: to={to!r} is not supported; the supported value is "
+                            "'varying' (as lax.pvary)")
+    return pvary(x, axis_name)
 
 
 def axis_index(axis_name):

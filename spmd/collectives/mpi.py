@@ -7,7 +7,9 @@ equations where its collectives cross processes.  Buffers go through the
 upper-case (buffer) mpi4py calls: no pickling on the data path.
 
 Communicators are made once per ordered set of world ranks with
-``Comm.Create_group`` (collective over the members only) and cached.
+``Comm.Create_group`` (collective over the members only) and cached, each with
+a duplicate for control traffic.  Every call has a deadline and a check that
+no two threads use one communicator at once (:mod:`spmd.collectives.mpi_control`).
 """
 
 from __future__ import annotations
@@ -16,18 +18,14 @@ import functools
 import math
 import os
 import sys
-import time
 
 import numpy as np
 
+from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
+                                          CollectiveTimeoutError, register, site_here)
 from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
-from spmd.errors import SpmdError
-
-
-class CollectiveTimeoutError(SpmdError, RuntimeError):
-    """A collective did not complete within SPMD_COLLECTIVE_TIMEOUT seconds."""
 
 
 def world():
@@ -40,10 +38,10 @@ def world():
 def communicator(ranks: tuple):
     """A communicator over world ``ranks`` in that order (rank i of it is ranks[i])."""
     comm = world()
-    if len(ranks) == comm.Get_size() and ranks == tuple(range(len(ranks))):
-        return comm
-    group = comm.Get_group().Incl(list(ranks))
-    return comm.Create_group(group)
+    if len(ranks) != comm.Get_size() or ranks != tuple(range(len(ranks))):
+        comm = comm.Create_group(comm.Get_group().Incl(list(ranks)))
+    register(ranks, comm)  # its control twin (spmd.collectives.mpi_control)
+    return comm
 
 
 # MPI has no reduction over these types: reduce in a wider one.
@@ -130,44 +128,7 @@ def clear_buffers() -> None:
     _pool_bytes[0] = 0
 
 
-def _timeout() -> float | None:
-    raw = os.environ.get("SPMD_COLLECTIVE_TIMEOUT", "").strip()
-    return float(raw) if raw else None
-
-
-def _wait(req, comm, what: str):
-    """Wait for a non-blocking request, aborting the job after the timeout."""
-    limit = _timeout()
-    if limit is None:
-        req.Wait()
-        return
-    deadline = time.monotonic() + limit
-    while not req.Test():
-        if time.monotonic() > deadline:
-            me = world().Get_rank()
-            import sys
-
-            sys.stderr.write(
-                f"[spmd] rank {me}: collective {what} over world ranks {list(_ranks_of(comm))} "
-                f"did not complete within SPMD_COLLECTIVE_TIMEOUT={limit:g}s: at least one of "
-                "those ranks did not arrive (it is stuck, failed or runs a different program); "
-                "aborting the job\n")
-            sys.stderr.flush()
-            world().Abort(3)
-        time.sleep(0.0005)
-
-
-def _ranks_of(comm):
-    g = comm.Get_group()
-    return g.Translate_ranks(list(range(comm.Get_size())), world().Get_group())
-
-
 # ---------------------------------------------------------------- the calls
-
-def _name(call: str, what: str | None) -> str:
-    """How a timeout names the operation: the spmd collective, then the MPI call."""
-    return f"{what} (MPI {call})" if what else call
-
 
 # From this many bytes on, an all-reduce runs as reduce-scatter + all-gather
 # (in place, into one buffer).  Measured with MPICH 4 (the PyPI wheel) on 2 and
@@ -189,37 +150,40 @@ def allreduce(x, ranks, op, what=None):
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape, buf.dtype)
     n = len(ranks)
-    limit = _timeout()
-    if buf.nbytes >= _split_bytes() and buf.size % n == 0:
-        # Reduce-scatter into this member's slice of `out`, then gather the slices.
-        from mpi4py import MPI
+    with Collective(ranks, what) as c:
+        if buf.nbytes >= _split_bytes() and buf.size % n == 0:
+            # Reduce-scatter into this member's slice of `out`, then gather the slices.
+            from mpi4py import MPI
 
-        flat, c = out.reshape(-1), buf.size // n
-        mine = flat[comm.Get_rank() * c:(comm.Get_rank() + 1) * c]
-        if limit is None:
-            comm.Reduce_scatter_block(buf, mine, op=_op(op))
-            comm.Allgather(MPI.IN_PLACE, flat)
+            flat, k = out.reshape(-1), buf.size // n
+            mine = flat[comm.Get_rank() * k:(comm.Get_rank() + 1) * k]
+            if c.limit is None:
+                comm.Reduce_scatter_block(buf, mine, op=_op(op))
+                comm.Allgather(MPI.IN_PLACE, flat)
+            else:
+                c.wait(comm.Ireduce_scatter_block(buf, mine, op=_op(op)), keep=(buf, out))
+                c.wait(comm.Iallgather(MPI.IN_PLACE, flat), keep=(buf, out))
+        elif c.limit is None:
+            comm.Allreduce(buf, out, op=_op(op))
         else:
-            _wait(comm.Ireduce_scatter_block(buf, mine, op=_op(op)), comm,
-                  _name(f"allreduce({op}) as reduce_scatter", what))
-            _wait(comm.Iallgather(MPI.IN_PLACE, flat), comm,
-                  _name(f"allreduce({op}) as allgather", what))
-    elif limit is None:
-        comm.Allreduce(buf, out, op=_op(op))
-    else:
-        _wait(comm.Iallreduce(buf, out, op=_op(op)), comm, _name(f"allreduce({op})", what))
+            c.wait(comm.Iallreduce(buf, out, op=_op(op)), keep=(buf, out))
     return out.astype(orig) if orig is not None else out
 
 
-def allgather(x, ranks, what=None):
-    comm = communicator(ranks)
+def allgather(x, ranks, what=None, *, control=False):
+    """Every member's ``x`` stacked along a new leading axis (``control=True``: over the
+    control communicator, for agreement checks that must not pair with data)."""
+    from spmd.collectives.mpi_control import control as control_comm
+
+    comm = control_comm(ranks) if control else communicator(ranks)
     n = len(ranks)
     src = _bytes(x)
     out = _recv_buffer((n,) + src.shape, np.uint8)
-    if _timeout() is None:
-        comm.Allgather(src, out)
-    else:
-        _wait(comm.Iallgather(src, out), comm, _name("allgather", what))
+    with Collective(ranks, what, control_traffic=control) as c:
+        if c.limit is None:
+            comm.Allgather(src, out)
+        else:
+            c.wait(comm.Iallgather(src, out), keep=(src, out))
     return out.view(x.dtype).reshape((n,) + x.shape)
 
 
@@ -228,11 +192,11 @@ def reduce_scatter(x, ranks, op="sum", what=None):
     comm = communicator(ranks)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape[1:], buf.dtype)
-    if _timeout() is None:
-        comm.Reduce_scatter_block(buf, out, op=_op(op))
-    else:
-        _wait(comm.Ireduce_scatter_block(buf, out, op=_op(op)), comm,
-              _name("reduce_scatter", what))
+    with Collective(ranks, what) as c:
+        if c.limit is None:
+            comm.Reduce_scatter_block(buf, out, op=_op(op))
+        else:
+            c.wait(comm.Ireduce_scatter_block(buf, out, op=_op(op)), keep=(buf, out))
     return out.astype(orig) if orig is not None else out
 
 
@@ -241,10 +205,11 @@ def alltoall(x, ranks, what=None):
     comm = communicator(ranks)
     src = _bytes(x)
     out = _recv_buffer(src.shape, np.uint8)
-    if _timeout() is None:
-        comm.Alltoall(src, out)
-    else:
-        _wait(comm.Ialltoall(src, out), comm, _name("alltoall", what))
+    with Collective(ranks, what) as c:
+        if c.limit is None:
+            comm.Alltoall(src, out)
+        else:
+            c.wait(comm.Ialltoall(src, out), keep=(src, out))
     return out.view(x.dtype).reshape(x.shape)
 
 
@@ -252,13 +217,15 @@ def sendrecv(x, ranks, dst, src, what=None):
     """Send ``x`` to member ``dst`` and receive from member ``src`` (either may be None)."""
     comm = communicator(ranks)
     out = np.zeros_like(x)
-    reqs = []
-    if src is not None:
-        reqs.append(comm.Irecv(out.view(np.uint8).reshape(-1), source=src, tag=11))
-    if dst is not None:
-        reqs.append(comm.Isend(_bytes(x).reshape(-1), dest=dst, tag=11))
-    for r in reqs:
-        _wait(r, comm, _name("isend/irecv", what or "ppermute"))
+    data = _bytes(x).reshape(-1)
+    with Collective(ranks, what or "ppermute") as c:
+        reqs = []
+        if src is not None:
+            reqs.append(comm.Irecv(out.view(np.uint8).reshape(-1), source=src, tag=11))
+        if dst is not None:
+            reqs.append(comm.Isend(data, dest=dst, tag=11))
+        if reqs:
+            c.wait(*reqs, keep=(data, out))
     return out
 
 
@@ -292,4 +259,6 @@ define_rules(mpi_p, "mpi")
 def call(kind, x, ranks, **params):
     """Bind the ``mpi`` primitive; ``what=`` names the spmd collective it implements (for
     the timeout message)."""
+    if "what" in params:  # where it comes from, for deadline reports (at trace time)
+        params["what"] = site_here(params["what"])
     return bind(mpi_p, x, kind=kind, ranks=tuple(int(r) for r in ranks), **params)

@@ -9,13 +9,20 @@ binds it instead of ``mpi`` when the devices are GPUs and CuPy has NCCL
 - Communicators: one per ordered tuple of world ranks, made on first use and
   cached.  The group's first member creates the unique id and broadcasts it
   over the group's MPI communicator (setup only: no data goes through MPI).
+  Before NCCL is asked, the members compare their GPUs (host and PCI bus id)
+  so that two ranks on one GPU are a clear error, whatever ``CUDA_VISIBLE_DEVICES``
+  each rank was given.  At exit (an ``atexit`` handler, which runs before
+  mpi4py finalises MPI) the GPU is synchronised and every communicator
+  destroyed: left to interpreter teardown, newer NCCL versions can block there.
 - Every call is enqueued on the current CuPy stream, like the CuPy work that
   produces and consumes its buffers, so nothing waits on the host.
 - Buffers: inputs are made C-contiguous; results are fresh arrays.  Data
   movement (gather, all-to-all, send/recv) moves bytes, so every dtype goes
   as it is; reductions run in the dtype when NCCL has it (int8/uint8,
-  (u)int32/64, float16/32/64, bfloat16), else widened (bool, (u)int16) and
-  cast back; complex sums run on the real and imaginary parts.
+  (u)int32/64, float16/32/64, bfloat16), else widened ((u)int16) and cast
+  back; bools reduce as uint8 0/1 with max for sum (a sum cast back to bool is
+  "any", and a uint8 sum would wrap to False at 256 members) and min/max as
+  they are; complex sums run on the real and imaginary parts.
 - Unlike the ``mpi`` backend, ``SPMD_COLLECTIVE_TIMEOUT`` is not applied:
   NCCL calls return before the transfer completes.
 
@@ -25,6 +32,7 @@ machine without CuPy costs nothing.
 
 from __future__ import annotations
 
+import atexit
 import functools
 
 import numpy as np
@@ -56,10 +64,24 @@ def _modules():
     return cupy, nccl
 
 
-@functools.lru_cache(maxsize=None)
+# Communicators made so far, by their ordered tuple of world ranks.
+_communicators: dict = {}
+_release_at_exit = [False]
+
+
 def communicator(ranks: tuple):
     """The NCCL communicator over world ``ranks`` in that order (member i is ranks[i])."""
-    _, nccl = _modules()
+    comm = _communicators.get(ranks)
+    if comm is None:
+        comm = _communicators[ranks] = _make_communicator(ranks)
+        if not _release_at_exit[0]:
+            atexit.register(release)
+            _release_at_exit[0] = True
+    return comm
+
+
+def _make_communicator(ranks: tuple):
+    cp, nccl = _modules()
     n = len(ranks)
     if n == 1:
         return nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
@@ -67,8 +89,46 @@ def communicator(ranks: tuple):
 
     comm = mpi.communicator(ranks)
     me = comm.Get_rank()
+    _check_distinct_gpus(cp, comm, ranks)
     uid = comm.bcast(nccl.get_unique_id() if me == 0 else None, root=0)
     return nccl.NcclCommunicator(n, uid, me)
+
+
+def _check_distinct_gpus(cp, comm, ranks) -> None:
+    """NCCL cannot put two members on one GPU: compare the members' (host, PCI bus
+    id) over MPI and say which ranks collide (NCCL's own error is less clear)."""
+    import socket
+
+    mine = (socket.gethostname(), cp.cuda.Device().pci_bus_id)
+    everyone = comm.allgather(mine)
+    for i, who in enumerate(everyone):
+        first = everyone.index(who)
+        if first != i:
+            raise NCCLError(
+                f"world ranks {ranks[first]} and {ranks[i]} both use GPU {who[1]} on host "
+                f"{who[0]}: NCCL cannot put two ranks on one GPU. Give each rank of a node its "
+                "own GPU (at most as many ranks per node as GPUs; with CUDA_VISIBLE_DEVICES, a "
+                "different one per rank), or set SPMD_GPU_BACKEND=mpi to share GPUs and stage "
+                "collectives through host memory")
+
+
+def release() -> None:
+    """Wait for the GPU, then destroy every NCCL communicator (registered with
+    ``atexit`` when the first one is made; also safe to call earlier, after which
+    communicators are made again on demand).
+
+    >>> release()
+    """
+    comms = list(_communicators.values())
+    _communicators.clear()
+    if not comms:
+        return
+    cp, _ = _modules()
+    try:
+        cp.cuda.Device().synchronize()  # no NCCL call may still be queued on the GPU
+    finally:
+        for comm in comms:
+            comm.destroy()
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,22 +163,25 @@ def _contiguous(cp, x):
 
 
 def _reducible(cp, x, op: str, what):
-    """``(buffer, NCCL datatype, elements per value, dtype to cast back to or None)``."""
-    types, _ = _tables()
+    """``(buffer, NCCL datatype, elements per value, dtype to cast back to or None,
+    NCCL op)``."""
+    types, ops = _tables()
     dt = x.dtype
     back = None
+    if dt == np.bool_ and op == "sum":
+        op = "max"  # cast back to bool, a sum is "any"; a uint8 sum wraps at 256 members
     if dt in _WIDEN:
         x, back = x.astype(_WIDEN[dt]), dt
     elif dt in _COMPLEX_PARTS:
         if op != "sum":
             raise NCCLError(f"{what or 'allreduce'}: NCCL cannot take the {op} of complex "
                             f"values ({dt})")
-        return _contiguous(cp, x), types[_COMPLEX_PARTS[dt]], 2, None
+        return _contiguous(cp, x), types[_COMPLEX_PARTS[dt]], 2, None, ops[op]
     nccl_type = types.get(x.dtype)
     if nccl_type is None:
         raise NCCLError(f"{what or 'allreduce'}: NCCL has no reduction over {x.dtype}; use "
                         "SPMD_GPU_BACKEND=mpi, or convert the values first")
-    return _contiguous(cp, x), nccl_type, 1, back
+    return _contiguous(cp, x), nccl_type, 1, back, ops[op]
 
 
 def _failed(call: str, ranks, what, e):
@@ -136,12 +199,12 @@ def allreduce(x, ranks, op, what=None):
     """Sum/max/min of ``x`` over the members; every member gets the result."""
     cp, _ = _modules()
     comm = communicator(ranks)
-    buf, nccl_type, per, back = _reducible(cp, x, op, what)
+    buf, nccl_type, per, back, nccl_op = _reducible(cp, x, op, what)
     out = cp.empty(buf.shape, buf.dtype)
     if buf.size:
         try:
-            comm.allReduce(buf.data.ptr, out.data.ptr, buf.size * per, nccl_type,
-                           _tables()[1][op], _stream(cp))
+            comm.allReduce(buf.data.ptr, out.data.ptr, buf.size * per, nccl_type, nccl_op,
+                           _stream(cp))
         except Exception as e:  # noqa: BLE001 - NcclError and CUDA errors alike
             raise _failed(f"allReduce({op})", ranks, what, e) from None
     return out.astype(back) if back is not None else out
@@ -166,12 +229,12 @@ def reduce_scatter(x, ranks, op="sum", what=None):
     """``x`` has the member count as its leading axis; member k gets the sum of row k."""
     cp, _ = _modules()
     comm = communicator(ranks)
-    buf, nccl_type, per, back = _reducible(cp, x, op, what)
+    buf, nccl_type, per, back, nccl_op = _reducible(cp, x, op, what)
     out = cp.empty(buf.shape[1:], buf.dtype)
     if out.size:
         try:
-            comm.reduceScatter(buf.data.ptr, out.data.ptr, out.size * per, nccl_type,
-                               _tables()[1][op], _stream(cp))
+            comm.reduceScatter(buf.data.ptr, out.data.ptr, out.size * per, nccl_type, nccl_op,
+                               _stream(cp))
         except Exception as e:  # noqa: BLE001
             raise _failed(f"reduceScatter({op})", ranks, what, e) from None
     return out.astype(back) if back is not None else out

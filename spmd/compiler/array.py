@@ -2,8 +2,15 @@
 
 An :class:`Array` holds one buffer of the array module (numpy, or cupy when the
 devices are GPUs: reading its value, ``np.asarray(x)``, then copies it to the
-host) and its aval.  Later layers attach a sharding; arithmetic operators are installed by
-``spmd.numpy`` (the compiler does not import the front end).
+host) and its aval.  Arithmetic operators are installed by ``spmd.numpy`` (the
+compiler does not import the front end).
+
+Upper layers may define array types of their own as subclasses (the sharding
+layer's :class:`spmd.shard.sharded.ShardedArray`, whose data may be spread over
+processes).  The compiler treats such a subclass through one declared method,
+:meth:`Array._eval_primitive`, which eager evaluation (and an eager jitted call)
+hands every primitive application that has one among its arguments; everything
+else it reads through ``.value``, which a subclass may refuse.
 """
 
 from __future__ import annotations
@@ -23,16 +30,31 @@ class Array:
     Array([0, 1, 2], dtype=int32)
     """
 
-    __slots__ = ("_value", "aval", "_deleted", "_sharding", "__weakref__")
+    __slots__ = ("_value", "aval", "_deleted", "__weakref__")
     __array_priority__ = 1000
 
-    def __init__(self, value, aval: ShapedArray, sharding=None):
+    def __init__(self, value, aval: ShapedArray):
         self._value = value
         self.aval = aval
         self._deleted = False
-        # The placement of the blocks (a NamedSharding, set by the sharding layer);
-        # None means "not placed": one whole copy in this process.
-        self._sharding = sharding
+
+    # ------------------------------------------------ the extension interface
+    def _eval_primitive(self, prim, args: list, params: dict) -> list | None:
+        """Evaluate ``prim`` eagerly on ``args`` (``self`` is one of them), or return
+        None to let the compiler evaluate it on the arguments' ``.value``.
+
+        Called only on instances of subclasses (``type(x) is not Array``): the
+        compiler's own arrays never need it.  A subclass returns a list of Arrays, one
+        per result of ``prim``.
+        """
+        return None
+
+    def _holds_value(self) -> bool:
+        """Whether ``.value`` can be read in this process.  A subclass whose data is
+        spread over processes says False; the compiler then keeps the array itself
+        where it would copy its buffer (a constant of a traced program, which is
+        then evaluated by binding its equations, e.g. by ``grad``)."""
+        return True
 
     # ---------------------------------------------------------------- data
     @property
@@ -63,7 +85,7 @@ class Array:
     def copy(self) -> "Array":
         v = self.value
         v = v.copy() if type(v) in device_types else np.array(v, copy=True)
-        return Array(v, self.aval, self._sharding)
+        return Array(v, self.aval)
 
     def item(self):
         return to_host(self.value).item()

@@ -11,7 +11,12 @@ never imports the layers above it, nor cupy.
 - :func:`is_device_array`, :func:`to_host` and :func:`to_device` move values
   between host memory (numpy) and the device module without ever touching
   cupy on the CPU path: device array types are registered by the resolver
-  (:func:`register_device_type`) when it loads a device module.
+  (:func:`register_device_type`) when it loads a device module.  Every entry
+  point that takes a user's value converts it through these (CuPy refuses the
+  implicit ``np.asarray`` of a device array);
+- :data:`device_id` is this process's GPU, set by the resolver: a device array
+  that sits on another GPU (made before spmd chose its GPU, say) is copied to
+  this one by :func:`to_device`.
 
 >>> current() is np
 True
@@ -33,6 +38,10 @@ resolver: list[Callable | None] = [None]
 # Types of device arrays (cupy.ndarray) and their module, registered when loaded.
 device_types: set = set()
 _module_of_type: dict = {}
+# The GPU this process's device arrays belong on (None: not chosen, or no GPU).
+device_id: list = [None]
+# Host values: to_host never needs to resolve the module for these.
+_HOST_TYPES = (list, tuple, int, float, complex, bool, np.generic)
 
 
 def current():
@@ -54,6 +63,8 @@ def set_current(xp) -> None:
     """
     _xp[0] = xp
     on_device[0] = xp is not None and xp is not np
+    if xp is None or xp is np:
+        device_id[0] = None
 
 
 def register_device_type(t: type, module) -> None:
@@ -80,11 +91,12 @@ def module_of(x):
 
 
 def to_host(x) -> np.ndarray:
-    """``x`` as a numpy array: a copy from device memory, ``x`` itself on the host."""
+    """``x`` as a numpy array: a copy from device memory, ``x`` itself on the host.
+    Anything ``np.asarray`` takes works too (an spmd Array copies its value)."""
     t = type(x)
     if t is np.ndarray:
         return x
-    if t in device_types:
+    if t in device_types or (not isinstance(x, _HOST_TYPES) and is_device_array(x)):
         return _module_of_type[t].asnumpy(x)
     return np.asarray(x)
 
@@ -102,6 +114,10 @@ def to_device(x, dtype=None):
     xp = current()
     t = type(x)
     if t in device_types:
+        if device_id[0] is not None and x.device.id != device_id[0]:
+            # Made on another GPU (CuPy's default is GPU 0): CuPy's asarray copies
+            # it to the current one, which is this process's.
+            x = _module_of_type[t].asarray(x)
         return x if dtype is None or x.dtype == dtype else x.astype(dtype)
     if xp is np:
         return np.asarray(x, dtype=dtype)

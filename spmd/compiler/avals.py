@@ -67,3 +67,52 @@ def tangent_aval(aval: ShapedArray) -> ShapedArray:
     if dtypes.is_float(aval.dtype):
         return aval.update(weak_type=False)
     return aval.update(dtype=dtypes.float0, weak_type=False)
+
+
+class ShapeDtypeStruct:
+    """An abstract array argument: a shape and a dtype, no data (``jax.ShapeDtypeStruct``).
+
+    Accepted by ``eval_shape``, ``jit(f).lower`` / ``.trace`` and ``linear_transpose``
+    wherever an array is, to trace without computing.
+
+    >>> ShapeDtypeStruct((2, 3), np.float32)
+    ShapeDtypeStruct(shape=(2, 3), dtype=float32)
+    """
+
+    __slots__ = ("shape", "dtype", "sharding", "weak_type")
+
+    def __init__(self, shape, dtype, *, sharding=None, weak_type: bool = False):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.sharding = sharding
+        self.weak_type = bool(weak_type)
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
+
+    def to_aval(self) -> ShapedArray:
+        return ShapedArray(self.shape, dtypes.canonicalize(self.dtype), self.weak_type)
+
+    def __eq__(self, other):
+        return (isinstance(other, ShapeDtypeStruct) and self.shape == other.shape
+                and self.dtype == other.dtype and self.weak_type == other.weak_type
+                and self.sharding == other.sharding)
+
+    def __hash__(self):
+        return hash((self.shape, self.dtype, self.weak_type))
+
+    def __repr__(self):
+        weak = ", weak_type=True" if self.weak_type else ""
+        sh = f", sharding={self.sharding}" if self.sharding is not None else ""
+        return f"ShapeDtypeStruct(shape={self.shape}, dtype={self.dtype.name}{weak}{sh})"
+
+
+def abstract_arg_aval(x):
+    """The aval of an abstract argument (``ShapeDtypeStruct`` or ``ShapedArray``), or
+    None for anything else."""
+    t = type(x)
+    if t is ShapeDtypeStruct:
+        return x.to_aval()
+    if t is ShapedArray:
+        return x.update(vma=frozenset()) if x.vma else x
+    return None

@@ -106,7 +106,9 @@ class BatchTrace(Trace):
             raise NotImplementedError(f"vmap of '{prim.name}' is not supported (it has no "
                                       "batching rule)")
         rule_params = dict(params)
-        if prim.rules.get("batch_needs_axis"):
+        if prim.rules.get("batch_needs_axis") or prim.rules.get("batch_reads_level"):
+            # batch_reads_level: the rule reads the level (e.g. its spmd_axis_name) but,
+            # unlike a collective, does not communicate over the level's axes.
             rule_params["_axis_data"] = self.main.global_data
         out, out_dims = rule(vals, dims, **rule_params)
         if prim.multiple_results:
@@ -139,11 +141,14 @@ class NamedAxes:
     see the whole mesh shape.
     """
 
-    __slots__ = ("names", "sizes", "local", "procs", "me")
+    __slots__ = ("names", "sizes", "local", "procs", "me", "spmd_name")
 
-    def __init__(self, names, sizes, local=None, procs=None, me=0):
+    def __init__(self, names, sizes, local=None, procs=None, me=0, spmd_name=None):
         self.names = tuple(names)
         self.sizes = tuple(int(s) for s in sizes)
+        # vmap(spmd_axis_name=...): the mesh axes the batch axis is split over when it
+        # meets a shard_map or a sharding constraint (a tuple of names), else None.
+        self.spmd_name = spmd_name
         # On a multi-process mesh only this process's devices are stacked: their
         # flat mesh positions, the owning process of every position, and ours.
         self.local = None if local is None else tuple(local)

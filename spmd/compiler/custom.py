@@ -83,6 +83,38 @@ def _batch_via_vmap(prim, wrap_params):
 
 # --------------------------------------------------------------- custom_jvp
 
+class SymbolicZero:
+    """A zero tangent passed to (or returned by) a ``custom_jvp`` rule defined with
+    ``symbolic_zeros=True``: it has the tangent's ``shape`` and ``dtype`` but no data.
+
+    >>> SymbolicZero(ShapedArray((2,), np.float32)).shape
+    (2,)
+    """
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: ShapedArray):
+        self.aval = aval
+
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: self.aval.ndim)
+
+    def instantiate(self):
+        """A real zero array of this tangent's type."""
+        return instantiate(Zero(self.aval))
+
+    def __repr__(self):
+        return f"SymbolicZero({self.aval.str_short()})"
+
+
+def zero_from_primal(x, symbolic_zeros: bool = True):
+    """The zero tangent of the primal ``x`` (a :class:`SymbolicZero`, or zeros)."""
+    z = SymbolicZero(tangent_aval(get_aval(x)))
+    return z if symbolic_zeros else z.instantiate()
+
+
+
 custom_jvp_call_p = Primitive("custom_jvp_call", multiple_results=True, higher_order=True)
 custom_jvp_call_p.def_impl(_impl)
 custom_jvp_call_p.def_abstract_eval(lambda *avals, program, jvp, **_: program.out_avals)
@@ -91,9 +123,13 @@ custom_jvp_call_p.rules["inline"] = None  # kept as one equation until different
 
 
 @custom_jvp_call_p.def_jvp
-def _custom_jvp_rule(primals, tangents, *, program, jvp, in_tree, out_tree, num_consts):
+def _custom_jvp_rule(primals, tangents, *, program, jvp, in_tree, out_tree, num_consts,
+                     symbolic_zeros=False):
     primals, tangents = _split_closure(primals, tangents, num_consts, "custom_jvp")
-    tangents = [_rule_tangent(t) for t in tangents]
+    if symbolic_zeros:  # the rule sees which tangents are zero (SymbolicZero)
+        tangents = [SymbolicZero(t.aval) if isinstance(t, Zero) else t for t in tangents]
+    else:
+        tangents = [_rule_tangent(t) for t in tangents]
     p_tree = tree_util.tree_unflatten(in_tree, primals)
     t_tree = tree_util.tree_unflatten(in_tree, tangents)
     res = jvp(tuple(p_tree), tuple(t_tree))
@@ -142,10 +178,47 @@ class custom_jvp:
         self.fun = fun
         self.nondiff_argnums = tuple(nondiff_argnums)
         self.jvp = None
+        self.symbolic_zeros = False
 
-    def defjvp(self, jvp: Callable) -> Callable:
+    def defjvp(self, jvp: Callable, symbolic_zeros: bool = False) -> Callable:
+        """Set the rule ``jvp(primals, tangents) -> (primal_out, tangent_out)``.  With
+        ``symbolic_zeros=True`` the tangents of unperturbed inputs arrive as
+        :class:`SymbolicZero` (skip their work), and the rule may return one for an
+        output whose tangent is zero."""
         self.jvp = jvp
+        self.symbolic_zeros = bool(symbolic_zeros)
         return jvp
+
+    def defjvps(self, *jvps: Callable | None) -> None:
+        """One rule per argument: ``jvps[i](tangent_i, primal_out, *primals)`` gives
+        argument ``i``'s contribution to the output tangent (None: no contribution).
+
+        >>> f.defjvps(lambda t, ans, x, y: t * y, lambda t, ans, x, y: t * x)  # doctest: +SKIP
+        """
+        if self.nondiff_argnums:
+            raise CustomRuleError(f"custom_jvp function {self.__name__}: defjvps cannot be "
+                                  "used with nondiff_argnums; use defjvp")
+
+        def jvp(primals, tangents):
+            if len(jvps) != len(primals):
+                raise CustomRuleError(
+                    f"custom_jvp function {self.__name__} was given {len(jvps)} rule(s) by "
+                    f"defjvps but called with {len(primals)} argument(s); give one rule (or "
+                    "None) per argument")
+            out = self(*primals)
+            total = None
+            for rule, t in zip(jvps, tangents):
+                if rule is None or isinstance(t, SymbolicZero):
+                    continue
+                part = rule(t, out, *primals)
+                total = part if total is None else tree_util.tree_map(
+                    lambda a, b: a + b, total, part)
+            if total is None:
+                total = tree_util.tree_map(lambda o: SymbolicZero(tangent_aval(get_aval(o))),
+                                           out)
+            return out, total
+
+        self.defjvp(jvp, symbolic_zeros=True)
 
     def __call__(self, *args):
         if self.jvp is None:
@@ -165,7 +238,8 @@ class custom_jvp:
         leaves, in_tree = tree_util.tree_flatten(dyn)
         closed, out_tree, hoisted = _trace(lambda *a: fun(*a), leaves, in_tree, self.__name__)
         outs = bind(custom_jvp_call_p, *hoisted, *leaves, program=closed, jvp=jvp,
-                    in_tree=in_tree, out_tree=out_tree, num_consts=len(hoisted))
+                    in_tree=in_tree, out_tree=out_tree, num_consts=len(hoisted),
+                    symbolic_zeros=self.symbolic_zeros)
         return tree_util.tree_unflatten(out_tree, outs)
 
 
@@ -238,7 +312,7 @@ def _checked_tangent(ct, aval, where: str, rule: str, kind: str = "tangent"):
     the value: a (co)tangent of another shape or dtype would silently corrupt every
     derivative downstream of it (JAX checks the same)."""
     want = tangent_aval(aval)
-    if ct is None or isinstance(ct, Zero):
+    if ct is None or isinstance(ct, (Zero, SymbolicZero)):
         return Zero(want)
     if isinstance(ct, np.ndarray) and ct.dtype == dtypes.float0:
         got = ShapedArray(ct.shape, dtypes.float0)
@@ -330,8 +404,21 @@ class custom_vjp:
         self.nondiff_argnums = tuple(nondiff_argnums)
         self.fwd = self.bwd = None
 
-    def defvjp(self, fwd: Callable, bwd: Callable) -> None:
+    def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False,
+               optimize_remat: bool = False) -> None:
+        """Set ``fwd(*args) -> (out, residuals)`` and ``bwd(residuals, ct) -> cts``.
+
+        ``optimize_remat`` is accepted and has no effect: it lets JAX recompute
+        ``fwd`` inside ``checkpoint`` instead of saving its residuals, an
+        optimisation that does not change any value.  ``symbolic_zeros=True`` is
+        not supported (it changes the rules' signatures)."""
+        if symbolic_zeros:
+            raise NotImplementedError(
+                f"custom_vjp {self.__name__}: defvjp(symbolic_zeros=True) is not supported; "
+                "write fwd and bwd for plain arrays (bwd may return None for a zero "
+                "cotangent)")
         self.fwd, self.bwd = fwd, bwd
+        self.optimize_remat = bool(optimize_remat)
 
     def __call__(self, *args):
         if self.fwd is None:

@@ -20,11 +20,12 @@ from spmd import tree_util
 from spmd.compiler import array_module as _am
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
+from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Tracer, axis_env_key, eval_program, get_aval,
+from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
 from spmd.compiler.trace import _state as _trace_state
@@ -121,7 +122,13 @@ def _leaf_key(x):
         return t
     if _am.is_device_array(x):  # a cupy array: like a numpy array's key, with its type
         return (t, x.shape, x.dtype)
-    return (t, get_aval(x), None)
+    return (t, _arg_aval(x), None)
+
+
+def _arg_aval(x):
+    """The aval of an argument: a value's, or an abstract one's (ShapeDtypeStruct)."""
+    a = abstract_arg_aval(x)
+    return get_aval(x) if a is None else a
 
 
 def _walk(x, leaves: list, toks: list) -> bool:
@@ -176,16 +183,61 @@ def _walk(x, leaves: list, toks: list) -> bool:
     return False
 
 
-def _output_shardings(closed) -> tuple | None:
-    """The placements of outputs made by equations that place their results (a
-    ``shard_map`` over processes: this process holds only its blocks), else None."""
+def _output_wrappers(closed) -> tuple | None:
+    """Per output, the ``output_array`` rule of the equation that made it, if any: a
+    function that turns the plain result into an array of an upper layer's type (a
+    ``shard_map`` result keeps its ``out_specs`` placement); None when no output has
+    one."""
     producer = {o: e for e in closed.program.eqns for o in e.outputs}
     found = []
     for a in closed.program.out_atoms:
         e = producer.get(a)
-        rule = e.primitive.rules.get("output_sharding") if e is not None else None
+        rule = e.primitive.rules.get("output_array") if e is not None else None
         found.append(rule(e, e.outputs.index(a)) if rule is not None else None)
-    return tuple(found) if any(s is not None for s in found) else None
+    return tuple(found) if any(w is not None for w in found) else None
+
+
+def needs_arrays(closed: ClosedProgram) -> bool:
+    """Whether ``closed`` has an equation that must be evaluated on Arrays rather than
+    compiled (a primitive whose ``needs_arrays`` rule says so for its parameters,
+    e.g. a ``shard_map`` over processes, which returns this process's blocks)."""
+    hit = _needs_arrays.get(closed)
+    if hit is None:
+        hit = _needs_arrays[closed] = any(
+            e.primitive.rules.get("needs_arrays") is not None
+            and e.primitive.rules["needs_arrays"](e.params) for e in closed.program.eqns)
+    return hit
+
+
+_needs_arrays: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def output_wrappers(closed: ClosedProgram) -> tuple | None:
+    """:func:`_output_wrappers`, cached per program."""
+    hit = _wrappers.get(closed, False)
+    if hit is False:
+        hit = _wrappers[closed] = _output_wrappers(closed)
+    return hit
+
+
+_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _jit_eval_arrays(args, params):
+    """A jitted program with equations that need Arrays runs equation by equation; one
+    whose outputs have wrappers runs compiled and wraps them."""
+    program = params["program"]
+    if needs_arrays(program):
+        return eval_program(program, *args)
+    wrappers = output_wrappers(program)
+    if wrappers is None:
+        return None
+    return [a if w is None else w(a)
+            for a, w in zip(eval_plain(jit_p, args, params), wrappers)]
+
+
+jit_p.rules["eval_arrays"] = _jit_eval_arrays
+jit_p.rules["needs_arrays"] = lambda params: needs_arrays(params["program"])
 
 
 class _Entry:
@@ -194,8 +246,8 @@ class _Entry:
     :func:`hoist_traced_consts`); an entry with any is never cached, since they
     belong to the trace that made them."""
 
-    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_shardings",
-                 "hoisted")
+    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_wrappers",
+                 "hoisted", "needs_arrays")
 
     def __init__(self, closed, out_tree, hoisted=()):
         self.closed = closed
@@ -204,7 +256,8 @@ class _Entry:
         self.out_avals = closed.out_avals
         self._optimized = None
         self._exe = None
-        self.out_shardings = _output_shardings(closed)
+        self.out_wrappers = output_wrappers(closed)
+        self.needs_arrays = needs_arrays(closed)
 
     @property
     def optimized(self) -> ClosedProgram:
@@ -222,12 +275,9 @@ class _Entry:
         return self._exe
 
 
-def _placed(outs, avals, shardings) -> list:
+def _wrapped(outs, avals, wrappers) -> list:
     arrays = [wrap_value(o, a) for o, a in zip(outs, avals)]
-    for arr, sh in zip(arrays, shardings):
-        if sh is not None:
-            arr._sharding = sh
-    return arrays
+    return [arr if w is None else w(arr) for arr, w in zip(arrays, wrappers)]
 
 
 class _CallPlan:
@@ -244,7 +294,7 @@ class _CallPlan:
     """
 
     __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
-                 "single")
+                 "single", "bind", "abstract")
 
     def __init__(self, entry: _Entry, leaves, avals):
         self.entry = entry
@@ -263,6 +313,13 @@ class _CallPlan:
         self.out_avals = tuple(entry.out_avals)
         # A function returning one array needs no unflattening.
         self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
+        # Arrays of an upper layer's type (e.g. sharded over processes) among the
+        # arguments, or equations that need Arrays: the call binds ``jit`` eagerly, so
+        # that those arrays evaluate it (see Array._eval_primitive).
+        self.bind = entry.needs_arrays or any(
+            type(x) is not Array and isinstance(x, Array) for x in leaves)
+        # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
+        self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
 
 
 class JitFunction:
@@ -374,7 +431,7 @@ class JitFunction:
         return plan, leaves
 
     def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
-        avals = tuple(map(get_aval, leaves))  # raises DTypeError on unsupported leaves
+        avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.
         akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key())
@@ -399,6 +456,8 @@ class JitFunction:
         return plan.entry, leaves, plan.avals
 
     def __call__(self, *args, **kwargs):
+        if config.disable_jit:  # spmd.disable_jit(): run the Python function op by op
+            return self._fun(*args, **kwargs)
         # The common case (no static or keyword arguments; containers, arrays
         # and scalars) keys the plans on _walk's tokens; anything else, _plan.
         vals: list = []
@@ -412,9 +471,15 @@ class JitFunction:
                     plan, vals = self._plan(args, kwargs)
         else:
             plan, vals = self._plan(args, kwargs)
-        if not is_eager():
+            if plan.abstract:
+                raise TypeError(f"jit({self._name}) was called with abstract arguments "
+                                "(ShapeDtypeStruct), which have no values; pass arrays, or use "
+                                ".trace(...), .lower(...) or spmd.eval_shape to trace only")
+        if plan.bind or not is_eager():
             outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
                               name=self._name)
+            if plan.bind and self._donate_argnums:
+                self._delete_donated(args)
             return plan.out_tree.unflatten(outs)
         # Only the leaves that need it are touched (``vals`` is a fresh list).
         for i in plan.arrays:
@@ -429,9 +494,9 @@ class JitFunction:
             self._delete_donated(args)
         # Results of the generated code are fresh ndarrays of the right dtype,
         # except 0-d ones (numpy scalars), which wrap_value converts.
-        if plan.entry.out_shardings is not None:
-            return plan.out_tree.unflatten(_placed(outs, plan.out_avals,
-                                                   plan.entry.out_shardings))
+        if plan.entry.out_wrappers is not None:
+            return plan.out_tree.unflatten(_wrapped(outs, plan.out_avals,
+                                                    plan.entry.out_wrappers))
         if plan.single:
             o, a = outs[0], plan.out_avals[0]
             return Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
@@ -449,6 +514,15 @@ class JitFunction:
     def lower(self, *args, **kwargs) -> "Lowered":
         entry, _, _ = self._entry(args, kwargs)
         return Lowered(entry, self._name)
+
+    def trace(self, *args, **kwargs):
+        """Trace for these arguments (arrays or ``ShapeDtypeStruct``): a
+        :class:`~spmd.compiler.traced.Traced` with ``.jaxpr``, ``.out_info`` and
+        ``.lower()``."""
+        from spmd.compiler.traced import Traced
+
+        entry, _, avals = self._entry(args, kwargs)
+        return Traced(entry, self._name, avals)
 
     def eval_shape(self, *args, **kwargs):
         entry, _, _ = self._entry(args, kwargs)
@@ -482,10 +556,25 @@ class Lowered:
     def as_text(self, executed: bool = False) -> str:
         """The optimised program; ``executed=True``: the program this process runs, after
         lowering for execution (``shard_map`` inlined for this backend, collectives
-        combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
-        if executed:
-            return str(lower_for_execution(self._entry.optimized))
-        return str(self._entry.optimized)
+        combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``).  With a
+        ``shard_map`` over processes, its per-process program (for numpy or replicated
+        inputs) follows the program; building it agrees on the program with the other
+        processes, as a call does, so every process must ask for it."""
+        closed = self._entry.optimized
+        if not executed:
+            return str(closed)
+        if not needs_arrays(closed):
+            return str(lower_for_execution(closed))
+        # A program with equations that run on Arrays (a shard_map over processes) is
+        # evaluated equation by equation; each such equation shows the program this
+        # process compiles for it.
+        parts = [str(closed)]
+        for i, e in enumerate(closed.program.eqns):
+            rule = e.primitive.rules.get("executed_program")
+            if rule is not None:
+                parts.append(f"# equation {i} ({e.primitive.name}) runs on this process:\n"
+                             f"{rule(e)}")
+        return "\n".join(parts)
 
     def compile(self) -> "Compiled":
         return Compiled(self._entry)

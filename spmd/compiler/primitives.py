@@ -1,9 +1,12 @@
 """Primitives and the registry of their rules.
 
-A :class:`Primitive` is one object; every rule about it (implementation,
-abstract evaluation, jvp, transpose, batching, varying-axes typing, partitioning,
-code emission) is registered on it beside its definition, and the registry
-``PRIMITIVES`` lets a test walk all of them and check that none lacks a rule.
+A :class:`Primitive` is one object; every rule about it that this layer knows
+(implementation, abstract evaluation, jvp, transpose, batching, varying-axes
+typing, code emission) is registered on it beside its definition, and the
+registry ``PRIMITIVES`` lets a test walk all of them and check that none lacks a
+rule.  How a primitive is partitioned is decided by the sharding layer, in its own
+table keyed by the primitive (:mod:`spmd.shard.partition.registry`): its rules
+speak of placements on a mesh, which this layer does not know.
 
 Rule signatures (``params`` are the equation's static keyword parameters):
 
@@ -54,7 +57,6 @@ class Primitive:
         self.transpose: Callable | None = None
         self.batch: Callable | None = None
         self.vma: Callable | None = None
-        self.partition: Callable | None = None
         self.emit: Callable | None = None
         # Extra rules of higher-order primitives (partial evaluation, DCE, ...).
         self.rules: dict[str, Callable] = {}
@@ -80,7 +82,6 @@ class Primitive:
     def_transpose = _setter("transpose")
     def_batch = _setter("batch")
     def_vma = _setter("vma")
-    def_partition = _setter("partition")
     def_emit = _setter("emit")
     del _setter
 

@@ -50,6 +50,70 @@ class checkpoint_policies:
 
     checkpoint_dots_with_no_batch_dims = dots_with_no_batch_dims_saveable
 
+    # Policies on names given with ``checkpoint_name``.
+    @staticmethod
+    def save_only_these_names(*names: str) -> Callable:
+        """Save the values named (``checkpoint_name``) in ``names``; recompute the rest."""
+        wanted = frozenset(names)
+        return lambda prim, *avals, **params: prim is name_p and params["name"] in wanted
+
+    @staticmethod
+    def save_any_names_but_these(*names: str) -> Callable:
+        """Save every named value except those in ``names``; recompute unnamed ones."""
+        unwanted = frozenset(names)
+        return lambda prim, *avals, **params: prim is name_p and params["name"] not in unwanted
+
+    @staticmethod
+    def save_anything_except_these_names(*names: str) -> Callable:
+        """Save every value except those named in ``names``."""
+        unwanted = frozenset(names)
+        return lambda prim, *avals, **params: not (prim is name_p and
+                                                   params["name"] in unwanted)
+
+    @staticmethod
+    def save_and_offload_only_these_names(*, names_which_can_be_saved=(),
+                                          names_which_can_be_offloaded=(),
+                                          offload_src="device", offload_dst="pinned_host"):
+        """Save the named values of both lists (there is no host offload: an offloaded
+        value is kept like a saved one)."""
+        return checkpoint_policies.save_only_these_names(*names_which_can_be_saved,
+                                                         *names_which_can_be_offloaded)
+
+    @staticmethod
+    def save_from_both_policies(policy_1: Callable, policy_2: Callable) -> Callable:
+        """Save what either policy saves."""
+        return lambda prim, *avals, **params: bool(policy_1(prim, *avals, **params) or
+                                                   policy_2(prim, *avals, **params))
+
+
+# ------------------------------------------------------------ checkpoint_name
+
+# The identity, tagging a value with a name that checkpoint policies can select.
+name_p = Primitive("name")
+name_p.def_impl(lambda xp, x, *, name: x)
+name_p.def_abstract_eval(lambda x, *, name: x)
+name_p.def_emit(lambda ins, name: ins[0])
+# Only the primal carries the name (as in JAX): the tangent is the input's.
+name_p.def_jvp(lambda primals, tangents, *, name: (name_p.bind(primals[0], name=name),
+                                                   tangents[0]))
+name_p.def_batch(lambda args, dims, *, name: (name_p.bind(args[0], name=name), dims[0]))
+# Partitioned as the identity (spmd/shard/partition/rules.py): it keeps its placement.
+
+
+def checkpoint_name(x, name: str):
+    """``x``, tagged with ``name`` for ``checkpoint_policies.save_only_these_names``
+    and friends (a pytree: every leaf gets the name).
+
+    >>> h = checkpoint_name(snp.tanh(x @ w), "hidden")  # doctest: +SKIP
+    """
+    if not isinstance(name, str):
+        from spmd.errors import ArgumentError
+
+        raise ArgumentError(f"checkpoint_name: name must be a str, got {name!r}")
+    # Not tree_map: its frame would become the equations' source location.
+    leaves, tree = tree_util.tree_flatten(x)
+    return tree_util.tree_unflatten(tree, [name_p.bind(v, name=name) for v in leaves])
+
 
 # ---------------------------------------------------------------- primitive
 
@@ -256,28 +320,98 @@ def checkpoint(fun: Callable, *, policy: Callable | None = None, prevent_cse: bo
 remat = checkpoint
 
 
-def saved_residuals(fun: Callable, *args) -> list[tuple]:
-    """The values reverse mode saves for ``fun`` at ``args``: ``[(aval, source), ...]``.
-
-    ``source`` names the primitive that produced the value, or says it is an argument.
+def saved_residuals(fun: Callable, *args, **kwargs) -> list[tuple]:
+    """The values reverse mode saves for ``fun`` at ``args``: ``[(aval, source), ...]``,
+    ``source`` as in JAX: ``"from the argument x"``, ``"named 'h' from file:line"``,
+    or ``"output of sin from file:line"``.
     """
-    from spmd.compiler.ad import linearize_flat
+    import inspect
+
     from spmd.compiler import dtypes
+    from spmd.compiler.ad import partial_eval
+    from spmd.compiler.passes import dce_program
 
     leaves, tree = tree_util.tree_flatten(tuple(args))
+    try:
+        params = list(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        params = []
+    owner = [i for i, a in enumerate(args) for _ in tree_util.tree_leaves(a)]
 
     def flat(*xs):
-        return flatten_outputs(fun(*tree_util.tree_unflatten(tree, xs)), "saved_residuals")[0]
+        return flatten_outputs(fun(*tree_util.tree_unflatten(tree, xs), **kwargs),
+                               "saved_residuals")[0]
 
-    diff = [dtypes.is_float(get_aval(x).dtype) for x in leaves]
-    _, lin = linearize_flat(flat, leaves, diff)
-    prog = lin.program
-    n_res = len(lin.residuals)
+    avals = [get_aval(x) for x in leaves]
+    diff = [dtypes.is_float(a.dtype) for a in avals]
+    diff_avals = [tangent_aval(a) for a, d in zip(avals, diff) if d]
+
+    n_out: list = []
+
+    def jvp_fun(*xs):
+        ps, ts = list(xs[:len(avals)]), iter(xs[len(avals):])
+        tin = [next(ts) if d else Zero(tangent_aval(a)) for a, d in zip(avals, diff)]
+        out_p, out_t = jvp_flat(flat, ps, tin)
+        n_out[:] = [len(out_p)]
+        return out_p + [t for t in out_t if not isinstance(t, Zero)]
+
+    closed = trace_to_program(jvp_fun, avals + diff_avals)
+    known, unknown, _, n_res = partial_eval(closed, [False] * len(avals) + [True] *
+                                            len(diff_avals))
+    # Only the tangent outputs need residuals (the primal outputs are known).
+    _, used = dce_program(Program(unknown.in_vars, unknown.eqns, unknown.out_atoms[n_out[0]:]))
+    kp = known.program
+    res_atoms = kp.out_atoms[len(kp.out_atoms) - n_res:]
+    n_consts = len(known.consts)
     out = []
-    for v, r in zip(prog.in_vars[:n_res], lin.residuals):
-        uses = [e.primitive.name for e in prog.eqns if v in e.inputs]
-        if not uses:
+    for atom, u in zip(res_atoms, used[:n_res]):
+        if not u or not isinstance(atom, Var):
             continue
-        is_arg = any(r is x for x in leaves)
-        out.append((get_aval(r), "argument" if is_arg else f"used by {', '.join(sorted(set(uses)))}"))
+        src = _describe_residual(atom, kp, n_consts, params, owner)
+        out.append((atom.aval.update(vma=frozenset()), src))
     return out
+
+
+def _describe_residual(var, program, n_consts, params, owner) -> str:
+    """Where a residual comes from, looking into nested programs (jit, remat halves)."""
+    while True:
+        if var in program.in_vars:
+            k = program.in_vars.index(var) - n_consts
+            if k < 0:
+                return "from a constant"
+            i = owner[k] if k < len(owner) else k
+            name = params[i] if i < len(params) else f"#{i}"
+            return f"from the argument {name}"
+        eqn = next((e for e in program.eqns if var in e.outputs), None)
+        if eqn is None:
+            return "from a constant"
+        inner = eqn.params.get("program")
+        if isinstance(inner, ClosedProgram):
+            atom = inner.program.out_atoms[eqn.outputs.index(var)]
+            if isinstance(atom, Var) and atom in inner.program.in_vars:
+                # passed through: continue outside with the matching operand
+                j = inner.program.in_vars.index(atom) - len(inner.consts)
+                outer = eqn.inputs[j] if 0 <= j < len(eqn.inputs) else None
+                if isinstance(outer, Var):
+                    var = outer
+                    continue
+                return "from a constant"
+            if not isinstance(atom, Var):
+                return "from a constant"
+            var, program, n_consts = atom, inner.program, len(inner.consts)
+            continue
+        where = f" from {eqn.source_info}" if eqn.source_info is not None else ""
+        if eqn.primitive is name_p:
+            return f"named {eqn.params['name']!r}{where}"
+        return f"output of {eqn.primitive.name}{where}"
+
+
+def print_saved_residuals(fun: Callable, *args, **kwargs) -> None:
+    """Print what reverse mode saves for ``fun`` at ``args``, one value per line.
+
+    >>> print_saved_residuals(lambda x: snp.sin(snp.sin(x)).sum(), np.ones(3))  # doctest: +SKIP
+    f32[3] from the argument x
+    f32[3] output of cos from example.py:1 (<lambda>)
+    """
+    for aval, src in saved_residuals(fun, *args, **kwargs):
+        print(f"{aval.str_short()} {src}")

@@ -61,74 +61,36 @@ class EvalTrace(Trace):
     lift = pure
 
     def process_primitive(self, prim, args, params):
-        partial = None
-        placed = False
         for a in args:
-            # Cheap first test: only Arrays placed by the sharding layer can hold a
-            # partial buffer (one spread over processes; see spmd.shard.multiprocess).
-            if type(a) is Array and a._sharding is not None:
-                placed = True
-                if getattr(a._sharding, "_partial_buffer", False):
-                    partial = a
-                    break
-        if placed and partial is None and _sharded_eager_hook[0] is not None:
-            # Sharded Arrays go through the partitioner (spmd.shard.partition.eager),
-            # which returns None where it does not apply.
-            outs = _sharded_eager_hook[0](prim, args, params)
+            # An array type of an upper layer (e.g. a sharded Array) evaluates the
+            # primitive itself where it needs to (see Array._eval_primitive).
+            if type(a) is not Array and isinstance(a, Array):
+                outs = a._eval_primitive(prim, args, params)
+                if outs is not None:
+                    return outs
+                break
+        rule = prim.rules.get("eval_arrays")
+        if rule is not None:
+            # A primitive whose results are not plain buffers in some cases (e.g. a
+            # shard_map over processes returns arrays of this process's blocks).
+            outs = rule(args, params)
             if outs is not None:
                 return outs
-        # numpy, or cupy when the devices are GPUs (resolved before the values are
-        # converted: to_array_value moves host values to the device then).
-        xp = _am._xp[0] or _am.current()
-        avals_in = [get_aval(a) for a in args]
-        avals_out = abstract_eval(prim, avals_in, params)
-        vals = [to_array_value(a, av) for a, av in zip(args, avals_in)]
-        if partial is None and not prim.higher_order:
-            outs = prim.impl(xp, *vals, **params)
-            if not prim.multiple_results:
-                outs = (outs,)
-            return [wrap_value(o, av) for o, av in zip(outs, avals_out)]
-        shardings = _eager_shardings(prim, args, params, partial)
-        if partial is not None:  # the blocks of other processes are placeholders
-            with np.errstate(all="ignore"):
-                outs = prim.impl(xp, *vals, **params)
-        else:
-            outs = prim.impl(xp, *vals, **params)
-        if not prim.multiple_results:
-            outs = (outs,)
-        outs = [wrap_value(o, av) for o, av in zip(outs, avals_out)]
-        if shardings is not None:
-            for o, s in zip(outs, shardings):
-                o._sharding = s
-        return outs
+        return eval_plain(prim, args, params)
 
 
-# Set by spmd.shard.partition: runs an eager primitive on sharded Arrays.
-_sharded_eager_hook: list = [None]
-
-
-def _eager_shardings(prim, args, params, partial):
-    """The placements of an eager ``prim``'s outputs, or None (whole local values).
-
-    An Array spread over processes (``partial``: this process holds only its
-    devices' blocks) may only reach primitives with an ``eager_shardings`` rule:
-    ``shard_map`` and ``jit`` (they read only this process's blocks) and the
-    elementwise ones (they compute blockwise); the rule checks the arguments
-    and says how the outputs are placed.  Any other primitive would silently
-    compute on the placeholders standing for other processes' blocks.
-    """
-    rule = prim.rules.get("eager_shardings")
-    if rule is not None:
-        return rule(args, params)
-    if partial is None:
-        return None
-    from spmd.errors import NotFullyAddressableError
-
-    raise NotFullyAddressableError(
-        f"{prim.name}: an argument (shape {partial.shape}, dtype {partial.dtype}) is an Array "
-        f"spread over processes ({partial._sharding!r}) of which this process holds only its "
-        "devices' blocks; this operation needs the whole value. Compute on it inside a "
-        "shard_map or a jitted function, or gather it first with spmd.process_allgather(x)")
+def eval_plain(prim, args, params) -> list:
+    """``prim``'s implementation on the arguments' buffers, as plain Arrays."""
+    # numpy, or cupy when the devices are GPUs (resolved before the values are
+    # converted: to_array_value moves host values to the device then).
+    xp = _am._xp[0] or _am.current()
+    avals_in = [get_aval(a) for a in args]
+    avals_out = abstract_eval(prim, avals_in, params)
+    vals = [to_array_value(a, av) for a, av in zip(args, avals_in)]
+    outs = prim.impl(xp, *vals, **params)
+    if not prim.multiple_results:
+        outs = (outs,)
+    return [wrap_value(o, av) for o, av in zip(outs, avals_out)]
 
 
 class _TraceState(threading.local):
@@ -482,8 +444,10 @@ class ProgramBuilder:
                 # Eager Arrays may wrap a caller's numpy buffer (snp.asarray does not
                 # copy), so the program keeps its own copy of those too.  Programs
                 # keep constants in host memory (constant folding runs on numpy); the
-                # executor puts them on the device once, when it compiles.
-                val = np.array(_am.to_host(val.value), copy=True)
+                # executor puts them on the device once, when it compiles.  An array
+                # whose value is not all here (spread over processes) stays itself.
+                if val._holds_value():
+                    val = np.array(_am.to_host(val.value), copy=True)
             elif type(val) in _am.device_types:
                 val = np.array(_am.to_host(val), dtype=aval.dtype, copy=True)
             elif isinstance(val, np.ndarray):

@@ -102,6 +102,40 @@ class _Reporter:
             sys.stderr.write(f"spmd-run: rank {self.rank}: cannot write {final}: {e}\n")
 
 
+# Published by a rank's collectives (``spmd.collectives.mpi_control``): where it
+# has been waiting for a while, so that the launcher can tell when a rank that
+# finished leaves others waiting for it.
+
+def publish_wait(info: dict) -> None:
+    """Record in ``$SPMD_LAUNCH_DIR/rank<N>.wait`` that this rank waits in a collective
+    (``info``: rank, ranks, what, where, seq, since); a no-op without the directory."""
+    directory = os.environ.get("SPMD_LAUNCH_DIR")
+    if directory and os.path.isdir(directory):
+        rep = _Reporter(directory, int(info["rank"]))
+        rep._write("wait", json.dumps(info))
+
+
+def clear_wait(rank: int) -> None:
+    """The rank's collective wait is over: remove its ``.wait`` record."""
+    directory = os.environ.get("SPMD_LAUNCH_DIR")
+    if directory:
+        try:
+            os.remove(os.path.join(directory, f"rank{rank}.wait"))
+        except OSError:
+            pass
+
+
+def read_waits(directory: str) -> dict[int, dict]:
+    """Rank -> the collective it has been waiting in (see :func:`publish_wait`)."""
+    out = {}
+    for name in os.listdir(directory):
+        if name.startswith("rank") and name.endswith(".wait"):
+            rep = _read_json(os.path.join(directory, name))
+            if isinstance(rep, dict) and isinstance(rep.get("rank"), int):
+                out[rep["rank"]] = rep
+    return out
+
+
 # The launcher's side of these files (``spmd-run`` reads them).
 
 def read_reports(directory: str) -> dict[int, dict]:

@@ -21,26 +21,21 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 from spmd.launch import _rank
+from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
+from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
+                                 stranded_summary, timeout_summary)
 
-PROG = "spmd-run"
 # Exit statuses of the launcher itself.
 USAGE_ERROR = 2
 TIMED_OUT = 124
 INTERRUPTED = 130
-# How long a job may go on after a rank reported a failure before the
-# launcher ends it itself (mpiexec normally does it at once).
-FAILURE_GRACE_S = 5.0
-# How long mpiexec gets to end its ranks after SIGTERM before SIGKILL.
-TERM_GRACE_S = 3.0
-# Lines of each failed rank's error shown in the summary.
-ERROR_TAIL = 20
+# Exit status when ranks that finished left others waiting in a collective.
+STRANDED = 1
 
 INSTALL_MPI = ("install one into this environment with `pip install mpich mpi4py` "
                "(or use a system MPI: e.g. `apt-get install mpich`, then `pip install mpi4py`), "
@@ -238,6 +233,8 @@ def build_command(ns: argparse.Namespace, mpiexec: str, impl: str,
     cmd = [mpiexec]
     if impl == "mpich" and ns.prefix:
         cmd.append("-prepend-rank")
+    if impl == "mpich":
+        cmd.append("-print-all-exitcodes")  # names a rank killed by a signal
     if impl == "openmpi":
         if ns.prefix:
             cmd.append("--tag-output")
@@ -284,258 +281,6 @@ def check_gpu(ns: argparse.Namespace, environ=None) -> None:
             f"--platform gpu: {per_node} ranks on this node but only {count} GPU(s); NCCL cannot "
             f"put two ranks on one GPU. Launch at most {count} rank(s) per node, or set "
             "SPMD_GPU_BACKEND=mpi to share GPUs and stage collectives through host memory")
-
-
-# ------------------------------------------------------------------ the job
-
-class _Terminated(Exception):
-    """The launcher itself received SIGTERM or SIGHUP."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-class Job:
-    """One ``mpiexec`` run and the per-rank files its ranks write."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], np: int, launch_dir: str):
-        self.cmd, self.env, self.np, self.dir = cmd, env, np, launch_dir
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        # Its own session: Ctrl-C reaches only the launcher, which then ends
-        # the job in order, and the job's processes can be killed as a group.
-        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
-
-    def reports(self) -> dict[int, dict]:
-        """Rank -> the result its wrapper recorded (ranks still running have none)."""
-        return _rank.read_reports(self.dir)
-
-    def pids(self) -> dict[int, int]:
-        """Rank -> pid, for ranks that started on this host."""
-        host = socket.gethostname()
-        out = {}
-        for r in range(self.np):
-            info = _rank.read_pid_file(self.dir, r)
-            if info and info.get("host") == host and _is_our_rank(info.get("pid"), self.dir):
-                out[r] = info["pid"]
-        return out
-
-    def wait(self, timeout: float | None) -> tuple[str, int | None]:
-        """Watch the job: ("done", rc), ("failed", None), or ("timeout", None)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        failure_seen = None
-        while True:
-            try:
-                return "done", self.proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if failure_seen is None and any(rep["status"] != 0
-                                            for rep in self.reports().values()):
-                failure_seen = now
-            if failure_seen is not None and now - failure_seen > FAILURE_GRACE_S:
-                return "failed", None  # a rank failed but mpiexec did not end the job
-            if deadline is not None and now > deadline:
-                return "timeout", None
-
-    def stacks(self, pids: dict[int, int]) -> dict[int, str]:
-        """Ask the running ranks for their Python stacks (faulthandler on SIGUSR1)."""
-        if not pids or not hasattr(signal, "SIGUSR1"):
-            return {}
-        for pid in pids.values():
-            _signal(pid, signal.SIGUSR1)
-        time.sleep(0.5)
-        return {r: _rank.read_text(self.dir, r, "stack") for r in pids}
-
-    def end(self) -> int:
-        """End every process of the job; return mpiexec's exit status."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            ranks = self.pids()
-            try:
-                self.proc.send_signal(signal.SIGTERM)  # mpiexec ends its ranks
-                self.proc.wait(timeout=TERM_GRACE_S)
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):  # or a second Ctrl-C
-                _signal(-self.proc.pid, signal.SIGKILL)  # its process group
-            finally:
-                # Hydra puts each rank in a session of its own: make sure.
-                for pid in ranks.values():
-                    _signal(pid, signal.SIGKILL)
-            self.proc.wait()
-        return self.proc.returncode
-
-
-def _is_our_rank(pid, launch_dir: str) -> bool:
-    """``pid`` is alive and is a rank of this job (not a recycled pid)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"SPMD_LAUNCH_DIR={launch_dir}".encode() in f.read().split(b"\0")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here (macOS) or not readable: trust the pid if it is alive
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-
-
-def _signal(pid: int, sig) -> None:
-    """``os.kill`` that ignores processes already gone (a negative pid is a group)."""
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the launcher dies (Linux), so a
-    killed ``spmd-run`` does not leave its job running in a session of its own."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        except (OSError, AttributeError):
-            pass
-
-
-# ------------------------------------------------------------------ summary
-
-def format_ranks(ranks) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    ranks = sorted(ranks)
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def _plural(ranks) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
-
-
-def _tail(text: str, n: int = ERROR_TAIL) -> str:
-    lines = text.rstrip("\n").splitlines()
-    if len(lines) > n:
-        lines = ["..."] + lines[-n:]
-    return "\n".join("    " + ln for ln in lines)
-
-
-def _ends(text: str, n: int) -> str:
-    """The first and last ``n`` lines (a stack's innermost and outermost frames)."""
-    lines = text.rstrip("\n").splitlines()
-    if len(lines) > 2 * n:
-        lines = lines[:n] + ["..."] + lines[-n:]
-    return "\n".join("    " + ln for ln in lines)
-
-
-def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
-                    faults: dict[int, str]) -> tuple[str, int]:
-    """(the message, the launcher's exit status) for a job that did not succeed."""
-    failed = {r: rep for r, rep in reports.items() if rep.get("status", 1) != 0}
-    silent = [r for r in range(np) if r not in reports]
-    crashed = {r: _without_launcher(faults[r]) for r in silent if faults.get(r, "").strip()}
-    lines = []
-    if failed:
-        first = min(failed, key=lambda r: (failed[r].get("time", 0), r))
-        status = int(failed[first]["status"])
-        # Ranks failing the same way are shown once.
-        groups: dict[tuple, list[int]] = {}
-        for r, rep in sorted(failed.items()):
-            groups.setdefault((rep["status"], rep.get("kind"), rep.get("error", "")), []).append(r)
-        if len(failed) == 1:
-            lines.append(f"{PROG}: rank {first} of {np} failed with exit status {status}; "
-                         "the job was ended")
-        else:
-            lines.append(f"{PROG}: {_plural(sorted(failed))} of {np} failed; rank {first} "
-                         f"first, with exit status {status}; the job was ended")
-        for (st, kind, error), ranks in groups.items():
-            what = {"exception": "raised an exception", "exit": f"called sys.exit({st})",
-                    "interrupt": "was interrupted (KeyboardInterrupt)"}.get(kind, "failed")
-            lines.append(f"--- {_plural(ranks)}: {what}, exit status {st}")
-            if error.strip():
-                lines.append(_tail(error))
-    else:
-        status = rc if rc else 1
-        if crashed:
-            lines.append(f"{PROG}: {_plural(sorted(crashed))} of {np} died on a fatal signal; "
-                         f"the job was ended (mpiexec exit status {rc})")
-        else:
-            lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
-                         "reported an error from Python")
-    for r, text in sorted(crashed.items()):
-        lines.append(f"--- rank {r}: died on a fatal signal")
-        lines.append(_tail(text))
-    others = [r for r in silent if r not in crashed]
-    if others:
-        lines.append(f"({_plural(others)}: no result; ended with the job, killed by a signal "
-                     "(e.g. out of memory), or stopped by MPI_Abort)")
-    return "\n".join(lines), status
-
-
-def timeout_summary(np: int, timeout: float, reports: dict[int, dict],
-                    pids: dict[int, int], stacks: dict[int, str]) -> str:
-    lines = [f"{PROG}: the job did not finish within --timeout {timeout:g}s and was ended"]
-    running = [r for r in range(np) if r not in reports]
-    if pids:
-        still = [r for r in running if r in pids]
-        unknown = [r for r in running if r not in pids]
-        if still:
-            lines.append(f"{_plural(still)} of {np} still running")
-        if unknown:
-            lines.append(f"({_plural(unknown)} not started here or on another host)")
-        finished = [r for r in reports if reports[r].get("status") == 0]
-        if finished:
-            verb = "was" if len(finished) == 1 else "were"
-            lines.append(f"({_plural(finished)} finished the script and {verb} waiting in "
-                         "MPI_Finalize for the others)")
-        # Ranks stuck at the same place are shown once.
-        groups: dict[str, list[int]] = {}
-        for r in still:
-            where = _current_thread(stacks.get(r, ""))
-            if where:
-                groups.setdefault(where, []).append(r)
-        for where, ranks in groups.items():
-            lines.append(f"--- {_plural(ranks)} at (most recent call first):")
-            lines.append(_ends(where, 6))
-    else:
-        lines.append("(cannot tell which ranks were still running)")
-    return "\n".join(lines)
-
-
-def _without_launcher(dump: str) -> str:
-    """A faulthandler dump less the launcher's frames and the extension list."""
-    keep = [ln for ln in dump.splitlines()
-            if "<frozen runpy>" not in ln and "spmd/launch/_rank.py" not in ln
-            and not ln.startswith("Extension modules:")]
-    return "\n".join(keep).strip()
-
-
-def _current_thread(dump: str) -> str:
-    """The current thread's frames from a faulthandler dump (the last one written)."""
-    blocks = dump.split("Current thread")
-    if len(blocks) < 2:
-        return dump.strip()
-    frames = []
-    for line in blocks[-1].split("\n\n")[0].splitlines()[1:]:
-        line = line.strip()
-        if "<frozen runpy>" in line or "runpy.py" in line:
-            break  # the launcher's own frames follow
-        if line:
-            frames.append(line)
-    return "\n".join(frames)
 
 
 # ------------------------------------------------------------------ main
@@ -585,6 +330,11 @@ def _supervise(job: Job, ns: argparse.Namespace) -> int:
             job.end()
             print(timeout_summary(ns.np, ns.timeout, reports, pids, stacks), file=sys.stderr)
             return TIMED_OUT
+        if outcome == "stranded":
+            finished, waits = rc
+            job.end()
+            print(stranded_summary(ns.np, finished, waits), file=sys.stderr)
+            return STRANDED
         if outcome == "failed":
             rc = job.end()
         reports = job.reports()
@@ -593,7 +343,7 @@ def _supervise(job: Job, ns: argparse.Namespace) -> int:
         if rc is not None and rc < 0:
             rc = 128 - rc  # mpiexec itself died on a signal
         faults = {r: _rank.read_text(job.dir, r, "fault") for r in range(ns.np)}
-        message, status = failure_summary(ns.np, reports, rc, faults)
+        message, status = failure_summary(ns.np, reports, rc, faults, job.killed())
         print(message, file=sys.stderr)
         return status
     finally:

@@ -12,7 +12,9 @@
 On GPUs each process uses the GPU of its local rank (``MPI_LOCALRANKID``,
 ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID``, ...), modulo the GPUs it
 sees; all of a process's devices (``SPMD_LOCAL_DEVICES``) are simulated on that
-one GPU.  Collectives between processes go through NCCL
+one GPU.  The GPU is chosen when the array module is first resolved
+(``spmd.distributed.initialize`` does it at once), and CuPy arrays made before
+on another GPU are copied to it when spmd takes them.  Collectives between processes go through NCCL
 (:mod:`spmd.collectives.nccl`) unless ``SPMD_GPU_BACKEND=mpi`` (or NCCL is
 missing), which stages them through host memory and MPI; NCCL cannot put two
 ranks on one GPU, so more ranks than GPUs on a node needs the ``mpi`` backend.
@@ -26,7 +28,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import sys
 
 import numpy as np
 
@@ -52,10 +53,7 @@ class PlatformError(SpmdError, RuntimeError):
 
 def _cupy_installed() -> bool:
     """Whether ``import cupy`` can work, without importing it."""
-    try:
-        return importlib.util.find_spec("cupy") is not None
-    except ValueError:  # in sys.modules without a spec (a stand-in)
-        return "cupy" in sys.modules
+    return importlib.util.find_spec("cupy") is not None
 
 def requested() -> str | None:
     """The platform asked for (``initialize``, else ``SPMD_PLATFORM``), or None."""
@@ -183,14 +181,21 @@ def local_rank() -> int:
     return _env_int(_LOCAL_RANK_VARS) or 0
 
 
-def gpu_for_rank(rank: int, local_size: int | None, gpus: int, backend: str) -> int:
+def gpu_for_rank(rank: int, local_size: int | None, gpus: int, backend: str,
+                 bound: bool = False) -> int:
     """The GPU of the rank ``rank`` of its node; checks that NCCL gets one GPU per rank.
+
+    ``bound``: each rank was given its own ``CUDA_VISIBLE_DEVICES`` (so it may see
+    fewer GPUs than the node's ranks); then the check is left to the NCCL backend,
+    which compares the ranks' PCI bus ids when they first meet.
 
     >>> gpu_for_rank(1, 2, 2, "nccl"), gpu_for_rank(3, 4, 2, "mpi")
     (1, 1)
+    >>> gpu_for_rank(1, 2, 1, "nccl", bound=True)   # CUDA_VISIBLE_DEVICES=<one per rank>
+    0
     """
     ranks = max(local_size or 0, rank + 1)
-    if backend == "nccl" and ranks > gpus:
+    if backend == "nccl" and ranks > gpus and not bound:
         raise PlatformError(
             f"{ranks if local_size else f'at least {ranks}'} ranks on this node but only "
             f"{gpus} GPU(s): NCCL cannot put two ranks on one GPU. Launch at most {gpus} "
@@ -207,7 +212,8 @@ def select_gpu(cupy) -> int:
     rank = local_rank()
     backend = gpu_backend() if runtime.launched_by_mpi() else "mpi"
     local_size = _env_int(_LOCAL_SIZE_VARS) if runtime.launched_by_mpi() else None
-    device = gpu_for_rank(rank, local_size, gpus, backend)
+    bound = bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip())
+    device = gpu_for_rank(rank, local_size, gpus, backend, bound)
     cupy.cuda.Device(device).use()
     return device
 
@@ -216,7 +222,7 @@ def _resolve():
     """The array module of this process's devices (the compiler's resolver)."""
     xp = xp_for(current())
     if xp is not np:
-        select_gpu(xp)
+        array_module.device_id[0] = select_gpu(xp)
     return xp
 
 

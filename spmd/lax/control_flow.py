@@ -23,6 +23,7 @@ from spmd.compiler.ops.control_loops import scan_bind, while_bind
 from spmd.compiler.ops.elementwise import add, convert, lt, max as lax_max, min as lax_min, ne
 from spmd.compiler.trace import Tracer, _pvary_hook, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError
+from spmd.lax import _eager_control as _eager
 
 __all__ = ["cond", "switch", "fori_loop", "while_loop", "scan"]
 
@@ -177,6 +178,8 @@ def cond(pred, true_fun: Callable, false_fun: Callable, *operands):
 
     >>> cond(x > 0, lambda x: x * 2, lambda x: -x, x)  # doctest: +SKIP
     """
+    if _eager.active() and callable(true_fun) and callable(false_fun) and pred is not None:
+        return _eager.cond(pred, true_fun, false_fun, *operands)
     if pred is None:
         raise ArgumentError("cond: the predicate is None; pass a boolean scalar")
     if isinstance(pred, (list, tuple)):
@@ -204,6 +207,8 @@ def switch(index, branches: Sequence[Callable], *operands):
 
     >>> switch(i, [lambda x: x, lambda x: x * 2, lambda x: -x], x)  # doctest: +SKIP
     """
+    if _eager.active() and not callable(branches) and len(branches) > 0:
+        return _eager.switch(index, list(branches), *operands)
     branches = list(branches) if not callable(branches) else None
     if branches is None:
         raise ArgumentError("switch: branches must be a sequence of functions, got a function; "
@@ -292,6 +297,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None, reverse: bool = 
 
     >>> scan(lambda c, x: (c + x, c * x), 0.0, snp.arange(4.0))  # doctest: +SKIP
     """
+    if _eager.active() and callable(f) and (xs is not None or length is not None):
+        return _eager.scan(f, init, xs, length, reverse)
     if not callable(f):
         raise ArgumentError(f"scan: f must be callable, got {type(f).__name__}")
     if not isinstance(unroll, (bool, int)) or (not isinstance(unroll, bool) and unroll < 1):
@@ -373,6 +380,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val):
 
     >>> while_loop(lambda c: c < 10, lambda c: c * 2, 1)  # doctest: +SKIP
     """
+    if _eager.active() and callable(cond_fun) and callable(body_fun):
+        return _eager.while_loop(cond_fun, body_fun, init_val)
     for f, name in ((cond_fun, "cond_fun"), (body_fun, "body_fun")):
         if not callable(f):
             raise ArgumentError(f"while_loop: {name} must be callable, got {type(f).__name__}")
@@ -429,7 +438,7 @@ def _static_int(x):
     if isinstance(x, (bool, float)) or not dtypes.is_int(get_aval(_as_value(
             x, "fori_loop", "a bound")).dtype):
         raise DTypeError(f"fori_loop: lower and upper must be integers, got {x!r:.40}")
-    return int(np.asarray(x))
+    return int(x)  # (never np.asarray: CuPy refuses it for a device array)
 
 
 def fori_loop(lower, upper, body_fun: Callable, init_val, *, unroll=None):

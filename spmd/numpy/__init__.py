@@ -16,7 +16,9 @@ from spmd.numpy._shape import *  # noqa: F401,F403
 from spmd.numpy._shape_more import *  # noqa: F401,F403
 from spmd.numpy._indexing import *  # noqa: F401,F403
 from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
+from spmd.numpy._misc import *  # noqa: F401,F403
 from spmd.numpy import _methods
+from spmd.numpy import linalg  # noqa: F401,E402
 
 import numpy as _np
 

@@ -130,7 +130,7 @@ def _is_concrete(x):
 
 def _value(x):
     from spmd.compiler.array import Array
-    return to_host(x.value) if isinstance(x, Array) else x
+    return to_host(x.value if isinstance(x, Array) else x)
 
 
 def _traced_linspace(start, stop, num, endpoint, retstep, dt, axis):

@@ -94,7 +94,7 @@ def _classify(e):
         return ("dyn" if av.ndim == 0 else "arr"), e, 1
     if isinstance(e, (list, tuple)) and any(isinstance(a, Tracer) for a in _leaves(e)):
         return _classify(to_array(e))
-    a = np.asarray(to_host(e.value) if isinstance(e, Array) else e)  # concrete: a static index
+    a = to_host(e.value if isinstance(e, Array) else e)  # concrete: a static index
     if a.dtype == bool:
         return ("boolscalar", bool(a), 0) if a.ndim == 0 else ("bool", a, a.ndim)
     if a.size == 0 and a.dtype.kind == "f" and not isinstance(e, np.ndarray):
@@ -143,7 +143,7 @@ def _static_slice(s):
     return out
 
 
-def _parse(shape, idx) -> _Plan:
+def _parse(shape, idx, check_bounds: bool = True) -> _Plan:
     if isinstance(idx, list):
         # numpy once read x[[0, 1]] as x[0, 1]; JAX refuses the ambiguity, and so do we.
         raise DTypeError(
@@ -181,7 +181,7 @@ def _parse(shape, idx) -> _Plan:
                 d += 1
         else:
             size = shape[d]
-            if kind == "int":
+            if kind == "int" and check_bounds:
                 if not -size <= v < size:
                     raise IndexOutOfBoundsError(
                         f"index {v} is out of bounds for axis {d} with size {size}")
@@ -452,14 +452,35 @@ def _default_fill(dtype):
     return True
 
 
+def _clipped_index(shape, idx):
+    """``idx`` with its static integer indices moved into bounds (negative ones
+    counted from the end first): JAX's ``mode='clip'`` on concrete indices."""
+    items = list(idx) if isinstance(idx, tuple) else [idx]
+    plan = _parse(shape, idx, check_bounds=False)
+    size_of = {e.group: plan.shape[d] for d, e in enumerate(plan.entries)
+               if e.kind in ("int", "arr")}
+    for g, size in size_of.items():
+        item = items[g]
+        if isinstance(item, (bool, np.bool_)) or isinstance(item, Tracer) or item is None:
+            continue  # masks and traced indices (gathers clamp those) stay as they are
+        a = np.asarray(to_host(item.value) if isinstance(item, Array) else item)
+        if a.dtype.kind not in "iu" or size == 0:
+            continue
+        a = np.clip(np.where(a < 0, a + size, a), 0, size - 1)
+        items[g] = int(a) if a.ndim == 0 else a
+    return tuple(items) if isinstance(idx, tuple) else items[0]
+
+
 def _get(x, idx, mode, fill_value):
     x = to_array(x)
-    if mode in (None, "clip", "promise_in_bounds"):
+    if mode == "clip":
+        return _getitem(x, _clipped_index(x.shape, idx))
+    if mode in (None, "promise_in_bounds"):
         return _getitem(x, idx)
     if mode != "fill":
         raise ArgumentError(f".at[].get: mode={mode!r}; expected 'clip', 'fill' or "
                             "'promise_in_bounds'")
-    plan = _parse(x.shape, idx)
+    plan = _parse(x.shape, idx, check_bounds=False)
     if not plan.shape:
         return x
     y = st.reshape(x, plan.shape)
@@ -534,7 +555,7 @@ def _index_operand(indices, fname):
     if isinstance(indices, Tracer):
         _check_int_index(indices.dtype)
         return indices
-    a = np.asarray(to_host(indices.value) if isinstance(indices, Array) else indices)
+    a = to_host(indices.value if isinstance(indices, Array) else indices)
     if a.size == 0 and a.dtype.kind == "f" and not isinstance(indices, np.ndarray):
         a = a.astype(np.intp)
     if not dtypes.is_int(a.dtype):

@@ -6,6 +6,8 @@ this module installs the methods on both, so they behave identically.
 
 from __future__ import annotations
 
+import numpy as np
+
 from spmd.compiler.array import Array
 from spmd.compiler.trace import Tracer
 
@@ -15,6 +17,29 @@ def _swap(f):
         return f(other, self)
 
     return g
+
+
+def _index_text(idx) -> str:
+    """``idx`` as written between brackets (``0``, ``1:3``, ``..., None``)."""
+    def one(e):
+        if e is Ellipsis:
+            return "..."
+        if isinstance(e, slice):
+            parts = ["" if v is None else str(v) for v in (e.start, e.stop, e.step)]
+            return ":".join(parts[:2] if e.step is None else parts)
+        if e is None or isinstance(e, (bool, int, np.integer)):
+            return str(e)
+        return "idx"
+    return ", ".join(one(e) for e in idx) if isinstance(idx, tuple) else one(idx)
+
+
+def _setitem(self, idx, value):
+    """Arrays are immutable: say what to write instead of ``x[idx] = value``."""
+    v = repr(value) if isinstance(value, (bool, int, float)) else "value"
+    raise TypeError(f"'{type(self).__name__}' object does not support item assignment: spmd "
+                    f"arrays are immutable (as in JAX). Instead of x[{_index_text(idx)}] = "
+                    f"{v}, write x = x.at[{_index_text(idx)}].set({v}) (or .add, .multiply, "
+                    ".min, .max)")
 
 
 def install() -> None:
@@ -61,5 +86,6 @@ def install() -> None:
             cls.__getitem__ = snp._getitem
         if hasattr(snp, "_IndexUpdateHelper"):
             cls.at = property(lambda self: snp._IndexUpdateHelper(self))
+        cls.__setitem__ = _setitem
         # == on arrays is elementwise, so arrays stay unhashable.
         cls.__hash__ = None

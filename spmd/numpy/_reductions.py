@@ -321,3 +321,23 @@ def argsort(a, axis=-1, kind=None, order=None, *, stable: bool = True, descendin
     idt = dtypes.default_int()
     idx = _flip(_sort.argsort_along(_flip(x, ax), ax, idt), ax)
     return ew.sub(np.array(n - 1, idt)[()], idx)
+
+
+def _arraylike_first(fn):
+    """``fn`` with JAX's check that its array operand is not a list or tuple."""
+    import functools
+
+    from spmd.numpy._util import check_arraylike
+
+    fname = f"spmd.numpy.{fn.__name__}"
+
+    @functools.wraps(fn)
+    def checked(a, *args, **kwargs):
+        check_arraylike(fname, a)
+        return fn(a, *args, **kwargs)
+
+    return checked
+
+
+for _name in __all__:
+    globals()[_name] = _arraylike_first(globals()[_name])

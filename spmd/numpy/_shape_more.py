@@ -191,7 +191,7 @@ def repeat(a, repeats, axis=None, *, total_repeat_length=None):
     require_static(repeats, "spmd.numpy.repeat", "repeats", "int or sequence of ints")
     if isinstance(repeats, (list, tuple)):
         repeats = [static_int(r, "spmd.numpy.repeat", "repeats") for r in repeats]
-    reps = np.asarray(to_host(repeats.value) if isinstance(repeats, Array) else repeats).reshape(-1)
+    reps = to_host(repeats.value if isinstance(repeats, Array) else repeats).reshape(-1)
     if reps.size == 1:
         r = int(reps[0])
         inner = shape[:ax + 1] + (r,) + shape[ax + 1:]
@@ -242,7 +242,7 @@ def _static_nested(x, fname, argname):
     if isinstance(x, (list, tuple)):
         return [_static_nested(e, fname, argname) for e in x]
     require_static(x, fname, argname, "int or sequence of int pairs")
-    return to_host(x.value) if isinstance(x, Array) else x
+    return to_host(x.value if isinstance(x, Array) else x)
 
 
 def pad(array, pad_width, mode: str = "constant", constant_values=0):

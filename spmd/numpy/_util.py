@@ -6,7 +6,7 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
-from spmd.compiler.array_module import is_device_array
+from spmd.compiler.array_module import is_device_array, to_device
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.structural import broadcast_in_dim
@@ -32,10 +32,9 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
         from spmd.numpy._shape import stack
 
         return stack([to_array(e, dtype, fname) for e in x])
-    if is_device_array(x):  # a GPU (cupy) array: it stays on its device
+    if is_device_array(x):  # a GPU (cupy) array: it stays on (this process's) GPU
         target = dtypes.canonicalize(x.dtype if dtype is None else dtype, fname)
-        return Array(x if x.dtype == target else x.astype(target),
-                     ShapedArray(x.shape, target, False))
+        return Array(to_device(x, target), ShapedArray(x.shape, target, False))
     arr = np.asarray(x)
     if arr.dtype == object or arr.dtype.kind in "USVc":
         dtypes.check_dtype(arr.dtype, fname)
@@ -57,8 +56,21 @@ def _flat(x):
             yield e
 
 
+def check_arraylike(fname: str, *args) -> None:
+    """Raise ``TypeError`` for a list or tuple operand, as JAX does: an operand must be
+    an array or a scalar (``spmd.numpy.asarray`` converts a sequence explicitly, so
+    that a large Python list is never converted silently on every call)."""
+    for i, a in enumerate(args):
+        if isinstance(a, (list, tuple)):
+            raise TypeError(f"{fname} requires ndarray or scalar arguments, got "
+                            f"{type(a).__name__} at position {i}; convert it with "
+                            f"spmd.numpy.asarray(...) first (as JAX requires)")
+
+
 def promote_dtypes(*args, fname: str = "spmd.numpy"):
-    """Convert ``args`` to their common dtype (weak types follow JEP 9407)."""
+    """Convert ``args`` to their common dtype (weak types follow JEP 9407); list and
+    tuple operands raise ``TypeError`` (:func:`check_arraylike`)."""
+    check_arraylike(fname, *args)
     arrs = [to_array(a, fname=fname) for a in args]
     avals = [get_aval(a) for a in arrs]
     dtype, weak = dtypes.result_type(*[(a.dtype, a.weak_type) for a in avals])

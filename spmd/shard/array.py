@@ -1,16 +1,9 @@
-"""The array side of the sharding layer: placements, shards, ``device_put``.
+"""Placing values: ``device_put``, ``make_array_from_callback``, ``visualize_array_sharding``.
 
-An :class:`~spmd.compiler.array.Array` holds one global-shaped numpy buffer in
-this process whatever its sharding; the sharding says which device holds which
-block.  On a mesh of this process's devices the buffer is the whole value; on a
-mesh spread over processes only this process's devices' blocks are filled (see
-:mod:`spmd.shard.multiprocess`), and reading the whole value (``np.asarray``,
-``repr``, eager operations) raises :class:`~spmd.errors.NotFullyAddressableError`
-unless this process holds every block (e.g. a replicated array).  This module
-installs ``.sharding``, ``.addressable_shards``, ``.is_fully_addressable`` and
-``.is_fully_replicated`` on ``Array`` (the compiler layer does not import the
-sharding layer), and defines ``device_put``, ``make_array_from_callback`` and
-``visualize_array_sharding``.
+Every producer here allocates only what this process holds: the whole value when
+its devices hold every block, else one block per device of this process (see
+:mod:`spmd.shard.sharded`, which defines the placed Array type and the
+shardings).
 
 >>> mesh = spmd.make_mesh((4, 2), ("i", "j"))
 >>> x = spmd.device_put(np.arange(16.0).reshape(8, 2), NamedSharding(mesh, P("i", "j")))
@@ -20,7 +13,6 @@ sharding layer), and defines ``device_put``, ``make_array_from_callback`` and
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from typing import Any, Callable, Sequence
 
@@ -33,202 +25,18 @@ from spmd.compiler import array_module
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.trace import Tracer, is_array_like
-from spmd.errors import ArgumentError, DTypeError, NotFullyAddressableError, ShapeError
-from spmd.mesh.devices import Device, local_devices, process_index
+from spmd.errors import ArgumentError, DTypeError, ShapeError
+from spmd.mesh.devices import Device, process_index
 from spmd.shard import multiprocess
-from spmd.shard.multiprocess import check_full_value, fill_local, holds_full_value
+from spmd.shard.sharded import (Shard, ShardedArray, SingleDeviceSharding,  # noqa: F401
+                                default_sharding, from_blocks, from_whole, holds_full_value,
+                                index_key, my_devices, ordered_devices, placed)
 from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
 
-
-# ----------------------------------------------------------------- shardings
-
-class SingleDeviceSharding:
-    """The whole array on one device (the placement of an Array never given a sharding).
-
-    >>> SingleDeviceSharding(spmd.devices()[0]).shard_shape((3, 4))
-    (3, 4)
-    """
-
-    def __init__(self, device: Device):
-        if not isinstance(device, Device):
-            raise ShardingError(f"SingleDeviceSharding: expected an spmd Device (from "
-                                f"spmd.devices()), got {device!r}")
-        self.device = device
-
-    @property
-    def device_set(self) -> set:
-        return {self.device}
-
-    def is_fully_replicated(self) -> bool:
-        return True  # one copy on its only device
-
-    @property
-    def is_fully_addressable(self) -> bool:
-        return self.device.process_index == process_index()
-
-    def shard_shape(self, shape) -> tuple[int, ...]:
-        return tuple(shape)
-
-    def device_index(self, device: Device, shape) -> tuple[slice, ...]:
-        if device != self.device:
-            raise ShardingError(f"SingleDeviceSharding: {device!r} holds no block of this "
-                                f"array (it lives on {self.device!r})")
-        return tuple(slice(None) for _ in shape)
-
-    def devices_indices_map(self, shape) -> dict:
-        return {self.device: self.device_index(self.device, shape)}
-
-    def __eq__(self, other):
-        return isinstance(other, SingleDeviceSharding) and self.device == other.device
-
-    def __hash__(self):
-        return hash(("SingleDeviceSharding", self.device))
-
-    def __repr__(self):
-        return f"SingleDeviceSharding(device={self.device!r})"
-
-
 _SHARDINGS = (NamedSharding, SingleDeviceSharding)
-
-
-def _default_sharding() -> SingleDeviceSharding:
-    # An Array never placed is one whole copy in this process: its first local device
-    # (device 0 in a single process).
-    return SingleDeviceSharding(local_devices()[0])
-
-
-def _is_addressable(sharding) -> bool:
-    me = process_index()
-    return all(d.process_index == me for d in sharding.device_set)
-
-
-def _index_key(index: tuple[slice, ...], shape) -> tuple:
-    """A hashable form of a block index (slices are unhashable before Python 3.12)."""
-    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
-
-
-def _ordered_devices(sharding) -> list[Device]:
-    """The sharding's devices in its own order (mesh order for a NamedSharding)."""
-    if isinstance(sharding, NamedSharding):
-        return list(sharding.mesh.devices.flat)
-    return sorted(sharding.device_set)
-
-
-# -------------------------------------------------------------------- shards
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Shard:
-    """One device's block of an Array: ``data`` is ``x[index]`` as an Array.
-
-    ``replica_id`` numbers the devices holding the same block (0 for the first in
-    the sharding's device order), as in JAX.
-    """
-
-    device: Device
-    index: tuple
-    replica_id: int
-    data: Array
-
-    def __repr__(self):
-        return (f"Shard(device={self.device!r}, index={self.index}, "
-                f"replica_id={self.replica_id}, data={self.data!r})")
-
-
-def _sharding(self) -> Any:
-    """The placement of this array: a NamedSharding, or a SingleDeviceSharding when
-    it was never placed."""
-    s = self._sharding
-    return _default_sharding() if s is None else s
-
-
-def _shards(x: Array, devices_filter) -> list[Shard]:
-    sharding = x.sharding
-    shape = x.shape
-    value = x.value
-    seen: dict = {}
-    out = []
-    imap = sharding.devices_indices_map(shape)
-    for d in _ordered_devices(sharding):
-        index = imap[d]
-        key = _index_key(index, shape)
-        replica = seen.get(key, 0)
-        seen[key] = replica + 1
-        if not devices_filter(d):
-            continue
-        block = value[index]
-        aval = ShapedArray(block.shape, x.dtype, x.weak_type)
-        out.append(Shard(d, index, replica, Array(block, aval, SingleDeviceSharding(d))))
-    return out
-
-
-def _addressable_shards(self) -> list[Shard]:
-    """The blocks held by this process's devices, in the sharding's device order.
-
-    >>> [s.index for s in spmd.device_put(np.zeros(4), NamedSharding(mesh, P("i"))
-    ...                                  ).addressable_shards][:2]   # doctest: +SKIP
-    [(slice(0, 1, None),), (slice(1, 2, None),)]
-    """
-    me = process_index()
-    return _shards(self, lambda d: d.process_index == me)
-
-
-def _addressable_data(self, index: int) -> Array:
-    return self.addressable_shards[index].data
-
-
-def _is_fully_addressable(self) -> bool:
-    return _is_addressable(self.sharding)
-
-
-def _is_fully_replicated(self) -> bool:
-    return self.sharding.is_fully_replicated()
-
-
-def _needs_full_value(method, what: str):
-    """``method`` of Array, refusing an Array whose buffer here lacks blocks."""
-    def checked(self, *args, **kwargs):
-        if self._sharding is not None:
-            check_full_value(self, what)
-        return method(self, *args, **kwargs)
-
-    checked.__name__ = method.__name__
-    checked.__doc__ = method.__doc__
-    return checked
-
-
-_plain_repr = Array.__repr__
-
-
-def _repr(self) -> str:
-    s = self._sharding
-    if s is None or self._deleted or holds_full_value(s):
-        return _plain_repr(self)
-    # The values are not all here: describe the array instead.
-    return f"Array(shape={self.shape}, dtype={self.dtype}, sharding={s!r})"
-
-
-_VALUE_METHODS = {"__array__": "np.asarray(x)", "item": "x.item()", "tolist": "x.tolist()",
-                  "__bool__": "bool(x)", "__int__": "int(x)", "__float__": "float(x)",
-                  "__index__": "operator.index(x)", "__complex__": "complex(x)",
-                  "__str__": "str(x)", "__format__": "format(x)"}
-
-
-def install() -> None:
-    """Put the sharding properties on ``Array`` and the checks that keep partial
-    buffers from being read as values (called once at import)."""
-    Array.sharding = property(_sharding)
-    Array.addressable_shards = property(_addressable_shards)
-    Array.addressable_data = _addressable_data
-    Array.is_fully_addressable = property(_is_fully_addressable)
-    Array.is_fully_replicated = property(_is_fully_replicated)
-    for name, what in _VALUE_METHODS.items():
-        setattr(Array, name, _needs_full_value(getattr(Array, name), what))
-    Array.__repr__ = _repr
-    NamedSharding.is_fully_addressable = property(_is_addressable)
-    multiprocess.install()
-
-
-install()
+_default_sharding = default_sharding
+_index_key = index_key
+_ordered_devices = ordered_devices
 
 
 # ---------------------------------------------------------------- device_put
@@ -301,9 +109,9 @@ def _leaf_array(x, where: str) -> Array:
     if isinstance(x, (bool, int, float)):  # Python scalars stay weakly typed
         dtype = dtypes.python_scalar_dtype(x)
         return Array(np.array(x, dtype=dtype), ShapedArray((), dtype, True))
-    if array_module.is_device_array(x):  # a GPU (cupy) array: copied on its device
+    if array_module.is_device_array(x):  # a GPU (cupy) array: copied on (this process's) GPU
         dtype = dtypes.canonicalize(x.dtype, where)
-        value = x.astype(dtype)
+        value = array_module.to_device(x).astype(dtype)
         return Array(value, ShapedArray(value.shape, dtype, False))
     dtype = dtypes.canonicalize(np.asarray(x).dtype, where)
     value = np.array(x, dtype=dtype, copy=True)
@@ -322,42 +130,32 @@ def _put_leaf(x, sharding, where: str) -> Array:
         return _on_devices(arr)
     if isinstance(sharding, NamedSharding):
         check_spec(sharding.spec, sharding.mesh, arr.shape, where)
-    have = arr._sharding
-    if have is None or holds_full_value(have):
-        # The whole value is here: keep the blocks of this process's devices.
-        buf = fill_local(arr.value, sharding)
+    if isinstance(arr, ShardedArray) and arr._value is None:
+        # Spread over processes: exchange blocks where the new placement needs it.
+        out = multiprocess.reshard(arr, sharding, where)
     else:
-        buf = _reshard(arr, sharding, where)
-    if array_module.current() is not np:  # GPU devices: the buffer goes to GPU memory
-        buf = array_module.to_device(buf)
-    return Array(buf, arr.aval, sharding)
+        # The whole value is here: keep what this process's devices hold.
+        out = placed(arr, sharding)
+    if array_module.current() is not np:  # GPU devices: the buffers go to GPU memory
+        out = _to_device(out)
+    return out
+
+
+def _to_device(x: ShardedArray) -> ShardedArray:
+    value = None if x._value is None else array_module.to_device(x._value)
+    blocks = None if x._blocks is None else array_module.to_device(x._blocks)
+    return ShardedArray(value, x.aval, x.sharding, blocks)
 
 
 def _on_devices(arr: Array) -> Array:
     """``arr``, with its buffer in GPU memory when the devices are GPUs."""
-    v = arr.value
-    if array_module.current() is np or array_module.is_device_array(v):
+    if array_module.current() is np:
         return arr
-    return Array(array_module.to_device(v), arr.aval, arr._sharding)
-
-
-def _reshard(arr: Array, sharding, where: str):
-    """The buffer of ``arr`` (spread over processes) for ``sharding``: its own buffer
-    when every process already holds the blocks it needs, else gathered over the
-    processes of ``arr``'s mesh (a collective: every one of them calls device_put)."""
-    have = arr._sharding
-    if sharding == have:
-        return arr.value
-    multi = isinstance(sharding, NamedSharding) and sharding.mesh.is_multi_process
-    if multi and multiprocess._processes(sharding) == multiprocess._processes(have):
-        if multiprocess.first_uncovered_process(have, sharding, arr.shape) is None:
-            return fill_local(arr.value, sharding)
-        return fill_local(multiprocess._gather_global(arr, "device_put"), sharding)
-    raise NotFullyAddressableError(
-        f"{where} is an Array spread over processes ({have!r}) and this process does not "
-        f"hold all the blocks that {sharding!r} places here; gather it first with "
-        "spmd.process_allgather(x) (every process of its mesh must call it) and put the "
-        "global value")
+    if isinstance(arr, ShardedArray):
+        return _to_device(arr)
+    v = arr.value
+    return arr if array_module.is_device_array(v) else Array(array_module.to_device(v),
+                                                             arr.aval)
 
 
 def device_put(x, sharding=None):
@@ -419,14 +217,21 @@ def make_array_from_callback(shape: Sequence[int], sharding,
         if key not in blocks:
             blocks[key] = (index, _callback_block(data_callback, index, want, fname))
     dtype = _common_dtype(blocks.values(), fname)
-    # Blocks of other processes' devices stay zeros (see spmd.shard.multiprocess).
-    out = np.empty(shape, dtype=dtype) if holds_full_value(sharding) else \
-        np.zeros(shape, dtype=dtype)
-    for index, block in blocks.values():
-        out[index] = block
-    if array_module.current() is not np:  # GPU devices: the buffer goes to GPU memory
-        out = array_module.to_device(out)
-    return Array(out, ShapedArray(shape, dtype, False), sharding)
+    aval = ShapedArray(shape, dtype, False)
+    if holds_full_value(sharding):  # every block is here: the whole value
+        out = np.empty(shape, dtype=dtype)
+        for index, block in blocks.values():
+            out[index] = block
+        arr = from_whole(out, aval, sharding)
+    else:  # one block per device of this process: nothing of the global shape
+        devs = my_devices(sharding)
+        out = np.empty((len(devs),) + tuple(want), dtype=dtype)
+        for k, d in enumerate(devs):
+            out[k] = blocks[_index_key(imap[d], shape)][1]
+        arr = from_blocks(out, aval, sharding)
+    if array_module.current() is not np:  # GPU devices: the buffers go to GPU memory
+        arr = _to_device(arr)
+    return arr
 
 
 def _callback_block(data_callback, index, want, fname):

@@ -7,6 +7,12 @@ order); an input replicated over the whole mesh stays one unstacked array.
 The collectives' batching rules do the communication
 (:mod:`spmd.collectives.local`).  The whole thing is traced once into a
 program over global arrays and compiled like any jitted program.
+
+On a mesh spread over processes (:func:`call`) each process runs only its own
+devices: the program it compiles reads this process's blocks of each input (the
+blocks an Array spread over processes holds, stacked, or slices of a whole value)
+and returns this process's blocks of each output, which become the outputs'
+Arrays as they are.  No buffer of a global shape is made.
 """
 
 from __future__ import annotations
@@ -34,18 +40,19 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
     key = (mesh, tuple(in_specs), tuple(out_specs))
     hit = per.get(key)
     if hit is None:
+        if mesh.is_multi_process:
+            from spmd.errors import SpmdError
+
+            raise SpmdError(
+                f"a shard_map over the mesh {mesh!r}, spread over processes, inside a "
+                "compiled body (a control-flow branch or loop body, a checkpoint or a "
+                "custom derivative): its results are this process's blocks, which such a "
+                "body cannot hold. Call the shard_map outside it, or put the control flow "
+                "inside the shard_map")
         in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
                     for a, s in zip(program.in_avals, in_specs)]
-        run = run_on_process if mesh.is_multi_process else run_on_mesh
         hit = trace_to_program(
-            lambda *xs: run(program, mesh, in_specs, out_specs, xs), in_avals)
-        if mesh.is_multi_process:
-            from spmd.shard.fingerprint import agree
-
-            # The per-device program and the global types are the same on every
-            # rank (the lowered per-process programs differ: each slices its blocks).
-            # Cached only once agreed: after a mismatch, a retry agrees again.
-            agree(program, in_avals, in_specs, out_specs, mesh)
+            lambda *xs: run_on_mesh(program, mesh, in_specs, out_specs, xs), in_avals)
         per[key] = hit
     return hit
 
@@ -133,20 +140,58 @@ def from_blocks(v, d, spec, mesh):
 
 # ------------------------------------------------------ multi-process meshes
 #
-# On a mesh spread over processes each process stacks only its own devices.
-# Values between equations are global-shaped buffers in which this process has
-# filled the blocks of its devices (the other blocks are zeros): a shard_map
-# reads only its own blocks from them, so chained shard_maps compose.
+# On a mesh spread over processes each process stacks only its own devices.  An
+# input comes either as this process's blocks, stacked in mesh order ("blocks":
+# an Array spread over processes whose sharding is the input's spec), or as a
+# whole value this process holds ("whole": numpy inputs, replicated Arrays), of
+# which the program slices its blocks.  Outputs split over mesh axes leave as
+# stacked blocks; replicated ones as the whole value.
 
-def run_on_process(program, mesh, in_specs, out_specs, global_args):
+def process_program(program: ClosedProgram, mesh, in_specs, out_specs,
+                    kinds: tuple) -> ClosedProgram:
+    """The program this process runs for ``program`` on its devices of ``mesh``;
+    ``kinds[i]`` is ``"blocks"`` or ``"whole"`` (see above).  Cached per program."""
+    per = _programs.get(program)
+    if per is None:
+        per = _programs[program] = {}
+    key = ("process", mesh, tuple(in_specs), tuple(out_specs), kinds)
+    hit = per.get(key)
+    if hit is None:
+        from spmd.shard.fingerprint import agree
+
+        n_local = len(_local_positions(mesh))
+        global_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
+                        for a, s in zip(program.in_avals, in_specs)]
+        in_avals = [a.update(shape=(n_local,) + b.shape, vma=frozenset()) if k == "blocks"
+                    else g for a, b, g, k in zip(global_avals, program.in_avals, global_avals,
+                                                  kinds)]
+        hit = trace_to_program(
+            lambda *xs: run_on_process(program, mesh, in_specs, out_specs, kinds, xs),
+            in_avals)
+        # The per-device program and the global types are the same on every rank.
+        # Cached only once agreed: after a mismatch, a retry agrees again.
+        agree(program, global_avals, in_specs, out_specs, mesh)
+        per[key] = hit
+    return hit
+
+
+def _local_positions(mesh) -> tuple[int, ...]:
+    from spmd.mesh import process_index
+
+    me = process_index()
+    return tuple(i for i, d in enumerate(mesh.devices.flat) if d.process_index == me)
+
+
+def run_on_process(program, mesh, in_specs, out_specs, kinds, args):
     from spmd.mesh import process_index
 
     flat = list(mesh.devices.flat)
     me = process_index()
-    local = tuple(i for i, d in enumerate(flat) if d.process_index == me)
+    local = _local_positions(mesh)
     level = NamedAxes(mesh.axis_names, mesh.axis_sizes, local=local,
                       procs=tuple(d.process_index for d in flat), me=me)
-    stacked = [_my_blocks(x, s, mesh, local) for x, s in zip(global_args, in_specs)]
+    stacked = [(x, 0) if k == "blocks" else _my_blocks(x, s, mesh, local)
+               for x, s, k in zip(args, in_specs, kinds)]
     with new_main(BatchTrace, (level, len(local))) as main, \
             extend_axis_env(dict(mesh.shape), main=main):
         trace = BatchTrace(main)
@@ -154,7 +199,7 @@ def run_on_process(program, mesh, in_specs, out_specs, global_args):
         outs = eval_program(program, *tracers)
         outs = [full_raise(trace, o) for o in outs]
         raw = [(o.val, o.bdim) for o in outs]
-    return [_fill_global(v, d, s, mesh, local) for (v, d), s in zip(raw, out_specs)]
+    return [_local_out(v, d, s, len(local)) for (v, d), s in zip(raw, out_specs)]
 
 
 def _block_index(spec, mesh, shape, flat_pos):
@@ -181,23 +226,74 @@ def _my_blocks(x, spec, mesh, local):
     return (concatenate(blocks, 0) if len(blocks) > 1 else blocks[0]), 0
 
 
-def _fill_global(v, d, spec, mesh, local):
-    """A global buffer holding this process's devices' output blocks."""
-    from spmd.compiler.ops.indexing import dynamic_update_slice
-    from spmd.compiler.ops.structural import full
-
-    if d is None:
-        return from_blocks(v, None, spec, mesh)
-    v = move_to_front(v, d)
-    block = tuple(get_aval(v).shape[1:])
-    shape = tuple(s * (mesh.axis_size(spec.axes_of(i)) if spec.axes_of(i) else 1)
-                  for i, s in enumerate(block))
+def _local_out(v, d, spec, n_local):
+    """An output as this process holds it: its devices' blocks stacked (split specs)
+    or the whole value (replicated specs)."""
     if not spec.mesh_axes:  # replicated: every device holds the whole value
-        return reshape(slice_in_dim(v, 0, 1, axis=0), block)
-    out = full(shape, 0, get_aval(v).dtype)
-    for i, f in enumerate(local):
-        idx = _block_index(spec, mesh, shape, f)
-        starts = [np.int32(sl.start or 0) for sl in idx]
-        b = reshape(slice_in_dim(v, i, i + 1, axis=0), block)
-        out = dynamic_update_slice(out, b, starts)
-    return out
+        if d is None:
+            return v
+        v = move_to_front(v, d)
+        return reshape(slice_in_dim(v, 0, 1, axis=0), tuple(get_aval(v).shape[1:]))
+    if d is None:  # the same block on every device of this process
+        block = tuple(get_aval(v).shape)
+        return broadcast_in_dim(v, (n_local,) + block, tuple(range(1, 1 + len(block))))
+    return move_to_front(v, d)
+
+
+def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
+    """Run the per-device ``program`` on this process's devices of ``mesh`` (spread
+    over processes; every process of the mesh calls it alike) and return its outputs
+    as ShardedArrays placed by ``out_specs``.  The program's constants are replicated
+    inputs.
+
+    >>> outs = call(body, mesh, (P("d"),), (P("d"),), [x_spread])   # doctest: +SKIP
+    """
+    from spmd.compiler.avals import ShapedArray
+    from spmd.compiler.trace import to_array_value
+    from spmd.shard.multiprocess import reshard
+    from spmd.shard.sharded import ShardedArray, from_blocks, from_whole
+    from spmd.shard.spec import NamedSharding, PartitionSpec
+
+    n = len(program.consts)
+    if n:
+        args = list(program.consts) + list(args)
+        in_specs = (PartitionSpec(),) * n + tuple(in_specs)
+        program = _unclosed(program)
+    raws, kinds = [], []
+    for x, spec in zip(args, in_specs):
+        if isinstance(x, ShardedArray) and x._value is None:
+            want = NamedSharding(mesh, spec)
+            if x.sharding != want:
+                x = reshard(x, want, "an input")
+            if x._value is None:
+                kinds.append("blocks")
+                raws.append(x.local_blocks())
+                continue
+        kinds.append("whole")
+        raws.append(to_array_value(x, get_aval(x)))
+    exe = executable_for(process_program(program, mesh, tuple(in_specs), tuple(out_specs),
+                                         tuple(kinds)))
+    outs = exe(*raws)
+    results = []
+    for o, a, spec in zip(outs, program.out_avals, out_specs):
+        aval = ShapedArray(_global(a.shape, spec, mesh), a.dtype, a.weak_type)
+        o = o if type(o) is not np.ndarray or o.dtype == a.dtype else o.astype(a.dtype)
+        s = NamedSharding(mesh, spec)
+        if spec.mesh_axes:
+            results.append(from_blocks(o, aval, s))
+        else:
+            results.append(from_whole(np.asarray(o, a.dtype) if np.ndim(o) == 0 else o,
+                                      aval, s))
+    return results
+
+
+def _unclosed(program: ClosedProgram) -> ClosedProgram:
+    """``program`` with its constants as leading arguments (cached per program, so
+    that the per-process programs built from it are cached too)."""
+    hit = _unclosed_cache.get(program)
+    if hit is None:
+        hit = _unclosed_cache[program] = ClosedProgram(program.program, [])
+    return hit
+
+
+_unclosed_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

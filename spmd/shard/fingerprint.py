@@ -1,9 +1,11 @@
 """Before a program first runs across processes, its processes agree on it.
 
-Every process hashes the program it is about to run; one small ``Allgather``
+Every process hashes the program it is about to run, with the mesh it runs on
+(axis names and sizes, and the device order); one small ``Allgather`` on the
+control communicator (never the data one: see :mod:`spmd.collectives.mpi_control`)
 compares the hashes.  A mismatch (ranks traced different programs, e.g. from
-differently shaped inputs or rank-dependent Python control flow) would
-otherwise hang in a collective or compute garbage; instead every process
+differently shaped inputs, rank-dependent Python control flow, or meshes that
+list the devices in a different order) would otherwise hang in a collective or compute garbage; instead every process
 raises :class:`ProgramMismatchError` naming the ranks that differ and the
 first equation where their programs part.
 """
@@ -21,20 +23,31 @@ class ProgramMismatchError(SpmdError, RuntimeError):
     """Processes of one mesh are about to run different programs."""
 
 
+def mesh_line(mesh) -> str:
+    """The mesh as the processes must agree on it: axis sizes and device order.
+
+    >>> mesh_line(spmd.make_mesh((2, 2), ("a", "b")))             # doctest: +SKIP
+    'mesh: a=2 b=2 devices [0, 1, 2, 3]'
+    """
+    axes = " ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.axis_sizes))
+    return f"mesh: {axes} devices {[d.id for d in mesh.devices.flat]}"
+
+
 def agree(program, in_avals, in_specs, out_specs, mesh) -> None:
     """Raise on every process of ``mesh`` unless all are about to run the same per-device
     ``program`` on inputs of the same global types and specs."""
-    from spmd.collectives import mpi
+    from spmd.collectives import mpi, mpi_control
 
     ranks = tuple(sorted({d.process_index for d in mesh.devices.flat}))
-    text = (f"inputs: {', '.join(map(str, in_avals))}\nin_specs: {list(in_specs)}\n"
-            f"out_specs: {list(out_specs)}\n{program}")
+    text = (f"{mesh_line(mesh)}\ninputs: {', '.join(map(str, in_avals))}\n"
+            f"in_specs: {list(in_specs)}\nout_specs: {list(out_specs)}\n{program}")
     digest = np.frombuffer(hashlib.blake2b(text.encode(), digest_size=16).digest(), np.uint8)
-    all_digests = mpi.allgather(digest, ranks)
+    all_digests = mpi.allgather(digest, ranks, what="the program fingerprint exchange",
+                                control=True)
     if all((row == all_digests[0]).all() for row in all_digests):
         return
     # The error path may pickle: gather the texts to say where they differ.
-    texts = mpi.communicator(ranks).allgather(text)
+    texts = mpi_control.control(ranks).allgather(text)
     groups: dict = {}
     for r, t in zip(ranks, texts):
         groups.setdefault(t, []).append(r)
@@ -47,5 +60,6 @@ def agree(program, in_avals, in_specs, out_specs, mesh) -> None:
                      f"  ranks {other_ranks} have: {b[i].strip() if i < len(b) else '<end>'}")
     raise ProgramMismatchError(
         "the processes of this mesh traced different programs, so their collectives would "
-        "not match (different input shapes or dtypes on different ranks, or Python control "
-        "flow that depends on the rank). First difference:\n" + "\n".join(lines))
+        "not match (different input shapes or dtypes on different ranks, Python control "
+        "flow that depends on the rank, or meshes whose devices or axis sizes differ). "
+        "First difference:\n" + "\n".join(lines))

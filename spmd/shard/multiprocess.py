@@ -1,18 +1,16 @@
-"""Arrays spread over several processes: reading, gathering and building them.
+"""Arrays spread over several processes: geometry, gathering, building them.
 
-On a mesh whose devices belong to several processes an :class:`Array` holds a
-global-shaped buffer in which this process has filled the blocks of its own
-devices (see :mod:`spmd.shard.execute`); the other blocks hold no meaningful
-value (zeros, or what an elementwise operation made of them).  This module
+On a mesh whose devices belong to several processes a
+:class:`~spmd.shard.sharded.ShardedArray` holds only the blocks of this
+process's devices (see :mod:`spmd.shard.sharded`).  This module
 
-- decides whether this process's buffer holds the whole value
-  (:func:`holds_full_value`, installed on the shardings as ``_partial_buffer``,
-  which the eager evaluator and ``np.asarray`` consult);
-- fills the local blocks of a buffer (``device_put``,
-  ``make_array_from_callback``);
-- gathers values across processes (:func:`process_allgather`) and builds arrays
-  from each process's own part (:func:`make_array_from_process_local_data`);
-- checks that a ``shard_map`` run eagerly reads only blocks its inputs' owners hold.
+- answers geometric questions about shardings over processes (which block a
+  device holds, which processes hold what another sharding needs);
+- gathers values across processes (:func:`process_allgather`: the one path that
+  materialises the global value of an array spread over processes) and
+  reshards them;
+- builds arrays from each process's own part
+  (:func:`make_array_from_process_local_data`).
 
 >>> mesh = spmd.make_mesh((4,), ("data",))                 # 4 ranks, 1 device each
 >>> x = spmd.make_array_from_process_local_data(
@@ -30,22 +28,23 @@ from typing import Any
 import numpy as np
 
 from spmd import tree_util
+from spmd.compiler import dtypes
 from spmd.compiler.array import Array
-from spmd.compiler.array_module import module_of, to_host
+from spmd.compiler.array_module import to_host
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.trace import Tracer
 from spmd.errors import ArgumentError, NotFullyAddressableError, ShapeError
 from spmd.mesh.devices import process_count, process_index
+from spmd.shard.sharded import (ShardedArray, _holds_full, holds_full_value, my_devices,
+                                not_here_error, processes)
+from spmd.shard.sharded import from_blocks as _from_blocks
+from spmd.shard.sharded import from_whole as _from_whole
 from spmd.shard.spec import NamedSharding, check_spec
-
-_GATHER_HINT = ("gather it with spmd.process_allgather(x) (every process of its mesh must "
-                "call it), read this process's blocks with x.addressable_shards, or compute "
-                "on it inside a shard_map or a jitted function")
 
 
 # ------------------------------------------------------------ block geometry
 
-def _block_coord(sharding: NamedSharding, device) -> tuple[int, ...]:
+def block_coord(sharding: NamedSharding, device) -> tuple[int, ...]:
     """The block ``device`` holds, as a block number per split dimension of the spec."""
     mesh, spec = sharding.mesh, sharding.spec
     coords = dict(zip(mesh.axis_names, mesh.coords(device)))
@@ -58,57 +57,21 @@ def _block_coord(sharding: NamedSharding, device) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _processes(sharding) -> tuple[int, ...]:
-    """The processes that own a device of ``sharding``, in increasing order."""
-    return tuple(sorted({d.process_index for d in sharding.device_set}))
-
-
-def _holds_full(sharding, proc: int) -> bool:
-    if isinstance(sharding, NamedSharding):
-        flat = list(sharding.mesh.devices.flat)
-        mine = {_block_coord(sharding, d) for d in flat if d.process_index == proc}
-        return mine == {_block_coord(sharding, d) for d in flat}
-    return all(d.process_index == proc for d in sharding.device_set)
-
-
-def holds_full_value(sharding) -> bool:
-    """True when this process's devices hold every block of an array placed by
-    ``sharding`` (a replicated array, or a mesh of this process's devices), so that
-    its local buffer is the whole value.  Cached on the sharding object."""
-    me = process_index()
-    cached = sharding.__dict__.get("_spmd_full_value")
-    if cached is None or cached[0] != me:
-        cached = sharding.__dict__["_spmd_full_value"] = (me, _holds_full(sharding, me))
-    return cached[1]
-
-
-def _partial_buffer(self) -> bool:
-    return not holds_full_value(self)
+_processes = processes
 
 
 def check_full_value(x: Array, what: str) -> None:
-    """Raise :class:`NotFullyAddressableError` if this process's buffer of ``x`` lacks
-    blocks (``what`` names the operation that needed the whole value)."""
-    s = x._sharding
-    if s is not None and not holds_full_value(s):
-        mine = sorted(d.id for d in s.device_set if d.process_index == process_index())
-        raise NotFullyAddressableError(
-            f"{what}: this Array of shape {x.shape} and dtype {x.dtype} is spread over the "
-            f"processes {list(_processes(s))} ({s!r}); process {process_index()} holds only "
-            f"the blocks of its devices {mine}, not the whole value. To get the value, "
-            + _GATHER_HINT)
+    """Raise :class:`NotFullyAddressableError` if this process does not hold the whole
+    value of ``x`` (``what`` names the operation that needed it)."""
+    if isinstance(x, ShardedArray) and x._value is None and not holds_full_value(x.sharding):
+        raise not_here_error(x.shape, x.dtype, x.sharding, what)
 
 
 def local_indices(sharding, shape) -> list[tuple]:
     """The distinct global indices (tuples of slices) of this process's blocks, in the
     sharding's device order."""
-    me = process_index()
-    devs = (list(sharding.mesh.devices.flat) if isinstance(sharding, NamedSharding)
-            else sorted(sharding.device_set))
     seen, out = set(), []
-    for d in devs:
-        if d.process_index != me:
-            continue
+    for d in my_devices(sharding):
         index = sharding.device_index(d, shape)
         key = _key(index, shape)
         if key not in seen:
@@ -119,17 +82,6 @@ def local_indices(sharding, shape) -> list[tuple]:
 
 def _key(index, shape) -> tuple:
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
-
-
-def fill_local(value: np.ndarray, sharding) -> np.ndarray:
-    """A fresh buffer of ``value``'s shape holding its blocks at this process's devices
-    (zeros elsewhere), or ``value`` itself when this process holds every block."""
-    if holds_full_value(sharding):
-        return value
-    out = module_of(value).zeros(value.shape, value.dtype)  # numpy, or cupy on GPUs
-    for index in local_indices(sharding, value.shape):
-        out[index] = value[index]
-    return out
 
 
 def _covered(needed: list, held: list, shape) -> bool:
@@ -165,82 +117,6 @@ def first_uncovered_process(have, need, shape) -> int | None:
     return None
 
 
-# --------------------------------------------------------- the eager guards
-
-def _shard_map_shardings(args, params):
-    """An eager shard_map reads only its devices' blocks of each input: an input spread
-    over processes is fine when every process holds the blocks ``in_specs`` asks of it.
-    On a mesh spread over processes, its outputs are placed by ``out_specs``."""
-    mesh, specs = params["mesh"], params["in_specs"]
-    for i, (x, spec) in enumerate(zip(args, specs)):
-        if type(x) is not Array or x._sharding is None or holds_full_value(x._sharding):
-            continue
-        need = NamedSharding(mesh, spec)
-        if x._sharding == need:
-            continue
-        p = first_uncovered_process(x._sharding, need, x.shape)
-        if p is not None:
-            raise NotFullyAddressableError(
-                f"shard_map: input {i} (shape {x.shape}, dtype {x.dtype}) is an Array spread "
-                f"over processes with {x._sharding!r}, but in_specs gives it {spec}, which asks "
-                f"process {p} for blocks that process does not hold. Pass it with the sharding "
-                f"{need!r} (e.g. produce it with out_specs={spec}), or gather it with "
-                "spmd.process_allgather and pass the global value")
-    if not mesh.is_multi_process:
-        return None
-    return [NamedSharding(mesh, s) for s in params["out_specs"]]
-
-
-def _elementwise_shardings(args, params):
-    """An elementwise operation computes blockwise: on Arrays spread over processes with
-    one sharding (and whole values or scalars beside them) it gives an Array with that
-    sharding, right in this process's blocks."""
-    placed = [x for x in args if type(x) is Array and x._sharding is not None
-              and not holds_full_value(x._sharding)]
-    if not placed:
-        return None
-    s, shape = placed[0]._sharding, placed[0].shape
-    for x in args:
-        xs = np.shape(x)
-        is_placed = any(x is q for q in placed)
-        if is_placed:
-            ok = x._sharding == s and xs == shape
-        else:
-            ok = xs == () or xs == shape
-        if not ok:
-            raise NotFullyAddressableError(
-                "an elementwise operation mixes an Array spread over processes "
-                f"(shape {shape}, {s!r}) with an operand of shape {xs}"
-                + (f" placed as {x._sharding!r}" if is_placed else "")
-                + "; operands spread over processes must share one sharding. Compute inside "
-                "a shard_map or a jitted function, or gather with spmd.process_allgather")
-    return [s]
-
-
-def _elementwise_primitives() -> set:
-    from spmd.compiler.ops import elementwise
-    from spmd.compiler.primitives import Primitive
-
-    return {p for p in vars(elementwise).values()
-            if isinstance(p, Primitive) and not p.multiple_results}
-
-
-def install() -> None:
-    """Let eager shard_maps, jitted calls and elementwise operations take Arrays spread
-    over processes; every other eager primitive refuses them (``spmd.compiler.trace``)."""
-    from spmd.compiler.jit import jit_p
-    from spmd.shard.array import SingleDeviceSharding
-    from spmd.shard.shard_map import shard_map_p
-
-    NamedSharding._partial_buffer = property(_partial_buffer)
-    SingleDeviceSharding._partial_buffer = property(_partial_buffer)
-    shard_map_p.rules["eager_shardings"] = _shard_map_shardings
-    # A jitted program's shard_maps read only this process's blocks of its inputs.
-    jit_p.rules["eager_shardings"] = lambda args, params: None
-    for p in _elementwise_primitives():
-        p.rules["eager_shardings"] = _elementwise_shardings
-
-
 # ---------------------------------------------------------- process_allgather
 
 def _world_ranks() -> tuple[int, ...]:
@@ -250,13 +126,14 @@ def _world_ranks() -> tuple[int, ...]:
 def _agree_on(desc: str, ranks: tuple, fname: str) -> None:
     """Raise on every rank of ``ranks`` unless all give the same ``desc`` (so that no
     rank enters a data exchange of the wrong size)."""
-    from spmd.collectives import mpi
+    from spmd.collectives import mpi, mpi_control
 
     digest = np.frombuffer(hashlib.blake2b(desc.encode(), digest_size=16).digest(), np.uint8)
-    rows = mpi.allgather(digest, ranks)
+    # Control traffic: it never pairs with a data collective.
+    rows = mpi.allgather(digest, ranks, what=f"the {fname} shape check", control=True)
     if all((r == rows[0]).all() for r in rows):
         return
-    texts = mpi.communicator(ranks).allgather(desc)
+    texts = mpi_control.control(ranks).allgather(desc)
     groups: dict = {}
     for r, t in zip(ranks, texts):
         groups.setdefault(t, []).append(r)
@@ -266,36 +143,135 @@ def _agree_on(desc: str, ranks: tuple, fname: str) -> None:
                      "and dtypes")
 
 
-def _gather_global(x: Array, fname: str) -> np.ndarray:
+def _gather_global(x: ShardedArray, fname: str) -> np.ndarray:
     """The whole value of an Array spread over processes: its owners exchange their
-    buffers and each block is read from a process that holds it."""
+    blocks and each block of the result is written from one that holds it."""
     from spmd.collectives import mpi
 
-    s = x._sharding
-    value = x.value
+    s = x.sharding
     ranks = _processes(s) if isinstance(s, NamedSharding) else _world_ranks()
-    if all(_holds_full(s, p) for p in ranks):  # e.g. replicated: nothing to exchange
-        return np.array(to_host(value), copy=True)
+    if x._value is not None and all(_holds_full(s, p) for p in ranks):
+        return np.array(to_host(x._value), copy=True)  # e.g. replicated: nothing to exchange
     me = process_index()
     if me not in ranks:
         raise NotFullyAddressableError(
             f"{fname}: process {me} holds no device of this Array's mesh ({s!r}); only the "
             f"processes {list(ranks)} that own its blocks can gather it")
     _agree_on(f"array {x.shape} {x.dtype} {s!r}", ranks, fname)
-    everyone = mpi.allgather(to_host(value), ranks)  # (P, *shape)
-    pos = {p: i for i, p in enumerate(ranks)}
+    blocks = to_host(x.local_blocks())
+    devs = {p: [d for d in s.mesh.devices.flat if d.process_index == p] for p in ranks}
+    counts = {len(v) for v in devs.values()}
     out = np.empty(x.shape, x.dtype)
-    for d in s.device_set:
-        index = s.device_index(d, x.shape)
-        out[index] = everyone[pos[d.process_index]][index]
+    if len(counts) == 1:
+        everyone = mpi.allgather(np.ascontiguousarray(blocks), ranks)  # (P, local, *block)
+        rows = {p: everyone[i] for i, p in enumerate(ranks)}
+    else:  # processes with different device counts: one exchange per process
+        rows = {p: mpi.communicator(ranks).bcast(blocks if p == me else None,
+                                                 root=ranks.index(p)) for p in ranks}
+    for p in ranks:
+        for k, d in enumerate(devs[p]):
+            out[s.device_index(d, x.shape)] = rows[p][k]
     return out
+
+
+def reshard(x: ShardedArray, sharding, where: str) -> ShardedArray:
+    """``x`` (spread over processes) placed by ``sharding`` instead: its own blocks
+    when every process already holds what ``sharding`` asks of it, else gathered over
+    the processes of ``x``'s mesh and cut (a collective: all of them must call it)."""
+    have = x.sharding
+    if sharding == have:
+        return x
+    multi = isinstance(sharding, NamedSharding) and sharding.mesh.is_multi_process
+    if not (multi and _processes(sharding) == _processes(have)):
+        raise NotFullyAddressableError(
+            f"{where} is an Array spread over processes ({have!r}) and this process does not "
+            f"hold all the blocks that {sharding!r} places here; gather it first with "
+            "spmd.process_allgather(x) (every process of its mesh must call it) and put the "
+            "global value")
+    if first_uncovered_process(have, sharding, x.shape) is None:
+        # Every process holds what it needs: cut the new blocks from its own.
+        if holds_full_value(sharding):
+            return _from_whole(_assemble_from(x, None), x.aval, sharding)
+        return _from_blocks(_assemble_from(x, sharding), x.aval, sharding)
+    blocks = _exchange(x, sharding, where)
+    if holds_full_value(sharding):
+        return _from_whole(blocks[0], x.aval, sharding)
+    return _from_blocks(blocks, x.aval, sharding)
+
+
+def _exchange(x: ShardedArray, sharding, where: str) -> np.ndarray:
+    """This process's blocks of ``x`` under ``sharding`` (one whole value, stacked,
+    when it holds every block), received from the processes that hold them: each
+    block of ``x`` is sent by the lowest process holding it, only to the processes
+    whose new blocks overlap it.  A collective over the processes of the mesh."""
+    from spmd.collectives import mpi
+
+    shape, have = x.shape, x.sharding
+    ranks = _processes(have)
+    _agree_on(f"reshard {x.shape} {x.dtype} {have!r} -> {sharding!r}", ranks, where)
+    me = process_index()
+    owner: dict = {}  # block key of x -> the lowest process holding it
+    for d in have.mesh.devices.flat:
+        k = _key(have.device_index(d, shape), shape)
+        owner[k] = min(owner.get(k, d.process_index), d.process_index)
+    mine = {}
+    for d, b in zip(my_devices(have), x.local_blocks()):
+        k = _key(have.device_index(d, shape), shape)
+        if owner[k] == me:
+            mine[k] = to_host(b)
+
+    def targets(p):
+        if _holds_full(sharding, p):
+            return [tuple((0, n) for n in shape)]
+        return [_key(sharding.device_index(d, shape), shape)
+                for d in sharding.mesh.devices.flat if d.process_index == p]
+
+    sends = []
+    for p in ranks:
+        pieces = []
+        for k, t in enumerate(targets(p)):
+            for src, block in mine.items():
+                lo = [max(a[0], b[0]) for a, b in zip(t, src)]
+                hi = [min(a[1], b[1]) for a, b in zip(t, src)]
+                if all(a < b for a, b in zip(lo, hi)):
+                    dst = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, t))
+                    part = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, src))
+                    pieces.append((k, dst, np.ascontiguousarray(block[part])))
+        sends.append(pieces)
+    received = mpi.communicator(ranks).alltoall(sends)
+    want = targets(me)
+    out = np.empty((len(want),) + tuple(hi - lo for lo, hi in want[0]), x.dtype)
+    for pieces in received:
+        for k, dst, data in pieces:
+            out[k][dst] = data
+    return out
+
+
+def _assemble_from(x: ShardedArray, sharding):
+    """The blocks of this process's devices under ``sharding`` (the whole value when
+    None), written from the blocks of ``x`` this process holds, which cover them."""
+    shape = x.shape
+    held = [(_key(x.sharding.device_index(d, shape), shape), to_host(b))
+            for d, b in zip(my_devices(x.sharding), x.local_blocks())]
+    targets = [tuple((0, n) for n in shape)] if sharding is None else \
+        [_key(sharding.device_index(d, shape), shape) for d in my_devices(sharding)]
+    out = np.empty((len(targets),) + tuple(hi - lo for lo, hi in targets[0]), x.dtype)
+    for k, t in enumerate(targets):
+        for src, block in held:
+            lo = [max(a[0], b[0]) for a, b in zip(t, src)]
+            hi = [min(a[1], b[1]) for a, b in zip(t, src)]
+            if all(lo_ < hi_ for lo_, hi_ in zip(lo, hi)) or not shape:
+                dst = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, t))
+                part = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, src))
+                out[k][dst] = block[part]
+    return out[0] if sharding is None else out
 
 
 def _gather_local(x, tiled: bool, fname: str) -> np.ndarray:
     """Process-local values stacked (or, ``tiled``, concatenated) over all processes."""
     from spmd.collectives import mpi
 
-    value = np.asarray(x)
+    value = to_host(x)  # a cupy array too (never np.asarray: CuPy refuses it)
     if process_count() == 1:
         return np.array(value, copy=True) if tiled and value.ndim else value[None].copy()
     ranks = _world_ranks()
@@ -327,8 +303,7 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
         if isinstance(x, Tracer):
             raise ArgumentError(f"{fname}: got a traced value; gather concrete arrays, "
                                 "outside jit and other transformations")
-        if isinstance(x, Array) and x._sharding is not None and \
-                not _is_fully_addressable(x._sharding):
+        if isinstance(x, ShardedArray) and not _is_fully_addressable(x.sharding):
             out.append(_gather_global(x, fname))
         else:
             out.append(_gather_local(x, tiled, fname))
@@ -347,7 +322,7 @@ def _local_layout(sharding: NamedSharding, ndim: int):
     process's devices hold along it."""
     me = process_index()
     flat = list(sharding.mesh.devices.flat)
-    coords = [_block_coord(sharding, d) for d in flat if d.process_index == me]
+    coords = [block_coord(sharding, d) for d in flat if d.process_index == me]
     nblocks, mine = [], []
     for dim in range(ndim):
         axes = sharding.spec.axes_of(dim)
@@ -372,7 +347,8 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
     >>> x = spmd.make_array_from_process_local_data(
     ...     NamedSharding(mesh, P("data")), rows[spmd.process_index() * b:][:b])
     """
-    from spmd.shard.array import SingleDeviceSharding, _as_sharding, _leaf_array
+    from spmd.shard.array import _as_sharding
+    from spmd.shard.sharded import SingleDeviceSharding, from_blocks, from_whole, placed
 
     fname = "make_array_from_process_local_data"
     sharding = _as_sharding(sharding, f"{fname}: sharding")
@@ -382,7 +358,7 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
         raise ArgumentError(f"{fname}: local_data is a traced value; pass a concrete array")
     if isinstance(local_data, Array):
         check_full_value(local_data, f"{fname}: local_data")
-    local = _leaf_array(local_data, f"{fname}: local_data")
+    local = _local_value(local_data, f"{fname}: local_data")
     value = to_host(local.value)
     if isinstance(sharding, SingleDeviceSharding):
         sharding = NamedSharding(_one_device_mesh(sharding.device), ())
@@ -391,23 +367,36 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
     gshape, read_global = _resolve_shape(sharding, value.shape, global_shape, fname)
     check_spec(sharding.spec, sharding.mesh, gshape, f"{fname}: sharding")
     aval = ShapedArray(gshape, local.dtype, local.weak_type)
-    if read_global:
-        return Array(fill_local(value, sharding), aval, sharding)
     if holds_full_value(sharding):  # this process holds every block: local is global
-        return Array(value, aval, sharding)
+        return from_whole(np.array(value, copy=True), aval, sharding)
+    if read_global:
+        return placed(Array(value, aval), sharding)  # (cuts fresh blocks)
     nblocks, mine = _local_layout(sharding, len(gshape))
     block = tuple(g // n for g, n in zip(gshape, nblocks))
-    out = np.zeros(gshape, local.dtype)
-    me = process_index()
-    for d in sharding.mesh.devices.flat:
-        if d.process_index != me:
-            continue
-        index = sharding.device_index(d, gshape)
-        coord = _block_coord(sharding, d) + (0,) * (len(gshape) - len(sharding.spec))
+    devs = my_devices(sharding)
+    # Only this process's blocks are allocated: one per device, in mesh order.
+    out = np.empty((len(devs),) + block, local.dtype)
+    for i, d in enumerate(devs):
+        coord = block_coord(sharding, d) + (0,) * (len(gshape) - len(sharding.spec))
         src = tuple(slice(mine[k].index(coord[k]) * block[k], (mine[k].index(coord[k]) + 1)
                           * block[k]) for k in range(len(gshape)))
-        out[index] = value[src]
-    return Array(out, aval, sharding)
+        out[i] = value[src]
+    return from_blocks(out, aval, sharding)
+
+
+def _local_value(x, where: str) -> Array:
+    """``x`` as an Array without a copy where its dtype is canonical already (its
+    blocks are copied into the result once, below)."""
+    from spmd.shard.array import _leaf_array
+
+    if isinstance(x, np.ndarray) and not array_is_special(x):
+        dtype = dtypes.canonicalize(x.dtype, where)
+        return Array(np.asarray(x, dtype=dtype), ShapedArray(x.shape, dtype, False))
+    return _leaf_array(x, where)
+
+
+def array_is_special(x: np.ndarray) -> bool:
+    return x.dtype == object or x.dtype.kind in "USVc"
 
 
 def _one_device_mesh(device):

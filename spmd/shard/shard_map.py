@@ -90,14 +90,58 @@ def _lower(eqn):
 shard_map_p.rules["lower"] = _lower
 
 
-def _output_sharding(eqn, i):
-    """A jitted shard_map over processes returns Arrays placed by its out_specs (each
-    process holds only its blocks); on one process jit results stay unplaced."""
-    mesh = eqn.params["mesh"]
-    return NamedSharding(mesh, eqn.params["out_specs"][i]) if mesh.is_multi_process else None
+def eval_shard_map(args, params):
+    """An eager shard_map: results placed by ``out_specs``.  Over processes, each
+    process runs its devices on its blocks (:func:`spmd.shard.execute.call`); in one
+    process the compiled program runs on the whole values."""
+    from spmd.compiler.trace import eval_plain
+    from spmd.shard.execute import call
+    from spmd.shard.sharded import from_whole
+
+    mesh, out_specs = params["mesh"], params["out_specs"]
+    if mesh.is_multi_process:
+        return call(params["program"], mesh, params["in_specs"], out_specs, args)
+    outs = eval_plain(shard_map_p, args, params)
+    return [from_whole(o.value, o.aval, NamedSharding(mesh, s)) for o, s in zip(outs, out_specs)]
 
 
-shard_map_p.rules["output_sharding"] = _output_sharding
+def _output_array(eqn, i):
+    """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
+    (and as in JAX)."""
+    from spmd.shard.sharded import placed
+
+    s = NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
+    return lambda a: placed(a, s)
+
+
+shard_map_p.rules["eval_arrays"] = eval_shard_map
+shard_map_p.rules["output_array"] = _output_array
+# Over processes its results are this process's blocks: a jitted program holding
+# one is evaluated equation by equation (spmd.compiler.jit.needs_arrays).
+shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
+
+
+def _executed_program(eqn):
+    """The per-process program a shard_map over processes compiles (its inputs taken as
+    whole values, as for numpy or replicated arguments), lowered for execution: what
+    ``Lowered.as_text(executed=True)`` prints, collectives combined."""
+    from spmd.compiler.passes import lower_for_execution, optimize
+    from spmd.shard.execute import _unclosed, process_program
+    from spmd.shard.spec import PartitionSpec
+
+    p = eqn.params
+    program, in_specs = p["program"], tuple(p["in_specs"])
+    if not p["mesh"].is_multi_process:
+        return None
+    if program.consts:
+        in_specs = (PartitionSpec(),) * len(program.consts) + in_specs
+        program = _unclosed(program)
+    kinds = ("whole",) * len(in_specs)
+    return lower_for_execution(optimize(process_program(program, p["mesh"], in_specs,
+                                                         tuple(p["out_specs"]), kinds)))
+
+
+shard_map_p.rules["executed_program"] = _executed_program
 
 
 @shard_map_p.def_jvp
@@ -285,24 +329,52 @@ def _out_ct(ct, aval, spec, mesh, check_vma):
 
 
 @shard_map_p.def_batch
-def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma):
+def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma,
+                     _axis_data=(None, None)):
     from spmd.compiler.batching import batch_flat, move_to_front
 
     args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
     size = next(np.shape(a)[0] for a, d in zip(args, dims) if d is not None)
     axes = [None if d is None else 0 for d in dims]
     n_out = len(program.out_avals)
+    # vmap(spmd_axis_name=...): the batch dimension is split over those mesh axes.
+    spmd_name = getattr(_axis_data[0], "spmd_name", None)
+    size_in, batch_entry, vary = size, None, frozenset()
+    if spmd_name is not None:
+        size_in, batch_entry = _spmd_batch(spmd_name, mesh, in_specs, size)
+        vary = frozenset(spmd_name) if check_vma else frozenset()
 
     def body(*a):
-        return batch_flat(lambda *b: eval_program(program, *b), list(a), axes, size, None,
+        return batch_flat(lambda *b: eval_program(program, *b), list(a), axes, size_in, None,
                           [0] * n_out)
-    in_avals = [a if d is None else a.update(shape=(size,) + a.shape)
+    in_avals = [a if d is None else a.update(shape=(size_in,) + a.shape, vma=a.vma | vary)
                 for a, d in zip(program.in_avals, dims)]
     closed = trace_body(lambda *a: body(*a), mesh, in_avals, check_vma)
-    b_in = [s if d is None else PartitionSpec(None, *s) for s, d in zip(in_specs, dims)]
-    b_out = [PartitionSpec(None, *s) for s in out_specs]
+    b_in = [s if d is None else PartitionSpec(batch_entry, *s) for s, d in zip(in_specs, dims)]
+    b_out = [PartitionSpec(batch_entry, *s) for s in out_specs]
     outs = _bind_body(closed, args, mesh, b_in, b_out, check_vma)
     return outs, [0] * len(outs)
+
+
+shard_map_p.rules["batch_reads_level"] = True
+
+
+def _spmd_batch(spmd_name, mesh, in_specs, size):
+    """(per-device batch size, batch spec entry) for vmap(spmd_axis_name=...)."""
+    bad = [a for a in spmd_name if a not in mesh.shape]
+    if bad:
+        raise ShardMapError(f"vmap: spmd_axis_name {spmd_name} names {bad[0]!r}, which is not "
+                            f"an axis of the shard_map's mesh (axes {mesh.axis_names})")
+    used = [a for s in in_specs for a in s.mesh_axes if a in spmd_name]
+    if used:
+        raise ShardMapError(f"vmap: spmd_axis_name {spmd_name} cannot appear in the "
+                            f"shard_map's in_specs (axis {used[0]!r} is used there); map "
+                            "over another mesh axis")
+    n = mesh.axis_size(spmd_name)
+    if size % n:
+        raise ShardMapError(f"vmap: the mapped axis has size {size}, which is not divisible "
+                            f"by {n}, the size of spmd_axis_name {spmd_name}")
+    return size // n, spmd_name[0] if len(spmd_name) == 1 else tuple(spmd_name)
 
 
 def _shard_map_dce(eqn, used_outputs):
@@ -324,36 +396,73 @@ shard_map_p.rules["dce"] = _shard_map_dce
 # --------------------------------------------------------------------- API
 
 def _spec_leaves(specs, tree, what: str, fname: str) -> list:
-    """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``."""
+    """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``; in
+    ``in_specs`` a ``None`` covers arguments passed to the body as they are."""
+    is_in = what == "in_specs"
     try:
-        return tree_util.broadcast_prefix(specs, tree, lambda s: isinstance(s, PartitionSpec))
+        return tree_util.broadcast_prefix(
+            specs, tree, lambda s: isinstance(s, PartitionSpec) or (is_in and s is None))
     except tree_util.PrefixMismatch as e:
         if e.prefix_node is None:
             raise ShardMapError(f"{fname}: {what}{e.path} is None; use P() for a replicated "
                                 "value") from None
         raise ShardMapError(f"{fname}: {what} is not a pytree prefix of the "
-                            f"{'arguments' if what == 'in_specs' else 'outputs'}: at "
+                            f"{'arguments' if is_in else 'outputs'}: at "
                             f"{what}{e.path} the spec is {tree_util.describe(e.prefix_node)} "
                             f"but the value is {tree_util.describe(e.tree_node)}") from None
 
 
-def _as_global(x):
+def _as_global(x, where: str = "argument"):
     """The argument as an array value (numpy arrays and scalars are global values)."""
+    from spmd.compiler.array_module import is_device_array, to_device
     from spmd.compiler.trace import Tracer, is_array_like
 
     if isinstance(x, (Tracer, Array)):
         return x
     if not is_array_like(x):
         from spmd.errors import DTypeError
-        raise DTypeError(f"shard_map: argument of type {type(x).__name__} is not an array")
+        raise DTypeError(f"shard_map: {where} of type {type(x).__name__} is not an array; "
+                         "give it the in_specs entry None to pass it to the body as it is")
     aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak
+    if is_device_array(x):  # a cupy array: it stays on (this process's) GPU
+        return Array(to_device(x, aval.dtype), aval)
     return Array(np.asarray(x, dtype=aval.dtype), aval)
 
 
-def shard_map(f: Callable | None = None, *, mesh, in_specs, out_specs, check_vma: bool = True,
-              check_rep: bool | None = None):
+class _InferSpecs:
+    """The default ``in_specs``: each argument's spec is that of its sharding."""
+
+    def __repr__(self):
+        return "Infer"
+
+
+Infer = _InferSpecs()
+
+
+def _inferred_specs(leaves, paths, mesh, fname):
+    out = []
+    for x, path in zip(leaves, paths):
+        s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
+        if not (isinstance(s, NamedSharding) and s.mesh == mesh):
+            raise ShardMapError(
+                f"{fname}: in_specs was not given, and argument{path} is not an Array placed "
+                "on the mesh (device_put(x, P(...)) under the mesh, or NamedSharding(mesh, "
+                "...)) to infer its spec from; pass in_specs=")
+        out.append((s.spec, path))
+    return out
+
+
+def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=None, *,
+              check_vma: bool = True, check_rep: bool | None = None, axis_names=None):
     """Map a per-device function over ``mesh``: each device gets the blocks that
     ``in_specs`` assign it and returns blocks that ``out_specs`` assemble.
+
+    ``mesh`` defaults to the mesh of ``spmd.sharding.use_mesh``/``set_mesh``; it may
+    also be passed positionally, as the older JAX API did.  An ``in_specs`` entry
+    ``None`` passes that argument to the body as it is (a static value, or an array
+    every device sees whole); ``in_specs=None`` does so for all.  Without
+    ``in_specs``, each argument's spec is that of its sharding (an Array placed on
+    the mesh).
 
     >>> @functools.partial(shard_map, mesh=mesh, in_specs=(P("i"),), out_specs=P())
     ... def total(x_block):
@@ -361,55 +470,98 @@ def shard_map(f: Callable | None = None, *, mesh, in_specs, out_specs, check_vma
     """
     if f is None:
         return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                                 check_vma=check_vma, check_rep=check_rep)
+                                 check_vma=check_vma, check_rep=check_rep,
+                                 axis_names=axis_names)
     from spmd.mesh import Mesh
 
-    if not isinstance(mesh, Mesh):
+    if not callable(f):
+        raise ShardMapError(f"shard_map: expected a function first, got {type(f).__name__}")
+    if mesh is not None and not isinstance(mesh, Mesh):
         raise ShardMapError(f"shard_map: mesh must be a spmd.Mesh, got {type(mesh).__name__}")
+    if out_specs is None:
+        raise ShardMapError("shard_map: out_specs is required (a PartitionSpec or a pytree "
+                            "prefix of the outputs of them)")
     if check_rep is not None:  # JAX's older name
         check_vma = check_rep
     fname = f"shard_map({getattr(f, '__name__', 'f')})"
 
     @functools.wraps(f)
     def wrapped(*args):
-        specs = in_specs
-        if isinstance(specs, PartitionSpec) and len(args) == 1:
-            specs = (specs,)
-        leaves, in_tree = tree_util.tree_flatten(args)
-        spec_paths = _spec_leaves(tuple(specs) if isinstance(specs, list) else specs,
-                                  args, "in_specs", fname)
-        if len(spec_paths) != len(leaves):
-            raise ShardMapError(f"{fname}: in_specs is not a pytree prefix of the arguments "
-                                f"({len(spec_paths)} specs for {len(leaves)} array leaves)")
-        vals = [_as_global(x) for x in leaves]
-        flat_specs = []
-        for v, (spec, path) in zip(vals, spec_paths):
-            try:
-                check_spec(spec, mesh, get_aval(v).shape, f"{fname}: in_specs{path}")
-            except ShardingError as e:
-                raise ShardMapError(str(e)) from None
-            flat_specs.append(spec)
-        block_avals = [_block_aval(get_aval(v), s, mesh, check_vma)
-                       for v, s in zip(vals, flat_specs)]
-        out_box: list = []
+        from spmd.shard.mesh_context import require_mesh
 
-        def flat_body(*blocks):
-            outs = f(*tree_util.tree_unflatten(in_tree, blocks))
-            leaves_out, out_tree = flatten_outputs(outs, fname)
-            out_box[:] = [out_tree, outs]
-            return leaves_out
-
-        closed = trace_body(flat_body, mesh, block_avals, check_vma)
-        out_tree, outs_struct = out_box
-        out_spec_paths = _spec_leaves(out_specs, outs_struct, "out_specs", fname)
-        out_flat_specs = [s for s, _ in out_spec_paths]
-        for a, (spec, path) in zip(closed.out_avals, out_spec_paths):
-            _check_out(a, spec, path, mesh, check_vma, fname)
-        outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
-        outs = [_placed(o, mesh, s) for o, s in zip(outs, out_flat_specs)]
-        return tree_util.tree_unflatten(out_tree, outs)
+        m = mesh if mesh is not None else require_mesh(fname)
+        _check_axis_names(axis_names, m, fname)
+        return _call(f, m, in_specs, out_specs, check_vma, fname, args)
 
     return wrapped
+
+
+def _check_axis_names(axis_names, mesh, fname):
+    """``axis_names`` (the manual axes) must be all of the mesh's axes for now."""
+    if axis_names is None:
+        return
+    names = set(axis_names)
+    unknown = sorted(names - set(mesh.axis_names))
+    if unknown:
+        raise ShardMapError(f"{fname}: axis_names={sorted(names)} names {unknown[0]!r}, which "
+                            f"is not an axis of the mesh (axes {mesh.axis_names})")
+    if names != set(mesh.axis_names):
+        auto = [a for a in mesh.axis_names if a not in names]
+        raise ShardMapError(
+            f"{fname}: axis_names={sorted(names)} leaves mesh axes {auto} automatic "
+            "(partial-manual shard_map), which is not supported; make every axis manual "
+            "(omit axis_names) and handle those axes with collectives in the body")
+
+
+def _call(f, mesh, in_specs, out_specs, check_vma, fname, args):
+    specs = in_specs
+    if isinstance(specs, PartitionSpec) and len(args) == 1:
+        specs = (specs,)
+    leaves, in_tree = tree_util.tree_flatten(args)
+    if specs is Infer:
+        paths = [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(args)[0]]
+        spec_paths = _inferred_specs(leaves, paths, mesh, fname)
+    else:
+        spec_paths = _spec_leaves(tuple(specs) if isinstance(specs, list) else specs,
+                                  args, "in_specs", fname)
+    if len(spec_paths) != len(leaves):
+        raise ShardMapError(f"{fname}: in_specs is not a pytree prefix of the arguments "
+                            f"({len(spec_paths)} specs for {len(leaves)} array leaves)")
+    # Arguments whose spec is None reach the body as they are (closed over).
+    dyn = [i for i, (s, _) in enumerate(spec_paths) if s is not None]
+    vals, flat_specs = [], []
+    for i in dyn:
+        spec, path = spec_paths[i]
+        v = _as_global(leaves[i], f"argument{path}")
+        try:
+            check_spec(spec, mesh, get_aval(v).shape, f"{fname}: in_specs{path}")
+        except ShardingError as e:
+            raise ShardMapError(str(e)) from None
+        vals.append(v)
+        flat_specs.append(spec)
+    block_avals = [_block_aval(get_aval(v), s, mesh, check_vma)
+                   for v, s in zip(vals, flat_specs)]
+    out_box: list = []
+
+    def flat_body(*blocks):
+        full = list(leaves)
+        for i, b in zip(dyn, blocks):
+            full[i] = b
+        outs = f(*tree_util.tree_unflatten(in_tree, full))
+        leaves_out, out_tree = flatten_outputs(outs, fname)
+        out_box[:] = [out_tree, outs]
+        return leaves_out
+
+    closed = trace_body(flat_body, mesh, block_avals, check_vma)
+    out_tree, outs_struct = out_box
+    if callable(out_specs):  # a thunk, called once the outputs are known (as in JAX)
+        out_specs = out_specs()
+    out_spec_paths = _spec_leaves(out_specs, outs_struct, "out_specs", fname)
+    out_flat_specs = [s for s, _ in out_spec_paths]
+    for a, (spec, path) in zip(closed.out_avals, out_spec_paths):
+        _check_out(a, spec, path, mesh, check_vma, fname)
+    outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
+    return tree_util.tree_unflatten(out_tree, outs)
 
 
 def _check_out(aval, spec, path, mesh, check_vma, fname):
@@ -430,8 +582,3 @@ def _check_out(aval, spec, path, mesh, check_vma, fname):
                 f"lax.psum(x, {a!r}) or lax.all_gather(x, {a!r})), put {a!r} in the spec, or "
                 "pass check_vma=False")
 
-
-def _placed(out, mesh, spec):
-    if isinstance(out, Array):
-        out._sharding = NamedSharding(mesh, spec)
-    return out

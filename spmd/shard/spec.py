@@ -148,6 +148,14 @@ class NamedSharding:
     def is_fully_replicated(self) -> bool:
         return not self.spec.mesh_axes
 
+    @property
+    def is_fully_addressable(self) -> bool:
+        """Whether every device of the mesh belongs to this process."""
+        from spmd.mesh.devices import process_index
+
+        me = process_index()
+        return all(d.process_index == me for d in self.mesh.devices.flat)
+
     def __eq__(self, other):
         return (isinstance(other, NamedSharding) and self.mesh == other.mesh
                 and _norm(self.spec) == _norm(other.spec))
@@ -160,7 +168,9 @@ class NamedSharding:
 
 
 def _norm(spec):
-    parts = list(spec)
-    while parts and parts[-1] is None:
+    """The placement a spec describes: per dimension its tuple of mesh axes, without
+    trailing unsplit dimensions (so P("i") == P(("i",)) == P("i", None) as placements)."""
+    parts = [spec.axes_of(d) for d in range(len(spec))]
+    while parts and not parts[-1]:
         parts.pop()
     return tuple(parts)

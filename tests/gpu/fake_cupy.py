@@ -9,10 +9,19 @@ arrays and behave like CuPy's where spmd could go wrong:
 - ``np.asarray(x)`` and numpy functions that convert their operands raise
   ``TypeError`` (CuPy refuses implicit device-to-host copies); ``x.get()`` and
   ``asnumpy(x)`` copy to the host;
-- reductions and scalar indexing return 0-d arrays, never numpy scalars.
+- reductions and scalar indexing return 0-d arrays, never numpy scalars;
+- every array lives on one GPU (the current device when it was made,
+  ``x.device``); a kernel given an array of another GPU raises ``ValueError``
+  (CuPy without peer access), and ``asarray`` copies it to the current GPU;
+- it sees ``FAKE_CUPY_GPUS`` GPUs (default 1), or the ones ``CUDA_VISIBLE_DEVICES``
+  lists, each with its own PCI bus id (``Device(i).pci_bus_id``), so per-rank
+  GPU binding can be simulated;
+- ``x.data.ptr`` is a real address; :mod:`tests.gpu.fake_nccl` (``cupy.cuda.nccl``
+  when ``FAKE_CUPY_NCCL=1``) accepts only pointers inside a live array of the
+  communicator's GPU.
 
 What it cannot check: which functions CuPy lacks or implements differently,
-kernels, streams, NCCL.  Those need a GPU (tests/gpu/test_gpu.py).
+kernels, asynchronous streams, NCCL itself.  Those need a GPU (tests/gpu/test_gpu.py).
 
 Use ``install()`` to make ``import cupy`` return this module (``uninstall()`` undoes
 it); ``python tests/gpu/fake_cupy.py pytest-args...`` runs pytest with it
@@ -24,14 +33,25 @@ from __future__ import annotations
 import os
 import sys
 import types
+import weakref
 
 import numpy as _np
+
+# The current device (cupy.cuda.Device(i).use() sets it).
+_current = [0]
+
+
+def _on_current(x):
+    if x._dev != _current[0]:  # CuPy's kernels refuse another GPU's arrays (no peer access)
+        raise ValueError(f"Array device must be same as the current device: array device = "
+                         f"{x._dev} while current = {_current[0]} (fake cupy)")
+    return x._a
 
 
 def _unwrap(x):
     t = type(x)
     if t is ndarray:
-        return x._a
+        return _on_current(x)
     if t is _np.ndarray:
         raise TypeError(f"Unsupported type {t} (fake cupy: a numpy array reached a device "
                         "function; move it with cupy.asarray first)")
@@ -62,10 +82,12 @@ def _log(name: str) -> None:
             f.write(name + "\n")
 
 
-def _device_fn(fn, name=None):
+def _device_fn(fn, name=None, owner=None):
     def call(*args, **kwargs):
         if name:
             _log(name)
+        if owner is not None:  # a method of a device array: a kernel on its GPU
+            _on_current(owner)
         return _wrap(fn(*[_unwrap(a) for a in args],
                         **{k: _unwrap(v) for k, v in kwargs.items()}))
 
@@ -94,14 +116,16 @@ def _unsupported(message):
     return call
 
 
-def _forward(obj, name, where="cupy"):
+def _forward(obj, name, where="cupy", owner=None):
     _log(f"{where}.{name}")
     attr = getattr(obj, name)
     if isinstance(attr, (type, _np.dtype)) or not callable(attr):
         if isinstance(attr, types.ModuleType):
             return _Namespace(attr)
-        return _wrap(attr) if type(attr) is _np.ndarray else attr
-    return _device_fn(attr)
+        if type(attr) is _np.ndarray:  # a view (x.T, x.real): on its array's GPU
+            return ndarray(attr, owner._dev if owner is not None else None)
+        return attr
+    return _device_fn(attr, owner=owner)
 
 
 class _Namespace:
@@ -117,12 +141,22 @@ class _Namespace:
 class ndarray:
     """A "device" array: a numpy array that refuses to be read implicitly."""
 
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "_dev", "__weakref__")
     __array_ufunc__ = None      # numpy operators with a host array defer, then fail
     __array_priority__ = 100    # below spmd's Array and Tracer (1000)
 
-    def __init__(self, a):
+    def __init__(self, a, device=None):
         self._a = a
+        self._dev = _current[0] if device is None else device
+
+    @property
+    def device(self):
+        return _Device(self._dev)
+
+    @property
+    def data(self):
+        """A memory pointer (``.ptr``, ``.device_id``) to the first element."""
+        return _pointer(self)
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError("Implicit conversion to a NumPy array is not allowed (fake cupy). "
@@ -134,9 +168,7 @@ class ndarray:
     def __getattr__(self, name):
         if name.startswith("__"):  # numpy's probes (__array_struct__, ...): no host view
             raise AttributeError(name)
-        if name == "data":  # a memory pointer (only .ptr is used)
-            return types.SimpleNamespace(ptr=self._a.ctypes.data)
-        return _forward(self._a, name, "ndarray")
+        return _forward(self._a, name, "ndarray", owner=self)
 
     def __repr__(self):
         return "fake_cupy." + repr(self._a)
@@ -150,9 +182,11 @@ class ndarray:
         return (_wrap(e) for e in self._a)
 
     def __getitem__(self, index):
-        return _wrap(self._a[_unwrap(index)])
+        r = self._a[_unwrap(index)]  # basic indexing makes a view, on this array's GPU
+        return ndarray(r if type(r) is _np.ndarray else _np.asarray(r), self._dev)
 
     def __setitem__(self, index, value):
+        _on_current(self)
         self._a[_unwrap(index)] = _unwrap(value)
 
     # Python scalars: CuPy synchronises and converts size-1 arrays.
@@ -180,7 +214,7 @@ def _binary(op):
         if type(other) not in (ndarray, int, float, complex, bool) and \
                 not isinstance(other, _np.generic):
             return NotImplemented
-        return _wrap(op(self._a, _unwrap(other)))
+        return _wrap(op(_on_current(self), _unwrap(other)))
 
     return method
 
@@ -192,14 +226,14 @@ def _rbinary(op):
             if type(other) is _np.ndarray:
                 _unwrap(other)  # raises: numpy array operand
             return NotImplemented
-        return _wrap(op(_unwrap(other), self._a))
+        return _wrap(op(_unwrap(other), _on_current(self)))
 
     return method
 
 
 def _inplace(op):
     def method(self, other):
-        op(self._a, _unwrap(other))
+        op(_on_current(self), _unwrap(other))
         return self
 
     return method
@@ -220,15 +254,19 @@ for _name, _fn in [("eq", _op.eq), ("ne", _op.ne), ("lt", _op.lt), ("le", _op.le
     setattr(ndarray, f"__{_name}__", _binary(_fn))
 for _name, _fn in [("neg", _op.neg), ("pos", _op.pos), ("invert", _op.invert),
                    ("abs", abs)]:
-    setattr(ndarray, f"__{_name}__", (lambda f: lambda self: _wrap(f(self._a)))(_fn))
+    setattr(ndarray, f"__{_name}__", (lambda f: lambda self: _wrap(f(_on_current(self))))(_fn))
 ndarray.__hash__ = None
 
 
 # ------------------------------------------------------------- module surface
 
 def asarray(x, dtype=None, order=None):
+    """CuPy's: a device array of another GPU is copied to the current one."""
     if type(x) is ndarray:
+        if x._dev != _current[0]:
+            return ndarray(_np.array(x._a, dtype=dtype, copy=True))
         return x if dtype is None or x.dtype == dtype else ndarray(x._a.astype(dtype))
+    _unwrap(x) if type(x) in (list, tuple) else None  # numpy arrays inside lists: refused
     return ndarray(_np.array(x, dtype=dtype, copy=True))
 
 
@@ -256,132 +294,119 @@ def get_array_module(*args):
 
 
 class _Stream:
-    ptr = 0
+    ptr = 0  # the legacy default stream, as CuPy's
 
     def synchronize(self):
         pass
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+def _visible() -> list:
+    """The physical GPUs this process sees: CUDA_VISIBLE_DEVICES, else FAKE_CUPY_GPUS."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        out = []
+        for item in listed.split(","):
+            if not item.strip().isdigit():
+                break  # CUDA stops at the first invalid entry
+            out.append(int(item))
+        return out
+    return list(range(int(os.environ.get("FAKE_CUPY_GPUS", "1"))))
 
 
 class _Device:
-    def __init__(self, device=0):
-        self.id = device
+    """``cupy.cuda.Device``: ``Device()`` is the current one; a context manager."""
+
+    def __init__(self, device=None):
+        self.id = _current[0] if device is None else int(device)
+        self._saved: list = []
+
+    def _check(self):
+        if not 0 <= self.id < len(_visible()):
+            raise CUDARuntimeError("cudaErrorInvalidDevice: invalid device ordinal (fake cupy)")
 
     def use(self):
-        cuda._current = self.id
+        self._check()
+        _current[0] = self.id
 
     def synchronize(self):
-        pass
+        self._check()
+
+    @property
+    def pci_bus_id(self) -> str:
+        self._check()
+        return f"0000:{0x10 + _visible()[self.id]:02X}:00.0"
+
+    def __enter__(self):
+        self._check()
+        self._saved.append(_current[0])
+        _current[0] = self.id
+        return self
+
+    def __exit__(self, *exc):
+        _current[0] = self._saved.pop()
+
+    def __eq__(self, other):
+        return isinstance(other, _Device) and other.id == self.id
+
+    def __hash__(self):
+        return hash(self.id)
+
+    def __repr__(self):
+        return f"<CUDA Device {self.id}>"
+
+
+def _device_count() -> int:
+    return len(_visible())
 
 
 cuda = types.SimpleNamespace(
-    runtime=types.SimpleNamespace(  # FAKE_CUPY_GPUS: how many GPUs it pretends to see
-        getDeviceCount=lambda: int(os.environ.get("FAKE_CUPY_GPUS", "1"))),
-    Device=_Device, _current=0, get_current_stream=lambda: _Stream(),
-    Stream=_Stream)
+    runtime=types.SimpleNamespace(getDeviceCount=_device_count,
+                                  getDevice=lambda: _current[0],
+                                  deviceGetPCIBusId=lambda i: _Device(i).pci_bus_id,
+                                  CUDARuntimeError=CUDARuntimeError),
+    Device=_Device, get_current_stream=lambda: _Stream(), Stream=_Stream)
 
 
-# -------------------------------------------------------------- a fake NCCL
-#
-# With FAKE_CUPY_NCCL=1, ``cupy.cuda.nccl`` is this stand-in: communicators of one
-# member, or of every rank of an MPI job (the only groups a 2-rank job has), whose
-# calls move the bytes behind the device pointers with mpi4py.  It checks what
-# spmd.collectives.nccl passes (pointers, counts, datatypes, ops, peers, groups).
-
-_NCCL_SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
-_NCCL_NUMPY = {0: _np.int8, 1: _np.uint8, 2: _np.int32, 3: _np.uint32, 4: _np.int64,
-               5: _np.uint64, 6: _np.float16, 7: _np.float32, 8: _np.float64}
+# Allocations whose pointers were taken (``x.data``): start address -> (end, GPU,
+# weak reference to the numpy array owning the memory).  The fake NCCL accepts
+# only pointers inside one of them, on its communicator's GPU.
+_allocations: dict = {}
 
 
-def _memory(ptr: int, count: int, datatype: int):
-    import ctypes
+class _MemoryPointer:
+    __slots__ = ("ptr", "device_id", "_keep")
 
-    nbytes = count * _NCCL_SIZES[datatype]
-    raw = _np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
-    return raw.view(_NCCL_NUMPY[datatype]) if datatype in _NCCL_NUMPY else raw
+    def __init__(self, ptr, device_id, keep):
+        self.ptr, self.device_id, self._keep = ptr, device_id, keep
 
 
-class _FakeNccl(types.ModuleType):
-    available = True
-    NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN = 0, 1, 2, 3
-    (NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64,
-     NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16) = range(10)
-    _pending: list = []
-    _grouped = [0]
+def _pointer(x: ndarray) -> _MemoryPointer:
+    root = x._a
+    while isinstance(root.base, _np.ndarray):
+        root = root.base
+    start = root.ctypes.data
+    entry = _allocations.get(start)
+    if entry is None or entry[2]() is not root:
+        def forget(ref, start=start):
+            if _allocations.get(start, (None, None, None))[2] is ref:
+                del _allocations[start]
 
-    @staticmethod
-    def get_unique_id():
-        return tuple(range(-64, 64))
+        _allocations[start] = (start + root.nbytes, x._dev, weakref.ref(root, forget))
+    return _MemoryPointer(x._a.ctypes.data, x._dev, x)
 
-    @classmethod
-    def groupStart(cls):
-        cls._grouped[0] += 1
 
-    @classmethod
-    def groupEnd(cls):
-        cls._grouped[0] -= 1
-        if cls._grouped[0] == 0:
-            ops, cls._pending[:] = list(cls._pending), []
-            reqs = []
-            for comm, kind, buf, peer in ops:
-                if comm._mpi is None:  # one member: a send to oneself meets its recv
-                    continue
-                reqs.append(comm._mpi.Isend(buf, dest=peer, tag=21) if kind == "send" else
-                            comm._mpi.Irecv(buf, source=peer, tag=21))
-            for r in reqs:
-                r.Wait()
-            if ops and ops[0][0]._mpi is None:
-                sends = [b for _, k, b, _ in ops if k == "send"]
-                recvs = [b for _, k, b, _ in ops if k == "recv"]
-                for src, dst in zip(sends, recvs):
-                    dst[...] = src
-
-    class NcclCommunicator:
-        def __init__(self, ndev, comm_id, rank):
-            assert len(comm_id) == 128 and 0 <= rank < ndev
-            self._n, self._rank, self._mpi = ndev, rank, None
-            if ndev > 1:
-                from mpi4py import MPI
-
-                world = MPI.COMM_WORLD
-                if world.Get_size() != ndev:
-                    raise NotImplementedError("fake NCCL: groups of 1 or of every rank only")
-                self._mpi = world.Split(0, rank)
-
-        def _op(self, op):
-            from mpi4py import MPI
-
-            return {0: MPI.SUM, 2: MPI.MAX, 3: MPI.MIN}[op]
-
-        def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
-            src, dst = _memory(sendbuf, count, datatype), _memory(recvbuf, count, datatype)
-            if self._mpi is None:
-                dst[...] = src
-            else:
-                self._mpi.Allreduce(src, dst, op=self._op(op))
-
-        def allGather(self, sendbuf, recvbuf, count, datatype, stream):
-            src = _memory(sendbuf, count, datatype)
-            dst = _memory(recvbuf, count * self._n, datatype)
-            if self._mpi is None:
-                dst[...] = src
-            else:
-                self._mpi.Allgather(src, dst)
-
-        def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
-            src = _memory(sendbuf, recvcount * self._n, datatype)
-            dst = _memory(recvbuf, recvcount, datatype)
-            if self._mpi is None:
-                dst[...] = src
-            else:
-                self._mpi.Reduce_scatter_block(src, dst, op=self._op(op))
-
-        def send(self, sendbuf, count, datatype, peer, stream):
-            assert _FakeNccl._grouped[0] > 0 and 0 <= peer < self._n
-            _FakeNccl._pending.append((self, "send", _memory(sendbuf, count, datatype), peer))
-
-        def recv(self, recvbuf, count, datatype, peer, stream):
-            assert _FakeNccl._grouped[0] > 0 and 0 <= peer < self._n
-            _FakeNccl._pending.append((self, "recv", _memory(recvbuf, count, datatype), peer))
+def allocation_of(ptr: int, nbytes: int):
+    """``(GPU, numpy array)`` of the live allocation holding ``[ptr, ptr + nbytes)``,
+    or None (used by the fake NCCL)."""
+    for start, (end, dev, ref) in list(_allocations.items()):
+        root = ref()
+        if root is not None and start <= ptr and ptr + nbytes <= end:
+            return dev, root
+    return None
 
 
 def __getattr__(name):
@@ -397,24 +422,34 @@ _saved: dict = {}
 
 def install() -> None:
     """``import cupy`` gives this module from now on (spmd then takes it for CuPy)."""
-    mod = sys.modules[__name__]
-    if mod.__spec__ is None:  # run as a script: importlib.util.find_spec needs one
-        import importlib.machinery
+    import importlib.machinery
 
-        mod.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+    mod = sys.modules[__name__]
+    # importlib.util.find_spec("cupy") (how spmd asks whether CuPy is installed,
+    # without importing it) returns the spec of the module in sys.modules.
+    _saved.setdefault("__spec__", mod.__spec__)
+    mod.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
     for name in ("cupy", "cupy.cuda", "cupy.cuda.nccl"):  # (the real ones, if imported)
         _saved.setdefault(name, sys.modules.get(name))
     sys.modules["cupy"] = mod
     # Without FAKE_CUPY_NCCL=1, `from cupy.cuda import nccl` fails: no NCCL.
     sys.modules["cupy.cuda"] = cuda
     sys.modules.pop("cupy.cuda.nccl", None)
+    _current[0] = 0
     if os.environ.get("FAKE_CUPY_NCCL") == "1":
-        cuda.nccl = sys.modules["cupy.cuda.nccl"] = _FakeNccl("cupy.cuda.nccl")
+        try:
+            from tests.gpu import fake_nccl
+        except ImportError:  # run as a script from tests/gpu
+            import fake_nccl
+
+        cuda.nccl = sys.modules["cupy.cuda.nccl"] = fake_nccl.module()
     elif hasattr(cuda, "nccl"):
         del cuda.nccl
 
 
 def uninstall() -> None:
+    if "__spec__" in _saved:
+        sys.modules[__name__].__spec__ = _saved.pop("__spec__")
     for name, old in _saved.items():
         if old is None:
             sys.modules.pop(name, None)

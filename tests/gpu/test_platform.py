@@ -122,6 +122,9 @@ def test_gpu_per_local_rank():
         platform.gpu_for_rank(0, 4, 2, "nccl")
     with pytest.raises(platform.PlatformError, match="at least 3 ranks on this node but only 2"):
         platform.gpu_for_rank(2, None, 2, "nccl")
+    # Each rank bound to its own GPU by CUDA_VISIBLE_DEVICES sees one: accepted here,
+    # checked by PCI bus id when the ranks first meet (tests/gpu/test_nccl_processes.py).
+    assert [platform.gpu_for_rank(r, 4, 1, "nccl", bound=True) for r in range(4)] == [0] * 4
 
 
 def test_local_rank_variables(runtime_env):
@@ -227,6 +230,26 @@ def test_nccl_calls_on_one_member(fake_gpu, monkeypatch):
         np.testing.assert_array_equal(cp.asnumpy(nccl.sendrecv(x.T, (0,), 0, 0)), host.T)
         np.testing.assert_array_equal(cp.asnumpy(nccl.sendrecv(x, (0,), None, None)),
                                       np.zeros_like(host))
+    # Bools: NCCL gets uint8 0/1 and, for a sum, max ("any"; a uint8 sum wraps at 256).
+    from tests.gpu import fake_nccl
+
+    flags = cp.asarray(np.array([True, False, True]))
+    for op, want in (("sum", fake_nccl.MAX), ("max", fake_nccl.MAX), ("min", fake_nccl.MIN)):
+        fake_nccl.calls.clear()
+        got = nccl.allreduce(flags, (0,), op)
+        assert got.dtype == np.bool_ and cp.asnumpy(got).tolist() == [True, False, True]
+        assert fake_nccl.calls == [("allReduce", 3, fake_nccl.UINT8, want)], op
+    fake_nccl.calls.clear()
+    nccl.reduce_scatter(flags[None], (0,), "sum")
+    assert fake_nccl.calls == [("reduceScatter", 3, fake_nccl.UINT8, fake_nccl.MAX)]
+    # (The stand-in's check: a pointer its GPU does not hold is an error, as in NCCL.)
+    with pytest.raises(fake_nccl.NcclError, match="sendbuff 0x3039.*not inside a live device"):
+        nccl.communicator((0,)).allReduce(12345, 67890, 3, fake_nccl.FLOAT32,
+                                          fake_nccl.SUM, 0)
+    # release() destroys the communicators (at exit); the next call makes a new one.
+    first = nccl.communicator((0,))
+    nccl.release()
+    assert first._destroyed and nccl.communicator((0,)) is not first
     # Through the primitive, in a jitted program (as ProcessGroup binds it).
     from spmd.collectives.process_group import ProcessGroup
 
@@ -246,7 +269,7 @@ def test_more_ranks_than_gpus_with_nccl_is_an_error(fake_gpu, runtime_env):
                        match="2 ranks on this node but only 1 GPU.*SPMD_GPU_BACKEND=mpi"):
         array_module.current()
     runtime_env(SPMD_GPU_BACKEND="mpi")  # host-staged: the two ranks share GPU 0
-    assert array_module.current() is fake_gpu and fake_gpu.cuda._current == 0
+    assert array_module.current() is fake_gpu and fake_gpu.cuda.runtime.getDevice() == 0
 
 
 def test_without_nccl_gpu_arrays_take_the_mpi_backend(fake_gpu):

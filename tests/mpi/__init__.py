@@ -209,16 +209,15 @@ def run_per_device(mesh, body, *global_args, check_vma=True):
     return spmd.process_allgather(out)
 
 
-def assert_local_blocks(buffer, expected, sharding):
-    """Each of this process's blocks of ``buffer`` (a global-shaped buffer in which this
-    process filled its devices' blocks) equals that block of ``expected``."""
-    from spmd.compiler.array_module import to_host  # (a GPU buffer is copied to the host)
-
-    buffer = to_host(buffer.value if hasattr(buffer, "value") else buffer)
-    for d, index in sharding.devices_indices_map(expected.shape).items():
-        if d in sharding.mesh.local_devices:
-            np.testing.assert_allclose(buffer[index], expected[index], rtol=1e-5, atol=1e-5,
-                                       err_msg=f"block of {d} at {index}")
+def assert_local_blocks(array, expected, sharding):
+    """``array`` is placed by ``sharding`` and each of this process's blocks of it
+    (its addressable shards) equals that block of ``expected``."""
+    assert array.sharding == sharding, (array.sharding, sharding)
+    shards = array.addressable_shards
+    assert [s.device for s in shards] == sharding.mesh.local_devices
+    for s in shards:
+        np.testing.assert_allclose(np.asarray(s.data), expected[s.index], rtol=1e-5,
+                                   atol=1e-5, err_msg=f"block of {s.device} at {s.index}")
 
 
 # ------------------------------------------------------- launching MPI jobs

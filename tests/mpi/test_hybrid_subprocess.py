@@ -29,7 +29,11 @@ SUITES = {
                     "f32 or (gradients and eager) or axis_index or scalar or chain "
                     "or jit_output"),
     "arrays": ("test_mpi_arrays.py", None),
+    "local_blocks": ("test_mpi_local_blocks.py", None),
+    "eager": ("test_mpi_eager.py", None),
     "training": ("test_mpi_training.py", None),
+    "pmap": ("test_mpi_pmap.py", None),
+    "groups": ("test_mpi_groups.py", None),
 }
 
 

@@ -2,8 +2,10 @@
 
 Runs on 4 ranks with one device each (``.ci/pytest_mpi.sh``) and on 2 ranks with
 2 devices each (``test_hybrid_subprocess.py``).  An Array on a
-mesh of several processes holds, in this process, a global-shaped buffer with
-its devices' blocks; reading the whole value needs ``spmd.process_allgather``.
+mesh of several processes holds, in this process, only its devices' blocks
+(never a buffer of the global shape unless it holds the whole value); reading
+the whole value needs ``spmd.process_allgather``; eager operations on it run as
+SPMD computations over the processes.
 """
 
 from __future__ import annotations
@@ -81,10 +83,17 @@ def test_device_put_of_a_spread_array_reshards_through_a_gather():
     # Every process already holds what P("a", "b") asks: no exchange needed...
     same = spmd.device_put(a, NamedSharding(mesh, P("a", "b")))
     np.testing.assert_array_equal(spmd.process_allgather(same), x)
-    # ...but P("b") and P() need other processes' blocks: gathered, then placed.
-    for spec in (P("b"), P(), P(None, "a")):
+    # ...but P("b") and P() need other processes' blocks: exchanged, never gathered
+    # whole where the new placement does not hold the whole value.
+    for spec in (P("b"), P(), P(None, "a"), P("b", "a"), P(("a", "b"))):
         b = spmd.device_put(a, NamedSharding(mesh, spec))
         assert b.sharding.spec == spec
+        if not spec.mesh_axes:
+            assert b.held_nbytes == x.nbytes
+        else:
+            assert b.held_nbytes == sum(s.data.nbytes for s in b.addressable_shards)
+        for s in b.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(s.data), x[s.index])
         np.testing.assert_array_equal(spmd.process_allgather(b), x)
     np.testing.assert_array_equal(np.asarray(spmd.device_put(a, NamedSharding(mesh, P()))), x)
 
@@ -211,8 +220,7 @@ def test_process_allgather_of_mismatched_local_shapes_is_an_error_on_every_rank(
 def test_reading_a_spread_array_names_process_allgather():
     mesh = make_mesh("1d")
     a = spmd.device_put(_global(), NamedSharding(mesh, P("i")))
-    for read in (np.asarray, lambda v: v.tolist(), lambda v: v.item(), str,
-                 lambda v: float(v[0, 0])):
+    for read in (np.asarray, lambda v: v.tolist(), lambda v: v.item(), str):
         with pytest.raises(NotFullyAddressableError, match="process_allgather"):
             read(a)
     text = repr(a)
@@ -220,19 +228,28 @@ def test_reading_a_spread_array_names_process_allgather():
     assert re.search(r"spec=PartitionSpec\('i'\)", text)
 
 
-def test_eager_operations_refuse_partial_buffers_but_not_replicated_values():
+def test_eager_operations_run_across_processes():
     mesh = make_mesh("1d")
     x = _global()
+    w = np.arange(16, dtype=np.float32).reshape(8, 2) / 8
     a = spmd.device_put(x, NamedSharding(mesh, P("i")))
-    for op in (lambda v: snp.sum(v), lambda v: v.T, lambda v: v @ np.ones((8, 2), np.float32),
-               lambda v: v[0]):
-        with pytest.raises(NotFullyAddressableError, match="process_allgather"):
-            op(a)
+    cases = [(lambda v: snp.sum(v), x.sum()), (lambda v: v.T, x.T),
+             (lambda v: v @ w, x @ w), (lambda v: v[0], x[0]),
+             (lambda v: snp.max(v ** 2, axis=1), (x ** 2).max(1))]
+    for op, want in cases:
+        got = op(a)
+        np.testing.assert_allclose(_whole(got), want, rtol=1e-6)
+    assert float(a[0, 1]) == x[0, 1]
     # Replicated across processes: every process holds the whole value.
     rep = spmd.device_put(x, NamedSharding(mesh, P()))
     assert not rep.is_fully_addressable
     np.testing.assert_array_equal(np.asarray(rep), x)
     np.testing.assert_array_equal(np.asarray(snp.sum(rep)), x.sum())
+
+
+def _whole(v):
+    return spmd.process_allgather(v) if not v.is_fully_addressable and v._value is None \
+        else np.asarray(v)
 
 
 def test_elementwise_operations_keep_the_sharding():
@@ -243,20 +260,17 @@ def test_elementwise_operations_keep_the_sharding():
     y = snp.tanh(a * 2.0 + a) - np.float32(1)
     assert y.sharding == s
     np.testing.assert_allclose(spmd.process_allgather(y), np.tanh(x * 3.0) - 1, rtol=1e-6)
-    # Mixed shardings are refused: blockwise they would not line up.
+    # Mixed shardings are resharded by the partitioner.
     other = spmd.device_put(x, NamedSharding(mesh, P("b", "a")))
-    with pytest.raises(NotFullyAddressableError, match="share one sharding"):
-        a + other
+    np.testing.assert_array_equal(_whole(a + other), 2 * x)
 
 
-def test_shard_map_refuses_inputs_whose_blocks_are_elsewhere():
+def test_shard_map_reshards_inputs_whose_blocks_are_elsewhere():
     mesh = make_mesh("1d")
     x = _global()
     a = spmd.device_put(x, NamedSharding(mesh, P("i")))
     wants_all = spmd.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P(), out_specs=P())
-    with pytest.raises(NotFullyAddressableError, match="does not hold"):
-        wants_all(a)
-    # Its own blocks are fine, and so is the gathered global value.
+    np.testing.assert_array_equal(np.asarray(wants_all(a)), 2 * x)
     same = spmd.shard_map(lambda b: lax.psum(snp.sum(b), "i"), mesh=mesh, in_specs=P("i"),
                           out_specs=P())
     assert float(same(a)) == x.sum()

@@ -229,7 +229,7 @@ def test_gradients_of_collectives(kind, axes, coll, jit):
                                         for c in ref.coords()}) * r)
     want = want.reshape(x.shape)
     g = (spmd.jit(spmd.grad(loss)) if jit else spmd.grad(loss))(x, r)
-    if jit:  # jit results carry no sharding: compare this process's blocks
+    if jit:  # jit results keep their sharding: compare this process's blocks
         assert_local_blocks(g, want.astype(np.float32), spmd.NamedSharding(mesh, P(names)))
     else:
         assert not g.is_fully_addressable

@@ -79,6 +79,51 @@ def test_mismatched_dtypes_raise_on_every_rank():
         _psum_map(mesh)(np.ones(mesh.size, dtype))
 
 
+def _mesh_body(collective, n):
+    if collective == "psum":
+        return lambda b: lax.psum(b, "i"), P()
+    if collective == "all_gather":
+        return lambda b: lax.all_gather(b, "i", tiled=True), P("i")
+    return lambda b: lax.ppermute(b, "i", [(j, (j + 1) % n) for j in range(n)]), P("i")
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective", ["psum", "all_gather", "ppermute"])
+def test_meshes_listing_the_devices_in_another_order_raise_before_data_moves(collective):
+    devices = list(spmd.devices())
+    n = len(devices)
+    if spmd.process_index() == 0:
+        devices = devices[::-1]  # rank 0 lists the same devices in the other order
+    mesh = spmd.Mesh(np.array(devices, dtype=object), ("i",))
+    body, out_spec = _mesh_body(collective, n)
+    f = spmd.jit(spmd.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=out_spec))
+    with pytest.raises(ProgramMismatchError) as info:
+        f(np.arange(n, dtype=np.float32))
+    text = str(info.value)
+    others = list(range(1, spmd.process_count()))
+    assert "ranks [0]" in text and f"ranks {others}" in text, text
+    ids = [d.id for d in spmd.devices()]
+    assert f"devices {ids[::-1]}" in text and f"devices {ids}" in text, text
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(120)
+def test_meshes_with_other_axis_sizes_raise_before_data_moves():
+    n = spmd.device_count()
+    # The same devices in the same order, the same per-device program: only the axis
+    # sizes differ (rank 2 has (n, 1), the others (2, n // 2)).
+    shape = (n, 1) if spmd.process_index() == 2 else (2, n // 2)
+    mesh = spmd.make_mesh(shape, ("a", "b"))
+    f = spmd.shard_map(lambda b: lax.psum(b, ("a", "b")), mesh=mesh, in_specs=P(("a", "b")),
+                       out_specs=P())
+    with pytest.raises(ProgramMismatchError) as info:
+        f(np.arange(n, dtype=np.float32))
+    text = str(info.value)
+    assert "ranks [2]" in text and f"mesh: a={n} b=1" in text, text
+    assert f"mesh: a=2 b={n // 2}" in text, text
+
+
 # ------------------------------------------------- jobs launched by the tests
 
 _PSUM_TWICE = textwrap.dedent("""

@@ -46,7 +46,7 @@ def test_grad_of_a_sharded_sum_of_squares(jit):
     x = _rand((mesh.size * 3, 2), 0)
     value, g = (spmd.jit(spmd.value_and_grad(loss)) if jit else spmd.value_and_grad(loss))(x)
     np.testing.assert_allclose(float(value), np.sum(x.astype(np.float64) ** 2), rtol=1e-5)
-    if jit:  # jit results carry no sharding: this process's blocks
+    if jit:  # jit results keep their sharding: this process's blocks
         assert_local_blocks(g, 2 * x, NamedSharding(mesh, P("i")))
     else:
         assert g.sharding == NamedSharding(mesh, P("i"))
@@ -170,7 +170,7 @@ def test_jep_matmuls_and_their_gradients(case, jit):
     value, (gx, gw) = value_and_grad(x, w)
     np.testing.assert_allclose(float(value), np.sum(want * r), rtol=1e-4)
     want_gx, want_gw = r @ wd.T, xd.T @ r
-    if jit:  # jit results carry no sharding: compare this process's blocks
+    if jit:  # jit results keep their sharding: compare this process's blocks
         np.testing.assert_allclose(float(spmd.jit(loss)(x, w)), np.sum(want * r), rtol=1e-4)
         assert_local_blocks(gx, want_gx.astype(np.float32), NamedSharding(mesh, x_spec))
         assert_local_blocks(gw, want_gw.astype(np.float32), NamedSharding(mesh, w_spec))

@@ -7,7 +7,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P
 from spmd.errors import ArgumentError, DTypeError, ShapeError
-from spmd.shard import Shard, SingleDeviceSharding
+from spmd.shard import Shard, ShardedArray, SingleDeviceSharding
 from spmd.shard.spec import ShardingError
 
 MESHES = {
@@ -92,7 +92,7 @@ def test_unplaced_array_is_on_device_zero():
 
 def test_device_put_without_sharding():
     a = spmd.device_put(np.ones((2, 3)))
-    assert isinstance(a, spmd.Array) and a._sharding is None
+    assert isinstance(a, spmd.Array) and not isinstance(a, ShardedArray)
     assert isinstance(a.sharding, SingleDeviceSharding)
     b = snp.ones(3)
     assert spmd.device_put(b) is b

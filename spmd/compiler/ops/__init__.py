@@ -4,4 +4,6 @@ from spmd.compiler.ops import elementwise, linalg, reduce, structural  # noqa: F
 from spmd.compiler.ops import shape_more  # noqa: F401
 from spmd.compiler.ops import indexing  # noqa: F401
 from spmd.compiler.ops import sort  # noqa: F401
+from spmd.compiler.ops import conv, linalg_decomp, special  # noqa: F401
 from spmd.compiler.ops import control_cond, control_loops  # noqa: F401
+from spmd.compiler.ops import threefry  # noqa: F401

@@ -6,45 +6,16 @@ import functools
 from typing import Callable
 
 from spmd import tree_util
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.array import Array
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for, flatten_outputs
-from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
+from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
+from spmd.shard.sharded import ShardedArray, from_whole
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
 # ------------------------------------------------------ with_sharding_constraint
-
-sharding_constraint_p = Primitive("sharding_constraint")
-sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
-sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
-sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
-sharding_constraint_p.linear = True
-
-
-@sharding_constraint_p.def_jvp
-def _constraint_jvp(primals, tangents, *, spec, mesh):
-    out = sharding_constraint_p.bind(primals[0], spec=spec, mesh=mesh)
-    t = tangents[0]
-    return out, t if isinstance(t, Zero) else sharding_constraint_p.bind(t, spec=spec, mesh=mesh)
-
-
-@sharding_constraint_p.def_transpose
-def _constraint_transpose(ct, x, *, spec, mesh):
-    # The cotangent is asked for the same placement (as in JAX).
-    return [ct if isinstance(ct, Zero) else sharding_constraint_p.bind(ct, spec=spec, mesh=mesh)]
-
-
-@sharding_constraint_p.def_batch
-def _constraint_batch(args, dims, *, spec, mesh):
-    from spmd.compiler.batching import move_to_front
-
-    x = move_to_front(args[0], dims[0])
-    return sharding_constraint_p.bind(x, spec=PartitionSpec(None, *spec), mesh=mesh), 0
-
 
 def with_sharding_constraint(x, sharding):
     """Ask the partitioner to give ``x`` this sharding here (a pytree and a prefix of
@@ -126,9 +97,9 @@ class PartitionedJit:
         meshes = set()
         specs = []
         for i, (leaf, s) in enumerate(zip(leaves, given)):
-            if s is None and isinstance(leaf, Array) and isinstance(leaf._sharding,
-                                                                    NamedSharding):
-                s = leaf._sharding
+            if s is None and isinstance(leaf, ShardedArray) and isinstance(leaf.sharding,
+                                                                           NamedSharding):
+                s = leaf.sharding
             if isinstance(s, NamedSharding):
                 meshes.add(s.mesh)
                 specs.append(s.spec)
@@ -153,7 +124,7 @@ class PartitionedJit:
         static = tuple((i, args[i]) for i in self._static)
         leaves, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(get_aval(x) for x in leaves)
-        shard_key = tuple(x._sharding if isinstance(x, Array) else None for x in leaves)
+        shard_key = tuple(x.sharding if isinstance(x, ShardedArray) else None for x in leaves)
         key = (in_tree, static, avals, shard_key, axis_env_key())
         entry = self._cache.get(key)
         if entry is None:
@@ -199,16 +170,20 @@ class PartitionedJit:
             from spmd.compiler.trace import eval_program
             outs = eval_program(entry.closed, *leaves)
             return tree_util.tree_unflatten(entry.out_tree, outs)
+        if entry.mesh.is_multi_process:
+            # Each process runs the per-device program on its own blocks.
+            from spmd.shard.execute import call
+
+            part = entry.partitioned
+            arrays = call(part.body, entry.mesh, part.in_specs, part.out_specs, leaves)
+            return tree_util.tree_unflatten(entry.out_tree, arrays)
         vals = [to_array_value(x, get_aval(x)) for x in leaves]
         if entry.executable is None:
             entry.executable = executable_for(entry.closed)
             entry.out_shardings = [NamedSharding(entry.mesh, s) for s in entry.out_specs]
         outs = entry.executable(*vals)
-        arrays = []
-        for o, a, s in zip(outs, entry.out_avals, entry.out_shardings):
-            arr = wrap_value(o, a)
-            arr._sharding = s
-            arrays.append(arr)
+        arrays = [from_whole(wrap_value(o, a).value, a, s)
+                  for o, a, s in zip(outs, entry.out_avals, entry.out_shardings)]
         return tree_util.tree_unflatten(entry.out_tree, arrays)
 
     def lower(self, *args) -> "PartitionedLowered":

@@ -17,9 +17,12 @@ dimension is whole; its other dimensions keep their splits.
 from __future__ import annotations
 
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.ops.control_cond import trace_closed
+from spmd.compiler.ops.control_cond import cond_p, trace_closed
+from spmd.compiler.ops.control_loops import scan_p, while_p
 from spmd.compiler.trace import bind
+from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import Structural
 from spmd.shard.partition.reshard import Context, plan, reshard
 
 
@@ -107,17 +110,17 @@ def _fixed_point(ev, body, fixed_pls, carry_pls, n_carry, after=()):
     return [Placement.replicated(len(p.dims)) for p in carry_pls]
 
 
-def partition(ev, eqn, vals, pls):
-    name = eqn.primitive.name
-    reason = ev.ctx.reason
-    if name == "cond":
-        outs = _cond(ev, eqn, vals, pls)
-    elif name == "while":
-        outs = _while(ev, eqn, vals, pls)
-    else:
-        outs = _scan(ev, eqn, vals, pls)
-    ev.ctx.reason = reason
-    return outs
+def _keeping_reason(fn):
+    """``fn`` as a Structural decision's function; the evaluator's current reason (the
+    equation being partitioned) survives the bodies' equations."""
+    def partition(ev, eqn, vals, pls):
+        reason = ev.ctx.reason
+        outs = fn(ev, eqn, vals, pls)
+        ev.ctx.reason = reason
+        return outs
+
+    partition.__name__ = f"partition{fn.__name__}"
+    return partition
 
 
 def _cond(ev, eqn, vals, pls):
@@ -177,3 +180,11 @@ def _scan(ev, eqn, vals, pls):
                 num_carry=ncar, length=p["length"], reverse=p["reverse"])
     y_pls = [Placement(((),) + tuple(pl.dims), pl.partial) for pl in box[ncar:]]
     return list(zip(outs, fixed + y_pls))
+
+
+TABLE = {
+    cond_p: Structural(_keeping_reason(_cond)),
+    while_p: Structural(_keeping_reason(_while)),
+    scan_p: Structural(_keeping_reason(_scan)),
+}
+registry.register_all(TABLE)

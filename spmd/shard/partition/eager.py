@@ -1,10 +1,12 @@
-"""Eager operations on sharded Arrays run through the partitioner.
+"""Eager primitives on sharded Arrays run through the partitioner.
 
-``EvalTrace.process_primitive`` calls :func:`run_sharded` when an argument is an
-Array that carries a sharding: where that is a NamedSharding over more than one
-device, the primitive runs as a (cached) partitioned jit of ``bind(prim, ...)``
-whose inputs keep their placements, and its results carry the shardings that
-propagation decided.
+:func:`spmd.shard.dispatch.eval_primitive` calls :func:`run_sharded` for a
+primitive (other than ``jit`` and ``shard_map``) with an argument placed on a
+mesh of several devices: the primitive runs as a (cached) partitioned jit of
+``bind(prim, ...)`` whose inputs keep their placements, and its results carry
+the shardings that propagation decided.  On a mesh spread over processes that is
+the only way to compute on the arrays (each process holds only its blocks), so
+every primitive, higher-order ones included, goes this way there.
 
 >>> x = spmd.device_put(np.ones((8, 4)), NamedSharding(mesh, P("data")))
 >>> (snp.tanh(x) + 1).sharding.spec
@@ -13,37 +15,28 @@ PartitionSpec('data',)
 
 from __future__ import annotations
 
-from spmd.compiler.array import Array
 from spmd.compiler.trace import bind
-from spmd.shard.spec import NamedSharding
 
 # One PartitionedJit per (primitive, params); it caches per avals and shardings.
 _CACHE: dict = {}
 _CACHE_LIMIT = 4096
 
 
-def _mesh_of(args):
-    """The one mesh of the sharded arguments (None: nothing to partition)."""
-    mesh = None
-    for a in args:
-        s = a._sharding if type(a) is Array else None
-        if isinstance(s, NamedSharding) and s.mesh.size > 1:
-            if mesh is not None and s.mesh != mesh:
-                return None  # several meshes: computed whole, as an unplaced value
-            mesh = s.mesh
-    return mesh
-
-
-def run_sharded(prim, args, params):
-    """The outputs of ``prim`` on sharded Arrays, or None where it does not apply."""
-    if prim.higher_order or _mesh_of(args) is None:
+def run_sharded(prim, args, params, mesh):
+    """The outputs of ``prim`` on sharded Arrays, or None where it does not apply (a
+    higher-order primitive, or unhashable parameters, in one process: computed on the
+    whole values)."""
+    multi = mesh.is_multi_process
+    if prim.higher_order and not multi:
         return None
     try:
         key = (prim, tuple(sorted(params.items())))
         hash(key)
-    except TypeError:  # unhashable params: computed whole
-        return None
-    pj = _CACHE.get(key)
+    except TypeError:  # unhashable params
+        if not multi:
+            return None
+        key = None
+    pj = _CACHE.get(key) if key is not None else None
     if pj is None:
         from spmd.shard.partition.api import PartitionedJit
 
@@ -53,7 +46,8 @@ def run_sharded(prim, args, params):
 
         fn.__name__ = prim.name
         pj = PartitionedJit(fn, None, None)
-        if len(_CACHE) >= _CACHE_LIMIT:
-            _CACHE.clear()
-        _CACHE[key] = pj
+        if key is not None:
+            if len(_CACHE) >= _CACHE_LIMIT:
+                _CACHE.clear()
+            _CACHE[key] = pj
     return list(pj(*args))

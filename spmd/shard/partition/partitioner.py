@@ -18,24 +18,24 @@ from typing import NamedTuple
 
 import numpy as np
 
+from spmd.compiler.custom import custom_jvp_call_p, custom_vjp_call_p
 from spmd.compiler.ir import ClosedProgram, Literal, Var
+from spmd.compiler.jit import jit_p
+from spmd.compiler.ops.structural import broadcast_in_dim_p, iota_p
 from spmd.compiler.passes import inline_calls
+from spmd.compiler.remat import remat_lin_p, remat_p
 from spmd.compiler.trace import bind
-from spmd.errors import SpmdError
-from spmd.shard.partition import rules
+from spmd.shard.partition import control, registry  # noqa: F401  (control registers)
+from spmd.shard.partition import rules, rules_collectives, rules_conv, rules_index  # noqa: F401
+from spmd.shard.partition import rules_linalg, rules_random  # noqa: F401
+from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import (DECISIONS, MissingPartitionRuleError,
+                                           PartitionError, Propagate, Replicate,
+                                           Structural, Unreachable)
 from spmd.shard.partition.reshard import Context, plan, reshard
+from spmd.shard.shard_map import shard_map_p
 from spmd.shard.spec import PartitionSpec, check_spec
-
-rules.install()
-
-# Call-like primitives whose body is partitioned in place (their derivative rules
-# have already been applied when a partitioned program is traced).
-_CALLS = {"jit", "remat", "custom_jvp_call", "custom_vjp_call"}
-
-
-class PartitionError(SpmdError, ValueError):
-    """Shardings that cannot be honoured (wrong count, mesh, rank...)."""
 
 
 class Partitioned(NamedTuple):
@@ -62,9 +62,12 @@ class Evaluator:
     """Evaluates a global program on per-device values, each with its placement,
     under the current trace (the body of the shard_map being traced)."""
 
-    def __init__(self, mesh, ctx: Context):
+    def __init__(self, mesh, ctx: Context, wants: dict | None = None):
         self.mesh = mesh
         self.ctx = ctx
+        # Where values are wanted (backward hints): source primitives such as
+        # random_bits compute only their block there (rules_random).
+        self.wants = wants or {}
         # (value, placement) of a global variable already resharded: reused, so that
         # a value two equations need alike is communicated once.
         self._resharded: dict = {}
@@ -91,47 +94,55 @@ class Evaluator:
             self.ctx.reason = _where(eqn)
             outs = self.eqn(eqn, [read(a) for a in eqn.inputs], producers, env)
             env.update(zip(eqn.outputs, outs))
-            if eqn.primitive.name in ("broadcast_in_dim", "iota"):
+            if eqn.primitive is broadcast_in_dim_p or eqn.primitive is iota_p:
                 producers[eqn.outputs[0]] = eqn
         return [read(a) for a in program.out_atoms]
 
     def eqn(self, eqn, ins, producers, env) -> list:
-        name = eqn.primitive.name
+        """One equation, as its primitive's registered decision says."""
+        d = _decision(eqn)
         vals = [x for x, _ in ins]
         pls = [p for _, p in ins]
-        if name == "sharding_constraint":
-            if eqn.params["mesh"] != self.mesh:
-                raise PartitionError(
-                    f"with_sharding_constraint at {eqn.source_info}: its sharding is over "
-                    f"{eqn.params['mesh']} but the program is partitioned over {self.mesh}; "
-                    "use the mesh of the jit's shardings")
-            check_spec(eqn.params["spec"], self.mesh, eqn.outputs[0].aval.shape,
-                       f"with_sharding_constraint at {eqn.source_info}")
-            want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
-            return [(reshard(vals[0], pls[0], want, self.ctx,
-                             _describe(eqn.inputs[0], "a constrained value")), want)]
-        if name == "shard_map":
-            return self._nested_shard_map(eqn, vals, pls)
-        if name in _CALLS and "program" in eqn.params:
-            return self.run(eqn.params["program"], list(zip(vals, pls)))
-        if name in ("cond", "while", "scan"):
-            from spmd.shard.partition import control
-
-            return control.partition(self, eqn, vals, pls)
+        if type(d) is Structural:
+            return d.fn(self, eqn, vals, pls)
+        if type(d) is Propagate and d.source is not None:
+            res = d.source(self, eqn, vals, pls, self.wants.get(eqn.outputs[0]))
+            if res is not None:
+                return res
         return self.apply(eqn, vals, pls, producers, env)
+
+    def constraint(self, eqn, vals, pls) -> list:
+        """``with_sharding_constraint``: reshard to the constrained placement."""
+        if eqn.params["mesh"] != self.mesh:
+            raise PartitionError(
+                f"with_sharding_constraint at {eqn.source_info}: its sharding is over "
+                f"{eqn.params['mesh']} but the program is partitioned over {self.mesh}; "
+                "use the mesh of the jit's shardings")
+        check_spec(eqn.params["spec"], self.mesh, eqn.outputs[0].aval.shape,
+                   f"with_sharding_constraint at {eqn.source_info}")
+        want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
+        return [(reshard(vals[0], pls[0], want, self.ctx,
+                         _describe(eqn.inputs[0], "a constrained value")), want)]
+
+    def call(self, eqn, vals, pls) -> list:
+        """A call (jit, remat, custom_jvp/vjp function): its body, partitioned in place
+        (derivative rules were applied before a partitioned program is traced)."""
+        return self.run(eqn.params["program"], list(zip(vals, pls)))
 
     def apply(self, eqn, vals, pls, producers=None, env=None) -> list:
         """One first-order equation: its rule, the reshards it asks for, the local bind."""
         prim = eqn.primitive
+        d = _decision(eqn)
+        rule = d.rule if type(d) is Propagate else rules.replicate_rule
         avals_in = [a.aval for a in eqn.inputs]
         avals_out = [o.aval for o in eqn.outputs]
-        rule = prim.partition or rules.replicate_rule
         res = rule(pls, avals_in, avals_out, self.mesh, **eqn.params)
         wanted, out_pls, params = res[:3]
         post = res[3] if len(res) > 3 else None
         if not all(_valid(p, a.shape, self.mesh) for p, a in zip(wanted, avals_in)) or \
                 not all(_valid(p, a.shape, self.mesh) for p, a in zip(out_pls, avals_out)):
-            # A rule proposing an impossible placement: fall back to replicating.
+            # A placement the mesh cannot hold (a dimension not divisible by its axes'
+            # size): the rule's split is impossible here, the whole value is not.
             wanted, out_pls, params = rules.replicate_rule(pls, avals_in, avals_out,
                                                            self.mesh, **eqn.params)
             post = None
@@ -178,7 +189,7 @@ class Evaluator:
         from spmd.compiler.ops.elementwise import add, convert, mul
 
         shape = dst.local_shape(eqn.outputs[0].aval.shape, self.mesh)
-        if eqn.primitive.name == "broadcast_in_dim":
+        if eqn.primitive is broadcast_in_dim_p:
             x, pl = env[eqn.inputs[0]] if isinstance(eqn.inputs[0], Var) else \
                 (eqn.inputs[0].val, Placement(()))
             bd = eqn.params["broadcast_dimensions"]
@@ -202,7 +213,7 @@ class Evaluator:
         return add(y, convert(start, p["dtype"]))
 
     # ------------------------------------------------------------ shard_map
-    def _nested_shard_map(self, eqn, vals, pls):
+    def nested_shard_map(self, eqn, vals, pls):
         """A shard_map inside a partitioned program: its specs are fixed points."""
         from spmd.compiler.trace import eval_program
 
@@ -218,9 +229,24 @@ class Evaluator:
                 for o, s, v in zip(outs, p["out_specs"], eqn.outputs)]
 
 
+def _decision(eqn):
+    """The registered decision for ``eqn``'s primitive; a missing or unreachable one
+    is an error naming the equation (never a silent replication)."""
+    d = DECISIONS.get(eqn.primitive)
+    if d is None:
+        try:
+            registry.decision(eqn.primitive)
+        except MissingPartitionRuleError as e:
+            raise MissingPartitionRuleError(f"{e} (at {_where(eqn)})") from None
+    if type(d) is Unreachable:
+        raise PartitionError(f"internal: {_where(eqn)} reached the partitioner, where it "
+                             f"cannot occur: {d.reason}")
+    return d
+
+
 def _is_zeros(eqn) -> bool:
     a = eqn.inputs[0] if eqn.inputs else None
-    return eqn.primitive.name == "broadcast_in_dim" and isinstance(a, Literal) and \
+    return eqn.primitive is broadcast_in_dim_p and isinstance(a, Literal) and \
         not np.any(a.val)
 
 
@@ -234,13 +260,13 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
     """Partition ``closed`` (global) given one PartitionSpec (or None) per input and output."""
     from spmd.shard.shard_map import trace_body
 
-    rules.install()
     closed = inline_calls(closed)
     program = closed.program
     n_consts = len(closed.consts)
     args = program.in_vars[n_consts:]
     in_specs = list(in_specs)
-    hints = _backward_hints(program, n_consts, out_specs)
+    wants = _backward_wants(program, out_specs)
+    hints = {v: wants[v] for v in args if v in wants}
     for i, (v, s) in enumerate(zip(args, in_specs)):
         if s is None:
             in_specs[i] = hints.get(v, PartitionSpec())
@@ -261,7 +287,7 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
     out_pls_box: list = []
 
     def body(*local_args):
-        ev = Evaluator(mesh, ctx)
+        ev = Evaluator(mesh, ctx, wants)
         outs = ev.run(closed, list(zip(local_args, in_pls)))
         results, final = [], []
         for i, ((x, pl), a, spec) in enumerate(zip(outs, program.out_atoms, out_specs)):
@@ -280,29 +306,43 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
                        tuple(p.to_spec() for p in out_pls_box), ctx.notes)
 
 
-def _backward_hints(program, n_consts, out_specs) -> dict:
-    """Specs for inputs that reach a constraint or an output through elementwise and
+def _backward_wants(program, out_specs) -> dict:
+    """Specs for values that reach a constraint or an output through elementwise and
     shape-preserving equations only (a cheap backward propagation)."""
-    hints: dict = {}
     want: dict = {}
     for a, s in zip(program.out_atoms, out_specs):
         if isinstance(a, Var) and s is not None:
             want.setdefault(a, s)
     for eqn in program.eqns:
-        if eqn.primitive.name == "sharding_constraint":
+        if eqn.primitive is sharding_constraint_p:
             want.setdefault(eqn.inputs[0], eqn.params["spec"])
     for eqn in reversed(program.eqns):
         spec = next((want[o] for o in eqn.outputs if o in want), None)
-        if spec is None or (eqn.primitive.name not in rules.ELEMENTWISE and
-                            eqn.primitive.name != "sharding_constraint"):
+        if spec is None or not _specs_flow_back(eqn.primitive):
             continue
         for a in eqn.inputs:
             if isinstance(a, Var) and a.aval.shape == eqn.outputs[0].aval.shape:
                 want.setdefault(a, spec)
-    for v in program.in_vars[n_consts:]:
-        if v in want:
-            hints[v] = want[v]
-    return hints
+    return want
+
+
+def _specs_flow_back(prim) -> bool:
+    d = DECISIONS.get(prim)
+    return prim is sharding_constraint_p or (type(d) is Propagate and d.specs_flow_back)
+
+
+TABLE = {
+    jit_p: Structural(Evaluator.call),
+    remat_p: Structural(Evaluator.call),
+    custom_jvp_call_p: Structural(Evaluator.call),
+    custom_vjp_call_p: Structural(Evaluator.call),
+    shard_map_p: Structural(Evaluator.nested_shard_map),
+    sharding_constraint_p: Structural(Evaluator.constraint),
+    remat_lin_p: Replicate(
+        "the linear part of a linearized remat: produced and consumed by reverse mode, "
+        "which has run before a partitioned program is traced; computed whole if met"),
+}
+registry.register_all(TABLE)
 
 
 __all__ = ["PartitionError", "Partitioned", "partition", "Evaluator"]

@@ -5,9 +5,9 @@ or ``(wanted, outs, params, post)``: the placements the inputs must have (the
 partitioner reshards them first), the placements of the outputs, the equation's
 parameters for local shapes, and optionally ``post(outs, ctx) -> outs``, run on the
 local results (e.g. the ``pmax`` finishing a max over a split dimension).
-The rules are set on the primitives (``prim.partition``) by :func:`install`;
-a primitive without a specific rule gets the replicating rule, which is always
-correct (inputs gathered, every device computes the whole result).
+Each primitive's decision (a rule, or an explicit replication with its reason) is
+registered in :data:`TABLE` at the bottom, keyed by the primitive object
+(:mod:`spmd.shard.partition.registry`); a primitive without one is an error.
 
 Pending sums (``Placement.partial``) pass through linear maps: a rule may keep them
 only where the map is linear in the operands carrying them (a replicated operand of
@@ -20,16 +20,18 @@ import itertools
 
 import numpy as np
 
-from spmd.compiler.primitives import PRIMITIVES
+from spmd.collectives.primitives import pvary_p
+from spmd.compiler.ad import stop_gradient_p
+from spmd.compiler.remat import name_p
+from spmd.compiler.custom import custom_lin_p
+from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops import reduce as rd
+from spmd.compiler.ops import structural as st
+from spmd.compiler.ops.linalg import dot_general_p
+from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import Propagate, Replicate
 from spmd.shard.partition.reshard import cost as reshard_cost
-
-# Unary maps that commute with sums.
-_LINEAR_UNARY = {"neg", "stop_gradient", "pvary", "convert_element_type", "real", "imag",
-                 "conj"}
-# Maps linear in all their operands together: f(sum x_i, sum y_i) = sum f(x_i, y_i).
-_JOINT_LINEAR = {"add", "sub", "select_n"}
-
 
 def _summable(aval) -> bool:
     """Only numbers can be pending sums (not bools)."""
@@ -70,7 +72,34 @@ def _product_partial(pls, data, used) -> list:
     return kept
 
 
-def elementwise_rule(prim_name):
+# How pending sums pass through an elementwise map (the ``sums`` of elementwise_rule):
+_SUMS = {
+    "none": "no pending sum passes (nonlinear maps, comparisons)",
+    "linear": "unary and linear (neg, pvary): the operand's sum passes",
+    "convert": "a dtype conversion: the sum passes when no precision is lost (f16 -> f32)",
+    "joint": "linear in all operands together (add, sub): a shared sum passes",
+    "select": "select_n: linear in the cases together when the predicate is not a sum",
+    "product": "bilinear (mul): sums over disjoint axes multiply out",
+    "quotient": "linear in the numerator (div): its sum passes over a whole denominator",
+}
+_ELEMENTWISE_RULES: dict = {}
+
+
+def elementwise_rule(sums: str = "none"):
+    """The rule of an elementwise map: the most split full-rank operand decides the
+    split (the others only slice); ``sums`` (a key of ``_SUMS``) says which pending
+    sums pass through.
+
+    >>> rule = elementwise_rule("joint")   # add's rule
+    """
+    if sums not in _SUMS:
+        raise ValueError(f"elementwise_rule: sums={sums!r} is not one of {sorted(_SUMS)}")
+    if sums not in _ELEMENTWISE_RULES:
+        _ELEMENTWISE_RULES[sums] = _make_elementwise_rule(sums)
+    return _ELEMENTWISE_RULES[sums]
+
+
+def _make_elementwise_rule(sums: str):
     def rule(pls, avals_in, avals_out, mesh, **params):
         nd = len(avals_out[0].shape)
         full = [i for i, a in enumerate(avals_in) if len(a.shape) == nd]
@@ -78,30 +107,30 @@ def elementwise_rule(prim_name):
         best = max(full, key=lambda i: (_score(pls[i]), -i))
         dims = pls[best].dims
         used = frozenset(pls[best].axes)
-        data = list(range(1, len(pls))) if prim_name == "select_n" else list(range(len(pls)))
+        data = list(range(1, len(pls))) if sums == "select" else list(range(len(pls)))
         keep = [frozenset()] * len(pls)
         if _summable(avals_out[0]):
-            if prim_name in _LINEAR_UNARY:
+            if sums in ("linear", "convert"):
                 # A conversion keeps sums when it loses no precision (f16 -> f32).
-                ok = prim_name != "convert_element_type" or (
+                ok = sums != "convert" or (
                     avals_in[0].dtype.kind in "fc" and avals_out[0].dtype.kind in "fc" and
                     avals_out[0].dtype.itemsize >= avals_in[0].dtype.itemsize)
                 if ok and not (pls[0].partial & used):
                     keep[0] = pls[0].partial
-            elif prim_name in _JOINT_LINEAR and not (prim_name == "select_n"
-                                                       and pls[0].partial):
+            elif sums == "joint" or (sums == "select" and not pls[0].partial):
                 p = joint_partial(pls, data, used)
                 for i in data:
                     keep[i] = p
-            elif prim_name == "mul":
+            elif sums == "product":
                 keep = _product_partial(pls, data, used)
-            elif prim_name == "div" and not pls[1].partial and not (pls[0].partial & used):
+            elif sums == "quotient" and not pls[1].partial and not (pls[0].partial & used):
                 keep[0] = pls[0].partial
         partial = frozenset().union(*keep)
         wanted = [Placement(dims if len(a.shape) == nd else ((),) * len(a.shape), k)
                   for a, k in zip(avals_in, keep)]
         return wanted, [Placement(dims, partial) for _ in avals_out], params
 
+    rule.__name__ = f"elementwise_rule_{sums}"
     return rule
 
 
@@ -273,54 +302,51 @@ def squeeze_rule(pls, avals_in, avals_out, mesh, *, dimensions):
         {"dimensions": dimensions}
 
 
-def _rules() -> dict:
-    from spmd.shard.partition import rules_index as ri
+# ------------------------------------------------------------------ the table
 
-    return {
-        "broadcast_in_dim": broadcast_in_dim_rule,
-        "reshape": reshape_rule,
-        "transpose": transpose_rule,
-        "reduce_sum": reduce_sum_rule,
-        "reduce_max": _extremum_rule("reduce_max"),
-        "reduce_min": _extremum_rule("reduce_min"),
-        "reduce_prod": _reduce_keep_rule,
-        "reduce_and": _reduce_keep_rule,
-        "reduce_or": _reduce_keep_rule,
-        "argmax": _reduce_keep_rule,
-        "argmin": _reduce_keep_rule,
-        "dot_general": dot_general_rule,
-        "iota": iota_rule,
-        "squeeze": squeeze_rule,
-        **ri.RULES,
-    }
+def _elementwise(sums: str = "none") -> Propagate:
+    return Propagate(elementwise_rule(sums), specs_flow_back=True)
 
 
-ELEMENTWISE = {
-    "neg", "exp", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "sinh",
-    "cosh", "asin", "acos", "atan", "sqrt", "rsqrt", "abs", "sign", "floor", "ceil", "round",
-    "is_finite", "not", "add", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "and",
-    "or", "xor", "eq", "ne", "lt", "le", "gt", "ge", "select_n", "convert_element_type",
-    "integer_pow", "stop_gradient", "pvary", "real", "imag", "conj", "clamp", "erf",
-    "erf_inv", "lgamma", "digamma", "cbrt", "nextafter", "square", "exp2", "population_count",
-    "shift_left", "shift_right_logical", "shift_right_arithmetic", "reduce_precision",
-}
+def _table() -> dict:
+    ops = [ew.exp_p, ew.log_p, ew.log1p_p, ew.expm1_p, ew.tanh_p, ew.logistic_p, ew.sin_p,
+           ew.cos_p, ew.tan_p, ew.sinh_p, ew.cosh_p, ew.arcsin_p, ew.arccos_p, ew.arctan_p,
+           ew.sqrt_p, ew.rsqrt_p, ew.abs_p, ew.sign_p, ew.floor_p, ew.ceil_p, ew.round_p,
+           ew.is_finite_p, ew.not_p, ew.rem_p, ew.pow_p, ew.max_p, ew.min_p, ew.atan2_p,
+           ew.and_p, ew.or_p, ew.xor_p, ew.eq_p, ew.ne_p, ew.lt_p, ew.le_p, ew.gt_p, ew.ge_p,
+           ew.integer_pow_p]
+    table = {p: _elementwise("none") for p in ops}
+    table.update({
+        ew.neg_p: _elementwise("linear"),
+        stop_gradient_p: _elementwise("linear"),
+        name_p: _elementwise("linear"),  # checkpoint_name: the identity
+        pvary_p: _elementwise("linear"),
+        ew.convert_p: _elementwise("convert"),
+        ew.add_p: _elementwise("joint"),
+        ew.sub_p: _elementwise("joint"),
+        ew.select_n_p: _elementwise("select"),
+        ew.mul_p: _elementwise("product"),
+        ew.div_p: _elementwise("quotient"),
+        st.broadcast_in_dim_p: Propagate(broadcast_in_dim_rule),
+        st.reshape_p: Propagate(reshape_rule),
+        st.transpose_p: Propagate(transpose_rule),
+        st.squeeze_p: Propagate(squeeze_rule),
+        st.iota_p: Propagate(iota_rule),
+        rd.reduce_sum_p: Propagate(reduce_sum_rule),
+        rd.reduce_max_p: Propagate(_extremum_rule("reduce_max")),
+        rd.reduce_min_p: Propagate(_extremum_rule("reduce_min")),
+        rd.reduce_prod_p: Propagate(_reduce_keep_rule),
+        rd.reduce_and_p: Propagate(_reduce_keep_rule),
+        rd.reduce_or_p: Propagate(_reduce_keep_rule),
+        rd.argmax_p: Propagate(_reduce_keep_rule),
+        rd.argmin_p: Propagate(_reduce_keep_rule),
+        dot_general_p: Propagate(dot_general_rule),
+        custom_lin_p: Replicate(
+            "the linear part of a linearized custom_vjp function: an opaque Python backward "
+            "rule over saved residuals, which no placement can be read from"),
+    })
+    return table
 
-_installed = [0]
 
-
-def install() -> None:
-    """Give every registered primitive a partition rule (specific or replicating);
-    cheap when no primitive was registered since the last call."""
-    if _installed[0] == len(PRIMITIVES):
-        return
-    table = _rules()
-    for name, prim in PRIMITIVES.items():
-        if prim.partition is not None:
-            continue
-        if name in table:
-            prim.def_partition(table[name])
-        elif name in ELEMENTWISE:
-            prim.def_partition(elementwise_rule(name))
-        else:
-            prim.def_partition(replicate_rule)
-    _installed[0] = len(PRIMITIVES)
+TABLE = _table()
+registry.register_all(TABLE)

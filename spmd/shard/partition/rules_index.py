@@ -8,7 +8,13 @@ rewritten for the local block.
 
 from __future__ import annotations
 
+from spmd.compiler.ops import indexing as ix
+from spmd.compiler.ops import reduce as rd
+from spmd.compiler.ops import shape_more as sm
+from spmd.compiler.ops.sort import sort_p
+from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import Propagate
 from spmd.shard.partition.rules import _score, joint_partial, replicate_rule
 
 
@@ -161,18 +167,19 @@ def scatter_rule(pls, avals_in, avals_out, mesh, *, axes, mode):
             {"axes": axes, "mode": mode})
 
 
-RULES = {
-    "slice": slice_rule,
-    "pad": pad_rule,
-    "concatenate": concatenate_rule,
-    "sort": sort_rule,
-    "dynamic_slice": dynamic_slice_rule,
-    "dynamic_update_slice": dynamic_update_slice_rule,
-    "gather": gather_rule,
-    "scatter": scatter_rule,
-    "cumsum": _unsplit_dims_rule(_whole("axis"), linear=True),
-    "cumprod": _unsplit_dims_rule(_whole("axis"), linear=False),
-    "cummax": _unsplit_dims_rule(_whole("axis"), linear=False),
-    "cummin": _unsplit_dims_rule(_whole("axis"), linear=False),
-    "rev": _unsplit_dims_rule(_whole("dimensions"), linear=True),
+TABLE = {
+    sm.slice_p: Propagate(slice_rule),
+    sm.pad_p: Propagate(pad_rule),
+    sm.concatenate_p: Propagate(concatenate_rule),
+    sort_p: Propagate(sort_rule),
+    ix.dynamic_slice_p: Propagate(dynamic_slice_rule),
+    ix.dynamic_update_slice_p: Propagate(dynamic_update_slice_rule),
+    ix.gather_p: Propagate(gather_rule),
+    ix.scatter_p: Propagate(scatter_rule),
+    rd.cumsum_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=True)),
+    rd.cumprod_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
+    rd.cummax_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
+    rd.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
+    sm.rev_p: Propagate(_unsplit_dims_rule(_whole("dimensions"), linear=True)),
 }
+registry.register_all(TABLE)

@@ -20,8 +20,8 @@ from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.trace import get_aval
 from spmd.numpy._util import canonicalize_axes, promote_to_float, to_array
 
-__all__ = ["relu", "relu6", "sigmoid", "log_sigmoid", "softplus", "silu", "swish", "gelu",
-           "elu", "leaky_relu", "softmax", "log_softmax", "logsumexp", "one_hot",
+__all__ = ["initializers", "relu", "relu6", "sigmoid", "log_sigmoid", "softplus", "silu",
+           "swish", "gelu", "elu", "leaky_relu", "softmax", "log_softmax", "logsumexp", "one_hot",
            "standardize"]
 
 
@@ -208,3 +208,7 @@ def standardize(x, axis=-1, mean=None, variance=None, epsilon: float = 1e-5):
         # E[x^2] - E[x]^2, as jax.nn.standardize (one pass over x).
         variance = snp.mean(x * x, axis=axis, keepdims=True) - mean * mean
     return (x - mean) / snp.sqrt(variance + epsilon)
+
+
+# The initialisers draw from spmd.random (imported last: it builds on the above).
+from spmd.nn import initializers  # noqa: E402,F401

@@ -1,0 +1,269 @@
+"""One ``mpiexec`` run as ``spmd-run`` watches it (:class:`Job`).
+
+Besides mpiexec's exit, the launcher watches the files the ranks write into the
+job's launch directory (``spmd.launch._rank``): their results, and the
+collectives they have been waiting in for a while.  A rank that finished while
+others wait in a collective that needs it is reported at once (they would wait
+until the collective deadline).  mpiexec's stdout passes through the launcher,
+which reads MPICH's report of a rank killed by a signal from it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from spmd.launch import _rank
+
+# How long a job may go on after a rank reported a failure before the
+# launcher ends it itself (mpiexec normally does it at once).
+FAILURE_GRACE_S = 5.0
+# How long mpiexec gets to end its ranks after SIGTERM before SIGKILL.
+TERM_GRACE_S = 3.0
+# How long ranks must be seen waiting, in the same collectives, for ranks that
+# finished before the job is ended (a wait that is just completing has not yet
+# removed its record).
+STRANDED_CONFIRM_S = 2.0
+
+# MPICH Hydra, run with -print-all-exitcodes: "[mpiexec@host] Exit codes: [host] 0,9,0"
+# (one code per rank, hosts in rank order), then the first failure's exit string.
+_EXIT_CODES = re.compile(rb"\] Exit codes: (.*)$")
+_SIGNAL = re.compile(rb"(?:KILLED BY SIGNAL: (\d+)|EXIT STRING: .*\(signal (\d+)\))")
+
+
+def _parse_banner(line: bytes, into: dict) -> None:
+    """Read what MPICH's Hydra says when a rank ends badly: every rank's exit code
+    and the signal of the first failure."""
+    m = _EXIT_CODES.search(line.rstrip())
+    if m and "codes" not in into:
+        codes = []
+        for part in re.split(rb"\[[^\]]*\]", m.group(1)):
+            codes += [int(c) for c in part.replace(b" ", b"").split(b",") if c.isdigit()]
+        into["codes"] = codes
+    m = _SIGNAL.search(line)
+    if m and "signal" not in into:
+        into["signal"] = int(m.group(1) or m.group(2))
+
+
+class _Terminated(Exception):
+    """The launcher itself received SIGTERM or SIGHUP."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Job:
+    """One ``mpiexec`` run and the per-rank files its ranks write."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], np: int, launch_dir: str):
+        self.cmd, self.env, self.np, self.dir = cmd, env, np, launch_dir
+        self.proc: subprocess.Popen | None = None
+        self.ending = False          # set once the launcher itself ends the job
+        self.banner: dict = {}       # what mpiexec said about a rank's abnormal end
+        self._reader: threading.Thread | None = None
+        self._stranded: tuple = (None, 0.0)
+
+    def start(self) -> None:
+        # Its own session: Ctrl-C reaches only the launcher, which then ends
+        # the job in order, and the job's processes can be killed as a group.
+        # Its stdout passes through us, to read what it says about killed ranks.
+        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True,
+                                     preexec_fn=_die_with_parent, stdout=subprocess.PIPE)
+        self._reader = threading.Thread(target=self._copy_stdout, daemon=True)
+        self._reader.start()
+        self.deaths: list[list[int]] = []  # ranks whose process ended, in batches
+        if hasattr(os, "pidfd_open"):
+            threading.Thread(target=self._watch_pids, daemon=True).start()
+
+    def _watch_pids(self) -> None:
+        """Record the order in which the ranks' processes end (Linux pidfds), so that a
+        rank killed by a signal is told apart from those the job's cleanup killed."""
+        poller, fds, seen = select.poll(), {}, set()
+        while self.proc.poll() is None:
+            for r in range(self.np):
+                info = None if r in seen else _rank.read_pid_file(self.dir, r)
+                if info and info.get("host") == socket.gethostname():
+                    seen.add(r)
+                    try:
+                        fd = os.pidfd_open(int(info["pid"]))
+                    except (OSError, ValueError, TypeError):
+                        continue
+                    fds[fd] = r
+                    poller.register(fd, select.POLLIN)
+            ready = poller.poll(100)
+            batch = sorted(fds[fd] for fd, _ in ready)
+            for fd, _ in ready:
+                poller.unregister(fd)
+                del fds[fd]
+                os.close(fd)
+            if batch and not self.ending:
+                self.deaths.append(batch)
+        for fd in fds:
+            os.close(fd)
+
+    def _copy_stdout(self) -> None:
+        out = getattr(sys.stdout, "buffer", None)
+        for line in iter(self.proc.stdout.readline, b""):
+            if _EXIT_CODES.search(line.rstrip()):  # asked for by us: read, not shown
+                if not self.ending:
+                    _parse_banner(line, self.banner)
+                continue
+            if out is not None:
+                out.write(line)
+                out.flush()
+            else:
+                sys.stdout.write(line.decode(errors="replace"))
+                sys.stdout.flush()
+            if not self.ending:
+                _parse_banner(line, self.banner)
+
+    def killed(self) -> dict[int, int]:
+        """Rank -> the signal that killed it, as mpiexec reported it before the launcher
+        ended the job (MPICH's Hydra: the ranks' exit codes and the failure's signal)."""
+        if self._reader is not None:
+            self._reader.join(timeout=2.0)  # mpiexec prints it as it exits
+        codes, sig = self.banner.get("codes"), self.banner.get("signal")
+        if not codes or sig is None or len(codes) != self.np:
+            return {}
+        reported = self.reports()
+        # The first processes to end without a Python report, of those mpiexec says
+        # the signal ended (the job's cleanup may kill others with the same signal).
+        for batch in self.deaths:
+            silent = [r for r in batch if r not in reported]
+            if silent:
+                return {r: sig for r in silent if codes[r] == sig}
+        return {}
+
+    def stranded(self) -> tuple[list[int], dict[int, dict]] | None:
+        """(ranks that finished, ranks waiting for them in a collective) once the same
+        waits have lasted :data:`STRANDED_CONFIRM_S`, else None."""
+        reports = self.reports()
+        done = sorted(r for r, rep in reports.items() if rep.get("status") == 0)
+        if not done or len(done) == self.np:
+            self._stranded = (None, 0.0)
+            return None
+        waits = {r: w for r, w in _rank.read_waits(self.dir).items()
+                 if r not in reports and any(f in w.get("ranks", ()) for f in done)}
+        key = tuple(sorted((r, w.get("seq"), w.get("since")) for r, w in waits.items()))
+        now = time.monotonic()
+        if not waits:
+            self._stranded = (None, 0.0)
+            return None
+        if key != self._stranded[0]:
+            self._stranded = (key, now)
+            return None
+        if now - self._stranded[1] < STRANDED_CONFIRM_S:
+            return None
+        return [f for f in done if any(f in w["ranks"] for w in waits.values())], waits
+
+    def reports(self) -> dict[int, dict]:
+        """Rank -> the result its wrapper recorded (ranks still running have none)."""
+        return _rank.read_reports(self.dir)
+
+    def pids(self) -> dict[int, int]:
+        """Rank -> pid, for ranks that started on this host."""
+        host = socket.gethostname()
+        out = {}
+        for r in range(self.np):
+            info = _rank.read_pid_file(self.dir, r)
+            if info and info.get("host") == host and _is_our_rank(info.get("pid"), self.dir):
+                out[r] = info["pid"]
+        return out
+
+    def wait(self, timeout: float | None) -> tuple[str, object]:
+        """Watch the job: ("done", rc), ("failed", None), ("timeout", None), or
+        ("stranded", (finished ranks, waits)) when ranks that finished leave others
+        waiting for them in a collective."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failure_seen = None
+        while True:
+            try:
+                return "done", self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if failure_seen is None and any(rep["status"] != 0
+                                            for rep in self.reports().values()):
+                failure_seen = now
+            if failure_seen is not None and now - failure_seen > FAILURE_GRACE_S:
+                return "failed", None  # a rank failed but mpiexec did not end the job
+            if deadline is not None and now > deadline:
+                return "timeout", None
+            if failure_seen is None:
+                stranded = self.stranded()
+                if stranded is not None:
+                    return "stranded", stranded
+
+    def stacks(self, pids: dict[int, int]) -> dict[int, str]:
+        """Ask the running ranks for their Python stacks (faulthandler on SIGUSR1)."""
+        if not pids or not hasattr(signal, "SIGUSR1"):
+            return {}
+        for pid in pids.values():
+            _signal(pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        return {r: _rank.read_text(self.dir, r, "stack") for r in pids}
+
+    def end(self) -> int:
+        """End every process of the job; return mpiexec's exit status."""
+        if self.proc is None:
+            return 0
+        self.ending = True
+        if self.proc.poll() is None:
+            ranks = self.pids()
+            try:
+                self.proc.send_signal(signal.SIGTERM)  # mpiexec ends its ranks
+                self.proc.wait(timeout=TERM_GRACE_S)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):  # or a second Ctrl-C
+                _signal(-self.proc.pid, signal.SIGKILL)  # its process group
+            finally:
+                # Hydra puts each rank in a session of its own: make sure.
+                for pid in ranks.values():
+                    _signal(pid, signal.SIGKILL)
+            self.proc.wait()
+        return self.proc.returncode
+
+
+def _is_our_rank(pid, launch_dir: str) -> bool:
+    """``pid`` is alive and is a rank of this job (not a recycled pid)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"SPMD_LAUNCH_DIR={launch_dir}".encode() in f.read().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here (macOS) or not readable: trust the pid if it is alive
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def _signal(pid: int, sig) -> None:
+    """``os.kill`` that ignores processes already gone (a negative pid is a group)."""
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the launcher dies (Linux), so a
+    killed ``spmd-run`` does not leave its job running in a session of its own."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        except (OSError, AttributeError):
+            pass

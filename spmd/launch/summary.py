@@ -1,0 +1,181 @@
+"""The messages ``spmd-run`` prints when a job does not succeed."""
+
+from __future__ import annotations
+
+import signal
+
+PROG = "spmd-run"
+# Lines of each failed rank's error shown in the summary.
+ERROR_TAIL = 20
+
+
+def format_ranks(ranks) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    ranks = sorted(ranks)
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _plural(ranks) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
+
+
+def _tail(text: str, n: int = ERROR_TAIL) -> str:
+    lines = text.rstrip("\n").splitlines()
+    if len(lines) > n:
+        lines = ["..."] + lines[-n:]
+    return "\n".join("    " + ln for ln in lines)
+
+
+def _ends(text: str, n: int) -> str:
+    """The first and last ``n`` lines (a stack's innermost and outermost frames)."""
+    lines = text.rstrip("\n").splitlines()
+    if len(lines) > 2 * n:
+        lines = lines[:n] + ["..."] + lines[-n:]
+    return "\n".join("    " + ln for ln in lines)
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
+                    faults: dict[int, str], killed: dict[int, int] | None = None
+                    ) -> tuple[str, int]:
+    """(the message, the launcher's exit status) for a job that did not succeed;
+    ``killed``: rank -> the signal that killed it (as mpiexec reported it)."""
+    failed = {r: rep for r, rep in reports.items() if rep.get("status", 1) != 0}
+    silent = [r for r in range(np) if r not in reports]
+    crashed = {r: _without_launcher(faults[r]) for r in silent if faults.get(r, "").strip()}
+    killed = {r: s for r, s in (killed or {}).items() if r in silent}
+    lines = []
+    if killed and not failed and not any(r in crashed for r in killed):
+        # No Python stack either: a signal that cannot be caught (SIGKILL) or was sent.
+        sig = min(killed.values())
+        status = 128 + sig
+        ranks = sorted(killed)
+        verb = "was" if len(ranks) == 1 else "were"
+        lines.append(f"{PROG}: {_plural(ranks)} of {np} {verb} killed by {_signal_name(sig)} "
+                     "(no Python error: e.g. the out-of-memory killer, or a kill command); the "
+                     "job was ended")
+    elif failed:
+        first = min(failed, key=lambda r: (failed[r].get("time", 0), r))
+        status = int(failed[first]["status"])
+        # Ranks failing the same way are shown once.
+        groups: dict[tuple, list[int]] = {}
+        for r, rep in sorted(failed.items()):
+            groups.setdefault((rep["status"], rep.get("kind"), rep.get("error", "")), []).append(r)
+        if len(failed) == 1:
+            lines.append(f"{PROG}: rank {first} of {np} failed with exit status {status}; "
+                         "the job was ended")
+        else:
+            lines.append(f"{PROG}: {_plural(sorted(failed))} of {np} failed; rank {first} "
+                         f"first, with exit status {status}; the job was ended")
+        for (st, kind, error), ranks in groups.items():
+            what = {"exception": "raised an exception", "exit": f"called sys.exit({st})",
+                    "interrupt": "was interrupted (KeyboardInterrupt)"}.get(kind, "failed")
+            lines.append(f"--- {_plural(ranks)}: {what}, exit status {st}")
+            if error.strip():
+                lines.append(_tail(error))
+    else:
+        status = rc if rc else 1
+        if crashed:
+            sigs = sorted({_signal_name(killed[r]) for r in crashed if r in killed})
+            lines.append(f"{PROG}: {_plural(sorted(crashed))} of {np} died on a fatal signal"
+                         + (f" ({', '.join(sigs)})" if sigs else "")
+                         + f"; the job was ended (mpiexec exit status {rc})")
+        else:
+            lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
+                         "reported an error from Python")
+    for r, text in sorted(crashed.items()):
+        lines.append(f"--- rank {r}: died on a fatal signal")
+        lines.append(_tail(text))
+    others = [r for r in silent if r not in crashed and r not in killed]
+    if others:
+        lines.append(f"({_plural(others)}: no result; ended with the job, killed by a signal "
+                     "(e.g. out of memory), or stopped by MPI_Abort)")
+    return "\n".join(lines), status
+
+
+def _listing(ranks) -> str:
+    """``[0, 2, 3]`` -> ``"ranks 0, 2, 3"``; ``[1]`` -> ``"rank 1"``."""
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def stranded_summary(np: int, finished: list[int], waits: dict[int, dict]) -> str:
+    """Ranks that finished while others wait for them in a collective."""
+    them = "it" if len(finished) == 1 else "them"
+    groups: dict[tuple, list[int]] = {}
+    for r, w in sorted(waits.items()):
+        groups.setdefault((w.get("what", "a collective"), w.get("where", "")), []).append(r)
+    lines = []
+    for (what, where), ranks in groups.items():
+        lines.append(f"{PROG}: {_listing(finished)} finished while {_listing(ranks)} wait for "
+                     f"{them} in {what}" + (f" ({where})" if where else "")
+                     + f"; the job of {np} ranks was ended")
+    lines.append("(a rank that ends its script leaves any collective that needs it without "
+                 "a partner: check that every rank runs the same collectives)")
+    return "\n".join(lines)
+
+
+def timeout_summary(np: int, timeout: float, reports: dict[int, dict],
+                    pids: dict[int, int], stacks: dict[int, str]) -> str:
+    lines = [f"{PROG}: the job did not finish within --timeout {timeout:g}s and was ended"]
+    running = [r for r in range(np) if r not in reports]
+    if pids:
+        still = [r for r in running if r in pids]
+        unknown = [r for r in running if r not in pids]
+        if still:
+            lines.append(f"{_plural(still)} of {np} still running")
+        if unknown:
+            lines.append(f"({_plural(unknown)} not started here or on another host)")
+        finished = [r for r in reports if reports[r].get("status") == 0]
+        if finished:
+            verb = "was" if len(finished) == 1 else "were"
+            lines.append(f"({_plural(finished)} finished the script and {verb} waiting in "
+                         "MPI_Finalize for the others)")
+        # Ranks stuck at the same place are shown once.
+        groups: dict[str, list[int]] = {}
+        for r in still:
+            where = _current_thread(stacks.get(r, ""))
+            if where:
+                groups.setdefault(where, []).append(r)
+        for where, ranks in groups.items():
+            lines.append(f"--- {_plural(ranks)} at (most recent call first):")
+            lines.append(_ends(where, 6))
+    else:
+        lines.append("(cannot tell which ranks were still running)")
+    return "\n".join(lines)
+
+
+def _without_launcher(dump: str) -> str:
+    """A faulthandler dump less the launcher's frames and the extension list."""
+    keep = [ln for ln in dump.splitlines()
+            if "<frozen runpy>" not in ln and "spmd/launch/_rank.py" not in ln
+            and not ln.startswith("Extension modules:")]
+    return "\n".join(keep).strip()
+
+
+def _current_thread(dump: str) -> str:
+    """The current thread's frames from a faulthandler dump (the last one written)."""
+    blocks = dump.split("Current thread")
+    if len(blocks) < 2:
+        return dump.strip()
+    frames = []
+    for line in blocks[-1].split("\n\n")[0].splitlines()[1:]:
+        line = line.strip()
+        if "<frozen runpy>" in line or "runpy.py" in line:
+            break  # the launcher's own frames follow
+        if line:
+            frames.append(line)
+    return "\n".join(frames)

@@ -1,0 +1,54 @@
+"""The ``sharding_constraint`` primitive behind ``lax.with_sharding_constraint``: the
+identity everywhere except in the partitioner, which reshards its operand to the
+constrained placement there (:meth:`Evaluator.constraint`) and lets the spec flow back
+to unspecified inputs."""
+
+from __future__ import annotations
+
+from spmd.compiler.ad_util import Zero
+from spmd.compiler.primitives import Primitive
+from spmd.shard.spec import NamedSharding, PartitionSpec
+
+sharding_constraint_p = Primitive("sharding_constraint")
+sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
+sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
+sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
+sharding_constraint_p.linear = True
+
+
+def _constraint_output(eqn, i):
+    """A constrained value that a jitted function returns keeps that placement."""
+    from spmd.shard.sharded import placed
+
+    s = NamedSharding(eqn.params["mesh"], eqn.params["spec"])
+    return lambda a: placed(a, s)
+
+
+sharding_constraint_p.rules["output_array"] = _constraint_output
+
+
+@sharding_constraint_p.def_jvp
+def _constraint_jvp(primals, tangents, *, spec, mesh):
+    out = sharding_constraint_p.bind(primals[0], spec=spec, mesh=mesh)
+    t = tangents[0]
+    return out, t if isinstance(t, Zero) else sharding_constraint_p.bind(t, spec=spec, mesh=mesh)
+
+
+@sharding_constraint_p.def_transpose
+def _constraint_transpose(ct, x, *, spec, mesh):
+    # The cotangent is asked for the same placement (as in JAX).
+    return [ct if isinstance(ct, Zero) else sharding_constraint_p.bind(ct, spec=spec, mesh=mesh)]
+
+
+@sharding_constraint_p.def_batch
+def _constraint_batch(args, dims, *, spec, mesh, _axis_data=(None, None)):
+    from spmd.compiler.batching import move_to_front
+
+    x = move_to_front(args[0], dims[0])
+    # vmap(spmd_axis_name=...) asks for the batch dimension split over those axes.
+    name = getattr(_axis_data[0], "spmd_name", None)
+    entry = None if name is None else name[0] if len(name) == 1 else tuple(name)
+    return sharding_constraint_p.bind(x, spec=PartitionSpec(entry, *spec), mesh=mesh), 0
+
+
+sharding_constraint_p.rules["batch_reads_level"] = True
