@@ -46,7 +46,7 @@ import numpy as np
 import spmd
 import spmd.numpy as snp
 import spmd.optim as optim
-from spmd import P, NamedSharding, checkpointing, lax
+from spmd import P, NamedSharding, checkpointing, lax, nn
 
 MODULES = (
     "abc argparse array ast asyncio base64 bisect calendar cmd codecs collections "
@@ -117,25 +117,33 @@ def param_specs(cfg: Config, fsdp: bool):
 
 
 def init_params(cfg: Config, specs, mesh, seed: int):
-    """Parameters placed by ``specs``: each process builds the blocks of its devices."""
-    rng = np.random.default_rng(seed)
+    """Parameters drawn with ``spmd.random`` and placed by ``specs``: under
+    ``jit(out_shardings=...)`` each device draws only its own block of a sharded
+    weight (the numbers do not depend on the mesh, so a run on another mesh starts
+    from the same model)."""
     d, h, hd, hid = cfg.d, cfg.heads, cfg.head_dim, cfg.hidden
     scale_out = 0.02 / np.sqrt(2 * cfg.layers)  # GPT-2's scaling of residual projections
+    normal = nn.initializers.normal
+    zeros = nn.initializers.zeros
+    ones = nn.initializers.ones
 
-    def normal(shape, std):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
+    def build(key):
+        keys = iter(spmd.random.split(key, 2 + 4 * cfg.layers))
+        ln = lambda: (ones(None, (d,)), zeros(None, (d,)))  # noqa: E731
+        return {"tok": normal(0.02)(next(keys), (cfg.vocab, d)),
+                "pos": normal(0.01)(next(keys), (cfg.context, d)),
+                "lnf": ln(),
+                "blocks": [{"ln1": ln(), "ln2": ln(),
+                            "wqkv": normal(0.02)(next(keys), (d, 3, h, hd)),
+                            "wo": normal(scale_out)(next(keys), (h, hd, d)),
+                            "w1": normal(0.02)(next(keys), (d, hid)),
+                            "b1": zeros(None, (hid,)),
+                            "w2": normal(scale_out)(next(keys), (hid, d)),
+                            "b2": zeros(None, (d,))} for _ in range(cfg.layers)]}
 
-    ln = lambda: (np.ones(d, np.float32), np.zeros(d, np.float32))  # noqa: E731
-    params = {"tok": normal((cfg.vocab, d), 0.02), "pos": normal((cfg.context, d), 0.01),
-              "lnf": ln(),
-              "blocks": [{"ln1": ln(), "ln2": ln(), "wqkv": normal((d, 3, h, hd), 0.02),
-                          "wo": normal((h, hd, d), scale_out), "w1": normal((d, hid), 0.02),
-                          "b1": np.zeros(hid, np.float32), "w2": normal((hid, d), scale_out),
-                          "b2": np.zeros(d, np.float32)} for _ in range(cfg.layers)]}
-    return spmd.tree_util.tree_map(
-        lambda x, s: spmd.make_array_from_callback(x.shape, NamedSharding(mesh, s),
-                                                   lambda idx: x[idx]),
-        params, specs, is_leaf=lambda x: isinstance(x, P))
+    shardings = spmd.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
+                                        is_leaf=lambda x: isinstance(x, P))
+    return spmd.jit(build, out_shardings=shardings)(spmd.random.key(seed))
 
 
 def _gather(w, spec):

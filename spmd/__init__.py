@@ -30,10 +30,10 @@ from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
 from spmd.shard.shard_map import shard_map  # noqa: F401
 from spmd.shard.pmap import pmap  # noqa: F401,E402
 from spmd import shard  # noqa: F401,E402
-from spmd.shard.sharded import install_plain_array_properties as _install_placement  # noqa: E402
-_install_placement()  # unplaced Arrays answer .sharding etc. as one copy on a local device
-from spmd.shard.array import (device_put, make_array_from_callback,  # noqa: F401,E402
+from spmd.shard.array import (make_array_from_callback,  # noqa: F401,E402
                               visualize_array_sharding)
+# device_put also resolves a bare PartitionSpec against the mesh context.
+from spmd.shard.mesh_context import device_put, set_mesh  # noqa: F401,E402
 from spmd import sharding  # noqa: F401,E402
 from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa: F401,E402
                                      process_allgather)
@@ -43,3 +43,8 @@ from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy
 from spmd.config import disable_jit  # noqa: F401,E402
 from spmd.compiler.avals import ShapeDtypeStruct  # noqa: F401,E402
 from spmd.linear_util import linear_transpose  # noqa: F401,E402
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+# The compiler's extension points (spmd.compiler.extensions), filled from the layers
+# above it in one place.
+_install_extensions()

@@ -40,7 +40,7 @@ def jvp(fun: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fa
     """Forward mode: ``(fun(*primals), J @ tangents)``.
 
     >>> jvp(lambda x: x * x, (3.0,), (1.0,))
-    (Array(9., dtype=float32, weak_type=True), Array(6., dtype=float32, weak_type=True))
+    (Array(9., dtype=float32, weak_type=True), Array(6., dtype=float32))
     """
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
         raise GradientError(f"jvp({_name(fun)}): primals and tangents must be tuples or lists, "
@@ -92,7 +92,7 @@ def linearize(fun: Callable, *primals):
     box: list = []
     flat = _flat_fun(fun, p_tree, f"linearize({_name(fun)})", box)
     diff = [dtypes.is_float(get_aval(p).dtype) for p in p_leaves]
-    out_p, lin = linearize_flat(flat, p_leaves, diff)
+    out_p, lin = linearize_flat(flat, p_leaves, diff, eager=True)
     out_tree = box[0]
 
     def f_jvp(*tangents):
@@ -118,7 +118,7 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
     f = _aux_as_output(fun) if has_aux else fun
     flat = _flat_fun(f, p_tree, f"vjp({_name(fun)})", box)
     diff = [dtypes.is_float(get_aval(p).dtype) for p in p_leaves]
-    out_p, lin = linearize_flat(flat, p_leaves, diff)
+    out_p, lin = linearize_flat(flat, p_leaves, diff, eager=True)
     out_tree = box[0]
     aux = None
     if has_aux:

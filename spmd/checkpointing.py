@@ -84,12 +84,6 @@ def _bcast(value):
     return value if comm is None else comm.bcast(value, root=0)
 
 
-def _barrier():
-    comm = _comm()
-    if comm is not None:
-        comm.Barrier()
-
-
 # --------------------------------------------------------------- helpers
 
 def step_dir(directory: str, step: int) -> str:

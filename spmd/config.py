@@ -36,13 +36,13 @@ class Config:
 
     def __init__(self) -> None:
         self.enable_x64: bool = _env_flag("SPMD_ENABLE_X64")
+        # jit runs the Python function op by op (see disable_jit).
+        self.disable_jit: bool = _env_flag("SPMD_DISABLE_JIT")
         # Independent all-reduces of a program lowered for execution are combined
         # into buckets of at most this many bytes (spmd.compiler.combine); 0
         # disables combining.  Applies to programs compiled after a change.
         self.combine_collectives_bytes: int = _env_int("SPMD_COMBINE_COLLECTIVES_BYTES",
                                                        32 * 1024 * 1024)
-        # jit runs the Python function op by op (see disable_jit).
-        self.disable_jit: bool = _env_flag("SPMD_DISABLE_JIT")
         # Listeners are told of every change; the dtype layer and the jit cache
         # use this so that a switch never leaves a stale cached program behind.
         self._listeners: list = []

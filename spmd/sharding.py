@@ -3,3 +3,4 @@
 from spmd.mesh import Mesh  # noqa: F401
 from spmd.shard.array import SingleDeviceSharding  # noqa: F401
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
+from spmd.shard.mesh_context import get_mesh, set_mesh, use_mesh  # noqa: F401

@@ -8,24 +8,9 @@ from typing import Callable
 import numpy as np
 
 from spmd import tree_util
-from spmd.compiler.batching import NamedAxes, batch_flat
+from spmd.compiler.batching import NamedAxes, batch_flat, broadcast_prefix  # noqa: F401
 from spmd.compiler.jit import flatten_outputs
 from spmd.errors import ArgumentError
-
-
-def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:
-    """One entry of ``prefix`` per leaf of ``tree`` (``prefix`` is a pytree prefix;
-    ``None`` and ints are leaves of the prefix)."""
-    try:
-        pairs = tree_util.broadcast_prefix(prefix, tree,
-                                           lambda e: e is None or isinstance(e, int))
-    except tree_util.PrefixMismatch as e:
-        raise ArgumentError(
-            f"{fname}: {what} is not a pytree prefix of the arguments: at "
-            f"{e.path or 'the top'} {what} has {tree_util.describe(e.prefix_node)} but the "
-            f"value is {tree_util.describe(e.tree_node)}. Give one axis (or None) per "
-            "argument, e.g. in_axes=(0, None)") from None
-    return [entry for entry, _ in pairs]
 
 
 def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,

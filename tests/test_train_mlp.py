@@ -212,8 +212,6 @@ def test_script_under_mpiexec():
 def test_script_under_spmd_run():
     if _mpiexec() is None:
         pytest.skip("mpiexec or mpi4py is not available to this interpreter (`make venv`)")
-    if importlib.util.find_spec("spmd.launch.cli") is None:
-        pytest.skip("spmd-run (spmd/launch/cli.py) is not there yet")
     launcher = os.path.join(BIN, "spmd-run")
     cmd = [launcher] if os.access(launcher, os.X_OK) else [sys.executable, "-m", "spmd.launch"]
     out = _run(cmd + ["-n", "4", SCRIPT, "--epochs", "3"])

@@ -19,7 +19,7 @@ from spmd.compiler import dtypes
 from spmd.compiler.array_module import to_host
 from spmd.compiler.ops.elementwise import convert, div, mul
 from spmd.compiler.ops.structural import reshape
-from spmd.compiler.trace import Tracer, _pvary_hook, bind, get_aval
+from spmd.compiler.trace import Tracer, bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 
 
@@ -287,8 +287,7 @@ def axis_index(axis_name):
     return bind(axis_index_p, axes=axes)
 
 
-def _pvary_for_hook(x, axes):
+def pvary_traced(x, axes):
+    """``pvary`` of one traced value along ``axes`` (no checks: the compiler's PVARY
+    extension point, filled by :func:`spmd._install.install_extensions`)."""
     return bind(pvary_p, x, axes=tuple(axes))
-
-
-_pvary_hook[0] = _pvary_for_hook

@@ -8,7 +8,7 @@ primitives so that a jitted ``shard_map`` compiles into one straight-line
 numpy program for all devices at once.
 
 The interface is the seven collectives over a group of mesh axes (the
-``Communicator`` of ``spmd.collectives.backend``); ``stacked`` values have the
+``Group`` protocol of ``spmd.collectives.backend``); ``stacked`` values have the
 device axis first.
 """
 

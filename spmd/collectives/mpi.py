@@ -238,18 +238,10 @@ mpi_p = Primitive("mpi", effectful=True)
 def _mpi_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
     # GPU arrays are staged through host memory (NCCL is the GPU path).
     host = np.asarray(x) if xp is np else xp.asnumpy(x)
-    if kind == "allreduce":
-        out = allreduce(host, ranks, op, what)
-    elif kind == "allgather":
-        out = allgather(host, ranks, what)
-    elif kind == "reduce_scatter":
-        out = reduce_scatter(host, ranks, op, what)
-    elif kind == "alltoall":
-        out = alltoall(host, ranks, what)
-    elif kind == "sendrecv":
-        out = sendrecv(host, ranks, dst, src, what)
-    else:  # pragma: no cover - the binders below only make the kinds above
-        raise ValueError(f"mpi: unknown kind {kind!r}")
+    from spmd.collectives.backend import run  # the kinds' table and shared dispatch
+
+    out = run(sys.modules[__name__], kind, host, ranks,
+              {"op": op, "dst": dst, "src": src, "what": what})
     return out if xp is np else xp.asarray(out)
 
 

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import atexit
 import functools
+import sys
 
 import numpy as np
 
+from spmd.collectives.backend import run
 from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
@@ -287,10 +289,6 @@ def sendrecv(x, ranks, dst, src, what=None):
     return out
 
 
-_CALLS = {"allreduce": allreduce, "allgather": allgather, "reduce_scatter": reduce_scatter,
-          "alltoall": alltoall, "sendrecv": sendrecv}
-
-
 # --------------------------------------------------------- the primitive
 
 nccl_p = Primitive("nccl", effectful=True)
@@ -300,18 +298,8 @@ nccl_p = Primitive("nccl", effectful=True)
 def _nccl_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
     cp, _ = _modules()
     dev = x if type(x) is cp.ndarray else cp.asarray(x)  # host values (xp numpy) move
-    if kind == "allreduce":
-        out = allreduce(dev, ranks, op, what)
-    elif kind == "allgather":
-        out = allgather(dev, ranks, what)
-    elif kind == "reduce_scatter":
-        out = reduce_scatter(dev, ranks, op, what)
-    elif kind == "alltoall":
-        out = alltoall(dev, ranks, what)
-    elif kind == "sendrecv":
-        out = sendrecv(dev, ranks, dst, src, what)
-    else:  # pragma: no cover - the binders only make the kinds above
-        raise ValueError(f"nccl: unknown kind {kind!r}")
+    out = run(sys.modules[__name__], kind, dev, ranks,
+              {"op": op, "dst": dst, "src": src, "what": what})
     return out if xp is cp else cp.asnumpy(out)
 
 

@@ -37,8 +37,9 @@ _REDUCE_NAMES = {"sum": "psum", "max": "pmax", "min": "pmin"}
 
 
 def backend():
-    """The module that moves data between processes: ``nccl`` for GPU devices when
-    NCCL is available (and not ``SPMD_GPU_BACKEND=mpi``), else ``mpi``."""
+    """The module that moves data between processes (a
+    :class:`spmd.collectives.backend.Transport`): ``nccl`` for GPU devices when NCCL is
+    available (and not ``SPMD_GPU_BACKEND=mpi``), else ``mpi``."""
     from spmd.launch import platform
 
     if platform.current() == "gpu" and platform.gpu_backend() == "nccl":
@@ -52,7 +53,8 @@ class ProcessGroup:
 
     def __init__(self, names, sizes, axes, local, procs, me):
         self.local_group = LocalGroup(names, sizes, axes)
-        self.comm = backend()  # mpi or nccl: both have call(kind, x, ranks, **params)
+        # The Transport (spmd.collectives.backend) that moves blocks: mpi or nccl.
+        self.comm = backend()
         self.names, self.sizes, self.axes = tuple(names), tuple(sizes), tuple(axes)
         self.local, self.procs, self.me = tuple(local), tuple(procs), me
         self.n = len(procs)

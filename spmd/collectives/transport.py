@@ -4,6 +4,7 @@ never needs but the registry asks of every primitive."""
 
 from __future__ import annotations
 
+from spmd.collectives.backend import kind as _kind
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.trace import bind
@@ -11,24 +12,21 @@ from spmd.compiler.trace import bind
 
 def define_rules(prim, backend: str) -> None:
     """Abstract eval, jvp and batch rules of a transport primitive with parameters
-    ``kind, ranks, op, dst, src, what`` (kinds: allreduce, allgather, reduce_scatter,
-    alltoall, sendrecv)."""
+    ``kind, ranks, op, dst, src, what`` (the kinds and their shape rules:
+    :data:`spmd.collectives.backend.KINDS`)."""
 
     @prim.def_abstract_eval
     def _aval(x, *, kind, ranks, op=None, dst=None, src=None, what=None):
-        n = len(ranks)
-        if kind == "allgather":
-            return ShapedArray((n,) + x.shape, x.dtype, x.weak_type)
-        if kind == "reduce_scatter":
-            return ShapedArray(x.shape[1:], x.dtype, x.weak_type)
-        return ShapedArray(x.shape, x.dtype, x.weak_type)
+        shape = _kind(kind, backend).shape(x.shape, len(ranks))
+        return ShapedArray(tuple(shape), x.dtype, x.weak_type)
 
     @prim.def_jvp
     def _jvp(primals, tangents, **params):
         # Execution programs are never differentiated (AD happens before lowering);
         # the linear kinds still have the obvious rule.
-        if params["kind"] == "allreduce" and params.get("op") != "sum":
-            raise NotImplementedError(f"{backend} allreduce(max/min) is not differentiable")
+        if _kind(params["kind"], backend).reduces and params.get("op") != "sum":
+            raise NotImplementedError(f"{backend} {params['kind']}({params.get('op')}) is "
+                                      "not differentiable")
         out = bind(prim, *primals, **params)
         (t,) = tangents
         return out, t if isinstance(t, Zero) else bind(prim, t, **params)

@@ -9,6 +9,7 @@ works on programs, a collective's transpose rule (JEP 17111) applies as is.
 
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import numpy as np
@@ -40,6 +41,21 @@ class JVPTracer(Tracer):
     def full_lower(self):
         return self  # a tangent may be non-zero: never lower
 
+    # Outside jit the primal is concrete, and Python may branch on it, as in JAX
+    # (a traced primal raises its own error).  The derivative does not flow
+    # through these conversions.
+    def __bool__(self):
+        return bool(self.primal)
+
+    def __int__(self):
+        return int(self.primal)
+
+    def __float__(self):
+        return float(self.primal)
+
+    def __index__(self):
+        return operator.index(self.primal)
+
 
 class JVPTrace(Trace):
     def pure(self, val):
@@ -59,8 +75,20 @@ class JVPTrace(Trace):
         return [JVPTracer(self, p, t) for p, t in zip(out_p, out_t)]
 
 
+def as_array(x):
+    """A concrete value as an Array (Python scalars and numpy values have no aval of
+    their own for the jvp rules to read); Arrays and tracers as they are."""
+    from spmd.compiler.trace import to_array_value, wrap_value
+
+    if isinstance(x, (Tracer, Array)):
+        return x
+    aval = get_aval(x)
+    return wrap_value(to_array_value(x, aval), aval)
+
+
 def jvp_flat(fun: Callable, primals, tangents):
     """Forward mode on flat lists; tangents may be :class:`Zero`. Returns flat lists."""
+    primals = [as_array(p) for p in primals]
     with new_main(JVPTrace) as main:
         trace = JVPTrace(main)
         tracers = [JVPTracer(trace, p, t) for p, t in zip(primals, tangents)]
@@ -212,11 +240,17 @@ def zeros_for(aval: ShapedArray):
     return instantiate(Zero(aval))
 
 
-def linearize_flat(fun: Callable, primals, diff_mask):
+def linearize_flat(fun: Callable, primals, diff_mask, eager: bool = False):
     """Linearize ``fun`` (flat in, flat out) at ``primals`` w.r.t. the inputs in ``diff_mask``.
 
-    Returns ``(primal_outs, LinearFunction)``.
+    Returns ``(primal_outs, LinearFunction)``.  With ``eager`` and concrete primals
+    (not under jit), the primal computation runs on concrete values, so Python
+    control flow on them works (``ad_eager.py``).
     """
+    from spmd.compiler.ad_eager import can_linearize_eagerly, linearize_eager
+
+    if eager and can_linearize_eagerly(primals):
+        return linearize_eager(fun, primals, diff_mask)
     avals = [get_aval(p) for p in primals]
     diff_avals = [tangent_aval(a) for a, d in zip(avals, diff_mask) if d]
     zero_mask: list = []

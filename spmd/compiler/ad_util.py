@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.avals import ShapedArray
 
 
 class Zero:
@@ -18,12 +18,6 @@ class Zero:
 
     def __init__(self, aval: ShapedArray):
         self.aval = aval
-
-    @staticmethod
-    def from_primal_value(x) -> "Zero":
-        from spmd.compiler.trace import get_aval
-
-        return Zero(tangent_aval(get_aval(x)))
 
     def __repr__(self):
         return f"Zero({self.aval})"

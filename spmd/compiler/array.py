@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler import extensions as _ext
 from spmd.compiler.array_module import device_types, synchronize, to_host
 from spmd.compiler.avals import ShapedArray
 from spmd.errors import DeletedArrayError
@@ -100,6 +101,19 @@ class Array:
     size = property(lambda self: self.aval.size)
     weak_type = property(lambda self: self.aval.weak_type)
     nbytes = property(lambda self: self.aval.nbytes)
+
+    # JAX's placement properties.  Where an Array that was never placed lives is
+    # the shard layer's to say (the PLAIN_SHARDING / PLAIN_SHARDS extension points:
+    # one whole copy on this process's first device); the shard layer's placed
+    # subclass overrides all of these.
+    sharding = property(lambda self: _ext.PLAIN_SHARDING.fn(self))
+    addressable_shards = property(lambda self: _ext.PLAIN_SHARDS.fn(self))
+    is_fully_addressable = property(lambda self: True)
+    is_fully_replicated = property(lambda self: True)
+
+    def addressable_data(self, i: int):
+        """The data of the ``i``-th addressable shard."""
+        return self.addressable_shards[i].data
 
     def __len__(self):
         if not self.shape:

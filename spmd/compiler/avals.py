@@ -37,9 +37,6 @@ class ShapedArray:
                            self.weak_type if weak_type is None else weak_type,
                            self.vma if vma is None else vma)
 
-    def strip_weak(self) -> "ShapedArray":
-        return self.update(weak_type=False) if self.weak_type else self
-
     def __eq__(self, other):
         return (isinstance(other, ShapedArray) and self.shape == other.shape
                 and self.dtype == other.dtype and self.weak_type == other.weak_type

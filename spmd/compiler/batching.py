@@ -155,12 +155,6 @@ class NamedAxes:
         self.procs = None if procs is None else tuple(procs)
         self.me = me
 
-    def size_of(self, axes) -> int:
-        out = 1
-        for a in axes:
-            out *= self.sizes[self.names.index(a)]
-        return out
-
 
 def _scope_for(axis_name, main):
     from contextlib import nullcontext
@@ -283,3 +277,26 @@ def _program_axes(program) -> frozenset:
         out.update(a for a in eqn.params.get("axes", ()) if isinstance(a, str))
         out |= collective_axes(eqn.params)
     return frozenset(out)
+
+
+def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:
+    """One entry of ``prefix`` per leaf of ``tree`` (``prefix`` is a pytree prefix;
+    ``None`` and ints are leaves of the prefix), for ``in_axes``/``out_axes`` of vmap
+    and pmap.
+
+    >>> broadcast_prefix((0, None), ([1, 2], 3), "in_axes", "vmap")
+    [0, 0, None]
+    """
+    from spmd import tree_util
+    from spmd.errors import ArgumentError
+
+    try:
+        pairs = tree_util.broadcast_prefix(prefix, tree,
+                                           lambda e: e is None or isinstance(e, int))
+    except tree_util.PrefixMismatch as e:
+        raise ArgumentError(
+            f"{fname}: {what} is not a pytree prefix of the arguments: at "
+            f"{e.path or 'the top'} {what} has {tree_util.describe(e.prefix_node)} but the "
+            f"value is {tree_util.describe(e.tree_node)}. Give one axis (or None) per "
+            "argument, e.g. in_axes=(0, None)") from None
+    return [entry for entry, _ in pairs]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import optree
@@ -25,10 +25,11 @@ from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
+from spmd.compiler.trace import (axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
 from spmd.compiler.trace import _state as _trace_state
+from spmd.compiler import extensions as _ext
 from spmd.config import config
 from spmd.errors import OutputTypeError, StaticArgumentError
 
@@ -413,7 +414,7 @@ class JitFunction:
         """The call plan for these arguments (tracing on a miss), and the leaves."""
         if self._no_static and not kwargs:
             leaves, treedef = _flatten(args)
-            key = (treedef, config.enable_x64, axis_env_key(),
+            key = (treedef, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
                    tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
                           for x in leaves]))
             plan = self._plans.get(key)
@@ -421,8 +422,8 @@ class JitFunction:
                 plan = self._new_plan(key, _NO_STATIC, _flatten((args, _EMPTY))[1], leaves)
             return plan, leaves
         static_key, leaves, treedef = self._signature(args, kwargs)
-        # A 5-tuple: never equal to the 4-tuple keys of the common case.
-        key = (treedef, static_key, config.enable_x64, axis_env_key(),
+        # A 6-tuple: never equal to the 5-tuple keys of the common case.
+        key = (treedef, static_key, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
                tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
                       for x in leaves]))
         plan = self._plans.get(key)
@@ -434,7 +435,8 @@ class JitFunction:
         avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.
-        akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key())
+        akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key(),
+                _ext.CONTEXT_KEY.fn())
         entry = self._cache.get(akey)
         if entry is None:
             entry = self._trace(static_key, treedef, avals)
@@ -461,7 +463,8 @@ class JitFunction:
         # The common case (no static or keyword arguments; containers, arrays
         # and scalars) keys the plans on _walk's tokens; anything else, _plan.
         vals: list = []
-        toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else ()]
+        toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else (),
+                _ext.CONTEXT_KEY.fn()]
         if self._no_static and not kwargs and _walk(args, vals, toks):
             key = tuple(toks)
             plan = self._plans.get(key)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from spmd.compiler import array_module as _am
+from spmd.compiler import extensions as _ext
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
@@ -352,10 +353,6 @@ class AxisScope:
         self.main = main  # the batch level that stands for these axes, if any
 
 
-# Set by the collectives layer: ``pvary(x, axes)``; the compiler cannot import it.
-_pvary_hook: list = [None]
-
-
 @contextmanager
 def extend_axis_env(sizes: dict, track_vma: bool = False, main=None):
     env = _state.axis_env
@@ -493,7 +490,7 @@ class ProgramTrace(Trace):
     lift = pure
 
     def process_primitive(self, prim, tracers, params):
-        if prim.vma is None and len(tracers) > 1 and _pvary_hook[0] is not None:
+        if prim.vma is None and len(tracers) > 1:
             vmas = [t.aval.vma for t in tracers]
             if any(v != vmas[0] for v in vmas):
                 # Invariant operands meeting varying ones get an explicit pvary, so
@@ -517,8 +514,8 @@ class ProgramTrace(Trace):
         if eqn is not None and eqn.primitive.name == "broadcast_in_dim" and \
                 isinstance(eqn.inputs[0], Var) and eqn.inputs[0].aval.vma == t.aval.vma:
             src = ProgramTracer(self, eqn.inputs[0].aval, eqn.inputs[0])
-            return full_raise(self, eqn.primitive.bind(_pvary_hook[0](src, axes), **eqn.params))
-        return full_raise(self, _pvary_hook[0](t, axes))
+            return full_raise(self, eqn.primitive.bind(_ext.PVARY.fn(src, axes), **eqn.params))
+        return full_raise(self, _ext.PVARY.fn(t, axes))
 
 
 def trace_to_program(flat_fun: Callable, in_avals) -> ClosedProgram:

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spmd import tree_util
+from spmd.collectives.api import pvary_traced
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
@@ -21,7 +22,7 @@ from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.ops.control_cond import cond_bind, same_type
 from spmd.compiler.ops.control_loops import scan_bind, while_bind
 from spmd.compiler.ops.elementwise import add, convert, lt, max as lax_max, min as lax_min, ne
-from spmd.compiler.trace import Tracer, _pvary_hook, axes_in_scope, get_aval, trace_to_program
+from spmd.compiler.trace import Tracer, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError
 from spmd.lax import _eager_control as _eager
 
@@ -81,8 +82,8 @@ def _pvary_to(x, vma):
     the ``psum`` reverse mode needs; JEP 17111).  Only values inside a ``shard_map``
     body traced with varying-axes types have a non-empty ``vma``."""
     missing = frozenset(vma) - get_aval(x).vma
-    if missing and _pvary_hook[0] is not None:
-        return _pvary_hook[0](x, tuple(sorted(missing)))
+    if missing:
+        return pvary_traced(x, tuple(sorted(missing)))
     return x
 
 

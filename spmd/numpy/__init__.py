@@ -1,28 +1,29 @@
 """``spmd.numpy``: the numpy API over traced and concrete arrays (like ``jax.numpy``).
 
+``__all__`` lists the public names: each private module's own ``__all__``, the
+dtype names, the constants, ``ndarray`` and ``broadcast_shapes``.
+
 >>> import spmd.numpy as snp
 >>> snp.ones((2, 3)).sum(axis=0)
 Array([2., 2., 2.], dtype=float32)
 """
 
-from spmd.numpy._creation import *  # noqa: F401,F403
-from spmd.numpy._creation import arange, array, asarray, full, ones, zeros  # noqa: F401
-from spmd.numpy._elementwise import *  # noqa: F401,F403
-from spmd.numpy._elementwise import abs, round  # noqa: F401
-from spmd.numpy._linalg import *  # noqa: F401,F403
-from spmd.numpy._reductions import *  # noqa: F401,F403
-from spmd.numpy._reductions import max, min, sum  # noqa: F401
-from spmd.numpy._shape import *  # noqa: F401,F403
-from spmd.numpy._shape_more import *  # noqa: F401,F403
-from spmd.numpy._indexing import *  # noqa: F401,F403
-from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
-from spmd.numpy._misc import *  # noqa: F401,F403
-from spmd.numpy import _methods
-from spmd.numpy import linalg  # noqa: F401,E402
-
 import numpy as _np
 
-from spmd.compiler.array import Array as ndarray  # noqa: F401
+from spmd.compiler.array import Array as ndarray
+from spmd.numpy import (_creation, _elementwise, _indexing, _linalg, _methods, _misc,
+                        _reductions, _shape, _shape_more)
+from spmd.numpy._creation import *  # noqa: F401,F403
+from spmd.numpy._elementwise import *  # noqa: F401,F403
+from spmd.numpy._indexing import *  # noqa: F401,F403
+from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
+from spmd.numpy._linalg import *  # noqa: F401,F403
+from spmd.numpy._misc import *  # noqa: F401,F403
+from spmd.numpy._reductions import *  # noqa: F401,F403
+from spmd.numpy._shape import *  # noqa: F401,F403
+from spmd.numpy._shape_more import *  # noqa: F401,F403
+from spmd.numpy._util import broadcast_shapes
+from spmd.numpy import linalg  # noqa: F401,E402  (spmd.numpy.linalg, a module as in numpy)
 
 # dtype names, as in numpy / jax.numpy.
 bool_ = _np.bool_
@@ -31,5 +32,14 @@ uint8, uint16, uint32, uint64 = _np.uint8, _np.uint16, _np.uint32, _np.uint64
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
 dtype = _np.dtype
 pi, e, inf, nan, newaxis = _np.pi, _np.e, _np.inf, _np.nan, None
+
+__all__ = [
+    *_creation.__all__, *_elementwise.__all__, *_indexing.__all__, *_linalg.__all__,
+    *_misc.__all__, *_reductions.__all__, *_shape.__all__, *_shape_more.__all__,
+    "broadcast_shapes", "ndarray",
+    "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "dtype",
+    "pi", "e", "inf", "nan", "newaxis",
+]
 
 _methods.install()

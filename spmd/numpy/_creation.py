@@ -11,6 +11,10 @@ from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.trace import get_aval
 from spmd.numpy._util import is_traced_or_array, require_static, static_int, static_shape, to_array
 
+__all__ = ["array", "asarray", "full", "zeros", "ones", "arange", "astype", "empty",
+           "zeros_like", "ones_like", "full_like", "empty_like", "linspace", "eye",
+           "identity", "tri"]
+
 
 def array(object, dtype=None, copy: bool = True):
     """A new array from array-like data (nested lists, numpy arrays, scalars)."""

@@ -12,6 +12,16 @@ from spmd.compiler.trace import get_aval
 from spmd.errors import DTypeError
 from spmd.numpy._util import promote_and_broadcast, promote_dtypes, static_int, to_array
 
+__all__ = ["add", "subtract", "multiply", "divide", "true_divide", "maximum", "minimum",
+           "arctan2", "equal", "not_equal", "less", "less_equal", "greater",
+           "greater_equal", "bitwise_and", "bitwise_or", "bitwise_xor", "exp", "log",
+           "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "sinh", "cosh",
+           "arcsin", "arccos", "arctan", "negative", "sign", "isfinite", "absolute",
+           "abs", "floor", "ceil", "round", "around", "square", "reciprocal",
+           "floor_divide", "remainder", "mod", "power", "invert", "bitwise_not",
+           "logical_not", "logical_and", "logical_or", "logical_xor", "where", "clip",
+           "logaddexp"]
+
 
 def _binary(lax_fn, name, to_float=False):
     def f(x1, x2, /):
@@ -246,7 +256,8 @@ def where(condition, x=None, y=None, /):
     """``x`` where ``condition`` else ``y`` (the one-argument form is not traceable)."""
     if x is None or y is None:
         raise TypeError("spmd.numpy.where: the one-argument form needs a data-dependent "
-                        "shape; pass both x and y (use snp.nonzero outside jit)")
+                        "shape; pass both x and y, or use numpy on the concrete value outside jit: "
+                        "np.nonzero(np.asarray(condition))")
     c = to_array(condition, np.bool_) if get_aval(to_array(condition)).dtype != np.bool_ \
         else to_array(condition)
     a, b = promote_dtypes(x, y, fname="spmd.numpy.where")

@@ -10,6 +10,8 @@ from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axis,
                               promote_dtypes, require_static)
 
+__all__ = ["matmul", "dot", "tensordot", "outer", "inner", "vdot", "einsum"]
+
 
 def matmul(a, b, /):
     """Matrix product with numpy's rules for 1-d operands and batch broadcasting."""

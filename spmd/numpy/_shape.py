@@ -9,6 +9,10 @@ from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._util import canonicalize_axis, promote_dtypes, static_shape, to_array
 
+__all__ = ["reshape", "transpose", "expand_dims", "stack", "swapaxes", "moveaxis",
+           "squeeze", "broadcast_to", "broadcast_arrays", "ravel", "flatten",
+           "atleast_1d", "atleast_2d", "atleast_3d"]
+
 
 def reshape(a, shape, order: str = "C"):
     """Reshape; one entry of ``shape`` may be -1."""

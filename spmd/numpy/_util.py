@@ -170,11 +170,3 @@ def canonicalize_axes(axis, ndim: int, fname: str) -> tuple:
             raise ArgumentError(f"{fname}: repeated axis in axis={axis}")
         return axes
     return (canonicalize_axis(axis, ndim, fname),)
-
-
-def shape_of(x) -> tuple:
-    return tuple(np.shape(x)) if not is_traced_or_array(x) else x.shape
-
-
-def aval_of(x) -> ShapedArray:
-    return get_aval(x if is_traced_or_array(x) else to_array(x))

@@ -2,9 +2,11 @@
 
 Inside ``with spmd.sharding.use_mesh(mesh):`` (or after
 ``spmd.sharding.set_mesh(mesh)``), ``shard_map`` needs no ``mesh=`` argument and
-``device_put(x, P(...))`` places ``x`` on that mesh.  The context is per
+``device_put(x, P(...))`` places ``x`` on that mesh.  A block's mesh is per
 thread, as tracing state is; ``set_mesh`` used as a plain call sets the mesh
-of the current thread until it is set again (``set_mesh(None)`` clears it).
+for all threads until it is set again (``set_mesh(None)`` clears it).  Jitted
+functions key their caches on the current mesh, so a function traced under one
+mesh is retraced under another.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ class MeshContextError(SpmdError, ValueError):
 class _State(threading.local):
     def __init__(self):
         self.stack: list = []  # meshes of enclosing ``use_mesh``/``set_mesh`` blocks
-        self.base = None  # the mesh of a plain ``set_mesh(mesh)`` call
 
 
 _state = _State()
+# The mesh of a plain ``set_mesh(mesh)`` call: global, as JAX's (blocks are per thread).
+_base: list = [None]
 
 
 def _check(mesh, fname):
@@ -43,9 +46,8 @@ def get_mesh() -> Optional[object]:
     >>> with use_mesh(mesh):
     ...     assert get_mesh() is mesh
     """
-    if _state.stack:
-        return _state.stack[-1]
-    return _state.base
+    stack = _state.stack
+    return stack[-1] if stack else _base[0]
 
 
 class use_mesh:
@@ -68,8 +70,8 @@ class use_mesh:
 
 
 class set_mesh(use_mesh):
-    """``set_mesh(mesh)`` makes ``mesh`` the current mesh of this thread (``None``
-    clears it); ``with set_mesh(mesh):`` does so for the block only, as in JAX.
+    """``set_mesh(mesh)`` makes ``mesh`` the current mesh (``None`` clears it);
+    ``with set_mesh(mesh):`` does so for the block only (and this thread), as in JAX.
 
     >>> spmd.sharding.set_mesh(mesh)
     >>> y = spmd.device_put(x, P("i"))   # placed on mesh
@@ -77,12 +79,12 @@ class set_mesh(use_mesh):
 
     def __init__(self, mesh):
         super().__init__(mesh)
-        self._previous = _state.base
-        _state.base = self.mesh
+        self._previous = _base[0]
+        _base[0] = self.mesh
 
     def __enter__(self):
-        # Within a block the base mesh is the one from before this call, restored on exit.
-        _state.base = self._previous
+        # Used as a block, the mesh is set for the block only: the global one goes back.
+        _base[0] = self._previous
         return super().__enter__()
 
 
@@ -94,3 +96,37 @@ def require_mesh(fname: str, how: str = "pass mesh="):
             f"{fname}: no mesh was given and none is set; {how}, or call it inside "
             "`with spmd.sharding.use_mesh(mesh):` (or after spmd.sharding.set_mesh(mesh))")
     return mesh
+
+
+def resolve_specs(shardings, fname: str):
+    """``shardings`` (a pytree prefix) with each bare PartitionSpec made a
+    NamedSharding over the current mesh; unchanged when it holds none."""
+    from spmd import tree_util
+    from spmd.shard.spec import NamedSharding, PartitionSpec
+
+    def is_leaf(s):
+        return isinstance(s, (PartitionSpec, NamedSharding))
+
+    if not any(isinstance(s, PartitionSpec)
+               for s in tree_util.tree_leaves(shardings, is_leaf=is_leaf)):
+        return shardings
+    mesh = require_mesh(fname, "give NamedSharding(mesh, spec) instead of a bare PartitionSpec")
+    return tree_util.tree_map(
+        lambda s: NamedSharding(mesh, s) if isinstance(s, PartitionSpec) else s, shardings,
+        is_leaf=is_leaf)
+
+
+def device_put(x, device=None, *args, **kwargs):
+    """``spmd.device_put``: as :func:`spmd.shard.array.device_put`, and a bare
+    ``PartitionSpec`` places ``x`` on the current mesh (``use_mesh``/``set_mesh``).
+
+    >>> with spmd.sharding.use_mesh(mesh):
+    ...     x = spmd.device_put(np.ones((8, 4)), P("i"))
+    """
+    from spmd.shard.array import device_put as put
+
+    if get_mesh() is not None:  # (without one, device_put's own error names the fix)
+        device = resolve_specs(device, "device_put")
+    return put(x, device, *args, **kwargs)
+
+

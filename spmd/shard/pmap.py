@@ -139,27 +139,27 @@ def _multi_process() -> bool:
 
 
 def _mesh(n, devices, multi, fname):
-    import spmd
+    from spmd import mesh as m
     from spmd.mesh import Mesh
 
     if devices is not None:
         devices = list(devices)
-        if len(devices) != (n * spmd.process_count() if multi else n):
+        if len(devices) != (n * m.process_count() if multi else n):
             raise PmapError(f"{fname}: {len(devices)} devices were given for a mapped axis "
                             f"of size {n}")
         return Mesh(np.array(devices, dtype=object), ("_pmap",))
     if multi:
-        local = spmd.local_device_count()
+        local = m.local_device_count()
         if n != local:
-            raise PmapError(f"{fname}: on a job of {spmd.process_count()} processes, the "
+            raise PmapError(f"{fname}: on a job of {m.process_count()} processes, the "
                             f"mapped axis of each process's arguments must have one entry per "
                             f"local device ({local}), got {n}")
-        return Mesh(np.array(spmd.devices(), dtype=object), ("_pmap",))
-    if n > spmd.device_count():
+        return Mesh(np.array(m.devices(), dtype=object), ("_pmap",))
+    if n > m.device_count():
         raise PmapError(f"{fname}: the mapped axis has size {n}, but there are only "
-                        f"{spmd.device_count()} devices (SPMD_NUM_DEVICES sets how many are "
+                        f"{m.device_count()} devices (SPMD_NUM_DEVICES sets how many are "
                         "simulated)")
-    return Mesh(np.array(spmd.devices()[:n], dtype=object), ("_pmap",))
+    return Mesh(np.array(m.devices()[:n], dtype=object), ("_pmap",))
 
 
 def _runner(fun, name, mesh, st, in_axes, out_axes, multi, fname):
@@ -207,7 +207,7 @@ def _runner(fun, name, mesh, st, in_axes, out_axes, multi, fname):
 
 
 def _leaf_dims(dyn, dyn_axes, fname):
-    from spmd.vectorize import broadcast_prefix
+    from spmd.compiler.batching import broadcast_prefix
 
     dims = broadcast_prefix(dyn_axes, dyn, "in_axes", fname)
     return [_norm(d, np.ndim(x), "in_axes", fname)
@@ -216,7 +216,7 @@ def _leaf_dims(dyn, dyn_axes, fname):
 
 def _out_dims(out, outs, out_axes, extra, fname):
     """Each output leaf's out_axes entry, normalised for a rank of its own plus ``extra``."""
-    from spmd.vectorize import broadcast_prefix
+    from spmd.compiler.batching import broadcast_prefix
 
     full = tree_util.tree_unflatten(tree_util.tree_structure(out), list(range(len(outs))))
     dims = broadcast_prefix(out_axes, full, "out_axes", fname)

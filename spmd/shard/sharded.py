@@ -386,22 +386,10 @@ def shards_of(x: Array, sharding) -> list[Shard]:
 
 # ------------------------------------------------ plain Arrays' placement
 
-def _plain_sharding(self) -> Any:
+def plain_sharding(self) -> Any:
     """An Array never placed: one whole copy on this process's first device."""
     return default_sharding()
 
 
-def _plain_shards(self) -> list[Shard]:
+def plain_shards(self) -> list[Shard]:
     return shards_of(self, default_sharding())
-
-
-def install_plain_array_properties() -> None:
-    """Give the compiler's plain Arrays (results of unplaced computations) the
-    read-only placement properties of JAX arrays: an unplaced Array is one whole copy
-    on this process's first device.  Called once by ``spmd/__init__.py``; the
-    compiler's behaviour does not depend on these."""
-    Array.sharding = property(_plain_sharding)
-    Array.addressable_shards = property(_plain_shards)
-    Array.addressable_data = lambda self, i: self.addressable_shards[i].data
-    Array.is_fully_addressable = property(lambda self: True)
-    Array.is_fully_replicated = property(lambda self: True)

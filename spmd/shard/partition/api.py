@@ -23,12 +23,17 @@ def with_sharding_constraint(x, sharding):
 
     >>> y = lax.with_sharding_constraint(y, NamedSharding(mesh, P("data", None)))
     """
+    from spmd.shard.mesh_context import get_mesh, resolve_specs
+
     leaves, tree = tree_util.tree_flatten(x)
+    if get_mesh() is not None:  # bare PartitionSpecs name axes of the context mesh
+        sharding = resolve_specs(sharding, "with_sharding_constraint")
     shardings = _broadcast(sharding, x, "with_sharding_constraint")
     for s in shardings:
         if not isinstance(s, NamedSharding):
             raise PartitionError(f"with_sharding_constraint: expected NamedSharding(mesh, spec) "
-                                 f"values, got {s!r}; a bare PartitionSpec has no mesh")
+                                 f"values, got {s!r}; a bare PartitionSpec has no mesh (give "
+                                 "one with spmd.sharding.use_mesh(mesh))")
     outs = [sharding_constraint_p.bind(v, spec=s.spec, mesh=s.mesh)
             for v, s in zip(leaves, shardings)]
     return tree_util.tree_unflatten(tree, outs)
@@ -84,13 +89,16 @@ class PartitionedJit:
         fname = f"jit({self._name})"
         dyn = [a for i, a in enumerate(args) if i not in self._static]
         if self._in is not None:
-            if isinstance(self._in, (tuple, list)) and len(self._in) != len(dyn):
+            # A PartitionSpec is one sharding (for every argument), not a tuple of them.
+            per_arg = isinstance(self._in, (tuple, list)) and \
+                not isinstance(self._in, PartitionSpec)
+            if per_arg and len(self._in) != len(dyn):
                 raise PartitionError(f"{fname}: in_shardings has {len(self._in)} entries for "
                                      f"{len(dyn)} arguments; give one per argument (a pytree "
                                      "prefix), or None to decide")
             given = _broadcast(tuple(self._in) if isinstance(self._in, list) else self._in,
-                               tuple(dyn) if isinstance(self._in, (tuple, list)) else dyn[0]
-                               if len(dyn) == 1 and not isinstance(self._in, (tuple, list))
+                               tuple(dyn) if per_arg else dyn[0]
+                               if len(dyn) == 1 and not per_arg
                                else tuple(dyn), fname)
         else:
             given = [None] * len(leaves)
@@ -115,8 +123,13 @@ class PartitionedJit:
                                  f"({', '.join(map(repr, meshes))}); all inputs and outputs "
                                  "of one jit must share a mesh")
         if not meshes:
+            from spmd.shard.mesh_context import get_mesh
+
+            if get_mesh() is not None:  # bare PartitionSpecs under use_mesh/set_mesh
+                return get_mesh(), specs
             raise PartitionError(f"{fname}: shardings need a mesh: give NamedSharding(mesh, "
-                                 "spec) values (a bare PartitionSpec has no mesh)")
+                                 "spec) values (a bare PartitionSpec has no mesh), or call "
+                                 "it under spmd.sharding.use_mesh(mesh)")
         return next(iter(meshes)), specs
 
     def _entry(self, args):
@@ -125,7 +138,9 @@ class PartitionedJit:
         leaves, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(get_aval(x) for x in leaves)
         shard_key = tuple(x.sharding if isinstance(x, ShardedArray) else None for x in leaves)
-        key = (in_tree, static, avals, shard_key, axis_env_key())
+        from spmd.shard.mesh_context import get_mesh
+
+        key = (in_tree, static, avals, shard_key, axis_env_key(), get_mesh())
         entry = self._cache.get(key)
         if entry is None:
             entry = self._build(args, leaves, in_tree, avals)

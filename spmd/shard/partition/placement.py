@@ -34,9 +34,6 @@ class Placement(NamedTuple):
     def axes(self) -> tuple:
         return tuple(a for d in self.dims for a in d)
 
-    def is_replicated(self) -> bool:
-        return not self.axes and not self.partial
-
     def local_shape(self, shape, mesh) -> tuple:
         return tuple(s // (mesh.axis_size(a) if a else 1) for s, a in zip(shape, self.dims))
 

@@ -158,11 +158,6 @@ def cost(shape, itemsize: int, src: Placement, dst: Placement, mesh) -> int:
                                           mesh))
 
 
-def _nbytes(x) -> int:
-    a = get_aval(x)
-    return int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
-
-
 def reshard(x, src: Placement, dst: Placement, ctx: Context, what: str = "value"):
     """Per-device ``x`` with placement ``src`` converted to placement ``dst``."""
     if src == dst:

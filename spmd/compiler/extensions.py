@@ -1,0 +1,127 @@
+"""The compiler's extension points: the behaviour that upper layers supply.
+
+The compiler (layer 0) never imports the layers above it, yet two of its paths
+need them: tracing a ``shard_map`` body inserts ``pvary`` (a collective), and
+caches of traced programs must key on ambient state of the shard layer (the
+mesh context that a ``shard_map`` without ``mesh=`` reads).  Each such
+need is one :class:`ExtensionPoint` declared here, with its name, the signature of
+the function that fills it, what it is for, and a default that keeps the compiler
+working alone.  Nothing fills a point when a module is imported: one installer,
+:func:`spmd._install.install_extensions`, called by ``spmd/__init__.py``, fills them
+all, so this file and that one are the whole picture of the wiring.
+
+| point | filled with | default |
+| --- | --- | --- |
+| :data:`PVARY` | ``spmd.collectives.api.pvary_traced`` | raises ExtensionNotInstalledError |
+| :data:`CONTEXT_KEY` | ``spmd.shard.mesh_context.get_mesh`` | returns None (no ambient state) |
+| :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
+| :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
+
+The other declared seam is the Array type itself: an upper layer's subclass of
+:class:`spmd.compiler.array.Array` (the shard layer's ``ShardedArray``) evaluates
+eager primitives on its arguments through ``Array._eval_primitive``, so the
+compiler's Array knows nothing of shardings or processes.
+
+Not yet moved here (issue 16): ``spmd.compiler.array_module.resolver`` (the array
+module of the devices), still filled by ``spmd.launch.platform`` when imported.
+
+>>> [p.name for p in POINTS]
+['pvary', 'context_key', 'plain_sharding', 'plain_shards']
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Optional, TypeVar
+
+from spmd.errors import SpmdError
+
+F = TypeVar("F", bound=Callable)
+
+
+class ExtensionNotInstalledError(SpmdError, RuntimeError):
+    """An extension point was needed before ``spmd`` (which fills them all) was imported."""
+
+
+class ExtensionPoint(Generic[F]):
+    """A named slot of the compiler that an upper layer fills with one function.
+
+    ``signature`` documents the function's type; ``fn`` is what is called (the
+    default until :meth:`install`); ``installed_by`` names who filled it.
+
+    >>> p = ExtensionPoint("demo", "(x: int) -> int", "doubles", lambda x: 2 * x)
+    >>> p.fn(3)
+    6
+    """
+
+    __slots__ = ("name", "signature", "doc", "default", "fn", "installed_by")
+
+    def __init__(self, name: str, signature: str, doc: str, default: F):
+        self.name = name
+        self.signature = signature
+        self.doc = doc
+        self.default = default
+        self.fn: F = default
+        self.installed_by: Optional[str] = None
+
+    def install(self, fn: F, by: str) -> None:
+        """Fill the point with ``fn``; ``by`` names the module that provides it."""
+        if not callable(fn):
+            raise TypeError(f"extension point {self.name}: expected a function "
+                            f"{self.signature}, got {fn!r}")
+        self.fn = fn
+        self.installed_by = by
+
+    def reset(self) -> None:
+        """Back to the default (tests that run the compiler alone)."""
+        self.fn = self.default
+        self.installed_by = None
+
+    def __repr__(self):
+        who = self.installed_by or "default"
+        return f"ExtensionPoint({self.name}: {self.signature}, {who})"
+
+
+def _pvary_missing(x, axes):
+    raise ExtensionNotInstalledError(
+        f"a value meets others varying along mesh axes {tuple(axes)} and needs pvary, which "
+        "the collectives layer provides; `import spmd` (it installs the compiler's extension "
+        "points) before tracing shard_map bodies")
+
+
+PVARY: ExtensionPoint = ExtensionPoint(
+    "pvary", "(x: Tracer, axes: tuple[str, ...]) -> Tracer",
+    "Mark ``x`` as varying along ``axes`` (an explicit pvary equation, whose transpose is "
+    "the psum reverse mode needs; JEP 17111).  Called when tracing a shard_map body, where "
+    "an operand invariant along some axes meets one that varies along them.",
+    _pvary_missing)
+
+CONTEXT_KEY: ExtensionPoint = ExtensionPoint(
+    "context_key", "() -> Hashable",
+    "A key of the upper layers' ambient state that changes what a trace produces (the "
+    "mesh of spmd.sharding.use_mesh/set_mesh, read by a shard_map without mesh=); caches "
+    "of traced programs include it, so a function traced under one mesh is retraced "
+    "under another.",
+    lambda: None)
+
+
+
+def _placement_missing(x):
+    raise ExtensionNotInstalledError(
+        "an Array's placement (.sharding, .addressable_shards) is described by the shard "
+        "layer; `import spmd` (it installs the compiler's extension points) first")
+
+
+PLAIN_SHARDING: ExtensionPoint = ExtensionPoint(
+    "plain_sharding", "(x: Array) -> Sharding",
+    "The sharding of an Array that was never placed (JAX's x.sharding of an unplaced "
+    "array: one whole copy on this process's first device).",
+    _placement_missing)
+
+PLAIN_SHARDS: ExtensionPoint = ExtensionPoint(
+    "plain_shards", "(x: Array) -> list[Shard]",
+    "The addressable shards of an Array that was never placed (one, holding the whole "
+    "value).",
+    _placement_missing)
+
+# Every point, for the installer's check and the tests.
+POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS)

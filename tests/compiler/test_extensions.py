@@ -1,0 +1,92 @@
+"""The compiler's extension points (spmd/compiler/extensions.py): declared with a name,
+a signature, a purpose and a default; filled only by spmd._install."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import spmd
+from spmd import P
+from spmd.compiler import extensions
+from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
+
+
+def test_every_point_is_declared_and_installed_by_spmd():
+    assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
+                                                   "plain_shards"]
+    for p in extensions.POINTS:
+        assert p.signature.startswith("(") and "->" in p.signature
+        assert len(p.doc) > 40 and callable(p.default)
+        # `import spmd` ran the installer; the function came from the named module.
+        assert p.fn is not p.default
+        assert p.installed_by == p.fn.__module__
+
+
+def test_defaults_keep_the_compiler_working_alone():
+    assert extensions.CONTEXT_KEY.default() is None
+    with pytest.raises(ExtensionNotInstalledError, match=r"needs pvary.*`import spmd`"):
+        extensions.PVARY.default(np.ones(2), ("i",))
+
+
+def test_install_and_reset():
+    p = ExtensionPoint("demo", "(x: int) -> int", "a demonstration point", lambda x: x)
+    with pytest.raises(TypeError, match="demo: expected a function"):
+        p.install(3, by="tests")
+    p.install(lambda x: 2 * x, by="tests")
+    assert (p.fn(4), p.installed_by) == (8, "tests")
+    p.reset()
+    assert (p.fn(4), p.installed_by) == (4, None)
+    assert "demo" in repr(p)
+
+
+def _swap(point, fn):
+    old, who = point.fn, point.installed_by
+    point.install(fn, by="tests")
+    return lambda: point.install(old, by=who)
+
+
+def test_shard_map_bodies_call_the_pvary_point():
+    """An invariant operand meeting a varying one goes through PVARY."""
+    mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
+    calls = []
+    real = extensions.PVARY.fn
+
+    def counting(x, axes):
+        calls.append(axes)
+        return real(x, axes)
+
+    restore = _swap(extensions.PVARY, counting)
+
+    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))
+    def f(x, b):
+        return x + b
+
+    try:
+        out = f(np.arange(8.0, dtype=np.float32), np.float32(1.0))
+    finally:
+        restore()
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) + 1)
+    assert calls == [("i",)]
+
+
+def test_jit_caches_key_on_the_context_key_point():
+    """A function traced under one mesh context is retraced under another."""
+    traces = []
+
+    @spmd.jit
+    def f(x):
+        traces.append(1)
+        return x * 2
+
+    current = ["mesh-a"]
+    restore = _swap(extensions.CONTEXT_KEY, lambda: current[0])
+    try:
+        for key in ("mesh-a", "mesh-a", "mesh-b", "mesh-b"):
+            current[0] = key
+            f(np.ones(2, np.float32))
+    finally:
+        restore()
+    assert len(traces) == 2
