@@ -133,10 +133,26 @@ def check_arrays_spread_over_processes():
     check_psum()
 
 
+def check_combined():
+    """Independent psums of one program run as one NCCL all-reduce over a flat buffer
+    (spmd.compiler.combine), with the results of separate ones."""
+    mesh = spmd.make_mesh((n,), ("i",))
+    f = spmd.jit(spmd.shard_map(lambda a, b: (lax.psum(a, "i"), lax.psum(b * 2, "i")),
+                                mesh=mesh, in_specs=(P("i"), P("i")), out_specs=(P(), P())))
+    a = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    b = np.arange(n * 5, dtype=np.float32).reshape(n, 5) - 7
+    fake_nccl.calls.clear()
+    sa, sb = f(a, b)
+    assert [c[0] for c in fake_nccl.calls].count("allReduce") == 1, fake_nccl.calls
+    np.testing.assert_array_equal(np.asarray(sa), a.sum(0, keepdims=True))
+    np.testing.assert_array_equal(np.asarray(sb), (2 * b).sum(0, keepdims=True))
+
+
 if SCENARIO == "collectives":
     assert array_module.device_id[0] == RANK  # the GPU of its local rank
     check_group_collectives()
     check_bool_sum()
+    check_combined()
 elif SCENARIO == "bound":
     assert cp.cuda.runtime.getDeviceCount() == 1 and array_module.device_id[0] == 0
     assert cp.cuda.Device(0).pci_bus_id != "0000:10:00.0" or RANK == 0
