@@ -25,7 +25,7 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
     """
     if isinstance(x, (Tracer, Array)):
         return x if dtype is None else convert(x, dtypes.canonicalize(dtype, fname))
-    if isinstance(x, (bool, int, float)) and dtype is None:
+    if isinstance(x, (bool, int, float, complex)) and dtype is None:
         aval = get_aval(x)
         return Array(np.asarray(x, dtype=aval.dtype), aval)
     if isinstance(x, (list, tuple)) and any(is_traced_or_array(e) for e in _flat(x)):
@@ -82,7 +82,7 @@ def promote_to_float(*args, fname: str = "spmd.numpy"):
     """Promote, then make integers and bools floating (for sqrt, exp, true divide...)."""
     arrs = promote_dtypes(*args, fname=fname)
     av = get_aval(arrs[0])
-    if dtypes.is_float(av.dtype):
+    if dtypes.is_inexact(av.dtype):
         return arrs
     return [convert(a, dtypes.default_float(), av.weak_type) for a in arrs]
 
