@@ -145,3 +145,52 @@ def test_grad_errors():
         spmd.jacrev(snp.exp)(np.array([z]))
     with pytest.raises(spmd.autodiff.GradientError, match="real"):
         spmd.jvp(snp.sin, (np.float32(1.0),), (np.complex64(1j),))
+
+
+def _loops(z):
+    from spmd import lax
+
+    def body(c, x):
+        return c * x * 0.5 + 1j, snp.real(c)
+
+    c, ys = lax.scan(body, z, snp.stack([z, z * 0.3]))
+    c = lax.cond(True, lambda a: a * a, lambda a: -a, c)
+    c = lax.fori_loop(0, 3, lambda i, a: a * 0.5 + 1j, c)
+    c = spmd.checkpoint(lambda a: snp.sin(a) * snp.conj(a))(c)
+    return snp.sum(snp.abs(c) ** 2) + snp.sum(ys)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_grad_through_control_flow_and_checkpoint(jit):
+    z = crand((2,), seed=9) * 0.5
+    g = (spmd.jit(spmd.grad(_loops)) if jit else spmd.grad(_loops))(z)
+    np.testing.assert_allclose(np.asarray(g), fd_grad(_loops, z), rtol=2e-3, atol=2e-3)
+
+
+def test_vmap_of_complex_parts():
+    z = crand((3, 2), seed=4)
+    out = spmd.vmap(lambda a: snp.real(a) * snp.imag(a) + snp.conj(a) * a)(z)
+    np.testing.assert_allclose(np.asarray(out), z.real * z.imag + np.conj(z) * z, rtol=1e-6)
+
+
+def test_custom_rules_on_complex():
+    @spmd.custom_jvp
+    def f(z):
+        return snp.exp(z)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        y = snp.exp(primals[0])
+        return y, y * tangents[0]
+
+    @spmd.custom_vjp
+    def g(z):
+        return snp.exp(z)
+
+    g.defvjp(lambda z: (snp.exp(z), snp.exp(z)), lambda r, ct: (ct * r,))
+    z = np.complex64(0.5 + 1j)
+    want = np.exp(0.5 + 1j)  # grad of Re(exp) is conj(conj(exp(z))) = exp(z)
+    for h in (f, g):
+        for gr in (spmd.grad(lambda v: snp.real(h(v))),
+                   spmd.jit(spmd.grad(lambda v: snp.real(h(v))))):
+            np.testing.assert_allclose(complex(gr(z)), want, rtol=1e-5)
