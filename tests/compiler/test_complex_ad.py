@@ -194,3 +194,25 @@ def test_custom_rules_on_complex():
         for gr in (spmd.grad(lambda v: snp.real(h(v))),
                    spmd.jit(spmd.grad(lambda v: snp.real(h(v))))):
             np.testing.assert_allclose(complex(gr(z)), want, rtol=1e-5)
+
+
+def test_lax_complex_parts():
+    from spmd import lax
+
+    x, y = np.float32([1.0, -2.0]), np.float32([0.5, 3.0])
+    z = lax.complex(x, y)
+    assert z.dtype == np.complex64
+    np.testing.assert_array_equal(np.asarray(z), x + 1j * y)
+    np.testing.assert_array_equal(np.asarray(lax.real(z)), x)
+    np.testing.assert_array_equal(np.asarray(lax.imag(z)), y)
+    np.testing.assert_array_equal(np.asarray(lax.conj(z)), x - 1j * y)
+    # complex(x, y) transposes to (real(ct), -imag(ct)) (JAX's rule): d/dx of
+    # Re(ct * z) is Re(ct), d/dy is -Im(ct).
+    ct = np.complex64(2 - 3j)
+    gx, gy = spmd.grad(lambda a, b: snp.real(ct * lax.complex(a, b)), argnums=(0, 1))(
+        np.float32(1.0), np.float32(2.0))
+    assert (float(gx), float(gy)) == (2.0, 3.0)
+    with pytest.raises(errors.DTypeError, match="not complex"):
+        lax.real(x)
+    with pytest.raises(errors.DTypeError, match="float32 or float64"):
+        lax.complex(np.int32([1]), np.int32([2]))
