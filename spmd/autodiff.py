@@ -71,8 +71,9 @@ def jvp(fun: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fa
 
 def _tangent_in(p, t):
     av = get_aval(p)
-    if not dtypes.is_float(av.dtype):
+    if not dtypes.is_inexact(av.dtype):
         return Zero(tangent_aval(av))
+    _check_no_imag_loss(t, av, "jvp: tangent")
     from spmd.numpy._util import to_array
     from spmd.compiler.ops.elementwise import convert
 
@@ -91,7 +92,7 @@ def linearize(fun: Callable, *primals):
     p_leaves, p_tree = tree_util.tree_flatten(tuple(primals))
     box: list = []
     flat = _flat_fun(fun, p_tree, f"linearize({_name(fun)})", box)
-    diff = [dtypes.is_float(get_aval(p).dtype) for p in p_leaves]
+    diff = [dtypes.is_inexact(get_aval(p).dtype) for p in p_leaves]
     out_p, lin = linearize_flat(flat, p_leaves, diff, eager=True)
     out_tree = box[0]
 
@@ -117,7 +118,7 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
     # traced function, so that they leave the trace as values, not tracers.
     f = _aux_as_output(fun) if has_aux else fun
     flat = _flat_fun(f, p_tree, f"vjp({_name(fun)})", box)
-    diff = [dtypes.is_float(get_aval(p).dtype) for p in p_leaves]
+    diff = [dtypes.is_inexact(get_aval(p).dtype) for p in p_leaves]
     out_p, lin = linearize_flat(flat, p_leaves, diff, eager=True)
     out_tree = box[0]
     aux = None
@@ -165,12 +166,20 @@ def _aux_as_output(fun):
 
 def _ct_in(c, o):
     av = get_aval(o)
-    if not dtypes.is_float(av.dtype):
+    if not dtypes.is_inexact(av.dtype):
         return Zero(tangent_aval(av))
+    _check_no_imag_loss(c, av, "vjp: cotangent")
     from spmd.compiler.ops.elementwise import convert
     from spmd.numpy._util import to_array
 
     return convert(to_array(c), av.dtype)
+
+
+def _check_no_imag_loss(v, aval, what):
+    """A complex tangent for a real primal would lose its imaginary part: refuse it."""
+    if np.iscomplexobj(v) and not dtypes.is_complex(aval.dtype):
+        raise GradientError(f"{what} has dtype {get_aval(v).dtype} but its primal is real "
+                            f"({aval.dtype}); pass a real value (e.g. snp.real(t))")
 
 
 def _materialize(ct, aval):
@@ -187,11 +196,18 @@ def _check_argnums(fun, argnums, nargs, fname):
     return single, tuple(a % nargs for a in nums)
 
 
-def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = False):
+def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = False,
+                   holomorphic: bool = False):
     """A function returning ``(fun(*args), gradient w.r.t. args[argnums])``.
 
     With ``allow_int=True`` integer and bool arguments are allowed; their
     gradients are float0 zeros (as in JAX).
+
+    Complex inputs follow JAX's convention: for a real-valued ``fun`` of ``z = x + iy``
+    the gradient is ``df/dx - i df/dy`` (the conjugate of the steepest-ascent
+    direction; step with ``z - lr * conj(g)``).  With ``holomorphic=True`` the
+    output and the inputs must be complex and the result is the complex derivative
+    ``f'(z)``.
 
     >>> value_and_grad(lambda x: (x ** 2).sum())(np.ones(3, np.float32))  # doctest: +SKIP
     """
@@ -203,7 +219,13 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: b
         for i in nums:
             for path, leaf in tree_util.tree_flatten_with_path(args[i])[0]:
                 dt = get_aval(leaf).dtype
-                if not dtypes.is_float(dt) and not allow_int:
+                if holomorphic and not dtypes.is_complex(dt):
+                    raise GradientError(
+                        f"grad({_name(fun)}, holomorphic=True): argument "
+                        f"{i}{tree_util.keystr(path)} has dtype {dt}; holomorphic "
+                        "differentiation needs complex inputs (convert with "
+                        ".astype(np.complex64))")
+                if not dtypes.is_inexact(dt) and not allow_int:
                     raise GradientError(
                         f"grad({_name(fun)}): argument {i}{tree_util.keystr(path)} has dtype "
                         f"{dt}; grad requires floating-point inputs. Convert it with "
@@ -225,9 +247,14 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: b
                                 f"(shape ()), it returned shape(s) {shapes}; reduce it (e.g. "
                                 ".sum()) or use vjp/jacrev for non-scalar outputs")
         dt = get_aval(leaves[0]).dtype
-        if not dtypes.is_float(dt):
+        if holomorphic and not dtypes.is_complex(dt):
+            raise GradientError(f"grad({_name(fun)}, holomorphic=True): the output has dtype "
+                                f"{dt}; a holomorphic function returns a complex value")
+        if not holomorphic and not dtypes.is_float(dt):
+            hint = (" (for a complex output pass holomorphic=True, or differentiate a real "
+                    "part: snp.real(f(z)) or snp.abs(f(z)))" if dtypes.is_complex(dt) else "")
             raise GradientError(f"grad({_name(fun)}): the output has dtype {dt}; grad needs a "
-                                "floating-point output")
+                                "real floating-point output" + hint)
         from spmd.compiler.ops.structural import full
 
         g = f_vjp(full((), 1.0, dt))
@@ -239,14 +266,15 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: b
     return wrapped
 
 
-def grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = False):
-    """The gradient of a scalar-valued ``fun`` w.r.t. ``args[argnums]`` (``allow_int``:
-    see :func:`value_and_grad`).
+def grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = False,
+         holomorphic: bool = False):
+    """The gradient of a scalar-valued ``fun`` w.r.t. ``args[argnums]`` (``allow_int``,
+    ``holomorphic`` and complex inputs: see :func:`value_and_grad`).
 
     >>> grad(lambda x: (x * x).sum())(np.array([1.0, 2.0], np.float32))
     Array([2., 4.], dtype=float32)
     """
-    vg = value_and_grad(fun, argnums, has_aux, allow_int)
+    vg = value_and_grad(fun, argnums, has_aux, allow_int, holomorphic)
 
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
@@ -273,10 +301,11 @@ def _with_args(fun, args, nums):
     return f_diff
 
 
-def jacfwd(fun: Callable, argnums=0, has_aux: bool = False):
+def jacfwd(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = False):
     """Jacobian by forward mode: one vmapped jvp per input leaf over its basis.
 
     The result has the output's structure; each leaf has shape ``out.shape + in.shape``.
+    Complex inputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
     """
     from spmd.compiler.ops.structural import reshape, transpose
     from spmd.vectorize import vmap
@@ -284,6 +313,7 @@ def jacfwd(fun: Callable, argnums=0, has_aux: bool = False):
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacfwd")
         diff = tuple(args[i] for i in nums)
+        _check_holomorphic(fun, "jacfwd", "input", tree_util.tree_leaves(diff), holomorphic)
         f_diff = _with_args(fun, args, nums)
         leaves, tree = tree_util.tree_flatten(diff)
         per_input = []
@@ -306,16 +336,22 @@ def jacfwd(fun: Callable, argnums=0, has_aux: bool = False):
     return jac
 
 
-def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
-    """Jacobian by reverse mode: one vmapped vjp per output leaf over its basis."""
+def jacrev(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = False):
+    """Jacobian by reverse mode: one vmapped vjp per output leaf over its basis.
+
+    Complex outputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
+    """
     from spmd.compiler.ops.structural import reshape
     from spmd.vectorize import vmap
 
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacrev")
         diff = tuple(args[i] for i in nums)
+        if holomorphic:
+            _check_holomorphic(fun, "jacrev", "input", tree_util.tree_leaves(diff), True)
         out, f_vjp = vjp(_with_args(fun, args, nums), *diff)
         out_leaves, out_tree = tree_util.tree_flatten(out)
+        _check_holomorphic(fun, "jacrev", "output", out_leaves, holomorphic)
         in_leaves, in_tree = tree_util.tree_flatten(diff)
         per_output = []
         for j, o in enumerate(out_leaves):
@@ -331,6 +367,20 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
         return tree_util.tree_unflatten(out_tree, per_output)
 
     return jac
+
+
+def _check_holomorphic(fun, fname, what, leaves, holomorphic):
+    """JAX's rule: complex values in a Jacobian need ``holomorphic=True``, which in
+    turn needs every one of them complex (a real-to-complex map has no f'(z))."""
+    for k, leaf in enumerate(leaves):
+        dt = get_aval(leaf).dtype
+        if holomorphic and not dtypes.is_complex(dt):
+            raise GradientError(f"{fname}({_name(fun)}, holomorphic=True): {what} {k} has "
+                                f"dtype {dt}; holomorphic Jacobians need complex {what}s")
+        if not holomorphic and dtypes.is_complex(dt):
+            raise GradientError(f"{fname}({_name(fun)}): {what} {k} has complex dtype {dt}; "
+                                "pass holomorphic=True for a holomorphic function, or split "
+                                "it into real and imaginary parts")
 
 
 def _assemble(per_input, in_tree, single):

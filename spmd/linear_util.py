@@ -47,7 +47,7 @@ def linear_transpose(fun: Callable, *primals, reduce_axes=()) -> Callable:
     leaves, in_tree = tree_util.tree_flatten(primals)
     avals = [_aval(x) for x in leaves]
     for i, a in enumerate(avals):
-        if not dtypes.is_float(a.dtype):
+        if not dtypes.is_inexact(a.dtype):
             raise ArgumentError(f"linear_transpose: input {i} has dtype {a.dtype}; a linear "
                                 "function's inputs must be floating point")
     box: list = []

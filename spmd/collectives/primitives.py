@@ -26,7 +26,7 @@ from spmd.compiler.ad_util import Zero
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import axis_scope, axes_in_scope, bind, get_aval
-from spmd.errors import ArgumentError, ShapeError, SpmdError
+from spmd.errors import ArgumentError, DTypeError, ShapeError, SpmdError
 
 
 class CollectiveAxisError(SpmdError, NameError):
@@ -149,7 +149,14 @@ _same = lambda params: params  # noqa: E731
 def _reduce_prim(name, op):
     p = Primitive(name)
     p.def_impl(_no_impl(name))
-    p.def_abstract_eval(lambda x, *, axes: x)
+
+    @p.def_abstract_eval
+    def aval(x, *, axes):
+        if op != "sum" and dtypes.is_complex(x.dtype):  # complex numbers have no order
+            raise DTypeError(f"{name}: operand dtype {x.dtype} is complex, which has no "
+                             f"{op}; reduce snp.real(x), snp.imag(x) or snp.abs(x) instead")
+        return x
+
     p.def_vma(lambda x, *, axes: [x.vma - set(axes)])
 
     def local(group, x, d, params):

@@ -61,7 +61,7 @@ class ShapedArray:
 
 def tangent_aval(aval: ShapedArray) -> ShapedArray:
     """The aval of a tangent/cotangent of a value of type ``aval``."""
-    if dtypes.is_float(aval.dtype):
+    if dtypes.is_inexact(aval.dtype):
         return aval.update(weak_type=False)
     return aval.update(dtype=dtypes.float0, weak_type=False)
 

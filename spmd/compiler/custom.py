@@ -46,7 +46,7 @@ def _split_closure(primals, tangents, num_consts, kind):
     the user's rule says nothing about them, so their derivative would silently be
     zero (JAX raises the same error)."""
     for t in tangents[:num_consts]:
-        if not isinstance(t, Zero) and dtypes.is_float(get_aval(t).dtype):
+        if not isinstance(t, Zero) and dtypes.is_inexact(get_aval(t).dtype):
             raise CustomRuleError(
                 f"differentiation of a {kind} function with respect to a value it closes "
                 f"over: the {kind} rule only says how to differentiate with respect to the "
@@ -370,7 +370,7 @@ def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree, 
     in_avals = tuple(get_aval(p) for p in primals)
     # Integer and boolean inputs have float0 tangents, which carry nothing: only the
     # floating inputs' tangents are operands of the linear stand-in.
-    tangent_pos = tuple(i for i, a in enumerate(in_avals) if dtypes.is_float(a.dtype))
+    tangent_pos = tuple(i for i, a in enumerate(in_avals) if dtypes.is_inexact(a.dtype))
     tangents = [instantiate(tangents[i]) for i in tangent_pos]
     out_avals = tuple(tangent_aval(get_aval(o)) for o in out_leaves)
     out_t = bind(custom_lin_p, *res_leaves, *tangents, num_res=len(res_leaves), bwd=bwd,

@@ -1,6 +1,6 @@
 """Dtypes: which are supported, 32-bit canonicalisation, and type promotion.
 
-The rules follow JAX (JEP 9407): a lattice ``bool < int < float`` in which Python
+The rules follow JAX (JEP 9407): a lattice ``bool < int < float < complex`` in which Python
 scalars are *weak* (they adopt the dtype of the array they meet), and 64-bit
 types are narrowed to 32 bits unless ``enable_x64`` is on.
 """
@@ -16,9 +16,10 @@ bool_ = np.dtype(np.bool_)
 int8, int16, int32, int64 = (np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
 uint8, uint16, uint32, uint64 = (np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 float16, float32, float64 = (np.dtype(t) for t in (np.float16, np.float32, np.float64))
+complex64, complex128 = np.dtype(np.complex64), np.dtype(np.complex128)
 
 SUPPORTED = frozenset([bool_, int8, int16, int32, int64, uint8, uint16, uint32, uint64,
-                       float16, float32, float64])
+                       float16, float32, float64, complex64, complex128])
 
 try:  # bfloat16 is optional: it comes with ml_dtypes when installed.
     import ml_dtypes
@@ -28,14 +29,15 @@ try:  # bfloat16 is optional: it comes with ml_dtypes when installed.
 except ImportError:  # pragma: no cover - depends on the environment
     bfloat16 = None
 
-_NARROW = {int64: int32, uint64: uint32, float64: float32}
+_NARROW = {int64: int32, uint64: uint32, float64: float32, complex128: complex64}
 
 # float0 is the dtype of cotangents of integer inputs (as in JAX): no data.
 float0 = np.dtype([("float0", np.void, 0)])
 
 
 def _short_names() -> dict:
-    names = {bool_: "bool", float16: "f16", float32: "f32", float64: "f64"}
+    names = {bool_: "bool", float16: "f16", float32: "f32", float64: "f64",
+             complex64: "c64", complex128: "c128"}
     for d in (int8, int16, int32, int64):
         names[d] = f"i{d.itemsize * 8}"
     for d in (uint8, uint16, uint32, uint64):
@@ -61,9 +63,37 @@ def default_float() -> np.dtype:
     return float64 if x64_enabled() else float32
 
 
+def default_complex() -> np.dtype:
+    return complex128 if x64_enabled() else complex64
+
+
 def is_float(dtype) -> bool:
+    """Real floating point (not complex): ``is_float('f32')`` is True."""
     dtype = np.dtype(dtype)
     return dtype.kind == "f" or dtype == bfloat16
+
+
+def is_complex(dtype) -> bool:
+    return np.dtype(dtype).kind == "c"
+
+
+def is_inexact(dtype) -> bool:
+    """Float or complex: the dtypes that carry tangents (``is_inexact('c64')`` is True)."""
+    return is_float(dtype) or is_complex(dtype)
+
+
+def real_dtype(dtype) -> np.dtype:
+    """The dtype of the real and imaginary parts: ``real_dtype('c64')`` is f32."""
+    d = np.dtype(dtype)
+    return {complex64: float32, complex128: float64}.get(d, d)
+
+
+def complex_dtype(dtype) -> np.dtype:
+    """The complex dtype with parts of ``dtype``'s width (f64 -> c128, else c64)."""
+    d = np.dtype(dtype)
+    if is_complex(d):
+        return d
+    return complex128 if d == float64 or (is_int(d) and x64_enabled()) else complex64
 
 
 def is_int(dtype) -> bool:
@@ -105,7 +135,7 @@ def python_scalar_dtype(x) -> np.dtype:
     if isinstance(x, float):
         return default_float()
     if isinstance(x, complex):
-        raise DTypeError("spmd: complex numbers are not supported")
+        return default_complex()
     raise DTypeError(f"spmd: {type(x).__name__} is not a Python scalar")
 
 
@@ -115,7 +145,7 @@ def _kind_rank(dtype) -> int:
         return 0
     if is_int(dtype):
         return 1
-    return 2
+    return 3 if is_complex(dtype) else 2
 
 
 def _promote_strong(a: np.dtype, b: np.dtype) -> np.dtype:
@@ -123,13 +153,22 @@ def _promote_strong(a: np.dtype, b: np.dtype) -> np.dtype:
         return a
     ra, rb = _kind_rank(a), _kind_rank(b)
     if ra != rb:  # int with float gives the float (JAX's lattice), bool gives the other
-        return a if ra > rb else b
+        hi, lo = (a, b) if ra > rb else (b, a)
+        if is_complex(hi) and is_float(lo):  # f64 with c64 gives c128, as in numpy and JAX
+            return complex_dtype(np.promote_types(real_dtype(hi), _no_bf16(lo)))
+        return hi
+    if ra == 3:
+        return a if a.itemsize >= b.itemsize else b
     if ra == 2:
         if bfloat16 is not None and bfloat16 in (a, b):
             other = b if a == bfloat16 else a
             return float32 if other == float16 else other
         return a if a.itemsize >= b.itemsize else b
     return np.promote_types(a, b)
+
+
+def _no_bf16(d: np.dtype) -> np.dtype:
+    return float32 if d == bfloat16 else d
 
 
 def result_type(*typed) -> tuple:
@@ -147,6 +186,9 @@ def result_type(*typed) -> tuple:
         # A weak operand only matters when it is of a higher kind.
         top_weak = max((_kind_rank(d) for d in weak), default=-1)
         if top_weak > _kind_rank(out):
+            if top_weak == 3:  # a complex scalar meets a real array: f32 -> c64 (JAX)
+                return canonicalize(complex_dtype(out) if is_float(out)
+                                    else default_complex()), not is_float(out)
             return (default_float() if top_weak == 2 else default_int()), True
         return canonicalize(out), False
     out = weak[0]

@@ -347,7 +347,7 @@ def saved_residuals(fun: Callable, *args, **kwargs) -> list[tuple]:
                                "saved_residuals")[0]
 
     avals = [get_aval(x) for x in leaves]
-    diff = [dtypes.is_float(a.dtype) for a in avals]
+    diff = [dtypes.is_inexact(a.dtype) for a in avals]
     diff_avals = [tangent_aval(a) for a, d in zip(avals, diff) if d]
 
     n_out: list = []

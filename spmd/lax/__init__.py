@@ -8,6 +8,8 @@ from spmd.compiler.ops.elementwise import (  # noqa: F401
     convert as convert_element_type, cos, cosh, div, eq, exp, expm1, floor, ge, gt,
     integer_pow, is_finite, le, log, log1p, logistic, lt, max, min, mul, ne, neg, pow, rem,
     round, rsqrt, select, select_n, sign, sin, sinh, sqrt, sub, tan, tanh)
+from spmd.compiler.ops.complex import conj, imag, real  # noqa: F401
+from spmd.compiler.ops.complex import make_complex as complex  # noqa: F401,A001
 from spmd.compiler.ops.linalg import dot_general  # noqa: F401
 from spmd.compiler.ops.reduce import reduce_max, reduce_min, reduce_sum  # noqa: F401
 from spmd.compiler.ops.structural import (  # noqa: F401

@@ -40,7 +40,7 @@ def _as_value(x, fname: str, what: str):
     if isinstance(x, (Tracer, Array, np.ndarray, np.generic)):
         get_aval(x)  # rejects unsupported dtypes with a clear error
         return x
-    if isinstance(x, (bool, int, float)):
+    if isinstance(x, (bool, int, float, complex)):
         return Array(np.asarray(x, dtype=get_aval(x).dtype), get_aval(x))
     from spmd.numpy._util import to_array
 

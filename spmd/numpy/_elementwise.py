@@ -23,9 +23,11 @@ __all__ = ["add", "subtract", "multiply", "divide", "true_divide", "maximum", "m
            "logaddexp"]
 
 
-def _binary(lax_fn, name, to_float=False):
+def _binary(lax_fn, name, to_float=False, ordered=False):
     def f(x1, x2, /):
         a, b = promote_and_broadcast(x1, x2, fname=f"spmd.numpy.{name}", to_float=to_float)
+        if ordered and dtypes.is_complex(get_aval(a).dtype):
+            return _lexicographic(lax_fn, a, b)
         return lax_fn(a, b)
 
     f.__name__ = name
@@ -52,10 +54,18 @@ minimum = _binary(ew.min, "minimum")
 arctan2 = _binary(ew.atan2, "arctan2", to_float=True)
 equal = _binary(ew.eq, "equal")
 not_equal = _binary(ew.ne, "not_equal")
-less = _binary(ew.lt, "less")
-less_equal = _binary(ew.le, "less_equal")
-greater = _binary(ew.gt, "greater")
-greater_equal = _binary(ew.ge, "greater_equal")
+less = _binary(ew.lt, "less", ordered=True)
+less_equal = _binary(ew.le, "less_equal", ordered=True)
+greater = _binary(ew.gt, "greater", ordered=True)
+greater_equal = _binary(ew.ge, "greater_equal", ordered=True)
+
+
+def _lexicographic(lax_fn, a, b):
+    """Order complex numbers by real part, then imaginary part (numpy and JAX do)."""
+    from spmd.compiler.ops import complex as cx
+
+    ra, rb = cx.real(a), cx.real(b)
+    return ew.select(ew.eq(ra, rb), lax_fn(cx.imag(a), cx.imag(b)), lax_fn(ra, rb))
 bitwise_and = _binary(ew.bitwise_and, "bitwise_and")
 bitwise_or = _binary(ew.bitwise_or, "bitwise_or")
 bitwise_xor = _binary(ew.bitwise_xor, "bitwise_xor")
@@ -92,6 +102,7 @@ abs = absolute
 def _rounding(lax_fn, name):
     def f(x, /):
         (a,) = promote_dtypes(x, fname=f"spmd.numpy.{name}")
+        _no_complex(a, name)
         if not dtypes.is_float(get_aval(a).dtype):
             return a  # integers are already whole
         return lax_fn(a)
@@ -108,6 +119,7 @@ def round(x, decimals: int = 0):
     """Round half to even, like ``numpy.round``."""
     (a,) = promote_dtypes(x, fname="spmd.numpy.round")
     decimals = static_int(decimals, "spmd.numpy.round", "decimals")
+    _no_complex(a, "round")
     if not dtypes.is_float(get_aval(a).dtype):
         return a
     if decimals == 0:
@@ -117,6 +129,12 @@ def round(x, decimals: int = 0):
 
 
 around = round
+
+
+def _no_complex(a, name):
+    if dtypes.is_complex(get_aval(a).dtype):
+        raise DTypeError(f"spmd.numpy.{name}: complex input ({get_aval(a).dtype}) is not "
+                         f"supported; apply it to snp.real(x) and snp.imag(x) separately")
 
 
 def square(x, /):
@@ -211,7 +229,7 @@ def power(x1, x2, /):
         pass
     else:
         (a,) = _numeric(promote_dtypes(x1, fname="spmd.numpy.power"))
-        if n < 0 and not dtypes.is_float(get_aval(a).dtype):
+        if n < 0 and not dtypes.is_inexact(get_aval(a).dtype):
             raise DTypeError(f"spmd.numpy.power: integers cannot be raised to a negative "
                              f"static power, got {get_aval(a).dtype} ** {n} (as in JAX); "
                              "convert the base to float first, e.g. x.astype(float) ** n")

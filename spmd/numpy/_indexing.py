@@ -443,7 +443,7 @@ def _static_window(plan):
 def _default_fill(dtype):
     """JAX's fill for out-of-bounds reads: NaN, the most negative int, uint max, True."""
     dtype = np.dtype(dtype)
-    if dtypes.is_float(dtype):
+    if dtypes.is_inexact(dtype):
         return float("nan")
     if dtype.kind == "i":
         return int(np.iinfo(dtype).min)

@@ -113,11 +113,13 @@ def inner(a, b, /):
 
 
 def vdot(a, b, /):
-    """Dot product of the flattened inputs (real arrays: no conjugation is needed)."""
+    """Dot product of the flattened inputs, conjugating the first when complex
+    (``vdot([1j], [1j]) == 1``, as numpy)."""
     from spmd.numpy._shape import ravel
+    from spmd.numpy._complex import conj
 
     x, y = promote_dtypes(a, b, fname="spmd.numpy.vdot")
-    x, y = ravel(x), ravel(y)
+    x, y = ravel(conj(x)), ravel(y)
     if get_aval(x).shape != get_aval(y).shape:
         raise ShapeError(f"spmd.numpy.vdot: inputs have {get_aval(x).size} and "
                          f"{get_aval(y).size} elements; they must have the same size")

@@ -63,7 +63,8 @@ def install() -> None:
     methods = {name: getattr(snp, name) for name in (
         "reshape", "transpose", "sum", "mean", "max", "min", "astype", "squeeze", "ravel",
         "argmax", "argmin", "any", "all", "cumsum", "prod", "var", "std", "clip", "round",
-        "swapaxes", "flatten", "dot", "take", "sort", "argsort") if hasattr(snp, name)}
+        "swapaxes", "flatten", "dot", "take", "sort", "argsort", "conj", "conjugate")
+        if hasattr(snp, name)}
     if "reshape" in methods:
         methods["reshape"] = lambda self, *shape, **kw: snp.reshape(
             self, shape[0] if len(shape) == 1 else shape, **kw)
@@ -82,6 +83,8 @@ def install() -> None:
             setattr(cls, name, fn)
         cls.T = property(lambda self: snp.transpose(self))
         cls.mT = property(lambda self: snp.swapaxes(self, -1, -2))
+        cls.real = property(lambda self: snp.real(self))
+        cls.imag = property(lambda self: snp.imag(self))
         if hasattr(snp, "_getitem"):
             cls.__getitem__ = snp._getitem
         if hasattr(snp, "_IndexUpdateHelper"):

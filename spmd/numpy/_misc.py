@@ -23,6 +23,8 @@ def isnan(x, /):
     """Elementwise: is ``x`` NaN (always False for integers and bools)."""
     check_arraylike("spmd.numpy.isnan", x)
     a = to_array(x, fname="spmd.numpy.isnan")
+    if dtypes.is_complex(a.dtype):  # NaN in either part, as numpy
+        return ew.bitwise_or(isnan(_part(a, 0)), isnan(_part(a, 1)))
     if not dtypes.is_float(a.dtype):
         from spmd.numpy._creation import zeros
 
@@ -34,11 +36,19 @@ def isinf(x, /):
     """Elementwise: is ``x`` +inf or -inf (always False for integers and bools)."""
     check_arraylike("spmd.numpy.isinf", x)
     a = to_array(x, fname="spmd.numpy.isinf")
+    if dtypes.is_complex(a.dtype):  # inf in either part, as numpy
+        return ew.bitwise_or(isinf(_part(a, 0)), isinf(_part(a, 1)))
     if not dtypes.is_float(a.dtype):
         from spmd.numpy._creation import zeros
 
         return zeros(a.shape, bool)
     return ew.eq(ew.abs(a), np.array(np.inf, a.dtype))
+
+
+def _part(a, which):
+    from spmd.compiler.ops import complex as cx
+
+    return (cx.real, cx.imag, cx.conj)[which](a)
 
 
 def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan: bool = False):
@@ -50,7 +60,8 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan: bool = False):
     """
     x, y = promote_and_broadcast(a, b, fname="spmd.numpy.isclose", to_float=True)
     dt = x.dtype
-    tol = ew.add(np.array(atol, dt), ew.mul(np.array(rtol, dt), ew.abs(y)))
+    rdt = dtypes.real_dtype(dt)  # |.| of a complex value is real
+    tol = ew.add(np.array(atol, rdt), ew.mul(np.array(rtol, rdt), ew.abs(y)))
     finite = ew.bitwise_and(ew.is_finite(x), ew.is_finite(y))
     zero = np.array(0, dt)
     # Non-finite pairs are compared with ==; zero them first so inf - inf is not computed.
@@ -172,7 +183,7 @@ def convolve(a, v, mode: str = "full", *, precision=None, preferred_element_type
 
 def correlate(a, v, mode: str = "valid", *, precision=None, preferred_element_type=None):
     """The cross-correlation ``c[k] = sum_n a[n + k] v[n]`` of 1-d ``a`` and ``v``, as
-    ``numpy.correlate`` (real arrays).
+    ``numpy.correlate`` (complex ``v`` is conjugated, as numpy does).
 
     >>> correlate(snp.array([1.0, 2.0, 3.0]), snp.array([0.0, 1.0, 0.5]))
     Array([3.5], dtype=float32)
@@ -180,6 +191,8 @@ def correlate(a, v, mode: str = "valid", *, precision=None, preferred_element_ty
     from spmd.numpy._util import promote_dtypes
 
     x, k = promote_dtypes(a, v, fname="spmd.numpy.correlate")
+    if dtypes.is_complex(k.dtype):  # numpy conjugates v: sum_n a[n + k] conj(v[n])
+        k = _part(k, 2)
     if k.ndim != 1:
         raise ShapeError(f"spmd.numpy.correlate: a and v must be 1-d, got shapes {x.shape} "
                          f"and {k.shape}")

@@ -82,7 +82,7 @@ def _count(shape, axes) -> int:
 def _float_dtype(av, dtype, fname):
     if dtype is not None:
         return dtypes.canonicalize(dtype, fname)
-    return av.dtype if dtypes.is_float(av.dtype) else dtypes.default_float()
+    return av.dtype if dtypes.is_inexact(av.dtype) else dtypes.default_float()
 
 
 def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False):
@@ -119,7 +119,14 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     kept = tuple(i for i in range(av.ndim) if i not in axes)
     m = ew.div(red.reduce_sum(x, axes), np.array(n, dt)[()])
     centered = ew.sub(x, _bid(m, av.shape, kept))
-    ss = red.reduce_sum(ew.mul(centered, centered), axes)
+    if dtypes.is_complex(dt):  # |x - m|^2, real (as numpy's var of complex)
+        from spmd.compiler.ops import complex as cx
+
+        re, im = cx.real(centered), cx.imag(centered)
+        dt = dtypes.real_dtype(dt)
+        ss = red.reduce_sum(ew.add(ew.mul(re, re), ew.mul(im, im)), axes)
+    else:
+        ss = red.reduce_sum(ew.mul(centered, centered), axes)
     # numpy's divisor: never negative, so ddof >= n gives inf/nan, not a sign flip.
     if isinstance(ddof, Tracer):  # a traced ddof is fine (as in JAX): it is only data
         zero = np.array(0, dt)[()]

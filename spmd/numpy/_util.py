@@ -18,6 +18,11 @@ def is_traced_or_array(x) -> bool:
     return isinstance(x, (Tracer, Array))
 
 
+def aval_of(x) -> ShapedArray:
+    """The aval of an array, tracer, or value numpy would make an array of."""
+    return get_aval(x if is_traced_or_array(x) else to_array(x))
+
+
 def to_array(x, dtype=None, fname: str = "spmd.numpy"):
     """Turn any array-like (nested lists too) into an Array or tracer.
 
@@ -25,7 +30,7 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
     """
     if isinstance(x, (Tracer, Array)):
         return x if dtype is None else convert(x, dtypes.canonicalize(dtype, fname))
-    if isinstance(x, (bool, int, float)) and dtype is None:
+    if isinstance(x, (bool, int, float, complex)) and dtype is None:
         aval = get_aval(x)
         return Array(np.asarray(x, dtype=aval.dtype), aval)
     if isinstance(x, (list, tuple)) and any(is_traced_or_array(e) for e in _flat(x)):
@@ -82,7 +87,7 @@ def promote_to_float(*args, fname: str = "spmd.numpy"):
     """Promote, then make integers and bools floating (for sqrt, exp, true divide...)."""
     arrs = promote_dtypes(*args, fname=fname)
     av = get_aval(arrs[0])
-    if dtypes.is_float(av.dtype):
+    if dtypes.is_inexact(av.dtype):
         return arrs
     return [convert(a, dtypes.default_float(), av.weak_type) for a in arrs]
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from spmd.compiler.ops import linalg_decomp as _ld
-from spmd.errors import ArgumentError, ShapeError
+from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axes,
                               promote_to_float, require_static)
 
@@ -234,6 +234,7 @@ def norm(x, ord=None, axis=None, keepdims: bool = False):
     nd = a.ndim
     if axis is None:
         if ord is None:
+            a = _magnitude(a, fname, ord, 1)
             return _keep(_vector_norm(a.reshape(-1), 2, 0, fname), a.shape, tuple(range(nd)),
                          keepdims)
         if nd not in (1, 2):
@@ -241,6 +242,7 @@ def norm(x, ord=None, axis=None, keepdims: bool = False):
                                 f"array, got shape {a.shape}; pass axis")
         axis = tuple(range(nd))
     axes = canonicalize_axes(axis, nd, fname)
+    a = _magnitude(a, fname, ord, len(axes))
     if len(axes) == 1:
         out = _vector_norm(a, 2 if ord is None else ord, axes[0], fname)
     elif len(axes) == 2:
@@ -255,6 +257,20 @@ def _keep(out, shape, axes, keepdims):
     if not keepdims:
         return out
     return out.reshape(tuple(1 if i in axes else n for i, n in enumerate(shape)))
+
+
+def _magnitude(a, fname, ord, n_axes):
+    """|a| for complex ``a``: vector and Frobenius norms depend only on magnitudes;
+    the spectral ones need a complex SVD, which spmd does not have."""
+    from spmd.compiler import dtypes
+    from spmd.numpy import _elementwise as ew
+
+    if not dtypes.is_complex(a.dtype):
+        return a
+    if n_axes == 1 or ord in (None, "fro"):
+        return ew.abs(a)
+    raise DTypeError(f"{fname}: ord={ord!r} matrix norms of complex arrays are not supported "
+                     "(they need a complex SVD); use ord='fro' or vector norms")
 
 
 def _vector_norm(a, ord, axis, fname):

@@ -106,7 +106,7 @@ def _leaf_array(x, where: str) -> Array:
     if not is_array_like(x):
         raise DTypeError(f"{where} is {_describe(x)} ({x!r:.60}), not an array; pass numpy "
                          "arrays, spmd Arrays or Python scalars")
-    if isinstance(x, (bool, int, float)):  # Python scalars stay weakly typed
+    if isinstance(x, (bool, int, float, complex)):  # Python scalars stay weakly typed
         dtype = dtypes.python_scalar_dtype(x)
         return Array(np.array(x, dtype=dtype), ShapedArray((), dtype, True))
     if array_module.is_device_array(x):  # a GPU (cupy) array: copied on (this process's) GPU

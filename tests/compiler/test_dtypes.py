@@ -124,8 +124,9 @@ def test_float64_input_computes_in_float32():
 
 
 def test_canonicalize_rejects_unsupported():
-    with pytest.raises(spmd.errors.DTypeError, match="complex"):
-        dtypes.canonicalize(np.complex64)
+    # complex64/128 are supported; the extended-precision complex is not.
+    with pytest.raises(spmd.errors.DTypeError, match="unsupported dtype complex"):
+        dtypes.canonicalize(np.clongdouble)
     with pytest.raises(spmd.errors.DTypeError):
         spmd.jit(lambda x: x)(np.array(["a"]))
 
@@ -154,3 +155,22 @@ def test_x64_switch():
 def test_unknown_config_option():
     with pytest.raises(spmd.errors.ArgumentError, match="enable_x64"):
         spmd.config.update("enable_x46", True)
+
+
+def test_complex_promotion_lattice():
+    """bool < int < float < complex (JAX's lattice); widths as in JAX."""
+    C64, C128 = np.dtype(np.complex64), np.dtype(np.complex128)
+    assert dtypes.result_type((F32, False), (C64, False)) == (C64, False)
+    assert dtypes.result_type((I32, False), (C64, False)) == (C64, False)
+    assert dtypes.result_type((C64, False), (F32, True)) == (C64, False)  # weak float adapts
+    assert dtypes.result_type((F32, False), (C64, True)) == (C64, False)  # weak complex: c64
+    assert dtypes.result_type((I32, False), (C64, True)) == (C64, True)
+    assert dtypes.python_scalar_dtype(1j) == C64
+    assert dtypes.canonicalize(C128) == C64  # narrowed without x64
+    try:
+        spmd.config.update("enable_x64", True)
+        assert dtypes.result_type((F64, False), (C64, False)) == (C128, False)
+        assert dtypes.result_type((F32, False), (C64, True)) == (C64, False)
+        assert dtypes.python_scalar_dtype(1j) == C128
+    finally:
+        spmd.config.update("enable_x64", False)

@@ -89,6 +89,11 @@ def _axes(axes) -> tuple[str, ...]:
     return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
+def _wide(a):
+    """float64 (complex128 for complex values) for an exact oracle sum."""
+    return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+
+
 class RefMesh:
     """What each device of a mesh holds, computed with numpy and loops over coordinates.
 
@@ -147,11 +152,11 @@ class RefMesh:
         g = [blocks[d] for d in self.group(c, axes)]
         if g[0].dtype == np.bool_:
             raise ValueError("psum of bool is not tested")
-        return np.sum(np.stack(g).astype(np.float64), axis=0).astype(g[0].dtype)
+        return np.sum(_wide(np.stack(g)), axis=0).astype(g[0].dtype)
 
     def pmean(self, blocks, c, axes):
         g = [blocks[d] for d in self.group(c, axes)]
-        return (np.sum(np.stack(g).astype(np.float64), axis=0) / len(g)).astype(g[0].dtype)
+        return (np.sum(_wide(np.stack(g)), axis=0) / len(g)).astype(g[0].dtype)
 
     def pmax(self, blocks, c, axes):
         return np.max(np.stack([blocks[d] for d in self.group(c, axes)]), axis=0)

@@ -26,6 +26,7 @@ import spmd.numpy as snp
 MODES = ("eager", "jit")
 
 F16 = np.dtype(np.float16)
+C64 = np.dtype(np.complex64)
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 BOOL = np.dtype(np.bool_)
@@ -122,6 +123,8 @@ def _up(a):
     """Float numpy arrays -> float64, so the oracle is more precise than spmd."""
     if isinstance(a, np.ndarray) and a.dtype.kind == "f":
         return a.astype(np.float64)
+    if isinstance(a, np.ndarray) and a.dtype.kind == "c":
+        return a.astype(np.complex128)
     return a
 
 
@@ -143,6 +146,9 @@ def assert_array(out, expected, dtype, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(
             got.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol
         )
+    elif dtype.kind == "c":
+        np.testing.assert_allclose(
+            got.astype(np.complex128), expected.astype(np.complex128), rtol=rtol, atol=atol)
     else:
         np.testing.assert_array_equal(got, expected.astype(dtype))
 

@@ -7,3 +7,4 @@ from spmd.compiler.ops import sort  # noqa: F401
 from spmd.compiler.ops import conv, linalg_decomp, special  # noqa: F401
 from spmd.compiler.ops import control_cond, control_loops  # noqa: F401
 from spmd.compiler.ops import threefry  # noqa: F401
+from spmd.compiler.ops import complex  # noqa: F401  (after elementwise: amends its rules)

@@ -46,12 +46,12 @@ def cast_to(x, aval: ShapedArray):
 
 
 def is_float_aval(aval) -> bool:
-    return dtypes.is_float(aval.dtype)
+    return dtypes.is_inexact(aval.dtype)
 
 
 def has_tangent(t) -> bool:
     """A tangent that may be non-zero (float0 and symbolic zeros never are)."""
-    return not is_zero(t) and dtypes.is_float(get_aval(t).dtype)
+    return not is_zero(t) and dtypes.is_inexact(get_aval(t).dtype)
 
 
 def zero_tangent(aval) -> Zero:

@@ -36,7 +36,8 @@ def _binary_aval(name, *avals, out_dtype=None):
 
 
 def _check_kind(name, aval, kinds):
-    ok = {"float": dtypes.is_float, "int": dtypes.is_int, "bool": dtypes.is_bool}
+    ok = {"float": dtypes.is_float, "int": dtypes.is_int, "bool": dtypes.is_bool,
+          "complex": dtypes.is_complex}
     if not any(ok[k](aval.dtype) for k in kinds):
         raise DTypeError(f"{name}: operand dtype {aval.dtype} is not supported "
                          f"(expects {' or '.join(kinds)}); convert with .astype")
@@ -124,7 +125,7 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
     return p
 
 
-def binary(name, np_name, kinds=("float", "int"), emit_op=None, out_dtype=None):
+def binary(name, np_name, kinds=("float", "int", "complex"), emit_op=None, out_dtype=None):
     p = Primitive(name)
 
     @p.def_impl
@@ -154,26 +155,27 @@ def _zero_jvp(p):
 
 
 # Unary math.  Each jvp maps (tangent, x, y=f(x)) to the output tangent.
-neg_p = unary("neg", "negative", lambda t, x, y: neg(t), kinds=("float", "int"),
+_FC = ("float", "complex")  # holomorphic functions: the jvp rule is the same for both
+neg_p = unary("neg", "negative", lambda t, x, y: neg(t), kinds=("float", "int", "complex"),
               emit=lambda ins: f"(-{ins[0]})")
 neg_p.linear = True
-exp_p = unary("exp", "exp", lambda t, x, y: mul(t, y))
-log_p = unary("log", "log", lambda t, x, y: div(t, x))
-log1p_p = unary("log1p", "log1p", lambda t, x, y: div(t, add(x, _one(x))))
-expm1_p = unary("expm1", "expm1", lambda t, x, y: mul(t, add(y, _one(y))))
-tanh_p = unary("tanh", "tanh", lambda t, x, y: mul(t, sub(_one(y), mul(y, y))))
+exp_p = unary("exp", "exp", lambda t, x, y: mul(t, y), kinds=_FC)
+log_p = unary("log", "log", lambda t, x, y: div(t, x), kinds=_FC)
+log1p_p = unary("log1p", "log1p", lambda t, x, y: div(t, add(x, _one(x))), kinds=_FC)
+expm1_p = unary("expm1", "expm1", lambda t, x, y: mul(t, add(y, _one(y))), kinds=_FC)
+tanh_p = unary("tanh", "tanh", lambda t, x, y: mul(t, sub(_one(y), mul(y, y))), kinds=_FC)
 logistic_p = unary("logistic", "logistic", lambda t, x, y: mul(t, mul(y, sub(_one(y), y))))
-sin_p = unary("sin", "sin", lambda t, x, y: mul(t, cos(x)))
-cos_p = unary("cos", "cos", lambda t, x, y: neg(mul(t, sin(x))))
-tan_p = unary("tan", "tan", lambda t, x, y: mul(t, add(_one(y), mul(y, y))))
-sinh_p = unary("sinh", "sinh", lambda t, x, y: mul(t, cosh(x)))
-cosh_p = unary("cosh", "cosh", lambda t, x, y: mul(t, sinh(x)))
+sin_p = unary("sin", "sin", lambda t, x, y: mul(t, cos(x)), kinds=_FC)
+cos_p = unary("cos", "cos", lambda t, x, y: neg(mul(t, sin(x))), kinds=_FC)
+tan_p = unary("tan", "tan", lambda t, x, y: mul(t, add(_one(y), mul(y, y))), kinds=_FC)
+sinh_p = unary("sinh", "sinh", lambda t, x, y: mul(t, cosh(x)), kinds=_FC)
+cosh_p = unary("cosh", "cosh", lambda t, x, y: mul(t, sinh(x)), kinds=_FC)
 arcsin_p = unary("asin", "arcsin", lambda t, x, y: mul(t, rsqrt(sub(_one(x), mul(x, x)))))
 arccos_p = unary("acos", "arccos", lambda t, x, y: neg(mul(t, rsqrt(sub(_one(x), mul(x, x))))))
 arctan_p = unary("atan", "arctan", lambda t, x, y: div(t, add(_one(x), mul(x, x))))
-sqrt_p = unary("sqrt", "sqrt", lambda t, x, y: div(t, mul(_const(y, 2), y)))
+sqrt_p = unary("sqrt", "sqrt", lambda t, x, y: div(t, mul(_const(y, 2), y)), kinds=_FC)
 rsqrt_p = unary("rsqrt", "rsqrt",
-                lambda t, x, y: mul(t, mul(_const(y, -0.5), div(y, x))),
+                lambda t, x, y: mul(t, mul(_const(y, -0.5), div(y, x))), kinds=_FC,
                 emit=lambda ins: f"(1 / xp.sqrt({ins[0]}))")
 abs_p = unary("abs", "abs", lambda t, x, y: select(ge(x, _zero(x)), t, neg(t)),
               kinds=("float", "int"))
@@ -181,7 +183,7 @@ sign_p = unary("sign", "sign", kinds=("float", "int"))
 floor_p = unary("floor", "floor")
 ceil_p = unary("ceil", "ceil")
 round_p = unary("round", "round")  # half to even, as numpy and JAX's jnp.round
-is_finite_p = unary("is_finite", "isfinite", out_dtype=np.dtype(bool))
+is_finite_p = unary("is_finite", "isfinite", out_dtype=np.dtype(bool), kinds=_FC)
 not_p = unary("not", "invert", kinds=("bool", "int"), emit=lambda ins: f"(~{ins[0]})")
 
 
@@ -203,17 +205,19 @@ sub_p = binary("sub", "subtract", emit_op="-")
 sub_p.linear = True
 mul_p = binary("mul", "multiply", emit_op="*")
 div_p = binary("div", "divide")
-rem_p = binary("rem", "fmod")
+rem_p = binary("rem", "fmod", kinds=("float", "int"))
 pow_p = binary("pow", "power")  # integers too: exact, unlike JAX's lax.pow
-max_p = binary("max", "maximum")
-min_p = binary("min", "minimum")
+max_p = binary("max", "maximum", kinds=("float", "int"))
+min_p = binary("min", "minimum", kinds=("float", "int"))
 atan2_p = binary("atan2", "arctan2", kinds=("float",))
 and_p = binary("and", "bitwise_and", kinds=("bool", "int"), emit_op="&")
 or_p = binary("or", "bitwise_or", kinds=("bool", "int"), emit_op="|")
 xor_p = binary("xor", "bitwise_xor", kinds=("bool", "int"), emit_op="^")
 _BOOL = np.dtype(bool)
-eq_p = binary("eq", "equal", kinds=("float", "int", "bool"), emit_op="==", out_dtype=_BOOL)
-ne_p = binary("ne", "not_equal", kinds=("float", "int", "bool"), emit_op="!=", out_dtype=_BOOL)
+eq_p = binary("eq", "equal", kinds=("float", "int", "bool", "complex"), emit_op="==",
+              out_dtype=_BOOL)
+ne_p = binary("ne", "not_equal", kinds=("float", "int", "bool", "complex"), emit_op="!=",
+              out_dtype=_BOOL)
 lt_p = binary("lt", "less", kinds=("float", "int", "bool"), emit_op="<", out_dtype=_BOOL)
 le_p = binary("le", "less_equal", kinds=("float", "int", "bool"), emit_op="<=", out_dtype=_BOOL)
 gt_p = binary("gt", "greater", kinds=("float", "int", "bool"), emit_op=">", out_dtype=_BOOL)
@@ -537,13 +541,18 @@ convert_p.def_emit(lambda ins, new_dtype, weak_type:
                    f"{ins[0]}.astype(xp.{_XP_TYPE.get(new_dtype.name, new_dtype.name)})"
                    if new_dtype.name in ("float32", "float64", "int32", "int64", "bool",
                                          "float16", "int8", "int16", "uint8", "uint16",
-                                         "uint32", "uint64") else None)
+                                         "uint32", "uint64", "complex64", "complex128")
+                   else None)
 
 
 def convert(x, dtype, weak_type: bool = False):
     """Convert ``x`` to ``dtype`` (no-op when it already has it)."""
     dtype = dtypes.check_dtype(dtype, "convert_element_type")
     av = _aval(x)
+    if dtypes.is_complex(av.dtype) and not dtypes.is_complex(dtype):
+        raise DTypeError(f"convert_element_type: converting {av.dtype} to {dtype} would drop "
+                         "the imaginary part; take snp.real(x), snp.imag(x) or snp.abs(x) "
+                         "first")
     if av.dtype == dtype and av.weak_type == weak_type:
         return x
     from spmd.compiler.array import Array
@@ -593,7 +602,7 @@ def _ipow_impl(xp, x, *, y):
 
 @integer_pow_p.def_abstract_eval
 def _ipow_aval(x, *, y):
-    if y < 0 and not dtypes.is_float(x.dtype):
+    if y < 0 and not dtypes.is_inexact(x.dtype):
         raise DTypeError(f"integer_pow: integers cannot be raised to negative powers, got "
                          f"{x.dtype} ** {y}; convert the base to float first "
                          "(x.astype(float) ** y)")

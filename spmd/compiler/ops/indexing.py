@@ -418,7 +418,7 @@ def _scatter_jvp(primals, tangents, *, axes, mode):
     x, u, *idx = primals
     tx, tu = tangents[:2]
     out = scatter(x, u, idx, axes, mode)
-    if (isinstance(tx, Zero) and isinstance(tu, Zero)) or not dtypes.is_float(get_aval(x).dtype):
+    if (isinstance(tx, Zero) and isinstance(tu, Zero)) or not dtypes.is_inexact(get_aval(x).dtype):
         return out, _zero_out(out)
     if mode in ("set", "add"):  # linear in (x, updates) together
         return out, scatter(instantiate(tx), instantiate(tu), idx, axes, mode)

@@ -84,7 +84,11 @@ def _minmax(name, np_fn):
     p = _batch_reduce(Primitive(name))
     p.def_impl(lambda xp, x, *, axes: getattr(xp, np_fn)(x, axis=axes))
     p.def_emit(lambda ins, axes: f"xp.{np_fn}({ins[0]}, axis={axes!r})")
-    p.def_abstract_eval(lambda x, *, axes: _reduced_aval(name, x, axes))
+    def aval(x, *, axes):  # complex has no order here (numpy's lexicographic is not lax's)
+        _check_dtype(name, x, ("float", "int", "bool"))
+        return _reduced_aval(name, x, axes)
+
+    p.def_abstract_eval(aval)
 
     @p.def_jvp
     def jvp(primals, tangents, *, axes):
@@ -133,7 +137,8 @@ def _scalar(value, dtype):
 
 
 def _check_dtype(name, x, kinds):
-    ok = {"float": dtypes.is_float, "int": dtypes.is_int, "bool": dtypes.is_bool}
+    ok = {"float": dtypes.is_float, "int": dtypes.is_int, "bool": dtypes.is_bool,
+          "complex": dtypes.is_complex}
     if not any(ok[k](x.dtype) for k in kinds):
         raise DTypeError(f"{name}: operand dtype {x.dtype} is not supported (expects "
                          f"{' or '.join(kinds)}); convert with .astype first")
@@ -326,7 +331,7 @@ def _cumulative(name, np_expr, kinds, emit_expr):
 
 
 cumsum_p = _cumulative("cumsum", lambda xp, x, a: xp.cumsum(x, axis=a, dtype=x.dtype),
-                       ("float", "int"), lambda x, a: f"xp.cumsum({x}, axis={a}, dtype={x}.dtype)")
+                       ("float", "int", "complex"), lambda x, a: f"xp.cumsum({x}, axis={a}, dtype={x}.dtype)")
 cumprod_p = _cumulative("cumprod", lambda xp, x, a: xp.cumprod(x, axis=a, dtype=x.dtype),
                         ("float", "int"),
                         lambda x, a: f"xp.cumprod({x}, axis={a}, dtype={x}.dtype)")

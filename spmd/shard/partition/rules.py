@@ -24,6 +24,7 @@ from spmd.collectives.primitives import pvary_p
 from spmd.compiler.ad import stop_gradient_p
 from spmd.compiler.remat import name_p
 from spmd.compiler.custom import custom_lin_p
+from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import reduce as rd
 from spmd.compiler.ops import structural as st
@@ -327,6 +328,11 @@ def _table() -> dict:
         ew.select_n_p: _elementwise("select"),
         ew.mul_p: _elementwise("product"),
         ew.div_p: _elementwise("quotient"),
+        # complex parts: linear over the reals, so partial sums pass through them
+        cx.real_p: _elementwise("linear"),
+        cx.imag_p: _elementwise("linear"),
+        cx.conj_p: _elementwise("linear"),
+        cx.complex_p: _elementwise("joint"),
         st.broadcast_in_dim_p: Propagate(broadcast_in_dim_rule),
         st.reshape_p: Propagate(reshape_rule),
         st.transpose_p: Propagate(transpose_rule),

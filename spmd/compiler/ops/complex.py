@@ -1,0 +1,209 @@
+"""Complex numbers: ``real``, ``imag``, ``conj``, ``complex`` and the complex rules of
+``abs`` and ``convert_element_type``.
+
+Transposes follow JAX's convention: every linear map is transposed as a map
+over the reals with the bilinear pairing ``<a, b> = Re(a) Re(b) - Im(a) Im(b)``
+summed, i.e. without conjugating.  So ``real``'s transpose is ``ct -> ct + 0j``,
+``imag``'s is ``ct -> -i ct``, ``conj``'s is ``conj``, and multiplying by a
+constant transposes to multiplying by the same (unconjugated) constant.  With a
+real output and a cotangent of 1 this makes ``grad(f)(x + iy) = df/dx - i df/dy``,
+which is what ``jax.grad`` returns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.compiler.ad_util import Zero
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.trace import bind
+from spmd.errors import DTypeError
+
+
+def _part(name, np_name, out_complex: bool, real_ok: bool):
+    """An elementwise complex primitive computed by ``xp.<np_name>``."""
+    p = Primitive(name)
+    p.def_impl(lambda xp, x: getattr(xp, np_name)(x))
+
+    @p.def_abstract_eval
+    def aval(x):
+        if not dtypes.is_complex(x.dtype) and not (real_ok and dtypes.is_float(x.dtype)):
+            raise DTypeError(f"{name}: operand dtype {x.dtype} is not complex; "
+                             f"snp.{np_name} accepts real arrays too")
+        out = x.dtype if out_complex else dtypes.real_dtype(x.dtype)
+        return ShapedArray(x.shape, out, x.weak_type)
+
+    p.def_emit(lambda ins: f"xp.{np_name}({ins[0]})")
+    p.def_batch(lambda args, dims: (bind(p, args[0]), dims[0]))
+    p.def_jvp(lambda primals, tangents: (bind(p, primals[0]),
+                                         _linear_tangent(p, tangents[0], primals[0])))
+    p.linear = True
+    return p
+
+
+def _linear_tangent(p, t, x):
+    if isinstance(t, Zero):
+        return Zero(ew._aval(bind(p, x)).update(weak_type=False))
+    return bind(p, t)
+
+
+real_p = _part("real", "real", out_complex=False, real_ok=False)
+imag_p = _part("imag", "imag", out_complex=False, real_ok=False)
+conj_p = _part("conj", "conjugate", out_complex=True, real_ok=False)
+
+
+def real(x):
+    """The real part of a complex array (lax level)."""
+    return bind(real_p, x)
+
+
+def imag(x):
+    """The imaginary part of a complex array (lax level)."""
+    return bind(imag_p, x)
+
+
+def conj(x):
+    """The complex conjugate of a complex array (lax level)."""
+    return bind(conj_p, x)
+
+
+# ---------------------------------------------------- complex(re, im)
+
+complex_p = Primitive("complex")
+
+
+@complex_p.def_impl
+def _complex_impl(xp, x, y):
+    out = xp.empty(xp.broadcast_shapes(x.shape, y.shape), dtypes.complex_dtype(x.dtype))
+    out.real, out.imag = x, y
+    return out
+
+
+@complex_p.def_abstract_eval
+def _complex_aval(x, y):
+    if not dtypes.is_float(x.dtype) or dtypes.bfloat16 == x.dtype or x.dtype == np.float16:
+        raise DTypeError(f"complex: operand dtype {x.dtype} must be float32 or float64 "
+                         "(convert the parts first with .astype)")
+    a = ew._binary_aval("complex", x, y)
+    return a.update(dtype=dtypes.complex_dtype(x.dtype))
+
+
+complex_p.def_emit(lambda ins: None)
+complex_p.def_batch(ew._batch_elementwise(complex_p))
+
+
+def make_complex(x, y):
+    """``x + 1j * y`` from two real arrays of one float dtype (lax ``complex``)."""
+    return bind(complex_p, x, y)
+
+
+def _complex_jvp(primals, tangents):
+    x, y = primals
+    out = make_complex(x, y)
+    tx, ty = tangents
+    if isinstance(tx, Zero) and isinstance(ty, Zero):
+        return out, Zero(ew._aval(out).update(weak_type=False))
+    ra = _real_aval(out)
+    tx, ty = (_zeros(ra) if isinstance(t, Zero) else ew._shaped(t, ra) for t in (tx, ty))
+    return out, make_complex(tx, ty)
+
+
+def _zeros(aval):
+    from spmd.compiler.ops.structural import full
+
+    return full(aval.shape, 0, aval.dtype)
+
+
+def _real_aval(out):
+    av = ew._aval(out)
+    return av.update(dtype=dtypes.real_dtype(av.dtype), weak_type=False)
+
+
+def _complex_transpose(ct, x, y):
+    # complex(x, y) = x + i y; transposed under the unconjugated pairing.
+    from spmd.compiler.ad_util import is_undefined
+
+    outs = []
+    for operand, part in ((x, lambda c: real(c)), (y, lambda c: ew.neg(imag(c)))):
+        if not is_undefined(operand):
+            outs.append(None)
+        elif isinstance(ct, Zero):
+            outs.append(Zero(operand.aval))
+        else:
+            outs.append(ew._sum_to_shape(part(ct), operand.aval.shape))
+    return outs
+
+
+complex_p.def_jvp(_complex_jvp)
+complex_p.def_transpose(_complex_transpose)
+
+
+real_p.def_transpose(lambda ct, x: [Zero(x.aval) if isinstance(ct, Zero)
+                                    else make_complex(ct, ew._full_like(ct, 0))])
+imag_p.def_transpose(lambda ct, x: [Zero(x.aval) if isinstance(ct, Zero)
+                                    else make_complex(ew._full_like(ct, 0), ew.neg(ct))])
+conj_p.def_transpose(lambda ct, x: [Zero(x.aval) if isinstance(ct, Zero) else conj(ct)])
+
+
+# ------------------------------------------------------------------ abs
+
+def _abs_aval(x):
+    ew._check_kind("abs", x, ("float", "int", "complex"))
+    return ShapedArray(x.shape, dtypes.real_dtype(x.dtype), x.weak_type)
+
+
+def _abs_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = ew.abs(x)
+    if isinstance(t, Zero):
+        return y, Zero(ew._aval(y).update(weak_type=False))
+    if not dtypes.is_complex(ew._aval(x).dtype):
+        return y, ew.select(ew.ge(x, ew._zero(x)), t, ew.neg(t))
+    # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0 (as JAX does).
+    is_zero = ew.eq(y, ew._zero(y))
+    safe = ew.select(is_zero, ew._full_like(y, 1), y)
+    return y, ew.div(real(ew.mul(conj(x), t)), safe)
+
+
+ew.abs_p.def_abstract_eval(_abs_aval)
+ew.abs_p.def_jvp(_abs_jvp)
+
+
+# ------------------------------------------------ convert_element_type
+
+def _check_convert(x, new_dtype):
+    if dtypes.is_complex(x.dtype) and not dtypes.is_complex(new_dtype):
+        raise DTypeError(f"convert_element_type: converting {x.dtype} to {new_dtype} would "
+                         "drop the imaginary part; take snp.real(x), snp.imag(x) or "
+                         "snp.abs(x) first")
+
+
+def _convert_aval(x, *, new_dtype, weak_type):
+    _check_convert(x, new_dtype)
+    return ShapedArray(x.shape, new_dtype, weak_type)
+
+
+def _convert_jvp(primals, tangents, *, new_dtype, weak_type):
+    (x,), (t,) = primals, tangents
+    out = bind(ew.convert_p, x, new_dtype=new_dtype, weak_type=weak_type)
+    zero = Zero(ew.tangent_aval(ew._aval(out)))
+    if isinstance(t, Zero) or not dtypes.is_inexact(new_dtype) \
+            or not dtypes.is_inexact(ew._aval(t).dtype):
+        return out, zero
+    return out, bind(ew.convert_p, t, new_dtype=new_dtype, weak_type=False)
+
+
+def _convert_transpose(ct, x, *, new_dtype, weak_type):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    if dtypes.is_complex(ew._aval(ct).dtype) and not dtypes.is_complex(x.aval.dtype):
+        ct = real(ct)  # real -> complex embeds; its transpose keeps the real part
+    return [bind(ew.convert_p, ct, new_dtype=x.aval.dtype, weak_type=False)]
+
+
+ew.convert_p.def_abstract_eval(_convert_aval)
+ew.convert_p.def_jvp(_convert_jvp)
+ew.convert_p.def_transpose(_convert_transpose)
