@@ -22,6 +22,7 @@ from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
+from spmd.compiler.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.program_arrays import array_equation, needs_arrays, output_wrappers
@@ -513,56 +514,6 @@ class JitFunction:
 
     def __repr__(self):
         return f"<jit {self._name}>"
-
-
-class Lowered:
-    """A traced and optimised program: ``.as_text()`` prints it."""
-
-    def __init__(self, entry: _Entry, name: str):
-        self._entry = entry
-        self.name = name
-
-    @property
-    def program(self) -> ClosedProgram:
-        return self._entry.optimized
-
-    def as_text(self, executed: bool = False) -> str:
-        """The optimised program; ``executed=True``: the program this process runs, after
-        lowering for execution (``shard_map`` inlined for this backend, collectives
-        combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
-        if executed:
-            eqn = array_equation(self._entry.optimized)
-            rule = eqn.primitive.rules.get("executed_program") if eqn is not None else None
-            if rule is not None:  # run by that equation's layer (e.g. over processes)
-                return str(rule(eqn.params, self._entry.optimized))
-            return str(lower_for_execution(self._entry.optimized))
-        return str(self._entry.optimized)
-
-    def compile(self) -> "Compiled":
-        return Compiled(self._entry)
-
-    def __str__(self):
-        return self.as_text()
-
-
-class Compiled:
-    """The generated code of a lowered program (``.source`` shows it)."""
-
-    def __init__(self, entry: _Entry):
-        self._entry = entry
-
-    @property
-    def source(self) -> str:
-        return self._entry.exe.source
-
-    def as_text(self) -> str:
-        return self.source
-
-    def __call__(self, *leaves):
-        avals = [get_aval(x) for x in leaves]
-        outs = self._entry.exe(*[to_array_value(x, a) for x, a in zip(leaves, avals)])
-        return tree_util.tree_unflatten(
-            self._entry.out_tree, [wrap_value(o, a) for o, a in zip(outs, self._entry.out_avals)])
 
 
 def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None,

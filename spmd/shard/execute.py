@@ -297,7 +297,8 @@ def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
     results = []
     for o, (aval, s, split) in zip(plan.exe(*raws), plan.outs):
         if type(o) is not np.ndarray or o.dtype != aval.dtype:
-            o = np.asarray(o, aval.dtype) if np.ndim(o) == 0 else o.astype(aval.dtype)
+            o = _scalar_as(o, aval.dtype) if np.ndim(o) == 0 else o.astype(aval.dtype,
+                                                                            copy=False)
         results.append(ShardedArray(None, aval, s, o) if split else ShardedArray(o, aval, s))
     return results
 
@@ -328,6 +329,16 @@ def _replicated():
 
 
 _REPLICATED = _replicated()
+
+
+def _scalar_as(o, dtype):
+    """A 0-d output as a 0-d array of ``dtype``, where it is (a numpy scalar becomes a
+    numpy array; a CuPy array stays on its GPU: CuPy refuses ``np.asarray`` of it)."""
+    from spmd.compiler import array_module
+
+    if array_module.is_device_array(o):
+        return o if o.dtype == dtype else o.astype(dtype)
+    return np.asarray(o, dtype)
 
 
 def _unclosed(program: ClosedProgram) -> ClosedProgram:
