@@ -39,6 +39,7 @@ from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa
                                      process_allgather)
 from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)
 from spmd import distributed  # noqa: F401,E402
+from spmd import debug  # noqa: F401,E402
 from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy: see there)
 from spmd.config import disable_jit  # noqa: F401,E402
 from spmd.compiler.avals import ShapeDtypeStruct  # noqa: F401,E402

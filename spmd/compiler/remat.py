@@ -172,6 +172,8 @@ def _saveable(policy, var, producers) -> bool:
     eqn = producers.get(var)
     if eqn is None:  # an input of the body: always available
         return True
+    if eqn.primitive.rules.get("never_recompute"):
+        return True  # a read of state (rng_counter): recomputing it would read anew
     return bool(policy(eqn.primitive, *[a.aval for a in eqn.inputs], **eqn.params))
 
 

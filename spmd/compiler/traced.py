@@ -61,7 +61,12 @@ class Lowered:
         combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
         if executed:
             from spmd.compiler.passes import lower_for_execution
+            from spmd.compiler.program_arrays import array_equation
 
+            eqn = array_equation(self._entry.optimized)
+            rule = eqn.primitive.rules.get("executed_program") if eqn is not None else None
+            if rule is not None:  # run by that equation's layer (e.g. over processes)
+                return str(rule(eqn.params, self._entry.optimized))
             return str(lower_for_execution(self._entry.optimized))
         return str(self._entry.optimized)
 
