@@ -269,14 +269,14 @@ def can_cast(from_, to, casting: str = "safe") -> bool:
 
 def result_type(*args):
     """The dtype the arguments promote to, with JAX's rules (weak Python scalars)."""
-    from spmd.numpy._util import aval_of
+    from spmd.compiler.trace import get_aval
 
     typed = []
     for a in args:
         if isinstance(a, (type, np.dtype, str)):
             typed.append((dtypes.canonicalize(a), False))
         else:
-            av = aval_of(a)
+            av = get_aval(to_array(a, fname="spmd.numpy.result_type"))
             typed.append((av.dtype, av.weak_type))
     return dtypes.result_type(*typed)[0]
 
