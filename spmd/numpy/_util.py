@@ -18,11 +18,6 @@ def is_traced_or_array(x) -> bool:
     return isinstance(x, (Tracer, Array))
 
 
-def aval_of(x) -> ShapedArray:
-    """The aval of an array, tracer, or value numpy would make an array of."""
-    return get_aval(x if is_traced_or_array(x) else to_array(x))
-
-
 def to_array(x, dtype=None, fname: str = "spmd.numpy"):
     """Turn any array-like (nested lists too) into an Array or tracer.
 
