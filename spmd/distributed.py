@@ -55,6 +55,9 @@ def initialize(backend: str | None = None, local_devices: int | None = None,
     from spmd.launch import runtime
 
     runtime.force(backend=backend, local_devices=local_devices, platform=platform)
+    from spmd.mesh.devices import reset_for_tests
+
+    reset_for_tests()  # devices, the platform and its array module are decided again
 
 
 def collective_time() -> tuple[int, float]:

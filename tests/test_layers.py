@@ -24,9 +24,7 @@ FRONT = 5
 
 # Imports that still go upward, each with the issue that removes it.  The test fails
 # when one is fixed, so that this list only ever shrinks.
-KNOWN = {
-    ("spmd.launch.runtime", "spmd.mesh.devices"): "issue 16 item 1 (the runtime helper)",
-}
+KNOWN: dict = {}
 
 
 def _module(path: pathlib.Path) -> str:
