@@ -221,8 +221,9 @@ def select_gpu(cupy) -> int:
     return device
 
 
-def _resolve():
-    """The array module of this process's devices (the compiler's resolver)."""
+def resolve_array_module():
+    """The array module of this process's devices (the compiler's ARRAY_MODULE
+    extension point, filled by spmd._install); for GPUs it also picks this rank's GPU."""
     xp = xp_for(current())
     if xp is not np:
         array_module.device_id[0] = select_gpu(xp)
@@ -235,10 +236,3 @@ def reset() -> None:
     _probe_nccl.cache_clear()
     array_module.set_current(None)
 
-
-def install() -> None:
-    """Let the compiler find the array module through this layer (at import)."""
-    array_module.resolver[0] = _resolve
-
-
-install()
