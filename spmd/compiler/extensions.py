@@ -126,14 +126,14 @@ PLAIN_SHARDS: ExtensionPoint = ExtensionPoint(
 def _numpy():
     import numpy
 
-    return numpy
+    return numpy, None
 
 
 ARRAY_MODULE: ExtensionPoint = ExtensionPoint(
-    "array_module", "() -> module",
-    "The array module of this process's devices (numpy, or cupy when they are GPUs; "
-    "choosing it may pick this rank's GPU), asked once by "
-    "spmd.compiler.array_module.current() on first use.",
+    "array_module", "() -> (module, gpu: int | None)",
+    "The array module of this process's devices (numpy, or cupy when they are GPUs) and "
+    "the GPU this rank's device arrays belong on (picked by the call; None for numpy), "
+    "asked once by spmd.compiler.array_module.current() on first use.",
     _numpy)
 
 # Every point, for the installer's check and the tests.

@@ -222,12 +222,11 @@ def select_gpu(cupy) -> int:
 
 
 def resolve_array_module():
-    """The array module of this process's devices (the compiler's ARRAY_MODULE
-    extension point, filled by spmd._install); for GPUs it also picks this rank's GPU."""
+    """``(module, gpu)``: the array module of this process's devices and, for GPUs, the
+    GPU this rank uses (picked now; None for numpy).  The compiler's ARRAY_MODULE
+    extension point, filled by spmd._install."""
     xp = xp_for(current())
-    if xp is not np:
-        array_module.device_id[0] = select_gpu(xp)
-    return xp
+    return xp, (select_gpu(xp) if xp is not np else None)
 
 
 def reset() -> None:
