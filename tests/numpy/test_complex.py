@@ -150,3 +150,22 @@ def test_isclose_sort(mode):
     check(snp.isclose, np.isclose, a, b, mode=mode, dtype=BOOL)
     a[1] = a[3].real + 2j  # a tie on the real part: the imaginary part orders
     check(snp.sort, np.sort, a, mode=mode, dtype=C64)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda: snp.asarray(np.array([1j]), dtype=np.float32),
+    lambda: snp.array([1j, 2], dtype=np.float32),
+    lambda: snp.full(2, 1j, np.float32),
+    lambda: snp.full((2,), snp.asarray(1j), np.int32),
+    lambda: snp.zeros(2).at[0].set(1j),
+], ids=["asarray-numpy", "array-list", "full-scalar", "full-array", "at-set"])
+def test_creation_refuses_dropping_imag(fn):
+    with pytest.raises(errors.DTypeError, match="imaginary part"):
+        fn()
+
+
+def test_creation_with_complex_fill():
+    np.testing.assert_array_equal(np.asarray(snp.full(2, 1j)), [1j, 1j])
+    assert snp.full(2, 1j).dtype == C64
+    assert snp.full(2, 1.5, snp.complex64).dtype == C64
+    np.testing.assert_array_equal(np.asarray(snp.array([1j, 2])), [1j, 2])
