@@ -15,7 +15,17 @@ sample times the work queued on the GPU, not only its launch:
 - ``train_step_gpu[batch=4096]``: one SGD step of the 784-512-512-10 tanh MLP of
   ``bench_train.py`` in float32, ``spmd.jit(value_and_grad)`` against the same
   step written by hand in CuPy (forward, textbook backward, update).  Goal:
-  ratio <= 1.15.
+  ratio <= 1.15.  Also (diagnostic) ``jax.jit`` of the same step on the same
+  GPU when JAX with a GPU backend is installed (``XLA_PYTHON_CLIENT_PREALLOCATE``
+  is set to false first, so that JAX leaves the GPU's memory to CuPy).
+- ``dp_train_step_gpu[batch=2048]``: the data-parallel steps of
+  ``bench_data_parallel.py`` (8 simulated devices, all on the one GPU: the
+  gradient of a ``shard_map``'ed loss, and ``shard_map`` of the whole step with
+  ``pmean`` of the gradients) against the same step on 1 device (goals as on the
+  CPU: ``bench_data_parallel.GOALS``).
+
+NCCL missing is a skip of the psum rows, printed; with ``SPMD_REQUIRE_NCCL=1``
+(``benchmarks/gpu_check.sh`` sets it) it is an error.
 
 Run: ``SPMD_PLATFORM=gpu python benchmarks/run.py gpu`` (``benchmarks/gpu_check.sh``
 does, on a GPU machine); skipped without CuPy or a GPU.
@@ -23,10 +33,14 @@ does, on a GPU machine); skipped without CuPy or a GPU.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 
 import numpy as np
+
+# JAX (for the diagnostic row) must not take 75% of the GPU's memory at import.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from common import calibrate, row
 
@@ -146,12 +160,82 @@ def _bench_step(batch: int, goal: float, repeats: int) -> list[dict]:
     for (wj, bj), (wc, bc) in zip(new_j, new_c):
         np.testing.assert_allclose(np.asarray(wj), cp.asnumpy(wc), rtol=1e-3, atol=1e-5)
         np.testing.assert_allclose(np.asarray(bj), cp.asnumpy(bc), rtol=1e-3, atol=1e-5)
-    times = _interleave_gpu({"cupy": lambda: _step_cupy(params, x, y, LR),
-                             "spmd.jit": lambda: jf(params, x, y)},
-                            repeats=repeats, target_s=0.02)
+    variants = {"cupy": lambda: _step_cupy(params, x, y, LR),
+                "spmd.jit": lambda: jf(params, x, y)}
+    jax_call, why_not = _jax_step(params_host, x_host, y_host, LR)
+    if jax_call is not None:
+        np.testing.assert_allclose(float(jax_call()[0]), float(loss_c), rtol=1e-3)
+        variants["jax.jit"] = jax_call
+    else:
+        print(f"bench_gpu: no jax.jit row: {why_not}")
+    times = _interleave_gpu(variants, repeats=repeats, target_s=0.02)
     name = f"train_step_gpu[batch={batch}]"
-    return [row(name, "cupy", times["cupy"]),
+    rows = [row(name, "cupy", times["cupy"]),
             row(name, "spmd.jit", times["spmd.jit"], baseline="cupy", goal_ratio=goal)]
+    if "jax.jit" in times:
+        rows.append(row(name, "jax.jit", times["jax.jit"], baseline="cupy",
+                        note="the same step in jax.numpy on the same GPU (diagnostic)"))
+    return rows
+
+
+def _jax_step(params_host, x_host, y_host, lr):
+    """``jax.jit`` of the same step on JAX's GPU (or why it cannot run here)."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError as e:
+        return None, f"JAX is not installed ({e})"
+    if jax.default_backend() != "gpu" and os.environ.get("BENCH_GPU_JAX_ANY_BACKEND") != "1":
+        return None, f"JAX has no GPU backend (it has {jax.default_backend()!r})"
+
+    def loss(params, x, y):
+        *hidden, (w, b) = params
+        for wh, bh in hidden:
+            x = jnp.tanh(x @ wh + bh)
+        logp = jax.nn.log_softmax(x @ w + b)
+        return -jnp.mean(jnp.sum(y * logp, axis=-1))
+
+    @jax.jit
+    def step(params, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        return value, jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+
+    params = jax.device_put([tuple(p) for p in params_host])
+    x, y = jax.device_put(x_host), jax.device_put(y_host)
+
+    def call():
+        return jax.block_until_ready(step(params, x, y))
+
+    return call, None
+
+
+def _bench_dp(repeats: int, batch: int = 2048) -> list[dict]:
+    """8 simulated devices on the one GPU against 1: bench_data_parallel's steps
+    (the gradient of a shard_map'ed loss, and the gradient inside shard_map)."""
+    import cupy as cp
+
+    import bench_data_parallel as dp
+
+    mesh = spmd.make_mesh((dp.N_DEVICES,), ("batch",))
+    steps = dp.make_steps(mesh)  # {"1 device", "grad outside", "grad inside"}
+    params_host = dp.make_params()
+    x_host, y_host = dp.make_batch(batch)
+    params = [(cp.asarray(w), cp.asarray(b)) for w, b in params_host]
+    x, y = cp.asarray(x_host), cp.asarray(y_host)
+    want = spmd.tree_util.tree_leaves(dp.step_numpy(params_host, x_host, y_host))
+    for step in steps.values():
+        for g, w in zip(spmd.tree_util.tree_leaves(step(params, x, y)), want):
+            assert type(g.value) is cp.ndarray
+            np.testing.assert_allclose(np.asarray(g), w, rtol=2e-3, atol=2e-4)
+    times = _interleave_gpu({k: functools.partial(f, params, x, y) for k, f in steps.items()},
+                            repeats=repeats, target_s=0.02)
+    name = f"dp_train_step_gpu[batch={batch}]"
+    goal = dp.GOALS.get(batch)
+    return [row(name, "1 device", times["1 device"], note="spmd.jit(value_and_grad) on 1 GPU"),
+            row(name, "8 devices, grad outside", times["grad outside"], baseline="1 device",
+                goal_ratio=goal, note="grad of a shard_map'ed loss: 8 simulated devices, 1 GPU"),
+            row(name, "8 devices, grad inside", times["grad inside"], baseline="1 device",
+                goal_ratio=goal, note="shard_map of the step, pmean of the gradients")]
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -164,9 +248,13 @@ def run(quick: bool = False) -> list[dict]:
     if platform.nccl_available():
         rows += _bench_psum(4, None, repeats=30 // scale)
         rows += _bench_psum(256, 1.10, repeats=30 // scale)
+    elif os.environ.get("SPMD_REQUIRE_NCCL") == "1":
+        raise RuntimeError("bench_gpu: CuPy cannot load NCCL (SPMD_REQUIRE_NCCL=1): install "
+                           "nvidia-nccl-cu12 / nvidia-nccl-cu13 matching the CuPy package")
     else:
         print("bench_gpu: CuPy cannot load NCCL: the psum rows are skipped")
     rows += _bench_step(4096, 1.15, repeats=30 // scale)
+    rows += _bench_dp(repeats=20 // scale)
     return rows
 
 

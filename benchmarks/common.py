@@ -272,7 +272,9 @@ def _read_provenance() -> dict:
     size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
     launcher = f"mpiexec -n {size} " if size and size != "1" else ""
     return {"commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            # Changes to recorded results and docs do not change what was measured.
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                              ":(exclude)benchmarks/results", ":(exclude)docs")),
             "command": launcher + "python " + " ".join(sys.argv)}
 
 

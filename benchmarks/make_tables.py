@@ -82,7 +82,7 @@ def _machine_line(machine: dict) -> str:
 def _load_line(machine: dict) -> str:
     start = machine.get("load_average_at_start")
     if not start:
-        return "load not recorded (before this was recorded, runs were on a shared machine)"
+        return "load not recorded"
     text = f"load average {start[0]:g} / {start[1]:g} / {start[2]:g} at start"
     if start[0] >= LOADED_AT:
         text = (f"**measured on a loaded machine** ({text}): ratios are noisy and absolute "

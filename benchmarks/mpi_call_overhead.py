@@ -7,8 +7,8 @@ layers between a jitted ``shard_map`` psum and the raw mpi4py call:
 
 1. ``comm.Allreduce`` on preallocated buffers (the floor);
 2. ``spmd.collectives.mpi.allreduce`` (the backend function: dtype widening,
-   the receive buffer, reading ``SPMD_COLLECTIVE_TIMEOUT``, the communicator
-   cache);
+   the receive buffer, the per-collective bookkeeping of
+   ``spmd.collectives.mpi_control.Collective``, the communicator cache);
 3. the ``mpi`` primitive's impl as generated code calls it (``functools.partial``,
    ``np.asarray``, the dispatch on ``kind``);
 4. the compiled program of the jitted psum, called on the flat arrays;
@@ -79,7 +79,13 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
     for name, _ in layers:  # the slowest rank's median
         medians[name] = comm.allreduce(statistics.median(samples[name]), op=MPI.MAX)
     # The parts of the backend function that need no communication, alone.
-    parts = [("  part: _timeout() (reads SPMD_COLLECTIVE_TIMEOUT)", mpi._timeout),
+    from spmd.collectives.mpi_control import Collective
+
+    def bookkeeping():  # what mpi_control adds around each MPI call (no MPI call here)
+        with Collective(("part",), "psum"):
+            pass
+
+    parts = [("  part: Collective bookkeeping (threads, watchdog record)", bookkeeping),
              ("  part: communicator(ranks) (cached)", lambda: mpi.communicator(ranks)),
              ("  part: _widen(x)", lambda: mpi._widen(mine)),
              ("  part: _recv_buffer(shape, dtype)",

@@ -31,9 +31,11 @@ mesh = spmd.make_mesh((N_DEVICES,), ("batch",))
 
 
 def init_params(sizes=SIZES, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [((rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32),
-             np.zeros(n, np.float32)) for m, n in zip(sizes[:-1], sizes[1:])]
+    """LeCun-normal weights (variance 1/fan_in, from spmd.random) and zero biases."""
+    init = spmd.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+    keys = spmd.random.split(spmd.random.key(seed), len(sizes) - 1)
+    return [(np.asarray(init(k, (m, n))), np.zeros(n, np.float32))
+            for k, m, n in zip(keys, sizes[:-1], sizes[1:])]
 
 
 def predict(params, x):

@@ -98,10 +98,12 @@ def one_hot(labels: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------ model
 
 def init_params(seed: int = SEED):
-    """He-initialised weights and zero biases, as global numpy arrays (same on every rank)."""
-    rng = np.random.default_rng(seed + 1)
-    return tuple(((rng.standard_normal((m, n)) * np.sqrt(2.0 / m)).astype(np.float32),
-                  np.zeros(n, np.float32)) for m, n in zip(SIZES[:-1], SIZES[1:]))
+    """He-initialised weights (``spmd.nn.initializers``, JAX's values for the key) and zero
+    biases, as global numpy arrays (the same on every rank: one key everywhere)."""
+    he = spmd.nn.initializers.variance_scaling(2.0, "fan_in", "normal")
+    keys = spmd.random.split(spmd.random.key(seed + 1), len(SIZES) - 1)
+    return tuple((np.asarray(he(k, (m, n))), np.zeros(n, np.float32))
+                 for k, m, n in zip(keys, SIZES[:-1], SIZES[1:]))
 
 
 def logits_block(params, x):

@@ -19,7 +19,7 @@ from spmd.vectorize import vmap  # noqa: F401
 from spmd.compiler.custom import custom_jvp, custom_vjp  # noqa: F401
 from spmd.compiler.remat import checkpoint, checkpoint_policies, remat  # noqa: F401
 from spmd.compiler.remat import checkpoint_name  # noqa: F401
-from spmd import ad_checkpoint, test_util  # noqa: F401
+from spmd import ad_checkpoint, custom_derivatives, test_util  # noqa: F401
 
 __version__ = "0.1.0"
 from spmd import nn  # noqa: F401,E402
@@ -39,10 +39,12 @@ from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa
                                      process_allgather)
 from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)
 from spmd import distributed  # noqa: F401,E402
+from spmd import debug  # noqa: F401,E402
 from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy: see there)
 from spmd.config import disable_jit  # noqa: F401,E402
 from spmd.compiler.avals import ShapeDtypeStruct  # noqa: F401,E402
 from spmd.linear_util import linear_transpose  # noqa: F401,E402
+from spmd import scipy  # noqa: F401,E402
 from spmd._install import install_extensions as _install_extensions  # noqa: E402
 
 # The compiler's extension points (spmd.compiler.extensions), filled from the layers

@@ -156,7 +156,12 @@ def _key_of(entry):
         return DictKey(entry.entry)
     if isinstance(entry, optree.SequenceEntry):
         return SequenceKey(entry.entry)
+    if isinstance(entry.entry, _KEY_TYPES):  # a key given by register_pytree_with_keys
+        return entry.entry
     return FlattenedIndexKey(entry.entry)
+
+
+_KEY_TYPES = (SequenceKey, DictKey, GetAttrKey, FlattenedIndexKey)
 
 
 def _simple(k) -> str:
@@ -184,6 +189,30 @@ def register_pytree_node(cls: type, flatten_func: Callable, unflatten_func: Call
     ``unflatten_func(aux, children) -> x`` (JAX's convention)."""
     optree.register_pytree_node(cls, flatten_func, unflatten_func, namespace=NAMESPACE)
     return cls
+
+
+def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable,
+                              unflatten_func: Callable, flatten_func: Callable | None = None):
+    """Register ``nodetype`` with named children: ``flatten_with_keys(x) ->
+    (((key, child), ...), aux)``, keys being :class:`GetAttrKey`, :class:`DictKey`,
+    :class:`SequenceKey` or :class:`FlattenedIndexKey` (as in JAX); key paths
+    (``tree_flatten_with_path``, ``keystr``) then show them.
+
+    >>> register_pytree_with_keys(Point, lambda p: (((GetAttrKey("x"), p.x),), None),
+    ...                           lambda aux, ch: Point(*ch))  # doctest: +SKIP
+    """
+    def flatten(x):
+        pairs, aux = flatten_with_keys(x)
+        pairs = list(pairs)
+        for k, _ in pairs:
+            if not isinstance(k, _KEY_TYPES):
+                raise TypeError(f"register_pytree_with_keys({nodetype.__name__}): a key must be "
+                                "GetAttrKey, DictKey, SequenceKey or FlattenedIndexKey, got "
+                                f"{k!r}")
+        return [c for _, c in pairs], aux, tuple(k for k, _ in pairs)
+
+    optree.register_pytree_node(nodetype, flatten, unflatten_func, namespace=NAMESPACE)
+    return nodetype
 
 
 def register_dataclass(cls: type | None = None, data_fields: Sequence[str] | None = None,

@@ -238,3 +238,24 @@ def test_spmd_tree_module_mirrors_jax_tree():
     assert spmd.tree.map_with_path(lambda p, x: len(p), t) == {"b": [2, (3, None)], "a": 1}
     assert spmd.tree.transpose(spmd.tree.structure([0, 0]), spmd.tree.structure((0, 0)),
                                [(1, 2), (3, 4)]) == ([1, 3], [2, 4])
+
+
+def test_register_pytree_with_keys():
+    class Box:
+        def __init__(self, lo, hi):
+            self.lo, self.hi = lo, hi
+
+    tu.register_pytree_with_keys(
+        Box, lambda b: (((tu.GetAttrKey("lo"), b.lo), (tu.GetAttrKey("hi"), b.hi)), None),
+        lambda aux, ch: Box(*ch))
+    pairs = tu.tree_leaves_with_path({"b": Box(1, [2])})
+    assert [tu.keystr(p) for p, _ in pairs] == ["['b'].lo", "['b'].hi[0]"]
+    out = tu.tree_map(lambda v: v * 10, Box(1, 2))
+    assert (out.lo, out.hi) == (10, 20)
+
+    class Bad:
+        pass
+
+    tu.register_pytree_with_keys(Bad, lambda b: ((("k", 1),), None), lambda aux, ch: Bad())
+    with pytest.raises(TypeError, match="GetAttrKey"):
+        tu.tree_leaves(Bad())

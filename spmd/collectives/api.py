@@ -182,7 +182,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=
         if (tiled and shape[sd] % n) or (not tiled and shape[sd] != n):
             need = f"a multiple of {n}" if tiled else f"equal to {n}"
             raise ShapeError(f"psum_scatter: dimension {sd} of the operand (shape {shape}) has "
-                             f"size {shape[sd]}, which must be {need}, the size of axes {axes}"
+                             f"size {shape[sd]}, which must be {need}, the size of "
+                             f"{'each axis_index_groups group of ' if groups else ''}axes {axes}"
                              + ("" if tiled else "; pass tiled=True to split it into blocks"))
         if groups is not None:
             from spmd.collectives.groups import grouped_psum_scatter
@@ -220,7 +221,8 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_gr
         if (tiled and shape[s] % n) or (not tiled and shape[s] != n):
             need = f"a multiple of {n}" if tiled else f"equal to {n}"
             raise ShapeError(f"all_to_all: split_axis {s} of the operand (shape {shape}) has "
-                             f"size {shape[s]}, which must be {need}, the size of axes {axes}")
+                             f"size {shape[s]}, which must be {need}, the size of "
+                             f"{'each axis_index_groups group of ' if groups else ''}axes {axes}")
         v = _ensure_varying(v, axes)
         if tiled:
             return exchange(v, s, c)

@@ -8,8 +8,9 @@ upper-case (buffer) mpi4py calls: no pickling on the data path.
 
 Communicators are made once per ordered set of world ranks with
 ``Comm.Create_group`` (collective over the members only) and cached, each with
-a duplicate for control traffic.  Every call has a deadline and a check that
-no two threads use one communicator at once (:mod:`spmd.collectives.mpi_control`).
+a duplicate for control traffic.  Every call runs inside
+:class:`spmd.collectives.mpi_control.Collective` (thread rules, and a watchdog
+that reports a collective past its deadline: :mod:`spmd.collectives.mpi_watchdog`).
 """
 
 from __future__ import annotations
@@ -150,23 +151,17 @@ def allreduce(x, ranks, op, what=None):
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape, buf.dtype)
     n = len(ranks)
-    with Collective(ranks, what) as c:
+    with Collective(ranks, what):
         if buf.nbytes >= _split_bytes() and buf.size % n == 0:
             # Reduce-scatter into this member's slice of `out`, then gather the slices.
             from mpi4py import MPI
 
             flat, k = out.reshape(-1), buf.size // n
             mine = flat[comm.Get_rank() * k:(comm.Get_rank() + 1) * k]
-            if c.limit is None:
-                comm.Reduce_scatter_block(buf, mine, op=_op(op))
-                comm.Allgather(MPI.IN_PLACE, flat)
-            else:
-                c.wait(comm.Ireduce_scatter_block(buf, mine, op=_op(op)), keep=(buf, out))
-                c.wait(comm.Iallgather(MPI.IN_PLACE, flat), keep=(buf, out))
-        elif c.limit is None:
-            comm.Allreduce(buf, out, op=_op(op))
+            comm.Reduce_scatter_block(buf, mine, op=_op(op))
+            comm.Allgather(MPI.IN_PLACE, flat)
         else:
-            c.wait(comm.Iallreduce(buf, out, op=_op(op)), keep=(buf, out))
+            comm.Allreduce(buf, out, op=_op(op))
     return out.astype(orig) if orig is not None else out
 
 
@@ -179,11 +174,8 @@ def allgather(x, ranks, what=None, *, control=False):
     n = len(ranks)
     src = _bytes(x)
     out = _recv_buffer((n,) + src.shape, np.uint8)
-    with Collective(ranks, what, control_traffic=control) as c:
-        if c.limit is None:
-            comm.Allgather(src, out)
-        else:
-            c.wait(comm.Iallgather(src, out), keep=(src, out))
+    with Collective(ranks, what, control_traffic=control):
+        comm.Allgather(src, out)
     return out.view(x.dtype).reshape((n,) + x.shape)
 
 
@@ -192,11 +184,8 @@ def reduce_scatter(x, ranks, op="sum", what=None):
     comm = communicator(ranks)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape[1:], buf.dtype)
-    with Collective(ranks, what) as c:
-        if c.limit is None:
-            comm.Reduce_scatter_block(buf, out, op=_op(op))
-        else:
-            c.wait(comm.Ireduce_scatter_block(buf, out, op=_op(op)), keep=(buf, out))
+    with Collective(ranks, what):
+        comm.Reduce_scatter_block(buf, out, op=_op(op))
     return out.astype(orig) if orig is not None else out
 
 
@@ -205,27 +194,24 @@ def alltoall(x, ranks, what=None):
     comm = communicator(ranks)
     src = _bytes(x)
     out = _recv_buffer(src.shape, np.uint8)
-    with Collective(ranks, what) as c:
-        if c.limit is None:
-            comm.Alltoall(src, out)
-        else:
-            c.wait(comm.Ialltoall(src, out), keep=(src, out))
+    with Collective(ranks, what):
+        comm.Alltoall(src, out)
     return out.view(x.dtype).reshape(x.shape)
 
 
 def sendrecv(x, ranks, dst, src, what=None):
     """Send ``x`` to member ``dst`` and receive from member ``src`` (either may be None)."""
+    from mpi4py import MPI
+
     comm = communicator(ranks)
     out = np.zeros_like(x)
-    data = _bytes(x).reshape(-1)
-    with Collective(ranks, what or "ppermute") as c:
+    with Collective(ranks, what or "ppermute"):
         reqs = []
         if src is not None:
             reqs.append(comm.Irecv(out.view(np.uint8).reshape(-1), source=src, tag=11))
         if dst is not None:
-            reqs.append(comm.Isend(data, dest=dst, tag=11))
-        if reqs:
-            c.wait(*reqs, keep=(data, out))
+            reqs.append(comm.Isend(_bytes(x).reshape(-1), dest=dst, tag=11))
+        MPI.Request.Waitall(reqs)
     return out
 
 

@@ -1,56 +1,39 @@
-"""The ``mpi`` backend's control plane: deadlines, reports and thread checks.
+"""The ``mpi`` backend's control plane: communicators, call sites, threads, deadline.
 
 Data collectives and control traffic never share a communicator.  Every group
 of ranks gets two: the data communicator (``spmd.collectives.mpi``) and its
 duplicate, the *control* communicator, which carries the fingerprint
-exchanges (``spmd.shard.fingerprint``) and the deadline reports below.  MPI
-matches collectives by order on one communicator, so with one communicator a
-rank that called one collective too many would pair its data with another
-rank's fingerprint exchange and return garbage; with two, it can only wait.
+exchanges (``spmd.shard.fingerprint``), the thread checks below and the
+deadline reports (:mod:`spmd.collectives.mpi_watchdog`).  MPI matches
+collectives by order on one communicator, so with one communicator a rank that
+called one collective too many would pair its data with another rank's
+fingerprint exchange and return garbage; with two, it can only wait, and the
+deadline turns the wait into a report.
 
-Every collective has a deadline: ``SPMD_COLLECTIVE_TIMEOUT`` seconds (default
+Every collective runs inside a :class:`Collective`, which records it for the
+watchdog (what, where, since when) and enforces the thread rules: a process's
+collectives over one group of ranks run one at a time (MPI forbids concurrent
+collectives on one communicator), and as MPI pairs collectives by their order,
+one issued from a thread other than the main thread is first checked with the
+other ranks over the control communicator: they must issue it from threads of
+the same name at the same equation, else all raise
+:class:`CollectiveThreadError` naming each rank's thread, before any data moves.
+
+The deadline is ``SPMD_COLLECTIVE_TIMEOUT`` seconds (default
 :data:`DEFAULT_TIMEOUT_S`, 600 like PyTorch's NCCL watchdog; ``0`` disables it).
-A waiting rank
-
-- after :data:`PUBLISH_AFTER_S` seconds writes where it waits into
-  ``$SPMD_LAUNCH_DIR`` (``spmd-run`` uses it to see that a rank which finished
-  leaves others waiting), and answers the other ranks' questions about where it
-  is (over the control communicators);
-- at the deadline asks the members of its group where they are, waits
-  :func:`grace_s` seconds for answers, and raises :class:`CollectiveTimeoutError`
-  naming its program, equation and call, and which ranks never arrived.  The
-  collective cannot be withdrawn from MPI, so its communicator is then unusable:
-  later collectives on it raise at once, and the process aborts the MPI job when
-  it exits (so that no rank waits in ``MPI_Finalize``).
-
-Threads: a process's collectives over one group of ranks run one at a time (a
-lock per group; MPI forbids concurrent collectives on one communicator).  As MPI
-pairs collectives by their order, one issued from a thread other than the main
-thread is first checked with the other ranks over the control communicator:
-they must issue it from threads of the same name at the same equation, else all
-raise :class:`CollectiveThreadError` naming each rank's thread, before any data
-moves.
+The MPI calls themselves stay blocking (no polling on the data path).
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import threading
 import time
 
-from spmd.errors import SpmdError
+from spmd.errors import ArgumentError, SpmdError
 
 DEFAULT_TIMEOUT_S = 600.0
-# Spin on MPI_Test this long before sleeping between tests (most collectives
-# complete within it; a blocking MPI call spins too).
-SPIN_S = 0.002
-MAX_SLEEP_S = 0.001
-# A wait this long is published (launch directory) and answers questions.
-PUBLISH_AFTER_S = 1.0
-SERVE_EVERY_S = 0.05
-TAG_QUERY, TAG_STATE = 0x5D01, 0x5D02
 
 
 class CollectiveTimeoutError(SpmdError, RuntimeError):
@@ -76,7 +59,7 @@ def timeout_s() -> float | None:
         except ValueError:
             value = -1.0
         if not value >= 0:
-            raise ValueError(f"SPMD_COLLECTIVE_TIMEOUT={raw!r} is not a number of seconds >= 0; "
+            raise ArgumentError(f"SPMD_COLLECTIVE_TIMEOUT={raw!r} is not a number of seconds >= 0; "
                              f"set it to e.g. 600 (the default), or 0 to wait forever")
         _limit.append(value if value > 0 else None)
     return _limit[0]
@@ -85,11 +68,6 @@ def timeout_s() -> float | None:
 def reset_timeout() -> None:
     """Read ``SPMD_COLLECTIVE_TIMEOUT`` again at the next collective (tests)."""
     _limit.clear()
-
-
-def grace_s(limit: float) -> float:
-    """How long a rank whose deadline fired waits for the others' answers."""
-    return min(10.0, max(1.0, 0.05 * limit))
 
 
 def _setting() -> str:
@@ -174,8 +152,10 @@ def site_here(what: str | None) -> Site | None:
         equation = pp_eqn(eqn, _Namer(), indent=0).strip()
         if len(equation) > 160:
             equation = equation[:157] + "..."
-        if eqn.source_info is not None:
-            source = str(eqn.source_info)
+        si = eqn.source_info
+        # (A library frame, e.g. optree's tree_map under lax.psum, says nothing.)
+        if si is not None and "-packages" not in si.file:
+            source = str(si)
     return Site(what, program, equation, source)
 
 
@@ -184,11 +164,7 @@ def site_here(what: str | None) -> Site | None:
 _seq: dict = {}        # ranks -> data collectives issued on that group so far
 _busy: dict = {}       # ranks -> the thread last inside a collective over them
 _locks: dict = {}
-_broken: dict = {}     # key -> why that communicator can no longer be used
-_waiting: dict = {}    # thread id -> the Collective it is waiting in (slow path)
-_abandoned: list = []  # requests (and their buffers) left pending by a deadline
-_sends: list = []      # answers still being sent
-_exit_abort: list = []
+inflight: dict = {}    # thread id -> the Collective it is in (read by the watchdog)
 _registry_lock = threading.Lock()
 
 
@@ -196,16 +172,11 @@ _MAIN = threading.main_thread().ident
 
 
 class Collective:
-    """One collective over world ``ranks``: ``with Collective(ranks, what) as c:`` then
-    ``c.wait(request, keep=buffers)`` for each non-blocking MPI request it makes
-    (``c.limit is None``: no deadline, make blocking calls instead).
+    """One collective over world ``ranks``: ``with Collective(ranks, what):`` around the
+    (blocking) MPI calls that make it.  See the module docstring for what it enforces;
+    ``control_traffic=True`` for the control communicator's own collectives."""
 
-    The collectives of one group of ranks run one at a time in a process (a lock per
-    group).  One issued from a thread other than the main thread is first checked with
-    the other ranks (over the control communicator): all must issue it from a thread of
-    the same name at the same equation, or all raise :class:`CollectiveThreadError`."""
-
-    __slots__ = ("ranks", "what", "control", "seq", "limit", "since", "lock")
+    __slots__ = ("ranks", "what", "control", "seq", "limit", "since", "thread", "lock")
 
     def __init__(self, ranks: tuple, what, control_traffic: bool = False):
         self.ranks, self.what, self.control = ranks, what, control_traffic
@@ -213,9 +184,6 @@ class Collective:
 
     def __enter__(self):
         ranks = self.ranks
-        why = _broken.get(ranks)
-        if why is not None:
-            raise why[0](why[1])
         lock = _locks.get(ranks)
         if lock is None:
             with _registry_lock:
@@ -224,95 +192,69 @@ class Collective:
             self._wait_for(lock)
         self.lock = lock
         self.seq = 0
+        me = self.thread = threading.get_ident()
+        self.since = time.monotonic()
         try:
             if not self.control:
                 self.seq = _seq[ranks] = _seq.get(ranks, 0) + 1
                 if self.what.__class__ is Site:
                     self.what.calls += 1
-                if threading.get_ident() != _MAIN:
-                    _check_threads(self)
+            if not _watchdog_started:
+                _start_watchdog()
+            inflight[me] = self
+            if me != _MAIN and not self.control:
+                _check_threads(self)
         except BaseException:
+            inflight.pop(me, None)
             lock.release()
             raise
-        _busy[ranks] = threading.current_thread()
+        _busy[ranks] = me
         return self
 
     def __exit__(self, *exc):
+        inflight.pop(self.thread, None)
         self.lock.release()
         return False
 
     def _wait_for(self, lock) -> None:
         """Another thread of this process is in a collective over these ranks: wait for
         it (within the deadline)."""
-        other = _busy.get(self.ranks)
+        other = _thread_name(_busy.get(self.ranks))
         if lock.acquire(timeout=-1 if self.limit is None else self.limit):
             return
         raise CollectiveTimeoutError(
             f"rank {_me()}: thread {threading.current_thread().name!r} waited {self.limit:g}s "
             f"to issue {self.what or 'a collective'} over ranks {list(self.ranks)} while thread "
-            f"{getattr(other, 'name', '?')!r} was in a collective over the same ranks "
+            f"{other!r} was in a collective over the same ranks "
             f"({_setting()})")
 
-    # ---------------------------------------------------------- waiting
-    def wait(self, *reqs, keep=()):
-        """Wait for ``reqs``; raise CollectiveTimeoutError at the deadline."""
-        from mpi4py import MPI
-
-        test = reqs[0].Test if len(reqs) == 1 else (lambda: MPI.Request.Testall(list(reqs)))
-        if test():
-            return
-        start = time.monotonic()
-        spin_until = start + SPIN_S
-        while time.monotonic() < spin_until:
-            if test():
-                return
-        self._slow(test, start, reqs, keep)
-
-    def _slow(self, test, start, reqs, keep):
-        me = threading.get_ident()
-        self.since = time.time() - (time.monotonic() - start)
-        deadline = None if self.limit is None else start + self.limit
-        publish_after = PUBLISH_AFTER_S if self.limit is None else min(PUBLISH_AFTER_S,
-                                                                       self.limit / 2)
-        sleep, published, next_serve = 0.00005, False, start + publish_after
-        try:
-            while not test():
-                now = time.monotonic()
-                if now >= next_serve:
-                    if not published:
-                        _waiting[me] = self
-                        _publish(self)
-                        published = True
-                    serve()
-                    next_serve = now + SERVE_EVERY_S
-                if deadline is not None and now >= deadline:
-                    self._expire(test, reqs, keep)
-                    return
-                time.sleep(sleep)
-                sleep = min(2 * sleep, MAX_SLEEP_S)
-        finally:
-            if published:
-                _waiting.pop(me, None)
-                _unpublish()
-
     def state(self) -> dict:
+        """What another rank is told about this collective."""
         w = self.what
         return {"ranks": list(self.ranks), "seq": self.seq, "what": str(w or "a collective"),
                 "where": w.describe() if isinstance(w, Site) else "",
-                "call": getattr(w, "calls", 0), "since": self.since}
+                "call": getattr(w, "calls", 0), "since": self.wall()}
 
-    def _expire(self, test, reqs, keep):
-        answers = _ask(self, test)
-        if answers is None:  # the collective completed while the others were asked
-            return
-        text = _report(self, answers)
-        _abandoned.append((reqs, keep))  # MPI may still write into the buffers
-        _broken[self.ranks] = (CollectiveTimeoutError, "this communicator is unusable after an "
-                             "earlier collective deadline:\n" + text)
-        if not _exit_abort:
-            _exit_abort.append(True)
-            atexit.register(_abort_job)
-        raise CollectiveTimeoutError(text)
+    def wall(self) -> float:
+        """When it began, as ``time.time()``."""
+        return time.time() - (time.monotonic() - self.since)
+
+
+def _thread_name(ident) -> str:
+    return next((t.name for t in threading.enumerate() if t.ident == ident), "?")
+
+
+_watchdog_started = False
+
+
+def _start_watchdog() -> None:
+    global _watchdog_started
+    with _registry_lock:
+        if not _watchdog_started:
+            from spmd.collectives import mpi_watchdog
+
+            mpi_watchdog.start()
+            _watchdog_started = True
 
 
 def _check_threads(c: Collective) -> None:
@@ -333,10 +275,7 @@ def _check_threads(c: Collective) -> None:
     comm = control(c.ranks)
     src = _bytes(digest)
     rows = _recv_buffer((len(c.ranks), 16), np.uint8)
-    if c.limit is None:
-        comm.Allgather(src, rows)
-    else:
-        c.wait(comm.Iallgather(src, rows), keep=(src, rows))
+    comm.Allgather(src, rows)
     if all((r == rows[0]).all() for r in rows):
         return
     texts = comm.allgather(desc)  # every rank is here: the digests were exchanged
@@ -346,121 +285,3 @@ def _check_threads(c: Collective) -> None:
         f"different ranks, so they would pair one thread's data with another's:\n{detail}\n"
         "Issue a mesh's collectives from threads that run the same collectives in the same "
         "order on every rank (same thread names), or from one thread (e.g. the main thread)")
-
-
-# ------------------------------------------------------------ answers
-
-def _state_of_rank(query_ranks) -> dict:
-    waits = [c.state() for c in list(_waiting.values())]
-    return {"rank": _me(), "waits": waits, "seq": _seq.get(tuple(query_ranks), 0)}
-
-
-def serve() -> None:
-    """Answer the other ranks' questions about where this rank is (control traffic)."""
-    from mpi4py import MPI
-
-    status = MPI.Status()
-    for comm in list(_controls.values()):
-        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_QUERY, status=status):
-            src = status.Get_source()
-            q = comm.recv(source=src, tag=TAG_QUERY)
-            reply = dict(_state_of_rank(q["ranks"]), id=q["id"])
-            _sends.append(comm.isend(reply, dest=src, tag=TAG_STATE))
-    _sends[:] = [r for r in _sends if not r.Test()]
-
-
-_query_ids = [0]
-
-
-def _ask(c: Collective, test) -> dict | None:
-    """Ask every other member of ``c``'s group where it is; world rank -> answer for
-    those answering within the grace period.  None when ``c`` completed meanwhile."""
-    from mpi4py import MPI
-
-    comm = control(c.ranks)
-    mine = comm.Get_rank()
-    _query_ids[0] += 1
-    qid = (_me(), _query_ids[0])
-    for i in range(len(c.ranks)):
-        if i != mine:
-            _sends.append(comm.isend({"ranks": list(c.ranks), "id": qid}, dest=i,
-                                     tag=TAG_QUERY))
-    answers: dict = {}
-    status = MPI.Status()
-    end = time.monotonic() + grace_s(c.limit)
-    while time.monotonic() < end and len(answers) < len(c.ranks) - 1:
-        if test():
-            return None
-        serve()
-        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_STATE, status=status):
-            reply = comm.recv(source=status.Get_source(), tag=TAG_STATE)
-            if reply.get("id") == qid:
-                answers[c.ranks[status.Get_source()]] = reply
-        time.sleep(0.005)
-    return answers
-
-
-def _report(c: Collective, answers: dict) -> str:
-    waited = time.time() - c.since
-    what = str(c.what or "a collective")
-    head = (f"rank {_me()}: {what} over ranks {list(c.ranks)} did not complete within "
-            f"{c.limit:g}s ({_setting()})")
-    lines = [head]
-    if isinstance(c.what, Site):
-        lines.append(f"  rank {_me()} is in {c.what.describe()}, call {c.what.calls} of it"
-                     + (f"; collective #{c.seq} over these ranks" if c.seq else ""))
-    arrived, missing = [], []
-    for r in c.ranks:
-        if r == _me():
-            continue
-        a = answers.get(r)
-        same = a is not None and any(w["ranks"] == list(c.ranks) and w["seq"] == c.seq
-                                     for w in a["waits"])
-        (arrived if same else missing).append(r)
-        if a is None:
-            lines.append(f"  rank {r}: never arrived; no answer within {grace_s(c.limit):g}s "
-                         "(it computes outside collectives, finished, or died)")
-        elif not same:
-            where = "; ".join(_where(w) for w in a["waits"]) or "is in no collective"
-            lines.append(f"  rank {r}: never arrived (its last collective over these ranks "
-                         f"was #{a['seq']}); it {where}")
-    lines.insert(1, f"  ranks that never arrived: {missing}; ranks waiting in it too: "
-                    f"{arrived} (this rank waited {waited:.1f}s)")
-    return "\n".join(lines)
-
-
-def _where(w: dict) -> str:
-    """One wait of another rank, as its answer describes it."""
-    detail = [f"collective #{w['seq']} there"] if w["seq"] else []
-    if w["where"]:
-        detail.append(f"{w['where']}, call {w['call']}")
-    return (f"waits in {w['what']} over ranks {w['ranks']}"
-            + (f" ({'; '.join(detail)})" if detail else ""))
-
-
-def _abort_job() -> None:
-    """At exit after a deadline: end the MPI job instead of finalising (MPI_Finalize
-    would wait for ranks that wait for this one)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    from spmd.collectives.mpi import world
-
-    world().Abort(1)
-
-
-# ------------------------------------------------------ the launcher's view
-
-def _publish(c: Collective) -> None:
-    from spmd.launch import _rank
-
-    _rank.publish_wait(dict(c.state(), rank=_me()))
-
-
-def _unpublish() -> None:
-    if not _waiting:
-        from spmd.launch import _rank
-
-        _rank.clear_wait(_me())

@@ -125,10 +125,11 @@ def release() -> None:
     _communicators.clear()
     if not comms:
         return
-    cp, _ = _modules()
     try:
-        cp.cuda.Device().synchronize()  # no NCCL call may still be queued on the GPU
-    finally:
+        import cupy
+
+        cupy.cuda.Device().synchronize()  # no NCCL call may still be queued on the GPU
+    finally:  # (a CUDA error of earlier work is raised after the destruction)
         for comm in comms:
             comm.destroy()
 

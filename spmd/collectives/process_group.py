@@ -47,6 +47,12 @@ def backend():
     return mpi
 
 
+def _backend_op(x, op: str) -> str:
+    """The backends reduce bools as uint8 0/1 and cast back, so a sum is "any": send
+    it as a max, which a uint8 sum is not past 255 members (it wraps to False)."""
+    return "max" if op == "sum" and get_aval(x).dtype == np.bool_ else op
+
+
 class ProcessGroup:
     """Collectives over ``axes`` for the local devices ``local`` (flat mesh positions) of
     this process; ``procs[f]`` is the process owning flat position ``f``."""
@@ -143,7 +149,8 @@ class ProcessGroup:
     def all_reduce(self, x, op: str):
         if not self.fast:
             return self._general("all_reduce", x, op)
-        return self.comm.call("allreduce", x, self.ranks, op=op, what=_REDUCE_NAMES[op]), 0
+        return self.comm.call("allreduce", x, self.ranks, op=_backend_op(x, op),
+                              what=_REDUCE_NAMES[op]), 0
 
     def all_gather(self, x, axis: int, tiled: bool):
         if not self.fast:
@@ -165,8 +172,8 @@ class ProcessGroup:
         c = r[dim] // self.na
         v = reshape(v, r[:dim] + (self.na, c) + r[dim + 1:])
         v = transpose(v, (dim,) + tuple(i for i in range(len(r) + 1) if i != dim))
-        out = self.comm.call("reduce_scatter", v, self.ranks, op="sum",
-                       what="psum_scatter")  # r with c at dim
+        out = self.comm.call("reduce_scatter", v, self.ranks, op=_backend_op(v, "sum"),
+                             what="psum_scatter")  # r with c at dim
         if not tiled:
             out = reshape(out, r[:dim] + r[dim + 1:])
         return self._stack(out)

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from spmd.compiler.ad_util import Zero
+from spmd.compiler.array import Array
 from spmd.compiler.avals import tangent_aval
-from spmd.compiler.ir import Program
-from spmd.compiler.trace import (ProgramBuilder, ProgramTrace, Tracer, dynamic_trace,
-                                 eval_program, full_raise, get_aval, new_main)
+from spmd.compiler.ir import Program, Var
+from spmd.compiler.trace import (ProgramBuilder, ProgramTrace, ProgramTracer, Tracer,
+                                 dynamic_trace, eval_program, full_raise, get_aval, new_main)
 
 
 def can_linearize_eagerly(primals) -> bool:
@@ -44,7 +47,11 @@ def linearize_eager(fun: Callable, primals, diff_mask):
 
     avals = [get_aval(p) for p in primals]
     diff_avals = [tangent_aval(a) for a, d in zip(avals, diff_mask) if d]
-    builder = ProgramBuilder()
+    # numpy inputs are copied once: the residuals must not change if the caller
+    # mutates them before calling the pullback.
+    primals = [Array(np.array(p, copy=True), get_aval(p)) if isinstance(p, np.ndarray) else p
+               for p in primals]
+    builder = _EagerBuilder()
     with new_main(_OnlineTrace, builder, dynamic=False) as main:
         trace = _OnlineTrace(main)
         t_in = [trace.new_arg(a) for a in diff_avals]
@@ -73,6 +80,24 @@ def linearize_eager(fun: Callable, primals, diff_mask):
 
 def _mine(x, main) -> bool:
     return isinstance(x, Tracer) and x._trace.main is main
+
+
+class _EagerBuilder(ProgramBuilder):
+    """Keeps concrete Arrays as they are: the values computed here are fresh buffers
+    nobody else holds (a jit program's builder copies, as a cached program must)."""
+
+    def new_const(self, trace, val):
+        if not isinstance(val, Array):
+            return super().new_const(trace, val)
+        key = id(val)
+        t = self._const_tracers.get(key)
+        if t is None:
+            self._keepalive.append(val)
+            t = ProgramTracer(trace, val.aval, Var(val.aval))
+            self.const_vars.append(t.var)
+            self.const_vals.append(val)
+            self._const_tracers[key] = t
+        return t
 
 
 class _OnlineTrace(ProgramTrace):

@@ -80,6 +80,28 @@ class BatchTracer(Tracer):
     def full_lower(self):
         return full_lower(self.val) if self.bdim is None else self
 
+    # At a level marked ``concrete`` (an eager shard_map, spmd/shard/shard_map_eager.py)
+    # a value that is the same in every batch element converts to a Python value;
+    # elsewhere the Tracer error stands.
+    def _concrete(self, what, convert):
+        if not getattr(self._trace.main.global_data[0], "concrete", False):
+            return getattr(Tracer, f"__{what}__")(self)
+        return convert(concrete_value(self, f"{what}()"))
+
+    def __bool__(self):
+        return self._concrete("bool", bool)
+
+    def __int__(self):
+        return self._concrete("int", int)
+
+    def __float__(self):
+        return self._concrete("float", float)
+
+    def __index__(self):
+        import operator
+
+        return self._concrete("index", operator.index)
+
 
 class BatchTrace(Trace):
     """Carries a batch axis through each primitive with its batching rule.
@@ -96,7 +118,8 @@ class BatchTrace(Trace):
     def process_primitive(self, prim, tracers, params):
         vals = [t.val for t in tracers]
         dims = [t.bdim for t in tracers]
-        if all(d is None for d in dims) and not self._communicates(prim, params):
+        if all(d is None for d in dims) and not self._communicates(prim, params) and \
+                not prim.rules.get("batch_always"):
             from spmd.compiler.trace import bind
             out = bind(prim, *vals, **params)
             outs = out if prim.multiple_results else [out]
@@ -141,19 +164,43 @@ class NamedAxes:
     see the whole mesh shape.
     """
 
-    __slots__ = ("names", "sizes", "local", "procs", "me", "spmd_name")
+    __slots__ = ("names", "sizes", "local", "procs", "me", "spmd_name", "concrete")
 
-    def __init__(self, names, sizes, local=None, procs=None, me=0, spmd_name=None):
+    def __init__(self, names, sizes, local=None, procs=None, me=0, spmd_name=None,
+                 concrete=False):
         self.names = tuple(names)
         self.sizes = tuple(int(s) for s in sizes)
         # vmap(spmd_axis_name=...): the mesh axes the batch axis is split over when it
         # meets a shard_map or a sharding constraint (a tuple of names), else None.
         self.spmd_name = spmd_name
+        # Values at this level are concrete (an eager shard_map): Python may branch on
+        # those that are the same on every device.
+        self.concrete = concrete
         # On a multi-process mesh only this process's devices are stacked: their
         # flat mesh positions, the owning process of every position, and ours.
         self.local = None if local is None else tuple(local)
         self.procs = None if procs is None else tuple(procs)
         self.me = me
+
+
+def concrete_value(tracer: BatchTracer, what: str):
+    """The value of ``tracer`` when it is the same in every batch element (device)."""
+    from spmd.compiler.array_module import to_host
+    from spmd.errors import TracerBoolConversionError
+
+    if tracer.bdim is None:
+        return tracer.val
+    val = tracer.val
+    if isinstance(val, Tracer):
+        return getattr(Tracer, "__bool__")(val)  # traced data: the Tracer error
+    v = np.moveaxis(np.asarray(to_host(getattr(val, "value", val))), tracer.bdim, 0)
+    differ = [k for k in range(1, v.shape[0]) if not np.array_equal(v[k], v[0])]
+    if differ:
+        raise TracerBoolConversionError(
+            f"{what} of a value inside an eager shard_map that differs between devices "
+            f"(devices 0 and {differ[0]} in mesh order disagree); branch on a value that is "
+            "the same on every device (e.g. after lax.psum), or use lax.cond")
+    return v[0]
 
 
 def _scope_for(axis_name, main):

@@ -343,4 +343,8 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             lhs = (", ".join(outs) + ",") if outs else "_"
         else:
             lhs = outs[0]
-        lines.append(f"{lhs} = {expr}")
+        what = eqn.params.get("what")
+        # A collective names what it implements (e.g. "psum x7 combined (2678828
+        # bytes)"): shown in the source, where the call itself says nothing.
+        note = f"  # {what}" if isinstance(what, str) and "\n" not in what else ""
+        lines.append(f"{lhs} = {expr}{note}")

@@ -22,8 +22,10 @@ from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
+from spmd.compiler.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
+from spmd.compiler.program_arrays import array_equation, needs_arrays, output_wrappers
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
@@ -142,7 +144,8 @@ def _walk(x, leaves: list, toks: list) -> bool:
     these arguments it is twice as fast as ``optree`` plus the leaf keys, and
     the token tuple is the cache key itself (no treedef to hash).  Tokens:
     ``tuple``/``list`` then the length; ``(dict, sorted keys)``; ``None``;
-    a leaf's key as in :func:`_leaf_key`.  No leaf key equals a node token,
+    a leaf's key as in :func:`_leaf_key` (an Array of an upper layer's type:
+    ``(its type, its aval)``).  No leaf key equals a node token,
     so two token tuples are equal only for equal structures and leaf keys.
     """
     t = type(x)
@@ -181,55 +184,23 @@ def _walk(x, leaves: list, toks: list) -> bool:
         leaves.append(x)
         toks.append(t)
         return True
+    if isinstance(x, Array):  # an upper layer's array type: its type and aval
+        leaves.append(x)
+        toks.append((t, x.aval))
+        return True
     return False
 
 
-def _output_wrappers(closed) -> tuple | None:
-    """Per output, the ``output_array`` rule of the equation that made it, if any: a
-    function that turns the plain result into an array of an upper layer's type (a
-    ``shard_map`` result keeps its ``out_specs`` placement); None when no output has
-    one."""
-    producer = {o: e for e in closed.program.eqns for o in e.outputs}
-    found = []
-    for a in closed.program.out_atoms:
-        e = producer.get(a)
-        rule = e.primitive.rules.get("output_array") if e is not None else None
-        found.append(rule(e, e.outputs.index(a)) if rule is not None else None)
-    return tuple(found) if any(w is not None for w in found) else None
-
-
-def needs_arrays(closed: ClosedProgram) -> bool:
-    """Whether ``closed`` has an equation that must be evaluated on Arrays rather than
-    compiled (a primitive whose ``needs_arrays`` rule says so for its parameters,
-    e.g. a ``shard_map`` over processes, which returns this process's blocks)."""
-    hit = _needs_arrays.get(closed)
-    if hit is None:
-        hit = _needs_arrays[closed] = any(
-            e.primitive.rules.get("needs_arrays") is not None
-            and e.primitive.rules["needs_arrays"](e.params) for e in closed.program.eqns)
-    return hit
-
-
-_needs_arrays: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def output_wrappers(closed: ClosedProgram) -> tuple | None:
-    """:func:`_output_wrappers`, cached per program."""
-    hit = _wrappers.get(closed, False)
-    if hit is False:
-        hit = _wrappers[closed] = _output_wrappers(closed)
-    return hit
-
-
-_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def _jit_eval_arrays(args, params):
-    """A jitted program with equations that need Arrays runs equation by equation; one
-    whose outputs have wrappers runs compiled and wraps them."""
+    """A jitted program with equations that need Arrays runs as their layer says
+    (``eval_program`` rule), else equation by equation; one whose outputs have
+    wrappers runs compiled and wraps them."""
     program = params["program"]
     if needs_arrays(program):
-        return eval_program(program, *args)
+        eqn = array_equation(program)
+        rule = eqn.primitive.rules.get("eval_program") if eqn is not None else None
+        outs = rule(eqn.params, program, args) if rule is not None else None
+        return eval_program(program, *args) if outs is None else outs
     wrappers = output_wrappers(program)
     if wrappers is None:
         return None
@@ -543,52 +514,6 @@ class JitFunction:
 
     def __repr__(self):
         return f"<jit {self._name}>"
-
-
-class Lowered:
-    """A traced and optimised program: ``.as_text()`` prints it."""
-
-    def __init__(self, entry: _Entry, name: str):
-        self._entry = entry
-        self.name = name
-
-    @property
-    def program(self) -> ClosedProgram:
-        return self._entry.optimized
-
-    def as_text(self, executed: bool = False) -> str:
-        """The optimised program; ``executed=True``: the program this process runs, after
-        lowering for execution (``shard_map`` inlined for this backend, collectives
-        combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
-        if executed:
-            return str(lower_for_execution(self._entry.optimized))
-        return str(self._entry.optimized)
-
-    def compile(self) -> "Compiled":
-        return Compiled(self._entry)
-
-    def __str__(self):
-        return self.as_text()
-
-
-class Compiled:
-    """The generated code of a lowered program (``.source`` shows it)."""
-
-    def __init__(self, entry: _Entry):
-        self._entry = entry
-
-    @property
-    def source(self) -> str:
-        return self._entry.exe.source
-
-    def as_text(self) -> str:
-        return self.source
-
-    def __call__(self, *leaves):
-        avals = [get_aval(x) for x in leaves]
-        outs = self._entry.exe(*[to_array_value(x, a) for x, a in zip(leaves, avals)])
-        return tree_util.tree_unflatten(
-            self._entry.out_tree, [wrap_value(o, a) for o, a in zip(outs, self._entry.out_avals)])
 
 
 def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None,

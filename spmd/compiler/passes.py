@@ -7,6 +7,8 @@ runs them in the order that lets each help the next.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from spmd.compiler.fold import fold_scalar_chains
@@ -232,7 +234,7 @@ def cse(closed: ClosedProgram) -> ClosedProgram:
     eqns = []
     for eqn in program.eqns:
         inputs = [subst.get(a, a) if isinstance(a, Var) else a for a in eqn.inputs]
-        if eqn.primitive.effectful:
+        if has_effects(eqn):
             eqns.append(eqn.replace(inputs=inputs))
             continue
         try:
@@ -257,6 +259,32 @@ def cse(closed: ClosedProgram) -> ClosedProgram:
 
 # ----------------------------------------------------------------------- DCE
 
+_effects_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def has_effects(eqn) -> bool:
+    """Whether ``eqn`` is effectful or holds a sub-program that is (a print inside a
+    jit, shard_map or loop body must not be dropped or merged with another)."""
+    if eqn.primitive.effectful:
+        return True
+    if not eqn.primitive.higher_order:
+        return False
+    return any(_value_effects(v) for v in eqn.params.values())
+
+
+def _value_effects(v) -> bool:
+    if isinstance(v, ClosedProgram):
+        hit = _effects_cache.get(v)
+        if hit is None:
+            hit = _effects_cache[v] = any(has_effects(e) for e in v.program.eqns)
+        return hit
+    if isinstance(v, Program):
+        return any(has_effects(e) for e in v.eqns)
+    if isinstance(v, (tuple, list)):
+        return any(_value_effects(x) for x in v)
+    return False
+
+
 def dce_program(program: Program, used_outputs=None) -> tuple[Program, list[bool]]:
     """Remove equations whose results are unused; return (program, used inputs)."""
     outs = program.out_atoms if used_outputs is None else \
@@ -265,7 +293,7 @@ def dce_program(program: Program, used_outputs=None) -> tuple[Program, list[bool
     kept = []
     for eqn in reversed(program.eqns):
         dce_rule = eqn.primitive.rules.get("dce")
-        if eqn.primitive.effectful or any(o in live for o in eqn.outputs):
+        if has_effects(eqn) or any(o in live for o in eqn.outputs):
             if dce_rule is not None:
                 eqn = dce_rule(eqn, [o in live for o in eqn.outputs])
             kept.append(eqn)

@@ -172,6 +172,8 @@ def _saveable(policy, var, producers) -> bool:
     eqn = producers.get(var)
     if eqn is None:  # an input of the body: always available
         return True
+    if eqn.primitive.rules.get("never_recompute"):
+        return True  # a read of state (rng_counter): recomputing it would read anew
     return bool(policy(eqn.primitive, *[a.aval for a in eqn.inputs], **eqn.params))
 
 
@@ -336,7 +338,9 @@ def saved_residuals(fun: Callable, *args, **kwargs) -> list[tuple]:
         params = list(inspect.signature(fun).parameters)
     except (TypeError, ValueError):
         params = []
-    owner = [i for i, a in enumerate(args) for _ in tree_util.tree_leaves(a)]
+    # The name of each leaf: the parameter's, then its path in a pytree argument.
+    owner = [(params[i] if i < len(params) else f"#{i}") + tree_util.keystr(path)
+             for i, a in enumerate(args) for path, _ in tree_util.tree_leaves_with_path(a)]
 
     def flat(*xs):
         return flatten_outputs(fun(*tree_util.tree_unflatten(tree, xs), **kwargs),
@@ -367,21 +371,19 @@ def saved_residuals(fun: Callable, *args, **kwargs) -> list[tuple]:
     for atom, u in zip(res_atoms, used[:n_res]):
         if not u or not isinstance(atom, Var):
             continue
-        src = _describe_residual(atom, kp, n_consts, params, owner)
+        src = _describe_residual(atom, kp, n_consts, owner)
         out.append((atom.aval.update(vma=frozenset()), src))
     return out
 
 
-def _describe_residual(var, program, n_consts, params, owner) -> str:
+def _describe_residual(var, program, n_consts, owner) -> str:
     """Where a residual comes from, looking into nested programs (jit, remat halves)."""
     while True:
         if var in program.in_vars:
             k = program.in_vars.index(var) - n_consts
             if k < 0:
                 return "from a constant"
-            i = owner[k] if k < len(owner) else k
-            name = params[i] if i < len(params) else f"#{i}"
-            return f"from the argument {name}"
+            return f"from the argument {owner[k] if k < len(owner) else f'#{k}'}"
         eqn = next((e for e in program.eqns if var in e.outputs), None)
         if eqn is None:
             return "from a constant"

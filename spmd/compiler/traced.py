@@ -1,5 +1,5 @@
-"""``jit(f).trace(*args)``: the traced stage of JAX's ahead-of-time API
-(trace -> lower -> compile).
+"""The stages of JAX's ahead-of-time API for ``jit``: ``jit(f).trace(*args)`` ->
+:class:`Traced` -> ``.lower()`` -> :class:`Lowered` -> ``.compile()`` -> :class:`Compiled`.
 
 >>> t = spmd.jit(lambda x: x * 2).trace(spmd.ShapeDtypeStruct((3,), np.float32))
 >>> t.out_info
@@ -10,6 +10,8 @@ f32[3]
 from __future__ import annotations
 
 from spmd import tree_util
+from spmd.compiler.ir import ClosedProgram
+from spmd.compiler.trace import get_aval, to_array_value, wrap_value
 
 
 class Traced:
@@ -36,9 +38,60 @@ class Traced:
         return tree_util.tree_unflatten(self._entry.out_tree, list(self._entry.out_avals))
 
     def lower(self):
-        from spmd.compiler.jit import Lowered
-
         return Lowered(self._entry, self.fun_name)
 
     def __repr__(self):
         return f"<Traced {self.fun_name}: {self.in_avals} -> {self.out_info}>"
+
+
+class Lowered:
+    """A traced and optimised program: ``.as_text()`` prints it."""
+
+    def __init__(self, entry, name: str):
+        self._entry = entry
+        self.name = name
+
+    @property
+    def program(self) -> ClosedProgram:
+        return self._entry.optimized
+
+    def as_text(self, executed: bool = False) -> str:
+        """The optimised program; ``executed=True``: the program this process runs, after
+        lowering for execution (``shard_map`` inlined for this backend, collectives
+        combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
+        if executed:
+            from spmd.compiler.passes import lower_for_execution
+            from spmd.compiler.program_arrays import array_equation
+
+            eqn = array_equation(self._entry.optimized)
+            rule = eqn.primitive.rules.get("executed_program") if eqn is not None else None
+            if rule is not None:  # run by that equation's layer (e.g. over processes)
+                return str(rule(eqn.params, self._entry.optimized))
+            return str(lower_for_execution(self._entry.optimized))
+        return str(self._entry.optimized)
+
+    def compile(self) -> "Compiled":
+        return Compiled(self._entry)
+
+    def __str__(self):
+        return self.as_text()
+
+
+class Compiled:
+    """The generated code of a lowered program (``.source`` shows it)."""
+
+    def __init__(self, entry):
+        self._entry = entry
+
+    @property
+    def source(self) -> str:
+        return self._entry.exe.source
+
+    def as_text(self) -> str:
+        return self.source
+
+    def __call__(self, *leaves):
+        avals = [get_aval(x) for x in leaves]
+        outs = self._entry.exe(*[to_array_value(x, a) for x, a in zip(leaves, avals)])
+        return tree_util.tree_unflatten(
+            self._entry.out_tree, [wrap_value(o, a) for o, a in zip(outs, self._entry.out_avals)])

@@ -115,6 +115,16 @@ def publish_wait(info: dict) -> None:
         rep._write("wait", json.dumps(info))
 
 
+def record_failure(rank: int, status: int, kind: str, error: str) -> None:
+    """Record this rank's result from outside the script's thread (a collective deadline
+    found by the watchdog, just before it aborts the job); a no-op without
+    ``$SPMD_LAUNCH_DIR``."""
+    directory = os.environ.get("SPMD_LAUNCH_DIR")
+    if directory and os.path.isdir(directory):
+        _Reporter(directory, rank)._write("json", json.dumps(
+            {"rank": rank, "status": status, "kind": kind, "error": error, "time": time.time()}))
+
+
 def clear_wait(rank: int) -> None:
     """The rank's collective wait is over: remove its ``.wait`` record."""
     directory = os.environ.get("SPMD_LAUNCH_DIR")

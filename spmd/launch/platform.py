@@ -14,10 +14,13 @@ On GPUs each process uses the GPU of its local rank (``MPI_LOCALRANKID``,
 sees; all of a process's devices (``SPMD_LOCAL_DEVICES``) are simulated on that
 one GPU.  The GPU is chosen when the array module is first resolved
 (``spmd.distributed.initialize`` does it at once), and CuPy arrays made before
-on another GPU are copied to it when spmd takes them.  Collectives between processes go through NCCL
-(:mod:`spmd.collectives.nccl`) unless ``SPMD_GPU_BACKEND=mpi`` (or NCCL is
-missing), which stages them through host memory and MPI; NCCL cannot put two
-ranks on one GPU, so more ranks than GPUs on a node needs the ``mpi`` backend.
+on another GPU are copied to it when spmd takes them.  Collectives between
+processes go through NCCL (:mod:`spmd.collectives.nccl`) unless
+``SPMD_GPU_BACKEND=mpi`` (or NCCL is missing), which stages them through host
+memory and MPI; NCCL cannot put two ranks on one GPU, so more ranks than GPUs
+on a node needs the ``mpi`` backend.  Ranks bound to one GPU each by their own
+``CUDA_VISIBLE_DEVICES`` are accepted; NCCL's communicators then check, by PCI
+bus id, that no two ranks share one.
 
 >>> xp_for("cpu") is np
 True

@@ -82,7 +82,8 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
                          f"first, with exit status {status}; the job was ended")
         for (st, kind, error), ranks in groups.items():
             what = {"exception": "raised an exception", "exit": f"called sys.exit({st})",
-                    "interrupt": "was interrupted (KeyboardInterrupt)"}.get(kind, "failed")
+                    "interrupt": "was interrupted (KeyboardInterrupt)",
+                    "deadline": "reported a collective deadline"}.get(kind, "failed")
             lines.append(f"--- {_plural(ranks)}: {what}, exit status {st}")
             if error.strip():
                 lines.append(_tail(error))

@@ -26,7 +26,7 @@ from spmd.lax.control_flow import cond, fori_loop, scan, switch, while_loop  # n
 from spmd.collectives import (all_gather, all_to_all, axis_index, axis_size,  # noqa: F401
                               pcast, pmax, pmean, pmin, ppermute, psum, psum_scatter, pvary)
 from spmd.shard.partition.api import with_sharding_constraint  # noqa: F401,E402
-from spmd.compiler.ops.special import digamma, erf, erf_inv, lgamma, polygamma  # noqa: F401,E402
+from spmd.compiler.ops.special import digamma, erf, erf_inv, erfc, lgamma, polygamma  # noqa: F401,E402
 from spmd.lax._conv import (ConvDimensionNumbers, conv, conv_dimension_numbers,  # noqa: F401,E402
                             conv_general_dilated, conv_with_general_padding, padtype_to_pads)
 from spmd.lax._slicing import (approx_max_k, approx_min_k, dynamic_index_in_dim,  # noqa: F401,E402

@@ -1,9 +1,10 @@
 """``spmd.nn.initializers``: parameter initialisers with JAX's names and values.
 
-Each builder returns ``init(key, shape, dtype=None)``; for the same key, shape
-and dtype the values are those of ``jax.nn.initializers`` (they draw from
-``spmd.random`` with JAX's recipes).  Under ``jit(out_shardings=...)`` each
-device draws only its own block of a sharded parameter.
+Each builder returns ``init(key, shape, dtype=None, out_sharding=None)``; for
+the same key, shape and dtype the values are those of ``jax.nn.initializers``
+(they draw from ``spmd.random`` with JAX's recipes).  With ``out_sharding`` (or
+under ``jit(out_shardings=...)``) each device draws only its own block of a
+sharded parameter.
 
 >>> import spmd
 >>> w = glorot_normal()(spmd.random.key(0), (784, 512))
@@ -20,6 +21,7 @@ import spmd.numpy as snp
 from spmd import random
 from spmd.compiler import dtypes
 from spmd.errors import ArgumentError, ShapeError
+from spmd.random.sharded import with_out_sharding
 
 Initializer = Callable[..., "snp.ndarray"]
 
@@ -44,11 +46,13 @@ def _shape(shape, name):
     return tuple(int(s) for s in shape)
 
 
+@with_out_sharding
 def zeros(key, shape, dtype=None):
     """An initializer of zeros (``key`` is ignored)."""
     return snp.zeros(_shape(shape, "zeros"), _dtype(dtype))
 
 
+@with_out_sharding
 def ones(key, shape, dtype=None):
     """An initializer of ones (``key`` is ignored)."""
     return snp.ones(_shape(shape, "ones"), _dtype(dtype))
@@ -56,6 +60,7 @@ def ones(key, shape, dtype=None):
 
 def constant(value, dtype=None) -> Initializer:
     """An initializer filling arrays with ``value``."""
+    @with_out_sharding
     def init(key, shape, dtype=dtype):
         return snp.full(_shape(shape, "constant"), value, _dtype(dtype))
 
@@ -64,6 +69,7 @@ def constant(value, dtype=None) -> Initializer:
 
 def uniform(scale=1e-2, dtype=None) -> Initializer:
     """Uniform in ``[0, scale)``."""
+    @with_out_sharding
     def init(key, shape, dtype=dtype):
         d = _dtype(dtype)
         return random.uniform(key, _shape(shape, "uniform"), d) * np.array(scale, d)
@@ -73,6 +79,7 @@ def uniform(scale=1e-2, dtype=None) -> Initializer:
 
 def normal(stddev=1e-2, dtype=None) -> Initializer:
     """Normal with mean 0 and standard deviation ``stddev``."""
+    @with_out_sharding
     def init(key, shape, dtype=dtype):
         d = _dtype(dtype)
         return random.normal(key, _shape(shape, "normal"), d) * np.array(stddev, d)
@@ -82,6 +89,7 @@ def normal(stddev=1e-2, dtype=None) -> Initializer:
 
 def truncated_normal(stddev=1e-2, dtype=None, lower=-2.0, upper=2.0) -> Initializer:
     """A standard normal truncated to ``(lower, upper)``, times ``stddev``."""
+    @with_out_sharding
     def init(key, shape, dtype=dtype):
         d = _dtype(dtype)
         x = random.truncated_normal(key, lower, upper, _shape(shape, "truncated_normal"), d)
@@ -124,6 +132,7 @@ def variance_scaling(scale, mode: str, distribution: str, in_axis: int | Sequenc
         raise ArgumentError(f"variance_scaling: distribution={distribution!r}; use one of "
                             f"{_DISTRIBUTIONS}")
 
+    @with_out_sharding
     def init(key, shape, dtype=dtype):
         d = _dtype(dtype)
         shape = _shape(shape, "variance_scaling")
@@ -165,6 +174,7 @@ kaiming_uniform, kaiming_normal = he_uniform, he_normal
 
 def orthogonal(scale=1.0, column_axis: int = -1, dtype=None) -> Initializer:
     """Uniformly distributed orthogonal matrices (reshaped for larger shapes), times ``scale``."""
+    @with_out_sharding
     def init(key, shape, dtype=dtype):
         d = _dtype(dtype)
         shape = _shape(shape, "orthogonal")

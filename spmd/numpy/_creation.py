@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
-from spmd.compiler.array_module import to_host
+from spmd.compiler.array_module import is_device_array, to_host
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.trace import get_aval
@@ -56,6 +56,9 @@ def arange(start, stop=None, step=None, dtype=None):
     """Evenly spaced values; the bounds must be concrete (they decide the shape)."""
     for v, argname in ((start, "start"), (stop, "stop"), (step, "step")):
         require_static(v, "spmd.numpy.arange", argname, "number")
+    # CuPy scalars (0-d device arrays) to host values: numpy cannot read them.
+    start, stop, step = (to_host(v)[()] if is_device_array(v) else v
+                         for v in (start, stop, step))
     ref = np.arange(start, stop, step) if stop is not None or step is not None else np.arange(start)
     if dtype is None:
         dtype = dtypes.default_int() if ref.dtype.kind in "iu" else dtypes.default_float()

@@ -102,7 +102,7 @@ def insert(arr, obj, values, axis=None):
     >>> insert(snp.array([1, 2, 3]), 1, 9)
     Array([1, 9, 2, 3], dtype=int32)
     """
-    from spmd.numpy._indexing import take
+    from spmd.numpy._take import take
     from spmd.numpy._shape import broadcast_to, moveaxis, ravel
     from spmd.numpy._shape_more import concatenate
 

@@ -222,7 +222,7 @@ def roll(a, shift, axis=None):
     if axis is None:
         shape = get_aval(x).shape
         return reshape(roll(ravel(x), shift, 0), shape)
-    shifts = np.broadcast_to(np.asarray(shift), np.shape(axis)).reshape(-1)
+    shifts = np.broadcast_to(to_host(shift), np.shape(axis)).reshape(-1)
     axes = np.asarray(axis).reshape(-1)
     if shifts.size != axes.size:
         raise ArgumentError(f"spmd.numpy.roll: shift {shift} and axis {axis} do not match")

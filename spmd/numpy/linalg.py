@@ -110,11 +110,56 @@ def slogdet(a) -> SlogdetResult:
 
 
 def det(a):
-    """The determinants of ``a`` (``sign * exp(logabsdet)``)."""
+    """The determinants of ``a`` (``sign * exp(logabsdet)``).  The derivative is
+    ``trace(adj(a) da)``, with the adjugate from an SVD, so it is finite at singular
+    matrices too (as JAX's)."""
+    return _det(_matrix(a, "spmd.numpy.linalg.det"))
+
+
+def _det_value(x):
     from spmd.numpy._elementwise import exp
 
-    sign, logdet = slogdet(a)
+    sign, logdet = slogdet(x)
     return sign * exp(logdet)
+
+
+def _adjugate(x):
+    """``adj(x) = det(x) inv(x)``, as ``V diag(prod_{j != i} s_j) U^T det(U) det(V^T)``
+    from ``x = U diag(s) V^T``: defined for singular ``x`` too."""
+    from spmd.numpy._creation import eye
+    from spmd.numpy._elementwise import where
+    from spmd.numpy._reductions import prod
+    from spmd.numpy._shape import swapaxes
+
+    u, s, vh = _ld.svd(x, full_matrices=False)
+    n = x.shape[-1]
+    others = where(eye(n, dtype=bool), 1.0, s[..., None, :])  # row i: s with s_i -> 1
+    cof = prod(others, axis=-1)
+    signs = _ld.slogdet(u)[0] * _ld.slogdet(vh)[0]
+    adj = swapaxes(vh, -1, -2) @ (cof[..., :, None] * swapaxes(u, -1, -2))
+    return adj * signs[..., None, None]
+
+
+def _make_det():
+    from spmd.compiler.custom import custom_jvp
+
+    @custom_jvp
+    def det_(x):
+        return _det_value(x)
+
+    @det_.defjvp
+    def det_jvp(primals, tangents):
+        from spmd.numpy._reductions import sum as sum_
+        from spmd.numpy._shape import swapaxes
+
+        (x,), (dx,) = primals, tangents
+        # d det = trace(adj(x) dx) = sum(adj(x)^T * dx)
+        return det_(x), sum_(swapaxes(_adjugate(x), -1, -2) * dx, axis=(-2, -1))
+
+    return det_
+
+
+_det = _make_det()
 
 
 def cholesky(a, *, upper: bool = False, symmetrize_input: bool = True):

@@ -14,16 +14,30 @@ is the NumPy-style generator of JEP 28845.  See ``docs/random.md``.
 >>> x = spmd.random.normal(k1, (3,))
 """
 
-from spmd.random.keys import (PRNGKey, PRNGKeyArray, bits, clone, fold_in,  # noqa: F401
-                              key, key_data, key_impl, split, wrap_key_data)
-from spmd.random.distributions import (beta, dirichlet, gamma, loggamma,  # noqa: F401
-                                       multivariate_normal, orthogonal, poisson)
-from spmd.random.samplers import (bernoulli, categorical, choice, exponential,  # noqa: F401
-                                  gumbel, laplace, logistic, normal, permutation,
-                                  rademacher, randint, shuffle, truncated_normal, uniform)
+from spmd.random import distributions as _distributions
+from spmd.random import keys as _keys
+from spmd.random import samplers as _samplers
+from spmd.random.keys import (PRNGKey, PRNGKeyArray, clone, fold_in, key,  # noqa: F401
+                              key_data, key_impl, split, wrap_key_data)
+from spmd.random.sharded import with_out_sharding as _with_out_sharding
+from spmd.random.stateful import StatefulPRNG, StatefulTraceError, stateful_rng  # noqa: F401
+
+# The samplers, each with JAX's out_sharding= argument (spmd.random.sharded).
+bits = _with_out_sharding(_keys.bits)
+(bernoulli, categorical, choice, exponential, gumbel, laplace, logistic, normal, permutation,
+ rademacher, randint, shuffle, truncated_normal, uniform) = (
+    _with_out_sharding(getattr(_samplers, n)) for n in (
+        "bernoulli", "categorical", "choice", "exponential", "gumbel", "laplace", "logistic",
+        "normal", "permutation", "rademacher", "randint", "shuffle", "truncated_normal",
+        "uniform"))
+(beta, dirichlet, gamma, loggamma, multivariate_normal, orthogonal, poisson) = (
+    _with_out_sharding(getattr(_distributions, n)) for n in (
+        "beta", "dirichlet", "gamma", "loggamma", "multivariate_normal", "orthogonal",
+        "poisson"))
 
 __all__ = ["PRNGKey", "PRNGKeyArray", "bernoulli", "beta", "bits", "categorical", "choice",
            "clone", "dirichlet", "exponential", "fold_in", "gamma", "gumbel", "key", "key_data",
            "key_impl", "laplace", "loggamma", "logistic", "multivariate_normal", "normal",
            "orthogonal", "permutation", "poisson", "rademacher", "randint", "shuffle", "split",
-           "truncated_normal", "uniform", "wrap_key_data"]
+           "StatefulPRNG", "StatefulTraceError", "stateful_rng", "truncated_normal", "uniform",
+           "wrap_key_data"]

@@ -186,6 +186,10 @@ def _seed_words(seed, name):
         raise DTypeError(f"{name}: seed={seed!r} must be an integer; use e.g. "
                          f"{name}(int(seed))")
     av = get_aval(seed)
+    if av.dtype == np.uint32 and av.shape and av.shape[-1] == 2:
+        raise DTypeError(f"{name}: the seed is a uint32{list(av.shape)} array, a legacy key, "
+                         "not an integer seed; make it a typed key with "
+                         "spmd.random.wrap_key_data(k) (and back with key_data)")
     if av.shape:
         raise ShapeError(f"{name} accepts a scalar seed, but was given an array of shape "
                          f"{av.shape}; use spmd.vmap for batches of seeds")

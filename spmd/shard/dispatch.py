@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import weakref
 
-from spmd.compiler.jit import jit_p, output_wrappers
-from spmd.compiler.trace import eval_plain
+from spmd.compiler.jit import jit_p
+from spmd.compiler.program_arrays import output_wrappers
+from spmd.compiler.trace import eval_plain, eval_program
 from spmd.shard.sharded import ShardedArray, from_whole
 from spmd.shard.spec import NamedSharding
 
@@ -38,7 +39,7 @@ def mesh_of(args):
     for a in args:
         s = a._sharding if isinstance(a, ShardedArray) else None
         if isinstance(s, NamedSharding) and s.mesh.size > 1:
-            if mesh is not None and s.mesh != mesh:
+            if mesh is not None and s.mesh is not mesh and s.mesh != mesh:
                 return None
             mesh = s.mesh
     return mesh
@@ -78,8 +79,15 @@ def _partition(program, mesh, in_specs):
     key = (mesh, in_specs)
     hit = per.get(key)
     if hit is None:
-        hit = per[key] = partition(program, mesh, list(in_specs),
-                                   [None] * len(program.out_avals))
+        from spmd.errors import SpmdError
+
+        try:
+            hit = partition(program, mesh, list(in_specs), [None] * len(program.out_avals))
+        except SpmdError as e:  # remembered: the same call fails the same way
+            hit = e
+        per[key] = hit
+    if isinstance(hit, Exception):
+        raise hit
     return hit
 
 
@@ -91,7 +99,12 @@ def _eval_jit(args, params, mesh):
     program = params["program"]
     in_specs = _in_specs(args, mesh)
     if mesh.is_multi_process:
-        part = _partition(program, mesh, in_specs)
+        try:
+            part = _partition(program, mesh, in_specs)
+        except SpmdError:
+            # The partitioner cannot take it (e.g. a shard_map over another mesh of
+            # the same devices): each equation runs as an SPMD computation instead.
+            return eval_program(program, *args)
         return call(part.body, mesh, part.in_specs, part.out_specs, args)
     # One process: the whole values are here, so the compiled program runs on them
     # as it is; the partitioner only says where its results are placed.
@@ -105,3 +118,34 @@ def _eval_jit(args, params, mesh):
         return [o if w is None else w(o) for o, w in zip(outs, wrappers)]
     return [from_whole(o.value, o.aval, NamedSharding(mesh, s))
             for o, s in zip(outs, out_specs)]
+
+
+def eval_jit_over(program, args, mesh):
+    """``program`` (a jitted program holding a shard_map over the processes of
+    ``mesh``) run partitioned over ``mesh`` on this process's data, or None when the
+    partitioner cannot take it (then it runs equation by equation)."""
+    from spmd.errors import SpmdError
+
+    try:
+        _partition(program, mesh, _in_specs(args, mesh))
+    except SpmdError:
+        return None
+    return _eval_jit(args, {"program": program}, mesh)
+
+
+def executed_program(program, mesh):
+    """The per-process program that runs ``program`` over ``mesh`` for inputs this
+    process holds whole (numpy values), as lowered for execution (for printing)."""
+    from spmd.compiler.passes import lower_for_execution, optimize
+    from spmd.shard.execute import _unclosed, process_program
+    from spmd.shard.spec import PartitionSpec
+
+    part = _partition(program, mesh, (None,) * (len(program.in_avals)))
+    body = part.body
+    in_specs = tuple(part.in_specs)
+    if body.consts:
+        in_specs = (PartitionSpec(),) * len(body.consts) + in_specs
+        body = _unclosed(body)
+    kinds = ("whole",) * len(in_specs)
+    return lower_for_execution(optimize(process_program(body, mesh, in_specs,
+                                                         tuple(part.out_specs), kinds)))

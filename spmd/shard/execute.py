@@ -240,6 +240,23 @@ def _local_out(v, d, spec, n_local):
     return move_to_front(v, d)
 
 
+class _Plan:
+    """What :func:`call` needs for one program, mesh, specs and input kinds: the
+    compiled per-process program, the input shardings and the outputs' types and
+    placements (built once: a call then does no validation work)."""
+
+    __slots__ = ("exe", "outs")
+
+    def __init__(self, program, mesh, in_specs, out_specs, kinds):
+        from spmd.compiler.avals import ShapedArray
+
+        self.exe = executable_for(process_program(program, mesh, in_specs, out_specs, kinds))
+        self.outs = []
+        for a, spec, s in zip(program.out_avals, out_specs, _in_shardings(mesh, out_specs)):
+            aval = ShapedArray(_global(a.shape, spec, mesh), a.dtype, a.weak_type)
+            self.outs.append((aval, s, bool(spec.mesh_axes)))
+
+
 def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
     """Run the per-device ``program`` on this process's devices of ``mesh`` (spread
     over processes; every process of the mesh calls it alike) and return its outputs
@@ -248,22 +265,21 @@ def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
 
     >>> outs = call(body, mesh, (P("d"),), (P("d"),), [x_spread])   # doctest: +SKIP
     """
-    from spmd.compiler.avals import ShapedArray
     from spmd.compiler.trace import to_array_value
-    from spmd.shard.multiprocess import reshard
-    from spmd.shard.sharded import ShardedArray, from_blocks, from_whole
-    from spmd.shard.spec import NamedSharding, PartitionSpec
+    from spmd.shard.sharded import ShardedArray
 
     n = len(program.consts)
     if n:
         args = list(program.consts) + list(args)
-        in_specs = (PartitionSpec(),) * n + tuple(in_specs)
+        in_specs = (_REPLICATED,) * n + tuple(in_specs)
         program = _unclosed(program)
+    wants = _in_shardings(mesh, tuple(in_specs))
     raws, kinds = [], []
-    for x, spec in zip(args, in_specs):
+    for x, want in zip(args, wants):
         if isinstance(x, ShardedArray) and x._value is None:
-            want = NamedSharding(mesh, spec)
-            if x.sharding != want:
+            if x._sharding is not want and x._sharding != want:
+                from spmd.shard.multiprocess import reshard
+
                 x = reshard(x, want, "an input")
             if x._value is None:
                 kinds.append("blocks")
@@ -271,20 +287,58 @@ def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
                 continue
         kinds.append("whole")
         raws.append(to_array_value(x, get_aval(x)))
-    exe = executable_for(process_program(program, mesh, tuple(in_specs), tuple(out_specs),
-                                         tuple(kinds)))
-    outs = exe(*raws)
+    per = _plans.get(program)
+    if per is None:
+        per = _plans[program] = {}
+    key = (mesh, tuple(in_specs), tuple(out_specs), tuple(kinds))
+    plan = per.get(key)
+    if plan is None:
+        plan = per[key] = _Plan(program, mesh, tuple(in_specs), tuple(out_specs), key[3])
     results = []
-    for o, a, spec in zip(outs, program.out_avals, out_specs):
-        aval = ShapedArray(_global(a.shape, spec, mesh), a.dtype, a.weak_type)
-        o = o if type(o) is not np.ndarray or o.dtype == a.dtype else o.astype(a.dtype)
-        s = NamedSharding(mesh, spec)
-        if spec.mesh_axes:
-            results.append(from_blocks(o, aval, s))
-        else:
-            results.append(from_whole(np.asarray(o, a.dtype) if np.ndim(o) == 0 else o,
-                                      aval, s))
+    for o, (aval, s, split) in zip(plan.exe(*raws), plan.outs):
+        if type(o) is not np.ndarray or o.dtype != aval.dtype:
+            o = _scalar_as(o, aval.dtype) if np.ndim(o) == 0 else o.astype(aval.dtype,
+                                                                            copy=False)
+        results.append(ShardedArray(None, aval, s, o) if split else ShardedArray(o, aval, s))
     return results
+
+
+_plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_sharding_cache: dict = {}
+
+
+def _in_shardings(mesh, in_specs: tuple) -> tuple:
+    """One NamedSharding per spec (cached: the same objects every call, for inputs and
+    outputs alike, so that an input placed by a previous call is recognised by
+    identity)."""
+    key = (mesh, in_specs)
+    hit = _sharding_cache.get(key)
+    if hit is None:
+        from spmd.shard.spec import NamedSharding
+
+        if len(_sharding_cache) > 4096:
+            _sharding_cache.clear()
+        hit = _sharding_cache[key] = tuple(NamedSharding(mesh, s) for s in in_specs)
+    return hit
+
+
+def _replicated():
+    from spmd.shard.spec import PartitionSpec
+
+    return PartitionSpec()
+
+
+_REPLICATED = _replicated()
+
+
+def _scalar_as(o, dtype):
+    """A 0-d output as a 0-d array of ``dtype``, where it is (a numpy scalar becomes a
+    numpy array; a CuPy array stays on its GPU: CuPy refuses ``np.asarray`` of it)."""
+    from spmd.compiler import array_module
+
+    if array_module.is_device_array(o):
+        return o if o.dtype == dtype else o.astype(dtype)
+    return np.asarray(o, dtype)
 
 
 def _unclosed(program: ClosedProgram) -> ClosedProgram:

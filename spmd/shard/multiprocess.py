@@ -30,6 +30,7 @@ import numpy as np
 from spmd import tree_util
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
+from spmd.compiler import array_module
 from spmd.compiler.array_module import to_host
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.trace import Tracer
@@ -368,9 +369,9 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
     check_spec(sharding.spec, sharding.mesh, gshape, f"{fname}: sharding")
     aval = ShapedArray(gshape, local.dtype, local.weak_type)
     if holds_full_value(sharding):  # this process holds every block: local is global
-        return from_whole(np.array(value, copy=True), aval, sharding)
+        return from_whole(_on_devices(np.array(value, copy=True)), aval, sharding)
     if read_global:
-        return placed(Array(value, aval), sharding)  # (cuts fresh blocks)
+        return placed(Array(_on_devices(value), aval), sharding)  # (cuts fresh blocks)
     nblocks, mine = _local_layout(sharding, len(gshape))
     block = tuple(g // n for g, n in zip(gshape, nblocks))
     devs = my_devices(sharding)
@@ -381,7 +382,12 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
         src = tuple(slice(mine[k].index(coord[k]) * block[k], (mine[k].index(coord[k]) + 1)
                           * block[k]) for k in range(len(gshape)))
         out[i] = value[src]
-    return from_blocks(out, aval, sharding)
+    return from_blocks(_on_devices(out), aval, sharding)
+
+
+def _on_devices(buf):
+    """``buf`` in the devices' memory (GPU memory when they are GPUs; else itself)."""
+    return buf if array_module.current() is np else array_module.to_device(buf)
 
 
 def _local_value(x, where: str) -> Array:

@@ -104,7 +104,7 @@ def pmap(fun: Callable, axis_name=None, *, in_axes=0, out_axes=0,
         dyn = tuple(args[i] for i in dyn_idx)
         dims, n = _mapped_dims(dyn, dyn_axes, axis_size, fname)
         multi = _multi_process()
-        mesh = _mesh(n, devices, multi, fname)
+        mesh = _mesh(n, devices, multi, name, fname)
         key = (mesh, st, multi)
         if key not in runners:
             runners[key] = _runner(fun, name, mesh, st, in_axes, out_axes, multi, fname)
@@ -138,7 +138,9 @@ def _multi_process() -> bool:
     return process_count() > 1
 
 
-def _mesh(n, devices, multi, fname):
+def _mesh(n, devices, multi, name, fname):
+    """The one-axis mesh named after the pmap's axis (the inputs placed on it across
+    processes are then on the very mesh of the shard_map)."""
     from spmd import mesh as m
     from spmd.mesh import Mesh
 
@@ -147,29 +149,26 @@ def _mesh(n, devices, multi, fname):
         if len(devices) != (n * m.process_count() if multi else n):
             raise PmapError(f"{fname}: {len(devices)} devices were given for a mapped axis "
                             f"of size {n}")
-        return Mesh(np.array(devices, dtype=object), ("_pmap",))
+        return Mesh(np.array(devices, dtype=object), (name,))
     if multi:
         local = m.local_device_count()
         if n != local:
             raise PmapError(f"{fname}: on a job of {m.process_count()} processes, the "
                             f"mapped axis of each process's arguments must have one entry per "
                             f"local device ({local}), got {n}")
-        return Mesh(np.array(m.devices(), dtype=object), ("_pmap",))
+        return Mesh(np.array(m.devices(), dtype=object), (name,))
     if n > m.device_count():
         raise PmapError(f"{fname}: the mapped axis has size {n}, but there are only "
                         f"{m.device_count()} devices (SPMD_NUM_DEVICES sets how many are "
                         "simulated)")
-    return Mesh(np.array(m.devices()[:n], dtype=object), ("_pmap",))
+    return Mesh(np.array(m.devices()[:n], dtype=object), (name,))
 
 
 def _runner(fun, name, mesh, st, in_axes, out_axes, multi, fname):
     """The jitted ``shard_map`` for one mesh (and set of static arguments)."""
-    from spmd.mesh import Mesh
     from spmd.shard.partition.api import jit
     from spmd.shard.shard_map import shard_map
     from spmd.shard.spec import PartitionSpec as P
-
-    mesh = Mesh(mesh.devices, (name,))  # named after the pmap's axis
 
     def run(*args):
         dyn_idx = [i for i in range(len(args)) if i not in st]
@@ -230,7 +229,7 @@ def _run_multi(run, args, st, dyn_idx, dims, mesh, out_axes, fname):
     from spmd.shard.spec import NamedSharding, PartitionSpec as P
 
     leaves, tree = tree_util.tree_flatten(tuple(args[i] for i in dyn_idx))
-    sharding = NamedSharding(mesh, P("_pmap"))
+    sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
     glob = []
     for x, d in zip(leaves, dims):
         if isinstance(x, Tracer):

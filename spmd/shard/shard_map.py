@@ -26,7 +26,7 @@ from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
-from spmd.errors import SpmdError
+from spmd.errors import ConcretizationError, SpmdError
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 
@@ -39,9 +39,11 @@ class ShardMapError(SpmdError, ValueError):
 
 # ------------------------------------------------------------- tracing a body
 
-def trace_body(fun: Callable, mesh, in_avals, check_vma: bool) -> ClosedProgram:
-    """Trace ``fun`` on per-device avals with the mesh axes in scope."""
-    with extend_axis_env(dict(mesh.shape), track_vma=check_vma):
+def trace_body(fun: Callable, mesh, in_avals, check_vma: bool, axes=None) -> ClosedProgram:
+    """Trace ``fun`` on per-device avals with the mesh axes (or just ``axes``, the
+    manual ones of a partial-manual shard_map) in scope."""
+    scope = dict(mesh.shape) if axes is None else {a: mesh.shape[a] for a in axes}
+    with extend_axis_env(scope, track_vma=check_vma):
         return trace_to_program(fun, in_avals)
 
 
@@ -119,6 +121,26 @@ shard_map_p.rules["output_array"] = _output_array
 # Over processes its results are this process's blocks: a jitted program holding
 # one is evaluated equation by equation (spmd.compiler.jit.needs_arrays).
 shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
+
+
+def _eval_program(params, program, args):
+    """A jitted program holding a shard_map over processes runs partitioned over its
+    mesh, as one per-process program (so e.g. the collectives of its forward and
+    backward bodies are combined); None (equation by equation) where the
+    partitioner cannot take it."""
+    from spmd.shard.dispatch import eval_jit_over
+
+    return eval_jit_over(program, args, params["mesh"])
+
+
+def _executed_program(params, program):
+    from spmd.shard.dispatch import executed_program
+
+    return executed_program(program, params["mesh"])
+
+
+shard_map_p.rules["eval_program"] = _eval_program
+shard_map_p.rules["executed_program"] = _executed_program
 
 
 @shard_map_p.def_jvp
@@ -467,30 +489,39 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
         from spmd.shard.mesh_context import require_mesh
 
         m = mesh if mesh is not None else require_mesh(fname)
-        _check_axis_names(axis_names, m, fname)
-        return _call(f, m, in_specs, out_specs, check_vma, fname, args)
+        manual = _manual_axes(axis_names, m, fname)
+        return _call(f, m, in_specs, out_specs, check_vma, fname, args, manual)
 
     return wrapped
 
 
-def _check_axis_names(axis_names, mesh, fname):
-    """``axis_names`` (the manual axes) must be all of the mesh's axes for now."""
+def _manual_axes(axis_names, mesh, fname):
+    """The manual axes: all of the mesh's (None), or those of ``axis_names``.
+
+    The other axes of a partial-manual shard_map are not in scope in the body and
+    no spec may name them: every device along them holds the same blocks and runs
+    the same computation (replicated, not partitioned, along them)."""
     if axis_names is None:
-        return
+        return None
     names = set(axis_names)
     unknown = sorted(names - set(mesh.axis_names))
     if unknown:
         raise ShardMapError(f"{fname}: axis_names={sorted(names)} names {unknown[0]!r}, which "
                             f"is not an axis of the mesh (axes {mesh.axis_names})")
-    if names != set(mesh.axis_names):
-        auto = [a for a in mesh.axis_names if a not in names]
-        raise ShardMapError(
-            f"{fname}: axis_names={sorted(names)} leaves mesh axes {auto} automatic "
-            "(partial-manual shard_map), which is not supported; make every axis manual "
-            "(omit axis_names) and handle those axes with collectives in the body")
+    if names == set(mesh.axis_names):
+        return None
+    return tuple(a for a in mesh.axis_names if a in names)
 
 
-def _call(f, mesh, in_specs, out_specs, check_vma, fname, args):
+def _check_manual_spec(spec, manual, where, fname):
+    auto = [a for a in spec.mesh_axes if a not in manual]
+    if auto:
+        raise ShardMapError(f"{fname}: {where}={spec} names mesh axis {auto[0]!r}, which is "
+                            f"not manual (axis_names={list(manual)}); a partial-manual "
+                            "shard_map's specs may name only its manual axes")
+
+
+def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
     specs = in_specs
     if isinstance(specs, PartitionSpec) and len(args) == 1:
         specs = (specs,)
@@ -510,6 +541,8 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args):
     for i in dyn:
         spec, path = spec_paths[i]
         v = _as_global(leaves[i], f"argument{path}")
+        if manual is not None:
+            _check_manual_spec(spec, manual, f"in_specs{path}", fname)
         try:
             check_spec(spec, mesh, get_aval(v).shape, f"{fname}: in_specs{path}")
         except ShardingError as e:
@@ -529,13 +562,24 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args):
         out_box[:] = [out_tree, outs]
         return leaves_out
 
-    closed = trace_body(flat_body, mesh, block_avals, check_vma)
+    try:
+        closed = trace_body(flat_body, mesh, block_avals, check_vma, manual)
+    except ConcretizationError:
+        # A Python branch on a value: eagerly, run the body on concrete blocks instead.
+        from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
+
+        if not can_run_eagerly(mesh, vals):
+            raise
+        return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
+                           check_vma, manual, fname)
     out_tree, outs_struct = out_box
     if callable(out_specs):  # a thunk, called once the outputs are known (as in JAX)
         out_specs = out_specs()
     out_spec_paths = _spec_leaves(out_specs, outs_struct, "out_specs", fname)
     out_flat_specs = [s for s, _ in out_spec_paths]
     for a, (spec, path) in zip(closed.out_avals, out_spec_paths):
+        if manual is not None:
+            _check_manual_spec(spec, manual, f"out_specs{path}", fname)
         _check_out(a, spec, path, mesh, check_vma, fname)
     outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
     return tree_util.tree_unflatten(out_tree, outs)

@@ -161,7 +161,10 @@ class NamedSharding:
                 and _norm(self.spec) == _norm(other.spec))
 
     def __hash__(self):
-        return hash((self.mesh, _norm(self.spec)))
+        h = self.__dict__.get("_hash")
+        if h is None:  # (mesh and spec are not reassigned after construction)
+            h = self.__dict__["_hash"] = hash((self.mesh, _norm(self.spec)))
+        return h
 
     def __repr__(self):
         return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"

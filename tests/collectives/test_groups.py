@@ -14,7 +14,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
-from spmd.errors import ArgumentError
+from spmd.errors import ArgumentError, ShapeError
 from spmd.shard.shard_map import ShardMapError
 from tests.collectives.test_collectives import RefMesh
 
@@ -204,7 +204,8 @@ def test_bad_groups(groups, msg):
 
 
 def test_scatter_size_uses_group_size():
-    with pytest.raises(Exception, match="must be equal to 2"):
+    with pytest.raises(ShapeError, match="must be equal to 2, the size of each "
+                                         "axis_index_groups group of axes"):
         _run(lambda b: lax.psum_scatter(b, "i", axis_index_groups=[[0, 1], [2, 3]]),
              _x(rows_per_device=4))
 

@@ -111,3 +111,17 @@ def test_print_saved_residuals(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[:2] == ["f32[4,4] from the argument w", "f32[2,4] from the argument x"]
     assert lines[2].startswith("f32[2,4] named 'h' from ")
+
+
+def test_residual_sources_name_pytree_arguments_by_path():
+    def predict(params, x):
+        for i, (w, b) in enumerate(params):
+            x = checkpoint_name(snp.sin(w @ x + b), f"layer{i}")
+        return x.sum()
+
+    params = [(W, X[0]), (W, X[1])]
+    f = spmd.checkpoint(predict, policy=pol.save_only_these_names("layer0"))
+    sources = [src for _, src in saved_residuals(f, params, X[0])]
+    assert "from the argument params[0][0]" in sources
+    assert "from the argument params[1][1]" in sources
+    assert _named(sources) == ["layer0"]

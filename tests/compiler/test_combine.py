@@ -131,6 +131,7 @@ def test_jit_combines_and_the_config_switch_disables_it():
         on = spmd.jit(f)
         text = on.lower(a, b).as_text(executed=True)
         assert "x2 combined (32 bytes)" in text
+        assert "# psum x2 combined (32 bytes)" in on.lower(a, b).compile().as_text()
         got = on(a, b)
         config.update("combine_collectives_bytes", 0)
         off = spmd.jit(f)

@@ -7,6 +7,9 @@
   one GPU (``SPMD_PLATFORM=gpu``): the GPU code paths, on the CPU.
 - ``gpu`` runs the test on the real CuPy and GPU, and skips it (with the reason)
   where there is none (``SPMD_GPU_TESTS_ON_FAKE=1``: on the stand-in instead).
+  With ``SPMD_REQUIRE_GPU_TESTS=1`` (``benchmarks/gpu_check.sh`` sets it on the
+  GPU machine) a missing CuPy, GPU or NCCL fails the test instead: a GPU check
+  that skipped its tests must not read as a pass.
 """
 
 from __future__ import annotations
@@ -55,15 +58,25 @@ def fake_gpu(monkeypatch, runtime_env):
         _reset()
 
 
+def missing(reason: str):
+    """Skip the test, or fail it where the GPU tests are required (SPMD_REQUIRE_GPU_TESTS=1)."""
+    if os.environ.get("SPMD_REQUIRE_GPU_TESTS") == "1":
+        pytest.fail(f"{reason} (SPMD_REQUIRE_GPU_TESTS=1: the GPU tests must run)")
+    pytest.skip(reason)
+
+
 def gpu_or_skip():
-    """CuPy, when it is installed and sees a GPU; else the test is skipped."""
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (no GPU tests here)")
+    """CuPy, when it is installed and sees a GPU; else the test is skipped (or failed)."""
+    try:
+        import cupy
+    except ImportError as e:
+        missing(f"CuPy is not installed (no GPU tests here): {e}")
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as e:  # noqa: BLE001 - CUDA's own error types
-        pytest.skip(f"CuPy sees no GPU ({type(e).__name__}: {e})")
+        missing(f"CuPy sees no GPU ({type(e).__name__}: {e})")
     if count < 1:
-        pytest.skip("CuPy sees no GPU")
+        missing("CuPy sees no GPU")
     return cupy
 
 

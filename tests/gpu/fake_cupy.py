@@ -66,8 +66,10 @@ def _wrap(r):
         return ndarray(r)
     if isinstance(r, _np.generic):  # CuPy returns 0-d arrays, not scalars
         return ndarray(_np.asarray(r))
-    if t in (list, tuple):
-        return t(_wrap(e) for e in r)
+    if t is list:
+        return [_wrap(e) for e in r]
+    if isinstance(r, tuple):  # numpy's QRResult, EighResult, ...: CuPy returns tuples
+        return tuple(_wrap(e) for e in r)
     return r
 
 

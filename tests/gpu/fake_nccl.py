@@ -17,6 +17,8 @@ would fail on a GPU:
   are not integers (CuPy's binding takes ``intptr_t``/``size_t``/``int``);
 - ``send``/``recv`` must be inside ``groupStart``/``groupEnd`` (spmd always
   groups them), and a receive must get exactly the bytes it asked for;
+- every call must be on CuPy's current stream (another stream would race with
+  the CuPy work that makes and reads the buffers);
 - calls on a destroyed communicator are errors; ``FAKE_NCCL_TRACE=path`` appends
   one line per creation and destruction (with whether MPI was already finalised)
   so a test can check that spmd destroys its communicators before MPI ends.
@@ -205,7 +207,12 @@ class NcclCommunicator:
     def _live(self, call: str, stream) -> None:
         if self._destroyed:
             raise NcclError("INVALID_USAGE", f"{call} on a destroyed communicator")
-        _int(stream, "stream")
+        current = _cupy().cuda.get_current_stream().ptr
+        if _int(stream, "stream") != current:
+            # NCCL would accept it, but the call would race with the CuPy work that
+            # makes and reads its buffers (queued on the current stream).
+            raise NcclError("INVALID_USAGE", f"{call} on stream {stream}, not on CuPy's "
+                            f"current stream {current} (fake NCCL: a race on a GPU)")
         if _cupy().cuda.runtime.getDevice() != self._device:
             raise NcclError("INVALID_USAGE", f"{call} while device "
                             f"{_cupy().cuda.runtime.getDevice()} is current; the communicator "

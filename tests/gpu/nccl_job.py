@@ -4,6 +4,7 @@
     mpiexec -n 4 python tests/gpu/nccl_job.py collectives
     mpiexec -n 2 python tests/gpu/nccl_job.py bound        # CUDA_VISIBLE_DEVICES=<rank>
     mpiexec -n 2 python tests/gpu/nccl_job.py shared-gpu   # CUDA_VISIBLE_DEVICES=0 on both
+    mpiexec -n 2 python tests/gpu/nccl_job.py host-staged  # SPMD_GPU_BACKEND=mpi
 
 Each rank prints ``RANK <r> OK`` at the end, or the error it expected.
 """
@@ -17,6 +18,8 @@ SCENARIO = sys.argv[1]
 RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 os.environ.update(SPMD_PLATFORM="gpu", FAKE_CUPY_NCCL="1")
 os.environ.pop("SPMD_GPU_BACKEND", None)
+if SCENARIO == "host-staged":  # GPU arrays, collectives through host memory and MPI
+    os.environ["SPMD_GPU_BACKEND"] = "mpi"
 if SCENARIO == "bound":  # a launcher that binds each rank to its own GPU
     os.environ["CUDA_VISIBLE_DEVICES"] = str(RANK)
 elif SCENARIO == "shared-gpu":  # a wrong binding: both ranks on physical GPU 0
@@ -41,7 +44,7 @@ from tests.gpu import fake_nccl  # noqa: E402
 
 cp = fake_cupy
 n = spmd.process_count()
-assert platform.gpu_backend() == "nccl"
+assert platform.gpu_backend() == ("mpi" if SCENARIO == "host-staged" else "nccl")
 
 
 def check_group_collectives():
@@ -109,10 +112,47 @@ def check_psum():
     np.testing.assert_array_equal(np.asarray(got), x.sum(0, keepdims=True))
 
 
+def check_arrays_spread_over_processes():
+    """Arrays made from each process's data, a jitted step on them (partitioned over
+    the processes), a scalar result: every buffer on the GPU, values as numpy's."""
+    mesh = spmd.make_mesh((n,), ("i",))
+    sharding = spmd.NamedSharding(mesh, P("i"))
+    x = np.arange(n * 4 * 3, dtype=np.float32).reshape(n * 4, 3) / 10
+    w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+    xs = spmd.make_array_from_process_local_data(sharding, x[4 * RANK:4 * RANK + 4])
+    for shard in xs.addressable_shards:
+        assert type(shard.data.value) is cp.ndarray
+    loss, grad = spmd.jit(spmd.value_and_grad(
+        lambda w, x: spmd.numpy.sum(spmd.numpy.tanh(x @ w) ** 2)))(w, xs)
+    t = np.tanh(x @ w)
+    np.testing.assert_allclose(float(loss), (t ** 2).sum(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), x.T @ (2 * t * (1 - t * t)), rtol=1e-4,
+                               atol=1e-5)
+    y = spmd.jit(lambda v: v * 2 + 1)(xs)
+    np.testing.assert_allclose(spmd.process_allgather(y), x * 2 + 1, rtol=1e-6)
+    check_psum()
+
+
+def check_combined():
+    """Independent psums of one program run as one NCCL all-reduce over a flat buffer
+    (spmd.compiler.combine), with the results of separate ones."""
+    mesh = spmd.make_mesh((n,), ("i",))
+    f = spmd.jit(spmd.shard_map(lambda a, b: (lax.psum(a, "i"), lax.psum(b * 2, "i")),
+                                mesh=mesh, in_specs=(P("i"), P("i")), out_specs=(P(), P())))
+    a = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    b = np.arange(n * 5, dtype=np.float32).reshape(n, 5) - 7
+    fake_nccl.calls.clear()
+    sa, sb = f(a, b)
+    assert [c[0] for c in fake_nccl.calls].count("allReduce") == 1, fake_nccl.calls
+    np.testing.assert_array_equal(np.asarray(sa), a.sum(0, keepdims=True))
+    np.testing.assert_array_equal(np.asarray(sb), (2 * b).sum(0, keepdims=True))
+
+
 if SCENARIO == "collectives":
     assert array_module.device_id[0] == RANK  # the GPU of its local rank
     check_group_collectives()
     check_bool_sum()
+    check_combined()
 elif SCENARIO == "bound":
     assert cp.cuda.runtime.getDeviceCount() == 1 and array_module.device_id[0] == 0
     assert cp.cuda.Device(0).pci_bus_id != "0000:10:00.0" or RANK == 0
@@ -126,6 +166,8 @@ elif SCENARIO == "shared-gpu":
         print(f"RANK {RANK} REFUSED: {e}", flush=True)
     else:
         raise AssertionError("two ranks on one GPU were not refused")
+elif SCENARIO == "host-staged":
+    check_arrays_spread_over_processes()
 else:
     raise SystemExit(f"unknown scenario {SCENARIO!r}")
 print(f"RANK {RANK} OK", flush=True)

@@ -144,3 +144,15 @@ def test_the_gpu_of_a_local_rank_takes_arrays_made_before(fake_gpu, runtime_env)
     out = snp.tanh(early)
     assert out.value.device.id == 1
     np.testing.assert_allclose(np.asarray(out), np.tanh(A), rtol=1e-6)
+
+
+def test_static_arguments_given_as_cupy_scalars(fake_gpu):
+    """Concrete bounds, shifts and counts may come as 0-d CuPy arrays."""
+    cp = fake_gpu
+    n = cp.asarray(np.int32(5))
+    np.testing.assert_array_equal(np.asarray(snp.arange(n)), np.arange(5))
+    np.testing.assert_array_equal(np.asarray(snp.arange(cp.asarray(1.0), n, cp.asarray(2))),
+                                  np.arange(1.0, 5, 2))
+    x = cp.asarray(A.reshape(2, 4))
+    np.testing.assert_array_equal(np.asarray(snp.roll(x, cp.asarray(np.int32(1)), axis=1)),
+                                  np.roll(A.reshape(2, 4), 1, axis=1))

@@ -18,6 +18,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
 from spmd.compiler import array_module
+from tests.gpu.conftest import missing
 
 RNG = np.random.default_rng(0)
 
@@ -154,7 +155,7 @@ def nccl_module(gpu):
     from spmd.launch import platform
 
     if not platform.nccl_available():
-        pytest.skip("CuPy cannot load NCCL")
+        missing("CuPy cannot load NCCL (it comes from the nvidia-nccl-cu12 / -cu13 wheel)")
     return nccl
 
 

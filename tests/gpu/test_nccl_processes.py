@@ -10,7 +10,10 @@ missing), under a time limit so that a hang fails:
 - 2 ranks each bound to its own GPU by ``CUDA_VISIBLE_DEVICES`` (each sees one
   GPU): accepted, and the collectives run;
 - 2 ranks bound to the same GPU: refused with an error naming both ranks;
-- in every job each communicator is destroyed before MPI is finalised.
+- in every job each communicator is destroyed before MPI is finalised;
+- 2 ranks with ``SPMD_GPU_BACKEND=mpi`` (collectives staged through host
+  memory): arrays made from each process's data, a jitted step partitioned over
+  the processes, a scalar result, all with their buffers on the GPU.
 """
 
 from __future__ import annotations
@@ -71,3 +74,9 @@ def test_two_ranks_on_one_gpu_are_refused(tmp_path):
     out, trace = _run("shared-gpu", 2, tmp_path)
     assert out.count("REFUSED: world ranks 0 and 1 both use GPU") == 2, out[-4000:]
     assert "SPMD_GPU_BACKEND=mpi" in out
+
+
+@pytest.mark.timeout(300)
+def test_arrays_spread_over_processes_host_staged(tmp_path):
+    out, trace = _run("host-staged", 2, tmp_path)
+    assert trace == []  # no NCCL communicator: the mpi backend

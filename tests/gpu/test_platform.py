@@ -278,3 +278,38 @@ def test_without_nccl_gpu_arrays_take_the_mpi_backend(fake_gpu):
 
     assert platform.gpu_backend() == "mpi"
     assert ProcessGroup(("i",), (1,), ("i",), (0,), (0,), 0).comm is mpi
+
+
+@pytest.mark.parametrize("nccl_backend", [False, True])
+def test_bool_sums_reach_either_backend_as_max(fake_gpu, runtime_env, nccl_backend):
+    """A bool sum is cast back to bool ("any"); both backends reduce bools as uint8,
+    whose sum wraps to False at 256 members: the process group sends a max."""
+    from spmd.collectives.process_group import ProcessGroup
+
+    if nccl_backend:
+        runtime_env(FAKE_CUPY_NCCL="1")
+        fake_gpu.install()
+    pg = ProcessGroup(("i",), (1,), ("i",), (0,), (0,), 0)
+    assert pg.comm.__name__.endswith("nccl" if nccl_backend else "mpi")
+    flags = np.array([[True, False]])
+    text = spmd.jit(lambda v: pg.all_reduce(v, "sum")[0]).lower(flags).as_text()
+    assert "kind='allreduce'" in text and "op='max'" in text, text
+    text = spmd.jit(lambda v: pg.reduce_scatter(v, 0, True)[0]).lower(flags).as_text()
+    assert "kind='reduce_scatter'" in text and "op='max'" in text, text
+    ints = spmd.jit(lambda v: pg.all_reduce(v, "sum")[0]).lower(np.ones((1, 2), np.int32))
+    assert "op='sum'" in ints.as_text()
+    np.testing.assert_array_equal(
+        np.asarray(spmd.jit(lambda v: pg.all_reduce(v, "sum")[0])(flags)), flags)
+
+
+def test_required_gpu_tests_fail_instead_of_skipping(monkeypatch):
+    """On the GPU machine (SPMD_REQUIRE_GPU_TESTS=1, set by gpu_check.sh) a missing
+    CuPy, GPU or NCCL must fail the GPU tests: a skip would read as a pass."""
+    from tests.gpu.conftest import missing
+
+    monkeypatch.delenv("SPMD_REQUIRE_GPU_TESTS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no NCCL"):
+        missing("no NCCL")
+    monkeypatch.setenv("SPMD_REQUIRE_GPU_TESTS", "1")
+    with pytest.raises(pytest.fail.Exception, match="no NCCL.*must run"):
+        missing("no NCCL")

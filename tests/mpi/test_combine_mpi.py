@@ -104,6 +104,8 @@ def test_combined_step_equals_the_uncombined_one(form, bucket):
         text = step.lower(params, x, y).as_text(executed=True)
         combined = [ln for ln in text.splitlines() if "combined (" in ln]
         if calls is not None:  # everything in one all-reduce: 6 gradients and the loss
+            # (in both forms: with the gradient outside, the forward and backward
+            # shard_maps run partitioned as one per-process program)
             assert len(combined) == calls and "x7 combined" in combined[0], text
         else:  # a small bucket: several calls, no combined one over the limit
             calls = [ln for ln in text.splitlines() if "mpi[kind='allreduce'" in ln]

@@ -34,6 +34,7 @@ SUITES = {
     "training": ("test_mpi_training.py", None),
     "pmap": ("test_mpi_pmap.py", None),
     "groups": ("test_mpi_groups.py", None),
+    "debug": ("test_mpi_debug.py", None),
 }
 
 

@@ -39,3 +39,14 @@ def test_mesh_context_across_processes():
         y = scaled(xd, (2, 1))
     np.testing.assert_allclose(np.asarray(total), x.sum(0))
     np.testing.assert_allclose(spmd.process_allgather(y), 2 * x + 1)
+
+
+def test_partial_manual_shard_map_across_processes():
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((2, n // 2), ("a", "b"))
+    x = np.arange(n * 6, dtype=np.float32).reshape(n * 2, 3)
+    f = spmd.shard_map(lambda blk: lax.psum(snp.sum(blk * blk, 0), "a"), mesh=mesh,
+                       in_specs=P("a"), out_specs=P(), axis_names={"a"})
+    np.testing.assert_allclose(spmd.process_allgather(f(x)), (x * x).sum(0))
+    g = spmd.jit(spmd.grad(lambda x: snp.sum(f(x))))(x)
+    np.testing.assert_allclose(spmd.process_allgather(g), 2 * x)

@@ -13,7 +13,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import spmd  # noqa: E402
-import spmd.numpy as snp  # noqa: E402
 from spmd import lax  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]

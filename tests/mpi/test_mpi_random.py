@@ -46,3 +46,14 @@ def test_fold_in_process_streams_differ_and_match():
     for r in range(spmd.process_count()):
         np.testing.assert_array_equal(allv[r], np.asarray(sr.uniform(sr.fold_in(sr.key(1), r),
                                                                      (4,))))
+
+
+def test_stateful_generator_under_jit_agrees_across_ranks():
+    rng = sr.stateful_rng(77)
+    f = spmd.jit(lambda x: x + rng.normal(size=3))
+    for n in range(2):
+        mine = np.asarray(f(np.zeros(3, np.float32)))
+        allv = np.asarray(spmd.process_allgather(mine))
+        want = np.asarray(sr.normal(sr.fold_in(sr.key(77), n), (3,)))
+        for r in range(spmd.process_count()):
+            np.testing.assert_allclose(allv[r], want, rtol=1e-6)

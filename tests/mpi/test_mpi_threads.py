@@ -95,9 +95,13 @@ def test_threads_issuing_collectives_at_once_never_get_another_threads_data(tmp_
     status, out, seconds = run_mpi(script, 2, tmp_path, timeout=120,
                                    env={"SPMD_COLLECTIVE_TIMEOUT": "5"})
     assert status is not None, f"the job hung (killed after {seconds:.0f}s):\n{out}"
-    # Each thread either got its own sums or a clear error; MPICH never aborts.
+    # Each thread either got its own sums or a clear error; MPICH never aborts on
+    # mismatched messages.  Threads refused on one rank may leave a partner waiting:
+    # then the deadline report ends the job.
     assert "WRONG" not in out and "truncated" not in out.lower(), out
-    assert out.count("threads joined") == 2, out
+    if out.count("threads joined") < 2:
+        assert status != 0 and "CollectiveTimeoutError: rank" in out, out
+        return
     for rank in (0, 1):
         for k in range(4):
             outcome = (f"rank {rank} thread {k}: "

@@ -223,3 +223,13 @@ def test_errors():
         LA.norm(np.ones((2, 2, 2)), 1)
     with pytest.raises(DTypeError, match="float16"):
         LA.inv(np.eye(2, dtype=np.float16))
+
+
+def test_det_gradient_is_the_adjugate_also_at_singular_matrices():
+    a = np.array([[1.0, 2.0], [2.0, 4.0]], np.float32)   # rank 1
+    _close(spmd.grad(LA.det)(a), [[4.0, -2.0], [-2.0, 1.0]])  # adj(a)^T
+    _close(spmd.grad(LA.det)(np.zeros((3, 3), np.float32)), np.zeros((3, 3)))
+    b = _general(3)
+    _close(spmd.grad(LA.det)(b), np.linalg.det(b) * np.linalg.inv(b).T, 1e-3)
+    _close(spmd.jit(spmd.vmap(spmd.grad(LA.det)))(np.stack([a, 2 * a])),
+           [[[4.0, -2.0], [-2.0, 1.0]], [[8.0, -4.0], [-4.0, 2.0]]])

@@ -4,6 +4,8 @@ Run with JAX installed (recorded with jax 0.10.2 on CPU, x32, default
 jax_threefry_partitionable=True):
 
     JAX_PLATFORMS=cpu python tests/random/record_jax_values.py > tests/random/jax_values.json
+    JAX_PLATFORMS=cpu JAX_ENABLE_X64=1 python tests/random/record_jax_values.py \
+        > tests/random/jax_values_x64.json
 
 Each entry: name -> {"dtype": ..., "shape": ..., "values": flat list}.
 """
@@ -77,9 +79,19 @@ def cases():
     return out
 
 
+def x64_cases():
+    k = jr.key(2**40 + 7)
+    return {"x64_key": jr.key_data(k), "x64_key_neg": jr.key_data(jr.key(-3)),
+            "x64_bits64": jr.bits(k, (4,), jnp.uint64),
+            "x64_uniform64": jr.uniform(k, (4,), jnp.float64),
+            "x64_normal64": jr.normal(k, (4,), jnp.float64),
+            "x64_randint64": jr.randint(k, (5,), -2**40, 2**40, jnp.int64)}
+
+
 def main():
     res = {}
-    for name, v in {**cases(), **initializer_cases()}.items():
+    todo = x64_cases() if jax.config.jax_enable_x64 else {**cases(), **initializer_cases()}
+    for name, v in todo.items():
         a = np.asarray(v)
         res[name] = {"dtype": str(a.dtype), "shape": list(a.shape),
                      "values": a.ravel().tolist()}

@@ -135,3 +135,17 @@ def test_unknown_impl_and_modes():
 def test_errors_under_jit_too():
     with pytest.raises(ShapeError, match="shape"):
         spmd.jit(lambda k: sr.normal(k, (2, -1)))(sr.key(0))
+
+
+def test_legacy_key_where_a_typed_key_or_seed_is_expected():
+    legacy = sr.PRNGKey(3)
+    with pytest.raises(DTypeError, match="wrap_key_data"):
+        sr.key(legacy)
+    with pytest.raises(DTypeError, match="wrap_key_data"):
+        sr.stateful_rng(legacy)
+    # The conversion it names works both ways.
+    typed = sr.wrap_key_data(legacy)
+    np.testing.assert_array_equal(sr.key_data(typed), legacy)
+    assert sr.stateful_rng(typed).key().shape == ()
+    with pytest.raises(ArgumentError, match="one key"):
+        sr.stateful_rng(sr.split(typed, 2))

@@ -80,3 +80,13 @@ def test_initializer_errors():
         init.orthogonal()(sr.key(0), (5,))
     with pytest.raises(ShapeError, match="shape"):
         init.normal()(sr.key(0), (2, -3))
+
+
+def test_initializer_out_sharding():
+    mesh = spmd.make_mesh((4,), ("i",))
+    s = NamedSharding(mesh, P("i"))
+    w = init.he_uniform()(sr.key(2), (8, 3), out_sharding=s)
+    assert tuple(w.sharding.spec)[:1] == ("i",)
+    np.testing.assert_array_equal(np.asarray(w), np.asarray(init.he_uniform()(sr.key(2), (8, 3))))
+    z = init.zeros(sr.key(0), (8,), out_sharding=s)
+    assert tuple(z.sharding.spec) == ("i",) and not np.asarray(z).any()

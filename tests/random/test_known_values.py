@@ -152,3 +152,31 @@ def test_float_samplers_match_jax_to_float32_rounding(name):
         else 2.0 ** -7
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
                                rtol=4 * eps, atol=4 * eps)
+
+
+with open(os.path.join(os.path.dirname(__file__), "jax_values_x64.json")) as f:
+    JAX64 = json.load(f)
+
+
+@pytest.fixture
+def x64():
+    old = spmd.config.enable_x64
+    spmd.config.update("enable_x64", True)
+    yield
+    spmd.config.update("enable_x64", old)
+
+
+def test_x64_keys_bits_and_samplers_match_jax(x64):
+    def want(name):
+        e = JAX64[name]
+        return np.array(e["values"], e["dtype"]).reshape(e["shape"])
+
+    k = sr.key(2**40 + 7)  # the seed's high word counts under x64
+    np.testing.assert_array_equal(sr.key_data(k), want("x64_key"))
+    np.testing.assert_array_equal(sr.key_data(sr.key(-3)), want("x64_key_neg"))
+    np.testing.assert_array_equal(sr.bits(k, (4,), np.uint64), want("x64_bits64"))
+    np.testing.assert_array_equal(sr.uniform(k, (4,), np.float64), want("x64_uniform64"))
+    np.testing.assert_array_equal(sr.randint(k, (5,), -2**40, 2**40, np.int64),
+                                  want("x64_randint64"))
+    np.testing.assert_allclose(sr.normal(k, (4,), np.float64), want("x64_normal64"),
+                               rtol=1e-15, atol=1e-15)

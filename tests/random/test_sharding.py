@@ -108,3 +108,39 @@ def test_sampler_output_under_a_sharding_constraint():
 
     g = spmd.jit(f, out_shardings=NamedSharding(mesh, P()))
     np.testing.assert_allclose(np.asarray(g(sr.key(0))), np.asarray(f(sr.key(0))), rtol=1e-6)
+
+
+def test_grad_of_a_sharded_reparameterised_loss_draws_blocks_only():
+    mesh = spmd.make_mesh((4, 2), ("i", "j"))
+    S = lambda *s: NamedSharding(mesh, P(*s))  # noqa: E731
+    k, mu = sr.key(0), np.ones((16, 8), np.float32)
+
+    def loss(mu, k):
+        return snp.sum((mu + sr.normal(k, (16, 8))) ** 2)
+
+    g = spmd.jit(spmd.grad(loss), in_shardings=(S("i", "j"), S()), out_shardings=S("i", "j"))
+    np.testing.assert_array_equal(np.asarray(g(mu, k)),
+                                  2 * (mu + np.asarray(sr.normal(k, (16, 8)))))
+    text = g.lower(mu, k).as_text()
+    assert "random_bits[shape=(4, 4), global_shape=(16, 8)" in text
+    assert "bytes sent per device per call: 0" in text
+
+
+def test_out_sharding_argument_eager_and_traced():
+    mesh = spmd.make_mesh((4, 2), ("i", "j"))
+    s = NamedSharding(mesh, P("i", "j"))
+    k = sr.key(8)
+    x = sr.normal(k, (8, 4), out_sharding=s)
+    assert _norm(x.sharding.spec) == ("i", "j")
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(sr.normal(k, (8, 4))))
+    # Traced: a sharding constraint, so a partitioned jit draws the blocks only.
+    f = spmd.jit(lambda k: snp.sum(sr.uniform(k, (8, 4), out_sharding=s)),
+                 out_shardings=NamedSharding(mesh, P()))
+    assert "random_bits[shape=(2, 2), global_shape=(8, 4)" in f.lower(k).as_text()
+    np.testing.assert_allclose(np.asarray(f(k)), np.asarray(sr.uniform(k, (8, 4))).sum(),
+                               rtol=1e-6)
+    with spmd.sharding.use_mesh(mesh):
+        y = sr.randint(k, (8,), 0, 5, out_sharding=P("i"))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(sr.randint(k, (8,), 0, 5)))
+    with pytest.raises(spmd.shard.partition.PartitionError, match="use_mesh"):
+        sr.normal(k, (8,), out_sharding=P("i"))

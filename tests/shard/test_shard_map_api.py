@@ -108,10 +108,6 @@ def test_api_errors(mesh):
     with pytest.raises(DTypeError, match=r"argument\[1\] of type str is not an array; give it "
                                          "the in_specs entry None"):
         spmd.shard_map(lambda x, s: x, mesh=mesh, in_specs=(P(), P()), out_specs=P())(_a(), "s")
-    with pytest.raises(ShardMapError, match=r"axis_names=\['x'\] leaves mesh axes \['y'\] "
-                                            "automatic"):
-        spmd.shard_map(lambda b: b, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                       axis_names={"x"})(_a())
     with pytest.raises(ShardMapError, match=r"names 'z', which is not an axis"):
         spmd.shard_map(lambda b: b, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                        axis_names={"x", "z"})(_a())
@@ -119,3 +115,47 @@ def test_api_errors(mesh):
     f = spmd.shard_map(lambda b: b, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                        axis_names={"x", "y"})
     np.testing.assert_allclose(np.asarray(f(_a())), _a())
+
+
+# ------------------------------------------------------- partial-manual shard_map
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_partial_manual_axes(mesh, check_vma):
+    a = _a()
+    shapes = []
+
+    def body(b):
+        shapes.append(b.shape)  # split along the manual axis 'x' only
+        return lax.psum(snp.sum(b * b, 0), "x")
+
+    f = spmd.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P(), axis_names={"x"},
+                       check_vma=check_vma)
+    want = (a * a).sum(0)
+    np.testing.assert_allclose(np.asarray(f(a)), want)
+    assert shapes == [(2, 8)]
+    np.testing.assert_allclose(np.asarray(spmd.jit(f)(a)), want)
+    # Inside a partitioned jit the inputs are resharded to the manual specs.
+    g = spmd.jit(f, in_shardings=NamedSharding(mesh, P("x", "y")))
+    np.testing.assert_allclose(np.asarray(g(a)), want)
+    # Gradients count each device along the automatic axis once (typed and untyped).
+    grad = spmd.grad(lambda a: snp.sum(f(a)))(a)
+    np.testing.assert_allclose(np.asarray(grad), 2 * a)
+    grad = spmd.jit(spmd.grad(lambda a: snp.sum(f(a) ** 2)))(a)
+    np.testing.assert_allclose(np.asarray(grad), 4 * a * want[None, :], rtol=1e-6)
+
+
+def test_partial_manual_errors(mesh):
+    from spmd.collectives.primitives import CollectiveAxisError
+
+    with pytest.raises(ShardMapError, match=r"in_specs\[0\]=PartitionSpec\('x', 'y'\) names "
+                                            r"mesh axis 'y', which is not manual"):
+        spmd.shard_map(lambda b: b, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x"),
+                       axis_names={"x"})(_a())
+    with pytest.raises(ShardMapError, match=r"out_specs=PartitionSpec\('y'\) names mesh "
+                                            "axis 'y'"):
+        spmd.shard_map(lambda b: b, mesh=mesh, in_specs=P("x"), out_specs=P("y"),
+                       axis_names={"x"})(_a())
+    with pytest.raises(CollectiveAxisError, match=r"axis 'y' is not in scope; axes in scope: "
+                                                  r"\['x'\]"):
+        spmd.shard_map(lambda b: lax.psum(b, "y"), mesh=mesh, in_specs=P("x"),
+                       out_specs=P("x"), axis_names={"x"})(_a())

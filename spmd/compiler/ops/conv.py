@@ -79,7 +79,10 @@ def _conv_impl(xp, x, w, *, window_strides, padding, lhs_dilation, rhs_dilation,
     order = (0, 2, 1) + tuple(range(4, 4 + nsp)) + (3,) + tuple(range(4 + nsp, 4 + 2 * nsp))
     cols = xp.transpose(win, order).reshape(B * G, nb * P, I * K)
     ker = w.reshape(B * G, og, I * K)
-    out = xp.matmul(cols, xp.swapaxes(ker, 1, 2))           # (B*G, nb*P, og)
+    if B * G == 1:  # one 2-d GEMM (BLAS reads the transposed kernel in place)
+        out = (cols[0] @ ker[0].T)[None]
+    else:  # a stack of GEMMs on contiguous operands (numpy's fast batched path)
+        out = xp.matmul(cols, xp.ascontiguousarray(xp.swapaxes(ker, 1, 2)))
     out = out.reshape((B * G, nb, P, og))
     out = xp.transpose(out, (1, 0, 3, 2)).reshape((nb, O) + out_sp)
     return xp.ascontiguousarray(out)

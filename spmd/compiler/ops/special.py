@@ -46,9 +46,13 @@ erf_p = unary("erf", "erf",
 erf_inv_p = unary("erf_inv", "erfinv",
                   lambda t, x, y: mul(t, mul(_scaled(np.sqrt(np.pi) / 2)(y), exp(mul(y, y)))))
 lgamma_p = unary("lgamma", "gammaln", lambda t, x, y: mul(t, digamma(x)))
+# erfc(x) = 1 - erf(x), computed directly: accurate where erf(x) rounds to 1.
+erfc_p = unary("erfc", "erfc",
+               lambda t, x, y: neg(mul(t, mul(_scaled(2 / np.sqrt(np.pi))(x),
+                                              exp(neg(mul(x, x)))))))
 digamma_p = unary("digamma", "digamma", lambda t, x, y: mul(t, polygamma(1, x)))
-for _p, _name in ((erf_p, "erf"), (erf_inv_p, "erfinv"), (lgamma_p, "gammaln"),
-                  (digamma_p, "digamma")):
+for _p, _name in ((erf_p, "erf"), (erfc_p, "erfc"), (erf_inv_p, "erfinv"),
+                  (lgamma_p, "gammaln"), (digamma_p, "digamma")):
     _p.def_impl(_ufunc(_name))
     _p.def_emit(None)  # the generated code calls the impl (it picks scipy or cupyx)
 
@@ -79,6 +83,12 @@ polygamma_p.def_batch(_batch_elementwise(polygamma_p))
 def erf(x):
     """The error function, elementwise."""
     return bind(erf_p, x)
+
+
+def erfc(x):
+    """The complementary error function ``1 - erf(x)``, elementwise (accurate in the
+    right tail, where ``1 - erf(x)`` would round to 0)."""
+    return bind(erfc_p, x)
 
 
 def erf_inv(x):

@@ -282,9 +282,10 @@ def _float_layout(dtype):
 def _unit_float_impl(xp, bits, *, dtype):
     rng_bits, udt, nmant = _float_layout(dtype)
     bits = bits.astype(udt, copy=False)
-    one = np.array(1.0, dtype).view(udt)
+    # Scalars, not 0-d numpy arrays: CuPy arrays meet numpy scalars only.
+    one = udt.type(np.array(1.0, dtype).view(udt))
     f = ((bits >> udt.type(rng_bits - nmant)) | one).view(dtype)
-    f -= np.array(1.0, dtype)
+    f -= np.dtype(dtype).type(1.0)
     return f
 
 
@@ -406,3 +407,33 @@ def erf_inv(x):
     float64: scipy's), elementwise."""
     return bind(erf_inv_giles_p, x)
 
+
+
+# --------------------------------------------------- a stateful counter read
+
+# ``rng_counter[cell]``: the current count of a host-side counter ``cell`` (any
+# object with ``take() -> int``, which returns the count and advances it), as a
+# uint32 scalar.  Effectful: never folded, merged or removed, so a compiled
+# program reads and advances the counter on every run (and once per iteration
+# of a loop body): the state of spmd.random.stateful_rng under jit.
+rng_counter_p = Primitive("rng_counter", effectful=True)
+
+
+@rng_counter_p.def_impl
+def _rng_counter_impl(xp, *, cell):
+    v = np.array(cell.take(), np.uint32)
+    return v if _is_host(xp) else xp.asarray(v)
+
+
+rng_counter_p.def_abstract_eval(lambda *, cell: ShapedArray((), np.uint32))
+# checkpoint/remat saves its value instead of recomputing it (a second read would
+# advance the counter again and give the backward pass other numbers).
+rng_counter_p.rules["never_recompute"] = True
+rng_counter_p.def_jvp(_zero_jvp(rng_counter_p))
+# Under vmap the counter is read once for the whole batch (as an eager call would).
+rng_counter_p.def_batch(lambda args, dims, *, cell: (bind(rng_counter_p, cell=cell), None))
+
+
+def rng_counter(cell):
+    """Read and advance ``cell`` (at run time when traced)."""
+    return bind(rng_counter_p, cell=cell)

@@ -307,8 +307,9 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
 
 
 def _backward_wants(program, out_specs) -> dict:
-    """Specs for values that reach a constraint or an output through elementwise and
-    shape-preserving equations only (a cheap backward propagation)."""
+    """Specs for values that reach a constraint, a nested shard_map or an output
+    through elementwise and shape-preserving equations only (a cheap backward
+    propagation)."""
     want: dict = {}
     for a, s in zip(program.out_atoms, out_specs):
         if isinstance(a, Var) and s is not None:
@@ -316,6 +317,12 @@ def _backward_wants(program, out_specs) -> dict:
     for eqn in program.eqns:
         if eqn.primitive is sharding_constraint_p:
             want.setdefault(eqn.inputs[0], eqn.params["spec"])
+        elif eqn.primitive is shard_map_p:
+            # A nested shard_map wants its inputs as its in_specs place them: an input
+            # given so is sliced once, not resharded inside the body.
+            for a, spec in zip(eqn.inputs, eqn.params["in_specs"]):
+                if isinstance(a, Var):
+                    want.setdefault(a, spec)
     for eqn in reversed(program.eqns):
         spec = next((want[o] for o in eqn.outputs if o in want), None)
         if spec is None or not _specs_flow_back(eqn.primitive):

@@ -37,5 +37,5 @@ registry.register_all({p: Propagate(batched_matrix_rule)
                        for p in (ld.cholesky_p, ld.solve_p, ld.slogdet_p, ld.qr_p, ld.eigh_p,
                                  ld.svd_p)})
 registry.register_all({p: Propagate(elementwise_rule("none"), specs_flow_back=True)
-                       for p in (sp.erf_p, sp.erf_inv_p, sp.lgamma_p, sp.digamma_p,
-                                 sp.polygamma_p)})
+                       for p in (sp.erf_p, sp.erfc_p, sp.erf_inv_p, sp.lgamma_p,
+                                 sp.digamma_p, sp.polygamma_p)})

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler.ops.threefry import (erf_inv_giles_p, random_bits_p, random_unit_float_p,
-                                        threefry2x32_p)
+                                        rng_counter_p, threefry2x32_p)
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
-from spmd.shard.partition.registry import Propagate
+from spmd.shard.partition.registry import Propagate, Replicate
 from spmd.shard.partition.rules import elementwise_rule
 from spmd.shard.partition.reshard import reshard
 
@@ -82,3 +82,5 @@ registry.register(random_bits_p, Propagate(random_bits_rule, source=random_bits_
 registry.register(threefry2x32_p, Propagate(elementwise_rule("none"), specs_flow_back=True))
 for _p in (random_unit_float_p, erf_inv_giles_p):
     registry.register(_p, Propagate(elementwise_rule("none"), specs_flow_back=True))
+registry.register(rng_counter_p, Replicate("a scalar read from a host counter: every device "
+                                           "reads the same count"))

@@ -1,0 +1,303 @@
+"""More elementwise functions and dtype helpers of numpy, composed from the
+primitives' functions (so they differentiate, batch and partition through them).
+
+>>> import spmd.numpy as snp
+>>> snp.log10(snp.array([1.0, 100.0]))
+Array([0., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd.compiler import dtypes
+from spmd.numpy._util import check_arraylike, promote_and_broadcast, promote_to_float, to_array
+
+__all__ = ["arccosh", "arcsinh", "arctanh", "can_cast", "cbrt", "deg2rad", "degrees", "exp2",
+           "finfo", "fix", "float_power", "fmax", "fmin", "fmod", "heaviside", "hypot",
+           "iinfo", "isneginf", "isposinf", "issubdtype", "log10", "log2", "logaddexp2",
+           "nan_to_num", "ndim", "positive", "promote_types", "rad2deg", "radians",
+           "result_type", "rint", "shape", "sinc", "size", "trunc"]
+
+_LN2 = float(np.log(2.0))
+_LN10 = float(np.log(10.0))
+
+
+def _f(x, name):
+    (a,) = promote_to_float(x, fname=f"spmd.numpy.{name}")
+    return a
+
+
+def _c(like, value):
+    return np.array(value, like.dtype)
+
+
+def log2(x, /):
+    """Elementwise base-2 logarithm."""
+    from spmd.numpy._elementwise import log
+
+    a = _f(x, "log2")
+    return log(a) * _c(a, 1 / _LN2)
+
+
+def log10(x, /):
+    """Elementwise base-10 logarithm."""
+    from spmd.numpy._elementwise import log
+
+    a = _f(x, "log10")
+    return log(a) * _c(a, 1 / _LN10)
+
+
+def exp2(x, /):
+    """Elementwise ``2 ** x``."""
+    from spmd.numpy._elementwise import exp
+
+    a = _f(x, "exp2")
+    return exp(a * _c(a, _LN2))
+
+
+def logaddexp2(x1, x2, /):
+    """``log2(2 ** x1 + 2 ** x2)`` without overflow."""
+    from spmd.numpy._elementwise import logaddexp
+
+    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.logaddexp2", to_float=True)
+    return logaddexp(a * _c(a, _LN2), b * _c(b, _LN2)) * _c(a, 1 / _LN2)
+
+
+def arcsinh(x, /):
+    """Elementwise inverse hyperbolic sine (accurate near 0 and for large ``|x|``)."""
+    from spmd.numpy._elementwise import log, log1p, sqrt, where
+
+    a = _f(x, "arcsinh")
+    neg = a < _c(a, 0)
+    m = where(neg, -a, a)  # odd function: compute at |x| (a select keeps d/dx at 0)
+    big = m > _c(a, 1e8)
+    mm = where(big, _c(a, 1), m)
+    small = log1p(mm + mm * mm / (_c(a, 1) + sqrt(_c(a, 1) + mm * mm)))
+    large = log(where(big, m, _c(a, 1))) + _c(a, _LN2)
+    r = where(big, large, small)
+    return where(neg, -r, r)
+
+
+def arccosh(x, /):
+    """Elementwise inverse hyperbolic cosine (NaN below 1)."""
+    from spmd.numpy._elementwise import log, sqrt
+
+    a = _f(x, "arccosh")
+    return log(a + sqrt((a - _c(a, 1)) * (a + _c(a, 1))))
+
+
+def arctanh(x, /):
+    """Elementwise inverse hyperbolic tangent (``±inf`` at ``±1``)."""
+    from spmd.numpy._elementwise import log1p
+
+    a = _f(x, "arctanh")
+    return _c(a, 0.5) * (log1p(a) - log1p(-a))
+
+
+def deg2rad(x, /):
+    """Degrees to radians."""
+    a = _f(x, "deg2rad")
+    return a * _c(a, np.pi / 180)
+
+
+def rad2deg(x, /):
+    """Radians to degrees."""
+    a = _f(x, "rad2deg")
+    return a * _c(a, 180 / np.pi)
+
+
+radians, degrees = deg2rad, rad2deg
+
+
+def hypot(x1, x2, /):
+    """``sqrt(x1**2 + x2**2)`` without overflow or underflow."""
+    from spmd.numpy._elementwise import abs as abs_, maximum, minimum, sqrt, where
+
+    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.hypot", to_float=True)
+    a, b = abs_(a), abs_(b)
+    hi, lo = maximum(a, b), minimum(a, b)
+    zero = hi == _c(hi, 0)
+    r = lo / where(zero, _c(hi, 1), hi)
+    return where(zero, _c(hi, 0), hi * sqrt(_c(hi, 1) + r * r))
+
+
+def cbrt(x, /):
+    """Elementwise real cube root."""
+    from spmd.numpy._elementwise import abs as abs_, power, sign
+
+    a = _f(x, "cbrt")
+    return sign(a) * power(abs_(a), _c(a, 1 / 3))
+
+
+def sinc(x, /):
+    """``sin(pi x) / (pi x)``, 1 at 0 (with a smooth derivative there)."""
+    from spmd.numpy._elementwise import sin, where
+
+    a = _f(x, "sinc")
+    zero = a == _c(a, 0)
+    px = _c(a, np.pi) * where(zero, _c(a, 1), a)
+    return where(zero, _c(a, 1), sin(px) / px)
+
+
+def heaviside(x1, x2, /):
+    """0 where ``x1 < 0``, ``x2`` where ``x1 == 0``, 1 where ``x1 > 0``."""
+    from spmd.numpy._elementwise import where
+
+    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.heaviside")
+    return where(a < 0, _c(a, 0), where(a > 0, _c(a, 1), b))
+
+
+def fmax(x1, x2, /):
+    """Elementwise maximum ignoring NaNs (NaN only where both are)."""
+    from spmd.numpy._elementwise import maximum, where
+
+    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.fmax")
+    return where(a != a, b, where(b != b, a, maximum(a, b)))
+
+
+def fmin(x1, x2, /):
+    """Elementwise minimum ignoring NaNs (NaN only where both are)."""
+    from spmd.numpy._elementwise import minimum, where
+
+    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.fmin")
+    return where(a != a, b, where(b != b, a, minimum(a, b)))
+
+
+def fmod(x1, x2, /):
+    """The C remainder: the result has the sign of ``x1`` (``lax.rem``)."""
+    from spmd.compiler.ops.elementwise import rem
+
+    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.fmod")
+    return rem(a, b)
+
+
+def trunc(x, /):
+    """Round toward zero."""
+    from spmd.numpy._elementwise import ceil, floor, where
+
+    a = to_array(x, fname="spmd.numpy.trunc")
+    check_arraylike("spmd.numpy.trunc", x)
+    if not dtypes.is_float(a.dtype):
+        return a
+    return where(a < 0, ceil(a), floor(a))
+
+
+fix = trunc
+
+
+def rint(x, /):
+    """Round to the nearest integer, halves to even (a float result)."""
+    from spmd.numpy._elementwise import round as round_
+
+    return round_(_f(x, "rint"))
+
+
+def positive(x, /):
+    """``+x``."""
+    check_arraylike("spmd.numpy.positive", x)
+    return to_array(x)
+
+
+def float_power(x1, x2, /):
+    """``x1 ** x2`` in the widest float (float64 with x64, else float32)."""
+    from spmd.numpy._elementwise import power
+
+    wide = np.float64 if dtypes.x64_enabled() else np.float32
+    a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.float_power", to_float=True)
+    return power(a.astype(wide), b.astype(wide))
+
+
+def isposinf(x, /):
+    """Elementwise ``x == +inf``."""
+    a = to_array(x, fname="spmd.numpy.isposinf")
+    check_arraylike("spmd.numpy.isposinf", x)
+    return a == _c(a, np.inf) if dtypes.is_float(a.dtype) else a != a
+
+
+def isneginf(x, /):
+    """Elementwise ``x == -inf``."""
+    a = to_array(x, fname="spmd.numpy.isneginf")
+    check_arraylike("spmd.numpy.isneginf", x)
+    return a == _c(a, -np.inf) if dtypes.is_float(a.dtype) else a != a
+
+
+def nan_to_num(x, copy: bool = True, nan=0.0, posinf=None, neginf=None):
+    """NaN -> ``nan``, +inf -> ``posinf`` (the dtype's max), -inf -> ``neginf`` (its min)."""
+    from spmd.numpy._elementwise import where
+
+    check_arraylike("spmd.numpy.nan_to_num", x)
+    a = to_array(x)
+    if not dtypes.is_float(a.dtype):
+        return a
+    info = np.finfo(a.dtype)
+    hi = info.max if posinf is None else posinf
+    lo = info.min if neginf is None else neginf
+    a = where(a != a, _c(a, nan), a)
+    a = where(a == _c(a, np.inf), _c(a, hi), a)
+    return where(a == _c(a, -np.inf), _c(a, lo), a)
+
+
+# ------------------------------------------------------------- dtype helpers
+
+def _dtype_of(x):
+    """A dtype, a scalar type, a dtype name, or an array's dtype."""
+    if isinstance(x, (type, np.dtype, str)):
+        return np.dtype(x)
+    return np.dtype(x.dtype)
+
+
+def finfo(dtype):
+    """Machine limits of a float dtype or array (``numpy.finfo``)."""
+    return np.finfo(_dtype_of(dtype))
+
+
+def iinfo(dtype):
+    """Machine limits of an integer dtype or array (``numpy.iinfo``)."""
+    return np.iinfo(_dtype_of(dtype))
+
+
+def issubdtype(arg1, arg2) -> bool:
+    """``numpy.issubdtype``."""
+    return bool(np.issubdtype(arg1, arg2))
+
+
+def can_cast(from_, to, casting: str = "safe") -> bool:
+    """``numpy.can_cast`` on dtypes."""
+    return bool(np.can_cast(_dtype_of(from_), to, casting))
+
+
+def result_type(*args):
+    """The dtype the arguments promote to, with JAX's rules (weak Python scalars)."""
+    from spmd.compiler.trace import get_aval
+
+    typed = []
+    for a in args:
+        if isinstance(a, (type, np.dtype, str)):
+            typed.append((dtypes.canonicalize(a), False))
+        else:
+            av = get_aval(to_array(a, fname="spmd.numpy.result_type"))
+            typed.append((av.dtype, av.weak_type))
+    return dtypes.result_type(*typed)[0]
+
+
+def promote_types(type1, type2):
+    """The dtype two dtypes promote to (JAX's table)."""
+    return result_type(np.dtype(type1), np.dtype(type2))
+
+
+def ndim(a) -> int:
+    """The number of dimensions (traced values too)."""
+    return len(shape(a))
+
+
+def shape(a) -> tuple:
+    """The shape (traced values too)."""
+    s = getattr(a, "shape", None)
+    return tuple(s) if s is not None else tuple(np.shape(a))
+
+
+def size(a, axis=None) -> int:
+    """The number of elements (along ``axis`` when given)."""
+    s = shape(a)
+    return int(np.prod(s)) if axis is None else s[axis]
