@@ -169,3 +169,15 @@ def test_creation_with_complex_fill():
     assert snp.full(2, 1j).dtype == C64
     assert snp.full(2, 1.5, snp.complex64).dtype == C64
     np.testing.assert_array_equal(np.asarray(snp.array([1j, 2])), [1j, 2])
+
+
+def test_nan_functions_and_real_only_ufuncs(mode):
+    z = crand((5,), 8)
+    z[1] = np.nan + 2j
+    z[3] = np.inf - 1j
+    check(snp.nan_to_num, np.nan_to_num, z, mode=mode, dtype=C64, upcast=False)
+    check(snp.nansum, np.nansum, z, mode=mode, dtype=C64, rtol=1e-5, upcast=False)
+    for name in ("trunc", "isposinf", "isneginf"):
+        with pytest.raises(errors.DTypeError, match="complex input"):
+            getattr(snp, name)(snp.asarray(z)) if mode == "eager" else \
+                spmd.jit(getattr(snp, name))(z)
