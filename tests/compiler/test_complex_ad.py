@@ -60,6 +60,7 @@ REAL_LOSSES = {
     "matmul": lambda z: snp.abs(snp.sum(z @ snp.conj(z.T) @ z)),
     "var_mean": lambda z: snp.var(z) + snp.real(snp.mean(z * z)),
     "einsum": lambda z: snp.real(snp.einsum("ij,ij->", z, snp.exp(z))),
+    "prod": lambda z: snp.abs(snp.prod(z * 0.7 + 0.2j)),
 }
 
 
