@@ -116,6 +116,7 @@ def hypot(x1, x2, /):
     from spmd.numpy._elementwise import abs as abs_, maximum, minimum, sqrt, where
 
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.hypot", to_float=True)
+    _real_only(a, "hypot")
     a, b = abs_(a), abs_(b)
     hi, lo = maximum(a, b), minimum(a, b)
     zero = hi == _c(hi, 0)

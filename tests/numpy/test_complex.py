@@ -181,3 +181,10 @@ def test_nan_functions_and_real_only_ufuncs(mode):
         with pytest.raises(errors.DTypeError, match="complex input"):
             getattr(snp, name)(snp.asarray(z)) if mode == "eager" else \
                 spmd.jit(getattr(snp, name))(z)
+
+
+def test_cov_is_hermitian_and_hypot_refuses(mode):
+    x = crand((2, 5), 11)
+    check(snp.cov, np.cov, x, mode=mode, dtype=C64, rtol=1e-5, atol=1e-5)
+    with pytest.raises(errors.DTypeError, match="complex input"):
+        snp.hypot(snp.asarray(x), 1.0) if mode == "eager" else spmd.jit(snp.hypot)(x, 1.0)
