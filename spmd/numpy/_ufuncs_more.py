@@ -85,6 +85,8 @@ def arccosh(x, /):
     from spmd.numpy._elementwise import log, sqrt
 
     a = _f(x, "arccosh")
+    if dtypes.is_complex(a.dtype):  # the principal branch needs the roots taken apart
+        return log(a + sqrt(a - _c(a, 1)) * sqrt(a + _c(a, 1)))
     return log(a + sqrt((a - _c(a, 1)) * (a + _c(a, 1))))
 
 
@@ -147,6 +149,7 @@ def heaviside(x1, x2, /):
     from spmd.numpy._elementwise import where
 
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.heaviside")
+    _real_only(a, "heaviside")
     return where(a < 0, _c(a, 0), where(a > 0, _c(a, 1), b))
 
 
@@ -214,6 +217,8 @@ def float_power(x1, x2, /):
 
     wide = np.float64 if dtypes.x64_enabled() else np.float32
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.float_power", to_float=True)
+    if dtypes.is_complex(a.dtype):
+        wide = dtypes.complex_dtype(np.dtype(wide))
     return power(a.astype(wide), b.astype(wide))
 
 

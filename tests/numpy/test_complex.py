@@ -188,3 +188,19 @@ def test_cov_is_hermitian_and_hypot_refuses(mode):
     check(snp.cov, np.cov, x, mode=mode, dtype=C64, rtol=1e-5, atol=1e-5)
     with pytest.raises(errors.DTypeError, match="complex input"):
         snp.hypot(snp.asarray(x), 1.0) if mode == "eager" else spmd.jit(snp.hypot)(x, 1.0)
+
+
+@pytest.mark.parametrize("name", ["log2", "log10", "exp2", "arcsinh", "arccosh", "arctanh",
+                                  "sinc"])
+def test_more_unary(name, mode):
+    check(getattr(snp, name), getattr(np, name), crand((6,), 12), mode=mode, dtype=C64,
+          rtol=2e-5, atol=2e-5)
+
+
+def test_float_power_and_heaviside(mode):
+    z = crand((4,), 13)
+    check(lambda a: snp.float_power(a, 2), lambda a: np.float_power(a, 2).astype(C64), z,
+          mode=mode, dtype=C64, rtol=1e-5, atol=1e-5)
+    with pytest.raises(errors.DTypeError, match="complex input"):
+        snp.heaviside(snp.asarray(z), 0.5) if mode == "eager" else \
+            spmd.jit(snp.heaviside)(z, 0.5)
