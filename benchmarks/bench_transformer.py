@@ -8,8 +8,10 @@ below (the default model), collects each rank's ``--stats`` file, and writes
 and a markdown table on stdout:
 
 - tokens per second after the first step (which traces and compiles);
-- per rank: peak RSS, and the bytes of parameters and of optimizer state its
-  devices hold.  With ``--fsdp`` the parameter and optimizer bytes per rank must
+- per rank: peak RSS, the bytes of parameters and of optimizer state its
+  devices hold, and the share of the steady steps' time it spent in MPI
+  collectives (``spmd.distributed.collective_time``: waiting for the other
+  ranks counts as communication).  With ``--fsdp`` the parameter and optimizer bytes per rank must
   fall as 1/D (D = the 'data' size): the ``1/D check`` column divides the
   non-FSDP bytes by D and compares.
 """
@@ -57,18 +59,22 @@ def run_one(ranks: int, mesh: str, fsdp: bool, steps: int) -> dict:
             "tokens_per_s": ranks_stats[0]["tokens_per_s"],
             "final_loss": ranks_stats[0]["final_loss"],
             "per_rank": [{k: s[k] for k in ("rank", "peak_rss_bytes", "param_bytes",
-                                            "opt_state_bytes")} for s in ranks_stats]}
+                                            "opt_state_bytes", "comm_share")}
+                         for s in ranks_stats]}
 
 
 def table(rows: list[dict]) -> str:
     base = {r["mesh"]: r for r in rows if not r["fsdp"]}
     lines = ["| ranks | mesh | FSDP | tokens/s | peak RSS / rank (MiB) | params / rank (KiB) "
-             "| optimizer state / rank (KiB) | 1/D check |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| optimizer state / rank (KiB) | time in collectives (ranks' range) | 1/D check |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         rss = max(p["peak_rss_bytes"] for p in r["per_rank"]) / 2 ** 20
         params = max(p["param_bytes"] for p in r["per_rank"]) / 1024
         opt = max(p["opt_state_bytes"] for p in r["per_rank"]) / 1024
+        shares = [p["comm_share"] or 0.0 for p in r["per_rank"]]
+        comm = "-" if r["ranks"] == 1 else \
+            f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%"
         check = ""
         if r["fsdp"]:
             d = int(r["mesh"].split(",")[0].split("=")[1])
@@ -78,7 +84,8 @@ def table(rows: list[dict]) -> str:
                 got = max(p["param_bytes"] + p["opt_state_bytes"] for p in r["per_rank"])
                 check = f"{got / want:.2f} x (1/{d} of non-FSDP)"
         lines.append(f"| {r['ranks']} | {r['mesh']} | {'yes' if r['fsdp'] else 'no'} | "
-                     f"{r['tokens_per_s']:,.0f} | {rss:.0f} | {params:.0f} | {opt:.0f} | {check} |")
+                     f"{r['tokens_per_s']:,.0f} | {rss:.0f} | {params:.0f} | {opt:.0f} | {comm} | "
+                     f"{check} |")
     return "\n".join(lines)
 
 

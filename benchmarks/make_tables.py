@@ -104,12 +104,22 @@ def provenance_line(doc: dict) -> str:
             f"{_machine_line(doc.get('machine', {}))}; {_load_line(doc.get('machine', {}))}.")
 
 
+# Results whose rows are not timing samples: the benchmark module that wrote them
+# renders its own table (a function ``table(rows) -> str``).
+OWN_TABLES = {"transformer": "bench_transformer"}
+
+
 def section(doc: dict) -> str:
     """The Markdown of one results file: a heading, its provenance and its table."""
     rows = doc["rows"]
+    head = f"### `{doc['_name']}` (`benchmarks/results/{doc['_name']}.json`)"
+    if doc["_name"] in OWN_TABLES:
+        import importlib
+
+        text = importlib.import_module(OWN_TABLES[doc["_name"]]).table(rows)
+        return f"{head}\n\n{provenance_line(doc)}\n\n{text}\n"
     if rows and "median_s" not in rows[0]:
         rows = common.summarize(rows)
-    head = f"### `{doc['_name']}` (`benchmarks/results/{doc['_name']}.json`)"
     return f"{head}\n\n{provenance_line(doc)}\n\n{common.table(rows)}\n"
 
 

@@ -342,8 +342,8 @@ def main(argv=None) -> int:
         losses.append((k, loss))
         tokens += args.batch * cfg.context
         rate = tokens / (time.perf_counter() - t0)
-        if steady is None:
-            steady = (time.perf_counter(), tokens)
+        if steady is None:  # (time, tokens, seconds in collectives so far)
+            steady = (time.perf_counter(), tokens, spmd.distributed.collective_time()[1])
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
@@ -390,9 +390,13 @@ def _write_stats(args, steady, tokens, params, state, losses) -> None:
     import resource
 
     elapsed = time.perf_counter() - steady[0] if steady else 0.0
+    comm = spmd.distributed.collective_time()[1] - steady[2] if steady else 0.0
     stats = {"rank": spmd.process_index(), "ranks": spmd.process_count(),
              "mesh": args.mesh, "fsdp": args.fsdp, "steps": len(losses),
              "tokens_per_s": (tokens - steady[1]) / elapsed if elapsed > 0 else None,
+             # Share of the steady steps' time this rank spent in MPI collectives
+             # (waiting for the others included; 0 in one process).
+             "comm_share": comm / elapsed if elapsed > 0 else None,
              "param_bytes": _local_bytes(params), "opt_state_bytes": _local_bytes(state),
              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
              "final_loss": losses[-1][1] if losses else None}

@@ -20,10 +20,12 @@ from spmd.compiler import extensions
 def install_extensions() -> None:
     """Fill every extension point of the compiler (idempotent)."""
     from spmd.collectives.api import pvary_traced
+    from spmd.launch.platform import resolve_array_module
     from spmd.shard.mesh_context import get_mesh
     from spmd.shard.sharded import plain_sharding, plain_shards
 
     extensions.PVARY.install(pvary_traced, by="spmd.collectives.api")
+    extensions.ARRAY_MODULE.install(resolve_array_module, by="spmd.launch.platform")
     extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.mesh_context")
     extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.sharded")
     extensions.PLAIN_SHARDS.install(plain_shards, by="spmd.shard.sharded")

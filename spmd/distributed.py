@@ -55,3 +55,22 @@ def initialize(backend: str | None = None, local_devices: int | None = None,
     from spmd.launch import runtime
 
     runtime.force(backend=backend, local_devices=local_devices, platform=platform)
+    from spmd.mesh.devices import reset_for_tests
+
+    reset_for_tests()  # devices, the platform and its array module are decided again
+
+
+def collective_time() -> tuple[int, float]:
+    """``(calls, seconds)``: the MPI collectives this process has run and the seconds it
+    spent in them, waiting for the other ranks included; ``(0, 0.0)`` in a process
+    that is not an MPI rank (the simulated devices' collectives are array operations
+    inside the compiled program).  The difference of two readings around training
+    steps gives the share of step time spent communicating.
+
+    >>> calls0, t0 = spmd.distributed.collective_time()
+    >>> ...  # some steps
+    >>> calls1, t1 = spmd.distributed.collective_time()
+    """
+    from spmd.collectives import mpi_control  # no MPI import: only the counters
+
+    return mpi_control.collective_time()

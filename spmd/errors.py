@@ -50,6 +50,10 @@ class OutputTypeError(SpmdError, TypeError):
     """A transformed function returned something that is not an array leaf."""
 
 
+class DeviceError(SpmdError, ValueError):
+    """A bad device configuration (count, platform) or a mesh needing more devices."""
+
+
 class ArgumentError(SpmdError, ValueError):
     """An argument of an spmd function has a bad value (axis out of range, ...)."""
 

@@ -3,11 +3,12 @@
 The compiler only knows "an array module ``xp``" (primitive impls and the
 generated code use ``xp.`` functions).  Which one runs eager operations and
 jitted programs is a property of the devices, decided by the runtime layer
-(:mod:`spmd.launch.platform`), which installs :data:`resolver`: the compiler
-never imports the layers above it, nor cupy.
+(:mod:`spmd.launch.platform`), which fills the ``ARRAY_MODULE`` extension point
+(:mod:`spmd.compiler.extensions`): the compiler never imports the layers above
+it, nor cupy.
 
-- :func:`current` is the module (resolved once, on first use; numpy when no
-  resolver is installed);
+- :func:`current` is the module (resolved once, on first use; numpy when the
+  extension point is not filled);
 - :func:`is_device_array`, :func:`to_host` and :func:`to_device` move values
   between host memory (numpy) and the device module without ever touching
   cupy on the CPU path: device array types are registered by the resolver
@@ -26,15 +27,11 @@ array([0, 1, 2])
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 # The resolved module (None: not resolved yet) and whether it is a device one.
 _xp: list = [None]
 on_device: list = [False]
-# Installed by spmd.launch.platform: () -> the array module of this process's devices.
-resolver: list[Callable | None] = [None]
 # Types of device arrays (cupy.ndarray) and their module, registered when loaded.
 device_types: set = set()
 _module_of_type: dict = {}
@@ -48,8 +45,12 @@ def current():
     """The array module of this process's devices (numpy unless they are GPUs)."""
     xp = _xp[0]
     if xp is None:
-        fn = resolver[0]
-        xp = fn() if fn is not None else np
+        from spmd.compiler import extensions  # (a module that imports nothing of ours)
+
+        point = extensions.ARRAY_MODULE
+        if point.installed_by is None:  # before `import spmd` finished: decide later
+            return np
+        xp, device_id[0] = point.fn()
         _xp[0] = xp
         on_device[0] = xp is not np
     return xp

@@ -16,17 +16,15 @@ all, so this file and that one are the whole picture of the wiring.
 | :data:`CONTEXT_KEY` | ``spmd.shard.mesh_context.get_mesh`` | returns None (no ambient state) |
 | :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
+| :data:`ARRAY_MODULE` | ``spmd.launch.platform.resolve_array_module`` | returns numpy |
 
 The other declared seam is the Array type itself: an upper layer's subclass of
 :class:`spmd.compiler.array.Array` (the shard layer's ``ShardedArray``) evaluates
 eager primitives on its arguments through ``Array._eval_primitive``, so the
 compiler's Array knows nothing of shardings or processes.
 
-Not yet moved here (issue 16): ``spmd.compiler.array_module.resolver`` (the array
-module of the devices), still filled by ``spmd.launch.platform`` when imported.
-
 >>> [p.name for p in POINTS]
-['pvary', 'context_key', 'plain_sharding', 'plain_shards']
+['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module']
 """
 
 from __future__ import annotations
@@ -123,5 +121,20 @@ PLAIN_SHARDS: ExtensionPoint = ExtensionPoint(
     "value).",
     _placement_missing)
 
+
+
+def _numpy():
+    import numpy
+
+    return numpy, None
+
+
+ARRAY_MODULE: ExtensionPoint = ExtensionPoint(
+    "array_module", "() -> (module, gpu: int | None)",
+    "The array module of this process's devices (numpy, or cupy when they are GPUs) and "
+    "the GPU this rank's device arrays belong on (picked by the call; None for numpy), "
+    "asked once by spmd.compiler.array_module.current() on first use.",
+    _numpy)
+
 # Every point, for the installer's check and the tests.
-POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS)
+POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE)

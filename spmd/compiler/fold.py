@@ -46,7 +46,7 @@ def fold_scalar_chains(closed: ClosedProgram) -> ClosedProgram:
         optimized = dce(fold_scalar_chains(program))
     """
     program = closed.program
-    uses = _use_counts(program)
+    uses = use_counts(program)
     scaled: dict = {}  # var -> (source var, op, constant) of a scalar-scaling equation
     eqns, changed = [], False
     for eqn in program.eqns:
@@ -68,7 +68,9 @@ def fold_scalar_chains(closed: ClosedProgram) -> ClosedProgram:
     return ClosedProgram(Program(program.in_vars, eqns, program.out_atoms), closed.consts)
 
 
-def _use_counts(program: Program) -> dict:
+def use_counts(program: Program) -> dict:
+    """How often each variable is read; program outputs count twice, so that a pass
+    never treats them as used once (and folds them away)."""
     uses: dict = {}
     for e in program.eqns:
         for a in e.inputs:

@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from spmd.compiler.fold import fold_scalar_chains
+from spmd.compiler.fold import fold_scalar_chains, use_counts
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 
 # Results larger than this many elements are not folded into constants: the
@@ -70,14 +70,7 @@ def sum_batched_dots(closed: ClosedProgram) -> ClosedProgram:
     stacked devices, then the psum's sum over them) become one product.
     """
     program = closed.program
-    uses: dict = {}
-    for e in program.eqns:
-        for a in e.inputs:
-            if isinstance(a, Var):
-                uses[a] = uses.get(a, 0) + 1
-    for a in program.out_atoms:
-        if isinstance(a, Var):
-            uses[a] = uses.get(a, 0) + 2
+    uses = use_counts(program)
     producer = {o: e for e in program.eqns for o in e.outputs}
     new_dot: dict = {}  # dot equation -> its rewritten form (kept at its position)
     new_sum: dict = {}  # reduce_sum equation -> its rewritten form, or None when absorbed

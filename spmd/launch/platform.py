@@ -221,12 +221,12 @@ def select_gpu(cupy) -> int:
     return device
 
 
-def _resolve():
-    """The array module of this process's devices (the compiler's resolver)."""
+def resolve_array_module():
+    """``(module, gpu)``: the array module of this process's devices and, for GPUs, the
+    GPU this rank uses (picked now; None for numpy).  The compiler's ARRAY_MODULE
+    extension point, filled by spmd._install."""
     xp = xp_for(current())
-    if xp is not np:
-        array_module.device_id[0] = select_gpu(xp)
-    return xp
+    return xp, (select_gpu(xp) if xp is not np else None)
 
 
 def reset() -> None:
@@ -235,10 +235,3 @@ def reset() -> None:
     _probe_nccl.cache_clear()
     array_module.set_current(None)
 
-
-def install() -> None:
-    """Let the compiler find the array module through this layer (at import)."""
-    array_module.resolver[0] = _resolve
-
-
-install()

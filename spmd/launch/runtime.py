@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from spmd.errors import DeviceError
+
 # Environment variables that launchers set in every rank, by launcher.
 _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
               "SLURM_PROCID")
@@ -33,9 +35,18 @@ def launched_by_mpi() -> bool:
 
 
 def _env_count(name: str, default: int) -> int:
-    from spmd.mesh.devices import _env_int
-
-    return _env_int(name, default)
+    """A positive device count from the environment variable ``name``."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        raise DeviceError(f"{name}={raw!r} is not an integer; set it to a positive number "
+                          f"of devices, e.g. {name}=8") from None
+    if n < 1:
+        raise DeviceError(f"{name}={n} must be at least 1")
+    return n
 
 
 def describe() -> tuple[int, int, int, str]:
@@ -59,13 +70,11 @@ def describe() -> tuple[int, int, int, str]:
 
 def force(backend: str | None = None, local_devices: int | None = None,
           platform: str | None = None) -> None:
-    """Override detection (``spmd.distributed.initialize``)."""
-    from spmd.mesh.devices import reset_for_tests
-
+    """Override detection (``spmd.distributed.initialize``, which then has the mesh layer
+    forget its cached devices)."""
     if backend is not None:
         _forced["backend"] = backend
     if local_devices is not None:
         _forced["local_devices"] = int(local_devices)
     if platform is not None:
         _forced["platform"] = platform
-    reset_for_tests()  # the platform and array module are decided again, too

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import functools
-import os
 
-from spmd.errors import SpmdError
-
-
-class DeviceError(SpmdError, ValueError):
-    """A bad device configuration (count, platform) or a mesh needing more devices."""
+# DeviceError lives in spmd.errors (the launch layer raises it too); importable here.
+from spmd.errors import DeviceError  # noqa: F401
 
 
 class Device:
@@ -42,18 +38,6 @@ class Device:
         return self.id < other.id
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        n = int(raw)
-    except ValueError:
-        raise DeviceError(f"{name}={raw!r} is not an integer; set it to a positive number "
-                          f"of devices, e.g. {name}=8") from None
-    if n < 1:
-        raise DeviceError(f"{name}={n} must be at least 1")
-    return n
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,7 @@ from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
 def test_every_point_is_declared_and_installed_by_spmd():
     assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
-                                                   "plain_shards"]
+                                                   "plain_shards", "array_module"]
     for p in extensions.POINTS:
         assert p.signature.startswith("(") and "->" in p.signature
         assert len(p.doc) > 40 and callable(p.default)
@@ -27,6 +27,7 @@ def test_every_point_is_declared_and_installed_by_spmd():
 
 def test_defaults_keep_the_compiler_working_alone():
     assert extensions.CONTEXT_KEY.default() is None
+    assert extensions.ARRAY_MODULE.default() == (np, None)
     with pytest.raises(ExtensionNotInstalledError, match=r"needs pvary.*`import spmd`"):
         extensions.PVARY.default(np.ones(2), ("i",))
 
