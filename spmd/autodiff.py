@@ -394,6 +394,7 @@ def _assemble(per_input, in_tree, single):
     return tree_util.tree_unflatten(out_tree, result)
 
 
-def hessian(fun: Callable, argnums=0):
-    """``jacfwd(jacrev(fun))``."""
-    return jacfwd(jacrev(fun, argnums), argnums)
+def hessian(fun: Callable, argnums=0, holomorphic: bool = False):
+    """``jacfwd(jacrev(fun))`` (``holomorphic``: as for :func:`jacfwd`)."""
+    return jacfwd(jacrev(fun, argnums, holomorphic=holomorphic), argnums,
+                  holomorphic=holomorphic)

@@ -9,7 +9,8 @@ from spmd.compiler.array_module import is_device_array, to_host
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.trace import get_aval
-from spmd.numpy._util import is_traced_or_array, require_static, static_int, static_shape, to_array
+from spmd.numpy._util import (check_keeps_imag, is_traced_or_array, require_static, static_int,
+                              static_shape, to_array)
 
 __all__ = ["array", "asarray", "full", "zeros", "ones", "arange", "astype", "empty",
            "zeros_like", "ones_like", "full_like", "empty_like", "linspace", "eye",
@@ -37,10 +38,10 @@ def _dtype(dtype, default):
 
 
 def full(shape, fill_value, dtype=None):
-    if dtype is None:
-        fv = to_array(fill_value)
-        dtype = get_aval(fv).dtype
-    return st.full(_shape(shape, "full"), fill_value, _dtype(dtype, dtypes.default_float()))
+    fv = to_array(fill_value)
+    dt = _dtype(get_aval(fv).dtype if dtype is None else dtype, dtypes.default_float())
+    check_keeps_imag(get_aval(fv).dtype, dt, "spmd.numpy.full")
+    return st.full(_shape(shape, "full"), fill_value, dt)
 
 
 def zeros(shape, dtype=None):

@@ -247,7 +247,9 @@ def cov(m, y=None, rowvar: bool = True, bias: bool = False, ddof: int | None = N
     n = x.shape[1]
     d = (0 if bias else 1) if ddof is None else int(ddof)
     xc = x - mean(x, axis=1, keepdims=True)
-    c = (xc @ xc.T) / (n - d)
+    from spmd.numpy._complex import conj
+
+    c = (xc @ conj(xc).T) / (n - d)  # conj: complex covariances are Hermitian (numpy)
     return c[0, 0] if c.shape == (1, 1) else c
 
 

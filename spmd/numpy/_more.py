@@ -230,7 +230,7 @@ def _nan_masked(a, fill, fname):
     from spmd.numpy._elementwise import where
 
     x = _arr(a, fname)
-    if not dtypes.is_float(x.dtype):
+    if not dtypes.is_inexact(x.dtype):  # complex: NaN in either part (x != x)
         return x, None
     nan = x != x
     return where(nan, np.array(fill, x.dtype), x), nan

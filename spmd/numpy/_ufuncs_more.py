@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.errors import DTypeError
 from spmd.numpy._util import check_arraylike, promote_and_broadcast, promote_to_float, to_array
 
 __all__ = ["arccosh", "arcsinh", "arctanh", "can_cast", "cbrt", "deg2rad", "degrees", "exp2",
@@ -84,6 +85,8 @@ def arccosh(x, /):
     from spmd.numpy._elementwise import log, sqrt
 
     a = _f(x, "arccosh")
+    if dtypes.is_complex(a.dtype):  # the principal branch needs the roots taken apart
+        return log(a + sqrt(a - _c(a, 1)) * sqrt(a + _c(a, 1)))
     return log(a + sqrt((a - _c(a, 1)) * (a + _c(a, 1))))
 
 
@@ -115,6 +118,7 @@ def hypot(x1, x2, /):
     from spmd.numpy._elementwise import abs as abs_, maximum, minimum, sqrt, where
 
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.hypot", to_float=True)
+    _real_only(a, "hypot")
     a, b = abs_(a), abs_(b)
     hi, lo = maximum(a, b), minimum(a, b)
     zero = hi == _c(hi, 0)
@@ -145,6 +149,7 @@ def heaviside(x1, x2, /):
     from spmd.numpy._elementwise import where
 
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.heaviside")
+    _real_only(a, "heaviside")
     return where(a < 0, _c(a, 0), where(a > 0, _c(a, 1), b))
 
 
@@ -172,12 +177,19 @@ def fmod(x1, x2, /):
     return rem(a, b)
 
 
+def _real_only(a, name):
+    if dtypes.is_complex(a.dtype):
+        raise DTypeError(f"spmd.numpy.{name}: complex input ({a.dtype}) is not supported "
+                         "(numpy refuses it too); apply it to snp.real(x) and snp.imag(x)")
+
+
 def trunc(x, /):
     """Round toward zero."""
     from spmd.numpy._elementwise import ceil, floor, where
 
     a = to_array(x, fname="spmd.numpy.trunc")
     check_arraylike("spmd.numpy.trunc", x)
+    _real_only(a, "trunc")
     if not dtypes.is_float(a.dtype):
         return a
     return where(a < 0, ceil(a), floor(a))
@@ -205,6 +217,8 @@ def float_power(x1, x2, /):
 
     wide = np.float64 if dtypes.x64_enabled() else np.float32
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.float_power", to_float=True)
+    if dtypes.is_complex(a.dtype):
+        wide = dtypes.complex_dtype(np.dtype(wide))
     return power(a.astype(wide), b.astype(wide))
 
 
@@ -212,6 +226,7 @@ def isposinf(x, /):
     """Elementwise ``x == +inf``."""
     a = to_array(x, fname="spmd.numpy.isposinf")
     check_arraylike("spmd.numpy.isposinf", x)
+    _real_only(a, "isposinf")
     return a == _c(a, np.inf) if dtypes.is_float(a.dtype) else a != a
 
 
@@ -219,6 +234,7 @@ def isneginf(x, /):
     """Elementwise ``x == -inf``."""
     a = to_array(x, fname="spmd.numpy.isneginf")
     check_arraylike("spmd.numpy.isneginf", x)
+    _real_only(a, "isneginf")
     return a == _c(a, -np.inf) if dtypes.is_float(a.dtype) else a != a
 
 
@@ -228,6 +244,11 @@ def nan_to_num(x, copy: bool = True, nan=0.0, posinf=None, neginf=None):
 
     check_arraylike("spmd.numpy.nan_to_num", x)
     a = to_array(x)
+    if dtypes.is_complex(a.dtype):  # each part on its own, as numpy
+        from spmd.compiler.ops import complex as cx
+
+        parts = [nan_to_num(p(a), copy, nan, posinf, neginf) for p in (cx.real, cx.imag)]
+        return cx.make_complex(*parts)
     if not dtypes.is_float(a.dtype):
         return a
     info = np.finfo(a.dtype)

@@ -11,7 +11,7 @@ from spmd.compiler.avals import ShapedArray
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.structural import broadcast_in_dim
 from spmd.compiler.trace import Tracer, get_aval
-from spmd.errors import ArgumentError, ConcretizationError, ShapeError
+from spmd.errors import ArgumentError, ConcretizationError, DTypeError, ShapeError
 
 
 def is_traced_or_array(x) -> bool:
@@ -34,6 +34,7 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
         return stack([to_array(e, dtype, fname) for e in x])
     if is_device_array(x):  # a GPU (cupy) array: it stays on (this process's) GPU
         target = dtypes.canonicalize(x.dtype if dtype is None else dtype, fname)
+        check_keeps_imag(x.dtype, target, fname)
         return Array(to_device(x, target), ShapedArray(x.shape, target, False))
     arr = np.asarray(x)
     if arr.dtype == object or arr.dtype.kind in "USVc":
@@ -44,8 +45,17 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
         target = dtypes.default_float()  # Python floats in lists are float32 by default
     else:
         target = dtypes.canonicalize(arr.dtype, fname)
+    check_keeps_imag(arr.dtype, target, fname)
     arr = np.asarray(arr, dtype=target)
     return Array(arr, ShapedArray(arr.shape, target, False))
+
+
+def check_keeps_imag(src, target, fname: str) -> None:
+    """Refuse a complex -> real conversion: it would drop the imaginary part."""
+    if dtypes.is_complex(src) and not dtypes.is_complex(target):
+        raise DTypeError(f"{fname}: converting complex values ({np.dtype(src)}) to {target} "
+                         "would drop the imaginary part; take snp.real, snp.imag or snp.abs "
+                         "first")
 
 
 def _flat(x):

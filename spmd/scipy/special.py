@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from spmd import lax
+from spmd.compiler import dtypes
+from spmd.errors import DTypeError
 from spmd.numpy._util import check_arraylike, promote_and_broadcast, promote_to_float
 
 __all__ = ["betaln", "digamma", "entr", "erf", "erfc", "erfinv", "expit", "gamma", "gammaln",
@@ -105,6 +107,9 @@ def entr(x):
     import spmd.numpy as snp
 
     a = _f(x, "entr")
+    if dtypes.is_complex(a.dtype):  # defined by the sign of x: real inputs only (as scipy)
+        raise DTypeError(f"spmd.scipy.special.entr: complex input ({a.dtype}) is not "
+                         "supported; pass a real array")
     neg = a < 0
     safe = snp.where(neg, 1.0, a)  # no log of a negative number, even in a masked branch
     return snp.where(neg, -np.inf, -xlogy(safe, safe))

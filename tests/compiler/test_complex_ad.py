@@ -60,6 +60,7 @@ REAL_LOSSES = {
     "matmul": lambda z: snp.abs(snp.sum(z @ snp.conj(z.T) @ z)),
     "var_mean": lambda z: snp.var(z) + snp.real(snp.mean(z * z)),
     "einsum": lambda z: snp.real(snp.einsum("ij,ij->", z, snp.exp(z))),
+    "prod": lambda z: snp.abs(snp.prod(z * 0.7 + 0.2j)),
 }
 
 
@@ -216,3 +217,13 @@ def test_lax_complex_parts():
         lax.real(x)
     with pytest.raises(errors.DTypeError, match="float32 or float64"):
         lax.complex(np.int32([1]), np.int32([2]))
+
+
+def test_hessian_holomorphic_and_vjp_cotangent_check():
+    z = crand((3,), seed=6)
+    h = spmd.hessian(lambda v: snp.sum(v ** 3), holomorphic=True)(z)
+    np.testing.assert_allclose(np.asarray(h), np.diag(6 * z.astype(np.complex128)), rtol=1e-5,
+                               atol=1e-6)
+    _, f_vjp = spmd.vjp(snp.sin, np.float32(1.0))
+    with pytest.raises(spmd.autodiff.GradientError, match="primal is real"):
+        f_vjp(np.complex64(1j))  # a complex cotangent for a real output would lose Im

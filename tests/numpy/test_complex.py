@@ -59,7 +59,7 @@ def test_operators_and_methods(mode):
     check(f, f, x, mode=mode, dtype=C64, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,dtype", [("sum", C64), ("mean", C64), ("var", F32),
+@pytest.mark.parametrize("name,dtype", [("sum", C64), ("mean", C64), ("prod", C64), ("var", F32),
                                         ("std", F32), ("cumsum", C64)])
 def test_reductions(name, dtype, mode):
     x = crand((3, 5))
@@ -116,9 +116,9 @@ def test_real_of_real_arrays():
 @pytest.mark.parametrize("fn", [
     lambda a: a.astype(np.float32), lambda a: snp.asarray(a, dtype=np.float32),
     lambda a: snp.floor(a), lambda a: snp.round(a), lambda a: snp.maximum(a, a),
-    lambda a: snp.max(a), lambda a: snp.prod(a), lambda a: snp.sign(a),
+    lambda a: snp.max(a), lambda a: snp.cumprod(a), lambda a: snp.sign(a),
     lambda a: snp.remainder(a, a), lambda a: snp.linalg.norm(a.reshape(2, 2), 2),
-], ids=["astype", "asarray", "floor", "round", "maximum", "max", "prod", "sign",
+], ids=["astype", "asarray", "floor", "round", "maximum", "max", "cumprod", "sign",
         "remainder", "norm2"])
 def test_unsupported_raise_instead_of_dropping_imag(fn, mode):
     """Nothing silently drops an imaginary part or orders complex numbers wrongly."""
@@ -150,3 +150,57 @@ def test_isclose_sort(mode):
     check(snp.isclose, np.isclose, a, b, mode=mode, dtype=BOOL)
     a[1] = a[3].real + 2j  # a tie on the real part: the imaginary part orders
     check(snp.sort, np.sort, a, mode=mode, dtype=C64)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda: snp.asarray(np.array([1j]), dtype=np.float32),
+    lambda: snp.array([1j, 2], dtype=np.float32),
+    lambda: snp.full(2, 1j, np.float32),
+    lambda: snp.full((2,), snp.asarray(1j), np.int32),
+    lambda: snp.zeros(2).at[0].set(1j),
+], ids=["asarray-numpy", "array-list", "full-scalar", "full-array", "at-set"])
+def test_creation_refuses_dropping_imag(fn):
+    with pytest.raises(errors.DTypeError, match="imaginary part"):
+        fn()
+
+
+def test_creation_with_complex_fill():
+    np.testing.assert_array_equal(np.asarray(snp.full(2, 1j)), [1j, 1j])
+    assert snp.full(2, 1j).dtype == C64
+    assert snp.full(2, 1.5, snp.complex64).dtype == C64
+    np.testing.assert_array_equal(np.asarray(snp.array([1j, 2])), [1j, 2])
+
+
+def test_nan_functions_and_real_only_ufuncs(mode):
+    z = crand((5,), 8)
+    z[1] = np.nan + 2j
+    z[3] = np.inf - 1j
+    check(snp.nan_to_num, np.nan_to_num, z, mode=mode, dtype=C64, upcast=False)
+    check(snp.nansum, np.nansum, z, mode=mode, dtype=C64, rtol=1e-5, upcast=False)
+    for name in ("trunc", "isposinf", "isneginf"):
+        with pytest.raises(errors.DTypeError, match="complex input"):
+            getattr(snp, name)(snp.asarray(z)) if mode == "eager" else \
+                spmd.jit(getattr(snp, name))(z)
+
+
+def test_cov_is_hermitian_and_hypot_refuses(mode):
+    x = crand((2, 5), 11)
+    check(snp.cov, np.cov, x, mode=mode, dtype=C64, rtol=1e-5, atol=1e-5)
+    with pytest.raises(errors.DTypeError, match="complex input"):
+        snp.hypot(snp.asarray(x), 1.0) if mode == "eager" else spmd.jit(snp.hypot)(x, 1.0)
+
+
+@pytest.mark.parametrize("name", ["log2", "log10", "exp2", "arcsinh", "arccosh", "arctanh",
+                                  "sinc"])
+def test_more_unary(name, mode):
+    check(getattr(snp, name), getattr(np, name), crand((6,), 12), mode=mode, dtype=C64,
+          rtol=2e-5, atol=2e-5)
+
+
+def test_float_power_and_heaviside(mode):
+    z = crand((4,), 13)
+    check(lambda a: snp.float_power(a, 2), lambda a: np.float_power(a, 2).astype(C64), z,
+          mode=mode, dtype=C64, rtol=1e-5, atol=1e-5)
+    with pytest.raises(errors.DTypeError, match="complex input"):
+        snp.heaviside(snp.asarray(z), 0.5) if mode == "eager" else \
+            spmd.jit(snp.heaviside)(z, 0.5)

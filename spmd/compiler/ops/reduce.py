@@ -153,7 +153,7 @@ reduce_prod_p.def_emit(lambda ins, axes: f"xp.prod({ins[0]}, axis={axes!r}, dtyp
 
 @reduce_prod_p.def_abstract_eval
 def _prod_aval(x, *, axes):
-    _check_dtype("reduce_prod", x, ("float", "int"))
+    _check_dtype("reduce_prod", x, ("float", "int", "complex"))  # the jvp is holomorphic
     return _reduced_aval("reduce_prod", x, axes)
 
 
