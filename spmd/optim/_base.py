@@ -94,13 +94,19 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     return tree_util.tree_map(add, params, updates, is_leaf=lambda x: x is None)
 
 
+def abs_sq(x) -> Any:
+    """``|x|**2`` elementwise, real: ``x * x``, or ``Re(x * conj(x))`` for complex ``x``
+    (``x * x`` of a complex number is not its squared magnitude)."""
+    x = snp.asarray(x)
+    return snp.real(x * snp.conj(x)) if snp.iscomplexobj(x) else x * x
+
+
 def global_norm(tree) -> Any:
-    """The Euclidean norm of all leaves together: ``sqrt(sum(x ** 2))``."""
+    """The Euclidean norm of all leaves together: ``sqrt(sum(|x| ** 2))``."""
     leaves = [x for x in tree_util.tree_leaves(tree) if x is not None]
     if not leaves:
         return snp.asarray(0.0, snp.float32)
-    return snp.sqrt(sum(snp.sum(snp.square(snp.asarray(x).astype(snp.float32)))
-                        for x in leaves))
+    return snp.sqrt(sum(snp.sum(abs_sq(x).astype(snp.float32)) for x in leaves))
 
 
 def check_same_structure(what: str, tree, reference, ref_name: str = "params") -> None:

@@ -15,7 +15,7 @@ import spmd.numpy as snp
 from spmd.compiler.array import Array
 from spmd.shard.array import make_array_from_callback
 from spmd.shard.spec import NamedSharding
-from spmd.optim._base import (GradientTransformation, OptimError, chain,
+from spmd.optim._base import (GradientTransformation, OptimError, abs_sq, chain,
                               check_same_structure, global_norm, safe_int32_increment,
                               stateless)
 
@@ -146,7 +146,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
 
     def update(updates, state, params=None):
         mu = _map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
-        nu = _map(lambda g, v: (1 - b2) * g * g + b2 * v, updates, state.nu)
+        # |g|^2: the second moment of a complex gradient is its squared magnitude.
+        nu = _map(lambda g, v: (1 - b2) * abs_sq(g) + b2 * v, updates, state.nu)
         count = safe_int32_increment(state.count)
         mu_hat = _bias_correction(mu, b1, count)
         nu_hat = _bias_correction(nu, b2, count)

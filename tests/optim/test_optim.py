@@ -245,3 +245,19 @@ def test_state_of_another_optimizer():
     params = _params()
     with pytest.raises(OptimError, match="state has 1 parts for 2 transformations"):
         optim.adam(0.1).update(_grads(0), (optim.EmptyState(),), params)
+
+
+def test_adam_and_the_global_norm_of_complex_parameters():
+    """The second moment of a complex gradient is |g|^2 (not g*g), as in optax; the
+    global norm sums squared magnitudes."""
+    p = {"z": np.array([1 + 2j, -3j], np.complex64)}
+    g = {"z": np.array([3 - 4j, 1 + 1j], np.complex64)}
+    opt = optim.adam(0.1, b1=0.9, b2=0.999, eps=1e-8)
+    updates, state = opt.update(g, opt.init(p), p)
+    mag2 = np.abs(g["z"]) ** 2
+    mu_hat = 0.1 * g["z"] / (1 - 0.9)
+    nu_hat = 0.001 * mag2 / (1 - 0.999)
+    np.testing.assert_allclose(np.asarray(updates["z"]), -0.1 * mu_hat / (np.sqrt(nu_hat) + 1e-8),
+                               rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(state[0].nu["z"]), 0.001 * mag2, rtol=1e-6)
+    np.testing.assert_allclose(float(optim.global_norm(g)), np.sqrt(mag2.sum()), rtol=1e-6)
