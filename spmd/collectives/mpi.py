@@ -132,11 +132,13 @@ def clear_buffers() -> None:
 # ---------------------------------------------------------------- the calls
 
 # From this many bytes on, an all-reduce runs as reduce-scatter + all-gather
-# (in place, into one buffer).  Measured with MPICH 4 (the PyPI wheel) on 2 and
-# 4 ranks: Allreduce was 1.4-1.8x slower at 32 MiB (it maps fresh scratch
-# memory on every large call) and no faster from 8 MiB down.
+# (in place, into one buffer).  Measured with the PyPI mpich wheel (5.0) on 2 and
+# 4 ranks (benchmarks/results/mpi_n2.json, mpi_n4.json, 2026-12-01, quiet machine):
+# Allreduce is 2.1-2.5x slower at 32 MiB (it maps fresh scratch memory on every
+# large call) and 1.2-1.3x slower at 4 MiB; the two are even at 256 KiB on 2 ranks
+# and Allreduce is faster there on 4.
 # SPMD_MPI_ALLREDUCE_SPLIT_BYTES overrides it (0: never split).
-ALLREDUCE_SPLIT_BYTES = 16 * 1024 * 1024
+ALLREDUCE_SPLIT_BYTES = 2 * 1024 * 1024
 
 
 @functools.lru_cache(maxsize=None)
