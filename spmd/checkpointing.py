@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 import uuid
 import warnings
@@ -178,6 +179,7 @@ class PendingSave:
     def __init__(self, plan: "_Plan", background: bool = True):
         self.path = plan.final
         self._error: BaseException | None = None
+        self._reported = False  # whether its error reached the caller
         self._thread = threading.Thread(target=self._run, args=(plan,),
                                         name=f"spmd-checkpoint-{plan.step}", daemon=True)
         self._thread.start()
@@ -199,6 +201,7 @@ class PendingSave:
         save's error."""
         self._thread.join()
         if self._error is not None:
+            self._reported = True
             raise self._error
         return self.path
 
@@ -228,6 +231,11 @@ def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> P
         # pending save's thread may still be using: one save at a time.
         wait_pending()
         plan = _plan(directory, tree, step, keep, copy=True)
+        if not _exit_hook:
+            # Registered now, after MPI is up (the plan made the communicator), so that
+            # it runs before MPI finalises at exit (atexit runs last-in, first-out).
+            atexit.register(_wait_at_exit)
+            _exit_hook.append(True)
         handle = PendingSave(plan, background=_threads_may_call_mpi())
         _pending.append(handle)
     return handle
@@ -249,13 +257,31 @@ def _threads_may_call_mpi() -> bool:
 
 
 def wait_pending() -> None:
-    """Wait for every checkpoint started by :func:`save_async` to commit (errors of
-    those saves are raised by their handles' ``wait()``, not here)."""
+    """Wait for every checkpoint started by :func:`save_async` to commit.  A failed
+    save whose handle's ``wait()`` was never called raises here (a checkpoint must
+    never go missing unnoticed); the others raise from ``wait()``."""
+    failed = []
     while _pending:
-        _pending.pop(0)._thread.join()
+        handle = _pending.pop(0)
+        handle._thread.join()
+        if handle._error is not None and not handle._reported:
+            handle._reported = True
+            failed.append(handle)
+    if failed:
+        raise CheckpointError(
+            f"the asynchronous save of {failed[0].path} failed (its wait() was never "
+            f"called): {failed[0]._error}") from failed[0]._error
 
 
-atexit.register(wait_pending)
+_exit_hook: list = []
+
+
+def _wait_at_exit() -> None:
+    """At exit: let pending saves commit; say so loudly if one failed unnoticed."""
+    try:
+        wait_pending()
+    except CheckpointError as e:
+        print(f"spmd.checkpointing: {e}", file=sys.stderr, flush=True)
 
 
 class _Plan:

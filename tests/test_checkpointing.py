@@ -322,6 +322,22 @@ def test_saved_on_4_ranks_restored_on_2_ranks_and_on_one_process(tmp_path):
     assert meta["leaves"][1]["mesh"] == {"axis_names": ["data", "model"], "shape": [2, 2]}
 
 
+def test_a_failed_async_save_never_waited_on_fails_the_next_save(tmp_path, monkeypatch):
+    real = ckpt._store
+
+    def failing(path, meta=None):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "_store", failing)
+    ckpt.save_async(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)  # never waited
+    monkeypatch.setattr(ckpt, "_store", real)
+    with pytest.raises(CheckpointError, match=r"asynchronous save of .*step_1 failed \(its "
+                                              r"wait\(\) was never called\)"):
+        ckpt.save(str(tmp_path), {"x": np.ones(2, np.float32)}, step=2)
+    ckpt.save(str(tmp_path), {"x": np.ones(2, np.float32)}, step=2)  # reported once
+    assert ckpt.all_steps(str(tmp_path)) == [2]
+
+
 _ASYNC_4 = textwrap.dedent("""
     import numpy as np, spmd
     from spmd import P, NamedSharding, checkpointing as ckpt, lax, shard_map
