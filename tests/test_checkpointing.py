@@ -8,6 +8,7 @@ process's 8 simulated devices.
 
 import os
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -329,7 +330,9 @@ def test_a_failed_async_save_never_waited_on_fails_the_next_save(tmp_path, monke
         raise OSError("disk full")
 
     monkeypatch.setattr(ckpt, "_store", failing)
-    ckpt.save_async(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)  # never waited
+    pending = ckpt.save_async(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)
+    while not pending.done():  # let it fail (its wait() is never called)
+        time.sleep(0.01)
     monkeypatch.setattr(ckpt, "_store", real)
     with pytest.raises(CheckpointError, match=r"asynchronous save of .*step_1 failed \(its "
                                               r"wait\(\) was never called\)"):
