@@ -15,23 +15,11 @@ import textwrap
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests.mpi import mpiexec_or_skip, run_command  # noqa: E402
+from tests.mpi import PSUM_JOB, run_spmd_run  # noqa: E402
 
 from spmd.launch import job, summary  # noqa: E402
 
-_HEADER = textwrap.dedent("""
-    import os, signal, sys, time
-    import numpy as np
-    import spmd
-    from spmd import P, lax
-
-    me = spmd.process_index()
-    mesh = spmd.make_mesh((spmd.device_count(),), ("i",))
-
-    def step(b):
-        return lax.psum(b, "i")
-
-    step = spmd.jit(spmd.shard_map(step, mesh=mesh, in_specs=P("i"), out_specs=P()))
+_HEADER = PSUM_JOB + textwrap.dedent("""
     x = np.ones(spmd.device_count(), np.float32)
     step(x)
     print(f"rank {me}: first psum done", flush=True)
@@ -39,12 +27,9 @@ _HEADER = textwrap.dedent("""
 
 
 def _launch(script: str, n: int, tmp_path, timeout: float = 90):
-    mpiexec_or_skip()
-    path = tmp_path / "job.py"
-    path.write_text(script)
-    env = {"SPMD_COLLECTIVE_TIMEOUT": ""}  # the default deadline: 600 s
-    return run_command([sys.executable, "-m", "spmd.launch", "-n", str(n), path], env=env,
-                       timeout=timeout)
+    # the default deadline (600 s): spmd-run must end the job long before it
+    return run_spmd_run(script, n, tmp_path, env={"SPMD_COLLECTIVE_TIMEOUT": ""},
+                        timeout=timeout)
 
 
 @pytest.mark.timeout(150)

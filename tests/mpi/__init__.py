@@ -260,6 +260,36 @@ def run_mpi(script: str, n: int, tmp_path: Path, *, env: dict | None = None,
                        timeout=timeout)
 
 
+def run_spmd_run(script: str, n: int, tmp_path: Path, *, env: dict | None = None,
+                 timeout: float = 90) -> tuple[int | None, str, float]:
+    """Run the Python ``script`` on ``n`` ranks under ``spmd-run`` (``python -m
+    spmd.launch``), so that its summary of failed, stranded or killed ranks is in the
+    output; ``(exit status or None on timeout, output, seconds)``."""
+    mpiexec_or_skip()
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    return run_command([sys.executable, "-m", "spmd.launch", "-n", str(n), str(path)],
+                       env=env, timeout=timeout)
+
+
+# The start of a fault-test job: `me`, a mesh of every device and `step`, a jitted
+# psum over it; each test appends what its ranks do next.
+PSUM_JOB = """\
+import os, signal, sys, time
+import numpy as np
+import spmd
+from spmd import P, lax
+
+me = spmd.process_index()
+mesh = spmd.make_mesh((spmd.device_count(),), ("i",))
+
+def step(b):
+    return lax.psum(b, "i")
+
+step = spmd.jit(spmd.shard_map(step, mesh=mesh, in_specs=P("i"), out_specs=P()))
+"""
+
+
 def run_command(argv: list, *, env: dict | None = None,
                 timeout: float = 120) -> tuple[int | None, str, float]:
     """Run ``argv`` (a launcher) in the repository root, in its own process group, with

@@ -15,33 +15,11 @@ import textwrap
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests.mpi import mpiexec_or_skip, run_command, run_mpi  # noqa: E402
+from tests.mpi import PSUM_JOB, run_mpi, run_spmd_run  # noqa: E402
 
 from spmd.collectives import mpi_control  # noqa: E402
 
-_HEADER = textwrap.dedent("""
-    import sys, time
-    import numpy as np
-    import spmd
-    from spmd import P, lax
-
-    me = spmd.process_index()
-    mesh = spmd.make_mesh((spmd.device_count(),), ("i",))
-
-    def step(b):
-        return lax.psum(b, "i")
-
-    step = spmd.jit(spmd.shard_map(step, mesh=mesh, in_specs=P("i"), out_specs=P()))
-    x = np.arange(spmd.device_count(), dtype=np.float32) + 1
-""")
-
-
-def _spmd_run(script: str, n: int, tmp_path, env: dict, timeout: float = 90):
-    mpiexec_or_skip()
-    path = tmp_path / "job.py"
-    path.write_text(script)
-    return run_command([sys.executable, "-m", "spmd.launch", "-n", str(n), path], env=env,
-                       timeout=timeout)
+_HEADER = PSUM_JOB + "x = np.arange(spmd.device_count(), dtype=np.float32) + 1\n"
 
 
 # ------------------------------------------------------------ the deadline setting
@@ -111,7 +89,7 @@ _LATE_RANK = _HEADER + textwrap.dedent("""
 
 @pytest.mark.timeout(150)
 def test_the_deadline_names_program_equation_call_and_the_ranks_that_never_arrived(tmp_path):
-    status, out, seconds = _spmd_run(_LATE_RANK, 3, tmp_path,
+    status, out, seconds = run_spmd_run(_LATE_RANK, 3, tmp_path,
                                      env={"SPMD_COLLECTIVE_TIMEOUT": "3"})
     assert status is not None, f"the job hung (killed after {seconds:.0f}s):\n{out}"
     assert status != 0, out
@@ -156,7 +134,7 @@ _ELSEWHERE = _HEADER + textwrap.dedent("""
 
 @pytest.mark.timeout(150)
 def test_the_deadline_says_where_the_missing_ranks_wait(tmp_path):
-    status, out, seconds = _spmd_run(_ELSEWHERE, 3, tmp_path,
+    status, out, seconds = run_spmd_run(_ELSEWHERE, 3, tmp_path,
                                      env={"SPMD_COLLECTIVE_TIMEOUT": "3"})
     assert status is not None, f"the job hung (killed after {seconds:.0f}s):\n{out}"
     assert status != 0 and out.count("warm") == 3, out
