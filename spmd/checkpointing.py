@@ -244,11 +244,9 @@ def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> P
 def _threads_may_call_mpi() -> bool:
     """Whether a background thread may run the save's MPI calls while the main thread
     runs the program's collectives (MPI_THREAD_MULTIPLE; mpi4py asks for it)."""
-    if process_count() == 1:
-        return True
-    from mpi4py import MPI
+    from spmd.launch.mpi import threads_may_call_mpi
 
-    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+    if process_count() == 1 or threads_may_call_mpi():
         return True
     warnings.warn("spmd.checkpointing.save_async: this MPI library was initialised without "
                   "MPI_THREAD_MULTIPLE, so the save runs in the calling thread",

@@ -51,12 +51,12 @@ _threads_ok = [True]
 
 def start() -> None:
     """Start the watchdog thread (once per process: mpi_control does it)."""
-    from mpi4py import MPI
+    from spmd.launch.mpi import threads_may_call_mpi
 
     # Its questions and answers are MPI calls from a second thread: they need
     # MPI_THREAD_MULTIPLE (mpi4py's default); without it the deadline still
     # reports, without the others' answers.
-    _threads_ok[0] = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    _threads_ok[0] = threads_may_call_mpi()
     # Registered after mpi4py's own exit handler, so it runs first: no tick may
     # call MPI once MPI_Finalize has begun.
     atexit.register(_stop)

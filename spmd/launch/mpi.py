@@ -21,3 +21,12 @@ def world():
             f"this process was launched as an MPI rank but mpi4py cannot be imported ({e}); "
             "install it with `pip install mpi4py mpich` (or `make venv`)") from None
     return MPI.COMM_WORLD
+
+
+def threads_may_call_mpi() -> bool:
+    """Whether several threads of this process may make MPI calls at once
+    (``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default)."""
+    world()
+    from mpi4py import MPI
+
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
