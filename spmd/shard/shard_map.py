@@ -17,6 +17,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.api import psum
+from spmd.collectives.primitives import CollectiveAxisError
 from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.array import Array
@@ -564,6 +565,8 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
 
     try:
         closed = trace_body(flat_body, mesh, block_avals, check_vma, manual)
+    except CollectiveAxisError as e:
+        raise _automatic_axis_error(e, mesh, manual, fname) from None
     except ConcretizationError:
         # A Python branch on a value: eagerly, run the body on concrete blocks instead.
         from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
@@ -581,8 +584,28 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         if manual is not None:
             _check_manual_spec(spec, manual, f"out_specs{path}", fname)
         _check_out(a, spec, path, mesh, check_vma, fname)
+    if manual is not None:
+        # The automatic axes are the partitioner's: the body runs split along them too.
+        from spmd.shard.partition.manual import partition_partial_manual
+
+        closed, flat_specs, out_flat_specs = partition_partial_manual(
+            closed, mesh, manual, vals, flat_specs, out_flat_specs)
+        check_vma = False  # the partitioned body is untyped (as jit's partitioned bodies)
     outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
     return tree_util.tree_unflatten(out_tree, outs)
+
+
+def _automatic_axis_error(e, mesh, manual, fname):
+    """A collective over an automatic axis of a partial-manual shard_map (as in JAX,
+    an error): say so, rather than that the axis is not in scope."""
+    a = getattr(e, "axis", None)
+    if manual is None or a not in mesh.shape:
+        return e
+    return CollectiveAxisError(
+        f"{fname}: {e.collective} over mesh axis {a!r}, which is automatic in this "
+        f"partial-manual shard_map (axis_names={list(manual)}): collectives may name only "
+        f"the manual axes. The partitioner splits the body along {a!r} (place values along "
+        f"it with with_sharding_constraint), or add {a!r} to axis_names to make it manual")
 
 
 def _check_out(aval, spec, path, mesh, check_vma, fname):
