@@ -28,6 +28,8 @@ from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
 from spmd.errors import ConcretizationError, SpmdError
+from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
+                                     _manual_axes)
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 
@@ -496,32 +498,6 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
     return wrapped
 
 
-def _manual_axes(axis_names, mesh, fname):
-    """The manual axes: all of the mesh's (None), or those of ``axis_names``.
-
-    The other axes of a partial-manual shard_map are not in scope in the body and
-    no spec may name them: every device along them holds the same blocks and runs
-    the same computation (replicated, not partitioned, along them)."""
-    if axis_names is None:
-        return None
-    names = set(axis_names)
-    unknown = sorted(names - set(mesh.axis_names))
-    if unknown:
-        raise ShardMapError(f"{fname}: axis_names={sorted(names)} names {unknown[0]!r}, which "
-                            f"is not an axis of the mesh (axes {mesh.axis_names})")
-    if names == set(mesh.axis_names):
-        return None
-    return tuple(a for a in mesh.axis_names if a in names)
-
-
-def _check_manual_spec(spec, manual, where, fname):
-    auto = [a for a in spec.mesh_axes if a not in manual]
-    if auto:
-        raise ShardMapError(f"{fname}: {where}={spec} names mesh axis {auto[0]!r}, which is "
-                            f"not manual (axis_names={list(manual)}); a partial-manual "
-                            "shard_map's specs may name only its manual axes")
-
-
 def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
     specs = in_specs
     if isinstance(specs, PartitionSpec) and len(args) == 1:
@@ -593,19 +569,6 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         check_vma = False  # the partitioned body is untyped (as jit's partitioned bodies)
     outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
     return tree_util.tree_unflatten(out_tree, outs)
-
-
-def _automatic_axis_error(e, mesh, manual, fname):
-    """A collective over an automatic axis of a partial-manual shard_map (as in JAX,
-    an error): say so, rather than that the axis is not in scope."""
-    a = getattr(e, "axis", None)
-    if manual is None or a not in mesh.shape:
-        return e
-    return CollectiveAxisError(
-        f"{fname}: {e.collective} over mesh axis {a!r}, which is automatic in this "
-        f"partial-manual shard_map (axis_names={list(manual)}): collectives may name only "
-        f"the manual axes. The partitioner splits the body along {a!r} (place values along "
-        f"it with with_sharding_constraint), or add {a!r} to axis_names to make it manual")
 
 
 def _check_out(aval, spec, path, mesh, check_vma, fname):
