@@ -196,3 +196,25 @@ def test_control_flow_and_transformations_in_and_around_the_body(mesh, check_vma
                                np.stack([_sum_over_x(v * 2) for v in stacked]), rtol=1e-6)
     _, t = spmd.jvp(g, (x,), (np.ones_like(A),))
     np.testing.assert_allclose(np.asarray(t), np.full((4, 8), 4.0))
+
+
+def test_three_axes_manual_in_the_middle():
+    mesh = spmd.make_mesh((2, 2, 2), ("a", "b", "c"))
+    v = np.arange(64, dtype=np.float32).reshape(4, 16) / 8
+
+    def body(blk):  # a (4, 8) block along 'b'; 'a' and 'c' automatic
+        return lax.psum(snp.exp(-blk), "b") + lax.axis_index("b")
+
+    f = spmd.shard_map(body, mesh=mesh, in_specs=P(None, "b"), out_specs=P(None, "b"),
+                       axis_names={"b"}, check_vma=False)
+    x = spmd.device_put(v, NS(mesh, P("a", ("b", "c"))))
+    y = f(x)
+    assert y.sharding == NS(mesh, P("a", ("b", "c")))
+    assert _shapes(y) == {(2, 4)}  # 4/2 rows ('a'), 16/(2*2) columns ('b', 'c')
+    halves = np.exp(-v[:, :8]) + np.exp(-v[:, 8:])
+    np.testing.assert_allclose(np.asarray(y), np.concatenate([halves, halves + 1], 1),
+                               rtol=1e-6)
+    # An argument split the other way round along dimension 1 ('c' major) is moved to
+    # the manual-major split: the same values.
+    z = f(spmd.device_put(v, NS(mesh, P("a", ("c", "b")))))
+    np.testing.assert_allclose(np.asarray(z), np.asarray(y), rtol=1e-6)
