@@ -137,10 +137,10 @@ def _eval_program(params, program, args, required=False):
     return eval_jit_over(program, args, params["mesh"], required)
 
 
-def _executed_program(params, program):
+def _executed_program(params, program, leading=()):
     from spmd.shard.dispatch import executed_program
 
-    return executed_program(program, params["mesh"])
+    return executed_program(program, params["mesh"], leading)
 
 
 shard_map_p.rules["eval_program"] = _eval_program

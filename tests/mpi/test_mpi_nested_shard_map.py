@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding as NS, P, lax  # noqa: E402
-from spmd.compiler.program_arrays import NestedArraysError  # noqa: E402
+from spmd.compiler.program_arrays import SpreadOverProcessesError  # noqa: E402
 from spmd.shard.partition.registry import PartitionError  # noqa: E402
 from spmd.shard.sharded import ShardedArray, holds_full_value  # noqa: E402
 
@@ -225,6 +225,31 @@ def test_cond_and_fori_loop_holding_a_shard_map(kind, jit):
     _close(gc, _np_layer_vjp(X, W1[1], W2[1], np.ones((B, D), np.float32))[1])
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_while_loop_holding_a_shard_map(kind, jit):
+    """The predicate is replicated: every process runs the same number of iterations
+    (the collectives in the body stay matched)."""
+    mesh, data, model = _mesh(kind)
+    layer = _layer(mesh, data, model)
+    wrap = spmd.jit if jit else (lambda f: f)
+
+    def until_small(x, w1, w2):
+        def cond(c):
+            return (c[0] < 10) & (snp.max(snp.abs(c[1])) > 0.05)
+
+        return lax.while_loop(cond, lambda c: (c[0] + 1, layer(c[1], w1, w2) * 0.5),
+                              (0, x))
+
+    x, w1s, w2s = _put(mesh, data, model)
+    want, k = X, 0
+    while k < 10 and np.max(np.abs(want)) > 0.05:
+        want, k = _np_layer(want, W1[0], W2[0]) * 0.5, k + 1
+    steps, y = wrap(until_small)(x, w1s[0], w2s[0])
+    assert int(_global(steps)) == k > 1
+    _close(y, want)
+
+
 # ------------------------------------------------------------------ custom_vjp
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -369,6 +394,29 @@ def test_a_loop_over_shard_maps_of_two_meshes_raises_naming_the_fix():
     def body(c, _):
         return f2(f1(c)), None
 
-    with pytest.raises(NestedArraysError, match="scan: its body holds a shard_map .* "
+    with pytest.raises(SpreadOverProcessesError, match="scan: its body holds a shard_map .* "
                        "use one mesh for every shard_map"):
         lax.scan(body, X, None, length=2)
+
+
+def test_the_printed_program_of_a_jit_closing_over_a_spread_array():
+    mesh, data, model = _mesh("1d")
+    layer = _layer(mesh, data, model)
+    w1 = spmd.device_put(W1[0], NS(mesh, P(None, model)))
+    f = spmd.jit(lambda x, w2: layer(x, w1, w2))
+    text = f.lower(X, W2[0]).as_text(executed=True)
+    n_local, m = len(mesh.local_devices), mesh.shape[model]
+    # the closed-over weights come as this process's blocks, never whole
+    assert text.startswith(f"{{ lambda ; a:f32[{n_local},{D},{H // m}] "), text
+    assert f"f32[{D},{H}]" not in text, text
+    _close(f(X, W2[0]), _np_layer(X, W1[0], W2[0]))
+
+
+def test_compiling_a_shard_map_over_processes_for_one_process_raises():
+    mesh, data, model = _mesh("1d")
+    f = spmd.jit(lambda x, w1, w2: lax.fori_loop(
+        0, 2, lambda i, c: _layer(mesh, data, model)(c, w1, w2), x))
+    _close(f(X, W1[0], W2[0]), _np_layer(_np_layer(X, W1[0], W2[0]), W1[0], W2[0]))
+    with pytest.raises(SpreadOverProcessesError, match="compiled for this process alone.*"
+                       "Call the jitted function itself"):
+        f.lower(X, W1[0], W2[0]).compile()(X, W1[0], W2[0])
