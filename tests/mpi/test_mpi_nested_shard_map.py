@@ -372,6 +372,48 @@ def test_closing_over_a_spread_array_inside_a_loop_body(kind):
     _close(spmd.jit(spmd.grad(lambda w: 0.5 * snp.sum(forward(w) ** 2)))(W2), g2)
 
 
+def _closing(kind):
+    """A function of ``w`` closing over a spread Array, wrapped in ``kind``, and its
+    value (or gradient) in numpy."""
+    mesh, data, model = _mesh("2d")
+    xs, x = _big(mesh, data, model)
+    w = W1[0][:, :D]
+
+    def f(w):
+        return snp.sum(snp.tanh(xs @ w))
+
+    value = np.sum(np.tanh(x @ w))
+    grad = x.T @ (1 - np.tanh(x @ w) ** 2)
+
+    @spmd.custom_vjp
+    def cf(w):
+        return f(w)
+
+    cf.defvjp(lambda w: (f(w), w), lambda w, g: (g * grad,))
+    cases = {
+        "checkpoint": (lambda: spmd.checkpoint(f)(w), value),
+        "jit(checkpoint)": (lambda: spmd.jit(spmd.checkpoint(f))(w), value),
+        "grad(jit(checkpoint))": (lambda: spmd.grad(spmd.jit(spmd.checkpoint(f)))(w), grad),
+        "custom_vjp": (lambda: cf(w), value),
+        "jit(custom_vjp)": (lambda: spmd.jit(cf)(w), value),
+        "jit(grad(custom_vjp))": (lambda: spmd.jit(spmd.grad(cf))(w), grad),
+        "jit(jit)": (lambda: spmd.jit(lambda v: spmd.jit(f)(v) * 2.0)(w), 2 * value),
+        "vmap(jit)": (lambda: spmd.vmap(spmd.jit(f))(np.stack([w, 2 * w])),
+                      np.array([value, np.sum(np.tanh(x @ (2 * w)))])),
+        "cond": (lambda: lax.cond(True, f, lambda v: snp.float32(0.0), w), value),
+    }
+    return cases[kind]
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "jit(checkpoint)", "grad(jit(checkpoint))",
+                                  "custom_vjp", "jit(custom_vjp)", "jit(grad(custom_vjp))",
+                                  "jit(jit)", "vmap(jit)", "cond"])
+def test_transformed_functions_closing_over_a_spread_array(kind):
+    run, want = _closing(kind)
+    # (float32 sums of 16K terms in another order: a relative 1e-4)
+    np.testing.assert_allclose(_global(run()), want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_partitioned_jit_closing_over_an_array_of_another_mesh_raises():
     n = spmd.device_count()
     other = spmd.make_mesh((n,), ("j",))
