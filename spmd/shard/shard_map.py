@@ -26,7 +26,7 @@ from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
-from spmd.errors import ConcretizationError, SpmdError
+from spmd.errors import SpmdError
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 
@@ -549,6 +549,11 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
             raise ShardMapError(str(e)) from None
         vals.append(v)
         flat_specs.append(spec)
+    from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
+
+    if can_run_eagerly(vals):  # outside any transformation: run on concrete blocks
+        return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
+                           check_vma, manual, fname)
     block_avals = [_block_aval(get_aval(v), s, mesh, check_vma)
                    for v, s in zip(vals, flat_specs)]
     out_box: list = []
@@ -562,16 +567,7 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         out_box[:] = [out_tree, outs]
         return leaves_out
 
-    try:
-        closed = trace_body(flat_body, mesh, block_avals, check_vma, manual)
-    except ConcretizationError:
-        # A Python branch on a value: eagerly, run the body on concrete blocks instead.
-        from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
-
-        if not can_run_eagerly(mesh, vals):
-            raise
-        return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
-                           check_vma, manual, fname)
+    closed = trace_body(flat_body, mesh, block_avals, check_vma, manual)
     out_tree, outs_struct = out_box
     if callable(out_specs):  # a thunk, called once the outputs are known (as in JAX)
         out_specs = out_specs()
