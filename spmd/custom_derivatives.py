@@ -3,5 +3,5 @@
 >>> from spmd.custom_derivatives import custom_jvp, SymbolicZero
 """
 
-from spmd.compiler.custom import (SymbolicZero, custom_jvp, custom_vjp,  # noqa: F401
-                                  zero_from_primal)
+from spmd.compiler.custom import (CustomVJPPrimal, SymbolicZero, custom_jvp,  # noqa: F401
+                                  custom_vjp, zero_from_primal)
