@@ -18,7 +18,7 @@ import importlib as _importlib
 # A base module: the Config object, not the module, is ``spmd.config`` (importing the
 # module first keeps the import system from binding the module over it later).
 from spmd import config as _config_module  # noqa: F401
-from spmd.config import config
+from spmd.config import config  # noqa: F401  (spmd.config)
 from spmd.compiler import extensions as _extensions
 
 __version__ = "0.1.0"
