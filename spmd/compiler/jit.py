@@ -460,7 +460,7 @@ class JitFunction:
                                   name=self._name)
             if plan.bind and self._donate_argnums:
                 self._delete_donated(args)
-            return plan.out_tree.unflatten(outs)
+            return outs[0] if plan.single else plan.out_tree.unflatten(outs)
         # Only the leaves that need it are touched (``vals`` is a fresh list).
         for i in plan.arrays:
             vals[i] = vals[i].value
