@@ -24,6 +24,7 @@ dispatch every transport shares).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 
@@ -106,3 +107,15 @@ def run(transport, name: str, x, ranks, params: dict):
     """
     k = kind(name, getattr(transport, "__name__", str(transport)))
     return getattr(transport, k.op)(x, ranks, **{p: params.get(p) for p in k.params})
+
+
+def bound(transport, name: str, ranks, params: dict) -> Callable:
+    """``transport``'s operation for kind ``name`` with ``ranks`` and its parameters
+    bound: ``bound(t, name, ranks, params)(x)`` is ``run(t, name, x, ranks, params)``
+    without the per-call lookups (for generated code, which calls it on every run).
+
+    >>> bound(mpi, "allreduce", (0, 1), {"op": "sum", "what": "psum"})(x)  # doctest: +SKIP
+    """
+    k = kind(name, getattr(transport, "__name__", str(transport)))
+    return functools.partial(getattr(transport, k.op), ranks=ranks,
+                             **{p: params.get(p) for p in k.params})

@@ -53,6 +53,8 @@ def _widen(x):
     dt = _WIDEN.get(x.dtype)
     if dt is None and x.dtype.kind == "V":  # bfloat16 and other extension types
         dt = np.dtype(np.float32)
+    if dt is None and type(x) is np.ndarray and x.flags.c_contiguous:
+        return x, None  # the common case: MPI reads it as it is
     # C order: MPI reads the buffer's memory (astype would keep a transposed layout).
     # (np.ascontiguousarray makes 0-d arrays 1-d: keep the shape.)
     buf = np.ascontiguousarray(x, dtype=dt).reshape(x.shape)
@@ -234,6 +236,23 @@ def _mpi_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
 
 
 define_rules(mpi_p, "mpi")
+
+# The blocking kinds, whose impl on host arrays is exactly the backend call.
+_DIRECT_KINDS = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"})
+
+
+def _bind_impl(xp, *, kind, ranks, op=None, dst=None, src=None, what=None):
+    """For generated code on numpy: the backend operation itself, its parameters bound
+    (no impl frame, kind lookup or keyword dict per call); None: the impl."""
+    if xp is not np or kind not in _DIRECT_KINDS:
+        return None
+    from spmd.collectives.backend import bound
+
+    return bound(sys.modules[__name__], kind, ranks,
+                 {"op": op, "dst": dst, "src": src, "what": what})
+
+
+mpi_p.rules["bind_impl"] = _bind_impl
 
 
 def call(kind, x, ranks, **params):

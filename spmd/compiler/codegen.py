@@ -319,8 +319,14 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
         if fresh and array_result:
             owned.add(eqn.outputs[0])
         if expr is None:
-            fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
-                functools.partial(prim.impl, xp)
+            # A primitive may give its implementation with the parameters bound in a
+            # cheaper form (rules["bind_impl"]: e.g. a collective calling its backend
+            # operation directly); else the impl with its parameters as keywords.
+            bind_impl = prim.rules.get("bind_impl")
+            fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
+            if fn is None:
+                fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
+                    functools.partial(prim.impl, xp)
             fname = f"_{prim.name}_{i}".replace("-", "_")
             namespace[fname] = fn
             expr = f"{fname}({', '.join(ins)})"
