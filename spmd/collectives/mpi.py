@@ -217,6 +217,54 @@ def sendrecv(x, ranks, dst, src, what=None):
     return out
 
 
+# ------------------------------------------------- nonblocking all-reduce
+
+class Request:
+    """A started all-reduce (:func:`iallreduce`).  ``test()`` lets MPI move its data
+    (the PyPI ``mpich`` wheel has no progress thread: data moves only inside MPI
+    calls); ``wait()`` completes it and returns the result."""
+
+    __slots__ = ("_req", "_out", "_orig", "_keep", "_ranks", "_what", "_xp")
+
+    def __init__(self, req, out, orig, keep, ranks, what, xp=np):
+        self._req, self._out, self._orig, self._keep = req, out, orig, keep
+        self._ranks, self._what, self._xp = ranks, what, xp
+
+    def test(self) -> bool:
+        return self._req.Test()
+
+    def wait(self):
+        # A wait is a collective for the watchdog: a hang here gets the deadline report.
+        with Collective(self._ranks, self._what):
+            self._req.Wait()
+        self._keep = None  # MPI no longer reads the send buffer
+        out = self._out if self._orig is None else self._out.astype(self._orig)
+        return out if self._xp is np else self._xp.asarray(out)
+
+
+def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
+    """Start an all-reduce of ``x`` over world ``ranks`` and return its :class:`Request`
+    at once.  Always one ``Iallreduce``: a split into two collectives would have to
+    issue the second from ``test()``, at a moment that differs between ranks.
+
+    >>> r = iallreduce(g, (0, 1), "sum"); ...; total = r.wait()  # doctest: +SKIP
+    """
+    comm = communicator(ranks)
+    buf, orig = _widen(x)
+    out = _recv_buffer(buf.shape, buf.dtype)
+    with Collective(ranks, str(what) if what is not None else None):
+        req = comm.Iallreduce(buf, out, op=_op(op))
+    return Request(req, out, orig, buf, ranks, what, xp)
+
+
+def _mpi_start(xp, x, *, kind, ranks, op=None, what=None, **_):
+    """The ``start`` rule (spmd.compiler.overlap) of the ``mpi`` primitive's all-reduce."""
+    if kind != "allreduce":
+        raise ValueError(f"mpi: only an all-reduce can be started without waiting, not {kind!r}")
+    host = np.asarray(x) if xp is np else xp.asnumpy(x)
+    return iallreduce(host, ranks, op, what, xp)
+
+
 # --------------------------------------------------------- the primitive
 
 mpi_p = Primitive("mpi", effectful=True)
@@ -234,6 +282,7 @@ def _mpi_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
 
 
 define_rules(mpi_p, "mpi")
+mpi_p.rules["start"] = _mpi_start  # its all-reduces may overlap compute
 
 
 def call(kind, x, ranks, **params):
