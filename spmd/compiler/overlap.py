@@ -40,6 +40,7 @@ Example (two gradients, the second produced after more work)::
 
 from __future__ import annotations
 
+from spmd.compiler.codegen import _heavy
 from spmd.compiler.combine import _combined, _key, _nbytes
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.primitives import Primitive
@@ -51,6 +52,9 @@ from spmd.compiler.primitives import Primitive
 # mpi backend splits an all-reduce into two collectives (a nonblocking one
 # stays one call).  PyTorch DDP's first bucket is 1 MiB.
 DEFAULT_OVERLAP_BUCKET_BYTES = 2 * 1024 * 1024
+# A bucket this large starts rather than wait for its next member through heavy
+# equations (more than the next member's own): the transfer overlaps them.
+MIN_EARLY_BYTES = 256 * 1024
 
 collective_start_p = Primitive("collective_start", multiple_results=True, effectful=True)
 collective_wait_p = Primitive("collective_wait", effectful=True)
@@ -119,8 +123,11 @@ def _startable(eqn) -> bool:
     return _key(eqn) is not None and "start" in eqn.primitive.rules
 
 
-def _buckets(members, ready, bucket_bytes) -> list:
-    """Members sorted by when their operand exists, cut into buckets per key."""
+def _buckets(members, ready, bucket_bytes, work) -> list:
+    """Members sorted by when their operand exists, cut into buckets per key: at
+    ``bucket_bytes``, and where a bucket of :data:`MIN_EARLY_BYTES` or more would
+    otherwise wait for the next member through heavy equations (``work[i]``: how
+    many precede position ``i``) that it could overlap instead."""
     order = sorted(range(len(members)), key=lambda i: (ready[members[i]], i))
     open_: dict = {}
     done = []
@@ -128,13 +135,15 @@ def _buckets(members, ready, bucket_bytes) -> list:
         m = members[i]
         key, size = _key(m), _nbytes(m)
         b = open_.get(key)
-        if b is not None and b[1] + size > bucket_bytes:
+        if b is not None and (b[1] + size > bucket_bytes or (
+                b[1] >= MIN_EARLY_BYTES and work[ready[m]] - work[b[2]] > 1)):
             done.append(b)
             b = None
         if b is None:
-            b = open_[key] = [[], 0]
+            b = open_[key] = [[], 0, -1]
         b[0].append(m)
         b[1] += size
+        b[2] = max(b[2], ready[m])
     done += open_.values()
     # Started in the order their last operand is produced (ties: program order).
     done.sort(key=lambda b: (max(ready[m] for m in b[0]), members.index(b[0][0])))
@@ -157,7 +166,13 @@ def _schedule(eqns: list, bucket_bytes: int, tags: list) -> list:
                 return eqns
             needs.update(e.outputs)
     ready = {m: pos.get(m.inputs[0], -1) for m in members}
-    buckets = _buckets(members, ready, bucket_bytes)
+    # work[i]: heavy equations (the code generator's test points) up to position i
+    work, count = [], 0
+    for e in eqns:
+        count += not _startable(e) and _heavy(e)
+        work.append(count)
+    work.append(0)  # work[-1]: an operand from before the stretch
+    buckets = _buckets(members, ready, bucket_bytes, work)
     # The bucket each result comes from; then, per equation, the last bucket it needs.
     bucket_of = {m.outputs[0]: k for k, b in enumerate(buckets) for m in b}
     level: dict = {}

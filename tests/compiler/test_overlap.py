@@ -183,3 +183,42 @@ def test_a_bad_environment_value_is_named_at_import():
     proc = subprocess.run([sys.executable, "-c", "import spmd"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "SPMD_OVERLAP_BUCKET_BYTES='lots'" in proc.stderr
+
+
+def test_the_data_parallel_step_on_simulated_devices_is_unchanged_by_the_switches():
+    """On the local backend (simulated devices in this process) no collective can start
+    without waiting: the step's results are the same bits with the passes on or off,
+    and match the 1-device step."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import dp_step
+
+    sizes = (12, 8, 8, 3)
+    mesh = spmd.make_mesh((4,), ("d",))
+    params = dp_step.make_params(sizes)
+    x, y = dp_step.make_batch(16, sizes)
+    old = config.overlap_bucket_bytes, config.combine_collectives_bytes
+    results = {}
+    try:
+        for over, comb in ((0, 0), (1 << 21, 1 << 25), (64, 1 << 25)):
+            config.update("overlap_bucket_bytes", over)
+            config.update("combine_collectives_bytes", comb)
+            steps = dp_step.make_steps(mesh, "d", with_grads=True)
+            for form in ("grad outside", "grad inside"):
+                text = steps[form].lower(params, x, y).as_text(executed=True)
+                assert "collective_start" not in text
+                results.setdefault(form, []).append(
+                    [np.asarray(v) for v in spmd.tree_util.tree_leaves(steps[form](params, x, y))])
+            one = [np.asarray(v) for v in
+                   spmd.tree_util.tree_leaves(steps["1 device"](params, x, y))]
+    finally:
+        config.update("overlap_bucket_bytes", old[0])
+        config.update("combine_collectives_bytes", old[1])
+    for runs in results.values():
+        for run in runs[1:]:
+            for g, w in zip(run, runs[0]):
+                np.testing.assert_array_equal(g, w)
+        for g, w in zip(runs[0], one):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
