@@ -10,8 +10,8 @@ from spmd import config, tree_util
 from spmd.compiler.avals import ShapeDtypeStruct, abstract_arg_aval
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import _norm_argnums, executable_for, flatten_outputs
-from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, is_eager, to_array_value,
-                                 trace_to_program, wrap_value)
+from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_consts,
+                                 is_eager, to_array_value, trace_to_program, wrap_value)
 from spmd.errors import StaticArgumentError
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
@@ -62,11 +62,16 @@ def _broadcast(shardings, tree, fname):
 # ---------------------------------------------------------------- the jit
 
 class _Entry:
-    def __init__(self, partitioned, mesh, closed, out_tree, out_avals, out_specs, traced):
+    def __init__(self, partitioned, mesh, closed, out_tree, out_avals, out_specs, traced,
+                 hoisted=()):
         self.partitioned = partitioned
         self.mesh = mesh
         self.closed = closed  # the global-view program with one shard_map equation
         self.traced = traced  # the function's own global program (before partitioning)
+        # Values the function closed over that are passed as leading arguments (see
+        # hoist_traced_consts): tracers of an enclosing transformation, and Arrays
+        # spread over processes, which keep their shardings.
+        self.hoisted = tuple(hoisted)
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.out_specs = out_specs
@@ -126,6 +131,22 @@ def _leaf_sharding(leaf, where: str):
         return None
     raise PartitionError(f"{where}: ShapeDtypeStruct(sharding={s!r}) is not a sharding; give "
                          "NamedSharding(mesh, spec) (or None)")
+
+
+def _closed_over_spec(x, mesh, name: str):
+    """The spec of a value the jitted function closed over: an Array spread over
+    processes keeps its sharding (each process passes its blocks); None (decided by
+    the partitioner) for a tracer of an enclosing transformation."""
+    if not isinstance(x, ShardedArray):
+        return None
+    s = x.sharding
+    if not isinstance(s, NamedSharding) or s.mesh != mesh:
+        raise PartitionError(
+            f"jit({name}) closes over an Array of shape {x.shape} spread over processes "
+            f"({s!r}), but the jit is partitioned over {mesh!r}: its blocks are placed on "
+            "another mesh. Pass it as an argument with an in_shardings entry on the jit's "
+            "mesh, or spmd.device_put it onto that mesh first")
+    return s.spec
 
 
 def _leaf_aval(x):
@@ -238,10 +259,10 @@ class PartitionedJit:
         entry = self._cache.get(key)
         if entry is None:
             entry = self._build(args, kwargs, dyn, leaves, in_tree, avals)
-            # A trace that closed over an enclosing transformation's values (they
-            # stay constants of the program, which runs under that transformation)
-            # belongs to that call alone.
-            if not any(isinstance(c, Tracer) for c in entry.closed.consts):
+            # A trace that closed over an enclosing transformation's values (passed
+            # to the program, which runs under that transformation) belongs to that
+            # call alone.
+            if not any(isinstance(c, Tracer) for c in entry.hoisted):
                 self._cache[key] = entry
         return entry, leaves, avals
 
@@ -263,12 +284,14 @@ class PartitionedJit:
             box[:] = [out_tree, res]
             return outs
 
-        closed = trace_to_program(flat, list(avals))
+        closed, hoisted = hoist_traced_consts(trace_to_program(flat, list(avals)))
         out_tree, res = box
         out_given = _broadcast(self._out, res, f"jit({self._name}) out_shardings") \
             if self._out is not None else [None] * len(closed.out_avals)
         out_specs = [s.spec if isinstance(s, NamedSharding) else s for s in out_given]
-        part = partition(closed, mesh, list(in_specs), out_specs, self._forbid)
+        hoisted_specs = [_closed_over_spec(h, mesh, self._name) for h in hoisted]
+        avals = tuple(get_aval(h) for h in hoisted) + tuple(avals)
+        part = partition(closed, mesh, hoisted_specs + list(in_specs), out_specs, self._forbid)
 
         def run(*xs):
             from spmd.shard.shard_map import _bind_body
@@ -277,7 +300,8 @@ class PartitionedJit:
                               part.in_specs, part.out_specs, False)
 
         final = trace_to_program(run, list(avals))
-        return _Entry(part, mesh, final, out_tree, final.out_avals, part.out_specs, closed)
+        return _Entry(part, mesh, final, out_tree, final.out_avals, part.out_specs, closed,
+                      hoisted)
 
     def __call__(self, *args, **kwargs):
         if config.disable_jit and self._user:  # as jax.disable_jit: the Python function
@@ -289,17 +313,18 @@ class PartitionedJit:
                             ".trace(...), .lower(...) or .eval_shape(...) to trace only")
         if not is_eager():
             from spmd.compiler.trace import eval_program
-            outs = eval_program(entry.closed, *leaves)
+            outs = eval_program(entry.closed, *entry.hoisted, *leaves)
             return tree_util.tree_unflatten(entry.out_tree, outs)
         if entry.mesh.is_multi_process:
             # Each process runs the per-device program on its own blocks.
             from spmd.shard.execute import call
 
             part = entry.partitioned
-            arrays = call(part.body, entry.mesh, part.in_specs, part.out_specs, leaves)
+            arrays = call(part.body, entry.mesh, part.in_specs, part.out_specs,
+                          [*entry.hoisted, *leaves])
             self._delete_donated(args)
             return tree_util.tree_unflatten(entry.out_tree, arrays)
-        vals = [to_array_value(x, get_aval(x)) for x in leaves]
+        vals = [to_array_value(x, get_aval(x)) for x in (*entry.hoisted, *leaves)]
         if entry.executable is None:
             entry.executable = executable_for(entry.closed)
             entry.out_shardings = [NamedSharding(entry.mesh, s) for s in entry.out_specs]
