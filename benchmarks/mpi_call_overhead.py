@@ -9,10 +9,14 @@ layers between a jitted ``shard_map`` psum and the raw mpi4py call:
 2. ``spmd.collectives.mpi.allreduce`` (the backend function: dtype widening,
    the receive buffer, the per-collective bookkeeping of
    ``spmd.collectives.mpi_control.Collective``, the communicator cache);
-3. the ``mpi`` primitive's impl as generated code calls it (``functools.partial``,
-   ``np.asarray``, the dispatch on ``kind``);
-4. the compiled program of the jitted psum, called on the flat arrays;
-5. the jitted call itself (argument handling, blocks, result wrapping).
+3. the ``mpi`` equation as generated code calls it (``rules["bind_impl"]``: the
+   backend function with its parameters bound);
+4. the compiled per-process program of the jitted psum, called on the global
+   input (slicing this rank's block, reshapes, the ``mpi`` call);
+5. the jitted call itself on its fast path (``spmd/shard/fastcall.py``: the
+   call plan's key, the runner's guards, the results' placement);
+6. the same jitted call on the general path (the ``EAGER_CALL`` extension point
+   at its default: every call re-derives the partition and the per-process plan).
 
 It also times the parts of the backend function that need no communication
 alone (rank 0's medians).  Each row is the median over rounds of the per-call time of a loop, and the
@@ -23,7 +27,6 @@ numbers).
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import sys
@@ -59,16 +62,31 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
     out = np.empty_like(mine)
     ranks = tuple(range(n))
     mesh = spmd.make_mesh((n,), ("i",))
-    f = spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
-                                out_specs=P()))
-    exe = f.lower(x).compile()._entry.exe
-    impl = functools.partial(mpi.mpi_p.impl, np, kind="allreduce", ranks=ranks, op="sum",
-                             what="psum")
+    from spmd.compiler import extensions
+
+    def psum_jit():
+        return spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh,
+                                       in_specs=P("i"), out_specs=P()))
+
+    f = psum_jit()
+    f(x)
+    (plan,) = f._plans.values()
+    exe = plan.runner.plan.exe  # the compiled per-process program the fast path runs
+    point = extensions.EAGER_CALL
+    installed, by = point.fn, point.installed_by
+    point.install(point.default, by="mpi_call_overhead")  # no runner: the general path
+    try:
+        g = psum_jit()
+        g(x)
+    finally:
+        point.install(installed, by=by)
+    op = mpi.mpi_p.rules["bind_impl"](np, kind="allreduce", ranks=ranks, op="sum", what="psum")
     layers = [("raw comm.Allreduce", lambda: comm.Allreduce(mine, out, op=MPI.SUM)),
               ("mpi.allreduce (backend function)", lambda: mpi.allreduce(mine, ranks, "sum")),
-              ("mpi primitive impl (as generated code calls it)", lambda: impl(mine)),
-              ("compiled program on flat arrays", lambda: exe(x)),
-              ("jitted shard_map call", lambda: f(x))]
+              ("mpi equation as generated code calls it", lambda: op(mine)),
+              ("compiled per-process program", lambda: exe(x)),
+              ("jitted shard_map call (fast path)", lambda: f(x)),
+              ("jitted shard_map call (general path)", lambda: g(x))]
     np.testing.assert_array_equal(np.asarray(f(x)), x.reshape(n, m).sum(0))
     samples = {name: [] for name, _ in layers}
     for _ in range(rounds):
@@ -89,8 +107,7 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
              ("  part: communicator(ranks) (cached)", lambda: mpi.communicator(ranks)),
              ("  part: _widen(x)", lambda: mpi._widen(mine)),
              ("  part: _recv_buffer(shape, dtype)",
-              lambda: mpi._recv_buffer(mine.shape, mine.dtype)),
-             ("  part: np.asarray(x) in the impl", lambda: np.asarray(mine))]
+              lambda: mpi._recv_buffer(mine.shape, mine.dtype))]
     part_rows = [(name, statistics.median(_per_call(fn, 2000) for _ in range(15)))
                  for name, fn in parts]
     return [(name, medians[name]) for name, _ in layers], part_rows

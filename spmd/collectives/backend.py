@@ -24,6 +24,7 @@ dispatch every transport shares).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 
@@ -69,6 +70,19 @@ class Transport(Protocol):
     def sendrecv(self, x, ranks, dst, src, what: str | None = None) -> Any: ...
 
 
+@runtime_checkable
+class Request(Protocol):
+    """A collective started without waiting (a transport's optional ``iallreduce``:
+    :func:`spmd.collectives.mpi.iallreduce`).  The code generated for an overlapped
+    bucket (:mod:`spmd.compiler.overlap`) calls ``test()`` between the equations that
+    follow its start and ``wait()`` where the result is first needed.  A transport
+    without it (``nccl``) runs its all-reduces blocking."""
+
+    def test(self) -> bool: ...
+
+    def wait(self) -> Any: ...
+
+
 class Kind(NamedTuple):
     """One transport kind: ``op`` (the Transport operation), ``params`` (what it takes
     after ``x, ranks``), ``shape(in_shape, n) -> out_shape`` over ``n`` ranks, and
@@ -106,3 +120,15 @@ def run(transport, name: str, x, ranks, params: dict):
     """
     k = kind(name, getattr(transport, "__name__", str(transport)))
     return getattr(transport, k.op)(x, ranks, **{p: params.get(p) for p in k.params})
+
+
+def bound(transport, name: str, ranks, params: dict) -> Callable:
+    """``transport``'s operation for kind ``name`` with ``ranks`` and its parameters
+    bound: ``bound(t, name, ranks, params)(x)`` is ``run(t, name, x, ranks, params)``
+    without the per-call lookups (for generated code, which calls it on every run).
+
+    >>> bound(mpi, "allreduce", (0, 1), {"op": "sum", "what": "psum"})(x)  # doctest: +SKIP
+    """
+    k = kind(name, getattr(transport, "__name__", str(transport)))
+    return functools.partial(getattr(transport, k.op), ranks=ranks,
+                             **{p: params.get(p) for p in k.params})

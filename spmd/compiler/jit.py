@@ -267,7 +267,7 @@ class _CallPlan:
     """
 
     __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
-                 "single", "bind", "abstract")
+                 "single", "bind", "abstract", "runner")
 
     def __init__(self, entry: _Entry, leaves, avals):
         self.entry = entry
@@ -293,6 +293,9 @@ class _CallPlan:
             type(x) is not Array and isinstance(x, Array) for x in (*leaves, *entry.hoisted))
         # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
         self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
+        # For an eager call that binds: the upper layer's fast runner (None: not asked
+        # yet; False: none), see _eager_bound.
+        self.runner = None
 
 
 class JitFunction:
@@ -452,11 +455,14 @@ class JitFunction:
                                 "(ShapeDtypeStruct), which have no values; pass arrays, or use "
                                 ".trace(...), .lower(...) or spmd.eval_shape to trace only")
         if plan.bind or not is_eager():
-            outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
-                              name=self._name)
+            if plan.bind and not plan.entry.hoisted and is_eager():
+                outs = self._eager_bound(plan, vals)
+            else:
+                outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
+                                  name=self._name)
             if plan.bind and self._donate_argnums:
                 self._delete_donated(args)
-            return plan.out_tree.unflatten(outs)
+            return outs[0] if plan.single else plan.out_tree.unflatten(outs)
         # Only the leaves that need it are touched (``vals`` is a fresh list).
         for i in plan.arrays:
             vals[i] = vals[i].value
@@ -479,6 +485,25 @@ class JitFunction:
         return plan.out_tree.unflatten(
             [Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
              for o, a in zip(outs, plan.out_avals)])
+
+    def _eager_bound(self, plan: _CallPlan, vals: list) -> list:
+        """An eager call that binds ``jit`` (arrays of an upper layer among the
+        arguments, or equations that need them): the upper layer's runner for this
+        plan when it has one and its guards pass, else the general path.  The first
+        call of a plan takes the general path and asks the upper layer for a runner
+        (extension point ``EAGER_CALL``: e.g. a program spread over processes)."""
+        runner = plan.runner
+        if runner:
+            outs = runner(vals)
+            if outs is not None:
+                return outs
+        elif runner is None:
+            outs, runner = _ext.EAGER_CALL.fn(
+                plan.entry.closed, vals,
+                lambda: jit_p.bind(*vals, program=plan.entry.closed, name=self._name))
+            plan.runner = runner or False
+            return outs
+        return jit_p.bind(*vals, program=plan.entry.closed, name=self._name)
 
     def _delete_donated(self, args):
         for i in self._donate_argnums:

@@ -95,6 +95,7 @@ def _eval_jit(args, params, mesh):
     """A jitted program on sharded arguments: partitioned with their shardings."""
     from spmd.errors import SpmdError
     from spmd.shard.execute import call
+    from spmd.shard.fastcall import note
 
     program = params["program"]
     in_specs = _in_specs(args, mesh)
@@ -105,7 +106,9 @@ def _eval_jit(args, params, mesh):
             # The partitioner cannot take it (e.g. a shard_map over another mesh of
             # the same devices): each equation runs as an SPMD computation instead.
             return eval_program(program, *args)
-        return call(part.body, mesh, part.in_specs, part.out_specs, args)
+        outs = call(part.body, mesh, part.in_specs, part.out_specs, args)
+        note(program, part, mesh, args, outs)  # for the jit's fast path (fastcall.py)
+        return outs
     # One process: the whole values are here, so the compiled program runs on them
     # as it is; the partitioner only says where its results are placed.
     outs = eval_plain(jit_p, args, params)

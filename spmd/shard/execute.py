@@ -247,16 +247,54 @@ class _Plan:
     compiled per-process program, the input shardings and the outputs' types and
     placements (built once: a call then does no validation work)."""
 
-    __slots__ = ("exe", "outs")
+    __slots__ = ("exe", "outs", "array")
 
     def __init__(self, program, mesh, in_specs, out_specs, kinds):
         from spmd.compiler.avals import ShapedArray
+        from spmd.shard.sharded import ShardedArray
 
+        self.array = ShardedArray  # (kept here: an import per call costs ~0.3 µs)
         self.exe = executable_for(process_program(program, mesh, in_specs, out_specs, kinds))
         self.outs = []
         for a, spec, s in zip(program.out_avals, out_specs, _in_shardings(mesh, out_specs)):
             aval = ShapedArray(_global(a.shape, spec, mesh), a.dtype, a.weak_type)
             self.outs.append((aval, s, bool(spec.mesh_axes)))
+
+    def results(self, outs) -> list:
+        """The compiled program's raw outputs as ShardedArrays placed by the out specs
+        (split specs hold this process's blocks; replicated ones the whole value)."""
+        array = self.array
+        results = []
+        for o, (aval, s, split) in zip(outs, self.outs):
+            if type(o) is not np.ndarray or o.dtype != aval.dtype:
+                o = _scalar_as(o, aval.dtype) if np.ndim(o) == 0 else o.astype(aval.dtype,
+                                                                                copy=False)
+            results.append(array(None, aval, s, o) if split else array(o, aval, s))
+        return results
+
+
+def plan_for(program: ClosedProgram, mesh, in_specs: tuple, out_specs: tuple,
+             kinds: tuple) -> _Plan:
+    """The cached :class:`_Plan` of ``program`` (constants already made leading
+    arguments, see :func:`with_consts`) for these specs and input kinds."""
+    per = _plans.get(program)
+    if per is None:
+        per = _plans[program] = {}
+    key = (mesh, in_specs, out_specs, kinds)
+    plan = per.get(key)
+    if plan is None:
+        plan = per[key] = _Plan(program, mesh, in_specs, out_specs, kinds)
+    return plan
+
+
+def with_consts(program: ClosedProgram, in_specs, args) -> tuple:
+    """``(program, in_specs, args)`` with the program's constants as leading
+    replicated inputs (the per-process program takes them as arguments)."""
+    n = len(program.consts)
+    if not n:
+        return program, tuple(in_specs), list(args)
+    return (_unclosed(program), (_REPLICATED,) * n + tuple(in_specs),
+            list(program.consts) + list(args))
 
 
 def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
@@ -270,12 +308,8 @@ def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
     from spmd.compiler.trace import to_array_value
     from spmd.shard.sharded import ShardedArray
 
-    n = len(program.consts)
-    if n:
-        args = list(program.consts) + list(args)
-        in_specs = (_REPLICATED,) * n + tuple(in_specs)
-        program = _unclosed(program)
-    wants = _in_shardings(mesh, tuple(in_specs))
+    program, in_specs, args = with_consts(program, in_specs, args)
+    wants = _in_shardings(mesh, in_specs)
     raws, kinds = [], []
     for x, want in zip(args, wants):
         if isinstance(x, ShardedArray) and x._value is None:
@@ -289,20 +323,8 @@ def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
                 continue
         kinds.append("whole")
         raws.append(to_array_value(x, get_aval(x)))
-    per = _plans.get(program)
-    if per is None:
-        per = _plans[program] = {}
-    key = (mesh, tuple(in_specs), tuple(out_specs), tuple(kinds))
-    plan = per.get(key)
-    if plan is None:
-        plan = per[key] = _Plan(program, mesh, tuple(in_specs), tuple(out_specs), key[3])
-    results = []
-    for o, (aval, s, split) in zip(plan.exe(*raws), plan.outs):
-        if type(o) is not np.ndarray or o.dtype != aval.dtype:
-            o = _scalar_as(o, aval.dtype) if np.ndim(o) == 0 else o.astype(aval.dtype,
-                                                                            copy=False)
-        results.append(ShardedArray(None, aval, s, o) if split else ShardedArray(o, aval, s))
-    return results
+    plan = plan_for(program, mesh, in_specs, tuple(out_specs), tuple(kinds))
+    return plan.results(plan.exe(*raws))
 
 
 _plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import spmd
+import spmd.numpy as snp
 from spmd import P
 from spmd.compiler import extensions
 from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
@@ -16,11 +17,11 @@ from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
 def test_every_point_is_declared_and_installed_by_spmd():
     assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
-                                                   "plain_shards", "array_module"]
+                                                   "plain_shards", "array_module", "eager_call"]
     for p in extensions.POINTS:
         assert p.signature.startswith("(") and "->" in p.signature
         assert len(p.doc) > 40 and callable(p.default)
-        # `import spmd` ran the installer; the function came from the named module.
+        # `from spmd import P` ran the installer; the function came from the named module.
         assert p.fn is not p.default
         assert p.installed_by == p.fn.__module__
 
@@ -28,7 +29,7 @@ def test_every_point_is_declared_and_installed_by_spmd():
 def test_defaults_keep_the_compiler_working_alone():
     assert extensions.CONTEXT_KEY.default() is None
     assert extensions.ARRAY_MODULE.default() == (np, None)
-    with pytest.raises(ExtensionNotInstalledError, match=r"needs pvary.*`import spmd`"):
+    with pytest.raises(ExtensionNotInstalledError, match=r"needs pvary.*`import spmd.numpy`.*run_installer"):
         extensions.PVARY.default(np.ones(2), ("i",))
 
 
@@ -50,7 +51,8 @@ def _swap(point, fn):
 
 
 def test_shard_map_bodies_call_the_pvary_point():
-    """An invariant operand meeting a varying one goes through PVARY."""
+    """An invariant operand meeting a varying one goes through PVARY in a traced body
+    (an eager body only joins the types: its values need no pvary)."""
     mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
     calls = []
     real = extensions.PVARY.fn
@@ -66,7 +68,7 @@ def test_shard_map_bodies_call_the_pvary_point():
         return x + b
 
     try:
-        out = f(np.arange(8.0, dtype=np.float32), np.float32(1.0))
+        out = spmd.jit(f)(np.arange(8.0, dtype=np.float32), np.float32(1.0))
     finally:
         restore()
     np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) + 1)
@@ -91,3 +93,50 @@ def test_jit_caches_key_on_the_context_key_point():
     finally:
         restore()
     assert len(traces) == 2
+
+
+def test_eager_calls_that_bind_ask_the_eager_call_point_once_per_plan():
+    """The first eager call of a plan that binds (here: a sharded argument) runs the
+    general path through EAGER_CALL; later calls use the runner it returned, and take
+    the general path again whenever the runner declines (returns None)."""
+    mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
+    f = spmd.jit(lambda x: x * 2.0)
+    x = spmd.device_put(np.arange(8.0, dtype=np.float32), spmd.NamedSharding(mesh, P("i")))
+    asked, ran = [], []
+
+    def first_call(program, leaves, general):
+        asked.append(program)
+        outs = general()
+
+        def runner(vals):
+            ran.append(len(ran))
+            if len(ran) % 2:  # decline every other call: the general path runs
+                return None
+            return general_again(vals)
+
+        return outs, runner
+
+    def general_again(vals):
+        return [snp.asarray(np.asarray(vals[0]) * 2.0)]
+
+    restore = _swap(extensions.EAGER_CALL, first_call)
+    try:
+        outs = [np.asarray(f(x)) for _ in range(5)]
+    finally:
+        restore()
+    for out in outs:
+        np.testing.assert_array_equal(out, np.arange(8.0) * 2)
+    assert len(asked) == 1 and ran == [0, 1, 2, 3]
+
+
+def test_the_shard_layer_gives_no_runner_where_nothing_ran_over_processes():
+    """In one process a sharded jitted call has no partitioned run to replay: its plan
+    records that (False) and every call takes the general path."""
+    mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
+    f = spmd.jit(lambda x: x + 1.0)
+    x = spmd.device_put(np.arange(8.0, dtype=np.float32), spmd.NamedSharding(mesh, P("i")))
+    for _ in range(3):
+        out = f(x)
+        np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) + 1)
+        assert out.sharding == x.sharding
+    assert [p.runner for p in f._plans.values()] == [False]

@@ -119,7 +119,9 @@ def _bid_batch(args, dims, *, shape, broadcast_dimensions):
 
 reshape_p = _linear_jvp(Primitive("reshape"))
 reshape_p.def_impl(lambda xp, x, *, new_sizes: xp.reshape(x, new_sizes))
-reshape_p.def_emit(lambda ins, new_sizes: f"xp.reshape({ins[0]}, {new_sizes!r})")
+# The method, not ``xp.reshape`` (a Python-level numpy function): 0.1 µs against 0.6.
+# The generated code's values are arrays or numpy scalars, which both have it.
+reshape_p.def_emit(lambda ins, new_sizes: f"{ins[0]}.reshape({new_sizes!r})")
 
 
 @reshape_p.def_abstract_eval
