@@ -462,3 +462,17 @@ def test_compiling_a_shard_map_over_processes_for_one_process_raises():
     with pytest.raises(SpreadOverProcessesError, match="compiled for this process alone.*"
                        "Call the jitted function itself"):
         f.lower(X, W1[0], W2[0]).compile()(X, W1[0], W2[0])
+
+
+def test_an_eager_shard_map_of_a_replicated_array_runs_its_collectives():
+    """A replicated Array (whole on every process) enters an eager body as its plain
+    value, so the body's psum runs as the body's collective (the bwd of the eager
+    custom_vjp above passes one)."""
+    mesh, data, model = _mesh("1d")
+    xr = spmd.device_put(X, NS(mesh, P()))
+    f = spmd.shard_map(lambda x, w: lax.psum(x @ w, model), mesh=mesh,
+                       in_specs=(P(), P(None, model)), out_specs=P())
+    y = f(xr, W1[0])
+    m = mesh.shape[model]
+    want = sum(X @ W1[0][:, k * H // m:(k + 1) * H // m] for k in range(m))
+    _close(y, want)
