@@ -141,6 +141,7 @@ def test_scan_over_layers_with_a_shard_map_body(kind, jit):
     out, gx, g1, g2 = _np_stack(X, W1, W2)
     y = wrap(forward)(x, w1s, w2s)
     assert y.sharding == NS(mesh, P(data))
+    assert y.block_until_ready() is y  # waits on this process's blocks only
     _close(y, out)
     grads = wrap(spmd.grad(loss, argnums=(0, 1, 2)))(x, w1s, w2s)
     for got, want in zip(grads, (gx, g1, g2)):
