@@ -27,7 +27,7 @@ from __future__ import annotations
 import weakref
 
 from spmd.compiler.ir import ClosedProgram
-from spmd.errors import SpmdError
+from spmd.errors import SpreadOverProcessesError
 
 
 def _output_wrappers(closed) -> tuple | None:
@@ -103,13 +103,6 @@ def array_equation(closed: ClosedProgram):
             if found is not None:
                 return found
     return None
-
-
-class SpreadOverProcessesError(SpmdError):
-    """An equation that runs only as part of a program partitioned over processes (a
-    ``shard_map`` over a mesh spread over processes) cannot run where it is: in a
-    loop, ``cond``, ``checkpoint`` or custom derivative whose program cannot be
-    partitioned over its mesh, or in a program compiled for this process alone."""
 
 
 def eval_higher_order(prim, args, params) -> list | None:

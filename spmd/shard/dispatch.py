@@ -129,7 +129,7 @@ def eval_jit_over(program, args, mesh, required: bool = False):
     partitioner cannot take it (then it runs equation by equation).  With
     ``required`` (``program`` is one loop, cond, checkpoint or custom-derivative
     equation whose body holds the shard_map: equation by equation is itself) that
-    case raises :class:`~spmd.compiler.program_arrays.SpreadOverProcessesError` instead."""
+    case raises :class:`~spmd.errors.SpreadOverProcessesError` instead."""
     from spmd.errors import SpmdError
 
     try:
@@ -137,7 +137,7 @@ def eval_jit_over(program, args, mesh, required: bool = False):
     except SpmdError as e:
         if not required:
             return None
-        from spmd.compiler.program_arrays import SpreadOverProcessesError
+        from spmd.errors import SpreadOverProcessesError
 
         what = program.program.eqns[0].primitive.name if program.program.eqns else "program"
         raise SpreadOverProcessesError(

@@ -41,7 +41,7 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
     hit = per.get(key)
     if hit is None:
         if mesh.is_multi_process:
-            from spmd.compiler.program_arrays import SpreadOverProcessesError
+            from spmd.errors import SpreadOverProcessesError
 
             # Calls run such programs partitioned over the mesh (dispatch.py); only
             # compiling one for this process alone gets here.
