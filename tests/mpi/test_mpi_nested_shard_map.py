@@ -404,13 +404,15 @@ def _closing(kind):
         "vmap(jit)": (lambda: spmd.vmap(spmd.jit(f))(np.stack([w, 2 * w])),
                       np.array([value, np.sum(np.tanh(x @ (2 * w)))])),
         "cond": (lambda: lax.cond(True, f, lambda v: snp.float32(0.0), w), value),
+        "grad(jit(in_shardings))": (
+            lambda: spmd.grad(spmd.jit(f, in_shardings=NS(mesh, P())))(w), grad),
     }
     return cases[kind]
 
 
 @pytest.mark.parametrize("kind", ["checkpoint", "jit(checkpoint)", "grad(jit(checkpoint))",
                                   "custom_vjp", "jit(custom_vjp)", "jit(grad(custom_vjp))",
-                                  "jit(jit)", "vmap(jit)", "cond"])
+                                  "jit(jit)", "vmap(jit)", "cond", "grad(jit(in_shardings))"])
 def test_transformed_functions_closing_over_a_spread_array(kind):
     run, want = _closing(kind)
     # (float32 sums of 16K terms in another order: a relative 1e-4)
