@@ -21,7 +21,6 @@ from tests.mpi import (MESH_AXES, RefMesh, axes_id, make_mesh,  # noqa: E402
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import P, lax  # noqa: E402
-from spmd.errors import DTypeError  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
