@@ -95,7 +95,7 @@ def test_the_scan_sees_the_layers(tmp_path):
 _ALONE = r"""
 import importlib, json, pkgutil, sys, types
 root, top = sys.argv[1], sys.argv[2]
-# The package without its __init__ (which assembles every layer): the layer alone.
+# The package without its __init__ (which registers the installer): the layer alone.
 pkg = types.ModuleType("spmd"); pkg.__path__ = [root]; sys.modules["spmd"] = pkg
 mod = importlib.import_module("spmd." + top)
 for m in pkgutil.walk_packages(mod.__path__, mod.__name__ + "."):
