@@ -9,10 +9,15 @@ place), and returns an ordinary ``shard_map`` over all axes: its specs name the
 manual axes first (as the user's specs do) and the automatic ones after, so each
 device runs on its block along every axis.
 
-Where the automatic placements come from, as in JAX: an argument's ``NamedSharding``
-(the automatic axes of its spec), else a ``with_sharding_constraint`` in the body
-the argument reaches through elementwise operations, else replicated; the results
-keep the placement propagation gave them.
+Where the automatic placements come from, as in JAX.  Traced (under ``jit`` or a
+transformation), the ``shard_map`` equation keeps its body whole along the automatic
+axes (param ``manual``); where the program holding it is partitioned,
+:func:`partition_in_program` splits it by the placements propagated to its operands
+through the whole program.  Eagerly, or where the equation runs unpartitioned
+(:func:`split_params`), by the arguments' ``NamedSharding`` (the automatic axes of
+its spec).  In both, else a ``with_sharding_constraint`` in the body the argument
+reaches through elementwise operations, else replicated; the results keep the
+placement propagation gave them.
 
 >>> f = shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), axis_names={"x"})
 >>> f(device_put(a, NamedSharding(mesh, P("x", "y")))).sharding.spec  # doctest: +SKIP
@@ -21,7 +26,6 @@ PartitionSpec('x', 'y')
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 from spmd.compiler.ir import ClosedProgram
@@ -46,31 +50,10 @@ def merge_specs(manual: PartitionSpec, auto: PartitionSpec, ndim: int) -> Partit
     return PartitionSpec(*parts)
 
 
-# id(tracer) -> NamedSharding of the arguments of the partitioned jit being traced:
-# a partial-manual shard_map called on one of them takes its placement (the
-# tracer itself carries no sharding).
-_TRACED_SHARDINGS: dict = {}
-
-
-@contextlib.contextmanager
-def traced_shardings(pairs):
-    """While a partitioned jit traces its function: ``(tracer, NamedSharding)`` pairs
-    of its arguments, seen by the partial-manual shard_maps called on them."""
-    added = {id(t): s for t, s in pairs if s is not None}
-    old = {k: _TRACED_SHARDINGS[k] for k in added if k in _TRACED_SHARDINGS}
-    _TRACED_SHARDINGS.update(added)
-    try:
-        yield
-    finally:
-        for k in added:
-            _TRACED_SHARDINGS.pop(k, None)
-        _TRACED_SHARDINGS.update(old)
-
-
 def _auto_spec(x, block_shape, mesh, manual) -> PartitionSpec | None:
     """The automatic part of an argument's NamedSharding on ``mesh`` (None when it
     names no automatic axis, or does not divide the manual block)."""
-    s = getattr(x, "_sharding", None) or _TRACED_SHARDINGS.get(id(x))
+    s = getattr(x, "_sharding", None)
     if not isinstance(s, NamedSharding) or s.mesh != mesh:
         return None
     dims = [tuple(a for a in s.spec.axes_of(d) if a not in manual)
@@ -177,5 +160,4 @@ def partition_in_program(ev, eqn, vals, pls) -> list:
     return results
 
 
-__all__ = ["merge_specs", "partition_in_program", "partition_partial_manual", "split_params",
-           "traced_shardings"]
+__all__ = ["merge_specs", "partition_in_program", "partition_partial_manual", "split_params"]
