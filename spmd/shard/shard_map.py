@@ -20,24 +20,21 @@ from spmd.collectives.api import psum
 from spmd.collectives.primitives import CollectiveAxisError
 from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
-from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
-from spmd.errors import ConcretizationError, SpmdError
+from spmd.errors import ConcretizationError
 from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
                                      _manual_axes)
+from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa: F401
+                                       _check_out, _inferred_specs, _spec_leaves)
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 
 shard_map_p = Primitive("shard_map", multiple_results=True, higher_order=True)
-
-
-class ShardMapError(SpmdError, ValueError):
-    """A bad shard_map call: specs that do not match the arguments or results."""
 
 
 # ------------------------------------------------------------- tracing a body
@@ -428,63 +425,6 @@ shard_map_p.rules["dce"] = _shard_map_dce
 
 # --------------------------------------------------------------------- API
 
-def _spec_leaves(specs, tree, what: str, fname: str) -> list:
-    """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``; in
-    ``in_specs`` a ``None`` covers arguments passed to the body as they are."""
-    is_in = what == "in_specs"
-    try:
-        return tree_util.broadcast_prefix(
-            specs, tree, lambda s: isinstance(s, PartitionSpec) or (is_in and s is None))
-    except tree_util.PrefixMismatch as e:
-        if e.prefix_node is None:
-            raise ShardMapError(f"{fname}: {what}{e.path} is None; use P() for a replicated "
-                                "value") from None
-        raise ShardMapError(f"{fname}: {what} is not a pytree prefix of the "
-                            f"{'arguments' if is_in else 'outputs'}: at "
-                            f"{what}{e.path} the spec is {tree_util.describe(e.prefix_node)} "
-                            f"but the value is {tree_util.describe(e.tree_node)}") from None
-
-
-def _as_global(x, where: str = "argument"):
-    """The argument as an array value (numpy arrays and scalars are global values)."""
-    from spmd.compiler.array_module import is_device_array, to_device
-    from spmd.compiler.trace import Tracer, is_array_like
-
-    if isinstance(x, (Tracer, Array)):
-        return x
-    if not is_array_like(x):
-        from spmd.errors import DTypeError
-        raise DTypeError(f"shard_map: {where} of type {type(x).__name__} is not an array; "
-                         "give it the in_specs entry None to pass it to the body as it is")
-    aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak
-    if is_device_array(x):  # a cupy array: it stays on (this process's) GPU
-        return Array(to_device(x, aval.dtype), aval)
-    return Array(np.asarray(x, dtype=aval.dtype), aval)
-
-
-class _InferSpecs:
-    """The default ``in_specs``: each argument's spec is that of its sharding."""
-
-    def __repr__(self):
-        return "Infer"
-
-
-Infer = _InferSpecs()
-
-
-def _inferred_specs(leaves, paths, mesh, fname):
-    out = []
-    for x, path in zip(leaves, paths):
-        s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
-        if not (isinstance(s, NamedSharding) and s.mesh == mesh):
-            raise ShardMapError(
-                f"{fname}: in_specs was not given, and argument{path} is not an Array placed "
-                "on the mesh (device_put(x, P(...)) under the mesh, or NamedSharding(mesh, "
-                "...)) to infer its spec from; pass in_specs=")
-        out.append((s.spec, path))
-    return out
-
-
 def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=None, *,
               check_vma: bool = True, check_rep: bool | None = None, axis_names=None):
     """Map a per-device function over ``mesh``: each device gets the blocks that
@@ -612,23 +552,3 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         check_vma = False  # the partitioned body is untyped (as jit's partitioned bodies)
     outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
     return tree_util.tree_unflatten(out_tree, outs)
-
-
-def _check_out(aval, spec, path, mesh, check_vma, fname):
-    # Checked against the global shape the blocks assemble into (always divisible).
-    shape = tuple(n * mesh.axis_size([a for a in spec.axes_of(d) if a in mesh.shape])
-                  for d, n in enumerate(aval.shape))
-    try:
-        check_spec(spec, mesh, shape, f"{fname}: out_specs{path}")
-    except ShardingError as e:
-        raise ShardMapError(str(e)) from None
-    if check_vma:
-        missing = [a for a in mesh.axis_names if a in aval.vma and a not in spec.mesh_axes]
-        if missing:
-            a = missing[0]
-            raise ShardMapError(
-                f"{fname}: output{path} varies along mesh axis {a!r} but out_specs{path}={spec} "
-                f"does not mention {a!r}, so its blocks would disagree. Reduce it first (e.g. "
-                f"lax.psum(x, {a!r}) or lax.all_gather(x, {a!r})), put {a!r} in the spec, or "
-                "pass check_vma=False")
-

@@ -168,3 +168,38 @@ def test_a_partial_manual_body_inside_another_raises(mesh):
     with pytest.raises(PartitionError, match=r"partial-manual shard_map \(axis_names=\['b'\]\) "
                                              r"inside the body of another one"):
         g.lower(np.ones((8, 4), np.float32))
+
+
+def test_inside_a_scan_and_under_vmap(mesh):
+    sm = spmd.shard_map(lambda b: lax.psum(snp.sin(b), "x"), mesh=mesh, in_specs=P("x"),
+                        out_specs=P(), axis_names={"x"})
+
+    def loop(v):
+        def step(c, _):
+            return snp.concatenate([sm(c), sm(c)]) * 0.5, None
+        return lax.scan(step, v, None, length=2)[0]
+
+    g = spmd.jit(loop, in_shardings=NS(mesh, P(None, "y")))
+    want = A
+    for _ in range(2):
+        want = _halves(np.sin(want))[1] * 0.5
+    np.testing.assert_allclose(np.asarray(g(A)), want, rtol=1e-6)
+    text = g.lower(A).as_text()
+    assert "f32[4,2] = sin" in text and "bytes sent per device per call: 0" in text
+    # vmap of the shard_map under a jit: the batched body is split along 'y' too.
+    st = np.stack([A, A + 1])
+    h = spmd.jit(spmd.vmap(lambda v: sm(snp.tanh(v))), in_shardings=NS(mesh, P(None, None, "y")))
+    np.testing.assert_allclose(np.asarray(h(st)),
+                               np.stack([_halves(np.sin(np.tanh(v)))[0] for v in st]),
+                               rtol=1e-6)
+    assert "f32[2,4,2] = sin" in h.lower(st).as_text()
+
+
+def test_vmap_spmd_axis_name_must_be_manual(mesh):
+    from spmd.shard.shard_map import ShardMapError
+
+    sm = spmd.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                        axis_names={"x"})
+    with pytest.raises(ShardMapError, match=r"spmd_axis_name \('y',\) names 'y', which is not "
+                                            r"a manual axis of this partial-manual shard_map"):
+        spmd.vmap(sm, spmd_axis_name="y")(np.stack([A] * 4))
