@@ -116,7 +116,9 @@ def test_an_operand_computed_in_a_plain_jit_places_the_body():
     text = spmd.jit(f, in_shardings=(NS(mesh, P("x", "y")), NS(mesh, P()))).lower(A, W) \
         .as_text()
     assert f"f32[4,{8 // ny}] = sin" in text, text
-    gx, gw = spmd.jit(spmd.grad(lambda v, w: snp.sum(f(v, w) ** 2), argnums=(0, 1)))(x, W)
-    np.testing.assert_allclose(_global(gx), 2 * want * np.cos(t) * W * (1 - t ** 2),
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(_global(gw), (2 * want * np.sin(t)).sum(0), rtol=1e-5)
+    grad = spmd.grad(lambda v, w: snp.sum(f(v, w) ** 2), argnums=(0, 1))
+    for g in (spmd.jit(grad), grad):  # jitted (partitioned) and eager
+        gx, gw = g(x, W)
+        np.testing.assert_allclose(_global(gx), 2 * want * np.cos(t) * W * (1 - t ** 2),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_global(gw), (2 * want * np.sin(t)).sum(0), rtol=1e-5)

@@ -203,3 +203,20 @@ def test_vmap_spmd_axis_name_must_be_manual(mesh):
     with pytest.raises(ShardMapError, match=r"spmd_axis_name \('y',\) names 'y', which is not "
                                             r"a manual axis of this partial-manual shard_map"):
         spmd.vmap(sm, spmd_axis_name="y")(np.stack([A] * 4))
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_a_result_left_as_a_pending_sum(mesh, check_vma):
+    """The body sums over its 'y'-split dimension: its result leaves it as a pending
+    sum over 'y', which the rest of the program resolves (values and gradients)."""
+    sm = spmd.shard_map(lambda b: snp.sum(snp.sin(b), axis=1), mesh=mesh, in_specs=P("x"),
+                        out_specs=P("x"), axis_names={"x"}, check_vma=check_vma)
+    f = lambda x: snp.exp(sm(x * 1.5))  # noqa: E731
+    g = spmd.jit(f, in_shardings=NS(mesh, P(None, "y")))
+    text = g.lower(A).as_text()
+    assert "f32[4,2] = sin" in text and "psum[axes=('y',)]" in text
+    want = np.exp(np.sin(A * 1.5).sum(1))
+    np.testing.assert_allclose(np.asarray(g(A)), want, rtol=1e-5)
+    grad = spmd.jit(spmd.grad(lambda x: snp.sum(f(x))), in_shardings=NS(mesh, P(None, "y")))
+    np.testing.assert_allclose(np.asarray(grad(A)),
+                               want[:, None] * np.cos(A * 1.5) * 1.5, rtol=1e-5)
