@@ -28,79 +28,24 @@ generated code of the jitted steps.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
+import dp_step
 from common import interleave, row
 
 import spmd
-import spmd.numpy as snp
-from spmd import P, lax
 
-SIZES = (784, 512, 512, 10)
 BATCHES = (256, 2048)
 GOALS = {256: 1.3, 2048: 1.15}
 N_DEVICES = 8
-LR = 0.01
-
-
-def make_params(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [((rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32),
-             (0.1 * rng.standard_normal(n)).astype(np.float32))
-            for m, n in zip(SIZES[:-1], SIZES[1:])]
-
-
-def make_batch(batch: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch, SIZES[0])).astype(np.float32)
-    labels = rng.integers(0, SIZES[-1], batch)
-    return x, np.eye(SIZES[-1], dtype=np.float32)[labels]
-
-
-def local_loss(params, x, y):
-    """Mean softmax cross-entropy of the MLP on the rows it is given."""
-    *hidden, (w_out, b_out) = params
-    for w, b in hidden:
-        x = snp.tanh(snp.dot(x, w) + b)
-    logits = snp.dot(x, w_out) + b_out
-    return -snp.mean(snp.sum(y * spmd.nn.log_softmax(logits), axis=-1))
-
-
-def sgd(params, grads):
-    return spmd.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
+SIZES, LR = dp_step.SIZES, dp_step.LR
+make_params, make_batch = dp_step.make_params, dp_step.make_batch
 
 
 def make_steps(mesh) -> dict:
-    """``{name: jitted step}``: one device, and 8 devices in the two forms."""
-    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(P(), P("batch"), P("batch")),
-                       out_specs=P())
-    def dp_loss(params, x, y):
-        return lax.pmean(local_loss(params, x, y), "batch")
-
-    @spmd.jit
-    def step_one(params, x, y):
-        value, grads = spmd.value_and_grad(local_loss)(params, x, y)
-        return sgd(params, grads), value
-
-    @spmd.jit
-    def step_outside(params, x, y):
-        value, grads = spmd.value_and_grad(dp_loss)(params, x, y)
-        return sgd(params, grads), value
-
-    # check_vma=False as in DDP-style JAX code: with typed axes the gradient of an
-    # invariant parameter is already summed over devices (pvary transposes to psum),
-    # and a pmean of it would then give the sum, not the mean.
-    @spmd.jit
-    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(P(), P("batch"), P("batch")),
-                       out_specs=(P(), P()), check_vma=False)
-    def step_inside(params, x, y):
-        value, grads = spmd.value_and_grad(local_loss)(params, x, y)
-        grads = spmd.tree_util.tree_map(lambda g: lax.pmean(g, "batch"), grads)
-        return sgd(params, grads), lax.pmean(value, "batch")
-
-    return {"1 device": step_one, "grad outside": step_outside, "grad inside": step_inside}
+    """``{name: jitted step}``: one device, and 8 devices in the two forms
+    (benchmarks/dp_step.py)."""
+    return dp_step.make_steps(mesh, "batch")
 
 
 def step_numpy(params, x, y):

@@ -65,6 +65,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from common import clock, row  # noqa: E402  (puts the repo root on sys.path too)
+import dp_step  # noqa: E402
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -75,10 +76,9 @@ RATIO_GOAL, RATIO_FROM = 1.10, 256 * KIB
 LATENCY_GOAL_S, LATENCY_AT = 30e-6, 4 * KIB
 # psum's goals (issue 12): against the faster of its two floors.
 PSUM_RATIO_GOAL, PSUM_LATENCY_GOAL_S = 1.05, 10e-6
-MLP_SIZES = (784, 512, 512, 10)
 MLP_BATCHES = (256, 2048)  # global: split over the ranks
 MLP_GOALS = {256: 1.15, 2048: 1.05}
-MLP_LR = 0.01
+MLP_SIZES, MLP_LR = dp_step.SIZES, dp_step.LR
 
 
 def skip_reason() -> str | None:
@@ -256,56 +256,11 @@ def bench_collectives(mesh, quick: bool, sizes=SIZES, kinds=None) -> list[dict]:
 
 # -------------------------------------------------------------- MLP step
 
-def make_params(seed: int = 0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return [((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
-             (0.1 * rng.standard_normal(b)).astype(np.float32))
-            for a, b in zip(MLP_SIZES[:-1], MLP_SIZES[1:])]
-
-
-def _local_loss(params, x, y):
-    import spmd
-    import spmd.numpy as snp
-
-    h = x
-    for w, b in params[:-1]:
-        h = snp.tanh(h @ w + b)
-    w, b = params[-1]
-    log_p = spmd.nn.log_softmax(h @ w + b)
-    return -snp.mean(snp.sum(y * log_p, axis=-1))
-
-
 def make_spmd_steps(mesh) -> dict:
-    """The step in the two forms users write: ``{"grad outside": ..., "grad inside": ...}``."""
-    import spmd
-    from spmd import P, lax
-
-    def sgd(params, grads):
-        return [(w - MLP_LR * gw, b - MLP_LR * gb) for (w, b), (gw, gb) in zip(params, grads)]
-
-    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(P(), P("i"), P("i")),
-                       out_specs=P())
-    def loss(params, x, y):
-        return lax.pmean(_local_loss(params, x, y), "i")
-
-    @spmd.jit
-    def outside(params, x, y):
-        value, grads = spmd.value_and_grad(loss)(params, x, y)
-        return sgd(params, grads), value
-
-    # check_vma=False as DDP-style JAX code has it: with typed axes the gradient of an
-    # invariant parameter would already be the sum over ranks.
-    @spmd.jit
-    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(P(), P("i"), P("i")),
-                       out_specs=(P(), P()), check_vma=False)
-    def inside(params, x, y):
-        value, grads = spmd.value_and_grad(_local_loss)(params, x, y)
-        grads = [(lax.pmean(gw, "i"), lax.pmean(gb, "i")) for gw, gb in grads]
-        return sgd(params, grads), lax.pmean(value, "i")
-
-    return {"grad outside": outside, "grad inside": inside}
+    """The step in the two forms users write (benchmarks/dp_step.py):
+    ``{"grad outside": ..., "grad inside": ...}``."""
+    steps = dp_step.make_steps(mesh, "i", lr=MLP_LR)
+    return {form: steps[form] for form in ("grad outside", "grad inside")}
 
 
 class NumpyStep:
@@ -370,7 +325,7 @@ def bench_mlp_step(mesh, quick: bool) -> list[dict]:
         y = np.eye(MLP_SIZES[-1], dtype=np.float32)[rng.integers(0, MLP_SIZES[-1], batch)]
         x_mine = np.ascontiguousarray(x[rank * per:(rank + 1) * per])
         y_mine = np.ascontiguousarray(y[rank * per:(rank + 1) * per])
-        params = make_params()
+        params = dp_step.make_params()
         variants, state = {}, {}
         hand = NumpyStep(params, comm, per)
         want = hand(x_mine, y_mine)

@@ -3,50 +3,111 @@
 >>> import spmd, spmd.numpy as snp
 >>> f = spmd.jit(lambda x: snp.tanh(x) * 2.0)
 >>> print(spmd.make_jaxpr(f)(snp.ones(3)))   # doctest: +SKIP
+
+The package root is lazy (PEP 562): Python runs this file before any submodule
+(``import spmd.compiler`` runs it too), so it imports nothing of the layers and
+only registers the installer of the compiler's extension points
+(:func:`spmd._install.install_extensions`) with the compiler.  Each public name
+is imported on first access (``spmd.jit``, ``from spmd import shard_map``), after
+the installer has run, and then kept in this module.  See docs/architecture.md,
+"Loading lazily".
 """
 
-from spmd import config as _config_module
-from spmd.config import config  # noqa: F401
-from spmd import errors, tree, tree_util  # noqa: F401
-from spmd.compiler import ops as _ops  # noqa: F401  (registers the primitives)
-from spmd.compiler.array import Array  # noqa: F401
-from spmd.compiler.avals import ShapedArray  # noqa: F401
-from spmd.compiler.jit import eval_shape, jit, make_jaxpr  # noqa: F401
-from spmd import numpy, lax  # noqa: F401
-from spmd.autodiff import (grad, hessian, jacfwd, jacrev, jvp, linearize,  # noqa: F401
-                           value_and_grad, vjp)
-from spmd.vectorize import vmap  # noqa: F401
-from spmd.compiler.custom import custom_jvp, custom_vjp  # noqa: F401
-from spmd.compiler.remat import checkpoint, checkpoint_policies, remat  # noqa: F401
-from spmd.compiler.remat import checkpoint_name  # noqa: F401
-from spmd import ad_checkpoint, custom_derivatives, test_util  # noqa: F401
+import importlib as _importlib
+
+# A base module: the Config object, not the module, is ``spmd.config`` (importing the
+# module first keeps the import system from binding the module over it later).
+from spmd import config as _config_module  # noqa: F401
+from spmd.config import config  # noqa: F401  (spmd.config)
+from spmd.compiler import extensions as _extensions
 
 __version__ = "0.1.0"
-from spmd import nn  # noqa: F401,E402
-from spmd import random  # noqa: F401,E402
-from spmd.mesh import (Device, Mesh, device_count, devices, local_device_count,  # noqa: F401
-                       local_devices, make_mesh, process_count, process_index)
-from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
-from spmd.shard.shard_map import shard_map  # noqa: F401
-from spmd.shard.pmap import pmap  # noqa: F401,E402
-from spmd import shard  # noqa: F401,E402
-from spmd.shard.array import (make_array_from_callback,  # noqa: F401,E402
-                              visualize_array_sharding)
-# device_put also resolves a bare PartitionSpec against the mesh context.
-from spmd.shard.mesh_context import device_put, set_mesh  # noqa: F401,E402
-from spmd import sharding  # noqa: F401,E402
-from spmd.shard.multiprocess import (make_array_from_process_local_data,  # noqa: F401,E402
-                                     process_allgather)
-from spmd.shard.partition.api import jit  # noqa: F401,E402  (plain or partitioned)
-from spmd import distributed  # noqa: F401,E402
-from spmd import debug  # noqa: F401,E402
-from spmd.launch import platform as _platform  # noqa: F401,E402  (numpy or cupy: see there)
-from spmd.config import disable_jit  # noqa: F401,E402
-from spmd.compiler.avals import ShapeDtypeStruct  # noqa: F401,E402
-from spmd.linear_util import linear_transpose  # noqa: F401,E402
-from spmd import scipy  # noqa: F401,E402
-from spmd._install import install_extensions as _install_extensions  # noqa: E402
 
-# The compiler's extension points (spmd.compiler.extensions), filled from the layers
-# above it in one place.
-_install_extensions()
+# Every public name: (module, attribute), or (module, None) for a module itself.
+_PUBLIC: dict = {
+    # base modules
+    "config": ("spmd.config", "config"), "disable_jit": ("spmd.config", "disable_jit"),
+    "errors": ("spmd.errors", None), "tree": ("spmd.tree", None),
+    "tree_util": ("spmd.tree_util", None),
+    # the compiler
+    "compiler": ("spmd.compiler", None),
+    "Array": ("spmd.compiler.array", "Array"),
+    "ShapedArray": ("spmd.compiler.avals", "ShapedArray"),
+    "ShapeDtypeStruct": ("spmd.compiler.avals", "ShapeDtypeStruct"),
+    "eval_shape": ("spmd.compiler.jit", "eval_shape"),
+    "make_jaxpr": ("spmd.compiler.jit", "make_jaxpr"),
+    "custom_jvp": ("spmd.compiler.custom", "custom_jvp"),
+    "custom_vjp": ("spmd.compiler.custom", "custom_vjp"),
+    "checkpoint": ("spmd.compiler.remat", "checkpoint"),
+    "checkpoint_name": ("spmd.compiler.remat", "checkpoint_name"),
+    "checkpoint_policies": ("spmd.compiler.remat", "checkpoint_policies"),
+    "remat": ("spmd.compiler.remat", "remat"),
+    # launch, mesh, collectives
+    "launch": ("spmd.launch", None), "mesh": ("spmd.mesh", None),
+    "collectives": ("spmd.collectives", None),
+    **{n: ("spmd.mesh", n) for n in (
+        "Device", "Mesh", "device_count", "devices", "local_device_count", "local_devices",
+        "make_mesh", "process_count", "process_index")},
+    # the shard layer
+    "shard": ("spmd.shard", None),
+    "NamedSharding": ("spmd.shard.spec", "NamedSharding"),
+    "P": ("spmd.shard.spec", "P"), "PartitionSpec": ("spmd.shard.spec", "PartitionSpec"),
+    "shard_map": ("spmd.shard.shard_map", "shard_map"),
+    "pmap": ("spmd.shard.pmap", "pmap"),
+    "make_array_from_callback": ("spmd.shard.array", "make_array_from_callback"),
+    "visualize_array_sharding": ("spmd.shard.array", "visualize_array_sharding"),
+    # device_put also resolves a bare PartitionSpec against the mesh context.
+    "device_put": ("spmd.shard.mesh_context", "device_put"),
+    "set_mesh": ("spmd.shard.mesh_context", "set_mesh"),
+    "make_array_from_process_local_data": ("spmd.shard.multiprocess",
+                                           "make_array_from_process_local_data"),
+    "process_allgather": ("spmd.shard.multiprocess", "process_allgather"),
+    "jit": ("spmd.shard.partition.api", "jit"),  # plain or partitioned
+    # front ends
+    **{n: ("spmd.autodiff", n) for n in (
+        "grad", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "value_and_grad", "vjp")},
+    "vmap": ("spmd.vectorize", "vmap"),
+    "linear_transpose": ("spmd.linear_util", "linear_transpose"),
+    **{n: (f"spmd.{n}", None) for n in (
+        "numpy", "lax", "nn", "random", "scipy", "sharding", "distributed", "debug",
+        "autodiff", "vectorize", "linear_util", "ad_checkpoint", "custom_derivatives",
+        "test_util")},
+}
+# `from spmd import *` gives what it gave when this file imported everything eagerly.
+__all__ = sorted(_PUBLIC)
+# Reachable as attributes too, but not star-imported (this file never imported them).
+_PUBLIC.update({n: (f"spmd.{n}", None) for n in ("optim", "checkpointing")})
+
+
+def _run_installer() -> None:
+    """Fill the compiler's extension points and install the array methods (once)."""
+    from spmd._install import install_extensions
+
+    install_extensions()
+
+
+# The compiler holds the installer, without importing anything above it: the shard
+# layer runs it when it finishes loading, so no import path reaches a usable shard
+# layer with the points at their defaults (spmd/compiler/extensions.py).
+_extensions.register_installer(_run_installer, by="spmd")
+
+
+def __getattr__(name: str):
+    """Import a public name on first access (PEP 562) and keep it here."""
+    try:
+        module, attr = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module 'spmd' has no attribute {name!r}") from None
+    value = _importlib.import_module(module)
+    if attr is not None:
+        # Before a name is handed out (`spmd.Array` has its operators).  A module needs
+        # no call: a front end runs the installer as it loads, and the layers' modules
+        # are what `from spmd import tree_util` in a lower layer asks for.
+        _run_installer()
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,12 +1,34 @@
-"""The one installer of the compiler's extension points.
+"""The one installer of the compiler's extension points (and of the array methods).
 
 The compiler declares what it needs from the layers above it
-(:mod:`spmd.compiler.extensions`); this function, called once by
-``spmd/__init__.py``, fills every point from the layer that provides it.  No
-module fills a point when it is imported, so each layer can be loaded and
-tested alone, and this file is where a reader finds the wiring.
+(:mod:`spmd.compiler.extensions`); :func:`install_extensions` fills every point
+from the layer that provides it, then loads ``spmd.numpy``, whose import installs
+the numpy operators and methods of ``Array`` and tracers
+(``spmd/numpy/_methods.py``).  No module fills a point when it is imported, so
+each layer can be loaded and tested alone, and this file is where a reader finds
+the wiring.
+
+Who runs it (``spmd/__init__.py`` is lazy, so that ``import spmd.compiler`` loads
+nothing above the compiler; see docs/architecture.md, "Loading lazily"):
+
+- ``spmd/__init__.py`` registers it with the compiler
+  (:func:`spmd.compiler.extensions.register_installer`): Python runs that file
+  before any submodule, whatever the import;
+- the shard layer runs it (:func:`spmd.compiler.extensions.run_installer`) at the
+  end of ``spmd/shard/__init__.py``: every import that reaches the mesh context
+  (``from spmd.shard.shard_map import shard_map`` alone, a pickled placed array)
+  fills the points before the shard layer can be used, so ``CONTEXT_KEY`` is never
+  at its default while a mesh context can exist;
+- every front-end package runs it when imported (``import spmd.numpy``,
+  ``import spmd.lax``, ...), and the root's ``__getattr__`` before it hands out a
+  name (``spmd.jit``, ``from spmd import shard_map``);
+- an ``Array`` unpickled in a fresh process runs it (``Array.__setstate__``).
+
+It runs once; a call made while it runs (an import it triggers comes back to it)
+returns at once, and the outer call finishes the work before any user code runs.
 
 >>> import spmd
+>>> spmd.jit and None   # any public name runs the installer
 >>> from spmd.compiler import extensions
 >>> extensions.PVARY.installed_by
 'spmd.collectives.api'
@@ -16,9 +38,27 @@ from __future__ import annotations
 
 from spmd.compiler import extensions
 
+# "idle", "running" (re-entrant calls return), "done".
+_state: list = ["idle"]
+
 
 def install_extensions() -> None:
-    """Fill every extension point of the compiler (idempotent)."""
+    """Fill every extension point of the compiler and load the array methods (once)."""
+    if _state[0] != "idle":
+        return
+    _state[0] = "running"
+    try:
+        _fill_points()
+        # The operators and methods of Array and tracers; a no-op import while
+        # spmd.numpy itself is loading (it installs them as it finishes).
+        import spmd.numpy  # noqa: F401
+    except BaseException:
+        _state[0] = "idle"  # a failed import: the next attempt says why again
+        raise
+    _state[0] = "done"
+
+
+def _fill_points() -> None:
     from spmd.collectives.api import pvary_traced
     from spmd.launch.platform import resolve_array_module
     from spmd.shard.fastcall import first_call

@@ -398,3 +398,9 @@ def hessian(fun: Callable, argnums=0, holomorphic: bool = False):
     """``jacfwd(jacrev(fun))`` (``holomorphic``: as for :func:`jacfwd`)."""
     return jacfwd(jacrev(fun, argnums, holomorphic=holomorphic), argnums,
                   holomorphic=holomorphic)
+
+# A front end: fill the compiler's extension points and install the array methods
+# (spmd/_install.py; spmd/__init__.py is lazy, so this may be the first spmd import).
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+_install_extensions()

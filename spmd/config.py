@@ -43,6 +43,11 @@ class Config:
         # disables combining.  Applies to programs compiled after a change.
         self.combine_collectives_bytes: int = _env_int("SPMD_COMBINE_COLLECTIVES_BYTES",
                                                        32 * 1024 * 1024)
+        # Combinable all-reduces whose backend can start one without waiting (mpi)
+        # are started in buckets of at most this many bytes as soon as their
+        # operands exist, and waited for where first used (spmd.compiler.overlap);
+        # 0 turns overlap off (combined blocking all-reduces, as above).
+        self.overlap_bucket_bytes: int = _env_int("SPMD_OVERLAP_BUCKET_BYTES", 2 * 1024 * 1024)
         # Listeners are told of every change; the dtype layer and the jit cache
         # use this so that a switch never leaves a stale cached program behind.
         self._listeners: list = []
@@ -52,11 +57,13 @@ class Config:
             known = sorted(k for k in vars(self) if not k.startswith("_"))
             raise ArgumentError(
                 f"spmd.config.update: unknown option {name!r}; known options: {known}")
-        if name == "combine_collectives_bytes" and (
+        if name in ("combine_collectives_bytes", "overlap_bucket_bytes") and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            what = "combined collective; 0 disables combining" if name.startswith("combine") \
+                else "overlapped bucket; 0 turns overlap off"
             raise ArgumentError(
-                f"spmd.config.update: combine_collectives_bytes must be an int >= 0 (bytes per "
-                f"combined collective; 0 disables combining), got {value!r}")
+                f"spmd.config.update: {name} must be an int >= 0 (bytes per {what}), "
+                f"got {value!r}")
         setattr(self, name, value)
         for fn in self._listeners:
             fn(name, value)

@@ -74,3 +74,9 @@ def collective_time() -> tuple[int, float]:
     from spmd.collectives import mpi_control  # no MPI import: only the counters
 
     return mpi_control.collective_time()
+
+# A front end: fill the compiler's extension points and install the array methods
+# (spmd/_install.py; spmd/__init__.py is lazy, so this may be the first spmd import).
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+_install_extensions()

@@ -91,3 +91,9 @@ def linear_transpose(fun: Callable, *primals, reduce_axes=()) -> Callable:
 
 def _name(f) -> str:
     return getattr(f, "__name__", type(f).__name__)
+
+# A front end: fill the compiler's extension points and install the array methods
+# (spmd/_install.py; spmd/__init__.py is lazy, so this may be the first spmd import).
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+_install_extensions()

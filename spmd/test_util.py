@@ -79,3 +79,9 @@ def _check(f, args, order, modes, atol, rtol, eps, rng, jvp, vjp):
         if order > 1:
             _check(lambda *a: vjp(f, *a)[1](cts), args, order - 1, modes, atol, rtol, eps,
                    rng, jvp, vjp)
+
+# A front end: fill the compiler's extension points and install the array methods
+# (spmd/_install.py; spmd/__init__.py is lazy, so this may be the first spmd import).
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+_install_extensions()

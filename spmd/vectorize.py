@@ -108,3 +108,9 @@ def _spmd_axis_name(name):
         raise ArgumentError(f"vmap: spmd_axis_name must be a mesh axis name or a tuple of "
                             f"them, got {name!r}")
     return names
+
+# A front end: fill the compiler's extension points and install the array methods
+# (spmd/_install.py; spmd/__init__.py is lazy, so this may be the first spmd import).
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+_install_extensions()

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "spmd"
-BASE = {"errors", "config", "tree_util"}
+BASE = {"errors", "config", "tree_util", "tree"}
 LAYERS = {"compiler": 0, "launch": 1, "mesh": 2, "collectives": 3, "shard": 4}
 FRONT = 5
 
@@ -147,3 +147,148 @@ def test_the_compiler_runs_alone():
     np.testing.assert_allclose(rep["value"], np.tanh(xs) * xs, rtol=1e-6)
     want = np.tanh(xs) + xs * (1 - np.tanh(xs) ** 2)
     np.testing.assert_allclose(rep["grad"], want, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------- the lazy root and the installer
+# spmd/__init__.py imports nothing of the layers (Python runs it before any submodule)
+# and registers the installer of the extension points with the compiler; the shard
+# layer, every front end and the root's __getattr__ run it (spmd/_install.py).
+
+_REPORT = r"""
+import json, sys
+modules = sorted(m for m in sys.modules if m == "spmd" or m.startswith("spmd."))
+from spmd.compiler import extensions
+from spmd.compiler.array import Array
+from spmd.compiler.trace import Tracer
+print(json.dumps({
+    "modules": modules,  # before the report's own imports
+    "left": [p.name for p in extensions.POINTS if p.installed_by is None],
+    "methods": [hasattr(c, "__add__") and hasattr(c, "sum") for c in (Array, Tracer)],
+    "shard_loaded": "spmd.shard.mesh_context" in sys.modules}))
+"""
+
+
+def _fresh(code: str, *args: str) -> dict:
+    """Run ``code`` then the report in a fresh interpreter (the real spmd/__init__)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT.parent))
+    out = subprocess.run([sys.executable, "-c", code + "\n" + _REPORT, *args], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=str(ROOT.parent))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_spmd_compiler_loads_no_upper_layer():
+    rep = _fresh("import spmd.compiler")
+    above = [m for m in rep["modules"] if m != "spmd" and layer(m) > LAYERS["compiler"]]
+    assert not above, f"`import spmd.compiler` loaded upper layers: {above}"
+    # Nothing ran the installer: the defaults, which are exact while no mesh exists.
+    assert len(rep["left"]) == 5 and not rep["shard_loaded"]
+
+
+def test_import_spmd_alone_loads_nothing_of_the_layers():
+    rep = _fresh("import spmd")
+    assert rep["modules"] == ["spmd", "spmd.compiler", "spmd.compiler.extensions",
+                              "spmd.config", "spmd.errors"]
+
+
+# Every way in: each must end with every point filled and the array methods there.
+STYLES = {
+    "attribute": "import spmd; spmd.jit",
+    "from-root": "from spmd import shard_map",
+    "star": "from spmd import *",
+    "numpy-alone": "import spmd.numpy as snp",
+    "shard-module-alone": "from spmd.shard.shard_map import shard_map",
+    "mesh-context-alone": "from spmd.shard.mesh_context import set_mesh",
+    "lax": "import spmd.lax",
+    "sharding": "from spmd.sharding import NamedSharding, PartitionSpec",
+    "random-keys": "from spmd.random.keys import PRNGKey",
+    "launch-then-numpy": "import spmd.launch.cli; import spmd.numpy",
+}
+
+
+def _front_end_entries() -> list:
+    """Every top-level front-end package or module (a submodule always runs its
+    package's __init__ first, so these are all the first imports a front end has)."""
+    names = {p.stem if p.suffix == ".py" else p.name for p in ROOT.iterdir()
+             if (p.suffix == ".py" or (p / "__init__.py").exists())}
+    return sorted(n for n in names if not n.startswith("_") and layer(f"spmd.{n}") == FRONT)
+
+
+@pytest.mark.parametrize("code", [*STYLES.values(), *(f"import spmd.{n}" for n in
+                                                        _front_end_entries())],
+                         ids=[*STYLES, *_front_end_entries()])
+def test_every_import_style_installs_everything(code):
+    rep = _fresh(code)
+    assert rep["left"] == [], f"`{code}` left extension points at their defaults: " \
+        f"{rep['left']}"
+    assert rep["methods"] == [True, True], f"`{code}` left Array/Tracer without methods"
+
+
+def test_the_front_ends_are_all_covered():
+    assert {"numpy", "lax", "random", "nn", "scipy", "optim", "autodiff", "vectorize",
+            "sharding", "distributed", "debug", "checkpointing"} <= set(_front_end_entries())
+
+
+def test_a_shard_layer_without_the_root_installs_nothing():
+    """Loaded under an empty parent package (no installer registered), the shard layer
+    cannot run the front end's installer: run_installer says so."""
+    assert _alone("shard")["installed"] == []
+
+
+def test_an_unpickled_array_gets_everything(tmp_path):
+    """A fresh process that only unpickles an Array (a worker, a cache) has imported
+    nothing else of spmd: Array.__setstate__ runs the installer."""
+    import pickle
+
+    import spmd.numpy as snp
+
+    path = tmp_path / "x.pkl"
+    path.write_bytes(pickle.dumps(snp.arange(4.0)))
+    rep = _fresh("import pickle, sys, numpy as np\n"
+                 "x = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+                 "assert np.array_equal(np.asarray(x + 1), np.arange(4.0) + 1)",
+                 str(path))
+    assert rep["left"] == [] and rep["methods"] == [True, True]
+
+
+def test_the_root_is_lazy_and_caches():
+    code = ("import spmd, json\n"
+            "before = 'jit' in vars(spmd)\n"
+            "import spmd.shard.partition.api as api\n"
+            "same = spmd.jit is api.jit and vars(spmd)['jit'] is api.jit\n"
+            "try:\n    spmd.no_such_name\n    missing = 'no error'\n"
+            "except AttributeError as e:\n    missing = str(e)\n"
+            "ns = {}\nexec('from spmd import *', ns)\n"
+            "print(json.dumps([before, same, missing, sorted(set(spmd.__all__) - set(ns)),"
+            " sorted(set(spmd.__all__) - set(dir(spmd))), type(spmd.config).__name__]))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT.parent))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=str(ROOT.parent))
+    assert out.returncode == 0, out.stderr
+    before, same, missing, not_starred, not_listed, config_type = json.loads(
+        out.stdout.strip().splitlines()[-1])
+    assert before is False and same is True
+    assert missing == "module 'spmd' has no attribute 'no_such_name'"
+    assert not_starred == [] and not_listed == []
+    assert config_type == "Config"  # the object, not the module spmd.config
+
+
+def test_the_public_names_are_those_the_eager_root_had():
+    import spmd
+
+    assert spmd.__all__ == sorted(PUBLIC)
+
+
+# What `from spmd import *` gave when spmd/__init__.py imported every layer.
+PUBLIC = [
+    "Array", "Device", "Mesh", "NamedSharding", "P", "PartitionSpec", "ShapeDtypeStruct",
+    "ShapedArray", "ad_checkpoint", "autodiff", "checkpoint", "checkpoint_name",
+    "checkpoint_policies", "collectives", "compiler", "config", "custom_derivatives",
+    "custom_jvp", "custom_vjp", "debug", "device_count", "device_put", "devices",
+    "disable_jit", "distributed", "errors", "eval_shape", "grad", "hessian", "jacfwd",
+    "jacrev", "jit", "jvp", "launch", "lax", "linear_transpose", "linear_util", "linearize",
+    "local_device_count", "local_devices", "make_array_from_callback",
+    "make_array_from_process_local_data", "make_jaxpr", "make_mesh", "mesh", "nn", "numpy",
+    "pmap", "process_allgather", "process_count", "process_index", "random", "remat",
+    "scipy", "set_mesh", "shard", "shard_map", "sharding", "test_util", "tree", "tree_util",
+    "value_and_grad", "vectorize", "visualize_array_sharding", "vjp", "vmap"]

@@ -70,6 +70,19 @@ class Transport(Protocol):
     def sendrecv(self, x, ranks, dst, src, what: str | None = None) -> Any: ...
 
 
+@runtime_checkable
+class Request(Protocol):
+    """A collective started without waiting (a transport's optional ``iallreduce``:
+    :func:`spmd.collectives.mpi.iallreduce`).  The code generated for an overlapped
+    bucket (:mod:`spmd.compiler.overlap`) calls ``test()`` between the equations that
+    follow its start and ``wait()`` where the result is first needed.  A transport
+    without it (``nccl``) runs its all-reduces blocking."""
+
+    def test(self) -> bool: ...
+
+    def wait(self) -> Any: ...
+
+
 class Kind(NamedTuple):
     """One transport kind: ``op`` (the Transport operation), ``params`` (what it takes
     after ``x, ranks``), ``shape(in_shape, n) -> out_shape`` over ``n`` ranks, and

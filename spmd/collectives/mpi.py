@@ -219,6 +219,68 @@ def sendrecv(x, ranks, dst, src, what=None):
     return out
 
 
+# ------------------------------------------------- nonblocking all-reduce
+
+class Request:
+    """A started all-reduce (:func:`iallreduce`).  ``test()`` lets MPI move its data
+    (the PyPI ``mpich`` wheel has no progress thread: data moves only inside MPI
+    calls); ``wait()`` completes it and returns the result."""
+
+    __slots__ = ("_req", "_out", "_orig", "_keep", "_ranks", "_what", "_xp", "_gather")
+
+    def __init__(self, req, out, orig, keep, ranks, what, xp=np, gather=None):
+        self._req, self._out, self._orig, self._keep = req, out, orig, keep
+        self._ranks, self._what, self._xp, self._gather = ranks, what, xp, gather
+
+    def test(self) -> bool:
+        return self._req.Test()
+
+    def wait(self):
+        # A wait is a collective for the watchdog: a hang here gets the deadline report.
+        with Collective(self._ranks, self._what):
+            self._req.Wait()
+            if self._gather is not None:  # the split all-reduce's second half
+                from mpi4py import MPI
+
+                self._gather.Allgather(MPI.IN_PLACE, self._out.reshape(-1))
+        self._keep = None  # MPI no longer reads the send buffer
+        out = self._out if self._orig is None else self._out.astype(self._orig)
+        return out if self._xp is np else self._xp.asarray(out)
+
+
+def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
+    """Start an all-reduce of ``x`` over world ``ranks`` and return its :class:`Request`
+    at once.  From ``ALLREDUCE_SPLIT_BYTES`` on, as the blocking :func:`allreduce`, it
+    is a reduce-scatter (started now) and an all-gather, issued by ``wait()``: a
+    point of the program, the same on every rank (``test()`` could issue it at
+    different moments on different ranks, out of order with other collectives).
+    ``Iallreduce`` was as slow as ``Allreduce`` at 32 MiB, ``Ireduce_scatter_block`` +
+    ``Allgather`` as fast as the blocking pair (2 ranks, 2026-12-01).
+
+    >>> r = iallreduce(g, (0, 1), "sum"); ...; total = r.wait()  # doctest: +SKIP
+    """
+    comm = communicator(ranks)
+    buf, orig = _widen(x)
+    out = _recv_buffer(buf.shape, buf.dtype)
+    n, gather = len(ranks), None
+    with Collective(ranks, str(what) if what is not None else None):
+        if buf.nbytes >= _split_bytes() and buf.size % n == 0:
+            flat, k, me = out.reshape(-1), buf.size // n, comm.Get_rank()
+            req = comm.Ireduce_scatter_block(buf, flat[me * k:(me + 1) * k], op=_op(op))
+            gather = comm
+        else:
+            req = comm.Iallreduce(buf, out, op=_op(op))
+    return Request(req, out, orig, buf, ranks, what, xp, gather)
+
+
+def _mpi_start(xp, x, *, kind, ranks, op=None, what=None, **_):
+    """The ``start`` rule (spmd.compiler.overlap) of the ``mpi`` primitive's all-reduce."""
+    if kind != "allreduce":
+        raise ValueError(f"mpi: only an all-reduce can be started without waiting, not {kind!r}")
+    host = np.asarray(x) if xp is np else xp.asnumpy(x)
+    return iallreduce(host, ranks, op, what, xp)
+
+
 # --------------------------------------------------------- the primitive
 
 mpi_p = Primitive("mpi", effectful=True)
@@ -236,6 +298,7 @@ def _mpi_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
 
 
 define_rules(mpi_p, "mpi")
+mpi_p.rules["start"] = _mpi_start  # its all-reduces may overlap compute
 
 # The blocking kinds, whose impl on host arrays is exactly the backend call.
 _DIRECT_KINDS = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"})

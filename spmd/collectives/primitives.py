@@ -46,7 +46,9 @@ def _axes(axis_name, fname) -> tuple[str, ...]:
             where = (f"axes in scope: {scope}" if scope else
                      "no axis is in scope: collectives run inside shard_map (over its mesh "
                      "axes) or vmap(..., axis_name=...)")
-            raise CollectiveAxisError(f"{fname}: axis {a!r} is not in scope; {where}")
+            err = CollectiveAxisError(f"{fname}: axis {a!r} is not in scope; {where}")
+            err.axis, err.collective = a, fname  # for callers that know why (shard_map)
+            raise err
     return axes
 
 

@@ -57,6 +57,15 @@ class Array:
         then evaluated by binding its equations, e.g. by ``grad``)."""
         return True
 
+    def __setstate__(self, state) -> None:
+        """Unpickling.  The process may have imported nothing of spmd but this module
+        (``spmd/__init__.py`` is lazy), so run the installer it registered: the
+        array gets its operators and placement (``extensions.run_installer``)."""
+        _ext.run_installer()
+        inst, slots = state if isinstance(state, tuple) else (state, None)
+        for k, v in {**(inst or {}), **(slots or {})}.items():
+            object.__setattr__(self, k, v)
+
     # ---------------------------------------------------------------- data
     @property
     def value(self):

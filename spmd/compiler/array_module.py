@@ -48,7 +48,7 @@ def current():
         from spmd.compiler import extensions  # (a module that imports nothing of ours)
 
         point = extensions.ARRAY_MODULE
-        if point.installed_by is None:  # before `import spmd` finished: decide later
+        if point.installed_by is None:  # before the installer ran: decide later
             return np
         xp, device_id[0] = point.fn()
         _xp[0] = xp

@@ -58,35 +58,49 @@ def broadcast_batch(x, d, size):
 
 # --------------------------------------------------------------- the trace
 
-from spmd.compiler.trace import Trace, Tracer, full_lower, full_raise, get_aval, new_main  # noqa: E402
+from spmd.compiler.trace import (Trace, Tracer, _state, dynamic_trace, full_lower,  # noqa: E402
+                                 full_raise, get_aval, new_main)
 
 
 class BatchTracer(Tracer):
-    __slots__ = ("val", "bdim")
+    __slots__ = ("val", "bdim", "vma")
 
-    def __init__(self, trace, val, bdim):
+    def __init__(self, trace, val, bdim, vma=None):
         self._trace = trace
         self.val = val
         self.bdim = bdim
+        # In an eager shard_map body traced with check_vma: the mesh axes this value's
+        # type varies along (computed by the primitives' rules); else None.
+        self.vma = vma
 
     @property
     def aval(self):
         aval = get_aval(self.val)
-        if self.bdim is None:
-            return aval
-        shape = aval.shape[:self.bdim] + aval.shape[self.bdim + 1:]
-        return aval.update(shape=shape)
+        if self.bdim is not None:
+            aval = aval.update(shape=aval.shape[:self.bdim] + aval.shape[self.bdim + 1:])
+        return aval if self.vma is None else aval.update(vma=self.vma)
 
     def full_lower(self):
-        return full_lower(self.val) if self.bdim is None else self
+        # In the body of an eager shard_map (its level is the dynamic trace) a value
+        # the same on every device stays a body value: it keeps its type and prints
+        # per device, as in JAX.  Inside batching rules values are plain as usual.
+        if self.bdim is None and not _in_eager_body(self._trace.main):
+            return full_lower(self.val)
+        return self
 
     # At a level marked ``concrete`` (an eager shard_map, spmd/shard/shard_map_eager.py)
-    # a value that is the same in every batch element converts to a Python value;
-    # elsewhere the Tracer error stands.
+    # values are real: one converts to a Python value when it is the same on every
+    # device, and prints as each device's block.  ``level.concrete`` is the hook the
+    # shard layer gives (it knows the mesh and, across processes, how to agree);
+    # elsewhere the Tracer behaviour stands.
+    def _hook(self):
+        return _eager_hook(self._trace.main)
+
     def _concrete(self, what, convert):
-        if not getattr(self._trace.main.global_data[0], "concrete", False):
+        hook = self._hook()
+        if not hook:
             return getattr(Tracer, f"__{what}__")(self)
-        return convert(concrete_value(self, f"{what}()"))
+        return convert(hook.value(self, f"{what}()"))
 
     def __bool__(self):
         return self._concrete("bool", bool)
@@ -102,6 +116,33 @@ class BatchTracer(Tracer):
 
         return self._concrete("index", operator.index)
 
+    def __str__(self):
+        hook = self._hook()
+        return hook.text(self) if hook else Tracer.__repr__(self)
+
+    def __repr__(self):
+        hook = self._hook()
+        return hook.text(self) if hook else Tracer.__repr__(self)
+
+    def __format__(self, spec):
+        hook = self._hook()
+        if not hook:
+            return Tracer.__format__(self, spec)
+        return hook.text(self, spec)
+
+
+def _in_eager_body(main) -> bool:
+    """True while user code of an eager shard_map body runs at ``main``'s level."""
+    return dynamic_trace() is main and _eager_hook(main) is not None
+
+
+def _eager_hook(main):
+    """The eager shard_map hook of ``main``'s level when ``main`` is that shard_map's
+    own level (levels that rules open to re-batch bodies share its NamedAxes but
+    trace programs: their values are not concrete)."""
+    hook = getattr(main.global_data[0], "concrete", None)
+    return hook if hook is not None and hook.main is main else None
+
 
 class BatchTrace(Trace):
     """Carries a batch axis through each primitive with its batching rule.
@@ -111,11 +152,43 @@ class BatchTrace(Trace):
     """
 
     def pure(self, val):
-        return BatchTracer(self, val, None)
+        hook = _eager_hook(self.main)
+        return BatchTracer(self, val, None, frozenset() if getattr(hook, "typed", False)
+                           else None)
 
     lift = pure
 
     def process_primitive(self, prim, tracers, params):
+        dyn = _state.dynamic
+        if dyn[-1] is not self.main:
+            return self._process(prim, tracers, params)
+        # An eager shard_map's level is the dynamic trace (values made in its body are
+        # body values too); the rules' own binds go to the level below.
+        dyn.append(None)
+        try:
+            if getattr(_eager_hook(self.main), "typed", False):
+                return self._process_typed(prim, tracers, params)
+            return self._process(prim, tracers, params)
+        finally:
+            dyn.pop()
+
+    def _process_typed(self, prim, tracers, params):
+        """An eager shard_map body with check_vma: values carry their varying-axes
+        types, computed by the primitives' rules on the blocks' types as in a traced
+        body (so that e.g. grad inside the body sums over devices, JEP 17111)."""
+        from spmd.compiler.trace import abstract_eval
+
+        avals = [t.aval for t in tracers]
+        if prim.vma is None and len(avals) > 1:  # an implicit pvary: the types join
+            union = frozenset().union(*(a.vma for a in avals))
+            avals = [a.update(vma=union) for a in avals]
+        out_avals = abstract_eval(prim, avals, params)
+        outs = self._process(prim, tracers, params)
+        for o, a in zip(outs, out_avals):
+            o.vma = a.vma
+        return outs
+
+    def _process(self, prim, tracers, params):
         vals = [t.val for t in tracers]
         dims = [t.bdim for t in tracers]
         if all(d is None for d in dims) and not self._communicates(prim, params) and \
@@ -167,40 +240,21 @@ class NamedAxes:
     __slots__ = ("names", "sizes", "local", "procs", "me", "spmd_name", "concrete")
 
     def __init__(self, names, sizes, local=None, procs=None, me=0, spmd_name=None,
-                 concrete=False):
+                 concrete=None):
         self.names = tuple(names)
         self.sizes = tuple(int(s) for s in sizes)
         # vmap(spmd_axis_name=...): the mesh axes the batch axis is split over when it
         # meets a shard_map or a sharding constraint (a tuple of names), else None.
         self.spmd_name = spmd_name
-        # Values at this level are concrete (an eager shard_map): Python may branch on
-        # those that are the same on every device.
+        # Values at this level are concrete (an eager shard_map): a hook with
+        # ``value(tracer, what)`` (a Python value, when the same on every device) and
+        # ``text(tracer, spec="")`` (each device's block), else None.
         self.concrete = concrete
         # On a multi-process mesh only this process's devices are stacked: their
         # flat mesh positions, the owning process of every position, and ours.
         self.local = None if local is None else tuple(local)
         self.procs = None if procs is None else tuple(procs)
         self.me = me
-
-
-def concrete_value(tracer: BatchTracer, what: str):
-    """The value of ``tracer`` when it is the same in every batch element (device)."""
-    from spmd.compiler.array_module import to_host
-    from spmd.errors import TracerBoolConversionError
-
-    if tracer.bdim is None:
-        return tracer.val
-    val = tracer.val
-    if isinstance(val, Tracer):
-        return getattr(Tracer, "__bool__")(val)  # traced data: the Tracer error
-    v = np.moveaxis(np.asarray(to_host(getattr(val, "value", val))), tracer.bdim, 0)
-    differ = [k for k in range(1, v.shape[0]) if not np.array_equal(v[k], v[0])]
-    if differ:
-        raise TracerBoolConversionError(
-            f"{what} of a value inside an eager shard_map that differs between devices "
-            f"(devices 0 and {differ[0]} in mesh order disagree); branch on a value that is "
-            "the same on every device (e.g. after lax.psum), or use lax.cond")
-    return v[0]
 
 
 def _scope_for(axis_name, main):

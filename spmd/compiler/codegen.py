@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import numpy as np
 
@@ -277,6 +278,124 @@ class _DeadBuffers:
                 self.free.setdefault((a.aval.shape, a.aval.dtype), []).append(names[a])
 
 
+class FlatWrites:
+    """Operands of a flat ``concatenate`` written straight into its buffer.
+
+    Combining collectives (:mod:`spmd.compiler.combine`) packs the gradients
+    into one flat buffer: ``concatenate(reshape(g1), reshape(g2), ...)``.  A
+    hand-written step has each gradient's matmul or sum write into its slice
+    of that buffer (``out=``); so does the generated code, for every operand
+    ``g`` produced in this program and read only by its ``reshape``: the
+    buffer is allocated before the first of them is produced, ``g``'s
+    equation writes into a view of its slice (or copies into it, where its
+    code cannot write into a given array), and the ``concatenate`` only copies
+    the operands that were not written so (used elsewhere too, or inputs).
+    """
+
+    def __init__(self, eqns, live_out, uses):
+        self.views: dict = {}    # g -> (concatenate output, start, stop)
+        self.copies: dict = {}   # concatenate equation -> [(operand, start, stop)] to copy
+        self.alloc: dict = {}    # equation index -> concatenate outputs to allocate there
+        producer = {o: (i, e) for i, e in enumerate(eqns) for o in e.outputs}
+        live = {a for a in live_out if isinstance(a, Var)}
+        for e in eqns:
+            if e.primitive.name != "concatenate" or e.params.get("dimension") != 0 or \
+                    e.outputs[0].aval.ndim != 1:
+                continue
+            written, copied, at, first = [], [], 0, None
+            for p in e.inputs:
+                size = p.aval.shape[0]
+                g = self._source(p, producer, uses, live)
+                if g is None:
+                    copied.append((p, at, at + size))
+                else:
+                    written.append((g, at, at + size))
+                    idx = producer[g][0]
+                    first = idx if first is None else min(first, idx)
+                at += size
+            if written:
+                buf = e.outputs[0]
+                for g, a, b in written:
+                    self.views[g] = (buf, a, b)
+                self.copies[e] = copied
+                self.alloc.setdefault(first, []).append(buf)
+
+    @staticmethod
+    def _source(p, producer, uses, live):
+        """The value ``g`` whose ``reshape`` is operand ``p``, when ``g`` may be
+        written into the buffer."""
+        if not isinstance(p, Var) or uses.get(p) != 1 or p not in producer:
+            return None
+        r = producer[p][1]
+        if r.primitive.name != "reshape" or not isinstance(r.inputs[0], Var):
+            return None
+        g = r.inputs[0]
+        if uses.get(g) != 1 or g in live or g not in producer or g.aval.dtype != p.aval.dtype:
+            return None
+        made = producer[g][1]
+        if len(made.outputs) != 1 or made.primitive.multiple_results or \
+                made.primitive.effectful or not g.aval.ndim or made.primitive.name in _VIEWS:
+            return None
+        return g
+
+    def allocate(self, i, names, gen, const, lines) -> None:
+        for buf in self.alloc.get(i, ()):
+            names[buf] = next(gen)
+            a = buf.aval
+            lines.append(f"{names[buf]} = xp.empty({a.shape[0]}, dtype={const(np.dtype(a.dtype))})")
+
+    def pack(self, eqn, names, atom, lines) -> bool:
+        """For a planned ``concatenate``: copy the operands not written in place into
+        its buffer (True); other equations: False."""
+        copied = self.copies.get(eqn)
+        if copied is None:
+            return False
+        buf = names[eqn.outputs[0]]
+        lines.extend(f"{buf}[{a}:{b}] = {atom(p)}" for p, a, b in copied)
+        return True
+
+    def view(self, eqn, names) -> str | None:
+        """The code of the view ``eqn``'s result goes into, or None."""
+        if len(eqn.outputs) != 1:
+            return None
+        hit = self.views.get(eqn.outputs[0])
+        if hit is None:
+            return None
+        buf, a, b = hit
+        return f"{names[buf]}[{a}:{b}].reshape({tuple(eqn.outputs[0].aval.shape)!r})"
+
+
+# Equations after which the generated code lets started collectives progress:
+# those that touch this many elements (cheap ones would only add call costs).
+TEST_AFTER_ELEMENTS = 1 << 14
+_VIEWS = frozenset({"reshape", "slice", "broadcast_in_dim", "squeeze", "expand_dims",
+                    "transpose"})
+
+
+def _heavy(eqn) -> bool:
+    if eqn.primitive.name in _VIEWS:
+        return False
+    return any(math.prod(a.aval.shape) >= TEST_AFTER_ELEMENTS
+               for a in list(eqn.inputs) + list(eqn.outputs) if hasattr(a.aval, "shape"))
+
+
+def _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines) -> None:
+    """``collective_start`` keeps its request in ``_r<tag>``; ``collective_wait`` waits
+    for it (see :mod:`spmd.compiler.overlap`)."""
+    tag = eqn.params["tag"]
+    handle = f"_r{tag}"
+    what = eqn.params.get("what")
+    note = f"  # {what}" if isinstance(what, str) and "\n" not in what else ""
+    if eqn.primitive.rules.get("starts"):
+        fname = f"_{eqn.primitive.name}_{i}"
+        namespace[fname] = functools.partial(eqn.primitive.impl, xp, **eqn.params)
+        lines.append(f"{handle} = {fname}({', '.join(ins)}){note}")
+        pending.append(handle)
+    else:
+        lines.append(f"{outs[0]} = {handle}.wait(){note}")
+        pending.remove(handle)
+
+
 def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) -> None:
     """Append one line of code per equation to ``lines``.
 
@@ -288,13 +407,24 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
     uses = _use_counts(eqns, live_out)
     owned: set = set()  # values in buffers that only this program's code references
     dead = _DeadBuffers(eqns, live_out)
+    flat = FlatWrites(eqns, live_out, uses)
+    pending: list = []  # requests of started collectives not waited for yet
     for i, eqn in enumerate(eqns):
         prim = eqn.primitive
+        flat.allocate(i, names, gen, const, lines)
+        if flat.pack(eqn, names, atom, lines):  # its operands are in its buffer
+            dead.release_inputs(eqn, names, owned, never_aliases=False)
+            continue
         ins = [atom(a) for a in eqn.inputs]
         outs = []
         for v in eqn.outputs:
             names[v] = next(gen)
             outs.append(names[v])
+        if prim.rules.get("starts") or prim.rules.get("waits"):
+            _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines)
+            dead.release_inputs(eqn, names, owned, never_aliases=False)
+            continue
+        into = flat.view(eqn, names)
         if eqn.outputs and eqn.outputs[0] in compact:
             shape = compact[eqn.outputs[0]]
             same = shape == eqn.inputs[0].aval.shape
@@ -308,16 +438,18 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
         if emit_avals is not None:  # an emit rule that needs the operands' types
             in_avals = [a.aval for a in eqn.inputs]
             expr = emit_avals(ins, in_avals, **eqn.params)
-            buf = dead.take(out_aval) if expr is not None and array_result and \
-                prim.name in FRESH_RESULT else None
+            buf = into or (dead.take(out_aval) if expr is not None and array_result and
+                           prim.name in FRESH_RESULT else None)
             if buf is not None:  # the same code, writing into a dead buffer
                 expr = emit_avals(ins, in_avals, out=buf, **eqn.params) or expr
         else:
             expr = prim.emit(ins, **eqn.params) if prim.emit is not None and (
             xp is np or not prim.rules.get("emit_numpy_only")) else None
         fresh = prim.name in FRESH_RESULT
-        if fresh and array_result:
+        if fresh and array_result and into is None:
             owned.add(eqn.outputs[0])
+        if into is not None and expr is not None and f"out={into}" in expr:
+            into = None  # written in place
         if expr is None:
             # A primitive may give its implementation with the parameters bound in a
             # cheaper form (rules["bind_impl"]: e.g. a collective calling its backend
@@ -334,7 +466,11 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             # A ufunc with an array result returns a fresh buffer (0-d results
             # are numpy scalars: immutable, and never reused).
             uf = ufunc_of(expr, ins)
-            if uf is not None:
+            if uf is not None and into is not None:  # straight into the flat buffer
+                expr, into, fresh = f"xp.{uf}({', '.join(ins)}, out={into})", None, True
+            elif into is not None and expr.startswith("xp.sum(") and expr.endswith(")"):
+                expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
+            elif uf is not None:
                 fresh = True
                 target = _reusable_input(eqn, owned, uses)
                 if target is not None:
@@ -354,3 +490,9 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
         # bytes)"): shown in the source, where the call itself says nothing.
         note = f"  # {what}" if isinstance(what, str) and "\n" not in what else ""
         lines.append(f"{lhs} = {expr}{note}")
+        if into is not None:  # the producer cannot write into the buffer: copy
+            lines.append(f"{into}[...] = {outs[0]}")
+        if pending and _heavy(eqn):
+            # Let the MPI library move the started collectives' data (it progresses
+            # only inside MPI calls).
+            lines.extend(f"{h}.test()" for h in pending)

@@ -114,6 +114,26 @@ def zero_from_primal(x, symbolic_zeros: bool = True):
     return z if symbolic_zeros else z.instantiate()
 
 
+class CustomVJPPrimal:
+    """What the ``fwd`` of a ``custom_vjp`` defined with ``symbolic_zeros=True``
+    receives for each argument leaf: its ``value`` and whether it is ``perturbed``
+    (differentiated; when False its cotangent is not needed and may be None).
+
+    >>> p = CustomVJPPrimal(np.float32(2.0), False)
+    >>> p.value, p.perturbed
+    (2.0, False)
+    """
+
+    __slots__ = ("value", "perturbed")
+
+    def __init__(self, value, perturbed: bool):
+        self.value = value
+        self.perturbed = bool(perturbed)
+
+    def __repr__(self):
+        return f"CustomVJPPrimal(value={self.value!r}, perturbed={self.perturbed})"
+
+
 
 custom_jvp_call_p = Primitive("custom_jvp_call", multiple_results=True, higher_order=True)
 custom_jvp_call_p.def_impl(_impl)
@@ -267,9 +287,11 @@ custom_lin_p.def_vma(lambda *avals, out_avals, **_: [a.vma for a in out_avals])
 
 @custom_lin_p.def_transpose
 def _custom_lin_transpose(cts, *args, num_res, bwd, in_tree, res_tree, out_tree, out_avals,
-                          in_avals, tangent_pos):
+                          in_avals, tangent_pos, symbolic_zeros=False):
     res = tree_util.tree_unflatten(res_tree, list(args[:num_res]))
-    cts = [instantiate(c) if isinstance(c, Zero) else c for c in cts]
+    # With symbolic_zeros the rule sees which output cotangents are zero (as in JAX).
+    cts = [(SymbolicZero(c.aval) if symbolic_zeros else instantiate(c))
+           if isinstance(c, Zero) else c for c in cts]
     ct_tree = tree_util.tree_unflatten(out_tree, cts)
     got = bwd(res, ct_tree)
     if not isinstance(got, (tuple, list)):
@@ -356,12 +378,19 @@ custom_lin_p.def_batch(lambda args, dims, **p: (_ for _ in ()).throw(
 
 
 @custom_vjp_call_p.def_jvp
-def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree, num_consts):
+def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree, num_consts,
+                    symbolic_zeros=False):
     primals, tangents = _split_closure(primals, tangents, num_consts, "custom_vjp")
-    res = fwd(*tree_util.tree_unflatten(in_tree, primals))
+    args = tree_util.tree_unflatten(in_tree, primals)
+    if symbolic_zeros:  # fwd learns which argument leaves are differentiated
+        res = fwd(*args, perturbed=tuple(not isinstance(t, Zero) for t in tangents))
+    else:
+        res = fwd(*args)
     if not (isinstance(res, (tuple, list)) and len(res) == 2):
         raise CustomRuleError("custom_vjp fwd must return a pair (output, residuals)")
     out, residuals = res
+    if symbolic_zeros:
+        _no_primal_objects(out, residuals)
     out_leaves, tree = tree_util.tree_flatten(out)
     if tree != out_tree:
         raise CustomRuleError(f"custom_vjp fwd returned output structure {tree}; the function "
@@ -375,15 +404,72 @@ def _custom_vjp_jvp(primals, tangents, *, program, fwd, bwd, in_tree, out_tree, 
     out_avals = tuple(tangent_aval(get_aval(o)) for o in out_leaves)
     out_t = bind(custom_lin_p, *res_leaves, *tangents, num_res=len(res_leaves), bwd=bwd,
                  in_tree=in_tree, res_tree=res_tree, out_tree=out_tree, out_avals=out_avals,
-                 in_avals=in_avals, tangent_pos=tangent_pos)
+                 in_avals=in_avals, tangent_pos=tangent_pos, symbolic_zeros=symbolic_zeros)
     return out_leaves, out_t
+
+
+def _no_primal_objects(out, residuals):
+    for what, tree in (("output", out), ("residuals", residuals)):
+        if any(isinstance(x, CustomVJPPrimal) for x in tree_util.tree_leaves(tree)):
+            raise CustomRuleError(
+                f"custom_vjp fwd (symbolic_zeros=True) returned a CustomVJPPrimal in its "
+                f"{what}; it receives each argument as CustomVJPPrimal(value, perturbed): "
+                "return x.value (or values computed from it) instead")
 
 
 def _vjp_batch_params(params, level, size):
     from spmd.compiler.batching import vmap_at_level
 
+    if params.get("symbolic_zeros"):
+        return {**params, "fwd": _vmap_fwd_flags(params["fwd"], level, size),
+                "bwd": _vmap_with_zeros(params["bwd"], level, size)}
     return {**params, "fwd": vmap_at_level(params["fwd"], level, size),
             "bwd": vmap_at_level(params["bwd"], level, size)}
+
+
+def _vmap_fwd_flags(fwd, level, size):
+    """A symbolic-zeros ``fwd(*args, perturbed=...)`` mapped over axis 0 of its args."""
+    from spmd.compiler.batching import vmap_at_level
+
+    def mapped(*args, perturbed):
+        return vmap_at_level(functools.partial(fwd, perturbed=perturbed), level, size)(*args)
+    return mapped
+
+
+def _vmap_with_zeros(bwd, level, size):
+    """A symbolic-zeros ``bwd`` mapped over axis 0 of its args: the SymbolicZero
+    cotangents it receives stay symbolic (one example's type); those it returns become
+    zeros (a mapped function returns arrays)."""
+    from spmd.compiler.batching import vmap_at_level
+
+    def is_zero(x):
+        return isinstance(x, SymbolicZero)
+
+    def mapped(*args):
+        leaves, tree = tree_util.tree_flatten(args, is_leaf=is_zero)
+        zeros = {i: SymbolicZero(x.aval.update(shape=x.aval.shape[1:]))
+                 for i, x in enumerate(leaves) if is_zero(x)}
+
+        def inner(*arrays):
+            it = iter(arrays)
+            full = [zeros[i] if i in zeros else next(it) for i in range(len(leaves))]
+            out = bwd(*tree_util.tree_unflatten(tree, full))
+            return tree_util.tree_map(lambda x: x.instantiate() if is_zero(x) else x, out,
+                                      is_leaf=is_zero)
+        return vmap_at_level(inner, level, size)(
+            *[x for i, x in enumerate(leaves) if i not in zeros])
+    return mapped
+
+
+def _primal_objects(fwd, nondiff: tuple):
+    """``fwd`` called with each differentiable argument leaf as a CustomVJPPrimal
+    (``symbolic_zeros=True``); ``perturbed`` has one flag per such leaf, in order."""
+    def wrapped(*args, perturbed):
+        flags = iter(perturbed)
+        full = [a if i in nondiff else tree_util.tree_map(
+            lambda x: CustomVJPPrimal(x, next(flags)), a) for i, a in enumerate(args)]
+        return fwd(*full)
+    return wrapped
 
 
 _batch_via_vmap(custom_vjp_call_p, _vjp_batch_params)
@@ -403,6 +489,7 @@ class custom_vjp:
         self.fun = fun
         self.nondiff_argnums = tuple(nondiff_argnums)
         self.fwd = self.bwd = None
+        self.symbolic_zeros = False
 
     def defvjp(self, fwd: Callable, bwd: Callable, symbolic_zeros: bool = False,
                optimize_remat: bool = False) -> None:
@@ -410,14 +497,22 @@ class custom_vjp:
 
         ``optimize_remat`` is accepted and has no effect: it lets JAX recompute
         ``fwd`` inside ``checkpoint`` instead of saving its residuals, an
-        optimisation that does not change any value.  ``symbolic_zeros=True`` is
-        not supported (it changes the rules' signatures)."""
-        if symbolic_zeros:
-            raise NotImplementedError(
-                f"custom_vjp {self.__name__}: defvjp(symbolic_zeros=True) is not supported; "
-                "write fwd and bwd for plain arrays (bwd may return None for a zero "
-                "cotangent)")
+        optimisation that does not change any value.
+
+        With ``symbolic_zeros=True`` (JAX's semantics) ``fwd`` receives each
+        argument leaf as a :class:`CustomVJPPrimal` (``.value``, ``.perturbed``), and
+        ``bwd`` receives a :class:`SymbolicZero` for each output cotangent that is
+        zero; ``bwd`` may return ``None`` or a ``SymbolicZero`` for a zero cotangent.
+
+        >>> f.defvjp(lambda x: (f(x.value), x.value), lambda r, g: (g * r,),
+        ...          symbolic_zeros=True)                        # doctest: +SKIP
+        """
+        if not callable(fwd) or not callable(bwd):
+            bad = "fwd" if not callable(fwd) else "bwd"
+            raise CustomRuleError(f"custom_vjp {self.__name__}: defvjp's {bad} must be a "
+                                  f"function, got {type(fwd if bad == 'fwd' else bwd).__name__}")
         self.fwd, self.bwd = fwd, bwd
+        self.symbolic_zeros = bool(symbolic_zeros)
         self.optimize_remat = bool(optimize_remat)
 
     def __call__(self, *args):
@@ -429,18 +524,20 @@ class custom_vjp:
         dyn = tuple(a for i, a in enumerate(args) if i not in nd)
 
         def with_static(fn):
-            def g(*d):
+            def g(*d, **kw):
                 full, it = [], iter(d)
                 for i in range(len(args)):
                     full.append(args[i] if i in nd else next(it))
-                return fn(*full)
+                return fn(*full, **kw)
             return g
+
+        fwd = _primal_objects(self.fwd, nd) if self.symbolic_zeros else self.fwd
 
         bwd = functools.partial(self.bwd, *static) if nd else self.bwd
         leaves, in_tree = tree_util.tree_flatten(dyn)
         closed, out_tree, hoisted = _trace(with_static(self.fun), leaves, in_tree,
                                            self.__name__)
         outs = bind(custom_vjp_call_p, *hoisted, *leaves, program=closed,
-                    fwd=with_static(self.fwd), bwd=bwd, in_tree=in_tree, out_tree=out_tree,
-                    num_consts=len(hoisted))
+                    fwd=with_static(fwd), bwd=bwd, in_tree=in_tree, out_tree=out_tree,
+                    num_consts=len(hoisted), symbolic_zeros=self.symbolic_zeros)
         return tree_util.tree_unflatten(out_tree, outs)

@@ -7,8 +7,28 @@ mesh context that a ``shard_map`` without ``mesh=`` reads).  Each such
 need is one :class:`ExtensionPoint` declared here, with its name, the signature of
 the function that fills it, what it is for, and a default that keeps the compiler
 working alone.  Nothing fills a point when a module is imported: one installer,
-:func:`spmd._install.install_extensions`, called by ``spmd/__init__.py``, fills them
-all, so this file and that one are the whole picture of the wiring.
+:func:`spmd._install.install_extensions`, fills them all, so this file and that one
+are the whole picture of the wiring.
+
+When it runs.  ``spmd/__init__.py`` is lazy (``import spmd.compiler`` must load
+nothing above the compiler), and Python runs it before any submodule, so it hands
+the installer to this module (:func:`register_installer`) without importing it.
+The installer then runs (:func:`run_installer`, once):
+
+- at the end of ``spmd/shard/__init__.py``.  The shard layer is the top layer below
+  the front ends and every provider of a point sits at or below it, but it may not
+  import the front end (``spmd._install``), hence the registered function.  So a
+  usable shard layer always has its points filled, whatever imported it: in
+  particular :data:`CONTEXT_KEY` is never at its default (``None``) once a mesh
+  context can be set, which would let a cache traced under one mesh serve another;
+- when any front end is imported (``spmd.numpy``, ``spmd.lax``, ``spmd.autodiff``,
+  ...), and before the root's ``__getattr__`` hands out a name (``spmd.jit``);
+- when an ``Array`` is unpickled (``Array.__setstate__``).
+
+Before that, the defaults are right for what is loaded: without the shard layer
+no mesh context exists (``CONTEXT_KEY`` -> None is exact), no ``shard_map`` body is
+traced (``PVARY`` is never asked), and the points that have no sensible default
+raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 
 | point | filled with | default |
 | --- | --- | --- |
@@ -38,7 +58,8 @@ F = TypeVar("F", bound=Callable)
 
 
 class ExtensionNotInstalledError(SpmdError, RuntimeError):
-    """An extension point was needed before ``spmd`` (which fills them all) was imported."""
+    """An extension point was needed while only the layers below the shard layer were
+    loaded (nothing has run the installer, which fills them all)."""
 
 
 class ExtensionPoint(Generic[F]):
@@ -80,11 +101,16 @@ class ExtensionPoint(Generic[F]):
         return f"ExtensionPoint({self.name}: {self.signature}, {who})"
 
 
+# What the defaults that raise say to do.
+_HOW = ("the compiler's extension points are filled when the shard layer or a front end "
+        "is loaded: use spmd through them (`import spmd.numpy`, `spmd.jit`, `from spmd "
+        "import shard_map`), or call spmd.compiler.extensions.run_installer()")
+
+
 def _pvary_missing(x, axes):
     raise ExtensionNotInstalledError(
         f"a value meets others varying along mesh axes {tuple(axes)} and needs pvary, which "
-        "the collectives layer provides; `import spmd` (it installs the compiler's extension "
-        "points) before tracing shard_map bodies")
+        f"the collectives layer provides; {_HOW}")
 
 
 PVARY: ExtensionPoint = ExtensionPoint(
@@ -107,7 +133,7 @@ CONTEXT_KEY: ExtensionPoint = ExtensionPoint(
 def _placement_missing(x):
     raise ExtensionNotInstalledError(
         "an Array's placement (.sharding, .addressable_shards) is described by the shard "
-        "layer; `import spmd` (it installs the compiler's extension points) first")
+        f"layer; {_HOW}")
 
 
 PLAIN_SHARDING: ExtensionPoint = ExtensionPoint(
@@ -138,7 +164,6 @@ ARRAY_MODULE: ExtensionPoint = ExtensionPoint(
     _numpy)
 
 
-
 def _general_only(program, leaves, general):
     return general(), None
 
@@ -157,3 +182,37 @@ EAGER_CALL: ExtensionPoint = ExtensionPoint(
 
 # Every point, for the installer's check and the tests.
 POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, EAGER_CALL)
+
+
+# ----------------------------------------------------------------- the installer
+# The function that fills every point, and who registered it.  ``spmd/__init__.py``
+# (which Python runs before any submodule) registers it without importing anything
+# above the compiler; the compiler holds it so that the layers below the front ends
+# can run it without importing the front end.
+_installer: list = [None, None]
+
+
+def register_installer(fn: Callable[[], None], by: str) -> None:
+    """Hold ``fn``, the installer of every point, for :func:`run_installer`.
+
+    >>> register_installer(lambda: None, by="docs") is None   # doctest: +SKIP
+    True
+    """
+    if not callable(fn):
+        raise TypeError(f"register_installer: expected a function () -> None, got {fn!r}")
+    _installer[0], _installer[1] = fn, by
+
+
+def run_installer() -> bool:
+    """Run the registered installer (it runs once; later calls return at once).
+
+    The shard layer calls it as its package finishes loading, since CONTEXT_KEY at
+    its default would let a cache be reused across meshes once the mesh context
+    exists.  Returns False when no installer is registered: a layer loaded without
+    ``spmd/__init__.py`` (the layer tests), whose points then keep their defaults.
+    """
+    fn = _installer[0]
+    if fn is None:
+        return False
+    fn()
+    return True

@@ -27,7 +27,7 @@ from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.program_arrays import array_equation, needs_arrays, output_wrappers
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (axis_env_key, eval_plain, eval_program, get_aval,
+from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
                                  hoist_traced_consts, is_array_like, is_eager, to_array_value,
                                  trace_to_program, wrap_value)
 from spmd.compiler.trace import _state as _trace_state
@@ -213,10 +213,11 @@ jit_p.rules["needs_arrays"] = lambda params: needs_arrays(params["program"])
 
 
 class _Entry:
-    """One traced signature.  ``hoisted``: values of enclosing transformations that
-    the function closed over, passed as the program's leading arguments (see
-    :func:`hoist_traced_consts`); an entry with any is never cached, since they
-    belong to the trace that made them."""
+    """One traced signature.  ``hoisted``: values of enclosing transformations (and
+    Arrays spread over processes) that the function closed over, passed as the
+    program's leading arguments (see :func:`hoist_traced_consts`); an entry with
+    tracers among them is never cached, since they belong to the trace that made
+    them (closed-over Arrays are cached, as any constant is)."""
 
     __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_wrappers",
                  "hoisted", "needs_arrays")
@@ -289,7 +290,7 @@ class _CallPlan:
         # arguments, or equations that need Arrays: the call binds ``jit`` eagerly, so
         # that those arrays evaluate it (see Array._eval_primitive).
         self.bind = entry.needs_arrays or any(
-            type(x) is not Array and isinstance(x, Array) for x in leaves)
+            type(x) is not Array and isinstance(x, Array) for x in (*leaves, *entry.hoisted))
         # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
         self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
         # For an eager call that binds: the upper layer's fast runner (None: not asked
@@ -414,7 +415,8 @@ class JitFunction:
         entry = self._cache.get(akey)
         if entry is None:
             entry = self._trace(static_key, treedef, avals)
-            if entry.hoisted:  # closed over an enclosing trace's values: this call only
+            if any(isinstance(h, Tracer) for h in entry.hoisted):
+                # closed over an enclosing trace's values: this call only
                 return _CallPlan(entry, leaves, avals)
             self._cache[akey] = entry  # only reached when tracing succeeded
         plan = self._plans[key] = _CallPlan(entry, leaves, avals)
@@ -578,7 +580,17 @@ def make_jaxpr(fun: Callable, static_argnums=None):
 
 
 def eval_shape(fun: Callable, *args, **kwargs):
-    """The output avals (shape, dtype) of ``fun`` without running it."""
+    """The output avals (shape, dtype) of ``fun`` without running it.
+
+    A function that knows its outputs' shardings (a jit with shardings, which defines
+    ``__spmd_eval_shape__``) answers itself, with ``ShapeDtypeStruct``s carrying them.
+
+    >>> eval_shape(lambda x: x[:2], ShapeDtypeStruct((5,), np.float32))
+    f32[2]
+    """
+    own = getattr(type(fun), "__spmd_eval_shape__", None)
+    if own is not None:
+        return own(fun, *args, **kwargs)
     return JitFunction(fun).eval_shape(*args, **kwargs)
 
 

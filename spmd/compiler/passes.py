@@ -110,17 +110,25 @@ def sum_batched_dots(closed: ClosedProgram) -> ClosedProgram:
 def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
     """Inline equations whose primitive has a ``lower`` rule (e.g. ``shard_map`` on the
     local backend becomes array code over all simulated devices), re-optimise, then
-    combine independent collectives (:mod:`spmd.compiler.combine`; the bucket size is
-    ``spmd.config.combine_collectives_bytes``, 0 disables it).
+    start combinable collectives early in buckets and wait where their results are
+    needed (:mod:`spmd.compiler.overlap`; ``spmd.config.overlap_bucket_bytes``, 0 turns
+    it off), and combine the remaining independent collectives
+    (:mod:`spmd.compiler.combine`; the bucket size is
+    ``spmd.config.combine_collectives_bytes``, 0 disables both).
 
     The printed program keeps those equations; only the executed code is lowered
     (``Lowered.as_text(executed=True)`` prints it).
     """
     from spmd.compiler.combine import combine_collectives
+    from spmd.compiler.overlap import overlap_collectives
     from spmd.config import config
 
     if any(e.primitive.rules.get("lower") for e in closed.program.eqns):
         closed = optimize(inline_calls(closed, "lower"))
+    if config.combine_collectives_bytes:
+        # Overlapped buckets are combined too: never larger than combining allows.
+        closed = overlap_collectives(closed, min(config.overlap_bucket_bytes,
+                                                 config.combine_collectives_bytes))
     return combine_collectives(closed, config.combine_collectives_bytes)
 
 

@@ -8,11 +8,15 @@ the Array side of the interface):
   ``out_specs`` placement), or None;
 - ``rules["needs_arrays"](params)``: True when the equation's eager results are
   not plain buffers (a ``shard_map`` over processes returns this process's
-  blocks), so a jitted program holding it cannot be compiled as it is;
-- ``rules["eval_program"](params, program, args)``: how such an equation's layer
-  runs a whole program holding it (a ``shard_map`` over processes: the program
-  partitioned over that mesh and run as one per-process program), or None to
-  run it equation by equation; ``rules["executed_program"](params, program)``:
+  blocks), so a jitted program holding it cannot be compiled as it is; also
+  when it sits in a sub-program (a loop or ``cond`` body, a ``checkpoint``, a
+  custom derivative), which is then compiled with it;
+- ``rules["eval_program"](params, program, args, required=False)``: how such
+  an equation's layer runs a whole program holding it (a ``shard_map`` over
+  processes: the program partitioned over that mesh and run as one per-process
+  program), or None to run it equation by equation (with ``required=True`` it
+  raises instead: the program is one higher-order equation, see
+  :func:`eval_higher_order`); ``rules["executed_program"](params, program)``:
   the program that is then run, for printing.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import weakref
 
 from spmd.compiler.ir import ClosedProgram
+from spmd.errors import SpmdError
 
 
 def _output_wrappers(closed) -> tuple | None:
@@ -40,13 +45,30 @@ def _output_wrappers(closed) -> tuple | None:
 def needs_arrays(closed: ClosedProgram) -> bool:
     """Whether ``closed`` has an equation that must be evaluated on Arrays rather than
     compiled (a primitive whose ``needs_arrays`` rule says so for its parameters,
-    e.g. a ``shard_map`` over processes, which returns this process's blocks)."""
+    e.g. a ``shard_map`` over processes, which returns this process's blocks), at
+    any depth of its sub-programs."""
     hit = _needs_arrays.get(closed)
     if hit is None:
-        hit = _needs_arrays[closed] = any(
-            e.primitive.rules.get("needs_arrays") is not None
-            and e.primitive.rules["needs_arrays"](e.params) for e in closed.program.eqns)
+        hit = _needs_arrays[closed] = any(_eqn_needs_arrays(e.primitive, e.params)
+                                          for e in closed.program.eqns)
     return hit
+
+
+def _eqn_needs_arrays(prim, params) -> bool:
+    rule = prim.rules.get("needs_arrays")
+    if rule is not None and rule(params):
+        return True
+    return prim.higher_order and any(needs_arrays(p) for p in sub_programs(params))
+
+
+def sub_programs(params: dict):
+    """The closed programs among an equation's parameters (a body, a tuple of
+    ``cond`` branches)."""
+    for v in params.values():
+        if isinstance(v, ClosedProgram):
+            yield v
+        elif isinstance(v, (tuple, list)):
+            yield from (x for x in v if isinstance(x, ClosedProgram))
 
 
 _needs_arrays: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -64,9 +86,75 @@ _wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def array_equation(closed: ClosedProgram):
-    """The first equation of ``closed`` whose ``needs_arrays`` rule says so, or None."""
+    """The first equation of ``closed`` (at any depth of its sub-programs) whose
+    ``needs_arrays`` rule says so and whose layer runs a whole program holding it
+    (an ``eval_program`` rule), or None."""
     for e in closed.program.eqns:
-        rule = e.primitive.rules.get("needs_arrays")
-        if rule is not None and rule(e.params):
-            return e
+        if not _eqn_needs_arrays(e.primitive, e.params):
+            continue
+        if e.primitive.rules.get("eval_program") is not None:
+            rule = e.primitive.rules.get("needs_arrays")
+            if rule is not None and rule(e.params):
+                return e
+        for p in sub_programs(e.params):
+            found = array_equation(p)
+            if found is not None:
+                return found
     return None
+
+
+class NestedArraysError(SpmdError):
+    """A higher-order primitive (a loop, ``cond``, ``checkpoint``, custom derivative)
+    whose body holds an equation that must run on Arrays (a ``shard_map`` over
+    processes) could not run as one program over that equation's devices."""
+
+
+def eval_higher_order(prim, args, params) -> list | None:
+    """An eager higher-order primitive whose sub-programs hold an equation that needs
+    Arrays (a ``shard_map`` over processes in a ``scan`` body): the primitive runs as
+    a one-equation program through that equation's ``eval_program`` rule (the
+    shard_map's layer partitions it over its mesh), or None when no sub-program
+    needs Arrays (then it is compiled as usual).
+
+    >>> lax.scan(body_calling_a_shard_map, x, ws)   # doctest: +SKIP
+    """
+    if not any(needs_arrays(p) for p in sub_programs(params)):
+        return None
+    from spmd.compiler.trace import get_aval
+
+    program = _wrapped_equation(prim, params, tuple(get_aval(a) for a in args))
+    eqn = array_equation(program)
+    rule = eqn.primitive.rules.get("eval_program") if eqn is not None else None
+    outs = rule(eqn.params, program, args, required=True) if rule is not None else None
+    if outs is None:
+        raise NestedArraysError(
+            f"{prim.name}: its body holds an equation that runs on arrays spread over "
+            "processes, and no layer runs it as one program here; call that equation "
+            f"outside the {prim.name}, or put the {prim.name} inside it")
+    return outs
+
+
+def _wrapped_equation(prim, params, avals) -> ClosedProgram:
+    """``bind(prim, *args, **params)`` as a program (cached, so that what its layer
+    builds for it, e.g. a partitioned program, is cached too)."""
+    from spmd.compiler.trace import bind, trace_to_program
+
+    try:
+        key = (prim, tuple(sorted(params.items())), avals)
+        hit = _wrapped.get(key)
+    except TypeError:  # unhashable parameters: traced anew each call
+        key, hit = None, None
+    if hit is None:
+        def one(*xs):
+            out = bind(prim, *xs, **params)
+            return list(out) if prim.multiple_results else [out]
+
+        hit = trace_to_program(one, list(avals))
+        if key is not None:
+            if len(_wrapped) >= 1024:
+                _wrapped.clear()
+            _wrapped[key] = hit
+    return hit
+
+
+_wrapped: dict = {}

@@ -77,6 +77,14 @@ class EvalTrace(Trace):
             outs = rule(args, params)
             if outs is not None:
                 return outs
+        elif prim.higher_order:
+            # A body holding such a primitive (a shard_map over processes in a scan
+            # body) cannot be compiled with it: its layer runs the whole equation.
+            from spmd.compiler.program_arrays import eval_higher_order
+
+            outs = eval_higher_order(prim, args, params)
+            if outs is not None:
+                return outs
         return eval_plain(prim, args, params)
 
 
@@ -529,26 +537,37 @@ def trace_to_program(flat_fun: Callable, in_avals) -> ClosedProgram:
         return builder.build([t.var for t in tracers_in], tracers_out)
 
 
+def _hoisted_const(c) -> bool:
+    # A tracer of an enclosing transformation, or an Array whose value is not all in
+    # this process (spread over processes): neither can be a constant of a program
+    # compiled here.
+    return isinstance(c, Tracer) or (isinstance(c, Array) and type(c) is not Array
+                                     and not c._holds_value())
+
+
 def hoist_traced_consts(closed: ClosedProgram) -> tuple[ClosedProgram, list]:
     """Closure conversion: the constants of ``closed`` that are tracers of
-    enclosing transformations become leading arguments.
+    enclosing transformations, or Arrays spread over processes, become leading
+    arguments.
 
     A function traced under another transformation may close over that
     transformation's values (``grad(lambda s: jit(lambda x: s * x)(y))``); kept as
     constants of the inner program, they would be invisible to the outer
     transformation (a zero gradient, a leaked tracer).  As explicit operands of the
-    primitive that calls the program, the outer transformation sees them.  Returns
-    the program, whose arguments are now ``hoisted + original arguments`` (concrete
-    constants stay constants), and the hoisted tracers.
+    primitive that calls the program, the outer transformation sees them.  An Array
+    spread over processes holds only this process's blocks: as an operand, its layer
+    runs the program on them (JAX, too, lets a jitted function close over a global
+    Array).  Returns the program, whose arguments are now ``hoisted + original
+    arguments`` (other constants stay constants), and the hoisted values.
     """
     consts = closed.consts
-    if not any(isinstance(c, Tracer) for c in consts):
+    if not any(_hoisted_const(c) for c in consts):
         return closed, []
     prog = closed.program
     n = len(consts)
     keep_vars, keep_vals, hoist_vars, hoisted = [], [], [], []
     for v, c in zip(prog.in_vars[:n], consts):
-        if isinstance(c, Tracer):
+        if _hoisted_const(c):
             hoist_vars.append(v)
             hoisted.append(c)
         else:

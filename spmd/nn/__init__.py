@@ -212,3 +212,9 @@ def standardize(x, axis=-1, mean=None, variance=None, epsilon: float = 1e-5):
 
 # The initialisers draw from spmd.random (imported last: it builds on the above).
 from spmd.nn import initializers  # noqa: E402,F401
+
+# A front end: fill the compiler's extension points and install the array methods
+# (spmd/_install.py; spmd/__init__.py is lazy, so this may be the first spmd import).
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+_install_extensions()

@@ -119,7 +119,10 @@ def round(x, decimals: int = 0):
     """Round half to even, like ``numpy.round``."""
     (a,) = promote_dtypes(x, fname="spmd.numpy.round")
     decimals = static_int(decimals, "spmd.numpy.round", "decimals")
-    _no_complex(a, "round")
+    if dtypes.is_complex(get_aval(a).dtype):  # each part on its own, as numpy and JAX
+        from spmd.compiler.ops import complex as cx
+
+        return cx.make_complex(round(cx.real(a), decimals), round(cx.imag(a), decimals))
     if not dtypes.is_float(get_aval(a).dtype):
         return a
     if decimals == 0:
@@ -132,9 +135,10 @@ around = round
 
 
 def _no_complex(a, name):
-    if dtypes.is_complex(get_aval(a).dtype):
+    if dtypes.is_complex(get_aval(a).dtype):  # numpy and JAX refuse complex floor/ceil too
         raise DTypeError(f"spmd.numpy.{name}: complex input ({get_aval(a).dtype}) is not "
-                         f"supported; apply it to snp.real(x) and snp.imag(x) separately")
+                         "supported (numpy and JAX refuse it too); apply it to snp.real(x) "
+                         "and snp.imag(x) separately")
 
 
 def square(x, /):
@@ -187,6 +191,8 @@ def floor_divide(x1, x2, /):
     dt = get_aval(a).dtype
     if dtypes.is_float(dt):
         return _float_divmod(a, b)[0]
+    if dtypes.is_complex(dt):
+        return _complex_floor_divide(a, b)
     if dtypes.is_bool(dt):
         raise TypeError("spmd.numpy.floor_divide: bool operands are not supported")
     # lax div truncates; adjust toward -inf where the remainder has the other sign.
@@ -197,10 +203,33 @@ def floor_divide(x1, x2, /):
     return ew.sub(q, ew.convert(fix, dt))
 
 
+def _complex_floor_divide(a, b):
+    """JAX's complex ``//``: the floor of the real part of ``a / b``, as a complex number
+    with zero imaginary part.  The quotient's real part is computed scaled by the
+    larger of ``|Re b|``, ``|Im b|`` (so it neither overflows nor loses digits)."""
+    from spmd.compiler.ops import complex as cx
+
+    from spmd.compiler.ops.structural import full
+
+    ar, ai, br, bi = cx.real(a), cx.imag(a), cx.real(b), cx.imag(b)
+    rdt, shape = get_aval(br).dtype, tuple(get_aval(br).shape)
+    ones = full(shape, 1, rdt)
+    by_re = ew.ge(ew.abs(br), ew.abs(bi))
+    # The branch not taken divides by ones, not by a possible zero.
+    r1 = ew.select(by_re, ones, ew.div(br, ew.select(by_re, ones, bi)))
+    r2 = ew.select(by_re, ew.div(bi, ew.select(by_re, br, ones)), ones)
+    q = ew.floor(ew.div(ew.add(ew.mul(ar, r1), ew.mul(ai, r2)),
+                        ew.add(ew.mul(br, r1), ew.mul(bi, r2))))
+    return cx.make_complex(q, full(shape, 0, rdt))
+
+
 def remainder(x1, x2, /):
     """``x1 - floor(x1 / x2) * x2``: the result has the sign of ``x2`` (numpy's ``%``)."""
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.remainder")
     dt = get_aval(a).dtype
+    if dtypes.is_complex(dt):
+        raise DTypeError(f"spmd.numpy.remainder: complex operands ({dt}) have no remainder "
+                         "(numpy and JAX refuse them); apply it to snp.real and snp.imag")
     if dtypes.is_float(dt):
         return _float_divmod(a, b)[1]
     r = ew.rem(a, b)
@@ -295,6 +324,13 @@ def clip(a, a_min=None, a_max=None, *, min=None, max=None):
     lo = a_min if a_min is not None else min
     hi = a_max if a_max is not None else max
     out = to_array(a)
+    for name, v in (("a", out), ("min", lo), ("max", hi)):
+        if v is not None and dtypes.is_complex(get_aval(to_array(v)).dtype):
+            # JAX refuses too: complex numbers have no order to clip by.
+            raise DTypeError(f"spmd.numpy.clip: {name} is complex "
+                             f"({get_aval(to_array(v)).dtype}); complex values have no order "
+                             "to clip by (JAX refuses them too): clip snp.real(x) or "
+                             "snp.imag(x), or the magnitude snp.abs(x)")
     if lo is not None:
         out = maximum(out, lo)
     if hi is not None:

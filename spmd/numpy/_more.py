@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
-from spmd.errors import ArgumentError, ShapeError
+from spmd.compiler.trace import get_aval
+from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_to_float,
                               require_static, to_array)
 
@@ -319,6 +320,11 @@ def quantile(a, q, axis=None, method: str = "linear", keepdims: bool = False):
     from spmd.numpy._take import take
 
     fname = "spmd.numpy.quantile"
+    if dtypes.is_complex(get_aval(_arr(a, fname)).dtype):
+        # JAX refuses too: a quantile of complex numbers is poorly defined.
+        raise DTypeError(f"{fname}: complex input ({get_aval(_arr(a, fname)).dtype}) is not "
+                         "supported (JAX refuses it too: complex numbers have no order to "
+                         "interpolate along); use snp.real(x), snp.imag(x) or snp.abs(x)")
     if method != "linear":
         raise ArgumentError(f"{fname}: method={method!r} is not supported; use 'linear'")
     (x,) = promote_to_float(_arr(a, fname), fname=fname)

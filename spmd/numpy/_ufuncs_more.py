@@ -174,6 +174,7 @@ def fmod(x1, x2, /):
     from spmd.compiler.ops.elementwise import rem
 
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.fmod")
+    _real_only(a, "fmod")
     return rem(a, b)
 
 

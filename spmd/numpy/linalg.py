@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from spmd.compiler import dtypes
 from spmd.compiler.ops import linalg_decomp as _ld
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axes,
@@ -58,10 +59,18 @@ def _matrix(a, fname, square=True):
     return x
 
 
-def _symmetrize(x):
+def _H(x):
+    """The conjugate transpose of the last two axes (the transpose for real ``x``)."""
+    from spmd.numpy._complex import conj
     from spmd.numpy._shape import swapaxes
 
-    return (x + swapaxes(x, -1, -2)) * 0.5
+    t = swapaxes(x, -1, -2)
+    return conj(t) if dtypes.is_complex(x.dtype) else t
+
+
+def _symmetrize(x):
+    """``(x + x^H) / 2``: the symmetric (Hermitian) part, as JAX symmetrizes."""
+    return (x + _H(x)) * 0.5
 
 
 def solve(a, b):
@@ -129,14 +138,13 @@ def _adjugate(x):
     from spmd.numpy._creation import eye
     from spmd.numpy._elementwise import where
     from spmd.numpy._reductions import prod
-    from spmd.numpy._shape import swapaxes
 
     u, s, vh = _ld.svd(x, full_matrices=False)
     n = x.shape[-1]
     others = where(eye(n, dtype=bool), 1.0, s[..., None, :])  # row i: s with s_i -> 1
     cof = prod(others, axis=-1)
-    signs = _ld.slogdet(u)[0] * _ld.slogdet(vh)[0]
-    adj = swapaxes(vh, -1, -2) @ (cof[..., :, None] * swapaxes(u, -1, -2))
+    signs = _ld.slogdet(u)[0] * _ld.slogdet(vh)[0]  # det(U) det(V^H): phases when complex
+    adj = _H(vh) @ (cof[..., :, None] * _H(u))
     return adj * signs[..., None, None]
 
 
@@ -163,13 +171,12 @@ _det = _make_det()
 
 
 def cholesky(a, *, upper: bool = False, symmetrize_input: bool = True):
-    """The Cholesky factor (lower, or upper with ``upper=True``); NaN where ``a`` is not
-    positive definite.  ``a`` is symmetrized first (``(a + a.T) / 2``), as JAX does."""
-    from spmd.numpy._shape import swapaxes
-
+    """The Cholesky factor (lower, or upper ``L^H`` with ``upper=True``); NaN where
+    ``a`` is not positive definite.  ``a`` is symmetrized first (``(a + a^H) / 2``),
+    as JAX does; complex ``a`` is Hermitian."""
     x = _matrix(a, "spmd.numpy.linalg.cholesky")
     L = _ld.cholesky(_symmetrize(x) if symmetrize_input else x)
-    return swapaxes(L, -1, -2) if upper else L
+    return _H(L) if upper else L
 
 
 def qr(a, mode: str = "reduced"):
@@ -186,15 +193,13 @@ def qr(a, mode: str = "reduced"):
 def eigh(a, UPLO: str | None = None, symmetrize_input: bool = True) -> EighResult:
     """Eigenvalues (ascending) and eigenvectors of the symmetric matrices ``a``;
     ``a`` is symmetrized first, as JAX does (``UPLO`` picks the triangle otherwise)."""
-    from spmd.numpy._shape import swapaxes
-
     x = _matrix(a, "spmd.numpy.linalg.eigh")
     if UPLO not in (None, "L", "U"):
         raise ArgumentError(f"spmd.numpy.linalg.eigh: UPLO={UPLO!r} must be 'L' or 'U'")
     if symmetrize_input:
         x = _symmetrize(x)
-    elif UPLO == "U":
-        x = swapaxes(x, -1, -2)
+    elif UPLO == "U":  # the upper triangle of a Hermitian matrix is the lower's ^H
+        x = _H(x)
     w, v = _ld.eigh(x)
     return EighResult(w, v)
 
@@ -260,17 +265,13 @@ def _keep(out, shape, axes, keepdims):
 
 
 def _magnitude(a, fname, ord, n_axes):
-    """|a| for complex ``a``: vector and Frobenius norms depend only on magnitudes;
-    the spectral ones need a complex SVD, which spmd does not have."""
-    from spmd.compiler import dtypes
+    """|a| for complex ``a`` where the norm depends only on magnitudes; the spectral
+    norms (2, -2, 'nuc') take the complex matrix to its (real) singular values."""
     from spmd.numpy import _elementwise as ew
 
-    if not dtypes.is_complex(a.dtype):
+    if not dtypes.is_complex(a.dtype) or (n_axes == 2 and ord in (2, -2, "nuc")):
         return a
-    if n_axes == 1 or ord in (None, "fro"):
-        return ew.abs(a)
-    raise DTypeError(f"{fname}: ord={ord!r} matrix norms of complex arrays are not supported "
-                     "(they need a complex SVD); use ord='fro' or vector norms")
+    return ew.abs(a)
 
 
 def _vector_norm(a, ord, axis, fname):

@@ -15,6 +15,7 @@ import spmd.numpy as snp
 from spmd.compiler import dtypes
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import threefry as tf
+from spmd.compiler.ops.special import erf_inv
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.random.keys import _check_key, split
@@ -94,7 +95,7 @@ def normal(key, shape=(), dtype=None):
     dtype = _float_dtype(dtype, "normal")
     lo = np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype))
     u = uniform(key, shape, dtype, lo, np.array(1.0, dtype))
-    return tf.erf_inv(u) * np.array(np.sqrt(2), dtype)
+    return erf_inv(u) * np.array(np.sqrt(2), dtype)
 
 
 def _erf(x):
@@ -114,7 +115,7 @@ def truncated_normal(key, lower, upper, shape=None, dtype=None):
     _check_param_shape("truncated_normal", shape, np.shape(lower), np.shape(upper))
     sqrt2 = np.array(np.sqrt(2), dtype)
     a, b = _erf(lower / sqrt2), _erf(upper / sqrt2)
-    out = tf.erf_inv(uniform(key, shape, dtype, a, b)) * sqrt2
+    out = erf_inv(uniform(key, shape, dtype, a, b)) * sqrt2
     lo, hi = _open_bounds(lower, upper, dtype)
     return snp.clip(out, lo, hi)
 

@@ -123,16 +123,29 @@ def _eval_jit(args, params, mesh):
             for o, s in zip(outs, out_specs)]
 
 
-def eval_jit_over(program, args, mesh):
+def eval_jit_over(program, args, mesh, required: bool = False):
     """``program`` (a jitted program holding a shard_map over the processes of
     ``mesh``) run partitioned over ``mesh`` on this process's data, or None when the
-    partitioner cannot take it (then it runs equation by equation)."""
+    partitioner cannot take it (then it runs equation by equation).  With
+    ``required`` (``program`` is one loop, cond, checkpoint or custom-derivative
+    equation whose body holds the shard_map: equation by equation is itself) that
+    case raises :class:`~spmd.compiler.program_arrays.NestedArraysError` instead."""
     from spmd.errors import SpmdError
 
     try:
         _partition(program, mesh, _in_specs(args, mesh))
-    except SpmdError:
-        return None
+    except SpmdError as e:
+        if not required:
+            return None
+        from spmd.compiler.program_arrays import NestedArraysError
+
+        what = program.program.eqns[0].primitive.name if program.program.eqns else "program"
+        raise NestedArraysError(
+            f"{what}: its body holds a shard_map over {mesh!r}, spread over processes, "
+            "which runs only as part of one program partitioned over that mesh (each "
+            f"process computes its own blocks), and this {what} cannot be partitioned "
+            f"over it: {e}. Fix that (e.g. use one mesh for every shard_map and "
+            f"sharding in it), or call the shard_map outside the {what}") from e
     return _eval_jit(args, {"program": program}, mesh)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.api import psum
+from spmd.collectives.primitives import CollectiveAxisError
 from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.array import Array
@@ -26,7 +27,9 @@ from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
-from spmd.errors import ConcretizationError, SpmdError
+from spmd.errors import SpmdError
+from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
+                                     _manual_axes)
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 
@@ -123,14 +126,15 @@ shard_map_p.rules["output_array"] = _output_array
 shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
 
 
-def _eval_program(params, program, args):
-    """A jitted program holding a shard_map over processes runs partitioned over its
-    mesh, as one per-process program (so e.g. the collectives of its forward and
-    backward bodies are combined); None (equation by equation) where the
-    partitioner cannot take it."""
+def _eval_program(params, program, args, required=False):
+    """A jitted program (or a loop, cond, checkpoint or custom derivative) holding a
+    shard_map over processes runs partitioned over its mesh, as one per-process
+    program (so e.g. the collectives of its forward and backward bodies are
+    combined); None (equation by equation) where the partitioner cannot take it,
+    or an error when ``required``."""
     from spmd.shard.dispatch import eval_jit_over
 
-    return eval_jit_over(program, args, params["mesh"])
+    return eval_jit_over(program, args, params["mesh"], required)
 
 
 def _executed_program(params, program):
@@ -495,32 +499,6 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
     return wrapped
 
 
-def _manual_axes(axis_names, mesh, fname):
-    """The manual axes: all of the mesh's (None), or those of ``axis_names``.
-
-    The other axes of a partial-manual shard_map are not in scope in the body and
-    no spec may name them: every device along them holds the same blocks and runs
-    the same computation (replicated, not partitioned, along them)."""
-    if axis_names is None:
-        return None
-    names = set(axis_names)
-    unknown = sorted(names - set(mesh.axis_names))
-    if unknown:
-        raise ShardMapError(f"{fname}: axis_names={sorted(names)} names {unknown[0]!r}, which "
-                            f"is not an axis of the mesh (axes {mesh.axis_names})")
-    if names == set(mesh.axis_names):
-        return None
-    return tuple(a for a in mesh.axis_names if a in names)
-
-
-def _check_manual_spec(spec, manual, where, fname):
-    auto = [a for a in spec.mesh_axes if a not in manual]
-    if auto:
-        raise ShardMapError(f"{fname}: {where}={spec} names mesh axis {auto[0]!r}, which is "
-                            f"not manual (axis_names={list(manual)}); a partial-manual "
-                            "shard_map's specs may name only its manual axes")
-
-
 def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
     specs = in_specs
     if isinstance(specs, PartitionSpec) and len(args) == 1:
@@ -549,6 +527,11 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
             raise ShardMapError(str(e)) from None
         vals.append(v)
         flat_specs.append(spec)
+    from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
+
+    if can_run_eagerly(vals):  # outside any transformation: run on concrete blocks
+        return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
+                           check_vma, manual, fname)
     block_avals = [_block_aval(get_aval(v), s, mesh, check_vma)
                    for v, s in zip(vals, flat_specs)]
     out_box: list = []
@@ -564,14 +547,8 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
 
     try:
         closed = trace_body(flat_body, mesh, block_avals, check_vma, manual)
-    except ConcretizationError:
-        # A Python branch on a value: eagerly, run the body on concrete blocks instead.
-        from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
-
-        if not can_run_eagerly(mesh, vals):
-            raise
-        return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
-                           check_vma, manual, fname)
+    except CollectiveAxisError as e:
+        raise _automatic_axis_error(e, mesh, manual, fname) from None
     out_tree, outs_struct = out_box
     if callable(out_specs):  # a thunk, called once the outputs are known (as in JAX)
         out_specs = out_specs()
@@ -581,6 +558,13 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         if manual is not None:
             _check_manual_spec(spec, manual, f"out_specs{path}", fname)
         _check_out(a, spec, path, mesh, check_vma, fname)
+    if manual is not None:
+        # The automatic axes are the partitioner's: the body runs split along them too.
+        from spmd.shard.partition.manual import partition_partial_manual
+
+        closed, flat_specs, out_flat_specs = partition_partial_manual(
+            closed, mesh, manual, vals, flat_specs, out_flat_specs)
+        check_vma = False  # the partitioned body is untyped (as jit's partitioned bodies)
     outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
     return tree_util.tree_unflatten(out_tree, outs)
 

@@ -1,82 +1,227 @@
-"""Eager ``shard_map`` with concrete per-device values, for Python control flow.
+"""Eager ``shard_map``: the body runs on every device's concrete blocks.
 
-A ``shard_map`` called outside any transformation traces its body once and
-runs the program.  When that trace fails because the body branches in Python
-on a value (``if lax.psum(x, "i") > 0:``, ``int(n)``), the body is run again
-on the concrete blocks of every device at once: under one batch level standing
-for the mesh (as the local backend runs bodies), operation by operation.  A
-value then converts to a Python ``bool``/``int``/``float`` when it is the same on
-every device (a ``psum`` result, say); one that differs between devices raises
-an error naming the devices that disagree.  Under ``jit`` such a body still
-needs ``lax.cond``, as in JAX.
+A ``shard_map`` called outside any transformation does not trace its body into
+a program: it runs the Python body once, operation by operation, on the
+concrete blocks of every device at once, under one batch level standing for
+the mesh (as the local backend runs bodies).  Values in the body are real, as
+in JAX's eager shard_map:
 
-Without a trace there are no varying-axes types: an output whose spec leaves
-out a mesh axis is checked concretely to hold the same block on every device
-along it.
+- ``print(x)``, ``str``, ``repr`` and ``format`` show each device's block,
+  labelled with its device and mesh coordinates (JAX's format); across
+  processes each process shows its own devices;
+- a value converts to a Python ``bool``/``int``/``float`` when it is the same on
+  every device (a ``psum`` result, say), so a Python ``if`` on it works; one
+  that differs between devices raises an error naming two devices that
+  disagree.  Across processes the processes compare digests of their blocks,
+  so all of them take the same branch or all raise.
+
+Under ``jit`` (or any transformation) the body is traced once instead, and a
+branch on a value needs ``lax.cond``, as in JAX.
+
+With ``check_vma`` the values carry varying-axes types, computed operation by
+operation by the same rules as in a traced body (so ``grad`` inside the body
+sums over devices where JEP 17111 says so), and outputs are checked on them as
+under ``jit``.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
 from spmd import tree_util
 from spmd.compiler.array_module import to_host
-from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes
+from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.trace import Tracer, extend_axis_env, full_raise, get_aval, new_main
+from spmd.errors import TracerBoolConversionError
 
 
-def can_run_eagerly(mesh, vals) -> bool:
+def can_run_eagerly(vals) -> bool:
+    """True when a shard_map call is eager: no transformation active, no traced input."""
     from spmd.compiler.trace import is_eager
 
-    return is_eager() and not mesh.is_multi_process and \
-        not any(isinstance(v, Tracer) for v in vals)
+    return is_eager() and not any(isinstance(v, Tracer) for v in vals)
+
+
+class EagerMesh:
+    """The hook of the concrete batch level (``NamedAxes.concrete``): what a body
+    value is on each device of this process, how it prints, and whether it is the
+    same on every device of the mesh (across processes, by comparing digests)."""
+
+    def __init__(self, mesh, local, typed: bool):
+        self.mesh = mesh
+        self.typed = typed  # values carry varying-axes types (check_vma)
+        self.main = None  # the batch level the body runs at (set when it starts)
+        self.local = local  # this process's flat mesh positions; None: all (one process)
+        self.positions = tuple(range(mesh.size)) if local is None else tuple(local)
+
+    def blocks(self, tracer) -> list:
+        """This process's devices' blocks of ``tracer`` (host arrays, mesh order)."""
+        v = np.asarray(to_host(getattr(tracer.val, "value", tracer.val)))
+        if tracer.bdim is None:
+            return [v] * len(self.positions)
+        v = np.moveaxis(v, tracer.bdim, 0)
+        return [v[k] for k in range(v.shape[0])]
+
+    def text(self, tracer, spec: str = "") -> str:
+        """Each device's block, as JAX prints a value of an eager shard_map body."""
+        mesh = self.mesh
+        names = f"({', '.join(map(str, mesh.axis_names))},)"
+        flat = list(mesh.devices.flat)
+        parts = []
+        for pos, block in zip(self.positions, self.blocks(tracer)):
+            coords = tuple(int(i) for i in np.unravel_index(pos, mesh.devices.shape))
+            shown = format(block[()] if block.ndim == 0 else block, spec) if spec else str(block)
+            parts.append(f"On {flat[pos]!r} at mesh coordinates {names} = {coords}:\n{shown}\n")
+        return "\n".join(parts)
+
+    def digests(self, tracer) -> np.ndarray:
+        """One digest of every device's block, mesh order (agreed across processes)."""
+        out = np.zeros((self.mesh.size, 16), np.uint8)
+        for pos, block in zip(self.positions, self.blocks(tracer)):
+            data = np.ascontiguousarray(block).tobytes() + str(block.dtype).encode()
+            out[pos] = np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), np.uint8)
+        if self.local is None:
+            return out
+        from spmd.collectives import mpi
+
+        procs = [d.process_index for d in self.mesh.devices.flat]
+        ranks = tuple(sorted(set(procs)))
+        rows = mpi.allgather(out, ranks, what="the eager shard_map's value check", control=True)
+        return np.stack([rows[ranks.index(procs[p])][p] for p in range(self.mesh.size)])
+
+    def value(self, tracer, what: str):
+        """The value of ``tracer`` when it is the same on every device of the mesh."""
+        # A value whose type is invariant is the same everywhere by construction.
+        if tracer.bdim is not None and (tracer.vma is None or tracer.vma):
+            d = self.digests(tracer)
+            differ = [k for k in range(1, len(d)) if not np.array_equal(d[k], d[0])]
+            if differ:
+                raise TracerBoolConversionError(
+                    f"{what} of a value inside an eager shard_map that differs between "
+                    f"devices (devices 0 and {differ[0]} in mesh order disagree); branch on a "
+                    "value that is the same on every device (e.g. after lax.psum), or use "
+                    "lax.cond")
+        # The same everywhere: this process's first block (or the unstacked value).
+        return tracer.val if tracer.bdim is None else self.blocks(tracer)[0]
 
 
 def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma, manual,
                 fname):
     """Run ``f`` on every device's concrete blocks; the global outputs, placed."""
-    from spmd.shard.execute import from_blocks, to_blocks
     from spmd.shard.shard_map import _check_manual_spec, _check_out, _spec_leaves
-    from spmd.shard.sharded import from_whole
-    from spmd.shard.spec import NamedSharding
 
-    level = NamedAxes(mesh.axis_names, mesh.axis_sizes, concrete=True)
-    stacked = [to_blocks(v, s, mesh) for v, s in zip(vals, specs)]
+    from spmd.mesh import process_index
+
+    multi = mesh.is_multi_process
+    local = _local_positions(mesh) if multi else None
+    hook = EagerMesh(mesh, local, check_vma)
+    if multi:
+        flat = list(mesh.devices.flat)
+        level = NamedAxes(mesh.axis_names, mesh.axis_sizes, local=local,
+                          procs=tuple(d.process_index for d in flat), me=process_index(),
+                          concrete=hook)
+        stacked = [_local_blocks(v, s, mesh, local) for v, s in zip(vals, specs)]
+    else:
+        from spmd.shard.execute import to_blocks
+
+        level = NamedAxes(mesh.axis_names, mesh.axis_sizes, concrete=hook)
+        stacked = [to_blocks(v, s, mesh) for v, s in zip(vals, specs)]
     scope = dict(mesh.shape) if manual is None else {a: mesh.shape[a] for a in manual}
-    with new_main(BatchTrace, (level, mesh.size)) as main, extend_axis_env(scope, main=main):
+    with new_main(BatchTrace, (level, len(hook.positions)), dynamic=True) as main, \
+            extend_axis_env(scope, track_vma=check_vma, main=main):
+        hook.main = main
         trace = BatchTrace(main)
         full = list(leaves)
-        for i, (v, d) in zip(dyn, stacked):
-            full[i] = BatchTracer(trace, v, d) if d is not None else v
+        for i, (v, d), s in zip(dyn, stacked, specs):
+            vma = frozenset(a for a in s.mesh_axes if a in scope) if check_vma else None
+            full[i] = BatchTracer(trace, v, d, vma)
         outs = f(*tree_util.tree_unflatten(in_tree, full))
         out_leaves, out_tree = flatten_outputs(outs, fname)
-        raw = [(o.val, o.bdim) for o in (full_raise(trace, x) for x in out_leaves)]
-    if callable(out_specs):
-        out_specs = out_specs()
-    out_spec_paths = _spec_leaves(out_specs, outs, "out_specs", fname)
-    for (v, d), (spec, path) in zip(raw, out_spec_paths):
-        if manual is not None:
-            _check_manual_spec(spec, manual, f"out_specs{path}", fname)
-        _check_out(_block_aval(v, d, mesh, check_vma), spec, path, mesh, check_vma, fname)
-    results = []
-    for (v, d), (s, _) in zip(raw, out_spec_paths):
-        out = from_blocks(v, d, s, mesh)
-        results.append(from_whole(out.value, out.aval, NamedSharding(mesh, s)))
+        tracers = [full_raise(trace, x) for x in out_leaves]
+        if callable(out_specs):
+            out_specs = out_specs()
+        out_spec_paths = _spec_leaves(out_specs, outs, "out_specs", fname)
+        for t, (spec, path) in zip(tracers, out_spec_paths):
+            if manual is not None:
+                _check_manual_spec(spec, manual, f"out_specs{path}", fname)
+            _check_out(t.aval, spec, path, mesh, check_vma, fname)
+        raw = [(t.val, t.bdim) for t in tracers]
+    specs_out = [s for s, _ in out_spec_paths]
+    results = _outputs_multi(raw, specs_out, mesh, local) if multi else \
+        _outputs_local(raw, specs_out, mesh)
     return tree_util.tree_unflatten(out_tree, results)
 
 
-def _block_aval(v, d, mesh, check_vma):
-    """One device's block type, varying along the mesh axes whose blocks differ."""
-    aval = get_aval(v)
-    if d is None:
-        return aval.update(vma=frozenset())
-    block = aval.update(shape=aval.shape[:d] + aval.shape[d + 1:])
-    if not check_vma:
-        return block.update(vma=frozenset())
-    x = np.moveaxis(np.asarray(to_host(getattr(v, "value", v))), d, 0)
-    x = x.reshape(tuple(mesh.axis_sizes) + x.shape[1:])
-    varying = frozenset(a for i, a in enumerate(mesh.axis_names)
-                        if not np.array_equal(x, np.take(x, [0], axis=i).repeat(
-                            mesh.axis_sizes[i], axis=i)))
-    return block.update(vma=varying)
+def _outputs_local(raw, specs, mesh):
+    from spmd.shard.execute import from_blocks
+    from spmd.shard.shard_map import _as_global
+    from spmd.shard.sharded import from_whole
+    from spmd.shard.spec import NamedSharding
+
+    results = []
+    for (v, d), s in zip(raw, specs):
+        out = _as_global(from_blocks(v, d, s, mesh))  # a constant output may be numpy
+        results.append(from_whole(out.value, out.aval, NamedSharding(mesh, s)))
+    return results
+
+
+# ------------------------------------------------------ multi-process meshes
+
+def _local_positions(mesh) -> tuple[int, ...]:
+    from spmd.mesh import process_index
+
+    me = process_index()
+    return tuple(i for i, d in enumerate(mesh.devices.flat) if d.process_index == me)
+
+
+def _local_blocks(x, spec, mesh, local):
+    """(this process's blocks of input ``x`` stacked, 0), or (x, None) when replicated:
+    an Array spread over processes is first placed by ``spec`` (as a compiled call
+    would), a whole value is cut."""
+    from spmd.shard.execute import _my_blocks
+    from spmd.shard.sharded import ShardedArray
+    from spmd.shard.spec import NamedSharding
+
+    if isinstance(x, ShardedArray) and x._value is None:
+        want = NamedSharding(mesh, spec)
+        if x._sharding != want:
+            from spmd.shard.multiprocess import reshard
+
+            x = reshard(x, want, "an input")
+        if x._value is None:
+            return x.local_blocks(), 0
+    return _my_blocks(x, spec, mesh, local)
+
+
+def _outputs_multi(raw, specs, mesh, local):
+    """This process's outputs: its devices' blocks of split outputs, whole replicated
+    ones, as ShardedArrays placed by the specs."""
+    from spmd.compiler.avals import ShapedArray
+    from spmd.compiler.ops.structural import broadcast_in_dim
+    from spmd.compiler.trace import to_array_value
+    from spmd.shard.sharded import ShardedArray
+    from spmd.shard.spec import NamedSharding, global_shape
+
+    n_local = len(local)
+    results = []
+    for (v, d), spec in zip(raw, specs):
+        aval = get_aval(v)
+        block_shape = aval.shape if d is None else aval.shape[:d] + aval.shape[d + 1:]
+        g = ShapedArray(global_shape(spec, mesh, block_shape), aval.dtype, aval.weak_type)
+        s = NamedSharding(mesh, spec)
+        if not spec.mesh_axes:  # replicated: every device holds the whole value
+            if d is not None:
+                v = move_to_front(v, d)[0]
+            results.append(ShardedArray(to_array_value(v, g), g, s))
+            continue
+        if d is None:  # the same block on every device of this process
+            v = broadcast_in_dim(v, (n_local,) + tuple(block_shape),
+                                 tuple(range(1, 1 + len(block_shape))))
+        else:
+            v = move_to_front(v, d)
+        blocks = to_array_value(v, get_aval(v))
+        results.append(ShardedArray(None, g, s, blocks))
+    return results

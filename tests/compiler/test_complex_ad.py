@@ -61,6 +61,15 @@ REAL_LOSSES = {
     "var_mean": lambda z: snp.var(z) + snp.real(snp.mean(z * z)),
     "einsum": lambda z: snp.real(snp.einsum("ij,ij->", z, snp.exp(z))),
     "prod": lambda z: snp.abs(snp.prod(z * 0.7 + 0.2j)),
+    # Functions JAX defines on complex numbers through an order or a principal branch.
+    "arcsin": lambda z: snp.sum(snp.abs(snp.arcsin(z))),
+    "arccos": lambda z: snp.sum(snp.real(snp.arccos(z) * z)),
+    "arctan": lambda z: snp.sum(snp.imag(snp.arctan(z * 0.5))),
+    "logistic": lambda z: snp.sum(snp.abs(spmd.lax.logistic(z))),
+    "cumprod": lambda z: snp.abs(snp.sum(snp.cumprod(z * 0.5 + 0.3, axis=1))),
+    "maximum": lambda z: snp.sum(snp.abs(snp.maximum(z, 0.5 * z + 0.1) * z)),
+    "max": lambda z: snp.abs(snp.max(z, axis=0) * snp.sum(z)).sum(),
+    "min": lambda z: snp.real(snp.min(z) * snp.sum(z)),
 }
 
 
@@ -85,7 +94,12 @@ def test_jax_documented_value():
 @pytest.mark.parametrize("fn,deriv", [(snp.exp, np.exp), (snp.sin, np.cos),
                                       (lambda z: z * z * z, lambda z: 3 * z * z),
                                       (lambda z: 1 / z, lambda z: -1 / z ** 2),
-                                      (snp.sqrt, lambda z: 0.5 / np.sqrt(z))])
+                                      (snp.sqrt, lambda z: 0.5 / np.sqrt(z)),
+                                      (snp.arcsin, lambda z: 1 / np.sqrt(1 - z * z)),
+                                      (snp.arccos, lambda z: -1 / np.sqrt(1 - z * z)),
+                                      (snp.arctan, lambda z: 1 / (1 + z * z)),
+                                      (spmd.lax.logistic,
+                                       lambda z: np.exp(-z) / (1 + np.exp(-z)) ** 2)])
 def test_holomorphic(fn, deriv):
     z = crand((3,), seed=5)
     want = deriv(z.astype(np.complex128))
@@ -227,3 +241,14 @@ def test_hessian_holomorphic_and_vjp_cotangent_check():
     _, f_vjp = spmd.vjp(snp.sin, np.float32(1.0))
     with pytest.raises(spmd.autodiff.GradientError, match="primal is real"):
         f_vjp(np.complex64(1j))  # a complex cotangent for a real output would lose Im
+
+
+def test_piecewise_constant_complex_functions_have_zero_derivative():
+    """As in JAX: sign, round and floor_divide differentiate to zero (sign's rule is
+    zero for every dtype), so only the other factors contribute."""
+    z = crand((3,), seed=6)
+    for fn in (snp.sign, lambda a: snp.round(a * 3), lambda a: a // (0.3 + 0.2j)):
+        g = spmd.grad(lambda v: snp.sum(snp.real(fn(v) * 2.0)))(z)
+        np.testing.assert_array_equal(np.asarray(g), np.zeros(3, np.complex64))
+    g = spmd.grad(lambda v: snp.sum(snp.real(snp.sign(v) * v)))(z)
+    np.testing.assert_allclose(np.asarray(g), z / np.abs(z), rtol=1e-6)  # d Re(s z) = s

@@ -1,7 +1,8 @@
 """Every registered primitive has every rule it needs.
 
-The registry ``spmd.compiler.primitives.PRIMITIVES`` holds all primitives once
-``spmd`` is imported.  Each test lists *all* offenders at once, so that one run
+The registry ``spmd.compiler.primitives.PRIMITIVES`` holds a primitive once the
+module that defines it is imported (``spmd/__init__.py`` is lazy), so the tests
+first import every module of the package.  Each test lists *all* offenders at once, so that one run
 says what is left to write.  A primitive needs:
 
 - ``impl`` and ``abstract_eval`` (to run eagerly and to be traced);
@@ -10,10 +11,22 @@ says what is left to write.  A primitive needs:
 - ``transpose`` when it is declared ``linear=True`` (reverse mode).
 """
 
+import importlib
+import pkgutil
+
 import pytest
 
-import spmd  # noqa: F401  (importing spmd registers every primitive)
+import spmd
 from spmd.compiler.primitives import PRIMITIVES, Primitive
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _every_primitive():
+    """Import every module, so that every primitive is registered (the backends and
+    the front ends' primitives too), whatever ran before in this process."""
+    for m in pkgutil.walk_packages(spmd.__path__, "spmd."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
 
 
 def _missing(attr: str, only_linear: bool = False) -> list[str]:

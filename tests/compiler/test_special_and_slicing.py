@@ -2,7 +2,9 @@
 values) and finite differences; lax.dynamic_*_in_dim, top_k, approx_max_k and
 approx_min_k against numpy."""
 
+import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -60,6 +62,101 @@ def test_vmap_and_errors():
         lax.polygamma(-1, x)
     with pytest.raises(ArgumentError, match="static"):
         spmd.jit(lambda m, v: lax.polygamma(m, v))(1, x)
+
+
+# ------------------------------------------------------- erf_inv: one primitive
+
+def _jax(name: str) -> np.ndarray:
+    """Values recorded from JAX 0.10.2 by tests/random/record_jax_values.py."""
+    fname = "jax_values_x64.json" if name.endswith("float64") else "jax_values.json"
+    with open(pathlib.Path(__file__).parents[1] / "random" / fname) as f:
+        e = json.load(f)[name]
+    return np.array(e["values"], e["dtype"])
+
+
+def _ulps32(a, b) -> np.ndarray:
+    """Distance in float32 ulps (ordered integer images of the bit patterns)."""
+    def ordered(v):
+        i = np.asarray(v, np.float32).view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return np.abs(ordered(a) - ordered(b))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-kernel", "numpy"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_erf_inv_float32_is_xlas(native, jit, monkeypatch):
+    """float32 erf_inv is XLA's polynomial: JAX's values, whether eager or jitted,
+    through the C kernel or numpy."""
+    from spmd.compiler.ops import threefry_native
+
+    if native and threefry_native.library() is None:
+        pytest.skip("the C kernel is not built on this machine (no C compiler)")
+    if not native:
+        monkeypatch.setattr(threefry_native, "_lib", [None])
+    x, want = _jax("erf_inv_in_float32"), _jax("erf_inv_float32")
+    got = np.asarray((spmd.jit(lax.erf_inv) if jit else lax.erf_inv)(x))
+    assert got.dtype == np.float32
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite], want[~finite])  # +-inf at +-1
+    # Up to 2 ulps: XLA rounds log1p and the polynomial's multiply-adds (fused on
+    # its CPU backend) differently from numpy's separate operations.
+    assert _ulps32(got[finite], want[finite]).max() <= 2
+    # The bound tells the polynomial from a correctly rounded erfinv: scipy's float32
+    # values are up to 40-odd ulps from JAX's near +-1.
+    assert _ulps32(special.erfinv(x)[finite], want[finite]).max() > 20
+
+
+def test_random_normal_goes_through_lax_erf_inv():
+    """One primitive: the normal sampler's program binds lax.erf_inv's."""
+    from spmd import random as sr
+    from spmd.compiler.ops.special import erf_inv_p
+
+    text = str(spmd.make_jaxpr(lambda k: sr.normal(k, (3,)))(sr.key(0)))
+    assert f"{erf_inv_p.name}[" in text or f" {erf_inv_p.name} " in text, text
+
+
+@pytest.fixture
+def x64():
+    old = spmd.config.enable_x64
+    spmd.config.update("enable_x64", True)
+    yield
+    spmd.config.update("enable_x64", old)
+
+
+def test_erf_inv_float64_stays_accurate(x64):
+    """float64 erf_inv is accurate to the last bits, where XLA's double-precision
+    polynomial (JAX's values) is off by up to a relative 1e-10 near 1.  Oracle:
+    erfc(erf_inv(x)) = 1 - x, exact for x >= 1/2, where erfc amplifies an error of
+    erf_inv by only 2 y^2 (y = erf_inv(x) <= 6 here)."""
+    x, jax_vals = _jax("erf_inv_in_float64"), _jax("erf_inv_float64")
+    got = np.asarray(lax.erf_inv(x))
+    assert got.dtype == np.float64
+    finite = np.isfinite(jax_vals)
+    np.testing.assert_array_equal(got[~finite], jax_vals[~finite])
+    near = (x >= 0.5) & (x < 1)
+
+    def err(y):
+        return np.max(np.abs(special.erfc(y[near]) - (1 - x[near])) / (1 - x[near]))
+
+    assert err(got) < 1e-13
+    assert err(jax_vals) > 1e-9  # the oracle does tell the two apart
+    # atol: XLA's CPU backend flushes subnormals to zero (JAX gives -0.0 for the
+    # smallest subnormal input, where the accurate value is that subnormal).
+    np.testing.assert_allclose(got[finite], jax_vals[finite], rtol=2e-10, atol=1e-300)
+
+
+def test_erf_inv_narrow_floats_compute_in_float32():
+    """float16 goes through the float32 polynomial and rounds once, as XLA does."""
+    x = np.linspace(-0.99, 0.99, 11).astype(np.float16)
+    got = np.asarray(lax.erf_inv(x))
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, np.asarray(lax.erf_inv(x.astype(np.float32))
+                                                  ).astype(np.float16))
+
+
+def test_erf_inv_rejects_integers():
+    with pytest.raises(DTypeError, match="erf_inv"):
+        lax.erf_inv(np.arange(3))
 
 
 # ------------------------------------------------------------ *_in_dim

@@ -36,6 +36,7 @@ SUITES = {
     "groups": ("test_mpi_groups.py", None),
     "debug": ("test_mpi_debug.py", None),
     "fastcall": ("test_mpi_fastcall.py", None),
+    "nested": ("test_mpi_nested_shard_map.py", None),
 }
 
 

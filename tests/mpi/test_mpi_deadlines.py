@@ -147,3 +147,48 @@ def test_the_deadline_says_where_the_missing_ranks_wait(tmp_path):
     assert "rank 2: never arrived (its last collective over these ranks was #1); it is in no " \
            "collective; it runs Python at " in summary, out
     assert seconds < 45, f"took {seconds:.0f}s:\n{out}"
+
+
+# ------------------------------------- item: a hang inside an overlapped bucket's wait
+
+_LATE_IN_OVERLAP = PSUM_JOB + textwrap.dedent("""
+    import spmd.numpy as snp
+
+    def body(a, w):
+        g2 = snp.tanh(a @ w)
+        s2 = lax.psum(g2, "i")          # started here, without waiting ...
+        g1 = snp.tanh(g2 @ w) @ w       # ... while this runs
+        return s2 * 2, lax.psum(g1, "i")
+
+    grads = spmd.jit(spmd.shard_map(body, mesh=mesh, in_specs=(P("i"), P()),
+                                    out_specs=(P(), P()), check_vma=False))
+    a = np.ones((3 * spmd.device_count(), 4), np.float32)
+    w = np.eye(4, dtype=np.float32)
+    text = grads.lower(a, w).as_text(executed=True)
+    print(f"rank {me}: overlapped {text.count('collective_start[')}", flush=True)
+    grads(a, w)
+    print(f"rank {me}: first step done", flush=True)
+    if me == 2:
+        time.sleep(60)  # computes past the others' deadline: they wait in a bucket
+    grads(a, w)
+    print(f"rank {me}: second step done", flush=True)
+""")
+
+
+@pytest.mark.timeout(150)
+def test_a_hang_inside_an_overlapped_buckets_wait_gets_the_deadline_report(tmp_path):
+    status, out, seconds = run_spmd_run(_LATE_IN_OVERLAP, 3, tmp_path,
+                                        env={"SPMD_COLLECTIVE_TIMEOUT": "3",
+                                             "SPMD_OVERLAP_BUCKET_BYTES": "64"})
+    assert status is not None, f"the job hung (killed after {seconds:.0f}s):\n{out}"
+    assert status != 0, out
+    assert out.count("overlapped 2") == 3 and out.count("first step done") == 3, out
+    assert "second step done" not in out, out
+    summary = out[out.index("spmd-run:"):]
+    assert "CollectiveTimeoutError" in summary, out
+    assert "psum over ranks [0, 1, 2] did not complete within 3s" in summary, out
+    assert "program jit(body)" in summary, out
+    assert "ranks that never arrived: [2]" in summary, out
+    assert "rank 2: never arrived" in summary and "it runs Python at " in summary, out
+    assert "in wait" in out, out  # the waiting thread's stack: the request's wait
+    assert seconds < 45, f"took {seconds:.0f}s:\n{out}"

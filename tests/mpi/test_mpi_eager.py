@@ -112,3 +112,38 @@ def test_printing_a_spread_result_still_names_process_allgather():
         np.asarray(a * 2.0)
     with pytest.raises(NotFullyAddressableError, match="process_allgather"):
         print(a + 1.0)
+
+
+@pytest.mark.parametrize("kind", ["1d", "2dT"])
+def test_eager_shard_map_body_values_are_real_on_every_process(kind, capsys):
+    """print in an eager body shows this process's devices' blocks (JAX's format); a
+    Python branch on a psum agrees on every process; values match numpy."""
+    from spmd.errors import TracerBoolConversionError
+
+    mesh = make_mesh(kind)
+    rows = mesh.axis_names[0]
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+
+    def body(b):
+        print(b)
+        if lax.psum(snp.sum(b), mesh.axis_names) > 100:  # 120: the same everywhere
+            b = b * 2
+        return b
+
+    f = spmd.shard_map(body, mesh=mesh, in_specs=P(rows), out_specs=P(rows))
+    np.testing.assert_allclose(_whole(f(x)), 2 * x)
+    me = spmd.process_index()
+    names = "(" + ", ".join(mesh.axis_names) + ",)"
+    blocks = x.reshape(mesh.shape[rows], -1, 2)
+    want = []
+    for k, d in enumerate(mesh.devices.flat):
+        if d.process_index == me:
+            coords = tuple(int(i) for i in np.unravel_index(k, mesh.devices.shape))
+            want.append(f"On {d!r} at mesh coordinates {names} = {coords}:\n"
+                        f"{blocks[coords[0]]}\n")
+    assert capsys.readouterr().out == "\n".join(want) + "\n"
+    # A value that differs between devices: every process raises (none waits).
+    g = spmd.shard_map(lambda b: b if snp.sum(b) > 50 else -b, mesh=mesh, in_specs=P(rows),
+                       out_specs=P(rows))
+    with pytest.raises(TracerBoolConversionError, match="differs between devices"):
+        g(x)

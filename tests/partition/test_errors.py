@@ -124,9 +124,18 @@ def test_nested_shard_map_over_another_mesh(mesh, other_mesh):
         f(X)
 
 
-def test_unsupported_jit_options(mesh):
-    with pytest.raises(PartitionError, match="supports static_argnums, not static_argnames"):
-        spmd.jit(lambda x: x, in_shardings=NS(mesh, P()), static_argnames=("y",))
+def test_bad_jit_options(mesh):
+    from spmd.errors import StaticArgumentError
+
+    with pytest.raises(StaticArgumentError, match=r"argument 0 is both static and donated"):
+        spmd.jit(lambda x: x, in_shardings=NS(mesh, P()), static_argnums=0, donate_argnums=0)
+    with pytest.raises(StaticArgumentError, match=r"static_argnames entries must be parameter "
+                                                  r"names \(str\), got 3"):
+        spmd.jit(lambda x: x, in_shardings=NS(mesh, P()), static_argnames=(3,))
+    with pytest.raises(StaticArgumentError, match=r"donate_argnums=5 is out of range"):
+        spmd.jit(lambda x: x, in_shardings=NS(mesh, P()), donate_argnums=5)
+    with pytest.raises(TypeError, match="jit: expected a function, got int"):
+        spmd.jit(3, in_shardings=NS(mesh, P()))
 
 
 def test_constraint_contradicting_in_sharding_inserts_collective(mesh):

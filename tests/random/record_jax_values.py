@@ -88,9 +88,29 @@ def x64_cases():
             "x64_randint64": jr.randint(k, (5,), -2**40, 2**40, jnp.int64)}
 
 
+def erf_inv_inputs(dtype) -> np.ndarray:
+    """Arguments of lax.erf_inv: a grid, both ends, the approach to +-1 (the tail
+    branch), tiny and subnormal values, and uniform draws."""
+    nbits = np.finfo(dtype).nmant + 1
+    near_one = 1.0 - 2.0 ** -np.arange(1, nbits + 1, dtype=np.float64)
+    tiny = np.array([0.0, 1e-30, np.finfo(dtype).smallest_subnormal, 1e-7, 1e-3])
+    draws = np.random.default_rng(0).uniform(-1.0, 1.0, 300)
+    x = np.concatenate([np.linspace(-1.0, 1.0, 201), near_one, -near_one, tiny, -tiny, draws])
+    return x.astype(dtype)
+
+
+def erf_inv_cases():
+    """lax.erf_inv (XLA's ErfInv32/ErfInv64) on erf_inv_inputs, inputs recorded too."""
+    dtype = np.float64 if jax.config.jax_enable_x64 else np.float32
+    x = erf_inv_inputs(dtype)
+    tag = np.dtype(dtype).name
+    return {f"erf_inv_in_{tag}": x, f"erf_inv_{tag}": jax.lax.erf_inv(jnp.asarray(x))}
+
+
 def main():
     res = {}
     todo = x64_cases() if jax.config.jax_enable_x64 else {**cases(), **initializer_cases()}
+    todo.update(erf_inv_cases())
     for name, v in todo.items():
         a = np.asarray(v)
         res[name] = {"dtype": str(a.dtype), "shape": list(a.shape),

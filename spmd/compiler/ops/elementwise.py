@@ -164,22 +164,27 @@ log_p = unary("log", "log", lambda t, x, y: div(t, x), kinds=_FC)
 log1p_p = unary("log1p", "log1p", lambda t, x, y: div(t, add(x, _one(x))), kinds=_FC)
 expm1_p = unary("expm1", "expm1", lambda t, x, y: mul(t, add(y, _one(y))), kinds=_FC)
 tanh_p = unary("tanh", "tanh", lambda t, x, y: mul(t, sub(_one(y), mul(y, y))), kinds=_FC)
-logistic_p = unary("logistic", "logistic", lambda t, x, y: mul(t, mul(y, sub(_one(y), y))))
+logistic_p = unary("logistic", "logistic", lambda t, x, y: mul(t, mul(y, sub(_one(y), y))),
+                   kinds=_FC)
 sin_p = unary("sin", "sin", lambda t, x, y: mul(t, cos(x)), kinds=_FC)
 cos_p = unary("cos", "cos", lambda t, x, y: neg(mul(t, sin(x))), kinds=_FC)
 tan_p = unary("tan", "tan", lambda t, x, y: mul(t, add(_one(y), mul(y, y))), kinds=_FC)
 sinh_p = unary("sinh", "sinh", lambda t, x, y: mul(t, cosh(x)), kinds=_FC)
 cosh_p = unary("cosh", "cosh", lambda t, x, y: mul(t, sinh(x)), kinds=_FC)
-arcsin_p = unary("asin", "arcsin", lambda t, x, y: mul(t, rsqrt(sub(_one(x), mul(x, x)))))
-arccos_p = unary("acos", "arccos", lambda t, x, y: neg(mul(t, rsqrt(sub(_one(x), mul(x, x))))))
-arctan_p = unary("atan", "arctan", lambda t, x, y: div(t, add(_one(x), mul(x, x))))
+# Holomorphic on complex too (numpy's principal branches, as JAX's).
+arcsin_p = unary("asin", "arcsin", lambda t, x, y: mul(t, rsqrt(sub(_one(x), mul(x, x)))),
+                 kinds=_FC)
+arccos_p = unary("acos", "arccos", lambda t, x, y: neg(mul(t, rsqrt(sub(_one(x), mul(x, x))))),
+                 kinds=_FC)
+arctan_p = unary("atan", "arctan", lambda t, x, y: div(t, add(_one(x), mul(x, x))), kinds=_FC)
 sqrt_p = unary("sqrt", "sqrt", lambda t, x, y: div(t, mul(_const(y, 2), y)), kinds=_FC)
 rsqrt_p = unary("rsqrt", "rsqrt",
                 lambda t, x, y: mul(t, mul(_const(y, -0.5), div(y, x))), kinds=_FC,
                 emit=lambda ins: f"(1 / xp.sqrt({ins[0]}))")
 abs_p = unary("abs", "abs", lambda t, x, y: select(ge(x, _zero(x)), t, neg(t)),
               kinds=("float", "int"))
-sign_p = unary("sign", "sign", kinds=("float", "int"))
+# On complex, x / |x| (0 at 0), as JAX's lax.sign and numpy 2; zero derivative as in JAX.
+sign_p = unary("sign", "sign", kinds=("float", "int", "complex"), emit=lambda ins: None)
 floor_p = unary("floor", "floor")
 ceil_p = unary("ceil", "ceil")
 round_p = unary("round", "round")  # half to even, as numpy and JAX's jnp.round
@@ -189,6 +194,8 @@ not_p = unary("not", "invert", kinds=("bool", "int"), emit=lambda ins: f"(~{ins[
 
 # The numpy module has no `logistic` or `rsqrt`; the impl reaches them here.
 def _logistic_impl(xp, x):
+    if x.dtype.kind == "c":  # 1 / (1 + e^-x), holomorphic (JAX's complex logistic)
+        return (1 / (1 + xp.exp(-x))).astype(x.dtype, copy=False)
     # Stable for large |x|: never exponentiates a large positive number.
     e = xp.exp(-xp.abs(x))
     return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
@@ -197,6 +204,16 @@ def _logistic_impl(xp, x):
 logistic_p.def_impl(_logistic_impl)
 logistic_p.def_emit(None)
 rsqrt_p.def_impl(lambda xp, x: 1 / xp.sqrt(x))
+
+
+def _sign_impl(xp, x):
+    if x.dtype.kind != "c":
+        return xp.sign(x)
+    mag = xp.abs(x)
+    return xp.where(mag == 0, 0, x / xp.where(mag == 0, 1, mag)).astype(x.dtype, copy=False)
+
+
+sign_p.def_impl(_sign_impl)
 
 # Binary arithmetic.
 add_p = binary("add", "add", emit_op="+")
@@ -207,8 +224,9 @@ mul_p = binary("mul", "multiply", emit_op="*")
 div_p = binary("div", "divide")
 rem_p = binary("rem", "fmod", kinds=("float", "int"))
 pow_p = binary("pow", "power")  # integers too: exact, unlike JAX's lax.pow
-max_p = binary("max", "maximum", kinds=("float", "int"))
-min_p = binary("min", "minimum", kinds=("float", "int"))
+# On complex: lexicographic order on (real, imaginary), as JAX's lax.max/min and numpy.
+max_p = binary("max", "maximum", kinds=("float", "int", "complex"))
+min_p = binary("min", "minimum", kinds=("float", "int", "complex"))
 atan2_p = binary("atan2", "arctan2", kinds=("float",))
 and_p = binary("and", "bitwise_and", kinds=("bool", "int"), emit_op="&")
 or_p = binary("or", "bitwise_or", kinds=("bool", "int"), emit_op="|")
@@ -431,10 +449,20 @@ def _zero_like_out(out):
 
 
 _binary_jvp(pow_p, lambda x, y, out: mul(y, pow(x, sub(y, _one(y)))), _pow_dy)
-_binary_jvp(max_p, lambda x, y, out: _pick(gt(x, y), eq(x, y), x),
-            lambda x, y, out: _pick(lt(x, y), eq(x, y), x))
-_binary_jvp(min_p, lambda x, y, out: _pick(lt(x, y), eq(x, y), x),
-            lambda x, y, out: _pick(gt(x, y), eq(x, y), x))
+_binary_jvp(max_p, lambda x, y, out: _pick(_ordered(gt, x, y), eq(x, y), x),
+            lambda x, y, out: _pick(_ordered(lt, x, y), eq(x, y), x))
+_binary_jvp(min_p, lambda x, y, out: _pick(_ordered(lt, x, y), eq(x, y), x),
+            lambda x, y, out: _pick(_ordered(gt, x, y), eq(x, y), x))
+
+
+def _ordered(cmp, x, y):
+    """``cmp(x, y)``; on complex, lexicographically on (real, imaginary) parts."""
+    if not dtypes.is_complex(_aval(x).dtype):
+        return cmp(x, y)
+    from spmd.compiler.ops.complex import imag, real
+
+    rx, ry = real(x), real(y)
+    return select(eq(rx, ry), cmp(imag(x), imag(y)), cmp(rx, ry))
 _binary_jvp(atan2_p, lambda x, y, out: div(y, add(mul(x, x), mul(y, y))),
             lambda x, y, out: neg(div(x, add(mul(x, x), mul(y, y)))))
 _binary_jvp(rem_p, lambda x, y, out: _full_like(out, 1),

@@ -82,7 +82,8 @@ def _as_matrices(xp, x, y, lc, rc):
 
 
 def _dot_emit(names, avals, *, dimension_numbers, out=None):
-    """``(x @ y)``, ``(x.T @ y)``, ... for the cases the impl sends straight to BLAS.
+    """``(x @ y)``, ``(x.T @ y)``, ... for the cases the impl sends straight to BLAS
+    (and their forms on a process's stacked device blocks, ``xp.matmul`` of 3-d).
 
     Hand-written numpy, with no Python call between the generated code and
     the matmul.  (A registered ``emit_avals`` rule: it needs the operands'
@@ -92,11 +93,24 @@ def _dot_emit(names, avals, *, dimension_numbers, out=None):
     """
     (lc, rc), (lb, rb) = dimension_numbers
     x, y = avals
-    if lb or len(lc) != 1 or not 1 <= x.ndim <= 2 or not 1 <= y.ndim <= 2:
+    if len(lc) != 1:
         return None
-    a = names[0] if lc[0] == x.ndim - 1 else f"{names[0]}.T"
-    b = names[1] if rc[0] == 0 else f"{names[1]}.T"
-    return f"({a} @ {b})" if out is None else f"xp.matmul({a}, {b}, out={out})"
+    if not lb and 1 <= x.ndim <= 2 and 1 <= y.ndim <= 2:
+        a = names[0] if lc[0] == x.ndim - 1 else f"{names[0]}.T"
+        b = names[1] if rc[0] == 0 else f"{names[1]}.T"
+    elif not lb and x.ndim == 3 and x.shape[0] == 1 and lc[0] == 2 and y.ndim == 2:
+        # One device's stacked block (a process's program with one local device):
+        # a single GEMM, as the impl's 2-d view makes.
+        a, b = names[0], names[1] if rc[0] == 0 else f"{names[1]}.T"
+    elif lb == (0,) and rb == (0,) and x.ndim == 3 and y.ndim == 3:
+        # Stacked per-device products (a weight gradient ``x.T @ g`` per device).
+        a = names[0] if lc[0] == 2 else f"{names[0]}.transpose(0, 2, 1)"
+        b = names[1] if rc[0] == 1 else f"{names[1]}.transpose(0, 2, 1)"
+    else:
+        return None
+    if out is None:
+        return f"({a} @ {b})" if x.ndim <= 2 else f"xp.matmul({a}, {b})"
+    return f"xp.matmul({a}, {b}, out={out})"
 
 
 dot_general_p.rules["emit_avals"] = _dot_emit

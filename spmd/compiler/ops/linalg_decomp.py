@@ -22,6 +22,16 @@ primitives so that reverse mode transposes them:
   ``A^T A`` plus, for non-square ``A``, the part outside the span of ``U``
   (or ``V``).
 
+Complex matrices (``complex64``/``complex128``) follow JAX's rules: transposes
+in the formulas above become conjugate transposes (``^H``; ``cholesky`` and
+``eigh`` read Hermitian matrices), eigenvalues, singular values and
+``log|det|`` are real, ``slogdet``'s sign is the phase ``det/|det|`` (with
+``d sign = sign * i Im(trace(a^-1 da))``), and the ``qr`` and ``svd`` tangents
+carry JAX's extra terms for the complex phase freedom (the imaginary diagonal
+of ``Q^H dA R^-1``; ``(E - E^H)/2 * diag(1/s)`` in ``dU``).  The linear maps
+inside the rules are transposed without conjugation, the package's convention
+(``spmd/compiler/ops/complex.py``), so reverse mode gives JAX's gradients.
+
 Failing factorizations (a singular matrix in ``solve``, a matrix that is not
 positive definite in ``cholesky``) give NaNs for that matrix, as JAX's do.
 """
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
@@ -43,7 +54,8 @@ qr_p = Primitive("qr", multiple_results=True)
 eigh_p = Primitive("eigh", multiple_results=True)
 svd_p = Primitive("svd", multiple_results=True)
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64),
+           np.dtype(np.complex128))
 
 
 def _check_matrix(name, a, square=True):
@@ -52,8 +64,8 @@ def _check_matrix(name, a, square=True):
     if square and a.shape[-1] != a.shape[-2]:
         raise ShapeError(f"{name}: needs square matrices, got shape {a.shape}")
     if a.dtype not in _FLOATS:
-        raise DTypeError(f"{name}: supports float32 and float64 matrices, got {a.dtype}; "
-                         "convert with .astype(float32)")
+        raise DTypeError(f"{name}: supports float32, float64, complex64 and complex128 "
+                         f"matrices, got {a.dtype}; convert with .astype(float32)")
 
 
 def _out(shape, dtype):
@@ -92,6 +104,32 @@ def _mT(x):
 
     nd = len(np.shape(x))
     return transpose(x, tuple(range(nd - 2)) + (nd - 1, nd - 2))
+
+
+def _is_c(x) -> bool:
+    return dtypes.is_complex(get_aval(x).dtype)
+
+
+def _H(x):
+    """The conjugate transpose of the last two axes (the transpose for real ``x``)."""
+    from spmd.compiler.ops.complex import conj
+
+    return conj(_mT(x)) if _is_c(x) else _mT(x)
+
+
+def _re(x):
+    """The real part (``x`` itself when real)."""
+    from spmd.compiler.ops.complex import real
+
+    return real(x) if _is_c(x) else x
+
+
+def _like(x, ref):
+    """Real ``x`` in ``ref``'s (complex) dtype, to multiply with it."""
+    from spmd.compiler.ops.elementwise import convert
+
+    dt = get_aval(ref).dtype
+    return x if get_aval(x).dtype == dt else convert(x, dt)
 
 
 def _mm(a, b):
@@ -208,8 +246,8 @@ def _cholesky_jvp(primals, tangents):
     L = cholesky(a)
     if isinstance(da, Zero):
         return L, Zero(tangent_aval(get_aval(L)))
-    # X = L^-1 dA L^-T, then phi(X): lower triangle, diagonal halved.
-    x = solve(L, _mT(solve(L, da)))
+    # X = L^-1 dA L^-H, then phi(X): lower triangle, diagonal halved.
+    x = solve(L, _H(solve(L, da)))
     half = np.array(0.5, get_aval(x).dtype)
     phi = ew.sub(_tril(x), ew.mul(_diag_embed(_diagonal(x)), half))
     return L, _mm(L, phi)
@@ -270,13 +308,14 @@ def _solve_transpose(ct, a, b):
 @slogdet_p.def_impl
 def _slogdet_impl(xp, a):
     sign, logdet = xp.linalg.slogdet(a)
-    return [xp.asarray(sign, dtype=a.dtype), xp.asarray(logdet, dtype=a.dtype)]
+    return [xp.asarray(sign, dtype=a.dtype), xp.asarray(logdet, dtype=a.real.dtype)]
 
 
 @slogdet_p.def_abstract_eval
 def _slogdet_aval(a):
     _check_matrix("slogdet", a)
-    return [_out(a.shape[:-2], a.dtype), _out(a.shape[:-2], a.dtype)]
+    # The sign is the phase det/|det| for complex matrices; log|det| is real.
+    return [_out(a.shape[:-2], a.dtype), _out(a.shape[:-2], dtypes.real_dtype(a.dtype))]
 
 
 def slogdet(a):
@@ -289,10 +328,18 @@ def slogdet(a):
 def _slogdet_jvp(primals, tangents):
     (a,), (da,) = primals, tangents
     sign, logdet = slogdet(a)
-    zero = Zero(tangent_aval(get_aval(sign)))
+    zeros = [Zero(tangent_aval(get_aval(sign))), Zero(tangent_aval(get_aval(logdet)))]
     if isinstance(da, Zero):
-        return [sign, logdet], [zero, zero]
-    return [sign, logdet], [zero, _diagonal_sum(solve(a, da))]
+        return [sign, logdet], zeros
+    t = _diagonal_sum(solve(a, da))
+    if not _is_c(t):
+        return [sign, logdet], [zeros[0], t]
+    from spmd.compiler.ops import complex as cx
+    from spmd.compiler.ops import elementwise as ew
+
+    # d log|det| = Re t; d sign = sign * i Im t (the phase turns), as JAX's rule.
+    im = cx.make_complex(ew.mul(cx.real(t), np.array(0, get_aval(logdet).dtype)), cx.imag(t))
+    return [sign, logdet], [ew.mul(sign, im), cx.real(t)]
 
 
 def _diagonal_sum(x):
@@ -339,9 +386,14 @@ def _qr_jvp(primals, tangents, *, full_matrices):
             f"{get_aval(a).shape} with full_matrices={full_matrices}; differentiate "
             "qr(a.T) (or use full_matrices=False)")
     da_rinv = _mT(solve(_mT(r), _mT(da)))  # dA R^-1
-    c = _mm(_mT(q), da_rinv)
+    c = _mm(_H(q), da_rinv)
     low = _tril(c, -1)
-    omega = ew.sub(low, _mT(low))
+    omega = ew.sub(low, _H(low))
+    if _is_c(c):  # R's real diagonal leaves Q^H dQ an imaginary diagonal (JAX's term)
+        from spmd.compiler.ops import complex as cx
+
+        d = _diag_embed(_diagonal(c))
+        omega = ew.add(omega, ew.sub(d, _like(cx.real(d), d)))
     dq = ew.add(_mm(q, ew.sub(omega, c)), da_rinv)
     dr = _mm(ew.sub(c, omega), r)
     return [q, r], [dq, dr]
@@ -352,13 +404,13 @@ def _qr_jvp(primals, tangents, *, full_matrices):
 @eigh_p.def_impl
 def _eigh_impl(xp, a):
     w, v = xp.linalg.eigh(a, UPLO="L")
-    return [w, v]
+    return [w, v]  # w is real also for Hermitian complex matrices
 
 
 @eigh_p.def_abstract_eval
 def _eigh_aval(a):
     _check_matrix("eigh", a)
-    return [_out(a.shape[:-1], a.dtype), _out(a.shape, a.dtype)]
+    return [_out(a.shape[:-1], dtypes.real_dtype(a.dtype)), _out(a.shape, a.dtype)]
 
 
 def eigh(a):
@@ -388,9 +440,9 @@ def _eigh_jvp(primals, tangents):
     w, v = eigh(a)
     if isinstance(da, Zero):
         return [w, v], [Zero(tangent_aval(get_aval(w))), Zero(tangent_aval(get_aval(v)))]
-    e = _mm(_mT(v), _mm(da, v))
-    dv = _mm(v, ew.mul(e, _inverse_gaps(w)))
-    return [w, v], [_diagonal(e), dv]
+    e = _mm(_H(v), _mm(da, v))
+    dv = _mm(v, ew.mul(e, _like(_inverse_gaps(w), e)))
+    return [w, v], [_re(_diagonal(e)), dv]
 
 
 # ----------------------------------------------------------------------- svd
@@ -408,7 +460,7 @@ def _svd_aval(a, *, full_matrices, compute_uv):
     _check_matrix("svd", a, square=False)
     *batch, m, n = a.shape
     k = min(m, n)
-    s = _out(tuple(batch) + (k,), a.dtype)
+    s = _out(tuple(batch) + (k,), dtypes.real_dtype(a.dtype))  # real, also for complex a
     if not compute_uv:
         return [s]
     ku, kv = (m, n) if full_matrices else (k, k)
@@ -435,13 +487,13 @@ def _svd_jvp(primals, tangents, *, full_matrices, compute_uv):
     outs = [u, s, vh] if compute_uv else [s]
     if isinstance(da, Zero):
         return outs, [Zero(tangent_aval(get_aval(o))) for o in outs]
-    v = _mT(vh)
-    e = _mm(_mT(u), _mm(da, v))  # U^T dA V, (..., k, k)
-    ds = _diagonal(e)
+    v = _H(vh)
+    e = _mm(_H(u), _mm(da, v))  # U^H dA V, (..., k, k)
+    ds = _re(_diagonal(e))
     if not compute_uv:
         return outs, [ds]
     du, dv = _svd_vector_tangents(a, da, u, s, v, e)
-    return outs, [du, ds, _mT(dv)]
+    return outs, [du, ds, _H(dv)]
 
 
 def _svd_vector_tangents(a, da, u, s, v, e):
@@ -457,18 +509,25 @@ def _svd_vector_tangents(a, da, u, s, v, e):
     one = full(shape, 1, dtype)
     # F[i, j] = 1 / (s_j^2 - s_i^2) off the diagonal.
     diffs = ew.mul(ew.add(sr, sc), ew.sub(sr, sc))
-    f = ew.select(eye, zeros(shape, dtype), ew.div(one, ew.select(eye, one, diffs)))
-    es, se = ew.mul(e, sr), ew.mul(sc, e)   # E diag(s), diag(s) E
-    du = _mm(u, ew.mul(f, ew.add(es, _mT(es))))
-    dv = _mm(v, ew.mul(f, ew.add(se, _mT(se))))
+    f = _like(ew.select(eye, zeros(shape, dtype), ew.div(one, ew.select(eye, one, diffs))), e)
+    es, se = ew.mul(e, _like(sr, e)), ew.mul(_like(sc, e), e)   # E diag(s), diag(s) E
+    inner = ew.mul(f, ew.add(es, _H(es)))
+    if _is_c(e):  # the phase of each singular pair: JAX's (E - E^H)/2 diag(1/s) term
+        keep = ew.bitwise_and(eye, ew.ne(sr, zeros(shape, dtype)))  # 1/s, 0 where s == 0
+        inv_s = ew.select(keep, ew.div(one, ew.select(keep, sr, one)), zeros(shape, dtype))
+        half = np.array(0.5, get_aval(e).dtype)
+        inner = ew.add(inner, ew.mul(ew.mul(ew.sub(e, _H(e)), half), _like(inv_s, e)))
+    du = _mm(u, inner)
+    dv = _mm(v, ew.mul(f, ew.add(se, _H(se))))
     m, n = get_aval(a).shape[-2:]
     # Non-square: the component outside the span of the k computed vectors.
     if m > n:
         dav = _mm(da, v)
-        du = ew.add(du, ew.div(ew.sub(dav, _mm(u, _mm(_mT(u), dav))), _row_of(s, m)))
+        du = ew.add(du, ew.div(ew.sub(dav, _mm(u, _mm(_H(u), dav))), _like(_row_of(s, m), dav)))
     if n > m:
-        datu = _mm(_mT(da), u)
-        dv = ew.add(dv, ew.div(ew.sub(datu, _mm(v, _mm(_mT(v), datu))), _row_of(s, n)))
+        dahu = _mm(_H(da), u)
+        dv = ew.add(dv, ew.div(ew.sub(dahu, _mm(v, _mm(_H(v), dahu))),
+                               _like(_row_of(s, n), dahu)))
     return du, dv
 
 

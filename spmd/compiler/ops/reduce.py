@@ -84,8 +84,8 @@ def _minmax(name, np_fn):
     p = _batch_reduce(Primitive(name))
     p.def_impl(lambda xp, x, *, axes: getattr(xp, np_fn)(x, axis=axes))
     p.def_emit(lambda ins, axes: f"xp.{np_fn}({ins[0]}, axis={axes!r})")
-    def aval(x, *, axes):  # complex has no order here (numpy's lexicographic is not lax's)
-        _check_dtype(name, x, ("float", "int", "bool"))
+    def aval(x, *, axes):  # complex: lexicographic on (real, imaginary), as JAX and numpy
+        _check_dtype(name, x, ("float", "int", "bool", "complex"))
         return _reduced_aval(name, x, axes)
 
     p.def_abstract_eval(aval)
@@ -258,7 +258,7 @@ def _arg_reduce(name, np_fn):
     def aval(x, *, axes, index_dtype):
         if len(axes) != 1:
             raise ArgumentError(f"{name}: needs exactly one axis, got axes={axes}")
-        _check_dtype(name, x, ("float", "int", "bool"))
+        _check_dtype(name, x, ("float", "int", "bool", "complex"))  # complex: lexicographic
         if not dtypes.is_int(index_dtype):
             raise DTypeError(f"{name}: index_dtype must be an integer dtype, got {index_dtype}")
         out = _reduced_aval(name, x, axes, index_dtype)
@@ -333,7 +333,7 @@ def _cumulative(name, np_expr, kinds, emit_expr):
 cumsum_p = _cumulative("cumsum", lambda xp, x, a: xp.cumsum(x, axis=a, dtype=x.dtype),
                        ("float", "int", "complex"), lambda x, a: f"xp.cumsum({x}, axis={a}, dtype={x}.dtype)")
 cumprod_p = _cumulative("cumprod", lambda xp, x, a: xp.cumprod(x, axis=a, dtype=x.dtype),
-                        ("float", "int"),
+                        ("float", "int", "complex"),
                         lambda x, a: f"xp.cumprod({x}, axis={a}, dtype={x}.dtype)")
 
 

@@ -15,11 +15,10 @@
   another's numbers.
 - ``random_unit_float(bits, dtype)``: ``bits`` (unsigned) to floats in [0, 1)
   with JAX's mantissa recipe: ``bitcast((bits >> (nbits - nmant)) | 1.0) - 1``.
-- ``erf_inv_giles``: the inverse error function as XLA evaluates it (``normal``
-  maps uniforms through it; ``lax.erf_inv`` is the accurate one).
 
-All outputs are integers or piecewise constant in their integer inputs, so the
-jvps are symbolic zeros, except ``erf_inv_giles``'s.
+``normal`` maps uniforms through ``lax.erf_inv`` (:mod:`spmd.compiler.ops.special`),
+whose float32 evaluation is XLA's.  All outputs here are integers or piecewise
+constant in their integer inputs, so the jvps are symbolic zeros.
 """
 
 from __future__ import annotations
@@ -312,101 +311,6 @@ def random_unit_float(bits, dtype):
 def unit_float_bits(dtype) -> int:
     """How many random bits ``random_unit_float`` needs for ``dtype``."""
     return _float_layout(np.dtype(dtype))[0]
-
-
-# ----------------------------------------------------------------- erf_inv
-
-# Giles (2010), "Approximating the erfinv function", single precision: the
-# polynomial XLA evaluates for float32 (and narrower floats, widened to float32).
-_GILES_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                  0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
-_GILES_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-               0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
-
-
-def _horner(coeffs, w, xp):
-    f32 = np.float32
-    p = xp.full_like(w, f32(coeffs[0]))
-    for c in coeffs[1:]:
-        p *= w
-        p += f32(c)
-    return p
-
-
-def _erf_inv_f32(xp, x):
-    shape = x.shape
-    # 1-d, so that in-place ops never meet numpy scalars.
-    x = xp.asarray(x).astype(np.float32, copy=False).reshape(-1)
-    w = x * x
-    xp.negative(w, out=w)
-    xp.log1p(w, out=w)
-    xp.negative(w, out=w)
-    tail = w >= np.float32(5.0)
-    central = w - np.float32(2.5)
-    p = _horner(_GILES_CENTRAL, central, xp)
-    if bool(tail.any()):
-        wt = xp.sqrt(w[tail]) - np.float32(3.0)
-        p[tail] = _horner(_GILES_TAIL, wt, xp)
-    p *= x
-    ends = xp.abs(x) == np.float32(1.0)
-    if bool(ends.any()):
-        p[ends] = x[ends] * np.float32(np.inf)
-    return p.reshape(shape)
-
-
-def _erf_inv_impl(xp, x):
-    if x.dtype == np.float64:
-        try:
-            from scipy.special import erfinv
-        except ImportError:  # pragma: no cover - scipy comes with the test extras
-            raise DTypeError("erf_inv: float64 needs scipy (pip install scipy)") from None
-        return xp.asarray(erfinv(np.asarray(x) if _is_host(xp) else x.get()))
-    if _is_host(xp) and x.dtype == np.float32:
-        out = threefry_native.erf_inv_f32(x)
-        if out is not None:
-            return out
-    with np.errstate(divide="ignore", invalid="ignore"):  # |x| = 1 gives +-inf, as XLA
-        return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
-
-
-def _define_erf_inv_giles():
-    p = Primitive("erf_inv_giles")
-    p.def_impl(_erf_inv_impl)
-
-    @p.def_abstract_eval
-    def _aval(x):
-        if not dtypes.is_float(x.dtype):
-            raise DTypeError(f"erf_inv_giles: operand dtype {x.dtype} is not a float dtype; "
-                             "convert with .astype(np.float32)")
-        return ShapedArray(x.shape, x.dtype, x.weak_type)
-
-    @p.def_jvp
-    def _jvp(primals, tangents):
-        from spmd.compiler.ops import elementwise as ew
-
-        (x,), (t,) = primals, tangents
-        y = bind(p, x)
-        if isinstance(t, Zero):
-            return y, Zero(t.aval)
-        aval = get_aval(y)
-        c = np.array(math.sqrt(math.pi) / 2, aval.dtype)
-        return y, ew.mul(t, ew.mul(c, ew.exp(ew.mul(y, y))))
-
-    p.def_batch(lambda args, dims: (bind(p, args[0]), dims[0]))
-    return p
-
-
-# Not lax.erf_inv (spmd.compiler.ops.special, accurate to the last bit): this is the
-# approximation XLA evaluates, up to 65 float32 ulps from the true value near +-1,
-# which JAX's normal sampler goes through; spmd.random uses it to give JAX's numbers.
-erf_inv_giles_p = _define_erf_inv_giles()
-
-
-def erf_inv(x):
-    """The inverse error function as XLA computes it (float32: Giles' polynomial;
-    float64: scipy's), elementwise."""
-    return bind(erf_inv_giles_p, x)
-
 
 
 # --------------------------------------------------- a stateful counter read

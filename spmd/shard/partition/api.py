@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Callable
 
-from spmd import tree_util
+from spmd import config, tree_util
+from spmd.compiler.avals import ShapeDtypeStruct, abstract_arg_aval
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import executable_for, flatten_outputs
-from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, is_eager, to_array_value,
-                                 trace_to_program, wrap_value)
+from spmd.compiler.jit import _norm_argnums, executable_for, flatten_outputs
+from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_consts,
+                                 is_eager, to_array_value, trace_to_program, wrap_value)
+from spmd.errors import StaticArgumentError
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.sharded import ShardedArray, from_whole
@@ -59,10 +62,16 @@ def _broadcast(shardings, tree, fname):
 # ---------------------------------------------------------------- the jit
 
 class _Entry:
-    def __init__(self, partitioned, mesh, closed, out_tree, out_avals, out_specs):
+    def __init__(self, partitioned, mesh, closed, out_tree, out_avals, out_specs, traced,
+                 hoisted=()):
         self.partitioned = partitioned
         self.mesh = mesh
         self.closed = closed  # the global-view program with one shard_map equation
+        self.traced = traced  # the function's own global program (before partitioning)
+        # Values the function closed over that are passed as leading arguments (see
+        # hoist_traced_consts): tracers of an enclosing transformation, and Arrays
+        # spread over processes, which keep their shardings.
+        self.hoisted = tuple(hoisted)
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.out_specs = out_specs
@@ -70,24 +79,130 @@ class _Entry:
         self.out_shardings = None
 
 
+def _argnums(fun, name, static_argnums, static_argnames, donate_argnums):
+    """(static positions, static keyword names, donated positions), with
+    ``static_argnames`` naming positional parameters turned into positions (as in JAX)."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = None
+    n_pos = None
+    if params is not None and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    static = set(_norm_argnums(static_argnums, n_pos, name, "static_argnums"))
+    donate = _norm_argnums(donate_argnums, n_pos, name, "donate_argnums")
+    names = (static_argnames,) if isinstance(static_argnames, str) else \
+        tuple(static_argnames or ())
+    for nm in names:
+        if not isinstance(nm, str):
+            raise StaticArgumentError(f"jit({name}): static_argnames entries must be parameter "
+                                      f"names (str), got {nm!r}")
+        pos = [i for i, p in enumerate(params or []) if p.name == nm]
+        if pos and n_pos is not None and pos[0] < n_pos:
+            static.add(pos[0])
+    both = sorted(static & set(donate))
+    if both:
+        raise StaticArgumentError(f"jit({name}): argument {both[0]} is both static and donated "
+                                  "(static_argnums/static_argnames and donate_argnums); a static "
+                                  "argument has no buffer to donate: drop it from one of them")
+    return tuple(sorted(static)), names, donate
+
+
+def _leaf_sharding(leaf, where: str):
+    """The sharding an argument leaf brings (an Array's, or a ShapeDtypeStruct's)."""
+    if isinstance(leaf, ShardedArray):
+        return leaf.sharding if isinstance(leaf.sharding, NamedSharding) else None
+    if type(leaf) is not ShapeDtypeStruct or leaf.sharding is None:
+        return None
+    s = leaf.sharding
+    if isinstance(s, NamedSharding):
+        return s
+    if isinstance(s, PartitionSpec):
+        from spmd.shard.mesh_context import get_mesh
+
+        if get_mesh() is not None:
+            return NamedSharding(get_mesh(), s)
+        raise PartitionError(f"{where}: ShapeDtypeStruct(sharding={s}) is a bare PartitionSpec, "
+                             "which has no mesh; give NamedSharding(mesh, spec), or trace "
+                             "under spmd.sharding.use_mesh(mesh)")
+    from spmd.shard.sharded import SingleDeviceSharding
+
+    if isinstance(s, SingleDeviceSharding):
+        return None
+    raise PartitionError(f"{where}: ShapeDtypeStruct(sharding={s!r}) is not a sharding; give "
+                         "NamedSharding(mesh, spec) (or None)")
+
+
+def _closed_over_spec(x, mesh, name: str):
+    """The spec of a value the jitted function closed over: an Array spread over
+    processes keeps its sharding (each process passes its blocks); None (decided by
+    the partitioner) for a tracer of an enclosing transformation."""
+    if not isinstance(x, ShardedArray):
+        return None
+    s = x.sharding
+    if not isinstance(s, NamedSharding) or s.mesh != mesh:
+        raise PartitionError(
+            f"jit({name}) closes over an Array of shape {x.shape} spread over processes "
+            f"({s!r}), but the jit is partitioned over {mesh!r}: its blocks are placed on "
+            "another mesh. Pass it as an argument with an in_shardings entry on the jit's "
+            "mesh, or spmd.device_put it onto that mesh first")
+    return s.spec
+
+
+def _leaf_aval(x):
+    a = abstract_arg_aval(x)
+    return get_aval(x) if a is None else a
+
+
 class PartitionedJit:
-    """``jit(f, in_shardings=..., out_shardings=...)``."""
+    """``jit(f, in_shardings=..., out_shardings=...)``.
+
+    Call it on arrays, or ``.trace(...)`` / ``.lower(...)`` / ``.eval_shape(...)`` it on
+    arrays or ``ShapeDtypeStruct``s (whose ``sharding`` counts as an Array's).
+    ``in_shardings`` covers the positional arguments; keyword arguments keep their
+    Arrays' shardings (or are inferred), as in JAX.
+    """
 
     def __init__(self, fun, in_shardings, out_shardings, forbid_gather_bytes=None,
-                 static_argnums=None):
+                 static_argnums=None, static_argnames=None, donate_argnums=None, *,
+                 user: bool = True):
         functools.update_wrapper(self, fun)
         self._fun = fun
         self._in = in_shardings
         self._out = out_shardings
         self._forbid = forbid_gather_bytes
-        self._static = tuple(static_argnums or ()) if not isinstance(static_argnums, int) \
-            else (static_argnums,)
         self._cache: dict = {}
         self._name = getattr(fun, "__name__", "fun")
+        self._static, self._static_names, self._donate = _argnums(
+            fun, self._name, static_argnums, static_argnames, donate_argnums)
+        # The eager operations of sharded Arrays (partition.eager) are not user jits:
+        # disable_jit does not turn them into Python calls (they would recurse).
+        self._user = user
 
-    def _mesh_and_specs(self, args, leaves):
+    def _split(self, args, kwargs):
+        """(dynamic positional args, dynamic keyword args, the static key)."""
         fname = f"jit({self._name})"
-        dyn = [a for i, a in enumerate(args) if i not in self._static]
+        for i in self._static:
+            if i >= len(args):
+                raise StaticArgumentError(f"{fname}: static_argnums names argument {i} but the "
+                                          f"call passes {len(args)} positional arguments")
+        static = tuple((i, args[i]) for i in self._static) + \
+            tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names))
+        for where, v in static:
+            try:
+                hash(v)
+            except TypeError:
+                raise StaticArgumentError(
+                    f"{fname}: static argument {where!r} is an unhashable {type(v).__name__} "
+                    f"({v!r:.60}); static arguments are cache keys: pass a tuple instead of "
+                    "a list, or make the argument non-static") from None
+        dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
+        dkw = {k: kwargs[k] for k in sorted(kwargs) if k not in self._static_names}
+        return dyn, dkw, static
+
+    def _mesh_and_specs(self, dyn, leaves):
+        fname = f"jit({self._name})"
+        n_pos = len(tree_util.tree_leaves(dyn))
         if self._in is not None:
             # A PartitionSpec is one sharding (for every argument), not a tuple of them.
             per_arg = isinstance(self._in, (tuple, list)) and \
@@ -101,13 +216,13 @@ class PartitionedJit:
                                if len(dyn) == 1 and not per_arg
                                else tuple(dyn), fname)
         else:
-            given = [None] * len(leaves)
+            given = [None] * n_pos
+        given = list(given) + [None] * (len(leaves) - n_pos)  # keyword arguments
         meshes = set()
         specs = []
         for i, (leaf, s) in enumerate(zip(leaves, given)):
-            if s is None and isinstance(leaf, ShardedArray) and isinstance(leaf.sharding,
-                                                                           NamedSharding):
-                s = leaf.sharding
+            if s is None:
+                s = _leaf_sharding(leaf, f"{fname}: argument leaf {i}")
             if isinstance(s, NamedSharding):
                 meshes.add(s.mesh)
                 specs.append(s.spec)
@@ -132,43 +247,51 @@ class PartitionedJit:
                                  "it under spmd.sharding.use_mesh(mesh)")
         return next(iter(meshes)), specs
 
-    def _entry(self, args):
-        dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
-        static = tuple((i, args[i]) for i in self._static)
-        leaves, in_tree = tree_util.tree_flatten(dyn)
-        avals = tuple(get_aval(x) for x in leaves)
-        shard_key = tuple(x.sharding if isinstance(x, ShardedArray) else None for x in leaves)
+    def _entry(self, args, kwargs):
+        dyn, dkw, static = self._split(args, kwargs)
+        leaves, in_tree = tree_util.tree_flatten((dyn, dkw))
+        avals = tuple(_leaf_aval(x) for x in leaves)
+        shard_key = tuple(x.sharding if isinstance(x, ShardedArray) or
+                          type(x) is ShapeDtypeStruct else None for x in leaves)
         from spmd.shard.mesh_context import get_mesh
 
         key = (in_tree, static, avals, shard_key, axis_env_key(), get_mesh())
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._build(args, leaves, in_tree, avals)
-            # A trace that closed over an enclosing transformation's values (they
-            # stay constants of the program, which runs under that transformation)
-            # belongs to that call alone.
-            if not any(isinstance(c, Tracer) for c in entry.closed.consts):
+            entry = self._build(args, kwargs, dyn, leaves, in_tree, avals)
+            # A trace that closed over an enclosing transformation's values (passed
+            # to the program, which runs under that transformation) belongs to that
+            # call alone.
+            if not any(isinstance(c, Tracer) for c in entry.hoisted):
                 self._cache[key] = entry
-        return entry, leaves
+        return entry, leaves, avals
 
-    def _build(self, args, leaves, in_tree, avals):
-        mesh, in_specs = self._mesh_and_specs(args, leaves)
+    def _build(self, args, kwargs, dyn, leaves, in_tree, avals):
+        mesh, in_specs = self._mesh_and_specs(dyn, leaves)
         box: list = []
 
         def flat(*xs):
-            d = iter(tree_util.tree_unflatten(in_tree, xs))
+            from spmd.shard.partition.manual import traced_shardings
+
+            d, kw = tree_util.tree_unflatten(in_tree, xs)
+            d = iter(d)
             full = [args[i] if i in self._static else next(d) for i in range(len(args))]
-            res = self._fun(*full)
+            kw = {**kw, **{k: v for k, v in kwargs.items() if k in self._static_names}}
+            with traced_shardings((x, None if s is None else NamedSharding(mesh, s))
+                                  for x, s in zip(xs, in_specs)):
+                res = self._fun(*full, **kw)
             outs, out_tree = flatten_outputs(res, f"jit({self._name})")
             box[:] = [out_tree, res]
             return outs
 
-        closed = trace_to_program(flat, list(avals))
+        closed, hoisted = hoist_traced_consts(trace_to_program(flat, list(avals)))
         out_tree, res = box
         out_given = _broadcast(self._out, res, f"jit({self._name}) out_shardings") \
             if self._out is not None else [None] * len(closed.out_avals)
         out_specs = [s.spec if isinstance(s, NamedSharding) else s for s in out_given]
-        part = partition(closed, mesh, list(in_specs), out_specs, self._forbid)
+        hoisted_specs = [_closed_over_spec(h, mesh, self._name) for h in hoisted]
+        avals = tuple(get_aval(h) for h in hoisted) + tuple(avals)
+        part = partition(closed, mesh, hoisted_specs + list(in_specs), out_specs, self._forbid)
 
         def run(*xs):
             from spmd.shard.shard_map import _bind_body
@@ -177,70 +300,83 @@ class PartitionedJit:
                               part.in_specs, part.out_specs, False)
 
         final = trace_to_program(run, list(avals))
-        return _Entry(part, mesh, final, out_tree, final.out_avals, part.out_specs)
+        return _Entry(part, mesh, final, out_tree, final.out_avals, part.out_specs, closed,
+                      hoisted)
 
-    def __call__(self, *args):
-        entry, leaves = self._entry(args)
+    def __call__(self, *args, **kwargs):
+        if config.disable_jit and self._user:  # as jax.disable_jit: the Python function
+            return self._fun(*args, **kwargs)
+        entry, leaves, _ = self._entry(args, kwargs)
+        if any(type(x) is ShapeDtypeStruct for x in leaves):
+            raise TypeError(f"jit({self._name}) was called with abstract arguments "
+                            "(ShapeDtypeStruct), which have no values; pass arrays, or use "
+                            ".trace(...), .lower(...) or .eval_shape(...) to trace only")
         if not is_eager():
             from spmd.compiler.trace import eval_program
-            outs = eval_program(entry.closed, *leaves)
+            outs = eval_program(entry.closed, *entry.hoisted, *leaves)
             return tree_util.tree_unflatten(entry.out_tree, outs)
         if entry.mesh.is_multi_process:
             # Each process runs the per-device program on its own blocks.
             from spmd.shard.execute import call
 
             part = entry.partitioned
-            arrays = call(part.body, entry.mesh, part.in_specs, part.out_specs, leaves)
+            arrays = call(part.body, entry.mesh, part.in_specs, part.out_specs,
+                          [*entry.hoisted, *leaves])
+            self._delete_donated(args)
             return tree_util.tree_unflatten(entry.out_tree, arrays)
-        vals = [to_array_value(x, get_aval(x)) for x in leaves]
+        vals = [to_array_value(x, get_aval(x)) for x in (*entry.hoisted, *leaves)]
         if entry.executable is None:
             entry.executable = executable_for(entry.closed)
             entry.out_shardings = [NamedSharding(entry.mesh, s) for s in entry.out_specs]
         outs = entry.executable(*vals)
         arrays = [from_whole(wrap_value(o, a).value, a, s)
                   for o, a, s in zip(outs, entry.out_avals, entry.out_shardings)]
+        self._delete_donated(args)
         return tree_util.tree_unflatten(entry.out_tree, arrays)
 
-    def lower(self, *args) -> "PartitionedLowered":
-        entry, _ = self._entry(args)
+    def _delete_donated(self, args):
+        """Donated Arrays are deleted after the call, as in JAX (no buffer reuse here)."""
+        from spmd.compiler.array import Array
+
+        for i in self._donate:
+            if i < len(args):
+                for leaf in tree_util.tree_leaves(args[i]):
+                    if isinstance(leaf, Array):
+                        leaf.delete()
+
+    def lower(self, *args, **kwargs) -> "PartitionedLowered":
+        """The per-device program for these arguments (arrays or ``ShapeDtypeStruct``s).
+
+        >>> print(step.lower(x, y).as_text())  # doctest: +SKIP
+        """
+        entry, _, _ = self._entry(args, kwargs)
         return PartitionedLowered(entry)
 
+    def trace(self, *args, **kwargs) -> "PartitionedTraced":
+        """Trace for these arguments (arrays or ``ShapeDtypeStruct``s): ``.jaxpr``,
+        ``.out_info`` (with the output shardings) and ``.lower()``.
 
-class PartitionedLowered:
-    """The per-device program of a partitioned jit, with why each collective is there."""
+        >>> step.trace(ShapeDtypeStruct((8, 4), np.float32, sharding=s)).out_info
+        ... # doctest: +SKIP
+        """
+        entry, _, avals = self._entry(args, kwargs)
+        return PartitionedTraced(entry, self._name, avals)
 
-    def __init__(self, entry: _Entry):
-        self._entry = entry
-        self.in_specs = entry.partitioned.in_specs
-        self.out_specs = entry.partitioned.out_specs
+    def eval_shape(self, *args, **kwargs):
+        """The outputs' ``ShapeDtypeStruct``s (with their shardings), computing nothing."""
+        return self.trace(*args, **kwargs).out_info
 
-    @property
-    def program(self) -> ClosedProgram:
-        from spmd.compiler.passes import cse, dce, inline_calls
+    # spmd.eval_shape(f, ...) of a partitioned jit answers with its shardings.
+    __spmd_eval_shape__ = eval_shape
 
-        # No constant folding: collectives (axis_index of an inserted slice) only run
-        # inside the shard_map this program is the body of.
-        return dce(cse(inline_calls(self._entry.partitioned.body)))
+    def clear_cache(self) -> None:
+        self._cache.clear()
 
-    @property
-    def bytes_sent(self) -> int:
-        """Bytes each device sends per call (from the inserted collectives)."""
-        return sum(n.bytes_sent for n in self._entry.partitioned.notes)
+    def __get__(self, obj, objtype=None):  # so that jit works on methods
+        return self if obj is None else functools.partial(self, obj)
 
-    def collectives(self) -> list:
-        return [(n.collective, n.reason, n.bytes_sent) for n in self._entry.partitioned.notes]
-
-    def as_text(self) -> str:
-        notes = self._entry.partitioned.notes
-        head = [f"# per-device program on {self._entry.mesh}",
-                f"# in_specs:  {list(self.in_specs)}", f"# out_specs: {list(self.out_specs)}",
-                f"# bytes sent per device per call: {self.bytes_sent}"]
-        for n in notes:
-            head.append(f"# {n.collective}: needed by {n.reason} ({n.bytes_sent} bytes)")
-        return "\n".join(head) + "\n" + str(self.program)
-
-    def __str__(self):
-        return self.as_text()
+    def __repr__(self):
+        return f"<jit {self._name} (partitioned)>"
 
 
 def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None,
@@ -260,7 +396,10 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None,
     if in_shardings is None and out_shardings is None and forbid_gather_bytes is None:
         return plain_jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
                          donate_argnums=donate_argnums)
-    if static_argnames or donate_argnums:
-        raise PartitionError("jit with shardings supports static_argnums, not static_argnames "
-                             "or donate_argnums yet")
-    return PartitionedJit(fun, in_shardings, out_shardings, forbid_gather_bytes, static_argnums)
+    if not callable(fun):
+        raise TypeError(f"jit: expected a function, got {type(fun).__name__}")
+    return PartitionedJit(fun, in_shardings, out_shardings, forbid_gather_bytes, static_argnums,
+                          static_argnames, donate_argnums)
+
+
+from spmd.shard.partition.stages import PartitionedLowered, PartitionedTraced  # noqa: E402

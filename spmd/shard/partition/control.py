@@ -40,7 +40,8 @@ def join(a: Placement, b: Placement) -> Placement:
 
 
 def _local_aval(aval, pl, mesh):
-    return aval.update(shape=pl.local_shape(aval.shape, mesh))
+    # Untyped, as the partitioned program (a partial-manual body's types are dropped).
+    return aval.update(shape=pl.local_shape(aval.shape, mesh), vma=frozenset())
 
 
 def _trace_body(ev, closed: ClosedProgram, in_pls, out_target, ctx, box):
@@ -55,7 +56,7 @@ def _trace_body(ev, closed: ClosedProgram, in_pls, out_target, ctx, box):
     avals = [_local_aval(v.aval, pl, ev.mesh) for v, pl in zip(in_vars, in_pls)]
 
     def fun(*xs):
-        inner = Evaluator(ev.mesh, ctx)
+        inner = Evaluator(ev.mesh, ctx, manual=ev.manual)
         outs = inner.run(closed, list(zip(xs, in_pls)))
         res, pls = [], []
         for k, ((x, pl), want) in enumerate(zip(outs, out_target)):

@@ -45,7 +45,7 @@ def run_sharded(prim, args, params, mesh):
             return list(out) if prim.multiple_results else [out]
 
         fn.__name__ = prim.name
-        pj = PartitionedJit(fn, None, None)
+        pj = PartitionedJit(fn, None, None, user=False)
         if key is not None:
             if len(_CACHE) >= _CACHE_LIMIT:
                 _CACHE.clear()

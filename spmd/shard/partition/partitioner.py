@@ -62,9 +62,13 @@ class Evaluator:
     """Evaluates a global program on per-device values, each with its placement,
     under the current trace (the body of the shard_map being traced)."""
 
-    def __init__(self, mesh, ctx: Context, wants: dict | None = None):
+    def __init__(self, mesh, ctx: Context, wants: dict | None = None,
+                 manual: frozenset = frozenset()):
         self.mesh = mesh
         self.ctx = ctx
+        # The manual axes of a partial-manual shard_map body (partition.manual): its
+        # collectives run over them; placements use only the other axes.
+        self.manual = frozenset(manual)
         # Where values are wanted (backward hints): source primitives such as
         # random_bits compute only their block there (rules_random).
         self.wants = wants or {}
@@ -118,7 +122,15 @@ class Evaluator:
                 f"with_sharding_constraint at {eqn.source_info}: its sharding is over "
                 f"{eqn.params['mesh']} but the program is partitioned over {self.mesh}; "
                 "use the mesh of the jit's shardings")
-        check_spec(eqn.params["spec"], self.mesh, eqn.outputs[0].aval.shape,
+        spec = eqn.params["spec"]
+        bad = [a for a in spec.mesh_axes if a in self.manual]
+        if bad:
+            raise PartitionError(
+                f"with_sharding_constraint at {eqn.source_info}: spec {spec} names mesh axis "
+                f"{bad[0]!r}, which is manual in this partial-manual shard_map (manual axes "
+                f"{sorted(self.manual)}); inside the body a constraint places the block along "
+                "the automatic axes only: leave the manual axes out of its spec")
+        check_spec(spec, self.mesh, eqn.outputs[0].aval.shape,
                    f"with_sharding_constraint at {eqn.source_info}")
         want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
         return [(reshard(vals[0], pls[0], want, self.ctx,
@@ -129,11 +141,13 @@ class Evaluator:
         (derivative rules were applied before a partitioned program is traced)."""
         return self.run(eqn.params["program"], list(zip(vals, pls)))
 
-    def apply(self, eqn, vals, pls, producers=None, env=None) -> list:
-        """One first-order equation: its rule, the reshards it asks for, the local bind."""
+    def apply(self, eqn, vals, pls, producers=None, env=None, rule=None) -> list:
+        """One first-order equation: its rule (the registered one unless given), the
+        reshards it asks for, the local bind."""
         prim = eqn.primitive
-        d = _decision(eqn)
-        rule = d.rule if type(d) is Propagate else rules.replicate_rule
+        if rule is None:
+            d = _decision(eqn)
+            rule = d.rule if type(d) is Propagate else rules.replicate_rule
         avals_in = [a.aval for a in eqn.inputs]
         avals_out = [o.aval for o in eqn.outputs]
         res = rule(pls, avals_in, avals_out, self.mesh, **eqn.params)
@@ -256,8 +270,12 @@ def _describe(atom, role: str) -> str:
     return role
 
 
-def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_bytes=None):
-    """Partition ``closed`` (global) given one PartitionSpec (or None) per input and output."""
+def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_bytes=None,
+              manual=()):
+    """Partition ``closed`` (global) given one PartitionSpec (or None) per input and output.
+
+    ``manual``: the manual axes when ``closed`` is the body of a partial-manual
+    shard_map (its values are already blocks along them; only the other axes split)."""
     from spmd.shard.shard_map import trace_body
 
     closed = inline_calls(closed)
@@ -287,7 +305,7 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
     out_pls_box: list = []
 
     def body(*local_args):
-        ev = Evaluator(mesh, ctx, wants)
+        ev = Evaluator(mesh, ctx, wants, frozenset(manual))
         outs = ev.run(closed, list(zip(local_args, in_pls)))
         results, final = [], []
         for i, ((x, pl), a, spec) in enumerate(zip(outs, program.out_atoms, out_specs)):
@@ -299,7 +317,8 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
         out_pls_box[:] = final
         return results
 
-    local_avals = [v.aval.update(shape=pl.local_shape(v.aval.shape, mesh))
+    # Untyped: a partial-manual body's types (varying along manual axes) are dropped.
+    local_avals = [v.aval.update(shape=pl.local_shape(v.aval.shape, mesh), vma=frozenset())
                    for v, pl in zip(args, in_pls)]
     body_prog = trace_body(body, mesh, local_avals, check_vma=False)
     return Partitioned(body_prog, tuple(in_specs),

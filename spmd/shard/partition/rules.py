@@ -20,7 +20,6 @@ import itertools
 
 import numpy as np
 
-from spmd.collectives.primitives import pvary_p
 from spmd.compiler.ad import stop_gradient_p
 from spmd.compiler.remat import name_p
 from spmd.compiler.custom import custom_lin_p
@@ -76,7 +75,7 @@ def _product_partial(pls, data, used) -> list:
 # How pending sums pass through an elementwise map (the ``sums`` of elementwise_rule):
 _SUMS = {
     "none": "no pending sum passes (nonlinear maps, comparisons)",
-    "linear": "unary and linear (neg, pvary): the operand's sum passes",
+    "linear": "unary and linear (neg): the operand's sum passes",
     "convert": "a dtype conversion: the sum passes when no precision is lost (f16 -> f32)",
     "joint": "linear in all operands together (add, sub): a shared sum passes",
     "select": "select_n: linear in the cases together when the predicate is not a sum",
@@ -321,7 +320,6 @@ def _table() -> dict:
         ew.neg_p: _elementwise("linear"),
         stop_gradient_p: _elementwise("linear"),
         name_p: _elementwise("linear"),  # checkpoint_name: the identity
-        pvary_p: _elementwise("linear"),
         ew.convert_p: _elementwise("convert"),
         ew.add_p: _elementwise("joint"),
         ew.sub_p: _elementwise("joint"),

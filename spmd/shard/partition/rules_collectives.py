@@ -1,12 +1,18 @@
 """Partition decisions of the collectives and of the backends' transport primitives.
 
-A global program (what the partitioner walks) never holds a collective: a
-collective needs a mesh axis in scope, which only a ``shard_map`` body has, and the
-partitioner keeps a nested ``shard_map`` whole (its specs are fixed points;
-:meth:`Evaluator.nested_shard_map`).  The collectives the partitioner itself inserts
-are bound into the per-device program it traces, never walked.  ``pvary`` is not
-here: it is the identity on values, elementwise and linear, and has a rule
-(:mod:`spmd.shard.partition.rules`).
+A global program never holds a collective: a collective needs a mesh axis in
+scope, which only a ``shard_map`` body has, and the partitioner keeps a nested
+``shard_map`` whole (its specs are fixed points; :meth:`Evaluator.nested_shard_map`).
+The one body it does walk is that of a partial-manual ``shard_map``
+(``axis_names=...``; :mod:`spmd.shard.partition.manual`), split along the automatic
+axes: there a collective over the manual axes works on each device's block along
+the automatic ones, which it leaves in place, except that a gathered, scattered or
+exchanged dimension must be whole along them (the rules below ask for that).  A
+collective naming an axis the partitioner splits is an error.  The collectives the
+partitioner itself inserts are bound into the per-device program it traces, never
+walked.  ``pvary`` (a typed body's mark that a value varies along manual axes) is
+the identity on values and is dropped: the partitioned body is untyped, where it
+would transpose to a ``psum`` that the untyped ``shard_map`` transpose also adds.
 """
 
 from __future__ import annotations
@@ -14,17 +20,90 @@ from __future__ import annotations
 from spmd.collectives import mpi, nccl
 from spmd.collectives import primitives as cp
 from spmd.shard.partition import registry
-from spmd.shard.partition.registry import Unreachable
+from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import PartitionError, Structural, Unreachable
 
 _IN_BODIES = ("a collective is only traced inside a shard_map body (it needs a mesh axis "
               "in scope), and the partitioner keeps shard_map bodies whole")
 _TRANSPORT = ("a backend's transport primitive appears only in the per-process program "
               "that runs a shard_map body across processes, after partitioning")
 
+
+def _keep(pls, avals_in, avals_out, mesh, **params):
+    """Linear and elementwise across the automatic blocks (psum, ppermute)."""
+    return [pls[0]], [pls[0]], params
+
+
+def _reduced(pls, avals_in, avals_out, mesh, **params):
+    """pmax/pmin are not linear: a pending sum is reduced first."""
+    p = pls[0].without_partial()
+    return [p], [p], params
+
+
+def _whole(pl: Placement, *dims) -> Placement:
+    return Placement(tuple(() if d in dims else a for d, a in enumerate(pl.dims)), pl.partial)
+
+
+def _all_gather(pls, avals_in, avals_out, mesh, *, axis, tiled, **params):
+    if tiled:  # the gathered dimension grows: whole along the automatic axes
+        want = _whole(pls[0], axis)
+        return [want], [want], dict(params, axis=axis, tiled=tiled)
+    dims = pls[0].dims  # stacked along a new dimension
+    out = Placement(dims[:axis] + ((),) + dims[axis:], pls[0].partial)
+    return [pls[0]], [out], dict(params, axis=axis, tiled=tiled)
+
+
+def _psum_scatter(pls, avals_in, avals_out, mesh, *, scatter_dimension, tiled, **params):
+    d = scatter_dimension
+    want = _whole(pls[0], d)
+    out = want if tiled else Placement(want.dims[:d] + want.dims[d + 1:], want.partial)
+    return [want], [out], dict(params, scatter_dimension=d, tiled=tiled)
+
+
+def _all_to_all(pls, avals_in, avals_out, mesh, *, split_axis, concat_axis, **params):
+    want = _whole(pls[0], split_axis, concat_axis)
+    return [want], [want], dict(params, split_axis=split_axis, concat_axis=concat_axis)
+
+
+def _axis_index(pls, avals_in, avals_out, mesh, **params):
+    return [], [Placement(())], params
+
+
+def _check_axes(ev, eqn):
+    axes = eqn.params["axes"]
+    auto = [a for a in axes if a not in ev.manual]
+    if auto and not ev.manual:
+        raise PartitionError(f"internal: {eqn.primitive.name} reached the partitioner, "
+                             f"where it cannot occur: {_IN_BODIES}")
+    if auto:
+        raise PartitionError(
+            f"{eqn.primitive.name} over mesh axis {auto[0]!r}, which is automatic in this "
+            f"partial-manual shard_map (manual axes {sorted(ev.manual)}): collectives may "
+            "name only the manual axes")
+
+
+def _collective(rule):
+    def fn(ev, eqn, vals, pls):
+        _check_axes(ev, eqn)
+        return ev.apply(eqn, vals, pls, rule=rule)
+    return Structural(fn)
+
+
+def _pvary(ev, eqn, vals, pls):
+    _check_axes(ev, eqn)
+    return list(zip(vals, pls))
+
+
 TABLE = {
-    **{p: Unreachable(_IN_BODIES) for p in (
-        cp.psum_p, cp.pmax_p, cp.pmin_p, cp.all_gather_p, cp.psum_scatter_p,
-        cp.all_to_all_p, cp.ppermute_p, cp.axis_index_p)},
+    cp.psum_p: _collective(_keep),
+    cp.ppermute_p: _collective(_keep),
+    cp.pmax_p: _collective(_reduced),
+    cp.pmin_p: _collective(_reduced),
+    cp.all_gather_p: _collective(_all_gather),
+    cp.psum_scatter_p: _collective(_psum_scatter),
+    cp.all_to_all_p: _collective(_all_to_all),
+    cp.axis_index_p: _collective(_axis_index),
+    cp.pvary_p: Structural(_pvary),
     mpi.mpi_p: Unreachable(_TRANSPORT),
     nccl.nccl_p: Unreachable(_TRANSPORT),
 }

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler.ops.threefry import (erf_inv_giles_p, random_bits_p, random_unit_float_p,
-                                        rng_counter_p, threefry2x32_p)
+from spmd.compiler.ops.threefry import (random_bits_p, random_unit_float_p, rng_counter_p,
+                                        threefry2x32_p)
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate, Replicate
@@ -80,7 +80,7 @@ def random_bits_source(ev, eqn, vals, pls, want_spec):
 registry.register(random_bits_p, Propagate(random_bits_rule, source=random_bits_source))
 # Elementwise in their operands (counters/bits of the same shape as the output).
 registry.register(threefry2x32_p, Propagate(elementwise_rule("none"), specs_flow_back=True))
-for _p in (random_unit_float_p, erf_inv_giles_p):
-    registry.register(_p, Propagate(elementwise_rule("none"), specs_flow_back=True))
+registry.register(random_unit_float_p, Propagate(elementwise_rule("none"),
+                                                 specs_flow_back=True))
 registry.register(rng_counter_p, Replicate("a scalar read from a host counter: every device "
                                            "reads the same count"))

@@ -1,0 +1,374 @@
+"""A ``shard_map`` over processes inside a loop, ``cond``, ``checkpoint`` or custom
+derivative, and a ``jit`` closing over an Array spread over processes.
+
+Training code does exactly this: ``lax.scan`` over stacked layers whose body is a
+Megatron layer written with ``shard_map``, ``checkpoint`` around that layer,
+``custom_vjp`` around a ``shard_map``'d kernel, and ``grad`` of all of these.  Each
+runs as one program partitioned over the mesh: every process computes only its own
+blocks.  Values and gradients against numpy on the global arrays (read back with
+``spmd.process_allgather``); each rank's results hold only its blocks; the printed
+per-process programs have block shapes.  Runs on 4 ranks with one device each, on
+2 ranks, and on 2 ranks with 2 devices each (``test_hybrid_subprocess.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import spmd  # noqa: E402
+import spmd.numpy as snp  # noqa: E402
+from spmd import NamedSharding as NS, P, lax  # noqa: E402
+from spmd.compiler.program_arrays import NestedArraysError  # noqa: E402
+from spmd.shard.partition.registry import PartitionError  # noqa: E402
+from spmd.shard.sharded import ShardedArray, holds_full_value  # noqa: E402
+
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(180)]
+
+B, D, H, L = 8, 4, 8, 3
+RNG = np.random.default_rng(3)
+X = RNG.standard_normal((B, D)).astype(np.float32)
+W1 = (RNG.standard_normal((L, D, H)) / 2).astype(np.float32)
+W2 = (RNG.standard_normal((L, H, D)) / 2).astype(np.float32)
+
+
+# ------------------------------------------------------------------ the model
+
+def _mesh(kind):
+    """``(mesh, data axis, model axis)``: ``"1d"`` is ``(n,)`` with the weights split
+    over ``'i'`` and the activations replicated; ``"2d"`` is ``(2, n // 2)`` with the
+    batch split over ``'a'`` and the weights over ``'b'``."""
+    n = spmd.device_count()
+    if kind == "1d":
+        return spmd.make_mesh((n,), ("i",)), None, "i"
+    return spmd.make_mesh((2, n // 2), ("a", "b")), "a", "b"
+
+
+def _layer(mesh, data, model):
+    """A Megatron MLP layer: columns of ``w1`` and rows of ``w2`` split over ``model``;
+    each device's partial product summed with one ``psum``."""
+    def body(x, w1, w2):
+        return lax.psum(snp.tanh(x @ w1) @ w2, model)
+
+    return spmd.shard_map(body, mesh=mesh, in_specs=(P(data), P(None, model), P(model)),
+                          out_specs=P(data))
+
+
+def _np_layer(x, w1, w2):
+    return np.tanh(x @ w1) @ w2
+
+
+def _np_layer_vjp(x, w1, w2, g):
+    """(dx, dw1, dw2) of ``_np_layer`` for the cotangent ``g``."""
+    a = np.tanh(x @ w1)
+    gh = (g @ w2.T) * (1 - a * a)
+    return gh @ w1.T, x.T @ gh, a.T @ g
+
+
+def _np_stack(x, w1s, w2s):
+    """Forward through the stacked layers and the gradients of ``0.5 * sum(out**2)``."""
+    xs = [x]
+    for w1, w2 in zip(w1s, w2s):
+        xs.append(_np_layer(xs[-1], w1, w2))
+    g, g1, g2 = xs[-1], np.zeros_like(w1s), np.zeros_like(w2s)
+    for k in reversed(range(len(w1s))):
+        g, g1[k], g2[k] = _np_layer_vjp(xs[k], w1s[k], w2s[k], g)
+    return xs[-1], g, g1, g2
+
+
+def _put(mesh, data, model):
+    """X, W1, W2 spread over the processes (stacked weights: layer dimension whole)."""
+    return (spmd.device_put(X, NS(mesh, P(data))),
+            spmd.device_put(W1, NS(mesh, P(None, None, model))),
+            spmd.device_put(W2, NS(mesh, P(None, model))))
+
+
+def _global(a):
+    assert isinstance(a, ShardedArray), type(a)
+    return np.asarray(spmd.process_allgather(a))
+
+
+def _close(got, want, tol=2e-5):
+    np.testing.assert_allclose(_global(got), want, rtol=tol, atol=tol)
+
+
+def _only_blocks(*arrays):
+    """Each Array spread over processes holds only this process's blocks (no buffer of
+    the global shape); at least one of them is split across processes."""
+    split = 0
+    for a in arrays:
+        assert isinstance(a, ShardedArray)
+        if not holds_full_value(a.sharding):
+            shards = a.addressable_shards
+            assert a._value is None and a.held_nbytes == sum(s.data.nbytes for s in shards)
+            # (two devices of this process may hold the same block: count it once)
+            distinct = {tuple((i.start, i.stop) for i in s.index) for s in shards}
+            assert len(distinct) * shards[0].data.nbytes < a.nbytes, (a.sharding, distinct)
+            split += 1
+    assert split, [a.sharding for a in arrays]
+
+
+KINDS = ["1d", "2d"]
+
+
+# ------------------------------------------------------------------ scan over layers
+
+def _scan_model(mesh, data, model):
+    layer = _layer(mesh, data, model)
+
+    def forward(x, w1s, w2s):
+        return lax.scan(lambda c, w: (layer(c, *w), None), x, (w1s, w2s))[0]
+
+    def loss(x, w1s, w2s):
+        return 0.5 * snp.sum(forward(x, w1s, w2s) ** 2)
+
+    return forward, loss
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_scan_over_layers_with_a_shard_map_body(kind, jit):
+    mesh, data, model = _mesh(kind)
+    forward, loss = _scan_model(mesh, data, model)
+    wrap = spmd.jit if jit else (lambda f: f)
+    x, w1s, w2s = _put(mesh, data, model)
+    out, gx, g1, g2 = _np_stack(X, W1, W2)
+    y = wrap(forward)(x, w1s, w2s)
+    assert y.sharding == NS(mesh, P(data))
+    _close(y, out)
+    grads = wrap(spmd.grad(loss, argnums=(0, 1, 2)))(x, w1s, w2s)
+    for got, want in zip(grads, (gx, g1, g2)):
+        _close(got, want)
+    _only_blocks(*grads)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_scan_on_whole_inputs_and_the_printed_program(kind):
+    mesh, data, model = _mesh(kind)
+    forward, loss = _scan_model(mesh, data, model)
+    out, gx, g1, g2 = _np_stack(X, W1, W2)
+    # numpy inputs: every process holds them whole and slices its blocks
+    _close(spmd.jit(forward)(X, W1, W2), out)
+    _close(spmd.grad(loss, argnums=1)(X, W1, W2), g1)
+    text = spmd.jit(forward).lower(X, W1, W2).as_text(executed=True)
+    m, d = mesh.shape[model], mesh.shape[data] if data else 1
+    assert "scan[" in text and "shard_map" not in text, text
+    # the body's dot runs on this process's devices' blocks, stacked:
+    # (B/d, D) @ (D, H/m) per device
+    n_local = len(mesh.local_devices)
+    assert f"f32[{n_local},{B // d},{H // m}] = tanh" in text, text
+    assert f"f32[{n_local},{B},{H}]" not in text, text
+
+
+# ------------------------------------------------------------------ checkpoint
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_checkpointed_layer_and_its_gradient(kind, jit):
+    mesh, data, model = _mesh(kind)
+    layer = spmd.checkpoint(_layer(mesh, data, model))
+
+    def loss(x, w1s, w2s):
+        for k in range(L):
+            x = layer(x, w1s[k], w2s[k])
+        return 0.5 * snp.sum(x ** 2)
+
+    wrap = spmd.jit if jit else (lambda f: f)
+    x, w1s, w2s = _put(mesh, data, model)
+    out, gx, g1, g2 = _np_stack(X, W1, W2)
+    _close(wrap(layer)(x, w1s[0], w2s[0]), _np_layer(X, W1[0], W2[0]))
+    _close(wrap(layer)(X, W1[0], W2[0]), _np_layer(X, W1[0], W2[0]))
+    value, grads = wrap(spmd.value_and_grad(loss, argnums=(0, 1, 2)))(x, w1s, w2s)
+    np.testing.assert_allclose(_global(value), 0.5 * np.sum(out ** 2), rtol=1e-5)
+    for got, want in zip(grads, (gx, g1, g2)):
+        _close(got, want)
+
+
+# ------------------------------------------------------------------ cond, fori_loop
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_cond_and_fori_loop_holding_a_shard_map(kind, jit):
+    mesh, data, model = _mesh(kind)
+    layer = _layer(mesh, data, model)
+    wrap = spmd.jit if jit else (lambda f: f)
+
+    def branchy(p, x, w1, w2):
+        return lax.cond(p > 0, lambda v: layer(v, w1, w2), lambda v: v * 2.0, x)
+
+    def looped(x, w1, w2):
+        return lax.fori_loop(0, L, lambda i, c: layer(c, w1, w2), x)
+
+    x, w1s, w2s = _put(mesh, data, model)
+    w1, w2 = w1s[1], w2s[1]
+    _close(wrap(branchy)(1.0, x, w1, w2), _np_layer(X, W1[1], W2[1]))
+    _close(wrap(branchy)(-1.0, x, w1, w2), X * 2)
+    want = X
+    for _ in range(L):
+        want = _np_layer(want, W1[1], W2[1])
+    y = wrap(looped)(x, w1, w2)
+    _close(y, want)
+    if data is not None:  # the batch is split over 'a' (two processes' rows)
+        _only_blocks(y)
+    _, _, g1, g2 = _np_stack(X, np.stack([W1[1]] * L), np.stack([W2[1]] * L))
+    grads = wrap(spmd.grad(lambda w1, w2: 0.5 * snp.sum(looped(x, w1, w2) ** 2),
+                           argnums=(0, 1)))(w1, w2)
+    _close(grads[0], g1.sum(0))
+    _close(grads[1], g2.sum(0))
+    gc = wrap(spmd.grad(lambda w1: snp.sum(branchy(1.0, x, w1, w2))))(w1)
+    _close(gc, _np_layer_vjp(X, W1[1], W2[1], np.ones((B, D), np.float32))[1])
+
+
+# ------------------------------------------------------------------ custom_vjp
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_custom_vjp_around_a_shard_map(kind, jit):
+    """A kernel with a hand-written backward pass, both passes written with
+    shard_map (the backward one sums the input gradient over the model axis and the
+    weight gradients over the data axis)."""
+    mesh, data, model = _mesh(kind)
+    fwd_layer = _layer(mesh, data, model)
+
+    def bwd_body(x, w1, w2, g):
+        a = snp.tanh(x @ w1)
+        gh = (g @ w2.T) * (1 - a * a)
+        g1, g2 = x.T @ gh, a.T @ g
+        if data is not None:
+            g1, g2 = lax.psum(g1, data), lax.psum(g2, data)
+        return lax.psum(gh @ w1.T, model), g1, g2
+
+    bwd_layer = spmd.shard_map(bwd_body, mesh=mesh,
+                               in_specs=(P(data), P(None, model), P(model), P(data)),
+                               out_specs=(P(data), P(None, model), P(model)))
+
+    @spmd.custom_vjp
+    def kernel(x, w1, w2):
+        return fwd_layer(x, w1, w2)
+
+    def fwd(x, w1, w2):
+        return fwd_layer(x, w1, w2), (x, w1, w2)
+
+    def bwd(res, g):
+        return bwd_layer(*res, g)
+
+    kernel.defvjp(fwd, bwd)
+    wrap = spmd.jit if jit else (lambda f: f)
+    x, w1s, w2s = _put(mesh, data, model)
+    _close(wrap(kernel)(x, w1s[0], w2s[0]), _np_layer(X, W1[0], W2[0]))
+    g = np.ones((B, D), np.float32)
+    want = _np_layer_vjp(X, W1[0], W2[0], g)
+    grads = wrap(spmd.grad(lambda *a: snp.sum(kernel(*a)), argnums=(0, 1, 2)))(
+        x, w1s[0], w2s[0])
+    for got, w in zip(grads, want):
+        _close(got, w)
+    _only_blocks(*grads)
+
+
+# ------------------------------------------------------------------ closures
+
+ROWS = 16 * 1024  # 16K x 4 float32 = 256 KiB global: large next to the temporaries
+
+
+def _big(mesh, data, model):
+    """A (ROWS, D) data set split by rows over every mesh axis, and its numpy value."""
+    axes = tuple(a for a in (data, model) if a)
+    x = (np.arange(ROWS * D, dtype=np.float32).reshape(ROWS, D) % 7 - 3) / 4
+    return spmd.device_put(x, NS(mesh, P(axes))), x
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_jit_closing_over_a_spread_array_and_its_gradient(kind):
+    mesh, data, model = _mesh(kind)
+    xs, x = _big(mesh, data, model)
+    traces = []
+
+    def loss(w):
+        traces.append(1)
+        return 0.5 * snp.mean(snp.tanh(xs @ w) ** 2)
+
+    w = W1[0]
+    a = np.tanh(x @ w)
+    want_loss = 0.5 * np.mean(a ** 2)
+    want_grad = x.T @ (a * (1 - a * a)) / a.size
+    f = spmd.jit(loss)
+    np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
+    np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
+    assert len(traces) == 1  # traced once: the closed-over Array is cached as a constant
+    g = spmd.jit(spmd.grad(loss))(w)
+    np.testing.assert_allclose(_global(g), want_grad, rtol=1e-4, atol=1e-6)
+    g = spmd.grad(spmd.jit(loss))(w)
+    np.testing.assert_allclose(_global(g), want_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_closed_over_spread_array_is_never_gathered(kind):
+    """Each process computes on its rows of the closed-over Array: the peak of traced
+    allocations stays below one buffer of the global shape, and the result holds
+    only this process's blocks."""
+    mesh, data, model = _mesh(kind)
+    xs, x = _big(mesh, data, model)
+    f = spmd.jit(lambda w: snp.tanh(xs @ w) * 2.0)
+    g = spmd.jit(lambda w: snp.tanh(xs @ w) * 2.0,
+                 in_shardings=NS(mesh, P()), out_shardings=NS(mesh, P(xs.sharding.spec[0])))
+    w = np.eye(D, dtype=np.float32)
+    for fn in (f, g):
+        fn(w)  # traced and compiled outside the measured call
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        y = fn(w)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        assert y.sharding == xs.sharding
+        _only_blocks(y)
+        assert peak < x.nbytes, (peak, x.nbytes)
+        _close(y, np.tanh(x) * 2.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_closing_over_a_spread_array_inside_a_loop_body(kind):
+    """A scan body closing over a spread Array (and calling a shard_map) under jit."""
+    mesh, data, model = _mesh(kind)
+    layer = _layer(mesh, data, model)
+    x, w1s, w2s = _put(mesh, data, model)
+
+    def forward(w2s):
+        return lax.scan(lambda c, k: (layer(c, w1s[k], w2s[k]), None), x,
+                        np.arange(L))[0]
+
+    out, _, _, g2 = _np_stack(X, W1, W2)
+    _close(spmd.jit(forward)(W2), out)
+    _close(spmd.jit(spmd.grad(lambda w: 0.5 * snp.sum(forward(w) ** 2)))(W2), g2)
+
+
+def test_a_partitioned_jit_closing_over_an_array_of_another_mesh_raises():
+    n = spmd.device_count()
+    other = spmd.make_mesh((n,), ("j",))
+    mesh, _, _ = _mesh("2d")
+    xs = spmd.device_put(X, NS(other, P("j")))
+    f = spmd.jit(lambda w: xs @ w, in_shardings=NS(mesh, P()))
+    with pytest.raises(PartitionError, match="closes over an Array .* another mesh"):
+        f(W1[0])
+
+
+def test_a_loop_over_shard_maps_of_two_meshes_raises_naming_the_fix():
+    """A scan whose body holds shard_maps over two meshes of the same devices cannot
+    run as one program partitioned over one of them."""
+    n = spmd.device_count()
+    m1 = spmd.make_mesh((n,), ("i",))
+    m2 = spmd.make_mesh((2, n // 2), ("a", "b"))
+    f1 = spmd.shard_map(lambda b: b * 2.0, mesh=m1, in_specs=P("i"), out_specs=P("i"))
+    f2 = spmd.shard_map(lambda b: b + 1.0, mesh=m2, in_specs=P("a"), out_specs=P("a"))
+
+    def body(c, _):
+        return f2(f1(c)), None
+
+    with pytest.raises(NestedArraysError, match="scan: its body holds a shard_map .* "
+                       "use one mesh for every shard_map"):
+        lax.scan(body, X, None, length=2)
