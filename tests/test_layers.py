@@ -182,7 +182,9 @@ def test_import_spmd_compiler_loads_no_upper_layer():
     above = [m for m in rep["modules"] if m != "spmd" and layer(m) > LAYERS["compiler"]]
     assert not above, f"`import spmd.compiler` loaded upper layers: {above}"
     # Nothing ran the installer: the defaults, which are exact while no mesh exists.
-    assert len(rep["left"]) == 5 and not rep["shard_loaded"]
+    from spmd.compiler import extensions
+
+    assert len(rep["left"]) == len(extensions.POINTS) and not rep["shard_loaded"]
 
 
 def test_import_spmd_alone_loads_nothing_of_the_layers():
