@@ -153,9 +153,9 @@ def _collective_cases(mesh, n: int, rank: int, nbytes: int, rng):
     m = nbytes // 4
     x = rng.standard_normal(n * m).astype(np.float32)  # global: the same on every rank
     # The floors read this rank's block of the same global array that spmd reads (a
-    # contiguous view, no copy): measured, the same bytes in another allocation (with
-    # or without transparent huge pages) made a raw 4 MiB Allgather 0.68-1.4x as fast,
-    # which then showed as spmd's cost or gain (docs/performance.md, changelog).
+    # contiguous view, no copy): the same bytes in another allocation (with or without
+    # transparent huge pages) changed a raw 4 MiB Allgather's time by 0.68-0.91x in
+    # paired rounds, which then showed as spmd's cost or gain (docs/performance.md).
     mine = x[rank * m:(rank + 1) * m]
     smap = functools.partial(spmd.shard_map, mesh=mesh, in_specs=P("i"))
     cases, floors = {}, {}
