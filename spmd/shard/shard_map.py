@@ -126,20 +126,21 @@ shard_map_p.rules["output_array"] = _output_array
 shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
 
 
-def _eval_program(params, program, args):
-    """A jitted program holding a shard_map over processes runs partitioned over its
-    mesh, as one per-process program (so e.g. the collectives of its forward and
-    backward bodies are combined); None (equation by equation) where the
-    partitioner cannot take it."""
+def _eval_program(params, program, args, required=False):
+    """A jitted program (or a loop, cond, checkpoint or custom derivative) holding a
+    shard_map over processes runs partitioned over its mesh, as one per-process
+    program (so e.g. the collectives of its forward and backward bodies are
+    combined); None (equation by equation) where the partitioner cannot take it,
+    or an error when ``required``."""
     from spmd.shard.dispatch import eval_jit_over
 
-    return eval_jit_over(program, args, params["mesh"])
+    return eval_jit_over(program, args, params["mesh"], required)
 
 
-def _executed_program(params, program):
+def _executed_program(params, program, leading=()):
     from spmd.shard.dispatch import executed_program
 
-    return executed_program(program, params["mesh"])
+    return executed_program(program, params["mesh"], leading)
 
 
 shard_map_p.rules["eval_program"] = _eval_program

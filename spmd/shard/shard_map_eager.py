@@ -225,7 +225,12 @@ def _local_blocks(x, spec, mesh, local):
             x = reshard(x, want, "an input")
         if x._value is None:
             return x.local_blocks(), 0
-    return _my_blocks(x, spec, mesh, local)
+    # A whole value (an Array replicated over the processes included) enters as its
+    # plain buffer: operations on a placed Array inside the body would dispatch as
+    # SPMD programs of their own, and the body's collectives cannot.
+    from spmd.compiler.trace import to_array_value
+
+    return _my_blocks(to_array_value(x, get_aval(x)), spec, mesh, local)
 
 
 def _outputs_multi(raw, specs, mesh, local):
