@@ -4,7 +4,6 @@
 import numpy as np
 import pytest
 
-import spmd
 from spmd import lax
 from spmd.errors import ArgumentError
 from spmd.scipy import linalg as sla, special as ssp
@@ -19,14 +18,6 @@ RNG = np.random.default_rng(0)
 X = np.linspace(-4.0, 4.0, 17)
 POS = np.linspace(0.2, 6.0, 13)
 PROB = np.linspace(0.01, 0.99, 11)
-
-
-@pytest.fixture
-def x64():
-    old = spmd.config.enable_x64
-    spmd.config.update("enable_x64", True)
-    yield
-    spmd.config.update("enable_x64", old)
 
 
 CASES = [("erf", X), ("erfc", X * 3), ("erfinv", PROB * 2 - 1), ("gammaln", POS),

@@ -12,12 +12,12 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding as NS, P, lax
+from tests.shard.megatron_stack import (B, D, H, L, data as megatron_data,
+                                         layer as _layer, np_layer as _np_layer,
+                                         np_layer_vjp as _np_layer_vjp,
+                                         np_stack as _np_stack, put)
 
-B, D, H, L = 8, 4, 8, 3
-RNG = np.random.default_rng(5)
-X = RNG.standard_normal((B, D)).astype(np.float32)
-W1 = (RNG.standard_normal((L, D, H)) / 2).astype(np.float32)
-W2 = (RNG.standard_normal((L, H, D)) / 2).astype(np.float32)
+X, W1, W2 = megatron_data(5)
 KINDS = ["1d", "2d"]
 
 
@@ -28,39 +28,9 @@ def _mesh(kind):
     return spmd.make_mesh((2, 2), ("a", "b")), "a", "b"
 
 
-def _layer(mesh, data, model):
-    def body(x, w1, w2):
-        return lax.psum(snp.tanh(x @ w1) @ w2, model)
-
-    return spmd.shard_map(body, mesh=mesh, in_specs=(P(data), P(None, model), P(model)),
-                          out_specs=P(data))
-
-
-def _np_layer(x, w1, w2):
-    return np.tanh(x @ w1) @ w2
-
-
-def _np_layer_vjp(x, w1, w2, g):
-    a = np.tanh(x @ w1)
-    gh = (g @ w2.T) * (1 - a * a)
-    return gh @ w1.T, x.T @ gh, a.T @ g
-
-
-def _np_stack(x, w1s, w2s):
-    """The stacked layers' output and the gradients of ``0.5 * sum(out**2)``."""
-    xs = [x]
-    for w1, w2 in zip(w1s, w2s):
-        xs.append(_np_layer(xs[-1], w1, w2))
-    g, g1, g2 = xs[-1], np.zeros_like(w1s), np.zeros_like(w2s)
-    for k in reversed(range(len(w1s))):
-        g, g1[k], g2[k] = _np_layer_vjp(xs[k], w1s[k], w2s[k], g)
-    return xs[-1], g, g1, g2
-
-
 def _put(mesh, data, model):
-    return (spmd.device_put(X, NS(mesh, P(data))),
-            spmd.device_put(W1, NS(mesh, P(None, None, model))),
-            spmd.device_put(W2, NS(mesh, P(None, model))))
+    """X, W1, W2 placed on ``mesh`` (stacked weights: layer dimension whole)."""
+    return put(mesh, data, model, X, W1, W2)
 
 
 def _close(got, want, tol=2e-5):
