@@ -102,6 +102,14 @@ def test_the_task_example_runs_on_x_y_blocks(mesh):
                        in_shardings=(NS(mesh, P("x", "y")), NS(mesh, P()))).lower(A, W)
     text = lowered.as_text()
     assert "a:f32[4,2]" in text and "f32[4,2] = sin" in text and lowered.bytes_sent == 0
+    # A plain jit on Arrays is partitioned with their shardings (over processes it
+    # runs so; in one process its results are placed so): the same split body.
+    from spmd.shard.partition import partition
+
+    traced = spmd.make_jaxpr(lambda x, w: sm(snp.tanh(x), w))(A, W)
+    assert "manual=('x',)" in str(traced)  # traced whole along 'y'
+    part = partition(traced, mesh, [P("x", "y"), P()], [None])
+    assert "f32[4,2] = sin" in str(part.body) and part.out_specs == (P("x", "y"),)
     x = spmd.device_put(A, NS(mesh, P("x", "y")))
     y = f(x, W)
     assert y.sharding == NS(mesh, P("x", "y"))  # as the partitioner propagated it
