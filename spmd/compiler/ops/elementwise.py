@@ -63,7 +63,11 @@ def _shaped(t, aval):
 
 # --------------------------------------------------------------- batching
 
-def _batch_elementwise(prim):
+def _batch_elementwise(prim, scalars_follow_first: bool = False):
+    """The batching rule of an elementwise primitive.  ``scalars_follow_first``
+    (select_n): the first operand's shape must equal the output's, so when it is
+    batched, unbatched scalar operands get the batch axis too (a batched scalar
+    predicate with scalar cases gives a (size,) predicate and () cases otherwise)."""
     def rule(args, dims, **params):
         from spmd.compiler.batching import bdim_size, move_to_front
         from spmd.compiler.ops.structural import broadcast_in_dim
@@ -73,8 +77,11 @@ def _batch_elementwise(prim):
                   tuple(np.shape(a))[:d] + tuple(np.shape(a))[d + 1:] for a, d in zip(args, dims)]
         out_shape = next((s for s in shapes if s), ())
         new = []
+        widen = scalars_follow_first and dims[0] is not None
         for a, d, s in zip(args, dims, shapes):
-            if d is None:
+            if d is None and s == () and widen and out_shape == ():
+                new.append(broadcast_in_dim(a, (size,), ()))
+            elif d is None:
                 # Unbatched scalars broadcast by themselves; arrays get the batch axis.
                 new.append(a if s == () else
                            broadcast_in_dim(a, (size,) + s, tuple(range(1, len(s) + 1))))
@@ -545,7 +552,7 @@ def _select_transpose(ct, pred, *cases):
 select_n_p.def_jvp(_select_jvp)
 select_n_p.def_transpose(_select_transpose)
 select_n_p.linear = False  # linear in the cases only; its transpose handles that
-select_n_p.def_batch(_batch_elementwise(select_n_p))
+select_n_p.def_batch(_batch_elementwise(select_n_p, scalars_follow_first=True))
 
 
 # -------------------------------------------------- convert_element_type
