@@ -216,8 +216,17 @@ rsqrt_p.def_impl(lambda xp, x: 1 / xp.sqrt(x))
 def _sign_impl(xp, x):
     if x.dtype.kind != "c":
         return xp.sign(x)
-    mag = xp.abs(x)
-    return xp.where(mag == 0, 0, x / xp.where(mag == 0, 1, mag)).astype(x.dtype, copy=False)
+    # An infinite part: x / |x| is inf / inf = nan there; numpy gives the unit along
+    # that part when only one is infinite (sign(inf + 5j) = 1, sign(3 - inf j) = -1j)
+    # and nan when both are.
+    re_inf, im_inf = xp.isinf(x.real), xp.isinf(x.imag)
+    inf = re_inf | im_inf
+    finite = xp.where(inf, 0, x)  # no inf / inf (numpy would warn) where it is replaced
+    mag = xp.abs(finite)
+    out = xp.where(mag == 0, 0, finite / xp.where(mag == 0, 1, mag))
+    unit = xp.where(re_inf, xp.sign(x.real), 0) + 1j * xp.where(im_inf, xp.sign(x.imag), 0)
+    out = xp.where(re_inf ^ im_inf, unit, xp.where(inf, complex(np.nan, np.nan), out))
+    return out.astype(x.dtype, copy=False)
 
 
 sign_p.def_impl(_sign_impl)
