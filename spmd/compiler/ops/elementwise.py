@@ -190,7 +190,8 @@ rsqrt_p = unary("rsqrt", "rsqrt",
                 emit=lambda ins: f"(1 / xp.sqrt({ins[0]}))")
 abs_p = unary("abs", "abs", lambda t, x, y: select(ge(x, _zero(x)), t, neg(t)),
               kinds=("float", "int"))
-# On complex, x / |x| (0 at 0), as JAX's lax.sign and numpy 2; zero derivative as in JAX.
+# On complex, x / |x| (0 at 0), as JAX's lax.sign and numpy 2 (numpy's values where a
+# part is infinite, see _sign_impl); zero derivative as in JAX.
 sign_p = unary("sign", "sign", kinds=("float", "int", "complex"), emit=lambda ins: None)
 floor_p = unary("floor", "floor")
 ceil_p = unary("ceil", "ceil")
