@@ -24,8 +24,9 @@ nothing above the compiler; see docs/architecture.md, "Loading lazily"):
   name (``spmd.jit``, ``from spmd import shard_map``);
 - an ``Array`` unpickled in a fresh process runs it (``Array.__setstate__``).
 
-It runs once; a call made while it runs (an import it triggers comes back to it)
-returns at once, and the outer call finishes the work before any user code runs.
+It runs once; a call made while it runs in the same thread (an import it triggers
+comes back to it) returns at once, and the outer call finishes the work before any
+user code runs; a call from another thread waits for it (``spmd._install_run``).
 
 >>> import spmd
 >>> spmd.jit and None   # any public name runs the installer
@@ -43,7 +44,30 @@ _state: list = ["idle"]
 
 
 def install_extensions() -> None:
-    """Fill every extension point of the compiler and load the array methods (once)."""
+    """Fill every extension point of the compiler and load the array methods (once).
+
+    Threads: the work runs as the import of ``spmd._install_run``, so Python's
+    per-module import lock orders it.  Another thread that asks while it runs waits
+    until it is done (it used to return at once and could trace with ``Array``
+    operators not yet installed); the running thread's own re-entrant calls return
+    at once, and so does a call whose wait would close a cycle of import locks.
+    """
+    if _state[0] == "done":
+        return
+    import importlib
+    from importlib._bootstrap import _DeadlockError  # a RuntimeError, in 3.9..3.13
+
+    try:
+        importlib.import_module("spmd._install_run")
+    except _DeadlockError:
+        # This thread holds an import lock the running installer waits for (it is
+        # importing spmd.numpy, whose methods it has just installed itself): return
+        # as a re-entrant call does; the installer finishes once this import does.
+        return
+
+
+def run_once() -> None:
+    """The work of :func:`install_extensions` (run by importing ``spmd._install_run``)."""
     if _state[0] != "idle":
         return
     _state[0] = "running"

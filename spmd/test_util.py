@@ -12,7 +12,10 @@ from spmd.config import config
 
 
 def _as_f64(x):
-    return np.asarray(x, dtype=np.float64)
+    """x in 64-bit precision: complex stays complex (complex128), so neither the
+    imaginary parts of inputs nor those of outputs are dropped from the check."""
+    x = np.asarray(x)
+    return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def _numerical_jvp(f, args, tangents, eps):
@@ -22,7 +25,17 @@ def _numerical_jvp(f, args, tangents, eps):
 
 
 def _rand_like(rng, x):
+    """A random direction for ``x``: complex for a complex ``x`` (a real one would
+    check only the derivative along the real axis)."""
+    if np.iscomplexobj(x):
+        return rng.standard_normal(np.shape(x)) + 1j * rng.standard_normal(np.shape(x))
     return rng.standard_normal(np.shape(x))
+
+
+def _pair(a, b) -> float:
+    """The real pairing Re(sum(a * b)) under which JAX's vjp is the transpose of
+    its jvp (for complex values: grad = dL/dx - i dL/dy)."""
+    return float(np.real(np.sum(_as_f64(a) * _as_f64(b))))
 
 
 def _close(name, a, b, atol, rtol):
@@ -38,7 +51,10 @@ def check_grads(f: Callable, args: Sequence, order: int = 2, modes=("fwd", "rev"
     The check runs in float64 (64-bit mode is switched on for its duration), so
     float32 truncation does not hide or fake errors.  ``modes`` chooses forward
     (jvp) and/or reverse (vjp) mode; order 2 checks the derivatives of the
-    derivative functions as well.
+    derivative functions as well.  Complex inputs get complex directions and complex
+    outputs are compared whole; reverse mode is checked under the real pairing
+    Re(sum(a * b)), JAX's convention (``grad`` of a real function of ``z = x + iy``
+    is ``dL/dx - i dL/dy``).
 
     >>> check_grads(lambda x: (x ** 3).sum(), (np.array([1.0, 2.0]),), order=2)
     """
@@ -67,13 +83,13 @@ def _check(f, args, order, modes, atol, rtol, eps, rng, jvp, vjp):
                    atol, rtol, eps, rng, jvp, vjp)
     if "rev" in modes:
         out, f_vjp = vjp(f, *args)
-        cts = tree_util.tree_map(lambda o: rng.standard_normal(np.shape(o)), out)
+        cts = tree_util.tree_map(lambda o: _rand_like(rng, o), out)
         ct_in = f_vjp(cts)
-        # <ct, J t> must equal <J^T ct, t>.
+        # <ct, J t> must equal <J^T ct, t> (the real pairing, see _pair).
         num = _numerical_jvp(f, args, tangents, eps)
-        lhs = sum(np.sum(_as_f64(c) * _as_f64(n)) for c, n in
+        lhs = sum(_pair(c, n) for c, n in
                   zip(tree_util.tree_leaves(cts), tree_util.tree_leaves(num)))
-        rhs = sum(np.sum(_as_f64(g) * _as_f64(t)) for g, t in zip(ct_in, tangents))
+        rhs = sum(_pair(g, t) for g, t in zip(ct_in, tangents))
         np.testing.assert_allclose(rhs, lhs, atol=atol * 10, rtol=rtol,
                                    err_msg="check_grads: vjp mismatch")
         if order > 1:

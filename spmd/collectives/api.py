@@ -107,7 +107,7 @@ def _pextremum(p, name):
         def leaf(v):
             if dtypes.is_complex(get_aval(v).dtype):
                 return _complex_extremum(v, lambda r: f(r, axes, axis_index_groups=
-                                                        axis_index_groups), name)
+                                                        axis_index_groups), name, axes)
             if groups is not None:
                 from spmd.collectives.groups import grouped_extremum
 
@@ -125,19 +125,35 @@ def _pextremum(p, name):
     return f
 
 
-def _complex_extremum(v, reduce, name):
+def _complex_extremum(v, reduce, name, axes):
     """The lexicographic max/min of complex ``v`` over devices (as ``snp.max`` orders
-    complex numbers: real part, then imaginary part), from two real reductions: the
-    real part's extremum, then that of the imaginary parts where it is attained."""
+    complex numbers: real part, then imaginary part), from real reductions: the real
+    part's extremum, then that of the imaginary parts where it is attained.
+
+    NaN as numpy's (and ``snp.max``'s) rule: an element with a NaN in either part
+    wins, the one on the first device (row-major over ``axes``) when several do.
+    Without this a NaN imaginary part was ignored and a NaN real part gave -inf as
+    the imaginary part."""
     from spmd.compiler.ops import complex as cx
-    from spmd.compiler.ops.elementwise import eq, select
-    from spmd.compiler.ops.structural import full
+    from spmd.compiler.ops.elementwise import bitwise_or, eq, ne, select
+    from spmd.compiler.ops.structural import broadcast_in_dim, full
 
     re, im = cx.real(v), cx.imag(v)
-    best_re = reduce(re)
     aval = get_aval(im)
+    sign = -1.0 if name == "pmax" else 1.0  # so `reduce` finds the first device
     fill = full(aval.shape, -np.inf if name == "pmax" else np.inf, aval.dtype)
-    return cx.make_complex(best_re, reduce(select(eq(re, best_re), im, fill)))
+    nan = bitwise_or(ne(re, re), ne(im, im))
+    # The extremum of the elements without NaN.
+    best_re = reduce(select(nan, fill, re))
+    best_im = reduce(select(bitwise_or(nan, ne(re, best_re)), fill, im))
+    # The first device holding a NaN element, and that element.
+    here = broadcast_in_dim(mul(convert(axis_index(axes), aval.dtype),
+                                np.array(sign, aval.dtype)[()]), aval.shape, ())
+    first = reduce(select(nan, here, fill))
+    mine = eq(here, first)
+    nan_re, nan_im = reduce(select(mine, re, fill)), reduce(select(mine, im, fill))
+    found = ne(first, fill)
+    return cx.make_complex(select(found, nan_re, best_re), select(found, nan_im, best_im))
 
 
 pmax = _pextremum(pmax_p, "pmax")

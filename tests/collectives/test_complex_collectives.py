@@ -111,6 +111,26 @@ def test_pmax_pmin_of_complex_are_lexicographic(op, jit):
     np.testing.assert_allclose(np.asarray(g), np.where(chosen[:, 0], c, 0), rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["pmax", "pmin"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_pmax_pmin_of_complex_with_nan_follow_numpy(op, jit):
+    """An element with a NaN in either part wins, the first device's when several do
+    (numpy's rule, as snp.max); a NaN imaginary part was ignored and a NaN real part
+    gave -inf as the imaginary part."""
+    nan, inf = np.nan, np.inf
+    cols = [[1 + 0j, complex(1, nan), 2 + 0j, 0j],            # NaN imaginary part
+            [complex(nan, 0), 1 + 0j, 2 + 0j, 0j],            # NaN real part
+            [1 + 1j, complex(2, nan), complex(nan, 5), 0j],  # two: the first device's
+            [1 + 1j, 1 + 3j, 1 + 3j, -1 + 0j],               # no NaN: a tie
+            [complex(-inf, 1), complex(-inf, 2), complex(inf, 0), 0j]]
+    z = np.array(cols, np.complex64).T.copy()  # (devices, columns)
+    f = _smap(lambda b: getattr(lax, op)(b, "i"), P())
+    got = np.asarray((spmd.jit(f) if jit else f)(z))[0]
+    want = getattr(np, op[1:])(z, axis=0)
+    for g, w in zip(got, want):  # part by part, NaN where numpy has NaN
+        np.testing.assert_array_equal([g.real, g.imag], [w.real, w.imag])
+
+
 def test_direct_pmax_primitive_still_refuses_complex():
     """lax.pmax orders complex values by parts; the primitive itself has no order."""
     from spmd.collectives.primitives import pmax_p

@@ -63,3 +63,21 @@ def test_select_and_convert_grads():
     check_grads(lambda a, b: lax.select(p, a, b), (ANY((3, 2)), ANY((3, 2))), order=2)
     check_grads(lambda a: lax.convert_element_type(a, np.float32), (ANY((3,)),), order=1,
                 atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_vmap_of_select_with_a_batched_scalar_predicate_and_scalar_cases(jit):
+    # The predicate is batched, the cases are unbatched scalars: the cases need the
+    # batch axis too (select_n's predicate must have the output's shape).
+    p = np.array([True, False, True])
+    cases = [(lambda q: spmd.numpy.where(q, 1.0, 2.0), [1.0, 2.0, 1.0]),
+             (lambda q: lax.select(q, np.float32(1), np.float32(2)), [1.0, 2.0, 1.0]),
+             (lambda q: lax.select_n(q.astype(np.int32), np.float32(1), np.float32(2)),
+              [2.0, 1.0, 2.0])]
+    for f, want in cases:
+        g = spmd.vmap(f)
+        np.testing.assert_array_equal(np.asarray((spmd.jit(g) if jit else g)(p)), want)
+    # and its derivative in the unbatched case
+    dy = spmd.vmap(spmd.grad(lambda x, y: spmd.numpy.where(x > 0, y, 2.0), argnums=1),
+                   in_axes=(0, None))(np.array([1.0, -1.0]), 3.0)
+    np.testing.assert_array_equal(np.asarray(dy), [1.0, 0.0])

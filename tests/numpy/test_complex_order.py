@@ -53,6 +53,17 @@ def test_sign_is_z_over_abs(mode):
     check(lax.sign, lambda a: want, z, mode=mode, dtype=C64, upcast=False)
 
 
+def test_sign_with_an_infinite_part_is_numpys(mode):
+    # x / |x| is inf / inf = nan there; numpy gives the unit along the infinite part.
+    inf, nan = np.inf, np.nan
+    z = np.array([complex(inf, 0), complex(-inf, 5), complex(0, inf), complex(3, -inf),
+                  complex(inf, nan), complex(inf, inf), complex(nan, 1), 3 + 4j], np.complex64)
+    with np.errstate(invalid="ignore"):
+        want = np.sign(z)
+    assert want[:5].tolist() == [1, -1, 1j, -1j, 1]  # numpy's rule, as this test assumes
+    check(snp.sign, lambda a: want, z, mode=mode, dtype=C64, upcast=False)
+
+
 @pytest.mark.parametrize("decimals", [0, 1, -1])
 def test_round_rounds_each_part(decimals, mode):
     z = np.array([1.25 + 2.5j, -3.55 + 0.45j, 12.5 - 17.5j, 0.5 - 1.5j], np.complex64)

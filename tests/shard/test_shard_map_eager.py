@@ -174,3 +174,11 @@ def test_format_spec_of_a_block_that_is_not_a_scalar(mesh):
                        out_specs=P("i"))
     with pytest.raises(TypeError, match="format"):
         f(_x())
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_where_on_the_axis_index_with_scalar_cases(mesh, jit):
+    # A per-device scalar predicate picking between two Python scalars.
+    f = spmd.shard_map(lambda b: snp.where(lax.axis_index("i") == 0, 1.0, 2.0)[None],
+                       mesh=mesh, in_specs=P("i", "j"), out_specs=P("i"), check_vma=False)
+    np.testing.assert_array_equal(np.asarray((spmd.jit(f) if jit else f)(_x())), [1, 2, 2, 2])

@@ -63,7 +63,11 @@ def _shaped(t, aval):
 
 # --------------------------------------------------------------- batching
 
-def _batch_elementwise(prim):
+def _batch_elementwise(prim, scalars_follow_first: bool = False):
+    """The batching rule of an elementwise primitive.  ``scalars_follow_first``
+    (select_n): the first operand's shape must equal the output's, so when it is
+    batched, unbatched scalar operands get the batch axis too (a batched scalar
+    predicate with scalar cases gives a (size,) predicate and () cases otherwise)."""
     def rule(args, dims, **params):
         from spmd.compiler.batching import bdim_size, move_to_front
         from spmd.compiler.ops.structural import broadcast_in_dim
@@ -73,8 +77,11 @@ def _batch_elementwise(prim):
                   tuple(np.shape(a))[:d] + tuple(np.shape(a))[d + 1:] for a, d in zip(args, dims)]
         out_shape = next((s for s in shapes if s), ())
         new = []
+        widen = scalars_follow_first and dims[0] is not None
         for a, d, s in zip(args, dims, shapes):
-            if d is None:
+            if d is None and s == () and widen and out_shape == ():
+                new.append(broadcast_in_dim(a, (size,), ()))
+            elif d is None:
                 # Unbatched scalars broadcast by themselves; arrays get the batch axis.
                 new.append(a if s == () else
                            broadcast_in_dim(a, (size,) + s, tuple(range(1, len(s) + 1))))
@@ -183,7 +190,8 @@ rsqrt_p = unary("rsqrt", "rsqrt",
                 emit=lambda ins: f"(1 / xp.sqrt({ins[0]}))")
 abs_p = unary("abs", "abs", lambda t, x, y: select(ge(x, _zero(x)), t, neg(t)),
               kinds=("float", "int"))
-# On complex, x / |x| (0 at 0), as JAX's lax.sign and numpy 2; zero derivative as in JAX.
+# On complex, x / |x| (0 at 0), as JAX's lax.sign and numpy 2 (numpy's values where a
+# part is infinite, see _sign_impl); zero derivative as in JAX.
 sign_p = unary("sign", "sign", kinds=("float", "int", "complex"), emit=lambda ins: None)
 floor_p = unary("floor", "floor")
 ceil_p = unary("ceil", "ceil")
@@ -209,8 +217,17 @@ rsqrt_p.def_impl(lambda xp, x: 1 / xp.sqrt(x))
 def _sign_impl(xp, x):
     if x.dtype.kind != "c":
         return xp.sign(x)
-    mag = xp.abs(x)
-    return xp.where(mag == 0, 0, x / xp.where(mag == 0, 1, mag)).astype(x.dtype, copy=False)
+    # An infinite part: x / |x| is inf / inf = nan there; numpy gives the unit along
+    # that part when only one is infinite (sign(inf + 5j) = 1, sign(3 - inf j) = -1j)
+    # and nan when both are.
+    re_inf, im_inf = xp.isinf(x.real), xp.isinf(x.imag)
+    inf = re_inf | im_inf
+    finite = xp.where(inf, 0, x)  # no inf / inf (numpy would warn) where it is replaced
+    mag = xp.abs(finite)
+    out = xp.where(mag == 0, 0, finite / xp.where(mag == 0, 1, mag))
+    unit = xp.where(re_inf, xp.sign(x.real), 0) + 1j * xp.where(im_inf, xp.sign(x.imag), 0)
+    out = xp.where(re_inf ^ im_inf, unit, xp.where(inf, complex(np.nan, np.nan), out))
+    return out.astype(x.dtype, copy=False)
 
 
 sign_p.def_impl(_sign_impl)
@@ -545,7 +562,7 @@ def _select_transpose(ct, pred, *cases):
 select_n_p.def_jvp(_select_jvp)
 select_n_p.def_transpose(_select_transpose)
 select_n_p.linear = False  # linear in the cases only; its transpose handles that
-select_n_p.def_batch(_batch_elementwise(select_n_p))
+select_n_p.def_batch(_batch_elementwise(select_n_p, scalars_follow_first=True))
 
 
 # -------------------------------------------------- convert_element_type
