@@ -190,3 +190,18 @@ def test_a_large_gradient_overlaps_as_its_own_bucket(overlap):
 
     digests = MPI.COMM_WORLD.allgather([hashlib.sha1(g.tobytes()).hexdigest() for g in got])
     assert all(d == digests[0] for d in digests)
+
+
+def test_a_request_dropped_before_its_wait_keeps_its_buffers():
+    """A program that raises between a start and its wait drops the request: its buffers
+    are kept (MPI may still write them), not freed under MPI's feet."""
+    from spmd.collectives import mpi
+
+    n = spmd.process_count()
+    req = mpi.iallreduce(np.ones(1000, np.float32), tuple(range(n)), "sum", what="psum")
+    kept = len(mpi._abandoned)
+    del req
+    assert len(mpi._abandoned) == kept + 1
+    raw, out, _ = mpi._abandoned.pop()
+    raw.Wait()  # (every rank completes it, so the next test's collectives pair up)
+    np.testing.assert_array_equal(out, np.full(1000, n, np.float32))
