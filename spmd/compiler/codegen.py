@@ -468,7 +468,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             uf = ufunc_of(expr, ins)
             if uf is not None and into is not None:  # straight into the flat buffer
                 expr, into, fresh = f"xp.{uf}({', '.join(ins)}, out={into})", None, True
-            elif into is not None and expr.startswith("xp.sum(") and expr.endswith(")"):
+            elif into is not None and prim.name == "reduce_sum" and expr.startswith("xp.sum("):
                 expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
             elif uf is not None:
                 fresh = True
