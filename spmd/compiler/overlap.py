@@ -22,8 +22,8 @@ of the program between other effectful equations:
 3. the equations that need results run in the order of the buckets they
    need, so the first bucket's updates run while later buckets travel.
 
-The generated code calls ``test()`` on the started requests between the
-equations that follow (:mod:`spmd.compiler.codegen`): the MPI library of the
+The generated code calls ``test()`` on the started requests after every
+equation that follows (:mod:`spmd.compiler.codegen`): the MPI library of the
 PyPI ``mpich`` wheel moves data only inside MPI calls, and those calls are its
 chance to.  The order of collectives is decided by the program alone, so every
 process (running the same program) issues them in the same order.  A bucket
@@ -40,7 +40,8 @@ Example (two gradients, the second produced after more work)::
 
 from __future__ import annotations
 
-from spmd.compiler.codegen import _heavy
+import math
+
 from spmd.compiler.combine import _combined, _key, _nbytes
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.primitives import Primitive
@@ -92,6 +93,20 @@ for _p in (collective_start_p, collective_wait_p):
     _p.def_batch(_not_differentiable)
 collective_start_p.rules["starts"] = True
 collective_wait_p.rules["waits"] = True
+
+
+# Equations that touch this many elements are "heavy": the overlap pass starts a
+# large enough bucket rather than wait for its next member through them.
+HEAVY_ELEMENTS = 1 << 14
+_VIEW_OPS = frozenset({"reshape", "slice", "broadcast_in_dim", "squeeze", "expand_dims",
+                    "transpose"})
+
+
+def _heavy(eqn) -> bool:
+    if eqn.primitive.name in _VIEW_OPS:
+        return False
+    return any(math.prod(a.aval.shape) >= HEAVY_ELEMENTS
+               for a in list(eqn.inputs) + list(eqn.outputs) if hasattr(a.aval, "shape"))
 
 
 def overlap_collectives(closed: ClosedProgram, bucket_bytes: int) -> ClosedProgram:
