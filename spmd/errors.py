@@ -70,3 +70,10 @@ class NotFullyAddressableError(SpmdError, ValueError):
     """The value of an :class:`spmd.Array` spread over several processes was needed
     where this process holds only some of its blocks (``np.asarray``, an eager
     operation); gather it with ``spmd.process_allgather`` first."""
+
+
+class SpreadOverProcessesError(SpmdError, ValueError):
+    """An equation that runs only as part of a program partitioned over processes (a
+    ``shard_map`` over a mesh spread over processes) cannot run where it is: in a
+    loop, ``cond``, ``checkpoint`` or custom derivative whose program cannot be
+    partitioned over its mesh, or in a program compiled for this process alone."""

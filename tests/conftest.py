@@ -10,3 +10,17 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", deadline=None, max_examples=25, derandomize=True)
 settings.register_profile("dev", deadline=None, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def x64():
+    """64-bit types on (``enable_x64``) for one test, restored after it."""
+    import spmd
+
+    old = spmd.config.enable_x64
+    spmd.config.update("enable_x64", True)
+    yield
+    spmd.config.update("enable_x64", old)

@@ -105,6 +105,9 @@ def _pextremum(p, name):
         groups = _groups(axis_index_groups, axes, name)
 
         def leaf(v):
+            if dtypes.is_complex(get_aval(v).dtype):
+                return _complex_extremum(v, lambda r: f(r, axes, axis_index_groups=
+                                                        axis_index_groups), name)
             if groups is not None:
                 from spmd.collectives.groups import grouped_extremum
 
@@ -120,6 +123,21 @@ def _pextremum(p, name):
     f.__name__ = name
     f.__doc__ = f"The elementwise {name[1:]} over the devices along ``axis_name``."
     return f
+
+
+def _complex_extremum(v, reduce, name):
+    """The lexicographic max/min of complex ``v`` over devices (as ``snp.max`` orders
+    complex numbers: real part, then imaginary part), from two real reductions: the
+    real part's extremum, then that of the imaginary parts where it is attained."""
+    from spmd.compiler.ops import complex as cx
+    from spmd.compiler.ops.elementwise import eq, select
+    from spmd.compiler.ops.structural import full
+
+    re, im = cx.real(v), cx.imag(v)
+    best_re = reduce(re)
+    aval = get_aval(im)
+    fill = full(aval.shape, -np.inf if name == "pmax" else np.inf, aval.dtype)
+    return cx.make_complex(best_re, reduce(select(eq(re, best_re), im, fill)))
 
 
 pmax = _pextremum(pmax_p, "pmax")

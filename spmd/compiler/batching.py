@@ -163,10 +163,14 @@ class BatchTrace(Trace):
         if dyn[-1] is not self.main:
             return self._process(prim, tracers, params)
         # An eager shard_map's level is the dynamic trace (values made in its body are
-        # body values too); the rules' own binds go to the level below.
+        # body values too); the rules' own binds go to the level below.  The hook
+        # sees each operation first (across processes, they agree on them).
+        hook = _eager_hook(self.main)
+        if hook is not None:
+            hook.before(prim, tracers, params, self._communicates(prim, params))
         dyn.append(None)
         try:
-            if getattr(_eager_hook(self.main), "typed", False):
+            if getattr(hook, "typed", False):
                 return self._process_typed(prim, tracers, params)
             return self._process(prim, tracers, params)
         finally:

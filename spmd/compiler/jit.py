@@ -455,8 +455,9 @@ class JitFunction:
                                 "(ShapeDtypeStruct), which have no values; pass arrays, or use "
                                 ".trace(...), .lower(...) or spmd.eval_shape to trace only")
         if plan.bind or not is_eager():
-            if plan.bind and not plan.entry.hoisted and is_eager():
-                outs = self._eager_bound(plan, vals)
+            if plan.bind and is_eager():
+                # (eager: what was hoisted are Arrays spread over processes, no tracers)
+                outs = self._eager_bound(plan, [*plan.entry.hoisted, *vals])
             else:
                 outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
                                   name=self._name)

@@ -16,8 +16,10 @@ the Array side of the interface):
   processes: the program partitioned over that mesh and run as one per-process
   program), or None to run it equation by equation (with ``required=True`` it
   raises instead: the program is one higher-order equation, see
-  :func:`eval_higher_order`); ``rules["executed_program"](params, program)``:
-  the program that is then run, for printing.
+  :func:`eval_higher_order`); ``rules["executed_program"](params, program,
+  leading=())``: the program that is then run, for printing (``leading``: the
+  values of the program's first arguments where known, e.g. Arrays a jitted
+  function closed over).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import weakref
 
 from spmd.compiler.ir import ClosedProgram
-from spmd.errors import SpmdError
+from spmd.errors import SpreadOverProcessesError
 
 
 def _output_wrappers(closed) -> tuple | None:
@@ -103,12 +105,6 @@ def array_equation(closed: ClosedProgram):
     return None
 
 
-class NestedArraysError(SpmdError):
-    """A higher-order primitive (a loop, ``cond``, ``checkpoint``, custom derivative)
-    whose body holds an equation that must run on Arrays (a ``shard_map`` over
-    processes) could not run as one program over that equation's devices."""
-
-
 def eval_higher_order(prim, args, params) -> list | None:
     """An eager higher-order primitive whose sub-programs hold an equation that needs
     Arrays (a ``shard_map`` over processes in a ``scan`` body): the primitive runs as
@@ -127,7 +123,7 @@ def eval_higher_order(prim, args, params) -> list | None:
     rule = eqn.primitive.rules.get("eval_program") if eqn is not None else None
     outs = rule(eqn.params, program, args, required=True) if rule is not None else None
     if outs is None:
-        raise NestedArraysError(
+        raise SpreadOverProcessesError(
             f"{prim.name}: its body holds an equation that runs on arrays spread over "
             "processes, and no layer runs it as one program here; call that equation "
             f"outside the {prim.name}, or put the {prim.name} inside it")

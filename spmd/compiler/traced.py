@@ -66,7 +66,8 @@ class Lowered:
             eqn = array_equation(self._entry.optimized)
             rule = eqn.primitive.rules.get("executed_program") if eqn is not None else None
             if rule is not None:  # run by that equation's layer (e.g. over processes)
-                return str(rule(eqn.params, self._entry.optimized))
+                return str(rule(eqn.params, self._entry.optimized,
+                                leading=self._entry.hoisted))
             return str(lower_for_execution(self._entry.optimized))
         return str(self._entry.optimized)
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.ops import linalg_decomp as _ld
-from spmd.errors import ArgumentError, DTypeError, ShapeError
+from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axes,
                               promote_to_float, require_static)
 

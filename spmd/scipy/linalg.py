@@ -35,6 +35,8 @@ def _tri(a, b, lower, trans):
     a = snp.asarray(a)
     if trans in (1, 2, "T", "C"):
         a, lower = snp.swapaxes(a, -1, -2), not lower
+        if trans in (2, "C"):  # the conjugate transpose (the transpose for real a)
+            a = snp.conj(a)
     elif trans not in (0, "N"):
         raise ArgumentError(f"solve_triangular: trans={trans!r} must be 0, 1, 2, 'N', 'T' or "
                             "'C'")
@@ -57,9 +59,9 @@ def solve_triangular(a, b, trans=0, lower: bool = False, unit_diagonal: bool = F
 def cho_solve(c_and_lower, b, overwrite_b: bool = False, check_finite: bool = True):
     """Solve ``A x = b`` given ``cho_factor(A)``."""
     c, lower = c_and_lower
-    if lower:  # A = L L^T
-        return _tri(c, _tri(c, b, True, 0), True, 1)
-    return _tri(c, _tri(c, b, False, 1), False, 0)  # A = U^T U
+    if lower:  # A = L L^H
+        return _tri(c, _tri(c, b, True, 0), True, "C")
+    return _tri(c, _tri(c, b, False, "C"), False, 0)  # A = U^H U
 
 
 def solve(a, b, lower: bool = False, overwrite_a: bool = False, overwrite_b: bool = False,

@@ -129,7 +129,7 @@ def eval_jit_over(program, args, mesh, required: bool = False):
     partitioner cannot take it (then it runs equation by equation).  With
     ``required`` (``program`` is one loop, cond, checkpoint or custom-derivative
     equation whose body holds the shard_map: equation by equation is itself) that
-    case raises :class:`~spmd.compiler.program_arrays.NestedArraysError` instead."""
+    case raises :class:`~spmd.errors.SpreadOverProcessesError` instead."""
     from spmd.errors import SpmdError
 
     try:
@@ -137,10 +137,10 @@ def eval_jit_over(program, args, mesh, required: bool = False):
     except SpmdError as e:
         if not required:
             return None
-        from spmd.compiler.program_arrays import NestedArraysError
+        from spmd.errors import SpreadOverProcessesError
 
         what = program.program.eqns[0].primitive.name if program.program.eqns else "program"
-        raise NestedArraysError(
+        raise SpreadOverProcessesError(
             f"{what}: its body holds a shard_map over {mesh!r}, spread over processes, "
             "which runs only as part of one program partitioned over that mesh (each "
             f"process computes its own blocks), and this {what} cannot be partitioned "
@@ -149,19 +149,26 @@ def eval_jit_over(program, args, mesh, required: bool = False):
     return _eval_jit(args, {"program": program}, mesh)
 
 
-def executed_program(program, mesh):
+def executed_program(program, mesh, leading=()):
     """The per-process program that runs ``program`` over ``mesh`` for inputs this
-    process holds whole (numpy values), as lowered for execution (for printing)."""
+    process holds whole (numpy values), as lowered for execution (for printing).
+    ``leading``: the values of its first arguments where known (Arrays a jitted
+    function closed over, passed with their shardings)."""
     from spmd.compiler.passes import lower_for_execution, optimize
     from spmd.shard.execute import _unclosed, process_program
     from spmd.shard.spec import PartitionSpec
 
-    part = _partition(program, mesh, (None,) * (len(program.in_avals)))
+    n_rest = len(program.in_avals) - len(leading)
+    part = _partition(program, mesh, _in_specs(leading, mesh) + (None,) * n_rest)
     body = part.body
     in_specs = tuple(part.in_specs)
     if body.consts:
         in_specs = (PartitionSpec(),) * len(body.consts) + in_specs
         body = _unclosed(body)
-    kinds = ("whole",) * len(in_specs)
+    # An Array spread over processes comes as this process's blocks (see execute.call).
+    n_whole = len(in_specs) - len(program.in_avals)
+    kinds = ("whole",) * n_whole + tuple(
+        "blocks" if isinstance(x, ShardedArray) and x._value is None else "whole"
+        for x in leading) + ("whole",) * n_rest
     return lower_for_execution(optimize(process_program(body, mesh, in_specs,
                                                          tuple(part.out_specs), kinds)))

@@ -41,14 +41,16 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
     hit = per.get(key)
     if hit is None:
         if mesh.is_multi_process:
-            from spmd.errors import SpmdError
+            from spmd.errors import SpreadOverProcessesError
 
-            raise SpmdError(
-                f"a shard_map over the mesh {mesh!r}, spread over processes, inside a "
-                "compiled body (a control-flow branch or loop body, a checkpoint or a "
-                "custom derivative): its results are this process's blocks, which such a "
-                "body cannot hold. Call the shard_map outside it, or put the control flow "
-                "inside the shard_map")
+            # Calls run such programs partitioned over the mesh (dispatch.py); only
+            # compiling one for this process alone gets here.
+            raise SpreadOverProcessesError(
+                f"a shard_map over the mesh {mesh!r}, spread over processes, in a "
+                "program compiled for this process alone: it runs only as part of a "
+                "program partitioned over its mesh, each process computing its own "
+                "blocks. Call the jitted function itself (not .lower(...).compile()), "
+                "with its arguments placed on that mesh or as numpy values")
         in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
                     for a, s in zip(program.in_avals, in_specs)]
         hit = trace_to_program(

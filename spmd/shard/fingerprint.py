@@ -36,11 +36,20 @@ def mesh_line(mesh) -> str:
 def agree(program, in_avals, in_specs, out_specs, mesh) -> None:
     """Raise on every process of ``mesh`` unless all are about to run the same per-device
     ``program`` on inputs of the same global types and specs."""
-    from spmd.collectives import mpi, mpi_control
-
     ranks = tuple(sorted({d.process_index for d in mesh.devices.flat}))
     text = (f"{mesh_line(mesh)}\ninputs: {', '.join(map(str, in_avals))}\n"
             f"in_specs: {list(in_specs)}\nout_specs: {list(out_specs)}\n{program}")
+    agree_text(text, ranks)
+
+
+def agree_text(text: str, ranks: tuple) -> None:
+    """Raise :class:`ProgramMismatchError` on every process of ``ranks`` unless all hold
+    the same ``text`` (one line per step; the error names the first differing line).
+
+    >>> agree_text("mesh: i=4 devices [0, 1, 2, 3]\nsin f32[2]", (0, 1))  # doctest: +SKIP
+    """
+    from spmd.collectives import mpi, mpi_control
+
     digest = np.frombuffer(hashlib.blake2b(text.encode(), digest_size=16).digest(), np.uint8)
     all_digests = mpi.allgather(digest, ranks, what="the program fingerprint exchange",
                                 control=True)

@@ -27,7 +27,7 @@ from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
-from spmd.errors import SpmdError
+from spmd.errors import ConcretizationError, SpmdError
 from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
                                      _manual_axes)
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
@@ -137,10 +137,10 @@ def _eval_program(params, program, args, required=False):
     return eval_jit_over(program, args, params["mesh"], required)
 
 
-def _executed_program(params, program):
+def _executed_program(params, program, leading=()):
     from spmd.shard.dispatch import executed_program
 
-    return executed_program(program, params["mesh"])
+    return executed_program(program, params["mesh"], leading)
 
 
 shard_map_p.rules["eval_program"] = _eval_program
@@ -529,7 +529,7 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         flat_specs.append(spec)
     from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
 
-    if can_run_eagerly(vals):  # outside any transformation: run on concrete blocks
+    if manual is None and can_run_eagerly(vals):  # no transformation: concrete blocks
         return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
                            check_vma, manual, fname)
     block_avals = [_block_aval(get_aval(v), s, mesh, check_vma)
@@ -549,6 +549,14 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         closed = trace_body(flat_body, mesh, block_avals, check_vma, manual)
     except CollectiveAxisError as e:
         raise _automatic_axis_error(e, mesh, manual, fname) from None
+    except ConcretizationError:
+        # A partial-manual body (traced, so the partitioner can split it along the
+        # automatic axes) that branches in Python on a value: eagerly, it runs on
+        # concrete blocks instead (replicated along the automatic axes).
+        if manual is None or not can_run_eagerly(vals):
+            raise
+        return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
+                           check_vma, manual, fname)
     out_tree, outs_struct = out_box
     if callable(out_specs):  # a thunk, called once the outputs are known (as in JAX)
         out_specs = out_specs()

@@ -27,6 +27,7 @@ under ``jit``.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 
@@ -56,6 +57,29 @@ class EagerMesh:
         self.main = None  # the batch level the body runs at (set when it starts)
         self.local = local  # this process's flat mesh positions; None: all (one process)
         self.positions = tuple(range(mesh.size)) if local is None else tuple(local)
+        # Across processes: the operations run so far, one line each, which the
+        # processes agree on before any data moves (see :meth:`agree`).
+        self.log: list[str] = []
+        self.ranks = tuple(sorted({d.process_index for d in mesh.devices.flat}))
+
+    def before(self, prim, tracers, params, communicates: bool) -> None:
+        """Called before each operation of the body.  Across processes it is logged,
+        and before one that communicates the processes agree on the log: processes
+        that took different paths (rank-dependent Python, other shapes) raise
+        ProgramMismatchError naming the first difference, instead of pairing the
+        wrong collectives (the eager counterpart of a compiled program's
+        fingerprint)."""
+        if self.local is None:
+            return
+        self.log.append(_op_line(prim, [t.aval for t in tracers], params))
+        if communicates:
+            self.agree()
+
+    def agree(self, *extra: str) -> None:
+        if self.local is not None:
+            from spmd.shard.fingerprint import agree_text
+
+            agree_text("\n".join(self.log + list(extra)), self.ranks)
 
     def blocks(self, tracer) -> list:
         """This process's devices' blocks of ``tracer`` (host arrays, mesh order)."""
@@ -94,6 +118,7 @@ class EagerMesh:
 
     def value(self, tracer, what: str):
         """The value of ``tracer`` when it is the same on every device of the mesh."""
+        self.agree(f"{what} of {tracer.aval}")
         # A value whose type is invariant is the same everywhere by construction.
         if tracer.bdim is not None and (tracer.vma is None or tracer.vma):
             d = self.digests(tracer)
@@ -118,7 +143,12 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
     multi = mesh.is_multi_process
     local = _local_positions(mesh) if multi else None
     hook = EagerMesh(mesh, local, check_vma)
-    if multi:
+    if multi:  # the processes agree on the call before any data moves
+        from spmd.shard.fingerprint import mesh_line
+
+        hook.log += [mesh_line(mesh), "inputs: " + ", ".join(str(get_aval(v)) for v in vals),
+                     f"in_specs: {list(specs)}", f"check_vma: {check_vma}"]
+        hook.agree()
         flat = list(mesh.devices.flat)
         level = NamedAxes(mesh.axis_names, mesh.axis_sizes, local=local,
                           procs=tuple(d.process_index for d in flat), me=process_index(),
@@ -144,6 +174,8 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
         if callable(out_specs):
             out_specs = out_specs()
         out_spec_paths = _spec_leaves(out_specs, outs, "out_specs", fname)
+        hook.agree("outputs: " + ", ".join(str(t.aval) for t in tracers),
+                   f"out_specs: {[s for s, _ in out_spec_paths]}")
         for t, (spec, path) in zip(tracers, out_spec_paths):
             if manual is not None:
                 _check_manual_spec(spec, manual, f"out_specs{path}", fname)
@@ -193,7 +225,12 @@ def _local_blocks(x, spec, mesh, local):
             x = reshard(x, want, "an input")
         if x._value is None:
             return x.local_blocks(), 0
-    return _my_blocks(x, spec, mesh, local)
+    # A whole value (an Array replicated over the processes included) enters as its
+    # plain buffer: operations on a placed Array inside the body would dispatch as
+    # SPMD programs of their own, and the body's collectives cannot.
+    from spmd.compiler.trace import to_array_value
+
+    return _my_blocks(to_array_value(x, get_aval(x)), spec, mesh, local)
 
 
 def _outputs_multi(raw, specs, mesh, local):
@@ -225,3 +262,23 @@ def _outputs_multi(raw, specs, mesh, local):
         blocks = to_array_value(v, get_aval(v))
         results.append(ShardedArray(None, g, s, blocks))
     return results
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _op_line(prim, avals, params) -> str:
+    """One operation as the processes compare it: the same on every process that runs
+    the same operation (no object addresses; programs as printed)."""
+    from spmd.compiler.ir import ClosedProgram, Program
+
+    def show(v):
+        if isinstance(v, (ClosedProgram, Program)):
+            return str(v)
+        if callable(v) and hasattr(v, "__qualname__"):
+            return v.__qualname__
+        return _ADDRESS.sub("", repr(v))
+
+    shown = ", ".join(f"{k}={show(v)}" for k, v in sorted(params.items())
+                      if not k.startswith("_"))
+    return f"{prim.name}[{shown}] {' '.join(map(str, avals))}"

@@ -247,6 +247,18 @@ class ShardedArray(Array):
         xp = array_module.module_of(v)
         return xp.stack([v[s.device_index(d, self.shape)] for d in my_devices(s)])
 
+    def block_until_ready(self) -> "ShardedArray":
+        """Wait until the buffers this process holds are computed (its blocks; the
+        whole value where it holds it): no process waits for another's.
+
+        >>> y = step(x).block_until_ready()   # doctest: +SKIP
+        """
+        Array.value.fget(self)  # raises for a donated array
+        for b in (self._value, self._blocks):
+            if b is not None:
+                array_module.synchronize(b)
+        return self
+
     @property
     def held_nbytes(self) -> int:
         """Bytes of the buffers this process holds for this array."""

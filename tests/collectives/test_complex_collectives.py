@@ -1,6 +1,7 @@
 """Complex arrays through the collectives on simulated devices (one process),
 against numpy on the global array: psum/pmean reduce both parts, data movement
-keeps them, gradients follow JAX's convention, pmax/pmin refuse complex."""
+keeps them, gradients follow JAX's convention, pmax/pmin order lexicographically
+(real part, then imaginary part), as snp.max does."""
 
 import numpy as np
 import pytest
@@ -90,7 +91,30 @@ def test_grad_through_psum_and_ppermute(jit):
     np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("op", ["pmax", "pmin"])
-def test_pmax_pmin_refuse_complex(op):
-    with pytest.raises(DTypeError, match=f"{op}: operand dtype complex64 is complex"):
-        _smap(lambda b: getattr(lax, op)(b, "i"), P())(crand((N, 2)))
+def test_pmax_pmin_of_complex_are_lexicographic(op, jit):
+    z = crand((N, 3), 5)
+    z[1, 0] = z[2, 0].real + 1j * (z[2, 0].imag + 1)  # a tie in the real parts
+    z[3, 0] = z[2, 0].real + 1j * (z[2, 0].imag - 1)
+    f = _smap(lambda b: getattr(lax, op)(b, "i"), P())
+    f = spmd.jit(f) if jit else f
+    want = getattr(np, op[1:])(_blocks(z), axis=0)  # numpy orders complex the same way
+    np.testing.assert_array_equal(np.asarray(f(z)), want)
+    # Away from ties the gradient flows to the chosen device's entries only (JAX's
+    # convention: d Re(m c) / dz = c there).
+    z = crand((N, 3), 7)
+    want = getattr(np, op[1:])(_blocks(z), axis=0)
+    c = crand((1, 3), 6)
+    g = spmd.grad(lambda v: snp.real(snp.sum(f(v) * c)))(z)
+    chosen = _blocks(z) == want[None]
+    np.testing.assert_allclose(np.asarray(g), np.where(chosen[:, 0], c, 0), rtol=1e-6)
+
+
+def test_direct_pmax_primitive_still_refuses_complex():
+    """lax.pmax orders complex values by parts; the primitive itself has no order."""
+    from spmd.collectives.primitives import pmax_p
+    from spmd.compiler.avals import ShapedArray
+
+    with pytest.raises(DTypeError, match="pmax: operand dtype complex64 is complex"):
+        pmax_p.abstract_eval(ShapedArray((2,), np.complex64), axes=("i",))

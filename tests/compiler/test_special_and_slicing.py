@@ -115,14 +115,6 @@ def test_random_normal_goes_through_lax_erf_inv():
     assert f"{erf_inv_p.name}[" in text or f" {erf_inv_p.name} " in text, text
 
 
-@pytest.fixture
-def x64():
-    old = spmd.config.enable_x64
-    spmd.config.update("enable_x64", True)
-    yield
-    spmd.config.update("enable_x64", old)
-
-
 def test_erf_inv_float64_stays_accurate(x64):
     """float64 erf_inv is accurate to the last bits, where XLA's double-precision
     polynomial (JAX's values) is off by up to a relative 1e-10 near 1.  Oracle:

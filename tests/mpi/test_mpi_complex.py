@@ -2,8 +2,8 @@
 
 complex64 and complex128 through psum, pmean, all_gather, psum_scatter,
 all_to_all and ppermute (MPI reduces complex buffers with MPI_SUM on its complex
-datatypes; data movement copies bytes), a gradient through psum, and pmax
-refused.  Runs under ``.ci/pytest_mpi.sh`` (4 ranks, one device each).
+datatypes; data movement copies bytes), a gradient through psum, and pmax/pmin
+ordering complex values lexicographically.  Runs under ``.ci/pytest_mpi.sh`` (4 ranks, one device each).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from tests.mpi import (MESH_AXES, RefMesh, axes_id, make_mesh,  # noqa: E402
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import P, lax  # noqa: E402
-from spmd.errors import DTypeError  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
@@ -88,8 +87,16 @@ def test_grad_through_psum(jit):
     np.testing.assert_allclose(spmd.process_allgather(g), want, rtol=1e-5, atol=1e-5)
 
 
-def test_pmax_of_complex_raises():
-    mesh = make_mesh("1d")
-    with pytest.raises(DTypeError, match="complex"):
-        run_per_device(mesh, lambda b: lax.pmax(b, mesh.axis_names),
-                       cvalues((mesh.size, 2), np.complex64))
+@pytest.mark.parametrize("op", ["pmax", "pmin"])
+def test_pmax_pmin_of_complex_are_lexicographic(op):
+    """Real part first, then imaginary part (numpy's order): small integer parts, so
+    real parts tie between ranks and the imaginary parts decide."""
+    for kind in ("1d", "2d"):
+        mesh = make_mesh(kind)
+        z = cvalues((mesh.size, 4), np.complex64, seed=3)
+        # Column 0: one real part on every rank, so the imaginary parts decide.
+        z[:, 0] = 2.0 + 1j * np.arange(mesh.size)[::-1]
+        got = run_per_device(mesh, lambda b: getattr(lax, op)(b, mesh.axis_names), z)
+        want = getattr(np, op[1:])(z.reshape(mesh.size, 1, 4), axis=0)
+        for block in got.reshape(mesh.size, 1, 4):
+            np.testing.assert_array_equal(block, want)

@@ -25,17 +25,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding as NS, P, lax  # noqa: E402
-from spmd.compiler.program_arrays import NestedArraysError  # noqa: E402
+from spmd.errors import SpreadOverProcessesError  # noqa: E402
 from spmd.shard.partition.registry import PartitionError  # noqa: E402
 from spmd.shard.sharded import ShardedArray, holds_full_value  # noqa: E402
+from tests.shard.megatron_stack import (B, D, H, L, data as megatron_data,  # noqa: E402
+                                         layer as _layer, np_layer as _np_layer,
+                                         np_layer_vjp as _np_layer_vjp,
+                                         np_stack as _np_stack, put)
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(180)]
 
-B, D, H, L = 8, 4, 8, 3
-RNG = np.random.default_rng(3)
-X = RNG.standard_normal((B, D)).astype(np.float32)
-W1 = (RNG.standard_normal((L, D, H)) / 2).astype(np.float32)
-W2 = (RNG.standard_normal((L, H, D)) / 2).astype(np.float32)
+X, W1, W2 = megatron_data(3)
 
 
 # ------------------------------------------------------------------ the model
@@ -50,48 +50,14 @@ def _mesh(kind):
     return spmd.make_mesh((2, n // 2), ("a", "b")), "a", "b"
 
 
-def _layer(mesh, data, model):
-    """A Megatron MLP layer: columns of ``w1`` and rows of ``w2`` split over ``model``;
-    each device's partial product summed with one ``psum``."""
-    def body(x, w1, w2):
-        return lax.psum(snp.tanh(x @ w1) @ w2, model)
-
-    return spmd.shard_map(body, mesh=mesh, in_specs=(P(data), P(None, model), P(model)),
-                          out_specs=P(data))
-
-
-def _np_layer(x, w1, w2):
-    return np.tanh(x @ w1) @ w2
-
-
-def _np_layer_vjp(x, w1, w2, g):
-    """(dx, dw1, dw2) of ``_np_layer`` for the cotangent ``g``."""
-    a = np.tanh(x @ w1)
-    gh = (g @ w2.T) * (1 - a * a)
-    return gh @ w1.T, x.T @ gh, a.T @ g
-
-
-def _np_stack(x, w1s, w2s):
-    """Forward through the stacked layers and the gradients of ``0.5 * sum(out**2)``."""
-    xs = [x]
-    for w1, w2 in zip(w1s, w2s):
-        xs.append(_np_layer(xs[-1], w1, w2))
-    g, g1, g2 = xs[-1], np.zeros_like(w1s), np.zeros_like(w2s)
-    for k in reversed(range(len(w1s))):
-        g, g1[k], g2[k] = _np_layer_vjp(xs[k], w1s[k], w2s[k], g)
-    return xs[-1], g, g1, g2
-
-
-def _put(mesh, data, model):
-    """X, W1, W2 spread over the processes (stacked weights: layer dimension whole)."""
-    return (spmd.device_put(X, NS(mesh, P(data))),
-            spmd.device_put(W1, NS(mesh, P(None, None, model))),
-            spmd.device_put(W2, NS(mesh, P(None, model))))
-
-
 def _global(a):
     assert isinstance(a, ShardedArray), type(a)
     return np.asarray(spmd.process_allgather(a))
+
+
+def _put(mesh, data, model):
+    """X, W1, W2 placed on ``mesh`` (stacked weights: layer dimension whole)."""
+    return put(mesh, data, model, X, W1, W2)
 
 
 def _close(got, want, tol=2e-5):
@@ -141,6 +107,7 @@ def test_scan_over_layers_with_a_shard_map_body(kind, jit):
     out, gx, g1, g2 = _np_stack(X, W1, W2)
     y = wrap(forward)(x, w1s, w2s)
     assert y.sharding == NS(mesh, P(data))
+    assert y.block_until_ready() is y  # waits on this process's blocks only
     _close(y, out)
     grads = wrap(spmd.grad(loss, argnums=(0, 1, 2)))(x, w1s, w2s)
     for got, want in zip(grads, (gx, g1, g2)):
@@ -225,6 +192,31 @@ def test_cond_and_fori_loop_holding_a_shard_map(kind, jit):
     _close(gc, _np_layer_vjp(X, W1[1], W2[1], np.ones((B, D), np.float32))[1])
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_while_loop_holding_a_shard_map(kind, jit):
+    """The predicate is replicated: every process runs the same number of iterations
+    (the collectives in the body stay matched)."""
+    mesh, data, model = _mesh(kind)
+    layer = _layer(mesh, data, model)
+    wrap = spmd.jit if jit else (lambda f: f)
+
+    def until_small(x, w1, w2):
+        def cond(c):
+            return (c[0] < 10) & (snp.max(snp.abs(c[1])) > 0.05)
+
+        return lax.while_loop(cond, lambda c: (c[0] + 1, layer(c[1], w1, w2) * 0.5),
+                              (0, x))
+
+    x, w1s, w2s = _put(mesh, data, model)
+    want, k = X, 0
+    while k < 10 and np.max(np.abs(want)) > 0.05:
+        want, k = _np_layer(want, W1[0], W2[0]) * 0.5, k + 1
+    steps, y = wrap(until_small)(x, w1s[0], w2s[0])
+    assert int(_global(steps)) == k > 1
+    _close(y, want)
+
+
 # ------------------------------------------------------------------ custom_vjp
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -301,6 +293,8 @@ def test_jit_closing_over_a_spread_array_and_its_gradient(kind):
     np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
     np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
     assert len(traces) == 1  # traced once: the closed-over Array is cached as a constant
+    # later calls take the fast path (spmd.shard.fastcall), the Array as a leading leaf
+    assert [type(p.runner).__name__ for p in f._plans.values()] == ["Runner"]
     g = spmd.jit(spmd.grad(loss))(w)
     np.testing.assert_allclose(_global(g), want_grad, rtol=1e-4, atol=1e-6)
     g = spmd.grad(spmd.jit(loss))(w)
@@ -347,6 +341,50 @@ def test_closing_over_a_spread_array_inside_a_loop_body(kind):
     _close(spmd.jit(spmd.grad(lambda w: 0.5 * snp.sum(forward(w) ** 2)))(W2), g2)
 
 
+def _closing(kind):
+    """A function of ``w`` closing over a spread Array, wrapped in ``kind``, and its
+    value (or gradient) in numpy."""
+    mesh, data, model = _mesh("2d")
+    xs, x = _big(mesh, data, model)
+    w = W1[0][:, :D]
+
+    def f(w):
+        return snp.sum(snp.tanh(xs @ w))
+
+    value = np.sum(np.tanh(x @ w))
+    grad = x.T @ (1 - np.tanh(x @ w) ** 2)
+
+    @spmd.custom_vjp
+    def cf(w):
+        return f(w)
+
+    cf.defvjp(lambda w: (f(w), w), lambda w, g: (g * grad,))
+    cases = {
+        "checkpoint": (lambda: spmd.checkpoint(f)(w), value),
+        "jit(checkpoint)": (lambda: spmd.jit(spmd.checkpoint(f))(w), value),
+        "grad(jit(checkpoint))": (lambda: spmd.grad(spmd.jit(spmd.checkpoint(f)))(w), grad),
+        "custom_vjp": (lambda: cf(w), value),
+        "jit(custom_vjp)": (lambda: spmd.jit(cf)(w), value),
+        "jit(grad(custom_vjp))": (lambda: spmd.jit(spmd.grad(cf))(w), grad),
+        "jit(jit)": (lambda: spmd.jit(lambda v: spmd.jit(f)(v) * 2.0)(w), 2 * value),
+        "vmap(jit)": (lambda: spmd.vmap(spmd.jit(f))(np.stack([w, 2 * w])),
+                      np.array([value, np.sum(np.tanh(x @ (2 * w)))])),
+        "cond": (lambda: lax.cond(True, f, lambda v: snp.float32(0.0), w), value),
+        "grad(jit(in_shardings))": (
+            lambda: spmd.grad(spmd.jit(f, in_shardings=NS(mesh, P())))(w), grad),
+    }
+    return cases[kind]
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "jit(checkpoint)", "grad(jit(checkpoint))",
+                                  "custom_vjp", "jit(custom_vjp)", "jit(grad(custom_vjp))",
+                                  "jit(jit)", "vmap(jit)", "cond", "grad(jit(in_shardings))"])
+def test_transformed_functions_closing_over_a_spread_array(kind):
+    run, want = _closing(kind)
+    # (float32 sums of 16K terms in another order: a relative 1e-4)
+    np.testing.assert_allclose(_global(run()), want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_partitioned_jit_closing_over_an_array_of_another_mesh_raises():
     n = spmd.device_count()
     other = spmd.make_mesh((n,), ("j",))
@@ -369,6 +407,43 @@ def test_a_loop_over_shard_maps_of_two_meshes_raises_naming_the_fix():
     def body(c, _):
         return f2(f1(c)), None
 
-    with pytest.raises(NestedArraysError, match="scan: its body holds a shard_map .* "
+    with pytest.raises(SpreadOverProcessesError, match="scan: its body holds a shard_map .* "
                        "use one mesh for every shard_map"):
         lax.scan(body, X, None, length=2)
+
+
+def test_the_printed_program_of_a_jit_closing_over_a_spread_array():
+    mesh, data, model = _mesh("1d")
+    layer = _layer(mesh, data, model)
+    w1 = spmd.device_put(W1[0], NS(mesh, P(None, model)))
+    f = spmd.jit(lambda x, w2: layer(x, w1, w2))
+    text = f.lower(X, W2[0]).as_text(executed=True)
+    n_local, m = len(mesh.local_devices), mesh.shape[model]
+    # the closed-over weights come as this process's blocks, never whole
+    assert text.startswith(f"{{ lambda ; a:f32[{n_local},{D},{H // m}] "), text
+    assert f"f32[{D},{H}]" not in text, text
+    _close(f(X, W2[0]), _np_layer(X, W1[0], W2[0]))
+
+
+def test_compiling_a_shard_map_over_processes_for_one_process_raises():
+    mesh, data, model = _mesh("1d")
+    f = spmd.jit(lambda x, w1, w2: lax.fori_loop(
+        0, 2, lambda i, c: _layer(mesh, data, model)(c, w1, w2), x))
+    _close(f(X, W1[0], W2[0]), _np_layer(_np_layer(X, W1[0], W2[0]), W1[0], W2[0]))
+    with pytest.raises(SpreadOverProcessesError, match="compiled for this process alone.*"
+                       "Call the jitted function itself"):
+        f.lower(X, W1[0], W2[0]).compile()(X, W1[0], W2[0])
+
+
+def test_an_eager_shard_map_of_a_replicated_array_runs_its_collectives():
+    """A replicated Array (whole on every process) enters an eager body as its plain
+    value, so the body's psum runs as the body's collective (the bwd of the eager
+    custom_vjp above passes one)."""
+    mesh, data, model = _mesh("1d")
+    xr = spmd.device_put(X, NS(mesh, P()))
+    f = spmd.shard_map(lambda x, w: lax.psum(x @ w, model), mesh=mesh,
+                       in_specs=(P(), P(None, model)), out_specs=P())
+    y = f(xr, W1[0])
+    m = mesh.shape[model]
+    want = sum(X @ W1[0][:, k * H // m:(k + 1) * H // m] for k in range(m))
+    _close(y, want)

@@ -158,14 +158,6 @@ with open(os.path.join(os.path.dirname(__file__), "jax_values_x64.json")) as f:
     JAX64 = json.load(f)
 
 
-@pytest.fixture
-def x64():
-    old = spmd.config.enable_x64
-    spmd.config.update("enable_x64", True)
-    yield
-    spmd.config.update("enable_x64", old)
-
-
 def test_x64_keys_bits_and_samplers_match_jax(x64):
     def want(name):
         e = JAX64[name]

@@ -4,7 +4,6 @@
 import numpy as np
 import pytest
 
-import spmd
 from spmd import lax
 from spmd.errors import ArgumentError
 from spmd.scipy import linalg as sla, special as ssp
@@ -19,14 +18,6 @@ RNG = np.random.default_rng(0)
 X = np.linspace(-4.0, 4.0, 17)
 POS = np.linspace(0.2, 6.0, 13)
 PROB = np.linspace(0.01, 0.99, 11)
-
-
-@pytest.fixture
-def x64():
-    old = spmd.config.enable_x64
-    spmd.config.update("enable_x64", True)
-    yield
-    spmd.config.update("enable_x64", old)
 
 
 CASES = [("erf", X), ("erfc", X * 3), ("erfinv", PROB * 2 - 1), ("gammaln", POS),
@@ -103,6 +94,29 @@ def test_linalg_matches_scipy():
         sla.solve_triangular(a, b, trans=3)
     with pytest.raises(ArgumentError, match="assume_a"):
         sla.solve(a, b, assume_a="banded")
+
+
+def test_linalg_on_complex_matches_scipy():
+    """Hermitian factorizations and the conjugate transpose (trans='C' differs from
+    'T' on complex matrices)."""
+    a = (RNG.standard_normal((4, 4)) + 1j * RNG.standard_normal((4, 4))).astype(np.complex64)
+    hpd = a @ a.conj().T + 4 * np.eye(4, dtype=np.complex64)
+    b = (RNG.standard_normal((4, 2)) + 1j * RNG.standard_normal((4, 2))).astype(np.complex64)
+    for lower in (False, True):
+        np.testing.assert_allclose(sla.cholesky(hpd, lower=lower),
+                                   scipy_linalg.cholesky(hpd, lower=lower), rtol=1e-4,
+                                   atol=1e-5)
+        c = sla.cho_factor(hpd, lower=lower)
+        np.testing.assert_allclose(sla.cho_solve(c, b), np.linalg.solve(hpd, b), rtol=1e-3,
+                                   atol=1e-4)
+        for trans in (0, 1, 2, "T", "C"):
+            got = sla.solve_triangular(a, b, trans=trans, lower=lower)
+            want = scipy_linalg.solve_triangular(a, b, trans=trans, lower=lower)
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(sla.solve(hpd, b, assume_a="pos"), np.linalg.solve(hpd, b),
+                               rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(sla.eigh(hpd, eigvals_only=True, lower=False),
+                               np.linalg.eigvalsh(hpd), rtol=1e-4)
 
 
 def test_derivatives():

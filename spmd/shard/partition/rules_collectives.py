@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from spmd.collectives import mpi, nccl
 from spmd.collectives import primitives as cp
+from spmd.compiler import overlap
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import PartitionError, Structural, Unreachable
@@ -94,6 +95,9 @@ def _pvary(ev, eqn, vals, pls):
     return list(zip(vals, pls))
 
 
+_OVERLAP = ("the overlap pass (spmd.compiler.overlap) makes nonblocking starts and waits "
+            "out of per-device programs as they are compiled, after partitioning")
+
 TABLE = {
     cp.psum_p: _collective(_keep),
     cp.ppermute_p: _collective(_keep),
@@ -106,5 +110,7 @@ TABLE = {
     cp.pvary_p: Structural(_pvary),
     mpi.mpi_p: Unreachable(_TRANSPORT),
     nccl.nccl_p: Unreachable(_TRANSPORT),
+    overlap.collective_start_p: Unreachable(_OVERLAP),
+    overlap.collective_wait_p: Unreachable(_OVERLAP),
 }
 registry.register_all(TABLE)
