@@ -83,8 +83,9 @@ def test_combined_step_equals_the_uncombined_one(form, bucket, overlap):
             assert not starts and not waits, text
         else:  # every start has its wait, after it
             assert starts and len(starts) == len(waits), text
-            for k in range(len(starts)):
-                assert text.index(f"tag={k}]") < text.index(f"collective_wait[tag={k},")
+            for ln in starts:
+                tag = ln.split("tag=")[1].split("]")[0]
+                assert text.index(ln) < text.index(f"collective_wait[tag={tag},"), text
         if (limit, over) == (1 << 25, 0):
             # everything in one all-reduce: 6 gradients and the loss (in both forms:
             # with the gradient outside, the forward and backward shard_maps run
