@@ -13,6 +13,7 @@ launched by MPI.  Measured, on a 1-D mesh ``('i',)`` of all the ranks:
   rank (4 KiB to 32 MiB), each a jitted ``shard_map``, against the mpi4py
   buffer call that does the same communication (``Allreduce``, ``Allgather``,
   ``Reduce_scatter_block``, ``Alltoall``) on preallocated buffers: the floor.
+  The floors read this rank's block of the same global input as spmd (a view).
   Rows: ``mpi4py``, ``spmd`` and ``added latency`` (spmd minus mpi4py, per
   round).  ``psum`` has a second floor, ``Reduce_scatter_block`` + in-place
   ``Allgather`` by hand, and rows ``faster floor`` (per round, the faster of
@@ -152,7 +153,11 @@ def _collective_cases(mesh, n: int, rank: int, nbytes: int, rng):
     comm = _world()
     m = nbytes // 4
     x = rng.standard_normal(n * m).astype(np.float32)  # global: the same on every rank
-    mine = np.ascontiguousarray(x[rank * m:(rank + 1) * m])
+    # The floors read this rank's block of the same global array that spmd reads (a
+    # contiguous view, no copy): the same bytes in another allocation (with or without
+    # transparent huge pages) changed a raw 4 MiB Allgather's time by 0.68-0.91x in
+    # paired rounds, which then showed as spmd's cost or gain (docs/performance.md).
+    mine = x[rank * m:(rank + 1) * m]
     smap = functools.partial(spmd.shard_map, mesh=mesh, in_specs=P("i"))
     cases, floors = {}, {}
 

@@ -142,7 +142,7 @@ class Runner:
             elif _read(x, how, what, raws) is None:
                 return None
         plan = self.plan
-        return plan.results(plan.exe(*raws))
+        return plan.results(plan.exe.fn(*raws))
 
 
 def _step(x, want) -> tuple | None:

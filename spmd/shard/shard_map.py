@@ -20,24 +20,21 @@ from spmd.collectives.api import psum
 from spmd.collectives.primitives import CollectiveAxisError
 from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
-from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
-from spmd.errors import ConcretizationError, SpmdError
+from spmd.errors import ConcretizationError
 from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
                                      _manual_axes)
+from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa: F401
+                                       _check_out, _inferred_specs, _spec_leaves)
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 
 shard_map_p = Primitive("shard_map", multiple_results=True, higher_order=True)
-
-
-class ShardMapError(SpmdError, ValueError):
-    """A bad shard_map call: specs that do not match the arguments or results."""
 
 
 # ------------------------------------------------------------- tracing a body
@@ -50,13 +47,17 @@ def trace_body(fun: Callable, mesh, in_avals, check_vma: bool, axes=None) -> Clo
         return trace_to_program(fun, in_avals)
 
 
-def _bind_body(closed: ClosedProgram, args, mesh, in_specs, out_specs, check_vma):
-    """Bind shard_map, passing the body's constants as replicated inputs."""
+def _bind_body(closed: ClosedProgram, args, mesh, in_specs, out_specs, check_vma,
+               manual=None):
+    """Bind shard_map, passing the body's constants as replicated inputs.  ``manual``:
+    the manual axes of a partial-manual body (whole along the other axes, which the
+    partitioner splits: :mod:`spmd.shard.partition.manual`)."""
     n = len(closed.consts)
     program = ClosedProgram(closed.program, [])
+    extra = {} if manual is None else {"manual": tuple(manual)}
     return bind(shard_map_p, *closed.consts, *args, program=program, mesh=mesh,
                 in_specs=(PartitionSpec(),) * n + tuple(in_specs), out_specs=tuple(out_specs),
-                check_vma=check_vma)
+                check_vma=check_vma, **extra)
 
 
 def reshape_eqn(src: Var, dst: Var) -> Eqn:
@@ -73,14 +74,19 @@ def _block_aval(aval: ShapedArray, spec, mesh, check_vma) -> ShapedArray:
 # ------------------------------------------------------------------- rules
 
 @shard_map_p.def_abstract_eval
-def _shard_map_aval(*avals, program, mesh, in_specs, out_specs, check_vma):
+def _shard_map_aval(*avals, program, mesh, in_specs, out_specs, check_vma, manual=None):
     return [ShapedArray(global_shape(s, mesh, a.shape), a.dtype, a.weak_type)
             for a, s in zip(program.out_avals, out_specs)]
 
 
 @shard_map_p.def_impl
-def _shard_map_impl(xp, *args, program, mesh, in_specs, out_specs, check_vma):
+def _shard_map_impl(xp, *args, program, mesh, in_specs, out_specs, check_vma, manual=None):
     from spmd.shard.execute import executable
+
+    if manual is not None:  # partial-manual, not partitioned: split it here
+        p = _split({"program": program, "mesh": mesh, "in_specs": in_specs,
+                    "out_specs": out_specs, "check_vma": check_vma, "manual": manual}, args)
+        program, in_specs, out_specs = p["program"], p["in_specs"], p["out_specs"]
 
     return executable(program, mesh, in_specs, out_specs, xp)(*args)
 
@@ -88,8 +94,18 @@ def _shard_map_impl(xp, *args, program, mesh, in_specs, out_specs, check_vma):
 def _lower(eqn):
     from spmd.shard.execute import local_program
 
-    p = eqn.params
+    p = _split(eqn.params)
     return local_program(p["program"], p["mesh"], p["in_specs"], p["out_specs"])
+
+
+def _split(params, args=None):
+    """Params of a shard_map equation with a partial-manual body split along the
+    automatic axes (unchanged for a full-manual one)."""
+    if params.get("manual") is None:
+        return params
+    from spmd.shard.partition.manual import split_params
+
+    return split_params(params, args)
 
 
 shard_map_p.rules["lower"] = _lower
@@ -103,6 +119,7 @@ def eval_shard_map(args, params):
     from spmd.shard.execute import call
     from spmd.shard.sharded import from_whole
 
+    params = _split(params, args)  # a partial-manual one: split by the args' shardings
     mesh, out_specs = params["mesh"], params["out_specs"]
     if mesh.is_multi_process:
         return call(params["program"], mesh, params["in_specs"], out_specs, args)
@@ -148,7 +165,8 @@ shard_map_p.rules["executed_program"] = _executed_program
 
 
 @shard_map_p.def_jvp
-def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, check_vma):
+def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, check_vma,
+                   manual=None):
     nz = [not isinstance(t, Zero) for t in tangents]
     n = len(primals)
     out_nz: list = []
@@ -162,11 +180,12 @@ def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, che
 
     in_avals = list(program.in_avals) + [tangent_aval(a) for a, z in zip(program.in_avals, nz)
                                          if z]
-    closed = trace_body(body, mesh, in_avals, check_vma)
+    closed = trace_body(body, mesh, in_avals, check_vma, manual)
     t_specs = [s for s, z in zip(in_specs, nz) if z]
     out_t_specs = [s for s, z in zip(out_specs, out_nz) if z]
     outs = _bind_body(closed, list(primals) + [t for t in tangents if not isinstance(t, Zero)],
-                      mesh, list(in_specs) + t_specs, list(out_specs) + out_t_specs, check_vma)
+                      mesh, list(in_specs) + t_specs, list(out_specs) + out_t_specs, check_vma,
+                      manual)
     n_out = len(out_specs)
     it = iter(outs[n_out:])
     out_t = [next(it) if z else Zero(tangent_aval(get_aval(o)))
@@ -174,11 +193,12 @@ def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, che
     return outs[:n_out], out_t
 
 
-def _residual_spec(aval, mesh, check_vma):
+def _residual_spec(aval, mesh, check_vma, manual=None):
     """Residuals leave a body with one block per device that can differ: a new
-    leading axis split over the mesh axes the value varies along."""
-    axes = tuple(a for a in mesh.axis_names if a in aval.vma) if check_vma else mesh.axis_names
-    return axes
+    leading axis split over the mesh axes the value varies along (of a partial-manual
+    body, the manual ones: it is whole along the others)."""
+    names = mesh.axis_names if manual is None else tuple(manual)
+    return tuple(a for a in names if a in aval.vma) if check_vma else names
 
 
 def _shard_map_partial_eval(eqn, in_unknown):
@@ -207,7 +227,7 @@ def _shard_map_partial_eval(eqn, in_unknown):
     residuals = saved
     # Each residual leaves the known body with a leading axis of size 1 per device,
     # split over the axes it varies along (or as is, when it varies along none).
-    res_axes = [_residual_spec(r.aval, mesh, check_vma) for r in residuals]
+    res_axes = [_residual_spec(r.aval, mesh, check_vma, p.get("manual")) for r in residuals]
     k_out_eqns, k_out_vars, u_in_eqns, u_in_vars, res_specs = [], [], [], [], []
     in_specs, out_specs = p["in_specs"], p["out_specs"]
     known_outer = [a for a, u in zip(eqn.inputs, in_unknown) if not u]
@@ -269,7 +289,8 @@ shard_map_p.rules["partial_eval"] = _shard_map_partial_eval
 
 
 @shard_map_p.def_transpose
-def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_vma):
+def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_vma,
+                         manual=None):
     lin = [is_undefined(a) for a in args]
     res_vals = [a for a, l in zip(args, lin) if not l]
     nz = [not isinstance(c, Zero) for c in cts]
@@ -280,28 +301,32 @@ def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_v
     reordered = Program(res_vars + lin_vars, body_prog.eqns, body_prog.out_atoms)
     lin_specs = [s for s, l in zip(in_specs, lin) if l]
     n_res = len(res_vars)
+    # A partial-manual body is whole along its automatic axes: only the manual ones
+    # hold copies whose cotangents are shared or summed.
+    names = mesh.axis_names if manual is None else tuple(manual)
 
     def body(*xs):
         res, it = list(xs[:n_res]), iter(xs[n_res:])
-        cts_in = [_out_ct(next(it), a, spec, mesh, check_vma) if z else Zero(tangent_aval(a))
+        cts_in = [_out_ct(next(it), a, spec, mesh, check_vma, names) if z
+                  else Zero(tangent_aval(a))
                   for a, z, spec in zip(program.out_avals, nz, out_specs)]
         cts_out = backward_pass(reordered, res, [v.aval for v in lin_vars], cts_in)
         outs = []
         for ct, v, spec in zip(cts_out, lin_vars, lin_specs):
             ct = instantiate(ct) if isinstance(ct, Zero) else ct
             # A value the input was broadcast to must have its cotangent summed back.
-            extra = tuple(a for a in mesh.axis_names if a not in spec.mesh_axes and
+            extra = tuple(a for a in names if a not in spec.mesh_axes and
                           (a in get_aval(ct).vma or not check_vma))
             outs.append(psum(ct, extra) if extra else ct)
         return outs
 
     in_avals = [v.aval for v in res_vars] + [_ct_aval(a, s, check_vma) for a, z, s in
                                              zip(program.out_avals, nz, out_specs) if z]
-    closed = trace_body(body, mesh, in_avals, check_vma)
+    closed = trace_body(body, mesh, in_avals, check_vma, manual)
     res_specs = [s for s, l in zip(in_specs, lin) if not l]
     ct_specs = [s for s, z in zip(out_specs, nz) if z]
     outs = _bind_body(closed, res_vals + [c for c in cts if not isinstance(c, Zero)], mesh,
-                      res_specs + ct_specs, lin_specs, check_vma)
+                      res_specs + ct_specs, lin_specs, check_vma, manual)
     it = iter(outs)
     return [next(it) if l else None for l in lin]
 
@@ -313,7 +338,7 @@ def _ct_aval(aval, spec, check_vma):
     return ct.update(vma=ct.vma | frozenset(spec.mesh_axes)) if check_vma else ct
 
 
-def _out_ct(ct, aval, spec, mesh, check_vma):
+def _out_ct(ct, aval, spec, mesh, check_vma, names):
     """The cotangent of a body output from the block of the global cotangent that
     ``spec`` gives each device.  Typed: an output invariant along an axis its spec
     splits over is tiled there, so its cotangent sums the tiles (psum).  Untyped
@@ -322,9 +347,9 @@ def _out_ct(ct, aval, spec, mesh, check_vma):
     from spmd.compiler.ops.elementwise import div
 
     if check_vma:
-        tiled = tuple(a for a in mesh.axis_names if a in spec.mesh_axes and a not in aval.vma)
+        tiled = tuple(a for a in names if a in spec.mesh_axes and a not in aval.vma)
         return psum(ct, tiled) if tiled else ct
-    copies = int(np.prod([mesh.shape[a] for a in mesh.axis_names if a not in spec.mesh_axes],
+    copies = int(np.prod([mesh.shape[a] for a in names if a not in spec.mesh_axes],
                          dtype=np.int64))
     if copies == 1 or not np.issubdtype(get_aval(ct).dtype, np.inexact):
         return ct
@@ -333,7 +358,7 @@ def _out_ct(ct, aval, spec, mesh, check_vma):
 
 @shard_map_p.def_batch
 def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma,
-                     _axis_data=(None, None)):
+                     manual=None, _axis_data=(None, None)):
     from spmd.compiler.batching import batch_flat, move_to_front
 
     args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
@@ -344,7 +369,7 @@ def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vm
     spmd_name = getattr(_axis_data[0], "spmd_name", None)
     size_in, batch_entry, vary = size, None, frozenset()
     if spmd_name is not None:
-        size_in, batch_entry = _spmd_batch(spmd_name, mesh, in_specs, size)
+        size_in, batch_entry = _spmd_batch(spmd_name, mesh, in_specs, size, manual)
         vary = frozenset(spmd_name) if check_vma else frozenset()
 
     def body(*a):
@@ -352,22 +377,24 @@ def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vm
                           [0] * n_out)
     in_avals = [a if d is None else a.update(shape=(size_in,) + a.shape, vma=a.vma | vary)
                 for a, d in zip(program.in_avals, dims)]
-    closed = trace_body(lambda *a: body(*a), mesh, in_avals, check_vma)
+    closed = trace_body(lambda *a: body(*a), mesh, in_avals, check_vma, manual)
     b_in = [s if d is None else PartitionSpec(batch_entry, *s) for s, d in zip(in_specs, dims)]
     b_out = [PartitionSpec(batch_entry, *s) for s in out_specs]
-    outs = _bind_body(closed, args, mesh, b_in, b_out, check_vma)
+    outs = _bind_body(closed, args, mesh, b_in, b_out, check_vma, manual)
     return outs, [0] * len(outs)
 
 
 shard_map_p.rules["batch_reads_level"] = True
 
 
-def _spmd_batch(spmd_name, mesh, in_specs, size):
+def _spmd_batch(spmd_name, mesh, in_specs, size, manual=None):
     """(per-device batch size, batch spec entry) for vmap(spmd_axis_name=...)."""
-    bad = [a for a in spmd_name if a not in mesh.shape]
+    bad = [a for a in spmd_name if a not in (mesh.shape if manual is None else manual)]
     if bad:
+        where = "an axis of the shard_map's mesh" if manual is None else \
+            f"a manual axis of this partial-manual shard_map (axis_names={list(manual)})"
         raise ShardMapError(f"vmap: spmd_axis_name {spmd_name} names {bad[0]!r}, which is not "
-                            f"an axis of the shard_map's mesh (axes {mesh.axis_names})")
+                            f"{where} (mesh axes {mesh.axis_names})")
     used = [a for s in in_specs for a in s.mesh_axes if a in spmd_name]
     if used:
         raise ShardMapError(f"vmap: spmd_axis_name {spmd_name} cannot appear in the "
@@ -397,63 +424,6 @@ shard_map_p.rules["dce"] = _shard_map_dce
 
 
 # --------------------------------------------------------------------- API
-
-def _spec_leaves(specs, tree, what: str, fname: str) -> list:
-    """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``; in
-    ``in_specs`` a ``None`` covers arguments passed to the body as they are."""
-    is_in = what == "in_specs"
-    try:
-        return tree_util.broadcast_prefix(
-            specs, tree, lambda s: isinstance(s, PartitionSpec) or (is_in and s is None))
-    except tree_util.PrefixMismatch as e:
-        if e.prefix_node is None:
-            raise ShardMapError(f"{fname}: {what}{e.path} is None; use P() for a replicated "
-                                "value") from None
-        raise ShardMapError(f"{fname}: {what} is not a pytree prefix of the "
-                            f"{'arguments' if is_in else 'outputs'}: at "
-                            f"{what}{e.path} the spec is {tree_util.describe(e.prefix_node)} "
-                            f"but the value is {tree_util.describe(e.tree_node)}") from None
-
-
-def _as_global(x, where: str = "argument"):
-    """The argument as an array value (numpy arrays and scalars are global values)."""
-    from spmd.compiler.array_module import is_device_array, to_device
-    from spmd.compiler.trace import Tracer, is_array_like
-
-    if isinstance(x, (Tracer, Array)):
-        return x
-    if not is_array_like(x):
-        from spmd.errors import DTypeError
-        raise DTypeError(f"shard_map: {where} of type {type(x).__name__} is not an array; "
-                         "give it the in_specs entry None to pass it to the body as it is")
-    aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak
-    if is_device_array(x):  # a cupy array: it stays on (this process's) GPU
-        return Array(to_device(x, aval.dtype), aval)
-    return Array(np.asarray(x, dtype=aval.dtype), aval)
-
-
-class _InferSpecs:
-    """The default ``in_specs``: each argument's spec is that of its sharding."""
-
-    def __repr__(self):
-        return "Infer"
-
-
-Infer = _InferSpecs()
-
-
-def _inferred_specs(leaves, paths, mesh, fname):
-    out = []
-    for x, path in zip(leaves, paths):
-        s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
-        if not (isinstance(s, NamedSharding) and s.mesh == mesh):
-            raise ShardMapError(
-                f"{fname}: in_specs was not given, and argument{path} is not an Array placed "
-                "on the mesh (device_put(x, P(...)) under the mesh, or NamedSharding(mesh, "
-                "...)) to infer its spec from; pass in_specs=")
-        out.append((s.spec, path))
-    return out
-
 
 def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=None, *,
               check_vma: bool = True, check_rep: bool | None = None, axis_names=None):
@@ -566,8 +536,15 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         if manual is not None:
             _check_manual_spec(spec, manual, f"out_specs{path}", fname)
         _check_out(a, spec, path, mesh, check_vma, fname)
+    if manual is not None and not can_run_eagerly(vals):
+        # Traced (under jit or a transformation): the body stays whole along the
+        # automatic axes, and is split where the equation is partitioned, by the
+        # placements propagated to its operands through the whole program (or where
+        # it runs unpartitioned: by its arguments' shardings, _split).
+        return tree_util.tree_unflatten(out_tree, _bind_body(
+            closed, vals, mesh, flat_specs, out_flat_specs, check_vma, manual))
     if manual is not None:
-        # The automatic axes are the partitioner's: the body runs split along them too.
+        # Eager: split along the automatic axes by the arguments' shardings.
         from spmd.shard.partition.manual import partition_partial_manual
 
         closed, flat_specs, out_flat_specs = partition_partial_manual(
@@ -575,23 +552,3 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         check_vma = False  # the partitioned body is untyped (as jit's partitioned bodies)
     outs = _bind_body(closed, vals, mesh, flat_specs, out_flat_specs, check_vma)
     return tree_util.tree_unflatten(out_tree, outs)
-
-
-def _check_out(aval, spec, path, mesh, check_vma, fname):
-    # Checked against the global shape the blocks assemble into (always divisible).
-    shape = tuple(n * mesh.axis_size([a for a in spec.axes_of(d) if a in mesh.shape])
-                  for d, n in enumerate(aval.shape))
-    try:
-        check_spec(spec, mesh, shape, f"{fname}: out_specs{path}")
-    except ShardingError as e:
-        raise ShardMapError(str(e)) from None
-    if check_vma:
-        missing = [a for a in mesh.axis_names if a in aval.vma and a not in spec.mesh_axes]
-        if missing:
-            a = missing[0]
-            raise ShardMapError(
-                f"{fname}: output{path} varies along mesh axis {a!r} but out_specs{path}={spec} "
-                f"does not mention {a!r}, so its blocks would disagree. Reduce it first (e.g. "
-                f"lax.psum(x, {a!r}) or lax.all_gather(x, {a!r})), put {a!r} in the spec, or "
-                "pass check_vma=False")
-

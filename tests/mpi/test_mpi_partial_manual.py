@@ -95,3 +95,30 @@ def test_a_collective_over_the_automatic_axis_raises_on_every_rank():
     mesh = _mesh()
     with pytest.raises(CollectiveAxisError, match="which is automatic"):
         _partial_manual(lambda b: lax.psum(b, "y"), mesh, P("x"), P("x"))(A)
+
+
+def test_an_operand_computed_in_a_plain_jit_places_the_body():
+    """Under a plain jit on Arrays spread over the ranks, the operand ``tanh(x)`` has
+    no sharding while traced; the partitioner propagates ``x``'s placement to it and
+    splits the body along 'y' by it: each rank runs on its ('x', 'y') block."""
+    mesh = _mesh()
+    ny = mesh.shape["y"]
+    sm = _partial_manual(lambda b, w: snp.sin(b) * w + lax.axis_index("x"), mesh,
+                         (P("x"), P()), P("x"))
+    f = lambda v, w: sm(snp.tanh(v), w)  # noqa: E731
+    x = spmd.device_put(A, NS(mesh, P("x", "y")))
+    t = np.tanh(A)
+    want = np.sin(t) * W + np.repeat([0.0, 1.0], 4)[:, None]
+    y = spmd.jit(f)(x, W)
+    assert y.sharding == NS(mesh, P("x", "y")) and _local_shapes(y) == {(4, 8 // ny)}
+    assert y.held_nbytes < y.nbytes
+    np.testing.assert_allclose(_global(y), want, rtol=1e-6)
+    text = spmd.jit(f, in_shardings=(NS(mesh, P("x", "y")), NS(mesh, P()))).lower(A, W) \
+        .as_text()
+    assert f"f32[4,{8 // ny}] = sin" in text, text
+    grad = spmd.grad(lambda v, w: snp.sum(f(v, w) ** 2), argnums=(0, 1))
+    for g in (spmd.jit(grad), grad):  # jitted (partitioned) and eager
+        gx, gw = g(x, W)
+        np.testing.assert_allclose(_global(gx), 2 * want * np.cos(t) * W * (1 - t ** 2),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_global(gw), (2 * want * np.sin(t)).sum(0), rtol=1e-5)

@@ -271,15 +271,11 @@ class PartitionedJit:
         box: list = []
 
         def flat(*xs):
-            from spmd.shard.partition.manual import traced_shardings
-
             d, kw = tree_util.tree_unflatten(in_tree, xs)
             d = iter(d)
             full = [args[i] if i in self._static else next(d) for i in range(len(args))]
             kw = {**kw, **{k: v for k, v in kwargs.items() if k in self._static_names}}
-            with traced_shardings((x, None if s is None else NamedSharding(mesh, s))
-                                  for x, s in zip(xs, in_specs)):
-                res = self._fun(*full, **kw)
+            res = self._fun(*full, **kw)
             outs, out_tree = flatten_outputs(res, f"jit({self._name})")
             box[:] = [out_tree, res]
             return outs

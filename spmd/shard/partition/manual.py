@@ -9,10 +9,15 @@ place), and returns an ordinary ``shard_map`` over all axes: its specs name the
 manual axes first (as the user's specs do) and the automatic ones after, so each
 device runs on its block along every axis.
 
-Where the automatic placements come from, as in JAX: an argument's ``NamedSharding``
-(the automatic axes of its spec), else a ``with_sharding_constraint`` in the body
-the argument reaches through elementwise operations, else replicated; the results
-keep the placement propagation gave them.
+Where the automatic placements come from, as in JAX.  Traced (under ``jit`` or a
+transformation), the ``shard_map`` equation keeps its body whole along the automatic
+axes (param ``manual``); where the program holding it is partitioned,
+:func:`partition_in_program` splits it by the placements propagated to its operands
+through the whole program.  Eagerly, or where the equation runs unpartitioned
+(:func:`split_params`), by the arguments' ``NamedSharding`` (the automatic axes of
+its spec).  In both, else a ``with_sharding_constraint`` in the body the argument
+reaches through elementwise operations, else replicated; the results keep the
+placement propagation gave them.
 
 >>> f = shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), axis_names={"x"})
 >>> f(device_put(a, NamedSharding(mesh, P("x", "y")))).sharding.spec  # doctest: +SKIP
@@ -21,10 +26,11 @@ PartitionSpec('x', 'y')
 
 from __future__ import annotations
 
-import contextlib
+import weakref
 
 from spmd.compiler.ir import ClosedProgram
 from spmd.shard.partition.partitioner import partition
+from spmd.shard.partition.placement import Placement
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
 
@@ -44,31 +50,10 @@ def merge_specs(manual: PartitionSpec, auto: PartitionSpec, ndim: int) -> Partit
     return PartitionSpec(*parts)
 
 
-# id(tracer) -> NamedSharding of the arguments of the partitioned jit being traced:
-# a partial-manual shard_map called on one of them takes its placement (the
-# tracer itself carries no sharding).
-_TRACED_SHARDINGS: dict = {}
-
-
-@contextlib.contextmanager
-def traced_shardings(pairs):
-    """While a partitioned jit traces its function: ``(tracer, NamedSharding)`` pairs
-    of its arguments, seen by the partial-manual shard_maps called on them."""
-    added = {id(t): s for t, s in pairs if s is not None}
-    old = {k: _TRACED_SHARDINGS[k] for k in added if k in _TRACED_SHARDINGS}
-    _TRACED_SHARDINGS.update(added)
-    try:
-        yield
-    finally:
-        for k in added:
-            _TRACED_SHARDINGS.pop(k, None)
-        _TRACED_SHARDINGS.update(old)
-
-
 def _auto_spec(x, block_shape, mesh, manual) -> PartitionSpec | None:
     """The automatic part of an argument's NamedSharding on ``mesh`` (None when it
     names no automatic axis, or does not divide the manual block)."""
-    s = getattr(x, "_sharding", None) or _TRACED_SHARDINGS.get(id(x))
+    s = getattr(x, "_sharding", None)
     if not isinstance(s, NamedSharding) or s.mesh != mesh:
         return None
     dims = [tuple(a for a in s.spec.axes_of(d) if a not in manual)
@@ -97,4 +82,82 @@ def partition_partial_manual(closed: ClosedProgram, mesh, manual, args, in_specs
     return part.body, ins, outs
 
 
-__all__ = ["merge_specs", "partition_partial_manual", "traced_shardings"]
+# ClosedProgram -> {(mesh, manual, in_specs, out_specs, automatic specs): split}
+_SPLIT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def split_params(params: dict, args=None) -> dict:
+    """The params of the full-manual shard_map that runs a partial-manual equation
+    (one bound under a trace, its body whole along the automatic axes) where no
+    partitioner placed its operands: split by the arguments' shardings (Arrays) and
+    the body's constraints, else replicated along the automatic axes.
+
+    >>> split_params(eqn.params, [x])["in_specs"]  # doctest: +SKIP
+    (PartitionSpec('x', 'y'),)
+    """
+    closed, mesh, manual = params["program"], params["mesh"], params["manual"]
+    avals = closed.in_avals
+    args = [None] * len(avals) if args is None else args
+    auto = tuple(_auto_spec(x, a.shape, mesh, manual) for x, a in zip(args, avals))
+    key = (mesh, manual, params["in_specs"], params["out_specs"], auto)
+    per = _SPLIT.setdefault(closed, {})
+    if key not in per:
+        per[key] = partition_partial_manual(closed, mesh, manual, args, params["in_specs"],
+                                            params["out_specs"])
+    body, ins, outs = per[key]
+    rest = {k: v for k, v in params.items() if k != "manual"}
+    return {**rest, "program": body, "in_specs": tuple(ins), "out_specs": tuple(outs),
+            "check_vma": False}
+
+
+def _auto_of_placement(pl: Placement, manual, block_shape, mesh) -> PartitionSpec:
+    """The automatic part of a placement the partitioner propagated to an operand
+    (the axes that divide the manual block; a pending sum is resolved first)."""
+    dims = []
+    for d, n in enumerate(block_shape):
+        axes = tuple(a for a in pl.dims[d] if a not in manual) if d < len(pl.dims) else ()
+        dims.append(axes if axes and n % mesh.axis_size(axes) == 0 else ())
+    return Placement(tuple(dims)).to_spec()
+
+
+def partition_in_program(ev, eqn, vals, pls) -> list:
+    """The partitioner's rule for a partial-manual shard_map equation inside a
+    partitioned program: its body is split along the automatic axes by the placements
+    propagated to its operands (as JAX's compiler does), and evaluated in place.
+
+    Each operand is resharded to its manual spec merged with the automatic part of its
+    placement, so each device holds its block along every axis; the body then runs
+    under an evaluator that knows its manual axes (its collectives run over them)."""
+    from spmd.compiler.passes import inline_calls
+    from spmd.shard.partition.partitioner import (Evaluator, PartitionError, _backward_wants,
+                                                  _describe)
+    from spmd.shard.partition.reshard import reshard
+
+    p = eqn.params
+    mesh, manual = ev.mesh, frozenset(p["manual"])
+    if ev.manual:
+        raise PartitionError(
+            f"a partial-manual shard_map (axis_names={sorted(manual)}) inside the body of "
+            f"another one (manual axes {sorted(ev.manual)}) is not supported: make the "
+            "inner one manual over all the axes it needs, or merge the two")
+    body = inline_calls(p["program"])
+    avals = body.in_avals
+    inner_ins = []
+    for x, pl, spec, a, atom in zip(vals, pls, p["in_specs"], avals, eqn.inputs):
+        auto = _auto_of_placement(pl, manual, a.shape, mesh)
+        nd = len(a.shape)
+        target = Placement.from_spec(merge_specs(spec, auto, nd), nd)
+        x = reshard(x, pl, target, ev.ctx, _describe(atom, "a partial-manual shard_map input"))
+        inner_ins.append((x, Placement.from_spec(auto, nd)))
+    inner = Evaluator(mesh, ev.ctx, _backward_wants(body.program, [None] * len(avals)),
+                      manual)
+    outs = inner.run(body, inner_ins)
+    results = []
+    for (x, pl), spec, a in zip(outs, p["out_specs"], body.out_avals):
+        nd = len(a.shape)
+        merged = Placement.from_spec(merge_specs(spec, pl.without_partial().to_spec(), nd), nd)
+        results.append((x, Placement(merged.dims, pl.partial)))
+    return results
+
+
+__all__ = ["merge_specs", "partition_in_program", "partition_partial_manual", "split_params"]

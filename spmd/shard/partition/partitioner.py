@@ -235,6 +235,10 @@ class Evaluator:
         if p["mesh"] != self.mesh:
             raise PartitionError(f"a shard_map over {p['mesh']} inside a program partitioned "
                                  f"over {self.mesh}: use one mesh")
+        if p.get("manual") is not None:  # partial-manual: split along the other axes
+            from spmd.shard.partition.manual import partition_in_program
+
+            return partition_in_program(self, eqn, vals, pls)
         vals = [reshard(x, pl, Placement.from_spec(s, len(a.aval.shape)), self.ctx,
                         _describe(a, "a shard_map input"))
                 for x, pl, s, a in zip(vals, pls, p["in_specs"], eqn.inputs)]

@@ -1,0 +1,97 @@
+"""The arguments of a ``shard_map`` call: specs per leaf (a pytree prefix, ``None``
+for an argument passed as it is, or inferred from the arguments' shardings), the
+arguments as array values, and the checks of out_specs against the body's results.
+
+>>> _spec_leaves((P("i"), None), (x, 3), "in_specs", "shard_map(f)")  # doctest: +SKIP
+[(PartitionSpec('i',), '[0]'), (None, '[1]')]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.compiler.array import Array
+from spmd.compiler.trace import get_aval
+from spmd.errors import SpmdError
+from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
+
+
+class ShardMapError(SpmdError, ValueError):
+    """A bad shard_map call: specs that do not match the arguments or results."""
+
+
+def _spec_leaves(specs, tree, what: str, fname: str) -> list:
+    """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``; in
+    ``in_specs`` a ``None`` covers arguments passed to the body as they are."""
+    is_in = what == "in_specs"
+    try:
+        return tree_util.broadcast_prefix(
+            specs, tree, lambda s: isinstance(s, PartitionSpec) or (is_in and s is None))
+    except tree_util.PrefixMismatch as e:
+        if e.prefix_node is None:
+            raise ShardMapError(f"{fname}: {what}{e.path} is None; use P() for a replicated "
+                                "value") from None
+        raise ShardMapError(f"{fname}: {what} is not a pytree prefix of the "
+                            f"{'arguments' if is_in else 'outputs'}: at "
+                            f"{what}{e.path} the spec is {tree_util.describe(e.prefix_node)} "
+                            f"but the value is {tree_util.describe(e.tree_node)}") from None
+
+
+def _as_global(x, where: str = "argument"):
+    """The argument as an array value (numpy arrays and scalars are global values)."""
+    from spmd.compiler.array_module import is_device_array, to_device
+    from spmd.compiler.trace import Tracer, is_array_like
+
+    if isinstance(x, (Tracer, Array)):
+        return x
+    if not is_array_like(x):
+        from spmd.errors import DTypeError
+        raise DTypeError(f"shard_map: {where} of type {type(x).__name__} is not an array; "
+                         "give it the in_specs entry None to pass it to the body as it is")
+    aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak
+    if is_device_array(x):  # a cupy array: it stays on (this process's) GPU
+        return Array(to_device(x, aval.dtype), aval)
+    return Array(np.asarray(x, dtype=aval.dtype), aval)
+
+
+class _InferSpecs:
+    """The default ``in_specs``: each argument's spec is that of its sharding."""
+
+    def __repr__(self):
+        return "Infer"
+
+
+Infer = _InferSpecs()
+
+
+def _inferred_specs(leaves, paths, mesh, fname):
+    out = []
+    for x, path in zip(leaves, paths):
+        s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
+        if not (isinstance(s, NamedSharding) and s.mesh == mesh):
+            raise ShardMapError(
+                f"{fname}: in_specs was not given, and argument{path} is not an Array placed "
+                "on the mesh (device_put(x, P(...)) under the mesh, or NamedSharding(mesh, "
+                "...)) to infer its spec from; pass in_specs=")
+        out.append((s.spec, path))
+    return out
+
+
+def _check_out(aval, spec, path, mesh, check_vma, fname):
+    # Checked against the global shape the blocks assemble into (always divisible).
+    shape = tuple(n * mesh.axis_size([a for a in spec.axes_of(d) if a in mesh.shape])
+                  for d, n in enumerate(aval.shape))
+    try:
+        check_spec(spec, mesh, shape, f"{fname}: out_specs{path}")
+    except ShardingError as e:
+        raise ShardMapError(str(e)) from None
+    if check_vma:
+        missing = [a for a in mesh.axis_names if a in aval.vma and a not in spec.mesh_axes]
+        if missing:
+            a = missing[0]
+            raise ShardMapError(
+                f"{fname}: output{path} varies along mesh axis {a!r} but out_specs{path}={spec} "
+                f"does not mention {a!r}, so its blocks would disagree. Reduce it first (e.g. "
+                f"lax.psum(x, {a!r}) or lax.all_gather(x, {a!r})), put {a!r} in the spec, or "
+                "pass check_vma=False")
