@@ -26,7 +26,8 @@ launched by MPI.  Measured, on a 1-D mesh ``('i',)`` of all the ranks:
   with ``lax.pmean``; ``value_and_grad`` inside a jitted ``shard_map`` with
   ``lax.pmean`` of each gradient), against the step written by hand in numpy
   with the gradients in one flat buffer and one fused in-place ``Allreduce``
-  (goal: ratio <= 1.15 at 256, <= 1.05 at 2048).
+  (goal: ratio <= 1.15 at 256, <= 1.05 at 2048); diagnostic: the ``grad inside``
+  form with overlap turned off (``spmd.config.overlap_bucket_bytes = 0``).
 
 Timing: the variants are interleaved (the order rotates each round); every
 timed call is one call preceded by a ``Barrier``, so all ranks start it
@@ -258,9 +259,26 @@ def bench_collectives(mesh, quick: bool, sizes=SIZES, kinds=None) -> list[dict]:
 
 def make_spmd_steps(mesh) -> dict:
     """The step in the two forms users write (benchmarks/dp_step.py):
-    ``{"grad outside": ..., "grad inside": ...}``."""
+    ``{"grad outside": ..., "grad inside": ...}``, and the DDP-style form with its
+    gradient reduction not overlapped (``"grad inside, overlap off"``: compiled and
+    called with ``spmd.config.overlap_bucket_bytes = 0``, a diagnostic)."""
+    from spmd.config import config
+
     steps = dp_step.make_steps(mesh, "i", lr=MLP_LR)
-    return {form: steps[form] for form in ("grad outside", "grad inside")}
+    plain = dp_step.make_steps(mesh, "i", lr=MLP_LR)["grad inside"]
+
+    def overlap_off(*args):
+        # (The per-process program is compiled at the first calls with each kind of
+        # argument, so the switch is set around every call: a few microseconds.)
+        old = config.overlap_bucket_bytes
+        config.update("overlap_bucket_bytes", 0)
+        try:
+            return plain(*args)
+        finally:
+            config.update("overlap_bucket_bytes", old)
+
+    return {"grad outside": steps["grad outside"], "grad inside": steps["grad inside"],
+            "grad inside, overlap off": overlap_off}
 
 
 class NumpyStep:
@@ -348,8 +366,11 @@ def bench_mlp_step(mesh, quick: bool) -> list[dict]:
         rows.append(row(name, "numpy+mpi4py", times["numpy+mpi4py"],
                         note="hand-written, one fused Allreduce"))
         for form in steps:
+            diagnostic = "overlap off" in form
             rows.append(row(name, f"spmd {form}", times[form], baseline="numpy+mpi4py",
-                            goal_ratio=MLP_GOALS[batch]))
+                            goal_ratio=None if diagnostic else MLP_GOALS[batch],
+                            note="diagnostic: SPMD_OVERLAP_BUCKET_BYTES=0" if diagnostic
+                            else ""))
     return rows
 
 

@@ -247,6 +247,15 @@ class Request:
         out = self._out if self._orig is None else self._out.astype(self._orig)
         return out if self._xp is np else self._xp.asarray(out)
 
+    def __del__(self):
+        if self._keep is not None:
+            # Never waited for (the program raised between start and wait): MPI may
+            # still read and write these buffers, so they are never freed.
+            _abandoned.append((self._req, self._out, self._keep))
+
+
+_abandoned: list = []
+
 
 def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
     """Start an all-reduce of ``x`` over world ``ranks`` and return its :class:`Request`

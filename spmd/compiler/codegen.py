@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 
 import numpy as np
 
@@ -278,6 +277,11 @@ class _DeadBuffers:
                 self.free.setdefault((a.aval.shape, a.aval.dtype), []).append(names[a])
 
 
+# Primitives whose code returns a view of its operand (never written into a buffer).
+_VIEWS = frozenset({"reshape", "slice", "broadcast_in_dim", "squeeze", "expand_dims",
+                    "transpose"})
+
+
 class FlatWrites:
     """Operands of a flat ``concatenate`` written straight into its buffer.
 
@@ -363,20 +367,6 @@ class FlatWrites:
             return None
         buf, a, b = hit
         return f"{names[buf]}[{a}:{b}].reshape({tuple(eqn.outputs[0].aval.shape)!r})"
-
-
-# Equations after which the generated code lets started collectives progress:
-# those that touch this many elements (cheap ones would only add call costs).
-TEST_AFTER_ELEMENTS = 1 << 14
-_VIEWS = frozenset({"reshape", "slice", "broadcast_in_dim", "squeeze", "expand_dims",
-                    "transpose"})
-
-
-def _heavy(eqn) -> bool:
-    if eqn.primitive.name in _VIEWS:
-        return False
-    return any(math.prod(a.aval.shape) >= TEST_AFTER_ELEMENTS
-               for a in list(eqn.inputs) + list(eqn.outputs) if hasattr(a.aval, "shape"))
 
 
 def _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines) -> None:
@@ -468,7 +458,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             uf = ufunc_of(expr, ins)
             if uf is not None and into is not None:  # straight into the flat buffer
                 expr, into, fresh = f"xp.{uf}({', '.join(ins)}, out={into})", None, True
-            elif into is not None and expr.startswith("xp.sum(") and expr.endswith(")"):
+            elif into is not None and prim.name == "reduce_sum" and expr.startswith("xp.sum("):
                 expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
             elif uf is not None:
                 fresh = True
@@ -492,7 +482,10 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
         lines.append(f"{lhs} = {expr}{note}")
         if into is not None:  # the producer cannot write into the buffer: copy
             lines.append(f"{into}[...] = {outs[0]}")
-        if pending and _heavy(eqn):
-            # Let the MPI library move the started collectives' data (it progresses
-            # only inside MPI calls).
+        if pending:
+            # Let the MPI library move the started collectives' data: it progresses
+            # only inside MPI calls, and a bucket needs several rounds between the
+            # ranks (after heavy equations only, a 1 MB bucket of the MLP step had
+            # seldom completed at its wait; after every equation, often: about
+            # 1 microsecond per test).
             lines.extend(f"{h}.test()" for h in pending)

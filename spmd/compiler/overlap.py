@@ -22,8 +22,8 @@ of the program between other effectful equations:
 3. the equations that need results run in the order of the buckets they
    need, so the first bucket's updates run while later buckets travel.
 
-The generated code calls ``test()`` on the started requests between the
-equations that follow (:mod:`spmd.compiler.codegen`): the MPI library of the
+The generated code calls ``test()`` on the started requests after every
+equation that follows (:mod:`spmd.compiler.codegen`): the MPI library of the
 PyPI ``mpich`` wheel moves data only inside MPI calls, and those calls are its
 chance to.  The order of collectives is decided by the program alone, so every
 process (running the same program) issues them in the same order.  A bucket
@@ -40,7 +40,8 @@ Example (two gradients, the second produced after more work)::
 
 from __future__ import annotations
 
-from spmd.compiler.codegen import _heavy
+import math
+
 from spmd.compiler.combine import _combined, _key, _nbytes
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.primitives import Primitive
@@ -48,9 +49,10 @@ from spmd.compiler.primitives import Primitive
 # The bucket size when overlapping (spmd.config.overlap_bucket_bytes): small
 # enough that a model's last layers' gradients start travelling while earlier
 # layers still run backward, large enough that a call's fixed cost (tens of
-# microseconds) is small against its transfer; at most the size from which the
-# mpi backend splits an all-reduce into two collectives (a nonblocking one
-# stays one call).  PyTorch DDP's first bucket is 1 MiB.
+# microseconds) is small against its transfer; below the size from which the
+# mpi backend splits an all-reduce into reduce-scatter + all-gather (started,
+# only the reduce-scatter overlaps: the all-gather runs in the wait).  PyTorch
+# DDP's first bucket is 1 MiB.
 DEFAULT_OVERLAP_BUCKET_BYTES = 2 * 1024 * 1024
 # A bucket this large starts rather than wait for its next member through heavy
 # equations (more than the next member's own): the transfer overlaps them.
@@ -92,6 +94,20 @@ for _p in (collective_start_p, collective_wait_p):
     _p.def_batch(_not_differentiable)
 collective_start_p.rules["starts"] = True
 collective_wait_p.rules["waits"] = True
+
+
+# Equations that touch this many elements are "heavy": the overlap pass starts a
+# large enough bucket rather than wait for its next member through them.
+HEAVY_ELEMENTS = 1 << 14
+_VIEW_OPS = frozenset({"reshape", "slice", "broadcast_in_dim", "squeeze", "expand_dims",
+                    "transpose"})
+
+
+def _heavy(eqn) -> bool:
+    if eqn.primitive.name in _VIEW_OPS:
+        return False
+    return any(math.prod(a.aval.shape) >= HEAVY_ELEMENTS
+               for a in list(eqn.inputs) + list(eqn.outputs) if hasattr(a.aval, "shape"))
 
 
 def overlap_collectives(closed: ClosedProgram, bucket_bytes: int) -> ClosedProgram:
@@ -155,6 +171,7 @@ def _schedule(eqns: list, bucket_bytes: int, tags: list) -> list:
     members = [e for e in eqns if _startable(e)]
     if not members:
         return eqns
+    is_member = set(members)
     pos = {o: i for i, e in enumerate(eqns) for o in e.outputs}
     member_outs = {m.outputs[0] for m in members}
     # A member that needs another member's result cannot start early: leave the
@@ -162,7 +179,7 @@ def _schedule(eqns: list, bucket_bytes: int, tags: list) -> list:
     needs: set = set(member_outs)
     for e in eqns:
         if any(isinstance(a, Var) and a in needs for a in e.inputs):
-            if e in members:
+            if e in is_member:
                 return eqns
             needs.update(e.outputs)
     ready = {m: pos.get(m.inputs[0], -1) for m in members}
@@ -184,7 +201,7 @@ def _schedule(eqns: list, bucket_bytes: int, tags: list) -> list:
     pieces = [_pieces(b, tags) for b in buckets]
     head = [s for k in starts.get(-1, []) for s in pieces[k][0]]
     for i, e in enumerate(eqns):
-        if e in members:
+        if e in is_member:
             continue
         lv = max((level.get(a, bucket_of.get(a, -1)) for a in e.inputs
                   if isinstance(a, Var)), default=-1)

@@ -76,7 +76,6 @@ def backward_like(x, w1, w2):
 
 
 def test_a_bucket_starts_when_its_operand_exists_and_waits_at_first_use():
-    # (large enough for the generated code to test the request after a product)
     closed = trace(backward_like, (128, 128), (128, 128), (128, 128))
     over, source = check_same(closed, 128 * 128 * 4)  # one gradient per bucket
     seq = names(over)
