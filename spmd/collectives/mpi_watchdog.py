@@ -63,6 +63,8 @@ def start() -> None:
     threading.Thread(target=_run, name="spmd-collective-watchdog", daemon=True).start()
 
 
+ABORT_GRACE_S = 0.5  # see _expire
+
 _tick_lock = threading.Lock()
 _stopped = [False]
 
@@ -238,6 +240,10 @@ def _expire(c, limit: float) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    # The launcher forwards each rank's output asynchronously, and MPI_Abort tears
+    # the job down at once: without a moment's grace the report can be lost (seen
+    # once on a loaded machine, where the job ended with no report).
+    time.sleep(ABORT_GRACE_S)
     from spmd.collectives.mpi import world
 
     world().Abort(1)
