@@ -10,7 +10,7 @@ NP ?= 4
 # Per-test time limit (seconds), so a hang fails instead of blocking.
 PYTEST_TIMEOUT ?= 300
 
-.PHONY: venv demo test test-single test-mpi bench bench-mpi clean distclean
+.PHONY: venv demo test test-single test-mpi bench bench-mpi bench-transformer clean distclean
 
 venv: $(VENV)/.stamp
 
@@ -63,6 +63,10 @@ bench: venv
 bench-mpi: venv
 	$(BIN)/mpiexec -n 2 $(BIN)/python benchmarks/bench_mpi.py
 	$(BIN)/mpiexec -n 4 $(BIN)/python benchmarks/bench_mpi.py
+
+# The transformer example on 1, 2 and 4 ranks (results: benchmarks/results/transformer.json).
+bench-transformer: venv
+	$(BIN)/python benchmarks/bench_transformer.py --steps 20
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis

@@ -41,6 +41,13 @@ CONFIGS = [  # (ranks, mesh, fsdp)
 ]
 
 
+def skip_reason() -> str:
+    """``run.py`` skips this module: it launches its own MPI jobs (minutes, not
+    seconds) and writes its own results; ``make bench-transformer`` runs it."""
+    return ("launches its own spmd-run jobs: `make bench-transformer` "
+            "(= .venv/bin/python benchmarks/bench_transformer.py --steps 20)")
+
+
 def run_one(ranks: int, mesh: str, fsdp: bool, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "stats")

@@ -56,7 +56,8 @@ def load(name: str, path: str):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if not callable(getattr(module, "run", None)):
+    if not callable(getattr(module, "run", None)) and not callable(
+            getattr(module, "skip_reason", None)):
         raise SystemExit(f"run.py: {path} defines no run(quick) function")
     return module
 
