@@ -109,20 +109,41 @@ _FREE_REFS = _refs_when_free()
 
 
 def _recv_buffer(shape: tuple, dtype) -> np.ndarray:
-    """An uninitialised array to receive into: a dead pooled one when there is one."""
+    """An uninitialised array to receive into: a dead pooled one when there is one.
+
+    The pool keeps each buffer's memory owner; every array made from it (the result,
+    the caller's views of it) holds that owner as its ``base``, so an owner only the
+    pool refers to is dead, whatever views were handed out."""
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize * math.prod(shape)
     if nbytes < POOL_MIN_BYTES:
         return np.empty(shape, dtype)
     kept = _pool.setdefault((shape, dtype), [])
-    for buf in kept:
-        if sys.getrefcount(buf) == _FREE_REFS:
-            return buf
-    buf = np.empty(shape, dtype)
-    if len(kept) < POOL_PER_SHAPE and _pool_bytes[0] + nbytes <= POOL_MAX_BYTES:
-        kept.append(buf)
-        _pool_bytes[0] += nbytes
-    return buf
+    for owner in kept:
+        if sys.getrefcount(owner) == _FREE_REFS:
+            return _in(owner, shape, dtype, nbytes)
+    owner = np.empty(shape, dtype) if nbytes < HUGE_BYTES else np.empty(nbytes + HUGE_BYTES,
+                                                                        np.uint8)
+    if len(kept) < POOL_PER_SHAPE and _pool_bytes[0] + owner.nbytes <= POOL_MAX_BYTES:
+        kept.append(owner)
+        _pool_bytes[0] += owner.nbytes
+    return _in(owner, shape, dtype, nbytes)
+
+
+# Receive buffers of HUGE_BYTES or more start on a 2 MiB boundary.  With transparent
+# huge pages in "madvise" mode (numpy advises them for large arrays) an aligned
+# buffer is backed by whole huge pages; MPI's shared-memory copies into one were
+# 1.2x faster at 4 MiB on 2 ranks (reduce-scatter + all-gather, 550 against 670 us,
+# the input and everything else the same; no difference at 256 KiB), 2026-12-02.
+HUGE_BYTES = 2 * 1024 * 1024
+
+
+def _in(owner: np.ndarray, shape: tuple, dtype, nbytes: int) -> np.ndarray:
+    """The receive array in ``owner`` (itself, or its 2 MiB-aligned part)."""
+    if nbytes < HUGE_BYTES:
+        return owner
+    off = (-owner.__array_interface__["data"][0]) % HUGE_BYTES
+    return owner[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def clear_buffers() -> None:

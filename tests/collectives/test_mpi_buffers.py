@@ -94,3 +94,40 @@ def test_collectives_on_one_rank_return_fresh_results():
     np.testing.assert_array_equal(t2[0], x * 3)
     r1 = mpi.reduce_scatter(x.reshape(1, -1), (0,))
     np.testing.assert_array_equal(r1, x)
+
+
+HUGE = (mpi.HUGE_BYTES // 4 + 8,)  # float32 elements: an aligned buffer
+
+
+def test_large_buffers_start_on_a_huge_page_boundary():
+    a = mpi._recv_buffer(HUGE, np.float32)
+    assert a.shape == HUGE and a.dtype == np.float32 and a.flags.c_contiguous
+    assert a.__array_interface__["data"][0] % mpi.HUGE_BYTES == 0
+
+
+def test_a_large_buffer_is_reused_only_when_no_view_of_it_is_left():
+    # The pool keeps the memory owner; a result is a view of it, and so is any view
+    # the caller takes of the result: each keeps the owner alive.
+    a = mpi._recv_buffer(HUGE, np.float32)
+    a[...] = 1.0
+    view = a.reshape(-1)[5:9]
+    addr = a.__array_interface__["data"][0]
+    del a
+    b = mpi._recv_buffer(HUGE, np.float32)
+    assert b.__array_interface__["data"][0] != addr  # `view` still holds the memory
+    b[...] = 2.0
+    assert np.all(view == 1.0)
+    del view
+    c = mpi._recv_buffer(HUGE, np.float32)
+    assert c.__array_interface__["data"][0] == addr  # now free: reused
+    assert np.all(b == 2.0)
+
+
+def test_large_results_of_earlier_calls_are_never_overwritten():
+    kept = []
+    for i in range(mpi.POOL_PER_SHAPE + 2):
+        buf = mpi._recv_buffer(HUGE, np.float32)
+        buf[...] = i
+        kept.append(buf)
+    for i, buf in enumerate(kept):
+        assert np.all(buf == i)
