@@ -31,7 +31,8 @@ from spmd.shard.sharded import ShardedArray, holds_full_value  # noqa: E402
 from tests.shard.megatron_stack import (B, D, H, L, data as megatron_data,  # noqa: E402
                                          layer as _layer, np_layer as _np_layer,
                                          np_layer_vjp as _np_layer_vjp,
-                                         np_stack as _np_stack, put)
+                                         np_stack as _np_stack, put,
+                                         custom_vjp_layer)
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(180)]
 
@@ -226,31 +227,7 @@ def test_custom_vjp_around_a_shard_map(kind, jit):
     shard_map (the backward one sums the input gradient over the model axis and the
     weight gradients over the data axis)."""
     mesh, data, model = _mesh(kind)
-    fwd_layer = _layer(mesh, data, model)
-
-    def bwd_body(x, w1, w2, g):
-        a = snp.tanh(x @ w1)
-        gh = (g @ w2.T) * (1 - a * a)
-        g1, g2 = x.T @ gh, a.T @ g
-        if data is not None:
-            g1, g2 = lax.psum(g1, data), lax.psum(g2, data)
-        return lax.psum(gh @ w1.T, model), g1, g2
-
-    bwd_layer = spmd.shard_map(bwd_body, mesh=mesh,
-                               in_specs=(P(data), P(None, model), P(model), P(data)),
-                               out_specs=(P(data), P(None, model), P(model)))
-
-    @spmd.custom_vjp
-    def kernel(x, w1, w2):
-        return fwd_layer(x, w1, w2)
-
-    def fwd(x, w1, w2):
-        return fwd_layer(x, w1, w2), (x, w1, w2)
-
-    def bwd(res, g):
-        return bwd_layer(*res, g)
-
-    kernel.defvjp(fwd, bwd)
+    kernel = custom_vjp_layer(mesh, data, model)
     wrap = spmd.jit if jit else (lambda f: f)
     x, w1s, w2s = _put(mesh, data, model)
     _close(wrap(kernel)(x, w1s[0], w2s[0]), _np_layer(X, W1[0], W2[0]))

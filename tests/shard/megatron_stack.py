@@ -63,3 +63,29 @@ def put(mesh, data_axis, model, x, w1, w2):
     return (spmd.device_put(x, NS(mesh, P(data_axis))),
             spmd.device_put(w1, NS(mesh, P(None, None, model))),
             spmd.device_put(w2, NS(mesh, P(None, model))))
+
+
+def custom_vjp_layer(mesh, data_axis, model):
+    """:func:`layer` as a ``custom_vjp`` whose backward pass is a second shard_map: it
+    sums the input gradient over ``model`` and the weight gradients over ``data_axis``."""
+    fwd_layer = layer(mesh, data_axis, model)
+
+    def bwd_body(x, w1, w2, g):
+        a = snp.tanh(x @ w1)
+        gh = (g @ w2.T) * (1 - a * a)
+        g1, g2 = x.T @ gh, a.T @ g
+        if data_axis is not None:
+            g1, g2 = lax.psum(g1, data_axis), lax.psum(g2, data_axis)
+        return lax.psum(gh @ w1.T, model), g1, g2
+
+    bwd_layer = spmd.shard_map(bwd_body, mesh=mesh,
+                               in_specs=(P(data_axis), P(None, model), P(model), P(data_axis)),
+                               out_specs=(P(data_axis), P(None, model), P(model)))
+
+    @spmd.custom_vjp
+    def kernel(x, w1, w2):
+        return fwd_layer(x, w1, w2)
+
+    kernel.defvjp(lambda x, w1, w2: (fwd_layer(x, w1, w2), (x, w1, w2)),
+                  lambda res, g: bwd_layer(*res, g))
+    return kernel

@@ -15,7 +15,8 @@ from spmd import NamedSharding as NS, P, lax
 from tests.shard.megatron_stack import (B, D, H, L, data as megatron_data,
                                          layer as _layer, np_layer as _np_layer,
                                          np_layer_vjp as _np_layer_vjp,
-                                         np_stack as _np_stack, put)
+                                         np_stack as _np_stack, put,
+                                         custom_vjp_layer)
 
 X, W1, W2 = megatron_data(5)
 KINDS = ["1d", "2d"]
@@ -129,26 +130,7 @@ def test_cond_fori_and_while_holding_a_shard_map(kind, jit):
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 def test_custom_vjp_around_a_shard_map(kind, jit):
     mesh, data, model = _mesh(kind)
-    fwd_layer = _layer(mesh, data, model)
-
-    def bwd_body(x, w1, w2, g):
-        a = snp.tanh(x @ w1)
-        gh = (g @ w2.T) * (1 - a * a)
-        g1, g2 = x.T @ gh, a.T @ g
-        if data is not None:
-            g1, g2 = lax.psum(g1, data), lax.psum(g2, data)
-        return lax.psum(gh @ w1.T, model), g1, g2
-
-    bwd_layer = spmd.shard_map(bwd_body, mesh=mesh,
-                               in_specs=(P(data), P(None, model), P(model), P(data)),
-                               out_specs=(P(data), P(None, model), P(model)))
-
-    @spmd.custom_vjp
-    def kernel(x, w1, w2):
-        return fwd_layer(x, w1, w2)
-
-    kernel.defvjp(lambda x, w1, w2: (fwd_layer(x, w1, w2), (x, w1, w2)),
-                  lambda res, g: bwd_layer(*res, g))
+    kernel = custom_vjp_layer(mesh, data, model)
     _close(_wrap(jit)(kernel)(X, W1[0], W2[0]), _np_layer(X, W1[0], W2[0]))
     grads = _wrap(jit)(spmd.grad(lambda *a: snp.sum(kernel(*a)), argnums=(0, 1, 2)))(
         X, W1[0], W2[0])
