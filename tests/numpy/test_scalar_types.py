@@ -147,3 +147,12 @@ def test_bad_inputs_raise_named_errors():
         snp.int32("12")
     with pytest.raises(TypeError):
         snp.float32()  # the value is required, as in JAX
+
+
+def test_a_scalar_type_is_not_a_value():
+    for bad in (lambda: snp.float32(snp.float32), lambda: snp.asarray(snp.int8),
+                lambda: snp.sin(snp.float32)):
+        with pytest.raises(DTypeError, match="got the type .* where a value is expected"):
+            bad()
+    with pytest.raises(DTypeError, match="_ScalarMeta"):
+        spmd.jit(lambda x: x)(snp.float32)  # as an argument: mark it static instead
