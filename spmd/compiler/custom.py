@@ -305,19 +305,37 @@ def _custom_lin_transpose(cts, *args, num_res, bwd, in_tree, res_tree, out_tree,
     avals = iter(in_avals)
     for pos, (g, sub) in enumerate(zip(got, in_tree.children())):
         arg_avals = [next(avals) for _ in range(sub.num_leaves)]
-        if g is None:
-            cts_in.extend(Zero(tangent_aval(a)) for a in arg_avals)
-            continue
-        paths_leaves, g_tree = tree_util.tree_flatten_with_path(g)
-        if g_tree != sub:
-            raise CustomRuleError(
-                f"custom_vjp bwd {_rule_name(bwd)} returned a cotangent for argument {pos} "
-                f"with structure {g_tree}; the argument has structure {sub}. Return one "
-                "cotangent per argument, shaped like the argument (or None for a zero)")
-        for (path, leaf), aval in zip(paths_leaves, arg_avals):
-            cts_in.append(_checked_cotangent(leaf, aval, f"args[{pos}]{tree_util.keystr(path)}",
-                                             bwd))
+        cts_in.extend(_argument_cotangents(g, sub, arg_avals, pos, bwd))
     return [None] * num_res + [cts_in[i] for i in tangent_pos]
+
+
+def _argument_cotangents(g, sub, arg_avals: list, pos: int, bwd) -> list:
+    """The flat cotangents of argument ``pos`` (structure ``sub``) from ``bwd``'s ``g``.
+
+    As in JAX, ``None`` stands for a zero cotangent of any subtree of the argument
+    (``{"a": None, "b": g_b}`` for a dict argument), not only of the whole argument.
+    """
+    # None is a leaf of g here, so g's structure must be a prefix of the argument's.
+    paths_leaves, g_tree = tree_util.tree_flatten_with_path(g, is_leaf=lambda x: x is None)
+    try:
+        covered = g_tree.flatten_up_to(tree_util.tree_unflatten(sub, arg_avals))
+    except ValueError:
+        covered = None
+    if covered is None or any(leaf is not None and not isinstance(part, ShapedArray)
+                              for (_, leaf), part in zip(paths_leaves, covered)):
+        raise CustomRuleError(
+            f"custom_vjp bwd {_rule_name(bwd)} returned a cotangent for argument {pos} "
+            f"with structure {tree_util.tree_structure(g)}; the argument has structure "
+            f"{sub}. Return one cotangent per argument, shaped like the argument (None for "
+            "a zero, of the whole argument or of any subtree of it)")
+    out = []
+    for (path, leaf), part in zip(paths_leaves, covered):
+        where = f"args[{pos}]{tree_util.keystr(path)}"
+        if leaf is None:  # a zero for every leaf of the subtree it stands in for
+            out.extend(Zero(tangent_aval(a)) for a in tree_util.tree_leaves(part))
+        else:
+            out.append(_checked_cotangent(leaf, part, where, bwd))
+    return out
 
 
 def _rule_name(fn) -> str:

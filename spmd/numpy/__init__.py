@@ -12,8 +12,8 @@ import numpy as _np
 
 from spmd.compiler.array import Array as ndarray
 from spmd.numpy import (_complex, _creation, _elementwise, _index_tricks, _indexing, _linalg,
-                        _methods, _misc, _more, _reductions, _shape, _shape_more, _take,
-                        _ufuncs_more)
+                        _methods, _misc, _more, _reductions, _scalar_types, _shape, _shape_more,
+                        _take, _ufuncs_more)
 from spmd.numpy._complex import *  # noqa: F401,F403
 from spmd.numpy._creation import *  # noqa: F401,F403
 from spmd.numpy._elementwise import *  # noqa: F401,F403
@@ -31,12 +31,9 @@ from spmd.numpy._index_tricks import *  # noqa: F401,F403
 from spmd.numpy._util import broadcast_shapes
 from spmd.numpy import linalg  # noqa: F401,E402  (spmd.numpy.linalg, a module as in numpy)
 
-# dtype names, as in numpy / jax.numpy.
-bool_ = _np.bool_
-int8, int16, int32, int64 = _np.int8, _np.int16, _np.int32, _np.int64
-uint8, uint16, uint32, uint64 = _np.uint8, _np.uint16, _np.uint32, _np.uint64
-float16, float32, float64 = _np.float16, _np.float32, _np.float64
-complex64, complex128 = _np.complex64, _np.complex128
+# dtype names, as in jax.numpy: each is also a constructor (snp.float32(x) on a
+# tracer too); spmd/numpy/_scalar_types.py.
+from spmd.numpy._scalar_types import *  # noqa: F401,F403,E402
 dtype = _np.dtype
 pi, e, inf, nan, newaxis = _np.pi, _np.e, _np.inf, _np.nan, None
 # The abstract dtype classes, for issubdtype(x.dtype, snp.floating) and friends.
@@ -51,8 +48,7 @@ __all__ = [
     *_misc.__all__, *_reductions.__all__, *_shape.__all__, *_shape_more.__all__,
     *_take.__all__, *_more.__all__, *_ufuncs_more.__all__, *_index_tricks.__all__,
     "broadcast_shapes", "ndarray",
-    "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128", "dtype",
+    *_scalar_types.__all__, "dtype",
     "pi", "e", "inf", "nan", "newaxis",
     "generic", "number", "inexact", "floating", "integer", "signedinteger",
     "unsignedinteger", "complexfloating",

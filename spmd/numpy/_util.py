@@ -32,6 +32,10 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
         from spmd.numpy._shape import stack
 
         return stack([to_array(e, dtype, fname) for e in x])
+    if isinstance(x, type):  # snp.float32 itself (numpy would make an object array)
+        raise DTypeError(f"{fname}: got the type {x!r} where a value is expected; a scalar "
+                         "type is not an array: call it on a value (snp.float32(x)) or pass "
+                         "it as dtype=")
     if is_device_array(x):  # a GPU (cupy) array: it stays on (this process's) GPU
         target = dtypes.canonicalize(x.dtype if dtype is None else dtype, fname)
         check_keeps_imag(x.dtype, target, fname)

@@ -123,3 +123,79 @@ def test_custom_jvp_with_an_integer_argument_gets_float0_tangents():
 
     assert float(spmd.grad(f)(2.0, 3)) == 3.0
     assert seen and seen[0] == float0
+
+
+def _weighted_with_bwd(bwd):
+    """f(p) = sum(p["a"] * p["b"][0] + p["b"][1]) with the given bwd rule."""
+    @spmd.custom_vjp
+    def f(p):
+        return snp.sum(p["a"] * p["b"][0] + p["b"][1])
+
+    f.defvjp(lambda p: (f(p), p), bwd)
+    return f
+
+
+PARAMS = {"a": np.arange(3, dtype=np.float32) + 1,
+          "b": (np.full(3, 2.0, np.float32), np.float32(5.0))}
+
+
+def test_none_for_a_subtree_of_an_argument_is_a_zero_cotangent():
+    # JAX's rule: None may stand for any subtree of an argument's cotangent.
+    def bwd(p, g):
+        return ({"a": None, "b": (g * p["a"], None)},)
+
+    got = spmd.grad(_weighted_with_bwd(bwd))(PARAMS)
+    np.testing.assert_array_equal(np.asarray(got["a"]), np.zeros(3, np.float32))
+    np.testing.assert_array_equal(np.asarray(got["b"][0]), PARAMS["a"])
+    assert got["b"][1].dtype == np.float32 and float(got["b"][1]) == 0.0
+
+    def bwd_whole(p, g):  # None for the whole tuple subtree
+        return ({"a": g * p["b"][0], "b": None},)
+
+    got = spmd.jit(spmd.grad(_weighted_with_bwd(bwd_whole)))(PARAMS)
+    np.testing.assert_array_equal(np.asarray(got["a"]), PARAMS["b"][0])
+    np.testing.assert_array_equal(np.asarray(got["b"][0]), np.zeros(3, np.float32))
+    assert float(got["b"][1]) == 0.0
+
+
+def test_none_subtrees_under_vmap_of_grad():
+    def bwd(p, g):
+        return ({"a": g * p["b"][0], "b": (None, g * 3)},)
+
+    f = _weighted_with_bwd(bwd)
+    batch = spmd.tree_util.tree_map(lambda x: np.stack([x, 2 * x]), PARAMS)
+    got = spmd.vmap(spmd.grad(f))(batch)
+    np.testing.assert_array_equal(np.asarray(got["a"]), batch["b"][0])
+    np.testing.assert_array_equal(np.asarray(got["b"][0]), np.zeros((2, 3), np.float32))
+    np.testing.assert_array_equal(np.asarray(got["b"][1]), np.full(2, 3.0, np.float32))  # g * 3, g = 1
+
+
+def test_non_none_leaf_in_place_of_a_subtree_is_a_structure_error():
+    # A single array where the argument has a (tuple) subtree: ambiguous, refused.
+    f = _weighted_with_bwd(lambda p, g: ({"a": g * p["b"][0], "b": g},))
+    with pytest.raises(CustomRuleError, match=r"argument 0 with structure.*None for a zero"):
+        spmd.grad(f)(PARAMS)
+    # Missing keys stay an error (None must be written, not left out).
+    f = _weighted_with_bwd(lambda p, g: ({"a": None},))
+    with pytest.raises(CustomRuleError, match="argument 0 with structure"):
+        spmd.grad(f)(PARAMS)
+
+
+def test_none_inside_a_registered_pytree_argument():
+    from spmd.tree_util import register_dataclass
+    import dataclasses
+
+    @register_dataclass
+    @dataclasses.dataclass
+    class Layer:
+        w: object
+        b: object
+
+    @spmd.custom_vjp
+    def f(layer):
+        return snp.sum(layer.w * 2.0 + layer.b)
+
+    f.defvjp(lambda layer: (f(layer), None), lambda _, g: (Layer(w=snp.ones(2) * g * 2.0, b=None),))
+    got = spmd.grad(f)(Layer(np.ones(2, np.float32), np.ones(2, np.float32)))
+    np.testing.assert_array_equal(np.asarray(got.w), np.full(2, 2.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(got.b), np.zeros(2, np.float32))
