@@ -37,7 +37,15 @@ user code runs; a call from another thread waits for it (``spmd._install_run``).
 
 from __future__ import annotations
 
+import importlib
+import importlib._bootstrap
+
 from spmd.compiler import extensions
+
+# The import system's deadlock error (private; a RuntimeError in 3.9..3.13).  Where an
+# interpreter lacks it, a class nothing raises: a deadlock then propagates, loudly.
+_DEADLOCK = (getattr(importlib._bootstrap, "_DeadlockError", None)
+             or type("_NoDeadlockError", (Exception,), {}))
 
 # "idle", "running" (re-entrant calls return), "done".
 _state: list = ["idle"]
@@ -54,12 +62,9 @@ def install_extensions() -> None:
     """
     if _state[0] == "done":
         return
-    import importlib
-    from importlib._bootstrap import _DeadlockError  # a RuntimeError, in 3.9..3.13
-
     try:
         importlib.import_module("spmd._install_run")
-    except _DeadlockError:
+    except _DEADLOCK:
         # This thread holds an import lock the running installer waits for (it is
         # importing spmd.numpy, whose methods it has just installed itself): return
         # as a re-entrant call does; the installer finishes once this import does.
