@@ -171,20 +171,29 @@ def _split_bytes() -> int:
     return value if value > 0 else 1 << 62
 
 
+def _split_slice(comm, buf, out, n: int):
+    """This member's slice of ``out`` when the all-reduce of ``buf`` over ``n`` members
+    runs as reduce-scatter + all-gather (from ``ALLREDUCE_SPLIT_BYTES``, when it divides
+    evenly), else None: the one choice of algorithm, blocking or started."""
+    if buf.nbytes < _split_bytes() or buf.size % n:
+        return None
+    k, me = buf.size // n, comm.Get_rank()
+    return out.reshape(-1)[me * k:(me + 1) * k]
+
+
 def allreduce(x, ranks, op, what=None):
     comm = communicator(ranks)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape, buf.dtype)
     n = len(ranks)
+    mine = _split_slice(comm, buf, out, n)
     with Collective(ranks, what):
-        if buf.nbytes >= _split_bytes() and buf.size % n == 0:
+        if mine is not None:
             # Reduce-scatter into this member's slice of `out`, then gather the slices.
             from mpi4py import MPI
 
-            flat, k = out.reshape(-1), buf.size // n
-            mine = flat[comm.Get_rank() * k:(comm.Get_rank() + 1) * k]
             comm.Reduce_scatter_block(buf, mine, op=_op(op))
-            comm.Allgather(MPI.IN_PLACE, flat)
+            comm.Allgather(MPI.IN_PLACE, out.reshape(-1))
         else:
             comm.Allreduce(buf, out, op=_op(op))
     return out.astype(orig) if orig is not None else out
@@ -292,11 +301,10 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
     comm = communicator(ranks)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape, buf.dtype)
-    n, gather = len(ranks), None
+    mine, gather = _split_slice(comm, buf, out, len(ranks)), None
     with Collective(ranks, str(what) if what is not None else None):
-        if buf.nbytes >= _split_bytes() and buf.size % n == 0:
-            flat, k, me = out.reshape(-1), buf.size // n, comm.Get_rank()
-            req = comm.Ireduce_scatter_block(buf, flat[me * k:(me + 1) * k], op=_op(op))
+        if mine is not None:
+            req = comm.Ireduce_scatter_block(buf, mine, op=_op(op))
             gather = comm
         else:
             req = comm.Iallreduce(buf, out, op=_op(op))
