@@ -51,8 +51,12 @@ _threads_ok = [True]
 
 def start() -> None:
     """Start the watchdog thread (once per process: mpi_control does it)."""
+    from spmd.launch import _rank  # noqa: F401  (see below)
     from spmd.launch.mpi import threads_may_call_mpi
 
+    # What the ticks use is loaded here, by the starting thread: a first-time import
+    # in the watchdog thread would load a module at a moment of its own, in the middle
+    # of whatever the program then does (and of its memory measurements).
     # Its questions and answers are MPI calls from a second thread: they need
     # MPI_THREAD_MULTIPLE (mpi4py's default); without it the deadline still
     # reports, without the others' answers.
