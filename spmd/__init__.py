@@ -14,6 +14,7 @@ the installer has run, and then kept in this module.  See docs/architecture.md,
 """
 
 import importlib as _importlib
+import time as _time
 
 # A base module: the Config object, not the module, is ``spmd.config`` (importing the
 # module first keeps the import system from binding the module over it later).
@@ -98,15 +99,36 @@ def __getattr__(name: str):
         module, attr = _PUBLIC[name]
     except KeyError:
         raise AttributeError(f"module 'spmd' has no attribute {name!r}") from None
-    value = _importlib.import_module(module)
-    if attr is not None:
-        # Before a name is handed out (`spmd.Array` has its operators).  A module needs
-        # no call: a front end runs the installer as it loads, and the layers' modules
-        # are what `from spmd import tree_util` in a lower layer asks for.
-        _run_installer()
-        value = getattr(value, attr)
+    for attempt in range(_DEADLOCK_RETRIES):
+        try:
+            value = _importlib.import_module(module)
+            if attr is not None:
+                # Before a name is handed out (`spmd.Array` has its operators).  A
+                # module needs no call: a front end runs the installer as it loads, and
+                # the layers' modules are what `from spmd import tree_util` in a lower
+                # layer asks for.
+                _run_installer()
+                value = getattr(value, attr)
+            break
+        except _deadlock_error() as e:
+            # Threads making their first spmd imports at once can close a cycle of
+            # module locks (the package loads lazily); Python breaks it by failing this
+            # import, which is undone.  Try again once the other thread has loaded.
+            if attempt == _DEADLOCK_RETRIES - 1:
+                raise ImportError(f"spmd.{name}: other threads kept importing spmd "
+                                  "meanwhile; import spmd first in one thread") from e
+            _time.sleep(0.01)
     globals()[name] = value
     return value
+
+
+_DEADLOCK_RETRIES = 200
+
+
+def _deadlock_error() -> type:
+    from spmd._install import _DEADLOCK
+
+    return _DEADLOCK
 
 
 def __dir__() -> list:
