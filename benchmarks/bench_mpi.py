@@ -175,6 +175,9 @@ def _collective_cases(mesh, n: int, rank: int, nbytes: int, rng):
         comm.Allgather(MPI.IN_PLACE, rsag)
 
     floors["psum"] = ("mpi4py reduce_scatter+allgather", rs_ag, lambda: (rsag, out))
+    hand = _shm_sum_by_hand(comm, mine)
+    if hand is not None:
+        floors["psum"] += hand
 
     # all_gather's result is typed as varying (as in JAX): P() needs check_vma=False.
     g = spmd.jit(smap(lambda b: lax.all_gather(b, "i", tiled=True), out_specs=P(),
@@ -202,6 +205,52 @@ def _collective_cases(mesh, n: int, rank: int, nbytes: int, rng):
     return cases, floors
 
 
+_HAND: dict = {}
+
+
+def _shm_sum_by_hand(comm, mine):
+    """``(name, call, check)`` of a diagnostic: the shared-memory sum spmd runs for
+    this size (spmd.collectives.mpi_shm), written by hand on its own window -- what
+    spmd's call costs beyond its algorithm.  None outside that path's size range."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from spmd.collectives import mpi_shm
+
+    lo, hi = mpi_shm.size_range()
+    if hi == 0 or mine.nbytes < lo:
+        return None
+    n, rank = comm.Get_size(), comm.Get_rank()
+    if "win" not in _HAND:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        if node.Get_size() != n:
+            return None
+        win = MPI.Win.Allocate_shared(2 * hi, 1, comm=comm)
+        win.Lock_all(MPI.MODE_NOCHECK)
+        _HAND.update(win=win, calls=[0],
+                     bases=[np.frombuffer(win.Shared_query(r)[0], np.uint8) for r in range(n)])
+    win, calls = _HAND["win"], _HAND["calls"]
+    step = min(mine.size, hi // mine.itemsize)  # larger operands: slot-sized pieces
+    pieces = [(lo, min(lo + step, mine.size)) for lo in range(0, mine.size, step)]
+    slots = [[b[s * hi:s * hi + step * mine.itemsize].view(mine.dtype)
+              for b in _HAND["bases"]] for s in (0, 1)]
+    out = np.empty_like(mine)
+
+    def by_hand():
+        for a, b in pieces:
+            v = [w[:b - a] for w in slots[calls[0] & 1]]
+            calls[0] += 1
+            np.copyto(v[rank], mine[a:b])
+            win.Sync()
+            comm.Barrier()
+            win.Sync()
+            np.add(v[0], v[1], out=out[a:b])
+            for w in v[2:]:
+                np.add(out[a:b], w, out=out[a:b])
+
+    return ("shared-memory sum by hand", by_hand, lambda: (out, mine))
+
+
 def bench_collectives(mesh, quick: bool, sizes=SIZES, kinds=None) -> list[dict]:
     import numpy as np
 
@@ -221,11 +270,18 @@ def bench_collectives(mesh, quick: bool, sizes=SIZES, kinds=None) -> list[dict]:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * n)
             variants = {"mpi4py": raw_call, "spmd": spmd_call}
             second = floors.get(kind)
+            hand = None
             if second is not None:
                 second[1]()
                 got2, want2 = second[2]()
                 np.testing.assert_allclose(got2, want2, rtol=1e-5, atol=1e-5 * n)
                 variants[second[0]] = second[1]
+                if len(second) > 3:  # the diagnostic: spmd's own algorithm, by hand
+                    hand = second[3:]
+                    hand[1]()
+                    np.testing.assert_allclose(hand[2]()[0], second[2]()[0], rtol=1e-5,
+                                               atol=1e-5 * n)
+                    variants[hand[0]] = hand[1]
             times = interleave_mpi(comm, variants, repeats)
             name = f"{kind}[{size_label(nbytes)}]"
             added = [s - r for s, r in zip(times["spmd"], times["mpi4py"])]
@@ -251,6 +307,12 @@ def bench_collectives(mesh, quick: bool, sizes=SIZES, kinds=None) -> list[dict]:
                          row(name, "spmd vs faster floor", times["spmd"],
                              baseline="faster floor", unit=unit,
                              goal_ratio=PSUM_RATIO_GOAL if nbytes >= RATIO_FROM else None)]
+            if hand is not None:
+                rows += [row(name, hand[0], times[hand[0]], baseline="mpi4py", unit=unit,
+                             note="diagnostic: the shared-memory sum spmd runs at this size"),
+                         row(name, "spmd vs the same by hand", times["spmd"],
+                             baseline=hand[0], unit=unit,
+                             note="diagnostic: what spmd's call adds to its algorithm")]
         del cases
     return rows
 

@@ -142,9 +142,10 @@ def _identity(v):
 def main() -> int:
     from mpi4py import MPI
 
-    rows, parts = measure()
+    nbytes = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+    rows, parts = measure(nbytes)
     if MPI.COMM_WORLD.Get_rank() == 0:
-        print(f"psum of 4 KiB per rank, {MPI.COMM_WORLD.Get_size()} ranks, hot loops "
+        print(f"psum of {nbytes // 1024} KiB per rank, {MPI.COMM_WORLD.Get_size()} ranks, hot loops "
               f"({common.now_iso()}, load {common.LOAD_AT_START})\n")
         print("| layer | per call (median) | added by this layer | fastest round | added |\n"
               "| --- | --- | --- | --- | --- |")

@@ -11,19 +11,24 @@ Communicators are made once per ordered set of world ranks with
 a duplicate for control traffic.  Every call runs inside
 :class:`spmd.collectives.mpi_control.Collective` (thread rules, and a watchdog
 that reports a collective past its deadline: :mod:`spmd.collectives.mpi_watchdog`).
+When a communicator's members share one node, sums from 16 KiB and mid-sized
+moves go through a shared window instead of MPI's calls
+(:mod:`spmd.collectives.mpi_shm`: 1.5-2x faster there with the mpich wheel).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import mmap
 import os
 import sys
 
 import numpy as np
 
+from spmd.collectives import mpi_shm
 from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
-                                          CollectiveTimeoutError, register, site_here)
+                                          CollectiveTimeoutError, control, register, site_here)
 from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
@@ -122,20 +127,40 @@ def _recv_buffer(shape: tuple, dtype) -> np.ndarray:
     for owner in kept:
         if sys.getrefcount(owner) == _FREE_REFS:
             return _in(owner, shape, dtype, nbytes)
-    owner = np.empty(shape, dtype) if nbytes < HUGE_BYTES else np.empty(nbytes + HUGE_BYTES,
-                                                                        np.uint8)
+    owner = np.empty(shape, dtype) if nbytes < HUGE_BYTES else _huge_owner(nbytes)
     if len(kept) < POOL_PER_SHAPE and _pool_bytes[0] + owner.nbytes <= POOL_MAX_BYTES:
         kept.append(owner)
         _pool_bytes[0] += owner.nbytes
     return _in(owner, shape, dtype, nbytes)
 
 
-# Receive buffers of HUGE_BYTES or more start on a 2 MiB boundary.  With transparent
-# huge pages in "madvise" mode (numpy advises them for large arrays) an aligned
-# buffer is backed by whole huge pages; MPI's shared-memory copies into one were
-# 1.2x faster at 4 MiB on 2 ranks (reduce-scatter + all-gather, 550 against 670 us,
-# the input and everything else the same; no difference at 256 KiB), 2026-12-02.
+# Receive buffers of HUGE_BYTES or more are backed by transparent huge pages: each
+# is its own private anonymous mapping, advised MADV_HUGEPAGE, used from its first
+# 2 MiB boundary.  MPI's shared-memory copies into such a buffer were 1.2-1.4x
+# faster at 4 MiB on 2 ranks (reduce-scatter + all-gather: 550-620 against
+# 760-950 us, the input and everything else the same; no difference at 256 KiB),
+# 2026-12-02.  np.empty is not enough: once a process has freed large blocks,
+# glibc serves the next ones from memory it already mapped with small pages, and
+# numpy's advice comes too late for those -- a pool buffer made mid-run had 0 of 22
+# sampled pages huge (/proc/self/pagemap), one made at start-up 16 of 18.
 HUGE_BYTES = 2 * 1024 * 1024
+
+
+def _huge_owner(nbytes: int) -> np.ndarray:
+    """A fresh uint8 array of ``nbytes + HUGE_BYTES`` in its own private mapping,
+    advised for huge pages (np.empty where the platform has no such mapping)."""
+    size = nbytes + HUGE_BYTES
+    try:
+        mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (AttributeError, OSError):  # no MAP_PRIVATE (Windows), or no mapping left
+        return np.empty(size, np.uint8)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mem.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages: small pages, still right
+            pass
+    # The array keeps the mapping alive (its base); every view's base is the array.
+    return np.frombuffer(mem, np.uint8)
 
 
 def _in(owner: np.ndarray, shape: tuple, dtype, nbytes: int) -> np.ndarray:
@@ -154,8 +179,10 @@ def clear_buffers() -> None:
 
 # ---------------------------------------------------------------- the calls
 
-# From this many bytes on, an all-reduce runs as reduce-scatter + all-gather
-# (in place, into one buffer).  Measured with the PyPI mpich wheel (5.0) on 2 and
+# From this many bytes on, an all-reduce that MPI runs (members on several
+# nodes, shared memory off, or an all-reduce started without waiting past a
+# slot of spmd.collectives.mpi_shm) is a reduce-scatter + all-gather (in place,
+# into one buffer).  Measured with the PyPI mpich wheel (5.0) on 2 and
 # 4 ranks (benchmarks/results/mpi_n2.json, mpi_n4.json, 2026-12-01, quiet machine):
 # Allreduce is 2.1-2.5x slower at 32 MiB (it maps fresh scratch memory on every
 # large call) and 1.2-1.3x slower at 4 MiB; the two are even at 256 KiB on 2 ranks
@@ -188,7 +215,11 @@ def allreduce(x, ranks, op, what=None):
     n = len(ranks)
     mine = _split_slice(comm, buf, out, n)
     with Collective(ranks, what):
-        if mine is not None:
+        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, control(ranks), buf.nbytes,
+                                                  "allreduce")
+        if shm:
+            shm.allreduce_sum(buf, out)
+        elif mine is not None:
             # Reduce-scatter into this member's slice of `out`, then gather the slices.
             from mpi4py import MPI
 
@@ -209,7 +240,12 @@ def allgather(x, ranks, what=None, *, control=False):
     src = _bytes(x)
     out = _recv_buffer((n,) + src.shape, np.uint8)
     with Collective(ranks, what, control_traffic=control):
-        comm.Allgather(src, out)
+        shm = not control and mpi_shm.segment_for(ranks, comm, control_comm(ranks),
+                                                  src.nbytes, "move")
+        if shm:
+            shm.allgather(src, out)
+        else:
+            comm.Allgather(src, out)
     return out.view(x.dtype).reshape((n,) + x.shape)
 
 
@@ -219,7 +255,12 @@ def reduce_scatter(x, ranks, op="sum", what=None):
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape[1:], buf.dtype)
     with Collective(ranks, what):
-        comm.Reduce_scatter_block(buf, out, op=_op(op))
+        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, control(ranks), buf.nbytes,
+                                                  "reduce_scatter")
+        if shm:
+            shm.reduce_scatter_sum(buf, out)
+        else:
+            comm.Reduce_scatter_block(buf, out, op=_op(op))
     return out.astype(orig) if orig is not None else out
 
 
@@ -229,7 +270,11 @@ def alltoall(x, ranks, what=None):
     src = _bytes(x)
     out = _recv_buffer(src.shape, np.uint8)
     with Collective(ranks, what):
-        comm.Alltoall(src, out)
+        shm = mpi_shm.segment_for(ranks, comm, control(ranks), src.nbytes, "move")
+        if shm:
+            shm.alltoall(src, out)
+        else:
+            comm.Alltoall(src, out)
     return out.view(x.dtype).reshape(x.shape)
 
 
@@ -278,6 +323,9 @@ class Request:
         return out if self._xp is np else self._xp.asarray(out)
 
     def __del__(self):
+        abandon = getattr(self._req, "abandon", None)
+        if abandon is not None:  # a shared-memory sum (spmd.collectives.mpi_shm)
+            abandon()
         if self._keep is not None:
             # Never waited for (the program raised between start and wait): MPI may
             # still read and write these buffers, so they are never freed.
@@ -303,6 +351,11 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
     out = _recv_buffer(buf.shape, buf.dtype)
     mine, gather = _split_slice(comm, buf, out, len(ranks)), None
     with Collective(ranks, str(what) if what is not None else None):
+        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, control(ranks), buf.nbytes,
+                                                  "started")
+        if shm:
+            # The operand is copied into shared memory now: nothing to keep alive.
+            return Request(shm.start_sum(buf, out), out, orig, None, ranks, what, xp)
         if mine is not None:
             req = comm.Ireduce_scatter_block(buf, mine, op=_op(op))
             gather = comm

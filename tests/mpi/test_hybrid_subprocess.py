@@ -37,6 +37,7 @@ SUITES = {
     "debug": ("test_mpi_debug.py", None),
     "fastcall": ("test_mpi_fastcall.py", None),
     "nested": ("test_mpi_nested_shard_map.py", None),
+    "shm": ("test_mpi_shm.py", None),
 }
 
 

@@ -1,0 +1,237 @@
+"""The shared-memory collectives (spmd.collectives.mpi_shm) across real processes.
+
+Runs on 4 ranks (``.ci/pytest_mpi.sh``) and on 2 ranks x 2 devices
+(``test_hybrid_subprocess.py``).  Oracles are numpy on the global values, with
+values chosen so that float sums are exact (small integers): a slot read
+before its writer finished, or written again before every member read it,
+shows as a wrong number, not as a tolerance question.  Ranks sleep at random
+between calls, so members reach each barrier at different moments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import spmd  # noqa: E402
+from spmd import P, lax  # noqa: E402
+
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _all_ranks():
+    return tuple(range(_world().Get_size()))
+
+
+@pytest.fixture
+def fresh_shm(monkeypatch):
+    """Every rank starts and ends the test with no window and the default range."""
+    from spmd.collectives import mpi_shm
+
+    _world().Barrier()
+    mpi_shm.reset()
+    yield mpi_shm
+    monkeypatch.undo()
+    _world().Barrier()
+    mpi_shm.reset()
+
+
+def _skew(rng):
+    if rng.random() < 0.3:
+        time.sleep(rng.random() * 1e-3)
+
+
+def test_mixed_blocking_and_started_calls_are_exact_under_skew(fresh_shm):
+    """Blocking all-reduces, all-gathers, reduce-scatters, all-to-alls and started
+    all-reduces (up to six in flight, more than the ring's slots), interleaved,
+    with sizes across the shared-memory range and past it (blocking sums in
+    slot-sized pieces, the rest through MPI), every call's values different."""
+    from spmd.collectives import mpi
+
+    comm = _world()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    ranks = _all_ranks()
+    local = np.random.default_rng(100 + rank)      # the skew differs per rank
+    shared = np.random.default_rng(7)              # the program is the same on all
+    tri = n * (n + 1) // 2
+    for it in range(120):
+        m = int(shared.integers(1024, 60000)) * n
+        if shared.random() < 0.15:  # past one slot (2 MiB): blocking sums go in pieces
+            m = int(shared.integers(530_000, 900_000)) * n
+        base = (np.arange(m) % 97).astype(np.float32)
+        x = base * (rank + 1) + it
+        _skew(local)
+        kind = int(shared.integers(5))
+        if kind == 0:
+            got = [mpi.allreduce(x, ranks, "sum")]
+            want = [base * tri + it * n]
+        elif kind == 1:
+            got = [mpi.allgather(x, ranks)]
+            want = [np.stack([base * (r + 1) + it for r in range(n)])]
+        elif kind == 2:
+            got = [mpi.reduce_scatter(x.reshape(n, -1), ranks, "sum")]
+            want = [(base * tri + it * n).reshape(n, -1)[rank]]
+        elif kind == 3:
+            got = [mpi.alltoall(x.reshape(n, -1), ranks)]
+            want = [np.stack([(base * (r + 1) + it).reshape(n, -1)[rank] for r in range(n)])]
+        else:
+            k = int(shared.integers(1, 7))
+            reqs = [mpi.iallreduce(x + j, ranks, "sum") for j in range(k)]
+            got = []
+            for r in reqs:
+                _skew(local)
+                r.test()
+                got.append(r.wait())
+            want = [base * tri + (it + j) * n for j in range(k)]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    seg = fresh_shm._segments.get(ranks)
+    assert seg is not None and seg.calls > 0 and seg.starts > fresh_shm.RING
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.bool_, np.int32, np.complex64, np.float64])
+def test_dtypes_sum_like_numpy_with_the_same_bits_on_every_rank(fresh_shm, dtype):
+    from spmd.collectives import mpi
+
+    comm = _world()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    rng = np.random.default_rng(5)
+    parts = rng.integers(0, 3, (n, 40000)).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        parts = parts + 1j * rng.integers(0, 3, (n, 40000)).astype(np.float32)
+        parts = parts.astype(dtype)
+    got = mpi.allreduce(parts[rank], _all_ranks(), "sum")
+    assert got.dtype == np.dtype(dtype)
+    want = parts.astype(np.float64 if np.dtype(dtype).kind == "f" else parts.dtype).sum(0)
+    if np.dtype(dtype) == np.bool_:
+        want = parts.astype(np.uint8).sum(0).astype(np.bool_)
+    np.testing.assert_array_equal(got, np.asarray(want).astype(dtype))
+    digest = hashlib.blake2b(np.ascontiguousarray(got).tobytes()).hexdigest()
+    assert len(set(comm.allgather(digest))) == 1
+    assert fresh_shm._segments.get(_all_ranks()) is not None  # it took the shared path
+
+
+def test_psum_of_a_jitted_shard_map_over_mesh_axes_matches_numpy(fresh_shm):
+    """User programs: psum, all_gather, psum_scatter and all_to_all over each axis of
+    a 2-D mesh (communicators of some of the ranks) and over both axes."""
+    if spmd.device_count() % 2:
+        pytest.skip("needs an even number of devices")
+    from tests.mpi import make_mesh
+
+    mesh = make_mesh("2d")
+    na, nb = mesh.shape["a"], mesh.shape["b"]
+    rng = np.random.default_rng(11)
+    x = rng.integers(-4, 5, (na * nb * 8, 4096)).astype(np.float32)  # 128 KiB blocks
+
+    def body(b):
+        return (lax.psum(b, "a"), lax.psum(b, ("a", "b")),
+                lax.all_gather(b, "b", tiled=True),
+                lax.psum_scatter(b, "a", scatter_dimension=1, tiled=True),
+                lax.all_to_all(b, "b", 1, 1, tiled=True))
+
+    f = spmd.jit(spmd.shard_map(body, mesh=mesh, in_specs=P(("a", "b")),
+                                out_specs=(P(("a", "b")),) * 5, check_vma=False))
+    got = [np.asarray(spmd.process_allgather(v)) for v in f(x)]
+    blocks = x.reshape(na, nb, 8, 4096)
+    per_a = blocks.sum(0)                                           # (nb, 8, 4096)
+    np.testing.assert_array_equal(got[0], np.broadcast_to(per_a, blocks.shape).reshape(x.shape))
+    total = blocks.sum((0, 1))
+    np.testing.assert_array_equal(got[1], np.tile(total, (na * nb, 1)))
+    gathered = np.concatenate([np.concatenate(list(blocks[i]), 0) for i in range(na)
+                               for _ in range(nb)], 0)
+    np.testing.assert_array_equal(got[2], gathered)
+    w = 4096 // na
+    scat = np.concatenate([per_a[j][:, i * w:(i + 1) * w] for i in range(na)
+                           for j in range(nb)], 0)
+    np.testing.assert_array_equal(got[3], scat)
+    v = 4096 // nb
+    a2a = np.concatenate([np.concatenate([blocks[i, k][:, j * v:(j + 1) * v] for k in range(nb)], 1)
+                          for i in range(na) for j in range(nb)], 0)
+    np.testing.assert_array_equal(got[4], a2a)
+
+
+def test_disabled_path_gives_the_same_results(fresh_shm, monkeypatch):
+    from spmd.collectives import mpi
+
+    rank = _world().Get_rank()
+    x = (np.arange(70000) % 13).astype(np.float32) * (rank + 1)
+    on = mpi.allreduce(x, _all_ranks(), "sum")
+    assert fresh_shm._segments.get(_all_ranks()) is not None
+    _world().Barrier()
+    fresh_shm.reset()
+    monkeypatch.setenv("SPMD_MPI_SHM_MAX_BYTES", "0")
+    off = mpi.allreduce(x, _all_ranks(), "sum")
+    assert _all_ranks() not in fresh_shm._segments
+    np.testing.assert_array_equal(on, off)
+
+
+def test_threads_on_different_communicators_run_at_once(fresh_shm):
+    """Two threads per rank, each summing over its own group of ranks (the two halves
+    of the world), many times: each group's window and slots are its own."""
+    from spmd.collectives import mpi
+
+    comm = _world()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    if n < 4:
+        pytest.skip("needs 4 ranks for two groups of 2")
+    evens, odds = tuple(range(0, n, 2)), tuple(range(1, n, 2))
+    lows, highs = tuple(range(n // 2)), tuple(range(n // 2, n))
+    mine_a = evens if rank in evens else odds
+    mine_b = lows if rank in lows else highs
+    mpi.communicator(mine_a), mpi.communicator(mine_b)  # made in one thread, in order
+    errors = []
+
+    def run(group, seed):
+        try:
+            for it in range(60):
+                x = np.full(20000, it + seed, np.float32) * (rank + 1)
+                got = mpi.allreduce(x, group, "sum")
+                want = (it + seed) * sum(r + 1 for r in group)
+                if not (got == want).all():
+                    errors.append((group, it))
+        except BaseException as e:  # report in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(mine_a, 1), name="a"),
+               threading.Thread(target=run, args=(mine_b, 1000), name="b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert fresh_shm._segments.get(mine_a) is not None
+    assert fresh_shm._segments.get(mine_b) is not None
+
+
+def test_an_abandoned_started_sum_makes_the_next_start_raise(fresh_shm):
+    from spmd.collectives import mpi
+
+    ranks = _all_ranks()
+    x = np.ones(20000, np.float32)
+    r = mpi.iallreduce(x, ranks, "sum")
+    started = r._req
+    del r  # never waited for: as when the program raises between start and wait
+    import gc
+
+    gc.collect()
+    assert fresh_shm._segments[ranks].abandoned
+    with pytest.raises(fresh_shm.ShmAbandonedError, match="never waited for"):
+        mpi.iallreduce(x, ranks, "sum")
+    del started
+    # Blocking sums use their own slots and still work.
+    np.testing.assert_array_equal(mpi.allreduce(x, ranks, "sum"),
+                                  np.full(20000, len(ranks), np.float32))
