@@ -37,9 +37,18 @@ member operand (2026-12-02; 4 ranks oversubscribing 2 cores gave the same pictur
   4 MiB, 4.6 against 8.0 ms at 32 MiB (2 ranks); 2.3 against 2.5 ms and 16.3
   against 17.7 ms on 4 ranks oversubscribing 2 cores.
 
-So blocking sums take this path from 16 KiB up (in pieces past a slot), started
-sums and reduce-scatters from 16 KiB to a slot (2 MiB), moves (all-gather,
-all-to-all) from 16 KiB to half a slot.
+With 3 or more members, a piece of 1 MiB or more is added in two phases: each
+member adds its own 1/n of the elements and publishes it in its slot, and after
+a second barrier copies the others' parts (every element is still added in
+member order: the same bits).  On 4 ranks (oversubscribing 2 cores) that made
+32 MiB 16.9 ms against 23.8 ms with every member adding everything, still slower
+than MPI's reduce-scatter + all-gather (14.6 ms); at 256 KiB the one-barrier sum
+was faster (0.11 against 0.14 ms), at 2 MiB the two were even (and 1.6x faster
+than MPI).
+
+So blocking sums take this path from 16 KiB up (in pieces past a slot, on 2
+members; with more, up to a slot), started sums and reduce-scatters from 16 KiB
+to a slot (2 MiB), moves (all-gather, all-to-all) from 16 KiB to half a slot.
 
 A started sum (the overlap pass's ``collective_start``) copies its operand into
 one of a ring of ``RING`` further slots and starts an ``Ibarrier``; its wait
@@ -71,6 +80,8 @@ from spmd.errors import SpmdError
 SHM_MIN_BYTES = 16 * 1024        # below: MPI's all-reduce is faster (barrier cost)
 SHM_MAX_BYTES = 2 * 1024 * 1024  # a slot: the largest operand in one piece (see _MOST)
 RING = 4                         # slots for started sums (in flight at once, per member)
+SPLIT_MEMBERS = 3                # from this many members and ...
+SPLIT_BYTES = 1024 * 1024        # ... a piece this big, a sum splits the adding (two barriers)
 _SHM_RESERVE = 0.5               # never take more than this share of /dev/shm's free space
 
 
@@ -149,14 +160,36 @@ class Segment:
     def allreduce_sum(self, buf: np.ndarray, out: np.ndarray) -> None:
         """``out`` = the sum over members of their ``buf`` (C-contiguous, same shape and
         dtype on every member), added in member order; an operand larger than a slot
-        goes through in slot-sized pieces, one barrier each."""
+        goes through in slot-sized pieces."""
         if buf.nbytes <= self.slot:
-            self._reduce(self._exchange(buf), out)
+            self._sum_piece(buf, out)
             return
         flat, dst = buf.reshape(-1), out.reshape(-1)
         step = self.slot // buf.dtype.itemsize
         for lo in range(0, flat.size, step):
-            self._reduce(self._exchange(flat[lo:lo + step]), dst[lo:lo + step])
+            self._sum_piece(flat[lo:lo + step], dst[lo:lo + step])
+
+    def _sum_piece(self, buf: np.ndarray, out: np.ndarray) -> None:
+        views = self._exchange(buf)
+        if self.n < SPLIT_MEMBERS or buf.nbytes < SPLIT_BYTES:
+            self._reduce(views, out)  # every member adds everything: one barrier
+            return
+        # Each member adds its own 1/n of the elements (reading n pieces of 1/n, not n
+        # whole slots), publishes that part in its own slot -- which only it reads
+        # there -- and after a second barrier copies the other members' parts.  Each
+        # element is still added in member order: the same bits as the one-barrier sum.
+        flat, dst = [v.reshape(-1) for v in views], out.reshape(-1)
+        bounds = np.linspace(0, flat[0].size, self.n + 1).astype(np.int64)
+        a, b = bounds[self.me], bounds[self.me + 1]
+        self._reduce([f[a:b] for f in flat], dst[a:b])
+        np.copyto(flat[self.me][a:b], dst[a:b])
+        win = self.win
+        win.Sync()
+        self.comm.Barrier()
+        win.Sync()
+        for r in range(self.n):
+            if r != self.me:
+                np.copyto(dst[bounds[r]:bounds[r + 1]], flat[r][bounds[r]:bounds[r + 1]])
 
     def allgather(self, buf: np.ndarray, out: np.ndarray) -> None:
         """``out[r]`` = member r's ``buf``."""
@@ -275,10 +308,23 @@ def segment_for(ranks: tuple, comm, control, nbytes: int, use: str):
     lo, hi = size_range()
     if hi == 0 or not lo <= nbytes <= hi * _MOST[use]:
         return None
+    if use == "allreduce" and nbytes > hi and len(ranks) >= SPLIT_MEMBERS:
+        return None  # MPI's reduce-scatter + all-gather was faster (module docstring)
     seg = _segments.get(ranks, False)
     if seg is False:
         seg = _segments[ranks] = _make(comm, control, -(-hi // 64) * 64)
     return seg
+
+
+def has_room(members: int, slot: int) -> bool:
+    """Whether /dev/shm (where MPI puts shared windows) has room for a window of
+    ``members`` members with ``slot``-byte slots, within a share of its free space
+    (a container's default 64 MiB /dev/shm may not: then MPI's calls run)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize * _SHM_RESERVE >= (2 + RING) * slot * members
 
 
 def _make(comm, control, slot: int):
@@ -290,11 +336,7 @@ def _make(comm, control, slot: int):
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     same_node = node.Get_size() == comm.Get_size()
     node.Free()
-    try:
-        st = os.statvfs("/dev/shm")
-        room = st.f_bavail * st.f_frsize * _SHM_RESERVE >= (2 + RING) * slot * comm.Get_size()
-    except OSError:
-        room = False
+    room = has_room(comm.Get_size(), slot)
     if not control.allreduce(bool(same_node and room), op=MPI.LAND):
         return None
     if not _segments_made:

@@ -44,6 +44,11 @@ def fresh_shm(monkeypatch):
 
     _world().Barrier()
     mpi_shm.reset()
+    slot = mpi_shm.size_range()[1]
+    if not all(_world().allgather(mpi_shm.has_room(_world().Get_size(), slot))):
+        pytest.skip(f"/dev/shm has no room for a shared window of {_world().Get_size()} "
+                    f"members x {2 + mpi_shm.RING} slots of {slot} bytes: spmd uses "
+                    "MPI's calls here, which the rest of the suite tests")
     yield mpi_shm
     monkeypatch.undo()
     _world().Barrier()
@@ -235,3 +240,18 @@ def test_an_abandoned_started_sum_makes_the_next_start_raise(fresh_shm):
     # Blocking sums use their own slots and still work.
     np.testing.assert_array_equal(mpi.allreduce(x, ranks, "sum"),
                                   np.full(20000, len(ranks), np.float32))
+
+
+def test_a_rank_without_room_makes_every_rank_use_mpi(fresh_shm, monkeypatch):
+    """The members agree before making a window: one rank short of /dev/shm space
+    sends every rank through MPI's calls (no rank waits in a window call alone)."""
+    from spmd.collectives import mpi
+
+    rank = _world().Get_rank()
+    monkeypatch.setattr(fresh_shm, "has_room", lambda members, slot: rank != 0)
+    x = (np.arange(70000) % 13).astype(np.float32) * (rank + 1)
+    got = mpi.allreduce(x, _all_ranks(), "sum")
+    n = _world().Get_size()
+    np.testing.assert_array_equal(got, (np.arange(70000) % 13) * (n * (n + 1) // 2))
+    assert fresh_shm._segments[_all_ranks()] is None  # decided once, the same everywhere
+    np.testing.assert_array_equal(mpi.allgather(x[:8192], _all_ranks())[0], x[:8192] / (rank + 1))
