@@ -1,8 +1,10 @@
 """Where the fixed cost of a small ``psum`` goes, layer by layer (a diagnostic).
 
 Runs under MPI (``.venv/bin/mpiexec -n 2 .venv/bin/python
-benchmarks/mpi_call_overhead.py``).  For a float32 operand of 4 KiB per rank it
-times, in hot loops (all ranks loop together; each call synchronises them), the
+benchmarks/mpi_call_overhead.py [BYTES]``).  For a float32 operand of BYTES per
+rank (default 4 KiB; from 16 KiB on one node the backend sums through shared
+memory, :mod:`spmd.collectives.mpi_shm`, and the first row is no longer its
+algorithm) it times, in hot loops (all ranks loop together; each call synchronises them), the
 layers between a jitted ``shard_map`` psum and the raw mpi4py call:
 
 1. ``comm.Allreduce`` on preallocated buffers (the floor);

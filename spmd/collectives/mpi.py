@@ -267,12 +267,13 @@ def reduce_scatter(x, ranks, op="sum", what=None):
 def alltoall(x, ranks, what=None):
     """``x`` has the member count as its leading axis; row j goes to member j."""
     comm = communicator(ranks)
+    n = len(ranks)
     src = _bytes(x)
     out = _recv_buffer(src.shape, np.uint8)
     with Collective(ranks, what):
         shm = mpi_shm.segment_for(ranks, comm, control(ranks), src.nbytes, "move")
-        if shm:
-            shm.alltoall(src, out)
+        if shm:  # (rows of bytes: a 1-d x's byte view has n * itemsize entries)
+            shm.alltoall(src.reshape(n, -1), out.reshape(n, -1))
         else:
             comm.Alltoall(src, out)
     return out.view(x.dtype).reshape(x.shape)
@@ -323,9 +324,8 @@ class Request:
         return out if self._xp is np else self._xp.asarray(out)
 
     def __del__(self):
-        abandon = getattr(self._req, "abandon", None)
-        if abandon is not None:  # a shared-memory sum (spmd.collectives.mpi_shm)
-            abandon()
+        # (A shared-memory sum keeps nothing: its segment finishes it at the next start
+        # of its ring slot, spmd.collectives.mpi_shm.)
         if self._keep is not None:
             # Never waited for (the program raised between start and wait): MPI may
             # still read and write these buffers, so they are never freed.

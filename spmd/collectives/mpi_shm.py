@@ -54,7 +54,11 @@ A started sum (the overlap pass's ``collective_start``) copies its operand into
 one of a ring of ``RING`` further slots and starts an ``Ibarrier``; its wait
 completes the barrier, adds, and starts a second ``Ibarrier`` that releases the
 slot: the slot is written again only after that release has completed, i.e.
-after every member has read it.
+after every member has read it.  The segment keeps each slot's last sum: when
+the slot comes round again with that sum not waited for (more in flight than
+slots, or a program that raised between a start and its wait), the start
+finishes it first -- on every member at the same start, whatever references
+the caller kept.
 
 Which operands take this path is decided from what every member knows alike
 (the size, the operation, the communicator), and the window is made at the same
@@ -74,8 +78,6 @@ import functools
 import os
 
 import numpy as np
-
-from spmd.errors import SpmdError
 
 SHM_MIN_BYTES = 16 * 1024        # below: MPI's all-reduce is faster (barrier cost)
 SHM_MAX_BYTES = 2 * 1024 * 1024  # a slot: the largest operand in one piece (see _MOST)
@@ -124,7 +126,6 @@ class Segment:
         self.starts = 0                 # started sums so far (their ring slot)
         self.release = [None] * RING    # per ring slot: the barrier after its last reads
         self.occupant = [None] * RING   # per ring slot: the started sum last put there
-        self.abandoned = False
         self._views: dict = {}
 
     def _slot_views(self, which: int, shape: tuple, dtype) -> list:
@@ -218,23 +219,18 @@ class Segment:
 
     def start_sum(self, buf: np.ndarray, out: np.ndarray) -> "Started":
         """Copy ``buf`` into the next ring slot and start the barrier after which every
-        member's copy is readable; :meth:`Started.wait` adds them into ``out``.
+        member's copy is readable; :meth:`Started.Wait` adds them into ``out``.
 
         A ring slot is written again only once the barrier its previous sum started
         after its reads has completed: every member has read it."""
-        if self.abandoned:
-            raise ShmAbandonedError(
-                f"a started all-reduce over this communicator ({self.n} members) was never "
-                "waited for on this rank (its program raised between the start and the "
-                "wait), so other ranks may still read its shared-memory slot; later "
-                "all-reduces cannot reuse it safely. Restart the processes, or set "
-                "SPMD_MPI_SHM_MAX_BYTES=0 to sum through MPI alone")
         i = self.starts % RING
         self.starts += 1
         prev = self.occupant[i]
         if prev is not None and not prev.done:
-            # More sums in flight than slots: finish the slot's previous one now
-            # (every member has the same sums in flight, so all finish it here).
+            # More sums in flight than slots, or one never waited for (its program
+            # raised between the start and the wait): finish it now.  The segment
+            # holds it, whatever the caller's references, so every member finishes
+            # it here, at the same start -- not when its garbage collector runs.
             prev.Wait()
         pending = self.release[i]
         if pending is not None:
@@ -272,21 +268,9 @@ class Started:
         self.views = self.out = None  # the slot's occupant must not pin the result
         seg.settle()
 
-    def abandon(self) -> None:
-        """Never waited for: this rank posts no release for the slot and other ranks
-        may still read it, so the ring cannot be reused safely (its next start raises)."""
-        if not self.done:
-            self.seg.abandoned = True
-            _orphans.append(self.req)  # its barrier still completes; MPI wants it waited
-
-
-class ShmAbandonedError(SpmdError, RuntimeError):
-    """A started shared-memory all-reduce was never waited for; the communicator's
-    ring of slots cannot be reused safely."""
 
 
 _segments: dict = {}   # ranks -> Segment, or None where the members do not share a node
-_orphans: list = []    # the entry barriers of abandoned started sums
 
 
 # The largest operand of each use, in slots (a slot holds SPMD_MPI_SHM_MAX_BYTES):
@@ -348,7 +332,7 @@ def _make(comm, control, slot: int):
 _segments_made: list = []
 
 
-def _settle_at_exit(limit_s: float = 2.0) -> None:
+def _settle_at_exit(limit_s: float = 5.0) -> None:
     """Complete the last releases before MPI finalises (it runs after this): every
     member posted them, so they complete at once -- unless a member died or its
     program diverged, hence the time limit (then MPI's warning is the report)."""
@@ -356,27 +340,26 @@ def _settle_at_exit(limit_s: float = 2.0) -> None:
 
     deadline = time.monotonic() + limit_s
     for seg in list(_segments.values()):
-        while seg is not None and any(r is not None for r in seg.release):
+        if seg is None:
+            continue
+        # Sums never waited for: their entry barriers (every member posted them).
+        pending = [s.req for s in seg.occupant if s is not None and not s.done]
+        while pending or any(r is not None for r in seg.release):
+            pending = [r for r in pending if not r.Test()]
             seg.settle()
             if time.monotonic() > deadline:
                 return
-    while _orphans:
-        if _orphans[-1].Test():
-            _orphans.pop()
-        elif time.monotonic() > deadline:
-            return
 
 
 def reset() -> None:
     """Forget the windows and read the size range again (tests; every member calls it
-    at the same point, with no started sum in flight)."""
+    at the same point)."""
     from mpi4py import MPI
 
-    MPI.Request.Waitall(_orphans)
-    _orphans.clear()
     for seg in _segments.values():
         if seg is not None:
-            MPI.Request.Waitall([r for r in seg.release if r is not None])
+            MPI.Request.Waitall([s.req for s in seg.occupant if s is not None and not s.done]
+                                + [r for r in seg.release if r is not None])
             seg.win.Unlock_all()
             seg.win.Free()
     _segments.clear()
