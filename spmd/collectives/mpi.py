@@ -28,7 +28,7 @@ import numpy as np
 
 from spmd.collectives import mpi_shm
 from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
-                                          CollectiveTimeoutError, control, register, site_here)
+                                          CollectiveTimeoutError, register, site_here)
 from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
@@ -212,14 +212,11 @@ def allreduce(x, ranks, op, what=None):
     comm = communicator(ranks)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape, buf.dtype)
-    n = len(ranks)
-    mine = _split_slice(comm, buf, out, n)
     with Collective(ranks, what):
-        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, control(ranks), buf.nbytes,
-                                                  "allreduce")
+        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes, "allreduce")
         if shm:
             shm.allreduce_sum(buf, out)
-        elif mine is not None:
+        elif (mine := _split_slice(comm, buf, out, len(ranks))) is not None:
             # Reduce-scatter into this member's slice of `out`, then gather the slices.
             from mpi4py import MPI
 
@@ -240,8 +237,7 @@ def allgather(x, ranks, what=None, *, control=False):
     src = _bytes(x)
     out = _recv_buffer((n,) + src.shape, np.uint8)
     with Collective(ranks, what, control_traffic=control):
-        shm = not control and mpi_shm.segment_for(ranks, comm, control_comm(ranks),
-                                                  src.nbytes, "move")
+        shm = not control and mpi_shm.segment_for(ranks, comm, src.nbytes, "move")
         if shm:
             shm.allgather(src, out)
         else:
@@ -255,7 +251,7 @@ def reduce_scatter(x, ranks, op="sum", what=None):
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape[1:], buf.dtype)
     with Collective(ranks, what):
-        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, control(ranks), buf.nbytes,
+        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes,
                                                   "reduce_scatter")
         if shm:
             shm.reduce_scatter_sum(buf, out)
@@ -271,7 +267,7 @@ def alltoall(x, ranks, what=None):
     src = _bytes(x)
     out = _recv_buffer(src.shape, np.uint8)
     with Collective(ranks, what):
-        shm = mpi_shm.segment_for(ranks, comm, control(ranks), src.nbytes, "move")
+        shm = mpi_shm.segment_for(ranks, comm, src.nbytes, "move")
         if shm:  # (rows of bytes: a 1-d x's byte view has n * itemsize entries)
             shm.alltoall(src.reshape(n, -1), out.reshape(n, -1))
         else:
@@ -351,8 +347,7 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
     out = _recv_buffer(buf.shape, buf.dtype)
     mine, gather = _split_slice(comm, buf, out, len(ranks)), None
     with Collective(ranks, str(what) if what is not None else None):
-        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, control(ranks), buf.nbytes,
-                                                  "started")
+        shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes, "started")
         if shm:
             # The operand is copied into shared memory now: nothing to keep alive.
             return Request(shm.start_sum(buf, out), out, orig, None, ranks, what, xp)

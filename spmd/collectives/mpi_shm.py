@@ -280,7 +280,7 @@ _segments: dict = {}   # ranks -> Segment, or None where the members do not shar
 _MOST = {"allreduce": float("inf"), "started": 1.0, "reduce_scatter": 1.0, "move": 0.5}
 
 
-def segment_for(ranks: tuple, comm, control, nbytes: int, use: str):
+def segment_for(ranks: tuple, comm, nbytes: int, use: str):
     """The :class:`Segment` for an operand of ``nbytes`` per member over ``comm``, or
     None (MPI's own call).  ``use``: ``"allreduce"``, ``"started"`` (an all-reduce
     started without waiting), ``"reduce_scatter"`` (sums only, as the all-reduces:
@@ -296,7 +296,9 @@ def segment_for(ranks: tuple, comm, control, nbytes: int, use: str):
         return None  # MPI's reduce-scatter + all-gather was faster (module docstring)
     seg = _segments.get(ranks, False)
     if seg is False:
-        seg = _segments[ranks] = _make(comm, control, -(-hi // 64) * 64)
+        from spmd.collectives.mpi_control import control
+
+        seg = _segments[ranks] = _make(comm, control(ranks), -(-hi // 64) * 64)
     return seg
 
 

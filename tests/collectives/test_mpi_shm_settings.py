@@ -40,19 +40,19 @@ def test_what_never_takes_the_shared_path():
     """Decided without communicating: one member, a size out of its use's range, and
     an empty operand all stay with MPI (no window is made, nothing collective runs)."""
     lo, hi = mpi_shm.size_range()
-    assert mpi_shm.segment_for((0,), None, None, lo, "allreduce") is None
-    assert mpi_shm.segment_for((0, 1), None, None, lo - 1, "allreduce") is None
-    assert mpi_shm.segment_for((0, 1), None, None, hi + 1, "started") is None
-    assert mpi_shm.segment_for((0, 1), None, None, hi + 1, "reduce_scatter") is None
-    assert mpi_shm.segment_for((0, 1), None, None, hi // 2 + 1, "move") is None
-    assert mpi_shm.segment_for((0, 1), None, None, 0, "allreduce") is None
+    assert mpi_shm.segment_for((0,), None, lo, "allreduce") is None
+    assert mpi_shm.segment_for((0, 1), None, lo - 1, "allreduce") is None
+    assert mpi_shm.segment_for((0, 1), None, hi + 1, "started") is None
+    assert mpi_shm.segment_for((0, 1), None, hi + 1, "reduce_scatter") is None
+    assert mpi_shm.segment_for((0, 1), None, hi // 2 + 1, "move") is None
+    assert mpi_shm.segment_for((0, 1), None, 0, "allreduce") is None
     assert (0, 1) not in mpi_shm._segments
 
 
 def test_disabled_takes_nothing(monkeypatch):
     monkeypatch.setenv("SPMD_MPI_SHM_MAX_BYTES", "0")
     for use in ("allreduce", "started", "reduce_scatter", "move"):
-        assert mpi_shm.segment_for((0, 1), None, None, mpi_shm.SHM_MIN_BYTES, use) is None
+        assert mpi_shm.segment_for((0, 1), None, mpi_shm.SHM_MIN_BYTES, use) is None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py not installed")
