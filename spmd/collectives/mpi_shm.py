@@ -47,8 +47,10 @@ was faster (0.11 against 0.14 ms), at 2 MiB the two were even (and 1.6x faster
 than MPI).
 
 So blocking sums take this path from 16 KiB up (in pieces past a slot, on 2
-members; with more, up to a slot), started sums and reduce-scatters from 16 KiB
-to a slot (2 MiB), moves (all-gather, all-to-all) from 16 KiB to half a slot.
+members; with more, up to a slot), reduce-scatters from 16 KiB up (in pieces of
+every row's columns past a slot: each member reads only its own row), started
+sums from 16 KiB to a slot (2 MiB), moves (all-gather, all-to-all) from 16 KiB
+to half a slot.
 
 A started sum (the overlap pass's ``collective_start``) copies its operand into
 one of a ring of ``RING`` further slots and starts an ``Ibarrier``; its wait
@@ -199,9 +201,18 @@ class Segment:
 
     def reduce_scatter_sum(self, buf: np.ndarray, out: np.ndarray) -> None:
         """``out`` = the sum over members of row ``me`` of their ``buf`` (leading axis:
-        the members), added in member order."""
+        the members), added in member order; an operand larger than a slot goes
+        through in pieces of every row's columns (each member still reads only its
+        own row of every slot, so pieces cost no more than one whole exchange)."""
         me = self.me
-        self._reduce([v[me] for v in self._exchange(buf)], out)
+        if buf.nbytes <= self.slot:
+            self._reduce([v[me] for v in self._exchange(buf)], out)
+            return
+        rows, dst = buf.reshape(self.n, -1), out.reshape(-1)
+        step = max(1, self.slot // (self.n * buf.dtype.itemsize))
+        for lo in range(0, rows.shape[1], step):
+            views = self._exchange(rows[:, lo:lo + step])
+            self._reduce([v[me] for v in views], dst[lo:lo + step])
 
     def alltoall(self, buf: np.ndarray, out: np.ndarray) -> None:
         """``out[r]`` = row ``me`` of member r's ``buf`` (leading axis: the members)."""
@@ -274,10 +285,11 @@ _segments: dict = {}   # ranks -> Segment, or None where the members do not shar
 
 
 # The largest operand of each use, in slots (a slot holds SPMD_MPI_SHM_MAX_BYTES):
-# a blocking all-reduce goes through in slot-sized pieces, so any size; a started
-# one and a reduce-scatter need their whole operand in one slot; the moves are
-# faster through MPI above half a slot (see the module docstring).
-_MOST = {"allreduce": float("inf"), "started": 1.0, "reduce_scatter": 1.0, "move": 0.5}
+# a blocking all-reduce or reduce-scatter goes through in slot-sized pieces, so
+# any size; a started all-reduce needs its whole operand in one slot; the moves
+# are faster through MPI above half a slot (see the module docstring).
+_MOST = {"allreduce": float("inf"), "started": 1.0, "reduce_scatter": float("inf"),
+         "move": 0.5}
 
 
 def segment_for(ranks: tuple, comm, nbytes: int, use: str):

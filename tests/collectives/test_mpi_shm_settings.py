@@ -43,7 +43,6 @@ def test_what_never_takes_the_shared_path():
     assert mpi_shm.segment_for((0,), None, lo, "allreduce") is None
     assert mpi_shm.segment_for((0, 1), None, lo - 1, "allreduce") is None
     assert mpi_shm.segment_for((0, 1), None, hi + 1, "started") is None
-    assert mpi_shm.segment_for((0, 1), None, hi + 1, "reduce_scatter") is None
     assert mpi_shm.segment_for((0, 1), None, hi // 2 + 1, "move") is None
     assert mpi_shm.segment_for((0, 1), None, 0, "allreduce") is None
     assert (0, 1) not in mpi_shm._segments
