@@ -23,6 +23,7 @@ import math
 import mmap
 import os
 import sys
+import weakref
 
 import numpy as np
 
@@ -298,11 +299,19 @@ class Request:
     (the PyPI ``mpich`` wheel has no progress thread: data moves only inside MPI
     calls); ``wait()`` completes it and returns the result."""
 
-    __slots__ = ("_req", "_out", "_orig", "_keep", "_ranks", "_what", "_xp", "_gather")
+    __slots__ = ("_req", "_out", "_orig", "_keep", "_ranks", "_what", "_xp", "_gather",
+                 "__weakref__")
 
     def __init__(self, req, out, orig, keep, ranks, what, xp=np, gather=None):
         self._req, self._out, self._orig, self._keep = req, out, orig, keep
         self._ranks, self._what, self._xp, self._gather = ranks, what, xp, gather
+        if keep is not None:  # an MPI request: completed at exit if never waited for
+            if not _exit_hook:
+                import atexit
+
+                atexit.register(_settle_at_exit)  # (after MPI's own: so it runs first)
+                _exit_hook.append(True)
+            _live.add(self)
 
     def test(self) -> bool:
         return self._req.Test()
@@ -324,11 +333,26 @@ class Request:
         # of its ring slot, spmd.collectives.mpi_shm.)
         if self._keep is not None:
             # Never waited for (the program raised between start and wait): MPI may
-            # still read and write these buffers, so they are never freed.
+            # still read and write these buffers, so they are kept until MPI is done.
             _abandoned.append((self._req, self._out, self._keep))
 
 
 _abandoned: list = []
+_live = weakref.WeakSet()  # started MPI requests not yet waited for (or abandoned)
+_exit_hook: list = []
+
+
+def _settle_at_exit(limit_s: float = 5.0) -> None:
+    """At exit, before MPI finalises: complete the started all-reduces never waited
+    for, dropped or still referenced (every member started them, so they complete --
+    unless a member died or diverged, hence the limit; MPI then warns of pending
+    requests)."""
+    import time
+
+    pending = [a[0] for a in _abandoned] + [r._req for r in list(_live) if r._keep is not None]
+    deadline = time.monotonic() + limit_s
+    while pending and time.monotonic() < deadline:
+        pending = [r for r in pending if not r.Test()]
 
 
 def iallreduce(x, ranks, op, what=None, xp=np) -> Request:

@@ -271,6 +271,9 @@ class Started:
         if self.done:
             return
         seg = self.seg
+        if seg is None:
+            raise RuntimeError("this started all-reduce's shared window was freed by "
+                               "spmd.collectives.mpi_shm.reset() before its wait")
         self.req.Wait()
         seg.win.Sync()
         seg._reduce(self.views, self.out)
@@ -310,7 +313,11 @@ def segment_for(ranks: tuple, comm, nbytes: int, use: str):
     if seg is False:
         from spmd.collectives.mpi_control import control
 
-        seg = _segments[ranks] = _make(comm, control(ranks), -(-hi // 64) * 64)
+        # At least 64 bytes per member: a reduce-scatter's piece is at least one
+        # column of every row (members x itemsize, up to 32 bytes), and a piece must
+        # never spill into the next slot.
+        slot = max(-(-hi // 64), len(ranks)) * 64
+        seg = _segments[ranks] = _make(comm, control(ranks), slot)
     return seg
 
 
@@ -372,8 +379,11 @@ def reset() -> None:
 
     for seg in _segments.values():
         if seg is not None:
-            MPI.Request.Waitall([s.req for s in seg.occupant if s is not None and not s.done]
+            unfinished = [s for s in seg.occupant if s is not None and not s.done]
+            MPI.Request.Waitall([s.req for s in unfinished]
                                 + [r for r in seg.release if r is not None])
+            for s in unfinished:  # their wait now raises instead of reading a freed window
+                s.seg = s.views = s.out = None
             seg.win.Unlock_all()
             seg.win.Free()
     _segments.clear()

@@ -283,3 +283,34 @@ def test_a_rank_without_room_makes_every_rank_use_mpi(fresh_shm, monkeypatch):
     np.testing.assert_array_equal(got, (np.arange(70000) % 13) * (n * (n + 1) // 2))
     assert fresh_shm._segments[_all_ranks()] is None  # decided once, the same everywhere
     np.testing.assert_array_equal(mpi.allgather(x[:8192], _all_ranks())[0], x[:8192] / (rank + 1))
+
+
+def test_reduce_scatter_past_a_slot_narrower_than_one_column(fresh_shm, monkeypatch):
+    """A slot smaller than one column of every row (members x itemsize): each piece
+    of the reduce-scatter past a slot is still one column of n elements, which must
+    not spill past the slot into the next one (the other blocking slot, which other
+    members may still be reading, or the ring).  From review-shm2: with a 64-byte
+    slot, 3 members and clongdouble (96-byte columns) row 2 was written into the
+    next slot and member 2 read the next piece's row 0 instead (every call wrong)."""
+    from spmd.collectives import mpi
+
+    n, me = _world().Get_size(), _world().Get_rank()
+    dtype = np.dtype(np.clongdouble)
+    if n * dtype.itemsize <= 64:
+        pytest.skip(f"a column of {n} x {dtype.itemsize} B fits the smallest slot (64 B)")
+    monkeypatch.setenv("SPMD_MPI_SHM_MAX_BYTES", "1")   # slot: 64 bytes
+    monkeypatch.setenv("SPMD_MPI_SHM_MIN_BYTES", "1")
+    fresh_shm.size_range.cache_clear()
+    rng = np.random.default_rng(me)
+    ranks = _all_ranks()
+
+    def x(r, it):
+        return (np.arange(n * 7).reshape(n, 7) + 100 * r + it).astype(dtype)
+
+    wrong = 0
+    for it in range(30):
+        _skew(rng)
+        got = mpi.reduce_scatter(x(me, it), ranks, "sum")
+        wrong += not np.array_equal(got, sum(x(r, it) for r in range(n))[me])
+    # (checked together: a rank failing alone would leave the others in the teardown)
+    assert _world().allgather(wrong) == [0] * n
