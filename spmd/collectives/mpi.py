@@ -33,6 +33,7 @@ from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # 
 from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
+from spmd.errors import ArgumentError
 
 
 def world():
@@ -47,8 +48,34 @@ def communicator(ranks: tuple):
     comm = world()
     if len(ranks) != comm.Get_size() or ranks != tuple(range(len(ranks))):
         comm = comm.Create_group(comm.Get_group().Incl(list(ranks)))
-    register(ranks, comm)  # its control twin (spmd.collectives.mpi_control)
+    ctl = register(ranks, comm)  # its control twin (spmd.collectives.mpi_control)
+    _agree_settings(ranks, ctl)
     return comm
+
+
+def _settings() -> tuple:
+    """The environment settings that choose a collective's algorithm (every member must
+    choose alike), or the error reading them gave."""
+    try:
+        return ("ok", mpi_shm.size_range(), _split_bytes())
+    except ArgumentError as e:
+        return ("error", str(e))
+
+
+def _agree_settings(ranks: tuple, ctl) -> None:
+    """Check, once per communicator, that its members read the same algorithm settings
+    (``SPMD_MPI_SHM_MIN_BYTES``, ``SPMD_MPI_SHM_MAX_BYTES``,
+    ``SPMD_MPI_ALLREDUCE_SPLIT_BYTES``): members choosing differently would pair one
+    member's shared-memory barrier with another's MPI call.  Every member raises alike."""
+    every = ctl.allgather(_settings())
+    if all(e == every[0] for e in every) and every[0][0] == "ok":
+        return
+    lines = "\n".join(f"  rank {r}: " + (f"(min, slot) = {e[1]}, split = {e[2]}" if e[0] == "ok"
+                                          else e[1]) for r, e in zip(ranks, every))
+    raise ArgumentError(
+        f"the MPI ranks {list(ranks)} read different or invalid collective settings:\n{lines}\n"
+        "Give every rank the same SPMD_MPI_SHM_MIN_BYTES, SPMD_MPI_SHM_MAX_BYTES and "
+        "SPMD_MPI_ALLREDUCE_SPLIT_BYTES (or leave them unset)")
 
 
 # MPI has no reduction over these types: reduce in a wider one.
@@ -195,7 +222,12 @@ ALLREDUCE_SPLIT_BYTES = 2 * 1024 * 1024
 @functools.lru_cache(maxsize=None)
 def _split_bytes() -> int:
     raw = os.environ.get("SPMD_MPI_ALLREDUCE_SPLIT_BYTES", "").strip()
-    value = int(raw) if raw else ALLREDUCE_SPLIT_BYTES
+    try:
+        value = int(raw) if raw else ALLREDUCE_SPLIT_BYTES
+    except ValueError:
+        raise ArgumentError(f"SPMD_MPI_ALLREDUCE_SPLIT_BYTES={raw!r} is not a number of "
+                            f"bytes; unset it for the default ({ALLREDUCE_SPLIT_BYTES}), or "
+                            "0 to never split") from None
     return value if value > 0 else 1 << 62
 
 

@@ -63,3 +63,15 @@ def test_a_one_rank_world_sums_through_mpi():
     x = np.arange(20000, dtype=np.float32)
     np.testing.assert_array_equal(mpi.allreduce(x, (0,), "sum"), x)
     assert (0,) not in mpi_shm._segments
+
+
+def test_a_bad_split_setting_names_the_variable_and_the_value(monkeypatch):
+    from spmd.collectives import mpi
+
+    monkeypatch.setenv("SPMD_MPI_ALLREDUCE_SPLIT_BYTES", "big")
+    mpi._split_bytes.cache_clear()
+    try:
+        with pytest.raises(ArgumentError, match="SPMD_MPI_ALLREDUCE_SPLIT_BYTES='big' is not"):
+            mpi._split_bytes()
+    finally:
+        mpi._split_bytes.cache_clear()

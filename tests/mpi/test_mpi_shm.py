@@ -314,3 +314,21 @@ def test_reduce_scatter_past_a_slot_narrower_than_one_column(fresh_shm, monkeypa
         wrong += not np.array_equal(got, sum(x(r, it) for r in range(n))[me])
     # (checked together: a rank failing alone would leave the others in the teardown)
     assert _world().allgather(wrong) == [0] * n
+
+
+@pytest.mark.parametrize("rank0_reads", ["32768", "lots"])
+def test_ranks_that_read_different_settings_all_raise(fresh_shm, monkeypatch, rank0_reads):
+    """Members that would choose differently between the window and MPI's calls (one
+    rank's environment differs, or is invalid) are stopped, on every rank alike, when
+    their communicator is made -- not left pairing a barrier with an all-reduce."""
+    from spmd.collectives import mpi
+    from spmd.collectives.mpi_control import control
+    from spmd.errors import ArgumentError
+
+    if _world().Get_rank() == 0:
+        monkeypatch.setenv("SPMD_MPI_SHM_MIN_BYTES", rank0_reads)
+    fresh_shm.size_range.cache_clear()
+    want = (r"rank 0: \(min, slot\) = \(32768" if rank0_reads == "32768"
+            else "rank 0: SPMD_MPI_SHM_MIN_BYTES='lots' is not a number of bytes")
+    with pytest.raises(ArgumentError, match=want):
+        mpi._agree_settings(_all_ranks(), control(_all_ranks()))
