@@ -147,13 +147,20 @@ class Segment:
         for v in views[2:]:
             np.add(out, v, out=out)
 
-    def _exchange(self, buf: np.ndarray) -> list:
-        """Copy ``buf`` into this member's next blocking slot; once every member has,
-        return every member's slot (as arrays like ``buf``) to read."""
+    def _exchange(self, buf: np.ndarray, skip_row: int | None = None) -> list:
+        """Copy ``buf`` into this member's next blocking slot (but for its row
+        ``skip_row``, which no other member reads); once every member has, return every
+        member's slot (as arrays like ``buf``) to read."""
         which = self.calls & 1
         self.calls += 1
         views = self._slot_views(which, buf.shape, buf.dtype)
-        np.copyto(views[self.me], buf)
+        if skip_row is None:
+            np.copyto(views[self.me], buf)
+        else:
+            mine = views[self.me]
+            if skip_row:
+                np.copyto(mine[:skip_row], buf[:skip_row])
+            np.copyto(mine[skip_row + 1:], buf[skip_row + 1:])
         win = self.win
         win.Sync()
         self.comm.Barrier()
@@ -215,10 +222,12 @@ class Segment:
             self._reduce([v[me] for v in views], dst[lo:lo + step])
 
     def alltoall(self, buf: np.ndarray, out: np.ndarray) -> None:
-        """``out[r]`` = row ``me`` of member r's ``buf`` (leading axis: the members)."""
+        """``out[r]`` = row ``me`` of member r's ``buf`` (leading axis: the members).
+        This member's own row goes straight from ``buf`` to ``out``."""
         me = self.me
-        for r, v in enumerate(self._exchange(buf)):
-            out[r] = v[me]
+        views = self._exchange(buf, skip_row=me)
+        for r, v in enumerate(views):
+            out[r] = buf[me] if r == me else v[me]
 
     def settle(self) -> None:
         """Forget the releases that have completed (MPI also warns at exit about
