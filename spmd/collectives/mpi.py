@@ -29,7 +29,8 @@ import numpy as np
 
 from spmd.collectives import mpi_shm
 from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
-                                          CollectiveTimeoutError, register, site_here)
+                                          CollectiveTimeoutError, complete_within, register,
+                                          site_here)
 from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
@@ -376,15 +377,9 @@ _exit_hook: list = []
 
 def _settle_at_exit(limit_s: float = 5.0) -> None:
     """At exit, before MPI finalises: complete the started all-reduces never waited
-    for, dropped or still referenced (every member started them, so they complete --
-    unless a member died or diverged, hence the limit; MPI then warns of pending
-    requests)."""
-    import time
-
-    pending = [a[0] for a in _abandoned] + [r._req for r in list(_live) if r._keep is not None]
-    deadline = time.monotonic() + limit_s
-    while pending and time.monotonic() < deadline:
-        pending = [r for r in pending if not r.Test()]
+    for, dropped or still referenced."""
+    complete_within([a[0] for a in _abandoned]
+                    + [r._req for r in list(_live) if r._keep is not None], limit_s)
 
 
 def iallreduce(x, ranks, op, what=None, xp=np) -> Request:

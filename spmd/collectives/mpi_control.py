@@ -76,6 +76,16 @@ def _setting() -> str:
         "the default deadline; SPMD_COLLECTIVE_TIMEOUT=seconds changes it, 0 disables it"
 
 
+def complete_within(pending: list, limit_s: float) -> None:
+    """Test the MPI requests ``pending`` until all have completed or ``limit_s`` has
+    passed.  For exit, before MPI finalises: requests every member posted complete at
+    once, unless a member died or its program diverged -- hence the limit (then
+    MPI's warning about pending requests is the report)."""
+    deadline = time.monotonic() + limit_s
+    while pending and time.monotonic() < deadline:
+        pending = [r for r in pending if not r.Test()]
+
+
 # ------------------------------------------------------ control communicators
 
 _controls: dict = {}  # ranks -> the control communicator of that group

@@ -229,6 +229,12 @@ class Segment:
         for r, v in enumerate(views):
             out[r] = buf[me] if r == me else v[me]
 
+    def pending(self) -> list:
+        """This window's MPI requests not completed yet: the entry barriers of started
+        sums never waited for, and the releases."""
+        return ([s.req for s in self.occupant if s is not None and not s.done]
+                + [r for r in self.release if r is not None])
+
     def settle(self) -> None:
         """Forget the releases that have completed (MPI also warns at exit about
         requests never completed)."""
@@ -363,22 +369,11 @@ _segments_made: list = []
 
 
 def _settle_at_exit(limit_s: float = 5.0) -> None:
-    """Complete the last releases before MPI finalises (it runs after this): every
-    member posted them, so they complete at once -- unless a member died or its
-    program diverged, hence the time limit (then MPI's warning is the report)."""
-    import time
+    """Complete the windows' last barriers before MPI finalises (it runs after this)."""
+    from spmd.collectives.mpi_control import complete_within
 
-    deadline = time.monotonic() + limit_s
-    for seg in list(_segments.values()):
-        if seg is None:
-            continue
-        # Sums never waited for: their entry barriers (every member posted them).
-        pending = [s.req for s in seg.occupant if s is not None and not s.done]
-        while pending or any(r is not None for r in seg.release):
-            pending = [r for r in pending if not r.Test()]
-            seg.settle()
-            if time.monotonic() > deadline:
-                return
+    complete_within([r for seg in _segments.values() if seg is not None
+                     for r in seg.pending()], limit_s)
 
 
 def reset() -> None:
@@ -389,8 +384,7 @@ def reset() -> None:
     for seg in _segments.values():
         if seg is not None:
             unfinished = [s for s in seg.occupant if s is not None and not s.done]
-            MPI.Request.Waitall([s.req for s in unfinished]
-                                + [r for r in seg.release if r is not None])
+            MPI.Request.Waitall(seg.pending())
             for s in unfinished:  # their wait now raises instead of reading a freed window
                 s.seg = s.views = s.out = None
             seg.win.Unlock_all()
