@@ -66,7 +66,10 @@ Which operands take this path is decided from what every member knows alike
 (the size, the operation, the communicator), and the window is made at the same
 point of the program on every member (the first call in range, after all members
 agree that they share the node and have room in /dev/shm), so all members always
-take the same path.  Reductions here are sums only: MPI's ``MAX``/``MIN`` and
+take the same path.  The node is MPI's (``Split_type(COMM_TYPE_SHARED)``), split
+further by ``SPMD_SIMULATE_NODES`` (a test setting: :mod:`spmd.launch.nodes`), so
+that a job on one machine takes the multi-node path for communicators across
+simulated nodes.  Reductions here are sums only: MPI's ``MAX``/``MIN`` and
 numpy's differ on NaN.  ``SPMD_MPI_SHM_MIN_BYTES`` sets the smallest
 operand, ``SPMD_MPI_SHM_MAX_BYTES`` the slot (``0`` turns the path off).  The window holds
 ``2 + RING`` slots of the maximum per member (12 MiB by default), made once per
@@ -332,7 +335,7 @@ def segment_for(ranks: tuple, comm, nbytes: int, use: str):
         # column of every row (members x itemsize, up to 32 bytes), and a piece must
         # never spill into the next slot.
         slot = max(-(-hi // 64), len(ranks)) * 64
-        seg = _segments[ranks] = _make(comm, control(ranks), slot)
+        seg = _segments[ranks] = _make(comm, control(ranks), slot, ranks)
     return seg
 
 
@@ -347,13 +350,19 @@ def has_room(members: int, slot: int) -> bool:
     return st.f_bavail * st.f_frsize * _SHM_RESERVE >= (2 + RING) * slot * members
 
 
-def _make(comm, control, slot: int):
-    """A window of ``slot``-byte slots, when every member shares this node and has
-    room in /dev/shm; else None.  Agreed by all members (a member alone deciding
-    otherwise would leave the others waiting in another call)."""
+def _make(comm, control, slot: int, ranks: tuple):
+    """A window of ``slot``-byte slots, when every member shares this node (real and,
+    with ``SPMD_SIMULATE_NODES``, simulated: :mod:`spmd.launch.nodes`) and has room in
+    /dev/shm; else None.  Agreed by all members (a member alone deciding otherwise
+    would leave the others waiting in another call)."""
     from mpi4py import MPI
 
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    from spmd.launch import nodes
+
+    # The members first agree on the simulated nodes (every one raises alike when
+    # they differ): a member raising alone inside the split would strand the others.
+    nodes.check_agreed(control.allgather(nodes.reading()), ranks)
+    node = nodes.split_by_node(comm)
     same_node = node.Get_size() == comm.Get_size()
     node.Free()
     room = has_room(comm.Get_size(), slot)

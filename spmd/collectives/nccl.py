@@ -9,7 +9,8 @@ binds it instead of ``mpi`` when the devices are GPUs and CuPy has NCCL
 - Communicators: one per ordered tuple of world ranks, made on first use and
   cached.  The group's first member creates the unique id and broadcasts it
   over the group's MPI communicator (setup only: no data goes through MPI).
-  Before NCCL is asked, the members compare their GPUs (host and PCI bus id)
+  Before NCCL is asked, the members compare their GPUs (node and PCI bus id;
+  the node is the host, or its simulated part with ``SPMD_SIMULATE_NODES``)
   so that two ranks on one GPU are a clear error, whatever ``CUDA_VISIBLE_DEVICES``
   each rank was given.  At exit (an ``atexit`` handler, which runs before
   mpi4py finalises MPI) the GPU is synchronised and every communicator
@@ -97,12 +98,17 @@ def _make_communicator(ranks: tuple):
 
 
 def _check_distinct_gpus(cp, comm, ranks) -> None:
-    """NCCL cannot put two members on one GPU: compare the members' (host, PCI bus
-    id) over MPI and say which ranks collide (NCCL's own error is less clear)."""
-    import socket
+    """NCCL cannot put two members on one GPU: compare the members' (node, PCI bus
+    id) over MPI and say which ranks collide (NCCL's own error is less clear).  The
+    node is the host, and with ``SPMD_SIMULATE_NODES`` its simulated node too
+    (``host/node1``: :func:`spmd.launch.nodes.node_name`), whose GPUs are its own."""
+    from spmd.launch import nodes
 
-    mine = (socket.gethostname(), cp.cuda.Device().pci_bus_id)
-    everyone = comm.allgather(mine)
+    read = nodes.reading()  # never raises: every member must reach the exchange
+    node = nodes.node_name() if read[0] == "ok" else None
+    gathered = comm.allgather((read, node, cp.cuda.Device().pci_bus_id))
+    nodes.check_agreed([g[0] for g in gathered], ranks)  # raises on every member alike
+    everyone = [g[1:] for g in gathered]
     for i, who in enumerate(everyone):
         first = everyone.index(who)
         if first != i:

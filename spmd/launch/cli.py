@@ -194,12 +194,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _ranks_per_node(n: int, environ) -> int:
-    # Inside a multi-node Slurm allocation Hydra spreads the ranks over the
-    # nodes; otherwise they all run here.
-    nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or ""
-    nodes = int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1
-    return -(-n // nodes)
+def _ranks_per_node(n: int, environ, simulate: bool = False) -> int:
+    # One answer for every node-aware choice: spmd.launch.nodes (Slurm's node
+    # count; with simulate, SPMD_SIMULATE_NODES too).
+    from spmd.launch import nodes
+
+    return nodes.ranks_per_node(n, environ, simulate)
 
 
 def build_env(ns: argparse.Namespace, launch_dir: str, environ=None) -> dict[str, str]:
@@ -275,7 +275,7 @@ def check_gpu(ns: argparse.Namespace, environ=None) -> None:
         raise LaunchError(f"--platform gpu: CuPy is installed but sees no GPU{detail}; check the "
                           "NVIDIA driver (`nvidia-smi`) and that CuPy matches the CUDA version, "
                           f"or run on CPU (--platform cpu)")
-    per_node = _ranks_per_node(ns.np, environ)
+    per_node = _ranks_per_node(ns.np, environ, simulate=True)  # GPUs are per (simulated) node
     if per_node > count and environ.get("SPMD_GPU_BACKEND", "").lower() != "mpi":
         raise LaunchError(
             f"--platform gpu: {per_node} ranks on this node but only {count} GPU(s); NCCL cannot "

@@ -9,18 +9,19 @@
   check costs one ``importlib.util.find_spec``: cupy is never imported on the
   CPU path.
 
-On GPUs each process uses the GPU of its local rank (``MPI_LOCALRANKID``,
-``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID``, ...), modulo the GPUs it
-sees; all of a process's devices (``SPMD_LOCAL_DEVICES``) are simulated on that
-one GPU.  The GPU is chosen when the array module is first resolved
-(``spmd.distributed.initialize`` does it at once), and CuPy arrays made before
-on another GPU are copied to it when spmd takes them.  Collectives between
-processes go through NCCL (:mod:`spmd.collectives.nccl`) unless
-``SPMD_GPU_BACKEND=mpi`` (or NCCL is missing), which stages them through host
-memory and MPI; NCCL cannot put two ranks on one GPU, so more ranks than GPUs
-on a node needs the ``mpi`` backend.  Ranks bound to one GPU each by their own
-``CUDA_VISIBLE_DEVICES`` are accepted; NCCL's communicators then check, by PCI
-bus id, that no two ranks share one.
+On GPUs each process uses the GPU of its local rank (its index among the ranks
+of its node: ``MPI_LOCALRANKID``, ``OMPI_COMM_WORLD_LOCAL_RANK``,
+``SLURM_LOCALID``, ..., or per simulated node with ``SPMD_SIMULATE_NODES``,
+:mod:`spmd.launch.nodes`), modulo the GPUs it sees; all of a process's devices
+(``SPMD_LOCAL_DEVICES``) are simulated on that one GPU.  The GPU is chosen when
+the array module is first resolved (``spmd.distributed.initialize`` does it at
+once), and CuPy arrays made before on another GPU are copied to it when spmd
+takes them.  Collectives between processes go through NCCL
+(:mod:`spmd.collectives.nccl`) unless ``SPMD_GPU_BACKEND=mpi`` (or NCCL is
+missing), which stages them through host memory and MPI; NCCL cannot put two
+ranks on one GPU, so more ranks than GPUs on a node needs the ``mpi`` backend.
+Ranks bound to one GPU each by their own ``CUDA_VISIBLE_DEVICES`` are accepted;
+NCCL's communicators then check, by PCI bus id, that no two ranks share one.
 
 >>> xp_for("cpu") is np
 True
@@ -41,11 +42,6 @@ PLATFORMS = ("cpu", "gpu")
 GPU_BACKENDS = ("nccl", "mpi")
 INSTALL_CUPY = ("install CuPy for your CUDA version (`nvidia-smi` shows it): "
                 "`pip install cupy-cuda12x` (CUDA 12) or `pip install cupy-cuda13x` (CUDA 13)")
-
-# Launchers' variables for a rank's index among the ranks of its node, and their count.
-_LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
-                    "SLURM_LOCALID", "PMI_LOCAL_RANK")
-_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
 
 
 class PlatformError(SpmdError, RuntimeError):
@@ -167,21 +163,16 @@ def xp_for(platform: str):
     return cupy
 
 
-def _env_int(names) -> int | None:
-    for name in names:
-        raw = os.environ.get(name, "").strip()
-        if raw.isdigit():
-            return int(raw)
-    return None
-
-
 def local_rank() -> int:
-    """This process's index among the ranks of its node (0 outside MPI)."""
-    from spmd.launch import runtime
+    """This process's index among the ranks of its node (0 outside MPI; per simulated
+    node with ``SPMD_SIMULATE_NODES``: :func:`spmd.launch.nodes.local_rank_size`).
 
-    if not runtime.launched_by_mpi():
-        return 0
-    return _env_int(_LOCAL_RANK_VARS) or 0
+    >>> local_rank() >= 0
+    True
+    """
+    from spmd.launch import nodes
+
+    return nodes.local_rank_size()[0]
 
 
 def gpu_for_rank(rank: int, local_size: int | None, gpus: int, backend: str,
@@ -209,12 +200,11 @@ def gpu_for_rank(rank: int, local_size: int | None, gpus: int, backend: str,
 
 def select_gpu(cupy) -> int:
     """Make this rank's GPU the current CUDA device; returns its id."""
-    from spmd.launch import runtime
+    from spmd.launch import nodes, runtime
 
     gpus = int(cupy.cuda.runtime.getDeviceCount())
-    rank = local_rank()
+    rank, local_size = nodes.local_rank_size()  # (0, None) outside MPI
     backend = gpu_backend() if runtime.launched_by_mpi() else "mpi"
-    local_size = _env_int(_LOCAL_SIZE_VARS) if runtime.launched_by_mpi() else None
     bound = bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip())
     device = gpu_for_rank(rank, local_size, gpus, backend, bound)
     cupy.cuda.Device(device).use()

@@ -4,7 +4,7 @@ Without MPI one process owns ``SPMD_NUM_DEVICES`` simulated devices (default
 8).  Under ``mpirun``/``mpiexec``/``srun`` (detected from the environment) each
 rank owns ``SPMD_LOCAL_DEVICES`` devices (default 1).  The devices' platform
 (``cpu``, or ``gpu`` when asked for or when CuPy sees a GPU) is decided by
-:mod:`spmd.launch.platform`.
+:mod:`spmd.launch.platform`; which ranks share a node, by :mod:`spmd.launch.nodes`.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def describe() -> tuple[int, int, int, str]:
     """``(process_index, process_count, local_device_count, platform)``."""
     from spmd.launch.platform import current
 
+    if launched_by_mpi():
+        from spmd.launch import nodes
+
+        nodes.simulated()  # a bad SPMD_SIMULATE_NODES raises now, on every rank alike
     platform = current()  # raises PlatformError when gpu is asked for and cannot run
     if platform == "gpu":
         from spmd.compiler import array_module

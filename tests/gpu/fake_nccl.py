@@ -9,7 +9,8 @@ would fail on a GPU:
   ``NcclCommunicator(n, uid, rank)`` with the same id and distinct ranks; any
   subset of an MPI job's ranks can form one (the members meet through the id,
   which names its creator, and then form an MPI group of their own); two members
-  on one GPU (same host and PCI bus id) are refused, as NCCL refuses them
+  on one GPU (same host and PCI bus id; with ``SPMD_SIMULATE_NODES`` each simulated
+  node is a host of its own) are refused, as NCCL refuses them
   ("Duplicate GPU detected");
 - a communicator is bound to the GPU current at its creation; a pointer that is
   not inside a live array of that GPU is an error (``NcclError``), as are counts
@@ -318,8 +319,25 @@ def _join(n: int, uid, rank: int):
     return comm
 
 
+def _machine() -> str:
+    """The machine this process pretends to be on: the host, or with
+    ``SPMD_SIMULATE_NODES=K`` its simulated node (K contiguous blocks of world ranks,
+    the first ``n % K`` one longer), whose fake GPUs are its own, as a real node's
+    are.  Worked out here, not by spmd: the stand-in checks spmd's numbering."""
+    from mpi4py import MPI
+
+    raw = os.environ.get("SPMD_SIMULATE_NODES", "").strip()
+    n, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    if not raw or n == 1:
+        return socket.gethostname()
+    k = int(raw)
+    sizes = [n // k + (i < n % k) for i in range(k)]
+    node = next(i for i in range(k) if me < sum(sizes[:i + 1]))
+    return f"{socket.gethostname()} (simulated node {node})"
+
+
 def _check_distinct_gpus(comm, device: int) -> None:
-    mine = (socket.gethostname(), _cupy().cuda.Device(device).pci_bus_id)
+    mine = (_machine(), _cupy().cuda.Device(device).pci_bus_id)
     everyone = comm.allgather(mine)
     for i, who in enumerate(everyone):
         j = everyone.index(who)

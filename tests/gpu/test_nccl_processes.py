@@ -13,7 +13,11 @@ missing), under a time limit so that a hang fails:
 - in every job each communicator is destroyed before MPI is finalised;
 - 2 ranks with ``SPMD_GPU_BACKEND=mpi`` (collectives staged through host
   memory): arrays made from each process's data, a jitted step partitioned over
-  the processes, a scalar result, all with their buffers on the GPU.
+  the processes, a scalar result, all with their buffers on the GPU;
+- 4 ranks on 2 simulated nodes (``SPMD_SIMULATE_NODES=2``) of 2 GPUs each: the
+  GPUs are numbered per node (ranks 0 and 2 both take GPU 0 of their node), the
+  check of (node, PCI bus id) accepts them, and the collectives run within and
+  across the nodes.
 """
 
 from __future__ import annotations
@@ -80,3 +84,9 @@ def test_two_ranks_on_one_gpu_are_refused(tmp_path):
 def test_arrays_spread_over_processes_host_staged(tmp_path):
     out, trace = _run("host-staged", 2, tmp_path)
     assert trace == []  # no NCCL communicator: the mpi backend
+
+
+@pytest.mark.timeout(300)
+def test_simulated_nodes_number_their_gpus_from_zero(tmp_path):
+    out, trace = _run("simulated", 4, tmp_path)
+    _check_destroyed_before_finalize(trace, 4)

@@ -272,6 +272,73 @@ def test_more_ranks_than_gpus_with_nccl_is_an_error(fake_gpu, runtime_env):
     assert array_module.current() is fake_gpu and fake_gpu.cuda.runtime.getDevice() == 0
 
 
+def test_gpus_are_numbered_per_simulated_node(fake_gpu, runtime_env, monkeypatch):
+    """``SPMD_SIMULATE_NODES=2`` on 4 ranks of a machine with 2 GPUs: each simulated
+    node numbers its GPUs from 0 (ranks 2, 3 take GPUs 0, 1 as ranks 0, 1 do), and
+    NCCL's one-GPU-per-rank check counts the node's 2 ranks, not the machine's 4."""
+    from spmd.launch import nodes
+
+    monkeypatch.setattr(nodes, "_mpi_started", lambda: False)  # the job is the variables'
+    runtime_env(FAKE_CUPY_NCCL="1", FAKE_CUPY_GPUS="2", PMI_SIZE="4", MPI_LOCALNRANKS="4",
+                SPMD_GPU_BACKEND=None, SPMD_SIMULATE_NODES="2", CUDA_VISIBLE_DEVICES=None)
+    fake_gpu.install()  # with NCCL
+    for rank, gpu in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        runtime_env(PMI_RANK=str(rank), MPI_LOCALRANKID=str(rank))
+        assert platform.gpu_backend() == "nccl"
+        assert array_module.current() is fake_gpu and array_module.device_id[0] == gpu
+        assert platform.local_rank() == gpu
+    runtime_env(SPMD_SIMULATE_NODES=None)  # one node: 4 ranks on 2 GPUs
+    with pytest.raises(platform.PlatformError, match="4 ranks on this node but only 2 GPU"):
+        array_module.current()
+
+
+class _Gathered:
+    """A communicator's ``allgather`` as member ``me`` sees it: the others' entries
+    as given, its own as it sends it."""
+
+    def __init__(self, entries, me):
+        self.entries, self.me = entries, me
+
+    def allgather(self, mine):
+        return [mine if i == self.me else e for i, e in enumerate(self.entries)]
+
+
+def test_the_nccl_gpu_check_compares_simulated_nodes(fake_gpu, runtime_env, monkeypatch):
+    """Each rank bound to GPU 0 (``CUDA_VISIBLE_DEVICES=0``), 3 ranks on 2 simulated
+    nodes (0-1, 2): ranks 0 and 1 share their node's GPU and are refused, naming the
+    simulated node; ranks 0 and 2 are on different nodes and are accepted."""
+    import socket
+
+    from spmd.collectives import nccl
+    from spmd.errors import ArgumentError
+    from spmd.launch import nodes
+
+    monkeypatch.setattr(nodes, "_mpi_started", lambda: False)  # the job is the variables'
+
+    def entries(simulate):
+        out = []
+        for r in range(3):
+            runtime_env(PMI_RANK=str(r), PMI_SIZE="3", CUDA_VISIBLE_DEVICES="0",
+                        SPMD_SIMULATE_NODES=simulate)
+            out.append((nodes.reading(), nodes.node_name(), fake_gpu.cuda.Device().pci_bus_id))
+        return out
+
+    sim = entries("2")
+    host = socket.gethostname()
+    assert [e[1] for e in sim] == [f"{host}/node0", f"{host}/node0", f"{host}/node1"]
+    with pytest.raises(nccl.NCCLError, match=f"world ranks 0 and 1 both use GPU 0000:10:00.0 "
+                                             f"on host {host}/node0"):
+        nccl._check_distinct_gpus(fake_gpu, _Gathered(sim, 2), (0, 1, 2))
+    nccl._check_distinct_gpus(fake_gpu, _Gathered([sim[0], sim[2]], 1), (0, 2))
+    one = entries(None)  # without the setting: one host, the same GPU
+    with pytest.raises(nccl.NCCLError, match=f"world ranks 0 and 2 both use GPU 0000:10:00.0 "
+                                             f"on host {host}:"):
+        nccl._check_distinct_gpus(fake_gpu, _Gathered([one[0], one[2]], 1), (0, 2))
+    # Members that read different settings are stopped, every one alike.
+    with pytest.raises(ArgumentError, match=r"ranks \[0\]: SPMD_SIMULATE_NODES unset"):
+        nccl._check_distinct_gpus(fake_gpu, _Gathered([one[0], sim[2]], 0), (0, 2))
+
+
 def test_without_nccl_gpu_arrays_take_the_mpi_backend(fake_gpu):
     from spmd.collectives import mpi
     from spmd.collectives.process_group import ProcessGroup

@@ -1,7 +1,10 @@
 """The shared-memory collectives (spmd.collectives.mpi_shm) across real processes.
 
-Runs on 4 ranks (``.ci/pytest_mpi.sh``) and on 2 ranks x 2 devices
-(``test_hybrid_subprocess.py``).  Oracles are numpy on the global values, with
+Runs on 4 ranks (``.ci/pytest_mpi.sh``), once more on 4 ranks with
+``SPMD_SIMULATE_NODES=2`` (``make test-mpi``: ranks 0-1 and 2-3 on two simulated
+nodes, so a communicator of all ranks gets no window and its collectives go
+through MPI's calls, with the same results; groups within a node still get one),
+and on 2 ranks x 2 devices (``test_hybrid_subprocess.py``).  Oracles are numpy on the global values, with
 values chosen so that float sums are exact (small integers): a slot read
 before its writer finished, or written again before every member read it,
 shows as a wrong number, not as a tolerance question.  Ranks sleep at random
@@ -35,6 +38,15 @@ def _world():
 
 def _all_ranks():
     return tuple(range(_world().Get_size()))
+
+
+def _window_expected(ranks) -> bool:
+    """Whether ``ranks`` share a node, so get a window: always on this one machine,
+    unless SPMD_SIMULATE_NODES puts them on different simulated nodes."""
+    from spmd.launch import nodes
+
+    k = nodes.simulated()
+    return k is None or len({nodes.node_of(r, _world().Get_size(), k) for r in ranks}) == 1
 
 
 @pytest.fixture
@@ -105,6 +117,9 @@ def test_mixed_blocking_and_started_calls_are_exact_under_skew(fresh_shm):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
     seg = fresh_shm._segments.get(ranks)
+    if not _window_expected(ranks):  # on two simulated nodes: all through MPI
+        assert seg is None
+        return
     assert seg is not None and seg.calls > 0 and seg.starts > fresh_shm.RING
 
 
@@ -127,7 +142,8 @@ def test_dtypes_sum_like_numpy_with_the_same_bits_on_every_rank(fresh_shm, dtype
     np.testing.assert_array_equal(got, np.asarray(want).astype(dtype))
     digest = hashlib.blake2b(np.ascontiguousarray(got).tobytes()).hexdigest()
     assert len(set(comm.allgather(digest))) == 1
-    assert fresh_shm._segments.get(_all_ranks()) is not None  # it took the shared path
+    # (it took the shared path, unless the ranks are on several simulated nodes)
+    assert (fresh_shm._segments.get(_all_ranks()) is not None) == _window_expected(_all_ranks())
 
 
 def test_psum_of_a_jitted_shard_map_over_mesh_axes_matches_numpy(fresh_shm):
@@ -175,7 +191,7 @@ def test_disabled_path_gives_the_same_results(fresh_shm, monkeypatch):
     rank = _world().Get_rank()
     x = (np.arange(70000) % 13).astype(np.float32) * (rank + 1)
     on = mpi.allreduce(x, _all_ranks(), "sum")
-    assert fresh_shm._segments.get(_all_ranks()) is not None
+    assert (fresh_shm._segments.get(_all_ranks()) is not None) == _window_expected(_all_ranks())
     _world().Barrier()
     fresh_shm.reset()
     monkeypatch.setenv("SPMD_MPI_SHM_MAX_BYTES", "0")
@@ -218,8 +234,8 @@ def test_threads_on_different_communicators_run_at_once(fresh_shm):
     for t in threads:
         t.join()
     assert not errors, errors
-    assert fresh_shm._segments.get(mine_a) is not None
-    assert fresh_shm._segments.get(mine_b) is not None
+    assert (fresh_shm._segments.get(mine_a) is not None) == _window_expected(mine_a)
+    assert (fresh_shm._segments.get(mine_b) is not None) == _window_expected(mine_b)
 
 
 def _start_and_raise(x, ranks):
@@ -266,7 +282,8 @@ def test_alltoall_of_a_1d_operand_through_the_window(fresh_shm, monkeypatch, dty
     n, me = _world().Get_size(), _world().Get_rank()
     x = (np.arange(n) + 100 * me).astype(dtype)
     got = mpi.alltoall(x, _all_ranks())
-    assert fresh_shm._segments.get(_all_ranks()) is not None  # it took the window
+    # (it took the window, unless the ranks are on several simulated nodes)
+    assert (fresh_shm._segments.get(_all_ranks()) is not None) == _window_expected(_all_ranks())
     np.testing.assert_array_equal(got, np.array([100 * r + me for r in range(n)], dtype))
 
 
