@@ -11,6 +11,7 @@
 #   NP                       ranks (default 4)
 #   PYTEST_TIMEOUT           per-test limit in seconds (default 300)
 #   SPMD_MPI_RUN_TIMEOUT     whole-run limit in seconds (default 1200)
+#   SPMD_CHECK_COLLECTIVES   the checking mode (default 1 here: on)
 #   SPMD_REQUIRE_MPI_TESTS=1 make "no multi-process test collected" an error;
 #                            otherwise it is reported loudly and the run passes
 #   VENV                     the virtual environment (default .venv)
@@ -43,6 +44,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 # The launched size, for tests that check it.
 export SPMD_TEST_MPI_NP="$NP"
+# The project's own multi-process tests compare every collective across the ranks
+# before its data moves (docs/launching.md, "The checking mode"): a test whose ranks
+# fall out of step fails at once, naming them, instead of pairing wrong data.
+export SPMD_CHECK_COLLECTIVES=${SPMD_CHECK_COLLECTIVES:-1}
 
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/spmd-mpi-tests.XXXXXX")
 trap 'rm -rf "$logdir"' EXIT

@@ -77,3 +77,8 @@ class SpreadOverProcessesError(SpmdError, ValueError):
     ``shard_map`` over a mesh spread over processes) cannot run where it is: in a
     loop, ``cond``, ``checkpoint`` or custom derivative whose program cannot be
     partitioned over its mesh, or in a program compiled for this process alone."""
+
+
+class ProgramMismatchError(SpmdError, RuntimeError):
+    """Processes of one mesh are about to run different programs, or (with
+    ``SPMD_CHECK_COLLECTIVES=1``) issue different collectives at the same point."""

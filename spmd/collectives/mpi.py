@@ -29,8 +29,8 @@ import numpy as np
 
 from spmd.collectives import mpi_shm
 from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
-                                          CollectiveTimeoutError, complete_within, register,
-                                          site_here)
+                                          CollectiveTimeoutError, Site, complete_within,
+                                          register, site_here)
 from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
@@ -43,22 +43,45 @@ def world():
     return _world()
 
 
-@functools.lru_cache(maxsize=None)
-def communicator(ranks: tuple):
-    """A communicator over world ``ranks`` in that order (rank i of it is ranks[i])."""
-    comm = world()
-    if len(ranks) != comm.Get_size() or ranks != tuple(range(len(ranks))):
-        comm = comm.Create_group(comm.Get_group().Incl(list(ranks)))
-    ctl = register(ranks, comm)  # its control twin (spmd.collectives.mpi_control)
-    _agree_settings(ranks, ctl)
+_comms: dict = {}  # ranks -> the data communicator of that group
+
+
+def communicator(ranks: tuple, what=None):
+    """A communicator over world ``ranks`` in that order (rank i of it is ranks[i]),
+    made by the first collective over them (``what``: that collective, for reports)."""
+    comm = _comms.get(ranks)
+    return comm if comm is not None else _make_communicator(ranks, what)
+
+
+def _make_communicator(ranks: tuple, what):
+    """Make the data and control communicators of ``ranks``, collectively over them.
+
+    Watched like a collective (the deadline and ``spmd-run``'s check for ranks that
+    finished): a member that exits or skips its first call would otherwise leave the
+    others in ``MPI_Comm_dup`` for ever, with no report."""
+    site = what.setting_up() if isinstance(what, Site) else \
+        Site(str(what or "a collective"), phase="setting up the communicator of its ranks")
+    with Collective(ranks, site, control_traffic=True, checked=False):
+        comm = _comms.get(ranks)
+        if comm is not None:  # another thread of this process made it meanwhile
+            return comm
+        comm = world()
+        if len(ranks) != comm.Get_size() or ranks != tuple(range(len(ranks))):
+            comm = comm.Create_group(comm.Get_group().Incl(list(ranks)))
+        ctl = register(ranks, comm)  # its control twin (spmd.collectives.mpi_control)
+        _agree_settings(ranks, ctl)
+        _comms[ranks] = comm
     return comm
 
 
 def _settings() -> tuple:
     """The environment settings that choose a collective's algorithm (every member must
     choose alike), or the error reading them gave."""
+    from spmd.collectives.mpi_control import checking
+    from spmd.launch import nodes
+
     try:
-        return ("ok", mpi_shm.size_range(), _split_bytes())
+        return ("ok", mpi_shm.size_range(), _split_bytes(), checking(), nodes.simulated())
     except ArgumentError as e:
         return ("error", str(e))
 
@@ -66,17 +89,22 @@ def _settings() -> tuple:
 def _agree_settings(ranks: tuple, ctl) -> None:
     """Check, once per communicator, that its members read the same algorithm settings
     (``SPMD_MPI_SHM_MIN_BYTES``, ``SPMD_MPI_SHM_MAX_BYTES``,
-    ``SPMD_MPI_ALLREDUCE_SPLIT_BYTES``): members choosing differently would pair one
-    member's shared-memory barrier with another's MPI call.  Every member raises alike."""
+    ``SPMD_MPI_ALLREDUCE_SPLIT_BYTES``, ``SPMD_CHECK_COLLECTIVES``,
+    ``SPMD_SIMULATE_NODES``): members choosing differently would pair one member's
+    shared-memory barrier, or collective check, with another's MPI call.  Every member
+    raises alike."""
     every = ctl.allgather(_settings())
     if all(e == every[0] for e in every) and every[0][0] == "ok":
         return
-    lines = "\n".join(f"  rank {r}: " + (f"(min, slot) = {e[1]}, split = {e[2]}" if e[0] == "ok"
-                                          else e[1]) for r, e in zip(ranks, every))
+    lines = "\n".join(f"  rank {r}: " + (f"(min, slot) = {e[1]}, split = {e[2]}, check = {e[3]}, "
+                                          f"simulated nodes = {e[4]}"
+                                          if e[0] == "ok" else e[1])
+                      for r, e in zip(ranks, every))
     raise ArgumentError(
         f"the MPI ranks {list(ranks)} read different or invalid collective settings:\n{lines}\n"
-        "Give every rank the same SPMD_MPI_SHM_MIN_BYTES, SPMD_MPI_SHM_MAX_BYTES and "
-        "SPMD_MPI_ALLREDUCE_SPLIT_BYTES (or leave them unset)")
+        "Give every rank the same SPMD_MPI_SHM_MIN_BYTES, SPMD_MPI_SHM_MAX_BYTES, "
+        "SPMD_MPI_ALLREDUCE_SPLIT_BYTES, SPMD_CHECK_COLLECTIVES and SPMD_SIMULATE_NODES (or "
+        "leave them unset)")
 
 
 # MPI has no reduction over these types: reduce in a wider one.
@@ -243,7 +271,7 @@ def _split_slice(comm, buf, out, n: int):
 
 
 def allreduce(x, ranks, op, what=None):
-    comm = communicator(ranks)
+    comm = communicator(ranks, what)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape, buf.dtype)
     with Collective(ranks, what):
@@ -266,7 +294,7 @@ def allgather(x, ranks, what=None, *, control=False):
     control communicator, for agreement checks that must not pair with data)."""
     from spmd.collectives.mpi_control import control as control_comm
 
-    comm = control_comm(ranks) if control else communicator(ranks)
+    comm = control_comm(ranks, what) if control else communicator(ranks, what)
     n = len(ranks)
     src = _bytes(x)
     out = _recv_buffer((n,) + src.shape, np.uint8)
@@ -281,7 +309,7 @@ def allgather(x, ranks, what=None, *, control=False):
 
 def reduce_scatter(x, ranks, op="sum", what=None):
     """``x`` has the member count as its leading axis; member k gets the sum of row k."""
-    comm = communicator(ranks)
+    comm = communicator(ranks, what)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape[1:], buf.dtype)
     with Collective(ranks, what):
@@ -296,7 +324,7 @@ def reduce_scatter(x, ranks, op="sum", what=None):
 
 def alltoall(x, ranks, what=None):
     """``x`` has the member count as its leading axis; row j goes to member j."""
-    comm = communicator(ranks)
+    comm = communicator(ranks, what)
     n = len(ranks)
     src = _bytes(x)
     out = _recv_buffer(src.shape, np.uint8)
@@ -313,7 +341,7 @@ def sendrecv(x, ranks, dst, src, what=None):
     """Send ``x`` to member ``dst`` and receive from member ``src`` (either may be None)."""
     from mpi4py import MPI
 
-    comm = communicator(ranks)
+    comm = communicator(ranks, what or "ppermute")
     out = np.zeros_like(x)
     with Collective(ranks, what or "ppermute"):
         reqs = []
@@ -393,7 +421,7 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
 
     >>> r = iallreduce(g, (0, 1), "sum"); ...; total = r.wait()  # doctest: +SKIP
     """
-    comm = communicator(ranks)
+    comm = communicator(ranks, what)
     buf, orig = _widen(x)
     out = _recv_buffer(buf.shape, buf.dtype)
     mine, gather = _split_slice(comm, buf, out, len(ranks)), None

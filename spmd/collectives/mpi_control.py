@@ -86,6 +86,29 @@ def complete_within(pending: list, limit_s: float) -> None:
         pending = [r for r in pending if not r.Test()]
 
 
+# ------------------------------------------------------------ the checking mode
+
+_check: list = [None]
+
+
+def checking() -> bool:
+    """Whether every data collective is first compared across its ranks
+    (``SPMD_CHECK_COLLECTIVES=1``; read once, like the deadline)."""
+    if _check[0] is None:
+        raw = os.environ.get("SPMD_CHECK_COLLECTIVES", "").strip().lower()
+        if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+            raise ArgumentError(f"SPMD_CHECK_COLLECTIVES={raw!r} is not a switch; set it to 1 "
+                                "to compare every collective across its ranks, or 0 (the "
+                                "default) not to")
+        _check[0] = raw in ("1", "true", "yes", "on")
+    return _check[0]
+
+
+def reset_checking() -> None:
+    """Read ``SPMD_CHECK_COLLECTIVES`` again at the next collective (tests)."""
+    _check[0] = None
+
+
 # ------------------------------------------------------ control communicators
 
 _controls: dict = {}  # ranks -> the control communicator of that group
@@ -99,13 +122,14 @@ def register(ranks: tuple, data_comm):
     return comm
 
 
-def control(ranks: tuple):
-    """The control communicator of world ``ranks`` (made with the data one)."""
+def control(ranks: tuple, what=None):
+    """The control communicator of world ``ranks`` (made with the data one, by the first
+    collective over them: ``what``, for reports)."""
     comm = _controls.get(ranks)
     if comm is None:
         from spmd.collectives.mpi import communicator
 
-        communicator(ranks)
+        communicator(ranks, what)
         comm = _controls[ranks]
     return comm
 
@@ -135,12 +159,17 @@ def collective_time() -> tuple[int, float]:
 class Site(str):
     """What a collective equation is, for reports: a ``str`` (the spmd collective's
     name, e.g. ``"psum"``, as the backends' ``what`` parameter has always been) with
-    the program, equation and source line it came from, and a count of its calls."""
+    the program, equation and source line it came from, and a count of its calls.
+    ``phase`` says what the ranks do before any data moves (agreeing on the program,
+    setting up a communicator), when they wait there."""
 
-    def __new__(cls, what: str, program: str = "", equation: str = "", source: str = ""):
+    def __new__(cls, what: str, program: str = "", equation: str = "", source: str = "",
+                phase: str = ""):
         self = super().__new__(cls, what)
         self.program, self.equation, self.source = program, equation, source
+        self.phase = phase
         self.calls = 0
+        self.key = None  # its digest for the checking mode (made on first use)
         return self
 
     def describe(self) -> str:
@@ -148,7 +177,44 @@ class Site(str):
         if self.equation:
             parts.append(f"equation `{self.equation}`"
                          + (f" ({self.source})" if self.source else ""))
-        return ", ".join(p for p in parts if p)
+        text = ", ".join(p for p in parts if p)
+        if self.phase:
+            text = f"{text}; {self.phase}" if text else self.phase
+        return text
+
+    def setting_up(self) -> "Site":
+        """This site while the first collective over its ranks sets up their
+        communicator (collective over them: a member that never comes is waited for
+        there).  A site that is itself before any data (agreeing on a program) stays
+        as it is: setting up is part of it."""
+        if self.phase:
+            return self
+        return Site(str(self), self.program, self.equation, self.source,
+                    phase="setting up the communicator of its ranks")
+
+
+def program_here(frame=None) -> str:
+    """The innermost jitted function running in the calling thread (``"jit(step)"``),
+    else ``"an eager shard_map at file:line"``."""
+    from spmd.compiler.jit import JitFunction
+    from spmd.compiler.trace import user_source_info
+
+    f = frame or sys._getframe(1)
+    while f is not None:
+        if isinstance(f.f_locals.get("self"), JitFunction):
+            return f"jit({f.f_locals['self']._name})"
+        f = f.f_back
+    where = user_source_info()
+    return "an eager shard_map" + (f" at {where}" if where is not None else "")
+
+
+def agreement_site() -> Site:
+    """What the ranks do while they agree on a program before its first run, for the
+    deadline's and ``spmd-run``'s reports: "the first call of jit(step)" (agreeing on
+    the program)."""
+    program = program_here(sys._getframe(1))
+    what = f"the first call of {program}" if program.startswith("jit(") else program
+    return Site(what, phase="agreeing on the program")
 
 
 def site_here(what: str | None) -> Site | None:
@@ -157,20 +223,15 @@ def site_here(what: str | None) -> Site | None:
     if what is None or isinstance(what, Site):
         return what
     from spmd.compiler.ir import _Namer, pp_eqn
-    from spmd.compiler.jit import JitFunction
-    from spmd.compiler.trace import eval_program, user_source_info
+    from spmd.compiler.trace import eval_program
 
-    eqn, program = None, ""
+    eqn = None
     f = sys._getframe(1)
-    while f is not None and not (eqn is not None and program):
-        if eqn is None and f.f_code is eval_program.__code__:
+    while f is not None and eqn is None:
+        if f.f_code is eval_program.__code__:
             eqn = f.f_locals.get("eqn")
-        if not program and isinstance(f.f_locals.get("self"), JitFunction):
-            program = f"jit({f.f_locals['self']._name})"
         f = f.f_back
-    if not program:
-        where = user_source_info()
-        program = "an eager shard_map" + (f" at {where}" if where is not None else "")
+    program = program_here(sys._getframe(1))
     equation = source = ""
     if eqn is not None:
         equation = pp_eqn(eqn, _Namer(), indent=0).strip()
@@ -200,10 +261,13 @@ class Collective:
     (blocking) MPI calls that make it.  See the module docstring for what it enforces;
     ``control_traffic=True`` for the control communicator's own collectives."""
 
-    __slots__ = ("ranks", "what", "control", "seq", "limit", "since", "thread", "lock")
+    __slots__ = ("ranks", "what", "control", "seq", "limit", "since", "thread", "lock",
+                 "checked")
 
-    def __init__(self, ranks: tuple, what, control_traffic: bool = False):
+    def __init__(self, ranks: tuple, what, control_traffic: bool = False,
+                 checked: bool = True):
         self.ranks, self.what, self.control = ranks, what, control_traffic
+        self.checked = checked  # (False: it makes the control communicator it would use)
         self.limit = timeout_s()
 
     def __enter__(self):
@@ -226,7 +290,10 @@ class Collective:
             if not _watchdog_started:
                 _start_watchdog()
             inflight[me] = self
-            if me != _MAIN and not self.control:
+            if _check[0] if _check[0] is not None else checking():
+                if self.checked:
+                    _check_call(self)  # (covers the thread check below)
+            elif me != _MAIN and not self.control:
                 _check_threads(self)
         except BaseException:
             inflight.pop(me, None)
@@ -315,3 +382,73 @@ def _check_threads(c: Collective) -> None:
         f"different ranks, so they would pair one thread's data with another's:\n{detail}\n"
         "Issue a mesh's collectives from threads that run the same collectives in the same "
         "order on every rank (same thread names), or from one thread (e.g. the main thread)")
+
+
+def _call_text(c: "Collective") -> str:
+    """A collective as the checking mode compares it: its sequence number over its ranks,
+    the spmd collective, its program and equation, and the thread (not the source line:
+    checkouts may sit at other paths on other nodes)."""
+    w = c.what
+    thread = threading.current_thread().name
+    if c.control:  # an agreement of its own (compared by kind, not by what it agrees on)
+        doing = w.describe() if w.__class__ is Site else ""
+        return (f"{w or 'a control exchange'}" + (f" ({doing})" if doing else "")
+                + f", after collective #{c.seq}, from thread {thread!r}")
+    text = str(w or "a collective")
+    if w.__class__ is Site:
+        where = ", ".join(p for p in (f"program {w.program}" if w.program else "",
+                                      f"equation `{w.equation}`" if w.equation else "") if p)
+        text += f" in {where}" if where else ""
+    return f"collective #{c.seq}: {text}, from thread {thread!r}"
+
+
+_CALL, _CONTROL = 1, 2  # the kinds of record the checking mode exchanges
+
+
+def _check_call(c: "Collective") -> None:
+    """The checking mode (``SPMD_CHECK_COLLECTIVES=1``): before a collective's data moves,
+    its members compare, over the control communicator, a record of it: a data
+    collective's sequence number over the ranks and what it is (collective, program,
+    equation, thread); for an exchange on the control communicator itself (a program's
+    agreement, a shape check), its kind and the data collectives before it.  On a
+    difference every member raises :class:`ProgramMismatchError` naming the ranks,
+    instead of pairing its data with another collective's (a silent wrong result when
+    the shapes happen to fit) or waiting for the deadline.  One small control
+    ``Allgather`` per collective (measured: docs/launching.md)."""
+    import hashlib
+
+    import numpy as np
+
+    from spmd.collectives.mpi import _recv_buffer
+    from spmd.errors import ProgramMismatchError
+
+    if c.control:
+        c.seq = _seq.get(c.ranks, 0)  # (reported, not counted: control traffic)
+        mine = np.array((_CONTROL, c.seq, 0, 0), np.int64)
+    else:
+        w = c.what
+        key = w.key if w.__class__ is Site else None
+        if key is None or threading.get_ident() != _MAIN:
+            text = _call_text(c).split(": ", 1)[1]  # (what it is, less the number)
+            digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+            key = tuple(int(v) for v in np.frombuffer(digest, np.int64))
+            if w.__class__ is Site and threading.get_ident() == _MAIN:
+                w.key = key
+        mine = np.array((_CALL, c.seq) + key, np.int64)
+    rows = _recv_buffer((len(c.ranks), 4), np.int64)
+    comm = control(c.ranks)
+    comm.Allgather(mine, rows)
+    if (rows == mine).all():
+        return
+    texts = comm.allgather(_call_text(c))
+    groups: dict = {}
+    for r, t in zip(c.ranks, texts):
+        groups.setdefault(t, []).append(r)
+    detail = "\n".join(f"  rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {t}"
+                       for t, rs in groups.items())
+    raise ProgramMismatchError(
+        f"the ranks {list(c.ranks)} issue different collectives at the same point "
+        f"(SPMD_CHECK_COLLECTIVES=1 compares each one before its data moves):\n{detail}\n"
+        "A rank runs a program more (or less) often than the others, or takes a "
+        "rank-dependent path to another collective; every rank of a mesh must make the "
+        "same calls in the same order")

@@ -41,6 +41,12 @@ _query_ids = [0]
 _complained: set = set()
 
 
+def _world():
+    from spmd.launch.mpi import world
+
+    return world()
+
+
 def grace_s(limit: float) -> float:
     """How long a rank whose deadline fired waits for the others' answers."""
     return min(10.0, max(1.0, 0.05 * limit))
@@ -133,7 +139,9 @@ def serve() -> None:
     if not _threads_ok[0]:
         return
     status = MPI.Status()
-    for comm in list(ctl._controls.values()):
+    # The world communicator's point-to-point traffic too: a rank whose deadline fires
+    # while a communicator is being made has no control communicator to ask over yet.
+    for comm in [_world()] + list(ctl._controls.values()):
         while comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_QUERY, status=status):
             src = status.Get_source()
             q = comm.recv(source=src, tag=TAG_QUERY)
@@ -151,13 +159,18 @@ def _ask(c, limit: float) -> dict | None:
 
     if not _threads_ok[0]:
         return {}
-    comm = ctl.control(c.ranks)
-    mine = comm.Get_rank()
+    comm = ctl._controls.get(c.ranks)
+    if comm is None:  # still being made (c sets it up): ask over the world's point-to-point
+        comm, index = _world(), {r: r for r in c.ranks}
+    else:
+        index = {r: i for i, r in enumerate(c.ranks)}
+    member = {i: r for r, i in index.items()}
+    me = ctl._me()
     _query_ids[0] += 1
-    qid = (ctl._me(), _query_ids[0])
-    for i in range(len(c.ranks)):
-        if i != mine:
-            _sends.append(comm.isend({"ranks": list(c.ranks), "id": qid}, dest=i,
+    qid = (me, _query_ids[0])
+    for r in c.ranks:
+        if r != me:
+            _sends.append(comm.isend({"ranks": list(c.ranks), "id": qid}, dest=index[r],
                                      tag=TAG_QUERY))
     answers: dict = {}
     status = MPI.Status()
@@ -168,8 +181,8 @@ def _ask(c, limit: float) -> dict | None:
         serve()
         while comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_STATE, status=status):
             reply = comm.recv(source=status.Get_source(), tag=TAG_STATE)
-            if reply.get("id") == qid:
-                answers[c.ranks[status.Get_source()]] = reply
+            if reply.get("id") == qid and status.Get_source() in member:
+                answers[member[status.Get_source()]] = reply
         time.sleep(0.01)
     return answers
 
@@ -179,8 +192,12 @@ def report(c, limit: float, answers: dict) -> str:
     me = ctl._me()
     lines = [f"rank {me}: {c.what or 'a collective'} over ranks {list(c.ranks)} did not "
              f"complete within {limit:g}s ({ctl._setting()})"]
-    if isinstance(c.what, ctl.Site):
-        lines.append(f"  rank {me} is in {c.what.describe()}, call {c.what.calls} of it"
+    w = c.what
+    if isinstance(w, ctl.Site) and not (w.program or w.equation) and w.phase:
+        lines.append(f"  rank {me} is {w.phase} (no data has moved yet)")
+    elif isinstance(w, ctl.Site):
+        lines.append(f"  rank {me} is in {w.describe()}"
+                     + (f", call {w.calls} of it" if w.calls else "")
                      + (f"; collective #{c.seq} over these ranks" if c.seq else ""))
     arrived, missing = [], []
     for r in c.ranks:
@@ -192,7 +209,8 @@ def report(c, limit: float, answers: dict) -> str:
         (arrived if same else missing).append(r)
         if a is None:
             lines.append(f"  rank {r}: never arrived; no answer within {grace_s(limit):g}s "
-                         "(it finished, died, or runs code that holds the GIL)")
+                         "(it finished, died, runs code that holds the GIL, or has not "
+                         "reached its first collective)")
         elif not same:
             where = "; ".join(_where(w) for w in a["waits"]) or \
                 f"is in no collective; it runs Python at {a['python']}"

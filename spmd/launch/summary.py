@@ -121,7 +121,8 @@ def stranded_summary(np: int, finished: list[int], waits: dict[int, dict]) -> st
         groups.setdefault((w.get("what", "a collective"), w.get("where", "")), []).append(r)
     lines = []
     for (what, where), ranks in groups.items():
-        lines.append(f"{PROG}: {_listing(finished)} finished while {_listing(ranks)} wait for "
+        verb = "waits" if len(ranks) == 1 else "wait"
+        lines.append(f"{PROG}: {_listing(finished)} finished while {_listing(ranks)} {verb} for "
                      f"{them} in {what}" + (f" ({where})" if where else "")
                      + f"; the job of {np} ranks was ended")
     lines.append("(a rank that ends its script leaves any collective that needs it without "

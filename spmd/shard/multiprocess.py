@@ -167,8 +167,11 @@ def _gather_global(x: ShardedArray, fname: str) -> np.ndarray:
         everyone = mpi.allgather(np.ascontiguousarray(blocks), ranks)  # (P, local, *block)
         rows = {p: everyone[i] for i, p in enumerate(ranks)}
     else:  # processes with different device counts: one exchange per process
-        rows = {p: mpi.communicator(ranks).bcast(blocks if p == me else None,
-                                                 root=ranks.index(p)) for p in ranks}
+        comm = mpi.communicator(ranks, fname)
+        rows = {}
+        for p in ranks:
+            with mpi.Collective(ranks, fname):  # (the deadline watches it)
+                rows[p] = comm.bcast(blocks if p == me else None, root=ranks.index(p))
     for p in ranks:
         for k, d in enumerate(devs[p]):
             out[s.device_index(d, x.shape)] = rows[p][k]
@@ -239,7 +242,9 @@ def _exchange(x: ShardedArray, sharding, where: str) -> np.ndarray:
                     part = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, src))
                     pieces.append((k, dst, np.ascontiguousarray(block[part])))
         sends.append(pieces)
-    received = mpi.communicator(ranks).alltoall(sends)
+    comm = mpi.communicator(ranks, "reshard")
+    with mpi.Collective(ranks, "reshard"):  # (the deadline watches it)
+        received = comm.alltoall(sends)
     want = targets(me)
     out = np.empty((len(want),) + tuple(hi - lo for lo, hi in want[0]), x.dtype)
     for pieces in received:
