@@ -90,10 +90,15 @@ def _make_communicator(ranks: tuple):
         return nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
     from spmd.collectives import mpi
 
-    comm = mpi.communicator(ranks)
+    what = "setting up the NCCL communicator"
+    comm = mpi.communicator(ranks, what)
     me = comm.Get_rank()
-    _check_distinct_gpus(cp, comm, ranks)
-    uid = comm.bcast(nccl.get_unique_id() if me == 0 else None, root=0)
+    # Collective over the members (over MPI): watched like a collective, so that a
+    # member that never comes is reported, not waited for (NCCL's own set-up after
+    # it has no deadline).
+    with mpi.Collective(ranks, what, control_traffic=True, checked=False):
+        _check_distinct_gpus(cp, comm, ranks)
+        uid = comm.bcast(nccl.get_unique_id() if me == 0 else None, root=0)
     return nccl.NcclCommunicator(n, uid, me)
 
 
