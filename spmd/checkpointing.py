@@ -15,6 +15,11 @@ chunks of the blocks its devices hold, each block once (by the device whose
 the regions its devices need under the target sharding: no process ever holds
 the whole model unless the target says it should.
 
+Checked: each process writes a manifest of the chunks it wrote (sizes, crc32c), and
+each process checks the chunks it reads: a missing, truncated or altered chunk is
+a :class:`CheckpointError` on every process; :func:`latest_step` skips a damaged
+step (see :mod:`spmd._checkpoint_manifest`).
+
 Atomic: everything is written into ``<directory>/.tmp-step_<k>.<nonce>``; once
 every process has written its chunks, process 0 writes the metadata and renames
 the directory to ``step_<k>``.  A crash mid-save leaves only a ``.tmp-`` directory,
@@ -36,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from spmd import _checkpoint_manifest as manifest
 from spmd import tree_util
 from spmd.compiler.array import Array
 from spmd.errors import SpmdError
@@ -45,7 +51,7 @@ from spmd.shard.spec import NamedSharding, ShardingError, check_spec
 
 METADATA = "spmd_checkpoint.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-_FORMAT = 1
+_FORMAT = 2  # 2: chunk manifests and the crc32c codec; 1: neither
 
 
 class CheckpointError(SpmdError, ValueError):
@@ -92,7 +98,9 @@ def step_dir(directory: str, step: int) -> str:
 
 
 def all_steps(directory: str) -> list[int]:
-    """The steps of the complete checkpoints in ``directory``, ascending."""
+    """The steps of the committed checkpoints in ``directory`` (their metadata
+    written), ascending; :func:`latest_step` also checks that their chunks are all
+    there."""
     if not os.path.isdir(directory):
         return []
     steps = []
@@ -106,19 +114,41 @@ def all_steps(directory: str) -> list[int]:
 def latest_step(directory: str) -> int | None:
     """The newest complete checkpoint's step in ``directory`` (None when there is none).
 
-    Temporary directories of saves that did not finish are never picked.
+    Temporary directories of saves that did not finish are never picked, nor steps
+    whose chunks are not all there with the sizes their manifests list (a stat per
+    chunk, no reads): such a step is skipped with a warning, once per process.
 
     >>> latest_step("ckpt")
     100
     """
-    steps = all_steps(directory)
-    return steps[-1] if steps else None
+    for step in reversed(all_steps(directory)):
+        why = _incomplete(step_dir(directory, step))
+        if why is None:
+            return step
+        manifest.warn_once(("skip", os.path.realpath(step_dir(directory, step))),
+                           f"spmd.checkpointing.latest_step: skipping step {step} in "
+                           f"{directory!r}: {why}")
+    return None
+
+
+def _incomplete(path: str) -> str | None:
+    """Why the committed checkpoint ``path`` is not complete (None when it is)."""
+    try:
+        meta = _read_meta(path)
+    except CheckpointError as e:
+        return str(e)
+    if meta.get("format", 1) < 2:  # no manifests to check against
+        return None
+    return manifest.incomplete(path, meta)
 
 
 def _store(path: str, meta: dict | None = None):
     import tensorstore as ts
 
-    spec: dict = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}
+    # Chunks equal to the fill value are written too: every chunk has a file, so a
+    # missing file is always a loss.
+    spec: dict = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
+                  "store_data_equal_to_fill_value": True}
     if meta is None:
         return ts.open(spec, open=True).result()
     spec["metadata"] = meta
@@ -285,8 +315,9 @@ def _wait_at_exit() -> None:
 class _Plan:
     """What one process writes for one checkpoint, checked on every process."""
 
-    def __init__(self, directory, step, keep, final, treedef, leaves):
+    def __init__(self, directory, step, keep, final, treedef, leaves, replace=False):
         self.directory, self.step, self.keep, self.final = directory, step, keep, final
+        self.replace = replace  # a damaged checkpoint of this step is there
         self.treedef, self.leaves = treedef, leaves  # leaves: (path, shape, dtype, sh, blocks)
 
 
@@ -316,10 +347,19 @@ def _plan(directory: str, tree, step, keep, *, copy: bool) -> _Plan:
     finally:
         _all_ok(ok, f"save of {step_dir(directory, step)}: reading the blocks")
     final = step_dir(directory, step)
-    if os.path.exists(final):  # checked by every process: they all raise or none
+    # An existing step is never overwritten unless it is damaged: latest_step skips
+    # it, so a run resumed from an earlier step saves this step again.  Process 0's
+    # view decides, so that all processes raise or none.
+    exists, damaged = _bcast((os.path.exists(final), os.path.exists(final) and
+                              _incomplete(final)) if me == 0 else None)
+    if exists and not damaged:
         raise CheckpointError(f"save: {final} already exists; save under a new step, or "
                               "delete it first")
-    return _Plan(directory, int(step), keep, final, treedef, leaves)
+    if exists:
+        manifest.warn_once(("replace", os.path.realpath(final)),
+                           f"spmd.checkpointing.save: {final} exists but is damaged "
+                           f"({damaged}); this save replaces it", stacklevel=5)
+    return _Plan(directory, int(step), keep, final, treedef, leaves, replace=exists)
 
 
 def _write(plan: _Plan) -> str:
@@ -336,7 +376,8 @@ def _write(plan: _Plan) -> str:
                 _store(os.path.join(tmp, f"leaf_{i:05d}"), {
                     "shape": list(shape), "data_type": _zarr_dtype(dtype, p),
                     "chunk_grid": {"name": "regular",
-                                   "configuration": {"chunk_shape": _chunk(shape, sh)}}})
+                                   "configuration": {"chunk_shape": _chunk(shape, sh)}},
+                    "codecs": manifest.codecs(dtype)})
     except BaseException:
         ok = False
         raise
@@ -349,6 +390,11 @@ def _write(plan: _Plan) -> str:
             writes.extend(store[index].write(block) for index, block in blocks)
         for w in writes:
             w.result()
+        keys = [f"leaf_{i:05d}/{manifest.chunk_key(c)}"
+                for i, (p, shape, dtype, sh, blocks) in enumerate(plan.leaves)
+                for index, _ in blocks
+                for c in manifest.chunks_of(index, shape, _chunk(shape, sh))]
+        manifest.write(tmp, me, keys)  # after its chunks: it lists only written ones
     except BaseException:
         ok = False
         raise
@@ -357,7 +403,9 @@ def _write(plan: _Plan) -> str:
     try:
         if me == 0:
             meta = {"format": _FORMAT, "step": plan.step, "treedef": str(plan.treedef),
+                    "writers": process_count(),
                     "leaves": [{"path": p, "file": f"leaf_{i:05d}", "shape": list(shape),
+                                "chunk": _chunk(shape, sh),
                                 "dtype": dtype.name, "mesh": _mesh_record(sh),
                                 "spec": _spec_record(sh)}
                                for i, (p, shape, dtype, sh, _) in enumerate(plan.leaves)]}
@@ -365,7 +413,15 @@ def _write(plan: _Plan) -> str:
                 json.dump(meta, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-            os.rename(tmp, final)  # the commit
+            if plan.replace and os.path.exists(final):
+                # Set aside under a temporary name first: a crash between the renames
+                # leaves debris that the next save removes, never a mixed step.
+                aside = f"{tmp}.replaced"
+                os.rename(final, aside)
+                os.rename(tmp, final)  # the commit
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.rename(tmp, final)  # the commit
             if plan.keep is not None:
                 for old in all_steps(directory)[:-plan.keep]:
                     shutil.rmtree(step_dir(directory, old), ignore_errors=True)
@@ -409,8 +465,12 @@ def _read_meta(path: str) -> dict:
     if not os.path.isfile(meta_file):
         raise CheckpointError(f"restore: {path} is not a complete checkpoint (it has no "
                               f"{METADATA}); a save that did not finish leaves such a directory")
-    with open(meta_file) as f:
-        return json.load(f)
+    try:
+        with open(meta_file) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"restore: the metadata {meta_file} is unreadable "
+                              f"({type(e).__name__}: {e})") from None
 
 
 def _target_info(t, path: str):
@@ -432,24 +492,54 @@ def _target_info(t, path: str):
 
 
 def restore(directory: str, target, *, step: int | None = None):
-    """Read the checkpoint of ``step`` (default: the latest) in ``directory`` into the
-    structure of ``target``, placed by its shardings; every process must call it.
+    """Read the checkpoint of ``step`` (default: the latest complete one) in
+    ``directory`` into the structure of ``target``, placed by its shardings; every
+    process must call it.
 
     ``target`` is a pytree like the saved one whose leaves are ``NamedSharding``s,
     arrays (their sharding, shape and dtype), or abstract arrays with ``.shape``,
     ``.dtype`` and ``.sharding``.  Leaves without a sharding restore as whole
-    numpy arrays.  Each process reads only the blocks of its devices.
+    numpy arrays.  Each process reads only the blocks of its devices, and checks
+    each chunk it reads against the save's manifests: a missing, truncated or
+    altered chunk raises :class:`CheckpointError` on every process, naming the
+    step, the leaf and the block.  Waits for a pending :func:`save_async` first.
 
     >>> state = restore("ckpt", tree_map(lambda x: x.sharding, state))
     """
-    if step is None:
-        step = latest_step(directory)
-        if step is None:
-            found = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
-            raise CheckpointError(
-                f"restore: no complete checkpoint in {directory!r}" +
-                (f" (it holds {found[:8]})" if found else " (no such directory)" if found is None
-                 else " (it is empty)"))
+    wait_pending()  # the agreements below use the communicator of a pending save
+    # Every process raises alike (see manifest.agreed), so none waits in a collective.
+    steps = manifest.agreed(_comm(), lambda: _step_to_restore(directory, step), "restore",
+                            CheckpointError, share=True)
+    if len(set(steps)) > 1:  # a shared filesystem that shows processes different files
+        manifest.warn_once(("steps", os.path.realpath(directory), tuple(steps)),
+                           f"spmd.checkpointing.restore: the processes see different latest "
+                           f"complete steps in {directory!r} ({steps}, by process); "
+                           f"restoring step {min(steps)}, the oldest of them")
+    chosen = min(steps)
+    return manifest.agreed(_comm(), lambda: _restore_step(directory, chosen, target),
+                           f"restore of {step_dir(directory, chosen)}", CheckpointError)
+
+
+def _step_to_restore(directory: str, step) -> int:
+    if step is not None:
+        return int(step)
+    found = latest_step(directory)
+    if found is not None:
+        return found
+    committed = all_steps(directory)
+    if committed:  # every committed step is damaged: say how
+        why = "; ".join(f"step {s}: {_incomplete(step_dir(directory, s))}"
+                        for s in reversed(committed[-3:]))
+        raise CheckpointError(f"restore: no complete checkpoint in {directory!r} ({why}); "
+                              "copy a step again from where it was saved")
+    listing = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
+    raise CheckpointError(
+        f"restore: no complete checkpoint in {directory!r}" +
+        (f" (it holds {listing[:8]})" if listing else " (no such directory)"
+         if listing is None else " (it is empty)"))
+
+
+def _restore_step(directory: str, step: int, target):
     path = step_dir(directory, step)
     if not os.path.isdir(path):
         raise CheckpointError(f"restore: no checkpoint for step {step} in {directory!r} "
@@ -483,18 +573,36 @@ def restore(directory: str, target, *, step: int | None = None):
             except ShardingError as e:
                 raise CheckpointError(f"restore: the target sharding of the leaf at {p} does "
                                       f"not fit its saved shape {shape}: {e}") from None
-        plans.append((os.path.join(path, leaf["file"]), shape, sh))
-    # Every process has checked the same things: all raise above, or none.
-    leaves = [_read_leaf(*plan) for plan in plans]
+        plans.append((leaf, shape, sh))
+    checks = manifest.ReadChecks(directory, step, path, meta, lambda: next(
+        (s for s in reversed(all_steps(directory))
+         if s != step and _incomplete(step_dir(directory, s)) is None), None))
+    leaves = [_read_leaf(checks, *plan) for plan in plans]
     return tree_util.tree_unflatten(treedef, leaves)
 
 
-def _read_leaf(file: str, shape: tuple, sharding):
-    store = _store(file)
+def _read_leaf(checks, leaf: dict, shape: tuple, sharding):
+    try:
+        store = _store(os.path.join(checks.path, leaf["file"]))
+    except Exception as e:  # its zarr.json lost or damaged
+        raise CheckpointError(f"restore: step {checks.step} in {checks.directory!r} is "
+                              f"damaged: the array of the leaf at {leaf['path']} "
+                              f"({leaf['file']}) does not open ({type(e).__name__}: {e}); "
+                              f"{checks.fix()}") from None
+
+    def read(index):
+        why = checks.before_read(leaf, index)
+        if why is not None:
+            raise CheckpointError(why)
+        try:
+            return np.asarray((store.read() if index is Ellipsis else store[index].read())
+                              .result())
+        except Exception as e:  # tensorstore's errors, named by leaf and block
+            raise CheckpointError(checks.read_failed(leaf, index, e)) from None
+
     if sharding is None:
-        return np.asarray(store.read().result())
-    return make_array_from_callback(shape, sharding,
-                                    lambda index: np.asarray(store[index].read().result()))
+        return read(Ellipsis)
+    return make_array_from_callback(shape, sharding, read)
 
 
 def saved_metadata(directory: str, step: int | None = None) -> dict:

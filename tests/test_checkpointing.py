@@ -394,3 +394,238 @@ def test_restore_onto_the_shardings_of_a_live_tree(tmp_path):
     out = ckpt.restore(str(tmp_path), target)
     assert int(out["count"]) == 7 and out["w"].sharding == NamedSharding(mesh, P("a"))
     np.testing.assert_array_equal(np.asarray(out["w"]), W)
+
+
+# ------------------------------------------- damaged checkpoints (lost chunks)
+
+N = 1 << 20  # the issue's array: 1M float32 elements in 4 blocks of 262,144
+
+
+def _big(mesh, scale=1.0):
+    x = (np.arange(N, dtype=np.float32) + 1) * scale  # no zeros: a zero block is a loss
+    return spmd.device_put(x, NamedSharding(mesh, P("d")))
+
+
+def _two_steps(tmp_path):
+    """Steps 0 and 1 of {'params': {'w': <1M P('d') array on 4 devices>}}; the chunk
+    files of step 1's leaf, by chunk key (c/0 .. c/3)."""
+    mesh = spmd.make_mesh((4,), ("d",))
+    ckpt.save(str(tmp_path), {"params": {"w": _big(mesh, 0.5)}}, step=0)
+    ckpt.save(str(tmp_path), {"params": {"w": _big(mesh)}}, step=1)
+    c = tmp_path / "step_1" / "leaf_00000" / "c"
+    return mesh, {f"c/{n}": c / n for n in sorted(os.listdir(c))}
+
+
+def _target(mesh, spec=P("d")):
+    return {"params": {"w": NamedSharding(mesh, spec)}}
+
+
+# The error names the step, the leaf's pytree path, the block and the fix.
+_BLOCK_2 = (r"step 1 in .* the leaf at \['params'\]\['w'\], block \[524288:786432\] "
+            r"\(chunk c/2 of leaf_00000\)")
+_FIX = r"restore\(\.\.\., step=0\)"
+
+
+def test_a_missing_chunk_is_an_error_not_zeros(tmp_path):
+    mesh, chunks = _two_steps(tmp_path)
+    assert sorted(chunks) == ["c/0", "c/1", "c/2", "c/3"]
+    os.remove(chunks["c/2"])
+    with pytest.raises(CheckpointError, match=_BLOCK_2 + r", is missing.*" + _FIX):
+        ckpt.restore(str(tmp_path), _target(mesh), step=1)
+    # Onto another mesh and replicated (every device reads every chunk): the same error.
+    with pytest.raises(CheckpointError, match=_BLOCK_2 + r", is missing"):
+        ckpt.restore(str(tmp_path), _target(spmd.make_mesh((8,), ("d",)), P()), step=1)
+    # The intact step still restores.
+    out = ckpt.restore(str(tmp_path), _target(mesh), step=0)
+    np.testing.assert_array_equal(np.asarray(out["params"]["w"]),
+                                  (np.arange(N, dtype=np.float32) + 1) * 0.5)
+
+
+def test_a_truncated_chunk_is_a_checkpoint_error(tmp_path):
+    mesh, chunks = _two_steps(tmp_path)
+    data = chunks["c/2"].read_bytes()
+    chunks["c/2"].write_bytes(data[:1000])
+    with pytest.raises(CheckpointError, match=_BLOCK_2 + r", has 1000 bytes where the save "
+                                              r"wrote \d+ \(truncated.*" + _FIX):
+        ckpt.restore(str(tmp_path), _target(mesh), step=1)
+
+
+def test_an_altered_chunk_is_a_checkpoint_error(tmp_path):
+    mesh, chunks = _two_steps(tmp_path)
+    data = bytearray(chunks["c/2"].read_bytes())
+    data[4096] ^= 0x10  # one bit of one element, same size
+    chunks["c/2"].write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=_BLOCK_2 + r", fails its checksum.*" + _FIX):
+        ckpt.restore(str(tmp_path), _target(mesh), step=1)
+
+
+def test_a_chunk_replaced_by_another_valid_chunk_is_a_checkpoint_error(tmp_path):
+    # Intact on its own (its checksum fits its bytes) but not what this save wrote: a
+    # sync that mixed two runs.  Only the manifest's checksum tells.
+    mesh, chunks = _two_steps(tmp_path)
+    chunks["c/2"].write_bytes(chunks["c/1"].read_bytes())
+    with pytest.raises(CheckpointError, match=_BLOCK_2 + r", holds other data than the save "
+                                              r"wrote.*" + _FIX):
+        ckpt.restore(str(tmp_path), _target(mesh), step=1)
+
+
+def test_a_lost_chunk_of_zeros_is_caught_too(tmp_path):
+    # Chunks equal to zarr's fill value are written too, so a lost one is noticed.
+    mesh = spmd.make_mesh((4,), ("d",))
+    ckpt.save(str(tmp_path), {"z": spmd.device_put(np.zeros(16, np.float32),
+                                                   NamedSharding(mesh, P("d")))}, step=3)
+    c = tmp_path / "step_3" / "leaf_00000" / "c"
+    assert sorted(os.listdir(c)) == ["0", "1", "2", "3"]
+    os.remove(c / "1")
+    with pytest.raises(CheckpointError, match=r"step 3 .*\['z'\], block \[4:8\] \(chunk c/1 of "
+                                              r"leaf_00000\), is missing.*no other complete"):
+        ckpt.restore(str(tmp_path), {"z": NamedSharding(mesh, P("d"))}, step=3)
+
+
+def test_a_missing_chunk_of_an_unplaced_leaf_and_of_a_2d_leaf(tmp_path):
+    mesh = _meshes()["4x2"]
+    ckpt.save(str(tmp_path), _tree(mesh), step=2)
+    os.remove(tmp_path / "step_2" / "leaf_00003" / "c")  # the 0-d 'step_scale'
+    os.remove(tmp_path / "step_2" / "leaf_00002" / "c" / "3" / "1")  # ['params']['w']
+    target = _tree(mesh)
+    with pytest.raises(CheckpointError, match=r"\['params'\]\['w'\], block \[6:8, 4:8\] "
+                                              r"\(chunk c/3/1 of leaf_00002\), is missing"):
+        ckpt.restore(str(tmp_path), target, step=2)
+    del target["params"]["w"]  # (restore needs the whole structure: read it unsharded)
+    target["params"]["w"] = np.zeros((8, 8), np.float32)
+    with pytest.raises(CheckpointError, match=r"\['params'\]\['w'\], block \[6:8, 4:8\]"):
+        ckpt.restore(str(tmp_path), target, step=2)
+    (tmp_path / "step_2" / "leaf_00002" / "c" / "3" / "1").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"\['params'\]\['w'\], block \[6:8, 4:8\] "
+                                              r"\(chunk c/3/1 of leaf_00002\), has 0 bytes"):
+        ckpt.restore(str(tmp_path), _tree(mesh), step=2)
+
+
+def test_a_missing_manifest_is_an_error_naming_the_process(tmp_path):
+    mesh, chunks = _two_steps(tmp_path)
+    os.remove(tmp_path / "step_1" / "spmd_manifest.0.json")
+    with pytest.raises(CheckpointError, match=r"step 1 in .*the manifest of process 0 "
+                                              r"\(spmd_manifest\.0\.json\) is missing.*" + _FIX):
+        ckpt.restore(str(tmp_path), _target(mesh), step=1)
+
+
+def test_latest_step_skips_an_incomplete_step_and_says_so_once(tmp_path):
+    mesh, chunks = _two_steps(tmp_path)
+    assert ckpt.latest_step(str(tmp_path)) == 1
+    os.remove(chunks["c/3"])
+    with pytest.warns(UserWarning, match=r"latest_step: skipping step 1 in .*: its chunk "
+                                         r"leaf_00000/c/3 \(of the leaf at \['params'\]\['w'\]"
+                                         r"\) is missing"):
+        assert ckpt.latest_step(str(tmp_path)) == 0
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")  # said once per step directory
+        assert ckpt.latest_step(str(tmp_path)) == 0
+        out = ckpt.restore(str(tmp_path), _target(mesh))  # the latest complete one
+    np.testing.assert_array_equal(np.asarray(out["params"]["w"]),
+                                  (np.arange(N, dtype=np.float32) + 1) * 0.5)
+    assert ckpt.all_steps(str(tmp_path)) == [0, 1]  # committed, complete or not
+
+
+def test_latest_step_skips_a_truncated_chunk_and_a_missing_manifest(tmp_path):
+    mesh, chunks = _two_steps(tmp_path)
+    chunks["c/0"].write_bytes(chunks["c/0"].read_bytes()[:-1])
+    with pytest.warns(UserWarning, match=r"skipping step 1 .*leaf_00000/c/0 .* has \d+ bytes "
+                                         r"where the save wrote \d+"):
+        assert ckpt.latest_step(str(tmp_path)) == 0
+    os.remove(tmp_path / "step_0" / "spmd_manifest.0.json")
+    with pytest.warns(UserWarning, match=r"skipping step 0 .*the manifest of process 0"):
+        assert ckpt.latest_step(str(tmp_path)) is None
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint in .*step 1: .*c/0"):
+        ckpt.restore(str(tmp_path), _target(mesh))
+
+
+def _save_old_format(directory, mesh):
+    """A checkpoint as the code before chunk manifests wrote it (format 1: no
+    checksum codec, no manifests, chunks equal to the fill value not stored)."""
+    import json
+    import tensorstore as ts
+    x = np.arange(16, dtype=np.float32)
+    x[4:8] = 0  # a block of zeros: not stored
+    path = os.path.join(directory, "step_5")
+    ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path + "/leaf_00000"},
+             "metadata": {"shape": [16], "data_type": "float32",
+                          "chunk_grid": {"name": "regular",
+                                         "configuration": {"chunk_shape": [4]}}}},
+            create=True).result()[...].write(x).result()
+    with open(os.path.join(path, "spmd_checkpoint.json"), "w") as f:
+        json.dump({"format": 1, "step": 5, "treedef": "PyTreeDef({'x': *})",
+                   "leaves": [{"path": "['x']", "file": "leaf_00000", "shape": [16],
+                               "dtype": "float32", "mesh": {"axis_names": ["d"], "shape": [4]},
+                               "spec": ["d"]}]}, f)
+    return x
+
+
+def test_checkpoints_without_a_manifest_still_restore_with_one_warning(tmp_path):
+    mesh = spmd.make_mesh((4,), ("d",))
+    x = _save_old_format(str(tmp_path), mesh)
+    assert sorted(os.listdir(tmp_path / "step_5" / "leaf_00000" / "c")) == ["0", "2", "3"]
+    assert ckpt.latest_step(str(tmp_path)) == 5
+    with pytest.warns(UserWarning, match=r"step 5 in .* was saved without chunk manifests "
+                                         r"\(format 1\): a lost chunk would read as zeros"):
+        out = ckpt.restore(str(tmp_path), {"x": NamedSharding(mesh, P("d"))})
+    np.testing.assert_array_equal(np.asarray(out["x"]), x)
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        out = ckpt.restore(str(tmp_path), {"x": NamedSharding(mesh, P())})
+    np.testing.assert_array_equal(np.asarray(out["x"]), x)
+    # A truncated chunk of an old checkpoint is still a CheckpointError naming the leaf.
+    c0 = tmp_path / "step_5" / "leaf_00000" / "c" / "0"
+    c0.write_bytes(c0.read_bytes()[:5])
+    with pytest.raises(CheckpointError, match=r"step 5 .*the leaf at \['x'\], block \[0:4\] "
+                                              r"\(chunk c/0 of leaf_00000\), could not be "
+                                              r"read by tensorstore"):
+        ckpt.restore(str(tmp_path), {"x": NamedSharding(mesh, P("d"))})
+
+
+def test_the_manifest_lists_each_chunk_once_with_size_and_checksum(tmp_path):
+    import json
+    mesh, chunks = _two_steps(tmp_path)
+    with open(tmp_path / "step_1" / "spmd_manifest.0.json") as f:
+        man = json.load(f)
+    assert man["process"] == 0 and sorted(man["chunks"]) == [
+        f"leaf_00000/c/{i}" for i in range(4)]
+    for key, (size, digest) in man["chunks"].items():
+        assert size == os.path.getsize(chunks[key[len("leaf_00000/"):]]) == 4 * N // 4 + 4
+        assert len(digest) == 8
+    assert ckpt.saved_metadata(str(tmp_path))["writers"] == 1
+
+
+def test_a_lost_array_description_or_metadata_is_a_checkpoint_error(tmp_path):
+    mesh, chunks = _two_steps(tmp_path)
+    os.remove(tmp_path / "step_1" / "leaf_00000" / "zarr.json")
+    with pytest.raises(CheckpointError, match=r"step 1 in .* is damaged: the array of the leaf "
+                                              r"at \['params'\]\['w'\] \(leaf_00000\) does not "
+                                              r"open.*" + _FIX):
+        ckpt.restore(str(tmp_path), _target(mesh), step=1)
+    with pytest.warns(UserWarning, match=r"skipping step 1 .*leaf_00000/zarr\.json\) is missing"):
+        assert ckpt.latest_step(str(tmp_path)) == 0
+    (tmp_path / "step_0" / "spmd_checkpoint.json").write_text('{"format": 2, "ste')
+    with pytest.raises(CheckpointError, match=r"the metadata .*step_0/spmd_checkpoint\.json is "
+                                              r"unreadable \(JSONDecodeError"):
+        ckpt.restore(str(tmp_path), _target(mesh), step=0)
+    with pytest.warns(UserWarning, match=r"skipping step 0 .*unreadable"):
+        assert ckpt.latest_step(str(tmp_path)) is None
+
+
+def test_saving_a_step_again_replaces_it_only_when_damaged(tmp_path):
+    # A run resumed from step 0 (latest_step skipped the damaged step 1) saves step 1
+    # again; a complete step 1 is never overwritten.
+    mesh, chunks = _two_steps(tmp_path)
+    with pytest.raises(CheckpointError, match="step_1 already exists"):
+        ckpt.save(str(tmp_path), {"params": {"w": _big(mesh, 2.0)}}, step=1)
+    os.remove(chunks["c/1"])
+    with pytest.warns(UserWarning, match=r"save: .*step_1 exists but is damaged \(its chunk "
+                                         r"leaf_00000/c/1 .* is missing.*this save replaces it"):
+        ckpt.save(str(tmp_path), {"params": {"w": _big(mesh, 2.0)}}, step=1)
+    assert ckpt.latest_step(str(tmp_path)) == 1 and sorted(os.listdir(tmp_path)) == [
+        "step_0", "step_1"]
+    out = ckpt.restore(str(tmp_path), _target(mesh))
+    np.testing.assert_array_equal(np.asarray(out["params"]["w"]),
+                                  (np.arange(N, dtype=np.float32) + 1) * 2.0)
