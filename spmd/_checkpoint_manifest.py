@@ -48,7 +48,10 @@ def agreed(comm, fn, what: str, error_type, share: bool = False):
         return [value] if share else value
     text = None if error is None else (str(error) if isinstance(error, error_type)
                                        else f"{what}: {type(error).__name__}: {error}")
-    gathered = comm.allgather((text, value if share and error is None else None))
+    from spmd.checkpointing import watched
+
+    with watched(what):
+        gathered = comm.allgather((text, value if share and error is None else None))
     bad = [r for r, (t, _) in enumerate(gathered) if t is not None]
     if bad:
         if error is not None and not isinstance(error, Exception):

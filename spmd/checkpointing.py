@@ -73,14 +73,28 @@ def _comm():
     if not _comm_cache:
         from spmd.launch.mpi import world
 
-        _comm_cache.append(world().Dup())
+        with watched("setting up"):
+            _comm_cache.append(world().Dup())
     return _comm_cache[0]
+
+
+def watched(what: str):
+    """The protocol's exchanges are collective over every process: watched like a
+    collective (the deadline, ``spmd-run``'s check for ranks that finished), so that a
+    process that exits or never saves is reported instead of waited for."""
+    from spmd.collectives.mpi_control import Watched
+
+    return Watched(tuple(range(process_count())), f"checkpointing ({what})")
 
 
 def _all_ok(ok: bool, what: str) -> None:
     """Raise on every process unless ``ok`` holds on all of them (naming the ranks)."""
     comm = _comm()
-    flags = [ok] if comm is None else comm.allgather(ok)
+    if comm is None:
+        flags = [ok]
+    else:
+        with watched(what):
+            flags = comm.allgather(ok)
     bad = [r for r, f in enumerate(flags) if not f]
     if bad:
         raise CheckpointError(f"{what} failed on process(es) {bad}; see their errors")
@@ -88,7 +102,10 @@ def _all_ok(ok: bool, what: str) -> None:
 
 def _bcast(value):
     comm = _comm()
-    return value if comm is None else comm.bcast(value, root=0)
+    if comm is None:
+        return value
+    with watched("agreeing on a name"):
+        return comm.bcast(value, root=0)
 
 
 # --------------------------------------------------------------- helpers

@@ -337,6 +337,33 @@ class Collective:
         return time.time() - (time.monotonic() - self.since)
 
 
+class Watched(Collective):
+    """MPI calls on a communicator of their own (e.g. the checkpoint protocol's), watched
+    like a collective over world ``ranks``: the deadline's report and ``spmd-run``'s
+    check for ranks that finished see them.  No lock and no checks: they are not the
+    backend's collectives.
+
+    >>> with Watched((0, 1), "checkpointing.save"):             # doctest: +SKIP
+    ...     flags = comm.allgather(ok)
+    """
+
+    __slots__ = ()
+
+    def __init__(self, ranks: tuple, what: str):
+        super().__init__(ranks, Site(what), control_traffic=True, checked=False)
+
+    def __enter__(self):
+        self.seq, self.thread, self.since = 0, threading.get_ident(), time.monotonic()
+        if not _watchdog_started:
+            _start_watchdog()
+        inflight[self.thread] = self
+        return self
+
+    def __exit__(self, *exc):
+        inflight.pop(self.thread, None)
+        return False
+
+
 def _thread_name(ident) -> str:
     return next((t.name for t in threading.enumerate() if t.ident == ident), "?")
 

@@ -86,3 +86,32 @@ def test_setting_up_a_communicator_is_watched_too(tmp_path):
     assert ("spmd-run: rank 1 finished while rank 0 waits for it in psum (setting up the "
             "communicator of its ranks)") in out, out
     assert seconds < 25, f"took {seconds:.0f}s:\n{out}"
+
+
+# A checkpoint's save protocol is collective over every process too (its own
+# communicator): a rank that exits instead of saving is named, not waited for.
+_SAVE = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import spmd
+    from spmd import P, NamedSharding
+    from spmd import checkpointing as ckpt
+    me = spmd.process_index()
+    mesh = spmd.make_mesh((spmd.device_count(),), ("d",))
+    x = spmd.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("d")))
+    if me == 1:
+        sys.exit(0)
+    ckpt.save({ckpt_dir!r}, {{"x": x}}, step=1)
+    print("rank 0: saved", flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_exits_instead_of_saving_a_checkpoint_is_named(tmp_path):
+    script = _SAVE.format(ckpt_dir=str(tmp_path / "ck"))
+    status, out, seconds = run_spmd_run(script, 2, tmp_path, timeout=90,
+                                        env={"SPMD_COLLECTIVE_TIMEOUT": "30"})
+    assert status == 1, f"status {status} after {seconds:.0f}s:\n{out}"
+    assert "rank 0: saved" not in out, out
+    assert "spmd-run: rank 1 finished while rank 0 waits for it in checkpointing (" in out, out
+    assert seconds < 25, f"took {seconds:.0f}s:\n{out}"
