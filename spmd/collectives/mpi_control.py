@@ -21,7 +21,14 @@ the same name at the same equation, else all raise
 
 The deadline is ``SPMD_COLLECTIVE_TIMEOUT`` seconds (default
 :data:`DEFAULT_TIMEOUT_S`, 600 like PyTorch's NCCL watchdog; ``0`` disables it).
-The MPI calls themselves stay blocking (no polling on the data path).
+The MPI calls themselves stay blocking (no polling on the data path).  What runs
+before any data moves is watched the same way: the set-up of a group's
+communicators (``spmd.collectives.mpi.communicator``), the agreement on a program
+(:func:`agreement_site` names it "the first call of jit(step)"), and MPI calls on
+communicators of their own (:class:`Watched`, e.g. the checkpoint protocol's).
+
+The checking mode (``SPMD_CHECK_COLLECTIVES=1``, :func:`checking`) compares every
+collective across its ranks before its data moves (:func:`_check_call`).
 """
 
 from __future__ import annotations
