@@ -195,7 +195,7 @@ def report(c, limit: float, answers: dict) -> str:
     w = c.what
     if isinstance(w, ctl.Site) and not (w.program or w.equation) and w.phase:
         lines.append(f"  rank {me} is {w.phase} (no data has moved yet)")
-    elif isinstance(w, ctl.Site):
+    elif isinstance(w, ctl.Site) and w.describe():
         lines.append(f"  rank {me} is in {w.describe()}"
                      + (f", call {w.calls} of it" if w.calls else "")
                      + (f"; collective #{c.seq} over these ranks" if c.seq else ""))
