@@ -3,7 +3,8 @@ sharded data parallelism, with checkpoints that resume on another mesh.
 
     spmd-run -n 4 examples/train_transformer.py --mesh data=2,model=2 --steps 60
     spmd-run -n 4 examples/train_transformer.py --mesh data=2,model=2 --fsdp --ckpt-dir ck
-    spmd-run -n 2 examples/train_transformer.py --mesh data=1,model=2 --ckpt-dir ck --resume
+    spmd-run -n 2 examples/train_transformer.py --mesh data=1,model=2 --ckpt-dir ck
+    spmd-run -n 4 --max-restarts 2 examples/train_transformer.py --ckpt-dir ck --save-every 10
     python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
 
 The model is a decoder-only transformer (token and position embeddings, pre-norm
@@ -29,6 +30,12 @@ inside the same program to each device's blocks.  Rank 0 shows a progress bar
 with tokens per second, prints ``step <k> loss <x>`` at step 1 and every
 ``--log-every`` steps and ``final loss <x>`` at the end, writes a loss-curve PNG
 (``--plot``) and prints a short generated sample.
+
+With ``--ckpt-dir``, a run whose directory holds a complete checkpoint resumes
+from the latest one (so does a job that ``spmd-run --max-restarts`` starts
+again after a failure); ``--resume`` insists on one, ``--no-resume`` refuses to
+mix a fresh run's checkpoints with those already there.  The batch of step k is
+a function of k, so a resumed run computes what the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -282,7 +289,10 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--ckpt-dir", default=None)
     ap.add_argument("--save-every", type=int, default=0, help="0: only at the end")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
+                    help="restore the latest complete checkpoint in --ckpt-dir (default: when "
+                         "there is one); --resume fails without one, --no-resume starts from "
+                         "step 0 and needs a --ckpt-dir without checkpoints")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--plot", default=None, metavar="PNG")
     ap.add_argument("--sample", type=int, default=120, help="symbols to generate at the end")
@@ -298,6 +308,8 @@ def main(argv=None) -> int:
     data, model = parse_mesh(args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
     if args.resume and not args.ckpt_dir:
         raise SystemExit("--resume needs --ckpt-dir")
+    # Decided before any collective, from what every rank reads alike.
+    first = _resume_step(args)
     rank0 = spmd.process_index() == 0
     say = print if rank0 else (lambda *a, **k: None)
     cfg = Config(args)
@@ -320,15 +332,11 @@ def main(argv=None) -> int:
 
     params = init_params(cfg, specs, mesh, args.seed)
     state = opt.init(params)
-    first = 0
-    if args.resume:
+    if first:
         target = {"params": params, "opt": state}
-        if checkpointing.latest_step(args.ckpt_dir) is None:
-            raise SystemExit(f"--resume: no checkpoint in {args.ckpt_dir!r}")
         restored = checkpointing.restore(args.ckpt_dir, _targets(target, mesh, specs,
-                                                                 state_specs))
+                                                                 state_specs), step=first)
         params, state = restored["params"], restored["opt"]
-        first = checkpointing.latest_step(args.ckpt_dir)
         say(f"resumed from step {first}")
 
     losses, t0, tokens = [], time.perf_counter(), 0
@@ -372,6 +380,27 @@ def main(argv=None) -> int:
             text = sample(cfg, whole, specs1, "Return the ", args.sample, args.seed)
             say("sample: " + repr(text))
     return 0
+
+
+def _resume_step(args) -> int:
+    """The step to resume after: the latest complete checkpoint in ``--ckpt-dir``
+    (``checkpointing.latest_step``, which skips saves that did not finish), or 0 to
+    start fresh, as ``--resume`` / ``--no-resume`` / neither ask."""
+    latest = checkpointing.latest_step(args.ckpt_dir) if args.ckpt_dir else None
+    if args.resume is False:
+        if latest is not None:
+            # Its saves would mix with these, and keeping the newest three by step
+            # would delete the fresh run's own.
+            raise SystemExit(f"--no-resume: --ckpt-dir {args.ckpt_dir!r} already holds "
+                             f"checkpoints (latest: step {latest}); to start from step 0, "
+                             "give an empty or new --ckpt-dir, or leave out --no-resume to "
+                             "resume from them")
+        return 0
+    if latest is None:
+        if args.resume:
+            raise SystemExit(f"--resume: no complete checkpoint in {args.ckpt_dir!r}")
+        return 0
+    return latest
 
 
 def _local_bytes(tree) -> int:

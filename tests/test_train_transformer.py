@@ -5,7 +5,9 @@ resumes on another mesh and process count (short runs, small sizes)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import sys
 from collections import Counter
 
@@ -107,3 +109,38 @@ def test_save_on_4_ranks_resume_on_2_ranks_with_another_mesh(tmp_path):
     resumed = [float(line.split()[4]) for line in out.splitlines() if "] step 8 loss" in line]
     # Continues from the saved model and optimizer state, not from scratch (~4.56).
     assert resumed and resumed[0] < saved[0] + 0.3 and resumed[0] < 4.2, out[-3000:]
+
+
+def _final_loss(out: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith("final loss")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def test_a_run_resumes_by_itself_from_the_latest_checkpoint(ex, tmp_path, capsys):
+    import spmd.checkpointing as ckpt
+
+    ck = str(tmp_path / "ck")
+    argv = SMALL + ["--mesh", "data=4,model=2", "--steps", "8", "--save-every", "4",
+                    "--ckpt-dir", ck, "--sample", "0", "--log-every", "4", "--warmup", "2",
+                    "--stats", str(tmp_path / "stats")]
+    assert ex.main(argv) == 0
+    whole = capsys.readouterr().out
+    assert "resumed" not in whole
+    with open(tmp_path / "stats.rank0.json") as f:
+        whole_loss = json.load(f)["final_loss"]
+    # As if the run had died after step 4's checkpoint: the same command resumes
+    # there (no --resume) and ends with the uninterrupted run's loss, bit for bit.
+    shutil.rmtree(ckpt.step_dir(ck, 8))
+    assert ckpt.latest_step(ck) == 4
+    assert ex.main(argv) == 0
+    resumed = capsys.readouterr().out
+    assert "resumed from step 4" in resumed and "step 4 loss" not in resumed, resumed
+    with open(tmp_path / "stats.rank0.json") as f:
+        assert json.load(f)["final_loss"] == whole_loss
+    assert _final_loss(resumed) == _final_loss(whole)
+    # --no-resume will not mix a fresh run's checkpoints with these; --resume wants one.
+    with pytest.raises(SystemExit, match="--no-resume: --ckpt-dir .* already holds checkpoints"):
+        ex.main(argv + ["--no-resume"])
+    with pytest.raises(SystemExit, match="--resume: no complete checkpoint in"):
+        ex.main(argv[:-2] + ["--ckpt-dir", str(tmp_path / "empty"), "--resume"])

@@ -20,7 +20,11 @@ what a launcher needs on top:
   fatal-signal dump (segfault...) in ``rank<N>.fault`` and, when sent
   ``SIGUSR1``, its Python stacks in ``rank<N>.stack`` (``spmd-run --timeout``
   uses them to say where hung ranks were).  ``spmd-run`` reads them to
-  summarise a failure.
+  summarise a failure.  ``rank<N>.shm`` lists the shared-memory files
+  (``/dev/shm``) the rank maps, written when it finishes, fails or has waited
+  in a collective for a while: one of the ways the launcher knows which
+  segments are this job's, to remove them after an abnormal end
+  (:mod:`spmd.launch.cleanup`).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class _Reporter:
     def finish(self, status: int, kind: str, error: str = "") -> None:
         if self.dir is None:
             return
+        self.record_segments()
         if hasattr(signal, "SIGUSR1"):
             # The stack dump is for ranks still in the script; after it (in
             # MPI_Finalize, where faulthandler is gone) the signal must not kill.
@@ -89,6 +94,26 @@ class _Reporter:
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         self._write("json", json.dumps({"rank": self.rank, "status": status, "kind": kind,
                                         "error": error, "time": time.time()}))
+
+    def record_segments(self) -> None:
+        """Add the shared-memory files this process maps now to ``rank<N>.shm``
+        (files mapped earlier and since unmapped stay listed)."""
+        from spmd.launch import cleanup
+
+        try:
+            found = cleanup.mapped_files("self")
+        except Exception:  # noqa: BLE001 - a record is never worth failing the rank
+            return
+        if not found:
+            return
+        rec = _read_json(self.path("shm"))
+        files = rec.get("files", {}) if isinstance(rec, dict) else {}
+        if all(files.get(p) == list(k) for p, k in found.items()):
+            return
+        # path -> [st_dev, st_ino] (spmd.launch.cleanup.Segments.add_records)
+        files.update({p: list(k) for p, k in found.items()})
+        self._write("shm", json.dumps({"rank": self.rank, "host": socket.gethostname(),
+                                       "files": files}))
 
     def _write(self, suffix: str, text: str) -> None:
         # Write then rename, so the launcher never reads half a file.
@@ -113,6 +138,19 @@ def publish_wait(info: dict) -> None:
     if directory and os.path.isdir(directory):
         rep = _Reporter(directory, int(info["rank"]))
         rep._write("wait", json.dumps(info))
+        # A rank waiting this long may never finish (the job may be ended): record
+        # its segments now, those made since it started included.
+        rep.record_segments()
+
+
+def note_segments() -> None:
+    """Record in ``$SPMD_LAUNCH_DIR/rank<N>.shm`` the shared-memory files this process
+    maps now (called when MPI has just started: its node's segment exists from then
+    on); a no-op without the directory.  A rank killed a moment later, before the
+    launcher's next look at its mappings, still has its segment removed."""
+    directory, rank = os.environ.get("SPMD_LAUNCH_DIR"), rank_from_env()
+    if directory and rank is not None and os.path.isdir(directory):
+        _Reporter(directory, rank).record_segments()
 
 
 def record_failure(rank: int, status: int, kind: str, error: str) -> None:
@@ -121,7 +159,9 @@ def record_failure(rank: int, status: int, kind: str, error: str) -> None:
     ``$SPMD_LAUNCH_DIR``."""
     directory = os.environ.get("SPMD_LAUNCH_DIR")
     if directory and os.path.isdir(directory):
-        _Reporter(directory, rank)._write("json", json.dumps(
+        rep = _Reporter(directory, rank)
+        rep.record_segments()  # before: the job is about to be aborted
+        rep._write("json", json.dumps(
             {"rank": rank, "status": status, "kind": kind, "error": error, "time": time.time()}))
 
 

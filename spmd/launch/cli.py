@@ -9,7 +9,10 @@ rank with the environment ``spmd`` reads (``SPMD_LOCAL_DEVICES``,
 ``SPMD_PLATFORM``, thread counts), watches the job, and when a rank fails ends
 the whole job and prints which rank failed, its exit status and the end of its
 error.  Its own exit status is the failing rank's (124 after ``--timeout``,
-130 after Ctrl-C).  See docs/launching.md.
+130 after Ctrl-C).  After every job it removes the shared-memory segments the
+job's ranks left (:mod:`spmd.launch.cleanup`).  With ``--max-restarts N`` a job
+whose ranks failed is started again, up to N times (:func:`run`).  See
+docs/launching.md.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from spmd.launch import _rank
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
@@ -56,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         usage=f"{PROG} -n N [options] (script.py | -m module) [args...]",
         description="Run a Python program on N MPI ranks (one spmd process each).",
         epilog="Everything after the script (or -m module) is passed to it. "
-               "Exit status: the failing rank's, 124 after --timeout, 130 after Ctrl-C, "
-               "2 for a launcher error. See docs/launching.md.")
+               "Exit status: the failing rank's (the last attempt's with --max-restarts), "
+               "124 after --timeout, 130 after Ctrl-C, 2 for a launcher error. "
+               "See docs/launching.md.")
     p.add_argument("-n", "--np", dest="np", metavar="N", required=True,
                    type=_positive(int, "a positive integer"), help="number of ranks (processes)")
     p.add_argument("--local-devices", metavar="K", type=_positive(int, "a positive integer"),
@@ -68,7 +73,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="prefix each output line with its rank (default: on)")
     p.add_argument("--timeout", metavar="SECONDS",
                    type=_positive(float, "a positive number of seconds"),
-                   help="end the job if it runs longer than this")
+                   help="end the job if it runs longer than this (all attempts together "
+                        "with --max-restarts; not restarted)")
+    p.add_argument("--max-restarts", metavar="N", type=_non_negative_int, default=0,
+                   help="start the whole job again after its ranks fail, up to N times "
+                        "(sets SPMD_RESTART_ATTEMPT and SPMD_MAX_RESTARTS; default 0)")
     p.add_argument("--mpiexec", metavar="PATH",
                    help="the mpiexec to use (default: $SPMD_MPIEXEC, the one next to this "
                         "Python, then mpiexec/mpirun on PATH, then the mpich wheel's)")
@@ -88,6 +97,19 @@ def _positive(kind, what: str):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return value
     return convert
+
+
+def _non_negative_int(text: str) -> int:
+    """``--max-restarts``: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a non-negative integer (the number of restarts after a failure; 0 "
+            f"never restarts), got {text!r}")
+    return value
 
 
 def _split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
@@ -202,8 +224,10 @@ def _ranks_per_node(n: int, environ, simulate: bool = False) -> int:
     return nodes.ranks_per_node(n, environ, simulate)
 
 
-def build_env(ns: argparse.Namespace, launch_dir: str, environ=None) -> dict[str, str]:
-    """The ranks' environment: ours plus what spmd and the BLAS libraries read."""
+def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
+              attempt: int = 0) -> dict[str, str]:
+    """The ranks' environment: ours plus what spmd and the BLAS libraries read, and
+    which attempt of the job this is (``attempt``: 0 first)."""
     env = dict(os.environ if environ is None else environ)
     if ns.local_devices is not None:
         env["SPMD_LOCAL_DEVICES"] = str(ns.local_devices)
@@ -220,12 +244,16 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None) -> dict[str
         env.setdefault(name, threads)
     env["PYTHONUNBUFFERED"] = "1"
     env["SPMD_LAUNCH_DIR"] = launch_dir
+    # As torchrun's TORCHELASTIC_RESTART_COUNT / TORCHELASTIC_MAX_RESTARTS.
+    env["SPMD_RESTART_ATTEMPT"] = str(attempt)
+    env["SPMD_MAX_RESTARTS"] = str(getattr(ns, "max_restarts", 0) or 0)
     return env
 
 
 # Variables Open MPI must be told to export to remote nodes (Hydra exports all).
 _EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "SPMD_GPU_BACKEND", "OMP_NUM_THREADS",
-             "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR")
+             "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR",
+             "SPMD_RESTART_ATTEMPT", "SPMD_MAX_RESTARTS")
 
 
 def build_command(ns: argparse.Namespace, mpiexec: str, impl: str,
@@ -286,6 +314,13 @@ def check_gpu(ns: argparse.Namespace, environ=None) -> None:
 # ------------------------------------------------------------------ main
 
 def run(ns: argparse.Namespace) -> int:
+    """Check the machine, then run the job, again after a failure of its ranks while
+    ``--max-restarts`` allows; return the last attempt's exit status.
+
+    Not restarted: a job that succeeded, ran past ``--timeout`` (a limit on the
+    whole run) or was interrupted (Ctrl-C, SIGTERM, SIGHUP).  Every attempt gets
+    a fresh launch directory, and its leftover shared memory is removed before
+    the next one starts."""
     if ns.target is not None and not os.path.isfile(ns.target):
         raise LaunchError(f"script {ns.target!r} not found (working directory {os.getcwd()})")
     if ns.platform == "gpu":
@@ -295,60 +330,94 @@ def run(ns: argparse.Namespace) -> int:
     if impl == "unknown" and ns.prefix:
         print(f"{PROG}: cannot tell which MPI {mpiexec} is; output lines are not prefixed "
               "with their rank", file=sys.stderr)
-    launch_dir = tempfile.mkdtemp(prefix="spmd-run-")
-    try:
-        env = build_env(ns, launch_dir)
-        job = Job(build_command(ns, mpiexec, impl, env), env, ns.np, launch_dir)
-        return _supervise(job, ns)
-    finally:
-        shutil.rmtree(launch_dir, ignore_errors=True)
-
-
-def _supervise(job: Job, ns: argparse.Namespace) -> int:
+    attempts = ns.max_restarts + 1
+    deadline = None if ns.timeout is None else time.monotonic() + ns.timeout
     # SIGTERM (a cancelled batch job) and SIGHUP (a closed terminal) end the
-    # job as Ctrl-C does.
+    # job as Ctrl-C does, also between two attempts.
     previous = {sig: signal.signal(sig, _raise_terminated)
                 for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None}
     try:
-        try:
-            job.start()
-            outcome, rc = job.wait(ns.timeout)
-        except KeyboardInterrupt:
-            print(f"\n{PROG}: interrupted; ending the job", file=sys.stderr)
-            job.end()
-            return INTERRUPTED
-        except _Terminated as e:
-            print(f"{PROG}: received {signal.Signals(e.signum).name}; ending the job",
-                  file=sys.stderr)
-            job.end()
-            return 128 + e.signum
-        if outcome == "timeout":
-            pids = job.pids()
-            reports = job.reports()
-            # Only ranks still in the script have the stack-dump handler.
-            stacks = job.stacks({r: p for r, p in pids.items() if r not in reports})
-            job.end()
-            print(timeout_summary(ns.np, ns.timeout, reports, pids, stacks), file=sys.stderr)
-            return TIMED_OUT
-        if outcome == "stranded":
-            finished, waits = rc
-            job.end()
-            print(stranded_summary(ns.np, finished, waits), file=sys.stderr)
-            return STRANDED
-        if outcome == "failed":
-            rc = job.end()
-        reports = job.reports()
-        if rc == 0 and all(rep.get("status") == 0 for rep in reports.values()):
-            return 0
-        if rc is not None and rc < 0:
-            rc = 128 - rc  # mpiexec itself died on a signal
-        faults = {r: _rank.read_text(job.dir, r, "fault") for r in range(ns.np)}
-        message, status = failure_summary(ns.np, reports, rc, faults, job.killed())
-        print(message, file=sys.stderr)
+        for attempt in range(attempts):
+            status, restartable = _attempt(ns, mpiexec, impl, attempt, deadline)
+            if status == 0 or not restartable or attempt + 1 == attempts:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                print(f"{PROG}: not restarting the job: --timeout {ns.timeout:g}s has passed",
+                      file=sys.stderr)
+                return status
+            print(f"{PROG}: restarting the job (attempt {attempt + 2} of {attempts})",
+                  file=sys.stderr, flush=True)
         return status
+    except KeyboardInterrupt:  # between two attempts (during one, _supervise has it)
+        print(f"\n{PROG}: interrupted; not restarting the job", file=sys.stderr)
+        return INTERRUPTED
+    except _Terminated as e:
+        print(f"{PROG}: received {signal.Signals(e.signum).name}; not restarting the job",
+              file=sys.stderr)
+        return 128 + e.signum
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
+             deadline: float | None) -> tuple[int, bool]:
+    """One run of the job: (exit status, whether a restart may follow)."""
+    launch_dir = tempfile.mkdtemp(prefix="spmd-run-")
+    job = None
+    try:
+        env = build_env(ns, launch_dir, attempt=attempt)
+        job = Job(build_command(ns, mpiexec, impl, env), env, ns.np, launch_dir)
+        return _supervise(job, ns, deadline)
+    finally:
+        try:
+            if job is not None:
+                job.cleanup()
+        finally:
+            shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def _supervise(job: Job, ns: argparse.Namespace,
+               deadline: float | None = None) -> tuple[int, bool]:
+    """Start and watch ``job``, end it when needed and print why it failed; return
+    (exit status, whether the failure is one that ``--max-restarts`` restarts)."""
+    try:
+        job.start()
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        outcome, rc = job.wait(remaining)
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted; ending the job", file=sys.stderr)
+        job.end()
+        return INTERRUPTED, False
+    except _Terminated as e:
+        print(f"{PROG}: received {signal.Signals(e.signum).name}; ending the job",
+              file=sys.stderr)
+        job.end()
+        return 128 + e.signum, False
+    if outcome == "timeout":
+        pids = job.pids()
+        reports = job.reports()
+        # Only ranks still in the script have the stack-dump handler.
+        stacks = job.stacks({r: p for r, p in pids.items() if r not in reports})
+        job.end()
+        print(timeout_summary(ns.np, ns.timeout, reports, pids, stacks), file=sys.stderr)
+        return TIMED_OUT, False
+    if outcome == "stranded":
+        finished, waits = rc
+        job.end()
+        print(stranded_summary(ns.np, finished, waits), file=sys.stderr)
+        return STRANDED, True
+    if outcome == "failed":
+        rc = job.end()
+    reports = job.reports()
+    if rc == 0 and all(rep.get("status") == 0 for rep in reports.values()):
+        return 0, False
+    if rc is not None and rc < 0:
+        rc = 128 - rc  # mpiexec itself died on a signal
+    faults = {r: _rank.read_text(job.dir, r, "fault") for r in range(ns.np)}
+    message, status = failure_summary(ns.np, reports, rc, faults, job.killed())
+    print(message, file=sys.stderr)
+    return status, True
 
 
 def _raise_terminated(signum, frame):

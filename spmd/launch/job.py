@@ -5,7 +5,10 @@ job's launch directory (``spmd.launch._rank``): their results, and the
 collectives they have been waiting in for a while.  A rank that finished while
 others wait in a collective that needs it is reported at once (they would wait
 until the collective deadline).  mpiexec's stdout passes through the launcher,
-which reads MPICH's report of a rank killed by a signal from it.
+which reads MPICH's report of a rank killed by a signal from it.  While the
+ranks run, the launcher also notes the shared-memory segments they map, and
+removes those left behind once the job has ended (:meth:`Job.cleanup`,
+:mod:`spmd.launch.cleanup`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 import time
 
 from spmd.launch import _rank
+from spmd.launch.cleanup import Segments, mapped_files
 
 # How long a job may go on after a rank reported a failure before the
 # launcher ends it itself (mpiexec normally does it at once).
@@ -31,6 +35,13 @@ TERM_GRACE_S = 3.0
 # finished before the job is ended (a wait that is just completing has not yet
 # removed its record).
 STRANDED_CONFIRM_S = 2.0
+# How often the ranks' shared-memory mappings are read (also when a rank
+# starts): a segment made and left within less than this by every rank of a
+# node could be missed (the ranks' own records cover most such cases).
+SEGMENT_SCAN_S = 0.1
+# How long the ranks' processes get to be gone after mpiexec has exited (they
+# hold their segments until then) before the launcher kills them.
+REAP_S = 2.0
 
 # MPICH Hydra, run with -print-all-exitcodes: "[mpiexec@host] Exit codes: [host] 0,9,0"
 # (one code per rank, hosts in rank order), then the first failure's exit string.
@@ -69,45 +80,71 @@ class Job:
         self.ending = False          # set once the launcher itself ends the job
         self.banner: dict = {}       # what mpiexec said about a rank's abnormal end
         self._reader: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
         self._stranded: tuple = (None, 0.0)
+        self.segments: Segments | None = None
 
     def start(self) -> None:
         # Its own session: Ctrl-C reaches only the launcher, which then ends
         # the job in order, and the job's processes can be killed as a group.
         # Its stdout passes through us, to read what it says about killed ranks.
+        # /dev/shm is listed first: what is there already is never the job's.
+        self.segments = Segments()
         self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True,
                                      preexec_fn=_die_with_parent, stdout=subprocess.PIPE)
         self._reader = threading.Thread(target=self._copy_stdout, daemon=True)
         self._reader.start()
         self.deaths: list[list[int]] = []  # ranks whose process ended, in batches
         if hasattr(os, "pidfd_open"):
-            threading.Thread(target=self._watch_pids, daemon=True).start()
+            self._watcher = threading.Thread(target=self._watch_pids, daemon=True)
+            self._watcher.start()
 
     def _watch_pids(self) -> None:
         """Record the order in which the ranks' processes end (Linux pidfds), so that a
-        rank killed by a signal is told apart from those the job's cleanup killed."""
+        rank killed by a signal is told apart from those the job's cleanup killed, and
+        the shared-memory segments the live ranks map (:data:`SEGMENT_SCAN_S`)."""
         poller, fds, seen = select.poll(), {}, set()
+        host = socket.gethostname()
+        last_scan = 0.0
         while self.proc.poll() is None:
+            started = False
             for r in range(self.np):
                 info = None if r in seen else _rank.read_pid_file(self.dir, r)
-                if info and info.get("host") == socket.gethostname():
+                if info and info.get("host") == host:
                     seen.add(r)
                     try:
-                        fd = os.pidfd_open(int(info["pid"]))
+                        pid = int(info["pid"])
+                        fd = os.pidfd_open(pid)
                     except (OSError, ValueError, TypeError):
                         continue
-                    fds[fd] = r
+                    fds[fd] = (r, pid)
                     poller.register(fd, select.POLLIN)
+                    started = True
             ready = poller.poll(100)
-            batch = sorted(fds[fd] for fd, _ in ready)
+            batch = sorted(fds[fd][0] for fd, _ in ready)
             for fd, _ in ready:
                 poller.unregister(fd)
                 del fds[fd]
                 os.close(fd)
             if batch and not self.ending:
                 self.deaths.append(batch)
+            # Not right after a death: the next poll must come at once, to tell the
+            # rank that died first from those the job's cleanup kills next (the
+            # segments are the same, and were read while the job ran).
+            if not ready and (started or time.monotonic() - last_scan >= SEGMENT_SCAN_S):
+                self._scan_segments(fds)
+                last_scan = time.monotonic()
         for fd in fds:
             os.close(fd)
+
+    def _scan_segments(self, fds: dict) -> None:
+        """Note what the live ranks (pidfd -> (rank, pid)) map in /dev/shm."""
+        for fd, (_, pid) in list(fds.items()):
+            found = mapped_files(pid, self.segments.dir)
+            # Kept only if the rank is still alive after the read: then the pid was
+            # not reused by another process meanwhile.
+            if found and not select.select([fd], [], [], 0)[0]:
+                self.segments.add(found)
 
     def _copy_stdout(self) -> None:
         out = getattr(sys.stdout, "buffer", None)
@@ -210,6 +247,31 @@ class Job:
             _signal(pid, signal.SIGUSR1)
         time.sleep(0.5)
         return {r: _rank.read_text(self.dir, r, "stack") for r in pids}
+
+    def cleanup(self) -> list[str]:
+        """After the job has ended: make sure its local ranks are gone, then remove the
+        shared-memory segments they left (see :mod:`spmd.launch.cleanup`); return
+        the removed paths.  Safe to call whatever the outcome, also for a job that
+        succeeded (MPI then removed its segments itself, and nothing is left)."""
+        if self.proc is None or self.segments is None:
+            return []
+        if self.proc.poll() is None:
+            self.end()
+        if self._watcher is not None:
+            self._watcher.join(timeout=1.0)
+        # mpiexec has exited, so a rank still alive is an orphan; it would keep its
+        # segments (and they would rightly be left, being in use).
+        self._await_ranks_gone(REAP_S)
+        for pid in self.pids().values():
+            _signal(pid, signal.SIGKILL)
+        self._await_ranks_gone(1.0)
+        self.segments.add_records(self.dir, socket.gethostname())
+        return self.segments.remove()
+
+    def _await_ranks_gone(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def end(self) -> int:
         """End every process of the job; return mpiexec's exit status."""

@@ -20,6 +20,9 @@ def world():
         raise MPIUnavailableError(
             f"this process was launched as an MPI rank but mpi4py cannot be imported ({e}); "
             "install it with `pip install mpi4py mpich` (or `make venv`)") from None
+    from spmd.launch import _rank
+
+    _rank.note_segments()  # MPI's node segment: spmd-run removes it after a bad end
     return MPI.COMM_WORLD
 
 

@@ -307,10 +307,76 @@ def run_command(argv: list, *, env: dict | None = None,
     proc = subprocess.Popen([str(a) for a in argv], cwd=str(REPO_ROOT), env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    with _segments_of(proc):
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            return proc.returncode, out, time.monotonic() - start
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started
+            out, _ = proc.communicate()
+            return None, out, time.monotonic() - start
+
+
+@contextlib.contextmanager
+def _segments_of(proc):
+    """While the body runs, note the /dev/shm files that ``proc``'s processes map;
+    afterwards remove those left behind.  A job started by plain ``mpiexec`` that
+    does not end in ``MPI_Finalize`` (the fault tests' jobs) leaves MPICH's segment
+    of 2-4 MB there; ``spmd-run`` removes its own, this does it for the others
+    (:mod:`spmd.launch.cleanup`: only files no live process uses)."""
+    import threading
+    import time
+
+    from spmd.launch.cleanup import Segments, mapped_files
+
+    segments = Segments()
+    done = threading.Event()
+    seen: set[int] = set()
+
+    def watch():
+        while not done.is_set():
+            for pid in _descendants(proc.pid):
+                seen.add(pid)
+                segments.add(mapped_files(pid, segments.dir))
+            done.wait(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out, time.monotonic() - start
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the ranks it started
-        out, _ = proc.communicate()
-        return None, out, time.monotonic() - start
+        yield
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+        deadline = time.monotonic() + 2.0  # ranks ended with mpiexec may still be dying
+        while any(map(_alive, seen)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        segments.remove()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    """The live processes under ``pid`` (a launcher: its proxies and ranks)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":  # a zombie holds no memory
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
