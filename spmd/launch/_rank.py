@@ -80,6 +80,14 @@ class _Reporter:
         faulthandler.enable(fault, all_threads=True)
         if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True, chain=False)
+        # The write end of the launcher's FIFO for this rank, held until the process
+        # ends: the kernel closes it the moment the rank dies, before mpiexec can
+        # end the others, so the launcher learns which rank went first
+        # (spmd.launch.job.Job._watch_exits).  None on another host or without it.
+        try:
+            self._keep.append(os.open(self.path("alive"), os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
         # Written last: a pid file means the handlers above are in place.
         self._write("pid", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
 

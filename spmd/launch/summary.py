@@ -66,7 +66,10 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
         verb = "was" if len(ranks) == 1 else "were"
         lines.append(f"{PROG}: {_plural(ranks)} of {np} {verb} killed by {_signal_name(sig)} "
                      "(no Python error: e.g. the out-of-memory killer, or a kill command); the "
-                     "job was ended")
+                     "job was ended"
+                     + ("" if len(ranks) == 1 else
+                        f" (one of them first, the others by the job's cleanup at the same "
+                        f"moment: which came first cannot be told)"))
     elif failed:
         first = min(failed, key=lambda r: (failed[r].get("time", 0), r))
         status = int(failed[first]["status"])

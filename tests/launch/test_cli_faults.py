@@ -71,7 +71,12 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_signal(tmp_path):
     """)
     status, out, seconds = _launch(script, 3, tmp_path)
     assert status is not None, f"the job hung (killed after {seconds:.0f}s):\n{out}"
-    assert "spmd-run: rank 2 of 3 was killed by SIGKILL" in out, out
+    # Rank 2 alone, or with the ranks mpiexec's cleanup ended with the same signal at
+    # the same moment (which came first cannot always be told: spmd.launch.job).
+    assert ("spmd-run: rank 2 of 3 was killed by SIGKILL" in out
+            or any(f"spmd-run: ranks {r} of 3 were killed by SIGKILL" in out
+                   for r in ("0,2", "1-2", "0-2"))), out
+    assert "which came first cannot be told" in out or "rank 2 of 3 was killed" in out, out
     assert status == 128 + 9, out
     assert "no rank reported an error from Python" not in out, out
     assert seconds < 40, f"took {seconds:.0f}s:\n{out}"
