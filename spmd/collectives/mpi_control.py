@@ -297,9 +297,10 @@ class Collective:
             if not _watchdog_started:
                 _start_watchdog()
             inflight[me] = self
-            if _check[0] if _check[0] is not None else checking():
-                if self.checked:
-                    _check_call(self)  # (covers the thread check below)
+            # (Unchecked ones first: a communicator's set-up reads the setting inside its
+            # agreement, so that a bad value raises on every member alike.)
+            if self.checked and (_check[0] if _check[0] is not None else checking()):
+                _check_call(self)  # (covers the thread check below)
             elif me != _MAIN and not self.control:
                 _check_threads(self)
         except BaseException:

@@ -113,7 +113,7 @@ _DISAGREE = textwrap.dedent("""
     import spmd
     from spmd.collectives import mpi
     if spmd.process_index() == 0:
-        os.environ["SPMD_CHECK_COLLECTIVES"] = "1"
+        os.environ["SPMD_CHECK_COLLECTIVES"] = {value!r}
     try:
         mpi.allreduce(np.ones(2, np.float32), (0, 1), "sum", what="psum")
     except ValueError as e:
@@ -122,14 +122,20 @@ _DISAGREE = textwrap.dedent("""
 
 
 @pytest.mark.timeout(120)
-def test_ranks_that_disagree_on_the_checking_mode_all_raise(tmp_path):
-    # One rank checking and another not would pair a check with data: a hang.
-    status, out, seconds = run_spmd_run(_DISAGREE, 2, tmp_path)
+@pytest.mark.parametrize("value", ["1", "maybe"])
+def test_ranks_that_disagree_on_the_checking_mode_all_raise(tmp_path, value):
+    # One rank checking and another not would pair a check with data: a hang; a bad
+    # value on one rank alone must not leave the other waiting either.
+    status, out, seconds = run_spmd_run(_DISAGREE.replace("{value!r}", repr(value)), 2,
+                                        tmp_path, env={"SPMD_COLLECTIVE_TIMEOUT": "30"})
     assert status == 0, out
     assert out.count("ArgumentError: the MPI ranks [0, 1] read different or invalid collective "
                      "settings") == 2, out
-    assert "check = True" in out and "check = False" in out, out
-    assert "SPMD_CHECK_COLLECTIVES" in out, out
+    if value == "1":
+        assert "check = True" in out and "check = False" in out, out
+    else:
+        assert "SPMD_CHECK_COLLECTIVES='maybe' is not a switch" in out, out
+    assert "SPMD_CHECK_COLLECTIVES" in out and seconds < 25, out
 
 
 def test_a_bad_checking_setting_names_the_variable(monkeypatch):
