@@ -21,8 +21,8 @@ what a launcher needs on top:
   ``SIGUSR1``, its Python stacks in ``rank<N>.stack`` (``spmd-run --timeout``
   uses them to say where hung ranks were).  ``spmd-run`` reads them to
   summarise a failure.  ``rank<N>.shm`` lists the shared-memory files
-  (``/dev/shm``) the rank maps, written when it finishes, fails or has waited
-  in a collective for a while: one of the ways the launcher knows which
+  (``/dev/shm``) the rank maps, written when MPI starts, when it finishes, fails
+  or has waited in a collective for a while: one of the ways the launcher knows which
   segments are this job's, to remove them after an abnormal end
   (:mod:`spmd.launch.cleanup`).
 """
@@ -139,12 +139,17 @@ class _Reporter:
 # has been waiting for a while, so that the launcher can tell when a rank that
 # finished leaves others waiting for it.
 
+def _launched(rank: int | None) -> _Reporter | None:
+    """The reporter of ``rank`` into ``$SPMD_LAUNCH_DIR``, None without the directory."""
+    rep = _Reporter(os.environ.get("SPMD_LAUNCH_DIR"), 0 if rank is None else rank)
+    return rep if rep.dir is not None and rank is not None else None
+
+
 def publish_wait(info: dict) -> None:
     """Record in ``$SPMD_LAUNCH_DIR/rank<N>.wait`` that this rank waits in a collective
     (``info``: rank, ranks, what, where, seq, since); a no-op without the directory."""
-    directory = os.environ.get("SPMD_LAUNCH_DIR")
-    if directory and os.path.isdir(directory):
-        rep = _Reporter(directory, int(info["rank"]))
+    rep = _launched(int(info["rank"]))
+    if rep is not None:
         rep._write("wait", json.dumps(info))
         # A rank waiting this long may never finish (the job may be ended): record
         # its segments now, those made since it started included.
@@ -156,18 +161,17 @@ def note_segments() -> None:
     maps now (called when MPI has just started: its node's segment exists from then
     on); a no-op without the directory.  A rank killed a moment later, before the
     launcher's next look at its mappings, still has its segment removed."""
-    directory, rank = os.environ.get("SPMD_LAUNCH_DIR"), rank_from_env()
-    if directory and rank is not None and os.path.isdir(directory):
-        _Reporter(directory, rank).record_segments()
+    rep = _launched(rank_from_env())
+    if rep is not None:
+        rep.record_segments()
 
 
 def record_failure(rank: int, status: int, kind: str, error: str) -> None:
     """Record this rank's result from outside the script's thread (a collective deadline
     found by the watchdog, just before it aborts the job); a no-op without
     ``$SPMD_LAUNCH_DIR``."""
-    directory = os.environ.get("SPMD_LAUNCH_DIR")
-    if directory and os.path.isdir(directory):
-        rep = _Reporter(directory, rank)
+    rep = _launched(rank)
+    if rep is not None:
         rep.record_segments()  # before: the job is about to be aborted
         rep._write("json", json.dumps(
             {"rank": rank, "status": status, "kind": kind, "error": error, "time": time.time()}))

@@ -98,7 +98,6 @@ class Job:
                                      preexec_fn=_die_with_parent, stdout=subprocess.PIPE)
         self._reader = threading.Thread(target=self._copy_stdout, daemon=True)
         self._reader.start()
-        self.deaths: list[list[int]] = []  # ranks whose process ended, in batches
         self.exits: list = []  # (time, rank) in the order their processes closed the FIFO
         if hasattr(os, "pidfd_open"):
             self._watcher = threading.Thread(target=self._watch_pids, daemon=True)
@@ -117,7 +116,7 @@ class Job:
                 # Non-blocking: no writer yet.  (Linux reports a hang-up only once a
                 # writer has come and gone.)
                 out[os.open(path, os.O_RDONLY | os.O_NONBLOCK)] = r
-            except (OSError, AttributeError):  # no FIFOs here: the pidfd order only
+            except (OSError, AttributeError):  # no FIFOs here (see killed)
                 break
         return out
 
@@ -134,7 +133,9 @@ class Job:
         while left and self.proc.poll() is None:
             for fd, ev in poller.poll(100):
                 if ev & (select.POLLHUP | select.POLLERR) and fd in left:
-                    self.exits.append((time.monotonic(), left.pop(fd)))
+                    r = left.pop(fd)
+                    if not self.ending:  # (not the ranks the launcher itself ends)
+                        self.exits.append((time.monotonic(), r))
                     poller.unregister(fd)
                 elif ev & select.POLLIN:
                     os.read(fd, 4096)  # (nothing is written; drain if something was)
@@ -145,9 +146,9 @@ class Job:
                 pass
 
     def _watch_pids(self) -> None:
-        """Record the order in which the ranks' processes end (Linux pidfds), so that a
-        rank killed by a signal is told apart from those the job's cleanup killed, and
-        the shared-memory segments the live ranks map (:data:`SEGMENT_SCAN_S`)."""
+        """Note the shared-memory segments the live ranks map, every
+        :data:`SEGMENT_SCAN_S` and when a rank starts; a rank's pidfd tells that the
+        pid read is still that rank (Linux)."""
         poller, fds, seen = select.poll(), {}, set()
         host = socket.gethostname()
         last_scan = 0.0
@@ -166,17 +167,11 @@ class Job:
                     poller.register(fd, select.POLLIN)
                     started = True
             ready = poller.poll(100)
-            batch = sorted(fds[fd][0] for fd, _ in ready)
-            for fd, _ in ready:
+            for fd, _ in ready:  # (a rank's process ended)
                 poller.unregister(fd)
                 del fds[fd]
                 os.close(fd)
-            if batch and not self.ending:
-                self.deaths.append(batch)
-            # Not right after a death: the next poll must come at once, to tell the
-            # rank that died first from those the job's cleanup kills next (the
-            # segments are the same, and were read while the job ran).
-            if not ready and (started or time.monotonic() - last_scan >= SEGMENT_SCAN_S):
+            if started or time.monotonic() - last_scan >= SEGMENT_SCAN_S:
                 self._scan_segments(fds)
                 last_scan = time.monotonic()
         for fd in fds:
@@ -227,14 +222,7 @@ class Job:
         order = [(t, r) for t, r in self.exits if r in silent]
         if order:
             return {r: sig for t, r in order if t - order[0][0] <= EXIT_TIE_S}
-        # Without FIFOs: the first processes to end without a Python report, of those
-        # mpiexec says the signal ended (the job's cleanup may kill others with the
-        # same signal).
-        for batch in self.deaths:
-            silent = [r for r in batch if r not in reported]
-            if silent:
-                return {r: sig for r in silent if codes[r] == sig}
-        return {}
+        return {}  # (no FIFOs here: which rank went first is not known)
 
     def stranded(self) -> tuple[list[int], dict[int, dict]] | None:
         """(ranks that finished, ranks waiting for them in a collective) once the same
