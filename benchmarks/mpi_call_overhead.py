@@ -11,14 +11,16 @@ layers between a jitted ``shard_map`` psum and the raw mpi4py call:
 2. ``spmd.collectives.mpi.allreduce`` (the backend function: dtype widening,
    the receive buffer, the per-collective bookkeeping of
    ``spmd.collectives.mpi_control.Collective``, the communicator cache);
-3. the ``mpi`` equation as generated code calls it (``rules["bind_impl"]``: the
-   backend function with its parameters bound);
+3. the ``mpi`` equation as generated code calls it (``rules["bind_impl"]``: for an
+   all-reduce, ``mpi._BoundAllreduce``, which after its first call of a shape makes
+   MPI's call directly inside the collective's bookkeeping);
 4. the compiled per-process program of the jitted psum, called on the global
    input (slicing this rank's block, reshapes, the ``mpi`` call);
-5. the jitted call itself on its fast path (``spmd/shard/fastcall.py``: the
-   call plan's key, the runner's guards, the results' placement);
-6. the same jitted call on the general path (the ``EAGER_CALL`` extension point
-   at its default: every call re-derives the partition and the per-process plan).
+5. the jitted call itself (``spmd.jit``: the call plan's key, the plan's reads of
+   the leaves, the results' placement; ``spmd/shard/jit.py``, ``spmd/shard/call.py``);
+6. the same program through the compiler's own jit, which binds the ``jit``
+   equation eagerly (the route of a jit equation met by the eager trace: the bind,
+   the trace, the dispatch's lookup of the same plans).
 
 It also times, on rank 0 alone and without communication (the fastest of 15
 rounds), the parts of the backend function, and the layers above it with every
@@ -66,7 +68,7 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
     out = np.empty_like(mine)
     ranks = tuple(range(n))
     mesh = spmd.make_mesh((n,), ("i",))
-    from spmd.compiler import extensions
+    from spmd.compiler.jit import jit as compiler_jit
 
     def psum_jit():
         return spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh,
@@ -75,22 +77,20 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
     f = psum_jit()
     f(x)
     (plan,) = f._plans.values()
-    exe = plan.runner.plan.exe  # the compiled per-process program the fast path runs
-    point = extensions.EAGER_CALL
-    installed, by = point.fn, point.installed_by
-    point.install(point.default, by="mpi_call_overhead")  # no runner: the general path
-    try:
-        g = psum_jit()
-        g(x)
-    finally:
-        point.install(installed, by=by)
+    exe = plan.plan.fn  # the compiled per-process program the call plan runs
+    # The compiler's own jit binds the jit equation, which the shard layer's dispatch
+    # evaluates (the route of a jit equation met eagerly): the same plans behind the
+    # bind, the eager trace and the dispatch's lookup.
+    g = compiler_jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
+                                    out_specs=P()))
+    g(x)
     op = mpi.mpi_p.rules["bind_impl"](np, kind="allreduce", ranks=ranks, op="sum", what="psum")
     layers = [("raw comm.Allreduce", lambda: comm.Allreduce(mine, out, op=MPI.SUM)),
               ("mpi.allreduce (backend function)", lambda: mpi.allreduce(mine, ranks, "sum")),
               ("mpi equation as generated code calls it", lambda: op(mine)),
               ("compiled per-process program", lambda: exe(x)),
-              ("jitted shard_map call (fast path)", lambda: f(x)),
-              ("jitted shard_map call (general path)", lambda: g(x))]
+              ("jitted shard_map call (its call plan)", lambda: f(x)),
+              ("jit equation bound eagerly (the dispatch)", lambda: g(x))]
     np.testing.assert_array_equal(np.asarray(f(x)), x.reshape(n, m).sum(0))
     samples = {name: [] for name, _ in layers}
     for _ in range(rounds):
@@ -133,8 +133,8 @@ def _without_communication(f, g, exe, x) -> list:
             for key in [k for k in names if k.startswith("_mpi_")]:
                 names[key] = _identity
     return [("  part: compiled per-process program, mpi call swapped out", lambda: exe(x)),
-            ("  part: jitted call, fast path, mpi call swapped out", lambda: f(x)),
-            ("  part: jitted call, general path, mpi call swapped out", lambda: g(x))]
+            ("  part: jitted call, its plan, mpi call swapped out", lambda: f(x)),
+            ("  part: jit equation bound eagerly, mpi call swapped out", lambda: g(x))]
 
 
 def _identity(v):

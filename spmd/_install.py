@@ -90,7 +90,6 @@ def run_once() -> None:
 def _fill_points() -> None:
     from spmd.collectives.api import pvary_traced
     from spmd.launch.platform import resolve_array_module
-    from spmd.shard.fastcall import first_call
     from spmd.shard.mesh_context import get_mesh
     from spmd.shard.sharded import plain_sharding, plain_shards
 
@@ -99,7 +98,6 @@ def _fill_points() -> None:
     extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.mesh_context")
     extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.sharded")
     extensions.PLAIN_SHARDS.install(plain_shards, by="spmd.shard.sharded")
-    extensions.EAGER_CALL.install(first_call, by="spmd.shard.fastcall")
     left = [p.name for p in extensions.POINTS if p.installed_by is None]
     if left:  # a point declared without a line above
         raise RuntimeError(f"install_extensions: extension points left at their default: "

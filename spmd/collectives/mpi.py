@@ -469,11 +469,55 @@ mpi_p.rules["start"] = _mpi_start  # its all-reduces may overlap compute
 _DIRECT_KINDS = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"})
 
 
+class _BoundAllreduce:
+    """:func:`allreduce` with its parameters bound, for one equation of generated code.
+
+    Its first call of an operand's shape and dtype runs :func:`allreduce` and notes
+    whether that was MPI's own ``Allreduce`` into a fresh array (a contiguous operand of
+    a type MPI reduces, below the shared-memory, split and pool sizes: choices fixed by
+    the size and the settings, read once).  Later calls of that shape and dtype make
+    just that call, inside the same bookkeeping (:class:`Collective`, reused: a call
+    sets every field it reads), so the per-call cost is the deadline's and thread
+    rules' record and the array, not the choosing."""
+
+    __slots__ = ("ranks", "op", "what", "fast", "record")
+
+    def __init__(self, ranks: tuple, op: str, what):
+        self.ranks, self.op, self.what = ranks, op, what
+        self.fast = None    # (shape, dtype, communicator, MPI op) once known
+        self.record = None  # the Collective reused by the fast calls
+
+    def __call__(self, x):
+        fast = self.fast
+        if fast is None or x.__class__ is not np.ndarray or x.shape != fast[0] \
+                or x.dtype is not fast[1] or not x.flags.c_contiguous:
+            return self._first(x)
+        out = np.empty(fast[0], fast[1])
+        with self.record:
+            fast[2].Allreduce(x, out, op=fast[3])
+        return out
+
+    def _first(self, x):
+        out = allreduce(x, self.ranks, self.op, self.what)
+        if self.fast is None and type(x) is np.ndarray and x.flags.c_contiguous \
+                and x.dtype not in _WIDEN \
+                and x.dtype.kind != "V" and x.nbytes < POOL_MIN_BYTES:
+            comm = communicator(self.ranks, self.what)
+            shm = self.op == "sum" and mpi_shm.segment_for(self.ranks, comm, x.nbytes,
+                                                           "allreduce")
+            if not shm and _split_slice(comm, x, x, len(self.ranks)) is None:
+                self.record = Collective(self.ranks, self.what)
+                self.fast = (x.shape, x.dtype, comm, _op(self.op))
+        return out
+
+
 def _bind_impl(xp, *, kind, ranks, op=None, dst=None, src=None, what=None):
     """For generated code on numpy: the backend operation itself, its parameters bound
     (no impl frame, kind lookup or keyword dict per call); None: the impl."""
     if xp is not np or kind not in _DIRECT_KINDS:
         return None
+    if kind == "allreduce":
+        return _BoundAllreduce(ranks, op, what)
     from spmd.collectives.backend import bound
 
     return bound(sys.modules[__name__], kind, ranks,

@@ -37,7 +37,6 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
 | :data:`ARRAY_MODULE` | ``spmd.launch.platform.resolve_array_module`` | returns numpy |
-| :data:`EAGER_CALL` | ``spmd.shard.fastcall.first_call`` | runs the general path, no runner |
 
 The other declared seam is the Array type itself: an upper layer's subclass of
 :class:`spmd.compiler.array.Array` (the shard layer's ``ShardedArray``) evaluates
@@ -45,7 +44,7 @@ eager primitives on its arguments through ``Array._eval_primitive``, so the
 compiler's Array knows nothing of shardings or processes.
 
 >>> [p.name for p in POINTS]
-['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'eager_call']
+['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module']
 """
 
 from __future__ import annotations
@@ -164,24 +163,8 @@ ARRAY_MODULE: ExtensionPoint = ExtensionPoint(
     _numpy)
 
 
-def _general_only(program, leaves, general):
-    return general(), None
-
-
-EAGER_CALL: ExtensionPoint = ExtensionPoint(
-    "eager_call",
-    "(program: ClosedProgram, leaves: list, general: () -> list) -> "
-    "(list, Callable[[list], list | None] | None)",
-    "The first eager call of a jitted function's call plan that binds ``jit`` (upper "
-    "layers' arrays among the arguments, or equations that need them): run ``general`` "
-    "(the general path) and return its results with a runner for the plan's later calls, "
-    "or None.  A runner returns the results of a call, or None when the call must take "
-    "the general path (its guards failed).  The shard layer's runner runs a program "
-    "partitioned over processes without re-deriving its partition on every call.",
-    _general_only)
-
 # Every point, for the installer's check and the tests.
-POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, EAGER_CALL)
+POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE)
 
 
 # ----------------------------------------------------------------- the installer

@@ -110,17 +110,20 @@ _EMPTY: dict = {}
 _SCALAR_TYPES = frozenset({bool, int, float, complex})
 
 
-def _leaf_key(x):
+def _leaf_key(x, upper=None):
     """The part of a call's fast key for a leaf that is not an exact numpy array.
 
-    spmd Arrays give their aval (its hash is precomputed); Python and numpy
-    scalars their type, which fixes their dtype and weak type; anything else
-    (ndarray subclasses, tracers) a 3-tuple with its type and aval, which
-    never equals the ``(shape, dtype)`` pair of a numpy array.
+    spmd Arrays give their aval (its hash is precomputed); Arrays of an upper
+    layer's type ``upper(x)`` where given; Python and numpy scalars their type,
+    which fixes their dtype and weak type; anything else (ndarray subclasses,
+    tracers) a 3-tuple with its type and aval, which never equals the
+    ``(shape, dtype)`` pair of a numpy array.
     """
     t = type(x)
     if t is Array:
         return x.aval
+    if upper is not None and isinstance(x, Array):
+        return upper(x)
     if t in _SCALAR_TYPES or isinstance(x, np.generic):
         return t
     if _am.is_device_array(x):  # a cupy array: like a numpy array's key, with its type
@@ -134,7 +137,12 @@ def _arg_aval(x):
     return get_aval(x) if a is None else a
 
 
-def _walk(x, leaves: list, toks: list) -> bool:
+def _upper_token(x):
+    """The compiler's key token for an Array of an upper layer's type."""
+    return (type(x), x.aval)
+
+
+def _walk(x, leaves: list, toks: list, upper=_upper_token) -> bool:
     """Flatten ``x`` if it is built of tuples, lists, dicts and None around
     numpy arrays, spmd Arrays and scalars: append its leaves to ``leaves`` and
     a prefix encoding of its structure and leaf keys to ``toks``.
@@ -145,7 +153,8 @@ def _walk(x, leaves: list, toks: list) -> bool:
     the token tuple is the cache key itself (no treedef to hash).  Tokens:
     ``tuple``/``list`` then the length; ``(dict, sorted keys)``; ``None``;
     a leaf's key as in :func:`_leaf_key` (an Array of an upper layer's type:
-    ``(its type, its aval)``).  No leaf key equals a node token,
+    ``upper(leaf)``, by default ``(its type, its aval)``; the shard layer's jit adds
+    the placement).  No leaf key equals a node token,
     so two token tuples are equal only for equal structures and leaf keys.
     """
     t = type(x)
@@ -153,10 +162,16 @@ def _walk(x, leaves: list, toks: list) -> bool:
         toks.append(t)
         toks.append(len(x))
         for c in x:
-            if type(c) is _ndarray:  # the common leaf, without a call
+            if type(c) is _ndarray:  # the common leaves, without a call
                 leaves.append(c)
                 toks.append((c.shape, c.dtype))
-            elif not _walk(c, leaves, toks):
+            elif isinstance(c, Array):
+                leaves.append(c)
+                toks.append(c.aval if type(c) is Array else upper(c))
+            elif type(c) in _SCALAR_TYPES:
+                leaves.append(c)
+                toks.append(type(c))
+            elif not _walk(c, leaves, toks, upper):
                 return False
         return True
     if t is _ndarray:
@@ -174,7 +189,7 @@ def _walk(x, leaves: list, toks: list) -> bool:
             return False
         toks.append((dict, tuple(keys)))
         for k in keys:
-            if not _walk(x[k], leaves, toks):
+            if not _walk(x[k], leaves, toks, upper):
                 return False
         return True
     if x is None:  # an empty node (none_is_leaf=False)
@@ -184,9 +199,9 @@ def _walk(x, leaves: list, toks: list) -> bool:
         leaves.append(x)
         toks.append(t)
         return True
-    if isinstance(x, Array):  # an upper layer's array type: its type and aval
+    if isinstance(x, Array):  # an upper layer's array type
         leaves.append(x)
-        toks.append((t, x.aval))
+        toks.append(upper(x))
         return True
     return False
 
@@ -267,7 +282,7 @@ class _CallPlan:
     """
 
     __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
-                 "single", "bind", "abstract", "runner")
+                 "single", "bind", "abstract")
 
     def __init__(self, entry: _Entry, leaves, avals):
         self.entry = entry
@@ -293,9 +308,6 @@ class _CallPlan:
             type(x) is not Array and isinstance(x, Array) for x in (*leaves, *entry.hoisted))
         # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
         self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
-        # For an eager call that binds: the upper layer's fast runner (None: not asked
-        # yet; False: none), see _eager_bound.
-        self.runner = None
 
 
 class JitFunction:
@@ -329,6 +341,9 @@ class JitFunction:
         self._cache: dict = {}   # (treedef, static key, avals, x64) -> _Entry
         self._plans: dict = {}   # cheap key (see _walk and _plan) -> _CallPlan
         self._no_static = not self._static_argnums and not self._static_argnames
+
+    # The key token of an Array of an upper layer's type (see _walk).
+    _upper = staticmethod(_upper_token)
 
     # The signature of a call with static arguments: the static key (checked
     # hashable), the leaves and the structure of the dynamic arguments.
@@ -387,10 +402,11 @@ class JitFunction:
     # ``args`` alone: no split, no sorting, and no wrapping tuple to flatten.
     def _plan(self, args, kwargs):
         """The call plan for these arguments (tracing on a miss), and the leaves."""
+        up = self._upper
         if self._no_static and not kwargs:
             leaves, treedef = _flatten(args)
             key = (treedef, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
-                   tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
+                   tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x, up)
                           for x in leaves]))
             plan = self._plans.get(key)
             if plan is None:
@@ -399,7 +415,7 @@ class JitFunction:
         static_key, leaves, treedef = self._signature(args, kwargs)
         # A 6-tuple: never equal to the 5-tuple keys of the common case.
         key = (treedef, static_key, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
-               tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x)
+               tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x, up)
                       for x in leaves]))
         plan = self._plans.get(key)
         if plan is None:
@@ -417,10 +433,14 @@ class JitFunction:
             entry = self._trace(static_key, treedef, avals)
             if any(isinstance(h, Tracer) for h in entry.hoisted):
                 # closed over an enclosing trace's values: this call only
-                return _CallPlan(entry, leaves, avals)
+                return self._make_plan(entry, leaves, avals)
             self._cache[akey] = entry  # only reached when tracing succeeded
-        plan = self._plans[key] = _CallPlan(entry, leaves, avals)
+        plan = self._plans[key] = self._make_plan(entry, leaves, avals)
         return plan
+
+    def _make_plan(self, entry: _Entry, leaves, avals):
+        """The plan of a new call signature (an upper layer's jit may make its own)."""
+        return _CallPlan(entry, leaves, avals)
 
     def _walked_plan(self, key, args, leaves) -> _CallPlan | None:
         """The plan for a call that _walk flattened (None: take the general path)."""
@@ -436,12 +456,17 @@ class JitFunction:
     def __call__(self, *args, **kwargs):
         if config.disable_jit:  # spmd.disable_jit(): run the Python function op by op
             return self._fun(*args, **kwargs)
+        plan, vals = self._lookup(args, kwargs)
+        return self._run(plan, args, vals)
+
+    def _lookup(self, args, kwargs) -> tuple:
+        """The call plan of these arguments (made on a miss) and their leaves."""
         # The common case (no static or keyword arguments; containers, arrays
         # and scalars) keys the plans on _walk's tokens; anything else, _plan.
         vals: list = []
         toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else (),
                 _ext.CONTEXT_KEY.fn()]
-        if self._no_static and not kwargs and _walk(args, vals, toks):
+        if self._no_static and not kwargs and _walk(args, vals, toks, self._upper):
             key = tuple(toks)
             plan = self._plans.get(key)
             if plan is None:
@@ -454,13 +479,16 @@ class JitFunction:
                 raise TypeError(f"jit({self._name}) was called with abstract arguments "
                                 "(ShapeDtypeStruct), which have no values; pass arrays, or use "
                                 ".trace(...), .lower(...) or spmd.eval_shape to trace only")
+        return plan, vals
+
+    def _run(self, plan: _CallPlan, args, vals: list):
+        """Run a call of ``plan`` on its leaves ``vals`` (a fresh list: it is changed)."""
         if plan.bind or not is_eager():
-            if plan.bind and is_eager():
-                # (eager: what was hoisted are Arrays spread over processes, no tracers)
-                outs = self._eager_bound(plan, [*plan.entry.hoisted, *vals])
-            else:
-                outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
-                                  name=self._name)
+            # Under a transformation, or (this compiler-only jit) arrays of an upper
+            # layer among the leaves: the ``jit`` equation is bound, and evaluated by
+            # the trace (eagerly: by those arrays, see Array._eval_primitive).
+            outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
+                              name=self._name)
             if plan.bind and self._donate_argnums:
                 self._delete_donated(args)
             return outs[0] if plan.single else plan.out_tree.unflatten(outs)
@@ -486,25 +514,6 @@ class JitFunction:
         return plan.out_tree.unflatten(
             [Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
              for o, a in zip(outs, plan.out_avals)])
-
-    def _eager_bound(self, plan: _CallPlan, vals: list) -> list:
-        """An eager call that binds ``jit`` (arrays of an upper layer among the
-        arguments, or equations that need them): the upper layer's runner for this
-        plan when it has one and its guards pass, else the general path.  The first
-        call of a plan takes the general path and asks the upper layer for a runner
-        (extension point ``EAGER_CALL``: e.g. a program spread over processes)."""
-        runner = plan.runner
-        if runner:
-            outs = runner(vals)
-            if outs is not None:
-                return outs
-        elif runner is None:
-            outs, runner = _ext.EAGER_CALL.fn(
-                plan.entry.closed, vals,
-                lambda: jit_p.bind(*vals, program=plan.entry.closed, name=self._name))
-            plan.runner = runner or False
-            return outs
-        return jit_p.bind(*vals, program=plan.entry.closed, name=self._name)
 
     def _delete_donated(self, args):
         for i in self._donate_argnums:

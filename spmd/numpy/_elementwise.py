@@ -11,6 +11,8 @@ from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.trace import get_aval
 from spmd.errors import DTypeError
 from spmd.numpy._util import promote_and_broadcast, promote_dtypes, static_int, to_array
+from spmd.shard.jit import Jit
+from spmd.shard.sharded import ShardedArray
 
 __all__ = ["add", "subtract", "multiply", "divide", "true_divide", "maximum", "minimum",
            "arctan2", "equal", "not_equal", "less", "less_equal", "greater",
@@ -23,24 +25,48 @@ __all__ = ["add", "subtract", "multiply", "divide", "true_divide", "maximum", "m
            "logaddexp"]
 
 
+# An eager call with a placed (sharded) Array among its operands runs as one jitted
+# call of the whole function -- promotion, broadcasting and the operation -- through
+# the shard layer's call plans (spmd.shard.jit): one plan lookup instead of a
+# partitioned call per primitive.  Under a transformation the jit equation is bound
+# and inlined, as any nested jit.
+_Placed = ShardedArray
+
+
 def _binary(lax_fn, name, to_float=False, ordered=False):
     def f(x1, x2, /):
+        if x1.__class__ is _Placed or x2.__class__ is _Placed:
+            return placed(x1, x2)
         a, b = promote_and_broadcast(x1, x2, fname=f"spmd.numpy.{name}", to_float=to_float)
         if ordered and dtypes.is_complex(get_aval(a).dtype):
             return _lexicographic(lax_fn, a, b)
         return lax_fn(a, b)
 
-    f.__name__ = name
+    def body(x1, x2):
+        a, b = promote_and_broadcast(x1, x2, fname=f"spmd.numpy.{name}", to_float=to_float)
+        if ordered and dtypes.is_complex(get_aval(a).dtype):
+            return _lexicographic(lax_fn, a, b)
+        return lax_fn(a, b)
+
+    body.__name__ = f.__name__ = name
+    placed = Jit(body, user=False)
     f.__doc__ = f"Elementwise ``{name}`` with broadcasting (like ``numpy.{name}``)."
     return f
 
 
 def _unary(lax_fn, name, to_float=True):
     def f(x, /):
+        if x.__class__ is _Placed:
+            return placed(x)
         (a,) = promote_and_broadcast(x, fname=f"spmd.numpy.{name}", to_float=to_float)
         return lax_fn(a)
 
-    f.__name__ = name
+    def body(x):
+        (a,) = promote_and_broadcast(x, fname=f"spmd.numpy.{name}", to_float=to_float)
+        return lax_fn(a)
+
+    body.__name__ = f.__name__ = name
+    placed = Jit(body, user=False)
     f.__doc__ = f"Elementwise ``{name}`` (like ``numpy.{name}``)."
     return f
 

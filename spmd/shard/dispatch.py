@@ -26,8 +26,7 @@ from __future__ import annotations
 import weakref
 
 from spmd.compiler.jit import jit_p
-from spmd.compiler.program_arrays import output_wrappers
-from spmd.compiler.trace import eval_plain, eval_program
+from spmd.compiler.trace import eval_program
 from spmd.shard.sharded import ShardedArray, from_whole
 from spmd.shard.spec import NamedSharding
 
@@ -71,6 +70,8 @@ def _in_specs(args, mesh) -> tuple:
 
 
 def _partition(program, mesh, in_specs):
+    """``program`` partitioned over ``mesh`` for these input specs (cached per program;
+    a failure raises, and is not cached: the caller's plan keeps what it decided)."""
     from spmd.shard.partition.partitioner import partition
 
     per = _partitioned.get(program)
@@ -79,48 +80,71 @@ def _partition(program, mesh, in_specs):
     key = (mesh, in_specs)
     hit = per.get(key)
     if hit is None:
-        from spmd.errors import SpmdError
-
-        try:
-            hit = partition(program, mesh, list(in_specs), [None] * len(program.out_avals))
-        except SpmdError as e:  # remembered: the same call fails the same way
-            hit = e
-        per[key] = hit
-    if isinstance(hit, Exception):
-        raise hit
+        hit = per[key] = partition(program, mesh, list(in_specs),
+                                   [None] * len(program.out_avals))
     return hit
 
 
-def _eval_jit(args, params, mesh):
-    """A jitted program on sharded arguments: partitioned with their shardings."""
-    from spmd.errors import SpmdError
-    from spmd.shard.execute import call
-    from spmd.shard.fastcall import note
+class ByEquation:
+    """The plan of a program over processes that the partitioner cannot take as a
+    whole (e.g. a ``shard_map`` over another mesh of the same devices): each equation
+    runs as an SPMD computation of its own.  ``reason``: the partitioner's error."""
 
-    program = params["program"]
-    in_specs = _in_specs(args, mesh)
+    __slots__ = ("program", "reason")
+
+    def __init__(self, program, reason: Exception):
+        import warnings
+
+        self.program = program
+        self.reason = reason
+        # Said once per plan (a plan is built once per call signature): slower than
+        # one partitioned program, and each equation's collectives agree on their own.
+        warnings.warn(f"a jitted program over processes runs equation by equation: the "
+                      f"partitioner cannot take it as a whole ({type(reason).__name__}: "
+                      f"{reason}). Each equation is then an SPMD computation of its own "
+                      "(right, but slower than one program); see docs/architecture.md, "
+                      "'The one call path'", UserWarning, stacklevel=6)
+
+    def __call__(self, leaves) -> list:
+        return eval_program(self.program, *leaves)
+
+
+def plan_for(program, leaves, mesh):
+    """The call plan (:mod:`spmd.shard.call`) of the jitted ``program`` on leaves like
+    ``leaves`` placed on ``mesh``: partitioned with their shardings over processes;
+    compiled on the whole values, its results placed as propagation says, in one."""
+    from spmd.errors import SpmdError
+    from spmd.shard import call
+
+    in_specs = _in_specs(leaves, mesh)
     if mesh.is_multi_process:
         try:
             part = _partition(program, mesh, in_specs)
-        except SpmdError:
-            # The partitioner cannot take it (e.g. a shard_map over another mesh of
-            # the same devices): each equation runs as an SPMD computation instead.
-            return eval_program(program, *args)
-        outs = call(part.body, mesh, part.in_specs, part.out_specs, args)
-        note(program, part, mesh, args, outs)  # for the jit's fast path (fastcall.py)
-        return outs
-    # One process: the whole values are here, so the compiled program runs on them
-    # as it is; the partitioner only says where its results are placed.
-    outs = eval_plain(jit_p, args, params)
-    try:
-        out_specs = _partition(program, mesh, in_specs).out_specs
-    except SpmdError:  # (PartitionError and the like)
-        # No propagation for this program: its shard_map and constrained outputs
-        # keep their placements, the others are left unplaced (whole values).
-        wrappers = output_wrappers(program) or [None] * len(outs)
-        return [o if w is None else w(o) for o, w in zip(outs, wrappers)]
-    return [from_whole(o.value, o.aval, NamedSharding(mesh, s))
-            for o, s in zip(outs, out_specs)]
+        except SpmdError as e:
+            return ByEquation(program, e)
+        return call.over_processes(part, mesh, leaves)
+    out_specs = _partition(program, mesh, in_specs).out_specs
+    return call.whole_values(program, mesh, out_specs, leaves)
+
+
+# Per program: {the leaves' key: plan} for jit equations bound eagerly on placed values.
+_bound_plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _eval_jit(args, params, mesh):
+    """A jitted program on sharded arguments, bound eagerly (a jit of the compiler
+    alone, an equation evaluated by itself): the same plans as ``spmd.jit``'s."""
+    program = params["program"]
+    per = _bound_plans.get(program)
+    if per is None:
+        per = _bound_plans[program] = {}
+    from spmd.shard.call import leaf_token
+
+    key = (mesh, tuple(map(leaf_token, args)))
+    plan = per.get(key)
+    if plan is None:
+        plan = per[key] = plan_for(program, args, mesh)
+    return plan(args)
 
 
 def eval_jit_over(program, args, mesh, required: bool = False):
@@ -136,7 +160,7 @@ def eval_jit_over(program, args, mesh, required: bool = False):
         _partition(program, mesh, _in_specs(args, mesh))
     except SpmdError as e:
         if not required:
-            return None
+            return eval_program(program, *args)
         from spmd.errors import SpreadOverProcessesError
 
         what = program.program.eqns[0].primitive.name if program.program.eqns else "program"

@@ -253,23 +253,27 @@ class _Plan:
         from spmd.compiler.avals import ShapedArray
         from spmd.shard.sharded import ShardedArray
 
+        from spmd.shard.sharded import placement_token
+
         self.array = ShardedArray  # (kept here: an import per call costs ~0.3 µs)
         self.exe = executable_for(process_program(program, mesh, in_specs, out_specs, kinds))
         self.outs = []
         for a, spec, s in zip(program.out_avals, out_specs, _in_shardings(mesh, out_specs)):
             aval = ShapedArray(_global(a.shape, spec, mesh), a.dtype, a.weak_type)
-            self.outs.append((aval, s, bool(spec.mesh_axes)))
+            split = bool(spec.mesh_axes)
+            self.outs.append((aval, s, split, placement_token(ShardedArray, aval, s, split)))
 
     def results(self, outs) -> list:
         """The compiled program's raw outputs as ShardedArrays placed by the out specs
         (split specs hold this process's blocks; replicated ones the whole value)."""
         array = self.array
         results = []
-        for o, (aval, s, split) in zip(outs, self.outs):
+        for o, (aval, s, split, token) in zip(outs, self.outs):
             if type(o) is not np.ndarray or o.dtype != aval.dtype:
                 o = _scalar_as(o, aval.dtype) if np.ndim(o) == 0 else o.astype(aval.dtype,
                                                                                 copy=False)
-            results.append(array(None, aval, s, o) if split else array(o, aval, s))
+            results.append(array(None, aval, s, o, token) if split
+                           else array(o, aval, s, None, token))
         return results
 
 

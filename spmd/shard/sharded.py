@@ -27,6 +27,7 @@ Eager operations on sharded arrays are evaluated by :mod:`spmd.shard.dispatch`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 
@@ -178,16 +179,47 @@ def not_here_error(shape, dtype, sharding, what: str) -> NotFullyAddressableErro
 
 # ------------------------------------------------------------------- the array
 
+_tokens: dict = {}
+_next_token = itertools.count(1)
+
+
+def placement_token(cls, aval: ShapedArray, sharding, spread: bool) -> int:
+    """A number naming an array's type, aval, sharding and representation (``spread``:
+    it holds blocks): the key of call plans (:mod:`spmd.shard.call`) holds it, so a
+    lookup hashes one int instead of an aval and a sharding.  Equal placements get
+    the same number; a number is never given to another placement (the counter
+    only grows), so a plan keyed on it always meets the placement it was built for."""
+    key = (cls, aval, sharding, spread)
+    t = _tokens.get(key)
+    if t is None:
+        if len(_tokens) >= 1 << 16:  # bounded: a dropped entry only costs a new number
+            _tokens.clear()
+        t = _tokens[key] = next(_next_token)
+    return t
+
+
 class ShardedArray(Array):
     """An Array placed by a sharding (see the module docstring for its two
-    representations).  Build one with :func:`from_whole` or :func:`from_blocks`."""
+    representations).  Build one with :func:`from_whole` or :func:`from_blocks`.
+    ``token``: its :func:`placement_token`, where the caller knows it."""
 
-    __slots__ = ("_sharding", "_blocks")
+    __slots__ = ("_sharding", "_blocks", "_token")
 
-    def __init__(self, value, aval: ShapedArray, sharding, blocks=None):
-        super().__init__(value, aval)
+    def __init__(self, value, aval: ShapedArray, sharding, blocks=None, token=None):
+        # (Array.__init__'s three fields set here: this sits on every call's results.)
+        self._value = value
+        self.aval = aval
+        self._deleted = False
         self._sharding = sharding
         self._blocks = blocks
+        self._token = token if token is not None else \
+            placement_token(type(self), aval, sharding, value is None)
+
+    def __setstate__(self, state) -> None:
+        # A token is this process's number: an unpickled array gets its own.
+        Array.__setstate__(self, state)
+        self._token = placement_token(type(self), self.aval, self._sharding,
+                                      self._value is None)
 
     # ------------------------------------------------------------- placement
     @property

@@ -41,11 +41,40 @@ def _full(params):
 @pytest.mark.parametrize("kind,params,x", CASES, ids=[f"{c[0]}-{c[2].dtype}" for c in CASES])
 def test_the_bound_operation_gives_what_the_impl_gives(kind, params, x):
     fn = mpi.mpi_p.rules["bind_impl"](np, kind=kind, ranks=RANKS, **_full(params))
-    assert isinstance(fn, functools.partial) and fn.func is getattr(mpi, kind)
-    got = fn(x)
+    if kind == "allreduce":  # its own bound form (the fast call after the first)
+        assert isinstance(fn, mpi._BoundAllreduce)
+    else:
+        assert isinstance(fn, functools.partial) and fn.func is getattr(mpi, kind)
     want = mpi.mpi_p.impl(np, x, kind=kind, ranks=RANKS, **_full(params))
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_array_equal(got, want)
+    for _ in range(3):  # the first call, then the later ones
+        got = fn(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_bound_allreduce_takes_its_fast_call_only_for_the_operand_it_learned():
+    fn = mpi.mpi_p.rules["bind_impl"](np, kind="allreduce", ranks=RANKS,
+                                      **_full({"op": "sum", "what": "psum"}))
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    fn(x)
+    assert fn.fast is not None and fn.fast[:2] == ((3, 4), np.dtype(np.float32))
+    others = [x.T,                                   # not contiguous
+              np.arange(12, dtype=np.int32).reshape(3, 4),  # another dtype
+              np.arange(6, dtype=np.float32),        # another shape
+              x.astype(np.float16),                  # widened for MPI
+              np.float32(3.0)]                       # not an ndarray
+    for y in others:
+        got = fn(y)
+        want = mpi.mpi_p.impl(np, y, kind="allreduce", ranks=RANKS,
+                              **_full({"op": "sum", "what": "psum"}))
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert fn.fast[:2] == ((3, 4), np.dtype(np.float32))  # (kept: the first one learned)
+    big = np.ones(mpi.POOL_MIN_BYTES // 4, np.float32)  # pooled receive buffers: no fast call
+    fresh = mpi.mpi_p.rules["bind_impl"](np, kind="allreduce", ranks=RANKS,
+                                         **_full({"op": "sum", "what": "psum"}))
+    np.testing.assert_array_equal(fresh(big), big)
+    assert fresh.fast is None
 
 
 def test_other_array_modules_and_unknown_kinds_keep_the_impl():
@@ -72,7 +101,7 @@ def test_generated_code_calls_the_backend_operation_directly():
                               [ShapedArray((2, 3), np.dtype(np.float32), False)])
     exe = compile_program(closed, np)
     bound = [v for k, v in exe.fn.__globals__.items() if k.startswith("_mpi_")]
-    assert len(bound) == 1 and bound[0].func is mpi.allreduce, exe.source
+    assert len(bound) == 1 and isinstance(bound[0], mpi._BoundAllreduce), exe.source
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     (out,) = exe(x)
     np.testing.assert_array_equal(out, x)

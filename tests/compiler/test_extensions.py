@@ -17,7 +17,7 @@ from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
 def test_every_point_is_declared_and_installed_by_spmd():
     assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
-                                                   "plain_shards", "array_module", "eager_call"]
+                                                   "plain_shards", "array_module"]
     for p in extensions.POINTS:
         assert p.signature.startswith("(") and "->" in p.signature
         assert len(p.doc) > 40 and callable(p.default)
@@ -95,48 +95,3 @@ def test_jit_caches_key_on_the_context_key_point():
     assert len(traces) == 2
 
 
-def test_eager_calls_that_bind_ask_the_eager_call_point_once_per_plan():
-    """The first eager call of a plan that binds (here: a sharded argument) runs the
-    general path through EAGER_CALL; later calls use the runner it returned, and take
-    the general path again whenever the runner declines (returns None)."""
-    mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
-    f = spmd.jit(lambda x: x * 2.0)
-    x = spmd.device_put(np.arange(8.0, dtype=np.float32), spmd.NamedSharding(mesh, P("i")))
-    asked, ran = [], []
-
-    def first_call(program, leaves, general):
-        asked.append(program)
-        outs = general()
-
-        def runner(vals):
-            ran.append(len(ran))
-            if len(ran) % 2:  # decline every other call: the general path runs
-                return None
-            return general_again(vals)
-
-        return outs, runner
-
-    def general_again(vals):
-        return [snp.asarray(np.asarray(vals[0]) * 2.0)]
-
-    restore = _swap(extensions.EAGER_CALL, first_call)
-    try:
-        outs = [np.asarray(f(x)) for _ in range(5)]
-    finally:
-        restore()
-    for out in outs:
-        np.testing.assert_array_equal(out, np.arange(8.0) * 2)
-    assert len(asked) == 1 and ran == [0, 1, 2, 3]
-
-
-def test_the_shard_layer_gives_no_runner_where_nothing_ran_over_processes():
-    """In one process a sharded jitted call has no partitioned run to replay: its plan
-    records that (False) and every call takes the general path."""
-    mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
-    f = spmd.jit(lambda x: x + 1.0)
-    x = spmd.device_put(np.arange(8.0, dtype=np.float32), spmd.NamedSharding(mesh, P("i")))
-    for _ in range(3):
-        out = f(x)
-        np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) + 1)
-        assert out.sharding == x.sharding
-    assert [p.runner for p in f._plans.values()] == [False]

@@ -35,7 +35,7 @@ SUITES = {
     "pmap": ("test_mpi_pmap.py", None),
     "groups": ("test_mpi_groups.py", None),
     "debug": ("test_mpi_debug.py", None),
-    "fastcall": ("test_mpi_fastcall.py", None),
+    "call_plans": ("test_mpi_call_plans.py", None),
     "nested": ("test_mpi_nested_shard_map.py", None),
     "shm": ("test_mpi_shm.py", None),
 }

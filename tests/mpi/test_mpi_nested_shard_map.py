@@ -270,8 +270,8 @@ def test_jit_closing_over_a_spread_array_and_its_gradient(kind):
     np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
     np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
     assert len(traces) == 1  # traced once: the closed-over Array is cached as a constant
-    # later calls take the fast path (spmd.shard.fastcall), the Array as a leading leaf
-    assert [type(p.runner).__name__ for p in f._plans.values()] == ["Runner"]
+    # later calls run its call plan (spmd.shard.call), the Array as a leading leaf
+    assert [type(p.plan).__name__ for p in f._plans.values()] == ["Plan"]
     g = spmd.jit(spmd.grad(loss))(w)
     np.testing.assert_allclose(_global(g), want_grad, rtol=1e-4, atol=1e-6)
     g = spmd.grad(spmd.jit(loss))(w)

@@ -76,6 +76,19 @@ def test_eager_op_on_sharded_array_raises_on_a_primitive_without_decision(toy_p)
         toy_p.bind(x)
 
 
+def test_a_plain_jit_on_sharded_arrays_raises_on_a_primitive_without_decision(toy_p):
+    """In one process too: the call's results would be placed by propagation, which
+    cannot run; the jit raises (it used to leave the results unplaced, silently)."""
+    mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
+    f = spmd.jit(lambda x: toy_p.bind(x) + 1.0)
+    x = spmd.device_put(np.ones((8, 2), np.float32), NamedSharding(mesh, P("i")))
+    for _ in range(2):  # nothing is cached: the same error again
+        with pytest.raises(MissingPartitionRuleError, match="toy_twice_no_decision"):
+            f(x)
+    # Unplaced values need no partitioning.
+    np.testing.assert_array_equal(np.asarray(f(np.ones((8, 2), np.float32))), 3.0)
+
+
 def test_a_replicate_decision_computes_whole(toy_p):
     register(toy_p, Replicate("a test primitive: computed whole on every device"))
     mesh = spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])

@@ -9,13 +9,15 @@ from typing import Callable
 from spmd import config, tree_util
 from spmd.compiler.avals import ShapeDtypeStruct, abstract_arg_aval
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import _norm_argnums, executable_for, flatten_outputs
+from spmd.compiler.jit import _norm_argnums, _walk, flatten_outputs
 from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_consts,
-                                 is_eager, to_array_value, trace_to_program, wrap_value)
+                                 is_eager, trace_to_program)
 from spmd.errors import StaticArgumentError
+from spmd.shard import call
+from spmd.shard.mesh_context import get_mesh
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
-from spmd.shard.sharded import ShardedArray, from_whole
+from spmd.shard.sharded import ShardedArray
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
 # ------------------------------------------------------ with_sharding_constraint
@@ -75,8 +77,7 @@ class _Entry:
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.out_specs = out_specs
-        self.executable = None  # compiled on the first eager call
-        self.out_shardings = None
+        self.plans: dict = {}  # leaf tokens -> call plan (spmd.shard.call), built when called
 
 
 def _argnums(fun, name, static_argnums, static_argnames, donate_argnums):
@@ -172,9 +173,11 @@ class PartitionedJit:
         self._out = out_shardings
         self._forbid = forbid_gather_bytes
         self._cache: dict = {}
+        self._calls: dict = {}  # eager calls: leaf tokens -> (plan, hoisted, out tree, single)
         self._name = getattr(fun, "__name__", "fun")
         self._static, self._static_names, self._donate = _argnums(
             fun, self._name, static_argnums, static_argnames, donate_argnums)
+        self._no_static = not self._static and not self._static_names
         # The eager operations of sharded Arrays (partition.eager) are not user jits:
         # disable_jit does not turn them into Python calls (they would recurse).
         self._user = user
@@ -302,6 +305,21 @@ class PartitionedJit:
     def __call__(self, *args, **kwargs):
         if config.disable_jit and self._user:  # as jax.disable_jit: the Python function
             return self._fun(*args, **kwargs)
+        # Eager calls without static or keyword arguments key their plans on the
+        # leaves' tokens (placements included, see spmd.shard.call.token).
+        key = None
+        if self._no_static and not kwargs and is_eager():
+            vals: list = []
+            toks = [config.enable_x64, axis_env_key(), get_mesh()]
+            if _walk(args, vals, toks, call.token):
+                key = tuple(toks)
+                hit = self._calls.get(key)
+                if hit is not None:
+                    plan, hoisted, out_tree, single = hit
+                    outs = plan(hoisted + vals if hoisted else vals)
+                    if self._donate:
+                        self._delete_donated(args)
+                    return outs[0] if single else out_tree.unflatten(outs)
         entry, leaves, _ = self._entry(args, kwargs)
         if any(type(x) is ShapeDtypeStruct for x in leaves):
             raise TypeError(f"jit({self._name}) was called with abstract arguments "
@@ -311,22 +329,22 @@ class PartitionedJit:
             from spmd.compiler.trace import eval_program
             outs = eval_program(entry.closed, *entry.hoisted, *leaves)
             return tree_util.tree_unflatten(entry.out_tree, outs)
-        if entry.mesh.is_multi_process:
-            # Each process runs the per-device program on its own blocks.
-            from spmd.shard.execute import call
-
-            part = entry.partitioned
-            arrays = call(part.body, entry.mesh, part.in_specs, part.out_specs,
-                          [*entry.hoisted, *leaves])
-            self._delete_donated(args)
-            return tree_util.tree_unflatten(entry.out_tree, arrays)
-        vals = [to_array_value(x, get_aval(x)) for x in (*entry.hoisted, *leaves)]
-        if entry.executable is None:
-            entry.executable = executable_for(entry.closed)
-            entry.out_shardings = [NamedSharding(entry.mesh, s) for s in entry.out_specs]
-        outs = entry.executable(*vals)
-        arrays = [from_whole(wrap_value(o, a).value, a, s)
-                  for o, a, s in zip(outs, entry.out_avals, entry.out_shardings)]
+        everything = [*entry.hoisted, *leaves]
+        # One plan per way of reading the leaves (the entry's key leaves out whether
+        # a leaf is a numpy array, an Array or a scalar, and a placed one's blocks).
+        reads = tuple(map(call.leaf_token, everything))
+        plan = entry.plans.get(reads)
+        if plan is None:
+            if entry.mesh.is_multi_process:  # each process runs its own blocks
+                plan = call.over_processes(entry.partitioned, entry.mesh, everything)
+            else:  # the whole values are here: the global program, placed results
+                plan = call.whole_values(entry.closed, entry.mesh, entry.out_specs,
+                                         everything)
+            entry.plans[reads] = plan
+        if key is not None and not any(isinstance(h, Tracer) for h in entry.hoisted):
+            self._calls[key] = (plan.run, list(entry.hoisted), entry.out_tree,
+                                entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1)
+        arrays = plan(everything)
         self._delete_donated(args)
         return tree_util.tree_unflatten(entry.out_tree, arrays)
 
@@ -367,6 +385,7 @@ class PartitionedJit:
 
     def clear_cache(self) -> None:
         self._cache.clear()
+        self._calls.clear()
 
     def __get__(self, obj, objtype=None):  # so that jit works on methods
         return self if obj is None else functools.partial(self, obj)
@@ -382,7 +401,7 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None,
 
     >>> step = jit(f, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))))
     """
-    from spmd.compiler.jit import jit as plain_jit
+    from spmd.shard.jit import jit as plain_jit
 
     if fun is None:
         return functools.partial(jit, in_shardings=in_shardings, out_shardings=out_shardings,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from spmd.compiler.trace import bind
 
-# One PartitionedJit per (primitive, params); it caches per avals and shardings.
+# One jit per (primitive, params); its plans are keyed on avals and shardings.
 _CACHE: dict = {}
 _CACHE_LIMIT = 4096
 
@@ -38,14 +38,14 @@ def run_sharded(prim, args, params, mesh):
         key = None
     pj = _CACHE.get(key) if key is not None else None
     if pj is None:
-        from spmd.shard.partition.api import PartitionedJit
+        from spmd.shard.jit import Jit
 
         def fn(*xs):
             out = bind(prim, *xs, **params)
             return list(out) if prim.multiple_results else [out]
 
         fn.__name__ = prim.name
-        pj = PartitionedJit(fn, None, None, user=False)
+        pj = Jit(fn, user=False)
         if key is not None:
             if len(_CACHE) >= _CACHE_LIMIT:
                 _CACHE.clear()

@@ -1,12 +1,12 @@
-"""The fast path of jitted calls over processes (spmd/shard/fastcall.py).
+"""The call plans of jitted calls over processes (spmd/shard/jit.py, spmd/shard/call.py).
 
-A jit's call plan learns, at its first call, how the general path ran the program
-over the processes; later calls with the same plan reuse that (a Runner) after
-checking the guards.  Each test here compares the fast path with numpy on the
-global arrays and with the general path (the same function jitted with the
-``EAGER_CALL`` extension point at its default: no runner ever), for changed
-shapes, dtypes and shardings, closures, threads and ranks that disagree, and checks
-that errors still fire.
+A jit's call plan is keyed on the arguments' structure, types, avals and, for placed
+Arrays, their shardings and whether they hold blocks or the whole value; it is built
+at the first call of its key and called as it is afterwards.  Each test here compares
+the plans' results with numpy on the global arrays and with the compiler's own jit
+(``spmd.compiler.jit.jit``, which binds the ``jit`` equation eagerly: the dispatch's
+route), for changed shapes, dtypes and shardings, closures, threads and ranks that
+disagree, and checks that errors still fire.
 
 Runs on 2 and on 4 ranks with one device each (``.ci/pytest_mpi.sh``) and on 2 ranks
 with 2 devices each (``test_hybrid_subprocess.py``).
@@ -14,7 +14,6 @@ with 2 devices each (``test_hybrid_subprocess.py``).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -28,45 +27,32 @@ from tests.mpi import make_mesh, x64_if  # noqa: E402
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding, P, lax  # noqa: E402
-from spmd.compiler import extensions  # noqa: E402
+from spmd.compiler.jit import jit as compiler_jit  # noqa: E402
 from spmd.errors import DeletedArrayError  # noqa: E402
-from spmd.shard.fastcall import Runner  # noqa: E402
 from spmd.shard.fingerprint import ProgramMismatchError  # noqa: E402
+from spmd.shard.jit import Placed  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
 
-def _runners(f) -> list:
-    """The runners of ``f``'s call plans (False: a plan that has none)."""
-    return [p.runner for p in f._plans.values()]
-
-
-@contextlib.contextmanager
-def _general_path_only():
-    """Jitted calls made meanwhile get no runner: every call takes the general path."""
-    point = extensions.EAGER_CALL
-    old, who = point.fn, point.installed_by
-    point.install(point.default, by="tests")
-    try:
-        yield
-    finally:
-        point.install(old, by=who)
+def _placed(f) -> list:
+    """The placed call plans of ``f`` (spmd.shard.call.Plan objects)."""
+    return [p.plan for p in f._plans.values() if isinstance(p, Placed)]
 
 
 @pytest.fixture
-def general_runs(monkeypatch):
-    """A list that grows by one at each call that took the general path over the
-    processes (the dispatch notes each such run for the fast path)."""
-    from spmd.shard import fastcall
+def builds(monkeypatch):
+    """A list that grows by one at each call plan built over processes."""
+    from spmd.shard import dispatch
 
-    runs, real = [], fastcall.note
+    made, real = [], dispatch.plan_for
 
     def counting(*args):
-        runs.append(1)
-        real(*args)
+        made.append(1)
+        return real(*args)
 
-    monkeypatch.setattr(fastcall, "note", counting)
-    return runs
+    monkeypatch.setattr(dispatch, "plan_for", counting)
+    return made
 
 
 def _global(rows, dtype=np.float32, seed=0):
@@ -90,33 +76,29 @@ _BODIES = {
 }
 
 
-def _jitted(kind, mesh):
+def _jitted(kind, mesh, jit=spmd.jit):
     body, out_spec, ref = _BODIES[kind]
     check = kind != "all_gather"  # its result is typed varying (as in JAX)
-    f = spmd.jit(spmd.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=out_spec,
-                                check_vma=check))
+    f = jit(spmd.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=out_spec,
+                           check_vma=check))
     return f, ref
 
 
 @pytest.mark.parametrize("kind", list(_BODIES))
-def test_repeated_calls_take_the_fast_path_and_equal_the_general_path(kind, general_runs):
+def test_repeated_calls_build_one_plan_and_equal_the_bound_route(kind, builds):
     mesh = make_mesh("1d")
     n = mesh.size
     f, ref = _jitted(kind, mesh)
-    with _general_path_only():
-        g, _ = _jitted(kind, mesh)
+    g, _ = _jitted(kind, mesh, compiler_jit)
     for seed in range(4):
         x = _global(4 * n * n, seed=seed)
         got = f(x)
-        with _general_path_only():
-            want = g(x)
+        want = g(x)
         assert got.sharding == want.sharding and got.dtype == want.dtype
         np.testing.assert_array_equal(_gather(got), ref(x, n))
         np.testing.assert_array_equal(_gather(got), _gather(want))
-    (runner,) = _runners(f)
-    assert isinstance(runner, Runner)
-    assert _runners(g) == [False]
-    assert len(general_runs) == 1 + 4  # f's first call, and every call of g
+    assert len(_placed(f)) == 1
+    assert len(builds) == 2  # f's first call, and g's (the dispatch keeps its plan too)
 
 
 def test_other_shapes_and_dtypes_get_their_own_plans_and_stay_right():
@@ -132,23 +114,22 @@ def test_other_shapes_and_dtypes_get_their_own_plans_and_stay_right():
                 out = f(x)
             assert out.dtype == np.dtype(dtype)
             np.testing.assert_array_equal(_gather(out), ref(x, n))
-    assert all(isinstance(r, Runner) for r in _runners(f)) and len(_runners(f)) == len(cases)
+    assert len(_placed(f)) == len(cases)
 
 
-def test_a_changed_sharding_takes_the_general_path_and_stays_right(general_runs):
+def test_a_changed_sharding_gets_its_own_plan_and_stays_right(builds):
     mesh = make_mesh("1d")
     n = mesh.size
     f, ref = _jitted("psum", mesh)
     x = _global(4 * n)
     split = spmd.device_put(x, NamedSharding(mesh, P("i")))  # this process's blocks
     whole = spmd.device_put(x, NamedSharding(mesh, P()))     # the whole value
-    # The same aval and type: one call plan; its runner is built for `split`.
+    # The same aval and type, two placements: two plans; an equal sharding is a hit.
     for arg in (split, split, whole, split, whole,
                 spmd.device_put(x, NamedSharding(mesh, P("i")))):  # an equal sharding
         np.testing.assert_array_equal(_gather(f(arg)), ref(x, n))
-    (runner,) = _runners(f)
-    assert isinstance(runner, Runner)
-    assert len(general_runs) == 3  # the first call and the two with `whole`
+    assert len(_placed(f)) == 2
+    assert len(builds) == 2
 
 
 def test_results_fed_back_as_arguments_stay_right():
@@ -171,10 +152,10 @@ def test_results_fed_back_as_arguments_stay_right():
         want_b = want_b * 2.0
         np.testing.assert_allclose(_gather(w), want_w, rtol=1e-6)
         np.testing.assert_array_equal(_gather(b), want_b)
-    assert sum(isinstance(r, Runner) for r in _runners(step)) >= 1
+    assert len(_placed(step)) >= 1
 
 
-def test_closed_over_constants_give_what_the_general_path_gives():
+def test_closed_over_constants_give_what_the_bound_route_gives():
     mesh = make_mesh("1d")
     n = mesh.size
     scale = np.arange(3, dtype=np.float32) + 1      # a numpy constant
@@ -186,20 +167,18 @@ def test_closed_over_constants_give_what_the_general_path_gives():
         x = _global(2 * n, seed=seed)
         want = (x * scale + 2.0 + 0.5).reshape(n, -1, 3).sum(0)
         np.testing.assert_allclose(_gather(f(x)), want, rtol=1e-6)
-    assert isinstance(_runners(f)[0], Runner)
-    with _general_path_only():
-        g = spmd.jit(spmd.shard_map(lambda b: lax.psum(b * scale + shift + wide, "i"),
+    assert len(_placed(f)) == 1
+    g = compiler_jit(spmd.shard_map(lambda b: lax.psum(b * scale + shift + wide, "i"),
                                     mesh=mesh, in_specs=P("i"), out_specs=P()))
-        g(x)
-    # Deleting a closed-over Array after tracing: both paths keep what the trace took.
+    g(x)
+    # Deleting a closed-over Array after tracing: both routes keep what the trace took.
     shift.delete()
     x = _global(2 * n, seed=7)
-    with _general_path_only():
-        want = _gather(g(x))
+    want = _gather(g(x))
     np.testing.assert_array_equal(_gather(f(x)), want)
 
 
-def test_a_donated_argument_raises_on_the_fast_path():
+def test_a_donated_argument_raises_at_its_next_call():
     mesh = make_mesh("1d")
     n = mesh.size
     f = spmd.jit(spmd.shard_map(lambda b: b * 2.0, mesh=mesh, in_specs=P("i"),
@@ -207,16 +186,16 @@ def test_a_donated_argument_raises_on_the_fast_path():
     x = _global(2 * n)
     a = spmd.device_put(x, NamedSharding(mesh, P("i")))
     b = f(a)
-    c = f(b)  # the fast path, donating b
+    c = f(b)  # the plan of a's call, donating b
     np.testing.assert_array_equal(_gather(c), x * 4)
-    assert isinstance(_runners(f)[0], Runner) and a.is_deleted() and b.is_deleted()
+    assert len(_placed(f)) == 1 and a.is_deleted() and b.is_deleted()
     with pytest.raises(DeletedArrayError):
         f(b)
     np.testing.assert_array_equal(_gather(f(c)), x * 8)  # and the plan still works
 
 
 def test_calls_from_threads_share_the_plan_and_get_their_own_results():
-    """The runner is built in one thread and used in others (one thread at a time,
+    """The plan is built in one thread and used in others (one thread at a time,
     same thread names on every rank, as the collective thread rules ask)."""
     mesh = make_mesh("1d")
     n = mesh.size
@@ -231,14 +210,14 @@ def test_calls_from_threads_share_the_plan_and_get_their_own_results():
             errors.append(e)
 
     for k in range(4):
-        t = threading.Thread(target=work, args=(k,), name=f"fastcall-{k}")
+        t = threading.Thread(target=work, args=(k,), name=f"plans-{k}")
         t.start()
         t.join()
     assert not errors, errors
     work(4)  # the main thread, with the plan the threads built
     for got, want in results.values():
         np.testing.assert_array_equal(got, want)
-    assert isinstance(_runners(f)[0], Runner)
+    assert len(_placed(f)) == 1
 
 
 def test_ranks_that_disagree_on_a_new_shape_still_raise_and_the_plans_keep_working():
@@ -247,16 +226,16 @@ def test_ranks_that_disagree_on_a_new_shape_still_raise_and_the_plans_keep_worki
     f, ref = _jitted("psum", mesh)
     x = _global(2 * n)
     for _ in range(2):
-        f(x)  # every rank has its runner for this shape
+        f(x)  # every rank has its plan for this shape
     rows = 4 * n if spmd.process_index() == 0 else 6 * n
     with pytest.raises(ProgramMismatchError):
         f(_global(rows))
     np.testing.assert_array_equal(_gather(f(x)), ref(x, n))
-    assert isinstance(_runners(f)[0], Runner)
+    assert len(_placed(f)) == 1
 
 
-def test_under_a_transformation_the_general_path_runs():
-    """A jitted call traced by an enclosing jit binds as before (no runner is used)."""
+def test_under_a_transformation_the_jit_equation_is_bound():
+    """A jitted call traced by an enclosing jit binds its equation (no plan is called)."""
     mesh = make_mesh("1d")
     n = mesh.size
     f, ref = _jitted("psum", mesh)
@@ -266,3 +245,28 @@ def test_under_a_transformation_the_general_path_runs():
     outer = spmd.jit(lambda y: f(y) * 2.0)
     np.testing.assert_array_equal(_gather(outer(x)), ref(x, n) * 2)
     np.testing.assert_array_equal(_gather(outer(x)), ref(x, n) * 2)
+
+
+def test_a_program_the_partitioner_cannot_take_whole_runs_by_equation_and_says_so_once():
+    """A shard_map over another mesh of the same devices inside a jit over placed
+    values: each equation runs as its own SPMD computation, with one warning per plan
+    (not a silent fallback), and the result is numpy's."""
+    import warnings
+
+    from spmd.shard.dispatch import ByEquation
+
+    n = spmd.process_count()
+    a = spmd.make_mesh((n,), ("i",))
+    b = spmd.make_mesh((n,), ("j",))
+    x = spmd.device_put(np.arange(n * 4.0, dtype=np.float32), NamedSharding(a, P("i")))
+    g = spmd.shard_map(lambda v: lax.psum(v, "j"), mesh=b, in_specs=P("j"), out_specs=P())
+    f = spmd.jit(lambda v: g(v * 2.0) + 1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [f(x) for _ in range(3)]
+    said = [w for w in caught if "equation by equation" in str(w.message)]
+    assert len(said) == 1 and "PartitionError" in str(said[0].message)
+    want = (np.arange(n * 4.0) * 2).reshape(n, -1).sum(0) + 1
+    for y in outs:
+        np.testing.assert_array_equal(_gather(y), want)
+    assert [type(p) for p in _placed(f)] == [ByEquation]

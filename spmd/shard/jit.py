@@ -1,0 +1,106 @@
+"""``spmd.jit``: the front door of a jitted call, placed values included.
+
+The compiler's :class:`~spmd.compiler.jit.JitFunction` traces, keys and compiles;
+this subclass owns what happens when a call's arguments are placed (sharded
+Arrays, Arrays spread over processes closed over, a ``shard_map`` over processes
+inside).  Its call plans are keyed on the structure, each leaf's type and aval,
+and for a placed leaf its sharding and whether it holds blocks or the whole value
+(:func:`spmd.shard.call.token`), with the statics, x64, the named axes and the mesh
+context; on a miss the plan is built directly (trace, partition when needed, the
+per-process executable, how each leaf is read, the output placements,
+:mod:`spmd.shard.call`), on a hit it is called.  Calls on unplaced values run the
+compiler's plan as they always did.
+
+>>> f = spmd.jit(lambda v: v * 2 + 1)
+>>> x = spmd.device_put(np.arange(8.0), NamedSharding(mesh, P("d")))  # doctest: +SKIP
+>>> f(x).sharding.spec                                                # doctest: +SKIP
+PartitionSpec('d',)
+"""
+
+from __future__ import annotations
+
+from spmd.compiler.jit import JitFunction, _CallPlan, _Entry
+from spmd.compiler.program_arrays import array_equation
+from spmd.compiler.trace import Tracer, is_eager
+from spmd.config import config
+from spmd.shard import call as _call
+
+
+class Placed:
+    """A call signature whose values are placed: the traced entry and its
+    :class:`spmd.shard.call.Plan` (``bind``: under a transformation the ``jit``
+    equation is bound, as for any plan)."""
+
+    __slots__ = ("entry", "avals", "abstract", "single", "out_tree", "plan", "run",
+                 "hoisted", "bind")
+
+    def __init__(self, entry: _Entry, avals, abstract: bool, plan):
+        self.entry = entry
+        self.avals = avals
+        self.abstract = abstract
+        self.out_tree = entry.out_tree
+        self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
+        self.plan = plan
+        self.run = getattr(plan, "run", plan)  # (a Plan's generated function)
+        self.hoisted = list(entry.hoisted)
+        self.bind = True
+
+
+class Jit(JitFunction):
+    """The result of ``spmd.jit(f)`` (see the module docstring).  ``user=False``
+    marks the jits that run eager operations of sharded Arrays: ``disable_jit``
+    leaves them on (they would recurse)."""
+
+    _upper = staticmethod(_call.token)
+
+    def __init__(self, fun, static_argnums=None, static_argnames=None, donate_argnums=None,
+                 *, user: bool = True):
+        super().__init__(fun, static_argnums, static_argnames, donate_argnums)
+        self._user = user
+
+    def __call__(self, *args, **kwargs):
+        if config.disable_jit and self._user:
+            return self._fun(*args, **kwargs)
+        plan, vals = self._lookup(args, kwargs)
+        if plan.__class__ is Placed and is_eager():
+            outs = plan.run(plan.hoisted + vals if plan.hoisted else vals)
+            if self._donate_argnums:
+                self._delete_donated(args)
+            return outs[0] if plan.single else plan.out_tree.unflatten(outs)
+        return self._run(plan, args, vals)
+
+    def _make_plan(self, entry: _Entry, leaves, avals):
+        plan = _CallPlan(entry, leaves, avals)
+        if not plan.bind or plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
+                or any(isinstance(x, Tracer) for x in leaves):
+            return plan  # unplaced values, abstract ones, or a call under a transformation
+        from spmd.shard.dispatch import mesh_of, plan_for
+
+        everything = [*entry.hoisted, *leaves]
+        mesh = mesh_of(everything)
+        if mesh is None and entry.needs_arrays:
+            eqn = array_equation(entry.closed)
+            mesh = eqn.params.get("mesh") if eqn is not None else None
+        if mesh is None:
+            if not entry.hoisted and not entry.needs_arrays:
+                plan.bind = False  # sharded leaves of no one mesh: whole values, unplaced
+            return plan
+        return Placed(entry, avals, False, plan_for(entry.closed, everything, mesh))
+
+
+def jit(fun=None, *, static_argnums=None, static_argnames=None, donate_argnums=None):
+    """Compile ``fun``: trace once per argument signature (placements included), then
+    run its plan.
+
+    >>> @jit
+    ... def f(x):
+    ...     return x * 2 + 1
+    """
+    import functools
+
+    if fun is None:
+        return functools.partial(jit, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, donate_argnums=donate_argnums)
+    if not callable(fun):
+        raise TypeError(f"jit: expected a function, got {type(fun).__name__}")
+    return Jit(fun, static_argnums, static_argnames, donate_argnums)

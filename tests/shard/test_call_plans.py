@@ -1,0 +1,109 @@
+"""The call plans of jitted calls on placed values, in one process (spmd/shard/jit.py,
+spmd/shard/call.py): keyed on each leaf's type, aval and placement, built once, right
+for every way of passing the same values.  Oracles: numpy on the whole values.
+(Over processes: tests/mpi/test_mpi_call_plans.py.)"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd import NamedSharding, P
+from spmd.errors import DeletedArrayError
+from spmd.shard.jit import Placed
+from spmd.shard.sharded import placement_token
+
+
+@pytest.fixture
+def mesh():
+    return spmd.make_mesh((4,), ("i",), devices=spmd.devices()[:4])
+
+
+def _placed_plans(f) -> list:
+    return [p for p in f._plans.values() if isinstance(p, Placed)]
+
+
+def test_placement_tokens_name_placements_and_equal_placements_share_one(mesh):
+    x = np.arange(8.0, dtype=np.float32)
+    a = spmd.device_put(x, NamedSharding(mesh, P("i")))
+    b = spmd.device_put(x * 2, NamedSharding(mesh, P("i")))  # another value, same placement
+    c = spmd.device_put(x, NamedSharding(mesh, P()))
+    d = spmd.device_put(x.astype(np.int32), NamedSharding(mesh, P("i")))
+    assert a._token == b._token
+    assert len({a._token, c._token, d._token}) == 3
+    assert a._token == placement_token(type(a), a.aval, a.sharding, a._value is None)
+
+
+def test_an_unpickled_array_gets_this_process_token_and_runs_right(mesh):
+    a = spmd.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh, P("i")))
+    a._token = -1  # as if another process had numbered it
+    b = pickle.loads(pickle.dumps(a))
+    assert b._token == placement_token(type(b), b.aval, b.sharding, b._value is None)
+    f = spmd.jit(lambda v: v + 1)
+    np.testing.assert_array_equal(np.asarray(f(b)), np.arange(8.0) + 1)
+
+
+def test_one_plan_per_placement_and_each_gives_numpy(mesh):
+    f = spmd.jit(lambda v: snp.sin(v) * 2 + 1)
+    x = np.arange(8.0, dtype=np.float32)
+    want = np.sin(x) * 2 + 1
+    args = [spmd.device_put(x, NamedSharding(mesh, P("i"))),
+            spmd.device_put(x, NamedSharding(mesh, P())),
+            spmd.device_put(x, NamedSharding(mesh, P("i"))),  # an equal placement: a hit
+            x, snp.asarray(x)]
+    for a in args * 2:
+        out = f(a)
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+        if hasattr(a, "sharding") and isinstance(a.sharding, NamedSharding):
+            assert out.sharding == a.sharding
+    assert len(_placed_plans(f)) == 2
+
+
+def test_in_shardings_read_numpy_arrays_arrays_and_placed_arrays_alike(mesh):
+    """One partitioned entry, leaves of every kind: each gets the plan that reads it."""
+    s = NamedSharding(mesh, P("i"))
+    f = spmd.jit(lambda v, w: v * w + 1, in_shardings=(s, NamedSharding(mesh, P())))
+    x = np.arange(8.0, dtype=np.float32)
+    w = np.float32(3)
+    forms = [x, snp.asarray(x), spmd.device_put(x, s), x.astype(np.float64), list(x)]
+    for _ in range(2):
+        for v in forms[:4]:
+            for ww in (w, snp.asarray(w), np.asarray(w)):
+                out = f(v, ww)
+                np.testing.assert_array_equal(np.asarray(out), x * 3 + 1)
+                assert out.sharding == s
+
+
+def test_closures_threads_and_donation(mesh):
+    s = NamedSharding(mesh, P("i"))
+    shift = spmd.device_put(np.full(8, 2.0, np.float32), s)
+    f = spmd.jit(lambda v: v * 3 + shift, donate_argnums=0)
+    x = np.arange(8.0, dtype=np.float32)
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            a = spmd.device_put(x + k, s)
+            results[k] = (np.asarray(f(a)), a.is_deleted())
+        except Exception as e:  # reported on the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k, (got, deleted) in results.items():
+        np.testing.assert_array_equal(got, (x + k) * 3 + 2)
+        assert deleted
+    a = spmd.device_put(x, s)
+    f(a)
+    with pytest.raises(DeletedArrayError):
+        f(a)
+    assert len(_placed_plans(f)) == 1
