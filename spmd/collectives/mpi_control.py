@@ -34,7 +34,6 @@ collective across its ranks before its data moves (:func:`_check_call`).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
@@ -200,17 +199,15 @@ class Site(str):
                     phase="setting up the communicator of its ranks")
 
 
-def program_here(frame=None) -> str:
-    """The innermost jitted function running in the calling thread (``"jit(step)"``),
-    else ``"an eager shard_map at file:line"``."""
-    from spmd.compiler.jit import JitFunction
-    from spmd.compiler.trace import user_source_info
+def program_here() -> str:
+    """The innermost jitted function whose call is being prepared in this thread
+    (``"jit(step)"``, from :func:`spmd.compiler.trace.current_function`), else ``"an
+    eager shard_map at file:line"``."""
+    from spmd.compiler.trace import current_function, user_source_info
 
-    f = frame or sys._getframe(1)
-    while f is not None:
-        if isinstance(f.f_locals.get("self"), JitFunction):
-            return f"jit({f.f_locals['self']._name})"
-        f = f.f_back
+    name = current_function()
+    if name is not None:
+        return name
     where = user_source_info()
     return "an eager shard_map" + (f" at {where}" if where is not None else "")
 
@@ -219,26 +216,22 @@ def agreement_site() -> Site:
     """What the ranks do while they agree on a program before its first run, for the
     deadline's and ``spmd-run``'s reports: "the first call of jit(step)" (agreeing on
     the program)."""
-    program = program_here(sys._getframe(1))
+    program = program_here()
     what = f"the first call of {program}" if program.startswith("jit(") else program
     return Site(what, phase="agreeing on the program")
 
 
 def site_here(what: str | None) -> Site | None:
     """A :class:`Site` for an ``mpi`` equation bound now (while a program is lowered):
-    the innermost equation being evaluated and the innermost jitted function."""
+    the equation being evaluated (:func:`spmd.compiler.trace.current_equation`, the
+    context lowering hands down) and the jitted function being prepared."""
     if what is None or isinstance(what, Site):
         return what
     from spmd.compiler.ir import _Namer, pp_eqn
-    from spmd.compiler.trace import eval_program
+    from spmd.compiler.trace import current_equation
 
-    eqn = None
-    f = sys._getframe(1)
-    while f is not None and eqn is None:
-        if f.f_code is eval_program.__code__:
-            eqn = f.f_locals.get("eqn")
-        f = f.f_back
-    program = program_here(sys._getframe(1))
+    eqn = current_equation()
+    program = program_here()
     equation = source = ""
     if eqn is not None:
         equation = pp_eqn(eqn, _Namer(), indent=0).strip()

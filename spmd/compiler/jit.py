@@ -28,8 +28,8 @@ from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.program_arrays import array_equation, needs_arrays, output_wrappers
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
-                                 hoist_traced_consts, is_array_like, is_eager, to_array_value,
-                                 trace_to_program, wrap_value)
+                                 hoist_traced_consts, is_array_like, is_eager, preparing,
+                                 to_array_value, trace_to_program, wrap_value)
 from spmd.compiler.trace import _state as _trace_state
 from spmd.compiler import extensions as _ext
 from spmd.config import config
@@ -423,6 +423,11 @@ class JitFunction:
         return plan, leaves
 
     def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
+        # (Named for what runs meanwhile: a collective lowered, the ranks agreeing.)
+        with preparing(f"jit({self._name})"):
+            return self._prepare(key, static_key, treedef, leaves)
+
+    def _prepare(self, key, static_key, treedef, leaves) -> _CallPlan:
         avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.

@@ -113,6 +113,8 @@ class _TraceState(threading.local):
         self.stack: list[MainTrace] = [MainTrace(0, EvalTrace, None)]
         self.dynamic: list[MainTrace | None] = [None]
         self.axis_env: list[AxisScope] = []
+        self.equations: list = []  # the equations eval_program evaluates, innermost last
+        self.functions: list[str] = []  # the jitted calls being prepared (see preparing)
 
 
 _state = _TraceState()
@@ -590,10 +592,47 @@ def eval_program(closed: ClosedProgram | Program, *args, consts=None):
 
     for v, x in zip(program.in_vars, list(consts) + list(args)):
         env[v] = x
-    for eqn in program.eqns:
-        outs = bind(eqn.primitive, *map(read, eqn.inputs), **eqn.params)
-        if not eqn.primitive.multiple_results:
-            outs = [outs]
-        for v, o in zip(eqn.outputs, outs):
-            env[v] = o
+    evaluating = _state.equations
+    evaluating.append(None)
+    try:
+        for eqn in program.eqns:
+            evaluating[-1] = eqn  # (read by current_equation)
+            outs = bind(eqn.primitive, *map(read, eqn.inputs), **eqn.params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            for v, o in zip(eqn.outputs, outs):
+                env[v] = o
+    finally:
+        evaluating.pop()
     return [read(a) for a in program.out_atoms]
+
+
+def current_equation():
+    """The innermost equation :func:`eval_program` is evaluating in this thread (None
+    outside one): the context a rule that binds other primitives may record, e.g. the
+    equation a collective over processes was lowered from, for the deadline's report."""
+    evaluating = _state.equations
+    return evaluating[-1] if evaluating else None
+
+
+class preparing:
+    """``with preparing("jit(step)"):`` around the first call of a jitted function (its
+    trace, partition and per-process program): :func:`current_function` names it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        _state.functions.append(self.name)
+
+    def __exit__(self, *exc):
+        _state.functions.pop()
+        return False
+
+
+def current_function() -> str | None:
+    """The innermost jitted function whose call is being prepared in this thread."""
+    functions = _state.functions
+    return functions[-1] if functions else None

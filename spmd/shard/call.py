@@ -220,3 +220,20 @@ def whole_values(closed: ClosedProgram, mesh, out_specs, leaves) -> Plan:
                  for a, s in zip(closed.out_avals, (NamedSharding(mesh, s) for s in out_specs)))
     return Plan(executable_for(closed).fn, [], (), steps, None, mesh, outs,
                 lambda o, aval: wrap_value(o, aval).value)
+
+
+def unplaced(closed: ClosedProgram, leaves, wrappers=None) -> Plan:
+    """The plan running ``closed`` compiled on whole values with its results left as
+    the program makes them: unplaced, or placed by their equation's own rule
+    (``wrappers``: a ``shard_map`` result keeps its out specs)."""
+    from spmd.compiler.trace import wrap_value
+
+    host = _on_host()
+    steps = tuple(_step(x, host) for x in leaves)
+    avals = tuple(closed.out_avals)
+    wrappers = wrappers or (None,) * len(avals)
+
+    def results(outs):
+        return [a if w is None else w(a) for a, w in zip(map(wrap_value, outs, avals), wrappers)]
+
+    return Plan(executable_for(closed).fn, [], (), steps, results, None)

@@ -113,18 +113,35 @@ def plan_for(program, leaves, mesh):
     """The call plan (:mod:`spmd.shard.call`) of the jitted ``program`` on leaves like
     ``leaves`` placed on ``mesh``: partitioned with their shardings over processes;
     compiled on the whole values, its results placed as propagation says, in one."""
+    from spmd.compiler.program_arrays import output_wrappers
     from spmd.errors import SpmdError
     from spmd.shard import call
+    from spmd.shard.partition.registry import MissingPartitionRuleError
 
     in_specs = _in_specs(leaves, mesh)
-    if mesh.is_multi_process:
-        try:
-            part = _partition(program, mesh, in_specs)
-        except SpmdError as e:
+    try:
+        part = _partition(program, mesh, in_specs)
+    except MissingPartitionRuleError:
+        raise  # a primitive without a rule: a gap to fill, never worked around
+    except SpmdError as e:
+        if mesh.is_multi_process:
             return ByEquation(program, e)
+        # The whole values are here: the program runs as it is, and its results are
+        # left unplaced (a shard_map's keep its out specs).  Said once per plan.
+        _say_unplaced(e)
+        return call.unplaced(program, leaves, output_wrappers(program))
+    if mesh.is_multi_process:
         return call.over_processes(part, mesh, leaves)
-    out_specs = _partition(program, mesh, in_specs).out_specs
-    return call.whole_values(program, mesh, out_specs, leaves)
+    return call.whole_values(program, mesh, part.out_specs, leaves)
+
+
+def _say_unplaced(reason: Exception) -> None:
+    import warnings
+
+    warnings.warn(f"a jitted call on placed arrays returns unplaced results: the "
+                  f"partitioner cannot take its program ({type(reason).__name__}: {reason}). "
+                  "The values are computed whole and are right; see docs/architecture.md, "
+                  "'The one call path'", UserWarning, stacklevel=6)
 
 
 # Per program: {the leaves' key: plan} for jit equations bound eagerly on placed values.

@@ -41,9 +41,18 @@ class Placed:
         self.out_tree = entry.out_tree
         self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
         self.plan = plan
-        self.run = getattr(plan, "run", plan)  # (a Plan's generated function)
+        # (A Plan's generated function; none for a trace's or abstract values.)
+        self.run = _unrunnable if plan is None else getattr(plan, "run", plan)
         self.hoisted = list(entry.hoisted)
         self.bind = True
+
+
+def _unrunnable(leaves):
+    from spmd.errors import SpmdError
+
+    raise SpmdError("this jitted call's signature was traced under a transformation (its "
+                    "leaves or closed-over values are tracers): it has no call plan to run "
+                    "eagerly; a tracer may have escaped its transformation")
 
 
 class Jit(JitFunction):

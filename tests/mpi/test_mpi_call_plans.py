@@ -255,7 +255,7 @@ def test_a_program_the_partitioner_cannot_take_whole_runs_by_equation_and_says_s
 
     from spmd.shard.dispatch import ByEquation
 
-    n = spmd.process_count()
+    n = spmd.device_count()  # every device: a mesh over the processes
     a = spmd.make_mesh((n,), ("i",))
     b = spmd.make_mesh((n,), ("j",))
     x = spmd.device_put(np.arange(n * 4.0, dtype=np.float32), NamedSharding(a, P("i")))

@@ -107,3 +107,26 @@ def test_closures_threads_and_donation(mesh):
     with pytest.raises(DeletedArrayError):
         f(a)
     assert len(_placed_plans(f)) == 1
+
+
+def test_a_program_the_partitioner_cannot_take_runs_whole_and_says_so_once(mesh):
+    """A shard_map over another mesh of the same devices, on arrays placed on the first:
+    the values are computed whole and are right, the results are unplaced, and one
+    warning per plan says so (not silently)."""
+    import warnings
+
+    from spmd import lax
+
+    other = spmd.make_mesh((4,), ("j",), devices=spmd.devices()[:4])
+    x = spmd.device_put(np.arange(16.0, dtype=np.float32), NamedSharding(mesh, P("i")))
+    g = spmd.shard_map(lambda v: lax.psum(v, "j"), mesh=other, in_specs=P("j"),
+                       out_specs=P())
+    f = spmd.jit(lambda v: g(v * 2.0) + 1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [f(x) for _ in range(3)]
+    said = [w for w in caught if "unplaced results" in str(w.message)]
+    assert len(said) == 1 and "PartitionError" in str(said[0].message)
+    want = (np.arange(16.0) * 2).reshape(4, -1).sum(0) + 1
+    for y in outs:
+        np.testing.assert_array_equal(np.asarray(y), want)

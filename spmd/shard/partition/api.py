@@ -6,14 +6,15 @@ import functools
 import inspect
 from typing import Callable
 
-from spmd import config, tree_util
+from spmd import tree_util
 from spmd.compiler.avals import ShapeDtypeStruct, abstract_arg_aval
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import _norm_argnums, _walk, flatten_outputs
+from spmd.compiler.jit import _norm_argnums, flatten_outputs
 from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_consts,
-                                 is_eager, trace_to_program)
+                                 trace_to_program)
 from spmd.errors import StaticArgumentError
 from spmd.shard import call
+from spmd.shard.jit import Jit, Placed
 from spmd.shard.mesh_context import get_mesh
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
@@ -155,8 +156,10 @@ def _leaf_aval(x):
     return get_aval(x) if a is None else a
 
 
-class PartitionedJit:
-    """``jit(f, in_shardings=..., out_shardings=...)``.
+class PartitionedJit(Jit):
+    """``jit(f, in_shardings=..., out_shardings=...)``: the shard layer's :class:`Jit`
+    (its calls, call plans, donation) whose trace partitions the function over the
+    shardings' mesh.
 
     Call it on arrays, or ``.trace(...)`` / ``.lower(...)`` / ``.eval_shape(...)`` it on
     arrays or ``ShapeDtypeStruct``s (whose ``sharding`` counts as an Array's).
@@ -167,20 +170,15 @@ class PartitionedJit:
     def __init__(self, fun, in_shardings, out_shardings, forbid_gather_bytes=None,
                  static_argnums=None, static_argnames=None, donate_argnums=None, *,
                  user: bool = True):
-        functools.update_wrapper(self, fun)
-        self._fun = fun
+        name = getattr(fun, "__name__", "fun")
+        static, static_names, donate = _argnums(fun, name, static_argnums, static_argnames,
+                                                donate_argnums)
+        super().__init__(fun, static, static_names, donate, user=user)
         self._in = in_shardings
         self._out = out_shardings
         self._forbid = forbid_gather_bytes
-        self._cache: dict = {}
-        self._calls: dict = {}  # eager calls: leaf tokens -> (plan, hoisted, out tree, single)
-        self._name = getattr(fun, "__name__", "fun")
-        self._static, self._static_names, self._donate = _argnums(
-            fun, self._name, static_argnums, static_argnames, donate_argnums)
-        self._no_static = not self._static and not self._static_names
-        # The eager operations of sharded Arrays (partition.eager) are not user jits:
-        # disable_jit does not turn them into Python calls (they would recurse).
-        self._user = user
+        self._entries: dict = {}  # (tree, statics, avals, shardings, axes, mesh) -> _Entry
+        self._static, self._static_names = static, static_names
 
     def _split(self, args, kwargs):
         """(dynamic positional args, dynamic keyword args, the static key)."""
@@ -259,14 +257,14 @@ class PartitionedJit:
         from spmd.shard.mesh_context import get_mesh
 
         key = (in_tree, static, avals, shard_key, axis_env_key(), get_mesh())
-        entry = self._cache.get(key)
+        entry = self._entries.get(key)
         if entry is None:
             entry = self._build(args, kwargs, dyn, leaves, in_tree, avals)
             # A trace that closed over an enclosing transformation's values (passed
             # to the program, which runs under that transformation) belongs to that
             # call alone.
             if not any(isinstance(c, Tracer) for c in entry.hoisted):
-                self._cache[key] = entry
+                self._entries[key] = entry
         return entry, leaves, avals
 
     def _build(self, args, kwargs, dyn, leaves, in_tree, avals):
@@ -302,61 +300,35 @@ class PartitionedJit:
         return _Entry(part, mesh, final, out_tree, final.out_avals, part.out_specs, closed,
                       hoisted)
 
-    def __call__(self, *args, **kwargs):
-        if config.disable_jit and self._user:  # as jax.disable_jit: the Python function
-            return self._fun(*args, **kwargs)
-        # Eager calls without static or keyword arguments key their plans on the
-        # leaves' tokens (placements included, see spmd.shard.call.token).
-        key = None
-        if self._no_static and not kwargs and is_eager():
-            vals: list = []
-            toks = [config.enable_x64, axis_env_key(), get_mesh()]
-            if _walk(args, vals, toks, call.token):
-                key = tuple(toks)
-                hit = self._calls.get(key)
-                if hit is not None:
-                    plan, hoisted, out_tree, single = hit
-                    outs = plan(hoisted + vals if hoisted else vals)
-                    if self._donate:
-                        self._delete_donated(args)
-                    return outs[0] if single else out_tree.unflatten(outs)
-        entry, leaves, _ = self._entry(args, kwargs)
-        if any(type(x) is ShapeDtypeStruct for x in leaves):
-            raise TypeError(f"jit({self._name}) was called with abstract arguments "
-                            "(ShapeDtypeStruct), which have no values; pass arrays, or use "
-                            ".trace(...), .lower(...) or .eval_shape(...) to trace only")
-        if not is_eager():
-            from spmd.compiler.trace import eval_program
-            outs = eval_program(entry.closed, *entry.hoisted, *leaves)
-            return tree_util.tree_unflatten(entry.out_tree, outs)
+    def _prepare(self, key, static_key, treedef, leaves):
+        """The call plan of a new call signature (see :meth:`Jit.__call__`): the
+        partitioned trace of :meth:`_entry`, and how this call's leaves run it."""
+        static_pos, static_kw = static_key
+        dyn, dkw = tree_util.tree_unflatten(treedef, leaves)
+        args = list(dyn)
+        for i, v in static_pos:
+            args.insert(i, v)
+        entry, leaves, avals = self._entry(tuple(args), {**dkw, **dict(static_kw)})
         everything = [*entry.hoisted, *leaves]
-        # One plan per way of reading the leaves (the entry's key leaves out whether
-        # a leaf is a numpy array, an Array or a scalar, and a placed one's blocks).
-        reads = tuple(map(call.leaf_token, everything))
-        plan = entry.plans.get(reads)
-        if plan is None:
-            if entry.mesh.is_multi_process:  # each process runs its own blocks
-                plan = call.over_processes(entry.partitioned, entry.mesh, everything)
-            else:  # the whole values are here: the global program, placed results
-                plan = call.whole_values(entry.closed, entry.mesh, entry.out_specs,
-                                         everything)
-            entry.plans[reads] = plan
-        if key is not None and not any(isinstance(h, Tracer) for h in entry.hoisted):
-            self._calls[key] = (plan.run, list(entry.hoisted), entry.out_tree,
-                                entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1)
-        arrays = plan(everything)
-        self._delete_donated(args)
-        return tree_util.tree_unflatten(entry.out_tree, arrays)
-
-    def _delete_donated(self, args):
-        """Donated Arrays are deleted after the call, as in JAX (no buffer reuse here)."""
-        from spmd.compiler.array import Array
-
-        for i in self._donate:
-            if i < len(args):
-                for leaf in tree_util.tree_leaves(args[i]):
-                    if isinstance(leaf, Array):
-                        leaf.delete()
+        abstract = any(type(x) is ShapeDtypeStruct for x in leaves)
+        plan = None
+        if not abstract and not any(isinstance(x, Tracer) for x in everything):
+            # One plan per way of reading the leaves (the entry's key leaves out
+            # whether a leaf is a numpy array, an Array or a scalar, and a placed
+            # one's blocks).
+            reads = tuple(map(call.leaf_token, everything))
+            plan = entry.plans.get(reads)
+            if plan is None:
+                if entry.mesh.is_multi_process:  # each process runs its own blocks
+                    plan = call.over_processes(entry.partitioned, entry.mesh, everything)
+                else:  # the whole values are here: the global program, placed results
+                    plan = call.whole_values(entry.closed, entry.mesh, entry.out_specs,
+                                             everything)
+                entry.plans[reads] = plan
+        placed = Placed(entry, avals, abstract, plan)
+        if not any(isinstance(h, Tracer) for h in entry.hoisted):
+            self._plans[key] = placed  # (else: this call only, as a trace's values)
+        return placed
 
     def lower(self, *args, **kwargs) -> "PartitionedLowered":
         """The per-device program for these arguments (arrays or ``ShapeDtypeStruct``s).
@@ -384,11 +356,11 @@ class PartitionedJit:
     __spmd_eval_shape__ = eval_shape
 
     def clear_cache(self) -> None:
-        self._cache.clear()
-        self._calls.clear()
+        self._entries.clear()
+        super().clear_cache()
 
-    def __get__(self, obj, objtype=None):  # so that jit works on methods
-        return self if obj is None else functools.partial(self, obj)
+    def _cache_size(self) -> int:
+        return len(self._entries)
 
     def __repr__(self):
         return f"<jit {self._name} (partitioned)>"
