@@ -170,6 +170,17 @@ def _on_host() -> bool:
     return array_module.current() is np and not array_module.on_device[0]
 
 
+def build(part, whole_program: ClosedProgram, mesh, leaves) -> Plan:
+    """The plan of a program partitioned as ``part`` over ``mesh`` for leaves like
+    ``leaves``: over processes, each process runs its own blocks (:func:`over_processes`);
+    in one process the whole values are here and ``whole_program`` runs on them, its
+    results placed by the partition's out specs (:func:`whole_values`).  The one place
+    that chooses between the two."""
+    if mesh.is_multi_process:
+        return over_processes(part, mesh, leaves)
+    return whole_values(whole_program, mesh, part.out_specs, leaves)
+
+
 def over_processes(part, mesh, leaves) -> Plan:
     """The plan running the partitioned program ``part`` over ``mesh`` (spread over
     processes) for leaves like ``leaves`` (the program's constants lead)."""

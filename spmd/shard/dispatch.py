@@ -130,9 +130,7 @@ def plan_for(program, leaves, mesh):
         # left unplaced (a shard_map's keep its out specs).  Said once per plan.
         _say_unplaced(e)
         return call.unplaced(program, leaves, output_wrappers(program))
-    if mesh.is_multi_process:
-        return call.over_processes(part, mesh, leaves)
-    return call.whole_values(program, mesh, part.out_specs, leaves)
+    return call.build(part, program, mesh, leaves)
 
 
 def _say_unplaced(reason: Exception) -> None:

@@ -318,13 +318,9 @@ class PartitionedJit(Jit):
             # one's blocks).
             reads = tuple(map(call.leaf_token, everything))
             plan = entry.plans.get(reads)
-            if plan is None:
-                if entry.mesh.is_multi_process:  # each process runs its own blocks
-                    plan = call.over_processes(entry.partitioned, entry.mesh, everything)
-                else:  # the whole values are here: the global program, placed results
-                    plan = call.whole_values(entry.closed, entry.mesh, entry.out_specs,
-                                             everything)
-                entry.plans[reads] = plan
+            if plan is None:  # (in one process: the global program, placed results)
+                plan = entry.plans[reads] = call.build(entry.partitioned, entry.closed,
+                                                       entry.mesh, everything)
         placed = Placed(entry, avals, abstract, plan)
         if not any(isinstance(h, Tracer) for h in entry.hoisted):
             self._plans[key] = placed  # (else: this call only, as a trace's values)
