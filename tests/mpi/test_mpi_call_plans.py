@@ -270,3 +270,20 @@ def test_a_program_the_partitioner_cannot_take_whole_runs_by_equation_and_says_s
     for y in outs:
         np.testing.assert_array_equal(_gather(y), want)
     assert [type(p) for p in _placed(f)] == [ByEquation]
+
+
+def test_eager_operations_on_an_array_spread_over_processes_keep_its_placement():
+    """``astype`` used to read the whole value (raising on a spread array); every eager
+    operation now runs on this process's blocks."""
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("i",))
+    s = NamedSharding(mesh, P("i"))
+    g = np.arange(4.0 * n, dtype=np.float32) - 3
+    x = spmd.device_put(g, s)
+    for got, want in [(x.astype(np.int32), g.astype(np.int32)),
+                      (x * 2 + 1, g * 2 + 1),
+                      (snp.maximum(x, 0.5), np.maximum(g, 0.5)),
+                      (x.astype(np.int32) ** 2.0,  # (a weak float: float32, as in JAX)
+                       (g.astype(np.int32) ** 2.0).astype(np.float32))]:
+        assert got.sharding == s and got.dtype == want.dtype
+        np.testing.assert_array_equal(_gather(got), want)

@@ -130,3 +130,31 @@ def test_a_program_the_partitioner_cannot_take_runs_whole_and_says_so_once(mesh)
     want = (np.arange(16.0) * 2).reshape(4, -1).sum(0) + 1
     for y in outs:
         np.testing.assert_array_equal(np.asarray(y), want)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("x * 2 + 1", lambda x, y, n: x * 2 + 1),
+    ("2 - x (reflected)", lambda x, y, n: 2 - x),
+    ("x + numpy row", lambda x, y, n: x + n),
+    ("numpy row * x", lambda x, y, n: n * x),
+    ("x + y, two placements", lambda x, y, n: x + y),
+    ("x > y (bool)", lambda x, y, n: x > y),
+    ("x / 0 (inf)", lambda x, y, n: x / 0.0),
+    ("int ** float scalar", lambda x, y, n: x.astype(np.int32) ** 2.0),
+    ("tanh, exp, where", lambda x, y, n: snp.where(x > 3, snp.tanh(x), snp.exp(-x))),
+])
+def test_eager_operations_on_placed_arrays_equal_the_unplaced_ones(name, fn):
+    """The eager ufuncs on placed operands run as one jitted call of the whole function
+    (spmd/numpy/_elementwise.py): the same values, dtypes and weak types as on plain
+    arrays, with the shardings that propagation gives."""
+    mesh = spmd.make_mesh((4, 2), ("i", "j"))
+    x0 = np.arange(32.0, dtype=np.float32).reshape(8, 4) - 5
+    y0 = np.linspace(-3, 3, 32, dtype=np.float32).reshape(8, 4)
+    n = np.arange(4.0, dtype=np.float32)
+    x = spmd.device_put(x0, NamedSharding(mesh, P("i")))
+    y = spmd.device_put(y0, NamedSharding(mesh, P(None, "j")))
+    got = fn(x, y, n)
+    want = fn(snp.asarray(x0), snp.asarray(y0), n)
+    assert got.dtype == want.dtype and got.aval.weak_type == want.aval.weak_type
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert isinstance(got.sharding, NamedSharding) and got.sharding.mesh == mesh

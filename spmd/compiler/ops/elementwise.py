@@ -601,7 +601,10 @@ def convert(x, dtype, weak_type: bool = False):
     if av.dtype == dtype and av.weak_type == weak_type:
         return x
     from spmd.compiler.array import Array
-    if isinstance(x, Array):  # a known value converts now, not as a program equation
+    # A known value converts now, not as a program equation.  (Only the compiler's own
+    # Arrays: an upper layer's -- a sharded Array, perhaps spread over processes --
+    # evaluates the equation itself, keeping its placement.)
+    if type(x) is Array:
         v = x.value  # numpy, or cupy on GPUs (converted where it lives)
         v = v.astype(dtype) if is_device_array(v) else np.asarray(v, dtype=dtype)
         return Array(v, ShapedArray(av.shape, dtype, weak_type))
