@@ -60,7 +60,7 @@ _PUBLIC: dict = {
     # device_put also resolves a bare PartitionSpec against the mesh context.
     "device_put": ("spmd.shard.mesh_context", "device_put"),
     "set_mesh": ("spmd.shard.mesh_context", "set_mesh"),
-    "make_array_from_process_local_data": ("spmd.shard.multiprocess",
+    "make_array_from_process_local_data": ("spmd.shard.local_data",
                                            "make_array_from_process_local_data"),
     "process_allgather": ("spmd.shard.multiprocess", "process_allgather"),
     "jit": ("spmd.shard.partition.api", "jit"),  # plain or partitioned

@@ -225,7 +225,7 @@ def _out_dims(out, outs, out_axes, extra, fname):
 def _run_multi(run, args, st, dyn_idx, dims, mesh, out_axes, fname):
     """Multi-process pmap: local values in, a global Array per mapped argument, the
     jitted shard_map, and this process's slices out."""
-    from spmd.shard.multiprocess import make_array_from_process_local_data
+    from spmd.shard.local_data import make_array_from_process_local_data
     from spmd.shard.spec import NamedSharding, PartitionSpec as P
 
     leaves, tree = tree_util.tree_flatten(tuple(args[i] for i in dyn_idx))

@@ -36,7 +36,7 @@ from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
 from spmd.errors import NotFullyAddressableError
 from spmd.mesh.devices import Device, local_devices, process_index
-from spmd.shard.spec import NamedSharding, ShardingError
+from spmd.shard.spec import NamedSharding, ShardingError, block_coord
 
 
 # ----------------------------------------------------------------- shardings
@@ -130,8 +130,6 @@ def holds_full_value(sharding) -> bool:
 
 def _holds_full(sharding, proc: int) -> bool:
     if isinstance(sharding, NamedSharding):
-        from spmd.shard.multiprocess import block_coord
-
         flat = list(sharding.mesh.devices.flat)
         mine = {block_coord(sharding, d) for d in flat if d.process_index == proc}
         return mine == {block_coord(sharding, d) for d in flat}

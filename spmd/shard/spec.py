@@ -177,3 +177,16 @@ def _norm(spec):
     while parts and not parts[-1]:
         parts.pop()
     return tuple(parts)
+
+
+def block_coord(sharding: NamedSharding, device) -> tuple[int, ...]:
+    """The block ``device`` holds, as a block number per split dimension of the spec."""
+    mesh, spec = sharding.mesh, sharding.spec
+    coords = dict(zip(mesh.axis_names, mesh.coords(device)))
+    out = []
+    for d in range(len(spec)):
+        k = 0
+        for a in spec.axes_of(d):  # major to minor
+            k = k * mesh.shape[a] + coords[a]
+        out.append(k)
+    return tuple(out)
