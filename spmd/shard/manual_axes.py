@@ -6,11 +6,10 @@ axes (:mod:`spmd.shard.partition.manual`)."""
 from __future__ import annotations
 
 from spmd.collectives.primitives import CollectiveAxisError
+from spmd.shard.shard_map_args import ShardMapError
 
 
 def _shard_map_error(msg):
-    from spmd.shard.shard_map import ShardMapError
-
     return ShardMapError(msg)
 
 

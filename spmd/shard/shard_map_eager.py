@@ -37,6 +37,8 @@ from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_f
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.trace import Tracer, extend_axis_env, full_raise, get_aval, new_main
 from spmd.errors import TracerBoolConversionError
+from spmd.shard.manual_axes import _check_manual_spec
+from spmd.shard.shard_map_args import _as_global, _check_out, _spec_leaves
 
 
 def can_run_eagerly(vals) -> bool:
@@ -136,8 +138,6 @@ class EagerMesh:
 def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma, manual,
                 fname):
     """Run ``f`` on every device's concrete blocks; the global outputs, placed."""
-    from spmd.shard.shard_map import _check_manual_spec, _check_out, _spec_leaves
-
     from spmd.mesh import process_index
 
     multi = mesh.is_multi_process
@@ -189,7 +189,6 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
 
 def _outputs_local(raw, specs, mesh):
     from spmd.shard.execute import from_blocks
-    from spmd.shard.shard_map import _as_global
     from spmd.shard.sharded import from_whole
     from spmd.shard.spec import NamedSharding
 
