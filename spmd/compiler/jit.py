@@ -428,6 +428,15 @@ class JitFunction:
             return self._prepare(key, static_key, treedef, leaves)
 
     def _prepare(self, key, static_key, treedef, leaves) -> _CallPlan:
+        entry, avals, keep = self._traced(static_key, treedef, leaves)
+        plan = self._make_plan(entry, leaves, avals)
+        if keep:
+            self._plans[key] = plan
+        return plan
+
+    def _traced(self, static_key, treedef, leaves) -> tuple:
+        """``(entry, avals, cacheable)``: the traced program of a call signature (traced
+        on a miss); not cacheable when it closed over an enclosing trace's values."""
         avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.
@@ -437,11 +446,9 @@ class JitFunction:
         if entry is None:
             entry = self._trace(static_key, treedef, avals)
             if any(isinstance(h, Tracer) for h in entry.hoisted):
-                # closed over an enclosing trace's values: this call only
-                return self._make_plan(entry, leaves, avals)
+                return entry, avals, False  # closed over an enclosing trace's values
             self._cache[akey] = entry  # only reached when tracing succeeded
-        plan = self._plans[key] = self._make_plan(entry, leaves, avals)
-        return plan
+        return entry, avals, True
 
     def _make_plan(self, entry: _Entry, leaves, avals):
         """The plan of a new call signature (an upper layer's jit may make its own)."""
@@ -455,8 +462,16 @@ class JitFunction:
         return self._new_plan(key, _NO_STATIC, treedef, leaves)
 
     def _entry(self, args, kwargs):
-        plan, leaves = self._plan(args, kwargs)
-        return plan.entry, leaves, plan.avals
+        """The traced entry for these arguments, their leaves and avals, without a call
+        plan (``lower``, ``trace``, ``eval_shape``: nothing is run, partitioned for
+        processes or agreed with other ranks, so one rank alone may ask)."""
+        if self._no_static and not kwargs:
+            static_key, (leaves, treedef) = _NO_STATIC, _flatten((args, _EMPTY))
+        else:
+            static_key, leaves, treedef = self._signature(args, kwargs)
+        with preparing(f"jit({self._name})"):
+            entry, avals, _ = self._traced(static_key, treedef, leaves)
+        return entry, leaves, avals
 
     def __call__(self, *args, **kwargs):
         if config.disable_jit:  # spmd.disable_jit(): run the Python function op by op

@@ -287,3 +287,22 @@ def test_eager_operations_on_an_array_spread_over_processes_keep_its_placement()
                        (g.astype(np.int32) ** 2.0).astype(np.float32))]:
         assert got.sharding == s and got.dtype == want.dtype
         np.testing.assert_array_equal(_gather(got), want)
+
+
+def test_one_rank_alone_may_lower_trace_or_eval_shape_a_call_on_spread_arrays():
+    """Inspecting a jit builds no call plan: nothing is partitioned for the processes
+    or agreed with the other ranks, so rank 0 may print it alone (a plan's build
+    agrees on the program with every rank: that happens at the first call)."""
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("i",))
+    x = spmd.device_put(np.arange(4.0 * n, dtype=np.float32), NamedSharding(mesh, P("i")))
+    f = spmd.jit(lambda v: snp.sin(v) * 2)
+    g = spmd.jit(lambda v: snp.cos(v) + 1)  # inspected by rank 0 alone, never called
+    if spmd.process_index() == 0:
+        assert "cos" in g.lower(x).as_text()
+        assert g.trace(x).out_info.shape == (4 * n,)
+        assert spmd.eval_shape(g, x).shape == (4 * n,)
+        assert not _placed(g)
+    # (Had rank 0 agreed on g's program, this call's agreement would pair with it.)
+    np.testing.assert_allclose(_gather(f(x)), np.sin(np.arange(4.0 * n)) * 2, rtol=1e-6)
+    assert len(_placed(f)) == 1
