@@ -48,7 +48,7 @@ def agreed(comm, fn, what: str, error_type, share: bool = False):
         return [value] if share else value
     text = None if error is None else (str(error) if isinstance(error, error_type)
                                        else f"{what}: {type(error).__name__}: {error}")
-    from spmd.checkpointing import watched
+    from spmd.checkpointing import watched  # here: spmd.checkpointing imports this module
 
     with watched(what):
         gathered = comm.allgather((text, value if share and error is None else None))

@@ -9,12 +9,16 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.compiler import dtypes
-from spmd.compiler.ad import linearize_flat, jvp_flat, zeros_for
+from spmd.compiler.ad import jvp_flat, linearize_flat, stop_gradient, zeros_for
 from spmd.compiler.ad_util import Zero, instantiate
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.jit import flatten_outputs
+from spmd.compiler.ops.elementwise import convert
+from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, SpmdError
+from spmd.numpy._util import to_array
+from spmd.vectorize import vmap
 
 
 class GradientError(SpmdError, TypeError):
@@ -74,15 +78,10 @@ def _tangent_in(p, t):
     if not dtypes.is_inexact(av.dtype):
         return Zero(tangent_aval(av))
     _check_no_imag_loss(t, av, "jvp: tangent")
-    from spmd.numpy._util import to_array
-    from spmd.compiler.ops.elementwise import convert
-
     return convert(to_array(t), av.dtype)
 
 
 def _stop_aux(aux):
-    from spmd.compiler.ad import stop_gradient
-
     return stop_gradient(aux)
 
 
@@ -169,9 +168,6 @@ def _ct_in(c, o):
     if not dtypes.is_inexact(av.dtype):
         return Zero(tangent_aval(av))
     _check_no_imag_loss(c, av, "vjp: cotangent")
-    from spmd.compiler.ops.elementwise import convert
-    from spmd.numpy._util import to_array
-
     return convert(to_array(c), av.dtype)
 
 
@@ -255,8 +251,6 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: b
                     "part: snp.real(f(z)) or snp.abs(f(z)))" if dtypes.is_complex(dt) else "")
             raise GradientError(f"grad({_name(fun)}): the output has dtype {dt}; grad needs a "
                                 "real floating-point output" + hint)
-        from spmd.compiler.ops.structural import full
-
         g = f_vjp(full((), 1.0, dt))
         g = g[0] if single else g
         if has_aux:
@@ -307,9 +301,6 @@ def jacfwd(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = 
     The result has the output's structure; each leaf has shape ``out.shape + in.shape``.
     Complex inputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
     """
-    from spmd.compiler.ops.structural import reshape, transpose
-    from spmd.vectorize import vmap
-
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacfwd")
         diff = tuple(args[i] for i in nums)
@@ -341,9 +332,6 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = 
 
     Complex outputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
     """
-    from spmd.compiler.ops.structural import reshape
-    from spmd.vectorize import vmap
-
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacrev")
         diff = tuple(args[i] for i in nums)

@@ -43,8 +43,10 @@ import numpy as np
 
 from spmd import _checkpoint_manifest as manifest
 from spmd import tree_util
+from spmd.collectives.mpi_control import Watched
 from spmd.compiler.array import Array
 from spmd.errors import SpmdError
+from spmd.launch.mpi import threads_may_call_mpi, world
 from spmd.mesh import process_count, process_index
 from spmd.shard.array import SingleDeviceSharding, make_array_from_callback
 from spmd.shard.spec import NamedSharding, ShardingError, check_spec
@@ -71,8 +73,6 @@ def _comm():
     if process_count() == 1:
         return None
     if not _comm_cache:
-        from spmd.launch.mpi import world
-
         with watched("setting up"):
             _comm_cache.append(world().Dup())
     return _comm_cache[0]
@@ -82,8 +82,6 @@ def watched(what: str):
     """The protocol's exchanges are collective over every process: watched like a
     collective (the deadline, ``spmd-run``'s check for ranks that finished), so that a
     process that exits or never saves is reported instead of waited for."""
-    from spmd.collectives.mpi_control import Watched
-
     return Watched(tuple(range(process_count())), f"checkpointing ({what})")
 
 
@@ -160,7 +158,7 @@ def _incomplete(path: str) -> str | None:
 
 
 def _store(path: str, meta: dict | None = None):
-    import tensorstore as ts
+    import tensorstore as ts  # optional (third-party): needed by a save or a restore only
 
     # Chunks equal to the fill value are written too: every chunk has a file, so a
     # missing file is always a loss.
@@ -291,8 +289,6 @@ def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> P
 def _threads_may_call_mpi() -> bool:
     """Whether a background thread may run the save's MPI calls while the main thread
     runs the program's collectives (MPI_THREAD_MULTIPLE; mpi4py asks for it)."""
-    from spmd.launch.mpi import threads_may_call_mpi
-
     if process_count() == 1 or threads_may_call_mpi():
         return True
     warnings.warn("spmd.checkpointing.save_async: this MPI library was initialised without "

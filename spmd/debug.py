@@ -18,10 +18,14 @@ import sys
 import numpy as np
 
 from spmd import tree_util
+from spmd.compiler.array import Array
 from spmd.compiler.array_module import to_host
+from spmd.compiler.batching import move_to_front
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import Tracer, axes_in_scope, bind
 from spmd.errors import ArgumentError
+from spmd.shard.array import visualize_array_sharding as viz
+from spmd.shard.partition import registry
 
 debug_print_p = Primitive("debug_print", multiple_results=True, effectful=True)
 debug_print_p.def_abstract_eval(lambda *avals, **params: [])
@@ -29,8 +33,6 @@ debug_print_p.def_vma(lambda *avals, **params: [])
 
 
 def _is_operand(x) -> bool:
-    from spmd.compiler.array import Array
-
     return isinstance(x, (Tracer, Array, np.ndarray, np.generic))
 
 
@@ -85,8 +87,6 @@ def _jvp(primals, tangents, **params):
 
 
 def _batch(args, dims, *, fmt, tree, statics, levels, axes, _axis_data):
-    from spmd.compiler.batching import move_to_front
-
     names, size = _axis_data
     args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
     level = (int(size), tuple(d is not None for d in dims))
@@ -109,14 +109,10 @@ def visualize_array_sharding(x, *, use_color: bool = False) -> str:
 
     >>> spmd.debug.visualize_array_sharding(spmd.device_put(x, NamedSharding(mesh, P("i"))))
     """
-    from spmd.shard.array import visualize_array_sharding as viz
-
     return viz(x, use_color=use_color)
 
 
 def _register_partition_decision():
-    from spmd.shard.partition import registry
-
     registry.register(debug_print_p, registry.Replicate(
         "a print shows whole values: under jit with shardings the value is gathered and "
         "printed once"))

@@ -9,7 +9,10 @@ sets up a multi-process JAX job; call it before the first use of devices.
 
 from __future__ import annotations
 
+from spmd.collectives import mpi_control  # no MPI import: only the counters
 from spmd.errors import ArgumentError
+from spmd.launch import mpi, runtime
+from spmd.mesh.devices import reset_for_tests
 
 _BACKENDS = ("mpi", "local")
 _PLATFORMS = ("cpu", "gpu")
@@ -49,14 +52,8 @@ def initialize(backend: str | None = None, local_devices: int | None = None,
         raise ArgumentError(f"spmd.distributed.initialize: platform={platform!r} is not one of "
                             f"{_PLATFORMS}")
     if backend == "mpi":
-        from spmd.launch import mpi
-
         mpi.world()  # fail now, with the install hint, if mpi4py is missing
-    from spmd.launch import runtime
-
     runtime.force(backend=backend, local_devices=local_devices, platform=platform)
-    from spmd.mesh.devices import reset_for_tests
-
     reset_for_tests()  # devices, the platform and its array module are decided again
 
 
@@ -71,8 +68,6 @@ def collective_time() -> tuple[int, float]:
     >>> ...  # some steps
     >>> calls1, t1 = spmd.distributed.collective_time()
     """
-    from spmd.collectives import mpi_control  # no MPI import: only the counters
-
     return mpi_control.collective_time()
 
 # A front end: fill the compiler's extension points and install the array methods

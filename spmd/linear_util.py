@@ -26,6 +26,7 @@ from spmd.compiler.avals import abstract_arg_aval, tangent_aval
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.trace import get_aval, trace_to_program
 from spmd.errors import ArgumentError, SpmdError
+from spmd.numpy._util import to_array
 
 
 class NotLinearError(SpmdError, TypeError):
@@ -81,8 +82,6 @@ def linear_transpose(fun: Callable, *primals, reduce_axes=()) -> Callable:
             raise NotLinearError(
                 f"linear_transpose({_name(fun)}): the function is not linear in its inputs "
                 f"({str(e) or 'a product of two of its inputs'}); pass a linear function") from None
-        from spmd.numpy._util import to_array
-
         res = [zeros_for(a) if isinstance(r, Zero) else to_array(r) for r, a in zip(res, lin_avals)]
         return tuple(tree_util.tree_unflatten(in_tree, res))
 

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spmd import tree_util
+from spmd.autodiff import jvp, vjp
 from spmd.config import config
 
 
@@ -58,8 +59,6 @@ def check_grads(f: Callable, args: Sequence, order: int = 2, modes=("fwd", "rev"
 
     >>> check_grads(lambda x: (x ** 3).sum(), (np.array([1.0, 2.0]),), order=2)
     """
-    from spmd.autodiff import jvp, vjp
-
     old = config.enable_x64
     config.update("enable_x64", True)
     try:

@@ -18,8 +18,11 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from spmd.compiler.ops.conv import _dilate, conv as _conv_prim
+from spmd.compiler.ops.elementwise import convert
+from spmd.compiler.ops.structural import transpose
 from spmd.compiler.trace import Tracer
 from spmd.errors import ArgumentError
+from spmd.numpy._util import promote_dtypes
 
 
 class ConvDimensionNumbers(NamedTuple):
@@ -103,10 +106,6 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
                          precision=None, preferred_element_type=None):
     """General N-d convolution, as ``jax.lax.conv_general_dilated`` (``precision`` is
     accepted and ignored: numpy computes in the operands' dtype)."""
-    from spmd.compiler.ops.elementwise import convert
-    from spmd.compiler.ops.structural import transpose
-    from spmd.numpy._util import promote_dtypes
-
     x, w = promote_dtypes(lhs, rhs, fname="spmd.lax.conv_general_dilated")
     if preferred_element_type is not None:
         x, w = convert(x, preferred_element_type), convert(w, preferred_element_type)

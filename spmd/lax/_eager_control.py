@@ -11,6 +11,7 @@ from __future__ import annotations
 from spmd import tree_util
 from spmd.config import config
 from spmd.compiler.trace import is_eager
+from spmd.numpy._shape import stack
 
 
 def active() -> bool:
@@ -35,8 +36,6 @@ def while_loop(cond_fun, body_fun, init_val):
 
 
 def scan(f, init, xs, length, reverse):
-    from spmd.numpy._shape import stack
-
     leaves, tree = tree_util.tree_flatten(xs)
     n = int(length) if length is not None else len(leaves[0])
     carry, ys = init, []

@@ -15,19 +15,19 @@ import numpy as np
 from spmd.compiler import dtypes
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.indexing import dynamic_slice, dynamic_update_slice
+from spmd.compiler.ops.shape_more import slice_in_dim
+from spmd.compiler.ops.sort import sort
+from spmd.compiler.ops.structural import iota, squeeze
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, ShapeError
+from spmd.numpy._util import canonicalize_axis, to_array
 
 
 def _operand(x, fname):
-    from spmd.numpy._util import to_array
-
     return to_array(x, fname=fname)
 
 
 def _axis(axis, ndim, fname):
-    from spmd.numpy._util import canonicalize_axis
-
     return canonicalize_axis(axis, ndim, fname)
 
 
@@ -64,8 +64,6 @@ def dynamic_index_in_dim(operand, index, axis: int = 0, keepdims: bool = True, *
                          allow_negative_indices: bool = True):
     """``operand``'s entry ``index`` along ``axis`` (kept as a size-1 axis when
     ``keepdims``)."""
-    from spmd.compiler.ops.structural import squeeze
-
     x = _operand(operand, "spmd.lax.dynamic_index_in_dim")
     ax = _axis(axis, x.ndim, "spmd.lax.dynamic_index_in_dim")
     out = dynamic_slice_in_dim(x, index, 1, ax, allow_negative_indices=allow_negative_indices)
@@ -104,10 +102,6 @@ def _descending_key(x):
 
 
 def _top_k_along(x, k, axis, fname, largest=True):
-    from spmd.compiler.ops.shape_more import slice_in_dim
-    from spmd.compiler.ops.sort import sort
-    from spmd.compiler.ops.structural import iota
-
     shape = get_aval(x).shape
     if isinstance(k, Tracer):
         raise ArgumentError(f"{fname}: k must be a static int, got a traced value")

@@ -25,6 +25,7 @@ from spmd.compiler.ops.elementwise import add, convert, lt, max as lax_max, min 
 from spmd.compiler.trace import Tracer, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError
 from spmd.lax import _eager_control as _eager
+from spmd.numpy._util import promote_dtypes, to_array
 
 __all__ = ["cond", "switch", "fori_loop", "while_loop", "scan"]
 
@@ -42,8 +43,6 @@ def _as_value(x, fname: str, what: str):
         return x
     if isinstance(x, (bool, int, float, complex)):
         return Array(np.asarray(x, dtype=get_aval(x).dtype), get_aval(x))
-    from spmd.numpy._util import to_array
-
     try:
         return to_array(x, fname=fname)
     except Exception as e:
@@ -457,8 +456,6 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *, unroll=None):
     for b in (lower, upper):
         if isinstance(b, Tracer) and (b.shape != () or not dtypes.is_int(b.dtype)):
             raise DTypeError(f"fori_loop: lower and upper must be integer scalars, got {b.aval}")
-    from spmd.numpy._util import promote_dtypes
-
     lo, hi = promote_dtypes(lower, upper, fname="fori_loop")
     lo_aval = get_aval(lo)
     one = Array(np.ones((), lo_aval.dtype), ShapedArray((), lo_aval.dtype, lo_aval.weak_type))

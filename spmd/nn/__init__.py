@@ -16,7 +16,9 @@ import numpy as np
 
 import spmd.numpy as snp
 from spmd.compiler import dtypes
+from spmd.compiler.ad import stop_gradient
 from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops.structural import iota
 from spmd.compiler.trace import get_aval
 from spmd.numpy._util import canonicalize_axes, promote_to_float, to_array
 
@@ -32,8 +34,6 @@ def _float(x, fname):
 
 def _stop_gradient(x):
     # The max subtracted for stability carries no derivative (it cancels exactly).
-    from spmd.compiler.ad import stop_gradient
-
     return stop_gradient(x)
 
 
@@ -182,8 +182,6 @@ def one_hot(x, num_classes: int, *, dtype=np.float32, axis=-1):
     Array([[1., 0., 0.],
            [0., 0., 1.]], dtype=float32)
     """
-    from spmd.compiler.ops.structural import iota
-
     x = to_array(x)
     num_classes = int(num_classes)
     nd = get_aval(x).ndim + 1

@@ -8,6 +8,7 @@ import numpy as np
 from spmd.compiler import dtypes
 from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops.structural import full
 from spmd.compiler.trace import get_aval
 from spmd.numpy._util import check_arraylike, promote_dtypes, to_array
 
@@ -35,8 +36,6 @@ def imag(val, /):
 
 
 def _zeros_like(a):
-    from spmd.compiler.ops.structural import full
-
     av = get_aval(a)
     return full(av.shape, 0, av.dtype)
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler.array import Array
 from spmd.compiler.array_module import is_device_array, to_host
+from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
+from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
 from spmd.compiler.trace import get_aval
-from spmd.numpy._util import (check_keeps_imag, is_traced_or_array, require_static, static_int,
+from spmd.numpy._elementwise import add, multiply, subtract
+from spmd.numpy._shape import expand_dims
+from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, check_keeps_imag,
+                              is_traced_or_array, promote_to_float, require_static, static_int,
                               static_shape, to_array)
 
 __all__ = ["array", "asarray", "full", "zeros", "ones", "arange", "astype", "empty",
@@ -132,21 +138,15 @@ def linspace(start, stop, num: int = 50, endpoint: bool = True, retstep: bool = 
 
 
 def _is_concrete(x):
-    from spmd.compiler.array import Array
     return not is_traced_or_array(x) or isinstance(x, Array)
 
 
 def _value(x):
-    from spmd.compiler.array import Array
     return to_host(x.value if isinstance(x, Array) else x)
 
 
 def _traced_linspace(start, stop, num, endpoint, retstep, dt, axis):
     """linspace of traced bounds: ``start * (1 - t) + stop * t`` with ``t = i / div``."""
-    from spmd.numpy._elementwise import add, multiply, subtract
-    from spmd.numpy._shape import expand_dims
-    from spmd.numpy._util import broadcast_shapes, broadcast_to_shape, promote_to_float
-
     lo, hi = promote_to_float(start, stop, fname="spmd.numpy.linspace")
     shape = broadcast_shapes(get_aval(lo).shape, get_aval(hi).shape, fname="spmd.numpy.linspace")
     lo, hi = broadcast_to_shape(lo, shape), broadcast_to_shape(hi, shape)
@@ -163,7 +163,6 @@ def _traced_linspace(start, stop, num, endpoint, retstep, dt, axis):
     out = add(lo_b, multiply(subtract(hi_b, lo_b), t))
     if endpoint and num > 1:
         # The last sample is exactly `stop`, as in numpy.
-        from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
         out = concatenate([slice_in_dim(out, 0, num - 1, 1, ax), expand_dims(hi, ax)], ax)
     if dt is not None:
         out = convert(out, dt)
@@ -205,8 +204,6 @@ def tri(N: int, M: int | None = None, k: int = 0, dtype=None):
 
 def _diagonal_mask(N, M, k, cmp, dtype):
     """``row + k (cmp) col`` as ``dtype``, computed from iotas (no constant is captured)."""
-    from spmd.compiler.ops import elementwise as ew
-
     idt = dtypes.default_int()
     rows = st.iota(idt, (N, M), 0)
     cols = st.iota(idt, (N, M), 1)

@@ -7,10 +7,13 @@ import operator
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops.structural import full
 from spmd.compiler.trace import get_aval
 from spmd.errors import DTypeError
-from spmd.numpy._util import promote_and_broadcast, promote_dtypes, static_int, to_array
+from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, promote_and_broadcast,
+                              promote_dtypes, static_int, to_array)
 from spmd.shard.jit import Jit
 from spmd.shard.sharded import ShardedArray
 
@@ -88,8 +91,6 @@ greater_equal = _binary(ew.ge, "greater_equal", ordered=True)
 
 def _lexicographic(lax_fn, a, b):
     """Order complex numbers by real part, then imaginary part (numpy and JAX do)."""
-    from spmd.compiler.ops import complex as cx
-
     ra, rb = cx.real(a), cx.real(b)
     return ew.select(ew.eq(ra, rb), lax_fn(cx.imag(a), cx.imag(b)), lax_fn(ra, rb))
 bitwise_and = _binary(ew.bitwise_and, "bitwise_and")
@@ -146,8 +147,6 @@ def round(x, decimals: int = 0):
     (a,) = promote_dtypes(x, fname="spmd.numpy.round")
     decimals = static_int(decimals, "spmd.numpy.round", "decimals")
     if dtypes.is_complex(get_aval(a).dtype):  # each part on its own, as numpy and JAX
-        from spmd.compiler.ops import complex as cx
-
         return cx.make_complex(round(cx.real(a), decimals), round(cx.imag(a), decimals))
     if not dtypes.is_float(get_aval(a).dtype):
         return a
@@ -233,10 +232,6 @@ def _complex_floor_divide(a, b):
     """JAX's complex ``//``: the floor of the real part of ``a / b``, as a complex number
     with zero imaginary part.  The quotient's real part is computed scaled by the
     larger of ``|Re b|``, ``|Im b|`` (so it neither overflows nor loses digits)."""
-    from spmd.compiler.ops import complex as cx
-
-    from spmd.compiler.ops.structural import full
-
     ar, ai, br, bi = cx.real(a), cx.imag(a), cx.real(b), cx.imag(b)
     rdt, shape = get_aval(br).dtype, tuple(get_aval(br).shape)
     ones = full(shape, 1, rdt)
@@ -339,8 +334,6 @@ def where(condition, x=None, y=None, /):
 
 
 def _broadcast_all(*arrs):
-    from spmd.numpy._util import broadcast_shapes, broadcast_to_shape
-
     shape = broadcast_shapes(*[np.shape(a) for a in arrs], fname="spmd.numpy.where")
     return [broadcast_to_shape(a, shape) for a in arrs]
 

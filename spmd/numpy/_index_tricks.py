@@ -17,6 +17,14 @@ import numpy as np
 from spmd.compiler import dtypes
 from spmd.compiler.trace import Tracer
 from spmd.errors import ArgumentError, ConcretizationError, ShapeError
+from spmd.numpy._complex import conj
+from spmd.numpy._creation import arange, asarray, zeros
+from spmd.numpy._elementwise import sqrt, where
+from spmd.numpy._more import diagonal
+from spmd.numpy._reductions import any as any_, mean
+from spmd.numpy._shape import broadcast_arrays, broadcast_to, stack, swapaxes
+from spmd.numpy._shape_more import concatenate, flip
+from spmd.numpy._take import take
 from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_to_float,
                               require_static, to_array)
 
@@ -80,9 +88,6 @@ def ravel_multi_index(multi_index, dims, mode: str = "raise", order: str = "C"):
 
 def indices(dimensions, dtype=None, sparse: bool = False):
     """A grid of coordinate arrays (``numpy.indices``)."""
-    from spmd.numpy._creation import arange
-    from spmd.numpy._shape import broadcast_to, stack
-
     shp = _static_shape(dimensions, "spmd.numpy.indices")
     dt = dtypes.default_int() if dtype is None else dtype
     grids = []
@@ -93,8 +98,6 @@ def indices(dimensions, dtype=None, sparse: bool = False):
 
 
 def _static_indices(fn, *args):
-    from spmd.numpy._creation import asarray
-
     return tuple(asarray(a.astype(dtypes.default_int())) for a in fn(*args))
 
 
@@ -115,9 +118,6 @@ def diag_indices(n: int, ndim: int = 2):
 
 def rot90(m, k: int = 1, axes=(0, 1)):
     """``m`` rotated by 90 degrees ``k`` times in the plane of ``axes``."""
-    from spmd.numpy._shape import swapaxes
-    from spmd.numpy._shape_more import flip
-
     x = _arr(m, "spmd.numpy.rot90")
     a0, a1 = (canonicalize_axis(a, x.ndim, "spmd.numpy.rot90", "axes") for a in axes)
     if a0 == a1:
@@ -134,8 +134,6 @@ def rot90(m, k: int = 1, axes=(0, 1)):
 
 def select(condlist, choicelist, default=0):
     """The first ``choicelist[i]`` whose ``condlist[i]`` holds, else ``default``."""
-    from spmd.numpy._elementwise import where
-
     if len(condlist) != len(choicelist):
         raise ArgumentError(f"spmd.numpy.select: {len(condlist)} conditions and "
                             f"{len(choicelist)} choices; they must match")
@@ -153,8 +151,6 @@ def select(condlist, choicelist, default=0):
 
 def append(arr, values, axis=None):
     """``arr`` with ``values`` appended along ``axis`` (both flattened when None)."""
-    from spmd.numpy._shape_more import concatenate
-
     check_arraylike("spmd.numpy.append", arr, values)
     x, v = to_array(arr), to_array(values)
     if axis is None:
@@ -165,8 +161,6 @@ def append(arr, values, axis=None):
 def delete(arr, obj, axis=None):
     """``arr`` without the entries ``obj`` (a static int, sequence or slice) along
     ``axis`` (the flattened array when None)."""
-    from spmd.numpy._take import take
-
     fname = "spmd.numpy.delete"
     x = _arr(arr, fname)
     if axis is None:
@@ -186,8 +180,6 @@ def delete(arr, obj, axis=None):
 
 def isin(element, test_elements, assume_unique: bool = False, invert: bool = False):
     """Elementwise: is ``element`` among ``test_elements`` (compares every pair)."""
-    from spmd.numpy._reductions import any as any_
-
     check_arraylike("spmd.numpy.isin", element, test_elements)
     e, t = to_array(element), to_array(test_elements).reshape(-1)
     out = any_(e[..., None] == t, axis=-1)
@@ -197,8 +189,6 @@ def isin(element, test_elements, assume_unique: bool = False, invert: bool = Fal
 def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
     """Counts (or summed ``weights``) of each non-negative int in ``x``; under ``jit``
     pass a static ``length`` (values at or past it are dropped, as in JAX)."""
-    from spmd.numpy._creation import zeros
-
     fname = "spmd.numpy.bincount"
     v = _arr(x, fname)
     if v.ndim != 1 or not dtypes.is_int(v.dtype):
@@ -217,8 +207,6 @@ def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
 
 def vander(x, N: int | None = None, increasing: bool = False):
     """The Vandermonde matrix: columns are powers of ``x``."""
-    from spmd.numpy._creation import arange
-
     v = _arr(x, "spmd.numpy.vander")
     if v.ndim != 1:
         raise ShapeError(f"spmd.numpy.vander: x must be 1-d, got shape {v.shape}")
@@ -230,9 +218,6 @@ def vander(x, N: int | None = None, increasing: bool = False):
 def cov(m, y=None, rowvar: bool = True, bias: bool = False, ddof: int | None = None,
         fweights=None, aweights=None):
     """The covariance matrix of the variables (rows, or columns when not ``rowvar``)."""
-    from spmd.numpy._reductions import mean
-    from spmd.numpy._shape_more import concatenate
-
     fname = "spmd.numpy.cov"
     if fweights is not None or aweights is not None:
         raise ArgumentError(f"{fname}: fweights and aweights are not supported")
@@ -247,17 +232,12 @@ def cov(m, y=None, rowvar: bool = True, bias: bool = False, ddof: int | None = N
     n = x.shape[1]
     d = (0 if bias else 1) if ddof is None else int(ddof)
     xc = x - mean(x, axis=1, keepdims=True)
-    from spmd.numpy._complex import conj
-
     c = (xc @ conj(xc).T) / (n - d)  # conj: complex covariances are Hermitian (numpy)
     return c[0, 0] if c.shape == (1, 1) else c
 
 
 def corrcoef(x, y=None, rowvar: bool = True):
     """Pearson correlation coefficients (``cov`` normalised by the standard deviations)."""
-    from spmd.numpy._elementwise import sqrt
-    from spmd.numpy._more import diagonal
-
     c = cov(x, y, rowvar)
     if c.ndim == 0:
         return c / c
@@ -276,7 +256,7 @@ def vectorize(pyfunc=None, *, excluded=frozenset(), signature: str | None = None
 
     @functools.wraps(pyfunc)
     def wrapped(*args, **kwargs):
-        from spmd.numpy._shape import broadcast_arrays
+        # Another front end: import spmd.numpy loads none of them (nor their installer calls).
         from spmd.vectorize import vmap
 
         dyn = [i for i in range(len(args)) if i not in excluded]

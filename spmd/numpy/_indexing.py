@@ -26,6 +26,7 @@ from spmd.compiler.array import Array
 from spmd.compiler.array_module import to_host
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import indexing as ix
+from spmd.compiler.ops import shape_more as sm
 from spmd.compiler.ops import structural as st
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import (ArgumentError, ConcretizationError, DTypeError, IndexOutOfBoundsError,
@@ -37,13 +38,9 @@ __all__: list = []  # take and take_along_axis are in _take.py
 
 def _shape_ops():
     """``slice`` and ``rev``: structural primitives kept beside the basic ones."""
-    from spmd.compiler.ops import structural
-
-    if hasattr(structural, "slice") and hasattr(structural, "rev"):
-        return structural.slice, structural.rev
-    from spmd.compiler.ops import shape_more
-
-    return shape_more.slice, shape_more.rev
+    if hasattr(st, "slice") and hasattr(st, "rev"):
+        return st.slice, st.rev
+    return sm.slice, sm.rev
 
 
 # ----------------------------------------------------------------- parsing

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.linalg import dot_general
+from spmd.compiler.ops.reduce import reduce_sum
+from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, squeeze, transpose
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
+from spmd.numpy._complex import conj
+from spmd.numpy._creation import astype
+from spmd.numpy._elementwise import multiply
+from spmd.numpy._shape import ravel
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axis,
                               promote_dtypes, require_static)
 
@@ -46,7 +53,6 @@ def dot(a, b, /):
     x, y = promote_dtypes(a, b, fname="spmd.numpy.dot")
     xs, ys = get_aval(x).shape, get_aval(y).shape
     if not xs or not ys:
-        from spmd.numpy._elementwise import multiply
         return multiply(x, y)
     yc = 0 if len(ys) == 1 else len(ys) - 2
     if xs[-1] != ys[yc]:
@@ -94,8 +100,6 @@ def tensordot(a, b, axes=2):
 
 def outer(a, b):
     """Outer product of the flattened inputs: ``out[i, j] = a[i] * b[j]``."""
-    from spmd.numpy._shape import ravel
-
     x, y = promote_dtypes(a, b, fname="spmd.numpy.outer")
     return dot_general(ravel(x), ravel(y), (((), ()), ((), ())))
 
@@ -105,7 +109,6 @@ def inner(a, b, /):
     x, y = promote_dtypes(a, b, fname="spmd.numpy.inner")
     xs, ys = get_aval(x).shape, get_aval(y).shape
     if not xs or not ys:
-        from spmd.numpy._elementwise import multiply
         return multiply(x, y)
     if xs[-1] != ys[-1]:
         raise ShapeError(f"spmd.numpy.inner: last dimensions of shapes {xs} and {ys} differ")
@@ -115,9 +118,6 @@ def inner(a, b, /):
 def vdot(a, b, /):
     """Dot product of the flattened inputs, conjugating the first when complex
     (``vdot([1j], [1j]) == 1``, as numpy)."""
-    from spmd.numpy._shape import ravel
-    from spmd.numpy._complex import conj
-
     x, y = promote_dtypes(a, b, fname="spmd.numpy.vdot")
     x, y = ravel(conj(x)), ravel(y)
     if get_aval(x).shape != get_aval(y).shape:
@@ -147,7 +147,6 @@ def einsum(subscripts, *operands, out=None, optimize="greedy", precision=None,
                                   "supported, e.g. einsum('ij,jk->ik', a, b)")
     arrs = promote_dtypes(*operands, fname="spmd.numpy.einsum")
     if preferred_element_type is not None:
-        from spmd.numpy._creation import astype
         arrs = [astype(a, preferred_element_type) for a in arrs]
     inputs, output = _parse_einsum(subscripts, [get_aval(a).shape for a in arrs])
     terms = [_einsum_prepare(a, idx) for a, idx in zip(arrs, inputs)]
@@ -158,8 +157,6 @@ def einsum(subscripts, *operands, out=None, optimize="greedy", precision=None,
         later = [t[1] for t in terms[k + 1:]]
         y, yidx = _sum_unneeded(y, yidx, [idx] + later, output)
         x, idx = _contract(x, idx, y, yidx, set(output).union(*later))
-    from spmd.compiler.ops.structural import transpose
-
     return transpose(x, tuple(idx.index(c) for c in output))
 
 
@@ -216,10 +213,6 @@ def _parse_einsum(subscripts, shapes):
 
 def _einsum_prepare(x, idx):
     """Take diagonals for letters repeated within one operand."""
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.reduce import reduce_sum
-    from spmd.compiler.ops.structural import broadcast_in_dim, full, iota
-
     idx = list(idx)
     while len(set(idx)) != len(idx):
         c = next(c for c in idx if idx.count(c) > 1)
@@ -238,8 +231,6 @@ def _einsum_prepare(x, idx):
 
 def _drop_broadcast_ones(terms):
     """Squeeze size-1 axes whose letter has a larger size elsewhere (numpy broadcasting)."""
-    from spmd.compiler.ops.structural import squeeze
-
     sizes = {}
     for x, idx in terms:
         for c, n in zip(idx, get_aval(x).shape):
@@ -255,8 +246,6 @@ def _drop_broadcast_ones(terms):
 
 
 def _sum_unneeded(x, idx, others, output):
-    from spmd.compiler.ops.reduce import reduce_sum
-
     needed = set(output).union(*map(set, others))
     axes = [i for i, c in enumerate(idx) if c not in needed]
     if not axes:

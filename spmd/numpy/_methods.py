@@ -43,7 +43,7 @@ def _setitem(self, idx, value):
 
 
 def install() -> None:
-    import spmd.numpy as snp
+    import spmd.numpy as snp  # the package itself, which calls install() once it has loaded
 
     ops = {
         "__add__": snp.add, "__sub__": snp.subtract, "__mul__": snp.multiply,

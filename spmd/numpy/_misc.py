@@ -11,10 +11,17 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
+from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops.conv import conv
 from spmd.errors import ArgumentError, IndexOutOfBoundsError, ShapeError
+from spmd.numpy._creation import zeros
+from spmd.numpy._reductions import all as all_
+from spmd.numpy._shape import broadcast_to, moveaxis, ravel
+from spmd.numpy._shape_more import concatenate
+from spmd.numpy._take import take
 from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_and_broadcast,
-                              require_static, to_array)
+                              promote_dtypes, require_static, to_array)
 
 __all__ = ["allclose", "convolve", "copy", "correlate", "insert", "isclose", "isinf", "isnan"]
 
@@ -26,8 +33,6 @@ def isnan(x, /):
     if dtypes.is_complex(a.dtype):  # NaN in either part, as numpy
         return ew.bitwise_or(isnan(_part(a, 0)), isnan(_part(a, 1)))
     if not dtypes.is_float(a.dtype):
-        from spmd.numpy._creation import zeros
-
         return zeros(a.shape, bool)
     return ew.ne(a, a)
 
@@ -39,15 +44,11 @@ def isinf(x, /):
     if dtypes.is_complex(a.dtype):  # inf in either part, as numpy
         return ew.bitwise_or(isinf(_part(a, 0)), isinf(_part(a, 1)))
     if not dtypes.is_float(a.dtype):
-        from spmd.numpy._creation import zeros
-
         return zeros(a.shape, bool)
     return ew.eq(ew.abs(a), np.array(np.inf, a.dtype))
 
 
 def _part(a, which):
-    from spmd.compiler.ops import complex as cx
-
     return (cx.real, cx.imag, cx.conj)[which](a)
 
 
@@ -75,8 +76,6 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan: bool = False):
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan: bool = False):
     """Whether every element of ``a`` is close to ``b`` (see :func:`isclose`); a
     0-d bool Array (``bool(...)`` gives a Python bool outside ``jit``)."""
-    from spmd.numpy._reductions import all as all_
-
     check_arraylike("spmd.numpy.allclose", a, b)
     return all_(isclose(a, b, rtol, atol, equal_nan))
 
@@ -102,10 +101,6 @@ def insert(arr, obj, values, axis=None):
     >>> insert(snp.array([1, 2, 3]), 1, 9)
     Array([1, 9, 2, 3], dtype=int32)
     """
-    from spmd.numpy._take import take
-    from spmd.numpy._shape import broadcast_to, moveaxis, ravel
-    from spmd.numpy._shape_more import concatenate
-
     fname = "spmd.numpy.insert"
     check_arraylike(fname, arr, values)
     x = to_array(arr, fname=fname)
@@ -157,9 +152,6 @@ def convolve(a, v, mode: str = "full", *, precision=None, preferred_element_type
     >>> convolve(snp.array([1.0, 2.0, 3.0]), snp.array([0.0, 1.0, 0.5]))
     Array([0. , 1. , 2.5, 4. , 1.5], dtype=float32)
     """
-    from spmd.compiler.ops.conv import conv
-    from spmd.numpy._util import promote_dtypes
-
     fname = "spmd.numpy.convolve"
     x, k = promote_dtypes(a, v, fname=fname)
     if preferred_element_type is not None:
@@ -188,8 +180,6 @@ def correlate(a, v, mode: str = "valid", *, precision=None, preferred_element_ty
     >>> correlate(snp.array([1.0, 2.0, 3.0]), snp.array([0.0, 1.0, 0.5]))
     Array([3.5], dtype=float32)
     """
-    from spmd.numpy._util import promote_dtypes
-
     x, k = promote_dtypes(a, v, fname="spmd.numpy.correlate")
     if dtypes.is_complex(k.dtype):  # numpy conjugates v: sum_n a[n + k] conj(v[n])
         k = _part(k, 2)

@@ -16,7 +16,14 @@ import numpy as np
 from spmd.compiler import dtypes
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
-from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_to_float,
+from spmd.numpy._creation import asarray, linspace, zeros, zeros_like
+from spmd.numpy._elementwise import floor, where
+from spmd.numpy._reductions import (all as all_, any as any_, max as max_, mean, min as min_, sort,
+                                    sum as sum_)
+from spmd.numpy._shape import broadcast_to, moveaxis, stack
+from spmd.numpy._shape_more import concatenate
+from spmd.numpy._take import take
+from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_dtypes, promote_to_float,
                               require_static, to_array)
 
 __all__ = ["array_equal", "average", "count_nonzero", "cross", "diag", "diagonal", "diff",
@@ -35,8 +42,6 @@ def _arr(a, fname):
 def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
     """The ``offset``-th diagonal of the 2-d slices over ``axis1`` and ``axis2``, as a
     last axis (numpy's layout)."""
-    from spmd.numpy._shape import moveaxis
-
     fname = "spmd.numpy.diagonal"
     x = _arr(a, fname)
     if x.ndim < 2:
@@ -56,16 +61,12 @@ def diagonal(a, offset: int = 0, axis1: int = 0, axis2: int = 1):
 
 def trace(a, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype=None):
     """The sum of the ``offset``-th diagonal (see :func:`diagonal`)."""
-    from spmd.numpy._reductions import sum as sum_
-
     return sum_(diagonal(a, offset, axis1, axis2), axis=-1, dtype=dtype)
 
 
 def diag(v, k: int = 0):
     """A 1-d ``v`` on the ``k``-th diagonal of a square matrix, or a 2-d ``v``'s
     ``k``-th diagonal."""
-    from spmd.numpy._creation import zeros
-
     x = _arr(v, "spmd.numpy.diag")
     k = int(k)
     if x.ndim == 2:
@@ -78,9 +79,6 @@ def diag(v, k: int = 0):
 
 
 def _triangle(m, k, lower, fname):
-    from spmd.numpy._creation import zeros_like
-    from spmd.numpy._elementwise import where
-
     x = _arr(m, fname)
     if x.ndim < 2:
         raise ShapeError(f"{fname}: needs at least 2 dimensions, got shape {x.shape}")
@@ -103,8 +101,6 @@ def triu(m, k: int = 0):
 
 def meshgrid(*xi, copy: bool = True, sparse: bool = False, indexing: str = "xy"):
     """Coordinate arrays from 1-d coordinate vectors, as ``numpy.meshgrid``."""
-    from spmd.numpy._shape import broadcast_to
-
     if indexing not in ("xy", "ij"):
         raise ArgumentError(f"spmd.numpy.meshgrid: indexing={indexing!r} must be 'xy' or 'ij'")
     arrs = [_arr(x, "spmd.numpy.meshgrid").reshape(-1) for x in xi]
@@ -125,8 +121,6 @@ def meshgrid(*xi, copy: bool = True, sparse: bool = False, indexing: str = "xy")
 
 def diff(a, n: int = 1, axis: int = -1, prepend=None, append=None):
     """The ``n``-th discrete difference along ``axis`` (``!=`` for bools, as numpy)."""
-    from spmd.numpy._shape_more import concatenate
-
     fname = "spmd.numpy.diff"
     x = _arr(a, fname)
     require_static(n, fname, "n")
@@ -134,7 +128,7 @@ def diff(a, n: int = 1, axis: int = -1, prepend=None, append=None):
         raise ArgumentError(f"{fname}: n={n} must be non-negative")
     ax = canonicalize_axis(axis, x.ndim, fname)
     parts = []
-    for extra, where in ((prepend, 0), (append, 1)):
+    for extra, side in ((prepend, 0), (append, 1)):
         if extra is None:
             continue
         e = to_array(extra, fname=fname)
@@ -142,7 +136,7 @@ def diff(a, n: int = 1, axis: int = -1, prepend=None, append=None):
             shape = list(x.shape)
             shape[ax] = 1
             e = _full_like_shape(e, shape)
-        parts.append((where, e))
+        parts.append((side, e))
     pieces = [e for w, e in parts if w == 0] + [x] + [e for w, e in parts if w == 1]
     if len(pieces) > 1:
         x = concatenate(pieces, axis=ax)
@@ -154,8 +148,6 @@ def diff(a, n: int = 1, axis: int = -1, prepend=None, append=None):
 
 
 def _full_like_shape(e, shape):
-    from spmd.numpy._shape import broadcast_to
-
     return broadcast_to(e, tuple(shape))
 
 
@@ -171,15 +163,11 @@ def kron(a, b):
 
 
 def _promote(a, b, name):
-    from spmd.numpy._util import promote_dtypes
-
     return promote_dtypes(a, b, fname=f"spmd.numpy.{name}")
 
 
 def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
     """The cross product of 3-vectors (2-vectors give the z component), as numpy."""
-    from spmd.numpy._shape import moveaxis, stack
-
     x, y = _promote(a, b, "cross")
     if axis is not None:
         axisa = axisb = axisc = axis
@@ -204,17 +192,12 @@ def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis=None):
 
 def count_nonzero(a, axis=None, keepdims: bool = False):
     """The number of non-zero entries (default int)."""
-    from spmd.numpy._reductions import sum as sum_
-
     x = _arr(a, "spmd.numpy.count_nonzero")
     return sum_(x != 0, axis=axis, dtype=dtypes.default_int(), keepdims=keepdims)
 
 
 def array_equal(a1, a2, equal_nan: bool = False):
     """Whether the arrays have one shape and equal entries (a 0-d bool Array)."""
-    from spmd.numpy._creation import asarray
-    from spmd.numpy._reductions import all as all_
-
     check_arraylike("spmd.numpy.array_equal", a1, a2)
     x, y = to_array(a1), to_array(a2)
     if x.shape != y.shape:
@@ -228,8 +211,6 @@ def array_equal(a1, a2, equal_nan: bool = False):
 # ------------------------------------------------------- NaN-ignoring ones
 
 def _nan_masked(a, fill, fname):
-    from spmd.numpy._elementwise import where
-
     x = _arr(a, fname)
     if not dtypes.is_inexact(x.dtype):  # complex: NaN in either part (x != x)
         return x, None
@@ -239,16 +220,12 @@ def _nan_masked(a, fill, fname):
 
 def nansum(a, axis=None, dtype=None, keepdims: bool = False):
     """``sum`` with NaNs counted as zero."""
-    from spmd.numpy._reductions import sum as sum_
-
     x, _ = _nan_masked(a, 0, "spmd.numpy.nansum")
     return sum_(x, axis=axis, dtype=dtype, keepdims=keepdims)
 
 
 def nanmean(a, axis=None, dtype=None, keepdims: bool = False):
     """``mean`` over the non-NaN entries (NaN where there are none)."""
-    from spmd.numpy._reductions import sum as sum_
-
     x, nan = _nan_masked(a, 0, "spmd.numpy.nanmean")
     (x,) = promote_to_float(x, fname="spmd.numpy.nanmean")
     count = sum_(~nan if nan is not None else (x == x), axis=axis, dtype=x.dtype,
@@ -257,9 +234,6 @@ def nanmean(a, axis=None, dtype=None, keepdims: bool = False):
 
 
 def _nan_extreme(a, axis, keepdims, largest):
-    from spmd.numpy._elementwise import where
-    from spmd.numpy._reductions import all as all_, max as max_, min as min_
-
     fname = "spmd.numpy.nanmax" if largest else "spmd.numpy.nanmin"
     x, nan = _nan_masked(a, -np.inf if largest else np.inf, fname)
     out = (max_ if largest else min_)(x, axis=axis, keepdims=keepdims)
@@ -280,9 +254,6 @@ def nanmin(a, axis=None, keepdims: bool = False):
 
 def average(a, axis=None, weights=None, returned: bool = False, keepdims: bool = False):
     """The (weighted) mean; with ``returned=True`` also the sum of the weights."""
-    from spmd.numpy._reductions import mean, sum as sum_
-    from spmd.numpy._shape import broadcast_to
-
     fname = "spmd.numpy.average"
     (x,) = promote_to_float(_arr(a, fname), fname=fname)
     if weights is None:
@@ -314,11 +285,6 @@ def average(a, axis=None, weights=None, returned: bool = False, keepdims: bool =
 def quantile(a, q, axis=None, method: str = "linear", keepdims: bool = False):
     """The ``q``-th quantiles (``q`` in [0, 1], a scalar or 1-d) along ``axis`` with
     linear interpolation; NaN where the data holds a NaN (as numpy)."""
-    from spmd.numpy._elementwise import floor, where
-    from spmd.numpy._reductions import any as any_, sort
-    from spmd.numpy._shape import moveaxis
-    from spmd.numpy._take import take
-
     fname = "spmd.numpy.quantile"
     if dtypes.is_complex(get_aval(_arr(a, fname)).dtype):
         # JAX refuses too: a quantile of complex numbers is poorly defined.
@@ -381,8 +347,6 @@ def searchsorted(a, v, side: str = "left", sorter=None, *, method: str = "compar
     """Indices where ``v``'s entries would be inserted in the sorted 1-d ``a`` to keep
     it sorted (``side='right'``: after equal entries).  Compares every pair
     (``len(a) * v.size`` work)."""
-    from spmd.numpy._reductions import sum as sum_
-
     fname = "spmd.numpy.searchsorted"
     check_arraylike(fname, a, v)
     x, y = _promote(a, v, "searchsorted")
@@ -399,8 +363,6 @@ def searchsorted(a, v, side: str = "left", sorter=None, *, method: str = "compar
 def interp(x, xp, fp, left=None, right=None, period=None):
     """Linear interpolation of the points ``(xp, fp)`` (``xp`` increasing) at ``x``;
     ``left``/``right`` (default ``fp[0]``/``fp[-1]``) outside them."""
-    from spmd.numpy._elementwise import where
-
     fname = "spmd.numpy.interp"
     if period is not None:
         raise ArgumentError(f"{fname}: period is not supported")
@@ -438,8 +400,6 @@ def polyval(p, x):
 
 def trapezoid(y, x=None, dx: float = 1.0, axis: int = -1):
     """The integral of ``y`` along ``axis`` by the trapezoidal rule."""
-    from spmd.numpy._reductions import sum as sum_
-
     fname = "spmd.numpy.trapezoid"
     (ys,) = promote_to_float(_arr(y, fname), fname=fname)
     ax = canonicalize_axis(axis, ys.ndim, fname)
@@ -457,7 +417,5 @@ def trapezoid(y, x=None, dx: float = 1.0, axis: int = -1):
 def logspace(start, stop, num: int = 50, endpoint: bool = True, base=10.0, dtype=None,
              axis: int = 0):
     """``base ** linspace(start, stop, num)``."""
-    from spmd.numpy._creation import linspace
-
     out = to_array(base) ** linspace(start, stop, num, endpoint=endpoint, axis=axis)
     return out if dtype is None else out.astype(dtype)

@@ -8,17 +8,21 @@ the default int (int32), means/variances of integers in the default float
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops import sort as _sort
+from spmd.compiler.ops.shape_more import rev
 from spmd.compiler.ops.structural import broadcast_in_dim as _bid
 from spmd.compiler.ops.structural import reshape
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError as _ArgumentError
-from spmd.numpy._util import canonicalize_axes, canonicalize_axis, to_array
+from spmd.numpy._util import canonicalize_axes, canonicalize_axis, check_arraylike, to_array
 
 __all__ = ["sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "var",
            "std", "any", "all", "ptp", "cumsum", "cumprod", "sort", "argsort"]
@@ -120,8 +124,6 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     m = ew.div(red.reduce_sum(x, axes), np.array(n, dt)[()])
     centered = ew.sub(x, _bid(m, av.shape, kept))
     if dtypes.is_complex(dt):  # |x - m|^2, real (as numpy's var of complex)
-        from spmd.compiler.ops import complex as cx
-
         re, im = cx.real(centered), cx.imag(centered)
         dt = dtypes.real_dtype(dt)
         ss = red.reduce_sum(ew.add(ew.mul(re, re), ew.mul(im, im)), axes)
@@ -297,8 +299,6 @@ def _sort_args(a, axis, kind, order, fname):
 
 
 def _flip(x, axis):
-    from spmd.compiler.ops.shape_more import rev
-
     return rev(x, (axis,))
 
 
@@ -332,10 +332,6 @@ def argsort(a, axis=-1, kind=None, order=None, *, stable: bool = True, descendin
 
 def _arraylike_first(fn):
     """``fn`` with JAX's check that its array operand is not a list or tuple."""
-    import functools
-
-    from spmd.numpy._util import check_arraylike
-
     fname = f"spmd.numpy.{fn.__name__}"
 
     @functools.wraps(fn)

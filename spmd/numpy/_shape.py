@@ -7,7 +7,8 @@ import math
 from spmd.compiler.ops import structural as st
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
-from spmd.numpy._util import canonicalize_axis, promote_dtypes, static_shape, to_array
+from spmd.numpy._util import (broadcast_shapes, canonicalize_axis, promote_dtypes, static_shape,
+                              to_array)
 
 __all__ = ["reshape", "transpose", "expand_dims", "stack", "swapaxes", "moveaxis",
            "squeeze", "broadcast_to", "broadcast_arrays", "ravel", "flatten",
@@ -66,7 +67,7 @@ def stack(arrays, axis: int = 0):
     if len(shapes) != 1:
         raise ShapeError(f"spmd.numpy.stack: all input arrays must have the same shape, got "
                          f"{sorted(shapes)}")
-    from spmd.numpy._shape_more import concatenate
+    from spmd.numpy._shape_more import concatenate  # here: _shape_more imports this module
 
     ax = canonicalize_axis(axis, len(next(iter(shapes))) + 1, "spmd.numpy.stack")
     return concatenate([expand_dims(a, ax) for a in arrs], axis=ax)
@@ -155,8 +156,6 @@ def broadcast_arrays(*args):
     >>> [a.shape for a in broadcast_arrays(ones(3), ones((2, 1)))]
     [(2, 3), (2, 3)]
     """
-    from spmd.numpy._util import broadcast_shapes
-
     arrs = [to_array(a) for a in args]
     shape = broadcast_shapes(*(get_aval(a).shape for a in arrs),
                              fname="spmd.numpy.broadcast_arrays")

@@ -13,6 +13,7 @@ from spmd.compiler.array import Array
 from spmd.compiler.array_module import to_host
 from spmd.compiler.ops import shape_more as sm
 from spmd.compiler.ops import structural as st
+from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._shape import atleast_1d, atleast_2d, atleast_3d, ravel, reshape
@@ -270,8 +271,6 @@ def pad(array, pad_width, mode: str = "constant", constant_values=0):
     if np.ndim(constant_values) != 0:
         raise NotImplementedError("spmd.numpy.pad: only a scalar constant_values is supported")
     value = to_array(constant_values)
-    from spmd.compiler.ops.elementwise import convert
-
     value = convert(value, av.dtype, av.weak_type)
     return sm.pad(x, value, tuple((int(lo), int(hi), 0) for lo, hi in widths))
 

@@ -11,7 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler.ops import complex as cx
+from spmd.compiler.ops.elementwise import rem
+from spmd.compiler.trace import get_aval
 from spmd.errors import DTypeError
+from spmd.numpy._elementwise import (abs as abs_, ceil, exp, floor, log, log1p, logaddexp, maximum,
+                                     minimum, power, round as round_, sign, sin, sqrt, where)
 from spmd.numpy._util import check_arraylike, promote_and_broadcast, promote_to_float, to_array
 
 __all__ = ["arccosh", "arcsinh", "arctanh", "can_cast", "cbrt", "deg2rad", "degrees", "exp2",
@@ -35,40 +40,30 @@ def _c(like, value):
 
 def log2(x, /):
     """Elementwise base-2 logarithm."""
-    from spmd.numpy._elementwise import log
-
     a = _f(x, "log2")
     return log(a) * _c(a, 1 / _LN2)
 
 
 def log10(x, /):
     """Elementwise base-10 logarithm."""
-    from spmd.numpy._elementwise import log
-
     a = _f(x, "log10")
     return log(a) * _c(a, 1 / _LN10)
 
 
 def exp2(x, /):
     """Elementwise ``2 ** x``."""
-    from spmd.numpy._elementwise import exp
-
     a = _f(x, "exp2")
     return exp(a * _c(a, _LN2))
 
 
 def logaddexp2(x1, x2, /):
     """``log2(2 ** x1 + 2 ** x2)`` without overflow."""
-    from spmd.numpy._elementwise import logaddexp
-
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.logaddexp2", to_float=True)
     return logaddexp(a * _c(a, _LN2), b * _c(b, _LN2)) * _c(a, 1 / _LN2)
 
 
 def arcsinh(x, /):
     """Elementwise inverse hyperbolic sine (accurate near 0 and for large ``|x|``)."""
-    from spmd.numpy._elementwise import log, log1p, sqrt, where
-
     a = _f(x, "arcsinh")
     neg = a < _c(a, 0)
     m = where(neg, -a, a)  # odd function: compute at |x| (a select keeps d/dx at 0)
@@ -82,8 +77,6 @@ def arcsinh(x, /):
 
 def arccosh(x, /):
     """Elementwise inverse hyperbolic cosine (NaN below 1)."""
-    from spmd.numpy._elementwise import log, sqrt
-
     a = _f(x, "arccosh")
     if dtypes.is_complex(a.dtype):  # the principal branch needs the roots taken apart
         return log(a + sqrt(a - _c(a, 1)) * sqrt(a + _c(a, 1)))
@@ -92,8 +85,6 @@ def arccosh(x, /):
 
 def arctanh(x, /):
     """Elementwise inverse hyperbolic tangent (``±inf`` at ``±1``)."""
-    from spmd.numpy._elementwise import log1p
-
     a = _f(x, "arctanh")
     return _c(a, 0.5) * (log1p(a) - log1p(-a))
 
@@ -115,8 +106,6 @@ radians, degrees = deg2rad, rad2deg
 
 def hypot(x1, x2, /):
     """``sqrt(x1**2 + x2**2)`` without overflow or underflow."""
-    from spmd.numpy._elementwise import abs as abs_, maximum, minimum, sqrt, where
-
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.hypot", to_float=True)
     _real_only(a, "hypot")
     a, b = abs_(a), abs_(b)
@@ -128,16 +117,12 @@ def hypot(x1, x2, /):
 
 def cbrt(x, /):
     """Elementwise real cube root."""
-    from spmd.numpy._elementwise import abs as abs_, power, sign
-
     a = _f(x, "cbrt")
     return sign(a) * power(abs_(a), _c(a, 1 / 3))
 
 
 def sinc(x, /):
     """``sin(pi x) / (pi x)``, 1 at 0 (with a smooth derivative there)."""
-    from spmd.numpy._elementwise import sin, where
-
     a = _f(x, "sinc")
     zero = a == _c(a, 0)
     px = _c(a, np.pi) * where(zero, _c(a, 1), a)
@@ -146,8 +131,6 @@ def sinc(x, /):
 
 def heaviside(x1, x2, /):
     """0 where ``x1 < 0``, ``x2`` where ``x1 == 0``, 1 where ``x1 > 0``."""
-    from spmd.numpy._elementwise import where
-
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.heaviside")
     _real_only(a, "heaviside")
     return where(a < 0, _c(a, 0), where(a > 0, _c(a, 1), b))
@@ -155,24 +138,18 @@ def heaviside(x1, x2, /):
 
 def fmax(x1, x2, /):
     """Elementwise maximum ignoring NaNs (NaN only where both are)."""
-    from spmd.numpy._elementwise import maximum, where
-
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.fmax")
     return where(a != a, b, where(b != b, a, maximum(a, b)))
 
 
 def fmin(x1, x2, /):
     """Elementwise minimum ignoring NaNs (NaN only where both are)."""
-    from spmd.numpy._elementwise import minimum, where
-
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.fmin")
     return where(a != a, b, where(b != b, a, minimum(a, b)))
 
 
 def fmod(x1, x2, /):
     """The C remainder: the result has the sign of ``x1`` (``lax.rem``)."""
-    from spmd.compiler.ops.elementwise import rem
-
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.fmod")
     _real_only(a, "fmod")
     return rem(a, b)
@@ -186,8 +163,6 @@ def _real_only(a, name):
 
 def trunc(x, /):
     """Round toward zero."""
-    from spmd.numpy._elementwise import ceil, floor, where
-
     a = to_array(x, fname="spmd.numpy.trunc")
     check_arraylike("spmd.numpy.trunc", x)
     _real_only(a, "trunc")
@@ -201,8 +176,6 @@ fix = trunc
 
 def rint(x, /):
     """Round to the nearest integer, halves to even (a float result)."""
-    from spmd.numpy._elementwise import round as round_
-
     return round_(_f(x, "rint"))
 
 
@@ -214,8 +187,6 @@ def positive(x, /):
 
 def float_power(x1, x2, /):
     """``x1 ** x2`` in the widest float (float64 with x64, else float32)."""
-    from spmd.numpy._elementwise import power
-
     wide = np.float64 if dtypes.x64_enabled() else np.float32
     a, b = promote_and_broadcast(x1, x2, fname="spmd.numpy.float_power", to_float=True)
     if dtypes.is_complex(a.dtype):
@@ -241,13 +212,9 @@ def isneginf(x, /):
 
 def nan_to_num(x, copy: bool = True, nan=0.0, posinf=None, neginf=None):
     """NaN -> ``nan``, +inf -> ``posinf`` (the dtype's max), -inf -> ``neginf`` (its min)."""
-    from spmd.numpy._elementwise import where
-
     check_arraylike("spmd.numpy.nan_to_num", x)
     a = to_array(x)
     if dtypes.is_complex(a.dtype):  # each part on its own, as numpy
-        from spmd.compiler.ops import complex as cx
-
         parts = [nan_to_num(p(a), copy, nan, posinf, neginf) for p in (cx.real, cx.imag)]
         return cx.make_complex(*parts)
     if not dtypes.is_float(a.dtype):
@@ -291,8 +258,6 @@ def can_cast(from_, to, casting: str = "safe") -> bool:
 
 def result_type(*args):
     """The dtype the arguments promote to, with JAX's rules (weak Python scalars)."""
-    from spmd.compiler.trace import get_aval
-
     typed = []
     for a in args:
         if isinstance(a, (type, np.dtype, str)):

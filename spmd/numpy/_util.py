@@ -29,7 +29,7 @@ def to_array(x, dtype=None, fname: str = "spmd.numpy"):
         aval = get_aval(x)
         return Array(np.asarray(x, dtype=aval.dtype), aval)
     if isinstance(x, (list, tuple)) and any(is_traced_or_array(e) for e in _flat(x)):
-        from spmd.numpy._shape import stack
+        from spmd.numpy._shape import stack  # here: spmd.numpy._shape imports this module
 
         return stack([to_array(e, dtype, fname) for e in x])
     if isinstance(x, type):  # snp.float32 itself (numpy would make an object array)

@@ -18,8 +18,16 @@ from typing import NamedTuple
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler.custom import custom_jvp
 from spmd.compiler.ops import linalg_decomp as _ld
 from spmd.errors import ArgumentError, ShapeError
+from spmd.numpy import _elementwise as ew
+from spmd.numpy import _reductions as red
+from spmd.numpy._complex import conj
+from spmd.numpy._creation import eye
+from spmd.numpy._elementwise import exp, where
+from spmd.numpy._reductions import prod, sum as sum_
+from spmd.numpy._shape import moveaxis, swapaxes
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axes,
                               promote_to_float, require_static)
 
@@ -61,9 +69,6 @@ def _matrix(a, fname, square=True):
 
 def _H(x):
     """The conjugate transpose of the last two axes (the transpose for real ``x``)."""
-    from spmd.numpy._complex import conj
-    from spmd.numpy._shape import swapaxes
-
     t = swapaxes(x, -1, -2)
     return conj(t) if dtypes.is_complex(x.dtype) else t
 
@@ -105,8 +110,6 @@ def inv(a):
     Array([[0.5, 0. ],
            [0. , 0.5]], dtype=float32)
     """
-    from spmd.numpy._creation import eye
-
     x = _matrix(a, "spmd.numpy.linalg.inv")
     ident = broadcast_to_shape(eye(x.shape[-1], dtype=x.dtype), x.shape)
     return _ld.solve(x, ident)
@@ -126,8 +129,6 @@ def det(a):
 
 
 def _det_value(x):
-    from spmd.numpy._elementwise import exp
-
     sign, logdet = slogdet(x)
     return sign * exp(logdet)
 
@@ -135,10 +136,6 @@ def _det_value(x):
 def _adjugate(x):
     """``adj(x) = det(x) inv(x)``, as ``V diag(prod_{j != i} s_j) U^T det(U) det(V^T)``
     from ``x = U diag(s) V^T``: defined for singular ``x`` too."""
-    from spmd.numpy._creation import eye
-    from spmd.numpy._elementwise import where
-    from spmd.numpy._reductions import prod
-
     u, s, vh = _ld.svd(x, full_matrices=False)
     n = x.shape[-1]
     others = where(eye(n, dtype=bool), 1.0, s[..., None, :])  # row i: s with s_i -> 1
@@ -149,17 +146,12 @@ def _adjugate(x):
 
 
 def _make_det():
-    from spmd.compiler.custom import custom_jvp
-
     @custom_jvp
     def det_(x):
         return _det_value(x)
 
     @det_.defjvp
     def det_jvp(primals, tangents):
-        from spmd.numpy._reductions import sum as sum_
-        from spmd.numpy._shape import swapaxes
-
         (x,), (dx,) = primals, tangents
         # d det = trace(adj(x) dx) = sum(adj(x)^T * dx)
         return det_(x), sum_(swapaxes(_adjugate(x), -1, -2) * dx, axis=(-2, -1))
@@ -267,17 +259,12 @@ def _keep(out, shape, axes, keepdims):
 def _magnitude(a, fname, ord, n_axes):
     """|a| for complex ``a`` where the norm depends only on magnitudes; the spectral
     norms (2, -2, 'nuc') take the complex matrix to its (real) singular values."""
-    from spmd.numpy import _elementwise as ew
-
     if not dtypes.is_complex(a.dtype) or (n_axes == 2 and ord in (2, -2, "nuc")):
         return a
     return ew.abs(a)
 
 
 def _vector_norm(a, ord, axis, fname):
-    from spmd.numpy import _elementwise as ew
-    from spmd.numpy import _reductions as red
-
     if isinstance(ord, str):
         raise ArgumentError(f"{fname}: ord={ord!r} is a matrix norm; vector norms take "
                             "numbers (None, 0, 1, 2, inf, -inf, p)")
@@ -297,10 +284,6 @@ def _vector_norm(a, ord, axis, fname):
 
 
 def _matrix_norm(a, ord, axes, fname):
-    from spmd.numpy import _elementwise as ew
-    from spmd.numpy import _reductions as red
-    from spmd.numpy._shape import moveaxis
-
     r, c = axes
     if ord == "fro":
         return ew.sqrt(red.sum(a * a, axis=axes))

@@ -16,11 +16,14 @@ import spmd.numpy as snp
 from spmd.compiler import dtypes
 from spmd.compiler.ad import stop_gradient
 from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops.special import lgamma
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
+from spmd.numpy import linalg
 from spmd.random.keys import _check_key, split
 from spmd.random.samplers import (_check_param_shape, _float_dtype, _shape, exponential,
                                   normal, uniform)
+from spmd.vectorize import vmap
 
 
 def _param(x, dtype):
@@ -30,6 +33,8 @@ def _param(x, dtype):
 
 def _gamma_one(key, alpha, log_space):
     """One gamma(alpha) sample from one key (JAX's ``_gamma_one``)."""
+    # spmd.lax here, not above: it loads the partitioner, which import spmd.random does
+    # not need (the same in the Poisson samplers below).
     from spmd.lax import while_loop
 
     dtype = get_aval(alpha).dtype
@@ -72,8 +77,6 @@ def _gamma_one(key, alpha, log_space):
 
 
 def _gamma(key, a, shape, dtype, log_space, name):
-    from spmd.vectorize import vmap
-
     _check_key(f"spmd.random.{name}", key, single=True)
     dtype = _float_dtype(dtype, name)
     a = _param(a, dtype)
@@ -116,7 +119,7 @@ def beta(key, a, b, shape=None, dtype=None):
 
 def dirichlet(key, alpha, shape=None, dtype=None):
     """Dirichlet(alpha) vectors along the last axis (a softmax of log-gamma samples)."""
-    from spmd.nn import softmax
+    from spmd.nn import softmax  # here: spmd.nn imports spmd.random
 
     dtype = _float_dtype(dtype, "dirichlet")
     alpha = _param(alpha, dtype)
@@ -148,7 +151,6 @@ def _poisson_knuth(key, lam, shape, dtype, max_iters):
 
 
 def _poisson_rejection(key, lam, shape, dtype, max_iters):
-    from spmd.compiler.ops.special import lgamma
     from spmd.lax import while_loop
 
     fd = get_aval(lam).dtype
@@ -202,8 +204,6 @@ def poisson(key, lam, shape=None, dtype=None):
 
 def multivariate_normal(key, mean, cov, shape=None, dtype=None, method: str = "cholesky"):
     """Normal vectors with mean ``mean`` (``[..., n]``) and covariance ``cov`` (``[..., n, n]``)."""
-    from spmd.numpy import linalg
-
     if method not in ("cholesky", "eigh", "svd"):
         raise ArgumentError(f"spmd.random.multivariate_normal: method={method!r}; use "
                             "'cholesky', 'eigh' or 'svd'")
@@ -231,8 +231,6 @@ def multivariate_normal(key, mean, cov, shape=None, dtype=None, method: str = "c
 
 def orthogonal(key, n: int, shape=(), dtype=None, m: int | None = None):
     """Uniformly distributed orthogonal ``n x n`` matrices (semi-orthogonal ``n x m``)."""
-    from spmd.numpy import linalg
-
     for name, v in (("n", n), ("m", m)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
                               or v < 0):

@@ -14,6 +14,7 @@ import operator
 
 import numpy as np
 
+import spmd.numpy as snp
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.ops import elementwise as ew
@@ -95,9 +96,7 @@ class PRNGKeyArray:
 
     def reshape(self, *shape):
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        from spmd.numpy import reshape
-
-        return PRNGKeyArray(reshape(self._base, tuple(shape) + (2,)))
+        return PRNGKeyArray(snp.reshape(self._base, tuple(shape) + (2,)))
 
     def __array__(self, dtype=None, copy=None):
         raise DTypeError("a typed PRNG key array cannot be converted to a numpy array; use "
@@ -199,21 +198,15 @@ def _seed_words(seed, name):
     if isinstance(seed, (np.ndarray, np.generic)):
         return _seed_words(int(seed), name)
     if av.dtype.itemsize == 8:
-        from spmd.numpy import floor_divide
-
         # The low word of seed >> 32: an arithmetic and a logical shift agree there.
-        return _u32(floor_divide(seed, 2**32)), _u32(seed)
+        return _u32(snp.floor_divide(seed, 2**32)), _u32(seed)
     return np.uint32(0), _u32(seed)
 
 
 def _make_base(hi, lo):
-    from spmd.numpy import stack
-
     if isinstance(hi, int) and isinstance(lo, int):
-        from spmd.numpy import asarray
-
-        return asarray(np.array([hi, lo], np.uint32))
-    return stack([_u32(hi), _u32(lo)])
+        return snp.asarray(np.array([hi, lo], np.uint32))
+    return snp.stack([_u32(hi), _u32(lo)])
 
 
 def key(seed, *, impl: str | None = None) -> PRNGKeyArray:
@@ -315,9 +308,7 @@ def fold_in(key, data):
         word = _u32(data)
     k0, k1 = (operator.getitem(base, 0), operator.getitem(base, 1))
     y0, y1 = tf.threefry2x32(_u32(k0), _u32(k1), np.uint32(0), word)
-    from spmd.numpy import stack
-
-    return _wrap(stack([y0, y1]), typed)
+    return _wrap(snp.stack([y0, y1]), typed)
 
 
 def _range_error(d):
@@ -331,7 +322,7 @@ def bits(key, shape=(), dtype=None):
     >>> bits(key(42), (2,))
     Array([2098992034, 2919706841], dtype=uint32)
     """
-    from spmd.random.samplers import _shape
+    from spmd.random.samplers import _shape  # here: spmd.random.samplers imports this module
 
     base, _ = _check_key("spmd.random.bits", key, single=True)
     dtype = np.dtype(np.uint32 if dtype is None else dtype)

@@ -13,9 +13,11 @@ import numpy as np
 
 import spmd.numpy as snp
 from spmd.compiler import dtypes
+from spmd.compiler.ad import stop_gradient
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import threefry as tf
-from spmd.compiler.ops.special import erf_inv
+from spmd.compiler.ops.sort import argsort_along, sort_key_val
+from spmd.compiler.ops.special import erf, erf_inv
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.random.keys import _check_key, split
@@ -99,8 +101,6 @@ def normal(key, shape=(), dtype=None):
 
 
 def _erf(x):
-    from spmd.compiler.ops.special import erf
-
     return erf(x)
 
 
@@ -123,8 +123,6 @@ def truncated_normal(key, lower, upper, shape=None, dtype=None):
 def _open_bounds(lower, upper, dtype):
     """The closest floats inside ``(lower, upper)`` (JAX clips there); traced bounds
     are used as they are (no nextafter primitive yet)."""
-    from spmd.compiler.ad import stop_gradient
-
     if isinstance(lower, Tracer) or isinstance(upper, Tracer):
         return stop_gradient(lower), stop_gradient(upper)
     lo = np.nextafter(np.asarray(lower, dtype), np.array(np.inf, dtype))
@@ -285,8 +283,6 @@ def categorical(key, logits, axis: int = -1, shape=None, replace: bool = True, m
 def _top_k_indices(x, k):
     """Indices of the ``k`` largest along the last axis, largest first (stable on ties,
     as ``lax.top_k``)."""
-    from spmd.compiler.ops.sort import argsort_along
-
     order = argsort_along(-x, len(np.shape(x)) - 1)
     return order[..., :k]
 
@@ -294,8 +290,6 @@ def _top_k_indices(x, k):
 def _shuffle(key, x, axis):
     """JAX's shuffle: rounds of sorting by fresh 32-bit keys (enough rounds that ties
     are negligible)."""
-    from spmd.compiler.ops.sort import sort_key_val
-
     size = int(np.prod(np.shape(x), dtype=np.int64))
     rounds = int(np.ceil(3 * np.log(max(1, size)) / np.log(np.iinfo(np.uint32).max)))
     for _ in range(rounds):

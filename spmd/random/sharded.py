@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 
 from spmd.compiler.trace import is_eager
+from spmd.shard.mesh_context import get_mesh, resolve_specs
+from spmd.shard.spec import NamedSharding
 
 
 def with_out_sharding(fn):
@@ -20,6 +22,8 @@ def with_out_sharding(fn):
     def sampler(key, *args, out_sharding=None, **kwargs):
         if out_sharding is None:
             return fn(key, *args, **kwargs)
+        # The partitioner stays unloaded until a sampler is given a sharding:
+        # import spmd.random does not load it (nor does spmd.numpy).
         from spmd.shard.partition.api import jit, with_sharding_constraint
 
         if not is_eager():
@@ -31,9 +35,7 @@ def with_out_sharding(fn):
 
 
 def _resolve(sharding, name):
-    from spmd.shard.mesh_context import get_mesh, resolve_specs
-    from spmd.shard.partition.partitioner import PartitionError
-    from spmd.shard.spec import NamedSharding
+    from spmd.shard.partition.partitioner import PartitionError  # late: see above
 
     if get_mesh() is not None:
         sharding = resolve_specs(sharding, f"spmd.random.{name}")

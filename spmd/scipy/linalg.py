@@ -10,6 +10,7 @@ Array([0.5, 0. ], dtype=float32)
 
 from __future__ import annotations
 
+import spmd.numpy as snp
 from spmd.errors import ArgumentError
 from spmd.numpy import linalg as _la
 
@@ -30,8 +31,6 @@ def cho_factor(a, lower: bool = False, overwrite_a: bool = False, check_finite: 
 
 def _tri(a, b, lower, trans):
     """``x`` with ``op(a) x = b`` for triangular ``a``, ``op`` the identity or a transpose."""
-    import spmd.numpy as snp
-
     a = snp.asarray(a)
     if trans in (1, 2, "T", "C"):
         a, lower = snp.swapaxes(a, -1, -2), not lower
@@ -47,8 +46,6 @@ def _tri(a, b, lower, trans):
 def solve_triangular(a, b, trans=0, lower: bool = False, unit_diagonal: bool = False,
                      overwrite_b: bool = False, check_finite: bool = True):
     """Solve ``a x = b`` (or ``a.T x = b``) reading only ``a``'s triangle."""
-    import spmd.numpy as snp
-
     if unit_diagonal:
         a = snp.asarray(a)
         n = a.shape[-1]

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+import spmd.numpy as snp
 from spmd import lax
 from spmd.compiler import dtypes
 from spmd.errors import DTypeError
+from spmd.nn import logsumexp as lse
 from spmd.numpy._util import check_arraylike, promote_and_broadcast, promote_to_float
 
 __all__ = ["betaln", "digamma", "entr", "erf", "erfc", "erfinv", "expit", "gamma", "gammaln",
@@ -47,8 +49,6 @@ def gammaln(x):
 
 def gamma(x):
     """``Gamma(x)`` (sign from the reflection formula for negative ``x``)."""
-    import spmd.numpy as snp
-
     a = _f(x, "gamma")
     # Gamma is negative on (-2k-1, -2k) for k >= 0.
     neg = (a < 0) & (snp.floor(a) % 2 != 0)
@@ -78,16 +78,12 @@ def expit(x):
 
 def logit(x):
     """``log(x / (1 - x))``."""
-    import spmd.numpy as snp
-
     a = _f(x, "logit")
     return snp.log(a) - snp.log1p(-a)
 
 
 def xlogy(x, y):
     """``x * log(y)``, 0 where ``x == 0``."""
-    import spmd.numpy as snp
-
     a, b = promote_and_broadcast(x, y, fname="spmd.scipy.special.xlogy", to_float=True)
     zero = a == 0
     return snp.where(zero, 0.0, a * snp.log(snp.where(zero, 1.0, b)))
@@ -95,8 +91,6 @@ def xlogy(x, y):
 
 def xlog1py(x, y):
     """``x * log1p(y)``, 0 where ``x == 0``."""
-    import spmd.numpy as snp
-
     a, b = promote_and_broadcast(x, y, fname="spmd.scipy.special.xlog1py", to_float=True)
     zero = a == 0
     return snp.where(zero, 0.0, a * snp.log1p(snp.where(zero, 0.0, b)))
@@ -104,8 +98,6 @@ def xlog1py(x, y):
 
 def entr(x):
     """``-x log x`` (0 at 0, ``-inf`` for negative ``x``)."""
-    import spmd.numpy as snp
-
     a = _f(x, "entr")
     if dtypes.is_complex(a.dtype):  # defined by the sign of x: real inputs only (as scipy)
         raise DTypeError(f"spmd.scipy.special.entr: complex input ({a.dtype}) is not "
@@ -124,8 +116,6 @@ def ndtr(x):
 def log_ndtr(x):
     """``log(ndtr(x))``, accurate in both tails (an asymptotic series below -8,
     ``log1p(-ndtr(-x))`` above 0)."""
-    import spmd.numpy as snp
-
     a = _f(x, "log_ndtr")
     far = a < -8.0
     s = snp.where(far, a, -8.0)
@@ -146,15 +136,11 @@ def ndtri(p):
 
 def logsumexp(a, axis=None, b=None, keepdims: bool = False, return_sign: bool = False):
     """``log(sum(b * exp(a)))`` computed stably."""
-    from spmd.nn import logsumexp as lse
-
     return lse(a, axis=axis, b=b, keepdims=keepdims, return_sign=return_sign)
 
 
 def softmax(x, axis=None):
     """``exp(x) / sum(exp(x))`` over ``axis`` (all axes when None, as scipy)."""
-    import spmd.numpy as snp
-
     a = _f(x, "softmax")
     return snp.exp(a - logsumexp(a, axis=axis, keepdims=True))
 

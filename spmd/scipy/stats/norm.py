@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import spmd.numpy as snp
 from spmd.numpy._util import promote_and_broadcast
 from spmd.scipy import special
 
@@ -24,16 +25,12 @@ def _std(x, loc, scale, name):
 
 def logpdf(x, loc=0, scale=1):
     """``log N(x; loc, scale^2)``."""
-    import spmd.numpy as snp
-
     z, s = _std(x, loc, scale, "logpdf")
     return -0.5 * z * z - _HALF_LOG_2PI - snp.log(s)
 
 
 def pdf(x, loc=0, scale=1):
     """The density."""
-    import spmd.numpy as snp
-
     return snp.exp(logpdf(x, loc, scale))
 
 
