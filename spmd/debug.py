@@ -27,7 +27,7 @@ from spmd.errors import ArgumentError
 from spmd.shard.array import visualize_array_sharding as viz
 from spmd.shard.partition import registry
 
-debug_print_p = Primitive("debug_print", multiple_results=True, effectful=True)
+debug_print_p = Primitive("debug_print", traits=(), multiple_results=True, effectful=True)
 debug_print_p.def_abstract_eval(lambda *avals, **params: [])
 debug_print_p.def_vma(lambda *avals, **params: [])
 

@@ -17,10 +17,11 @@ from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, 
                                          psum_scatter_p, pvary_p)
 from spmd.compiler import dtypes
 from spmd.compiler.array_module import to_host
-from spmd.compiler.ops.elementwise import convert, div, mul
-from spmd.compiler.ops.structural import reshape
+from spmd.compiler.ops.elementwise import bitwise_or, convert, div, eq, mul, ne, select
+from spmd.compiler.ops.structural import broadcast_in_dim, full, reshape
 from spmd.compiler.trace import Tracer, bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
+from spmd.compiler.ops import complex as cx
 
 
 def _leafwise(f, x):
@@ -134,10 +135,6 @@ def _complex_extremum(v, reduce, name, axes):
     wins, the one on the first device (row-major over ``axes``) when several do.
     Without this a NaN imaginary part was ignored and a NaN real part gave -inf as
     the imaginary part."""
-    from spmd.compiler.ops import complex as cx
-    from spmd.compiler.ops.elementwise import bitwise_or, eq, ne, select
-    from spmd.compiler.ops.structural import broadcast_in_dim, full
-
     re, im = cx.real(v), cx.imag(v)
     aval = get_aval(im)
     sign = -1.0 if name == "pmax" else 1.0  # so `reduce` finds the first device

@@ -25,6 +25,7 @@ from spmd.compiler.ops.indexing import dynamic_slice, dynamic_update_slice, gath
 from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError
+from spmd.collectives.api import all_gather, axis_index, pmax, pmin, psum
 
 
 class Groups:
@@ -69,8 +70,6 @@ def _lookup(table, idx):
 
 
 def _me(axes):
-    from spmd.collectives.api import axis_index
-
     return axis_index(axes)
 
 
@@ -87,14 +86,10 @@ def _slot_reduce(x, axes, groups: Groups, reduce, fill):
 
 
 def grouped_psum(x, axes, groups: Groups):
-    from spmd.collectives.api import psum
-
     return _slot_reduce(x, axes, groups, psum, 0)
 
 
 def grouped_extremum(x, axes, groups: Groups, which: str):
-    from spmd.collectives.api import pmax, pmin
-
     dt = get_aval(x).dtype
     if np.issubdtype(dt, np.floating):
         fill = -np.inf if which == "max" else np.inf
@@ -108,8 +103,6 @@ def grouped_extremum(x, axes, groups: Groups, which: str):
 
 def _group_rows(x, axes, groups: Groups):
     """The values of this device's group members, stacked in group order: (k, ...)."""
-    from spmd.collectives.api import all_gather
-
     every = all_gather(x, axes, axis=0, tiled=False)  # (n, ...)
     members = _lookup(groups.members, _lookup(groups.group_of, _me(axes)))  # (k,)
     return gather(every, [members], (0,))

@@ -35,11 +35,13 @@ from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
 from spmd.errors import ArgumentError
+from spmd.collectives.backend import bound
+from spmd.collectives.mpi_control import checking, control as control_comm
+from spmd.launch import nodes
+from spmd.launch.mpi import world as _world
 
 
 def world():
-    from spmd.launch.mpi import world as _world
-
     return _world()
 
 
@@ -77,9 +79,6 @@ def _make_communicator(ranks: tuple, what):
 def _settings() -> tuple:
     """The environment settings that choose a collective's algorithm (every member must
     choose alike), or the error reading them gave."""
-    from spmd.collectives.mpi_control import checking
-    from spmd.launch import nodes
-
     try:
         return ("ok", mpi_shm.size_range(), _split_bytes(), checking(), nodes.simulated())
     except ArgumentError as e:
@@ -292,8 +291,6 @@ def allreduce(x, ranks, op, what=None):
 def allgather(x, ranks, what=None, *, control=False):
     """Every member's ``x`` stacked along a new leading axis (``control=True``: over the
     control communicator, for agreement checks that must not pair with data)."""
-    from spmd.collectives.mpi_control import control as control_comm
-
     comm = control_comm(ranks, what) if control else communicator(ranks, what)
     n = len(ranks)
     src = _bytes(x)
@@ -448,7 +445,7 @@ def _mpi_start(xp, x, *, kind, ranks, op=None, what=None, **_):
 
 # --------------------------------------------------------- the primitive
 
-mpi_p = Primitive("mpi", effectful=True)
+mpi_p = Primitive("mpi", traits=(), effectful=True)
 
 
 @mpi_p.def_impl
@@ -518,8 +515,6 @@ def _bind_impl(xp, *, kind, ranks, op=None, dst=None, src=None, what=None):
         return None
     if kind == "allreduce":
         return _BoundAllreduce(ranks, op, what)
-    from spmd.collectives.backend import bound
-
     return bound(sys.modules[__name__], kind, ranks,
                  {"op": op, "dst": dst, "src": src, "what": what})
 

@@ -37,7 +37,9 @@ import os
 import threading
 import time
 
-from spmd.errors import ArgumentError, SpmdError
+from spmd.errors import ArgumentError, ProgramMismatchError, SpmdError
+from spmd.compiler.ir import _Namer, pp_eqn
+from spmd.compiler.trace import current_equation, current_function, user_source_info
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -203,8 +205,6 @@ def program_here() -> str:
     """The innermost jitted function whose call is being prepared in this thread
     (``"jit(step)"``, from :func:`spmd.compiler.trace.current_function`), else ``"an
     eager shard_map at file:line"``."""
-    from spmd.compiler.trace import current_function, user_source_info
-
     name = current_function()
     if name is not None:
         return name
@@ -227,9 +227,6 @@ def site_here(what: str | None) -> Site | None:
     context lowering hands down) and the jitted function being prepared."""
     if what is None or isinstance(what, Site):
         return what
-    from spmd.compiler.ir import _Namer, pp_eqn
-    from spmd.compiler.trace import current_equation
-
     eqn = current_equation()
     program = program_here()
     equation = source = ""
@@ -451,8 +448,6 @@ def _check_call(c: "Collective") -> None:
     import numpy as np
 
     from spmd.collectives.mpi import _recv_buffer
-    from spmd.errors import ProgramMismatchError
-
     if c.control:
         c.seq = _seq.get(c.ranks, 0)  # (reported, not counted: control traffic)
         mine = np.array((_CONTROL, c.seq, 0, 0), np.int64)

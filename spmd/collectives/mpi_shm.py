@@ -83,6 +83,8 @@ import functools
 import os
 
 import numpy as np
+from spmd.collectives.mpi_control import complete_within
+from spmd.launch import nodes
 
 SHM_MIN_BYTES = 16 * 1024        # below: MPI's all-reduce is faster (barrier cost)
 SHM_MAX_BYTES = 2 * 1024 * 1024  # a slot: the largest operand in one piece (see _MOST)
@@ -357,8 +359,6 @@ def _make(comm, control, slot: int, ranks: tuple):
     would leave the others waiting in another call)."""
     from mpi4py import MPI
 
-    from spmd.launch import nodes
-
     # The members first agree on the simulated nodes (every one raises alike when
     # they differ): a member raising alone inside the split would strand the others.
     nodes.check_agreed(control.allgather(nodes.reading()), ranks)
@@ -379,8 +379,6 @@ _segments_made: list = []
 
 def _settle_at_exit(limit_s: float = 5.0) -> None:
     """Complete the windows' last barriers before MPI finalises (it runs after this)."""
-    from spmd.collectives.mpi_control import complete_within
-
     complete_within([r for seg in _segments.values() if seg is not None
                      for r in seg.pending()], limit_s)
 

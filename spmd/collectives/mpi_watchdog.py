@@ -29,6 +29,8 @@ import time
 import traceback
 
 from spmd.collectives import mpi_control as ctl
+from spmd.launch import _rank
+from spmd.launch.mpi import threads_may_call_mpi, world
 
 TICK_S = 0.1
 PUBLISH_AFTER_S = 1.0
@@ -42,8 +44,6 @@ _complained: set = set()
 
 
 def _world():
-    from spmd.launch.mpi import world
-
     return world()
 
 
@@ -58,8 +58,6 @@ _threads_ok = [True]
 def start() -> None:
     """Start the watchdog thread (once per process: mpi_control does it)."""
     from spmd.launch import _rank  # noqa: F401  (see below)
-    from spmd.launch.mpi import threads_may_call_mpi
-
     # What the ticks use is loaded here, by the starting thread: a first-time import
     # in the watchdog thread would load a module at a moment of its own, in the middle
     # of whatever the program then does (and of its memory measurements).
@@ -254,8 +252,6 @@ def _expire(c, limit: float) -> None:
              f"{_stack(c.thread, user_only=True)}")
     sys.stderr.write(f"Traceback of thread {name!r} (most recent call last):\n"
                      f"{_stack(c.thread)}{error}")
-    from spmd.launch import _rank
-
     _rank.record_failure(ctl._me(), 1, "deadline", error)
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -276,8 +272,6 @@ def _expire(c, limit: float) -> None:
 def _publish(c) -> None:
     """Keep ``$SPMD_LAUNCH_DIR/rank<N>.wait`` saying which collective this rank has been
     waiting in for a while (none: removed)."""
-    from spmd.launch import _rank
-
     key = None if c is None else (c.thread, c.seq, c.since)
     if key == _published[0]:
         return

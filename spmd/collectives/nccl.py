@@ -44,6 +44,8 @@ from spmd.collectives.transport import define_rules
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind
 from spmd.errors import SpmdError
+from spmd.collectives import mpi
+from spmd.launch import nodes
 
 
 class NCCLError(SpmdError, RuntimeError):
@@ -88,8 +90,6 @@ def _make_communicator(ranks: tuple):
     n = len(ranks)
     if n == 1:
         return nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
-    from spmd.collectives import mpi
-
     what = "setting up the NCCL communicator"
     comm = mpi.communicator(ranks, what)
     me = comm.Get_rank()
@@ -107,8 +107,6 @@ def _check_distinct_gpus(cp, comm, ranks) -> None:
     id) over MPI and say which ranks collide (NCCL's own error is less clear).  The
     node is the host, and with ``SPMD_SIMULATE_NODES`` its simulated node too
     (``host/node1``: :func:`spmd.launch.nodes.node_name`), whose GPUs are its own."""
-    from spmd.launch import nodes
-
     read = nodes.reading()  # never raises: every member must reach the exchange
     node = nodes.node_name() if read[0] == "ok" else None
     gathered = comm.allgather((read, node, cp.cuda.Device().pci_bus_id))
@@ -303,7 +301,7 @@ def sendrecv(x, ranks, dst, src, what=None):
 
 # --------------------------------------------------------- the primitive
 
-nccl_p = Primitive("nccl", effectful=True)
+nccl_p = Primitive("nccl", traits=(), effectful=True)
 
 
 @nccl_p.def_impl

@@ -23,10 +23,12 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import axis_scope, axes_in_scope, bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError, SpmdError
+from spmd.compiler.batching import NamedAxes, move_to_front
+from spmd.compiler.ops.elementwise import add, convert, div, eq, mul
 
 
 class CollectiveAxisError(SpmdError, NameError):
@@ -91,7 +93,6 @@ def _linear_jvp(p):
 def _batch(p, local_rule, shift):
     """Batching: communicate when the level stands for the axes, else map over data."""
     def rule(args, dims, *, _axis_data, **params):
-        from spmd.compiler.batching import NamedAxes, move_to_front
         from spmd.collectives.local import LocalGroup
 
         level, _ = _axis_data
@@ -134,8 +135,6 @@ def group_for(level, axes):
 
 
 def _front(x, d):
-    from spmd.compiler.batching import move_to_front
-
     return move_to_front(x, d)
 
 
@@ -149,7 +148,7 @@ _same = lambda params: params  # noqa: E731
 # ------------------------------------------------------------ psum / pmax / pmin
 
 def _reduce_prim(name, op):
-    p = Primitive(name)
+    p = Primitive(name, traits=())
     p.def_impl(_no_impl(name))
 
     @p.def_abstract_eval
@@ -185,8 +184,6 @@ pmin_p = _reduce_prim("pmin", "min")
 def _pminmax_jvp(p):
     def rule(primals, tangents, *, axes):
         # The derivative flows from the devices holding the extremum (shared on ties).
-        from spmd.compiler.ops.elementwise import convert, div, eq, mul
-
         (x,), (t,) = primals, tangents
         out = bind(p, x, axes=axes)
         if isinstance(t, Zero):
@@ -203,7 +200,7 @@ _pminmax_jvp(pmin_p)
 
 # --------------------------------------------------------------------- pvary
 
-pvary_p = _linear_jvp(Primitive("pvary"))
+pvary_p = _linear_jvp(Primitive("pvary", traits=()))
 pvary_p.def_impl(lambda xp, x, *, axes: x)
 pvary_p.def_emit(lambda ins, axes: ins[0])
 pvary_p.def_abstract_eval(lambda x, *, axes: x)
@@ -234,7 +231,7 @@ def _pvary_transpose(ct, x, *, axes):
 
 # ---------------------------------------------------------------- all_gather
 
-all_gather_p = _linear_jvp(Primitive("all_gather"))
+all_gather_p = _linear_jvp(Primitive("all_gather", traits=()))
 all_gather_p.def_impl(_no_impl("all_gather"))
 all_gather_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
 
@@ -268,7 +265,7 @@ _batch(all_gather_p, _all_gather_local, _plus1("axis"))
 
 # -------------------------------------------------------------- psum_scatter
 
-psum_scatter_p = _linear_jvp(Primitive("psum_scatter"))
+psum_scatter_p = _linear_jvp(Primitive("psum_scatter", traits=()))
 psum_scatter_p.def_impl(_no_impl("psum_scatter"))
 psum_scatter_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
 
@@ -307,7 +304,7 @@ def _psum_scatter_transpose(ct, x, *, axes, scatter_dimension, tiled, axis_size)
 
 # ---------------------------------------------------------------- all_to_all
 
-all_to_all_p = _linear_jvp(Primitive("all_to_all"))
+all_to_all_p = _linear_jvp(Primitive("all_to_all", traits=()))
 all_to_all_p.def_impl(_no_impl("all_to_all"))
 all_to_all_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
 
@@ -336,7 +333,7 @@ def _all_to_all_transpose(ct, x, *, axes, split_axis, concat_axis, axis_size):
 
 # ------------------------------------------------------------------ ppermute
 
-ppermute_p = _linear_jvp(Primitive("ppermute"))
+ppermute_p = _linear_jvp(Primitive("ppermute", traits=()))
 ppermute_p.def_impl(_no_impl("ppermute"))
 ppermute_p.def_abstract_eval(lambda x, *, axes, perm: x)
 ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | _tracked(axes)])
@@ -357,7 +354,7 @@ def _ppermute_transpose(ct, x, *, axes, perm):
 
 # ---------------------------------------------------------------- axis_index
 
-axis_index_p = Primitive("axis_index")
+axis_index_p = Primitive("axis_index", traits=())
 axis_index_p.def_impl(_no_impl("axis_index"))
 axis_index_p.def_abstract_eval(lambda *, axes: ShapedArray((), dtypes.int32))
 axis_index_p.def_vma(lambda *, axes: [frozenset(_tracked(axes))])
@@ -365,14 +362,11 @@ axis_index_p.def_vma(lambda *, axes: [frozenset(_tracked(axes))])
 
 @axis_index_p.def_jvp
 def _axis_index_jvp(primals, tangents, *, axes):
-    from spmd.compiler.avals import tangent_aval
-
     out = bind(axis_index_p, axes=axes)
     return out, Zero(tangent_aval(get_aval(out)))
 
 
 def _axis_index_batch(args, dims, *, _axis_data, axes):
-    from spmd.compiler.batching import NamedAxes
     from spmd.collectives.local import LocalGroup
 
     level, _ = _axis_data
@@ -382,8 +376,6 @@ def _axis_index_batch(args, dims, *, _axis_data, axes):
         return bind(axis_index_p, axes=axes), None
     # Axes spanning this level and outer ones (nested vmaps, or vmap inside shard_map):
     # combine the per-axis indices row-major over the tuple's order.
-    from spmd.compiler.ops.elementwise import add, mul
-
     out, dim = None, None
     for a in axes:
         if isinstance(level, NamedAxes) and a in level.names:

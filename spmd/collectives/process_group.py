@@ -28,6 +28,7 @@ from spmd.compiler.ops.elementwise import mul
 from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
 from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.trace import get_aval
+from spmd.launch import platform
 
 
 # The spmd collective each operation implements (named in timeout messages).
@@ -40,8 +41,6 @@ def backend():
     """The module that moves data between processes (a
     :class:`spmd.collectives.backend.Transport`): ``nccl`` for GPU devices when NCCL is
     available (and not ``SPMD_GPU_BACKEND=mpi``), else ``mpi``."""
-    from spmd.launch import platform
-
     if platform.current() == "gpu" and platform.gpu_backend() == "nccl":
         return nccl
     return mpi

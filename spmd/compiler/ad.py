@@ -19,9 +19,12 @@ from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Trace, Tracer, bind, eval_program, full_lower, full_raise,
-                                 get_aval, new_main, trace_to_program)
+from spmd.compiler.trace import (bind, eval_program, full_lower, full_raise, get_aval, new_main,
+                                 to_array_value, Trace, trace_to_program, Tracer, wrap_value)
 from spmd.errors import SpmdError
+from spmd import tree_util
+from spmd.compiler.ad_eager import can_linearize_eagerly, linearize_eager
+from spmd.compiler.passes import dce_program, inline_calls
 
 
 # ---------------------------------------------------------------------- jvp
@@ -78,8 +81,6 @@ class JVPTrace(Trace):
 def as_array(x):
     """A concrete value as an Array (Python scalars and numpy values have no aval of
     their own for the jvp rules to read); Arrays and tracers as they are."""
-    from spmd.compiler.trace import to_array_value, wrap_value
-
     if isinstance(x, (Tracer, Array)):
         return x
     aval = get_aval(x)
@@ -112,8 +113,6 @@ def partial_eval(closed: ClosedProgram, unknown_ins):
     known equation defines the others); otherwise an equation with any unknown
     input is unknown.
     """
-    from spmd.compiler.passes import inline_calls
-
     closed = inline_calls(closed)
     program = closed.program
     n_consts = len(closed.consts)
@@ -247,8 +246,6 @@ def linearize_flat(fun: Callable, primals, diff_mask, eager: bool = False):
     (not under jit), the primal computation runs on concrete values, so Python
     control flow on them works (``ad_eager.py``).
     """
-    from spmd.compiler.ad_eager import can_linearize_eagerly, linearize_eager
-
     if eager and can_linearize_eagerly(primals):
         return linearize_eager(fun, primals, diff_mask)
     avals = [get_aval(p) for p in primals]
@@ -275,8 +272,6 @@ def linearize_flat(fun: Callable, primals, diff_mask, eager: bool = False):
     # Tangent outputs that are known (do not depend on tangent inputs) are
     # constants of the linear program: feed them as residuals.
     lin_program = Program(unknown.in_vars, unknown.eqns, unknown.out_atoms[n_out:])
-    from spmd.compiler.passes import dce_program
-
     lin_program, _ = dce_program(lin_program)
     out_avals = [tangent_aval(get_aval(p)) for p in primal_outs]
     return primal_outs, LinearFunction(lin_program, residuals, diff_avals, out_avals, zero_mask)
@@ -284,7 +279,7 @@ def linearize_flat(fun: Callable, primals, diff_mask, eager: bool = False):
 
 # ------------------------------------------------------------ stop_gradient
 
-stop_gradient_p = Primitive("stop_gradient")
+stop_gradient_p = Primitive("stop_gradient", traits=())
 stop_gradient_p.def_impl(lambda xp, x: x)
 stop_gradient_p.def_abstract_eval(lambda x: x)
 stop_gradient_p.def_emit(lambda ins: ins[0])
@@ -299,6 +294,4 @@ def _stop_gradient_jvp(primals, tangents):
 
 def stop_gradient(x):
     """The identity whose derivative is zero (a pytree of arrays is accepted)."""
-    from spmd import tree_util
-
     return tree_util.tree_map(lambda a: stop_gradient_p.bind(a), x)

@@ -27,8 +27,10 @@ from spmd.compiler.ad_util import Zero
 from spmd.compiler.array import Array
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.ir import Program, Var
-from spmd.compiler.trace import (ProgramBuilder, ProgramTrace, ProgramTracer, Tracer,
-                                 dynamic_trace, eval_program, full_raise, get_aval, new_main)
+from spmd.compiler.trace import (bind, dynamic_trace, eval_program, full_raise, get_aval, new_main,
+                                 ProgramBuilder, ProgramTrace, ProgramTracer, trace_to_program,
+                                 Tracer)
+from spmd.compiler.passes import dce_program
 
 
 def can_linearize_eagerly(primals) -> bool:
@@ -43,8 +45,6 @@ def can_linearize_eagerly(primals) -> bool:
 def linearize_eager(fun: Callable, primals, diff_mask):
     """``linearize_flat`` for concrete primals: ``(primal_outs, LinearFunction)``."""
     from spmd.compiler.ad import LinearFunction, jvp_flat, partial_eval
-    from spmd.compiler.passes import dce_program
-
     avals = [get_aval(p) for p in primals]
     diff_avals = [tangent_aval(a) for a, d in zip(avals, diff_mask) if d]
     # numpy inputs are copied once: the residuals must not change if the caller
@@ -116,8 +116,6 @@ class _OnlineTrace(ProgramTrace):
 
     def _split(self, prim, tracers, params, values, known):
         from spmd.compiler.ad import partial_eval
-        from spmd.compiler.trace import bind, trace_to_program
-
         def one(*xs):
             out = bind(prim, *xs, **params)
             return list(out) if prim.multiple_results else [out]

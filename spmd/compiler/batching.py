@@ -11,6 +11,11 @@ import weakref
 from contextlib import contextmanager
 
 import numpy as np
+from spmd import tree_util
+from spmd.compiler.ir import ClosedProgram, Program
+from spmd.compiler.ops.structural import broadcast_in_dim, transpose
+from spmd.compiler.trace import abstract_eval, extend_axis_env
+from spmd.errors import ArgumentError
 
 not_mapped = None
 
@@ -25,8 +30,6 @@ def bdim_size(args, dims) -> int:
 
 def move_to_front(x, d):
     """Move batch axis ``d`` of ``x`` to position 0 (no-op when already there)."""
-    from spmd.compiler.ops.structural import transpose
-
     if d == 0:
         return x
     nd = len(np.shape(x))
@@ -36,8 +39,6 @@ def move_to_front(x, d):
 
 def move_axis(x, src, dst):
     """Move axis ``src`` of ``x`` to position ``dst``."""
-    from spmd.compiler.ops.structural import transpose
-
     if src == dst:
         return x
     nd = len(np.shape(x))
@@ -48,8 +49,6 @@ def move_axis(x, src, dst):
 
 def broadcast_batch(x, d, size):
     """``x`` with its batch axis at 0, materialising it when ``d`` is None."""
-    from spmd.compiler.ops.structural import broadcast_in_dim
-
     if d is None:
         shape = tuple(np.shape(x))
         return broadcast_in_dim(x, (size,) + shape, tuple(range(1, len(shape) + 1)))
@@ -180,8 +179,6 @@ class BatchTrace(Trace):
         """An eager shard_map body with check_vma: values carry their varying-axes
         types, computed by the primitives' rules on the blocks' types as in a traced
         body (so that e.g. grad inside the body sums over devices, JEP 17111)."""
-        from spmd.compiler.trace import abstract_eval
-
         avals = [t.aval for t in tracers]
         if prim.vma is None and len(avals) > 1:  # an implicit pvary: the types join
             union = frozenset().union(*(a.vma for a in avals))
@@ -264,8 +261,6 @@ class NamedAxes:
 def _scope_for(axis_name, main):
     from contextlib import nullcontext
 
-    from spmd.compiler.trace import extend_axis_env
-
     if axis_name is None:
         return nullcontext()
     return extend_axis_env(dict(zip(axis_name.names, axis_name.sizes)), main=main)
@@ -319,8 +314,6 @@ def vmap_at_level(fun, axis_name, axis_size):
     The batching rules of user-rule primitives (custom_jvp/custom_vjp) use it to map
     the user's rules with the axes of the level they run at.
     """
-    from spmd import tree_util
-
     def mapped(*args):
         leaves, tree = tree_util.tree_flatten(args)
         box: list = []
@@ -355,8 +348,6 @@ def collective_axes(params) -> frozenset:
 
 
 def _value_axes(v) -> frozenset:
-    from spmd.compiler.ir import ClosedProgram, Program
-
     if isinstance(v, ClosedProgram):
         hit = _program_axes_cache.get(v)
         if hit is None:
@@ -392,9 +383,6 @@ def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:
     >>> broadcast_prefix((0, None), ([1, 2], 3), "in_axes", "vmap")
     [0, 0, None]
     """
-    from spmd import tree_util
-    from spmd.errors import ArgumentError
-
     try:
         pairs = tree_util.broadcast_prefix(prefix, tree,
                                            lambda e: e is None or isinstance(e, int))

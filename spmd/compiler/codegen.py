@@ -7,8 +7,16 @@ parameters bound once at compile time.  Nothing is interpreted per call.  A
 primitive whose expression depends on its operands' types registers
 ``rules["emit_avals"](names, in_avals, **params) -> str | None`` instead
 (``dot_general``: ``(a.T @ b)`` for a transposed 2-d operand); for a
-:data:`FRESH_RESULT` primitive it is also called with ``out=NAME``, a dead
-buffer of the result's shape and dtype that its code may write into.
+primitive with the ``fresh_result`` trait it is also called with ``out=NAME``, a
+dead buffer of the result's shape and dtype that its code may write into.
+
+Which primitive gets which treatment is read from its traits
+(:data:`spmd.compiler.primitives.TRAITS`: ``view``, ``implicit_broadcast``,
+``broadcast``, ``fresh_result``), never from its name.  The exceptions are
+patterns of particular primitives, compared by identity with the primitive
+object: the flat ``concatenate`` of ``reshape``s that combining collectives
+builds (:class:`FlatWrites`), and ``reduce_sum``'s own emitted ``xp.sum(...)``,
+given ``out=``.
 
 Example of generated code (``spmd.jit(f).lower(x).compile().source``)::
 
@@ -26,6 +34,9 @@ import itertools
 import numpy as np
 
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
+from spmd.compiler.ops.reduce import reduce_sum_p
+from spmd.compiler.ops.shape_more import concatenate_p
+from spmd.compiler.ops.structural import reshape_p
 
 
 class Executable:
@@ -101,18 +112,15 @@ def _literal_value(lit: Literal, xp):
 
 # ------------------------------------------------------- implicit broadcasting
 
-# Primitives whose implementation is a numpy-broadcasting elementwise function
-# (a ufunc, ``xp.where`` or ``xp.choose``).  When one operand comes from a
-# ``broadcast_in_dim`` and another operand already has the full result shape,
+# Primitives with the ``implicit_broadcast`` trait have an implementation that is a
+# numpy-broadcasting elementwise function (a ufunc, ``xp.where`` or ``xp.choose``).
+# When one operand comes from a ``broadcast`` primitive (``broadcast_in_dim``) and
+# another operand already has the full result shape,
 # the generated code passes the un-broadcast operand (reshaped to the result's
 # rank) and lets the ufunc broadcast it in its inner loop: no ``broadcast_to``
 # view is built (a Python-level numpy function, several microseconds) and the
 # ufunc runs on its fast path for a stride-0 operand.  ``x @ w + b`` then costs
 # what it costs in hand-written numpy.
-IMPLICIT_BROADCAST = frozenset({
-    "add", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2",
-    "and", "or", "xor", "eq", "ne", "lt", "le", "gt", "ge", "select_n",
-})
 
 
 def _compact_shape(eqn) -> tuple | None:
@@ -139,13 +147,13 @@ def plan_implicit_broadcasts(eqns, live_out=()) -> dict:
     """``{var: compact shape}`` for the broadcasts that need not be materialised.
 
     A broadcast qualifies when every use of its result is an operand of an
-    :data:`IMPLICIT_BROADCAST` equation that has another operand of the full
+    ``implicit_broadcast`` equation that has another operand of the full
     result shape which is not itself such a broadcast (so the ufunc's result
     shape is unchanged), and the result is not a program output.
     """
     candidates = {}
     for eqn in eqns:
-        if eqn.primitive.name == "broadcast_in_dim" and isinstance(eqn.inputs[0], Var):
+        if "broadcast" in eqn.primitive.traits and isinstance(eqn.inputs[0], Var):
             compact = _compact_shape(eqn)
             if compact is not None:
                 candidates[eqn.outputs[0]] = compact
@@ -158,7 +166,8 @@ def plan_implicit_broadcasts(eqns, live_out=()) -> dict:
         for i, a in enumerate(eqn.inputs):
             if a not in plan:
                 continue
-            if eqn.primitive.name not in IMPLICIT_BROADCAST or eqn.primitive.multiple_results:
+            if "implicit_broadcast" not in eqn.primitive.traits or \
+                    eqn.primitive.multiple_results:
                 del plan[a]
                 continue
             full = eqn.outputs[0].aval.shape
@@ -170,9 +179,9 @@ def plan_implicit_broadcasts(eqns, live_out=()) -> dict:
 
 # --------------------------------------------------------------- buffer reuse
 
-# Primitives whose code (``impl`` or emitted) returns a new buffer that nothing
-# else references (never a view of an input), although it is not a ufunc call.
-FRESH_RESULT = frozenset({"dot_general"})
+# A primitive with the ``fresh_result`` trait has code (``impl`` or emitted) that
+# returns a new buffer nothing else references (never a view of an input), although
+# it is not a ufunc call.
 
 _INFIX_UFUNCS = {"+": "add", "-": "subtract", "*": "multiply", "&": "bitwise_and",
                  "|": "bitwise_or", "^": "bitwise_xor"}
@@ -221,7 +230,7 @@ def _reusable_input(eqn, owned, uses):
     generated code's named values defeat.  So the code generator does it
     explicitly, with ``out=``, for an input that
 
-    - was produced in this program by a ufunc or a :data:`FRESH_RESULT`
+    - was produced in this program by a ufunc or a ``fresh_result``
       primitive, so that no argument, constant or view shares its buffer;
     - has this equation as its only use (so no view of it exists either, and
       nothing reads it afterwards) and is not a program output;
@@ -238,7 +247,7 @@ def _reusable_input(eqn, owned, uses):
 # ------------------------------------------------------------------ emission
 
 # Calls that return a new array (never a view of an argument), besides ufuncs
-# and FRESH_RESULT primitives: reading a value there leaves no alias behind.
+# and ``fresh_result`` primitives: reading a value there leaves no alias behind.
 _FRESH_CALLS = ("xp.sum(", "xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
 
 
@@ -277,11 +286,6 @@ class _DeadBuffers:
                 self.free.setdefault((a.aval.shape, a.aval.dtype), []).append(names[a])
 
 
-# Primitives whose code returns a view of its operand (never written into a buffer).
-_VIEWS = frozenset({"reshape", "slice", "broadcast_in_dim", "squeeze", "expand_dims",
-                    "transpose"})
-
-
 class FlatWrites:
     """Operands of a flat ``concatenate`` written straight into its buffer.
 
@@ -303,7 +307,7 @@ class FlatWrites:
         producer = {o: (i, e) for i, e in enumerate(eqns) for o in e.outputs}
         live = {a for a in live_out if isinstance(a, Var)}
         for e in eqns:
-            if e.primitive.name != "concatenate" or e.params.get("dimension") != 0 or \
+            if e.primitive is not concatenate_p or e.params.get("dimension") != 0 or \
                     e.outputs[0].aval.ndim != 1:
                 continue
             written, copied, at, first = [], [], 0, None
@@ -331,14 +335,14 @@ class FlatWrites:
         if not isinstance(p, Var) or uses.get(p) != 1 or p not in producer:
             return None
         r = producer[p][1]
-        if r.primitive.name != "reshape" or not isinstance(r.inputs[0], Var):
+        if r.primitive is not reshape_p or not isinstance(r.inputs[0], Var):
             return None
         g = r.inputs[0]
         if uses.get(g) != 1 or g in live or g not in producer or g.aval.dtype != p.aval.dtype:
             return None
         made = producer[g][1]
         if len(made.outputs) != 1 or made.primitive.multiple_results or \
-                made.primitive.effectful or not g.aval.ndim or made.primitive.name in _VIEWS:
+                made.primitive.effectful or not g.aval.ndim or "view" in made.primitive.traits:
             return None
         return g
 
@@ -429,13 +433,13 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             in_avals = [a.aval for a in eqn.inputs]
             expr = emit_avals(ins, in_avals, **eqn.params)
             buf = into or (dead.take(out_aval) if expr is not None and array_result and
-                           prim.name in FRESH_RESULT else None)
+                           "fresh_result" in prim.traits else None)
             if buf is not None:  # the same code, writing into a dead buffer
                 expr = emit_avals(ins, in_avals, out=buf, **eqn.params) or expr
         else:
             expr = prim.emit(ins, **eqn.params) if prim.emit is not None and (
             xp is np or not prim.rules.get("emit_numpy_only")) else None
-        fresh = prim.name in FRESH_RESULT
+        fresh = "fresh_result" in prim.traits
         if fresh and array_result and into is None:
             owned.add(eqn.outputs[0])
         if into is not None and expr is not None and f"out={into}" in expr:
@@ -458,7 +462,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             uf = ufunc_of(expr, ins)
             if uf is not None and into is not None:  # straight into the flat buffer
                 expr, into, fresh = f"xp.{uf}({', '.join(ins)}, out={into})", None, True
-            elif into is not None and prim.name == "reduce_sum" and expr.startswith("xp.sum("):
+            elif into is not None and prim is reduce_sum_p and expr.startswith("xp.sum("):
                 expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
             elif uf is not None:
                 fresh = True

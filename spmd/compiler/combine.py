@@ -43,6 +43,8 @@ from __future__ import annotations
 import math
 
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
+from spmd.compiler.ops.shape_more import concatenate_p, slice_p
+from spmd.compiler.ops.structural import reshape_p
 
 # The largest combined buffer (bytes): PyTorch DDP's default bucket is 25 MiB;
 # above 16 MiB the mpi backend runs reduce-scatter + all-gather, which is the
@@ -151,9 +153,6 @@ class _Group:
 
 
 def _combined(members: list, nbytes: int) -> list:
-    from spmd.compiler.ops.shape_more import concatenate_p, slice_p
-    from spmd.compiler.ops.structural import reshape_p
-
     eqns, flats = [], []
     for m in members:
         x = m.inputs[0]

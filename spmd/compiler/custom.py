@@ -22,6 +22,7 @@ from spmd.compiler.array import Array
 from spmd.compiler.trace import (Tracer, bind, eval_program, get_aval, hoist_traced_consts,
                                  trace_to_program)
 from spmd.errors import SpmdError
+from spmd.compiler.batching import batch_flat, broadcast_batch, vmap_at_level
 
 
 class CustomRuleError(SpmdError, TypeError):
@@ -63,8 +64,6 @@ def _batch_via_vmap(prim, wrap_params):
     """Batch rule: move every batch axis to 0 and map the body and the rules, at a
     level named like this one (collectives inside keep seeing its axes)."""
     def rule(args, dims, *, program, _axis_data, **params):
-        from spmd.compiler.batching import batch_flat, broadcast_batch
-
         level, size = _axis_data
         args = [broadcast_batch(a, d, size) for a, d in zip(args, dims)]
         n_out = len(program.out_avals)
@@ -135,7 +134,8 @@ class CustomVJPPrimal:
 
 
 
-custom_jvp_call_p = Primitive("custom_jvp_call", multiple_results=True, higher_order=True)
+custom_jvp_call_p = Primitive("custom_jvp_call", traits=(), multiple_results=True,
+                              higher_order=True)
 custom_jvp_call_p.def_impl(_impl)
 custom_jvp_call_p.def_abstract_eval(lambda *avals, program, jvp, **_: program.out_avals)
 # Operands: the values the function closed over (``num_consts``), then its arguments.
@@ -173,8 +173,6 @@ def _custom_jvp_rule(primals, tangents, *, program, jvp, in_tree, out_tree, num_
 
 
 def _jvp_batch_params(params, level, size):
-    from spmd.compiler.batching import vmap_at_level
-
     return {**params, "jvp": vmap_at_level(params["jvp"], level, size)}
 
 
@@ -265,13 +263,14 @@ class custom_jvp:
 
 # --------------------------------------------------------------- custom_vjp
 
-custom_vjp_call_p = Primitive("custom_vjp_call", multiple_results=True, higher_order=True)
+custom_vjp_call_p = Primitive("custom_vjp_call", traits=(), multiple_results=True,
+                              higher_order=True)
 custom_vjp_call_p.def_impl(_impl)
 custom_vjp_call_p.def_abstract_eval(lambda *avals, program, **_: program.out_avals)
 
 # The linear stand-in a custom_vjp leaves in a linearized program: its
 # transpose is the user's bwd.  It cannot run forward (as in JAX).
-custom_lin_p = Primitive("custom_lin", multiple_results=True, linear=True)
+custom_lin_p = Primitive("custom_lin", traits=(), multiple_results=True, linear=True)
 
 
 @custom_lin_p.def_impl
@@ -436,8 +435,6 @@ def _no_primal_objects(out, residuals):
 
 
 def _vjp_batch_params(params, level, size):
-    from spmd.compiler.batching import vmap_at_level
-
     if params.get("symbolic_zeros"):
         return {**params, "fwd": _vmap_fwd_flags(params["fwd"], level, size),
                 "bwd": _vmap_with_zeros(params["bwd"], level, size)}
@@ -447,8 +444,6 @@ def _vjp_batch_params(params, level, size):
 
 def _vmap_fwd_flags(fwd, level, size):
     """A symbolic-zeros ``fwd(*args, perturbed=...)`` mapped over axis 0 of its args."""
-    from spmd.compiler.batching import vmap_at_level
-
     def mapped(*args, perturbed):
         return vmap_at_level(functools.partial(fwd, perturbed=perturbed), level, size)(*args)
     return mapped
@@ -458,8 +453,6 @@ def _vmap_with_zeros(bwd, level, size):
     """A symbolic-zeros ``bwd`` mapped over axis 0 of its args: the SymbolicZero
     cotangents it receives stay symbolic (one example's type); those it returns become
     zeros (a mapped function returns arrays)."""
-    from spmd.compiler.batching import vmap_at_level
-
     def is_zero(x):
         return isinstance(x, SymbolicZero)
 

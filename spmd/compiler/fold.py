@@ -34,8 +34,10 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
+from spmd.compiler.ops.elementwise import div_p, mul_p
 
-_OPS = ("mul", "div")
+# The scalings folded, by primitive object (the rewrite is about these two).
+_OPS = {mul_p: "mul", div_p: "div"}
 
 
 def fold_scalar_chains(closed: ClosedProgram) -> ClosedProgram:
@@ -85,8 +87,8 @@ def use_counts(program: Program) -> dict:
 def _scaling(eqn):
     """``(x, op, k)`` when ``eqn`` is ``x * k``, ``k * x`` or ``x / k`` with ``k`` a
     scalar literal and ``x`` a floating-point variable of the result's type."""
-    name = eqn.primitive.name
-    if name not in _OPS or len(eqn.inputs) != 2:
+    name = _OPS.get(eqn.primitive)
+    if name is None or len(eqn.inputs) != 2:
         return None
     out = eqn.outputs[0].aval
     if np.dtype(out.dtype).kind != "f":
@@ -132,8 +134,6 @@ def _fold(op1: str, k1, op2: str, k2):
 
 
 def _rebuild(eqn, x, op: str, c):
-    from spmd.compiler.ops.elementwise import div_p, mul_p
-
     lit = next(a for a in eqn.inputs if isinstance(a, Literal))
     prim = mul_p if op == "mul" else div_p
     return eqn.replace(primitive=prim, inputs=[x, Literal(c, lit.aval.update(dtype=c.dtype))])

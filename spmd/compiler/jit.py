@@ -17,27 +17,27 @@ import numpy as np
 import optree
 
 from spmd import tree_util
-from spmd.compiler import array_module as _am
-from spmd.compiler import dtypes
+from spmd.compiler import array_module as _am, dtypes, extensions as _ext
 from spmd.compiler.array import Array
 from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
-from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.passes import lower_for_execution, optimize
+from spmd.compiler.ir import ClosedProgram, Literal
+from spmd.compiler.passes import dce, lower_for_execution, optimize
 from spmd.compiler.program_arrays import array_equation, needs_arrays, output_wrappers
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (Tracer, axis_env_key, eval_plain, eval_program, get_aval,
-                                 hoist_traced_consts, is_array_like, is_eager, preparing,
-                                 to_array_value, trace_to_program, wrap_value)
-from spmd.compiler.trace import _state as _trace_state
-from spmd.compiler import extensions as _ext
+from spmd.compiler.trace import (_state as _trace_state, axis_env_key, eval_plain, eval_program,
+                                 get_aval, hoist_traced_consts, is_array_like, is_eager, preparing,
+                                 to_array_value, trace_to_program, Tracer, wrap_value)
 from spmd.config import config
 from spmd.errors import OutputTypeError, StaticArgumentError
+from spmd.compiler.ad import jvp_flat
+from spmd.compiler.batching import batch_flat
+from spmd.compiler.traced import Traced
 
 # ------------------------------------------------------------- the primitive
 
-jit_p = Primitive("jit", multiple_results=True, higher_order=True)
+jit_p = Primitive("jit", traits=(), multiple_results=True, higher_order=True)
 
 # Compiled code lives as long as its program (programs are keys by identity).
 _executables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -550,8 +550,6 @@ class JitFunction:
         """Trace for these arguments (arrays or ``ShapeDtypeStruct``): a
         :class:`~spmd.compiler.traced.Traced` with ``.jaxpr``, ``.out_info`` and
         ``.lower()``."""
-        from spmd.compiler.traced import Traced
-
         entry, _, avals = self._entry(args, kwargs)
         return Traced(entry, self._name, avals)
 
@@ -600,8 +598,6 @@ def make_jaxpr(fun: Callable, static_argnums=None):
       in (b) }
     """
     def traced(*args, **kwargs):
-        from spmd.compiler.passes import dce
-
         jf = JitFunction(fun, static_argnums=static_argnums)
         entry, _, _ = jf._entry(args, kwargs)
         return dce(entry.closed)  # dead equations are noise in a printed program
@@ -629,14 +625,10 @@ def eval_shape(fun: Callable, *args, **kwargs):
 # optimiser inlines nested jits anyway, so nothing is lost by inlining here.)
 
 def _jit_jvp(primals, tangents, *, program, name):
-    from spmd.compiler.ad import jvp_flat
-
     return jvp_flat(lambda *a: eval_program(program, *a), primals, tangents)
 
 
 def _jit_batch(args, dims, *, program, name, _axis_data):
-    from spmd.compiler.batching import batch_flat
-
     # The body is batched under a level named like this one, so that collectives in
     # it still see the vmap or mesh axes (even when no argument is batched).
     level, size = _axis_data
@@ -656,8 +648,6 @@ def program_vma(closed, in_vmas) -> list:
     given a more or less varying operand) the types are propagated through the
     body's equations with their rules.
     """
-    from spmd.compiler.ir import Literal
-
     prog = closed.program if isinstance(closed, ClosedProgram) else closed
     n_consts = len(closed.consts) if isinstance(closed, ClosedProgram) else 0
     args = prog.in_vars[n_consts:]

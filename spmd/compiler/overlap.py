@@ -58,8 +58,9 @@ DEFAULT_OVERLAP_BUCKET_BYTES = 2 * 1024 * 1024
 # equations (more than the next member's own): the transfer overlaps them.
 MIN_EARLY_BYTES = 256 * 1024
 
-collective_start_p = Primitive("collective_start", multiple_results=True, effectful=True)
-collective_wait_p = Primitive("collective_wait", effectful=True)
+collective_start_p = Primitive("collective_start", traits=(), multiple_results=True,
+                               effectful=True)
+collective_wait_p = Primitive("collective_wait", traits=(), effectful=True)
 
 
 @collective_start_p.def_impl
@@ -98,13 +99,12 @@ collective_wait_p.rules["waits"] = True
 
 # Equations that touch this many elements are "heavy": the overlap pass starts a
 # large enough bucket rather than wait for its next member through them.
+# (A ``view`` primitive, see spmd.compiler.primitives.TRAITS, is never heavy.)
 HEAVY_ELEMENTS = 1 << 14
-_VIEW_OPS = frozenset({"reshape", "slice", "broadcast_in_dim", "squeeze", "expand_dims",
-                    "transpose"})
 
 
 def _heavy(eqn) -> bool:
-    if eqn.primitive.name in _VIEW_OPS:
+    if "view" in eqn.primitive.traits:
         return False
     return any(math.prod(a.aval.shape) >= HEAVY_ELEMENTS
                for a in list(eqn.inputs) + list(eqn.outputs) if hasattr(a.aval, "shape"))

@@ -11,8 +11,16 @@ import weakref
 
 import numpy as np
 
+# fold_reshapes and sum_batched_dots rewrite these primitives by their own semantics
+# and params, so they compare the primitive objects (not names, not traits).
+from spmd.compiler.ops.linalg import dot_general_p
+from spmd.compiler.ops.reduce import reduce_sum_p
+from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.fold import fold_scalar_chains, use_counts
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
+from spmd.compiler.combine import combine_collectives
+from spmd.compiler.overlap import overlap_collectives
+from spmd.config import config
 
 # Results larger than this many elements are not folded into constants: the
 # saving is small and the program would keep a large buffer alive.
@@ -38,7 +46,7 @@ def fold_reshapes(closed: ClosedProgram) -> ClosedProgram:
     changed = False
     for e in program.eqns:
         inputs = [subst.get(a, a) if isinstance(a, Var) else a for a in e.inputs]
-        if e.primitive.name == "reshape" and isinstance(inputs[0], Var):
+        if e.primitive is reshape_p and isinstance(inputs[0], Var):
             src = inputs[0]
             inner = producer.get(src)
             if inner is not None:  # look through the reshape that made the input
@@ -75,9 +83,9 @@ def sum_batched_dots(closed: ClosedProgram) -> ClosedProgram:
     new_dot: dict = {}  # dot equation -> its rewritten form (kept at its position)
     new_sum: dict = {}  # reduce_sum equation -> its rewritten form, or None when absorbed
     for e in program.eqns:
-        x = e.inputs[0] if e.primitive.name == "reduce_sum" else None
+        x = e.inputs[0] if e.primitive is reduce_sum_p else None
         dot = producer.get(x)
-        if dot is None or dot.primitive.name != "dot_general" or uses.get(x) != 1:
+        if dot is None or dot.primitive is not dot_general_p or uses.get(x) != 1:
             continue
         (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
         moved = [k for k in e.params["axes"] if k < len(lb)]
@@ -119,10 +127,6 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
     The printed program keeps those equations; only the executed code is lowered
     (``Lowered.as_text(executed=True)`` prints it).
     """
-    from spmd.compiler.combine import combine_collectives
-    from spmd.compiler.overlap import overlap_collectives
-    from spmd.config import config
-
     if any(e.primitive.rules.get("lower") for e in closed.program.eqns):
         closed = optimize(inline_calls(closed, "lower"))
     if config.combine_collectives_bytes:

@@ -23,27 +23,64 @@ Rule signatures (``params`` are the equation's static keyword parameters):
   axis of each argument or ``None``.
 - ``emit(names, **params) -> str``: optional; a Python expression over the
   input names for the code generator (default: call ``impl``).
+
+Traits: each primitive declares, where it is created, the properties the generic
+passes (code generation, overlap, remat policies, tracing) act on:
+``Primitive("reshape", traits=("view",))``, or ``traits=()`` for none.  The passes
+read ``prim.traits``, never a primitive's name, so a new primitive gets a pass's
+treatment by declaring the trait.  The vocabulary is :data:`TRAITS` (an unknown
+trait is an error); a primitive created without ``traits=`` has
+``traits_declared`` False, which ``tests/compiler/test_traits.py`` reports.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 PRIMITIVES: dict[str, "Primitive"] = {}
+
+# The vocabulary of traits: name -> what a primitive declaring it promises, and which
+# pass acts on it (docs/architecture.md, "Primitives and their rules", has the table).
+TRAITS: dict[str, str] = {
+    "view": "its code may return a view of its operand rather than a new buffer "
+            "(codegen never writes its result into a flat buffer; overlap never counts "
+            "it as heavy)",
+    "implicit_broadcast": "its code is a numpy-broadcasting elementwise function of its "
+                          "operands (a ufunc, xp.where): codegen may pass an operand with "
+                          "size-1 axes in place of a broadcast_in_dim of it",
+    "broadcast": "it broadcasts its one operand to params['shape'], operand axis k going "
+                 "to result axis params['broadcast_dimensions'][k] (broadcast_in_dim's "
+                 "params): codegen may leave it implicit, and a pvary of its result is "
+                 "applied to its operand instead",
+    "fresh_result": "its code returns a new buffer that nothing else references, though "
+                    "it is no ufunc call (codegen may reuse the buffer, or write into a "
+                    "dead one through its emit_avals rule's out=)",
+    "dot": "a matrix product with dot_general's dimension_numbers param: the checkpoint "
+           "policies dots_saveable and dots_with_no_batch_dims_saveable save its result",
+}
 
 
 class Primitive:
     """An operation of the IR, with its rules as attributes.
 
-    >>> add_p = Primitive("add")
+    >>> add_p = Primitive("add", traits=("implicit_broadcast",))
     >>> add_p.def_impl(lambda xp, x, y: xp.add(x, y))  # doctest: +SKIP
     """
 
-    def __init__(self, name: str, *, multiple_results: bool = False, linear: bool = False,
+    def __init__(self, name: str, *, traits: Iterable[str] | None = None,
+                 multiple_results: bool = False, linear: bool = False,
                  higher_order: bool = False, effectful: bool = False):
         if name in PRIMITIVES:
             raise ValueError(f"primitive {name!r} is defined twice")
         self.name = name
+        # The properties the generic passes act on (see TRAITS); ``traits=()`` declares
+        # none, and leaving it out is reported by tests/compiler/test_traits.py.
+        self.traits: frozenset[str] = frozenset(() if traits is None else traits)
+        self.traits_declared = traits is not None
+        unknown = sorted(self.traits - TRAITS.keys())
+        if unknown:
+            raise ValueError(f"primitive {name!r}: unknown trait(s) {unknown}; the "
+                             f"vocabulary is {sorted(TRAITS)} (spmd.compiler.primitives)")
         self.multiple_results = multiple_results
         # Linear in all its array inputs (it then needs a transpose rule).
         self.linear = linear

@@ -28,6 +28,7 @@ import weakref
 
 from spmd.compiler.ir import ClosedProgram
 from spmd.errors import SpreadOverProcessesError
+from spmd.compiler.trace import bind, get_aval, trace_to_program
 
 
 def _output_wrappers(closed) -> tuple | None:
@@ -116,8 +117,6 @@ def eval_higher_order(prim, args, params) -> list | None:
     """
     if not any(needs_arrays(p) for p in sub_programs(params)):
         return None
-    from spmd.compiler.trace import get_aval
-
     program = _wrapped_equation(prim, params, tuple(get_aval(a) for a in args))
     eqn = array_equation(program)
     rule = eqn.primitive.rules.get("eval_program") if eqn is not None else None
@@ -133,8 +132,6 @@ def eval_higher_order(prim, args, params) -> list | None:
 def _wrapped_equation(prim, params, avals) -> ClosedProgram:
     """``bind(prim, *args, **params)`` as a program (cached, so that what its layer
     builds for it, e.g. a partitioned program, is cached too)."""
-    from spmd.compiler.trace import bind, trace_to_program
-
     try:
         key = (prim, tuple(sorted(params.items())), avals)
         hit = _wrapped.get(key)

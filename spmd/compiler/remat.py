@@ -20,6 +20,9 @@ from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.jit import call_vma, executable_for, flatten_outputs, jit_p
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, eval_program, get_aval, trace_to_program
+from spmd.compiler import dtypes
+from spmd.compiler.batching import batch_flat, broadcast_batch
+from spmd.compiler.passes import dce_program
 
 
 # ----------------------------------------------------------------- policies
@@ -37,13 +40,13 @@ class checkpoint_policies:
 
     @staticmethod
     def dots_saveable(prim, *avals, **params) -> bool:
-        return prim.name == "dot_general"
+        return "dot" in prim.traits  # dot_general (spmd.compiler.primitives.TRAITS)
 
     checkpoint_dots = dots_saveable
 
     @staticmethod
     def dots_with_no_batch_dims_saveable(prim, *avals, **params) -> bool:
-        if prim.name != "dot_general":
+        if "dot" not in prim.traits:
             return False
         (_, _), (lb, rb) = params["dimension_numbers"]
         return not lb and not rb
@@ -89,7 +92,7 @@ class checkpoint_policies:
 # ------------------------------------------------------------ checkpoint_name
 
 # The identity, tagging a value with a name that checkpoint policies can select.
-name_p = Primitive("name")
+name_p = Primitive("name", traits=())
 name_p.def_impl(lambda xp, x, *, name: x)
 name_p.def_abstract_eval(lambda x, *, name: x)
 name_p.def_emit(lambda ins, name: ins[0])
@@ -117,7 +120,7 @@ def checkpoint_name(x, name: str):
 
 # ---------------------------------------------------------------- primitive
 
-remat_p = Primitive("remat", multiple_results=True, higher_order=True)
+remat_p = Primitive("remat", traits=(), multiple_results=True, higher_order=True)
 remat_p.def_impl(lambda xp, *args, program, policy: executable_for(program, xp)(*args))
 remat_p.def_abstract_eval(lambda *avals, program, policy: program.out_avals)
 
@@ -148,8 +151,6 @@ def _remat_jvp(primals, tangents, *, program, policy):
 
 @remat_p.def_batch
 def _remat_batch(args, dims, *, program, policy, _axis_data):
-    from spmd.compiler.batching import batch_flat, broadcast_batch
-
     # Re-batched under a level named like this one: collectives in the body keep
     # seeing the mesh or vmap axes (and run even when no argument is batched).
     level, size = _axis_data
@@ -179,8 +180,6 @@ def _saveable(policy, var, producers) -> bool:
 
 def _remat_partial_eval(eqn, in_unknown):
     """Split a remat equation; save only what the policy allows, recompute the rest."""
-    from spmd.compiler.passes import dce_program
-
     closed, policy = eqn.params["program"], eqn.params["policy"]
     assert not closed.consts  # remat programs take their constants as inputs
     known, unknown, out_unknown, n_res = partial_eval(closed, in_unknown)
@@ -230,7 +229,8 @@ def _remat_partial_eval(eqn, in_unknown):
 remat_p.rules["partial_eval"] = _remat_partial_eval
 
 # The backward half of a split remat: residual inputs first, then linear inputs.
-remat_lin_p = Primitive("remat_lin", multiple_results=True, higher_order=True, linear=True)
+remat_lin_p = Primitive("remat_lin", traits=(), multiple_results=True, higher_order=True,
+                        linear=True)
 remat_lin_p.def_abstract_eval(lambda *avals, program, num_res: program.out_avals)
 remat_lin_p.def_impl(lambda xp, *args, program, num_res: executable_for(program, xp)(*args))
 
@@ -270,8 +270,6 @@ def _remat_lin_jvp(primals, tangents, *, program, num_res):
 
 @remat_lin_p.def_batch
 def _remat_lin_batch(args, dims, *, program, num_res, _axis_data):
-    from spmd.compiler.batching import batch_flat
-
     level, size = _axis_data
     outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, level,
                       [0] * len(program.out_avals))
@@ -328,10 +326,6 @@ def saved_residuals(fun: Callable, *args, **kwargs) -> list[tuple]:
     or ``"output of sin from file:line"``.
     """
     import inspect
-
-    from spmd.compiler import dtypes
-    from spmd.compiler.ad import partial_eval
-    from spmd.compiler.passes import dce_program
 
     leaves, tree = tree_util.tree_flatten(tuple(args))
     try:

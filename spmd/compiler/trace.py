@@ -521,7 +521,7 @@ class ProgramTrace(Trace):
         """``pvary(t, axes)``; for a broadcast value, pvary what was broadcast and
         broadcast again, so that its transpose sums the small value."""
         eqn = self.builder.producer.get(t.var)
-        if eqn is not None and eqn.primitive.name == "broadcast_in_dim" and \
+        if eqn is not None and "broadcast" in eqn.primitive.traits and \
                 isinstance(eqn.inputs[0], Var) and eqn.inputs[0].aval.vma == t.aval.vma:
             src = ProgramTracer(self, eqn.inputs[0].aval, eqn.inputs[0])
             return full_raise(self, eqn.primitive.bind(_ext.PVARY.fn(src, axes), **eqn.params))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from spmd import tree_util
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.trace import get_aval, to_array_value, wrap_value
+from spmd.compiler.passes import dce
 
 
 class Traced:
@@ -29,8 +30,6 @@ class Traced:
 
     @property
     def jaxpr(self):
-        from spmd.compiler.passes import dce
-
         return dce(self._entry.closed)
 
     @property

@@ -6,6 +6,7 @@ import functools
 
 # DeviceError lives in spmd.errors (the launch layer raises it too); importable here.
 from spmd.errors import DeviceError  # noqa: F401
+from spmd.launch import platform, runtime
 
 
 class Device:
@@ -43,8 +44,6 @@ class Device:
 @functools.lru_cache(maxsize=None)
 def _runtime():
     """(process_index, process_count, local device count, platform), decided once."""
-    from spmd.launch import runtime
-
     return runtime.describe()
 
 
@@ -80,8 +79,6 @@ def local_device_count() -> int:
 
 def reset_for_tests() -> None:
     """Forget the cached device configuration (tests change the environment)."""
-    from spmd.launch import platform
-
     _runtime.cache_clear()
     devices.cache_clear()
     platform.reset()  # the platform and its array module are decided again

@@ -37,19 +37,16 @@ _Placed = ShardedArray
 
 
 def _binary(lax_fn, name, to_float=False, ordered=False):
-    def f(x1, x2, /):
-        if x1.__class__ is _Placed or x2.__class__ is _Placed:
-            return placed(x1, x2)
-        a, b = promote_and_broadcast(x1, x2, fname=f"spmd.numpy.{name}", to_float=to_float)
-        if ordered and dtypes.is_complex(get_aval(a).dtype):
-            return _lexicographic(lax_fn, a, b)
-        return lax_fn(a, b)
-
     def body(x1, x2):
         a, b = promote_and_broadcast(x1, x2, fname=f"spmd.numpy.{name}", to_float=to_float)
         if ordered and dtypes.is_complex(get_aval(a).dtype):
             return _lexicographic(lax_fn, a, b)
         return lax_fn(a, b)
+
+    def f(x1, x2, /):
+        if x1.__class__ is _Placed or x2.__class__ is _Placed:
+            return placed(x1, x2)
+        return body(x1, x2)
 
     body.__name__ = f.__name__ = name
     placed = Jit(body, user=False)
@@ -58,15 +55,14 @@ def _binary(lax_fn, name, to_float=False, ordered=False):
 
 
 def _unary(lax_fn, name, to_float=True):
-    def f(x, /):
-        if x.__class__ is _Placed:
-            return placed(x)
-        (a,) = promote_and_broadcast(x, fname=f"spmd.numpy.{name}", to_float=to_float)
-        return lax_fn(a)
-
     def body(x):
         (a,) = promote_and_broadcast(x, fname=f"spmd.numpy.{name}", to_float=to_float)
         return lax_fn(a)
+
+    def f(x, /):
+        if x.__class__ is _Placed:
+            return placed(x)
+        return body(x)
 
     body.__name__ = f.__name__ = name
     placed = Jit(body, user=False)

@@ -34,9 +34,9 @@ from spmd.compiler import array_module
 from spmd.compiler.array import Array
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for
-from spmd.compiler.trace import get_aval, to_array_value
+from spmd.compiler.trace import get_aval, to_array_value, wrap_value
 from spmd.shard import execute
-from spmd.shard.sharded import ShardedArray, holds_full_value
+from spmd.shard.sharded import holds_full_value, placement_token, ShardedArray
 from spmd.shard.spec import NamedSharding
 
 # How a plan reads each argument (BLOCKS and WHOLE first: Plan.__call__ tests how <= WHOLE).
@@ -222,9 +222,6 @@ def _fix_block(o, aval):
 def whole_values(closed: ClosedProgram, mesh, out_specs, leaves) -> Plan:
     """The plan running ``closed`` compiled on whole values (every block of ``mesh`` is
     this process's), its results placed by ``out_specs``."""
-    from spmd.compiler.trace import wrap_value
-    from spmd.shard.sharded import placement_token
-
     host = _on_host()
     steps = tuple(_step(x, host) for x in leaves)
     outs = tuple((a, s, False, placement_token(ShardedArray, a, s, False))
@@ -237,8 +234,6 @@ def unplaced(closed: ClosedProgram, leaves, wrappers=None) -> Plan:
     """The plan running ``closed`` compiled on whole values with its results left as
     the program makes them: unplaced, or placed by their equation's own rule
     (``wrappers``: a ``shard_map`` result keeps its out specs)."""
-    from spmd.compiler.trace import wrap_value
-
     host = _on_host()
     steps = tuple(_step(x, host) for x in leaves)
     avals = tuple(closed.out_avals)

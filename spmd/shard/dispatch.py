@@ -28,7 +28,17 @@ import weakref
 from spmd.compiler.jit import jit_p
 from spmd.compiler.trace import eval_program
 from spmd.shard.sharded import ShardedArray, from_whole
-from spmd.shard.spec import NamedSharding
+from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.compiler.passes import lower_for_execution, optimize
+from spmd.compiler.program_arrays import output_wrappers
+from spmd.errors import SpmdError
+from spmd.shard import call
+from spmd.shard.call import leaf_token
+from spmd.shard.execute import _unclosed, process_program
+from spmd.shard.partition.eager import run_sharded
+from spmd.shard.partition.partitioner import partition
+from spmd.shard.partition.registry import MissingPartitionRuleError
+from spmd.shard.shard_map import eval_shard_map, shard_map_p
 
 
 def mesh_of(args):
@@ -46,9 +56,6 @@ def mesh_of(args):
 
 def eval_primitive(prim, args, params):
     """The results of ``prim`` on ``args`` as Arrays, or None to evaluate it plainly."""
-    from spmd.shard.partition.eager import run_sharded
-    from spmd.shard.shard_map import eval_shard_map, shard_map_p
-
     if prim is shard_map_p:
         return eval_shard_map(args, params)
     mesh = mesh_of(args)
@@ -72,8 +79,6 @@ def _in_specs(args, mesh) -> tuple:
 def _partition(program, mesh, in_specs):
     """``program`` partitioned over ``mesh`` for these input specs (cached per program;
     a failure raises, and is not cached: the caller's plan keeps what it decided)."""
-    from spmd.shard.partition.partitioner import partition
-
     per = _partitioned.get(program)
     if per is None:
         per = _partitioned[program] = {}
@@ -113,11 +118,6 @@ def plan_for(program, leaves, mesh):
     """The call plan (:mod:`spmd.shard.call`) of the jitted ``program`` on leaves like
     ``leaves`` placed on ``mesh``: partitioned with their shardings over processes;
     compiled on the whole values, its results placed as propagation says, in one."""
-    from spmd.compiler.program_arrays import output_wrappers
-    from spmd.errors import SpmdError
-    from spmd.shard import call
-    from spmd.shard.partition.registry import MissingPartitionRuleError
-
     in_specs = _in_specs(leaves, mesh)
     try:
         part = _partition(program, mesh, in_specs)
@@ -153,8 +153,6 @@ def _eval_jit(args, params, mesh):
     per = _bound_plans.get(program)
     if per is None:
         per = _bound_plans[program] = {}
-    from spmd.shard.call import leaf_token
-
     key = (mesh, tuple(map(leaf_token, args)))
     plan = per.get(key)
     if plan is None:
@@ -169,8 +167,6 @@ def eval_jit_over(program, args, mesh, required: bool = False):
     ``required`` (``program`` is one loop, cond, checkpoint or custom-derivative
     equation whose body holds the shard_map: equation by equation is itself) that
     case raises :class:`~spmd.errors.SpreadOverProcessesError` instead."""
-    from spmd.errors import SpmdError
-
     try:
         _partition(program, mesh, _in_specs(args, mesh))
     except SpmdError as e:
@@ -193,10 +189,6 @@ def executed_program(program, mesh, leading=()):
     process holds whole (numpy values), as lowered for execution (for printing).
     ``leading``: the values of its first arguments where known (Arrays a jitted
     function closed over, passed with their shardings)."""
-    from spmd.compiler.passes import lower_for_execution, optimize
-    from spmd.shard.execute import _unclosed, process_program
-    from spmd.shard.spec import PartitionSpec
-
     n_rest = len(program.in_avals) - len(leading)
     part = _partition(program, mesh, _in_specs(leading, mesh) + (None,) * n_rest)
     body = part.body

@@ -24,10 +24,15 @@ import numpy as np
 from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for
-from spmd.compiler.ops.shape_more import slice_in_dim
+from spmd.compiler.ops.shape_more import concatenate, slice as lax_slice, slice_in_dim
 from spmd.compiler.ops.structural import broadcast_in_dim, reshape, transpose
 from spmd.compiler.trace import (eval_program, extend_axis_env, full_raise, get_aval, new_main,
-                                 trace_to_program)
+                                 to_array_value, trace_to_program)
+from spmd.compiler import array_module
+from spmd.compiler.avals import ShapedArray
+from spmd.mesh import process_index
+from spmd.shard.sharded import ShardedArray, placement_token
+from spmd.shard.spec import NamedSharding, PartitionSpec
 
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -178,15 +183,11 @@ def process_program(program: ClosedProgram, mesh, in_specs, out_specs,
 
 
 def _local_positions(mesh) -> tuple[int, ...]:
-    from spmd.mesh import process_index
-
     me = process_index()
     return tuple(i for i, d in enumerate(mesh.devices.flat) if d.process_index == me)
 
 
 def run_on_process(program, mesh, in_specs, out_specs, kinds, args):
-    from spmd.mesh import process_index
-
     flat = list(mesh.devices.flat)
     me = process_index()
     local = _local_positions(mesh)
@@ -205,16 +206,12 @@ def run_on_process(program, mesh, in_specs, out_specs, kinds, args):
 
 
 def _block_index(spec, mesh, shape, flat_pos):
-    from spmd.shard.spec import NamedSharding
-
     device = mesh.devices.flat[flat_pos]
     return NamedSharding(mesh, spec).device_index(device, shape)
 
 
 def _my_blocks(x, spec, mesh, local):
     """This process's devices' blocks of global ``x``, stacked (or x when replicated)."""
-    from spmd.compiler.ops.shape_more import concatenate, slice as lax_slice
-
     if not spec.mesh_axes:
         return x, None
     shape = tuple(get_aval(x).shape)
@@ -247,15 +244,9 @@ class _Plan:
     compiled per-process program, the input shardings and the outputs' types and
     placements (built once: a call then does no validation work)."""
 
-    __slots__ = ("exe", "outs", "array")
+    __slots__ = ("exe", "outs")
 
     def __init__(self, program, mesh, in_specs, out_specs, kinds):
-        from spmd.compiler.avals import ShapedArray
-        from spmd.shard.sharded import ShardedArray
-
-        from spmd.shard.sharded import placement_token
-
-        self.array = ShardedArray  # (kept here: an import per call costs ~0.3 µs)
         self.exe = executable_for(process_program(program, mesh, in_specs, out_specs, kinds))
         self.outs = []
         for a, spec, s in zip(program.out_avals, out_specs, _in_shardings(mesh, out_specs)):
@@ -266,7 +257,7 @@ class _Plan:
     def results(self, outs) -> list:
         """The compiled program's raw outputs as ShardedArrays placed by the out specs
         (split specs hold this process's blocks; replicated ones the whole value)."""
-        array = self.array
+        array = ShardedArray
         results = []
         for o, (aval, s, split, token) in zip(outs, self.outs):
             if type(o) is not np.ndarray or o.dtype != aval.dtype:
@@ -309,9 +300,6 @@ def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
 
     >>> outs = call(body, mesh, (P("d"),), (P("d"),), [x_spread])   # doctest: +SKIP
     """
-    from spmd.compiler.trace import to_array_value
-    from spmd.shard.sharded import ShardedArray
-
     program, in_specs, args = with_consts(program, in_specs, args)
     wants = _in_shardings(mesh, in_specs)
     raws, kinds = [], []
@@ -351,8 +339,6 @@ def _in_shardings(mesh, in_specs: tuple) -> tuple:
 
 
 def _replicated():
-    from spmd.shard.spec import PartitionSpec
-
     return PartitionSpec()
 
 
@@ -362,8 +348,6 @@ _REPLICATED = _replicated()
 def _scalar_as(o, dtype):
     """A 0-d output as a 0-d array of ``dtype``, where it is (a numpy scalar becomes a
     numpy array; a CuPy array stays on its GPU: CuPy refuses ``np.asarray`` of it)."""
-    from spmd.compiler import array_module
-
     if array_module.is_device_array(o):
         return o if o.dtype == dtype else o.astype(dtype)
     return np.asarray(o, dtype)

@@ -17,6 +17,7 @@ import hashlib
 import numpy as np
 
 from spmd.errors import ProgramMismatchError  # noqa: F401  (raised here; its home is errors)
+from spmd.collectives import mpi, mpi_control
 
 
 def mesh_line(mesh) -> str:
@@ -44,8 +45,6 @@ def agree_text(text: str, ranks: tuple) -> None:
 
     >>> agree_text("mesh: i=4 devices [0, 1, 2, 3]\nsin f32[2]", (0, 1))  # doctest: +SKIP
     """
-    from spmd.collectives import mpi, mpi_control
-
     digest = np.frombuffer(hashlib.blake2b(text.encode(), digest_size=16).digest(), np.uint8)
     # Watched like any collective (the deadline, spmd-run's finished-rank check): a rank
     # that exits or skips the call is reported as leaving this one waiting in "the

@@ -24,6 +24,7 @@ from spmd.compiler.program_arrays import array_equation
 from spmd.compiler.trace import Tracer, is_eager
 from spmd.config import config
 from spmd.shard import call as _call
+from spmd.errors import SpmdError
 
 
 class Placed:
@@ -48,8 +49,6 @@ class Placed:
 
 
 def _unrunnable(leaves):
-    from spmd.errors import SpmdError
-
     raise SpmdError("this jitted call's signature was traced under a transformation (its "
                     "leaves or closed-over values are tracers): it has no call plan to run "
                     "eagerly; a tracer may have escaped its transformation")

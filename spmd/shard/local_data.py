@@ -26,6 +26,7 @@ from spmd.shard.multiprocess import check_full_value
 from spmd.shard.sharded import (SingleDeviceSharding, from_blocks, from_whole,
                                 holds_full_value, my_devices, placed)
 from spmd.shard.spec import NamedSharding, block_coord, check_spec
+from spmd.mesh import Mesh
 
 
 # ------------------------------------------- make_array_from_process_local_data
@@ -113,8 +114,6 @@ def array_is_special(x: np.ndarray) -> bool:
 
 
 def _one_device_mesh(device):
-    from spmd.mesh import Mesh
-
     return Mesh(np.array([device], dtype=object), ("_",))
 
 

@@ -15,6 +15,10 @@ import threading
 from typing import Optional
 
 from spmd.errors import SpmdError
+from spmd import tree_util
+from spmd.mesh import Mesh
+from spmd.shard.array import device_put as put
+from spmd.shard.spec import NamedSharding, PartitionSpec
 
 
 class MeshContextError(SpmdError, ValueError):
@@ -32,8 +36,6 @@ _base: list = [None]
 
 
 def _check(mesh, fname):
-    from spmd.mesh import Mesh
-
     if mesh is not None and not isinstance(mesh, Mesh):
         raise MeshContextError(f"{fname}: expected a spmd.Mesh (or None), got "
                                f"{type(mesh).__name__}; make one with spmd.make_mesh(...)")
@@ -101,9 +103,6 @@ def require_mesh(fname: str, how: str = "pass mesh="):
 def resolve_specs(shardings, fname: str):
     """``shardings`` (a pytree prefix) with each bare PartitionSpec made a
     NamedSharding over the current mesh; unchanged when it holds none."""
-    from spmd import tree_util
-    from spmd.shard.spec import NamedSharding, PartitionSpec
-
     def is_leaf(s):
         return isinstance(s, (PartitionSpec, NamedSharding))
 
@@ -123,8 +122,6 @@ def device_put(x, device=None, *args, **kwargs):
     >>> with spmd.sharding.use_mesh(mesh):
     ...     x = spmd.device_put(np.ones((8, 4)), P("i"))
     """
-    from spmd.shard.array import device_put as put
-
     if get_mesh() is not None:  # (without one, device_put's own error names the fix)
         device = resolve_specs(device, "device_put")
     return put(x, device, *args, **kwargs)

@@ -34,11 +34,11 @@ from spmd.compiler.array_module import to_host
 from spmd.compiler.trace import Tracer
 from spmd.errors import ArgumentError, NotFullyAddressableError, ShapeError
 from spmd.mesh.devices import process_count, process_index
-from spmd.shard.sharded import (ShardedArray, _holds_full, holds_full_value, my_devices,
-                                not_here_error, processes)
-from spmd.shard.sharded import from_blocks as _from_blocks
-from spmd.shard.sharded import from_whole as _from_whole
+from spmd.shard.sharded import (_holds_full, from_blocks as _from_blocks,
+                                from_whole as _from_whole, holds_full_value, my_devices,
+                                not_here_error, processes, ShardedArray)
 from spmd.shard.spec import NamedSharding
+from spmd.collectives import mpi, mpi_control
 
 
 # ------------------------------------------------------------ block geometry
@@ -112,8 +112,6 @@ def _world_ranks() -> tuple[int, ...]:
 def _agree_on(desc: str, ranks: tuple, fname: str) -> None:
     """Raise on every rank of ``ranks`` unless all give the same ``desc`` (so that no
     rank enters a data exchange of the wrong size)."""
-    from spmd.collectives import mpi, mpi_control
-
     digest = np.frombuffer(hashlib.blake2b(desc.encode(), digest_size=16).digest(), np.uint8)
     # Control traffic: it never pairs with a data collective.
     rows = mpi.allgather(digest, ranks, what=f"the {fname} shape check", control=True)
@@ -132,8 +130,6 @@ def _agree_on(desc: str, ranks: tuple, fname: str) -> None:
 def _gather_global(x: ShardedArray, fname: str) -> np.ndarray:
     """The whole value of an Array spread over processes: its owners exchange their
     blocks and each block of the result is written from one that holds it."""
-    from spmd.collectives import mpi
-
     s = x.sharding
     ranks = _processes(s) if isinstance(s, NamedSharding) else _world_ranks()
     if x._value is not None and all(_holds_full(s, p) for p in ranks):
@@ -193,8 +189,6 @@ def _exchange(x: ShardedArray, sharding, where: str) -> np.ndarray:
     when it holds every block), received from the processes that hold them: each
     block of ``x`` is sent by the lowest process holding it, only to the processes
     whose new blocks overlap it.  A collective over the processes of the mesh."""
-    from spmd.collectives import mpi
-
     shape, have = x.shape, x.sharding
     ranks = _processes(have)
     _agree_on(f"reshard {x.shape} {x.dtype} {have!r} -> {sharding!r}", ranks, where)
@@ -260,8 +254,6 @@ def _assemble_from(x: ShardedArray, sharding):
 
 def _gather_local(x, tiled: bool, fname: str) -> np.ndarray:
     """Process-local values stacked (or, ``tiled``, concatenated) over all processes."""
-    from spmd.collectives import mpi
-
     value = to_host(x)  # a cupy array too (never np.asarray: CuPy refuses it)
     if process_count() == 1:
         return np.array(value, copy=True) if tiled and value.ndim else value[None].copy()

@@ -23,10 +23,16 @@ from typing import Callable
 
 import numpy as np
 
-from spmd import tree_util
+from spmd import mesh as m, tree_util
 from spmd.compiler.ops.structural import reshape, transpose
 from spmd.compiler.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, SpmdError
+from spmd.compiler.batching import broadcast_prefix
+from spmd.mesh import Mesh, process_count, process_index
+from spmd.shard.local_data import make_array_from_process_local_data
+from spmd.shard.partition.api import jit
+from spmd.shard.shard_map import shard_map
+from spmd.shard.spec import NamedSharding, PartitionSpec as P
 
 _names = itertools.count()
 
@@ -133,17 +139,12 @@ def _mapped_dims(dyn, dyn_axes, axis_size, fname):
 
 
 def _multi_process() -> bool:
-    from spmd.mesh import process_count
-
     return process_count() > 1
 
 
 def _mesh(n, devices, multi, name, fname):
     """The one-axis mesh named after the pmap's axis (the inputs placed on it across
     processes are then on the very mesh of the shard_map)."""
-    from spmd import mesh as m
-    from spmd.mesh import Mesh
-
     if devices is not None:
         devices = list(devices)
         if len(devices) != (n * m.process_count() if multi else n):
@@ -166,10 +167,6 @@ def _mesh(n, devices, multi, name, fname):
 
 def _runner(fun, name, mesh, st, in_axes, out_axes, multi, fname):
     """The jitted ``shard_map`` for one mesh (and set of static arguments)."""
-    from spmd.shard.partition.api import jit
-    from spmd.shard.shard_map import shard_map
-    from spmd.shard.spec import PartitionSpec as P
-
     def run(*args):
         dyn_idx = [i for i in range(len(args)) if i not in st]
         dyn = tuple(args[i] for i in dyn_idx)
@@ -206,8 +203,6 @@ def _runner(fun, name, mesh, st, in_axes, out_axes, multi, fname):
 
 
 def _leaf_dims(dyn, dyn_axes, fname):
-    from spmd.compiler.batching import broadcast_prefix
-
     dims = broadcast_prefix(dyn_axes, dyn, "in_axes", fname)
     return [_norm(d, np.ndim(x), "in_axes", fname)
             for x, d in zip(tree_util.tree_leaves(dyn), dims)]
@@ -215,8 +210,6 @@ def _leaf_dims(dyn, dyn_axes, fname):
 
 def _out_dims(out, outs, out_axes, extra, fname):
     """Each output leaf's out_axes entry, normalised for a rank of its own plus ``extra``."""
-    from spmd.compiler.batching import broadcast_prefix
-
     full = tree_util.tree_unflatten(tree_util.tree_structure(out), list(range(len(outs))))
     dims = broadcast_prefix(out_axes, full, "out_axes", fname)
     return [_norm(d, np.ndim(o) + extra, "out_axes", fname) for o, d in zip(outs, dims)]
@@ -225,9 +218,6 @@ def _out_dims(out, outs, out_axes, extra, fname):
 def _run_multi(run, args, st, dyn_idx, dims, mesh, out_axes, fname):
     """Multi-process pmap: local values in, a global Array per mapped argument, the
     jitted shard_map, and this process's slices out."""
-    from spmd.shard.local_data import make_array_from_process_local_data
-    from spmd.shard.spec import NamedSharding, PartitionSpec as P
-
     leaves, tree = tree_util.tree_flatten(tuple(args[i] for i in dyn_idx))
     sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
     glob = []
@@ -253,8 +243,6 @@ def _run_multi(run, args, st, dyn_idx, dims, mesh, out_axes, fname):
 
 
 def _mine(mesh):
-    from spmd.mesh import process_index
-
     return [d for d in mesh.devices.flat if d.process_index == process_index()]
 
 

@@ -24,7 +24,7 @@ from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
+from spmd.compiler.trace import (bind, eval_plain, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
 from spmd.errors import ConcretizationError
 from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
@@ -33,8 +33,13 @@ from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa
                                        _check_out, _inferred_specs, _spec_leaves)
 from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
+from spmd.compiler.batching import batch_flat, move_to_front
+from spmd.compiler.ops.elementwise import div
+from spmd.compiler.ops.structural import reshape_p
+from spmd.compiler.passes import dce_program
+from spmd.mesh import Mesh
 
-shard_map_p = Primitive("shard_map", multiple_results=True, higher_order=True)
+shard_map_p = Primitive("shard_map", traits=(), multiple_results=True, higher_order=True)
 
 
 # ------------------------------------------------------------- tracing a body
@@ -61,8 +66,6 @@ def _bind_body(closed: ClosedProgram, args, mesh, in_specs, out_specs, check_vma
 
 
 def reshape_eqn(src: Var, dst: Var) -> Eqn:
-    from spmd.compiler.ops.structural import reshape_p
-
     return Eqn(reshape_p, [src], [dst], {"new_sizes": dst.aval.shape})
 
 
@@ -115,7 +118,6 @@ def eval_shard_map(args, params):
     """An eager shard_map: results placed by ``out_specs``.  Over processes, each
     process runs its devices on its blocks (:func:`spmd.shard.execute.call`); in one
     process the compiled program runs on the whole values."""
-    from spmd.compiler.trace import eval_plain
     from spmd.shard.execute import call
     from spmd.shard.sharded import from_whole
 
@@ -202,8 +204,6 @@ def _residual_spec(aval, mesh, check_vma, manual=None):
 
 
 def _shard_map_partial_eval(eqn, in_unknown):
-    from spmd.compiler.passes import dce_program
-
     p = eqn.params
     program, mesh, check_vma = p["program"], p["mesh"], p["check_vma"]
     known, unknown, out_unknown, n_res = partial_eval(program, in_unknown)
@@ -344,8 +344,6 @@ def _out_ct(ct, aval, spec, mesh, check_vma, names):
     splits over is tiled there, so its cotangent sums the tiles (psum).  Untyped
     (check_vma=False), as in JAX, devices holding copies of one block (the axes the spec
     leaves out) share its cotangent evenly."""
-    from spmd.compiler.ops.elementwise import div
-
     if check_vma:
         tiled = tuple(a for a in names if a in spec.mesh_axes and a not in aval.vma)
         return psum(ct, tiled) if tiled else ct
@@ -359,8 +357,6 @@ def _out_ct(ct, aval, spec, mesh, check_vma, names):
 @shard_map_p.def_batch
 def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vma,
                      manual=None, _axis_data=(None, None)):
-    from spmd.compiler.batching import batch_flat, move_to_front
-
     args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
     size = next(np.shape(a)[0] for a, d in zip(args, dims) if d is not None)
     axes = [None if d is None else 0 for d in dims]
@@ -408,8 +404,6 @@ def _spmd_batch(spmd_name, mesh, in_specs, size, manual=None):
 
 
 def _shard_map_dce(eqn, used_outputs):
-    from spmd.compiler.passes import dce_program
-
     if all(used_outputs):
         return eqn
     p = eqn.params
@@ -445,8 +439,6 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
         return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                  check_vma=check_vma, check_rep=check_rep,
                                  axis_names=axis_names)
-    from spmd.mesh import Mesh
-
     if not callable(f):
         raise ShardMapError(f"shard_map: expected a function first, got {type(f).__name__}")
     if mesh is not None and not isinstance(mesh, Mesh):

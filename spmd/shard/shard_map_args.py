@@ -12,9 +12,10 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.compiler.array import Array
-from spmd.compiler.trace import get_aval
+from spmd.compiler.trace import get_aval, is_array_like, Tracer
 from spmd.errors import SpmdError
 from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
+from spmd.compiler.array_module import is_device_array, to_device
 
 
 class ShardMapError(SpmdError, ValueError):
@@ -40,9 +41,6 @@ def _spec_leaves(specs, tree, what: str, fname: str) -> list:
 
 def _as_global(x, where: str = "argument"):
     """The argument as an array value (numpy arrays and scalars are global values)."""
-    from spmd.compiler.array_module import is_device_array, to_device
-    from spmd.compiler.trace import Tracer, is_array_like
-
     if isinstance(x, (Tracer, Array)):
         return x
     if not is_array_like(x):

@@ -35,16 +35,23 @@ from spmd import tree_util
 from spmd.compiler.array_module import to_host
 from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
 from spmd.compiler.jit import flatten_outputs
-from spmd.compiler.trace import Tracer, extend_axis_env, full_raise, get_aval, new_main
+from spmd.compiler.trace import (extend_axis_env, full_raise, get_aval, is_eager, new_main,
+                                 to_array_value, Tracer)
 from spmd.errors import TracerBoolConversionError
 from spmd.shard.manual_axes import _check_manual_spec
 from spmd.shard.shard_map_args import _as_global, _check_out, _spec_leaves
+from spmd.collectives import mpi
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.ir import ClosedProgram, Program
+from spmd.compiler.ops.structural import broadcast_in_dim
+from spmd.mesh import process_index
+from spmd.shard.execute import _my_blocks, from_blocks
+from spmd.shard.sharded import ShardedArray, from_whole
+from spmd.shard.spec import NamedSharding, global_shape
 
 
 def can_run_eagerly(vals) -> bool:
     """True when a shard_map call is eager: no transformation active, no traced input."""
-    from spmd.compiler.trace import is_eager
-
     return is_eager() and not any(isinstance(v, Tracer) for v in vals)
 
 
@@ -111,8 +118,6 @@ class EagerMesh:
             out[pos] = np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), np.uint8)
         if self.local is None:
             return out
-        from spmd.collectives import mpi
-
         procs = [d.process_index for d in self.mesh.devices.flat]
         ranks = tuple(sorted(set(procs)))
         rows = mpi.allgather(out, ranks, what="the eager shard_map's value check", control=True)
@@ -138,8 +143,6 @@ class EagerMesh:
 def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma, manual,
                 fname):
     """Run ``f`` on every device's concrete blocks; the global outputs, placed."""
-    from spmd.mesh import process_index
-
     multi = mesh.is_multi_process
     local = _local_positions(mesh) if multi else None
     hook = EagerMesh(mesh, local, check_vma)
@@ -188,10 +191,6 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
 
 
 def _outputs_local(raw, specs, mesh):
-    from spmd.shard.execute import from_blocks
-    from spmd.shard.sharded import from_whole
-    from spmd.shard.spec import NamedSharding
-
     results = []
     for (v, d), s in zip(raw, specs):
         out = _as_global(from_blocks(v, d, s, mesh))  # a constant output may be numpy
@@ -202,8 +201,6 @@ def _outputs_local(raw, specs, mesh):
 # ------------------------------------------------------ multi-process meshes
 
 def _local_positions(mesh) -> tuple[int, ...]:
-    from spmd.mesh import process_index
-
     me = process_index()
     return tuple(i for i, d in enumerate(mesh.devices.flat) if d.process_index == me)
 
@@ -212,10 +209,6 @@ def _local_blocks(x, spec, mesh, local):
     """(this process's blocks of input ``x`` stacked, 0), or (x, None) when replicated:
     an Array spread over processes is first placed by ``spec`` (as a compiled call
     would), a whole value is cut."""
-    from spmd.shard.execute import _my_blocks
-    from spmd.shard.sharded import ShardedArray
-    from spmd.shard.spec import NamedSharding
-
     if isinstance(x, ShardedArray) and x._value is None:
         want = NamedSharding(mesh, spec)
         if x._sharding != want:
@@ -227,20 +220,12 @@ def _local_blocks(x, spec, mesh, local):
     # A whole value (an Array replicated over the processes included) enters as its
     # plain buffer: operations on a placed Array inside the body would dispatch as
     # SPMD programs of their own, and the body's collectives cannot.
-    from spmd.compiler.trace import to_array_value
-
     return _my_blocks(to_array_value(x, get_aval(x)), spec, mesh, local)
 
 
 def _outputs_multi(raw, specs, mesh, local):
     """This process's outputs: its devices' blocks of split outputs, whole replicated
     ones, as ShardedArrays placed by the specs."""
-    from spmd.compiler.avals import ShapedArray
-    from spmd.compiler.ops.structural import broadcast_in_dim
-    from spmd.compiler.trace import to_array_value
-    from spmd.shard.sharded import ShardedArray
-    from spmd.shard.spec import NamedSharding, global_shape
-
     n_local = len(local)
     results = []
     for (v, d), spec in zip(raw, specs):
@@ -269,8 +254,6 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 def _op_line(prim, avals, params) -> str:
     """One operation as the processes compare it: the same on every process that runs
     the same operation (no object addresses; programs as printed)."""
-    from spmd.compiler.ir import ClosedProgram, Program
-
     def show(v):
         if isinstance(v, (ClosedProgram, Program)):
             return str(v)

@@ -7,6 +7,8 @@ import math
 import numpy as np
 
 from spmd.errors import SpmdError
+from spmd.mesh import Mesh
+from spmd.mesh.devices import process_index
 
 
 class ShardingError(SpmdError, ValueError):
@@ -95,8 +97,6 @@ class NamedSharding:
     """
 
     def __init__(self, mesh, spec: PartitionSpec = PartitionSpec()):
-        from spmd.mesh import Mesh
-
         if not isinstance(mesh, Mesh):
             raise ShardingError(f"NamedSharding: expected a Mesh, got {type(mesh).__name__}")
         if not isinstance(spec, PartitionSpec):
@@ -151,8 +151,6 @@ class NamedSharding:
     @property
     def is_fully_addressable(self) -> bool:
         """Whether every device of the mesh belongs to this process."""
-        from spmd.mesh.devices import process_index
-
         me = process_index()
         return all(d.process_index == me for d in self.mesh.devices.flat)
 

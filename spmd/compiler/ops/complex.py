@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero
+from spmd.compiler.ad_util import is_undefined, Zero
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.primitives import Primitive
@@ -25,7 +25,7 @@ from spmd.errors import DTypeError
 
 def _part(name, np_name, out_complex: bool, real_ok: bool):
     """An elementwise complex primitive computed by ``xp.<np_name>``."""
-    p = Primitive(name)
+    p = Primitive(name, traits=())
     p.def_impl(lambda xp, x: getattr(xp, np_name)(x))
 
     @p.def_abstract_eval
@@ -72,7 +72,7 @@ def conj(x):
 
 # ---------------------------------------------------- complex(re, im)
 
-complex_p = Primitive("complex")
+complex_p = Primitive("complex", traits=())
 
 
 @complex_p.def_impl
@@ -124,8 +124,6 @@ def _real_aval(out):
 
 def _complex_transpose(ct, x, y):
     # complex(x, y) = x + i y; transposed under the unconjugated pairing.
-    from spmd.compiler.ad_util import is_undefined
-
     outs = []
     for operand, part in ((x, lambda c: real(c)), (y, lambda c: ew.neg(imag(c)))):
         if not is_undefined(operand):

@@ -224,7 +224,7 @@ def check_avals(fname: str, what: str, got, want) -> None:
 
 # ====================================================================== cond
 
-cond_p = Primitive("cond", multiple_results=True, higher_order=True)
+cond_p = Primitive("cond", traits=(), multiple_results=True, higher_order=True)
 
 
 def cond_bind(index, *operands, branches):

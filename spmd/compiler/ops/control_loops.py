@@ -15,7 +15,7 @@ its next input.
 from __future__ import annotations
 
 from spmd.compiler import dtypes
-from spmd.compiler.ad_util import instantiate, is_undefined, is_zero
+from spmd.compiler.ad_util import add_tangents, instantiate, is_undefined, is_zero
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.ir import ClosedProgram, Program, Var
 from spmd.compiler.ops.control_cond import (batch_program, cast_to, check_avals, dce_closed,
@@ -42,7 +42,7 @@ def _or(a, b):
 
 # ====================================================================== scan
 
-scan_p = Primitive("scan", multiple_results=True, higher_order=True)
+scan_p = Primitive("scan", traits=(), multiple_results=True, higher_order=True)
 
 
 def scan_bind(*args, program, num_consts, num_carry, length, reverse):
@@ -323,8 +323,6 @@ def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse)
     carries the carry cotangents and accumulates the linear consts' cotangents.
     """
     from spmd.compiler.ad import backward_pass
-    from spmd.compiler.ad_util import add_tangents
-
     consts, init, xs = _split(args, num_consts, num_carry)
     c_lin = [is_undefined(c) for c in consts]
     x_lin = [is_undefined(x) for x in xs]
@@ -411,7 +409,7 @@ scan_p.rules["dce"] = _scan_dce
 
 # ===================================================================== while
 
-while_p = Primitive("while", multiple_results=True, higher_order=True)
+while_p = Primitive("while", traits=(), multiple_results=True, higher_order=True)
 
 
 def while_bind(*args, cond_program, body_program, cond_nconsts, body_nconsts):

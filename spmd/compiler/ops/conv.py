@@ -29,7 +29,7 @@ from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 
-conv_p = Primitive("conv_general_dilated")
+conv_p = Primitive("conv_general_dilated", traits=())
 
 
 def _dilate(n: int, d: int) -> int:

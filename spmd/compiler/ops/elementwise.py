@@ -14,8 +14,9 @@ from spmd.compiler.array_module import is_device_array
 from spmd.compiler.ad_util import Zero, add_tangents, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind
+from spmd.compiler.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
+from spmd.compiler.array import Array
 
 
 # --------------------------------------------------------- shape/type rules
@@ -100,7 +101,7 @@ def _batch_elementwise(prim, scalars_follow_first: bool = False):
 
 def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
     """Define an elementwise unary primitive (impl from ``xp.<np_name>``)."""
-    p = Primitive(name)
+    p = Primitive(name, traits=())
     fn_name = np_name
 
     @p.def_impl
@@ -133,7 +134,8 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
 
 
 def binary(name, np_name, kinds=("float", "int", "complex"), emit_op=None, out_dtype=None):
-    p = Primitive(name)
+    # ``xp.<np_name>`` (or the operator) broadcasts its operands as numpy does.
+    p = Primitive(name, traits=("implicit_broadcast",))
 
     @p.def_impl
     def impl(xp, x, y):
@@ -341,8 +343,6 @@ def _add_jvp(primals, tangents):
 
 
 def _aval(x):
-    from spmd.compiler.trace import get_aval
-
     return get_aval(x)
 
 
@@ -499,7 +499,7 @@ def _pick(strict, tie, like):
 
 # -------------------------------------------------------------- select_n
 
-select_n_p = Primitive("select_n")
+select_n_p = Primitive("select_n", traits=("implicit_broadcast",))
 
 
 @select_n_p.def_impl
@@ -567,7 +567,7 @@ select_n_p.def_batch(_batch_elementwise(select_n_p, scalars_follow_first=True))
 
 # -------------------------------------------------- convert_element_type
 
-convert_p = Primitive("convert_element_type")
+convert_p = Primitive("convert_element_type", traits=())
 
 
 @convert_p.def_impl
@@ -600,7 +600,6 @@ def convert(x, dtype, weak_type: bool = False):
                          "first")
     if av.dtype == dtype and av.weak_type == weak_type:
         return x
-    from spmd.compiler.array import Array
     # A known value converts now, not as a program equation.  (Only the compiler's own
     # Arrays: an upper layer's -- a sharded Array, perhaps spread over processes --
     # evaluates the equation itself, keeping its placement.)
@@ -637,7 +636,7 @@ def _convert_batch(args, dims, **params):
 convert_p.def_batch(_convert_batch)
 
 # `integer_pow` (x ** n for a static int n) keeps x**2 a cheap multiply.
-integer_pow_p = Primitive("integer_pow")
+integer_pow_p = Primitive("integer_pow", traits=())
 
 
 @integer_pow_p.def_impl

@@ -29,6 +29,7 @@ from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, zeros
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, IndexOutOfBoundsError, ShapeError
+from spmd.compiler.array_module import to_host
 
 
 def _zero_out(out):
@@ -56,7 +57,7 @@ def _clamp_index(i, lo, hi):
 
 # ----------------------------------------------------------- dynamic_slice
 
-dynamic_slice_p = Primitive("dynamic_slice")
+dynamic_slice_p = Primitive("dynamic_slice", traits=())
 
 
 def _clamped_starts(starts, shape, sizes):
@@ -150,7 +151,7 @@ def _ds_batch(args, dims, *, slice_sizes):
 
 # ---------------------------------------------------- dynamic_update_slice
 
-dynamic_update_slice_p = Primitive("dynamic_update_slice")
+dynamic_update_slice_p = Primitive("dynamic_update_slice", traits=())
 
 
 @dynamic_update_slice_p.def_impl
@@ -226,7 +227,7 @@ def _dus_batch(args, dims):
 
 # ------------------------------------------------------------------ gather
 
-gather_p = Primitive("gather")
+gather_p = Primitive("gather", traits=())
 
 
 def _moved(xp, x, axes):
@@ -349,7 +350,7 @@ def _gather_batch(args, dims, *, axes, mode, fill_value):
 
 # ----------------------------------------------------------------- scatter
 
-scatter_p = Primitive("scatter")
+scatter_p = Primitive("scatter", traits=())
 SCATTER_MODES = ("set", "add", "mul", "min", "max")
 _UFUNCS = {"add": "add", "mul": "multiply", "min": "minimum", "max": "maximum"}
 
@@ -377,8 +378,6 @@ def _device_ufunc_at(xp, name, view, ids, upd):
     """``ufunc.at`` on another array module (cupy): its own where it has one for this
     operation and dtype (CuPy: add, maximum, minimum, on the dtypes its atomics take),
     else numpy's on a host copy, written back (slow, but right)."""
-    from spmd.compiler.array_module import to_host
-
     try:
         getattr(xp, name).at(view, ids, upd)
         return

@@ -15,7 +15,7 @@ from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
 
-dot_general_p = Primitive("dot_general")
+dot_general_p = Primitive("dot_general", traits=("fresh_result", "dot"))
 
 
 def _free(ndim, contract, batch):

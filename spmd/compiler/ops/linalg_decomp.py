@@ -41,18 +41,24 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero, is_undefined
+from spmd.compiler.ad_util import add_tangents, is_undefined, Zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
+from spmd.compiler.ops import complex as cx, elementwise as ew
+from spmd.compiler.ops.complex import conj, real
+from spmd.compiler.ops.elementwise import convert
+from spmd.compiler.ops.linalg import dot_general
+from spmd.compiler.ops.reduce import reduce_sum
+from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, transpose, zeros
 
-cholesky_p = Primitive("cholesky")
-solve_p = Primitive("linalg_solve")
-slogdet_p = Primitive("slogdet", multiple_results=True)
-qr_p = Primitive("qr", multiple_results=True)
-eigh_p = Primitive("eigh", multiple_results=True)
-svd_p = Primitive("svd", multiple_results=True)
+cholesky_p = Primitive("cholesky", traits=())
+solve_p = Primitive("linalg_solve", traits=())
+slogdet_p = Primitive("slogdet", traits=(), multiple_results=True)
+qr_p = Primitive("qr", traits=(), multiple_results=True)
+eigh_p = Primitive("eigh", traits=(), multiple_results=True)
+svd_p = Primitive("svd", traits=(), multiple_results=True)
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64),
            np.dtype(np.complex128))
@@ -100,8 +106,6 @@ def _nan_on_failure(xp, fn, a, *rest):
 # ------------------------------------------------------------- small helpers
 
 def _mT(x):
-    from spmd.compiler.ops.structural import transpose
-
     nd = len(np.shape(x))
     return transpose(x, tuple(range(nd - 2)) + (nd - 1, nd - 2))
 
@@ -112,30 +116,22 @@ def _is_c(x) -> bool:
 
 def _H(x):
     """The conjugate transpose of the last two axes (the transpose for real ``x``)."""
-    from spmd.compiler.ops.complex import conj
-
     return conj(_mT(x)) if _is_c(x) else _mT(x)
 
 
 def _re(x):
     """The real part (``x`` itself when real)."""
-    from spmd.compiler.ops.complex import real
-
     return real(x) if _is_c(x) else x
 
 
 def _like(x, ref):
     """Real ``x`` in ``ref``'s (complex) dtype, to multiply with it."""
-    from spmd.compiler.ops.elementwise import convert
-
     dt = get_aval(ref).dtype
     return x if get_aval(x).dtype == dt else convert(x, dt)
 
 
 def _mm(a, b):
     """Batched matrix product of ``(..., m, k)`` and ``(..., k, n)`` (equal batch shapes)."""
-    from spmd.compiler.ops.linalg import dot_general
-
     nd = len(np.shape(a))
     bd = tuple(range(nd - 2))
     return dot_general(a, b, (((nd - 1,), (nd - 2,)), (bd, bd)))
@@ -143,9 +139,6 @@ def _mm(a, b):
 
 def _tril(x, k: int = 0):
     """Entries on or below the ``k``-th diagonal of the last two axes; zero elsewhere."""
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.structural import iota, zeros
-
     aval = get_aval(x)
     nd = aval.ndim
     rows = iota(np.int32, aval.shape, nd - 2)
@@ -155,19 +148,12 @@ def _tril(x, k: int = 0):
 
 
 def _eye_mask(shape):
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.structural import iota
-
     nd = len(shape)
     return ew.eq(iota(np.int32, shape, nd - 2), iota(np.int32, shape, nd - 1))
 
 
 def _diagonal(x):
     """``(..., n, n) -> (..., n)``."""
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.reduce import reduce_sum
-    from spmd.compiler.ops.structural import zeros
-
     aval = get_aval(x)
     masked = ew.select(_eye_mask(aval.shape), x, zeros(aval.shape, aval.dtype))
     return reduce_sum(masked, (aval.ndim - 1,))
@@ -175,9 +161,6 @@ def _diagonal(x):
 
 def _diag_embed(v):
     """``(..., n) -> (..., n, n)`` with ``v`` on the diagonal."""
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.structural import broadcast_in_dim, zeros
-
     aval = get_aval(v)
     shape = aval.shape + (aval.shape[-1],)
     full = broadcast_in_dim(v, shape, tuple(range(aval.ndim - 1)) + (aval.ndim,))
@@ -186,8 +169,6 @@ def _diag_embed(v):
 
 def _row(v):
     """``(..., n) -> (..., 1, n)`` broadcast to ``(..., n, n)``."""
-    from spmd.compiler.ops.structural import broadcast_in_dim
-
     aval = get_aval(v)
     n = aval.shape[-1]
     return broadcast_in_dim(v, aval.shape[:-1] + (n, n), tuple(range(aval.ndim - 1)) +
@@ -196,8 +177,6 @@ def _row(v):
 
 def _col(v, cols):
     """``(..., n) -> (..., n, 1)`` broadcast to ``(..., n, cols)``."""
-    from spmd.compiler.ops.structural import broadcast_in_dim
-
     aval = get_aval(v)
     return broadcast_in_dim(v, aval.shape + (cols,), tuple(range(aval.ndim)))
 
@@ -240,8 +219,6 @@ def cholesky(a):
 
 @cholesky_p.def_jvp
 def _cholesky_jvp(primals, tangents):
-    from spmd.compiler.ops import elementwise as ew
-
     (a,), (da,) = primals, tangents
     L = cholesky(a)
     if isinstance(da, Zero):
@@ -279,9 +256,6 @@ def solve(a, b):
 
 @solve_p.def_jvp
 def _solve_jvp(primals, tangents):
-    from spmd.compiler.ad_util import add_tangents
-    from spmd.compiler.ops import elementwise as ew
-
     (a, b), (da, db) = primals, tangents
     x = solve(a, b)
     rhs = Zero(tangent_aval(get_aval(x)))
@@ -334,17 +308,12 @@ def _slogdet_jvp(primals, tangents):
     t = _diagonal_sum(solve(a, da))
     if not _is_c(t):
         return [sign, logdet], [zeros[0], t]
-    from spmd.compiler.ops import complex as cx
-    from spmd.compiler.ops import elementwise as ew
-
     # d log|det| = Re t; d sign = sign * i Im t (the phase turns), as JAX's rule.
     im = cx.make_complex(ew.mul(cx.real(t), np.array(0, get_aval(logdet).dtype)), cx.imag(t))
     return [sign, logdet], [ew.mul(sign, im), cx.real(t)]
 
 
 def _diagonal_sum(x):
-    from spmd.compiler.ops.reduce import reduce_sum
-
     d = _diagonal(x)
     return reduce_sum(d, (get_aval(d).ndim - 1,))
 
@@ -373,8 +342,6 @@ def qr(a, full_matrices: bool = False):
 
 @qr_p.def_jvp
 def _qr_jvp(primals, tangents, *, full_matrices):
-    from spmd.compiler.ops import elementwise as ew
-
     (a,), (da,) = primals, tangents
     q, r = qr(a, full_matrices)
     if isinstance(da, Zero):
@@ -390,7 +357,6 @@ def _qr_jvp(primals, tangents, *, full_matrices):
     low = _tril(c, -1)
     omega = ew.sub(low, _H(low))
     if _is_c(c):  # R's real diagonal leaves Q^H dQ an imaginary diagonal (JAX's term)
-        from spmd.compiler.ops import complex as cx
 
         d = _diag_embed(_diagonal(c))
         omega = ew.add(omega, ew.sub(d, _like(cx.real(d), d)))
@@ -422,9 +388,6 @@ def eigh(a):
 
 def _inverse_gaps(w):
     """``F[i, j] = 1 / (w_j - w_i)`` off the diagonal, 0 on it (``(..., n, n)``)."""
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.structural import full, zeros
-
     gaps = ew.sub(_row(w), _mT(_row(w)))
     shape, dtype = get_aval(gaps).shape, get_aval(gaps).dtype
     eye = _eye_mask(shape)
@@ -434,8 +397,6 @@ def _inverse_gaps(w):
 
 @eigh_p.def_jvp
 def _eigh_jvp(primals, tangents):
-    from spmd.compiler.ops import elementwise as ew
-
     (a,), (da,) = primals, tangents
     w, v = eigh(a)
     if isinstance(da, Zero):
@@ -498,9 +459,6 @@ def _svd_jvp(primals, tangents, *, full_matrices, compute_uv):
 
 def _svd_vector_tangents(a, da, u, s, v, e):
     """Tangents of ``U`` and ``V`` of the reduced SVD (distinct non-zero singular values)."""
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.structural import full, zeros
-
     dtype = get_aval(s).dtype
     sr = _row(s)                       # s_j at [i, j]
     sc = _mT(sr)                       # s_i at [i, j]
@@ -533,8 +491,6 @@ def _svd_vector_tangents(a, da, u, s, v, e):
 
 def _row_of(s, rows):
     """``(..., k) -> (..., rows, k)``: each row is ``s``."""
-    from spmd.compiler.ops.structural import broadcast_in_dim
-
     aval = get_aval(s)
     return broadcast_in_dim(s, aval.shape[:-1] + (rows, aval.shape[-1]),
                             tuple(range(aval.ndim - 1)) + (aval.ndim,))

@@ -6,7 +6,7 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero, is_undefined
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError
@@ -38,7 +38,7 @@ def _norm_axes(axes):
 
 # --------------------------------------------------------------- reduce_sum
 
-reduce_sum_p = _batch_reduce(Primitive("reduce_sum", linear=True))
+reduce_sum_p = _batch_reduce(Primitive("reduce_sum", traits=(), linear=True))
 
 
 @reduce_sum_p.def_impl
@@ -81,7 +81,7 @@ def _sum_transpose(ct, x, *, axes):
 # ------------------------------------------------------- reduce_max / min
 
 def _minmax(name, np_fn):
-    p = _batch_reduce(Primitive(name))
+    p = _batch_reduce(Primitive(name, traits=()))
     p.def_impl(lambda xp, x, *, axes: getattr(xp, np_fn)(x, axis=axes))
     p.def_emit(lambda ins, axes: f"xp.{np_fn}({ins[0]}, axis={axes!r})")
     def aval(x, *, axes):  # complex: lexicographic on (real, imaginary), as JAX and numpy
@@ -126,8 +126,6 @@ def reduce_min(x, axes):
 
 def _zero_tangent(out):
     """The symbolic zero tangent of a primitive's output ``out``."""
-    from spmd.compiler.avals import tangent_aval
-
     return Zero(tangent_aval(get_aval(out)))
 
 
@@ -146,7 +144,7 @@ def _check_dtype(name, x, kinds):
 
 # -------------------------------------------------------------- reduce_prod
 
-reduce_prod_p = _batch_reduce(Primitive("reduce_prod"))
+reduce_prod_p = _batch_reduce(Primitive("reduce_prod", traits=()))
 reduce_prod_p.def_impl(lambda xp, x, *, axes: xp.prod(x, axis=axes, dtype=x.dtype))
 reduce_prod_p.def_emit(lambda ins, axes: f"xp.prod({ins[0]}, axis={axes!r}, dtype={ins[0]}.dtype)")
 
@@ -207,7 +205,7 @@ def _prod_tree_tangent(x, t, axes):
 # ------------------------------------------------------ reduce_and / or
 
 def _bool_reduce(name, np_fn):
-    p = _batch_reduce(Primitive(name))
+    p = _batch_reduce(Primitive(name, traits=()))
     p.def_impl(lambda xp, x, *, axes: getattr(xp, np_fn)(x, axis=axes))
     p.def_emit(lambda ins, axes: f"xp.{np_fn}({ins[0]}, axis={axes!r})")
 
@@ -243,7 +241,7 @@ def reduce_or(x, axes):
 # --------------------------------------------------------- argmax / argmin
 
 def _arg_reduce(name, np_fn):
-    p = _batch_reduce(Primitive(name))
+    p = _batch_reduce(Primitive(name, traits=()))
 
     @p.def_impl
     def impl(xp, x, *, axes, index_dtype):
@@ -301,7 +299,7 @@ def argmin(operand, axis: int, index_dtype=np.int32):
 # parallel prefix scan of (value, tangent) pairs, as JAX's rules do.
 
 def _cumulative(name, np_expr, kinds, emit_expr):
-    p = Primitive(name)
+    p = Primitive(name, traits=())
 
     @p.def_impl
     def impl(xp, x, *, axis, reverse):

@@ -30,7 +30,7 @@ def _zero_out(out):
 
 # ---------------------------------------------------------------- concatenate
 
-concatenate_p = Primitive("concatenate", linear=True)
+concatenate_p = Primitive("concatenate", traits=(), linear=True)
 
 
 @concatenate_p.def_impl
@@ -109,7 +109,7 @@ def _concat_batch(args, dims, *, dimension):
 
 # ----------------------------------------------------------------------- pad
 
-pad_p = Primitive("pad", linear=True)
+pad_p = Primitive("pad", traits=(), linear=True)
 
 
 def _pad_out_shape(shape, config):
@@ -220,7 +220,7 @@ def _pad_batch(args, dims, *, padding_config):
 
 # --------------------------------------------------------------------- slice
 
-slice_p = Primitive("slice", linear=True)
+slice_p = Primitive("slice", traits=("view",), linear=True)
 
 
 @slice_p.def_impl
@@ -322,7 +322,7 @@ def _slice_batch(args, dims, *, start_indices, limit_indices, strides):
 
 # ----------------------------------------------------------------------- rev
 
-rev_p = Primitive("rev", linear=True)
+rev_p = Primitive("rev", traits=(), linear=True)
 rev_p.def_impl(lambda xp, x, *, dimensions: xp.flip(x, axis=dimensions))
 rev_p.def_emit(lambda ins, dimensions: f"xp.flip({ins[0]}, axis={dimensions!r})")
 

@@ -19,7 +19,7 @@ from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 
-sort_p = Primitive("sort", multiple_results=True)
+sort_p = Primitive("sort", traits=(), multiple_results=True)
 
 
 def _argsort(xp, k, axis):

@@ -18,7 +18,7 @@ from spmd.compiler.avals import ShapedArray
 from spmd.compiler.ops import threefry_native
 from spmd.compiler.ops.elementwise import _batch_elementwise, _check_kind, exp, mul, neg, unary
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind
+from spmd.compiler.trace import bind, Tracer
 from spmd.errors import ArgumentError
 
 
@@ -126,7 +126,7 @@ def _erf_inv_impl(xp, x):
 
 erf_inv_p.def_impl(_erf_inv_impl)
 
-polygamma_p = Primitive("polygamma")
+polygamma_p = Primitive("polygamma", traits=())
 
 
 @polygamma_p.def_impl
@@ -185,8 +185,6 @@ def digamma(x):
 
 def polygamma(m, x):
     """The ``m``-th derivative of :func:`digamma` (``m`` a static non-negative int)."""
-    from spmd.compiler.trace import Tracer
-
     if isinstance(m, Tracer):
         raise ArgumentError("polygamma: the order m must be a static int, got a traced value")
     mv = np.asarray(m)

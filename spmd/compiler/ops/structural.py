@@ -11,10 +11,11 @@ import numpy as np
 
 from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero, is_undefined
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
+from spmd.compiler.array import Array
 
 
 def _linear_jvp(p):
@@ -33,7 +34,7 @@ def _linear_jvp(p):
 
 # --------------------------------------------------------- broadcast_in_dim
 
-broadcast_in_dim_p = _linear_jvp(Primitive("broadcast_in_dim"))
+broadcast_in_dim_p = _linear_jvp(Primitive("broadcast_in_dim", traits=("view", "broadcast")))
 
 
 @broadcast_in_dim_p.def_impl
@@ -117,7 +118,7 @@ def _bid_batch(args, dims, *, shape, broadcast_dimensions):
 
 # ------------------------------------------------------------------ reshape
 
-reshape_p = _linear_jvp(Primitive("reshape"))
+reshape_p = _linear_jvp(Primitive("reshape", traits=("view",)))
 reshape_p.def_impl(lambda xp, x, *, new_sizes: xp.reshape(x, new_sizes))
 # The method, not ``xp.reshape`` (a Python-level numpy function): 0.1 µs against 0.6.
 # The generated code's values are arrays or numpy scalars, which both have it.
@@ -154,7 +155,7 @@ def _reshape_batch(args, dims, *, new_sizes):
 
 # ---------------------------------------------------------------- transpose
 
-transpose_p = _linear_jvp(Primitive("transpose"))
+transpose_p = _linear_jvp(Primitive("transpose", traits=("view",)))
 transpose_p.def_impl(lambda xp, x, *, permutation: xp.transpose(x, permutation))
 transpose_p.def_emit(lambda ins, permutation: f"xp.transpose({ins[0]}, {permutation!r})")
 
@@ -191,7 +192,7 @@ def _transpose_batch(args, dims, *, permutation):
 
 # ------------------------------------------------------------------ squeeze
 
-squeeze_p = _linear_jvp(Primitive("squeeze"))
+squeeze_p = _linear_jvp(Primitive("squeeze", traits=("view",)))
 squeeze_p.def_impl(lambda xp, x, *, dimensions: xp.squeeze(x, dimensions))
 squeeze_p.def_emit(lambda ins, dimensions: f"xp.squeeze({ins[0]}, {dimensions!r})")
 
@@ -228,7 +229,7 @@ def _squeeze_batch(args, dims, *, dimensions):
 
 # --------------------------------------------------------------------- iota
 
-iota_p = Primitive("iota")
+iota_p = Primitive("iota", traits=())
 
 
 @iota_p.def_impl
@@ -245,8 +246,6 @@ iota_p.def_batch(lambda args, dims, **params: (bind(iota_p, **params), None))
 @iota_p.def_jvp
 def _iota_jvp(primals, tangents, **params):
     out = bind(iota_p, **params)
-    from spmd.compiler.avals import tangent_aval
-
     return out, Zero(tangent_aval(get_aval(out)))
 
 
@@ -262,8 +261,6 @@ def iota(dtype, size_or_shape, dimension: int = 0):
 
 def full(shape, fill_value, dtype, weak_type: bool = False):
     """An array of ``shape`` filled with a scalar (a broadcast literal in programs)."""
-    from spmd.compiler.array import Array
-
     dtype = dtypes.check_dtype(dtype, "full")
     shape = tuple(int(s) for s in shape)
     if np.ndim(fill_value) == 0 and not hasattr(fill_value, "_trace"):

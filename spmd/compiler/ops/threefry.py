@@ -69,7 +69,7 @@ def threefry_rounds(xp, k0, k1, x0, x1):
     return x0, x1
 
 
-threefry2x32_p = Primitive("threefry2x32", multiple_results=True)
+threefry2x32_p = Primitive("threefry2x32", traits=(), multiple_results=True)
 
 
 @threefry2x32_p.def_impl
@@ -179,7 +179,7 @@ def _hash_block(xp, key, shape, global_shape, offsets, pair):
     return (y0, y1) if pair else y0 ^ y1
 
 
-random_bits_p = Primitive("random_bits")
+random_bits_p = Primitive("random_bits", traits=())
 
 
 @random_bits_p.def_impl
@@ -267,7 +267,7 @@ def random_bits(key_data, shape, bit_width: int = 32, split: bool = False):
 
 # ----------------------------------------------------------- bits to floats
 
-random_unit_float_p = Primitive("random_unit_float")
+random_unit_float_p = Primitive("random_unit_float", traits=())
 
 
 def _float_layout(dtype):
@@ -320,7 +320,7 @@ def unit_float_bits(dtype) -> int:
 # uint32 scalar.  Effectful: never folded, merged or removed, so a compiled
 # program reads and advances the counter on every run (and once per iteration
 # of a loop body): the state of spmd.random.stateful_rng under jit.
-rng_counter_p = Primitive("rng_counter", effectful=True)
+rng_counter_p = Primitive("rng_counter", traits=(), effectful=True)
 
 
 @rng_counter_p.def_impl

@@ -14,12 +14,13 @@ from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_co
                                  trace_to_program)
 from spmd.errors import StaticArgumentError
 from spmd.shard import call
-from spmd.shard.jit import Jit, Placed
-from spmd.shard.mesh_context import get_mesh
+from spmd.shard.jit import Jit, jit as plain_jit, Placed
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
-from spmd.shard.sharded import ShardedArray
+from spmd.shard.sharded import ShardedArray, SingleDeviceSharding
 from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.mesh_context import get_mesh, resolve_specs
+from spmd.shard.shard_map import _bind_body
 
 # ------------------------------------------------------ with_sharding_constraint
 
@@ -29,8 +30,6 @@ def with_sharding_constraint(x, sharding):
 
     >>> y = lax.with_sharding_constraint(y, NamedSharding(mesh, P("data", None)))
     """
-    from spmd.shard.mesh_context import get_mesh, resolve_specs
-
     leaves, tree = tree_util.tree_flatten(x)
     if get_mesh() is not None:  # bare PartitionSpecs name axes of the context mesh
         sharding = resolve_specs(sharding, "with_sharding_constraint")
@@ -127,8 +126,6 @@ def _leaf_sharding(leaf, where: str):
         raise PartitionError(f"{where}: ShapeDtypeStruct(sharding={s}) is a bare PartitionSpec, "
                              "which has no mesh; give NamedSharding(mesh, spec), or trace "
                              "under spmd.sharding.use_mesh(mesh)")
-    from spmd.shard.sharded import SingleDeviceSharding
-
     if isinstance(s, SingleDeviceSharding):
         return None
     raise PartitionError(f"{where}: ShapeDtypeStruct(sharding={s!r}) is not a sharding; give "
@@ -254,8 +251,6 @@ class PartitionedJit(Jit):
         avals = tuple(_leaf_aval(x) for x in leaves)
         shard_key = tuple(x.sharding if isinstance(x, ShardedArray) or
                           type(x) is ShapeDtypeStruct else None for x in leaves)
-        from spmd.shard.mesh_context import get_mesh
-
         key = (in_tree, static, avals, shard_key, axis_env_key(), get_mesh())
         entry = self._entries.get(key)
         if entry is None:
@@ -291,8 +286,6 @@ class PartitionedJit(Jit):
         part = partition(closed, mesh, hoisted_specs + list(in_specs), out_specs, self._forbid)
 
         def run(*xs):
-            from spmd.shard.shard_map import _bind_body
-
             return _bind_body(ClosedProgram(part.body.program, part.body.consts), xs, mesh,
                               part.in_specs, part.out_specs, False)
 
@@ -369,8 +362,6 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None,
 
     >>> step = jit(f, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))))
     """
-    from spmd.shard.jit import jit as plain_jit
-
     if fun is None:
         return functools.partial(jit, in_shardings=in_shardings, out_shardings=out_shardings,
                                  forbid_gather_bytes=forbid_gather_bytes,

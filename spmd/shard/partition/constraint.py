@@ -8,8 +8,10 @@ from __future__ import annotations
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.primitives import Primitive
 from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.compiler.batching import move_to_front
+from spmd.shard.sharded import placed
 
-sharding_constraint_p = Primitive("sharding_constraint")
+sharding_constraint_p = Primitive("sharding_constraint", traits=())
 sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
 sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
 sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
@@ -18,8 +20,6 @@ sharding_constraint_p.linear = True
 
 def _constraint_output(eqn, i):
     """A constrained value that a jitted function returns keeps that placement."""
-    from spmd.shard.sharded import placed
-
     s = NamedSharding(eqn.params["mesh"], eqn.params["spec"])
     return lambda a: placed(a, s)
 
@@ -42,8 +42,6 @@ def _constraint_transpose(ct, x, *, spec, mesh):
 
 @sharding_constraint_p.def_batch
 def _constraint_batch(args, dims, *, spec, mesh, _axis_data=(None, None)):
-    from spmd.compiler.batching import move_to_front
-
     x = move_to_front(args[0], dims[0])
     # vmap(spmd_axis_name=...) asks for the batch dimension split over those axes.
     name = getattr(_axis_data[0], "spmd_name", None)

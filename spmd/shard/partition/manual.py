@@ -29,9 +29,12 @@ from __future__ import annotations
 import weakref
 
 from spmd.compiler.ir import ClosedProgram
-from spmd.shard.partition.partitioner import partition
+from spmd.shard.partition.partitioner import (_backward_wants, _describe, Evaluator, partition,
+                                              PartitionError)
 from spmd.shard.partition.placement import Placement
 from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.compiler.passes import inline_calls
+from spmd.shard.partition.reshard import reshard
 
 
 def merge_specs(manual: PartitionSpec, auto: PartitionSpec, ndim: int) -> PartitionSpec:
@@ -128,11 +131,6 @@ def partition_in_program(ev, eqn, vals, pls) -> list:
     Each operand is resharded to its manual spec merged with the automatic part of its
     placement, so each device holds its block along every axis; the body then runs
     under an evaluator that knows its manual axes (its collectives run over them)."""
-    from spmd.compiler.passes import inline_calls
-    from spmd.shard.partition.partitioner import (Evaluator, PartitionError, _backward_wants,
-                                                  _describe)
-    from spmd.shard.partition.reshard import reshard
-
     p = eqn.params
     mesh, manual = ev.mesh, frozenset(p["manual"])
     if ev.manual:

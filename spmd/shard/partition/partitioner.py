@@ -24,7 +24,7 @@ from spmd.compiler.jit import jit_p
 from spmd.compiler.ops.structural import broadcast_in_dim_p, iota_p
 from spmd.compiler.passes import inline_calls
 from spmd.compiler.remat import remat_lin_p, remat_p
-from spmd.compiler.trace import bind
+from spmd.compiler.trace import bind, eval_program
 from spmd.shard.partition import control, registry  # noqa: F401  (control registers)
 from spmd.shard.partition import rules, rules_collectives, rules_conv, rules_index  # noqa: F401
 from spmd.shard.partition import rules_linalg, rules_random  # noqa: F401
@@ -34,8 +34,10 @@ from spmd.shard.partition.registry import (DECISIONS, MissingPartitionRuleError,
                                            PartitionError, Propagate, Replicate,
                                            Structural, Unreachable)
 from spmd.shard.partition.reshard import Context, plan, reshard
-from spmd.shard.shard_map import shard_map_p
+from spmd.shard.shard_map import shard_map_p, trace_body
 from spmd.shard.spec import PartitionSpec, check_spec
+from spmd.collectives.api import axis_index
+from spmd.compiler.ops.elementwise import add, convert, mul
 
 
 class Partitioned(NamedTuple):
@@ -199,9 +201,6 @@ class Evaluator:
         return y
 
     def _recompute(self, eqn, dst: Placement, env):
-        from spmd.collectives.api import axis_index
-        from spmd.compiler.ops.elementwise import add, convert, mul
-
         shape = dst.local_shape(eqn.outputs[0].aval.shape, self.mesh)
         if eqn.primitive is broadcast_in_dim_p:
             x, pl = env[eqn.inputs[0]] if isinstance(eqn.inputs[0], Var) else \
@@ -229,8 +228,6 @@ class Evaluator:
     # ------------------------------------------------------------ shard_map
     def nested_shard_map(self, eqn, vals, pls):
         """A shard_map inside a partitioned program: its specs are fixed points."""
-        from spmd.compiler.trace import eval_program
-
         p = eqn.params
         if p["mesh"] != self.mesh:
             raise PartitionError(f"a shard_map over {p['mesh']} inside a program partitioned "
@@ -280,8 +277,6 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
 
     ``manual``: the manual axes when ``closed`` is the body of a partial-manual
     shard_map (its values are already blocks along them; only the other axes split)."""
-    from spmd.shard.shard_map import trace_body
-
     closed = inline_calls(closed)
     program = closed.program
     n_consts = len(closed.consts)

@@ -23,15 +23,13 @@ import numpy as np
 from spmd.compiler.ad import stop_gradient_p
 from spmd.compiler.remat import name_p
 from spmd.compiler.custom import custom_lin_p
-from spmd.compiler.ops import complex as cx
-from spmd.compiler.ops import elementwise as ew
-from spmd.compiler.ops import reduce as rd
-from spmd.compiler.ops import structural as st
+from spmd.compiler.ops import complex as cx, elementwise as ew, reduce as rd, structural as st
 from spmd.compiler.ops.linalg import dot_general_p
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate, Replicate
 from spmd.shard.partition.reshard import cost as reshard_cost
+from spmd.collectives import api as coll
 
 def _summable(aval) -> bool:
     """Only numbers can be pending sums (not bools)."""
@@ -197,8 +195,6 @@ def _extremum_rule(reduce_name):
     """max/min over a split dimension: reduce the local block, then ``pmax``/``pmin``
     the (smaller) result instead of gathering the operand."""
     def rule(pls, avals_in, avals_out, mesh, *, axes):
-        from spmd.collectives import api as coll
-
         (pl,) = pls
         reduced = tuple(a for a in mesh.axis_names if any(a in pl.dims[d] for d in axes))
         out = tuple(a for d, a in enumerate(pl.dims) if d not in axes)

@@ -22,6 +22,9 @@ from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate, Replicate
 from spmd.shard.partition.rules import elementwise_rule
 from spmd.shard.partition.reshard import reshard
+from spmd.collectives.api import axis_index
+from spmd.compiler.ops.elementwise import mul
+from spmd.compiler.trace import bind
 
 
 def _key_batch_dims(pl: Placement, nb: int) -> tuple:
@@ -41,10 +44,6 @@ def random_bits_rule(pls, avals_in, avals_out, mesh, **params):
 
 def random_bits_source(ev, eqn, vals, pls, want_spec):
     """Bind ``random_bits`` per device for the placement its output is wanted in."""
-    from spmd.collectives.api import axis_index
-    from spmd.compiler.ops.elementwise import mul
-    from spmd.compiler.trace import bind
-
     p = eqn.params
     key_aval = eqn.inputs[0].aval
     out_aval = eqn.outputs[0].aval

@@ -16,6 +16,7 @@ from spmd import tree_util
 from spmd.compiler.avals import ShapeDtypeStruct
 from spmd.compiler.ir import ClosedProgram
 from spmd.shard.spec import NamedSharding
+from spmd.compiler.passes import cse, dce, inline_calls
 
 
 class PartitionedTraced:
@@ -33,8 +34,6 @@ class PartitionedTraced:
 
     @property
     def jaxpr(self) -> ClosedProgram:
-        from spmd.compiler.passes import dce
-
         return dce(self._entry.traced)
 
     @property
@@ -62,8 +61,6 @@ class PartitionedLowered:
 
     @property
     def program(self) -> ClosedProgram:
-        from spmd.compiler.passes import cse, dce, inline_calls
-
         # No constant folding: collectives (axis_index of an inserted slice) only run
         # inside the shard_map this program is the body of.
         return dce(cse(inline_calls(self._entry.partitioned.body)))
