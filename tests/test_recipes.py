@@ -48,7 +48,7 @@ def _define_softsign():
     from spmd.compiler.trace import bind
 
     # 1. The primitive and its rules, beside each other.
-    softsign_p = Primitive("toy_softsign")
+    softsign_p = Primitive("toy_softsign", traits=())
     softsign_p.def_impl(lambda xp, x: x / (1 + xp.abs(x)))
     softsign_p.def_emit(lambda ins: f"({ins[0]} / (1 + xp.abs({ins[0]})))")
 
@@ -112,7 +112,7 @@ def test_recipe_primitive_without_a_step_is_reported(cleanup):
     from spmd.compiler.primitives import Primitive
 
     cleanup.append("toy_no_step3")
-    p = Primitive("toy_no_step3")
+    p = Primitive("toy_no_step3", traits=())
     p.def_impl(lambda xp, x: x)
     p.def_abstract_eval(lambda x: x)
     assert _missing_rules(p) == ["jvp", "batch", "partition decision"]
@@ -134,7 +134,7 @@ def _define_toy_pmean():
 
     # 1. The primitive (spmd/collectives/primitives.py): type, varying axes, jvp,
     #    transpose, and the batching rule that calls the group operations.
-    toy_pmean_p = _linear_jvp(Primitive("toy_pmean"))
+    toy_pmean_p = _linear_jvp(Primitive("toy_pmean", traits=()))
     toy_pmean_p.def_impl(_no_impl("toy_pmean"))
     toy_pmean_p.def_abstract_eval(lambda x, *, axes: x)
     toy_pmean_p.def_vma(lambda x, *, axes: [x.vma - set(axes)])
@@ -216,7 +216,7 @@ def _define_loopback_transport():
     mod.reduce_scatter = lambda x, ranks, op="sum", what=None: x[0] * len(ranks)
     mod.alltoall = lambda x, ranks, what=None: x
     mod.sendrecv = lambda x, ranks, dst, src, what=None: x
-    mod.loopback_p = Primitive("toy_loopback", effectful=True)
+    mod.loopback_p = Primitive("toy_loopback", traits=(), effectful=True)
     mod.loopback_p.def_impl(lambda xp, x, *, kind, ranks, op=None, dst=None, src=None,
                             what=None: run(mod, kind, np.asarray(x), ranks,
                                            {"op": op, "dst": dst, "src": src, "what": what}))

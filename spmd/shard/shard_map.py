@@ -17,7 +17,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.api import psum
-from spmd.collectives.primitives import CollectiveAxisError
+from spmd.collectives.primitives import CollectiveAxisError, pvary_p
 from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
@@ -219,7 +219,7 @@ def _shard_map_partial_eval(eqn, in_unknown):
     saved = []
     for r in residuals:
         e = producers.get(r)
-        if e is not None and e.primitive.name == "pvary" and isinstance(e.inputs[0], Var):
+        if e is not None and e.primitive is pvary_p and isinstance(e.inputs[0], Var):
             revary.append(e)
             r = e.inputs[0]
         if r not in saved:
