@@ -18,10 +18,11 @@ A plan is one of:
   reshard for a leaf placed otherwise) and places the results by the out specs;
 - **whole values here** (every device of the mesh is this process's): the
   compiled program runs on the whole values and its results carry the shardings
-  that propagation chose.
+  that propagation chose (:func:`unplaced`: left unplaced, where the partitioner
+  cannot take the program and the caller said so).
 
->>> plan = build(program, leaves, mesh, in_specs, out_specs)   # doctest: +SKIP
->>> outs = plan(leaves)
+>>> plan = build(part, program, mesh, leaves)    # doctest: +SKIP
+>>> outs = plan.run(leaves)
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from spmd.shard import execute
 from spmd.shard.sharded import holds_full_value, placement_token, ShardedArray
 from spmd.shard.spec import NamedSharding
 
-# How a plan reads each argument (BLOCKS and WHOLE first: Plan.__call__ tests how <= WHOLE).
+# How a plan reads each argument (written out per leaf in the plan's generated ``run``).
 BLOCKS, WHOLE, AS_IS, CONVERT, RESHARD, VALUE = range(6)
 
 
