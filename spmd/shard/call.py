@@ -178,14 +178,15 @@ def build(part, whole_program: ClosedProgram, mesh, leaves) -> Plan:
     results placed by the partition's out specs (:func:`whole_values`).  The one place
     that chooses between the two."""
     if mesh.is_multi_process:
-        return over_processes(part, mesh, leaves)
+        return over_processes(part.body, part.in_specs, part.out_specs, mesh, leaves)
     return whole_values(whole_program, mesh, part.out_specs, leaves)
 
 
-def over_processes(part, mesh, leaves) -> Plan:
-    """The plan running the partitioned program ``part`` over ``mesh`` (spread over
-    processes) for leaves like ``leaves`` (the program's constants lead)."""
-    program, in_specs, args = execute.with_consts(part.body, part.in_specs, leaves)
+def over_processes(body: ClosedProgram, in_specs, out_specs, mesh, leaves) -> Plan:
+    """The plan running the per-device program ``body`` over ``mesh`` (spread over
+    processes) for leaves like ``leaves``, placed by ``in_specs`` and ``out_specs`` (the
+    program's constants lead, replicated)."""
+    program, in_specs, args = execute.with_consts(body, in_specs, leaves)
     n = len(args) - len(leaves)
     wants = execute._in_shardings(mesh, in_specs)
     host = _on_host()
@@ -207,14 +208,14 @@ def over_processes(part, mesh, leaves) -> Plan:
             fixed.append(c)
         else:  # read on every call: an Array's buffer may be donated meanwhile
             lead.append((c,) + step)
-    exe_plan = execute.plan_for(program, mesh, in_specs, tuple(part.out_specs), tuple(kinds))
-    return Plan(exe_plan.exe.fn, fixed, tuple(lead), tuple(steps[n:]), exe_plan.results, mesh,
+    exe_plan = execute.plan_for(program, mesh, in_specs, tuple(out_specs), tuple(kinds))
+    return Plan(exe_plan.exe.fn, fixed, tuple(lead), tuple(steps[n:]), None, mesh,
                 exe_plan.outs, _fix_block)
 
 
 def _fix_block(o, aval):
     """A per-process program's output that is not an ndarray of its dtype (a numpy
-    scalar, a CuPy array), as :meth:`spmd.shard.execute._Plan.results` makes it."""
+    scalar, a CuPy array) as an array of it."""
     if np.ndim(o) == 0:
         return execute._scalar_as(o, aval.dtype)
     return o.astype(aval.dtype, copy=False)

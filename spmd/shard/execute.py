@@ -27,7 +27,7 @@ from spmd.compiler.jit import executable_for
 from spmd.compiler.ops.shape_more import concatenate, slice as lax_slice, slice_in_dim
 from spmd.compiler.ops.structural import broadcast_in_dim, reshape, transpose
 from spmd.compiler.trace import (eval_program, extend_axis_env, full_raise, get_aval, new_main,
-                                 to_array_value, trace_to_program)
+                                 trace_to_program)
 from spmd.compiler import array_module
 from spmd.compiler.avals import ShapedArray
 from spmd.mesh import process_index
@@ -240,9 +240,9 @@ def _local_out(v, d, spec, n_local):
 
 
 class _Plan:
-    """What :func:`call` needs for one program, mesh, specs and input kinds: the
-    compiled per-process program, the input shardings and the outputs' types and
-    placements (built once: a call then does no validation work)."""
+    """What a call plan over processes (:func:`spmd.shard.call.over_processes`) needs
+    for one program, mesh, specs and input kinds: the compiled per-process program and
+    the outputs' global avals, shardings, representations and placement tokens."""
 
     __slots__ = ("exe", "outs")
 
@@ -253,19 +253,6 @@ class _Plan:
             aval = ShapedArray(_global(a.shape, spec, mesh), a.dtype, a.weak_type)
             split = bool(spec.mesh_axes)
             self.outs.append((aval, s, split, placement_token(ShardedArray, aval, s, split)))
-
-    def results(self, outs) -> list:
-        """The compiled program's raw outputs as ShardedArrays placed by the out specs
-        (split specs hold this process's blocks; replicated ones the whole value)."""
-        array = ShardedArray
-        results = []
-        for o, (aval, s, split, token) in zip(outs, self.outs):
-            if type(o) is not np.ndarray or o.dtype != aval.dtype:
-                o = _scalar_as(o, aval.dtype) if np.ndim(o) == 0 else o.astype(aval.dtype,
-                                                                                copy=False)
-            results.append(array(None, aval, s, o, token) if split
-                           else array(o, aval, s, None, token))
-        return results
 
 
 def plan_for(program: ClosedProgram, mesh, in_specs: tuple, out_specs: tuple,
@@ -290,33 +277,6 @@ def with_consts(program: ClosedProgram, in_specs, args) -> tuple:
         return program, tuple(in_specs), list(args)
     return (_unclosed(program), (_REPLICATED,) * n + tuple(in_specs),
             list(program.consts) + list(args))
-
-
-def call(program: ClosedProgram, mesh, in_specs, out_specs, args) -> list:
-    """Run the per-device ``program`` on this process's devices of ``mesh`` (spread
-    over processes; every process of the mesh calls it alike) and return its outputs
-    as ShardedArrays placed by ``out_specs``.  The program's constants are replicated
-    inputs.
-
-    >>> outs = call(body, mesh, (P("d"),), (P("d"),), [x_spread])   # doctest: +SKIP
-    """
-    program, in_specs, args = with_consts(program, in_specs, args)
-    wants = _in_shardings(mesh, in_specs)
-    raws, kinds = [], []
-    for x, want in zip(args, wants):
-        if isinstance(x, ShardedArray) and x._value is None:
-            if x._sharding is not want and x._sharding != want:
-                from spmd.shard.multiprocess import reshard
-
-                x = reshard(x, want, "an input")
-            if x._value is None:
-                kinds.append("blocks")
-                raws.append(x.local_blocks())
-                continue
-        kinds.append("whole")
-        raws.append(to_array_value(x, get_aval(x)))
-    plan = plan_for(program, mesh, in_specs, tuple(out_specs), tuple(kinds))
-    return plan.results(plan.exe(*raws))
 
 
 _plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

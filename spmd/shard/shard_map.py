@@ -11,6 +11,7 @@ evaluation, the transpose and the batched form of a ``shard_map`` are
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -114,17 +115,31 @@ def _split(params, args=None):
 shard_map_p.rules["lower"] = _lower
 
 
+# Per body program: {(mesh, specs, the leaves' tokens): call plan} of shard_map
+# equations evaluated eagerly over processes.
+_eager_plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def eval_shard_map(args, params):
     """An eager shard_map: results placed by ``out_specs``.  Over processes, each
-    process runs its devices on its blocks (:func:`spmd.shard.execute.call`); in one
-    process the compiled program runs on the whole values."""
-    from spmd.shard.execute import call
+    process runs its devices on its blocks (a call plan of :mod:`spmd.shard.call`,
+    kept per body and leaves); in one process the compiled program runs on the whole
+    values."""
+    from spmd.shard import call
     from spmd.shard.sharded import from_whole
 
     params = _split(params, args)  # a partial-manual one: split by the args' shardings
     mesh, out_specs = params["mesh"], params["out_specs"]
     if mesh.is_multi_process:
-        return call(params["program"], mesh, params["in_specs"], out_specs, args)
+        body, in_specs = params["program"], tuple(params["in_specs"])
+        per = _eager_plans.get(body)
+        if per is None:
+            per = _eager_plans[body] = {}
+        key = (mesh, in_specs, tuple(out_specs), tuple(map(call.leaf_token, args)))
+        plan = per.get(key)
+        if plan is None:
+            plan = per[key] = call.over_processes(body, in_specs, out_specs, mesh, args)
+        return plan.run(args)
     outs = eval_plain(shard_map_p, args, params)
     return [from_whole(o.value, o.aval, NamedSharding(mesh, s)) for o, s in zip(outs, out_specs)]
 
