@@ -23,6 +23,7 @@ PartitionSpec('data',)
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 from spmd.compiler.jit import jit_p
@@ -98,17 +99,8 @@ class ByEquation:
     __slots__ = ("program", "reason")
 
     def __init__(self, program, reason: Exception):
-        import warnings
-
         self.program = program
         self.reason = reason
-        # Said once per plan (a plan is built once per call signature): slower than
-        # one partitioned program, and each equation's collectives agree on their own.
-        warnings.warn(f"a jitted program over processes runs equation by equation: the "
-                      f"partitioner cannot take it as a whole ({type(reason).__name__}: "
-                      f"{reason}). Each equation is then an SPMD computation of its own "
-                      "(right, but slower than one program); see docs/architecture.md, "
-                      "'The one call path'", UserWarning, stacklevel=6)
 
     def __call__(self, leaves) -> list:
         return eval_program(self.program, *leaves)
@@ -124,22 +116,29 @@ def plan_for(program, leaves, mesh):
     except MissingPartitionRuleError:
         raise  # a primitive without a rule: a gap to fill, never worked around
     except SpmdError as e:
+        # Said once per plan (a plan is built once per call signature).
         if mesh.is_multi_process:
+            # Slower than one partitioned program; each equation's collectives agree
+            # on their own.
+            _say_fallback("a jitted program over processes runs equation by equation: the "
+                          "partitioner cannot take it as a whole", e,
+                          "Each equation is then an SPMD computation of its own (right, but "
+                          "slower than one program)")
             return ByEquation(program, e)
         # The whole values are here: the program runs as it is, and its results are
-        # left unplaced (a shard_map's keep its out specs).  Said once per plan.
-        _say_unplaced(e)
+        # left unplaced (a shard_map's keep its out specs).
+        _say_fallback("a jitted call on placed arrays returns unplaced results: the "
+                      "partitioner cannot take its program", e,
+                      "The values are computed whole and are right")
         return call.unplaced(program, leaves, output_wrappers(program))
     return call.build(part, program, mesh, leaves)
 
 
-def _say_unplaced(reason: Exception) -> None:
-    import warnings
-
-    warnings.warn(f"a jitted call on placed arrays returns unplaced results: the "
-                  f"partitioner cannot take its program ({type(reason).__name__}: {reason}). "
-                  "The values are computed whole and are right; see docs/architecture.md, "
-                  "'The one call path'", UserWarning, stacklevel=6)
+def _say_fallback(what: str, reason: Exception, consequence: str) -> None:
+    """The one warning of a plan that falls back (``what``), with the partitioner's
+    error and what the fallback means."""
+    warnings.warn(f"{what} ({type(reason).__name__}: {reason}). {consequence}; see "
+                  "docs/architecture.md, 'The one call path'", UserWarning, stacklevel=6)
 
 
 # Per program: {the leaves' key: plan} for jit equations bound eagerly on placed values.
@@ -196,7 +195,7 @@ def executed_program(program, mesh, leading=()):
     if body.consts:
         in_specs = (PartitionSpec(),) * len(body.consts) + in_specs
         body = _unclosed(body)
-    # An Array spread over processes comes as this process's blocks (see execute.call).
+    # An Array spread over processes comes as this process's blocks (see call.over_processes).
     n_whole = len(in_specs) - len(program.in_avals)
     kinds = ("whole",) * n_whole + tuple(
         "blocks" if isinstance(x, ShardedArray) and x._value is None else "whole"
