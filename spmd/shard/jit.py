@@ -95,20 +95,3 @@ class Jit(JitFunction):
             return plan
         return Placed(entry, avals, False, plan_for(entry.closed, everything, mesh))
 
-
-def jit(fun=None, *, static_argnums=None, static_argnames=None, donate_argnums=None):
-    """Compile ``fun``: trace once per argument signature (placements included), then
-    run its plan.
-
-    >>> @jit
-    ... def f(x):
-    ...     return x * 2 + 1
-    """
-    import functools
-
-    if fun is None:
-        return functools.partial(jit, static_argnums=static_argnums,
-                                 static_argnames=static_argnames, donate_argnums=donate_argnums)
-    if not callable(fun):
-        raise TypeError(f"jit: expected a function, got {type(fun).__name__}")
-    return Jit(fun, static_argnums, static_argnames, donate_argnums)

@@ -14,7 +14,7 @@ from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_co
                                  trace_to_program)
 from spmd.errors import StaticArgumentError
 from spmd.shard import call
-from spmd.shard.jit import Jit, jit as plain_jit, Placed
+from spmd.shard.jit import Jit, Placed
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.sharded import ShardedArray, SingleDeviceSharding
@@ -367,11 +367,10 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None,
                                  forbid_gather_bytes=forbid_gather_bytes,
                                  static_argnums=static_argnums, static_argnames=static_argnames,
                                  donate_argnums=donate_argnums)
-    if in_shardings is None and out_shardings is None and forbid_gather_bytes is None:
-        return plain_jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
-                         donate_argnums=donate_argnums)
     if not callable(fun):
         raise TypeError(f"jit: expected a function, got {type(fun).__name__}")
+    if in_shardings is None and out_shardings is None and forbid_gather_bytes is None:
+        return Jit(fun, static_argnums, static_argnames, donate_argnums)
     return PartitionedJit(fun, in_shardings, out_shardings, forbid_gather_bytes, static_argnums,
                           static_argnames, donate_argnums)
 
