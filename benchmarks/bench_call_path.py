@@ -23,7 +23,6 @@ Rank 0 prints the table and writes ``benchmarks/results/call_path_n<N>.json``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -87,7 +86,7 @@ def count_python_calls(fn) -> int:
     return n[0] - 1  # the lambda around the call
 
 
-def run(rounds: int, number: int = 200) -> tuple[list[dict], dict]:
+def measure(rounds: int, number: int = 200) -> list[dict]:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -115,43 +114,26 @@ def run(rounds: int, number: int = 200) -> tuple[list[dict], dict]:
         rows.append(common.row(name, f"floor: {floor_name}", floor_t, unit="us"))
         rows.append(common.row(name, "spmd", call_t, unit="us",
                                note=f"{counts[name]} Python calls (goal <= {goal_calls})"))
+        rows[-1]["python_calls"] = counts[name]
         rows.append(common.row(name, "added", [c - f for c, f in zip(call_t, floor_t)],
                                unit="us", goal_max_s=goal_s,
                                note="spmd minus the floor, per round"))
-    return rows, counts
+    return rows
+
+
+def _counts(rows) -> str:
+    calls = {r["benchmark"]: r["python_calls"] for r in rows if "python_calls" in r}
+    return "\n".join(f"{name}: {calls[name]} Python calls (goal <= {goal})"
+                     for name, _, _, goal in ROWS)
+
+
+def skip_reason() -> str:
+    """``benchmarks/run.py`` runs it not: it has a ``main`` of its own, on MPI ranks."""
+    return common.mpi_only("call_path")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--no-save", action="store_true", help="print only")
-    args = ap.parse_args(argv)
-    import spmd
-
-    if spmd.process_count() < 2:
-        print("bench_call_path: skipped: run it on 2 or more MPI ranks "
-              "(spmd-run -n 2 benchmarks/bench_call_path.py)")
-        return 0
-    import run as runner
-    from mpi4py import MPI
-
-    common.provenance()
-    t0 = time.perf_counter()
-    rows, counts = run(args.rounds)
-    seconds = time.perf_counter() - t0
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        rows = common.summarize(rows)
-        for r in rows:
-            if r["variant"] == "spmd":
-                r["python_calls"] = counts[r["benchmark"]]
-        name = f"call_path_n{MPI.COMM_WORLD.Get_size()}"
-        print(f"## {name} ({seconds:.1f} s)\n\n{common.table(rows)}\n", flush=True)
-        for name_, _, _, goal_calls in ROWS:
-            print(f"{name_}: {counts[name_]} Python calls (goal <= {goal_calls})")
-        if not args.no_save:
-            path = runner.save(name, rows, False, seconds, os.path.join(HERE, "results"))
-            print(f"\nsaved {os.path.relpath(path)}")
-    return 0
+    return common.mpi_main("call_path", __doc__, measure, argv, rounds=40, footer=_counts)
 
 
 if __name__ == "__main__":

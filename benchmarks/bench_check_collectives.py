@@ -18,7 +18,6 @@ unchecked.  Rank 0 prints the table and writes
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -56,7 +55,7 @@ def _variants(n: int) -> dict:
             "data-parallel MLP step (grad inside)": (lambda: step(params, x, y), 4)}
 
 
-def run(rounds: int) -> list[dict]:
+def measure(rounds: int) -> list[dict]:
     from mpi4py import MPI
 
     from spmd.collectives import mpi_control
@@ -93,32 +92,13 @@ def run(rounds: int) -> list[dict]:
     return rows
 
 
+def skip_reason() -> str:
+    """``benchmarks/run.py`` runs it not: it has a ``main`` of its own, on MPI ranks."""
+    return common.mpi_only("check_collectives")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--no-save", action="store_true", help="print only")
-    args = ap.parse_args(argv)
-    import spmd
-
-    if spmd.process_count() < 2:
-        print("bench_check_collectives: skipped: run it on 2 or more MPI ranks "
-              "(spmd-run -n 2 benchmarks/bench_check_collectives.py)")
-        return 0
-    import run as runner
-    from mpi4py import MPI
-
-    common.provenance()
-    t0 = time.perf_counter()
-    rows = run(args.rounds)
-    seconds = time.perf_counter() - t0
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        rows = common.summarize(rows)
-        name = f"check_collectives_n{MPI.COMM_WORLD.Get_size()}"
-        print(f"## {name} ({seconds:.1f} s)\n\n{common.table(rows)}", flush=True)
-        if not args.no_save:
-            path = runner.save(name, rows, False, seconds, os.path.join(HERE, "results"))
-            print(f"\nsaved {os.path.relpath(path)}")
-    return 0
+    return common.mpi_main("check_collectives", __doc__, measure, argv, rounds=30)
 
 
 if __name__ == "__main__":

@@ -208,6 +208,58 @@ def table(rows: list[dict]) -> str:
     return "\n".join([line(head), sep] + [line(b) for b in body])
 
 
+# ------------------------------------------------------ benchmarks on MPI ranks
+
+def mpi_only(stem: str) -> str:
+    """The reason ``benchmarks/run.py`` gives for skipping an MPI benchmark with its own
+    :func:`mpi_main`."""
+    return (f"runs on 2 or more MPI ranks with its own main: spmd-run -n 2 "
+            f"benchmarks/bench_{stem}.py")
+
+
+def mpi_main(stem: str, doc: str, measure: Callable[[int], list[dict]], argv=None, *,
+             rounds: int = 30, footer: Callable[[list[dict]], str] | None = None) -> int:
+    """The ``main`` of ``benchmarks/bench_<stem>.py`` run on MPI ranks (``spmd-run -n 2
+    benchmarks/bench_<stem>.py [--rounds R] [--no-save]``): every rank calls
+    ``measure(rounds)``, which returns the rows (the same on every rank); rank 0 prints
+    the table (and ``footer(rows)``) and saves ``results/<stem>_n<ranks>.json``.  On
+    fewer than 2 ranks it says so and returns 0.
+
+    >>> sys.exit(mpi_main("call_path", __doc__, measure, rounds=40))  # doctest: +SKIP
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--no-save", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    import spmd
+
+    if spmd.process_count() < 2:
+        print(f"bench_{stem}: skipped: run it on 2 or more MPI ranks "
+              f"(spmd-run -n 2 benchmarks/bench_{stem}.py)")
+        return 0
+    from mpi4py import MPI
+
+    import run as runner
+
+    provenance()
+    t0 = time.perf_counter()
+    rows = measure(args.rounds)
+    seconds = time.perf_counter() - t0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        rows = summarize(rows)
+        name = f"{stem}_n{MPI.COMM_WORLD.Get_size()}"
+        print(f"## {name} ({seconds:.1f} s)\n\n{table(rows)}", flush=True)
+        if footer is not None:
+            print(f"\n{footer(rows)}")
+        if not args.no_save:
+            here = os.path.dirname(os.path.abspath(__file__))
+            path = runner.save(name, rows, False, seconds, os.path.join(here, "results"))
+            print(f"\nsaved {os.path.relpath(path)}")
+    return 0
+
+
 # ----------------------------------------------------------------- machine
 
 def _cpu_model() -> str:
