@@ -158,3 +158,24 @@ def test_eager_operations_on_placed_arrays_equal_the_unplaced_ones(name, fn):
     assert got.dtype == want.dtype and got.aval.weak_type == want.aval.weak_type
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert isinstance(got.sharding, NamedSharding) and got.sharding.mesh == mesh
+
+
+def test_a_leaked_tracer_called_eagerly_says_it_escaped(mesh):
+    """A jit with shardings traced under a transformation keeps that signature's entry
+    without a call plan; calling it eagerly with the leaked tracer raises, naming the
+    cause, instead of running anything."""
+    from spmd.errors import SpmdError
+
+    s = NamedSharding(mesh, P("i"))
+    f = spmd.jit(lambda v: v * 2, in_shardings=s, out_shardings=s)
+    leaked = []
+
+    def outer(x):
+        leaked.append(x)
+        return f(x)
+
+    np.testing.assert_array_equal(np.asarray(spmd.jit(outer)(np.ones(8, np.float32))), 2.0)
+    with pytest.raises(SpmdError, match="traced under a transformation.*a tracer may have "
+                                        "escaped its transformation"):
+        f(leaked[0])
+    np.testing.assert_array_equal(np.asarray(f(np.ones(8, np.float32))), 2.0)
