@@ -107,7 +107,9 @@ def __getattr__(name: str):
                 # module needs no call: a front end runs the installer as it loads, and
                 # the layers' modules are what `from spmd import tree_util` in a lower
                 # layer asks for.
-                _run_installer()
+                from spmd._install import install_and_wait
+
+                install_and_wait(f"spmd.{name}")
                 value = getattr(value, attr)
             break
         except _deadlock_error() as e:

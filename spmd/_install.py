@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import importlib
 import importlib._bootstrap
+import sys
+import time
 
 from spmd.compiler import extensions
 
@@ -47,7 +49,8 @@ from spmd.compiler import extensions
 _DEADLOCK = (getattr(importlib._bootstrap, "_DeadlockError", None)
              or type("_NoDeadlockError", (Exception,), {}))
 
-# "idle", "running" (re-entrant calls return), "done".
+# "idle", "running" (re-entrant calls return), "filled" (points filled; spmd.numpy,
+# which installs the methods, still loading in some thread), "done" (both).
 _state: list = ["idle"]
 
 
@@ -64,11 +67,43 @@ def install_extensions() -> None:
         return
     try:
         importlib.import_module("spmd._install_run")
+        if not _methods_installed():
+            # Points filled, but spmd.numpy, which installs the methods, is loading:
+            # wait for the thread that loads it.  The import system hands back the
+            # partial module instead of waiting when the wait would close a cycle of
+            # import locks (or this thread is the one loading it): then return, and
+            # the outer call finishes (and :func:`install_and_wait` checks).
+            importlib.import_module("spmd.numpy")
     except _DEADLOCK:
         # This thread holds an import lock the running installer waits for (it is
         # importing spmd.numpy, whose methods it has just installed itself): return
         # as a re-entrant call does; the installer finishes once this import does.
         return
+    if _methods_installed() and _state[0] == "filled":
+        _state[0] = "done"
+
+
+def install_and_wait(what: str, retries: int = 200, pause: float = 0.01) -> None:
+    """:func:`install_extensions`, for a caller that holds no spmd import lock.
+
+    Before user code gets a public name (``spmd.jit``), the methods must be on the
+    classes.  A call can return early when another thread is mid-install (above);
+    from a thread that holds no spmd import lock the next try waits instead, so a
+    few tries settle it.  Raises ImportError naming ``what`` if they never do.
+    """
+    for _ in range(retries):
+        install_extensions()
+        if _state[0] == "done":
+            return
+        time.sleep(pause)
+    raise ImportError(f"{what}: the array methods of spmd were not installed while other "
+                      f"threads kept importing spmd (state {_state[0]!r}); import spmd.numpy "
+                      "in one thread before starting the others")
+
+
+def _methods_installed() -> bool:
+    methods = sys.modules.get("spmd.numpy._methods")
+    return bool(methods is not None and getattr(methods, "INSTALLED", False))
 
 
 def run_once() -> None:
@@ -79,12 +114,15 @@ def run_once() -> None:
     try:
         _fill_points()
         # The operators and methods of Array and tracers; a no-op import while
-        # spmd.numpy itself is loading (it installs them as it finishes).
+        # spmd.numpy itself is loading (it installs them as it finishes).  While
+        # another thread loads it, the import may hand back the partial module
+        # (a cycle of import locks): the state then waits in "filled" until the
+        # methods are on the classes (`install_extensions`).
         import spmd.numpy  # noqa: F401
     except BaseException:
         _state[0] = "idle"  # a failed import: the next attempt says why again
         raise
-    _state[0] = "done"
+    _state[0] = "done" if _methods_installed() else "filled"
 
 
 def _fill_points() -> None:

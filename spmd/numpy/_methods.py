@@ -11,6 +11,11 @@ import numpy as np
 from spmd.compiler.array import Array
 from spmd.compiler.trace import Tracer
 
+# Set once install() has put every method on the classes; the installer
+# (spmd/_install.py) counts as done only then, so that no thread is told "done"
+# while another is still loading spmd.numpy.
+INSTALLED = False
+
 
 def _swap(f):
     def g(self, other):
@@ -92,3 +97,5 @@ def install() -> None:
         cls.__setitem__ = _setitem
         # == on arrays is elementwise, so arrays stay unhashable.
         cls.__hash__ = None
+    global INSTALLED
+    INSTALLED = True
