@@ -7,10 +7,10 @@ compiler does not import the front end).
 
 Upper layers may define array types of their own as subclasses (the sharding
 layer's :class:`spmd.shard.sharded.ShardedArray`, whose data may be spread over
-processes).  The compiler treats such a subclass through one declared method,
-:meth:`Array._eval_primitive`, which eager evaluation (and an eager jitted call)
-hands every primitive application that has one among its arguments; everything
-else it reads through ``.value``, which a subclass may refuse.
+processes).  Eager evaluation (and an eager jitted call) hands every primitive application
+that has such an array among its arguments to the extension point
+:data:`spmd.compiler.extensions.PLACED_EVAL`; everything else it reads through
+``.value``, which a subclass may refuse.
 """
 
 from __future__ import annotations
@@ -40,16 +40,6 @@ class Array:
         self._deleted = False
 
     # ------------------------------------------------ the extension interface
-    def _eval_primitive(self, prim, args: list, params: dict) -> list | None:
-        """Evaluate ``prim`` eagerly on ``args`` (``self`` is one of them), or return
-        None to let the compiler evaluate it on the arguments' ``.value``.
-
-        Called only on instances of subclasses (``type(x) is not Array``): the
-        compiler's own arrays never need it.  A subclass returns a list of Arrays, one
-        per result of ``prim``.
-        """
-        return None
-
     def _holds_value(self) -> bool:
         """Whether ``.value`` can be read in this process.  A subclass whose data is
         spread over processes says False; the compiler then keeps the array itself

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import numpy as np
 from spmd import tree_util
 from spmd.compiler.ir import ClosedProgram, Program
-from spmd.compiler.ops.structural import broadcast_in_dim, transpose
+# The op library, read at call time (its rules import this module inside functions).
+from spmd.compiler import ops
 from spmd.compiler.trace import abstract_eval, extend_axis_env
 from spmd.errors import ArgumentError
 
@@ -34,7 +35,7 @@ def move_to_front(x, d):
         return x
     nd = len(np.shape(x))
     perm = (d,) + tuple(i for i in range(nd) if i != d)
-    return transpose(x, perm)
+    return ops.structural.transpose(x, perm)
 
 
 def move_axis(x, src, dst):
@@ -44,14 +45,14 @@ def move_axis(x, src, dst):
     nd = len(np.shape(x))
     order = [i for i in range(nd) if i != src]
     order.insert(dst, src)
-    return transpose(x, tuple(order))
+    return ops.structural.transpose(x, tuple(order))
 
 
 def broadcast_batch(x, d, size):
     """``x`` with its batch axis at 0, materialising it when ``d`` is None."""
     if d is None:
         shape = tuple(np.shape(x))
-        return broadcast_in_dim(x, (size,) + shape, tuple(range(1, len(shape) + 1)))
+        return ops.structural.broadcast_in_dim(x, (size,) + shape, tuple(range(1, len(shape) + 1)))
     return move_to_front(x, d)
 
 

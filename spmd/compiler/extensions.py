@@ -37,14 +37,15 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
 | :data:`ARRAY_MODULE` | ``spmd.launch.platform.resolve_array_module`` | returns numpy |
+| :data:`PLACED_EVAL` | ``spmd.shard.dispatch.eval_primitive`` | raises ExtensionNotInstalledError |
 
-The other declared seam is the Array type itself: an upper layer's subclass of
-:class:`spmd.compiler.array.Array` (the shard layer's ``ShardedArray``) evaluates
-eager primitives on its arguments through ``Array._eval_primitive``, so the
-compiler's Array knows nothing of shardings or processes.
+An upper layer may subclass :class:`spmd.compiler.array.Array` (the shard layer's
+``ShardedArray``); an eager primitive with such an array among its arguments is
+handed to :data:`PLACED_EVAL`, so the compiler's Array knows nothing of shardings
+or processes.
 
 >>> [p.name for p in POINTS]
-['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module']
+['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'placed_eval']
 """
 
 from __future__ import annotations
@@ -163,8 +164,23 @@ ARRAY_MODULE: ExtensionPoint = ExtensionPoint(
     _numpy)
 
 
+def _placed_eval_missing(prim, args, params):
+    kinds = sorted({type(a).__name__ for a in args if type(a).__name__ != "Array"})
+    raise ExtensionNotInstalledError(
+        f"{prim.name} has an array of an upper layer among its arguments ({', '.join(kinds)}), "
+        f"which that layer evaluates; {_HOW}")
+
+
+PLACED_EVAL: ExtensionPoint = ExtensionPoint(
+    "placed_eval", "(prim: Primitive, args: list, params: dict) -> list[Array] | None",
+    "Evaluate an eager primitive one of whose arguments is an array of an upper layer's "
+    "subclass of Array (a placed ShardedArray): its results as Arrays, or None to "
+    "evaluate it on the arguments' values.",
+    _placed_eval_missing)
+
+
 # Every point, for the installer's check and the tests.
-POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE)
+POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, PLACED_EVAL)
 
 
 # ----------------------------------------------------------------- the installer

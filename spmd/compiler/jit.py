@@ -303,7 +303,7 @@ class _CallPlan:
         self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
         # Arrays of an upper layer's type (e.g. sharded over processes) among the
         # arguments, or equations that need Arrays: the call binds ``jit`` eagerly, so
-        # that those arrays evaluate it (see Array._eval_primitive).
+        # that their layer evaluates it (extensions.PLACED_EVAL).
         self.bind = entry.needs_arrays or any(
             type(x) is not Array and isinstance(x, Array) for x in (*leaves, *entry.hoisted))
         # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
@@ -506,7 +506,7 @@ class JitFunction:
         if plan.bind or not is_eager():
             # Under a transformation, or (this compiler-only jit) arrays of an upper
             # layer among the leaves: the ``jit`` equation is bound, and evaluated by
-            # the trace (eagerly: by those arrays, see Array._eval_primitive).
+            # the trace (eagerly: by those arrays' layer, extensions.PLACED_EVAL).
             outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
                               name=self._name)
             if plan.bind and self._donate_argnums:

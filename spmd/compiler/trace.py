@@ -63,10 +63,10 @@ class EvalTrace(Trace):
 
     def process_primitive(self, prim, args, params):
         for a in args:
-            # An array type of an upper layer (e.g. a sharded Array) evaluates the
-            # primitive itself where it needs to (see Array._eval_primitive).
+            # An array type of an upper layer (a placed ShardedArray): that layer
+            # evaluates the primitive where it needs to (extensions.PLACED_EVAL).
             if type(a) is not Array and isinstance(a, Array):
-                outs = a._eval_primitive(prim, args, params)
+                outs = _ext.PLACED_EVAL.fn(prim, args, params)
                 if outs is not None:
                     return outs
                 break

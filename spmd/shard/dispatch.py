@@ -2,10 +2,10 @@
 
 The compiler hands every eager primitive application with a
 :class:`~spmd.shard.sharded.ShardedArray` argument to :func:`eval_primitive`
-(through ``Array._eval_primitive``).  As in JAX, an eager operation on arrays
+(through its extension point ``PLACED_EVAL``, which the installer fills).  As in JAX, an eager operation on arrays
 placed on a mesh of several devices runs as an SPMD computation over that mesh:
 
-- ``shard_map`` runs its per-device program (:func:`spmd.shard.shard_map.eval_shard_map`);
+- ``shard_map`` runs its per-device program (:func:`eval_shard_map`);
 - a jitted call (``jit``) is partitioned with its arguments' shardings: across
   processes it runs as the partitioned per-device program on this process's
   blocks; in one process it runs its compiled program on the whole values, and
@@ -27,8 +27,8 @@ import warnings
 import weakref
 
 from spmd.compiler.jit import jit_p
-from spmd.compiler.trace import eval_program
-from spmd.shard.sharded import ShardedArray, from_whole
+from spmd.compiler.trace import eval_plain, eval_program
+from spmd.shard.sharded import ShardedArray, from_whole, placed
 from spmd.shard.spec import NamedSharding, PartitionSpec
 from spmd.compiler.passes import lower_for_execution, optimize
 from spmd.compiler.program_arrays import output_wrappers
@@ -39,7 +39,7 @@ from spmd.shard.execute import _unclosed, process_program
 from spmd.shard.partition.eager import run_sharded
 from spmd.shard.partition.partitioner import partition
 from spmd.shard.partition.registry import MissingPartitionRuleError
-from spmd.shard.shard_map import eval_shard_map, shard_map_p
+from spmd.shard.shard_map import _split, shard_map_p
 
 
 def mesh_of(args):
@@ -202,3 +202,63 @@ def executed_program(program, mesh, leading=()):
         for x in leading) + ("whole",) * n_rest
     return lower_for_execution(optimize(process_program(body, mesh, in_specs,
                                                          tuple(part.out_specs), kinds)))
+
+
+# ------------------------------------------------ shard_map on placed values
+# How a shard_map runs on placed values is the call path's: these are its execution
+# rules (its transformation rules are in spmd/shard/shard_map.py).  The shard
+# package imports this module, so they are in place whenever shard_map is.
+
+# Per body program: {(mesh, specs, the leaves' tokens): call plan} of shard_map
+# equations evaluated eagerly over processes.
+_eager_plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def eval_shard_map(args, params):
+    """An eager shard_map: results placed by ``out_specs``.  Over processes, each
+    process runs its devices on its blocks (a call plan of :mod:`spmd.shard.call`,
+    kept per body and leaves); in one process the compiled program runs on the whole
+    values."""
+    params = _split(params, args)  # a partial-manual one: split by the args' shardings
+    mesh, out_specs = params["mesh"], params["out_specs"]
+    if mesh.is_multi_process:
+        body, in_specs = params["program"], tuple(params["in_specs"])
+        per = _eager_plans.get(body)
+        if per is None:
+            per = _eager_plans[body] = {}
+        key = (mesh, in_specs, tuple(out_specs), tuple(map(leaf_token, args)))
+        plan = per.get(key)
+        if plan is None:
+            plan = per[key] = call.over_processes(body, in_specs, out_specs, mesh, args)
+        return plan.run(args)
+    outs = eval_plain(shard_map_p, args, params)
+    return [from_whole(o.value, o.aval, NamedSharding(mesh, s)) for o, s in zip(outs, out_specs)]
+
+
+def _output_array(eqn, i):
+    """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
+    (and as in JAX)."""
+    s = NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
+    return lambda a: placed(a, s)
+
+
+def _eval_program(params, program, args, required=False):
+    """A jitted program (or a loop, cond, checkpoint or custom derivative) holding a
+    shard_map over processes runs partitioned over its mesh, as one per-process
+    program (so e.g. the collectives of its forward and backward bodies are
+    combined); None (equation by equation) where the partitioner cannot take it,
+    or an error when ``required``."""
+    return eval_jit_over(program, args, params["mesh"], required)
+
+
+def _executed_program(params, program, leading=()):
+    return executed_program(program, params["mesh"], leading)
+
+
+shard_map_p.rules["eval_arrays"] = eval_shard_map
+shard_map_p.rules["output_array"] = _output_array
+# Over processes its results are this process's blocks: a jitted program holding
+# one is evaluated equation by equation (spmd.compiler.jit.needs_arrays).
+shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
+shard_map_p.rules["eval_program"] = _eval_program
+shard_map_p.rules["executed_program"] = _executed_program

@@ -5,13 +5,14 @@ per-device block types and binds the higher-order primitive ``shard_map``,
 whose parameter is that per-device program.  Its rules keep the per-device
 structure under every transformation: the jvp, the two halves of partial
 evaluation, the transpose and the batched form of a ``shard_map`` are
-``shard_map``s again.  Executing it is the backend's job (``execute.py``).
+``shard_map``s again.  Executing it is the backend's job (``execute.py``); how
+an eager one, or a program holding one over processes, runs on placed values is
+the call path's (its execution rules are in :mod:`spmd.shard.dispatch`).
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Callable
 
 import numpy as np
@@ -25,14 +26,14 @@ from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (bind, eval_plain, eval_program, extend_axis_env, get_aval,
+from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
 from spmd.errors import ConcretizationError
 from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
                                      _manual_axes)
 from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa: F401
                                        _check_out, _inferred_specs, _spec_leaves)
-from spmd.shard.spec import (NamedSharding, PartitionSpec, ShardingError, block_shape,
+from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 from spmd.compiler.batching import batch_flat, move_to_front
 from spmd.compiler.ops.elementwise import div
@@ -114,71 +115,6 @@ def _split(params, args=None):
 
 shard_map_p.rules["lower"] = _lower
 
-
-# Per body program: {(mesh, specs, the leaves' tokens): call plan} of shard_map
-# equations evaluated eagerly over processes.
-_eager_plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def eval_shard_map(args, params):
-    """An eager shard_map: results placed by ``out_specs``.  Over processes, each
-    process runs its devices on its blocks (a call plan of :mod:`spmd.shard.call`,
-    kept per body and leaves); in one process the compiled program runs on the whole
-    values."""
-    from spmd.shard import call
-    from spmd.shard.sharded import from_whole
-
-    params = _split(params, args)  # a partial-manual one: split by the args' shardings
-    mesh, out_specs = params["mesh"], params["out_specs"]
-    if mesh.is_multi_process:
-        body, in_specs = params["program"], tuple(params["in_specs"])
-        per = _eager_plans.get(body)
-        if per is None:
-            per = _eager_plans[body] = {}
-        key = (mesh, in_specs, tuple(out_specs), tuple(map(call.leaf_token, args)))
-        plan = per.get(key)
-        if plan is None:
-            plan = per[key] = call.over_processes(body, in_specs, out_specs, mesh, args)
-        return plan.run(args)
-    outs = eval_plain(shard_map_p, args, params)
-    return [from_whole(o.value, o.aval, NamedSharding(mesh, s)) for o, s in zip(outs, out_specs)]
-
-
-def _output_array(eqn, i):
-    """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
-    (and as in JAX)."""
-    from spmd.shard.sharded import placed
-
-    s = NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
-    return lambda a: placed(a, s)
-
-
-shard_map_p.rules["eval_arrays"] = eval_shard_map
-shard_map_p.rules["output_array"] = _output_array
-# Over processes its results are this process's blocks: a jitted program holding
-# one is evaluated equation by equation (spmd.compiler.jit.needs_arrays).
-shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
-
-
-def _eval_program(params, program, args, required=False):
-    """A jitted program (or a loop, cond, checkpoint or custom derivative) holding a
-    shard_map over processes runs partitioned over its mesh, as one per-process
-    program (so e.g. the collectives of its forward and backward bodies are
-    combined); None (equation by equation) where the partitioner cannot take it,
-    or an error when ``required``."""
-    from spmd.shard.dispatch import eval_jit_over
-
-    return eval_jit_over(program, args, params["mesh"], required)
-
-
-def _executed_program(params, program, leading=()):
-    from spmd.shard.dispatch import executed_program
-
-    return executed_program(program, params["mesh"], leading)
-
-
-shard_map_p.rules["eval_program"] = _eval_program
-shard_map_p.rules["executed_program"] = _executed_program
 
 
 @shard_map_p.def_jvp

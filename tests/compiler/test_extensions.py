@@ -17,7 +17,8 @@ from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
 def test_every_point_is_declared_and_installed_by_spmd():
     assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
-                                                   "plain_shards", "array_module"]
+                                                   "plain_shards", "array_module",
+                                                   "placed_eval"]
     for p in extensions.POINTS:
         assert p.signature.startswith("(") and "->" in p.signature
         assert len(p.doc) > 40 and callable(p.default)
@@ -31,6 +32,41 @@ def test_defaults_keep_the_compiler_working_alone():
     assert extensions.ARRAY_MODULE.default() == (np, None)
     with pytest.raises(ExtensionNotInstalledError, match=r"needs pvary.*`import spmd.numpy`.*run_installer"):
         extensions.PVARY.default(np.ones(2), ("i",))
+
+
+def test_placed_eval_default_names_the_primitive_and_the_array_type():
+    """Without the installer, an eager primitive on an upper layer's array raises (it
+    would otherwise compute on the whole value and lose the placement, silently)."""
+    from spmd.compiler.array import Array
+    from spmd.compiler.avals import ShapedArray
+    from spmd.compiler.ops.elementwise import sin_p
+
+    class Placed(Array):
+        __slots__ = ()
+
+    x = Placed(np.ones(2, np.float32), ShapedArray((2,), np.dtype(np.float32)))
+    with pytest.raises(ExtensionNotInstalledError, match=r"sin has an array of an upper layer "
+                       r"among its arguments \(Placed\).*run_installer"):
+        extensions.PLACED_EVAL.default(sin_p, [x], {})
+
+
+def test_eager_primitives_on_placed_arrays_go_through_placed_eval():
+    seen = []
+    real = extensions.PLACED_EVAL.fn
+
+    def spy(prim, args, params):
+        seen.append(prim.name)
+        return real(prim, args, params)
+
+    mesh = spmd.make_mesh((2,), ("d",))
+    x = spmd.device_put(np.arange(4.0, dtype=np.float32), spmd.NamedSharding(mesh, P("d")))
+    restore = _swap(extensions.PLACED_EVAL, spy)
+    try:
+        y = snp.sin(x).sum()
+    finally:
+        restore()
+    assert np.allclose(np.asarray(y), np.sin(np.arange(4.0)).sum(), rtol=1e-6)
+    assert seen, "no eager primitive on the placed array reached PLACED_EVAL"
 
 
 def test_install_and_reset():

@@ -112,9 +112,9 @@ def _complex_jvp(primals, tangents):
 
 
 def _zeros(aval):
-    from spmd.compiler.ops.structural import full
+    from spmd.compiler import ops
 
-    return full(aval.shape, 0, aval.dtype)
+    return ops.structural.full(aval.shape, 0, aval.dtype)
 
 
 def _real_aval(out):

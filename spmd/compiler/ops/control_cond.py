@@ -37,11 +37,11 @@ def trace_closed(fun, avals) -> ClosedProgram:
 
 def cast_to(x, aval: ShapedArray):
     """``x`` converted to ``aval``'s dtype and weak type (a no-op when they agree)."""
-    from spmd.compiler.ops.elementwise import convert
+    from spmd.compiler import ops
 
     av = get_aval(x)
     if av.dtype != aval.dtype or av.weak_type != aval.weak_type:
-        return convert(x, aval.dtype, aval.weak_type)
+        return ops.elementwise.convert(x, aval.dtype, aval.weak_type)
     return x
 
 
@@ -183,13 +183,13 @@ def transpose_program(closed: ClosedProgram, linear, ct_nonzero, extra_residuals
 
 def zeros_eqn(aval: ShapedArray):
     """``(atom, eqns)`` computing zeros of ``aval`` inside a program being rewritten."""
-    from spmd.compiler.ops.structural import broadcast_in_dim_p
+    from spmd.compiler import ops
 
     scalar = Literal(np.zeros((), aval.dtype)[()], ShapedArray((), aval.dtype, aval.weak_type))
     if aval.shape == ():
         return scalar, []
     out = Var(aval)
-    return out, [Eqn(broadcast_in_dim_p, [scalar], [out],
+    return out, [Eqn(ops.structural.broadcast_in_dim_p, [scalar], [out],
                      dict(shape=aval.shape, broadcast_dimensions=()))]
 
 
@@ -306,22 +306,22 @@ def _cond_batch(args, dims, *, branches, _axis_data):
     return outs, [0 if b else None for b in out_b]
 
 
-def _cond_batch_select(index, ops, batched, branches, size, axis_name):
+def _cond_batch_select(index, operands, batched, branches, size, axis_name):
     """A batched index: run every branch on the whole batch and select per element."""
-    from spmd.compiler.ops.elementwise import max as lax_max, min as lax_min, select_n
-    from spmd.compiler.ops.structural import broadcast_in_dim
+    from spmd.compiler import ops
 
     n_out = len(branches[0].out_avals)
-    results = [batch_eval(br, ops, batched, size, axis_name, [True] * n_out)[0]
+    results = [batch_eval(br, operands, batched, size, axis_name, [True] * n_out)[0]
                for br in branches]
     dt = get_aval(index).dtype
-    index = lax_min(lax_max(index, np.zeros((), dt)), np.full((), len(branches) - 1, dt))
+    ew = ops.elementwise
+    index = ew.min(ew.max(index, np.zeros((), dt)), np.full((), len(branches) - 1, dt))
     outs = []
     for k in range(n_out):
         cases = [r[k] for r in results]
         shape = get_aval(cases[0]).shape
-        pred = broadcast_in_dim(index, shape, (0,))
-        outs.append(select_n(pred, *cases) if len(cases) > 1 else cases[0])
+        pred = ops.structural.broadcast_in_dim(index, shape, (0,))
+        outs.append(ops.elementwise.select_n(pred, *cases) if len(cases) > 1 else cases[0])
     return outs
 
 

@@ -528,19 +528,19 @@ def _while_batch(args, dims, *, cond_program, body_program, cond_nconsts, body_n
 def _any_pred_programs(cond, body, n_cc, n_bc):
     """A batched predicate: loop while any element runs; finished elements keep
     their carries (each step selects between the old and the new carry)."""
-    from spmd.compiler.ops.elementwise import select_n
-    from spmd.compiler.ops.reduce import reduce_max
-    from spmd.compiler.ops.structural import broadcast_in_dim
+    from spmd.compiler import ops
 
     c_avals = cond.in_avals
-    any_cond = trace_closed(lambda *a: [reduce_max(eval_program(cond, *a)[0], (0,))], c_avals)
+    any_cond = trace_closed(lambda *a: [ops.reduce.reduce_max(eval_program(cond, *a)[0], (0,))],
+                            c_avals)
     carry_avals = body.in_avals[n_bc:]
 
     def step(*a):
         cc, bc, carry = _split(a, n_cc, n_bc)
         pred = eval_program(cond, *cc, *carry)[0]
         new = eval_program(body, *bc, *carry)
-        return [select_n(broadcast_in_dim(pred, av.shape, (0,)), old, nw)
+        return [ops.elementwise.select_n(ops.structural.broadcast_in_dim(pred, av.shape, (0,)),
+                                         old, nw)
                 for old, nw, av in zip(carry, new, carry_avals)]
 
     new_body = trace_closed(step, list(c_avals[:n_cc]) + list(body.in_avals))

@@ -155,20 +155,20 @@ def _conv_jvp(primals, tangents, **params):
 def _split_merge(x, axis, parts, into):
     """Split dimension ``axis`` of ``x`` as ``(parts, rest)`` and merge ``parts`` into
     dimension ``into`` (as its major part); returns the new array."""
-    from spmd.compiler.ops.structural import reshape, transpose
+    from spmd.compiler import ops
 
     shape = list(get_aval(x).shape)
     split = shape[:axis] + [parts, shape[axis] // parts] + shape[axis + 1:]
-    y = reshape(x, tuple(split))
+    y = ops.structural.reshape(x, tuple(split))
     # After the split, the ``parts`` axis is at ``axis``; ``into`` shifts if after it.
     src, dst = axis, into + (1 if into > axis else 0)
     order = [i for i in range(len(split)) if i != src]
     order.insert(order.index(dst), src)
-    y = transpose(y, tuple(order))
+    y = ops.structural.transpose(y, tuple(order))
     merged = list(get_aval(y).shape)
     k = order.index(src)
     merged[k:k + 2] = [merged[k] * merged[k + 1]]
-    return reshape(y, tuple(merged))
+    return ops.structural.reshape(y, tuple(merged))
 
 
 def _lhs_vjp_padding(in_sp, k_sp, strides, out_sp, padding, lhs_dil, rhs_dil):
@@ -193,8 +193,7 @@ def _rhs_vjp_padding(in_sp, k_sp, strides, out_sp, padding, lhs_dil, rhs_dil):
 @conv_p.def_transpose
 def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dilation,
                     feature_group_count, batch_group_count):
-    from spmd.compiler.ops.shape_more import rev
-    from spmd.compiler.ops.structural import transpose
+    from spmd.compiler import ops
 
     G, B = feature_group_count, batch_group_count
     x_aval = x.aval if is_undefined(x) else get_aval(x)
@@ -210,7 +209,7 @@ def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dila
         k = w
         if G > 1 or B > 1:
             k = _split_merge(k, 0, max(G, B), 1)   # (O, I) -> (O/g, g*I)
-        k = rev(transpose(k, swap), sp)
+        k = ops.shape_more.rev(ops.structural.transpose(k, swap), sp)
         pads = _lhs_vjp_padding(x_aval.shape[2:], w_aval.shape[2:], window_strides, out_sp,
                                 padding, lhs_dilation, rhs_dilation)
         dx = conv(ct, k, lhs_dilation, pads, window_strides, rhs_dilation,
@@ -221,9 +220,10 @@ def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dila
     # dw = conv(x with N and C swapped, ct with N and O swapped); groups trade places.
     pads = _rhs_vjp_padding(x_aval.shape[2:], w_aval.shape[2:], window_strides, out_sp,
                             padding, lhs_dilation, rhs_dilation)
-    dw = conv(transpose(x, swap), transpose(ct, swap), rhs_dilation, pads, lhs_dilation,
+    t = ops.structural.transpose
+    dw = conv(t(x, swap), t(ct, swap), rhs_dilation, pads, lhs_dilation,
               window_strides, feature_group_count=B, batch_group_count=G)
-    return [None, transpose(dw, swap)]
+    return [None, ops.structural.transpose(dw, swap)]
 
 
 # ----------------------------------------------------------------- batching
@@ -231,7 +231,7 @@ def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dila
 @conv_p.def_batch
 def _conv_batch(args, dims, **params):
     from spmd.compiler.batching import move_to_front
-    from spmd.compiler.ops.structural import reshape, transpose
+    from spmd.compiler import ops
 
     (x, w), (dx, dw) = args, dims
     G, B = params["feature_group_count"], params["batch_group_count"]
@@ -242,34 +242,35 @@ def _conv_batch(args, dims, **params):
             out = bind(conv_p, _merge01(x), _merge01(w),
                        **{**params, "batch_group_count": V * B})
         else:      # ... or more feature groups: features (V, g, c), outputs (V, g, o)
-            x = _merge01(transpose(x, (1, 0) + tuple(range(2, get_aval(x).ndim))), at=1)
+            x = _merge01(ops.structural.transpose(x, (1, 0) + tuple(range(2, get_aval(x).ndim))),
+                         at=1)
             out = bind(conv_p, x, _merge01(w), **{**params, "feature_group_count": V * G})
         n, o = get_aval(out).shape[:2]
-        return reshape(out, (n, V, o // V) + get_aval(out).shape[2:]), 1
+        return ops.structural.reshape(out, (n, V, o // V) + get_aval(out).shape[2:]), 1
     if dx is not None:
         x = move_to_front(x, dx)
         V, N = get_aval(x).shape[:2]
         if B > 1:  # keep the batch groups major: (V, b, n) -> (b, V, n)
-            x = reshape(x, (V, B, N // B) + get_aval(x).shape[2:])
-            x = transpose(x, (1, 0) + tuple(range(2, get_aval(x).ndim)))
+            x = ops.structural.reshape(x, (V, B, N // B) + get_aval(x).shape[2:])
+            x = ops.structural.transpose(x, (1, 0) + tuple(range(2, get_aval(x).ndim)))
         out = bind(conv_p, _merge01(_merge01(x)) if B > 1 else _merge01(x), w, **params)
         nb = get_aval(out).shape[0] // V
-        return reshape(out, (V, nb) + get_aval(out).shape[1:]), 0
+        return ops.structural.reshape(out, (V, nb) + get_aval(out).shape[1:]), 0
     w = move_to_front(w, dw)
     V, O = get_aval(w).shape[:2]
     grp = G * B  # output features (grp, o): the vmapped axis goes inside the group
-    w = reshape(w, (V, grp, O // grp) + get_aval(w).shape[2:])
-    w = _merge01(_merge01(transpose(w, (1, 0) + tuple(range(2, get_aval(w).ndim)))))
+    w = ops.structural.reshape(w, (V, grp, O // grp) + get_aval(w).shape[2:])
+    w = _merge01(_merge01(ops.structural.transpose(w, (1, 0) + tuple(range(2, get_aval(w).ndim)))))
     out = bind(conv_p, x, w, **params)
     n = get_aval(out).shape[0]
-    out = reshape(out, (n, grp, V, O // grp) + get_aval(out).shape[2:])
-    out = transpose(out, (0, 2, 1) + tuple(range(3, get_aval(out).ndim)))
-    return reshape(out, (n, V, O) + get_aval(out).shape[4:]), 1
+    out = ops.structural.reshape(out, (n, grp, V, O // grp) + get_aval(out).shape[2:])
+    out = ops.structural.transpose(out, (0, 2, 1) + tuple(range(3, get_aval(out).ndim)))
+    return ops.structural.reshape(out, (n, V, O) + get_aval(out).shape[4:]), 1
 
 
 def _merge01(x, at: int = 0):
     """Merge dimensions ``at`` and ``at + 1`` of ``x`` (the first two by default)."""
-    from spmd.compiler.ops.structural import reshape
+    from spmd.compiler import ops
 
     s = get_aval(x).shape
-    return reshape(x, s[:at] + (s[at] * s[at + 1],) + s[at + 2:])
+    return ops.structural.reshape(x, s[:at] + (s[at] * s[at + 1],) + s[at + 2:])

@@ -46,20 +46,20 @@ def _check_kind(name, aval, kinds):
 
 def _sum_to_shape(ct, shape):
     """Reduce a cotangent of a broadcast scalar operand back to that operand's shape."""
-    from spmd.compiler.ops.reduce import reduce_sum
+    from spmd.compiler import ops
 
     if ct is None or isinstance(ct, Zero) or getattr(ct, "shape", ()) == shape:
         return ct
-    return reduce_sum(ct, tuple(range(len(ct.shape))))
+    return ops.reduce.reduce_sum(ct, tuple(range(len(ct.shape))))
 
 
 def _shaped(t, aval):
     """Broadcast a scalar tangent to ``aval``'s shape (for rules mixing scalars)."""
-    from spmd.compiler.ops.structural import broadcast_in_dim
+    from spmd.compiler import ops
 
     if isinstance(t, Zero) or t.shape == aval.shape:
         return t
-    return broadcast_in_dim(t, aval.shape, ())
+    return ops.structural.broadcast_in_dim(t, aval.shape, ())
 
 
 # --------------------------------------------------------------- batching
@@ -71,7 +71,7 @@ def _batch_elementwise(prim, scalars_follow_first: bool = False):
     predicate with scalar cases gives a (size,) predicate and () cases otherwise)."""
     def rule(args, dims, **params):
         from spmd.compiler.batching import bdim_size, move_to_front
-        from spmd.compiler.ops.structural import broadcast_in_dim
+        from spmd.compiler import ops
 
         size = bdim_size(args, dims)
         shapes = [tuple(np.shape(a)) if d is None else
@@ -81,15 +81,15 @@ def _batch_elementwise(prim, scalars_follow_first: bool = False):
         widen = scalars_follow_first and dims[0] is not None
         for a, d, s in zip(args, dims, shapes):
             if d is None and s == () and widen and out_shape == ():
-                new.append(broadcast_in_dim(a, (size,), ()))
+                new.append(ops.structural.broadcast_in_dim(a, (size,), ()))
             elif d is None:
                 # Unbatched scalars broadcast by themselves; arrays get the batch axis.
-                new.append(a if s == () else
-                           broadcast_in_dim(a, (size,) + s, tuple(range(1, len(s) + 1))))
+                new.append(a if s == () else ops.structural.broadcast_in_dim(
+                    a, (size,) + s, tuple(range(1, len(s) + 1))))
             else:
                 a = move_to_front(a, d)
                 if s == () and out_shape:
-                    a = broadcast_in_dim(a, (size,) + out_shape, (0,))
+                    a = ops.structural.broadcast_in_dim(a, (size,) + out_shape, (0,))
                 new.append(a)
         out = bind(prim, *new, **params)
         return (out, [0] * len(out)) if prim.multiple_results else (out, 0)
@@ -456,9 +456,9 @@ def _pow_dy(x, y, out):
 
 
 def _full_like(x, v):
-    from spmd.compiler.ops.structural import full
+    from spmd.compiler import ops
 
-    return full(np.shape(x), v, _aval(x).dtype)
+    return ops.structural.full(np.shape(x), v, _aval(x).dtype)
 
 
 def _zero_like_out(out):
@@ -476,10 +476,10 @@ def _ordered(cmp, x, y):
     """``cmp(x, y)``; on complex, lexicographically on (real, imaginary) parts."""
     if not dtypes.is_complex(_aval(x).dtype):
         return cmp(x, y)
-    from spmd.compiler.ops.complex import imag, real
+    from spmd.compiler import ops
 
-    rx, ry = real(x), real(y)
-    return select(eq(rx, ry), cmp(imag(x), imag(y)), cmp(rx, ry))
+    rx, ry = ops.complex.real(x), ops.complex.real(y)
+    return select(eq(rx, ry), cmp(ops.complex.imag(x), ops.complex.imag(y)), cmp(rx, ry))
 _binary_jvp(atan2_p, lambda x, y, out: div(y, add(mul(x, x), mul(y, y))),
             lambda x, y, out: neg(div(x, add(mul(x, x), mul(y, y)))))
 _binary_jvp(rem_p, lambda x, y, out: _full_like(out, 1),

@@ -159,7 +159,7 @@ def _dot_jvp(primals, tangents, *, dimension_numbers):
 
 def _transpose_operand(ct, other, my_ndim, dimension_numbers, swap):
     """Cotangent of one operand of dot_general given the other's value."""
-    from spmd.compiler.ops.structural import transpose
+    from spmd.compiler import ops
 
     (lc, rc), (lb, rb) = dimension_numbers
     if swap:  # the rhs: exchange roles
@@ -188,7 +188,7 @@ def _transpose_operand(ct, other, my_ndim, dimension_numbers, swap):
     out = dot_general(ct, other, dims)
     if as_mine == sorted(as_mine):
         return out
-    return transpose(out, tuple(int(i) for i in np.argsort(as_mine)))
+    return ops.structural.transpose(out, tuple(int(i) for i in np.argsort(as_mine)))
 
 
 @dot_general_p.def_transpose

@@ -69,13 +69,13 @@ def _sum_jvp(primals, tangents, *, axes):
 
 @reduce_sum_p.def_transpose
 def _sum_transpose(ct, x, *, axes):
-    from spmd.compiler.ops.structural import broadcast_in_dim
+    from spmd.compiler import ops
 
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
     shape = x.aval.shape
     kept = tuple(i for i in range(len(shape)) if i not in axes)
-    return [broadcast_in_dim(ct, shape, kept)]
+    return [ops.structural.broadcast_in_dim(ct, shape, kept)]
 
 
 # ------------------------------------------------------- reduce_max / min
@@ -94,8 +94,7 @@ def _minmax(name, np_fn):
     def jvp(primals, tangents, *, axes):
         # The tangent is the mean of the tangents at the positions attaining the
         # extremum (JAX's convention, so ties share the derivative).
-        from spmd.compiler.ops.elementwise import convert, div, eq, mul
-        from spmd.compiler.ops.structural import broadcast_in_dim
+        from spmd.compiler import ops
 
         (x,), (t,) = primals, tangents
         out = bind(p, x, axes=axes)
@@ -103,9 +102,11 @@ def _minmax(name, np_fn):
             return out, Zero(get_aval(out).update(weak_type=False, dtype=t.aval.dtype))
         shape = np.shape(x)
         kept = tuple(i for i in range(len(shape)) if i not in axes)
-        mask = convert(eq(x, broadcast_in_dim(out, shape, kept)), t.dtype)
+        ew = ops.elementwise
+        at_extremum = ew.eq(x, ops.structural.broadcast_in_dim(out, shape, kept))
+        mask = ew.convert(at_extremum, t.dtype)
         count = reduce_sum(mask, axes)
-        return out, div(reduce_sum(mul(t, mask), axes), count)
+        return out, ew.div(reduce_sum(ew.mul(t, mask), axes), count)
 
     return p
 
@@ -176,9 +177,7 @@ def _prod_tree_tangent(x, t, axes):
     Each level multiplies the two halves with the product rule, so zeros in
     ``x`` get exact derivatives of every order (no division by ``x``).
     """
-    from spmd.compiler.ops.elementwise import add, mul
-    from spmd.compiler.ops.shape_more import pad, slice_in_dim
-    from spmd.compiler.ops.structural import reshape, transpose, zeros
+    from spmd.compiler import ops
 
     shape = np.shape(x)
     kept = tuple(i for i in range(len(shape)) if i not in axes)
@@ -186,20 +185,21 @@ def _prod_tree_tangent(x, t, axes):
     n = int(np.prod([shape[a] for a in axes], dtype=np.int64))
     tdt = get_aval(t).dtype
     if n == 0:
-        return zeros(kept_shape, tdt)
-    x = reshape(transpose(x, tuple(axes) + kept), (n,) + kept_shape)
-    t = reshape(transpose(t, tuple(axes) + kept), (n,) + kept_shape)
+        return ops.structural.zeros(kept_shape, tdt)
+    x = ops.structural.reshape(ops.structural.transpose(x, tuple(axes) + kept), (n,) + kept_shape)
+    t = ops.structural.reshape(ops.structural.transpose(t, tuple(axes) + kept), (n,) + kept_shape)
     rest = ((0, 0, 0),) * len(kept)
     while n > 1:
         n1 = (n + 1) // 2
-        a, b = slice_in_dim(x, 0, n1), slice_in_dim(x, n1, n)
-        ta, tb = slice_in_dim(t, 0, n1), slice_in_dim(t, n1, n)
+        a, b = ops.shape_more.slice_in_dim(x, 0, n1), ops.shape_more.slice_in_dim(x, n1, n)
+        ta, tb = ops.shape_more.slice_in_dim(t, 0, n1), ops.shape_more.slice_in_dim(t, n1, n)
         if n - n1 != n1:  # odd length: the second half gets a neutral 1 (tangent 0)
-            b = pad(b, _scalar(1, get_aval(x).dtype), ((0, 1, 0),) + rest)
-            tb = pad(tb, _scalar(0, tdt), ((0, 1, 0),) + rest)
-        x, t = mul(a, b), add(mul(ta, b), mul(a, tb))
+            b = ops.shape_more.pad(b, _scalar(1, get_aval(x).dtype), ((0, 1, 0),) + rest)
+            tb = ops.shape_more.pad(tb, _scalar(0, tdt), ((0, 1, 0),) + rest)
+        ew = ops.elementwise
+        x, t = ew.mul(a, b), ew.add(ew.mul(ta, b), ew.mul(a, tb))
         n = n1
-    return reshape(t, kept_shape)
+    return ops.structural.reshape(t, kept_shape)
 
 
 # ------------------------------------------------------ reduce_and / or
@@ -404,7 +404,7 @@ def _scan_jvp(p, combine_prim):
     """jvp of a cumulative op: a prefix scan of (value, tangent) pairs combined
     with ``combine_prim``'s own jvp rule (so ties and zeros follow its rules)."""
     def rule(primals, tangents, *, axis, reverse):
-        from spmd.compiler.ops.shape_more import rev
+        from spmd.compiler import ops
 
         (x,), (t,) = primals, tangents
         out = bind(p, x, axis=axis, reverse=reverse)
@@ -415,19 +415,19 @@ def _scan_jvp(p, combine_prim):
             return list(combine_prim.jvp((a[0], b[0]), (a[1], b[1])))
 
         if reverse:
-            x, t = rev(x, (axis,)), rev(t, (axis,))
+            x, t = ops.shape_more.rev(x, (axis,)), ops.shape_more.rev(t, (axis,))
         _, tout = associative_scan(combine, [x, t], axis)
-        return out, rev(tout, (axis,)) if reverse else tout
+        return out, ops.shape_more.rev(tout, (axis,)) if reverse else tout
 
     p.def_jvp(rule)
 
 
 def _register_scan_jvps():
-    from spmd.compiler.ops.elementwise import max_p, min_p, mul_p
+    from spmd.compiler import ops
 
-    _scan_jvp(cumprod_p, mul_p)
-    _scan_jvp(cummax_p, max_p)
-    _scan_jvp(cummin_p, min_p)
+    _scan_jvp(cumprod_p, ops.elementwise.mul_p)
+    _scan_jvp(cummax_p, ops.elementwise.max_p)
+    _scan_jvp(cummin_p, ops.elementwise.min_p)
 
 
 _register_scan_jvps()
@@ -442,14 +442,14 @@ def associative_scan(combine, elems, axis: int):
 
     >>> associative_scan(lambda a, b: [add(a[0], b[0])], [x], 0)  # doctest: +SKIP
     """
-    from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
+    from spmd.compiler import ops
 
     n = np.shape(elems[0])[axis]
     if n < 2:
         return list(elems)
 
     def sl(e, start, limit, stride=1):
-        return slice_in_dim(e, start, limit, stride, axis)
+        return ops.shape_more.slice_in_dim(e, start, limit, stride, axis)
 
     # Combine adjacent pairs, scan those recursively: that gives the odd positions.
     odd = associative_scan(combine, combine([sl(e, 0, n - 1, 2) for e in elems],
@@ -457,14 +457,13 @@ def associative_scan(combine, elems, axis: int):
     # Even positions (after the first) add one more element to an odd result.
     head = odd if n % 2 else [sl(o, 0, np.shape(o)[axis] - 1) for o in odd]
     even = combine(head, [sl(e, 2, n, 2) for e in elems])
-    even = [concatenate([sl(e, 0, 1), r], axis) for e, r in zip(elems, even)]
+    even = [ops.shape_more.concatenate([sl(e, 0, 1), r], axis) for e, r in zip(elems, even)]
     return [_interleave(a, b, axis) for a, b in zip(even, odd)]
 
 
 def _interleave(a, b, axis):
     """``a[0], b[0], a[1], b[1], ...`` along ``axis`` (``a`` may be one longer)."""
-    from spmd.compiler.ops.elementwise import add, bitwise_or
-    from spmd.compiler.ops.shape_more import pad
+    from spmd.compiler import ops
 
     na, nb = np.shape(a)[axis], np.shape(b)[axis]
     nd = len(np.shape(a))
@@ -474,5 +473,6 @@ def _interleave(a, b, axis):
     cfg_b[axis] = (1, 0 if na == nb else 1, 1)
     dt = get_aval(a).dtype
     # Adding a zero is exact, so interleaving by padding and adding loses nothing.
-    op = bitwise_or if dtypes.is_bool(dt) else add
+    op = ops.elementwise.bitwise_or if dtypes.is_bool(dt) else ops.elementwise.add
+    pad = ops.shape_more.pad
     return op(pad(a, _scalar(0, dt), tuple(cfg_a)), pad(b, _scalar(0, dt), tuple(cfg_b)))

@@ -181,8 +181,7 @@ def _unpad(ct, padding_config):
 
 @pad_p.def_transpose
 def _pad_transpose(ct, x, padding_value, *, padding_config):
-    from spmd.compiler.ops.elementwise import sub
-    from spmd.compiler.ops.reduce import reduce_sum
+    from spmd.compiler import ops
 
     if isinstance(ct, Zero):
         return [Zero(x.aval) if is_undefined(x) else None,
@@ -191,16 +190,15 @@ def _pad_transpose(ct, x, padding_value, *, padding_config):
     t_v = None
     if is_undefined(padding_value):
         # Every output element that is not an operand element is the padding value.
-        total = lambda a: reduce_sum(a, tuple(range(len(np.shape(a)))))
-        t_v = sub(total(ct), total(t_x))
+        total = lambda a: ops.reduce.reduce_sum(a, tuple(range(len(np.shape(a)))))
+        t_v = ops.elementwise.sub(total(ct), total(t_x))
     return [t_x if is_undefined(x) else None, t_v]
 
 
 @pad_p.def_batch
 def _pad_batch(args, dims, *, padding_config):
     from spmd.compiler.batching import bdim_size, broadcast_batch
-    from spmd.compiler.ops.elementwise import select
-    from spmd.compiler.ops.structural import broadcast_in_dim, full
+    from spmd.compiler import ops
 
     (x, v), (dx, dv) = args, dims
     size = bdim_size(args, dims)
@@ -211,11 +209,11 @@ def _pad_batch(args, dims, *, padding_config):
     # A padding value per batch element: pad with zeros, then select by a mask.
     padded = pad(x, np.zeros((), get_aval(x).dtype), config)
     in_shape = np.shape(x)[1:]
-    mask = pad(full(in_shape, True, np.dtype(bool)), np.array(False), padding_config)
+    mask = pad(ops.structural.full(in_shape, True, np.dtype(bool)), np.array(False), padding_config)
     out_shape = np.shape(padded)
-    mask = broadcast_in_dim(mask, out_shape, tuple(range(1, len(out_shape))))
-    v = broadcast_in_dim(broadcast_batch(v, dv, size), out_shape, (0,))
-    return select(mask, padded, v), 0
+    mask = ops.structural.broadcast_in_dim(mask, out_shape, tuple(range(1, len(out_shape))))
+    v = ops.structural.broadcast_in_dim(broadcast_batch(v, dv, size), out_shape, (0,))
+    return ops.elementwise.select(mask, padded, v), 0
 
 
 # --------------------------------------------------------------------- slice

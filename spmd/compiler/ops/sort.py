@@ -103,18 +103,17 @@ def _index_dtype(n):
 def take_along_axis(x, idx, axis: int):
     """``x`` picked along ``axis`` by ``idx`` (same shape as ``x``): numpy's
     ``take_along_axis`` for a full index array, as one gather."""
-    from spmd.compiler.ops.indexing import gather
-    from spmd.compiler.ops.structural import iota
+    from spmd.compiler import ops
 
     shape = tuple(np.shape(x))
     idt = get_aval(idx).dtype
-    ids = [idx if d == axis else iota(idt, shape, d) for d in range(len(shape))]
-    return gather(x, ids, tuple(range(len(shape))))
+    ids = [idx if d == axis else ops.structural.iota(idt, shape, d) for d in range(len(shape))]
+    return ops.indexing.gather(x, ids, tuple(range(len(shape))))
 
 
 @sort_p.def_jvp
 def _sort_jvp(primals, tangents, *, dimension, is_stable, num_keys):
-    from spmd.compiler.ops.structural import iota
+    from spmd.compiler import ops
 
     shape = tuple(np.shape(primals[0]))
     if all(isinstance(t, Zero) for t in tangents):
@@ -122,7 +121,7 @@ def _sort_jvp(primals, tangents, *, dimension, is_stable, num_keys):
                     num_keys=num_keys)
         return outs, [Zero(tangent_aval(get_aval(o))) for o in outs]
     # Sort an iota along: its result is the permutation the tangents follow.
-    idx = iota(_index_dtype(shape[dimension]), shape, dimension)
+    idx = ops.structural.iota(_index_dtype(shape[dimension]), shape, dimension)
     *outs, perm = bind(sort_p, *primals, idx, dimension=dimension, is_stable=is_stable,
                        num_keys=num_keys)
     tans = [Zero(tangent_aval(get_aval(o))) if isinstance(t, Zero)
@@ -143,10 +142,10 @@ def _sort_batch(args, dims, *, dimension, is_stable, num_keys):
 
 def argsort_along(x, axis: int, index_dtype=None):
     """The stable ascending argsort of ``x`` along ``axis`` (int32 indices by default)."""
-    from spmd.compiler.ops.structural import iota
+    from spmd.compiler import ops
 
     shape = tuple(np.shape(x))
     index_dtype = dtypes.default_int() if index_dtype is None else np.dtype(index_dtype)
-    _, perm = bind(sort_p, x, iota(index_dtype, shape, axis), dimension=axis, is_stable=True,
-                   num_keys=1)
+    _, perm = bind(sort_p, x, ops.structural.iota(index_dtype, shape, axis), dimension=axis,
+                   is_stable=True, num_keys=1)
     return perm

@@ -92,7 +92,7 @@ def broadcast_in_dim(x, shape, broadcast_dimensions):
 
 @broadcast_in_dim_p.def_transpose
 def _bid_transpose(ct, x, *, shape, broadcast_dimensions):
-    from spmd.compiler.ops.reduce import reduce_sum
+    from spmd.compiler import ops
 
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
@@ -101,7 +101,7 @@ def _bid_transpose(ct, x, *, shape, broadcast_dimensions):
     stretched = tuple(d for d, s in zip(broadcast_dimensions, in_shape) if s == 1 and shape[d] != 1)
     out = ct
     if summed or stretched:
-        out = reduce_sum(ct, tuple(sorted(summed + stretched)))
+        out = ops.reduce.reduce_sum(ct, tuple(sorted(summed + stretched)))
     return [reshape(out, in_shape)]
 
 
@@ -268,9 +268,9 @@ def full(shape, fill_value, dtype, weak_type: bool = False):
                        ShapedArray((), dtype, weak_type)) if not isinstance(fill_value, Array) \
             else fill_value
         return broadcast_in_dim(scalar, shape, ()) if shape else scalar
-    from spmd.compiler.ops.elementwise import convert
+    from spmd.compiler import ops
 
-    v = convert(fill_value, dtype, weak_type)
+    v = ops.elementwise.convert(fill_value, dtype, weak_type)
     return broadcast_in_dim(v, shape, tuple(range(len(shape) - np.ndim(v), len(shape))))
 
 

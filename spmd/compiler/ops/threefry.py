@@ -118,7 +118,7 @@ threefry2x32_p.def_jvp(_zero_jvp(threefry2x32_p))
 @threefry2x32_p.def_batch
 def _threefry_batch(args, dims):
     from spmd.compiler.batching import bdim_size, move_to_front
-    from spmd.compiler.ops.structural import broadcast_in_dim
+    from spmd.compiler import ops
 
     size = bdim_size(args, dims)
     shape = next((tuple(np.shape(a))[:d] + tuple(np.shape(a))[d + 1:] if d is not None
@@ -129,12 +129,12 @@ def _threefry_batch(args, dims):
     for a, d in zip(args, dims):
         if d is None:
             nd = np.ndim(a)
-            new.append(broadcast_in_dim(a, full, tuple(range(1 + len(shape) - nd, 1 + len(
-                shape))) if nd else ()))
+            new.append(ops.structural.broadcast_in_dim(
+                a, full, tuple(range(1 + len(shape) - nd, 1 + len(shape))) if nd else ()))
         else:
             a = move_to_front(a, d)
             if np.ndim(a) == 1 and shape:
-                a = broadcast_in_dim(a, full, (0,))
+                a = ops.structural.broadcast_in_dim(a, full, (0,))
             new.append(a)
     return bind(threefry2x32_p, *new), [0, 0]
 
@@ -237,21 +237,20 @@ def _random_bits_per_block(args, dims, params):
     """Batched block offsets (the devices of one process simulated together, each
     with its own block): one bind per batch entry, stacked."""
     from spmd.compiler.batching import bdim_size
-    from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
-    from spmd.compiler.ops.structural import reshape
+    from spmd.compiler import ops
 
     def entry(x, d, b):
         if d is None:
             return x
         shape = tuple(np.shape(x))
-        piece = slice_in_dim(x, b, b + 1, axis=d)
-        return reshape(piece, shape[:d] + shape[d + 1:])
+        piece = ops.shape_more.slice_in_dim(x, b, b + 1, axis=d)
+        return ops.structural.reshape(piece, shape[:d] + shape[d + 1:])
 
     outs = []
     for b in range(bdim_size(args, dims)):
         out = bind(random_bits_p, *[entry(a, d, b) for a, d in zip(args, dims)], **params)
-        outs.append(reshape(out, (1,) + tuple(np.shape(out))))
-    return concatenate(outs, 0)
+        outs.append(ops.structural.reshape(out, (1,) + tuple(np.shape(out))))
+    return ops.shape_more.concatenate(outs, 0)
 
 
 def random_bits(key_data, shape, bit_width: int = 32, split: bool = False):
