@@ -127,11 +127,12 @@ def group_for(level, axes):
     multi-process mesh (the mpi backend)."""
     from spmd.collectives.local import LocalGroup
 
-    if getattr(level, "local", None) is None:
+    layout = getattr(level, "layout", None)
+    if layout is None:
         return LocalGroup(level.names, level.sizes, axes)
     from spmd.collectives.process_group import ProcessGroup
 
-    return ProcessGroup(level.names, level.sizes, axes, level.local, level.procs, level.me)
+    return ProcessGroup(level.names, level.sizes, axes, layout.local, layout.procs, layout.me)
 
 
 def _front(x, d):

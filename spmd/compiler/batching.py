@@ -239,10 +239,9 @@ class NamedAxes:
     see the whole mesh shape.
     """
 
-    __slots__ = ("names", "sizes", "local", "procs", "me", "spmd_name", "concrete")
+    __slots__ = ("names", "sizes", "layout", "spmd_name", "concrete")
 
-    def __init__(self, names, sizes, local=None, procs=None, me=0, spmd_name=None,
-                 concrete=None):
+    def __init__(self, names, sizes, layout=None, spmd_name=None, concrete=None):
         self.names = tuple(names)
         self.sizes = tuple(int(s) for s in sizes)
         # vmap(spmd_axis_name=...): the mesh axes the batch axis is split over when it
@@ -252,11 +251,10 @@ class NamedAxes:
         # ``value(tracer, what)`` (a Python value, when the same on every device) and
         # ``text(tracer, spec="")`` (each device's block), else None.
         self.concrete = concrete
-        # On a multi-process mesh only this process's devices are stacked: their
-        # flat mesh positions, the owning process of every position, and ours.
-        self.local = None if local is None else tuple(local)
-        self.procs = None if procs is None else tuple(procs)
-        self.me = me
+        # Where only some of the axes' devices are stacked at this level: their
+        # layout, as the layer that made the level describes it for its collectives
+        # (opaque here: spmd.collectives.layout.ProcessLayout); None: all of them.
+        self.layout = layout
 
 
 def _scope_for(axis_name, main):

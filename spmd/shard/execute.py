@@ -21,6 +21,7 @@ import weakref
 
 import numpy as np
 
+from spmd.collectives.layout import ProcessLayout
 from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for
@@ -191,8 +192,8 @@ def run_on_process(program, mesh, in_specs, out_specs, kinds, args):
     flat = list(mesh.devices.flat)
     me = process_index()
     local = _local_positions(mesh)
-    level = NamedAxes(mesh.axis_names, mesh.axis_sizes, local=local,
-                      procs=tuple(d.process_index for d in flat), me=me)
+    level = NamedAxes(mesh.axis_names, mesh.axis_sizes,
+                      ProcessLayout(local, tuple(d.process_index for d in flat), me))
     stacked = [(x, 0) if k == "blocks" else _my_blocks(x, s, mesh, local)
                for x, s, k in zip(args, in_specs, kinds)]
     with new_main(BatchTrace, (level, len(local))) as main, \

@@ -33,6 +33,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.compiler.array_module import to_host
+from spmd.collectives.layout import ProcessLayout
 from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.trace import (extend_axis_env, full_raise, get_aval, is_eager, new_main,
@@ -153,9 +154,8 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
                      f"in_specs: {list(specs)}", f"check_vma: {check_vma}"]
         hook.agree()
         flat = list(mesh.devices.flat)
-        level = NamedAxes(mesh.axis_names, mesh.axis_sizes, local=local,
-                          procs=tuple(d.process_index for d in flat), me=process_index(),
-                          concrete=hook)
+        layout = ProcessLayout(local, tuple(d.process_index for d in flat), process_index())
+        level = NamedAxes(mesh.axis_names, mesh.axis_sizes, layout, concrete=hook)
         stacked = [_local_blocks(v, s, mesh, local) for v, s in zip(vals, specs)]
     else:
         from spmd.shard.execute import to_blocks
