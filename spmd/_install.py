@@ -137,7 +137,7 @@ def _fill_points() -> None:
     extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.mesh_context")
     extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.sharded")
     extensions.PLAIN_SHARDS.install(plain_shards, by="spmd.shard.sharded")
-    extensions.PLACED_EVAL.install(eval_primitive, by="spmd.shard.dispatch")
+    extensions.EAGER_EVAL.install(eval_primitive, by="spmd.shard.dispatch")
     left = [p.name for p in extensions.POINTS if p.installed_by is None]
     if left:  # a point declared without a line above
         raise RuntimeError(f"install_extensions: extension points left at their default: "

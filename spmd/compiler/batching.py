@@ -91,7 +91,7 @@ class BatchTracer(Tracer):
     # At a level marked ``concrete`` (an eager shard_map, spmd/shard/shard_map_eager.py)
     # values are real: one converts to a Python value when it is the same on every
     # device, and prints as each device's block.  ``level.concrete`` is the hook the
-    # shard layer gives (it knows the mesh and, across processes, how to agree);
+    # shard layer gives (it knows the mesh and how its devices agree);
     # elsewhere the Tracer behaviour stands.
     def _hook(self):
         return _eager_hook(self._trace.main)
@@ -164,7 +164,7 @@ class BatchTrace(Trace):
             return self._process(prim, tracers, params)
         # An eager shard_map's level is the dynamic trace (values made in its body are
         # body values too); the rules' own binds go to the level below.  The hook
-        # sees each operation first (across processes, they agree on them).
+        # sees each operation first.
         hook = _eager_hook(self.main)
         if hook is not None:
             hook.before(prim, tracers, params, self._communicates(prim, params))

@@ -16,7 +16,8 @@ from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import call_vma, executable_for, flatten_outputs
+from spmd.compiler.jit import executable_for, flatten_outputs
+from spmd.compiler.program_vma import call_vma
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.array import Array
 from spmd.compiler.trace import (Tracer, bind, eval_program, get_aval, hoist_traced_consts,

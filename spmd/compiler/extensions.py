@@ -37,15 +37,16 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
 | :data:`ARRAY_MODULE` | ``spmd.launch.platform.resolve_array_module`` | returns numpy |
-| :data:`PLACED_EVAL` | ``spmd.shard.dispatch.eval_primitive`` | raises ExtensionNotInstalledError |
+| :data:`EAGER_EVAL` | ``spmd.shard.dispatch.eval_primitive`` | None (evaluate as usual); raises ExtensionNotInstalledError for an upper layer's array |
 
 An upper layer may subclass :class:`spmd.compiler.array.Array` (the shard layer's
-``ShardedArray``); an eager primitive with such an array among its arguments is
-handed to :data:`PLACED_EVAL`, so the compiler's Array knows nothing of shardings
-or processes.
+``ShardedArray``); an eager primitive with such an array among its arguments, and
+every eager higher-order primitive, is offered to :data:`EAGER_EVAL` first, so the
+compiler knows nothing of shardings or processes: not how a placed array is
+computed on, nor which equations (a ``shard_map`` over processes) it cannot run.
 
 >>> [p.name for p in POINTS]
-['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'placed_eval']
+['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'eager_eval']
 """
 
 from __future__ import annotations
@@ -164,23 +165,32 @@ ARRAY_MODULE: ExtensionPoint = ExtensionPoint(
     _numpy)
 
 
-def _placed_eval_missing(prim, args, params):
-    kinds = sorted({type(a).__name__ for a in args if type(a).__name__ != "Array"})
+def _eager_eval_default(prim, args, params):
+    # Alone, the compiler has no array types but its own and no primitive whose
+    # programs it cannot run: a higher-order primitive is evaluated as usual.
+    from spmd.compiler import array as _array  # (it imports this module)
+
+    kinds = sorted({type(a).__name__ for a in args
+                    if type(a) is not _array.Array and isinstance(a, _array.Array)})
+    if not kinds:
+        return None
     raise ExtensionNotInstalledError(
         f"{prim.name} has an array of an upper layer among its arguments ({', '.join(kinds)}), "
         f"which that layer evaluates; {_HOW}")
 
 
-PLACED_EVAL: ExtensionPoint = ExtensionPoint(
-    "placed_eval", "(prim: Primitive, args: list, params: dict) -> list[Array] | None",
-    "Evaluate an eager primitive one of whose arguments is an array of an upper layer's "
-    "subclass of Array (a placed ShardedArray): its results as Arrays, or None to "
-    "evaluate it on the arguments' values.",
-    _placed_eval_missing)
+EAGER_EVAL: ExtensionPoint = ExtensionPoint(
+    "eager_eval", "(prim: Primitive, args: list, params: dict) -> list[Array] | None",
+    "Evaluate an eager primitive that an upper layer may own: one with an array of an "
+    "upper layer's subclass of Array among its arguments (a placed ShardedArray), or a "
+    "higher-order one (its programs may hold that layer's equations, e.g. a shard_map "
+    "whose results are not plain buffers).  Its results as Arrays, or None to evaluate "
+    "it on the arguments' values (the primitive's impl).",
+    _eager_eval_default)
 
 
 # Every point, for the installer's check and the tests.
-POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, PLACED_EVAL)
+POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, EAGER_EVAL)
 
 
 # ----------------------------------------------------------------- the installer

@@ -22,9 +22,9 @@ from spmd.compiler.array import Array
 from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
-from spmd.compiler.ir import ClosedProgram, Literal
+from spmd.compiler.ir import ClosedProgram
+from spmd.compiler.program_vma import call_vma
 from spmd.compiler.passes import dce, lower_for_execution, optimize
-from spmd.compiler.program_arrays import array_equation, needs_arrays, output_wrappers
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (_state as _trace_state, axis_env_key, eval_plain, eval_program,
                                  get_aval, hoist_traced_consts, is_array_like, is_eager, preparing,
@@ -206,36 +206,14 @@ def _walk(x, leaves: list, toks: list, upper=_upper_token) -> bool:
     return False
 
 
-def _jit_eval_arrays(args, params):
-    """A jitted program with equations that need Arrays runs as their layer says
-    (``eval_program`` rule), else equation by equation; one whose outputs have
-    wrappers runs compiled and wraps them."""
-    program = params["program"]
-    if needs_arrays(program):
-        eqn = array_equation(program)
-        rule = eqn.primitive.rules.get("eval_program") if eqn is not None else None
-        outs = rule(eqn.params, program, args) if rule is not None else None
-        return eval_program(program, *args) if outs is None else outs
-    wrappers = output_wrappers(program)
-    if wrappers is None:
-        return None
-    return [a if w is None else w(a)
-            for a, w in zip(eval_plain(jit_p, args, params), wrappers)]
-
-
-jit_p.rules["eval_arrays"] = _jit_eval_arrays
-jit_p.rules["needs_arrays"] = lambda params: needs_arrays(params["program"])
-
-
 class _Entry:
     """One traced signature.  ``hoisted``: values of enclosing transformations (and
-    Arrays spread over processes) that the function closed over, passed as the
-    program's leading arguments (see :func:`hoist_traced_consts`); an entry with
-    tracers among them is never cached, since they belong to the trace that made
-    them (closed-over Arrays are cached, as any constant is)."""
+    an upper layer's Arrays whose value is not all here) that the function closed
+    over, passed as the program's leading arguments (see :func:`hoist_traced_consts`);
+    an entry with tracers among them is never cached, since they belong to the trace
+    that made them (closed-over Arrays are cached, as any constant is)."""
 
-    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "out_wrappers",
-                 "hoisted", "needs_arrays")
+    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "hoisted")
 
     def __init__(self, closed, out_tree, hoisted=()):
         self.closed = closed
@@ -244,8 +222,6 @@ class _Entry:
         self.out_avals = closed.out_avals
         self._optimized = None
         self._exe = None
-        self.out_wrappers = output_wrappers(closed)
-        self.needs_arrays = needs_arrays(closed)
 
     @property
     def optimized(self) -> ClosedProgram:
@@ -261,11 +237,6 @@ class _Entry:
             self._exe = compile_program(lower_for_execution(self.optimized), _am.current(),
                                         "program")
         return self._exe
-
-
-def _wrapped(outs, avals, wrappers) -> list:
-    arrays = [wrap_value(o, a) for o, a in zip(outs, avals)]
-    return [arr if w is None else w(arr) for arr, w in zip(arrays, wrappers)]
 
 
 class _CallPlan:
@@ -301,10 +272,10 @@ class _CallPlan:
         self.out_avals = tuple(entry.out_avals)
         # A function returning one array needs no unflattening.
         self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
-        # Arrays of an upper layer's type (e.g. sharded over processes) among the
-        # arguments, or equations that need Arrays: the call binds ``jit`` eagerly, so
-        # that their layer evaluates it (extensions.PLACED_EVAL).
-        self.bind = entry.needs_arrays or any(
+        # Arrays of an upper layer's type among the arguments: the call binds ``jit``
+        # eagerly, so that their layer evaluates it (extensions.EAGER_EVAL; the shard
+        # layer's jit makes plans of its own for them).
+        self.bind = any(
             type(x) is not Array and isinstance(x, Array) for x in (*leaves, *entry.hoisted))
         # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
         self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
@@ -423,7 +394,7 @@ class JitFunction:
         return plan, leaves
 
     def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
-        # (Named for what runs meanwhile: a collective lowered, the ranks agreeing.)
+        # (Named for what an upper layer does meanwhile: e.g. a collective set up.)
         with preparing(f"jit({self._name})"):
             return self._prepare(key, static_key, treedef, leaves)
 
@@ -463,8 +434,8 @@ class JitFunction:
 
     def _entry(self, args, kwargs):
         """The traced entry for these arguments, their leaves and avals, without a call
-        plan (``lower``, ``trace``, ``eval_shape``: nothing is run, partitioned for
-        processes or agreed with other ranks, so one rank alone may ask)."""
+        plan (``lower``, ``trace``, ``eval_shape``: nothing is run, and no upper layer's
+        plan is built, so one process alone may ask)."""
         if self._no_static and not kwargs:
             static_key, (leaves, treedef) = _NO_STATIC, _flatten((args, _EMPTY))
         else:
@@ -506,7 +477,7 @@ class JitFunction:
         if plan.bind or not is_eager():
             # Under a transformation, or (this compiler-only jit) arrays of an upper
             # layer among the leaves: the ``jit`` equation is bound, and evaluated by
-            # the trace (eagerly: by those arrays' layer, extensions.PLACED_EVAL).
+            # the trace (eagerly: by those arrays' layer, extensions.EAGER_EVAL).
             outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
                               name=self._name)
             if plan.bind and self._donate_argnums:
@@ -525,9 +496,6 @@ class JitFunction:
             self._delete_donated(args)
         # Results of the generated code are fresh ndarrays of the right dtype,
         # except 0-d ones (numpy scalars), which wrap_value converts.
-        if plan.entry.out_wrappers is not None:
-            return plan.out_tree.unflatten(_wrapped(outs, plan.out_avals,
-                                                    plan.entry.out_wrappers))
         if plan.single:
             o, a = outs[0], plan.out_avals[0]
             return Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
@@ -635,48 +603,6 @@ def _jit_batch(args, dims, *, program, name, _axis_data):
     outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, level,
                       [0] * len(program.out_avals))
     return outs, [0] * len(outs)
-
-
-def program_vma(closed, in_vmas) -> list:
-    """The varying axes of ``closed``'s outputs when its inputs vary along ``in_vmas``.
-
-    The varying-axes rule of the primitives that call a program (jit, remat,
-    custom_jvp/custom_vjp, the control-flow bodies): their outputs have the types
-    of the body's outputs (JEP 17111), not the union of the operands'.  When the
-    operands' types are those the body was traced with, that is the body's output
-    types; otherwise (a body typed in a shard_map and run on global values, or
-    given a more or less varying operand) the types are propagated through the
-    body's equations with their rules.
-    """
-    prog = closed.program if isinstance(closed, ClosedProgram) else closed
-    n_consts = len(closed.consts) if isinstance(closed, ClosedProgram) else 0
-    args = prog.in_vars[n_consts:]
-    in_vmas = [frozenset(v) for v in in_vmas]
-    if all(v.aval.vma == m for v, m in zip(args, in_vmas)):
-        return [a.aval.vma for a in prog.out_atoms]
-    env = dict(zip(args, in_vmas))
-
-    def read(a):
-        if isinstance(a, Literal):
-            return frozenset()
-        return env.get(a, a.aval.vma)  # constants: as typed
-
-    for eqn in prog.eqns:
-        ins = [read(a) for a in eqn.inputs]
-        rule = eqn.primitive.vma
-        if rule is None:
-            outs = [frozenset().union(*ins)] * len(eqn.outputs)
-        else:
-            avals = [a.aval.update(vma=m) for a, m in zip(eqn.inputs, ins)]
-            outs = rule(*avals, **eqn.params)
-        for o, m in zip(eqn.outputs, outs):
-            env[o] = frozenset(m)
-    return [read(a) for a in prog.out_atoms]
-
-
-def call_vma(*avals, program, **_):
-    """The varying-axes rule of a primitive that calls ``program`` on its operands."""
-    return program_vma(program, [a.vma for a in avals])
 
 
 jit_p.def_jvp(_jit_jvp)

@@ -17,7 +17,8 @@ from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, is_undefined
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
-from spmd.compiler.jit import call_vma, executable_for, flatten_outputs, jit_p
+from spmd.compiler.jit import executable_for, flatten_outputs, jit_p
+from spmd.compiler.program_vma import call_vma
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, eval_program, get_aval, trace_to_program
 from spmd.compiler import dtypes

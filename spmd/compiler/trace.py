@@ -62,29 +62,20 @@ class EvalTrace(Trace):
     lift = pure
 
     def process_primitive(self, prim, args, params):
-        for a in args:
-            # An array type of an upper layer (a placed ShardedArray): that layer
-            # evaluates the primitive where it needs to (extensions.PLACED_EVAL).
-            if type(a) is not Array and isinstance(a, Array):
-                outs = _ext.PLACED_EVAL.fn(prim, args, params)
-                if outs is not None:
-                    return outs
-                break
-        rule = prim.rules.get("eval_arrays")
-        if rule is not None:
-            # A primitive whose results are not plain buffers in some cases (e.g. a
-            # shard_map over processes returns arrays of this process's blocks).
-            outs = rule(args, params)
+        # An upper layer's array among the arguments (a placed ShardedArray), or a
+        # higher-order primitive (its programs may hold equations the compiler cannot
+        # run): the upper layer evaluates it where it needs to (extensions.EAGER_EVAL).
+        if prim.higher_order:
+            outs = _ext.EAGER_EVAL.fn(prim, args, params)
             if outs is not None:
                 return outs
-        elif prim.higher_order:
-            # A body holding such a primitive (a shard_map over processes in a scan
-            # body) cannot be compiled with it: its layer runs the whole equation.
-            from spmd.compiler.program_arrays import eval_higher_order
-
-            outs = eval_higher_order(prim, args, params)
-            if outs is not None:
-                return outs
+        else:
+            for a in args:
+                if type(a) is not Array and isinstance(a, Array):
+                    outs = _ext.EAGER_EVAL.fn(prim, args, params)
+                    if outs is not None:
+                        return outs
+                    break
         return eval_plain(prim, args, params)
 
 
@@ -452,7 +443,7 @@ class ProgramBuilder:
                 # copy), so the program keeps its own copy of those too.  Programs
                 # keep constants in host memory (constant folding runs on numpy); the
                 # executor puts them on the device once, when it compiles.  An array
-                # whose value is not all here (spread over processes) stays itself.
+                # whose value is not all here (an upper layer's) stays itself.
                 if val._holds_value():
                     val = np.array(_am.to_host(val.value), copy=True)
             elif type(val) in _am.device_types:
@@ -540,26 +531,26 @@ def trace_to_program(flat_fun: Callable, in_avals) -> ClosedProgram:
 
 
 def _hoisted_const(c) -> bool:
-    # A tracer of an enclosing transformation, or an Array whose value is not all in
-    # this process (spread over processes): neither can be a constant of a program
-    # compiled here.
+    # A tracer of an enclosing transformation, or an upper layer's Array whose value
+    # is not all here (``_holds_value()`` False): neither can be a constant of a
+    # program compiled here.
     return isinstance(c, Tracer) or (isinstance(c, Array) and type(c) is not Array
                                      and not c._holds_value())
 
 
 def hoist_traced_consts(closed: ClosedProgram) -> tuple[ClosedProgram, list]:
     """Closure conversion: the constants of ``closed`` that are tracers of
-    enclosing transformations, or Arrays spread over processes, become leading
-    arguments.
+    enclosing transformations, or an upper layer's Arrays whose value is not all
+    here, become leading arguments.
 
     A function traced under another transformation may close over that
     transformation's values (``grad(lambda s: jit(lambda x: s * x)(y))``); kept as
     constants of the inner program, they would be invisible to the outer
     transformation (a zero gradient, a leaked tracer).  As explicit operands of the
     primitive that calls the program, the outer transformation sees them.  An Array
-    spread over processes holds only this process's blocks: as an operand, its layer
-    runs the program on them (JAX, too, lets a jitted function close over a global
-    Array).  Returns the program, whose arguments are now ``hoisted + original
+    whose value is not all here (the shard layer's, holding some blocks) cannot be
+    copied into the program: as an operand, its layer runs the program on it (JAX,
+    too, lets a jitted function close over a global Array).  Returns the program, whose arguments are now ``hoisted + original
     arguments`` (other constants stay constants), and the hoisted values.
     """
     consts = closed.consts
@@ -610,14 +601,14 @@ def eval_program(closed: ClosedProgram | Program, *args, consts=None):
 def current_equation():
     """The innermost equation :func:`eval_program` is evaluating in this thread (None
     outside one): the context a rule that binds other primitives may record, e.g. the
-    equation a collective over processes was lowered from, for the deadline's report."""
+    equation a collective was lowered from, for an upper layer's reports."""
     evaluating = _state.equations
     return evaluating[-1] if evaluating else None
 
 
 class preparing:
     """``with preparing("jit(step)"):`` around the first call of a jitted function (its
-    trace, partition and per-process program): :func:`current_function` names it."""
+    trace, and what an upper layer builds for it): :func:`current_function` names it."""
 
     __slots__ = ("name",)
 

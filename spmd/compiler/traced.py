@@ -12,7 +12,7 @@ from __future__ import annotations
 from spmd import tree_util
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.trace import get_aval, to_array_value, wrap_value
-from spmd.compiler.passes import dce
+from spmd.compiler.passes import dce, lower_for_execution
 
 
 class Traced:
@@ -55,20 +55,14 @@ class Lowered:
         return self._entry.optimized
 
     def as_text(self, executed: bool = False) -> str:
-        """The optimised program; ``executed=True``: the program this process runs, after
+        """The optimised program; ``executed=True``: the program that runs, after
         lowering for execution (``shard_map`` inlined for this backend, collectives
         combined: e.g. ``mpi[..., what='psum x7 combined (2680872 bytes)']``)."""
-        if executed:
-            from spmd.compiler.passes import lower_for_execution
-            from spmd.compiler.program_arrays import array_equation
+        return str(self._executed() if executed else self._entry.optimized)
 
-            eqn = array_equation(self._entry.optimized)
-            rule = eqn.primitive.rules.get("executed_program") if eqn is not None else None
-            if rule is not None:  # run by that equation's layer (e.g. over processes)
-                return str(rule(eqn.params, self._entry.optimized,
-                                leading=self._entry.hoisted))
-            return str(lower_for_execution(self._entry.optimized))
-        return str(self._entry.optimized)
+    def _executed(self) -> ClosedProgram:
+        """The program that runs (an upper layer's jit may run another: its own)."""
+        return lower_for_execution(self._entry.optimized)
 
     def compile(self) -> "Compiled":
         return Compiled(self._entry)

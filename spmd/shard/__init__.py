@@ -5,7 +5,7 @@ from spmd.shard.sharded import Shard, ShardedArray, SingleDeviceSharding  # noqa
 from spmd.shard.array import (device_put, make_array_from_callback,  # noqa: F401
                               visualize_array_sharding)
 from spmd.shard.shard_map import shard_map  # noqa: F401
-# The call path, which holds shard_map's execution rules (and fills PLACED_EVAL).
+# The call path, which holds shard_map's execution rules (and fills EAGER_EVAL).
 from spmd.shard import dispatch as _dispatch  # noqa: F401,E402
 
 # The last line of the shard layer: fill the compiler's extension points (through the

@@ -1,9 +1,12 @@
-"""Eager evaluation of primitives that have sharded Arrays among their arguments.
+"""Eager evaluation of primitives on placed values, or holding a shard_map over processes.
 
-The compiler hands every eager primitive application with a
-:class:`~spmd.shard.sharded.ShardedArray` argument to :func:`eval_primitive`
-(through its extension point ``PLACED_EVAL``, which the installer fills).  As in JAX, an eager operation on arrays
-placed on a mesh of several devices runs as an SPMD computation over that mesh:
+The compiler hands two kinds of eager primitive application to
+:func:`eval_primitive` (through its extension point ``EAGER_EVAL``, which the
+installer fills): one with a :class:`~spmd.shard.sharded.ShardedArray` among its
+arguments, and every higher-order one (its programs may hold a ``shard_map`` over
+processes, which the compiler cannot run).  As in JAX, an eager operation on
+arrays placed on a mesh of several devices runs as an SPMD computation over that
+mesh:
 
 - ``shard_map`` runs its per-device program (:func:`eval_shard_map`);
 - a jitted call (``jit``) is partitioned with its arguments' shardings: across
@@ -11,7 +14,11 @@ placed on a mesh of several devices runs as an SPMD computation over that mesh:
   blocks; in one process it runs its compiled program on the whole values, and
   its results carry the shardings the partitioner propagated;
 - any other primitive runs as a (cached) partitioned jit of that one primitive
-  (:mod:`spmd.shard.partition.eager`).
+  (:mod:`spmd.shard.partition.eager`);
+- on unplaced values, a ``jit``, loop, ``cond``, ``checkpoint`` or custom
+  derivative whose programs hold a ``shard_map`` over processes
+  (:func:`spmd.shard.spread.spread_equation`) runs partitioned over its mesh; any
+  other is left to the compiler.
 
 Every process of a mesh spread over processes must make the same calls in the
 same order (they communicate where the shardings require it).
@@ -27,11 +34,10 @@ import warnings
 import weakref
 
 from spmd.compiler.jit import jit_p
-from spmd.compiler.trace import eval_plain, eval_program
+from spmd.compiler.trace import eval_plain, eval_program, get_aval
 from spmd.shard.sharded import ShardedArray, from_whole, placed
 from spmd.shard.spec import NamedSharding, PartitionSpec
 from spmd.compiler.passes import lower_for_execution, optimize
-from spmd.compiler.program_arrays import output_wrappers
 from spmd.errors import SpmdError
 from spmd.shard import call
 from spmd.shard.call import leaf_token
@@ -40,6 +46,7 @@ from spmd.shard.partition.eager import run_sharded
 from spmd.shard.partition.partitioner import partition
 from spmd.shard.partition.registry import MissingPartitionRuleError
 from spmd.shard.shard_map import _split, shard_map_p
+from spmd.shard.spread import one_equation, output_wrappers, spread_equation, sub_programs
 
 
 def mesh_of(args):
@@ -56,15 +63,52 @@ def mesh_of(args):
 
 
 def eval_primitive(prim, args, params):
-    """The results of ``prim`` on ``args`` as Arrays, or None to evaluate it plainly."""
+    """The results of an eager ``prim`` on ``args`` as Arrays, or None to evaluate it
+    plainly (the compiler's ``EAGER_EVAL``: asked for a primitive with a sharded Array
+    among its operands, and for every higher-order one, whose programs may hold a
+    ``shard_map`` over processes)."""
     if prim is shard_map_p:
         return eval_shard_map(args, params)
     mesh = mesh_of(args)
-    if mesh is None:
-        return None
     if prim is jit_p:
-        return _eval_jit(args, params, mesh)
-    return run_sharded(prim, args, params, mesh)
+        return _eval_jit(args, params, mesh) if mesh is not None else \
+            _eval_unplaced_jit(args, params)
+    if mesh is not None:
+        return run_sharded(prim, args, params, mesh)
+    if prim.higher_order:
+        return _eval_higher_order(prim, args, params)
+    return None
+
+
+def _eval_unplaced_jit(args, params):
+    """A ``jit`` equation bound eagerly on unplaced values (the known part of a
+    gradient, a nested jit run by equation): a program holding a shard_map over
+    processes runs partitioned over its mesh; one whose results carry a placement
+    (a shard_map's or a constraint's) runs compiled and places them; else None
+    (compiled, unplaced)."""
+    program = params["program"]
+    eqn = spread_equation(program)
+    if eqn is not None:
+        return eval_jit_over(program, args, eqn.params["mesh"])
+    wrappers = output_wrappers(program)
+    if wrappers is None:
+        return None
+    return [a if w is None else w(a)
+            for a, w in zip(eval_plain(jit_p, args, params), wrappers)]
+
+
+def _eval_higher_order(prim, args, params):
+    """An eager loop, cond, checkpoint or custom derivative whose programs hold a
+    shard_map over processes (at any depth): the equation runs as a one-equation
+    program partitioned over that mesh; None (compiled as usual) when none does.
+
+    >>> lax.scan(body_calling_a_shard_map, x, ws)   # doctest: +SKIP
+    """
+    eqn = next((e for e in map(spread_equation, sub_programs(params)) if e is not None), None)
+    if eqn is None:
+        return None
+    program = one_equation(prim, params, tuple(get_aval(a) for a in args))
+    return eval_jit_over(program, args, eqn.params["mesh"], required=True)
 
 
 # Per program: {(mesh, in specs): partitioned result}
@@ -242,23 +286,5 @@ def _output_array(eqn, i):
     return lambda a: placed(a, s)
 
 
-def _eval_program(params, program, args, required=False):
-    """A jitted program (or a loop, cond, checkpoint or custom derivative) holding a
-    shard_map over processes runs partitioned over its mesh, as one per-process
-    program (so e.g. the collectives of its forward and backward bodies are
-    combined); None (equation by equation) where the partitioner cannot take it,
-    or an error when ``required``."""
-    return eval_jit_over(program, args, params["mesh"], required)
-
-
-def _executed_program(params, program, leading=()):
-    return executed_program(program, params["mesh"], leading)
-
-
-shard_map_p.rules["eval_arrays"] = eval_shard_map
+# A jitted shard_map's results keep their out_specs placement (spmd.shard.spread).
 shard_map_p.rules["output_array"] = _output_array
-# Over processes its results are this process's blocks: a jitted program holding
-# one is evaluated equation by equation (spmd.compiler.jit.needs_arrays).
-shard_map_p.rules["needs_arrays"] = lambda params: params["mesh"].is_multi_process
-shard_map_p.rules["eval_program"] = _eval_program
-shard_map_p.rules["executed_program"] = _executed_program

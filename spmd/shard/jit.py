@@ -20,10 +20,11 @@ PartitionSpec('d',)
 from __future__ import annotations
 
 from spmd.compiler.jit import JitFunction, _CallPlan, _Entry
-from spmd.compiler.program_arrays import array_equation
 from spmd.compiler.trace import Tracer, is_eager
+from spmd.compiler.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
 from spmd.shard import call as _call
+from spmd.shard.spread import output_wrappers, spread_equation
 from spmd.errors import SpmdError
 
 
@@ -79,19 +80,51 @@ class Jit(JitFunction):
 
     def _make_plan(self, entry: _Entry, leaves, avals):
         plan = _CallPlan(entry, leaves, avals)
-        if not plan.bind or plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
+        if plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
                 or any(isinstance(x, Tracer) for x in leaves):
-            return plan  # unplaced values, abstract ones, or a call under a transformation
+            return plan  # abstract values, or a call under a transformation
         from spmd.shard.dispatch import mesh_of, plan_for
 
         everything = [*entry.hoisted, *leaves]
-        mesh = mesh_of(everything)
-        if mesh is None and entry.needs_arrays:
-            eqn = array_equation(entry.closed)
-            mesh = eqn.params.get("mesh") if eqn is not None else None
+        mesh = mesh_of(everything) if plan.bind else None
         if mesh is None:
-            if not entry.hoisted and not entry.needs_arrays:
-                plan.bind = False  # sharded leaves of no one mesh: whole values, unplaced
-            return plan
-        return Placed(entry, avals, False, plan_for(entry.closed, everything, mesh))
+            eqn = spread_equation(entry.closed)  # a shard_map over processes inside
+            mesh = eqn.params["mesh"] if eqn is not None else None
+        if mesh is not None:
+            return Placed(entry, avals, False, plan_for(entry.closed, everything, mesh))
+        wrappers = output_wrappers(entry.closed)
+        if wrappers is not None:  # results placed by a shard_map's out specs, a constraint
+            return Placed(entry, avals, False, _call.unplaced(entry.closed, everything, wrappers))
+        if not entry.hoisted:
+            plan.bind = False  # sharded leaves of no one mesh: whole values, unplaced
+        return plan
 
+    def lower(self, *args, **kwargs) -> "Lowered":
+        entry, _, _ = self._entry(args, kwargs)
+        return Lowered(entry, self._name)
+
+    def trace(self, *args, **kwargs) -> "Traced":
+        entry, _, avals = self._entry(args, kwargs)
+        return Traced(entry, self._name, avals)
+
+
+class Lowered(_Lowered):
+    """``spmd.jit(f).lower(...)``: a program holding a shard_map over processes
+    prints, with ``as_text(executed=True)``, the per-process program this process
+    runs (partitioned over that shard_map's mesh)."""
+
+    def _executed(self):
+        eqn = spread_equation(self._entry.optimized)
+        if eqn is None:
+            return super()._executed()
+        from spmd.shard.dispatch import executed_program
+
+        return executed_program(self._entry.optimized, eqn.params["mesh"],
+                                leading=self._entry.hoisted)
+
+
+class Traced(_Traced):
+    """``spmd.jit(f).trace(...)``, lowering to :class:`Lowered`."""
+
+    def lower(self):
+        return Lowered(self._entry, self.fun_name)

@@ -16,7 +16,7 @@ Reading the whole value (``np.asarray``, ``repr``'s digits, ``.value``) of a
 blocks array whose blocks are not all here raises
 :class:`~spmd.errors.NotFullyAddressableError` naming ``process_allgather``.
 Eager operations on sharded arrays are evaluated by :mod:`spmd.shard.dispatch`
-(the compiler hands them over through its extension point ``PLACED_EVAL``).
+(the compiler hands them over through its extension point ``EAGER_EVAL``).
 
 >>> mesh = spmd.make_mesh((4, 2), ("i", "j"))
 >>> x = spmd.device_put(np.arange(16.0).reshape(8, 2), NamedSharding(mesh, P("i", "j")))

@@ -18,7 +18,7 @@ from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 def test_every_point_is_declared_and_installed_by_spmd():
     assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
                                                    "plain_shards", "array_module",
-                                                   "placed_eval"]
+                                                   "eager_eval"]
     for p in extensions.POINTS:
         assert p.signature.startswith("(") and "->" in p.signature
         assert len(p.doc) > 40 and callable(p.default)
@@ -34,7 +34,7 @@ def test_defaults_keep_the_compiler_working_alone():
         extensions.PVARY.default(np.ones(2), ("i",))
 
 
-def test_placed_eval_default_names_the_primitive_and_the_array_type():
+def test_eager_eval_default_names_the_primitive_and_the_array_type():
     """Without the installer, an eager primitive on an upper layer's array raises (it
     would otherwise compute on the whole value and lose the placement, silently)."""
     from spmd.compiler.array import Array
@@ -47,12 +47,25 @@ def test_placed_eval_default_names_the_primitive_and_the_array_type():
     x = Placed(np.ones(2, np.float32), ShapedArray((2,), np.dtype(np.float32)))
     with pytest.raises(ExtensionNotInstalledError, match=r"sin has an array of an upper layer "
                        r"among its arguments \(Placed\).*run_installer"):
-        extensions.PLACED_EVAL.default(sin_p, [x], {})
+        extensions.EAGER_EVAL.default(sin_p, [x], {})
 
 
-def test_eager_primitives_on_placed_arrays_go_through_placed_eval():
+def test_eager_eval_default_leaves_the_compilers_own_values_to_it():
+    """Alone, the compiler evaluates every primitive on its own Arrays itself (a
+    higher-order one too): the default declines."""
+    from spmd.compiler.array import Array
+    from spmd.compiler.avals import ShapedArray
+    from spmd.compiler.jit import jit_p
+    from spmd.compiler.ops.elementwise import sin_p
+
+    x = Array(np.ones(2, np.float32), ShapedArray((2,), np.dtype(np.float32)))
+    assert extensions.EAGER_EVAL.default(sin_p, [x, np.ones(2)], {}) is None
+    assert extensions.EAGER_EVAL.default(jit_p, [x], {"program": None, "name": "f"}) is None
+
+
+def test_eager_primitives_on_placed_arrays_go_through_eager_eval():
     seen = []
-    real = extensions.PLACED_EVAL.fn
+    real = extensions.EAGER_EVAL.fn
 
     def spy(prim, args, params):
         seen.append(prim.name)
@@ -60,13 +73,42 @@ def test_eager_primitives_on_placed_arrays_go_through_placed_eval():
 
     mesh = spmd.make_mesh((2,), ("d",))
     x = spmd.device_put(np.arange(4.0, dtype=np.float32), spmd.NamedSharding(mesh, P("d")))
-    restore = _swap(extensions.PLACED_EVAL, spy)
+    restore = _swap(extensions.EAGER_EVAL, spy)
     try:
         y = snp.sin(x).sum()
     finally:
         restore()
     assert np.allclose(np.asarray(y), np.sin(np.arange(4.0)).sum(), rtol=1e-6)
-    assert seen, "no eager primitive on the placed array reached PLACED_EVAL"
+    assert seen, "no eager primitive on the placed array reached EAGER_EVAL"
+
+
+def test_eager_higher_order_primitives_are_offered_to_the_upper_layer_first():
+    """An eager loop (and a jit equation bound eagerly) on plain values is offered to
+    EAGER_EVAL, which declines it (no shard_map over processes inside): the compiler
+    then runs it, and the result is numpy's."""
+    from spmd import lax
+    from spmd.compiler.jit import jit_p
+
+    seen = []
+    real = extensions.EAGER_EVAL.fn
+
+    def spy(prim, args, params):
+        out = real(prim, args, params)
+        seen.append((prim.name, out is None))
+        return out
+
+    xs = np.arange(6.0, dtype=np.float32)
+    traced = spmd.jit(lambda v: v * 3.0).trace(xs)
+    restore = _swap(extensions.EAGER_EVAL, spy)
+    try:
+        carry, ys = lax.scan(lambda c, x: (c + x, c * x), np.float32(0), xs)
+        (bound,) = jit_p.bind(xs, program=traced.jaxpr, name="f")
+    finally:
+        restore()
+    assert ("scan", True) in seen and ("jit", True) in seen
+    np.testing.assert_allclose(np.asarray(carry), xs.sum())
+    np.testing.assert_allclose(np.asarray(ys), np.concatenate([[0], np.cumsum(xs)[:-1]]) * xs)
+    np.testing.assert_allclose(np.asarray(bound), xs * 3)
 
 
 def test_install_and_reset():

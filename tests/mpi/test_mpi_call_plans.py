@@ -3,9 +3,9 @@
 A jit's call plan is keyed on the arguments' structure, types, avals and, for placed
 Arrays, their shardings and whether they hold blocks or the whole value; it is built
 at the first call of its key and called as it is afterwards.  Each test here compares
-the plans' results with numpy on the global arrays and with the compiler's own jit
-(``spmd.compiler.jit.jit``, which binds the ``jit`` equation eagerly: the dispatch's
-route), for changed shapes, dtypes and shardings, closures, threads and ranks that
+the plans' results with numpy on the global arrays and with the traced program's
+``jit`` equation bound eagerly (:func:`_bound`: how a nested jit equation runs in a
+program evaluated by equation, the dispatch's route), for changed shapes, dtypes and shardings, closures, threads and ranks that
 disagree, and checks that errors still fire.
 
 Runs on 2 and on 4 ranks with one device each (``.ci/pytest_mpi.sh``) and on 2 ranks
@@ -27,7 +27,7 @@ from tests.mpi import make_mesh, x64_if  # noqa: E402
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding, P, lax  # noqa: E402
-from spmd.compiler.jit import jit as compiler_jit  # noqa: E402
+from spmd.compiler.jit import jit_p  # noqa: E402
 from spmd.errors import DeletedArrayError  # noqa: E402
 from spmd.shard.fingerprint import ProgramMismatchError  # noqa: E402
 from spmd.shard.jit import Placed  # noqa: E402
@@ -53,6 +53,21 @@ def builds(monkeypatch):
 
     monkeypatch.setattr(dispatch, "plan_for", counting)
     return made
+
+
+def _bound(fun):
+    """``fun`` traced by ``spmd.jit`` and run as its ``jit`` equation bound eagerly: the
+    compiler's eager trace offers it to the shard layer (extensions.EAGER_EVAL), whose
+    dispatch runs a program holding a shard_map over processes partitioned over its
+    mesh -- a route of its own, beside the jit's call plans."""
+    traced = spmd.jit(fun)
+
+    def call(*args):
+        entry, leaves, _ = traced._entry(args, {})
+        outs = jit_p.bind(*entry.hoisted, *leaves, program=entry.closed, name="bound")
+        return entry.out_tree.unflatten(outs)
+
+    return call
 
 
 def _global(rows, dtype=np.float32, seed=0):
@@ -89,7 +104,7 @@ def test_repeated_calls_build_one_plan_and_equal_the_bound_route(kind, builds):
     mesh = make_mesh("1d")
     n = mesh.size
     f, ref = _jitted(kind, mesh)
-    g, _ = _jitted(kind, mesh, compiler_jit)
+    g, _ = _jitted(kind, mesh, _bound)
     for seed in range(4):
         x = _global(4 * n * n, seed=seed)
         got = f(x)
@@ -168,7 +183,7 @@ def test_closed_over_constants_give_what_the_bound_route_gives():
         want = (x * scale + 2.0 + 0.5).reshape(n, -1, 3).sum(0)
         np.testing.assert_allclose(_gather(f(x)), want, rtol=1e-6)
     assert len(_placed(f)) == 1
-    g = compiler_jit(spmd.shard_map(lambda b: lax.psum(b * scale + shift + wide, "i"),
+    g = _bound(spmd.shard_map(lambda b: lax.psum(b * scale + shift + wide, "i"),
                                     mesh=mesh, in_specs=P("i"), out_specs=P()))
     g(x)
     # Deleting a closed-over Array after tracing: both routes keep what the trace took.

@@ -20,6 +20,7 @@ from spmd.compiler.ad_util import Zero, instantiate, is_undefined, is_zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
+from spmd.compiler.program_vma import program_vma
 from spmd.compiler.trace import (Tracer, eval_program, full_raise, get_aval,
                                  trace_to_program)
 from spmd.errors import DTypeError, ProgramTypeError
@@ -257,8 +258,6 @@ def _cond_abstract_eval(index, *operands, branches):
 def _cond_vma(index, *operands, branches):
     """Each output varies where some branch's output does, and along the axes the
     index varies along (devices may take different branches)."""
-    from spmd.compiler.jit import program_vma
-
     in_vmas = [a.vma for a in operands]
     outs = [program_vma(br, in_vmas) for br in branches]
     return [index.vma.union(*ms) for ms in zip(*outs)]

@@ -23,6 +23,7 @@ from spmd.compiler.ops.control_cond import (batch_program, cast_to, check_avals,
                                             jvp_program, permute, trace_closed,
                                             zero_tangent)
 from spmd.compiler.primitives import Primitive
+from spmd.compiler.program_vma import program_vma
 from spmd.compiler.trace import eval_program, get_aval
 from spmd.errors import ArgumentError, ProgramTypeError
 
@@ -137,8 +138,6 @@ def _carry_fixpoint(vmas_of, init_vmas):
 
 @scan_p.def_vma
 def _scan_vma(*avals, program, num_consts, num_carry, length, reverse):
-    from spmd.compiler.jit import program_vma
-
     consts, init, xs = _split([a.vma for a in avals], num_consts, num_carry)
     carry, outs = _carry_fixpoint(lambda c: program_vma(program, consts + c + xs), init)
     return carry + list(outs[num_carry:])
@@ -445,8 +444,6 @@ def _while_abstract_eval(*avals, cond_program, body_program, cond_nconsts, body_
 def _while_vma(*avals, cond_program, body_program, cond_nconsts, body_nconsts):
     """Carries vary where the body makes them, and along the axes the predicate
     varies along (devices may then run different numbers of iterations)."""
-    from spmd.compiler.jit import program_vma
-
     cc, bc, init = _split([a.vma for a in avals], cond_nconsts, body_nconsts)
 
     def step(carry):
