@@ -550,8 +550,9 @@ def hoist_traced_consts(closed: ClosedProgram) -> tuple[ClosedProgram, list]:
     primitive that calls the program, the outer transformation sees them.  An Array
     whose value is not all here (the shard layer's, holding some blocks) cannot be
     copied into the program: as an operand, its layer runs the program on it (JAX,
-    too, lets a jitted function close over a global Array).  Returns the program, whose arguments are now ``hoisted + original
-    arguments`` (other constants stay constants), and the hoisted values.
+    too, lets a jitted function close over a global Array).  Returns the program,
+    whose arguments are now ``hoisted + original arguments`` (other constants stay
+    constants), and the hoisted values.
     """
     consts = closed.consts
     if not any(_hoisted_const(c) for c in consts):
