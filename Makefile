@@ -10,7 +10,7 @@ NP ?= 4
 # Per-test time limit (seconds), so a hang fails instead of blocking.
 PYTEST_TIMEOUT ?= 300
 
-.PHONY: venv demo test test-single test-mpi bench bench-mpi bench-transformer clean distclean
+.PHONY: venv demo test test-single test-mpi bench bench-mpi bench-transformer bench-engine clean distclean
 
 venv: $(VENV)/.stamp
 
@@ -76,9 +76,19 @@ bench-mpi: venv
 bench-transformer: venv
 	$(BIN)/python benchmarks/bench_transformer.py --steps 20
 
+# The transformer step against JAX + optax and PyTorch in one process (issue 25;
+# results: benchmarks/results/engine.json).  The floors live in their own venv,
+# never in the project's: benchmarks only.
+BENCH_VENV ?= .venv-bench
+bench-engine: venv
+	@test -x $(BENCH_VENV)/bin/python || python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -c "import jax, optax, torch" 2>/dev/null || \
+		$(BENCH_VENV)/bin/pip install -q -e . jax optax 'torch==2.13.0'
+	$(BENCH_VENV)/bin/python benchmarks/bench_engine.py
+
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(BENCH_VENV)

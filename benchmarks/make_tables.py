@@ -106,7 +106,7 @@ def provenance_line(doc: dict) -> str:
 
 # Results whose rows are not timing samples: the benchmark module that wrote them
 # renders its own table (a function ``table(rows) -> str``).
-OWN_TABLES = {"transformer": "bench_transformer"}
+OWN_TABLES = {"transformer": "bench_transformer", "engine": "bench_engine"}
 
 
 def section(doc: dict) -> str:

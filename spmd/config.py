@@ -9,8 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from spmd.errors import ArgumentError
+
+# OpenBLAS's worker threads busy-wait for a long time after each call before they
+# sleep, holding the cores that spmd's threaded kernels (spmd.compiler.fusion) run
+# on: measured here, a kernel on 2 threads right after a matrix product ran no
+# faster than on one.  OPENBLAS_THREAD_TIMEOUT=12 makes them sleep after a short
+# spin (2**16 cycles), with no measured cost to back-to-back products.  The library
+# reads it when it loads, so it is set only when numpy is not loaded yet (this is
+# spmd's first module), and never over the user's value; spmd-run sets it for its
+# ranks.  BLAS_THREADS_YIELD says whether it is in force.
+if "numpy" not in sys.modules:
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
+BLAS_THREADS_YIELD: bool = "OPENBLAS_THREAD_TIMEOUT" in os.environ
 
 
 def _env_flag(name: str) -> bool:
@@ -31,6 +44,17 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ArgumentError(f"{name}={os.environ[name]!r} is not a switch; set it to 1 or 0")
+
+
 class Config:
     """Holds the switches; ``update(name, value)`` changes one."""
 
@@ -48,8 +72,12 @@ class Config:
         # operands exist, and waited for where first used (spmd.compiler.overlap);
         # 0 turns overlap off (combined blocking all-reduces, as above).
         self.overlap_bucket_bytes: int = _env_int("SPMD_OVERLAP_BUCKET_BYTES", 2 * 1024 * 1024)
-        # Listeners are told of every change; the dtype layer and the jit cache
-        # use this so that a switch never leaves a stale cached program behind.
+        # Chains of elementwise equations of a program lowered for execution run as
+        # one kernel each (spmd.compiler.fusion); applies to programs compiled after.
+        self.fuse_elementwise: bool = _env_bool("SPMD_FUSE_ELEMENTWISE", True)
+        # Listeners are told of every change.  (None is registered today: a switch
+        # that changes traced programs, enable_x64, is part of the jit cache key;
+        # the others apply to programs compiled after the change.)
         self._listeners: list = []
 
     def update(self, name: str, value) -> None:
@@ -64,6 +92,9 @@ class Config:
             raise ArgumentError(
                 f"spmd.config.update: {name} must be an int >= 0 (bytes per {what}), "
                 f"got {value!r}")
+        if name == "fuse_elementwise" and not isinstance(value, bool):
+            raise ArgumentError(f"spmd.config.update: fuse_elementwise must be True or False, "
+                                f"got {value!r}")
         setattr(self, name, value)
         for fn in self._listeners:
             fn(name, value)

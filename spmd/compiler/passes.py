@@ -19,6 +19,7 @@ from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.fold import fold_scalar_chains, use_counts
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 from spmd.compiler.combine import combine_collectives
+from spmd.compiler import fusion
 from spmd.compiler.overlap import overlap_collectives
 from spmd.config import config
 
@@ -122,7 +123,9 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
     needed (:mod:`spmd.compiler.overlap`; ``spmd.config.overlap_bucket_bytes``, 0 turns
     it off), and combine the remaining independent collectives
     (:mod:`spmd.compiler.combine`; the bucket size is
-    ``spmd.config.combine_collectives_bytes``, 0 disables both).
+    ``spmd.config.combine_collectives_bytes``, 0 disables both), then fuse chains of
+    elementwise equations into kernels (:mod:`spmd.compiler.fusion`;
+    ``spmd.config.fuse_elementwise``).
 
     The printed program keeps those equations; only the executed code is lowered
     (``Lowered.as_text(executed=True)`` prints it).
@@ -133,7 +136,10 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
         # Overlapped buckets are combined too: never larger than combining allows.
         closed = overlap_collectives(closed, min(config.overlap_bucket_bytes,
                                                  config.combine_collectives_bytes))
-    return combine_collectives(closed, config.combine_collectives_bytes)
+    closed = combine_collectives(closed, config.combine_collectives_bytes)
+    if config.fuse_elementwise and fusion.threads_help():
+        closed = fusion.fuse_elementwise(closed)
+    return closed
 
 
 def inline_calls(closed: ClosedProgram, rule: str = "inline") -> ClosedProgram:

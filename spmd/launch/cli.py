@@ -242,6 +242,9 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
     threads = str(max(1, usable_cores() // _ranks_per_node(ns.np, env)))
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(name, threads)
+    # OpenBLAS's threads then sleep soon after a call instead of spinning on the
+    # cores spmd's threaded kernels use (spmd/config.py says why).
+    env.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
     env["PYTHONUNBUFFERED"] = "1"
     env["SPMD_LAUNCH_DIR"] = launch_dir
     # As torchrun's TORCHELASTIC_RESTART_COUNT / TORCHELASTIC_MAX_RESTARTS.
@@ -252,7 +255,8 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
 
 # Variables Open MPI must be told to export to remote nodes (Hydra exports all).
 _EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "SPMD_GPU_BACKEND", "OMP_NUM_THREADS",
-             "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR",
+             "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
+             "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR",
              "SPMD_RESTART_ATTEMPT", "SPMD_MAX_RESTARTS")
 
 

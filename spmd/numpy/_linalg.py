@@ -32,20 +32,49 @@ def matmul(a, b, /):
                          f"({xs[-1]} != {ys[0] if len(ys) == 1 else ys[-2]})")
     if len(xs) <= 2 and len(ys) <= 2:
         return dot_general(x, y, (((len(xs) - 1,), (0,)), ((), ())))
-    # Batched: broadcast the batch dims, then one dot_general with batch dims.
-    xb, yb = xs[:-2] if len(xs) > 1 else (), ys[:-2] if len(ys) > 1 else ()
-    batch = broadcast_shapes(xb, yb, fname="spmd.numpy.matmul")
-    if len(xs) > 1:
-        x = broadcast_to_shape(x, batch + xs[-2:])
-    if len(ys) > 1:
-        y = broadcast_to_shape(y, batch + ys[-2:])
-    nb = len(batch)
-    bd = tuple(range(nb))
-    if len(xs) == 1:
-        return dot_general(y, x, (((nb,), (0,)), ((), ())))
+    if len(xs) == 1:  # (k,) @ (..., k, n): contract y's rows; nothing is broadcast
+        return dot_general(y, x, (((len(ys) - 2,), (0,)), ((), ())))
     if len(ys) == 1:
-        return dot_general(x, y, (((nb + 1,), (0,)), ((), ())))
-    return dot_general(x, y, (((nb + 1,), (nb,)), (bd, bd)))
+        return dot_general(x, y, (((len(xs) - 1,), (0,)), ((), ())))
+    return _batched_matmul(x, y, xs, ys)
+
+
+def _batched_matmul(x, y, xs, ys):
+    """``x @ y`` with batch dims, as one ``dot_general`` on the operands as they are.
+
+    A batch dim both operands have (of one size) is a ``dot_general`` batch dim;
+    one only ``x`` has (absent or of size 1 in ``y``) is one of ``x``'s free dims,
+    and so for ``y``: ``(b, t, d) @ (d, h)`` is one ``(b*t, d) @ (d, h)`` product,
+    not ``b`` products against a broadcast copy of the weight (``jax.numpy.matmul``
+    treats such dims alike).
+    The result is transposed into numpy's order only where the free dims of ``y``
+    must move ahead of ``x``'s rows.
+    """
+    nb = max(len(xs), len(ys)) - 2
+    batch = broadcast_shapes(xs[:-2], ys[:-2], fname="spmd.numpy.matmul")
+    xpad, ypad = nb - (len(xs) - 2), nb - (len(ys) - 2)
+    xsq = tuple(i for i in range(nb) if i >= xpad and xs[i - xpad] == 1 != batch[i])
+    ysq = tuple(i for i in range(nb) if i >= ypad and ys[i - ypad] == 1 != batch[i])
+    if xsq:
+        x = squeeze(x, tuple(i - xpad for i in xsq))
+    if ysq:
+        y = squeeze(y, tuple(i - ypad for i in ysq))
+    # Each batch position is in both operands, only in x or only in y (a size-1
+    # position of both stays in both); xpos/ypos: its dim in x/y after the squeezes.
+    xpos = {i: n for n, i in enumerate(i for i in range(nb) if i >= xpad and i not in xsq)}
+    ypos = {i: n for n, i in enumerate(i for i in range(nb) if i >= ypad and i not in ysq)}
+    both = [i for i in range(nb) if i in xpos and i in ypos]
+    x_only = [i for i in range(nb) if i in xpos and i not in ypos]
+    y_only = [i for i in range(nb) if i in ypos and i not in xpos]
+    xk, yk = len(xpos), len(ypos)  # x's rows at xk, its contraction at xk + 1; y's at yk
+    out = dot_general(x, y, (((xk + 1,), (yk,)),
+                             (tuple(xpos[i] for i in both), tuple(ypos[i] for i in both))))
+    # dot_general's order: both, x_only, m, y_only, n; numpy's: batch positions, m, n.
+    order = both + x_only + ["m"] + y_only + ["n"]
+    want = list(range(nb)) + ["m", "n"]
+    if order != want:
+        out = transpose(out, tuple(order.index(w) for w in want))
+    return out
 
 
 def dot(a, b, /):

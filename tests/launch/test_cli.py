@@ -429,6 +429,12 @@ def test_thread_variables_follow_the_core_count(monkeypatch):
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
     assert env["OPENBLAS_NUM_THREADS"] == "2"
     assert env["SPMD_LOCAL_DEVICES"] == "3" and "SPMD_PLATFORM" not in env
+    # OpenBLAS's threads sleep soon after a call (spmd's kernels use the cores), unless
+    # the user says otherwise.
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == "12"
+    env = cli.build_env(cli.parse_args(["-n", "2", "x.py"]), "/tmp/d",
+                        environ={"OPENBLAS_THREAD_TIMEOUT": "28"})
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == "28"
 
 
 def test_rank_prefix_flag_by_implementation():

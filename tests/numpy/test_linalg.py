@@ -42,6 +42,12 @@ MATMUL_SHAPES = [
     ((3,), (5, 3, 4)),          # vector with a batch of matrices
     ((5, 2, 3), (3,)),
     ((2, 1, 3, 4), (5, 4, 2)),  # broadcast batch dims -> (2, 5, 3, 2)
+    ((2, 3), (5, 3, 4)),        # a matrix with a batch: y's batch moves ahead of x's rows
+    ((1, 2, 3), (4, 1, 3, 2)),  # size-1 batch dims on both sides
+    ((4, 1, 2, 3), (4, 5, 3, 2)),
+    ((2, 1, 2, 3), (1, 3, 3, 4)),
+    ((1, 1, 2, 3), (1, 3, 4)),
+    ((6, 5, 2, 3), (6, 1, 3, 4)),
 ]
 
 
@@ -54,6 +60,32 @@ def test_matmul(mode, how, shapes, dtypes, want):
         same(operator.matmul, a, b, mode=mode, dtype=want, rtol=RTOL, atol=ATOL)
     else:
         check(snp.matmul, np.matmul, a, b, mode=mode, dtype=want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("xs,ys,batch", [((16, 8, 4), (4, 6), ()),
+                                          ((3, 16, 8, 4), (4, 6), ()),
+                                          ((8, 4), (5, 4, 6), ()),
+                                          ((3, 1, 8, 4), (3, 5, 4, 6), ((0,), (0,)))])
+def test_matmul_broadcasts_nothing(xs, ys, batch):
+    """A batch dim only one operand has is one of its free dims: ``(b, t, d) @ (d, h)``
+    is one product of the operands as they are, never a product with a broadcast
+    copy of the weight (one GEMM per batch element)."""
+    import spmd
+
+    closed = spmd.make_jaxpr(snp.matmul)(np.zeros(xs, np.float32), np.zeros(ys, np.float32))
+    names = [e.primitive.name for e in closed.jaxpr.eqns]
+    assert "broadcast_in_dim" not in names
+    dot = next(e for e in closed.jaxpr.eqns if e.primitive.name == "dot_general")
+    assert dot.params["dimension_numbers"][1] == (batch or ((), ()))
+
+
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES[4:], ids=str)
+def test_matmul_gradients(shapes):
+    import spmd
+
+    a, b = rand(shapes[0], F32, 5), rand(shapes[1], F32, 6)
+    spmd.test_util.check_grads(lambda x, y: snp.sum(snp.tanh(snp.matmul(x, y))), (a, b),
+                               order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
 
 
 EINSUM = [

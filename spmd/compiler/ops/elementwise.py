@@ -674,3 +674,16 @@ def _ipow_jvp(primals, tangents, *, y):
 
 integer_pow_p.def_jvp(_ipow_jvp)
 integer_pow_p.def_batch(lambda args, dims, y: (integer_pow(args[0], y), dims[0]))
+
+
+# Kernel ops (spmd.compiler.fusion): the numpy function that computes each primitive
+# on floats, by which a fused kernel calls it with ``out=`` (the same bits as its
+# impl); integer_pow and select_n are called as their impls are.
+for _p, _op in ((add_p, "add"), (sub_p, "subtract"), (mul_p, "multiply"), (div_p, "divide"),
+                (neg_p, "negative"), (pow_p, "power"), (exp_p, "exp"), (log_p, "log"),
+                (log1p_p, "log1p"), (expm1_p, "expm1"), (tanh_p, "tanh"), (sqrt_p, "sqrt"),
+                (rsqrt_p, "rsqrt"), (sin_p, "sin"), (cos_p, "cos"), (abs_p, "absolute"),
+                (select_n_p, "where"), (lt_p, "less"), (le_p, "less_equal"),
+                (gt_p, "greater"), (ge_p, "greater_equal"), (eq_p, "equal"),
+                (ne_p, "not_equal"), (integer_pow_p, "integer_pow")):
+    _p.rules["kernel_op"] = _op

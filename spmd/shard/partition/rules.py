@@ -23,11 +23,12 @@ import numpy as np
 from spmd.compiler.ad import stop_gradient_p
 from spmd.compiler.remat import name_p
 from spmd.compiler.custom import custom_lin_p
+from spmd.compiler.fusion import fused_p
 from spmd.compiler.ops import complex as cx, elementwise as ew, reduce as rd, structural as st
 from spmd.compiler.ops.linalg import dot_general_p
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
-from spmd.shard.partition.registry import Propagate, Replicate
+from spmd.shard.partition.registry import Propagate, Replicate, Unreachable
 from spmd.shard.partition.reshard import cost as reshard_cost
 from spmd.collectives import api as coll
 
@@ -344,6 +345,9 @@ def _table() -> dict:
         custom_lin_p: Replicate(
             "the linear part of a linearized custom_vjp function: an opaque Python backward "
             "rule over saved residuals, which no placement can be read from"),
+        fused_p: Unreachable(
+            "the fusion pass (spmd.compiler.fusion) makes elementwise kernels out of "
+            "per-device programs as they are compiled, after partitioning"),
     })
     return table
 

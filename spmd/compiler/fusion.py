@@ -1,0 +1,473 @@
+"""Fusion: a chain of elementwise equations runs as one kernel, block by block, on
+all cores.
+
+Generated numpy code makes one call per equation, each a full pass over its
+operands on one core (GELU's tanh approximation is 8 of them, AdamW's update a
+dozen).  This pass, run on programs lowered for execution, groups elementwise
+equations into one ``fused_elementwise`` equation whose parameter is a
+:class:`Kernel`, an expression tree over the group's inputs.  On numpy the kernel
+runs the tree's numpy functions block by block: the result is cut into blocks of
+rows that fit in a core's cache (:data:`BLOCK_ELEMENTS`), every function of the
+chain runs on one block (writing into scratch buffers, ``out=``) before the next
+block starts, and the blocks are shared among threads (numpy releases the GIL in
+its loops).  So a chain makes one pass over memory and uses every core, and its
+numbers are *the same bits* as the unfused program's: the same numpy functions
+on the same elements, whatever the blocks or the threads.
+
+The threads: ``SPMD_NUM_THREADS``, else ``OMP_NUM_THREADS`` (which ``spmd-run``
+sets to the cores per rank), else the cores this process may use; one of them is
+the calling thread.  They never overlap a BLAS call (a program runs one equation
+at a time), so BLAS's own threads are not oversubscribed.
+
+Measured before choosing (``docs/performance.md``, "Fusion"): numexpr and numba
+evaluate transcendental functions with scalar libm calls, 3x slower than numpy's
+vectorized float32 ``tanh``/``exp`` here, and numexpr was slower than numpy even
+on arithmetic chains; numba compiles for about a second per kernel.  Blocked
+numpy calls keep numpy's fast loops and need no compiler.
+
+Which equations may join a group is declared by each primitive:
+``rules["kernel_op"]`` names the numpy function that computes it on floats
+(``"tanh"``, ``"multiply"``, ``"where"``, ...), beside its definition in
+``spmd/compiler/ops/elementwise.py``.  A group is a tree: an equation joins its
+consumer's group when its result has exactly that one use and the consumer's
+shape; the root is the equation whose result is used elsewhere (or is a program
+output).  A group becomes a kernel when its estimated time on one core
+(:data:`OP_NS` per element and op) reaches :data:`MIN_KERNEL_NS`, which a
+transcendental function over a large operand does (GELU, softmax's ``exp``,
+AdamW's ``sqrt`` chain over a weight); cheaper chains stay as they were, and so
+does every program when there is one thread.
+``spmd.config.update("fuse_elementwise", False)`` (or
+``SPMD_FUSE_ELEMENTWISE=0``) turns the pass off for programs compiled after.
+
+On another array module (CuPy) the kernel runs the member equations' own
+implementations in order (a CuPy ``ElementwiseKernel`` of the same tree is the
+next step).  ``Lowered.as_text(executed=True)`` shows each group as one
+equation::
+
+    c:f32[2048,1024] = fused_elementwise[kernel=((0.5 * a) * (1.0 + tanh(...)))] a
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+
+import numpy as np
+
+from spmd.compiler.fold import use_counts
+from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.primitives import Primitive
+from spmd.config import BLAS_THREADS_YIELD
+from spmd.errors import ArgumentError
+
+# Results with fewer elements are never fused.
+MIN_ELEMENTS = 1 << 14
+# A group becomes a kernel when its estimated single-core time is at least this
+# many nanoseconds: sharing it among threads saves half of it (on 2 cores), far more
+# than the ~30-50 us of handing blocks to the threads; cheaper chains stay as the
+# unfused code, whose in-place buffers and implicit broadcasts are as fast on one
+# core (measured: a blocked chain on one thread is no faster than numpy's calls, the
+# passes over memory being cheap next to the arithmetic here).
+MIN_KERNEL_NS = 200_000
+# Estimated numpy float32 time per element of each kernel op, in ns (measured on
+# this project's 2-core CI machine, 1M elements; arithmetic is memory-bound).
+OP_NS = {"exp": 1.3, "log": 1.7, "tanh": 2.6, "sin": 1.6, "cos": 1.6, "log1p": 12.0,
+         "expm1": 12.0, "power": 6.0, "integer_pow": 3.0, "sqrt": 0.4, "rsqrt": 0.7}
+OP_NS_DEFAULT = 0.25
+# Elements of one block: large enough that a block's Python calls (~1.5 us each)
+# cost little next to its arithmetic, small enough that its operands and scratch
+# buffers stay in a core's L2 cache.
+BLOCK_ELEMENTS = 1 << 16
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_BOOL = np.dtype(bool)
+_COMPARISONS = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
+# How a tree prints: infix for arithmetic and comparisons, a call otherwise.
+_INFIX = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "power": "**",
+          "less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=",
+          "equal": "==", "not_equal": "!="}
+
+
+class Kernel:
+    """One fused group: ``tree`` over the group's ``n_inputs`` inputs.
+
+    A node of ``tree`` is ``("in", i)``, ``("const", value)`` (a numpy 0-d array
+    of the literal's dtype, as the unfused code binds it) or
+    ``(op, primitive, params, children, dtype)``.  Hashable, and compared by its printed
+    expression and types (it is a parameter of an equation, so a cache key).
+    """
+
+    __slots__ = ("tree", "n_inputs", "in_dtypes", "shape", "dtype", "_text")
+
+    def __init__(self, tree, n_inputs: int, in_dtypes, shape, dtype):
+        self.tree, self.n_inputs = tree, n_inputs
+        self.in_dtypes, self.shape, self.dtype = tuple(in_dtypes), tuple(shape), np.dtype(dtype)
+        self._text = _render(tree)
+
+    def __repr__(self) -> str:
+        return self._text
+
+    def _key(self):
+        return (self._text, self.in_dtypes, self.shape, self.dtype)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Kernel) and self._key() == other._key()
+
+
+def _letters(i: int) -> str:
+    s, i = "", i + 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        s = chr(ord("a") + r) + s
+    return s
+
+
+def _render(node) -> str:
+    if node[0] == "in":
+        return _letters(node[1])
+    if node[0] == "const":
+        return repr(node[1].item())
+    op, _, params, children, _ = node
+    args = [_render(c) for c in children]
+    if op in _INFIX:
+        return f"({args[0]} {_INFIX[op]} {args[1]})"
+    if op == "integer_pow":
+        return f"({args[0]} ** {params['y']})"
+    if op == "where":  # select_n(pred, on_false, on_true)
+        return f"where({args[0]}, {args[2]}, {args[1]})"
+    return f"{op}({', '.join(args)})"
+
+
+# ------------------------------------------------------------------ the primitive
+
+fused_p = Primitive("fused_elementwise", traits=("fresh_result",))
+
+
+@fused_p.def_impl
+def _fused_impl(xp, *args, kernel):
+    """The member equations' own implementations, in order (the unfused program)."""
+    def run(node):
+        if node[0] == "in":
+            return args[node[1]]
+        if node[0] == "const":
+            return node[1] if xp is np else xp.asarray(node[1])
+        _, prim, params, children, _ = node
+        return prim.impl(xp, *[run(c) for c in children], **params)
+
+    out = run(kernel.tree)
+    return out if out.shape == kernel.shape else xp.broadcast_to(out, kernel.shape).copy()
+
+
+@fused_p.def_abstract_eval
+def _fused_aval(*avals, kernel):
+    from spmd.compiler.avals import ShapedArray
+
+    return ShapedArray(kernel.shape, kernel.dtype)
+
+
+def _bind_impl(xp, *, kernel):
+    """The compiled kernel: blocks and threads on numpy, the impl elsewhere."""
+    if xp is np:
+        return BlockedKernel(kernel)
+    return functools.partial(_fused_impl, xp, kernel=kernel)
+
+
+fused_p.rules["bind_impl"] = _bind_impl
+
+
+def _not_transformed(*args, **params):
+    raise NotImplementedError("fused_elementwise appears only in programs lowered for "
+                              "execution, which are never transformed")
+
+
+fused_p.def_jvp(_not_transformed)
+fused_p.def_batch(_not_transformed)
+
+
+# ------------------------------------------------------------ blocks and threads
+
+def num_threads() -> int:
+    """Threads a kernel uses: ``SPMD_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the
+    cores this process may use."""
+    for name in ("SPMD_NUM_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            try:
+                n = int(raw)
+            except ValueError:
+                n = 0
+            if n < 1:
+                raise ArgumentError(f"{name}={raw!r} is not a number of threads >= 1")
+            return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def threads_help() -> bool:
+    """Whether kernels on threads beat the unfused code here: more than one thread,
+    and BLAS's threads sleeping between calls (``spmd.config.BLAS_THREADS_YIELD``;
+    otherwise they spin on the cores the kernel's threads need: measured slower
+    than unfused)."""
+    return num_threads() > 1 and BLAS_THREADS_YIELD
+
+
+class _Pool:
+    """Worker threads that run blocks of kernels; the caller runs its own share."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._executor = None
+        self.threads = None
+        os.register_at_fork(after_in_child=self._forget) if hasattr(os, "register_at_fork") \
+            else None
+
+    def _forget(self):  # a forked child has none of its parent's threads
+        self._executor, self.threads = None, None
+
+    def run(self, parts):
+        """Call each of ``parts`` (no arguments), the first on this thread."""
+        if self.threads is None:
+            with self._lock:
+                if self.threads is None:
+                    self.threads = num_threads()
+        if len(parts) == 1 or self.threads == 1:
+            for p in parts:
+                p()
+            return
+        if self._executor is None:
+            with self._lock:
+                if self._executor is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._executor = ThreadPoolExecutor(self.threads - 1,
+                                                        thread_name_prefix="spmd-kernel")
+        futures = [self._executor.submit(p) for p in parts[1:]]
+        parts[0]()
+        for f in futures:
+            f.result()
+
+
+POOL = _Pool()
+_scratch = threading.local()
+
+
+class BlockedKernel:
+    """A :class:`Kernel` on numpy: its numpy functions over blocks of rows, with
+    ``out=`` scratch buffers, the blocks shared among :data:`POOL`'s threads."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        shape = kernel.shape
+        lead = 0
+        while lead < len(shape) - 1 and shape[lead] == 1:  # e.g. one stacked device
+            lead += 1
+        self.lead = lead
+        rows = shape[lead] if shape else 1
+        per_row = math.prod(shape[lead + 1:])
+        self.rows_per_block = max(1, min(rows, BLOCK_ELEMENTS // max(per_row, 1)))
+        self.block = _compile_block(kernel)
+
+    def __call__(self, *args):
+        k = self.kernel
+        out = np.empty(k.shape, k.dtype)
+        lead, step = self.lead, self.rows_per_block
+        rows = k.shape[lead]
+        head = (0,) * lead
+        full = [a.ndim == len(k.shape) for a in args]
+        starts = list(range(0, rows, step))
+        threads = POOL.threads or num_threads()
+        n_parts = min(threads, len(starts))
+        per = -(-len(starts) // n_parts)
+
+        def part(chunk):
+            def go():
+                for i0 in chunk:
+                    sl = head + (slice(i0, min(i0 + step, rows)),)
+                    self.block([a[sl] if f else a for a, f in zip(args, full)], out[sl],
+                               step)
+            return go
+
+        POOL.run([part(starts[j:j + per]) for j in range(0, len(starts), per)])
+        return out
+
+
+def _scratch_buffer(slot: int, like, dtype, rows_per_block):
+    """This thread's scratch buffer number ``slot``, viewed at ``like``'s shape."""
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = {}
+    shape = like.shape
+    key = (slot, shape[1:], np.dtype(dtype))
+    buf = bufs.get(key)
+    if buf is None or buf.shape[0] < shape[0]:
+        buf = bufs[key] = np.empty((max(rows_per_block, shape[0]),) + shape[1:], dtype)
+    return buf[:shape[0]]
+
+
+def _compile_block(kernel: Kernel):
+    """``block(x, out, rpb)``: the tree's numpy calls on one block (inputs ``x``), the
+    root writing into ``out``.  Intermediate results go to this thread's scratch
+    buffers; a parent writes into a child's buffer of its dtype (elementwise, so in
+    place), except ``where``, which writes its first case before reading the other."""
+    lines, ns = [], {"np": np, "_buf": _scratch_buffer}
+    n_slots = [0]
+    free: dict = {}  # dtype -> scratch slots no longer read
+
+    def emit(node, dest=None):
+        """The code of ``node``; returns its name and scratch slot (None for ``out``,
+        an input or a constant)."""
+        if node[0] == "in":
+            return f"x[{node[1]}]", None
+        if node[0] == "const":
+            name = f"k{len(ns)}"
+            ns[name] = node[1]
+            return name, None
+        op, prim, params, children, dtype = node
+        kids = [emit(c) for c in children]
+        args = [k[0] for k in kids]
+        mine = None
+        if dest is None:
+            reusable = [k[1] for k in kids if k[1] is not None and k[1][1] == dtype]
+            if reusable and op != "where":
+                mine = reusable[0]
+            else:
+                pool = free.get(dtype)
+                mine = (pool.pop(), dtype) if pool else (n_slots[0], dtype)
+                n_slots[0] += mine[0] == n_slots[0]
+            dest = f"t{mine[0]}"
+            lines.append(f"{dest} = _buf({mine[0]}, out, {dtype.name!r}, rpb)")
+        for k in kids:
+            if k[1] is not None and k[1] != mine:
+                free.setdefault(k[1][1], []).append(k[1][0])
+        if op == "where":  # select_n(pred, on_false, on_true)
+            lines.append(f"np.copyto({dest}, {args[1]}); "
+                         f"np.copyto({dest}, {args[2]}, where={args[0]})")
+        elif op == "rsqrt":  # as its impl: 1 / sqrt(x)
+            lines.append(f"np.sqrt({args[0]}, out={dest}); np.divide(1, {dest}, out={dest})")
+        elif op == "integer_pow":  # its impl, whose result is copied
+            fn = f"f{len(ns)}"
+            ns[fn] = functools.partial(prim.impl, np, **params)
+            lines.append(f"np.copyto({dest}, {fn}({args[0]}))")
+        else:
+            lines.append(f"np.{op}({', '.join(args)}, out={dest})")
+        return dest, mine
+
+    emit(kernel.tree, "out")
+    src = "def block(x, out, rpb):\n" + "".join(f"    {ln}\n" for ln in lines)
+    exec(compile(src, "<spmd:kernel>", "exec"), ns)
+    return ns["block"]
+
+
+# ----------------------------------------------------------------------- the pass
+
+def _kernel_op(eqn, min_elements: int):
+    """The equation's kernel op when it may join a kernel, else None."""
+    op = eqn.primitive.rules.get("kernel_op")
+    if op is None or eqn.primitive.multiple_results or len(eqn.outputs) != 1:
+        return None
+    out = eqn.outputs[0].aval
+    if not out.shape or math.prod(out.shape) < min_elements:
+        return None
+    ins = [a.aval for a in eqn.inputs]
+    # Operands of the result's shape, or scalars (literals): what a block can slice.
+    if any(a.shape not in ((), out.shape) for a in ins):
+        return None
+    dts = [a.dtype for a in ins]
+    if op in _COMPARISONS:
+        ok = out.dtype == _BOOL and len(dts) == 2 and all(d in _FLOATS for d in dts)
+    elif op == "where":
+        ok = len(dts) == 3 and dts[0] == _BOOL and out.dtype in _FLOATS and \
+            dts[1] == dts[2] == out.dtype
+    else:
+        ok = out.dtype in _FLOATS and all(d == out.dtype for d in dts)
+    return op if ok else None
+
+
+def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
+                     min_kernel_ns: float | None = None) -> ClosedProgram:
+    """Group the elementwise chains of ``closed`` into ``fused_elementwise`` equations
+    (see the module docstring): groups whose estimated time (:data:`OP_NS`) is at
+    least ``min_kernel_ns``; ``min_kernel_ns=0`` makes every group of two or more
+    equations a kernel.
+
+    >>> fused = fuse_elementwise(lowered)  # doctest: +SKIP
+    """
+    min_elements = MIN_ELEMENTS if min_elements is None else min_elements
+    min_kernel_ns = MIN_KERNEL_NS if min_kernel_ns is None else min_kernel_ns
+    program = closed.program
+    eqns = program.eqns
+    ops = [_kernel_op(e, min_elements) for e in eqns]
+    if all(op is None for op in ops):
+        return closed
+    uses = use_counts(program)
+    producer = {e.outputs[0]: i for i, e in enumerate(eqns) if ops[i] is not None}
+    absorbed: set = set()  # equations computed inside their consumer's kernel
+    for i, e in enumerate(eqns):
+        if ops[i] is None:
+            continue
+        shape = e.outputs[0].aval.shape
+        for a in e.inputs:
+            j = producer.get(a) if isinstance(a, Var) else None
+            if j is not None and uses.get(a, 0) == 1 and a.aval.shape == shape:
+                absorbed.add(j)
+    # The groups worth a kernel; the members of the others stay where they are.
+    roots = [i for i, op in enumerate(ops) if op is not None and i not in absorbed]
+    kept: dict = {}
+    for i in roots:
+        members = _members(i, eqns, producer, absorbed)
+        ns = math.prod(eqns[i].outputs[0].aval.shape) * sum(
+            OP_NS.get(ops[j], OP_NS_DEFAULT) for j in members)
+        if ns >= min_kernel_ns and (len(members) > 1 or min_kernel_ns > 0):
+            kept[i] = members
+    if not kept:
+        return closed
+    inside = set().union(*kept.values()) - set(kept)
+    out_eqns = [_group(i, eqns, ops, producer, absorbed) if i in kept else e
+                for i, e in enumerate(eqns) if i not in inside]
+    return ClosedProgram(Program(program.in_vars, out_eqns, program.out_atoms), closed.consts)
+
+
+def _members(root: int, eqns, producer, absorbed) -> set:
+    """The indices of the equations of the group rooted at ``root``."""
+    seen, stack = set(), [root]
+    while stack:
+        i = stack.pop()
+        seen.add(i)
+        stack.extend(producer[a] for a in eqns[i].inputs
+                     if isinstance(a, Var) and producer.get(a) in absorbed)
+    return seen
+
+
+def _group(root: int, eqns, ops, producer, absorbed) -> Eqn:
+    """The fused equation of the group rooted at ``root`` (its members are computed
+    where the root was: each member's one use is inside the group, and its operands
+    are defined before it, so before the root)."""
+    leaves: dict = {}  # input var -> its index
+
+    def tree(i):
+        e = eqns[i]
+        children = []
+        for a in e.inputs:
+            j = producer.get(a) if isinstance(a, Var) else None
+            if j is not None and j in absorbed:
+                children.append(tree(j))
+            elif isinstance(a, Literal):
+                children.append(("const", np.asarray(a.val, dtype=a.aval.dtype)))
+            else:
+                children.append(("in", leaves.setdefault(a, len(leaves))))
+        return (ops[i], e.primitive, dict(e.params), children,
+                np.dtype(e.outputs[0].aval.dtype))
+
+    t = tree(root)
+    out = eqns[root].outputs[0]
+    inputs = list(leaves)
+    kernel = Kernel(t, len(inputs), [a.aval.dtype for a in inputs], out.aval.shape,
+                    out.aval.dtype)
+    return Eqn(fused_p, inputs, [out], {"kernel": kernel}, eqns[root].source_info)
