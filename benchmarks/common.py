@@ -34,6 +34,12 @@ import sys
 import time
 from typing import Any, Callable
 
+# The environment spmd's programs run in under spmd-run (and when spmd is imported
+# before numpy): OpenBLAS's threads sleep soon after a call instead of spinning on the
+# cores the engine's threads use (spmd/config.py).  Read by OpenBLAS when numpy loads;
+# the numpy floors are unaffected (docs/performance.md, "The engine").
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:  # so that a checkout runs without `pip install -e .`
     sys.path.insert(0, _REPO)
@@ -343,7 +349,8 @@ def machine_info() -> dict:
             "numpy": np.__version__, "blas": _blas(),
             "load_average_at_start": LOAD_AT_START, "load_average_at_end": _load_average(),
             "blas_threads_env": {k: os.environ[k] for k in
-                                 ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+                                 ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                  "OPENBLAS_THREAD_TIMEOUT", "SPMD_NUM_THREADS")
                                  if k in os.environ}}
 
 

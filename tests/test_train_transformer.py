@@ -150,16 +150,16 @@ def test_a_run_resumes_by_itself_from_the_latest_checkpoint(ex, tmp_path, capsys
 def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     """The step with every elementwise chain fused into kernels on 3 threads (whatever
     the cost model says) gives the unfused step's losses and parameters, bit for bit."""
-    from spmd.compiler import fusion
+    from spmd.compiler import fusion, threads
 
     corpus = np.arange(4000, dtype=np.int32) % 96
     batches = [ex.batch_at(corpus, k, 8, 16, seed=0) for k in (1, 2, 3)]
-    monkeypatch.setattr(fusion, "threads_help", lambda: True)
+    monkeypatch.setattr(threads, "threads_help", lambda: True)
     monkeypatch.setattr(fusion, "MIN_KERNEL_NS", 0)
     monkeypatch.setattr(fusion, "MIN_ELEMENTS", 64)
     monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 512)
     monkeypatch.setenv("SPMD_NUM_THREADS", "3")
-    monkeypatch.setattr(fusion.POOL, "threads", None)
+    monkeypatch.setattr(threads.POOL, "threads", None)
     runs = []
     for fuse in (True, False):
         spmd.config.update("fuse_elementwise", fuse)
@@ -174,7 +174,7 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
         finally:
             spmd.config.update("fuse_elementwise", True)
         runs.append((losses, [np.asarray(x) for x in spmd.tree_util.tree_leaves(p)]))
-    fusion.POOL.threads = None
+    threads.POOL.threads = None
     assert runs[0][0] == runs[1][0]
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_array_equal(a, b)

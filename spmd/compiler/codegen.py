@@ -6,7 +6,8 @@ Each equation becomes one line of straight-line code over the array module
 parameters bound once at compile time.  Nothing is interpreted per call.  A
 primitive whose expression depends on its operands' types registers
 ``rules["emit_avals"](names, in_avals, **params) -> str | None`` instead
-(``dot_general``: ``(a.T @ b)`` for a transposed 2-d operand); for a
+(``dot_general``: ``(a.T @ b)`` for a transposed 2-d operand; it is told the array
+module, ``xp=``); for a
 primitive with the ``fresh_result`` trait it is also called with ``out=NAME``, a
 dead buffer of the result's shape and dtype that its code may write into.
 
@@ -431,11 +432,13 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
         emit_avals = prim.rules.get("emit_avals")
         if emit_avals is not None:  # an emit rule that needs the operands' types
             in_avals = [a.aval for a in eqn.inputs]
-            expr = emit_avals(ins, in_avals, **eqn.params)
+            expr = emit_avals(ins, in_avals, xp=xp, **eqn.params)
             buf = into or (dead.take(out_aval) if expr is not None and array_result and
                            "fresh_result" in prim.traits else None)
             if buf is not None:  # the same code, writing into a dead buffer
-                expr = emit_avals(ins, in_avals, out=buf, **eqn.params) or expr
+                expr = emit_avals(ins, in_avals, xp=xp, out=buf, **eqn.params) or expr
+            if expr is not None:  # the functions its code calls besides xp's
+                namespace.update(prim.rules.get("emit_globals", {}))
         else:
             expr = prim.emit(ins, **eqn.params) if prim.emit is not None and (
             xp is np or not prim.rules.get("emit_numpy_only")) else None

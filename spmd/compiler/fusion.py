@@ -14,10 +14,12 @@ its loops).  So a chain makes one pass over memory and uses every core, and its
 numbers are *the same bits* as the unfused program's: the same numpy functions
 on the same elements, whatever the blocks or the threads.
 
-The threads: ``SPMD_NUM_THREADS``, else ``OMP_NUM_THREADS`` (which ``spmd-run``
-sets to the cores per rank), else the cores this process may use; one of them is
-the calling thread.  They never overlap a BLAS call (a program runs one equation
-at a time), so BLAS's own threads are not oversubscribed.
+The threads are the engine's (:mod:`spmd.compiler.threads`: ``SPMD_NUM_THREADS``,
+else ``OMP_NUM_THREADS``, else the usable cores; the calling thread is one of
+them).  Kernels are made only where BLAS's own threads sleep between calls
+(``OPENBLAS_THREAD_TIMEOUT``, see :func:`spmd.compiler.threads.threads_help`):
+otherwise they busy-wait on the cores for long after each product, and a kernel
+on two threads ran no faster than on one.
 
 Measured before choosing (``docs/performance.md``, "Fusion"): numexpr and numba
 evaluate transcendental functions with scalar libm calls, 3x slower than numpy's
@@ -31,11 +33,11 @@ Which equations may join a group is declared by each primitive:
 ``spmd/compiler/ops/elementwise.py``.  A group is a tree: an equation joins its
 consumer's group when its result has exactly that one use and the consumer's
 shape; the root is the equation whose result is used elsewhere (or is a program
-output).  A group becomes a kernel when its estimated time on one core
-(:data:`OP_NS` per element and op) reaches :data:`MIN_KERNEL_NS`, which a
-transcendental function over a large operand does (GELU, softmax's ``exp``,
-AdamW's ``sqrt`` chain over a weight); cheaper chains stay as they were, and so
-does every program when there is one thread.
+output).  A group becomes a kernel when the estimated time of its transcendental ops on one
+core (:data:`OP_NS` per element) reaches :data:`MIN_KERNEL_NS` (GELU's ``tanh``,
+softmax's ``exp`` over a large operand); chains of arithmetic alone stay as they
+were (memory-bound: threads gain little there, and the unfused code's in-place
+buffers are lost), and so does every program when threads cannot help.
 ``spmd.config.update("fuse_elementwise", False)`` (or
 ``SPMD_FUSE_ELEMENTWISE=0``) turns the pass off for programs compiled after.
 
@@ -51,7 +53,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 
 import numpy as np
@@ -59,8 +60,7 @@ import numpy as np
 from spmd.compiler.fold import use_counts
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
-from spmd.config import BLAS_THREADS_YIELD
-from spmd.errors import ArgumentError
+from spmd.compiler.threads import POOL
 
 # Results with fewer elements are never fused.
 MIN_ELEMENTS = 1 << 14
@@ -71,11 +71,11 @@ MIN_ELEMENTS = 1 << 14
 # core (measured: a blocked chain on one thread is no faster than numpy's calls, the
 # passes over memory being cheap next to the arithmetic here).
 MIN_KERNEL_NS = 200_000
-# Estimated numpy float32 time per element of each kernel op, in ns (measured on
-# this project's 2-core CI machine, 1M elements; arithmetic is memory-bound).
+# Estimated numpy float32 time per element of the heavy kernel ops, in ns (measured on
+# this project's 2-core CI machine, 1M elements).  The others (arithmetic, about
+# 0.25 ns, memory-bound) do not count towards MIN_KERNEL_NS.
 OP_NS = {"exp": 1.3, "log": 1.7, "tanh": 2.6, "sin": 1.6, "cos": 1.6, "log1p": 12.0,
-         "expm1": 12.0, "power": 6.0, "integer_pow": 3.0, "sqrt": 0.4, "rsqrt": 0.7}
-OP_NS_DEFAULT = 0.25
+         "expm1": 12.0, "power": 6.0}
 # Elements of one block: large enough that a block's Python calls (~1.5 us each)
 # cost little next to its arithmetic, small enough that its operands and scratch
 # buffers stay in a core's L2 cache.
@@ -191,70 +191,6 @@ fused_p.def_batch(_not_transformed)
 
 # ------------------------------------------------------------ blocks and threads
 
-def num_threads() -> int:
-    """Threads a kernel uses: ``SPMD_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the
-    cores this process may use."""
-    for name in ("SPMD_NUM_THREADS", "OMP_NUM_THREADS"):
-        raw = os.environ.get(name, "").strip()
-        if raw:
-            try:
-                n = int(raw)
-            except ValueError:
-                n = 0
-            if n < 1:
-                raise ArgumentError(f"{name}={raw!r} is not a number of threads >= 1")
-            return n
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no affinity on this platform
-        return max(1, os.cpu_count() or 1)
-
-
-def threads_help() -> bool:
-    """Whether kernels on threads beat the unfused code here: more than one thread,
-    and BLAS's threads sleeping between calls (``spmd.config.BLAS_THREADS_YIELD``;
-    otherwise they spin on the cores the kernel's threads need: measured slower
-    than unfused)."""
-    return num_threads() > 1 and BLAS_THREADS_YIELD
-
-
-class _Pool:
-    """Worker threads that run blocks of kernels; the caller runs its own share."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._executor = None
-        self.threads = None
-        os.register_at_fork(after_in_child=self._forget) if hasattr(os, "register_at_fork") \
-            else None
-
-    def _forget(self):  # a forked child has none of its parent's threads
-        self._executor, self.threads = None, None
-
-    def run(self, parts):
-        """Call each of ``parts`` (no arguments), the first on this thread."""
-        if self.threads is None:
-            with self._lock:
-                if self.threads is None:
-                    self.threads = num_threads()
-        if len(parts) == 1 or self.threads == 1:
-            for p in parts:
-                p()
-            return
-        if self._executor is None:
-            with self._lock:
-                if self._executor is None:
-                    from concurrent.futures import ThreadPoolExecutor
-
-                    self._executor = ThreadPoolExecutor(self.threads - 1,
-                                                        thread_name_prefix="spmd-kernel")
-        futures = [self._executor.submit(p) for p in parts[1:]]
-        parts[0]()
-        for f in futures:
-            f.result()
-
-
-POOL = _Pool()
 _scratch = threading.local()
 
 
@@ -282,8 +218,7 @@ class BlockedKernel:
         head = (0,) * lead
         full = [a.ndim == len(k.shape) for a in args]
         starts = list(range(0, rows, step))
-        threads = POOL.threads or num_threads()
-        n_parts = min(threads, len(starts))
+        n_parts = min(POOL.size(), len(starts))
         per = -(-len(starts) // n_parts)
 
         def part(chunk):
@@ -422,9 +357,12 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
     kept: dict = {}
     for i in roots:
         members = _members(i, eqns, producer, absorbed)
+        # Only the heavy ops count: a chain of arithmetic alone is memory-bound, gains
+        # little from threads and loses the unfused code's in-place buffers (measured:
+        # an SGD update of 0.4 M weights 0.15 ms unfused, 0.9 ms as a kernel).
         ns = math.prod(eqns[i].outputs[0].aval.shape) * sum(
-            OP_NS.get(ops[j], OP_NS_DEFAULT) for j in members)
-        if ns >= min_kernel_ns and (len(members) > 1 or min_kernel_ns > 0):
+            OP_NS[ops[j]] for j in members if ops[j] in OP_NS)
+        if (ns >= min_kernel_ns > 0) or (min_kernel_ns <= 0 and len(members) > 1):
             kept[i] = members
     if not kept:
         return closed

@@ -11,7 +11,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import fusion
+from spmd.compiler import fusion, threads
 from spmd.config import Config
 from spmd.errors import ArgumentError
 
@@ -20,14 +20,14 @@ from spmd.errors import ArgumentError
 def forced(monkeypatch):
     """Fusion of every chain of two or more equations, whatever the cost model and the
     BLAS threads say, on 3 threads (more than the cores: the blocks must not care)."""
-    monkeypatch.setattr(fusion, "threads_help", lambda: True)
+    monkeypatch.setattr(threads, "threads_help", lambda: True)
     monkeypatch.setattr(fusion, "MIN_KERNEL_NS", 0)
     monkeypatch.setattr(fusion, "MIN_ELEMENTS", 64)
     monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 256)  # many blocks, a ragged last one
     monkeypatch.setenv("SPMD_NUM_THREADS", "3")
-    monkeypatch.setattr(fusion.POOL, "threads", None)
+    monkeypatch.setattr(threads.POOL, "threads", None)
     yield
-    fusion.POOL.threads = None
+    threads.POOL.threads = None
 
 
 def _gelu(x):
@@ -95,10 +95,10 @@ def test_fused_bits_equal_the_unfused_program(forced, name, fn, shapes, dtype):
 def test_results_do_not_depend_on_threads_or_blocks(forced, monkeypatch):
     x = _inputs([(5, 97, 31)], np.float32)[0]
     results = []
-    for threads, block in (("1", 1 << 16), ("2", 97), ("4", 31), ("3", 1)):
-        monkeypatch.setenv("SPMD_NUM_THREADS", threads)
+    for n, block in (("1", 1 << 16), ("2", 97), ("4", 31), ("3", 1)):
+        monkeypatch.setenv("SPMD_NUM_THREADS", n)
         monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", block)
-        fusion.POOL.threads = None
+        threads.POOL.threads = None
         results.append(np.asarray(spmd.jit(_mixed)(x)))
     for r in results[1:]:
         np.testing.assert_array_equal(r, results[0])
@@ -121,12 +121,12 @@ def test_concurrent_calls_from_threads(forced):
         except Exception as e:  # reported below, on the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(xs))]
-    for t in threads:
+    callers = [threading.Thread(target=call, args=(k,)) for k in range(len(xs))]
+    for t in callers:
         t.start()
-    for t in threads:
+    for t in callers:
         t.join(timeout=120)
-    assert not errors and all(not t.is_alive() for t in threads)
+    assert not errors and all(not t.is_alive() for t in callers)
 
 
 def test_the_printed_kernel_and_its_groups(forced):
@@ -153,7 +153,7 @@ def test_what_is_not_fused(forced):
 
 
 def test_the_cost_model_leaves_cheap_chains_alone(monkeypatch):
-    monkeypatch.setattr(fusion, "threads_help", lambda: True)
+    monkeypatch.setattr(threads, "threads_help", lambda: True)
     x = np.ones((256, 256), np.float32)
     cheap = spmd.jit(lambda x: x * 2.0 + 1.0).lower(x).as_text(executed=True)
     assert "fused" not in cheap  # 65536 elements x 2 cheap ops: under MIN_KERNEL_NS
@@ -163,20 +163,23 @@ def test_the_cost_model_leaves_cheap_chains_alone(monkeypatch):
 
 
 def test_no_kernels_where_threads_cannot_help(monkeypatch):
-    monkeypatch.setattr(fusion, "BLAS_THREADS_YIELD", True)
+    monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", True)
     monkeypatch.setenv("SPMD_NUM_THREADS", "1")
-    assert not fusion.threads_help()
+    assert not threads.threads_help()
     monkeypatch.setenv("SPMD_NUM_THREADS", "2")
-    assert fusion.threads_help()
-    monkeypatch.setattr(fusion, "BLAS_THREADS_YIELD", False)  # BLAS threads spin
-    assert not fusion.threads_help()
+    assert threads.threads_help()
+    monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", False)  # BLAS threads spin
+    assert not threads.threads_help()
+    x = np.ones((512, 512), np.float32)
+    text = spmd.jit(lambda x: snp.tanh(x * 2.0) + 1.0).lower(x).as_text(executed=True)
+    assert "fused" not in text
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_bad_thread_counts_are_refused(monkeypatch, value):
     monkeypatch.setenv("SPMD_NUM_THREADS", value)
     with pytest.raises(ArgumentError, match=f"SPMD_NUM_THREADS={value!r}"):
-        fusion.num_threads()
+        threads.num_threads()
 
 
 def test_the_switch(monkeypatch):

@@ -215,7 +215,7 @@ def test_a_fresh_result_buffer_is_reused(toy, fresh):
     else references it); into no other primitive's."""
     p = toy(("fresh_result",) if fresh else (), lambda xp, x, w: xp.matmul(x, w),
             lambda x, w: ShapedArray((x.shape[0], w.shape[1]), x.dtype))
-    p.rules["emit_avals"] = lambda names, avals, out=None: (  # as dot_general's
+    p.rules["emit_avals"] = lambda names, avals, xp=None, out=None: (  # as dot_general's
         f"({names[0]} @ {names[1]})" if out is None else
         f"xp.matmul({names[0]}, {names[1]}, out={out})")
     exe = _compile(lambda x, w, y: [add(bind(p, x, w), y)], (3, 4), (4, 5), (3, 5))

@@ -6,9 +6,12 @@ the output's dimensions are: batch, then lhs free, then rhs free (XLA's order).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler import threads as _threads
 from spmd.compiler.ad_util import Zero, add_tangents, is_undefined
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.primitives import Primitive
@@ -41,16 +44,56 @@ def _dot_impl(xp, x, y, *, dimension_numbers):
     if not lb and len(lc) == 1 and x.ndim <= 2 and y.ndim <= 2:
         # Straight to BLAS; a transposed operand is passed as a view (``x.T @ g``),
         # which BLAS reads in place, as hand-written numpy does: no copy.
-        return xp.matmul(x if lc[0] == x.ndim - 1 else x.T, y if rc[0] == 0 else y.T)
+        return _matmul(xp, x if lc[0] == x.ndim - 1 else x.T, y if rc[0] == 0 else y.T)
     if not lb:
         two_d = _as_matrices(xp, x, y, lc, rc)
         if two_d is not None:  # one GEMM on (transposed) 2-d views: no copies
             a, b, out_shape = two_d
-            return xp.reshape(xp.matmul(a, b), out_shape)
+            return xp.reshape(_matmul(xp, a, b), out_shape)
     lperm, lshape, rperm, rshape, out_shape = _plan(x.shape, y.shape, dimension_numbers)
     a = xp.reshape(xp.transpose(x, lperm), lshape)
     b = xp.reshape(xp.transpose(y, rperm), rshape)
-    return xp.reshape(xp.matmul(a, b), out_shape)
+    return xp.reshape(_matmul(xp, a, b), out_shape)
+
+
+# A batch of small products (attention's per-head products, a simulated mesh's
+# per-device ones) is shared among the engine's threads when OpenBLAS runs each on one
+# thread (spmd.compiler.threads.SINGLE_THREADED_MNK) and all together have at least
+# SPLIT_FLOPS flops (2 m n k; about 40 us of one core's work, the cost of handing a
+# part to a thread).  Measured: 128 products of (64, 64) @ (64, 64) in 0.49 ms split
+# in two, 0.90 ms as one call.
+SPLIT_FLOPS = 1 << 22
+
+
+def _matmul(xp, a, b, out=None):
+    """``xp.matmul(a, b, out=out)``; a batch of small products is split by batch among
+    the engine's threads, each part one BLAS call on its slice (the same products, so
+    the same bits)."""
+    if xp is np and a.ndim == 3 and b.ndim == 3 and a.shape[0] > 1:
+        batch, m, k, n = a.shape[0], a.shape[1], a.shape[2], b.shape[2]
+        if m * n * k <= _threads.SINGLE_THREADED_MNK and \
+                2 * batch * m * n * k >= SPLIT_FLOPS and _threads.can_split():
+            if out is None:
+                out = np.empty((batch, m, n), np.result_type(a.dtype, b.dtype))
+            parts = min(_threads.POOL.size(), batch)
+            cuts = [(i * batch // parts, (i + 1) * batch // parts) for i in range(parts)]
+            _threads.POOL.run([functools.partial(np.matmul, a[i:j], b[i:j], out=out[i:j])
+                               for i, j in cuts])
+            return out
+    return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
+
+
+def _pmatmul(a, b, out=None):
+    """:func:`_matmul` on numpy, as the generated code of a batch of products calls it."""
+    return _matmul(np, a, b, out)
+
+
+def _flops(in_avals, dimension_numbers) -> int:
+    (lc, _), _ = dimension_numbers
+    x, y = in_avals
+    out = _plan(x.shape, y.shape, dimension_numbers)[-1]
+    return 2 * int(np.prod(out, dtype=np.int64)) * int(
+        np.prod([x.shape[i] for i in lc], dtype=np.int64))
 
 
 def _as_matrices(xp, x, y, lc, rc):
@@ -81,20 +124,23 @@ def _as_matrices(xp, x, y, lc, rc):
     return left[0], right[0], tuple(left[1]) + tuple(right[1])
 
 
-def _dot_emit(names, avals, *, dimension_numbers, out=None):
+def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None):
     """``(x @ y)``, ``(x.T @ y)``, ... for the cases the impl sends straight to BLAS
     (and their forms on a process's stacked device blocks, ``xp.matmul`` of 3-d).
 
     Hand-written numpy, with no Python call between the generated code and
     the matmul.  (A registered ``emit_avals`` rule: it needs the operands'
-    ranks, which ``emit`` does not see.)  With ``out`` (the name of a dead
+    ranks, which ``emit`` does not see; ``xp`` is the array module.)  With ``out`` (the name of a dead
     buffer of the result's shape and dtype), ``xp.matmul(x, y, out=out)``.
-    Other cases call the impl.
+    Other cases call the impl.  On numpy a batch of products large enough to be
+    split among the engine's threads (:data:`SPLIT_FLOPS`) calls ``_pmatmul``
+    (:func:`_matmul`) instead.
     """
     (lc, rc), (lb, rb) = dimension_numbers
     x, y = avals
     if len(lc) != 1:
         return None
+    large = xp is np and bool(lb) and _flops(avals, dimension_numbers) >= SPLIT_FLOPS
     if not lb and 1 <= x.ndim <= 2 and 1 <= y.ndim <= 2:
         a = names[0] if lc[0] == x.ndim - 1 else f"{names[0]}.T"
         b = names[1] if rc[0] == 0 else f"{names[1]}.T"
@@ -108,12 +154,15 @@ def _dot_emit(names, avals, *, dimension_numbers, out=None):
         b = names[1] if rc[0] == 1 else f"{names[1]}.transpose(0, 2, 1)"
     else:
         return None
+    if large:  # split among the engine's threads when it owns the cores
+        return f"_pmatmul({a}, {b})" if out is None else f"_pmatmul({a}, {b}, out={out})"
     if out is None:
         return f"({a} @ {b})" if x.ndim <= 2 else f"xp.matmul({a}, {b})"
     return f"xp.matmul({a}, {b}, out={out})"
 
 
 dot_general_p.rules["emit_avals"] = _dot_emit
+dot_general_p.rules["emit_globals"] = {"_pmatmul": _pmatmul}
 
 
 @dot_general_p.def_abstract_eval

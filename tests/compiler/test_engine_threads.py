@@ -1,0 +1,113 @@
+"""The engine's threads (spmd/compiler/threads.py) and the products they share
+(spmd.compiler.ops.linalg._matmul): the same bits as one BLAS call, only products
+OpenBLAS keeps on one thread, callers on several threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd.compiler import threads
+from spmd.compiler.ops import linalg
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Splitting on, on 3 threads, whatever the environment says."""
+    if not threads.blas_is_openblas():
+        pytest.skip("numpy's BLAS is not OpenBLAS: products are never split")
+    monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", True)
+    monkeypatch.setenv("SPMD_NUM_THREADS", "3")
+    monkeypatch.setattr(threads.POOL, "threads", None)
+    yield
+    threads.POOL.threads = None
+
+
+def test_a_batch_of_small_products_is_shared_with_the_same_bits(split):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((37, 64, 16)).astype(np.float32)
+    b = rng.standard_normal((37, 16, 64)).astype(np.float32)
+    assert threads.can_split()
+    want = np.matmul(a, b)
+    parts = []
+    run = threads.POOL.run
+    got = linalg._matmul(np, a, b)
+    np.testing.assert_array_equal(got, want)
+    out = np.empty_like(want)
+    threads.POOL.run = lambda ps: parts.append(len(ps)) or run(ps)
+    try:
+        assert linalg._matmul(np, a, b, out=out) is out
+    finally:
+        del threads.POOL.run
+    assert parts == [3]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_jitted_attention_products_equal_numpy(split):
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((8, 4, 64, 16)).astype(np.float32)
+    k = rng.standard_normal((8, 4, 64, 16)).astype(np.float32)
+    f = spmd.jit(lambda q, k: snp.einsum("bhtd,bhsd->bhts", q, k))
+    np.testing.assert_allclose(np.asarray(f(q, k)), np.einsum("bhtd,bhsd->bhts", q, k),
+                               rtol=1e-5, atol=1e-5)
+    assert "_pmatmul" in f.lower(q, k).compile().source or \
+        "_dot_general" in f.lower(q, k).compile().source
+
+
+def test_large_products_stay_one_call(split, monkeypatch):
+    calls = []
+    monkeypatch.setattr(threads.POOL, "run", lambda parts: calls.append(len(parts)))
+    a = np.ones((64, 128, 32), np.float32)  # m n k = 524288: OpenBLAS threads each
+    linalg._matmul(np, a, np.ones((64, 32, 128), np.float32))
+    small = np.ones((64, 8, 8), np.float32)  # 64 x 1 kflop: too little to share
+    linalg._matmul(np, small, small)
+    assert calls == []
+
+
+def test_nothing_is_shared_where_blas_threads_spin(monkeypatch):
+    monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", False)
+    monkeypatch.setenv("SPMD_NUM_THREADS", "2")
+    monkeypatch.setattr(threads.POOL, "threads", None)
+    assert not threads.can_split() and not threads.threads_help()
+    threads.POOL.threads = None
+
+
+def test_concurrent_callers_share_the_pool(split):
+    rng = np.random.default_rng(2)
+    pairs = [(rng.standard_normal((40, 32, 16)).astype(np.float32),
+              rng.standard_normal((40, 16, 32)).astype(np.float32)) for _ in range(5)]
+    errors = []
+
+    def call(a, b):
+        try:
+            for _ in range(20):
+                np.testing.assert_array_equal(linalg._matmul(np, a, b), np.matmul(a, b))
+        except Exception as e:  # reported on the main thread
+            errors.append(e)
+
+    workers = [threading.Thread(target=call, args=p) for p in pairs]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    assert not errors and all(not t.is_alive() for t in workers)
+
+
+def test_a_failing_part_is_raised_after_every_part_finished():
+    pool = threads.Pool()
+    pool.threads = 3
+    done = []
+
+    def ok():
+        done.append(1)
+
+    def bad():
+        raise ValueError("part failed")
+
+    with pytest.raises(ValueError, match="part failed"):
+        pool.run([ok, bad, ok])
+    assert len(done) == 2
