@@ -19,7 +19,8 @@ the first step's losses are compared and recorded):
   in this process: spmd's ``make_step``; ``jax.jit(jax.shard_map)`` with the same
   specs on 8 host devices).
 
-Each step's time includes placing the batch (what a training loop does).  The
+Each step's time includes placing the batch (what a training loop does); the
+first step (tracing and compiling) is recorded apart (`first step s`).  The
 ``% of matmul`` column is the step's matrix-product work (counted from spmd's
 program: ``2 * m * n * k`` of every ``dot_general``) over the step's time and the
 float32 matmul rate measured in the same run (a 2048 x 2048 product in numpy),
@@ -169,7 +170,11 @@ def measure(config: str, mesh: str, rounds: int) -> dict:
         else:
             absent["torch"] = why
     batches = _batches(config, 2 + rounds)
-    first_loss = {name: run(batches[0]) for name, run in engines.items()}
+    first_loss, first_s = {}, {}
+    for name, run in engines.items():  # the first step traces and compiles
+        t0 = common.clock()
+        first_loss[name] = run(batches[0])
+        first_s[name] = common.clock() - t0
     for name, run in engines.items():
         run(batches[1])
     times = {name: [] for name in engines}
@@ -179,7 +184,7 @@ def measure(config: str, mesh: str, rounds: int) -> dict:
             run(b)
             times[name].append(common.clock() - t0)
     return {"config": config, "mesh": mesh, "flops": flops, "times_s": times,
-            "first_loss": first_loss, "absent": absent}
+            "first_loss": first_loss, "first_step_s": first_s, "absent": absent}
 
 
 def _median(xs):
@@ -190,7 +195,8 @@ def table(rows: list[dict]) -> str:
     """The Markdown table of the results rows (``make_tables.py`` calls it)."""
     rate = next((r["matmul_rate"] for r in rows if "matmul_rate" in r), None)
     head = ["config", "mesh", "spmd ms", "JAX ms", "PyTorch ms", "spmd / JAX",
-            "spmd / PyTorch", "% of matmul rate (spmd)", "goal", "result", "losses (step 1)"]
+            "spmd / PyTorch", "% of matmul rate (spmd)", "goal", "result", "losses (step 1)",
+            "first step s (spmd, JAX)"]
     body = []
     for r in rows:
         if "config" not in r:
@@ -208,9 +214,11 @@ def table(rows: list[dict]) -> str:
         fmt = lambda x: "-" if x is None else f"{1e3 * x:.1f}"  # noqa: E731
         ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
         losses = ", ".join(f"{k} {v:.6f}" for k, v in r["first_loss"].items())
+        first = r.get("first_step_s", {})
+        firsts = ", ".join(f"{first[k]:.2f}" for k in ("spmd", "jax") if k in first) or "-"
         body.append([r["config"], r["mesh"], fmt(s), fmt(j), fmt(p), ratio(s, j), ratio(s, p),
                      "-" if share is None else f"{share:.0%}", goal,
-                     "-" if best is None else ("pass" if ok else "FAIL"), losses])
+                     "-" if best is None else ("pass" if ok else "FAIL"), losses, firsts])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     out = [line(head), "| " + " | ".join("-" * w for w in widths) + " |"] + [line(b) for b in body]

@@ -41,9 +41,11 @@ buffers are lost), and so does every program when threads cannot help.
 ``spmd.config.update("fuse_elementwise", False)`` (or
 ``SPMD_FUSE_ELEMENTWISE=0``) turns the pass off for programs compiled after.
 
-On another array module (CuPy) the kernel runs the member equations' own
-implementations in order (a CuPy ``ElementwiseKernel`` of the same tree is the
-next step).  ``Lowered.as_text(executed=True)`` shows each group as one
+On CuPy the same tree is one ``ElementwiseKernel`` (:func:`c_operation`: one
+launch for the group instead of one per equation; CUDA may contract ``a * b + c``
+into one fused multiply-add, so a GPU kernel's numbers can differ from the unfused
+ones by float rounding); on another array module, the member equations' own
+implementations, in order.  ``Lowered.as_text(executed=True)`` shows each group as one
 equation::
 
     c:f32[2048,1024] = fused_elementwise[kernel=((0.5 * a) * (1.0 + tanh(...)))] a
@@ -171,10 +173,71 @@ def _fused_aval(*avals, kernel):
 
 
 def _bind_impl(xp, *, kernel):
-    """The compiled kernel: blocks and threads on numpy, the impl elsewhere."""
+    """The compiled kernel: blocks and threads on numpy, one ``ElementwiseKernel`` on
+    CuPy (one launch for the whole group), the impl elsewhere."""
     if xp is np:
         return BlockedKernel(kernel)
+    if hasattr(xp, "ElementwiseKernel"):
+        return _elementwise_kernel(xp, kernel)
     return functools.partial(_fused_impl, xp, kernel=kernel)
+
+
+# ------------------------------------------------------------- CuPy: one launch
+
+# The C forms of the kernel ops (CUDA's math functions, overloaded for float and
+# double as CuPy's own ufuncs call them).
+_C = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})",
+      "divide": "({0} / {1})", "negative": "(-{0})", "power": "pow({0}, {1})",
+      "exp": "exp({0})", "log": "log({0})", "log1p": "log1p({0})", "expm1": "expm1({0})",
+      "tanh": "tanh({0})", "sqrt": "sqrt({0})", "sin": "sin({0})", "cos": "cos({0})",
+      "absolute": "fabs({0})", "less": "({0} < {1})", "less_equal": "({0} <= {1})",
+      "greater": "({0} > {1})", "greater_equal": "({0} >= {1})", "equal": "({0} == {1})",
+      "not_equal": "({0} != {1})"}
+_C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", _BOOL: "bool"}
+
+
+def c_operation(kernel: Kernel) -> str:
+    """The kernel's tree as one C assignment to ``out`` over inputs ``x0, x1, ...``.
+
+    >>> c_operation(kernel)  # doctest: +SKIP
+    'out = ((x0 * ((float)2.0)) + tanh(x1))'
+    """
+    def render(node) -> str:
+        if node[0] == "in":
+            return f"x{node[1]}"
+        if node[0] == "const":
+            v = node[1]
+            if v.dtype == _BOOL:
+                return "true" if bool(v) else "false"
+            return f"(({_C_TYPES[v.dtype]}){float(v)!r})"
+        op, _, params, children, dtype = node
+        args = [render(c) for c in children]
+        t = _C_TYPES[dtype]
+        if op == "where":  # select_n(pred, on_false, on_true)
+            return f"({args[0]} ? {args[2]} : {args[1]})"
+        if op == "rsqrt":  # as its impl: 1 / sqrt(x)
+            return f"(({t})1 / sqrt({args[0]}))"
+        if op == "integer_pow":  # as its impl: x * x for 2, else pow
+            y = params["y"]
+            return f"({args[0]} * {args[0]})" if y == 2 else f"pow({args[0]}, ({t}){y})"
+        return _C[op].format(*args)
+
+    return f"out = {render(kernel.tree)}"
+
+
+def _elementwise_kernel(xp, kernel: Kernel):
+    ins = ", ".join(f"{d.name} x{i}" for i, d in enumerate(kernel.in_dtypes))
+    name = "spmd_fused_" + format(hash(kernel) & 0xFFFFFFFF, "08x")
+    compiled = xp.ElementwiseKernel(ins, f"{kernel.dtype.name} out", c_operation(kernel),
+                                    name)
+    shape, dtype = kernel.shape, kernel.dtype
+
+    def run(*args):
+        out = xp.empty(shape, dtype)
+        compiled(*args, out)
+        return out
+
+    return run
 
 
 fused_p.rules["bind_impl"] = _bind_impl

@@ -19,7 +19,7 @@ from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.fold import fold_scalar_chains, use_counts
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 from spmd.compiler.combine import combine_collectives
-from spmd.compiler import fusion, threads
+from spmd.compiler import array_module as _am, fusion, threads
 from spmd.compiler.overlap import overlap_collectives
 from spmd.config import config
 
@@ -137,8 +137,11 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
         closed = overlap_collectives(closed, min(config.overlap_bucket_bytes,
                                                  config.combine_collectives_bytes))
     closed = combine_collectives(closed, config.combine_collectives_bytes)
-    if config.fuse_elementwise and threads.threads_help():
-        closed = fusion.fuse_elementwise(closed)
+    if config.fuse_elementwise:
+        if _am.current() is not np:  # a GPU: every group of two or more is one launch
+            closed = fusion.fuse_elementwise(closed, min_kernel_ns=0)
+        elif threads.threads_help():
+            closed = fusion.fuse_elementwise(closed)
     return closed
 
 

@@ -411,6 +411,144 @@ def allocation_of(ptr: int, nbytes: int):
     return None
 
 
+# ------------------------------------------------------------ ElementwiseKernel
+
+# The CUDA math functions a kernel's operation may call, by their numpy names.
+_C_FUNCS = {"exp": _np.exp, "log": _np.log, "log1p": _np.log1p, "expm1": _np.expm1,
+            "tanh": _np.tanh, "sqrt": _np.sqrt, "sin": _np.sin, "cos": _np.cos,
+            "fabs": _np.abs, "pow": _np.power}
+_C_CASTS = {"float": _np.float32, "double": _np.float64}
+kernels_built: list = []  # (name, operation) of every ElementwiseKernel made
+
+
+class ElementwiseKernel:
+    """CuPy's ``ElementwiseKernel(in_params, out_params, operation, name)`` for the C
+    subset spmd's fused kernels use (literals, typed casts, arithmetic, comparisons,
+    ``?:`` and the math functions of ``_C_FUNCS``), evaluated with numpy on the
+    stand-in's arrays.  It checks what can go wrong before a GPU compiles it: the
+    parameter lists, every name the operation reads, the C syntax of this subset and
+    that the arguments are arrays of the current GPU with the declared dtypes."""
+
+    def __init__(self, in_params, out_params, operation, name="kernel"):
+        self.ins = [self._param(p) for p in in_params.split(",")]
+        outs = [self._param(p) for p in out_params.split(",")]
+        if len(outs) != 1:
+            raise ValueError(f"fake cupy: one output expected, got {out_params!r}")
+        self.out = outs[0]
+        target, _, expr = operation.partition("=")
+        if target.strip() != self.out[1] or not expr.strip():
+            raise ValueError(f"fake cupy: operation must assign {self.out[1]!r}: "
+                             f"{operation!r}")
+        self.tokens = self._tokenize(expr)
+        self.name = name
+        self._eval({n: _np.zeros((), d) for d, n in self.ins})  # a syntax check
+        kernels_built.append((name, operation))
+
+    @staticmethod
+    def _param(text):
+        dtype, name = text.split()
+        return _np.dtype(dtype), name
+
+    @staticmethod
+    def _tokenize(expr):
+        import re
+
+        tokens = re.findall(r"\d+\.\d*(?:e[-+]?\d+)?|\d+(?:e[-+]?\d+)?|[A-Za-z_]\w*|"
+                            r"<=|>=|==|!=|[-+*/<>?:(),]", expr)
+        if "".join(tokens) != "".join(expr.split()):
+            raise SyntaxError(f"fake cupy: cannot read the operation {expr!r}")
+        return tokens
+
+    def __call__(self, *args):
+        *ins, out = args
+        if len(ins) != len(self.ins):
+            raise TypeError(f"fake cupy: {self.name} takes {len(self.ins)} inputs, "
+                            f"got {len(ins)}")
+        env = {}
+        for (dtype, name), a in zip(self.ins, ins):
+            if not isinstance(a, ndarray) or a.dtype != dtype:
+                raise TypeError(f"fake cupy: {self.name}: {name} must be a {dtype} "
+                                f"device array, got {type(a).__name__}")
+            env[name] = _on_current(a)
+        dest = _on_current(out)
+        dest[...] = _np.asarray(self._eval(env), dtype=self.out[0])
+        return out
+
+    def _eval(self, env):
+        toks, pos = self.tokens, [0]
+
+        def peek():
+            return toks[pos[0]] if pos[0] < len(toks) else None
+
+        def take(want=None):
+            tok = peek()
+            if tok is None or (want is not None and tok != want):
+                raise SyntaxError(f"fake cupy: expected {want!r} at token {pos[0]}")
+            pos[0] += 1
+            return tok
+
+        def ternary():
+            cond = binary(0)
+            if peek() == "?":
+                take("?")
+                a = ternary()
+                take(":")
+                b = ternary()
+                return _np.where(cond, a, b)
+            return cond
+
+        levels = [("<", "<=", ">", ">=", "==", "!="), ("+", "-"), ("*", "/")]
+        ops = {"+": _np.add, "-": _np.subtract, "*": _np.multiply, "/": _np.divide,
+               "<": _np.less, "<=": _np.less_equal, ">": _np.greater,
+               ">=": _np.greater_equal, "==": _np.equal, "!=": _np.not_equal}
+
+        def binary(level):
+            if level == len(levels):
+                return unary()
+            left = binary(level + 1)
+            while peek() in levels[level]:
+                op = take()
+                left = ops[op](left, binary(level + 1))
+            return left
+
+        def unary():
+            if peek() == "-":
+                take()
+                return _np.negative(unary())
+            return atom()
+
+        def atom():
+            tok = take()
+            if tok == "(":
+                if peek() in _C_CASTS and toks[pos[0] + 1] == ")":
+                    cast = _C_CASTS[take()]
+                    take(")")
+                    return cast(unary())
+                value = ternary()
+                take(")")
+                return value
+            if tok in _C_FUNCS:
+                take("(")
+                args = [ternary()]
+                while peek() == ",":
+                    take(",")
+                    args.append(ternary())
+                take(")")
+                return _C_FUNCS[tok](*args)
+            if tok in ("true", "false"):
+                return _np.bool_(tok == "true")
+            if tok[0].isdigit():  # an untyped C literal: double, or int
+                return _np.float64(tok) if "." in tok or "e" in tok else int(tok)
+            if tok not in env:
+                raise NameError(f"fake cupy: the operation reads {tok!r}, not a parameter")
+            return env[tok]
+
+        value = ternary()
+        if peek() is not None:
+            raise SyntaxError(f"fake cupy: unread tokens from {peek()!r}")
+        return value
+
+
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
