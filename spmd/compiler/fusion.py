@@ -33,11 +33,12 @@ Which equations may join a group is declared by each primitive:
 ``spmd/compiler/ops/elementwise.py``.  A group is a tree: an equation joins its
 consumer's group when its result has exactly that one use and the consumer's
 shape; the root is the equation whose result is used elsewhere (or is a program
-output).  A group becomes a kernel when the estimated time of its transcendental ops on one
-core (:data:`OP_NS` per element) reaches :data:`MIN_KERNEL_NS` (GELU's ``tanh``,
-softmax's ``exp`` over a large operand); chains of arithmetic alone stay as they
-were (memory-bound: threads gain little there, and the unfused code's in-place
-buffers are lost), and so does every program when threads cannot help.
+output).  A group becomes a kernel when its estimated time on one core reaches
+:data:`MIN_KERNEL_NS`: its transcendental ops (:data:`OP_NS` per element: GELU's
+``tanh``, softmax's ``exp`` over a large operand), and its arithmetic only in
+results of a million elements or more (below that a chain of arithmetic is
+memory-bound, threads gain little and the unfused code's in-place buffers are
+lost); every program stays as it was when threads cannot help.
 ``spmd.config.update("fuse_elementwise", False)`` (or
 ``SPMD_FUSE_ELEMENTWISE=0``) turns the pass off for programs compiled after.
 
@@ -75,9 +76,12 @@ MIN_ELEMENTS = 1 << 14
 MIN_KERNEL_NS = 200_000
 # Estimated numpy float32 time per element of the heavy kernel ops, in ns (measured on
 # this project's 2-core CI machine, 1M elements).  The others (arithmetic, about
-# 0.25 ns, memory-bound) do not count towards MIN_KERNEL_NS.
+# 0.25 ns, memory-bound) count towards MIN_KERNEL_NS only in results of at least
+# ARITH_MIN_ELEMENTS elements.
 OP_NS = {"exp": 1.3, "log": 1.7, "tanh": 2.6, "sin": 1.6, "cos": 1.6, "log1p": 12.0,
          "expm1": 12.0, "power": 6.0}
+OP_NS_ARITH = 0.25
+ARITH_MIN_ELEMENTS = 1 << 20
 # Elements of one block: large enough that a block's Python calls (~1.5 us each)
 # cost little next to its arithmetic, small enough that its operands and scratch
 # buffers stay in a core's L2 cache.
@@ -420,11 +424,14 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
     kept: dict = {}
     for i in roots:
         members = _members(i, eqns, producer, absorbed)
-        # Only the heavy ops count: a chain of arithmetic alone is memory-bound, gains
-        # little from threads and loses the unfused code's in-place buffers (measured:
-        # an SGD update of 0.4 M weights 0.15 ms unfused, 0.9 ms as a kernel).
-        ns = math.prod(eqns[i].outputs[0].aval.shape) * sum(
-            OP_NS[ops[j]] for j in members if ops[j] in OP_NS)
+        # The heavy ops count; arithmetic only over large operands: below that it is
+        # memory-bound, gains little from threads and loses the unfused code's in-place
+        # buffers (measured: an SGD update of 0.4 M weights 0.15 ms unfused, 0.9 ms as
+        # a kernel; over 2 M elements a kernel of 2-4 arithmetic ops was 1.6-2.3x
+        # faster than numpy's calls, which allocate a fresh result each).
+        size = math.prod(eqns[i].outputs[0].aval.shape)
+        arith = OP_NS_ARITH if size >= ARITH_MIN_ELEMENTS else 0.0
+        ns = size * sum(OP_NS.get(ops[j], arith) for j in members)
         if (ns >= min_kernel_ns > 0) or (min_kernel_ns <= 0 and len(members) > 1):
             kept[i] = members
     if not kept:
