@@ -23,6 +23,7 @@ the cores per rank), else the cores this process may use.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
 import threading
@@ -89,7 +90,10 @@ class Pool:
 
                     self._executor = ThreadPoolExecutor(self.threads - 1,
                                                         thread_name_prefix="spmd-engine")
-        futures = [self._executor.submit(p) for p in parts[1:]]
+        # Each part runs in a copy of the caller's context: numpy's error state
+        # (np.errstate, a context variable) holds in the workers as in the caller.
+        futures = [self._executor.submit(contextvars.copy_context().run, p)
+                   for p in parts[1:]]
         try:
             parts[0]()
         finally:

@@ -111,3 +111,25 @@ def test_a_failing_part_is_raised_after_every_part_finished():
     with pytest.raises(ValueError, match="part failed"):
         pool.run([ok, bad, ok])
     assert len(done) == 2
+
+
+def test_the_callers_numpy_error_state_holds_in_the_workers(monkeypatch):
+    """np.errstate is a context variable: each part runs in a copy of the caller's
+    context, so a fused kernel raises where the unfused code would."""
+    from spmd.compiler import fusion
+
+    monkeypatch.setattr(threads, "threads_help", lambda: True)
+    monkeypatch.setattr(fusion, "MIN_KERNEL_NS", 0)
+    monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 64)
+    monkeypatch.setenv("SPMD_NUM_THREADS", "3")
+    monkeypatch.setattr(threads.POOL, "threads", None)
+    x = np.full((64, 512), -1.0, np.float32)
+    x[:32] = 1.0  # the caller's own part (the first rows) is valid: only workers see NaN
+    f = spmd.jit(lambda x: snp.log(x * 2.0) + 1.0)
+    assert "fused_elementwise" in f.lower(x).as_text(executed=True)
+    with np.errstate(invalid="raise"):
+        with pytest.raises(FloatingPointError):
+            f(x)
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(np.asarray(f(x))[32:]).all()
+    threads.POOL.threads = None
