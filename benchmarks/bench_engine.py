@@ -19,7 +19,10 @@ the first step's losses are compared and recorded):
   in this process: spmd's ``make_step``; ``jax.jit(jax.shard_map)`` with the same
   specs on 8 host devices).
 
-Each step's time includes placing the batch (what a training loop does); the
+JAX's one-device step runs in the process that also holds its 8 host devices (XLA
+is configured once per process); measured alone, in a process of one host device,
+it was 20-25% faster on the small config.  Each step's time includes placing the
+batch (what a training loop does); the
 first step (tracing and compiling) is recorded apart (`first step s`).  The
 ``% of matmul`` column is the step's matrix-product work (counted from spmd's
 program: ``2 * m * n * k`` of every ``dot_general``) over the step's time and the
@@ -220,7 +223,9 @@ def table(rows: list[dict]) -> str:
                      "-" if share is None else f"{share:.0%}", goal,
                      "-" if best is None else ("pass" if ok else "FAIL"), losses, firsts])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
     out = [line(head), "| " + " | ".join("-" * w for w in widths) + " |"] + [line(b) for b in body]
     absent = {k: v for r in rows if "absent" in r for k, v in r["absent"].items()}
     if absent:

@@ -17,7 +17,7 @@ from spmd.errors import ArgumentError
 # sleep, holding the cores that spmd's threaded kernels (spmd.compiler.fusion) run
 # on: measured here, a kernel on 2 threads right after a matrix product ran no
 # faster than on one.  OPENBLAS_THREAD_TIMEOUT=12 makes them sleep after a short
-# spin (2**16 cycles), with no measured cost to back-to-back products.  The library
+# spin, with no measured cost to back-to-back products.  The library
 # reads it when it loads, so it is set only when numpy is not loaded yet (this is
 # spmd's first module), and never over the user's value; spmd-run sets it for its
 # ranks.  BLAS_THREADS_YIELD says whether it is in force.

@@ -130,8 +130,9 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None):
 
     Hand-written numpy, with no Python call between the generated code and
     the matmul.  (A registered ``emit_avals`` rule: it needs the operands'
-    ranks, which ``emit`` does not see; ``xp`` is the array module.)  With ``out`` (the name of a dead
-    buffer of the result's shape and dtype), ``xp.matmul(x, y, out=out)``.
+    ranks, which ``emit`` does not see; ``xp`` is the array module.)  With ``out``
+    (the name of a dead buffer of the result's shape and dtype),
+    ``xp.matmul(x, y, out=out)``.
     Other cases call the impl.  On numpy a batch of products large enough to be
     split among the engine's threads (:data:`SPLIT_FLOPS`) calls ``_pmatmul``
     (:func:`_matmul`) instead.
@@ -154,7 +155,7 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None):
         b = names[1] if rc[0] == 1 else f"{names[1]}.transpose(0, 2, 1)"
     else:
         return None
-    if large:  # split among the engine's threads when it owns the cores
+    if large:  # a batch the engine's threads may share (decided per call)
         return f"_pmatmul({a}, {b})" if out is None else f"_pmatmul({a}, {b}, out={out})"
     if out is None:
         return f"({a} @ {b})" if x.ndim <= 2 else f"xp.matmul({a}, {b})"
