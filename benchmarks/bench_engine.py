@@ -23,7 +23,13 @@ JAX's one-device step runs in the process that also holds its 8 host devices (XL
 is configured once per process); measured alone, in a process of one host device,
 it was 20-25% faster on the small config.  Each step's time includes placing the
 batch (what a training loop does); the
-first step (tracing and compiling) is recorded apart (`first step s`).  The
+first step (tracing and compiling) is recorded apart (`first step s`).  Memory
+(item 5 of issue 25): each engine alone in a fresh process, the peak resident set
+of 3 steps after 2 warm-up steps (whose peak, compilation's, is forgotten) above
+the resident set before its first step, with parameters and optimizer state in
+place (`step peak MiB`: the step's buffers, freed or kept, and compiled code;
+Linux only, ``--no-memory`` skips it); the results file also has the resident set
+between steps above that baseline (``held_bytes``).  The
 ``% of matmul`` column is the step's matrix-product work (counted from spmd's
 program: ``2 * m * n * k`` of every ``dot_general``) over the step's time and the
 float32 matmul rate measured in the same run (a 2048 x 2048 product in numpy),
@@ -154,11 +160,12 @@ def _floor(make):
     return run
 
 
-def measure(config: str, mesh: str, rounds: int) -> dict:
-    """One (config, mesh) cell: every available engine's step times, interleaved."""
+def _engines(config: str, mesh: str, only: str | None = None):
+    """``({name: step(batch) -> loss}, absent reasons, flops)`` of one cell (``only``:
+    just that engine, after spmd's own setup, which gives the parameters)."""
     run_spmd, params_np, flops, cfgd = _spmd_engine(config, MESHES[mesh])
     engines, absent = {"spmd": run_spmd}, {}
-    why = ef.jax_available()
+    why = ef.jax_available() if only in (None, "jax") else "not asked"
     if why is None:
         shape = None if mesh == "1" else MESHES[mesh]
         engines["jax"] = _floor(lambda: ef.make_jax_step(cfgd, params_np, shape, LR,
@@ -166,12 +173,80 @@ def measure(config: str, mesh: str, rounds: int) -> dict:
     else:
         absent["jax"] = why
     if mesh == "1":
-        why = ef.torch_available()
+        why = ef.torch_available() if only in (None, "torch") else "not asked"
         if why is None:
             engines["torch"] = _floor(lambda: ef.make_torch_step(cfgd, params_np, LR,
                                                                  WARMUP_LR, STEPS))
         else:
             absent["torch"] = why
+    if only is not None:
+        engines = {k: v for k, v in engines.items() if k == only}
+    return engines, absent, flops
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+_MEMORY_TAG = "BENCH_ENGINE_MEMORY "
+
+
+def memory_one(config: str, mesh: str, engine: str) -> None:
+    """In a fresh process: the peak resident set of 3 steps of ``engine`` (after 2
+    warm-up steps, whose own peak is forgotten: compilation is not counted) above the
+    resident set before its first step, when the parameters and optimizer state exist
+    (the memory its steps run in: their buffers, whether freed or kept between steps,
+    and the compiled code), and the resident set between steps above that same
+    baseline.  Printed as JSON after :data:`_MEMORY_TAG`."""
+    import gc
+    import json
+
+    engines, _, _ = _engines(config, mesh, only=engine)
+    if engine not in engines:
+        print(_MEMORY_TAG + json.dumps(None), flush=True)
+        return
+    run = engines[engine]
+    batches = _batches(config, 5)
+    gc.collect()
+    before = _status_bytes("VmRSS")
+    for b in batches[:2]:
+        run(b)
+    gc.collect()
+    steady = _status_bytes("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:  # the peak starts again from here
+        f.write("5")
+    for b in batches[2:]:
+        run(b)
+    peak = _status_bytes("VmHWM")
+    print(_MEMORY_TAG + json.dumps({"step_peak_bytes": peak - before,
+                                    "held_bytes": steady - before}), flush=True)
+
+
+def measure_memory(config: str, mesh: str, engines) -> dict:
+    """:func:`memory_one` of each engine, each in its own process."""
+    import json
+    import subprocess
+
+    out = {}
+    for name in engines:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-one",
+                               config, mesh, name], capture_output=True, text=True,
+                              timeout=900)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MEMORY_TAG)]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"memory of {name} on {config} {mesh} failed:\n"
+                               f"{proc.stderr[-2000:]}")
+        out[name] = json.loads(lines[-1][len(_MEMORY_TAG):])
+    return out
+
+
+def measure(config: str, mesh: str, rounds: int) -> dict:
+    """One (config, mesh) cell: every available engine's step times, interleaved."""
+    engines, absent, flops = _engines(config, mesh)
     batches = _batches(config, 2 + rounds)
     first_loss, first_s = {}, {}
     for name, run in engines.items():  # the first step traces and compiles
@@ -199,7 +274,7 @@ def table(rows: list[dict]) -> str:
     rate = next((r["matmul_rate"] for r in rows if "matmul_rate" in r), None)
     head = ["config", "mesh", "spmd ms", "JAX ms", "PyTorch ms", "spmd / JAX",
             "spmd / PyTorch", "% of matmul rate (spmd)", "goal", "result", "losses (step 1)",
-            "first step s (spmd, JAX)"]
+            "first step s (spmd, JAX)", "step peak MiB (spmd, JAX, PyTorch)"]
     body = []
     for r in rows:
         if "config" not in r:
@@ -219,9 +294,13 @@ def table(rows: list[dict]) -> str:
         losses = ", ".join(f"{k} {v:.6f}" for k, v in r["first_loss"].items())
         first = r.get("first_step_s", {})
         firsts = ", ".join(f"{first[k]:.2f}" for k in ("spmd", "jax") if k in first) or "-"
+        mem = r.get("memory", {})
+        peaks = ", ".join(f"{mem[k]['step_peak_bytes'] / 2 ** 20:.0f}"
+                          for k in ("spmd", "jax", "torch") if mem.get(k)) or "-"
         body.append([r["config"], r["mesh"], fmt(s), fmt(j), fmt(p), ratio(s, j), ratio(s, p),
                      "-" if share is None else f"{share:.0%}", goal,
-                     "-" if best is None else ("pass" if ok else "FAIL"), losses, firsts])
+                     "-" if best is None else ("pass" if ok else "FAIL"), losses, firsts,
+                     peaks])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     def line(cells):
         return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
@@ -242,7 +321,14 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="small,big")
     ap.add_argument("--meshes", default="1,4x2")
     ap.add_argument("--no-save", action="store_true", help="print only")
+    ap.add_argument("--no-memory", action="store_true",
+                    help="skip the per-engine memory runs (one process each)")
+    ap.add_argument("--memory-one", nargs=3, metavar=("CONFIG", "MESH", "ENGINE"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.memory_one:
+        memory_one(*args.memory_one)
+        return 0
     common.provenance()
     t0 = time.perf_counter()
     rate = matmul_rate()
@@ -251,6 +337,8 @@ def main(argv=None) -> int:
         for mesh in args.meshes.split(","):
             rounds = args.rounds or (15 if config == "small" else 6)
             rows.append(measure(config, mesh, rounds))
+            if not args.no_memory and os.path.exists("/proc/self/clear_refs"):
+                rows[-1]["memory"] = measure_memory(config, mesh, rows[-1]["times_s"])
             print(f"{config} {mesh}: " + ", ".join(
                 f"{k} {1e3 * _median(v):.1f} ms" for k, v in rows[-1]["times_s"].items()),
                 flush=True)
