@@ -292,29 +292,30 @@ class BlockedKernel:
             def go():
                 for i0 in chunk:
                     sl = head + (slice(i0, min(i0 + step, rows)),)
-                    self.block([a[sl] if f else a for a, f in zip(args, full)], out[sl],
-                               step)
+                    self.block([a[sl] if f else a for a, f in zip(args, full)], out[sl])
             return go
 
         POOL.run([part(starts[j:j + per]) for j in range(0, len(starts), per)])
         return out
 
 
-def _scratch_buffer(slot: int, like, dtype, rows_per_block):
-    """This thread's scratch buffer number ``slot``, viewed at ``like``'s shape."""
+def _scratch_buffer(slot: int, like, dtype):
+    """This thread's scratch buffer number ``slot`` of ``dtype``, viewed at ``like``'s
+    shape.  One flat buffer per (slot, dtype) and thread, as large as the largest
+    block met: bounded however many shapes the kernels have."""
     bufs = getattr(_scratch, "bufs", None)
     if bufs is None:
         bufs = _scratch.bufs = {}
-    shape = like.shape
-    key = (slot, shape[1:], np.dtype(dtype))
+    key = (slot, dtype)
+    size = like.size
     buf = bufs.get(key)
-    if buf is None or buf.shape[0] < shape[0]:
-        buf = bufs[key] = np.empty((max(rows_per_block, shape[0]),) + shape[1:], dtype)
-    return buf[:shape[0]]
+    if buf is None or buf.size < size:
+        buf = bufs[key] = np.empty(size, dtype)
+    return buf[:size].reshape(like.shape)
 
 
 def _compile_block(kernel: Kernel):
-    """``block(x, out, rpb)``: the tree's numpy calls on one block (inputs ``x``), the
+    """``block(x, out)``: the tree's numpy calls on one block (inputs ``x``), the
     root writing into ``out``.  Intermediate results go to this thread's scratch
     buffers; a parent writes into a child's buffer of its dtype (elementwise, so in
     place), except ``where``, which writes its first case before reading the other."""
@@ -344,7 +345,7 @@ def _compile_block(kernel: Kernel):
                 mine = (pool.pop(), dtype) if pool else (n_slots[0], dtype)
                 n_slots[0] += mine[0] == n_slots[0]
             dest = f"t{mine[0]}"
-            lines.append(f"{dest} = _buf({mine[0]}, out, {dtype.name!r}, rpb)")
+            lines.append(f"{dest} = _buf({mine[0]}, out, {dtype.name!r})")
         for k in kids:
             if k[1] is not None and k[1] != mine:
                 free.setdefault(k[1][1], []).append(k[1][0])
@@ -362,7 +363,7 @@ def _compile_block(kernel: Kernel):
         return dest, mine
 
     emit(kernel.tree, "out")
-    src = "def block(x, out, rpb):\n" + "".join(f"    {ln}\n" for ln in lines)
+    src = "def block(x, out):\n" + "".join(f"    {ln}\n" for ln in lines)
     exec(compile(src, "<spmd:kernel>", "exec"), ns)
     return ns["block"]
 
