@@ -35,7 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from common import interleave, row  # noqa: E402  (puts the repo root on sys.path too)
+# (common puts the repo root on sys.path too)
+from common import interleave, reset_peak, row, status_bytes  # noqa: E402
 
 MIB = 1024 * 1024
 COLS = 1024
@@ -46,20 +47,6 @@ _TAG = "BENCH_ARRAYS_RESULT "
 
 
 # ------------------------------------------------------------------ workers
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> None:
-    """Reset VmHWM to the current resident set (Linux >= 4.0)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
 
 def _mesh_and_fns():
     import numpy as np
@@ -99,12 +86,12 @@ def memory_worker(mib: int) -> dict:
     del small
     gc.collect()
     _world().Barrier()
-    base = _status_bytes("VmRSS")
-    _reset_peak()
+    base = status_bytes("VmRSS")
+    reset_peak()
     a = _make(s, mesh, mib)
     y1 = double(a)
     y2 = plus(a)
-    peak = _status_bytes("VmHWM")
+    peak = status_bytes("VmHWM")
     me = spmd.process_index()
     for y, want in ((y1, 2.0 * (1 + me)), (y2, 2.0 + me)):
         block = np.asarray(y.addressable_shards[0].data)

@@ -184,14 +184,6 @@ def _engines(config: str, mesh: str, only: str | None = None):
     return engines, absent, flops
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 _MEMORY_TAG = "BENCH_ENGINE_MEMORY "
 
 
@@ -212,16 +204,15 @@ def memory_one(config: str, mesh: str, engine: str) -> None:
     run = engines[engine]
     batches = _batches(config, 5)
     gc.collect()
-    before = _status_bytes("VmRSS")
+    before = common.status_bytes("VmRSS")
     for b in batches[:2]:
         run(b)
     gc.collect()
-    steady = _status_bytes("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:  # the peak starts again from here
-        f.write("5")
+    steady = common.status_bytes("VmRSS")
+    common.reset_peak()  # the peak starts again from here
     for b in batches[2:]:
         run(b)
-    peak = _status_bytes("VmHWM")
+    peak = common.status_bytes("VmHWM")
     print(_MEMORY_TAG + json.dumps({"step_peak_bytes": peak - before,
                                     "held_bytes": steady - before}), flush=True)
 

@@ -266,6 +266,23 @@ def mpi_main(stem: str, doc: str, measure: Callable[[int], list[dict]], argv=Non
     return 0
 
 
+# ------------------------------------------------------------ resident memory
+
+def status_bytes(field: str) -> int:
+    """A byte count of ``/proc/self/status`` (``VmRSS``, ``VmHWM``; Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_peak() -> None:
+    """Reset VmHWM to the current resident set (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 # ----------------------------------------------------------------- machine
 
 def _cpu_model() -> str:
