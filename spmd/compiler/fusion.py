@@ -60,6 +60,7 @@ import threading
 
 import numpy as np
 
+from spmd.compiler.avals import ShapedArray
 from spmd.compiler.fold import use_counts
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
@@ -97,7 +98,7 @@ _INFIX = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "power": 
 
 
 class Kernel:
-    """One fused group: ``tree`` over the group's ``n_inputs`` inputs.
+    """One fused group: ``tree`` over the group's inputs, of dtypes ``in_dtypes``.
 
     A node of ``tree`` is ``("in", i)``, ``("const", value)`` (a numpy 0-d array
     of the literal's dtype, as the unfused code binds it) or
@@ -105,10 +106,10 @@ class Kernel:
     expression and types (it is a parameter of an equation, so a cache key).
     """
 
-    __slots__ = ("tree", "n_inputs", "in_dtypes", "shape", "dtype", "_text")
+    __slots__ = ("tree", "in_dtypes", "shape", "dtype", "_text")
 
-    def __init__(self, tree, n_inputs: int, in_dtypes, shape, dtype):
-        self.tree, self.n_inputs = tree, n_inputs
+    def __init__(self, tree, in_dtypes, shape, dtype):
+        self.tree = tree
         self.in_dtypes, self.shape, self.dtype = tuple(in_dtypes), tuple(shape), np.dtype(dtype)
         self._text = _render(tree)
 
@@ -171,8 +172,6 @@ def _fused_impl(xp, *args, kernel):
 
 @fused_p.def_abstract_eval
 def _fused_aval(*avals, kernel):
-    from spmd.compiler.avals import ShapedArray
-
     return ShapedArray(kernel.shape, kernel.dtype)
 
 
@@ -477,6 +476,6 @@ def _group(root: int, eqns, ops, producer, absorbed) -> Eqn:
     t = tree(root)
     out = eqns[root].outputs[0]
     inputs = list(leaves)
-    kernel = Kernel(t, len(inputs), [a.aval.dtype for a in inputs], out.aval.shape,
+    kernel = Kernel(t, [a.aval.dtype for a in inputs], out.aval.shape,
                     out.aval.dtype)
     return Eqn(fused_p, inputs, [out], {"kernel": kernel}, eqns[root].source_info)
