@@ -148,20 +148,30 @@ def test_a_run_resumes_by_itself_from_the_latest_checkpoint(ex, tmp_path, capsys
 
 @pytest.mark.parametrize("mesh_shape", [(1, 1), (4, 2)])
 def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
-    """The step with every elementwise chain fused into kernels on 3 threads (whatever
-    the cost model says) gives the unfused step's losses and parameters, bit for bit."""
+    """The step with every elementwise chain fused into kernels and every batch of
+    products shared among 3 threads (whatever the cost models say; BLAS held to one
+    thread for them) gives the unfused step's losses and parameters on one thread,
+    bit for bit."""
     from spmd.compiler import fusion, threads
+    from spmd.compiler.ops import linalg
 
     corpus = np.arange(4000, dtype=np.int32) % 96
     batches = [ex.batch_at(corpus, k, 8, 16, seed=0) for k in (1, 2, 3)]
     monkeypatch.setattr(threads, "threads_help", lambda: True)
+    monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", True)
+    monkeypatch.setattr(threads, "SINGLE_THREADED_MNK", 0)
+    monkeypatch.setattr(linalg, "SPLIT_FLOPS", 0)
     monkeypatch.setattr(fusion, "MIN_KERNEL_NS", 0)
     monkeypatch.setattr(fusion, "MIN_ELEMENTS", 64)
     monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 512)
-    monkeypatch.setenv("SPMD_NUM_THREADS", "3")
-    monkeypatch.setattr(threads.POOL, "threads", None)
+    split_calls = []
+    run_products = threads.run_products
+    monkeypatch.setattr(threads, "run_products",
+                        lambda parts, mnk: split_calls.append(mnk) or run_products(parts, mnk))
     runs = []
-    for fuse in (True, False):
+    for fuse, n_threads in ((True, "3"), (False, "1")):
+        monkeypatch.setenv("SPMD_NUM_THREADS", n_threads)
+        monkeypatch.setattr(threads.POOL, "threads", None)
         spmd.config.update("fuse_elementwise", fuse)
         try:
             cfg, step, p, s = _setup(ex, mesh_shape, False)
@@ -174,7 +184,11 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
         finally:
             spmd.config.update("fuse_elementwise", True)
         runs.append((losses, [np.asarray(x) for x in spmd.tree_util.tree_leaves(p)]))
+        if n_threads == "3":
+            assert split_calls or not threads.blas_is_openblas()  # products were shared
+            split_calls.clear()
     threads.POOL.threads = None
+    assert not split_calls  # none on one thread
     assert runs[0][0] == runs[1][0]
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_array_equal(a, b)

@@ -23,6 +23,7 @@ the cores per rank), else the cores this process may use.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import os
@@ -126,17 +127,122 @@ def blas_is_openblas() -> bool:
 
 # OpenBLAS runs a product with m * n * k at most this on one thread, whatever its
 # thread count (interface/gemm.c: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD,
-# 65536 * 4 by default).  Such products may be made from several threads at once;
-# larger ones from two threads at once ran 15x slower than one call (measured:
-# 128 products of (128, 32) @ (32, 128), 22 ms against 1.5 ms).
+# 65536 * 4 by default).  Larger products made from two threads at once, each on
+# OpenBLAS's threads too, fight over the cores (measured: 128 products of
+# (128, 32) @ (32, 128), 22 ms against 1.5 ms as one call), so those are split only
+# while BLAS is held to one thread (:func:`blas_one_thread`).
 SINGLE_THREADED_MNK = 65536 * 4
 
 
-def can_split() -> bool:
-    """Whether a batch of small products may be shared among the pool's threads: more
-    than one thread, OpenBLAS (each part stays on one of its threads), and BLAS's
-    threads sleeping between calls (else they spin on the cores the parts need)."""
-    return POOL.size() > 1 and BLAS_THREADS_YIELD and blas_is_openblas()
+class _BlasThreads:
+    """numpy's OpenBLAS thread count, held at one while the engine's threads make a
+    batch of products between them, and put back after.
+
+    Found through the loaded library's own ``openblas_set_num_threads`` (on Linux, the
+    library numpy loaded, named in ``/proc/self/maps``).  threadpoolctl is not used:
+    it lets only one Python thread ever change OpenBLAS's count and ignores the
+    others, and the engine runs in whichever thread calls a program.  Holds nest and
+    overlap between callers: the first hold saves the count and sets one, the last
+    release puts the saved count back.  Only a pthreads build is held (an OpenMP
+    build's count was not reliably restored before OpenBLAS 0.3.34).
+    """
+
+    _SYMBOLS = [("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_",
+                 "scipy_openblas_get_parallel64_"),
+                ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads",
+                 "scipy_openblas_get_parallel"),
+                ("openblas_set_num_threads64_", "openblas_get_num_threads64_",
+                 "openblas_get_parallel64_"),
+                ("openblas_set_num_threads", "openblas_get_num_threads",
+                 "openblas_get_parallel")]
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._found = False
+        self._set = self._get = None
+        self._holders = 0
+        self._saved = None
+
+    def _find(self) -> None:
+        import ctypes
+
+        self._found = True
+        if not blas_is_openblas():
+            return
+        try:
+            with open("/proc/self/maps") as f:
+                paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln}
+        except OSError:  # not Linux: products are split only where BLAS keeps them on one thread
+            return
+        for path in sorted(paths):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for set_name, get_name, parallel_name in self._SYMBOLS:
+                set_, get, parallel = (getattr(lib, n, None)
+                                       for n in (set_name, get_name, parallel_name))
+                if set_ is not None and get is not None and parallel is not None:
+                    set_.restype = None
+                    set_.argtypes = [ctypes.c_int]
+                    if parallel() == 1:  # 1: pthreads (0: sequential, 2: OpenMP)
+                        self._set, self._get = set_, get
+                    return
+
+    def available(self) -> bool:
+        """Whether the count can be held at one."""
+        if not self._found:
+            with self._lock:
+                if not self._found:
+                    self._find()
+        return self._set is not None
+
+    def count(self) -> int | None:
+        """OpenBLAS's thread count now (None where it cannot be read)."""
+        return int(self._get()) if self.available() else None
+
+    @contextlib.contextmanager
+    def one(self):
+        """BLAS on one thread inside the block (a no-op where it cannot be held)."""
+        if not self.available():
+            yield
+            return
+        with self._lock:
+            if self._holders == 0:
+                self._saved = int(self._get())
+                self._set(1)
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0:
+                    self._set(self._saved)
+
+
+BLAS = _BlasThreads()
+
+
+def can_split(mnk: int = 0) -> bool:
+    """Whether a batch of products of ``m * n * k = mnk`` each may be shared among the
+    pool's threads: more than one thread, OpenBLAS, BLAS's threads sleeping between
+    calls (else they spin on the cores the parts need), and each part on one BLAS
+    thread: OpenBLAS keeps such a product on one thread, or :data:`BLAS` can hold it
+    there for the split."""
+    return (POOL.size() > 1 and BLAS_THREADS_YIELD and blas_is_openblas()
+            and (mnk <= SINGLE_THREADED_MNK or BLAS.available()))
+
+
+def run_products(parts, mnk: int) -> None:
+    """Run ``parts`` (each a BLAS call on a slice of a batch of products of
+    ``m * n * k = mnk``) on the pool, BLAS held to one thread where the products are
+    large enough for OpenBLAS to thread them."""
+    if mnk <= SINGLE_THREADED_MNK:
+        POOL.run(parts)
+        return
+    with BLAS.one():
+        POOL.run(parts)
 
 
 def threads_help() -> bool:

@@ -1,6 +1,6 @@
 """The engine's threads (spmd/compiler/threads.py) and the products they share
-(spmd.compiler.ops.linalg._matmul): the same bits as one BLAS call, only products
-OpenBLAS keeps on one thread, callers on several threads."""
+(spmd.compiler.ops.linalg._matmul): the same bits as one BLAS call, each part on one
+BLAS thread, BLAS's thread count put back, callers on several threads."""
 
 from __future__ import annotations
 
@@ -58,14 +58,67 @@ def test_jitted_attention_products_equal_numpy(split):
         "_dot_general" in f.lower(q, k).compile().source
 
 
-def test_large_products_stay_one_call(split, monkeypatch):
+def test_large_products_are_split_with_blas_held_to_one_thread(split, monkeypatch):
+    if not threads.BLAS.available():
+        pytest.skip("OpenBLAS's thread count cannot be held here")
+    before = threads.BLAS.count()
+    seen = []
+    run = threads.POOL.run
+
+    def watch(parts):
+        seen.append((len(parts), threads.BLAS.count()))
+        run(parts)
+
+    monkeypatch.setattr(threads.POOL, "run", watch)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 128, 32)).astype(np.float32)  # m n k = 524288
+    b = rng.standard_normal((64, 32, 128)).astype(np.float32)
+    np.testing.assert_array_equal(linalg._matmul(np, a, b), np.matmul(a, b))
+    assert seen == [(3, 1)]  # shared, each part on one BLAS thread
+    assert threads.BLAS.count() == before  # and BLAS's count put back
+
+
+def test_single_products_and_tiny_batches_stay_one_call(split, monkeypatch):
     calls = []
     monkeypatch.setattr(threads.POOL, "run", lambda parts: calls.append(len(parts)))
-    a = np.ones((64, 128, 32), np.float32)  # m n k = 524288: OpenBLAS threads each
-    linalg._matmul(np, a, np.ones((64, 32, 128), np.float32))
+    big = np.ones((512, 512), np.float32)  # one product: BLAS's own threads
+    linalg._matmul(np, big, big)
     small = np.ones((64, 8, 8), np.float32)  # 64 x 1 kflop: too little to share
     linalg._matmul(np, small, small)
     assert calls == []
+
+
+def test_large_products_stay_one_call_where_blas_cannot_be_held(split, monkeypatch):
+    calls = []
+    monkeypatch.setattr(threads.POOL, "run", lambda parts: calls.append(len(parts)))
+    monkeypatch.setattr(threads.BLAS, "available", lambda: False)
+    a = np.ones((64, 128, 32), np.float32)
+    linalg._matmul(np, a, np.ones((64, 32, 128), np.float32))
+    assert calls == []
+
+
+def test_overlapping_holds_put_blas_count_back_once():
+    if not threads.BLAS.available():
+        pytest.skip("OpenBLAS's thread count cannot be held here")
+    before = threads.BLAS.count()
+    inside, release = threading.Event(), threading.Event()
+    counts = []
+
+    def holder():
+        with threads.BLAS.one():
+            inside.set()
+            release.wait(60)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert inside.wait(60)
+    with threads.BLAS.one():  # a second caller's hold, released first
+        counts.append(threads.BLAS.count())
+    counts.append(threads.BLAS.count())  # the first hold still stands
+    release.set()
+    t.join(60)
+    assert counts == [1, 1]
+    assert threads.BLAS.count() == before
 
 
 def test_nothing_is_shared_where_blas_threads_spin(monkeypatch):

@@ -51,34 +51,85 @@ def _dot_impl(xp, x, y, *, dimension_numbers):
             a, b, out_shape = two_d
             return xp.reshape(_matmul(xp, a, b), out_shape)
     lperm, lshape, rperm, rshape, out_shape = _plan(x.shape, y.shape, dimension_numbers)
+    if xp is np:
+        # Batch dims stay as they are (numpy's matmul loops over any strides), and
+        # each operand's matrix is a view where its strides allow one: attention's
+        # q, k and v are strided views of the fused projection, and copying them
+        # into (batch, m, k) blocks cost as much as the products (measured: the
+        # per-head products of the small example 1.34 ms a call with the copies,
+        # 0.76 without).
+        nb = len(lb)
+        a = _matrices(x, lperm, nb, x.ndim - nb - len(lc))
+        b = _matrices(y, rperm, nb, len(rc))
+        return np.reshape(_matmul(np, a, b), out_shape)
     a = xp.reshape(xp.transpose(x, lperm), lshape)
     b = xp.reshape(xp.transpose(y, rperm), rshape)
     return xp.reshape(_matmul(xp, a, b), out_shape)
 
 
-# A batch of small products (attention's per-head products, a simulated mesh's
-# per-device ones) is shared among the engine's threads when OpenBLAS runs each on one
-# thread (spmd.compiler.threads.SINGLE_THREADED_MNK) and all together have at least
-# SPLIT_FLOPS flops (2 m n k; about 40 us of one core's work, the cost of handing a
-# part to a thread).  Measured: 128 products of (64, 64) @ (64, 64) in 0.49 ms split
-# in two, 0.90 ms as one call.
+def _matrices(z, perm, nb, n_rows):
+    """``z`` with axes ``perm`` (``nb`` batch, ``n_rows`` rows, then columns) as
+    ``(*batch, R, C)``: a view when
+    the rows and the columns each merge into one axis, copied once otherwise, and
+    made contiguous where BLAS could not read the matrices in place (numpy's matmul
+    would then run its own slow loop)."""
+    v = np.transpose(z, perm)
+    r = int(np.prod(v.shape[nb:nb + n_rows], dtype=np.int64))
+    c = int(np.prod(v.shape[nb + n_rows:], dtype=np.int64))
+    v = np.reshape(v, v.shape[:nb] + (r, c))
+    return v if _blas_readable(v) else np.ascontiguousarray(v)
+
+
+def _blas_readable(v) -> bool:
+    """Whether BLAS reads the last two axes of ``v`` as a matrix in place: one of them
+    of unit stride, the other's stride a whole number of items covering the first."""
+    if v.ndim < 2:
+        return True
+    (r, c), (sr, sc), item = v.shape[-2:], v.strides[-2:], v.itemsize
+    if r <= 1 or c <= 1:
+        return v.flags.c_contiguous or v.flags.f_contiguous
+    if sc == item:
+        return sr % item == 0 and sr >= c * item
+    if sr == item:
+        return sc % item == 0 and sc >= r * item
+    return False
+
+
+# A batch of products (attention's per-head products, a simulated mesh's per-device
+# ones) is shared among the engine's threads by batch, each part one BLAS call on its
+# slice, when all together have at least SPLIT_FLOPS flops (2 m n k; about 40 us of
+# one core's work, the cost of handing a part to a thread).  Products large enough for
+# OpenBLAS to thread are made with BLAS held to one thread meanwhile
+# (spmd.compiler.threads.run_products): numpy's matmul calls BLAS once per product of
+# a batch, and OpenBLAS's two threads on a product of (128, 32) @ (32, 128) gain
+# nothing.  Measured (2 cores): 128 such products 1.25 ms as one call, 0.69 ms split;
+# 128 of (64, 64) @ (64, 64) 0.90 against 0.49 ms; 8 of (512, 256) @ (256, 1024)
+# 12.3 against 12.0 ms.  A single large product stays one call in BLAS's threads
+# (split by rows on one BLAS thread each it was 5% slower: each part packs the other
+# operand again).
 SPLIT_FLOPS = 1 << 22
 
 
 def _matmul(xp, a, b, out=None):
-    """``xp.matmul(a, b, out=out)``; a batch of small products is split by batch among
-    the engine's threads, each part one BLAS call on its slice (the same products, so
-    the same bits)."""
-    if xp is np and a.ndim == 3 and b.ndim == 3 and a.shape[0] > 1:
-        batch, m, k, n = a.shape[0], a.shape[1], a.shape[2], b.shape[2]
-        if m * n * k <= _threads.SINGLE_THREADED_MNK and \
-                2 * batch * m * n * k >= SPLIT_FLOPS and _threads.can_split():
+    """``xp.matmul(a, b, out=out)``; a batch of products is split by batch among the
+    engine's threads, each part one BLAS call on its slice (the same products, so the
+    same bits)."""
+    if xp is np and a.ndim == b.ndim >= 3 and a.shape[:-2] == b.shape[:-2]:
+        (m, k), n = a.shape[-2:], b.shape[-1]
+        batch = int(np.prod(a.shape[:-2], dtype=np.int64))
+        if batch > 1 and 2 * batch * m * n * k >= SPLIT_FLOPS and \
+                _threads.can_split(m * n * k):
             if out is None:
-                out = np.empty((batch, m, n), np.result_type(a.dtype, b.dtype))
-            parts = min(_threads.POOL.size(), batch)
-            cuts = [(i * batch // parts, (i + 1) * batch // parts) for i in range(parts)]
-            _threads.POOL.run([functools.partial(np.matmul, a[i:j], b[i:j], out=out[i:j])
-                               for i, j in cuts])
+                out = np.empty(a.shape[:-1] + (n,), np.result_type(a.dtype, b.dtype))
+            # Cut the longest batch axis: any one gives independent products.
+            axis = max(range(a.ndim - 2), key=lambda i: a.shape[i])
+            size = a.shape[axis]
+            parts = min(_threads.POOL.size(), size)
+            lead = (slice(None),) * axis
+            cuts = [lead + (slice(i * size // parts, (i + 1) * size // parts),)
+                    for i in range(parts)]
+            _threads.run_products([functools.partial(np.matmul, a[c], b[c], out=out[c])
+                                   for c in cuts], m * n * k)
             return out
     return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
 
