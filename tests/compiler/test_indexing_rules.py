@@ -211,6 +211,36 @@ def test_scatter_multi_axis_and_int_dtype():
     same(lax.scatter(np.zeros((3, 2, 4), np.int32), u, [j, i], (2, 0), "max"), want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.int32])
+@pytest.mark.parametrize("axes", [(0,), (1,), (0, 2)])
+def test_many_updates_are_summed_per_target_as_ufunc_at(dtype, axes):
+    """Past indexing.SORTED_ADD_MIN updates, scatter-add sums each target's updates
+    before adding them (an embedding's gradient): np.add.at's result within float
+    rounding (exactly for ints), out-of-bounds updates dropped, the same bits on every
+    call, under jit and eagerly."""
+    from spmd.compiler.ops import indexing
+
+    rng = np.random.default_rng(7)
+    shape = (6, 5, 4)
+    n = 4 * indexing.SORTED_ADD_MIN
+    idx = [rng.integers(-2, shape[a] + 2, n) for a in axes]  # repeats and out of bounds
+    rest = tuple(s for d, s in enumerate(shape) if d not in axes)
+    u = (rng.standard_normal((n,) + rest) * 8).astype(dtype)
+    x = (rng.standard_normal(shape) * 8).astype(dtype)
+    f = lambda a, b: lax.scatter(a, b, idx, axes, "add")  # noqa: E731
+    keep = np.logical_and.reduce([(i >= 0) & (i < shape[a]) for i, a in zip(idx, axes)])
+    want = x.copy()
+    np.add.at(np.moveaxis(want, axes, tuple(range(len(axes)))),
+              tuple(i[keep] for i in idx), u[keep])
+    for got in (f(x, u), spmd.jit(f)(x, u)):
+        if np.dtype(dtype).kind == "i":
+            np.testing.assert_array_equal(np.asarray(got), want)
+        else:
+            np.testing.assert_allclose(np.asarray(got), want,
+                                       rtol=1e-5 if dtype != np.float64 else 1e-12, atol=1e-4)
+    np.testing.assert_array_equal(np.asarray(f(x, u)), np.asarray(f(x, u)))
+
+
 def test_primitive_shape_errors():
     x = np.zeros((3, 4), np.float32)
     with pytest.raises(ShapeError):

@@ -367,11 +367,39 @@ def _scatter_impl(xp, x, updates, *idx, axes, mode):
         ids, upd = tuple(i[ok] for i in idx), updates[ok]
     if mode == "set":
         view[ids] = upd
+    elif xp is np and mode == "add" and _sums_by_row(ids, upd):
+        _scatter_add_sorted(view, ids, upd)
     elif xp is np:
         getattr(xp, _UFUNCS[mode]).at(view, ids, upd)
     else:
         _device_ufunc_at(xp, _UFUNCS[mode], view, ids, upd)
     return out
+
+
+# np.add.at visits the updates one at a time: an embedding's gradient (2048 rows of
+# 64 into a table of 96) took 1.2 ms of the example's 40 ms step.  At least this many
+# updates are summed per target first (sorted, np.add.reduceat) and added once each.
+SORTED_ADD_MIN = 32
+
+
+def _sums_by_row(ids, upd) -> bool:
+    return ids[0].size >= SORTED_ADD_MIN and upd.dtype.kind in "fciu"
+
+
+def _scatter_add_sorted(view, ids, upd) -> None:
+    """``np.add.at(view, ids, upd)`` by sorting: the updates of each target are summed
+    (``np.add.reduceat`` over a stable sort, so the same inputs give the same bits
+    every time), then added to the target once.  It differs from np.add.at, which adds
+    one update at a time, by float rounding only (the order of a sum; XLA leaves a
+    scatter-add's order unspecified too); integers are exact."""
+    sizes = view.shape[:len(ids)]
+    flat = np.ravel_multi_index(tuple(np.ravel(i) for i in ids), sizes)
+    rows = np.reshape(upd, (flat.size,) + upd.shape[ids[0].ndim:])
+    order = np.argsort(flat, kind="stable")
+    ordered = flat[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    sums = np.add.reduceat(rows[order], starts, axis=0)
+    view[np.unravel_index(ordered[starts], sizes)] += sums  # distinct targets: exact
 
 
 def _device_ufunc_at(xp, name, view, ids, upd):
