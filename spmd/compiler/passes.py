@@ -18,6 +18,7 @@ from spmd.compiler.ops.reduce import reduce_sum_p
 from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.fold import fold_scalar_chains, use_counts
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
+from spmd.compiler.pads import concat_zero_pads
 from spmd.compiler.combine import combine_collectives
 from spmd.compiler import array_module as _am, fusion, threads
 from spmd.compiler.overlap import overlap_collectives
@@ -35,6 +36,7 @@ def optimize(closed: ClosedProgram) -> ClosedProgram:
     closed = fold_scalar_chains(closed)
     closed = fold_reshapes(closed)
     closed = sum_batched_dots(closed)
+    closed = concat_zero_pads(closed)
     return dce(closed)
 
 

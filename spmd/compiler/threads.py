@@ -2,13 +2,13 @@
 
 Generated numpy code runs one equation at a time.  Two kinds of equation share
 their work among :data:`POOL`'s threads (the calling thread is one of them):
-fused elementwise kernels (:mod:`spmd.compiler.fusion`) and batches of small
-matrix products (``dot_general``: attention's per-head products, a simulated
-mesh's per-device ones), cut by batch into BLAS calls, which numpy makes without
-the GIL: OpenBLAS runs such small products on one thread
-(:data:`SINGLE_THREADED_MNK`), so the parts do not compete for its threads
-(measured: 1.2-1.9x faster than one call).  Larger products stay one call, in
-BLAS's own threads.
+fused elementwise kernels (:mod:`spmd.compiler.fusion`) and batches of matrix
+products (``dot_general``: attention's per-head products, a simulated mesh's
+per-device ones), cut by batch into BLAS calls, which numpy makes without the GIL.
+OpenBLAS keeps a small product on one thread (:data:`SINGLE_THREADED_MNK`); for
+larger ones :data:`BLAS` holds it to one thread while the parts run, so that the
+parts do not compete for its threads (measured: 1.2-1.9x faster than one call).
+A single large product stays one call, in BLAS's own threads.
 
 Both need BLAS's threads to sleep between calls: OpenBLAS's busy-wait on the
 cores for long after each call by default (measured: a kernel on two threads
