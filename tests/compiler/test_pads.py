@@ -105,3 +105,18 @@ def test_adjacent_pads_in_any_order_sum_to_the_concatenation(order):
     closed = _optimized(f, *parts)
     assert _names(closed) == ["concatenate"]
     np.testing.assert_array_equal(np.asarray(spmd.jit(f)(*parts)), np.concatenate(parts))
+
+
+def test_a_concatenation_of_transposed_pieces_is_c_contiguous():
+    """numpy lays a concatenation out as its operands are; the pieces the rewrite
+    transposes must come back in C order, or the reader would copy them again."""
+    from spmd.compiler.ops.shape_more import concatenate_p
+
+    pieces = [RNG.standard_normal((1, 4, 3, 5)).astype(np.float32).transpose(0, 2, 1, 3)
+              for _ in range(3)]
+    out = concatenate_p.impl(np, *pieces, dimension=0)
+    assert out.flags.c_contiguous
+    np.testing.assert_array_equal(out, np.concatenate(pieces, axis=0))
+    f = spmd.jit(lambda a, b: snp.concatenate([a.T, b.T], axis=0))
+    a = RNG.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(f(a, a)), np.concatenate([a.T, a.T]))

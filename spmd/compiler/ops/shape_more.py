@@ -35,11 +35,19 @@ concatenate_p = Primitive("concatenate", traits=(), linear=True)
 
 @concatenate_p.def_impl
 def _concat_impl(xp, *xs, dimension):
-    return xp.concatenate(xs, axis=dimension)
+    # numpy lays the result out as its operands are when none is C-contiguous (pieces
+    # transposed into the reader's layout, spmd.compiler.pads, would come back
+    # transposed): the result is made C-contiguous, as every other result is.
+    if all(getattr(x, "flags", None) is None or x.flags.c_contiguous for x in xs):
+        return xp.concatenate(xs, axis=dimension)
+    shape = list(xs[0].shape)
+    shape[dimension] = sum(x.shape[dimension] for x in xs)
+    return xp.concatenate(xs, axis=dimension, out=xp.empty(shape, xs[0].dtype))
 
 
 concatenate_p.def_emit(
-    lambda ins, dimension: f"xp.concatenate(({', '.join(ins)},), axis={dimension})")
+    lambda ins, dimension: f"xp.concatenate(({', '.join(ins)},), axis={dimension})"
+    if len(ins) == 1 else None)  # else the impl: a C-contiguous result
 
 
 @concatenate_p.def_abstract_eval
