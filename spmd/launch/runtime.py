@@ -72,6 +72,18 @@ def describe() -> tuple[int, int, int, str]:
     return 0, 1, local, platform
 
 
+def overrides() -> dict:
+    """What :func:`force` has set (a copy), to put back with :func:`set_overrides`."""
+    return dict(_forced)
+
+
+def set_overrides(state: dict) -> None:
+    """Make the overrides exactly ``state`` (from :func:`overrides`); the mesh layer must
+    then forget its cached devices (``spmd.mesh.devices.reset_for_tests``)."""
+    _forced.clear()
+    _forced.update(state)
+
+
 def force(backend: str | None = None, local_devices: int | None = None,
           platform: str | None = None) -> None:
     """Override detection (``spmd.distributed.initialize``, which then has the mesh layer

@@ -11,6 +11,7 @@ from hypothesis import given, strategies as st
 import spmd
 from spmd import NamedSharding, P, PartitionSpec
 from spmd.shard.spec import ShardingError, block_shape, check_spec, global_shape
+from spmd.testing import strategies as sst
 
 
 @pytest.fixture(scope="module")
@@ -171,35 +172,13 @@ def test_sharding_properties(mesh42):
 
 # ---------------------------------------------- property: blocks tile the array
 
-_NAMES = ("a", "b", "c")
-
-
 @st.composite
 def meshes_and_specs(draw):
-    n = draw(st.sampled_from([1, 2, 4, 8]))
-    naxes = draw(st.integers(1, 3))
-    sizes = []
-    left = n
-    for _ in range(naxes - 1):
-        s = draw(st.sampled_from([f for f in (1, 2, 4, 8) if left % f == 0]))
-        sizes.append(s)
-        left //= s
-    sizes.append(left)
-    names = _NAMES[:naxes]
-    mesh = spmd.make_mesh(tuple(sizes), names)
-    rank = draw(st.integers(0, 3))
-    unused = list(draw(st.permutations(names)))
-    spec, shape = [], []
-    for _ in range(rank):
-        k = draw(st.integers(0, min(2, len(unused))))
-        axes, unused = tuple(unused[:k]), unused[k:]
-        entry = None if k == 0 else (axes[0] if k == 1 and draw(st.booleans()) else axes)
-        spec.append(entry)
-        shape.append(draw(st.integers(0, 3)) * mesh.axis_size(axes))
-    # Trailing Nones may be dropped: a shorter spec means the same.
-    while spec and spec[-1] is None and draw(st.booleans()):
-        spec.pop()
-    return mesh, P(*spec), tuple(shape)
+    """A mesh of up to 8 devices over 1-3 axes, a spec over its axes and a shape it fits
+    (spmd.testing.strategies)."""
+    mesh = draw(sst.meshes(max_devices=8, max_axes=3))
+    shape, spec = draw(sst.shapes_and_specs(mesh, max_rank=3))
+    return mesh, spec, shape
 
 
 @given(meshes_and_specs())
