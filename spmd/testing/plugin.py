@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import time
 
 import pytest
 
@@ -28,10 +30,111 @@ _NAMES = ("i", "j", "k", "l", "m", "n")
 
 def pytest_configure(config):
     config.addinivalue_line(
+        "markers", "spmd(processes=2, devices_per_process=1, timeout=60): run the test as a "
+        "job of that many MPI ranks (a pool of rank workers, reused); one outcome, naming "
+        "each rank that failed, hung or died (spmd.testing.plugin)")
+    config.addinivalue_line(
         "markers", "spmd_meshes(*shapes, names=None): run the test once per mesh shape; "
         "the spmd_mesh fixture called with no arguments gives that shape's mesh "
         "(spmd.testing.plugin)")
 
+
+# ------------------------------------------------------- multi-process tests
+
+DEFAULT_TIMEOUT = 60.0
+_POOLS = None
+
+
+def _in_place() -> bool:
+    """Whether marked tests run in this process as they are: in a pool's rank, or in an
+    MPI job started around pytest (``mpiexec -n N python -m pytest --with-mpi``)."""
+    if os.environ.get("SPMD_TESTING_WORKER"):
+        return True
+    from spmd.launch.runtime import launched_by_mpi
+
+    return launched_by_mpi()
+
+
+def _marker_args(item, marker) -> tuple:
+    def arg(name, default, kind, low):
+        value = marker.kwargs.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, kind) or value < low:
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.spmd({name}={value!r}): {name} must be a "
+                f"number >= {low}, e.g. @pytest.mark.spmd(processes=2, timeout=30)")
+        return value
+
+    if marker.args:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.spmd takes keywords: "
+                                "processes=, devices_per_process=, timeout=")
+    return (arg("processes", 2, int, 1), arg("devices_per_process", 1, int, 1),
+            float(arg("timeout", DEFAULT_TIMEOUT, (int, float), 1)))
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("spmd")
+    if marker is None or not _in_place() or os.environ.get("SPMD_TESTING_WORKER"):
+        return
+    # Under an outer mpiexec: the job must be the size the test asks for.
+    import spmd
+
+    processes, _, _ = _marker_args(item, marker)
+    if spmd.process_count() != processes:
+        pytest.skip(f"@pytest.mark.spmd(processes={processes}) in an MPI job of "
+                    f"{spmd.process_count()} ranks")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    marker = item.get_closest_marker("spmd")
+    if marker is None or _in_place():
+        return None
+    global _POOLS
+    from spmd.testing.pool import Pools
+
+    processes, devices, timeout = _marker_args(item, marker)
+    if _POOLS is None:
+        _POOLS = Pools()
+    config = item.config
+    path, _, rest = item.nodeid.partition("::")
+    job = {"target": str(config.rootpath / path) + ("::" + rest if rest else ""),
+           "rootdir": str(config.rootpath), "invocation_dir": str(config.invocation_params.dir),
+           "inifile": str(config.inipath) if config.inipath else None}
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    start = time.time()
+    try:
+        outcome = _POOLS.run(processes, devices, job, timeout)
+        phases, seconds = outcome.phases, outcome.seconds
+    except RuntimeError as e:  # the pool did not start
+        phases, seconds = [("setup", "failed", str(e), None)], time.time() - start
+    keywords = {k: 1 for k in item.keywords}
+    reported = {when for when, *_ in phases}
+    for when in ("setup", "call", "teardown"):
+        found = next((p for p in phases if p[0] == when), None)
+        if found is None:
+            if when == "call" and ("setup" in reported):
+                continue  # setup failed or skipped: no call, as pytest reports it
+            found = (when, "passed", "", None)
+        _, result, text, reason = found
+        longrepr = None
+        if result == "failed":
+            longrepr = text
+        elif result == "skipped":
+            longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {reason}")
+        report = pytest.TestReport(item.nodeid, item.location, keywords, result, longrepr,
+                                   when, duration=seconds if when == "call" else 0.0,
+                                   start=start, stop=start + seconds)
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def pytest_sessionfinish(session):
+    if _POOLS is not None:
+        _POOLS.stop()
+
+
+# ------------------------------------------------------------ simulated meshes
 
 def _shapes(marker) -> list:
     shapes = [tuple(int(s) for s in (a if isinstance(a, (tuple, list)) else (a,)))

@@ -1,0 +1,125 @@
+"""@pytest.mark.spmd(processes=N): a user's test file, run with a plain pytest (an inner
+run in a subprocess, pytester), gets each marked test run on N MPI ranks from a pool
+of rank workers, with one outcome per test: passed; failed naming the rank and its
+assertion; failed naming the rank that hung in a collective (within its timeout), the
+next test still running; and in place under an outer mpiexec (pytest-mpi's style)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+pytestmark = pytest.mark.skipif(
+    shutil.which("mpiexec") is None and not os.path.exists(MPIEXEC),
+    reason="needs MPI (mpi4py and the mpich wheel: pip install spmd[mpi])")
+
+USER_TESTS = '''
+import time
+import numpy as np
+import pytest
+import spmd
+from spmd import lax, P
+
+
+def _psum_program():
+    mesh = spmd.make_mesh((2,), ("i",))
+    f = spmd.jit(spmd.shard_map(lambda x: lax.psum(x, "i"), mesh=mesh, in_specs=P("i"),
+                                out_specs=P()))
+    x = spmd.make_array_from_process_local_data(
+        spmd.NamedSharding(mesh, P("i")),
+        np.full((1,), spmd.process_index() + 1.0, np.float32))
+    return f, x
+
+
+@pytest.mark.spmd(processes=2)
+def test_passes_on_two_ranks():
+    f, x = _psum_program()
+    assert float(np.asarray(f(x))[0]) == 3.0
+
+
+@pytest.mark.spmd(processes=2)
+def test_rank_one_fails():
+    assert spmd.process_index() == 0, "only rank 0 may pass"
+
+
+@pytest.mark.spmd(processes=2, timeout=10)
+def test_rank_one_hangs_in_a_collective():
+    f, x = _psum_program()
+    f(x)
+    if spmd.process_index() == 1:
+        f(x)  # alone: rank 0 has returned
+
+
+@pytest.mark.spmd(processes=2)
+@pytest.mark.parametrize("n", [1, 3])
+def test_after_the_hang_with_fixtures(n, tmp_path):
+    assert spmd.process_count() == 2 and tmp_path.is_dir() and n in (1, 3)
+
+
+def test_a_simulated_mesh(spmd_mesh):
+    assert spmd_mesh((2, 2), ("i", "j")).devices.size == 4
+'''
+
+
+def test_marked_tests_from_a_plain_pytest(pytester):
+    pytester.makepyfile(test_user=USER_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=4, failed=2)
+    assert "rank 1 failed (in call):" in out
+    assert "AssertionError: only rank 0 may pass" in out
+    assert "rank 0 failed" not in out
+    assert "rank 1 hung: it did not finish within 10 s; where it waited:" in out
+    assert "spmd/collectives/mpi.py" in out  # it waits in the collective
+    assert "test_user.py\", line 34 in test_rank_one_hangs_in_a_collective" in out
+
+
+def test_exitfirst_stops_after_a_failing_rank(pytester):
+    pytester.makepyfile(test_user=USER_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-x")
+    result.assert_outcomes(passed=1, failed=1)
+
+
+def test_bad_marker_arguments_are_named(pytester):
+    pytester.makepyfile(test_user='''
+import pytest
+
+@pytest.mark.spmd(processes=0)
+def test_zero():
+    pass
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret != 0
+    assert "@pytest.mark.spmd(processes=0): processes must be a number >= 1" in \
+        result.stdout.str() + result.stderr.str()
+
+
+def test_in_place_under_an_outer_mpiexec(pytester):
+    pytester.makepyfile(test_user='''
+import pytest
+import spmd
+
+@pytest.mark.spmd(processes=2)
+def test_two():
+    assert spmd.process_count() == 2
+
+@pytest.mark.spmd(processes=4)
+def test_four():
+    pass
+''')
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env.pop("SPMD_NUM_DEVICES", None)
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "pytest", "-q",
+                           "-p", "no:cacheprovider", "--with-mpi", "-rs", "test_user.py"],
+                          cwd=pytester.path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed, 1 skipped" in done.stdout
+    assert "@pytest.mark.spmd(processes=4) in an MPI job of 2 ranks" in done.stdout
