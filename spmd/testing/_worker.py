@@ -1,8 +1,9 @@
 """A rank of a test pool (:mod:`spmd.testing.pool`): started by ``spmd-run -n N -m
 spmd.testing._worker HOST PORT KEY DUMPDIR``, it connects to the pytest process that
-started the pool, then runs the tests it is sent, one at a time, each as an inner
-``pytest.main`` of that one test (so fixtures and parametrisation are the rank's own),
-and sends back what each phase reported.  SIGUSR1 writes every thread's stack to
+started the pool, then runs the tests it is sent, one at a time, in an inner
+``pytest.main`` (so fixtures and parametrisation are the rank's own),
+and sends back what each phase reported; one inner session per test file runs all
+the tests of that file it is sent (:class:`_Module`).  SIGUSR1 writes every thread's stack to
 ``DUMPDIR/rank-R.txt`` (how the pool says where a hung rank waits).
 """
 
@@ -18,15 +19,15 @@ from multiprocessing.connection import Client
 os.environ["SPMD_TESTING_WORKER"] = "1"
 
 
-class _Reports:
-    """The inner run's reports: ``(when, outcome, text, skip reason)`` per phase."""
+class _Module:
+    """A pytest plugin that keeps one inner session per test file: after collecting
+    the file it runs the tests it is sent, one at a time, until a test of another file
+    (kept in ``next_job`` for the next session) or the end comes.  Collection and
+    pytest's start are paid once per file, not once per test."""
 
-    def __init__(self):
-        self.phases = []
-        self.collected = 0
-
-    def pytest_collection_modifyitems(self, items):
-        self.collected = len(items)
+    def __init__(self, conn, job):
+        self.conn, self.job, self.next_job = conn, job, None
+        self.phases, self.items, self.started = [], {}, False
 
     def pytest_runtest_logreport(self, report):
         reason = None
@@ -34,20 +35,59 @@ class _Reports:
             reason = report.longrepr[2]
         self.phases.append((report.when, report.outcome, report.longreprtext, reason))
 
+    def pytest_collection_finish(self, session):
+        self.items = {item.nodeid: item for item in session.items}
 
-def _run(job: dict) -> dict:
+    def pytest_runtestloop(self, session):
+        self.started = True
+        job = self.job
+        while job is not None:
+            if job["file"] != self.job["file"]:
+                self.next_job = job  # another file: another session
+                return True
+            item = self.items.get(job["nodeid"])
+            self.phases = []
+            if item is None:
+                answer = {"phases": [], "collected": 0, "exit": 4}
+            else:
+                item.ihook.pytest_runtest_protocol(item=item, nextitem=None)
+                answer = {"phases": self.phases, "collected": 1, "exit": 0}
+            self.conn.send(answer)
+            job = _receive(self.conn)
+        return True
+
+
+def _receive(conn):
+    """The next job, or None at the end (or when the pytest process is gone)."""
+    try:
+        return conn.recv()
+    except EOFError:
+        return None
+
+
+def _session(conn, job) -> dict | None:
+    """One inner pytest session over ``job``'s file; the first job of the next file."""
     import pytest
 
-    reports = _Reports()
+    module = _Module(conn, job)
     os.chdir(job["invocation_dir"])
     # unraisableexception: its two gc.collect() calls a run took 60 of its 90 ms here.
-    args = [job["target"], "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-q",
-            "--rootdir", job["rootdir"],
-            *job.get("args", [])]
+    args = [job["file"], "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-q",
+            "--rootdir", job["rootdir"], *job.get("args", [])]
     if job.get("inifile"):
         args += ["-c", job["inifile"]]
-    code = pytest.main(args, plugins=[reports])
-    return {"phases": reports.phases, "collected": reports.collected, "exit": int(code)}
+    try:
+        code = pytest.main(args, plugins=[module])
+    except BaseException as e:  # noqa: BLE001 - reported, never lost
+        conn.send({"phases": [("call", "failed", f"{type(e).__name__}: {e}", None)],
+                   "collected": 0, "exit": 3})
+        return _receive(conn)
+    if not module.started:  # the session ended before its loop ran: say why
+        conn.send({"phases": [("setup", "failed", f"the rank's pytest run of {job['file']} "
+                               f"ended with exit status {int(code)} before running the test "
+                               "(a collection error?)", None)], "collected": 0, "exit": int(code)})
+        return _receive(conn)
+    return module.next_job
 
 
 def main(argv=None) -> int:
@@ -59,19 +99,10 @@ def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     conn = Client((host, int(port)), authkey=bytes.fromhex(key))
     conn.send({"rank": rank, "pid": os.getpid()})
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:  # the pytest process is gone
-            return 0
-        if job is None:
-            return 0
-        try:
-            result = _run(job)
-        except BaseException as e:  # noqa: BLE001 - reported, never lost
-            result = {"phases": [("call", "failed", f"{type(e).__name__}: {e}", None)],
-                      "collected": 0, "exit": 3}
-        conn.send(result)
+    job = _receive(conn)
+    while job is not None:
+        job = _session(conn, job)
+    return 0
 
 
 if __name__ == "__main__":

@@ -96,9 +96,8 @@ def pytest_runtest_protocol(item, nextitem):
     if _POOLS is None:
         _POOLS = Pools()
     config = item.config
-    path, _, rest = item.nodeid.partition("::")
-    job = {"target": str(config.rootpath / path) + ("::" + rest if rest else ""),
-           "rootdir": str(config.rootpath), "invocation_dir": str(config.invocation_params.dir),
+    job = {"file": str(item.path), "nodeid": item.nodeid, "rootdir": str(config.rootpath),
+           "invocation_dir": str(config.invocation_params.dir),
            "inifile": str(config.inipath) if config.inipath else None}
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     start = time.time()
