@@ -1,6 +1,11 @@
 """The pytest plugin of ``spmd`` (registered through the ``pytest11`` entry point when
 ``spmd`` is installed; nothing to configure).
 
+- the ``spmd`` marker: ``@pytest.mark.spmd(processes=2, devices_per_process=1,
+  timeout=60)`` runs the test as a job of that many MPI ranks, from a plain
+  ``pytest``, through a pool of rank workers (:mod:`spmd.testing.pool`), with one
+  outcome naming each rank that failed, hung or died; under an outer ``mpiexec``
+  (pytest-mpi) marked tests run in place;
 - the ``spmd_mesh`` fixture, a factory: ``spmd_mesh((4, 2), ("i", "j"))`` is a mesh of
   simulated devices of that shape whatever ``SPMD_NUM_DEVICES`` the run started with
   (more devices are simulated for the test when needed, and the old count is put back

@@ -4,7 +4,9 @@ an inner pytest run, and the failure messages quoted there are the ones raised."
 
 from __future__ import annotations
 
+import os
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -38,14 +40,14 @@ PLAIN = [b for lang, b in _fenced(DOC) if lang == ""]
 
 
 def test_the_page_has_its_examples():
-    assert len(BLOCKS) == 4 and len(PLAIN) == 2
+    assert len(BLOCKS) == 5 and len(PLAIN) == 2
 
 
 def test_the_code_blocks_run_in_order():
     ns: dict = {}
     for block in BLOCKS:
-        if "def test_on_a_4x4_mesh" in block:
-            continue  # fixtures: run by pytest below
+        if "def test_on_a_4x4_mesh" in block or "@pytest.mark.spmd(" in block:
+            continue  # fixtures and ranks: run by pytest below
         exec(compile(block, "docs/testing.md", "exec"), ns)
     ns["test_double_plus_one"]()  # the hypothesis property, all its examples
 
@@ -56,6 +58,15 @@ def test_the_fixture_examples_run_under_pytest(pytester):
     pytester.makepyfile(test_doc="import spmd\n" + body)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=4)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(sys.executable),
+                                                    "mpiexec")), reason="needs MPI")
+def test_the_multi_process_example_runs_under_pytest(pytester):
+    block = next(b for b in BLOCKS if "@pytest.mark.spmd(" in b)
+    pytester.makepyfile(test_doc=block)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
 
 
 def _one_line(text: str) -> str:

@@ -123,3 +123,44 @@ def test_four():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed, 1 skipped" in done.stdout
     assert "@pytest.mark.spmd(processes=4) in an MPI job of 2 ranks" in done.stdout
+
+
+def test_last_failed_reruns_only_the_failing_marked_test(pytester):
+    pytester.makepyfile(test_user='''
+import os
+import pytest
+import spmd
+
+@pytest.mark.spmd(processes=2)
+def test_ok():
+    pass
+
+@pytest.mark.spmd(processes=2)
+def test_rank_one_fails():
+    assert spmd.process_index() == 0
+''')
+    first = pytester.runpytest_subprocess()
+    first.assert_outcomes(passed=1, failed=1)
+    again = pytester.runpytest_subprocess("--lf")
+    again.assert_outcomes(failed=1)  # and test_ok not run again
+
+
+def test_a_rank_that_dies_is_named_and_the_next_test_runs(pytester):
+    pytester.makepyfile(test_user='''
+import os
+import pytest
+import spmd
+
+@pytest.mark.spmd(processes=2, timeout=30)
+def test_rank_one_exits():
+    if spmd.process_index() == 1:
+        os._exit(3)
+
+@pytest.mark.spmd(processes=2)
+def test_next():
+    assert spmd.process_count() == 2
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "rank 1 died: its process ended before it answered" in out
