@@ -33,7 +33,11 @@ class _Module:
         reason = None
         if report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
-        self.phases.append((report.when, report.outcome, report.longreprtext, reason))
+        text = report.longreprtext
+        if report.failed:  # what the rank printed, as pytest shows it for a failure
+            text += "".join(f"\n\n----- {name} -----\n{content}"
+                            for name, content in report.sections)
+        self.phases.append((report.when, report.outcome, text, reason))
 
     def pytest_collection_finish(self, session):
         self.items = {item.nodeid: item for item in session.items}
