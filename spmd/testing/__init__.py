@@ -155,3 +155,9 @@ def simulated_devices(n: int) -> Iterator[None]:
         runtime.set_overrides(saved)
         reset_for_tests()
 
+
+# A front end: fill the compiler's extension points (spmd/_install.py; spmd/__init__.py
+# is lazy, so this may be the first spmd import).
+from spmd._install import install_extensions as _install_extensions  # noqa: E402
+
+_install_extensions()

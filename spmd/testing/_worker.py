@@ -15,10 +15,6 @@ import signal
 import sys
 from multiprocessing.connection import Client
 
-# The marked tests run here in place (spmd.testing.plugin reads it).
-os.environ["SPMD_TESTING_WORKER"] = "1"
-
-
 class _Module:
     """A pytest plugin that keeps one inner session per test file: after collecting
     the file it runs the tests it is sent, one at a time, until a test of another file
@@ -96,6 +92,9 @@ def _session(conn, job) -> dict | None:
 
 def main(argv=None) -> int:
     host, port, key, dumpdir = (argv or sys.argv[1:])[:4]
+    # The marked tests run here in place (spmd.testing.plugin reads it).  Set here,
+    # not at import: importing this module must not change the importer's tests.
+    os.environ["SPMD_TESTING_WORKER"] = "1"
     import spmd
 
     rank = spmd.process_index()
