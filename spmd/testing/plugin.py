@@ -33,6 +33,23 @@ import pytest
 _NAMES = ("i", "j", "k", "l", "m", "n")
 
 
+def pytest_addoption(parser, pluginmanager):
+    # pytest marks every package of a distribution that has a pytest11 entry point for
+    # assertion rewriting, so each spmd module imported during a test run would be
+    # parsed and recompiled with pytest's asserts (measured: a lazily imported module
+    # costing 150 KB of allocations inside a test's memory budget).  spmd is a library,
+    # not test code: its modules keep their own asserts.  (The earliest hook a plugin
+    # gets: before conftest files import anything.)
+    hook = getattr(pluginmanager, "rewrite_hook", None)
+    marked = getattr(hook, "_must_rewrite", None)
+    if isinstance(marked, set):
+        for name in [n for n in marked if n == "spmd" or n.startswith("spmd.")]:
+            marked.discard(name)
+        cache = getattr(hook, "_marked_for_rewrite_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "spmd(processes=2, devices_per_process=1, timeout=60): run the test as a "

@@ -110,3 +110,16 @@ def test_bad(spmd_mesh):
     assert result.ret != 0
     assert "give one or more mesh shapes, each a tuple of positive axis sizes" in \
         result.stdout.str() + result.stderr.str()
+
+
+def test_spmd_modules_are_not_assertion_rewritten(pytester):
+    """pytest marks the packages of a pytest11 plugin's distribution for assertion
+    rewriting; the plugin takes spmd back out (its modules are library code)."""
+    pytester.makepyfile(test_user='''
+def test_not_rewritten():
+    import spmd.shard.local_data as m
+    from _pytest.assertion.rewrite import AssertionRewritingHook
+    assert not isinstance(m.__loader__, AssertionRewritingHook), m.__loader__
+''')
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
