@@ -113,10 +113,13 @@ class Pool:
     def run(self, job: dict, timeout: float) -> Outcome:
         """Run one test on every rank (see the module docstring)."""
         t0 = time.monotonic()
-        for conn in self.conns.values():
-            conn.send(job)
-        pending = dict(self.conns)
-        results: dict = {}
+        pending, results = {}, {}
+        for rank, conn in self.conns.items():
+            try:
+                conn.send(job)
+                pending[rank] = conn
+            except OSError:  # its process is gone
+                results[rank] = RankResult(rank, "died")
         deadline = t0 + timeout
         while pending:
             left = deadline - time.monotonic()
