@@ -72,6 +72,7 @@ class Pool:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.conns, self.pids = {}, {}
+        self.final_output = ""
         arrived: queue.Queue = queue.Queue()
 
         def accept():  # in a thread: accept() blocks, the launcher may die meanwhile
@@ -88,11 +89,11 @@ class Pool:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 code = self.proc.poll()
                 self.stop()
-                state = "still running" if code is None else f"exit status {code}"
+                why = (f"its launcher ended with exit status {code}" if code is not None
+                       else f"its ranks had not all connected after {START_TIMEOUT:.0f} s")
                 raise RuntimeError(
                     f"spmd.testing: a pool of {processes} ranks of {devices} device(s) did "
-                    f"not start within {START_TIMEOUT:.0f} s (launcher {state}); its "
-                    f"output:\n{self.output}")
+                    f"not start: {why}; its output:\n{self.final_output}")
             try:
                 conn, hello = arrived.get(timeout=0.2)
             except queue.Empty:

@@ -164,3 +164,20 @@ def test_next():
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     assert "rank 1 died: its process ended before it answered" in out
+
+
+def test_a_pool_that_cannot_start_is_an_error_saying_why(pytester, monkeypatch):
+    monkeypatch.setenv("SPMD_MPIEXEC", "/nonexistent/mpiexec")
+    pytester.makepyfile(test_user='''
+import pytest
+
+@pytest.mark.spmd(processes=2)
+def test_x():
+    pass
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert "a pool of 2 ranks of 1 device(s) did not start: its launcher ended with exit " \
+        "status 2" in out
+    assert "SPMD_MPIEXEC '/nonexistent/mpiexec': no such executable" in out
