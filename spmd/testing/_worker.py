@@ -1,10 +1,11 @@
-"""A rank of a test pool (:mod:`spmd.testing.pool`): started by ``spmd-run -n N -m
-spmd.testing._worker HOST PORT KEY DUMPDIR``, it connects to the pytest process that
-started the pool, then runs the tests it is sent, one at a time, in an inner
-``pytest.main`` (so fixtures and parametrisation are the rank's own),
-and sends back what each phase reported; one inner session per test file runs all
-the tests of that file it is sent (:class:`_Module`).  SIGUSR1 writes every thread's stack to
-``DUMPDIR/rank-R.txt`` (how the pool says where a hung rank waits).
+"""A rank of a test pool (:mod:`spmd.testing.pool`).
+
+Started by ``spmd-run -n N -m spmd.testing._worker HOST PORT KEY DUMPDIR``, it connects
+to the pytest process that started the pool, then runs the tests it is sent, one at
+a time, in inner ``pytest.main`` sessions (one per test file, :class:`_Module`: the
+fixtures and parametrisation are the rank's own), and sends back what each phase
+reported.  SIGUSR1 writes every thread's stack to ``DUMPDIR/rank-R.txt`` (how the
+pool says where a hung rank waits).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import sys
 from multiprocessing.connection import Client
+
 
 class _Module:
     """A pytest plugin that keeps one inner session per test file: after collecting
