@@ -7,7 +7,7 @@
   started with, and puts the old count back after;
 - :mod:`spmd.testing.strategies`: hypothesis strategies for meshes, partition specs
   that fit a shape, and arrays placed by them;
-- :mod:`spmd.testing.plugin`: the pytest plugin (registered through the ``pytest11``
+- :mod:`_spmd_pytest_plugin`: the pytest plugin (registered through the ``pytest11``
   entry point, nothing to configure) with the ``spmd_mesh`` fixture and the
   ``spmd_meshes`` marker.
 

@@ -94,7 +94,7 @@ def _session(conn, job) -> dict | None:
 
 def main(argv=None) -> int:
     host, port, key, dumpdir = (argv or sys.argv[1:])[:4]
-    # The marked tests run here in place (spmd.testing.plugin reads it).  Set here,
+    # The marked tests run here in place (_spmd_pytest_plugin reads it).  Set here,
     # not at import: importing this module must not change the importer's tests.
     os.environ["SPMD_TESTING_WORKER"] = "1"
     import spmd

@@ -1,4 +1,4 @@
-"""spmd.testing.plugin, loaded through the pytest11 entry point: the spmd_mesh fixture
+"""_spmd_pytest_plugin, loaded through the pytest11 entry point: the spmd_mesh fixture
 (meshes larger than the run's devices, the count put back after) and the spmd_meshes
 marker (one run per shape), used here directly and in an inner pytest run of a
 user's test file (pytester, in a subprocess: its own devices)."""
@@ -120,6 +120,20 @@ def test_not_rewritten():
     import spmd.shard.local_data as m
     from _pytest.assertion.rewrite import AssertionRewritingHook
     assert not isinstance(m.__loader__, AssertionRewritingHook), m.__loader__
+''')
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_session_without_spmd_imports_nothing_of_it(pytester):
+    """The plugin is loaded in every pytest run of the environment; one that uses none
+    of spmd's markers and fixtures imports nothing of spmd (no process settings, no
+    second of imports)."""
+    pytester.makepyfile(test_user='''
+import sys
+
+def test_untouched():
+    assert not [m for m in sys.modules if m == "spmd" or m.startswith("spmd.")]
 ''')
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

@@ -17,8 +17,11 @@
       def test_same_result_on_every_mesh(spmd_mesh):
           mesh = spmd_mesh()          # axes named "i", "j", "k" unless names= is given
 
-Nothing of spmd is imported before a test asks for it (a conftest may still set
-``SPMD_NUM_DEVICES`` first).
+Nothing of spmd is imported before a test asks for it: a conftest may still set
+``SPMD_NUM_DEVICES`` first, and a session that uses none of spmd's markers and
+fixtures gets none of spmd's process settings (``spmd.config``) nor the cost of its
+import (about a second for the whole library).  That is why this is a top-level
+module, outside the ``spmd`` package.
 """
 
 from __future__ import annotations
@@ -54,11 +57,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "spmd(processes=2, devices_per_process=1, timeout=60): run the test as a "
         "job of that many MPI ranks (a pool of rank workers, reused); one outcome, naming "
-        "each rank that failed, hung or died (spmd.testing.plugin)")
+        "each rank that failed, hung or died (_spmd_pytest_plugin)")
     config.addinivalue_line(
         "markers", "spmd_meshes(*shapes, names=None): run the test once per mesh shape; "
         "the spmd_mesh fixture called with no arguments gives that shape's mesh "
-        "(spmd.testing.plugin)")
+        "(_spmd_pytest_plugin)")
 
 
 # ------------------------------------------------------- multi-process tests
