@@ -59,10 +59,11 @@ def _env_bool(name: str, default: bool) -> bool:
 # system (and raises that threshold only as it sees large frees), so a program that
 # frees each value after its last use (spmd.compiler.codegen.release_dead_names)
 # faults every page of its next buffer in again: measured, the example's small
-# training step took 95 ms instead of 58.  Keeping freed buffers of up to
-# MALLOC_MMAP_THRESHOLD bytes in the heap, and giving memory back only when more than
-# MALLOC_TRIM_THRESHOLD is free at its top, makes buffers reused instead (as a
-# caching allocator does); peak memory is still the largest live set.  Done once
+# training step took 65 ms instead of 37 (docs/performance.md, "The engine, second
+# round").  Keeping freed buffers of up to MALLOC_MMAP_THRESHOLD bytes in the heap,
+# and giving memory back only when more than MALLOC_TRIM_THRESHOLD is free at its
+# top, makes buffers reused instead (as a caching allocator does); peak memory is
+# still the largest live set.  Done once
 # when spmd is imported, never over the user's own MALLOC_* settings;
 # SPMD_TUNE_MALLOC=0 leaves malloc as it was.  MALLOC_TUNED says whether it is done.
 MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's largest on 64-bit systems

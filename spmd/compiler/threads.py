@@ -130,7 +130,7 @@ def blas_is_openblas() -> bool:
 # 65536 * 4 by default).  Larger products made from two threads at once, each on
 # OpenBLAS's threads too, fight over the cores (measured: 128 products of
 # (128, 32) @ (32, 128), 22 ms against 1.5 ms as one call), so those are split only
-# while BLAS is held to one thread (:func:`blas_one_thread`).
+# while BLAS is held to one thread (:data:`BLAS`, ``BLAS.one()``).
 SINGLE_THREADED_MNK = 65536 * 4
 
 

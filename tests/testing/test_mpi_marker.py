@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.testing import usage_error
+
 pytest_plugins = ["pytester"]
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -88,17 +90,14 @@ def test_exitfirst_stops_after_a_failing_rank(pytester):
 
 
 def test_bad_marker_arguments_are_named(pytester):
-    pytester.makepyfile(test_user='''
+    out = usage_error(pytester, '''
 import pytest
 
 @pytest.mark.spmd(processes=0)
 def test_zero():
     pass
 ''')
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    assert result.ret != 0
-    assert "@pytest.mark.spmd(processes=0): processes must be a number >= 1" in \
-        result.stdout.str() + result.stderr.str()
+    assert "@pytest.mark.spmd(processes=0): processes must be a number >= 1" in out
 
 
 def test_in_place_under_an_outer_mpiexec(pytester):

@@ -11,6 +11,7 @@ import pytest
 import spmd
 from spmd import NamedSharding, P
 from spmd.testing import assert_sharded_allclose
+from tests.testing import usage_error
 
 pytest_plugins = ["pytester"]
 
@@ -85,31 +86,25 @@ def test_a_users_test_file_with_plain_pytest(pytester, monkeypatch):
 
 
 def test_the_marker_needs_the_fixture(pytester):
-    pytester.makepyfile(test_user="""
+    out = usage_error(pytester, """
 import pytest
 
 @pytest.mark.spmd_meshes((2,))
 def test_marker_without_fixture():
     pass
 """)
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    assert result.ret != 0
-    assert "needs the test to take the spmd_mesh fixture" in result.stdout.str() + \
-        result.stderr.str()
+    assert "needs the test to take the spmd_mesh fixture" in out
 
 
 def test_a_bad_marker_shape_is_a_usage_error(pytester):
-    pytester.makepyfile(test_user="""
+    out = usage_error(pytester, """
 import pytest
 
 @pytest.mark.spmd_meshes((0, 2))
 def test_bad(spmd_mesh):
     pass
 """)
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    assert result.ret != 0
-    assert "give one or more mesh shapes, each a tuple of positive axis sizes" in \
-        result.stdout.str() + result.stderr.str()
+    assert "give one or more mesh shapes, each a tuple of positive axis sizes" in out
 
 
 def test_spmd_modules_are_not_assertion_rewritten(pytester):
