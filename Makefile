@@ -32,29 +32,31 @@ demo: venv
 		$(BIN)/mpiexec -n 4 $(BIN)/python examples/train_mlp.py; \
 	fi
 
-# The whole suite: single-process, then multi-process under mpiexec.
-SELF := $(firstword $(MAKEFILE_LIST))
+# The whole suite, one pytest command.  The multi-process tests (@pytest.mark.mpi,
+# tests/mpi) run on $(NP) MPI ranks each through spmd.testing's pools of rank workers
+# (tests/conftest.py, docs/testing.md); the collective, array and shared-memory ones
+# a second time with the ranks on 2 simulated nodes (tests/mpi/conftest.py).
+# pytest's exit 5 (no test collected) fails the build: it would mean the suite
+# vanished; SPMD_REQUIRE_MPI_TESTS=1 does the same for the multi-process tests.
+test: venv
+	@echo "=== the whole suite: pytest tests (multi-process tests on $(NP) MPI ranks; per-test $(PYTEST_TIMEOUT)s)"
+	@SPMD_TEST_MPI_NP=$(NP) SPMD_REQUIRE_MPI_TESTS=1 \
+		$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=$(PYTEST_TIMEOUT) tests; \
+	rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "ERROR: the test suite collected no tests" >&2; fi; \
+	exit $$rc
 
-test:
-	@$(MAKE) --no-print-directory -f $(SELF) test-single
-	@$(MAKE) --no-print-directory -f $(SELF) test-mpi
-
-# Single-process suite. pytest's exit 5 (no test collected) fails the build:
-# it would mean the suite vanished.
+# The single-process tests alone.
 test-single: venv
-	@echo "=== single-process suite: pytest tests (per-test $(PYTEST_TIMEOUT)s)"
-	@$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=$(PYTEST_TIMEOUT) tests; \
+	@$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=$(PYTEST_TIMEOUT) -m "not mpi" tests; \
 	rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "ERROR: the single-process test suite collected no tests" >&2; fi; \
 	exit $$rc
 
-# Multi-process suite: $(BIN)/mpiexec -n $(NP) ... pytest --with-mpi -m mpi over the
-# multi-process tests (tests/mpi; the single-process modules build 8-device meshes
-# that a 4-rank job does not have), with per-test and whole-run time limits.
-# Then the collective, array and shared-memory tests once more with the ranks on
-# 2 simulated nodes (SPMD_SIMULATE_NODES=2, docs/launching.md): the multi-node
-# branches (no window across nodes, node-local numbering), the same results
-# (about 1 more minute; the 12 s stress test of the window is left to the first run).
+# The multi-process tests the other way: in place on the ranks of an outer
+# `mpiexec -n $(NP) ... pytest --with-mpi -m mpi` (pytest-mpi's style; .ci/pytest_mpi.sh,
+# with per-test and whole-run time limits), then the collective, array and
+# shared-memory tests again with the ranks on 2 simulated nodes.
 test-mpi: venv
 	NP=$(NP) PYTEST_TIMEOUT=$(PYTEST_TIMEOUT) SPMD_REQUIRE_MPI_TESTS=1 \
 		bash .ci/pytest_mpi.sh tests/mpi tests/test_smoke_infra.py

@@ -2,10 +2,11 @@
 ``spmd`` is installed; nothing to configure).
 
 - the ``spmd`` marker: ``@pytest.mark.spmd(processes=2, devices_per_process=1,
-  timeout=60)`` runs the test as a job of that many MPI ranks, from a plain
-  ``pytest``, through a pool of rank workers (:mod:`spmd.testing.pool`), with one
-  outcome naming each rank that failed, hung or died; under an outer ``mpiexec``
-  (pytest-mpi) marked tests run in place;
+  timeout=60, env=None)`` runs the test as a job of that many MPI ranks (with those
+  environment variables set for them), from a plain ``pytest``, through a pool of
+  rank workers (:mod:`spmd.testing.pool`), with one outcome naming each rank that
+  failed, hung or died; under an outer ``mpiexec`` (pytest-mpi) marked tests run in
+  place;
 - the ``spmd_mesh`` fixture, a factory: ``spmd_mesh((4, 2), ("i", "j"))`` is a mesh of
   simulated devices of that shape whatever ``SPMD_NUM_DEVICES`` the run started with
   (more devices are simulated for the test when needed, and the old count is put back
@@ -55,8 +56,9 @@ def pytest_addoption(parser, pluginmanager):
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "spmd(processes=2, devices_per_process=1, timeout=60): run the test as a "
-        "job of that many MPI ranks (a pool of rank workers, reused); one outcome, naming "
+        "markers", "spmd(processes=2, devices_per_process=1, timeout=60, env=None): run the "
+        "test as a job of that many MPI ranks, with those environment variables (a pool of "
+        "rank workers per (processes, devices, env), reused); one outcome, naming "
         "each rank that failed, hung or died (_spmd_pytest_plugin)")
     config.addinivalue_line(
         "markers", "spmd_meshes(*shapes, names=None): run the test once per mesh shape; "
@@ -81,6 +83,7 @@ def _in_place() -> bool:
 
 
 def _marker_args(item, marker) -> tuple:
+    """``(processes, devices_per_process, timeout, env)`` of an ``spmd`` marker."""
     def arg(name, default, kind, low):
         value = marker.kwargs.get(name, default)
         if isinstance(value, bool) or not isinstance(value, kind) or value < low:
@@ -91,22 +94,46 @@ def _marker_args(item, marker) -> tuple:
 
     if marker.args:
         raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.spmd takes keywords: "
-                                "processes=, devices_per_process=, timeout=")
+                                "processes=, devices_per_process=, timeout=, env=")
+    env = marker.kwargs.get("env") or {}
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+            for k, v in env.items()):
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.spmd(env={env!r}): env must map environment "
+            "variable names to string values, e.g. env={'SPMD_SIMULATE_NODES': '2'}")
     return (arg("processes", 2, int, 1), arg("devices_per_process", 1, int, 1),
-            float(arg("timeout", DEFAULT_TIMEOUT, (int, float), 1)))
+            float(arg("timeout", DEFAULT_TIMEOUT, (int, float), 1)), dict(env))
 
 
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("spmd")
     if marker is None or not _in_place() or os.environ.get("SPMD_TESTING_WORKER"):
         return
-    # Under an outer mpiexec: the job must be the size the test asks for.
+    # Under an outer mpiexec: the job must be the size and have the environment the
+    # test asks for (its variables are read when the ranks start: none can be set now).
     import spmd
 
-    processes, _, _ = _marker_args(item, marker)
+    processes, _, _, env = _marker_args(item, marker)
     if spmd.process_count() != processes:
         pytest.skip(f"@pytest.mark.spmd(processes={processes}) in an MPI job of "
                     f"{spmd.process_count()} ranks")
+    differ = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    if differ:
+        pytest.skip(f"@pytest.mark.spmd(env=...) needs {differ} in the environment; "
+                    "this MPI job started without it")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    # pytest-timeout's limit (--timeout, a timeout marker) would interrupt this process
+    # while it waits for the ranks, leaving the pool in mid-test: the marker's own
+    # timeout is the test's limit there, and the pool names the ranks that hung.
+    marked = [item for item in items if item.get_closest_marker("spmd") is not None]
+    if not marked or not config.pluginmanager.hasplugin("timeout") or _in_place():
+        return
+    for item in marked:
+        item.add_marker(pytest.mark.timeout(0), append=False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -117,7 +144,7 @@ def pytest_runtest_protocol(item, nextitem):
     global _POOLS
     from spmd.testing.pool import Pools
 
-    processes, devices, timeout = _marker_args(item, marker)
+    processes, devices, timeout, env = _marker_args(item, marker)
     if _POOLS is None:
         _POOLS = Pools()
     config = item.config
@@ -127,13 +154,15 @@ def pytest_runtest_protocol(item, nextitem):
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     start = time.time()
     try:
-        outcome = _POOLS.run(processes, devices, job, timeout)
+        outcome = _POOLS.run(processes, devices, job, timeout, env)
         phases, seconds = outcome.phases, outcome.seconds
     except RuntimeError as e:  # the pool did not start
         phases, seconds = [("setup", "failed", str(e), None)], time.time() - start
     keywords = {k: 1 for k in item.keywords}
     reported = {when for when, *_ in phases}
     for when in ("setup", "call", "teardown"):
+        if when == "teardown" and _teardown_before(item, nextitem, start):
+            continue
         found = next((p for p in phases if p[0] == when), None)
         if found is None:
             if when == "call" and ("setup" in reported):
@@ -150,6 +179,27 @@ def pytest_runtest_protocol(item, nextitem):
                                    start=start, stop=start + seconds)
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _teardown_before(item, nextitem, start: float) -> bool:
+    """Tear down here what the tests before ``item`` set up (their modules' and
+    packages' fixtures) up to what ``nextitem`` shares, as pytest does after any test:
+    this process sets up nothing of a marked test, but must leave its setup state as
+    the next test expects.  True when that failed (and was reported).
+
+    pytest's own teardown step (its ``runner`` plugin's), without the hook's other
+    implementations: those read what their setup step stored, and there was none."""
+    runner = item.config.pluginmanager.get_plugin("runner")
+    call = pytest.CallInfo.from_call(
+        lambda: runner.pytest_runtest_teardown(item=item, nextitem=nextitem),
+        when="teardown", reraise=(pytest.exit.Exception, KeyboardInterrupt))
+    if call.excinfo is None:
+        return False
+    report = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords},
+                               "failed", call.excinfo.getrepr(), "teardown",
+                               duration=call.duration, start=start, stop=call.stop)
+    item.ihook.pytest_runtest_logreport(report=report)
     return True
 
 

@@ -16,6 +16,8 @@ import signal
 import sys
 from multiprocessing.connection import Client
 
+import pytest
+
 
 class _Module:
     """A pytest plugin that keeps one inner session per test file: after collecting
@@ -26,6 +28,13 @@ class _Module:
     def __init__(self, conn, job):
         self.conn, self.job, self.next_job = conn, job, None
         self.phases, self.items, self.started = [], {}, False
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config):
+        # pytest-mpi (where installed and enabled) skips every test with the keyword
+        # ``mpi`` unless the run says ``--with-mpi``: a rank is in an MPI job.
+        if hasattr(config.option, "with_mpi"):
+            config.option.with_mpi = True
 
     def pytest_runtest_logreport(self, report):
         reason = None
@@ -69,8 +78,6 @@ def _receive(conn):
 
 def _session(conn, job) -> dict | None:
     """One inner pytest session over ``job``'s file; the first job of the next file."""
-    import pytest
-
     module = _Module(conn, job)
     os.chdir(job["invocation_dir"])
     # unraisableexception: its two gc.collect() calls a run took 60 of its 90 ms here.

@@ -1,8 +1,8 @@
 """Pools of rank workers for tests marked ``@pytest.mark.spmd(processes=N)``.
 
 A pool is one ``spmd-run -n N --local-devices D -m spmd.testing._worker`` job, started
-the first time a test needs that (N, D) and kept for the next ones: MPI starts once,
-not once per test.  Each worker connects back to this process over a local socket
+the first time a test needs that (N, D) and environment and kept for the next ones:
+MPI starts once, not once per test.  Each worker connects back to this process over a local socket
 (``multiprocessing.connection``, an authentication key per pool).  A test is sent to
 every rank; each runs it as an inner pytest run and answers with its phases' reports.
 
@@ -57,7 +57,7 @@ class Outcome:
 class Pool:
     """One running job of ``processes`` ranks of ``devices`` devices each."""
 
-    def __init__(self, processes: int, devices: int):
+    def __init__(self, processes: int, devices: int, env: dict | None = None):
         self.processes, self.devices = processes, devices
         self.dumpdir = tempfile.mkdtemp(prefix="spmd-testing-")
         key = secrets.token_bytes(16)
@@ -67,9 +67,9 @@ class Pool:
         cmd = [sys.executable, "-m", "spmd.launch", "-n", str(processes), "--local-devices",
                str(devices), "-m", "spmd.testing._worker", host, str(port), key.hex(),
                self.dumpdir]
-        env = dict(os.environ)
-        env.pop("SPMD_TESTING_WORKER", None)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+        environ = {**os.environ, **(env or {})}
+        environ.pop("SPMD_TESTING_WORKER", None)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=environ,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.conns, self.pids = {}, {}
         self.final_output = ""
@@ -239,17 +239,18 @@ def _phases(ranks: list, timeout: float) -> list:
 
 
 class Pools:
-    """The running pools of a pytest session, by (processes, devices)."""
+    """The running pools of a pytest session, by (processes, devices, environment)."""
 
     def __init__(self):
         self.pools: dict = {}
         atexit.register(self.stop)
 
-    def run(self, processes: int, devices: int, job: dict, timeout: float) -> Outcome:
-        key = (processes, devices)
+    def run(self, processes: int, devices: int, job: dict, timeout: float,
+            env: dict | None = None) -> Outcome:
+        key = (processes, devices, tuple(sorted((env or {}).items())))
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = Pool(processes, devices)
+            pool = self.pools[key] = Pool(processes, devices, env)
         outcome = pool.run(job, timeout)
         if any(r.state != "passed" and r.state != "skipped" for r in outcome.ranks):
             pool.stop()  # out of step, or gone: the next test gets a fresh one

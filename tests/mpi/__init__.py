@@ -1,8 +1,10 @@
 """The multi-process test suite and its helpers.
 
-The tests marked ``@pytest.mark.mpi`` run on every rank of
-``mpiexec -n 4 python -m pytest --with-mpi -m mpi tests`` (``.ci/pytest_mpi.sh``),
-each rank the same tests in the same order, one device per rank; the others
+The tests marked ``@pytest.mark.mpi`` run on 4 ranks, one device per rank: in a
+plain ``pytest`` run (``make test``) each through a pool of rank workers
+(``tests/conftest.py``, docs/testing.md), and under ``mpiexec -n 4 python -m pytest
+--with-mpi -m mpi tests`` (``make test-mpi``) on every rank of that job, each rank
+the same tests in the same order; the others
 (``test_hybrid_subprocess.py``, the timeout test) are single-process tests that
 launch small MPI jobs themselves.  The oracle is numpy on the global arrays:
 :class:`RefMesh` computes with loops over mesh coordinates what every device

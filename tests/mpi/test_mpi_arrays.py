@@ -1,6 +1,6 @@
 """Arrays spread over processes: shards, gathering, building from local data, guards.
 
-Runs on 4 ranks with one device each (``.ci/pytest_mpi.sh``) and on 2 ranks with
+Runs on 4 ranks with one device each (``make test``) and on 2 ranks with
 2 devices each (``test_hybrid_subprocess.py``).  An Array on a
 mesh of several processes holds, in this process, only its devices' blocks
 (never a buffer of the global shape unless it holds the whole value); reading

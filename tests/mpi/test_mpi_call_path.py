@@ -6,7 +6,7 @@ must stay within the goal, so the path cannot grow again unnoticed.  A psum is
 checked to make exactly one collective per call (the backend's count).  Times live in
 ``benchmarks/bench_call_path.py``; counts are exact, so they are tested here.
 
-Runs on 2 and 4 ranks (``.ci/pytest_mpi.sh``).
+Runs on 2 and 4 ranks (``make test``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the plans' results with numpy on the global arrays and with the traced program's
 program evaluated by equation, the dispatch's route), for changed shapes, dtypes and shardings, closures, threads and ranks that
 disagree, and checks that errors still fire.
 
-Runs on 2 and on 4 ranks with one device each (``.ci/pytest_mpi.sh``) and on 2 ranks
+Runs on 2 and on 4 ranks with one device each (``make test``) and on 2 ranks
 with 2 devices each (``test_hybrid_subprocess.py``).
 """
 

@@ -1,6 +1,6 @@
 """Every collective across processes against numpy on the global arrays.
 
-Runs on 4 ranks with one device each (``.ci/pytest_mpi.sh``), and on 2 ranks
+Runs on 4 ranks with one device each (``make test``), and on 2 ranks
 with 2 devices each (``test_hybrid_subprocess.py``): the meshes are ``(4,)``
 and ``(2, 2)`` in two device orders (``tests.mpi.make_mesh``), the collectives
 run over single axes and tuples of axes in both orders.  Each device's block

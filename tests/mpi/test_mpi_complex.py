@@ -3,7 +3,7 @@
 complex64 and complex128 through psum, pmean, all_gather, psum_scatter,
 all_to_all and ppermute (MPI reduces complex buffers with MPI_SUM on its complex
 datatypes; data movement copies bytes), a gradient through psum, and pmax/pmin
-ordering complex values lexicographically.  Runs under ``.ci/pytest_mpi.sh`` (4 ranks, one device each).
+ordering complex values lexicographically.  Runs on 4 ranks, one device each (``make test``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Faults across processes end in errors that name the culprits, never in a hang.
 
-The tests marked ``mpi`` run on 4 ranks (``.ci/pytest_mpi.sh``): ranks that
+The tests marked ``mpi`` run on 4 ranks (``make test``): ranks that
 trace different programs get :class:`ProgramMismatchError` on every rank.  The
 others are single-process tests that launch 2-rank jobs themselves (an MPI job
 cannot be started from inside one): a rank that never arrives in a collective

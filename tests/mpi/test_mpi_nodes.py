@@ -1,9 +1,9 @@
 """Simulated nodes (``SPMD_SIMULATE_NODES``) across real processes: the node checks of
 the MPI backend take the multi-node branches on one machine.
 
-Runs on 4 ranks in both passes of ``make test-mpi`` (without the setting, and with
-``SPMD_SIMULATE_NODES=2``): each test sets the value it needs on every rank at the
-same point.  With 2 simulated nodes on 4 ranks (ranks 0-1 on node 0, 2-3 on node 1):
+Runs on 4 ranks (``make test``; ``make test-mpi`` runs it in place under ``mpiexec``,
+also with ``SPMD_SIMULATE_NODES=2`` set for the job): each test sets the value it
+needs on every rank at the same point.  With 2 simulated nodes on 4 ranks (ranks 0-1 on node 0, 2-3 on node 1):
 
 - MPI's node split, split again per simulated node, has the members of one node;
 - a communicator spanning both nodes gets no shared-memory window (MPI's calls),

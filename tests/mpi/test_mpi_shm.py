@@ -1,7 +1,7 @@
 """The shared-memory collectives (spmd.collectives.mpi_shm) across real processes.
 
-Runs on 4 ranks (``.ci/pytest_mpi.sh``), once more on 4 ranks with
-``SPMD_SIMULATE_NODES=2`` (``make test-mpi``: ranks 0-1 and 2-3 on two simulated
+Runs on 4 ranks (``make test``), once more on 4 ranks with
+``SPMD_SIMULATE_NODES=2`` (its ``[2nodes]`` runs: ranks 0-1 and 2-3 on two simulated
 nodes, so a communicator of all ranks gets no window and its collectives go
 through MPI's calls, with the same results; groups within a node still get one),
 and on 2 ranks x 2 devices (``test_hybrid_subprocess.py``).  Oracles are numpy on the global values, with

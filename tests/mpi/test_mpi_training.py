@@ -1,6 +1,6 @@
 """Gradients, the JEP 14273 matmul examples and data-parallel training across processes.
 
-Runs on 4 ranks with one device each (``.ci/pytest_mpi.sh``) and on 2 ranks with
+Runs on 4 ranks with one device each (``make test``) and on 2 ranks with
 2 devices each (``test_hybrid_subprocess.py``); every result is
 compared with numpy on the global arrays (formulas for the gradients, finite
 differences through ``spmd.test_util.check_grads``, a numpy re-implementation

@@ -100,6 +100,57 @@ def test_zero():
     assert "@pytest.mark.spmd(processes=0): processes must be a number >= 1" in out
 
 
+def test_a_bad_env_is_named(pytester):
+    out = usage_error(pytester, '''
+import pytest
+
+@pytest.mark.spmd(env={"SPMD_SIMULATE_NODES": 2})
+def test_env():
+    pass
+''')
+    assert "@pytest.mark.spmd(env={'SPMD_SIMULATE_NODES': 2}): env must map environment " \
+        "variable names to string values" in out
+
+
+def test_env_reaches_the_ranks_and_keys_the_pool(pytester):
+    pytester.makepyfile(test_user='''
+import os
+import pytest
+import spmd
+
+@pytest.mark.spmd(processes=2, env={"SPMD_TEST_COLOUR": "red"})
+def test_red():
+    assert os.environ["SPMD_TEST_COLOUR"] == "red"
+    print("pid", os.getpid())
+
+@pytest.mark.spmd(processes=2, env={"SPMD_TEST_COLOUR": "blue"})
+def test_blue():
+    assert os.environ["SPMD_TEST_COLOUR"] == "blue"
+
+@pytest.mark.mpi  # pytest-mpi's marker too: the ranks run it (they say --with-mpi)
+@pytest.mark.spmd(processes=2)
+def test_none():
+    assert "SPMD_TEST_COLOUR" not in os.environ
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+
+
+def test_pytest_timeouts_limit_leaves_the_wait_to_the_marker(pytester):
+    # --timeout=1 (pytest-timeout) in this process would interrupt the wait for the
+    # ranks; the marker's timeout is the test's limit instead.
+    pytester.makepyfile(test_user='''
+import time
+import pytest
+
+@pytest.mark.spmd(processes=2, timeout=60)
+def test_slower_than_the_outer_limit():
+    time.sleep(2)
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--timeout=1")
+    result.assert_outcomes(passed=1)
+
+
 def test_in_place_under_an_outer_mpiexec(pytester):
     pytester.makepyfile(test_user='''
 import pytest
@@ -112,6 +163,10 @@ def test_two():
 @pytest.mark.spmd(processes=4)
 def test_four():
     pass
+
+@pytest.mark.spmd(processes=2, env={"SPMD_TEST_COLOUR": "red"})
+def test_red():
+    pass
 ''')
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     env.pop("SPMD_NUM_DEVICES", None)
@@ -120,8 +175,58 @@ def test_four():
                           cwd=pytester.path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed, 1 skipped" in done.stdout
+    assert "1 passed, 2 skipped" in done.stdout
     assert "@pytest.mark.spmd(processes=4) in an MPI job of 2 ranks" in done.stdout
+    assert "@pytest.mark.spmd(env=...) needs {'SPMD_TEST_COLOUR': 'red'} in the environment; " \
+        "this MPI job started without it" in done.stdout
+
+
+def test_marked_tests_between_plain_ones_keep_pytests_setup_state(pytester):
+    # A plain test of package a (a module fixture), a marked one, then a plain test of
+    # package b: the fixture is torn down once, where pytest would, and b's test sets up.
+    pytester.makepyfile(**{"a/__init__.py": "", "b/__init__.py": "", "a/test_a.py": '''
+import pytest
+
+@pytest.fixture(scope="module")
+def resource():
+    yield 1
+    print("TORN DOWN")
+
+def test_plain(resource):
+    assert resource == 1
+
+@pytest.mark.spmd(processes=2)
+def test_marked():
+    pass
+''', "b/test_b.py": '''
+def test_after():
+    pass
+'''})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    result.assert_outcomes(passed=3)
+    assert result.stdout.str().count("TORN DOWN") == 1
+
+
+def test_a_failing_finalizer_before_a_marked_test_is_reported(pytester):
+    pytester.makepyfile(**{"a/__init__.py": "", "b/__init__.py": "", "a/test_a.py": '''
+import pytest
+
+@pytest.fixture(scope="module")
+def resource():
+    yield 1
+    raise RuntimeError("the finalizer broke")
+
+def test_plain(resource):
+    pass
+
+@pytest.mark.spmd(processes=2)
+def test_marked():
+    pass
+''', "b/test_b.py": "def test_after():\n    pass\n"})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, errors=1)
+    assert "ERROR at teardown of test_marked" in result.stdout.str()
+    assert "RuntimeError: the finalizer broke" in result.stdout.str()
 
 
 def test_last_failed_reruns_only_the_failing_marked_test(pytester):
