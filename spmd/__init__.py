@@ -101,6 +101,9 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'spmd' has no attribute {name!r}") from None
     for attempt in range(_DEADLOCK_RETRIES):
         try:
+            if attr is not None or not module.startswith(_LOWER_LAYERS):
+                # The shard layer first, and whole (spmd/_install.py, "Threads").
+                _importlib.import_module("spmd.shard")
             value = _importlib.import_module(module)
             if attr is not None:
                 # Before a name is handed out (`spmd.Array` has its operators).  A
@@ -125,6 +128,10 @@ def __getattr__(name: str):
 
 
 _DEADLOCK_RETRIES = 200
+# Modules that lower layers import from the root (`from spmd import tree_util`): they
+# load alone, without the shard layer.
+_LOWER_LAYERS = ("spmd.config", "spmd.errors", "spmd.tree", "spmd.compiler", "spmd.launch",
+                 "spmd.mesh", "spmd.collectives")
 
 
 def _deadlock_error() -> type:

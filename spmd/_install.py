@@ -28,6 +28,18 @@ It runs once; a call made while it runs in the same thread (an import it trigger
 comes back to it) returns at once, and the outer call finishes the work before any
 user code runs; a call from another thread waits for it (``spmd._install_run``).
 
+Threads.  ``import spmd.shard.jit`` does not wait for a package ``spmd.shard`` that
+another thread is still loading (Python imports the parent only when it is not in
+``sys.modules`` at all): two threads would load the layer's modules at once, each in
+its own order, and where those modules import each other the import system hands one
+of them a partly run module (``cannot import name 'Jit' from partially initialized
+module``, about one run in a hundred of ``tests/test_install.py``).  ``import
+spmd.shard`` itself does wait.  So every public way in imports it first: the root's
+``__getattr__`` (for all but the lower layers' modules, which load alone) and the
+first spmd import of each front end (``spmd.numpy``, ``spmd.lax``, ...).  The thread
+that loads it loads the shard layer and, through it, the layers below; the others
+wait until it is whole.
+
 >>> import spmd
 >>> spmd.jit and None   # any public name runs the installer
 >>> from spmd.compiler import extensions

@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
 from spmd.compiler import dtypes
 from spmd.compiler.ad import jvp_flat, linearize_flat, stop_gradient, zeros_for

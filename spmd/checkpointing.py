@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import _checkpoint_manifest as manifest
 from spmd import tree_util
 from spmd.collectives.mpi_control import Watched

@@ -3,6 +3,7 @@
 >>> from spmd.custom_derivatives import custom_jvp, SymbolicZero
 """
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.compiler.custom import (CustomVJPPrimal, SymbolicZero, custom_jvp,  # noqa: F401
                                   custom_vjp, zero_from_primal)
 

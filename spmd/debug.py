@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
 from spmd.compiler.array import Array
 from spmd.compiler.array_module import to_host

@@ -9,6 +9,7 @@ sets up a multi-process JAX job; call it before the first use of devices.
 
 from __future__ import annotations
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.collectives import mpi_control  # no MPI import: only the counters
 from spmd.errors import ArgumentError
 from spmd.launch import mpi, runtime

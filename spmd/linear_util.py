@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
 from spmd.compiler import dtypes
 from spmd.compiler.ad import backward_pass, zeros_for

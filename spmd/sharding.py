@@ -1,5 +1,6 @@
 """``spmd.sharding``: the sharding names in one place (as ``jax.sharding``)."""
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.mesh import Mesh  # noqa: F401
 from spmd.shard.array import SingleDeviceSharding  # noqa: F401
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401

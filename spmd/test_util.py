@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
 from spmd.autodiff import jvp, vjp
 from spmd.config import config

@@ -3,6 +3,7 @@
 Collectives and control flow are exported here too as they are added.
 """
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.compiler.ops.elementwise import (  # noqa: F401
     abs, acos, add, asin, atan, atan2, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, ceil,
     convert as convert_element_type, cos, cosh, div, eq, exp, expm1, floor, ge, gt,

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 import spmd.numpy as snp
 from spmd.compiler import dtypes
 from spmd.compiler.ad import stop_gradient

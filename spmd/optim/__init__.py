@@ -12,6 +12,7 @@ All of it is pure pytree code over ``spmd.numpy``: it runs eagerly or under
 parameter (see docs/training.md).
 """
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.optim._base import (EmptyState, GradientTransformation, OptimError,  # noqa: F401
                               apply_updates, chain, global_norm, stateless)
 from spmd.optim._schedules import (constant_schedule, cosine_decay_schedule,  # noqa: F401

@@ -14,6 +14,7 @@ is the NumPy-style generator of JEP 28845.  See ``docs/random.md``.
 >>> x = spmd.random.normal(k1, (3,))
 """
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.random import distributions as _distributions
 from spmd.random import keys as _keys
 from spmd.random import samplers as _samplers

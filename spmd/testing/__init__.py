@@ -24,6 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.errors import ArgumentError
 
 __all__ = ["assert_sharded_allclose", "simulated_devices"]
