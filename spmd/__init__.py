@@ -68,6 +68,8 @@ _PUBLIC: dict = {
     **{n: ("spmd.autodiff", n) for n in (
         "grad", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "value_and_grad", "vjp")},
     "vmap": ("spmd.vectorize", "vmap"),
+    "typeof": ("spmd.compiler.trace", "typeof"),
+    "effects_barrier": ("spmd.debug", "effects_barrier"),
     "linear_transpose": ("spmd.linear_util", "linear_transpose"),
     **{n: (f"spmd.{n}", None) for n in (
         "numpy", "lax", "nn", "random", "scipy", "sharding", "distributed", "debug",

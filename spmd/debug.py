@@ -105,6 +105,14 @@ debug_print_p.rules["batch_needs_axis"] = True
 debug_print_p.rules["batch_always"] = True
 
 
+def effects_barrier() -> None:
+    """Wait until every effect of the programs run so far has happened
+    (``jax.effects_barrier``).  spmd runs a program's effects (``spmd.debug.print``,
+    callbacks) while it runs, in program order, before its call returns: there is
+    nothing left to wait for when this is called, so it returns at once."""
+    return None
+
+
 def visualize_array_sharding(x, *, use_color: bool = False) -> str:
     """Draw which devices hold which block of ``x`` (``jax.debug.visualize_array_sharding``).
 

@@ -356,8 +356,10 @@ def test_the_public_names_are_those_the_eager_root_had():
     assert spmd.__all__ == sorted(PUBLIC)
 
 
-# What `from spmd import *` gave when spmd/__init__.py imported every layer.
-PUBLIC = [
+# What `from spmd import *` gave when spmd/__init__.py imported every layer, and the
+# names added since (`effects_barrier`, `typeof`).
+PUBLIC = ["effects_barrier", "typeof",
+          
     "Array", "Device", "Mesh", "NamedSharding", "P", "PartitionSpec", "ShapeDtypeStruct",
     "ShapedArray", "ad_checkpoint", "autodiff", "checkpoint", "checkpoint_name",
     "checkpoint_policies", "collectives", "compiler", "config", "custom_derivatives",

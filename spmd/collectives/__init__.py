@@ -5,6 +5,6 @@ batching rules; ``local`` is the in-process backend (devices simulated
 together); ``api`` is what ``spmd.lax`` exports.
 """
 
-from spmd.collectives.api import (all_gather, all_to_all, axis_index, axis_size,  # noqa: F401
-                                  pcast, pmax, pmean, pmin, ppermute, psum, psum_scatter,
+from spmd.collectives.api import (all_gather, all_gather_invariant, all_to_all,  # noqa: F401
+                                  axis_index, axis_size, pcast, pmax, pmean, pmin, ppermute, psum, psum_scatter,
                                   pvary)

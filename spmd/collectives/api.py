@@ -176,13 +176,37 @@ def _norm_dim(d, ndim, fname, arg):
     return d % ndim
 
 
-def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False):
+_ALL_GATHER_TO = ("varying", "invarying", "reduced")
+
+
+def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False,
+               to: str = "varying"):
     """Every device gets the blocks of all devices along ``axis_name``, stacked at ``axis``
     (``tiled=True``: concatenated along ``axis``); with ``axis_index_groups``, the blocks of
-    its group's members, in group order."""
+    its group's members, in group order.
+
+    ``to`` is the result's type along ``axis_name`` (JAX's names): ``'varying'`` (the
+    default; the transpose is a ``psum_scatter``) or ``'invarying'``, as
+    :func:`all_gather_invariant` (the transpose keeps each device's block).  ``'reduced'``
+    needs explicit sharding's reduced axes, which spmd does not have yet.
+
+    >>> w = lax.all_gather(w_block, "fsdp", tiled=True, to="invarying")  # doctest: +SKIP
+    """
+    if to not in _ALL_GATHER_TO:
+        raise ArgumentError(f"all_gather: to={to!r}; the allowed values are 'varying', "
+                            "'invarying' and 'reduced'")
+    if to == "reduced":
+        raise NotImplementedError(
+            "all_gather(to='reduced'): reduced axes (P(reduced=...), explicit sharding) are "
+            "not supported yet; use to='varying', or to='invarying' for a result typed the "
+            "same on every device")
+    invariant = to == "invarying"
     axes = _axes(axis_name, "all_gather")
     n = _size(axes)
     groups = _groups(axis_index_groups, axes, "all_gather")
+    if invariant and groups is not None:
+        raise ArgumentError("all_gather(to='invarying') gathers whole axes: it takes no "
+                            "axis_index_groups (the groups' results differ, so they are varying)")
 
     def leaf(v):
         nd = len(get_aval(v).shape)
@@ -192,9 +216,20 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
 
             return grouped_all_gather(v, axes, groups, ax, bool(tiled))
         return bind(all_gather_p, _ensure_varying(v, axes), axes=axes, axis=ax,
-                    tiled=bool(tiled), axis_size=n)
+                    tiled=bool(tiled), axis_size=n, **({"invariant": True} if invariant else {}))
 
     return _leafwise(leaf, x)
+
+
+def all_gather_invariant(x, axis_name, *, axis: int = 0, tiled: bool = False):
+    """:func:`all_gather` typed invariant along ``axis_name``: every device holds the same
+    result, so it may be returned with an ``out_specs`` that leaves those axes out, and
+    its transpose keeps each device's own block of the cotangent (no communication)
+    where ``all_gather``'s sums and scatters it.
+
+    >>> full = lax.all_gather_invariant(block, "i", tiled=True)  # doctest: +SKIP
+    """
+    return all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying")
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None,

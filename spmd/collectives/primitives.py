@@ -232,13 +232,19 @@ def _pvary_transpose(ct, x, *, axes):
 
 # ---------------------------------------------------------------- all_gather
 
+# ``invariant=True`` (``all_gather_invariant``, JAX's ``to='invarying'``): the same data
+# moves, but the result is typed invariant along ``axes`` (every device holds the same
+# value), and its transpose takes each device's own block of the cotangent instead of
+# summing and scattering it.  The parameter is bound only when true, so the programs
+# of plain gathers print as they always did.
 all_gather_p = _linear_jvp(Primitive("all_gather", traits=()))
 all_gather_p.def_impl(_no_impl("all_gather"))
-all_gather_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
+all_gather_p.def_vma(lambda x, *, axes, invariant=False, **_: [
+    x.vma - set(axes) if invariant else x.vma | _tracked(axes)])
 
 
 @all_gather_p.def_abstract_eval
-def _all_gather_aval(x, *, axes, axis, tiled, axis_size):
+def _all_gather_aval(x, *, axes, axis, tiled, axis_size, invariant=False):
     if tiled:
         shape = x.shape[:axis] + (x.shape[axis] * axis_size,) + x.shape[axis + 1:]
     else:
@@ -288,9 +294,22 @@ _batch(psum_scatter_p, _psum_scatter_local, _plus1("scatter_dimension"))
 
 
 @all_gather_p.def_transpose
-def _all_gather_transpose(ct, x, *, axes, axis, tiled, axis_size):
+def _all_gather_transpose(ct, x, *, axes, axis, tiled, axis_size, invariant=False):
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
+    if invariant:  # every device has the whole cotangent: each keeps its own block
+        from spmd.compiler.ops.indexing import dynamic_slice
+        from spmd.compiler.ops.structural import squeeze
+
+        ct_aval = get_aval(ct)
+        k = x.aval.shape[axis] if tiled else 1
+        start = mul(bind(axis_index_p, axes=axes), np.int32(k))
+        starts = [np.int32(0)] * ct_aval.ndim
+        starts[axis] = start
+        sizes = list(ct_aval.shape)
+        sizes[axis] = k
+        block = dynamic_slice(ct, starts, sizes)
+        return [block if tiled else squeeze(block, (axis,))]
     return [bind(psum_scatter_p, ct, axes=axes, scatter_dimension=axis, tiled=tiled,
                  axis_size=axis_size)]
 

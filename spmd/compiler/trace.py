@@ -240,6 +240,16 @@ def get_aval(x) -> ShapedArray:
         "static_argnums)")
 
 
+def typeof(x) -> ShapedArray:
+    """The abstract value of ``x`` (``jax.typeof``): shape, dtype, weak type and, inside
+    ``shard_map``, ``.vma``, the mesh axes along which it varies.
+
+    >>> shard_map(lambda b: typeof(b).vma, ...)  # doctest: +SKIP
+    frozenset({'i'})
+    """
+    return get_aval(x)
+
+
 def is_array_like(x) -> bool:
     return isinstance(x, (Tracer, Array, np.ndarray, np.generic) + _SCALAR_TYPES) or \
         _am.is_device_array(x)

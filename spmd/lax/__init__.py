@@ -23,9 +23,9 @@ from spmd.compiler.ops.reduce import (  # noqa: F401
     reduce_prod)
 from spmd.compiler.ops.sort import sort, sort_key_val  # noqa: F401
 from spmd.compiler.ops.shape_more import concatenate, pad, rev, slice, slice_in_dim  # noqa: F401,A004
-from spmd.lax.control_flow import cond, fori_loop, scan, switch, while_loop  # noqa: F401
-from spmd.collectives import (all_gather, all_to_all, axis_index, axis_size,  # noqa: F401
-                              pcast, pmax, pmean, pmin, ppermute, psum, psum_scatter, pvary)
+from spmd.lax.control_flow import cond, fori_loop, map, scan, switch, while_loop  # noqa: F401,A004
+from spmd.collectives import (all_gather, all_gather_invariant, all_to_all,  # noqa: F401
+                              axis_index, axis_size, pcast, pmax, pmean, pmin, ppermute, psum, psum_scatter, pvary)
 from spmd.shard.partition.api import with_sharding_constraint  # noqa: F401,E402
 from spmd.compiler.ops.special import digamma, erf, erf_inv, erfc, lgamma, polygamma  # noqa: F401,E402
 from spmd.lax._conv import (ConvDimensionNumbers, conv, conv_dimension_numbers,  # noqa: F401,E402

@@ -91,5 +91,5 @@ def _check_out(aval, spec, path, mesh, check_vma, fname):
             raise ShardMapError(
                 f"{fname}: output{path} varies along mesh axis {a!r} but out_specs{path}={spec} "
                 f"does not mention {a!r}, so its blocks would disagree. Reduce it first (e.g. "
-                f"lax.psum(x, {a!r}) or lax.all_gather(x, {a!r})), put {a!r} in the spec, or "
-                "pass check_vma=False")
+                f"lax.psum(x, {a!r}) or lax.all_gather_invariant(x, {a!r})), put {a!r} in the "
+                "spec, or pass check_vma=False")

@@ -92,6 +92,13 @@ def test_all_gather(kind, axes, axis, tiled, dtype):
          lambda ref, blocks, c: ref.all_gather(blocks, c, axes, axis, tiled), (2, 3), dtype)
 
 
+@pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)
+@pytest.mark.parametrize("tiled", [False, True], ids=["stacked", "tiled"])
+def test_all_gather_invariant(kind, axes, tiled):
+    _run(kind, lambda b: lax.all_gather(b, axes, axis=1, tiled=tiled, to="invarying"),
+         lambda ref, blocks, c: ref.all_gather(blocks, c, axes, 1, tiled), (2, 3), np.float32)
+
+
 # -------------------------------------------------------------- psum_scatter
 
 @pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)
@@ -175,8 +182,8 @@ def test_jitted_shard_map_chain_matches_eager(kind):
 
 
 @pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)
-@pytest.mark.parametrize("coll", ["all_gather", "all_gather_tiled", "psum_scatter",
-                                  "all_to_all", "ppermute", "psum", "pmax"])
+@pytest.mark.parametrize("coll", ["all_gather", "all_gather_tiled", "all_gather_invariant",
+                                  "psum_scatter", "all_to_all", "ppermute", "psum", "pmax"])
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_gradients_of_collectives(kind, axes, coll, jit):
     """grad of sum(C(x) * r) for a collective C: the transpose of C applied to r, which
@@ -191,6 +198,10 @@ def test_gradients_of_collectives(kind, axes, coll, jit):
                        lambda bl, c: ref.all_gather(bl, c, axes)),
         "all_gather_tiled": (lambda b: lax.all_gather(b, axes, axis=1, tiled=True),
                              lambda bl, c: ref.all_gather(bl, c, axes, 1, True)),
+        # Typed invariant: its transpose keeps each device's block of the (summed)
+        # cotangent, which is psum_scatter's result: the same gradient.
+        "all_gather_invariant": (lambda b: lax.all_gather_invariant(b, axes, axis=1, tiled=True),
+                                 lambda bl, c: ref.all_gather(bl, c, axes, 1, True)),
         "psum_scatter": (lambda b: lax.psum_scatter(b, axes, tiled=True),
                          lambda bl, c: ref.psum_scatter(bl, c, axes, 0, True)),
         "all_to_all": (lambda b: lax.all_to_all(b, axes, 0, 1, tiled=True),
