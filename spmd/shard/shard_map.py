@@ -406,10 +406,28 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
         from spmd.shard.mesh_context import require_mesh
 
         m = mesh if mesh is not None else require_mesh(fname)
+        if mesh is not None:
+            _check_context_mesh(mesh, fname)
         manual = _manual_axes(axis_names, m, fname)
         return _call(f, m, in_specs, out_specs, check_vma, fname, args, manual)
 
     return wrapped
+
+
+def _check_context_mesh(mesh, fname):
+    """A ``mesh=`` that differs in axis names or sizes from the mesh of the enclosing
+    ``set_mesh``/``use_mesh`` is an error, as in JAX: the program would mix two meshes
+    (the same shape over other devices is the same abstract mesh, and allowed)."""
+    from spmd.shard.mesh_context import get_mesh
+
+    ctx = get_mesh()
+    if ctx is None or ctx is mesh:
+        return
+    if (ctx.axis_names, ctx.axis_sizes) != (mesh.axis_names, mesh.axis_sizes):
+        raise ShardMapError(
+            f"{fname}: the context mesh {ctx} (of set_mesh/use_mesh) should match the mesh "
+            f"passed to shard_map, {mesh}; leave mesh= out to use the context's, or call "
+            "shard_map outside that block")
 
 
 def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):

@@ -114,3 +114,28 @@ def test_errors_without_a_mesh():
     with pytest.raises(MeshContextError, match="set_mesh: expected a spmd.Mesh"):
         set_mesh("mesh")
     assert get_mesh() is None
+
+
+def test_a_mesh_argument_must_match_the_context_mesh():
+    x = _x()
+    m42 = spmd.make_mesh((4, 2), ("i", "j"))
+    m8 = spmd.make_mesh((8,), ("i",))
+    # The same shape and names over the devices in another order: the same abstract
+    # mesh, allowed (as in JAX).
+    devices = np.array(spmd.devices()[::-1], dtype=object).reshape(4, 2)
+    m42r = spmd.Mesh(devices, ("i", "j"))
+    body = lambda b: b * 2  # noqa: E731
+    with use_mesh(m42):
+        for f in (lambda v: spmd.shard_map(body, mesh=m8, in_specs=P("i"), out_specs=P("i"))(v),
+                  spmd.jit(lambda v: spmd.shard_map(body, mesh=m8, in_specs=P("i"),
+                                                    out_specs=P("i"))(v))):
+            with pytest.raises(ValueError, match=r"shard_map\(<lambda>\): the context mesh "
+                               r"Mesh\(\{'i': 4, 'j': 2\}\) \(of set_mesh/use_mesh\) should "
+                               r"match the mesh passed to shard_map, Mesh\(\{'i': 8\}\); leave "
+                               r"mesh= out"):
+                f(x)
+        y = spmd.shard_map(body, mesh=m42r, in_specs=P("i", "j"), out_specs=P("i", "j"))(x)
+        np.testing.assert_array_equal(np.asarray(y), 2 * x)
+    # Outside the block any mesh goes.
+    np.testing.assert_array_equal(
+        np.asarray(spmd.shard_map(body, mesh=m8, in_specs=P("i"), out_specs=P("i"))(x)), 2 * x)
