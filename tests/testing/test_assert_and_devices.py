@@ -95,3 +95,23 @@ def test_simulated_devices_refuses_a_bad_count(n):
     with pytest.raises(ArgumentError, match=r"simulated_devices: n=.* must be a positive number"):
         with simulated_devices(n):
             pass
+
+
+@pytest.mark.spmd(processes=2, timeout=120)
+def test_values_only_across_placements_on_two_ranks():
+    # check_sharding=False with blocks placed differently: expected is moved to actual's
+    # placement (a collective of both ranks), and each rank compares its own blocks;
+    # nothing reads the whole value of an array spread over the processes.
+    mesh = spmd.make_mesh((2,), ("i",))
+    v = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+    split, whole = _placed(v, mesh, P("i")), _placed(v, mesh, P())
+    assert not split.is_fully_addressable
+    assert_sharded_allclose(split, whole, check_sharding=False)
+    assert_sharded_allclose(whole, split, check_sharding=False)
+    wrong = v.copy()
+    wrong[3, 1] += 1  # in rank 1's block of `split`
+    if spmd.process_index() == 1:
+        with pytest.raises(AssertionError, match=r"global index \[2:4, 0:2\], differs in 1"):
+            assert_sharded_allclose(split, _placed(wrong, mesh, P()), check_sharding=False)
+    else:
+        assert_sharded_allclose(split, _placed(wrong, mesh, P()), check_sharding=False)
