@@ -476,3 +476,27 @@ def test_named_vmap_of_cond_over_a_closed_over_constant():
                                          lambda u: u, c), axis_name="b")
     x = _x(4, 3)
     _close(f(x), x + np.arange(4)[:, None] * c)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_custom_vjp_cotangent_varying_where_its_primal_is_not_is_summed(jit):
+    # The bwd rule returns w's cotangent varying along "i" (each device's share) while
+    # w is invariant: it is summed over "i" (JAX raises and asks for the psum).
+    mesh = spmd.make_mesh((4,), ("i",))
+
+    @spmd.custom_vjp
+    def f(w, x):
+        return w * x
+
+    f.defvjp(lambda w, x: (f(w, x), (w, x)),
+             lambda res, g: (snp.sum(g * res[1]), g * res[0]))
+
+    def loss(w, x):
+        return spmd.shard_map(lambda w, x: lax.psum(snp.sum(f(w, x)), "i"), mesh=mesh,
+                              in_specs=(P(), P("i")), out_specs=P())(w, x)
+
+    x = np.arange(8.0, dtype=np.float32)
+    grad = spmd.grad(loss, argnums=(0, 1))
+    gw, gx = (spmd.jit(grad) if jit else grad)(np.float32(2.0), x)
+    assert float(gw) == float(x.sum())
+    np.testing.assert_array_equal(np.asarray(gx), np.full(8, 2.0, np.float32))
