@@ -54,6 +54,7 @@ _PUBLIC: dict = {
     "NamedSharding": ("spmd.shard.spec", "NamedSharding"),
     "P": ("spmd.shard.spec", "P"), "PartitionSpec": ("spmd.shard.spec", "PartitionSpec"),
     "shard_map": ("spmd.shard.shard_map", "shard_map"),
+    "smap": ("spmd.shard.smap", "smap"),
     "pmap": ("spmd.shard.pmap", "pmap"),
     "make_array_from_callback": ("spmd.shard.array", "make_array_from_callback"),
     "visualize_array_sharding": ("spmd.shard.array", "visualize_array_sharding"),

@@ -357,8 +357,8 @@ def test_the_public_names_are_those_the_eager_root_had():
 
 
 # What `from spmd import *` gave when spmd/__init__.py imported every layer, and the
-# names added since (`effects_barrier`, `typeof`).
-PUBLIC = ["effects_barrier", "typeof",
+# names added since (`effects_barrier`, `smap`, `typeof`).
+PUBLIC = ["effects_barrier", "smap", "typeof",
           
     "Array", "Device", "Mesh", "NamedSharding", "P", "PartitionSpec", "ShapeDtypeStruct",
     "ShapedArray", "ad_checkpoint", "autodiff", "checkpoint", "checkpoint_name",

@@ -71,8 +71,15 @@ def reshape_eqn(src: Var, dst: Var) -> Eqn:
     return Eqn(reshape_p, [src], [dst], {"new_sizes": dst.aval.shape})
 
 
-def _block_aval(aval: ShapedArray, spec, mesh, check_vma) -> ShapedArray:
+def _block_aval(aval: ShapedArray, spec, mesh, check_vma, bound=None) -> ShapedArray:
+    """A device's block of ``aval``: varying along its spec's axes, and along the axes
+    of an enclosing shard_map it already varies along that this one does not bind
+    (``bound``: a partial-manual shard_map nested in another binds only its own manual
+    axes, and the enclosing one's stay in scope: a ``psum`` over them in the inner body
+    is a real one, not the axis size times an invariant value)."""
     vma = frozenset(spec.mesh_axes) if check_vma else frozenset()
+    if bound is not None:
+        vma |= aval.vma - bound
     return ShapedArray(block_shape(spec, mesh, aval.shape), aval.dtype, aval.weak_type, vma)
 
 
@@ -463,7 +470,8 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
     if manual is None and can_run_eagerly(vals):  # no transformation: concrete blocks
         return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
                            check_vma, manual, fname)
-    block_avals = [_block_aval(get_aval(v), s, mesh, check_vma)
+    bound = frozenset(mesh.axis_names if manual is None else manual)
+    block_avals = [_block_aval(get_aval(v), s, mesh, check_vma, bound)
                    for v, s in zip(vals, flat_specs)]
     out_box: list = []
 
@@ -496,7 +504,7 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
     for a, (spec, path) in zip(closed.out_avals, out_spec_paths):
         if manual is not None:
             _check_manual_spec(spec, manual, f"out_specs{path}", fname)
-        _check_out(a, spec, path, mesh, check_vma, fname)
+        _check_out(a, spec, path, mesh, check_vma, fname, bound)
     if manual is not None and not can_run_eagerly(vals):
         # Traced (under jit or a transformation): the body stays whole along the
         # automatic axes, and is split where the equation is partitioned, by the

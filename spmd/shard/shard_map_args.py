@@ -76,7 +76,10 @@ def _inferred_specs(leaves, paths, mesh, fname):
     return out
 
 
-def _check_out(aval, spec, path, mesh, check_vma, fname):
+def _check_out(aval, spec, path, mesh, check_vma, fname, bound=None):
+    """``spec`` fits the output and, typed, names every axis it varies along among those
+    this shard_map binds (``bound``, default all: varying along an enclosing shard_map's
+    axes is what the enclosing body's values do)."""
     # Checked against the global shape the blocks assemble into (always divisible).
     shape = tuple(n * mesh.axis_size([a for a in spec.axes_of(d) if a in mesh.shape])
                   for d, n in enumerate(aval.shape))
@@ -85,7 +88,8 @@ def _check_out(aval, spec, path, mesh, check_vma, fname):
     except ShardingError as e:
         raise ShardMapError(str(e)) from None
     if check_vma:
-        missing = [a for a in mesh.axis_names if a in aval.vma and a not in spec.mesh_axes]
+        missing = [a for a in mesh.axis_names if a in aval.vma and a not in spec.mesh_axes
+                   and (bound is None or a in bound)]
         if missing:
             a = missing[0]
             raise ShardMapError(

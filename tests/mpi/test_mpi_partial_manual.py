@@ -122,3 +122,27 @@ def test_an_operand_computed_in_a_plain_jit_places_the_body():
         np.testing.assert_allclose(_global(gx), 2 * want * np.cos(t) * W * (1 - t ** 2),
                                    rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(_global(gw), (2 * want * np.sin(t)).sum(0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_nested_smaps_across_ranks(jit):
+    """smap over 'x' around smap over 'y': the inner body is manual along both, its
+    collectives over either axis run across the ranks (values and gradient against
+    numpy)."""
+    mesh = _mesh()
+    ny = mesh.shape["y"]
+
+    def inner_body(b):  # a block of 8 // (2 * ny) rows
+        return snp.sin(b) + lax.psum(snp.sum(b), ("x", "y"))
+
+    inner = spmd.smap(inner_body, in_axes=0, out_axes=0, axis_name="y")
+    outer = spmd.smap(lambda b: lax.psum(inner(b) * 2.0, "x"), in_axes=0, out_axes=None,
+                      axis_name="x")
+    with spmd.sharding.use_mesh(mesh):
+        f = spmd.jit(outer) if jit else outer
+        x = spmd.device_put(A, NS(mesh, P("x")))
+        want = _sum_over_x((np.sin(A) + A.sum()) * 2)
+        np.testing.assert_allclose(_global(f(x)), want, rtol=1e-5)
+        g = spmd.grad(lambda v: snp.sum(outer(v)))(x)
+        # d/dA of the 64 terms 2 * (sin(A[r, c]) + sum(A)): 2 cos(A) + 2 * 64.
+        np.testing.assert_allclose(_global(g), 2 * np.cos(A) + 128.0, rtol=1e-5)

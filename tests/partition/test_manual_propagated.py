@@ -166,16 +166,23 @@ def test_an_output_feeds_the_rest_of_the_program(mesh):
     np.testing.assert_allclose(np.asarray(g(A, W)), want, rtol=1e-5)
 
 
-def test_a_partial_manual_body_inside_another_raises(mesh):
+@pytest.mark.parametrize("spec", [P(), P(None, "c"), P("c")], ids=str)
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_partial_manual_body_inside_another(spec, jit):
+    """The inner body is manual along both shard_maps' axes: the outer's block along "a"
+    is cut along "b" too, and each collective runs over its own axis."""
     mesh3 = spmd.make_mesh((2, 2, 2), ("a", "b", "c"))
-    inner = spmd.shard_map(lambda b: b * 2, mesh=mesh3, in_specs=P("b"), out_specs=P("b"),
-                           axis_names={"b"})
-    outer = spmd.shard_map(lambda b: inner(b), mesh=mesh3, in_specs=P("a"),
-                           out_specs=P("a"), axis_names={"a"})
-    g = spmd.jit(outer, in_shardings=NS(mesh3, P()))
-    with pytest.raises(PartitionError, match=r"partial-manual shard_map \(axis_names=\['b'\]\) "
-                                             r"inside the body of another one"):
-        g.lower(np.ones((8, 4), np.float32))
+    inner = spmd.shard_map(lambda b: lax.psum(b * 2, "b"), mesh=mesh3, in_specs=P("b"),
+                           out_specs=P(), axis_names={"b"})
+    outer = spmd.shard_map(lambda b: lax.psum(inner(b), "a"), mesh=mesh3, in_specs=P("a"),
+                           out_specs=P(), axis_names={"a"})
+    x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
+    want = 2 * x.reshape(4, 2, 4).sum(0)
+    xs = spmd.device_put(x, NS(mesh3, spec))
+    got = (spmd.jit(outer) if jit else outer)(xs)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    grad = spmd.grad(lambda v: snp.sum(outer(v) ** 2))(xs)
+    np.testing.assert_allclose(np.asarray(grad), np.tile(4 * want, (4, 1)), rtol=1e-5)
 
 
 def test_inside_a_scan_and_under_vmap(mesh):

@@ -132,12 +132,9 @@ def partition_in_program(ev, eqn, vals, pls) -> list:
     placement, so each device holds its block along every axis; the body then runs
     under an evaluator that knows its manual axes (its collectives run over them)."""
     p = eqn.params
-    mesh, manual = ev.mesh, frozenset(p["manual"])
-    if ev.manual:
-        raise PartitionError(
-            f"a partial-manual shard_map (axis_names={sorted(manual)}) inside the body of "
-            f"another one (manual axes {sorted(ev.manual)}) is not supported: make the "
-            "inner one manual over all the axes it needs, or merge the two")
+    # Nested in another partial-manual body (manual along ev.manual), the inner body is
+    # manual along both: the outer's blocks are cut further along the inner's axes.
+    mesh, manual = ev.mesh, frozenset(p["manual"]) | frozenset(ev.manual or ())
     body = inline_calls(p["program"])
     avals = body.in_avals
     inner_ins = []
