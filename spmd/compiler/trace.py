@@ -354,20 +354,23 @@ def bind(prim, *args, **params):
 
 class AxisScope:
     """Mesh or vmap axes in scope: ``sizes`` by name; ``track_vma`` when values
-    carry varying-axes types (a ``shard_map`` body traced with ``check_vma``)."""
+    carry varying-axes types (a ``shard_map`` body traced with ``check_vma``);
+    ``manual`` when they are the manual mesh axes of a ``shard_map`` body being traced
+    (not those of ``vmap``)."""
 
-    __slots__ = ("sizes", "track_vma", "main")
+    __slots__ = ("sizes", "track_vma", "main", "manual")
 
-    def __init__(self, sizes: dict, track_vma: bool, main=None):
+    def __init__(self, sizes: dict, track_vma: bool, main=None, manual: bool = False):
         self.sizes = dict(sizes)
         self.track_vma = track_vma
         self.main = main  # the batch level that stands for these axes, if any
+        self.manual = manual
 
 
 @contextmanager
-def extend_axis_env(sizes: dict, track_vma: bool = False, main=None):
+def extend_axis_env(sizes: dict, track_vma: bool = False, main=None, manual: bool = False):
     env = _state.axis_env
-    env.append(AxisScope(sizes, track_vma, main))
+    env.append(AxisScope(sizes, track_vma, main, manual))
     try:
         yield
     finally:

@@ -50,7 +50,7 @@ def trace_body(fun: Callable, mesh, in_avals, check_vma: bool, axes=None) -> Clo
     """Trace ``fun`` on per-device avals with the mesh axes (or just ``axes``, the
     manual ones of a partial-manual shard_map) in scope."""
     scope = dict(mesh.shape) if axes is None else {a: mesh.shape[a] for a in axes}
-    with extend_axis_env(scope, track_vma=check_vma):
+    with extend_axis_env(scope, track_vma=check_vma, manual=True):
         return trace_to_program(fun, in_avals)
 
 
@@ -421,6 +421,20 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
     return wrapped
 
 
+def _check_not_rebound(bound, fname):
+    """A shard_map inside another's body may not bind an axis that is already manual
+    there (as in JAX): the inner would run a second copy of the axis, and a collective
+    over it would not reach the enclosing body's devices."""
+    from spmd.compiler.trace import axis_scope
+
+    again = sorted(a for a in bound if getattr(axis_scope(a), "manual", False))
+    if again:
+        raise ShardMapError(
+            f"{fname}: mesh axes {again} are already manual in the enclosing shard_map's "
+            "body; a nested shard_map must be manual over other axes: give the outer one "
+            "axis_names= without them (or use smap over one axis at a time)")
+
+
 def _check_context_mesh(mesh, fname):
     """A ``mesh=`` that differs in axis names or sizes from the mesh of the enclosing
     ``set_mesh``/``use_mesh`` is an error, as in JAX: the program would mix two meshes
@@ -471,6 +485,7 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
                            check_vma, manual, fname)
     bound = frozenset(mesh.axis_names if manual is None else manual)
+    _check_not_rebound(bound, fname)
     block_avals = [_block_aval(get_aval(v), s, mesh, check_vma, bound)
                    for v, s in zip(vals, flat_specs)]
     out_box: list = []

@@ -164,7 +164,7 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
         stacked = [to_blocks(v, s, mesh) for v, s in zip(vals, specs)]
     scope = dict(mesh.shape) if manual is None else {a: mesh.shape[a] for a in manual}
     with new_main(BatchTrace, (level, len(hook.positions)), dynamic=True) as main, \
-            extend_axis_env(scope, track_vma=check_vma, main=main):
+            extend_axis_env(scope, track_vma=check_vma, main=main, manual=True):
         hook.main = main
         trace = BatchTrace(main)
         full = list(leaves)

@@ -80,3 +80,20 @@ def test_without_a_mesh_the_error_says_how_to_set_one():
 
     with pytest.raises(MeshContextError, match=r"no mesh was given and none is set"):
         spmd.smap(lambda b: b, in_axes=0, out_axes=0, axis_name="i")(X)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_shard_map_over_axes_already_manual_raises(jit):
+    # As in JAX: the inner one would run a second copy of "i" and "j", and its psum over
+    # "i" would not reach the outer body's devices (it gave twice the block's sum).
+    mesh = spmd.make_mesh((2, 4), ("i", "j"))
+    inner = spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P(None, "j"),
+                           out_specs=P(None, "j"))
+    outer = spmd.shard_map(lambda b: inner(b), mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    with pytest.raises(ValueError, match=r"shard_map\(<lambda>\): mesh axes \['i', 'j'\] are "
+                                         r"already manual in the enclosing shard_map's body"):
+        (spmd.jit(outer) if jit else outer)(X)
+    # vmap's axis names are not mesh axes: a shard_map under vmap(axis_name="i") runs.
+    f = spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"), out_specs=P())
+    np.testing.assert_array_equal(np.asarray(spmd.vmap(f, axis_name="i")(X.reshape(4, 8))),
+                                  X.reshape(4, 2, 4).sum(1))
