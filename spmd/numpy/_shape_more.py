@@ -183,12 +183,21 @@ def tile(A, reps):
 
 
 def repeat(a, repeats, axis=None, *, total_repeat_length=None):
-    """Repeat each element ``repeats`` times (an int, or a static sequence per element)."""
+    """Repeat each element ``repeats`` times (an int, or a sequence per element).
+
+    With ``total_repeat_length`` (a static int) ``repeats`` may be traced, and the result
+    has that length, as in JAX: cut short when the repeats sum to more, the last element
+    repeated when they sum to less.
+
+    >>> repeat(snp.arange(3.0), r, total_repeat_length=6)  # doctest: +SKIP
+    """
     x = to_array(a)
     if axis is None:
         x, axis = ravel(x), 0
     shape = get_aval(x).shape
     ax = canonicalize_axis(axis, len(shape), "spmd.numpy.repeat")
+    if total_repeat_length is not None:
+        return _repeat_to_length(x, repeats, ax, total_repeat_length)
     require_static(repeats, "spmd.numpy.repeat", "repeats", "int or sequence of ints")
     if isinstance(repeats, (list, tuple)):
         repeats = [static_int(r, "spmd.numpy.repeat", "repeats") for r in repeats]
@@ -208,10 +217,36 @@ def repeat(a, repeats, axis=None, *, total_repeat_length=None):
             parts.append(st.broadcast_in_dim(piece, shape[:ax] + (int(r),) + shape[ax + 1:],
                                              tuple(range(len(shape)))))
         out = sm.concatenate(parts, ax) if parts else st.reshape(x, shape)
-    if total_repeat_length is not None and get_aval(out).shape[ax] != total_repeat_length:
-        raise ShapeError(f"spmd.numpy.repeat: total_repeat_length={total_repeat_length} "
-                         f"differs from the result's length {get_aval(out).shape[ax]}")
     return out
+
+
+def _repeat_to_length(x, repeats, ax: int, total):
+    """``repeat`` to a static length, ``repeats`` static or traced: output position p
+    takes the element whose block of repeats holds p (a scatter of ones at the blocks'
+    starts, summed: each block's start counts one more element)."""
+    from spmd.numpy._creation import zeros
+    from spmd.numpy._reductions import cumsum
+    from spmd.numpy._take import take
+
+    total = static_int(total, "spmd.numpy.repeat", "total_repeat_length")
+    if total < 0:
+        raise ArgumentError(f"spmd.numpy.repeat: total_repeat_length={total} must be >= 0")
+    shape = get_aval(x).shape
+    n = shape[ax]
+    reps = to_array(repeats)
+    if get_aval(reps).dtype.kind not in "iu":
+        raise ArgumentError(f"spmd.numpy.repeat: repeats must be integers, got "
+                            f"{get_aval(reps).dtype}")
+    reps = ravel(convert(reps, np.dtype(np.int32)))
+    if get_aval(reps).shape[0] not in (1, n):
+        raise ShapeError(f"spmd.numpy.repeat: {get_aval(reps).shape[0]} repeats for an axis "
+                         f"of size {n}")
+    if total == 0 or n == 0:
+        return zeros(shape[:ax] + (total if n else 0,) + shape[ax + 1:], get_aval(x).dtype)
+    reps = st.broadcast_in_dim(reps, (n,), (0,)) if get_aval(reps).shape[0] != n else reps
+    starts = cumsum(reps) - reps  # where each element's block begins
+    marks = zeros((total,), np.int32).at[starts].add(np.int32(1), mode="drop")
+    return take(x, cumsum(marks) - 1, axis=ax)
 
 
 def roll(a, shift, axis=None):
