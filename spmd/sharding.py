@@ -1,7 +1,8 @@
 """``spmd.sharding``: the sharding names in one place (as ``jax.sharding``)."""
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd.mesh import Mesh  # noqa: F401
+from spmd.mesh import AbstractMesh, AxisType, Mesh  # noqa: F401
 from spmd.shard.array import SingleDeviceSharding  # noqa: F401
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
-from spmd.shard.mesh_context import get_mesh, set_mesh, use_mesh  # noqa: F401
+from spmd.shard.mesh_context import (get_abstract_mesh, get_mesh, set_mesh,  # noqa: F401
+                                     use_mesh)

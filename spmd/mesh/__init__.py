@@ -7,4 +7,4 @@ In one process without MPI there are ``SPMD_NUM_DEVICES`` simulated CPU devices
 
 from spmd.mesh.devices import (Device, device_count, devices, local_device_count,  # noqa: F401
                                local_devices, process_count, process_index)
-from spmd.mesh.mesh import Mesh, make_mesh  # noqa: F401
+from spmd.mesh.mesh import AbstractMesh, AxisType, Mesh, make_mesh  # noqa: F401

@@ -1,7 +1,9 @@
-"""``Mesh``: an n-d array of devices with named axes."""
+"""``Mesh``: an n-d array of devices with named axes; ``AbstractMesh``: its axis names,
+sizes and types without the devices; ``AxisType``."""
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import OrderedDict
 from typing import Sequence
@@ -12,6 +14,45 @@ from spmd.mesh.devices import Device, DeviceError, process_index
 from spmd.mesh.devices import devices as all_devices
 
 
+class AxisType(enum.Enum):
+    """How a mesh axis is used (JAX's names).  ``Auto``: the partitioner places values
+    along it (spmd's meshes); ``Manual``: the body of a ``shard_map`` over it works on
+    blocks (the axes of ``get_abstract_mesh()`` there); ``Explicit``: shardings are
+    part of array types (not supported yet: a mesh with such axes raises)."""
+
+    Auto = "Auto"
+    Explicit = "Explicit"
+    Manual = "Manual"
+
+    def __repr__(self):
+        return self.name
+
+
+def _axis_types(axis_types, axis_names: tuple, where: str, allowed) -> tuple:
+    """``axis_types`` as a tuple of one AxisType per axis (default: all ``Auto``)."""
+    if axis_types is None:
+        return (AxisType.Auto,) * len(axis_names)
+    if isinstance(axis_types, AxisType):
+        axis_types = (axis_types,)
+    axis_types = tuple(axis_types)
+    bad = [t for t in axis_types if not isinstance(t, AxisType)]
+    if bad:
+        raise DeviceError(f"{where}: axis_types must be spmd.sharding.AxisType values, got "
+                          f"{bad[0]!r} in {axis_types!r}")
+    if len(axis_types) != len(axis_names):
+        raise DeviceError(f"{where}: {len(axis_types)} axis_types {axis_types} for "
+                          f"{len(axis_names)} axis names {axis_names}; give one per axis")
+    if AxisType.Explicit in axis_types and AxisType.Explicit not in allowed:
+        raise NotImplementedError(
+            f"{where}: axis_types={axis_types}: explicit axes (AxisType.Explicit, shardings "
+            "in array types) are not supported yet; make them AxisType.Auto (the values are "
+            "the same; the partitioner chooses the results' shardings)")
+    if AxisType.Manual in axis_types and AxisType.Manual not in allowed:
+        raise DeviceError(f"{where}: axis_types={axis_types}: Manual axes are those of a "
+                          "shard_map body (get_abstract_mesh() there); a mesh's are Auto")
+    return axis_types
+
+
 class Mesh:
     """Devices laid out in an n-d array whose axes have names.
 
@@ -20,10 +61,12 @@ class Mesh:
     OrderedDict([('i', 4), ('j', 2)])
     """
 
-    def __init__(self, devices: np.ndarray | Sequence, axis_names: Sequence[str] | str):
+    def __init__(self, devices: np.ndarray | Sequence, axis_names: Sequence[str] | str,
+                 axis_types=None):
         if isinstance(axis_names, str):
             axis_names = (axis_names,)
         axis_names = tuple(axis_names)
+        self.axis_types = _axis_types(axis_types, axis_names, "Mesh", (AxisType.Auto,))
         arr = np.asarray(devices, dtype=object)
         if arr.ndim != len(axis_names):
             raise DeviceError(f"Mesh: the device array has {arr.ndim} dimensions "
@@ -80,6 +123,11 @@ class Mesh:
     def is_multi_process(self) -> bool:
         return len({d.process_index for d in self.devices.flat}) > 1
 
+    @property
+    def abstract_mesh(self) -> "AbstractMesh":
+        """Its axis names, sizes and types, without the devices."""
+        return AbstractMesh(self.axis_sizes, self.axis_names, self.axis_types)
+
     def __eq__(self, other):
         return (isinstance(other, Mesh) and self.axis_names == other.axis_names
                 and self.devices.shape == other.devices.shape
@@ -100,14 +148,70 @@ class Mesh:
         return False
 
 
-def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str],
-              devices: Sequence[Device] | None = None) -> Mesh:
-    """A mesh of the first ``prod(axis_shapes)`` devices (or of ``devices``).
+class AbstractMesh:
+    """A mesh's axis names, sizes and types, without devices (``jax.sharding.AbstractMesh``):
+    what ``get_abstract_mesh()`` returns, and what ``shard_map(mesh=...)`` accepts where a
+    mesh of that shape is in context.
 
-    >>> mesh = make_mesh((4, 2), ("i", "j"))
+    >>> AbstractMesh((4, 2), ("i", "j")).shape
+    OrderedDict([('i', 4), ('j', 2)])
+    """
+
+    def __init__(self, axis_sizes: Sequence[int], axis_names: Sequence[str], axis_types=None):
+        axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+        axis_sizes = tuple(int(s) for s in axis_sizes)
+        if len(axis_sizes) != len(axis_names):
+            raise DeviceError(f"AbstractMesh: {len(axis_sizes)} axis sizes {axis_sizes} but "
+                              f"{len(axis_names)} names {axis_names}")
+        self.axis_sizes, self.axis_names = axis_sizes, axis_names
+        self.axis_types = _axis_types(axis_types, axis_names, "AbstractMesh",
+                                      (AxisType.Auto, AxisType.Manual))
+
+    @property
+    def shape(self) -> "OrderedDict[str, int]":
+        return OrderedDict(zip(self.axis_names, self.axis_sizes))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.axis_sizes)
+
+    @property
+    def empty(self) -> bool:
+        """No axes (outside any mesh context)."""
+        return not self.axis_names
+
+    @property
+    def manual_axes(self) -> tuple[str, ...]:
+        return tuple(n for n, t in zip(self.axis_names, self.axis_types) if t == AxisType.Manual)
+
+    def axis_size(self, names) -> int:
+        names = (names,) if isinstance(names, str) else tuple(names)
+        return math.prod(self.shape[n] for n in names)
+
+    def _key(self):
+        return self.axis_sizes, self.axis_names, self.axis_types
+
+    def __eq__(self, other):
+        return isinstance(other, AbstractMesh) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        axes = ", ".join(f"'{n}': {s}" for n, s in self.shape.items())
+        return f"AbstractMesh({{{axes}}}, axis_types={self.axis_types})"
+
+
+def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], axis_types=None, *,
+              devices: Sequence[Device] | None = None) -> Mesh:
+    """A mesh of the first ``prod(axis_shapes)`` devices (or of ``devices``); its
+    ``axis_types`` (one ``AxisType`` per axis) are ``Auto``.
+
+    >>> mesh = make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Auto,) * 2)
     """
     axis_shapes = tuple(int(s) for s in axis_shapes)
     axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    axis_types = _axis_types(axis_types, axis_names, "make_mesh", (AxisType.Auto,))
     if len(axis_shapes) != len(axis_names):
         raise DeviceError(f"make_mesh: {len(axis_shapes)} axis sizes {axis_shapes} but "
                           f"{len(axis_names)} names {axis_names}")
@@ -128,4 +232,5 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str],
             hint = f"set SPMD_NUM_DEVICES={need} (or more) before importing spmd"
         raise DeviceError(f"make_mesh: a mesh of shape {axis_shapes} needs {need} devices but "
                           f"only {have} exist; {hint}")
-    return Mesh(np.array(pool[:need], dtype=object).reshape(axis_shapes), axis_names)
+    return Mesh(np.array(pool[:need], dtype=object).reshape(axis_shapes), axis_names,
+                axis_types)

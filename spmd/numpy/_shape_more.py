@@ -224,9 +224,7 @@ def _repeat_to_length(x, repeats, ax: int, total):
     """``repeat`` to a static length, ``repeats`` static or traced: output position p
     takes the element whose block of repeats holds p (a scatter of ones at the blocks'
     starts, summed: each block's start counts one more element)."""
-    from spmd.numpy._creation import zeros
-    from spmd.numpy._reductions import cumsum
-    from spmd.numpy._take import take
+    import spmd.numpy as snp  # siblings through their package (no import circle)
 
     total = static_int(total, "spmd.numpy.repeat", "total_repeat_length")
     if total < 0:
@@ -242,11 +240,11 @@ def _repeat_to_length(x, repeats, ax: int, total):
         raise ShapeError(f"spmd.numpy.repeat: {get_aval(reps).shape[0]} repeats for an axis "
                          f"of size {n}")
     if total == 0 or n == 0:
-        return zeros(shape[:ax] + (total if n else 0,) + shape[ax + 1:], get_aval(x).dtype)
+        return snp.zeros(shape[:ax] + (total if n else 0,) + shape[ax + 1:], get_aval(x).dtype)
     reps = st.broadcast_in_dim(reps, (n,), (0,)) if get_aval(reps).shape[0] != n else reps
-    starts = cumsum(reps) - reps  # where each element's block begins
-    marks = zeros((total,), np.int32).at[starts].add(np.int32(1), mode="drop")
-    return take(x, cumsum(marks) - 1, axis=ax)
+    starts = snp.cumsum(reps) - reps  # where each element's block begins
+    marks = snp.zeros((total,), np.int32).at[starts].add(np.int32(1), mode="drop")
+    return snp.take(x, snp.cumsum(marks) - 1, axis=ax)
 
 
 def roll(a, shift, axis=None):

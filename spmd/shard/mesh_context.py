@@ -1,4 +1,5 @@
-"""The mesh context of current JAX: ``set_mesh`` / ``use_mesh`` and ``get_mesh``.
+"""The mesh context of current JAX: ``set_mesh`` / ``use_mesh`` and ``get_mesh``, and
+``get_abstract_mesh`` (the axes of the current mesh, or of the enclosing ``shard_map``).
 
 Inside ``with spmd.sharding.use_mesh(mesh):`` (or after
 ``spmd.sharding.set_mesh(mesh)``), ``shard_map`` needs no ``mesh=`` argument and
@@ -11,12 +12,13 @@ mesh is retraced under another.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Optional
 
 from spmd.errors import SpmdError
 from spmd import tree_util
-from spmd.mesh import Mesh
+from spmd.mesh import AbstractMesh, AxisType, Mesh
 from spmd.shard.array import device_put as put
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
@@ -28,6 +30,7 @@ class MeshContextError(SpmdError, ValueError):
 class _State(threading.local):
     def __init__(self):
         self.stack: list = []  # meshes of enclosing ``use_mesh``/``set_mesh`` blocks
+        self.bodies: list = []  # (mesh, manual axes) of enclosing shard_map bodies
 
 
 _state = _State()
@@ -88,6 +91,49 @@ class set_mesh(use_mesh):
         # Used as a block, the mesh is set for the block only: the global one goes back.
         _base[0] = self._previous
         return super().__enter__()
+
+
+@contextlib.contextmanager
+def in_body(mesh, manual):
+    """While a ``shard_map`` body over ``mesh`` runs or is traced, manual along ``manual``
+    (all its axes when None): what :func:`get_abstract_mesh` says there."""
+    _state.bodies.append((mesh, frozenset(mesh.axis_names if manual is None else manual)))
+    try:
+        yield
+    finally:
+        _state.bodies.pop()
+
+
+def get_abstract_mesh() -> AbstractMesh:
+    """The current mesh's axis names, sizes and types (``jax.sharding.get_abstract_mesh``):
+    inside a ``shard_map`` body its mesh, the body's manual axes (and those of enclosing
+    bodies) typed ``Manual``; else the mesh of ``set_mesh``/``use_mesh``; else an empty
+    one (``.empty``).
+
+    >>> shard_map(lambda b: b * get_abstract_mesh().shape["i"], ...)  # doctest: +SKIP
+    """
+    if _state.bodies:
+        mesh = _state.bodies[-1][0]
+        manual = frozenset().union(*(m for b, m in _state.bodies if b is mesh or b == mesh))
+        return AbstractMesh(mesh.axis_sizes, mesh.axis_names,
+                            tuple(AxisType.Manual if a in manual else AxisType.Auto
+                                  for a in mesh.axis_names))
+    mesh = get_mesh()
+    return AbstractMesh((), ()) if mesh is None else mesh.abstract_mesh
+
+
+def concrete_mesh(abstract: AbstractMesh, fname: str) -> Mesh:
+    """The mesh in context whose axes are ``abstract``'s (an enclosing shard_map body's,
+    else that of ``set_mesh``/``use_mesh``): what ``shard_map(mesh=abstract)`` runs on."""
+    candidates = [b for b, _ in reversed(_state.bodies)] + [get_mesh()]
+    for mesh in candidates:
+        if mesh is not None and (mesh.axis_names, mesh.axis_sizes) == \
+                (abstract.axis_names, abstract.axis_sizes):
+            return mesh
+    raise MeshContextError(
+        f"{fname}: mesh={abstract} has no devices, and no mesh of its axes is in context "
+        f"(current: {get_mesh()}); call it inside `with spmd.sharding.use_mesh(mesh):` with "
+        "a mesh of those axes, or pass the Mesh itself")
 
 
 def require_mesh(fname: str, how: str = "pass mesh="):

@@ -39,7 +39,7 @@ from spmd.compiler.batching import batch_flat, move_to_front
 from spmd.compiler.ops.elementwise import div
 from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.passes import dce_program
-from spmd.mesh import Mesh
+from spmd.mesh import AbstractMesh, Mesh
 
 shard_map_p = Primitive("shard_map", traits=(), multiple_results=True, higher_order=True)
 
@@ -49,8 +49,10 @@ shard_map_p = Primitive("shard_map", traits=(), multiple_results=True, higher_or
 def trace_body(fun: Callable, mesh, in_avals, check_vma: bool, axes=None) -> ClosedProgram:
     """Trace ``fun`` on per-device avals with the mesh axes (or just ``axes``, the
     manual ones of a partial-manual shard_map) in scope."""
+    from spmd.shard.mesh_context import in_body
+
     scope = dict(mesh.shape) if axes is None else {a: mesh.shape[a] for a in axes}
-    with extend_axis_env(scope, track_vma=check_vma, manual=True):
+    with extend_axis_env(scope, track_vma=check_vma, manual=True), in_body(mesh, axes):
         return trace_to_program(fun, in_avals)
 
 
@@ -399,8 +401,9 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
                                  axis_names=axis_names)
     if not callable(f):
         raise ShardMapError(f"shard_map: expected a function first, got {type(f).__name__}")
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise ShardMapError(f"shard_map: mesh must be a spmd.Mesh, got {type(mesh).__name__}")
+    if mesh is not None and not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise ShardMapError(f"shard_map: mesh must be a spmd.Mesh (or an AbstractMesh of a "
+                            f"mesh in context), got {type(mesh).__name__}")
     if out_specs is None:
         raise ShardMapError("shard_map: out_specs is required (a PartitionSpec or a pytree "
                             "prefix of the outputs of them)")
@@ -413,7 +416,11 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
         from spmd.shard.mesh_context import require_mesh
 
         m = mesh if mesh is not None else require_mesh(fname)
-        if mesh is not None:
+        if isinstance(m, AbstractMesh):  # the devices of the mesh of its axes in context
+            from spmd.shard.mesh_context import concrete_mesh
+
+            m = concrete_mesh(m, fname)
+        elif mesh is not None:
             _check_context_mesh(mesh, fname)
         manual = _manual_axes(axis_names, m, fname)
         return _call(f, m, in_specs, out_specs, check_vma, fname, args, manual)

@@ -39,6 +39,7 @@ from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.trace import (extend_axis_env, full_raise, get_aval, is_eager, new_main,
                                  to_array_value, Tracer)
 from spmd.errors import TracerBoolConversionError
+from spmd.shard.mesh_context import in_body
 from spmd.shard.manual_axes import _check_manual_spec
 from spmd.shard.shard_map_args import _as_global, _check_out, _spec_leaves
 from spmd.collectives import mpi
@@ -164,7 +165,8 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
         stacked = [to_blocks(v, s, mesh) for v, s in zip(vals, specs)]
     scope = dict(mesh.shape) if manual is None else {a: mesh.shape[a] for a in manual}
     with new_main(BatchTrace, (level, len(hook.positions)), dynamic=True) as main, \
-            extend_axis_env(scope, track_vma=check_vma, main=main, manual=True):
+            extend_axis_env(scope, track_vma=check_vma, main=main, manual=True), \
+            in_body(mesh, manual):
         hook.main = main
         trace = BatchTrace(main)
         full = list(leaves)

@@ -1,0 +1,46 @@
+"""``AxisType``, a mesh's ``axis_types`` and ``AbstractMesh`` (JAX's names): meshes are
+``Auto``; ``Explicit`` raises until shardings in types exist; ``Manual`` is for the
+abstract meshes of shard_map bodies.  Errors name the argument and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+import spmd
+from spmd.errors import DeviceError
+from spmd.mesh import AbstractMesh, AxisType
+
+
+def test_meshes_are_auto_and_say_so():
+    mesh = spmd.make_mesh((4, 2), ("i", "j"))
+    assert mesh.axis_types == (AxisType.Auto, AxisType.Auto)
+    same = spmd.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Auto,) * 2)
+    assert same == mesh and hash(same) == hash(mesh)
+    assert spmd.make_mesh((8,), "i", AxisType.Auto).axis_types == (AxisType.Auto,)
+    assert repr(mesh.abstract_mesh) == "AbstractMesh({'i': 4, 'j': 2}, axis_types=(Auto, Auto))"
+
+
+def test_abstract_mesh():
+    am = AbstractMesh((4, 2), ("i", "j"), (AxisType.Manual, AxisType.Auto))
+    assert dict(am.shape) == {"i": 4, "j": 2} and am.size == 8 and not am.empty
+    assert am.manual_axes == ("i",) and am.axis_size(("i", "j")) == 8
+    assert am == AbstractMesh((4, 2), ("i", "j"), (AxisType.Manual, AxisType.Auto))
+    assert am != AbstractMesh((4, 2), ("i", "j"))
+    assert len({am, AbstractMesh((4, 2), ("i", "j"), (AxisType.Manual, AxisType.Auto))}) == 1
+    assert AbstractMesh((), ()).empty
+
+
+def test_bad_axis_types_are_named():
+    with pytest.raises(NotImplementedError, match=r"make_mesh: axis_types=\(Explicit, Auto\): "
+                                                  r"explicit axes .* make them AxisType.Auto"):
+        spmd.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    with pytest.raises(DeviceError, match=r"make_mesh: axis_types=\(Manual,\): Manual axes are "
+                                          r"those of a shard_map body"):
+        spmd.make_mesh((8,), ("i",), axis_types=(AxisType.Manual,))
+    with pytest.raises(DeviceError, match=r"make_mesh: 1 axis_types \(Auto,\) for 2 axis names"):
+        spmd.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Auto,))
+    with pytest.raises(DeviceError, match=r"axis_types must be spmd.sharding.AxisType values, "
+                                          r"got 'auto'"):
+        spmd.make_mesh((8,), ("i",), axis_types=("auto",))
+    with pytest.raises(DeviceError, match=r"AbstractMesh: 2 axis sizes \(4, 2\) but 1 names"):
+        AbstractMesh((4, 2), ("i",))
