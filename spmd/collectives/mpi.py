@@ -339,7 +339,9 @@ def sendrecv(x, ranks, dst, src, what=None):
     from mpi4py import MPI
 
     comm = communicator(ranks, what or "ppermute")
-    out = np.zeros_like(x)
+    # C order whatever x's layout (zeros_like would keep a transposed x's strides, and
+    # MPI receives into the buffer's bytes as one run).
+    out = np.zeros(x.shape, x.dtype)
     with Collective(ranks, what or "ppermute"):
         reqs = []
         if src is not None:

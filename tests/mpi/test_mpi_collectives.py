@@ -149,6 +149,15 @@ def test_ppermute(kind, axes, which, dtype):
          lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm), (2, 3), dtype)
 
 
+@pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)
+def test_ppermute_of_a_transposed_block(kind, axes):
+    # The operand's last axis is not contiguous (a transpose's view): the received
+    # buffer must still be one run of bytes (it kept the operand's strides and failed).
+    perm = _perms(RefMesh.of(make_mesh(kind)).size(axes))["shift"]
+    _run(kind, lambda b: lax.ppermute(snp.transpose(b), axes, perm),
+         lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm).T, (2, 3), np.float32)
+
+
 # ---------------------------------------------------------------- axis_index
 
 @pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)
