@@ -1,5 +1,6 @@
-"""``spmd.parallel.ring_attention`` across processes: the sequence split over every
-rank's device, the key/value blocks passed around the ring of ranks; values and
+"""``spmd.parallel`` across processes.  ``ring_attention``: the sequence split over
+every rank's device, the key/value blocks passed around the ring of ranks.  ``moe``:
+the experts split over the ranks, tokens sent to them by ``all_to_all``.  Values and
 gradients against numpy on the global arrays (read back with
 ``spmd.process_allgather``), each rank holding only its block."""
 
@@ -16,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding as NS, P  # noqa: E402
-from spmd.parallel import ring_attention, zigzag_order, zigzag_restore  # noqa: E402
+from spmd.parallel import moe, ring_attention, zigzag_order, zigzag_restore  # noqa: E402
+from tests.parallel.test_moe import D, E, T, _data, _oracle  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
@@ -60,3 +62,22 @@ def test_values_and_gradients_over_the_ranks(layout):
     for g, wg in zip(grads, want):
         np.testing.assert_allclose(np.asarray(spmd.process_allgather(g))[:, back],
                                    np.asarray(wg), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cf", [float(E), 0.5], ids=["no drops", "cf 0.5"])
+def test_moe_over_the_ranks(cf):
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("expert",))
+    x, r, w1, w2 = _data()
+    layer = spmd.jit(spmd.shard_map(
+        lambda x, r, a, b: moe(x, r, a, b, "expert", capacity_factor=cf), mesh=mesh,
+        in_specs=(P("expert"), P(), P("expert"), P("expert")), out_specs=(P("expert"), P())))
+    split = NS(mesh, P("expert"))
+    y, aux = layer(spmd.device_put(x, split), r, spmd.device_put(w1, split),
+                   spmd.device_put(w2, split))
+    assert {s.data.shape for s in y.addressable_shards} == {(T // n, D)}
+    want, dropped, aux_loss = _oracle(x, r, w1, w2, n, cf)
+    np.testing.assert_allclose(np.asarray(spmd.process_allgather(y)), want, rtol=1e-5,
+                               atol=1e-5)
+    assert int(np.asarray(aux["dropped"])) == dropped
+    np.testing.assert_allclose(float(np.asarray(aux["aux_loss"])), aux_loss, rtol=1e-5)

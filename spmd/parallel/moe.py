@@ -1,0 +1,111 @@
+"""Expert parallelism: a top-k routed mixture-of-experts MLP whose experts are split
+over a mesh axis, tokens dispatched to them and combined back with ``all_to_all``.
+
+Inside a ``shard_map`` over the expert axis (``n`` devices), each device holds its
+tokens ``x`` ``(t, d)`` and ``E / n`` experts' weights.  Per device:
+
+1. the router scores every token against all ``E`` experts, keeps each token's top
+   ``k`` and renormalises their probabilities into gates;
+2. each expert takes at most ``C = ceil(capacity_factor * t * k / E)`` of this device's
+   (token, choice) pairs, in order of choice rank, then token: a pair past the capacity
+   is dropped (counted; its gate contributes nothing);
+3. the kept pairs are packed into an ``(E, C, d)`` buffer, which ``all_to_all`` sends so
+   that each device receives ``(n, E / n, C, d)``: every source's tokens for its own
+   experts; they run the expert MLP and ``all_to_all`` sends the results back;
+4. each token's output is the gate-weighted sum of its kept experts' results.
+
+With a capacity that drops nothing the layer equals the same layer computed densely
+on one device.  The auxiliary load-balancing loss is Switch Transformer's: ``E`` times
+the sum over experts of the fraction of (token, choice) pairs routed to the expert and
+the mean router probability of the expert, both over all devices' tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+import spmd.numpy as snp
+from spmd import nn
+from spmd.collectives.api import all_to_all, pmean, psum
+from spmd.collectives.primitives import _axes, _size
+from spmd.compiler.trace import get_aval
+from spmd.errors import ArgumentError, ShapeError
+from spmd.lax import top_k as lax_top_k
+
+__all__ = ["moe", "moe_capacity"]
+
+
+def moe_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert for one device's ``tokens``: ``ceil(capacity_factor * tokens *
+    top_k / experts)`` (at least 1)."""
+    return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
+
+
+def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: float = 1.25,
+        activation: Callable = nn.gelu):
+    """The mixture-of-experts MLP on this device's tokens, inside a ``shard_map`` over
+    ``axis_name`` (the expert axis).
+
+    ``x``: ``(t, d)`` tokens; ``router``: ``(d, E)`` (the same on every device);
+    ``w_in``: ``(E / n, d, h)`` and ``w_out``: ``(E / n, h, d)``, this device's experts.
+    Returns ``(y, aux)``: ``y`` ``(t, d)``, and a dict of the load-balancing loss
+    ``"aux_loss"`` and ``"dropped"``, the number of (token, choice) pairs dropped over
+    all devices (both the same on every device).
+
+    >>> layer = shard_map(lambda x, r, a, b: moe(x, r, a, b, "expert"), mesh=mesh,
+    ...                   in_specs=(P("expert"), P(), P("expert"), P("expert")),
+    ...                   out_specs=(P("expert"), P()))  # doctest: +SKIP
+    """
+    axes = _axes(axis_name, "moe")
+    n = _size(axes)
+    xa, ra, ia, oa = (get_aval(a) for a in (x, router, w_in, w_out))
+    if xa.ndim != 2 or ra.ndim != 2 or ia.ndim != 3 or oa.ndim != 3:
+        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
+                         f"{oa.shape} must be (t, d), (d, E), (E/n, d, h) and (E/n, h, d)")
+    t, d = xa.shape
+    experts = ra.shape[1]
+    local = ia.shape[0]
+    if ra.shape[0] != d or ia.shape[1] != d or oa.shape[2] != d or oa.shape[:2] != \
+            (local, ia.shape[2]) or local * n != experts:
+        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
+                         f"{oa.shape} do not agree: with {experts} experts over {n} devices "
+                         f"each holds {experts // n if experts % n == 0 else '?'} experts of "
+                         f"width {d}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        raise ArgumentError(f"moe: top_k={top_k!r} must be an int in [1, {experts}]")
+    if not capacity_factor > 0:
+        raise ArgumentError(f"moe: capacity_factor={capacity_factor!r} must be > 0")
+    cap = moe_capacity(t, experts, top_k, capacity_factor)
+    dtype = xa.dtype
+
+    probs = nn.softmax(x @ router, axis=-1)                      # (t, E)
+    top_p, top_e = lax_top_k(probs, top_k)                       # (t, k)
+    gates = top_p / snp.sum(top_p, axis=-1, keepdims=True)
+    # Slot of each (token, choice) in its expert's buffer: choices of rank 0 first (all
+    # tokens in order), then rank 1, ...: a running count per expert.
+    chosen = nn.one_hot(snp.transpose(top_e), experts, dtype=np.int32)  # (k, t, E)
+    flat = snp.reshape(chosen, (top_k * t, experts))
+    slot = snp.reshape(snp.cumsum(flat, axis=0) - flat, (top_k, t, experts))
+    slot = snp.transpose(snp.sum(slot * chosen, axis=-1))        # (t, k)
+    kept = slot < cap
+    dispatch = (nn.one_hot(top_e, experts, dtype=dtype)[..., None]
+                * nn.one_hot(slot, cap, dtype=dtype)[:, :, None, :]
+                * snp.asarray(kept, dtype)[..., None, None])      # (t, k, E, C)
+    combine = dispatch * gates[..., None, None]
+    buffers = snp.einsum("tkec,td->ecd", dispatch, x)            # (E, C, d)
+    # To the experts' devices: (n, E/n, C, d) split by destination, received by source.
+    sent = all_to_all(snp.reshape(buffers, (n, local, cap, d)), axes, 0, 0, tiled=True)
+    h = activation(snp.einsum("secd,edh->sech", sent, w_in))
+    done = snp.einsum("sech,ehd->secd", h, w_out)
+    back = snp.reshape(all_to_all(done, axes, 0, 0, tiled=True), (experts, cap, d))
+    y = snp.einsum("tkec,ecd->td", combine, back)
+
+    routed = snp.mean(snp.sum(nn.one_hot(top_e, experts, dtype=dtype), axis=1), axis=0)
+    fraction = pmean(routed, axes) / top_k                       # share of pairs per expert
+    importance = pmean(snp.mean(probs, axis=0), axes)
+    aux = {"aux_loss": experts * snp.sum(fraction * importance),
+           "dropped": psum(snp.sum(1 - snp.asarray(kept, np.int32)), axes)}
+    return y, aux
