@@ -81,3 +81,26 @@ def test_moe_over_the_ranks(cf):
                                atol=1e-5)
     assert int(np.asarray(aux["dropped"])) == dropped
     np.testing.assert_allclose(float(np.asarray(aux["aux_loss"])), aux_loss, rtol=1e-5)
+
+
+def test_pipeline_over_the_ranks():
+    from tests.parallel.test_pipeline import _layer, _params, _sequential
+
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("pipe",))
+    p = _params(n)
+    xs = np.random.default_rng(1).normal(size=(5, 4, 8)).astype(np.float32)
+    from spmd.parallel import pipeline
+
+    run = spmd.jit(spmd.shard_map(lambda p, xs: pipeline(_layer, p, xs, "pipe"), mesh=mesh,
+                                  in_specs=((P("pipe"), P("pipe")), P()), out_specs=P()))
+    split = NS(mesh, P("pipe"))
+    placed = tuple(spmd.device_put(a, split) for a in p)
+    np.testing.assert_allclose(np.asarray(run(placed, xs)), np.asarray(_sequential(p, xs)),
+                               rtol=1e-6, atol=1e-6)
+    g = spmd.jit(spmd.grad(lambda p, xs: snp.sum(run(p, xs) ** 2)))(placed, xs)
+    want = spmd.grad(lambda p, xs: snp.sum(_sequential(p, xs) ** 2))(p, xs)
+    for a, b in zip(g, want):
+        assert {s.data.shape[0] for s in a.addressable_shards} == {1}  # its stage only
+        np.testing.assert_allclose(np.asarray(spmd.process_allgather(a)), np.asarray(b),
+                                   rtol=1e-5, atol=1e-5)
