@@ -6,9 +6,11 @@ key/value blocks travel around the ring of devices (``ppermute`` to the next one
 one step per device; at each step a device attends its queries to the block it holds
 and folds the result into a running softmax (the running row maximum ``m``, the
 running denominator ``l`` and the running numerator ``acc``), so no device ever holds
-scores for more than one block pair: memory per device is proportional to its share
-of the sequence.  The result equals full attention within float32 rounding, and is
-differentiable (the ring's transpose is the reverse ring).
+scores for more than one block pair.  The derivative (a ``custom_vjp``) runs the ring
+again, each key/value block travelling with its gradients, from what the forward kept:
+this device's blocks, its output and one log-sum-exp per query, so memory per device
+is proportional to its share of the sequence in both passes.  The result and its
+gradients equal full attention's within float32 rounding.
 
 Causal attention over a contiguous split leaves the first devices idle for most steps
 (their queries see few keys).  ``layout="zigzag"`` balances it: the sequence is cut
@@ -25,7 +27,7 @@ import numpy as np
 import spmd.numpy as snp
 from spmd.collectives.api import axis_index, ppermute
 from spmd.collectives.primitives import _axes, _size
-from spmd.compiler.ad import stop_gradient
+from spmd.compiler.custom import custom_vjp
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 
@@ -79,7 +81,9 @@ def ring_attention(q, k, v, axis_name, *, causal: bool = True, scale: float | No
     ``causal`` masks keys after each query (by global position); ``scale`` defaults to
     ``1 / sqrt(d)``; ``layout`` says which positions a device holds: ``"contiguous"``
     (device ``r`` the ``r``-th block) or ``"zigzag"`` (chunks ``r`` and ``2n - 1 - r``
-    of ``2n``: see :func:`zigzag_order`).
+    of ``2n``: see :func:`zigzag_order`).  Its derivative runs the ring again (the
+    key/value blocks travel with their gradients), keeping only this device's blocks,
+    its output and one number per query between the passes.
 
     >>> attn = shard_map(lambda q, k, v: ring_attention(q, k, v, "seq"), mesh=mesh,
     ...                  in_specs=P(None, "seq"), out_specs=P(None, "seq"))  # doctest: +SKIP
@@ -88,44 +92,101 @@ def ring_attention(q, k, v, axis_name, *, causal: bool = True, scale: float | No
         raise ArgumentError(f"ring_attention: layout={layout!r}; give 'contiguous' or "
                             "'zigzag'")
     axes = _axes(axis_name, "ring_attention")
-    n = _size(axes)
     qa, ka, va = (get_aval(a) for a in (q, k, v))
     if qa.ndim < 2 or qa.shape[:-2] != ka.shape[:-2] or ka.shape[:-1] != va.shape[:-1] \
             or qa.shape[-2] != ka.shape[-2] or qa.shape[-1] != ka.shape[-1]:
         raise ShapeError(f"ring_attention: q {qa.shape}, k {ka.shape}, v {va.shape} must be "
                          "(..., s, d), (..., s, d) and (..., s, d_v) blocks with the same "
                          "leading dimensions and sequence block s")
-    s, d = qa.shape[-2], qa.shape[-1]
-    if layout == "zigzag" and s % 2:
+    if layout == "zigzag" and qa.shape[-2] % 2:
         raise ShapeError(f"ring_attention: layout='zigzag' needs an even sequence block (2 "
-                         f"chunks per device), got {s}")
-    scale = float(1.0 / np.sqrt(d)) if scale is None else float(scale)
-    dtype = qa.dtype
-    # A finite floor for masked scores: exp(floor - m) is 0 once any key is seen, and a
-    # row that has seen none yet is zeroed by the mask itself, never NaN.
-    floor = np.asarray(np.finfo(dtype).min / 2, dtype)
-    r = axis_index(axes)
-    q_pos = _positions(r, n, s, layout)
-    shift = [(j, (j + 1) % n) for j in range(n)]
+                         f"chunks per device), got {qa.shape[-2]}")
+    scale = float(1.0 / np.sqrt(qa.shape[-1])) if scale is None else float(scale)
+    ring = _Ring(axes, _size(axes), causal, scale, layout, qa.dtype)
 
-    m = snp.full(qa.shape[:-1], floor, dtype)
-    l = snp.zeros(qa.shape[:-1], dtype)
-    acc = snp.zeros(qa.shape[:-1] + va.shape[-1:], dtype)
-    for step in range(n):
-        owner = (r - step) % n  # whose keys this device holds at this step
-        scores = snp.einsum("...qd,...kd->...qk", q, k) * np.asarray(scale, dtype)
-        if causal:
-            k_pos = _positions(owner, n, s, layout)
-            visible = q_pos[:, None] >= k_pos[None, :]
-            scores = snp.where(visible, scores, floor)
-        m_new = stop_gradient(snp.maximum(m, snp.max(scores, axis=-1)))
-        p = snp.exp(scores - m_new[..., None])
-        if causal:
-            p = snp.where(visible, p, np.asarray(0, dtype))
-        alpha = snp.exp(m - m_new)
-        l = l * alpha + snp.sum(p, axis=-1)
-        acc = acc * alpha[..., None] + snp.einsum("...qk,...kd->...qd", p, v)
-        m = m_new
-        if step + 1 < n:  # pass the blocks on: next step this device holds its left's
-            k, v = ppermute(k, axes, shift), ppermute(v, axes, shift)
-    return acc / l[..., None]
+    @custom_vjp
+    def attend(q, k, v):
+        return ring.forward(q, k, v)[0]
+
+    def fwd(q, k, v):
+        out, lse = ring.forward(q, k, v)
+        return out, (q, k, v, out, lse)
+
+    attend.defvjp(fwd, lambda res, dout: ring.backward(*res, dout))
+    return attend(q, k, v)
+
+
+class _Ring:
+    """The two passes of the ring for one configuration."""
+
+    def __init__(self, axes, n, causal, scale, layout, dtype):
+        self.axes, self.n, self.causal, self.layout = axes, n, causal, layout
+        self.scale = np.asarray(scale, dtype)
+        # A finite floor for masked scores: exp(floor - m) is 0 once any key is seen, and
+        # a row that has seen none yet is zeroed by the mask itself, never NaN.
+        self.floor = np.asarray(np.finfo(dtype).min / 2, dtype)
+        self.shift = [(j, (j + 1) % n) for j in range(n)]
+
+    def _owner(self, step):
+        """This device's index and the owner of the key/value block it holds at ``step``
+        (the blocks move one device on per step)."""
+        r = axis_index(self.axes)
+        return r, (r - step) % self.n
+
+    def _mask(self, r, owner, s):
+        """The visible (query, key) pairs of the two blocks (None: all visible)."""
+        if not self.causal:
+            return None
+        q_pos = _positions(r, self.n, s, self.layout)
+        k_pos = _positions(owner, self.n, s, self.layout)
+        return q_pos[:, None] >= k_pos[None, :]
+
+    def forward(self, q, k, v):
+        """``(out, lse)``: the attention and each query's log-sum-exp of scores."""
+        s = get_aval(q).shape[-2]
+        dtype = get_aval(q).dtype
+        m = snp.full(get_aval(q).shape[:-1], self.floor, dtype)
+        l = snp.zeros(get_aval(q).shape[:-1], dtype)
+        acc = snp.zeros(get_aval(q).shape[:-1] + get_aval(v).shape[-1:], dtype)
+        for step in range(self.n):
+            r, owner = self._owner(step)
+            visible = self._mask(r, owner, s)
+            scores = snp.einsum("...qd,...kd->...qk", q, k) * self.scale
+            if visible is not None:
+                scores = snp.where(visible, scores, self.floor)
+            m_new = snp.maximum(m, snp.max(scores, axis=-1))
+            p = snp.exp(scores - m_new[..., None])
+            if visible is not None:
+                p = snp.where(visible, p, np.asarray(0, dtype))
+            alpha = snp.exp(m - m_new)
+            l = l * alpha + snp.sum(p, axis=-1)
+            acc = acc * alpha[..., None] + snp.einsum("...qk,...kd->...qd", p, v)
+            m = m_new
+            if step + 1 < self.n:  # pass the blocks on: next this device holds its left's
+                k, v = ppermute(k, self.axes, self.shift), ppermute(v, self.axes, self.shift)
+        return acc / l[..., None], m + snp.log(l)
+
+    def backward(self, q, k, v, out, lse, dout):
+        """``(dq, dk, dv)``: the ring again, each key/value block travelling with its
+        gradients; after ``n`` shifts the gradients are back on the block's device."""
+        s = get_aval(q).shape[-2]
+        dtype = get_aval(q).dtype
+        delta = snp.sum(dout * out, axis=-1)  # softmax's correction, one per query
+        dq = snp.zeros_like(q)
+        dk, dv = snp.zeros_like(k), snp.zeros_like(v)
+        for step in range(self.n):
+            r, owner = self._owner(step)
+            visible = self._mask(r, owner, s)
+            scores = snp.einsum("...qd,...kd->...qk", q, k) * self.scale
+            p = snp.exp(scores - lse[..., None])
+            if visible is not None:
+                p = snp.where(visible, p, np.asarray(0, dtype))
+            dv = dv + snp.einsum("...qk,...qd->...kd", p, dout)
+            ds = p * (snp.einsum("...qd,...kd->...qk", dout, v) - delta[..., None])
+            dq = dq + snp.einsum("...qk,...kd->...qd", ds, k) * self.scale
+            dk = dk + snp.einsum("...qk,...qd->...kd", ds, q) * self.scale
+            # The gradients travel with their block; the last shift takes them home.
+            dk, dv = ppermute(dk, self.axes, self.shift), ppermute(dv, self.axes, self.shift)
+            if step + 1 < self.n:
+                k, v = ppermute(k, self.axes, self.shift), ppermute(v, self.axes, self.shift)
+        return dq, dk, dv
