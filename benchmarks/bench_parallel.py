@@ -12,8 +12,8 @@ stacked, so a row is the whole mesh's work and overhead (the ring does the same
 products in ``n`` steps), not one device's time.  Memory rows: the peak of numpy's
 allocations during one forward and backward call (``tracemalloc``), divided by the
 number of devices: what a device holds at its peak.  Full attention's scores alone
-are ``4 * 1024 * 1024`` floats (16 MiB); a device of the ring holds ``(1024 / n)^2``
-per head.
+are ``4 * 1024 * 1024`` floats (16 MiB); a device of the ring computes ``(1024 / n)^2``
+per head at a time, in both passes.
 
 Run it alone with ``python benchmarks/run.py parallel``.
 """
