@@ -6,6 +6,7 @@ sharded data parallelism, with checkpoints that resume on another mesh.
     spmd-run -n 2 examples/train_transformer.py --mesh data=1,model=2 --ckpt-dir ck
     spmd-run -n 4 --max-restarts 2 examples/train_transformer.py --ckpt-dir ck --save-every 10
     python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
+    python examples/train_transformer.py --mesh data=2,model=2,seq=2   # context parallel
 
 The model is a decoder-only transformer (token and position embeddings, pre-norm
 blocks of causal multi-head attention and a GELU MLP, a final layer norm, output
@@ -23,7 +24,11 @@ Parallelism on the mesh ``('data', 'model')``, written as one ``shard_map``:
   the MLP in the forward pass;
 - ``--fsdp`` also splits every weight matrix (and so its AdamW state) over
   ``'data'``: each is ``all_gather``-ed before use, and the transpose of that
-  gather is a ``psum_scatter`` of its gradient, so a device keeps 1/D of them.
+  gather is a ``psum_scatter`` of its gradient, so a device keeps 1/D of them;
+- ``seq=C`` in ``--mesh`` adds a ``'seq'`` axis that splits the sequence (context
+  parallelism): each device embeds, normalises and transforms only its block of the
+  positions, attention is ``spmd.parallel.ring_attention`` (key/value blocks passed
+  around the ``'seq'`` ring), and the loss is averaged over ``'seq'`` too.
 
 The optimizer is ``spmd.optim.adamw`` with a warm-up cosine schedule, applied
 inside the same program to each device's blocks.  Rank 0 shows a progress bar
@@ -54,6 +59,7 @@ import spmd
 import spmd.numpy as snp
 import spmd.optim as optim
 from spmd import P, NamedSharding, checkpointing, lax, nn
+from spmd.parallel import ring_attention
 
 MODULES = (
     "abc argparse array ast asyncio base64 bisect calendar cmd codecs collections "
@@ -168,22 +174,30 @@ def layer_norm(x, gb, eps=1e-5):
     return (x - mu) * lax.rsqrt(var + eps) * g + b
 
 
-def forward(cfg: Config, params, specs, tokens):
+def forward(cfg: Config, params, specs, tokens, seq: str | None = None):
     """Per-device logits: ``tokens`` (rows, T) of this device; the heads and hidden units
-    of its 'model' slice."""
+    of its 'model' slice.  With ``seq`` (context parallelism) ``tokens`` is this
+    device's block of the positions along that axis."""
     g = lambda name, p=params, s=specs: _gather(p[name], s[name])  # noqa: E731
     t = tokens.shape[1]
     tok = g("tok")
-    x = snp.take(tok, tokens, axis=0) + g("pos")[:t]
+    if seq is None:
+        pos = g("pos")[:t]
+    else:  # this device's positions: block axis_index(seq) of the sequence
+        pos = lax.dynamic_slice_in_dim(g("pos"), lax.axis_index(seq) * t, t, axis=0)
+    x = snp.take(tok, tokens, axis=0) + pos
     causal = np.tril(np.ones((t, t), bool))  # a constant of the program
     for blk, bspec in zip(params["blocks"], specs["blocks"]):
         gb = lambda name: _gather(blk[name], bspec[name])  # noqa: E731
         h = layer_norm(x, blk["ln1"])
         qkv = snp.einsum("btd,dchk->cbhtk", h, gb("wqkv"))       # local heads only
         q, k, v = qkv[0], qkv[1], qkv[2]
-        att = snp.einsum("bhtk,bhsk->bhts", q, k) / np.float32(np.sqrt(cfg.head_dim))
-        att = spmd.nn.softmax(snp.where(causal, att, np.float32(-1e9)), axis=-1)
-        y = snp.einsum("bhts,bhsk->bhtk", att, v)
+        if seq is None:
+            att = snp.einsum("bhtk,bhsk->bhts", q, k) / np.float32(np.sqrt(cfg.head_dim))
+            att = spmd.nn.softmax(snp.where(causal, att, np.float32(-1e9)), axis=-1)
+            y = snp.einsum("bhts,bhsk->bhtk", att, v)
+        else:
+            y = ring_attention(q, k, v, seq)
         x = x + lax.psum(snp.einsum("bhtk,hkd->btd", y, gb("wo")), "model")
         h = layer_norm(x, blk["ln2"])
         a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
@@ -196,11 +210,18 @@ def make_step(cfg: Config, mesh, specs, opt):
     """The jitted training step over the mesh: loss, gradients and AdamW in one program."""
     state_specs = _state_specs(opt, specs)
 
+    seq = "seq" if mesh.shape.get("seq", 1) > 1 else None
+
     def loss_fn(params, batch):
         tokens, targets = batch[:, :-1], batch[:, 1:]
-        logp = spmd.nn.log_softmax(forward(cfg, params, specs, tokens))
+        if seq is not None:  # this device's block of the positions (equal blocks)
+            t = tokens.shape[1] // mesh.shape[seq]
+            start = lax.axis_index(seq) * t
+            tokens, targets = (lax.dynamic_slice_in_dim(a, start, t, axis=1)
+                               for a in (tokens, targets))
+        logp = spmd.nn.log_softmax(forward(cfg, params, specs, tokens, seq))
         nll = -snp.mean(snp.take_along_axis(logp, targets[..., None], axis=-1))
-        return lax.pmean(nll, "data")
+        return lax.pmean(nll, ("data", seq) if seq else "data")
 
     @spmd.jit
     @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(specs, state_specs, P("data", None)),
@@ -260,24 +281,35 @@ def sample(cfg: Config, params, specs_whole, start: str, n: int, seed: int) -> s
 
 # ------------------------------------------------------------------ driver
 
-def parse_mesh(text: str, n_devices: int) -> tuple[int, int]:
+def parse_mesh(text: str, n_devices: int) -> tuple[int, int, int]:
+    """``(data, model, seq)`` of ``--mesh data=D,model=M[,seq=C]`` (``seq`` 1 if left out)."""
     try:
         parts = dict(kv.split("=") for kv in text.split(","))
         data, model = int(parts.pop("data")), int(parts.pop("model"))
-        if parts:
+        seq = int(parts.pop("seq", 1))
+        if parts or min(data, model, seq) < 1:
             raise ValueError
     except (ValueError, KeyError):
-        raise SystemExit(f"--mesh must read data=D,model=M, got {text!r}") from None
-    if data * model != n_devices:
-        raise SystemExit(f"--mesh data={data},model={model} needs {data * model} devices, but "
+        raise SystemExit(f"--mesh must read data=D,model=M or data=D,model=M,seq=C, got "
+                         f"{text!r}") from None
+    if data * model * seq != n_devices:
+        raise SystemExit(f"--mesh {text} needs {data * model * seq} devices, but "
                          f"this job has {n_devices} (the number of MPI ranks times "
                          "SPMD_LOCAL_DEVICES, or SPMD_NUM_DEVICES in one process)")
-    return data, model
+    return data, model, seq
+
+
+def make_mesh(data: int, model: int, seq: int = 1):
+    """The mesh ``('data', 'model')``, with a ``'seq'`` axis when the sequence is split."""
+    if seq == 1:
+        return spmd.make_mesh((data, model), ("data", "model"))
+    return spmd.make_mesh((data, model, seq), ("data", "model", "seq"))
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mesh", default=None, help="data=D,model=M (default: data=N/2,model=2)")
+    ap.add_argument("--mesh", default=None, help="data=D,model=M[,seq=C] (default: "
+                    "data=N/2,model=2); seq splits the sequence (ring attention)")
     ap.add_argument("--fsdp", action="store_true", help="also shard weights over 'data'")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -305,7 +337,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     n = spmd.device_count()
-    data, model = parse_mesh(args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
+    data, model, seq = parse_mesh(args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
     if args.resume and not args.ckpt_dir:
         raise SystemExit("--resume needs --ckpt-dir")
     # Decided before any collective, from what every rank reads alike.
@@ -313,10 +345,11 @@ def main(argv=None) -> int:
     rank0 = spmd.process_index() == 0
     say = print if rank0 else (lambda *a, **k: None)
     cfg = Config(args)
-    if cfg.heads % model or cfg.hidden % model or args.batch % data:
-        raise SystemExit(f"--mesh: 'model'={model} must divide the heads ({cfg.heads}) and "
-                         f"'data'={data} the batch ({args.batch})")
-    mesh = spmd.make_mesh((data, model), ("data", "model"))
+    if cfg.heads % model or cfg.hidden % model or args.batch % data or cfg.context % seq:
+        raise SystemExit(f"--mesh: 'model'={model} must divide the heads ({cfg.heads}), "
+                         f"'data'={data} the batch ({args.batch}) and 'seq'={seq} the "
+                         f"context ({cfg.context})")
+    mesh = make_mesh(data, model, seq)
     specs = param_specs(cfg, args.fsdp)
     schedule = optim.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup,
                                                   max(args.steps, args.warmup + 1),
@@ -327,7 +360,8 @@ def main(argv=None) -> int:
     corpus = load_corpus()
     say(f"corpus: {len(corpus)} symbols of standard-library documentation; model d={cfg.d}, "
         f"{cfg.layers} layers, {cfg.heads} heads, context {cfg.context}; mesh data={data} x "
-        f"model={model}{' (FSDP)' if args.fsdp else ''} over {n} devices in "
+        f"model={model}{f' x seq={seq}' if seq > 1 else ''}{' (FSDP)' if args.fsdp else ''} "
+        f"over {n} devices in "
         f"{spmd.process_count()} process(es)")
 
     params = init_params(cfg, specs, mesh, args.seed)
@@ -428,7 +462,8 @@ def _write_stats(args, steady, tokens, params, state, losses) -> None:
              "comm_share": comm / elapsed if elapsed > 0 else None,
              "param_bytes": _local_bytes(params), "opt_state_bytes": _local_bytes(state),
              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-             "final_loss": losses[-1][1] if losses else None}
+             "final_loss": losses[-1][1] if losses else None,
+             "losses": [loss for _, loss in losses]}
     with open(f"{args.stats}.rank{spmd.process_index()}.json", "w") as f:
         json.dump(stats, f)
 

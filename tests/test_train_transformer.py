@@ -60,6 +60,28 @@ def test_sharded_steps_match_one_device(ex, mesh_shape, fsdp):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
 
 
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 2), (2, 2, 2), (1, 1, 4)],
+                         ids=["seq=2", "data=2,model=2,seq=2", "seq=4"])
+def test_context_parallel_losses_match_one_device_for_20_steps(ex, mesh_shape):
+    """``--mesh ...,seq=C``: the sequence split over 'seq', attention by ring_attention;
+    the first 20 losses equal the one-device run's within 1e-4 (issue 29)."""
+    corpus = np.arange(4000, dtype=np.int32) % 96
+    cfg, step1, p1, s1 = _setup(ex, (1, 1), False)
+    args = ex.parse_args(SMALL)
+    mesh = ex.make_mesh(*mesh_shape)
+    specs = ex.param_specs(cfg, False)
+    opt = spmd.optim.adamw(1e-2, eps=1e-4, weight_decay=0.01)
+    pn = ex.init_params(cfg, specs, mesh, seed=0)
+    stepn, _ = ex.make_step(cfg, mesh, specs, opt)
+    sn = opt.init(pn)
+    assert args.context == 16
+    for k in range(1, 21):
+        batch = ex.batch_at(corpus, k, 8, 16, seed=0)
+        p1, s1, l1 = step1(p1, s1, batch)
+        pn, sn, ln = stepn(pn, sn, batch)
+        np.testing.assert_allclose(float(ln), float(l1), rtol=1e-4, err_msg=f"step {k}")
+
+
 def test_forward_has_two_model_psums_per_block(ex):
     args = ex.parse_args(SMALL)
     cfg = ex.Config(args)
@@ -86,6 +108,10 @@ def test_script_in_one_process_trains(ex, capsys):
 def test_mesh_that_does_not_match_the_devices(ex):
     with pytest.raises(SystemExit, match="needs 6 devices, but this job has 8"):
         ex.main(["--mesh", "data=3,model=2"])
+    with pytest.raises(SystemExit, match="'seq'=8 the context \\(60\\)"):
+        ex.main(["--mesh", "data=1,model=1,seq=8", "--context", "60", "--steps", "0"])
+    with pytest.raises(SystemExit, match="--mesh must read data=D,model=M or "):
+        ex.main(["--mesh", "data=2,model=2,pipe=2"])
 
 
 @pytest.mark.timeout(400)
@@ -109,6 +135,25 @@ def test_save_on_4_ranks_resume_on_2_ranks_with_another_mesh(tmp_path):
     resumed = [float(line.split()[4]) for line in out.splitlines() if "] step 8 loss" in line]
     # Continues from the saved model and optimizer state, not from scratch (~4.56).
     assert resumed and resumed[0] < saved[0] + 0.3 and resumed[0] < 4.2, out[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_context_parallel_on_4_ranks_matches_one_rank_for_20_steps(tmp_path):
+    """The script with --mesh data=2,model=1,seq=2 on 4 MPI ranks: its first 20 losses
+    equal those of the same run on one rank within 1e-4 (issue 29)."""
+    exe = mpiexec_or_skip()
+    run = os.path.join(os.path.dirname(sys.executable), "spmd-run")
+    losses = {}
+    for ranks, mesh in ((1, "data=1,model=1"), (4, "data=2,model=1,seq=2")):
+        stats = str(tmp_path / f"stats{ranks}")
+        cmd = [run, "-n", str(ranks), "--mpiexec", str(exe), SCRIPT, "--mesh", mesh,
+               "--steps", "20", "--sample", "0", "--stats", stats] + SMALL
+        status, out, _ = run_command(cmd, timeout=180)
+        assert status == 0, out[-4000:]
+        with open(f"{stats}.rank0.json") as f:
+            losses[ranks] = json.load(f)["losses"]
+    assert len(losses[1]) == len(losses[4]) == 20
+    np.testing.assert_allclose(losses[4], losses[1], rtol=1e-4)
 
 
 def _final_loss(out: str) -> str:
