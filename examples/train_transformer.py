@@ -7,6 +7,7 @@ sharded data parallelism, with checkpoints that resume on another mesh.
     spmd-run -n 4 --max-restarts 2 examples/train_transformer.py --ckpt-dir ck --save-every 10
     python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
     python examples/train_transformer.py --mesh data=2,model=2,seq=2   # context parallel
+    python examples/train_transformer.py --mesh data=2,model=2,expert=2 --experts 4  # MoE
 
 The model is a decoder-only transformer (token and position embeddings, pre-norm
 blocks of causal multi-head attention and a GELU MLP, a final layer norm, output
@@ -28,7 +29,11 @@ Parallelism on the mesh ``('data', 'model')``, written as one ``shard_map``:
 - ``seq=C`` in ``--mesh`` adds a ``'seq'`` axis that splits the sequence (context
   parallelism): each device embeds, normalises and transforms only its block of the
   positions, attention is ``spmd.parallel.ring_attention`` (key/value blocks passed
-  around the ``'seq'`` ring), and the loss is averaged over ``'seq'`` too.
+  around the ``'seq'`` ring), and the loss is averaged over ``'seq'`` too;
+- ``--experts N`` makes each block's MLP a top-``k`` mixture of ``N`` experts
+  (``spmd.parallel.moe``), and ``expert=E`` in ``--mesh`` splits the experts over an
+  ``'expert'`` axis, which also splits the batch: tokens reach their experts'
+  devices by ``all_to_all``; the router's load-balancing loss is added to the loss.
 
 The optimizer is ``spmd.optim.adamw`` with a warm-up cosine schedule, applied
 inside the same program to each device's blocks.  Rank 0 shows a progress bar
@@ -59,7 +64,7 @@ import spmd
 import spmd.numpy as snp
 import spmd.optim as optim
 from spmd import P, NamedSharding, checkpointing, lax, nn
-from spmd.parallel import ring_attention
+from spmd.parallel import moe, ring_attention
 
 MODULES = (
     "abc argparse array ast asyncio base64 bisect calendar cmd codecs collections "
@@ -115,16 +120,31 @@ class Config:
             args.layers
         self.hidden, self.context = 4 * args.d_model, args.context
         self.head_dim = self.d // self.heads
+        # Mixture of experts (0: the dense MLP).
+        self.experts = getattr(args, "experts", 0)
+        self.top_k = getattr(args, "top_k", 2)
+        self.capacity_factor = getattr(args, "capacity_factor", 1.25)
 
 
-def param_specs(cfg: Config, fsdp: bool):
-    """Each parameter's PartitionSpec over ('data', 'model')."""
+AUX_WEIGHT = 0.01  # of the router's load-balancing loss (Switch Transformer's)
+
+
+def param_specs(cfg: Config, fsdp: bool, expert: bool = False):
+    """Each parameter's PartitionSpec over ('data', 'model') (and 'expert' when the
+    mesh has that axis: the experts' weights are split over it)."""
     f = "data" if fsdp else None
     block = {"ln1": (P(), P()), "ln2": (P(), P()),
              "wqkv": P(f, None, "model", None),      # (d, 3, heads, head_dim)
-             "wo": P("model", None, f),               # (heads, head_dim, d)
-             "w1": P(f, "model"), "b1": P("model"),   # (d, hidden)
-             "w2": P("model", f), "b2": P()}          # (hidden, d)
+             "wo": P("model", None, f)}               # (heads, head_dim, d)
+    if cfg.experts:
+        e = "expert" if expert else None
+        block.update({"router": P(),                  # (d, experts)
+                      "w_in": P(e, None, None),       # (experts, d, hidden)
+                      "w_out": P(e, None, None),      # (experts, hidden, d)
+                      "b2": P()})
+    else:
+        block.update({"w1": P(f, "model"), "b1": P("model"),   # (d, hidden)
+                      "w2": P("model", f), "b2": P()})          # (hidden, d)
     return {"tok": P(f, None), "pos": P(f, None), "lnf": (P(), P()),
             "blocks": [dict(block) for _ in range(cfg.layers)]}
 
@@ -143,16 +163,23 @@ def init_params(cfg: Config, specs, mesh, seed: int):
     def build(key):
         keys = iter(spmd.random.split(key, 2 + 4 * cfg.layers))
         ln = lambda: (ones(None, (d,)), zeros(None, (d,)))  # noqa: E731
+        def mlp():
+            if not cfg.experts:
+                return {"w1": normal(0.02)(next(keys), (d, hid)), "b1": zeros(None, (hid,)),
+                        "w2": normal(scale_out)(next(keys), (hid, d)), "b2": zeros(None, (d,))}
+            n, k = cfg.experts, next(keys)  # two keys a block, as the dense MLP's
+            return {"router": normal(0.02)(spmd.random.fold_in(k, 1), (d, n)),
+                    "w_in": normal(0.02)(spmd.random.fold_in(k, 0), (n, d, hid)),
+                    "w_out": normal(scale_out)(next(keys), (n, hid, d)),
+                    "b2": zeros(None, (d,))}
+
         return {"tok": normal(0.02)(next(keys), (cfg.vocab, d)),
                 "pos": normal(0.01)(next(keys), (cfg.context, d)),
                 "lnf": ln(),
                 "blocks": [{"ln1": ln(), "ln2": ln(),
                             "wqkv": normal(0.02)(next(keys), (d, 3, h, hd)),
                             "wo": normal(scale_out)(next(keys), (h, hd, d)),
-                            "w1": normal(0.02)(next(keys), (d, hid)),
-                            "b1": zeros(None, (hid,)),
-                            "w2": normal(scale_out)(next(keys), (hid, d)),
-                            "b2": zeros(None, (d,))} for _ in range(cfg.layers)]}
+                            **mlp()} for _ in range(cfg.layers)]}
 
     shardings = spmd.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
                                         is_leaf=lambda x: isinstance(x, P))
@@ -174,10 +201,14 @@ def layer_norm(x, gb, eps=1e-5):
     return (x - mu) * lax.rsqrt(var + eps) * g + b
 
 
-def forward(cfg: Config, params, specs, tokens, seq: str | None = None):
+def forward(cfg: Config, params, specs, tokens, seq: str | None = None,
+            expert: str = "expert", token_axes=None):
     """Per-device logits: ``tokens`` (rows, T) of this device; the heads and hidden units
     of its 'model' slice.  With ``seq`` (context parallelism) ``tokens`` is this
-    device's block of the positions along that axis."""
+    device's block of the positions along that axis.  With experts, the router's
+    load-balancing loss of the blocks is returned too: ``(logits, aux)``; ``expert`` is
+    the mesh axis the experts are split over, ``token_axes`` all those the tokens are
+    (the loss's statistics are over all tokens)."""
     g = lambda name, p=params, s=specs: _gather(p[name], s[name])  # noqa: E731
     t = tokens.shape[1]
     tok = g("tok")
@@ -187,6 +218,7 @@ def forward(cfg: Config, params, specs, tokens, seq: str | None = None):
         pos = lax.dynamic_slice_in_dim(g("pos"), lax.axis_index(seq) * t, t, axis=0)
     x = snp.take(tok, tokens, axis=0) + pos
     causal = np.tril(np.ones((t, t), bool))  # a constant of the program
+    aux = np.float32(0.0)
     for blk, bspec in zip(params["blocks"], specs["blocks"]):
         gb = lambda name: _gather(blk[name], bspec[name])  # noqa: E731
         h = layer_norm(x, blk["ln1"])
@@ -200,10 +232,19 @@ def forward(cfg: Config, params, specs, tokens, seq: str | None = None):
             y = ring_attention(q, k, v, seq)
         x = x + lax.psum(snp.einsum("bhtk,hkd->btd", y, gb("wo")), "model")
         h = layer_norm(x, blk["ln2"])
-        a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
-        x = x + lax.psum(a @ gb("w2"), "model") + blk["b2"]
+        if cfg.experts:  # every device of a 'model' group computes the same experts
+            b, t_, d = h.shape
+            y, stats = moe(snp.reshape(h, (b * t_, d)), blk["router"], blk["w_in"],
+                           blk["w_out"], expert, top_k=cfg.top_k,
+                           capacity_factor=cfg.capacity_factor, token_axes=token_axes)
+            x = x + snp.reshape(y, (b, t_, d)) + blk["b2"]
+            aux = aux + stats["aux_loss"] / cfg.layers
+        else:
+            a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
+            x = x + lax.psum(a @ gb("w2"), "model") + blk["b2"]
     x = layer_norm(x, params["lnf"])
-    return x @ tok.T  # weight tying
+    logits = x @ tok.T  # weight tying
+    return (logits, aux) if cfg.experts else logits
 
 
 def make_step(cfg: Config, mesh, specs, opt):
@@ -211,6 +252,7 @@ def make_step(cfg: Config, mesh, specs, opt):
     state_specs = _state_specs(opt, specs)
 
     seq = "seq" if mesh.shape.get("seq", 1) > 1 else None
+    batch_axes = batch_spec(mesh)[0]
 
     def loss_fn(params, batch):
         tokens, targets = batch[:, :-1], batch[:, 1:]
@@ -219,12 +261,17 @@ def make_step(cfg: Config, mesh, specs, opt):
             start = lax.axis_index(seq) * t
             tokens, targets = (lax.dynamic_slice_in_dim(a, start, t, axis=1)
                                for a in (tokens, targets))
-        logp = spmd.nn.log_softmax(forward(cfg, params, specs, tokens, seq))
+        axes = (tuple(batch_axes) if isinstance(batch_axes, tuple) else (batch_axes,)) + \
+            ((seq,) if seq else ())  # every axis the tokens are split over
+        out = forward(cfg, params, specs, tokens, seq, token_axes=axes)
+        logits, aux = out if cfg.experts else (out, 0.0)
+        logp = spmd.nn.log_softmax(logits)
         nll = -snp.mean(snp.take_along_axis(logp, targets[..., None], axis=-1))
-        return lax.pmean(nll, ("data", seq) if seq else "data")
+        return lax.pmean(nll, axes) + AUX_WEIGHT * aux
 
     @spmd.jit
-    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(specs, state_specs, P("data", None)),
+    @functools.partial(spmd.shard_map, mesh=mesh,
+                       in_specs=(specs, state_specs, batch_spec(mesh)),
                        out_specs=(specs, state_specs, P()))
     def step(params, state, batch):
         loss, grads = spmd.value_and_grad(loss_fn)(params, batch)
@@ -264,10 +311,17 @@ def _map_state(state, assign):
 
 def sample(cfg: Config, params, specs_whole, start: str, n: int, seed: int) -> str:
     """Generate ``n`` symbols after ``start`` (rank 0, on whole numpy parameters)."""
-    mesh1 = spmd.make_mesh((1, 1), ("data", "model"), devices=spmd.local_devices()[:1])
+    mesh1 = make_mesh(1, 1, moe=cfg.experts > 0, devices=spmd.local_devices()[:1])
+
+    def logits(p, t):
+        out = forward(cfg, p, specs_whole, t)
+        return out[0] if cfg.experts else out
+
     logits_of = spmd.jit(spmd.shard_map(
-        lambda p, t: forward(cfg, p, specs_whole, t), mesh=mesh1,
-        in_specs=(specs_whole, P()), out_specs=P()))
+        logits, mesh=mesh1,
+        # One device: nothing differs between devices (the experts' all_to_all over the
+        # size-1 'expert' axis types its result as varying along it).
+        in_specs=(specs_whole, P()), out_specs=P(), check_vma=not cfg.experts))
     index = {c: i for i, c in enumerate(VOCAB)}
     ids = [index.get(c, index["?"]) for c in start]
     rng = np.random.default_rng(seed)
@@ -281,35 +335,53 @@ def sample(cfg: Config, params, specs_whole, start: str, n: int, seed: int) -> s
 
 # ------------------------------------------------------------------ driver
 
-def parse_mesh(text: str, n_devices: int) -> tuple[int, int, int]:
-    """``(data, model, seq)`` of ``--mesh data=D,model=M[,seq=C]`` (``seq`` 1 if left out)."""
+def parse_mesh(text: str, n_devices: int) -> tuple[int, int, int, int]:
+    """``(data, model, seq, expert)`` of ``--mesh data=D,model=M[,seq=C][,expert=E]``
+    (``seq`` and ``expert`` 1 when left out)."""
     try:
         parts = dict(kv.split("=") for kv in text.split(","))
         data, model = int(parts.pop("data")), int(parts.pop("model"))
-        seq = int(parts.pop("seq", 1))
-        if parts or min(data, model, seq) < 1:
+        seq, expert = int(parts.pop("seq", 1)), int(parts.pop("expert", 1))
+        if parts or min(data, model, seq, expert) < 1:
             raise ValueError
     except (ValueError, KeyError):
-        raise SystemExit(f"--mesh must read data=D,model=M or data=D,model=M,seq=C, got "
-                         f"{text!r}") from None
-    if data * model * seq != n_devices:
-        raise SystemExit(f"--mesh {text} needs {data * model * seq} devices, but "
+        raise SystemExit(f"--mesh must read data=D,model=M with optional ,seq=C and "
+                         f",expert=E, got {text!r}") from None
+    if data * model * seq * expert != n_devices:
+        raise SystemExit(f"--mesh {text} needs {data * model * seq * expert} devices, but "
                          f"this job has {n_devices} (the number of MPI ranks times "
                          "SPMD_LOCAL_DEVICES, or SPMD_NUM_DEVICES in one process)")
-    return data, model, seq
+    return data, model, seq, expert
 
 
-def make_mesh(data: int, model: int, seq: int = 1):
-    """The mesh ``('data', 'model')``, with a ``'seq'`` axis when the sequence is split."""
-    if seq == 1:
-        return spmd.make_mesh((data, model), ("data", "model"))
-    return spmd.make_mesh((data, model, seq), ("data", "model", "seq"))
+def make_mesh(data: int, model: int, seq: int = 1, expert: int = 1, moe: bool = False,
+              devices=None):
+    """The mesh ``('data', 'model')``, with a ``'seq'`` axis when the sequence is split
+    and an ``'expert'`` axis when the model has experts (size 1 when they are not
+    split: the mixture-of-experts layer communicates over it)."""
+    sizes, names = [data, model], ["data", "model"]
+    for size, name, wanted in ((seq, "seq", seq > 1), (expert, "expert", moe or expert > 1)):
+        if wanted:
+            sizes.append(size)
+            names.append(name)
+    return spmd.make_mesh(tuple(sizes), tuple(names), devices=devices)
+
+
+def batch_spec(mesh) -> P:
+    """The batch's rows are split over 'data', and over 'expert' too where it exists."""
+    return P(("data", "expert") if "expert" in mesh.axis_names else "data", None)
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mesh", default=None, help="data=D,model=M[,seq=C] (default: "
-                    "data=N/2,model=2); seq splits the sequence (ring attention)")
+    ap.add_argument("--mesh", default=None, help="data=D,model=M[,seq=C][,expert=E] "
+                    "(default: data=N/2,model=2); seq splits the sequence (ring attention), "
+                    "expert the experts (with --experts)")
+    ap.add_argument("--experts", type=int, default=0,
+                    help="experts of each block's MLP (0: a dense MLP)")
+    ap.add_argument("--top-k", type=int, default=2, help="experts per token")
+    ap.add_argument("--capacity-factor", type=float, default=1.25,
+                    help="slots per expert, relative to an even share of the tokens")
     ap.add_argument("--fsdp", action="store_true", help="also shard weights over 'data'")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -337,7 +409,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     n = spmd.device_count()
-    data, model, seq = parse_mesh(args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
+    data, model, seq, expert = parse_mesh(
+        args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
     if args.resume and not args.ckpt_dir:
         raise SystemExit("--resume needs --ckpt-dir")
     # Decided before any collective, from what every rank reads alike.
@@ -345,12 +418,16 @@ def main(argv=None) -> int:
     rank0 = spmd.process_index() == 0
     say = print if rank0 else (lambda *a, **k: None)
     cfg = Config(args)
-    if cfg.heads % model or cfg.hidden % model or args.batch % data or cfg.context % seq:
+    if cfg.heads % model or cfg.hidden % model or args.batch % (data * expert) or \
+            cfg.context % seq:
         raise SystemExit(f"--mesh: 'model'={model} must divide the heads ({cfg.heads}), "
-                         f"'data'={data} the batch ({args.batch}) and 'seq'={seq} the "
-                         f"context ({cfg.context})")
-    mesh = make_mesh(data, model, seq)
-    specs = param_specs(cfg, args.fsdp)
+                         f"'data' x 'expert'={data * expert} the batch ({args.batch}) and "
+                         f"'seq'={seq} the context ({cfg.context})")
+    if expert > 1 and (not cfg.experts or cfg.experts % expert):
+        raise SystemExit(f"--mesh: 'expert'={expert} must divide --experts "
+                         f"({cfg.experts}; give --experts N)")
+    mesh = make_mesh(data, model, seq, expert, moe=cfg.experts > 0)
+    specs = param_specs(cfg, args.fsdp, expert="expert" in mesh.axis_names)
     schedule = optim.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup,
                                                   max(args.steps, args.warmup + 1),
                                                   end_value=args.lr / 10)
@@ -360,7 +437,10 @@ def main(argv=None) -> int:
     corpus = load_corpus()
     say(f"corpus: {len(corpus)} symbols of standard-library documentation; model d={cfg.d}, "
         f"{cfg.layers} layers, {cfg.heads} heads, context {cfg.context}; mesh data={data} x "
-        f"model={model}{f' x seq={seq}' if seq > 1 else ''}{' (FSDP)' if args.fsdp else ''} "
+        f"model={model}{f' x seq={seq}' if seq > 1 else ''}"
+        f"{f' x expert={expert}' if expert > 1 else ''}"
+        f"{f', {cfg.experts} experts (top {cfg.top_k})' if cfg.experts else ''}"
+        f"{' (FSDP)' if args.fsdp else ''} "
         f"over {n} devices in "
         f"{spmd.process_count()} process(es)")
 
@@ -482,7 +562,7 @@ def _targets(tree, mesh, specs, state_specs):
 
 def _put_batch(batch: np.ndarray, mesh):
     """Each process passes only the rows of its devices."""
-    sharding = NamedSharding(mesh, P("data", None))
+    sharding = NamedSharding(mesh, batch_spec(mesh))
     if spmd.process_count() == 1:
         return spmd.device_put(batch, sharding)
     index = sharding.devices_indices_map(batch.shape)

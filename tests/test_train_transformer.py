@@ -82,6 +82,33 @@ def test_context_parallel_losses_match_one_device_for_20_steps(ex, mesh_shape):
         np.testing.assert_allclose(float(ln), float(l1), rtol=1e-4, err_msg=f"step {k}")
 
 
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 1, 2), (2, 2, 1, 2), (1, 1, 2, 4)],
+                         ids=["expert=2", "data=2,model=2,expert=2", "seq=2,expert=4"])
+def test_expert_parallel_losses_match_one_device_for_20_steps(ex, mesh_shape):
+    """``--experts 4 --mesh ...,expert=E``: the experts split over 'expert' (which also
+    splits the batch); with a capacity that drops no token, the first 20 losses equal
+    the one-device mixture-of-experts run's within 1e-4 (issue 29)."""
+    corpus = np.arange(4000, dtype=np.int32) % 96
+    args = ex.parse_args(SMALL + ["--experts", "4", "--capacity-factor", "4"])
+    cfg = ex.Config(args)
+    opt = spmd.optim.adamw(1e-2, eps=1e-4, weight_decay=0.01)
+    runs = []
+    for shape in ((1, 1, 1, 1), mesh_shape):
+        devices = spmd.devices()[:int(np.prod(shape))]
+        mesh = ex.make_mesh(*shape, moe=True, devices=devices)
+        specs = ex.param_specs(cfg, False, expert=True)
+        params = ex.init_params(cfg, specs, mesh, seed=0)
+        step, _ = ex.make_step(cfg, mesh, specs, opt)
+        runs.append([step, params, opt.init(params)])
+    for k in range(1, 21):
+        batch = ex.batch_at(corpus, k, 8, 16, seed=0)
+        losses = []
+        for run in runs:
+            run[1], run[2], loss = run[0](run[1], run[2], batch)
+            losses.append(float(loss))
+        np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, err_msg=f"step {k}")
+
+
 def test_forward_has_two_model_psums_per_block(ex):
     args = ex.parse_args(SMALL)
     cfg = ex.Config(args)
@@ -110,8 +137,11 @@ def test_mesh_that_does_not_match_the_devices(ex):
         ex.main(["--mesh", "data=3,model=2"])
     with pytest.raises(SystemExit, match="'seq'=8 the context \\(60\\)"):
         ex.main(["--mesh", "data=1,model=1,seq=8", "--context", "60", "--steps", "0"])
-    with pytest.raises(SystemExit, match="--mesh must read data=D,model=M or "):
+    with pytest.raises(SystemExit, match="--mesh must read data=D,model=M with optional "
+                                         ",seq=C and ,expert=E"):
         ex.main(["--mesh", "data=2,model=2,pipe=2"])
+    with pytest.raises(SystemExit, match="'expert'=2 must divide --experts \\(0; give "):
+        ex.main(["--mesh", "data=2,model=2,expert=2", "--steps", "0"])
 
 
 @pytest.mark.timeout(400)
@@ -153,6 +183,25 @@ def test_context_parallel_on_4_ranks_matches_one_rank_for_20_steps(tmp_path):
         with open(f"{stats}.rank0.json") as f:
             losses[ranks] = json.load(f)["losses"]
     assert len(losses[1]) == len(losses[4]) == 20
+    np.testing.assert_allclose(losses[4], losses[1], rtol=1e-4)
+
+
+@pytest.mark.timeout(400)
+def test_expert_parallel_on_4_ranks_matches_one_rank_for_20_steps(tmp_path):
+    """--experts 4 with --mesh data=2,model=1,expert=2 on 4 MPI ranks against one rank
+    (a capacity that drops no token): the first 20 losses within 1e-4 (issue 29)."""
+    exe = mpiexec_or_skip()
+    run = os.path.join(os.path.dirname(sys.executable), "spmd-run")
+    losses = {}
+    for ranks, mesh in ((1, "data=1,model=1"), (4, "data=2,model=1,expert=2")):
+        stats = str(tmp_path / f"stats{ranks}")
+        cmd = [run, "-n", str(ranks), "--mpiexec", str(exe), SCRIPT, "--mesh", mesh,
+               "--steps", "20", "--sample", "0", "--stats", stats, "--experts", "4",
+               "--capacity-factor", "4"] + SMALL
+        status, out, _ = run_command(cmd, timeout=180)
+        assert status == 0, out[-4000:]
+        with open(f"{stats}.rank0.json") as f:
+            losses[ranks] = json.load(f)["losses"]
     np.testing.assert_allclose(losses[4], losses[1], rtol=1e-4)
 
 

@@ -45,7 +45,7 @@ def moe_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) 
 
 
 def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: float = 1.25,
-        activation: Callable = nn.gelu):
+        activation: Callable = nn.gelu, token_axes=None):
     """The mixture-of-experts MLP on this device's tokens, inside a ``shard_map`` over
     ``axis_name`` (the expert axis).
 
@@ -53,7 +53,10 @@ def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: f
     ``w_in``: ``(E / n, d, h)`` and ``w_out``: ``(E / n, h, d)``, this device's experts.
     Returns ``(y, aux)``: ``y`` ``(t, d)``, and a dict of the load-balancing loss
     ``"aux_loss"`` and ``"dropped"``, the number of (token, choice) pairs dropped over
-    all devices (both the same on every device).
+    all devices (both the same on every device).  ``token_axes`` (default:
+    ``axis_name``) are all the mesh axes the tokens are split over (the expert axis and,
+    say, a data axis): the loss's routing statistics are averaged over them, so it is
+    the loss of all the tokens, whatever the split.
 
     >>> layer = shard_map(lambda x, r, a, b: moe(x, r, a, b, "expert"), mesh=mesh,
     ...                   in_specs=(P("expert"), P(), P("expert"), P("expert")),
@@ -61,6 +64,7 @@ def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: f
     """
     axes = _axes(axis_name, "moe")
     n = _size(axes)
+    stat_axes = axes if token_axes is None else _axes(token_axes, "moe")
     xa, ra, ia, oa = (get_aval(a) for a in (x, router, w_in, w_out))
     if xa.ndim != 2 or ra.ndim != 2 or ia.ndim != 3 or oa.ndim != 3:
         raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
@@ -104,8 +108,8 @@ def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: f
     y = snp.einsum("tkec,ecd->td", combine, back)
 
     routed = snp.mean(snp.sum(nn.one_hot(top_e, experts, dtype=dtype), axis=1), axis=0)
-    fraction = pmean(routed, axes) / top_k                       # share of pairs per expert
-    importance = pmean(snp.mean(probs, axis=0), axes)
+    fraction = pmean(routed, stat_axes) / top_k                  # share of pairs per expert
+    importance = pmean(snp.mean(probs, axis=0), stat_axes)
     aux = {"aux_loss": experts * snp.sum(fraction * importance),
-           "dropped": psum(snp.sum(1 - snp.asarray(kept, np.int32)), axes)}
+           "dropped": psum(snp.sum(1 - snp.asarray(kept, np.int32)), stat_axes)}
     return y, aux

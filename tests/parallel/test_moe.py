@@ -117,3 +117,20 @@ def test_errors_name_the_argument():
         call(x, r, w1[:4], w2[:4])
     with pytest.raises(ShapeError, match=r"must be \(t, d\), \(d, E\)"):
         call(x.reshape(T, 2, D // 2), r, w1, w2)
+
+
+def test_token_axes_make_the_loss_that_of_all_tokens():
+    # Tokens split over ("data", "expert"): with token_axes naming both, the routing
+    # statistics (so the auxiliary loss and the dropped count) are over all tokens.
+    x, r, w1, w2 = _data()
+    mesh = spmd.make_mesh((2, 4), ("data", "expert"))
+    f = spmd.shard_map(
+        lambda x, r, a, b: moe(x, r, a, b, "expert", capacity_factor=1.0,
+                               token_axes=("data", "expert")),
+        mesh=mesh, in_specs=(P(("data", "expert")), P(), P("expert"), P("expert")),
+        out_specs=(P(("data", "expert")), P()))
+    y, aux = f(x, r, w1, w2)
+    want, dropped, aux_loss = _oracle(x, r, w1, w2, 8, 1.0)
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5)
+    assert int(aux["dropped"]) == dropped
+    np.testing.assert_allclose(float(aux["aux_loss"]), aux_loss, rtol=1e-5)
