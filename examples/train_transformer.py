@@ -267,7 +267,8 @@ def make_step(cfg: Config, mesh, specs, opt):
         logits, aux = out if cfg.experts else (out, 0.0)
         logp = spmd.nn.log_softmax(logits)
         nll = -snp.mean(snp.take_along_axis(logp, targets[..., None], axis=-1))
-        return lax.pmean(nll, axes) + AUX_WEIGHT * aux
+        loss = lax.pmean(nll, axes)
+        return loss + AUX_WEIGHT * aux if cfg.experts else loss
 
     @spmd.jit
     @functools.partial(spmd.shard_map, mesh=mesh,
