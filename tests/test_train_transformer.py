@@ -31,19 +31,54 @@ def ex():
     return mod
 
 
-def _setup(ex, mesh_shape, fsdp):
-    args = ex.parse_args(SMALL + (["--fsdp"] if fsdp else []))
-    cfg = ex.Config(args)
-    mesh = spmd.make_mesh(mesh_shape, ("data", "model"),
-                          devices=spmd.devices()[:int(np.prod(mesh_shape))])
-    specs = ex.param_specs(cfg, fsdp)
+def _run_on(ex, cfg, mesh, fsdp=False, expert=False):
+    """``[step, params, optimizer state]`` of the model on ``mesh``."""
+    specs = ex.param_specs(cfg, fsdp, expert=expert)
     # Adam divides each gradient by its own magnitude: with the default eps a gradient
     # that is only rounding noise (different on another summation order) would take
     # a full step.  A larger eps keeps the comparison about the sharding.
     opt = spmd.optim.adamw(1e-2, eps=1e-4, weight_decay=0.01)
     params = ex.init_params(cfg, specs, mesh, seed=0)
     step, _ = ex.make_step(cfg, mesh, specs, opt)
-    return cfg, step, params, opt.init(params)
+    return [step, params, opt.init(params)]
+
+
+def _setup(ex, mesh_shape, fsdp):
+    args = ex.parse_args(SMALL + (["--fsdp"] if fsdp else []))
+    cfg = ex.Config(args)
+    mesh = spmd.make_mesh(mesh_shape, ("data", "model"),
+                          devices=spmd.devices()[:int(np.prod(mesh_shape))])
+    return (cfg, *_run_on(ex, cfg, mesh, fsdp))
+
+
+def _same_losses_for_20_steps(ex, cfg, runs):
+    """Train every run of ``runs`` on the same 20 batches: each step's losses within 1e-4."""
+    corpus = np.arange(4000, dtype=np.int32) % 96
+    for k in range(1, 21):
+        batch = ex.batch_at(corpus, k, 8, cfg.context, seed=0)
+        losses = []
+        for run in runs:
+            run[1], run[2], loss = run[0](run[1], run[2], batch)
+            losses.append(float(loss))
+        np.testing.assert_allclose(losses[1:], losses[0], rtol=1e-4, err_msg=f"step {k}")
+
+
+def _losses_on_ranks(tmp_path, runs, extra=()):
+    """The 20 losses the script records (``--stats``) for each ``(ranks, mesh)`` of
+    ``runs``, launched by spmd-run."""
+    exe = mpiexec_or_skip()
+    spmd_run = os.path.join(os.path.dirname(sys.executable), "spmd-run")
+    losses = []
+    for ranks, mesh in runs:
+        stats = str(tmp_path / f"stats{ranks}")
+        cmd = [spmd_run, "-n", str(ranks), "--mpiexec", str(exe), SCRIPT, "--mesh", mesh,
+               "--steps", "20", "--sample", "0", "--stats", stats, *extra] + SMALL
+        status, out, _ = run_command(cmd, timeout=180)
+        assert status == 0, out[-4000:]
+        with open(f"{stats}.rank0.json") as f:
+            losses.append(json.load(f)["losses"])
+        assert len(losses[-1]) == 20
+    return losses
 
 
 @pytest.mark.parametrize("mesh_shape, fsdp", [((4, 2), False), ((2, 2), True), ((1, 4), True)])
@@ -65,21 +100,10 @@ def test_sharded_steps_match_one_device(ex, mesh_shape, fsdp):
 def test_context_parallel_losses_match_one_device_for_20_steps(ex, mesh_shape):
     """``--mesh ...,seq=C``: the sequence split over 'seq', attention by ring_attention;
     the first 20 losses equal the one-device run's within 1e-4 (issue 29)."""
-    corpus = np.arange(4000, dtype=np.int32) % 96
-    cfg, step1, p1, s1 = _setup(ex, (1, 1), False)
-    args = ex.parse_args(SMALL)
-    mesh = ex.make_mesh(*mesh_shape)
-    specs = ex.param_specs(cfg, False)
-    opt = spmd.optim.adamw(1e-2, eps=1e-4, weight_decay=0.01)
-    pn = ex.init_params(cfg, specs, mesh, seed=0)
-    stepn, _ = ex.make_step(cfg, mesh, specs, opt)
-    sn = opt.init(pn)
-    assert args.context == 16
-    for k in range(1, 21):
-        batch = ex.batch_at(corpus, k, 8, 16, seed=0)
-        p1, s1, l1 = step1(p1, s1, batch)
-        pn, sn, ln = stepn(pn, sn, batch)
-        np.testing.assert_allclose(float(ln), float(l1), rtol=1e-4, err_msg=f"step {k}")
+    cfg, *one = _setup(ex, (1, 1), False)
+    devices = spmd.devices()[:int(np.prod(mesh_shape))]
+    _same_losses_for_20_steps(ex, cfg, [one, _run_on(ex, cfg, ex.make_mesh(*mesh_shape,
+                                                                          devices=devices))])
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1, 2), (2, 2, 1, 2), (1, 1, 2, 4)],
@@ -88,25 +112,12 @@ def test_expert_parallel_losses_match_one_device_for_20_steps(ex, mesh_shape):
     """``--experts 4 --mesh ...,expert=E``: the experts split over 'expert' (which also
     splits the batch); with a capacity that drops no token, the first 20 losses equal
     the one-device mixture-of-experts run's within 1e-4 (issue 29)."""
-    corpus = np.arange(4000, dtype=np.int32) % 96
-    args = ex.parse_args(SMALL + ["--experts", "4", "--capacity-factor", "4"])
-    cfg = ex.Config(args)
-    opt = spmd.optim.adamw(1e-2, eps=1e-4, weight_decay=0.01)
-    runs = []
-    for shape in ((1, 1, 1, 1), mesh_shape):
-        devices = spmd.devices()[:int(np.prod(shape))]
-        mesh = ex.make_mesh(*shape, moe=True, devices=devices)
-        specs = ex.param_specs(cfg, False, expert=True)
-        params = ex.init_params(cfg, specs, mesh, seed=0)
-        step, _ = ex.make_step(cfg, mesh, specs, opt)
-        runs.append([step, params, opt.init(params)])
-    for k in range(1, 21):
-        batch = ex.batch_at(corpus, k, 8, 16, seed=0)
-        losses = []
-        for run in runs:
-            run[1], run[2], loss = run[0](run[1], run[2], batch)
-            losses.append(float(loss))
-        np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4, err_msg=f"step {k}")
+    cfg = ex.Config(ex.parse_args(SMALL + ["--experts", "4", "--capacity-factor", "4"]))
+    runs = [_run_on(ex, cfg, ex.make_mesh(*shape, moe=True,
+                                          devices=spmd.devices()[:int(np.prod(shape))]),
+                    expert=True)
+            for shape in ((1, 1, 1, 1), mesh_shape)]
+    _same_losses_for_20_steps(ex, cfg, runs)
 
 
 def test_forward_has_two_model_psums_per_block(ex):
@@ -171,38 +182,19 @@ def test_save_on_4_ranks_resume_on_2_ranks_with_another_mesh(tmp_path):
 def test_context_parallel_on_4_ranks_matches_one_rank_for_20_steps(tmp_path):
     """The script with --mesh data=2,model=1,seq=2 on 4 MPI ranks: its first 20 losses
     equal those of the same run on one rank within 1e-4 (issue 29)."""
-    exe = mpiexec_or_skip()
-    run = os.path.join(os.path.dirname(sys.executable), "spmd-run")
-    losses = {}
-    for ranks, mesh in ((1, "data=1,model=1"), (4, "data=2,model=1,seq=2")):
-        stats = str(tmp_path / f"stats{ranks}")
-        cmd = [run, "-n", str(ranks), "--mpiexec", str(exe), SCRIPT, "--mesh", mesh,
-               "--steps", "20", "--sample", "0", "--stats", stats] + SMALL
-        status, out, _ = run_command(cmd, timeout=180)
-        assert status == 0, out[-4000:]
-        with open(f"{stats}.rank0.json") as f:
-            losses[ranks] = json.load(f)["losses"]
-    assert len(losses[1]) == len(losses[4]) == 20
-    np.testing.assert_allclose(losses[4], losses[1], rtol=1e-4)
+    one, four = _losses_on_ranks(tmp_path, [(1, "data=1,model=1"),
+                                            (4, "data=2,model=1,seq=2")])
+    np.testing.assert_allclose(four, one, rtol=1e-4)
 
 
 @pytest.mark.timeout(400)
 def test_expert_parallel_on_4_ranks_matches_one_rank_for_20_steps(tmp_path):
     """--experts 4 with --mesh data=2,model=1,expert=2 on 4 MPI ranks against one rank
     (a capacity that drops no token): the first 20 losses within 1e-4 (issue 29)."""
-    exe = mpiexec_or_skip()
-    run = os.path.join(os.path.dirname(sys.executable), "spmd-run")
-    losses = {}
-    for ranks, mesh in ((1, "data=1,model=1"), (4, "data=2,model=1,expert=2")):
-        stats = str(tmp_path / f"stats{ranks}")
-        cmd = [run, "-n", str(ranks), "--mpiexec", str(exe), SCRIPT, "--mesh", mesh,
-               "--steps", "20", "--sample", "0", "--stats", stats, "--experts", "4",
-               "--capacity-factor", "4"] + SMALL
-        status, out, _ = run_command(cmd, timeout=180)
-        assert status == 0, out[-4000:]
-        with open(f"{stats}.rank0.json") as f:
-            losses[ranks] = json.load(f)["losses"]
-    np.testing.assert_allclose(losses[4], losses[1], rtol=1e-4)
+    one, four = _losses_on_ranks(tmp_path, [(1, "data=1,model=1"),
+                                            (4, "data=2,model=1,expert=2")],
+                                 ["--experts", "4", "--capacity-factor", "4"])
+    np.testing.assert_allclose(four, one, rtol=1e-4)
 
 
 def _final_loss(out: str) -> str:

@@ -114,7 +114,7 @@ def get_abstract_mesh() -> AbstractMesh:
     """
     if _state.bodies:
         mesh = _state.bodies[-1][0]
-        manual = frozenset().union(*(m for b, m in _state.bodies if b is mesh or b == mesh))
+        manual = frozenset().union(*(m for b, m in _state.bodies if b == mesh))
         return AbstractMesh(mesh.axis_sizes, mesh.axis_names,
                             tuple(AxisType.Manual if a in manual else AxisType.Auto
                                   for a in mesh.axis_names))
