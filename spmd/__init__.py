@@ -69,7 +69,7 @@ _PUBLIC: dict = {
     **{n: ("spmd.autodiff", n) for n in (
         "grad", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "value_and_grad", "vjp")},
     "vmap": ("spmd.vectorize", "vmap"),
-    "typeof": ("spmd.compiler.trace", "typeof"),
+    "typeof": ("spmd.shard.explicit", "typeof"),
     "effects_barrier": ("spmd.debug", "effects_barrier"),
     "linear_transpose": ("spmd.linear_util", "linear_transpose"),
     **{n: (f"spmd.{n}", None) for n in (

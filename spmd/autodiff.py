@@ -19,6 +19,7 @@ from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, SpmdError
 from spmd.numpy._util import to_array
+from spmd.shard import explicit
 from spmd.vectorize import vmap
 
 
@@ -119,7 +120,11 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
     f = _aux_as_output(fun) if has_aux else fun
     flat = _flat_fun(f, p_tree, f"vjp({_name(fun)})", box)
     diff = [dtypes.is_inexact(get_aval(p).dtype) for p in p_leaves]
-    out_p, lin = linearize_flat(flat, p_leaves, diff, eager=True)
+    # On explicit axes: the function is traced with its arguments' types, and the
+    # replay of its primal part trusts them (spmd.shard.explicit).
+    with explicit.trusted():
+        out_p, lin = linearize_flat(explicit.retyped(flat, p_leaves), p_leaves, diff,
+                                    eager=True)
     out_tree = box[0]
     aux = None
     if has_aux:
@@ -140,11 +145,16 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
                                     f"{np.shape(c)}, the output has shape {np.shape(o)}")
         cts = [_ct_in(c, o) for c, o in zip(ct_leaves, out_p)]
         cts += [None] * (len(lin.out_zero) - len(cts))  # aux outputs: no cotangent
-        cts_in = iter(lin.transpose(cts))
+        # On explicit axes the backward pass's own products may be ambiguous (a weight's
+        # gradient contracts a split batch): they are left to the partitioner, and each
+        # cotangent takes its primal's sharding, as in JAX.
+        with explicit.trusted():
+            cts_in = iter(lin.transpose(cts))
         res = []
         for p, d in zip(p_leaves, diff):
             av = tangent_aval(get_aval(p))
-            res.append(zeros_for(av) if not d else _materialize(next(cts_in), av))
+            res.append(zeros_for(av) if not d else
+                       explicit.like_primal(_materialize(next(cts_in), av), p))
         return tree_util.tree_unflatten(p_tree, res)
 
     out = tree_util.tree_unflatten(out_tree, out_p)

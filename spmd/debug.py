@@ -125,6 +125,10 @@ def _register_partition_decision():
     registry.register(debug_print_p, registry.Replicate(
         "a print shows whole values: under jit with shardings the value is gathered and "
         "printed once"))
+    # On explicit axes: a print has no results to type, and reads whole values.
+    from spmd.shard import explicit_rules
+
+    explicit_rules.register(debug_print_p, explicit_rules.untyped)
 
 
 _register_partition_decision()

@@ -82,3 +82,14 @@ class SpreadOverProcessesError(SpmdError, ValueError):
 class ProgramMismatchError(SpmdError, RuntimeError):
     """Processes of one mesh are about to run different programs, or (with
     ``SPMD_CHECK_COLLECTIVES=1``) issue different collectives at the same point."""
+
+
+class ShardingTypeError(SpmdError, TypeError):
+    """On explicit mesh axes (shardings in types): an operation's result sharding is
+    ambiguous, or its operands' shardings disagree (JAX's ``ShardingTypeError``); the
+    message names the fix (``reshard``, ``out_sharding=``, ``auto_axes``)."""
+
+
+class MissingExplicitRuleError(ShardingTypeError, NotImplementedError):
+    """A primitive without an explicit-sharding rule met a typed (explicitly sharded)
+    operand."""

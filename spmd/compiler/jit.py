@@ -347,7 +347,9 @@ class JitFunction:
             raise
         return static_key, *_flatten((tuple(dyn_args), dyn_kw))
 
-    def _trace(self, static_key, treedef, avals) -> _Entry:
+    def _trace(self, static_key, treedef, avals, wrap=None) -> _Entry:
+        """Trace the function on ``avals``; ``wrap`` (an upper layer's, e.g. explicit
+        sharding's) transforms the flat function first."""
         static_pos, static_kw = static_key
         out_tree_box = []
 
@@ -361,7 +363,8 @@ class JitFunction:
             out_tree_box.append(out_tree)
             return leaves
 
-        closed, hoisted = hoist_traced_consts(trace_to_program(flat_fun, avals))
+        fun = flat_fun if wrap is None else wrap(flat_fun)
+        closed, hoisted = hoist_traced_consts(trace_to_program(fun, avals))
         return _Entry(closed, out_tree_box[0], hoisted)
 
     # Two caches.  ``_plans`` is keyed by what is cheap to read off the
@@ -405,17 +408,19 @@ class JitFunction:
             self._plans[key] = plan
         return plan
 
-    def _traced(self, static_key, treedef, leaves) -> tuple:
+    def _traced(self, static_key, treedef, leaves, extra=(), wrap=None) -> tuple:
         """``(entry, avals, cacheable)``: the traced program of a call signature (traced
-        on a miss); not cacheable when it closed over an enclosing trace's values."""
+        on a miss); not cacheable when it closed over an enclosing trace's values.
+        ``extra`` and ``wrap``: an upper layer's part of the key and its transformation
+        of the function (see ``_trace``)."""
         avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.
         akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key(),
-                _ext.CONTEXT_KEY.fn())
+                _ext.CONTEXT_KEY.fn(), extra)
         entry = self._cache.get(akey)
         if entry is None:
-            entry = self._trace(static_key, treedef, avals)
+            entry = self._trace(static_key, treedef, avals, wrap)
             if any(isinstance(h, Tracer) for h in entry.hoisted):
                 return entry, avals, False  # closed over an enclosing trace's values
             self._cache[akey] = entry  # only reached when tracing succeeded

@@ -18,7 +18,8 @@ class AxisType(enum.Enum):
     """How a mesh axis is used (JAX's names).  ``Auto``: the partitioner places values
     along it (spmd's meshes); ``Manual``: the body of a ``shard_map`` over it works on
     blocks (the axes of ``get_abstract_mesh()`` there); ``Explicit``: shardings are
-    part of array types (not supported yet: a mesh with such axes raises)."""
+    part of array types (``spmd.typeof(x).sharding``; docs/explicit_sharding.md).  A mesh's
+    axes are all ``Auto`` or all ``Explicit``."""
 
     Auto = "Auto"
     Explicit = "Explicit"
@@ -43,10 +44,13 @@ def _axis_types(axis_types, axis_names: tuple, where: str, allowed) -> tuple:
         raise DeviceError(f"{where}: {len(axis_types)} axis_types {axis_types} for "
                           f"{len(axis_names)} axis names {axis_names}; give one per axis")
     if AxisType.Explicit in axis_types and AxisType.Explicit not in allowed:
+        raise DeviceError(f"{where}: axis_types={axis_types}: explicit axes are not allowed "
+                          "here")
+    if AxisType.Explicit in axis_types and AxisType.Auto in axis_types:
         raise NotImplementedError(
-            f"{where}: axis_types={axis_types}: explicit axes (AxisType.Explicit, shardings "
-            "in array types) are not supported yet; make them AxisType.Auto (the values are "
-            "the same; the partitioner chooses the results' shardings)")
+            f"{where}: axis_types={axis_types}: a mesh mixing explicit and automatic axes is "
+            "not supported yet; make every axis AxisType.Explicit (shardings in types) or "
+            "every axis AxisType.Auto (the partitioner chooses)")
     if AxisType.Manual in axis_types and AxisType.Manual not in allowed:
         raise DeviceError(f"{where}: axis_types={axis_types}: Manual axes are those of a "
                           "shard_map body (get_abstract_mesh() there); a mesh's are Auto")
@@ -66,7 +70,8 @@ class Mesh:
         if isinstance(axis_names, str):
             axis_names = (axis_names,)
         axis_names = tuple(axis_names)
-        self.axis_types = _axis_types(axis_types, axis_names, "Mesh", (AxisType.Auto,))
+        self.axis_types = _axis_types(axis_types, axis_names, "Mesh",
+                                      (AxisType.Auto, AxisType.Explicit))
         arr = np.asarray(devices, dtype=object)
         if arr.ndim != len(axis_names):
             raise DeviceError(f"Mesh: the device array has {arr.ndim} dimensions "
@@ -85,7 +90,7 @@ class Mesh:
             raise DeviceError("Mesh: a device appears twice in the device array")
         self.devices = arr
         self.axis_names = axis_names
-        self._hash = hash((tuple(d.id for d in flat), arr.shape, axis_names))
+        self._hash = hash((tuple(d.id for d in flat), arr.shape, axis_names, self.axis_types))
         self._coords = {d: idx for idx, d in np.ndenumerate(arr)}
 
     # ----------------------------------------------------------- geometry
@@ -130,6 +135,7 @@ class Mesh:
 
     def __eq__(self, other):
         return (isinstance(other, Mesh) and self.axis_names == other.axis_names
+                and self.axis_types == other.axis_types
                 and self.devices.shape == other.devices.shape
                 and all(a == b for a, b in zip(self.devices.flat, other.devices.flat)))
 
@@ -138,6 +144,8 @@ class Mesh:
 
     def __repr__(self):
         axes = ", ".join(f"'{n}': {s}" for n, s in self.shape.items())
+        if AxisType.Explicit in self.axis_types:
+            return f"Mesh({{{axes}}}, axis_types={self.axis_types})"
         return f"Mesh({{{axes}}})"
 
     # JAX lets a mesh be a context manager; shard_map takes it explicitly here.
@@ -165,7 +173,7 @@ class AbstractMesh:
                               f"{len(axis_names)} names {axis_names}")
         self.axis_sizes, self.axis_names = axis_sizes, axis_names
         self.axis_types = _axis_types(axis_types, axis_names, "AbstractMesh",
-                                      (AxisType.Auto, AxisType.Manual))
+                                      (AxisType.Auto, AxisType.Manual, AxisType.Explicit))
 
     @property
     def shape(self) -> "OrderedDict[str, int]":
@@ -205,13 +213,15 @@ class AbstractMesh:
 def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], axis_types=None, *,
               devices: Sequence[Device] | None = None) -> Mesh:
     """A mesh of the first ``prod(axis_shapes)`` devices (or of ``devices``); its
-    ``axis_types`` (one ``AxisType`` per axis) are ``Auto``.
+    ``axis_types`` (one ``AxisType`` per axis) are ``Auto`` unless given (``Explicit``:
+    shardings in types, docs/explicit_sharding.md).
 
     >>> mesh = make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Auto,) * 2)
     """
     axis_shapes = tuple(int(s) for s in axis_shapes)
     axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
-    axis_types = _axis_types(axis_types, axis_names, "make_mesh", (AxisType.Auto,))
+    axis_types = _axis_types(axis_types, axis_names, "make_mesh",
+                             (AxisType.Auto, AxisType.Explicit))
     if len(axis_shapes) != len(axis_names):
         raise DeviceError(f"make_mesh: {len(axis_shapes)} axis sizes {axis_shapes} but "
                           f"{len(axis_names)} names {axis_names}")

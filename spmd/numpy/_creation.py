@@ -43,19 +43,33 @@ def _dtype(dtype, default):
     return dtypes.canonicalize(dtype, "spmd.numpy") if dtype is not None else default
 
 
-def full(shape, fill_value, dtype=None):
+def _placed(x, out_sharding, where):
+    """``x`` with the sharding ``out_sharding`` (None: as it is)."""
+    if out_sharding is None:
+        return x
+    from spmd.shard.explicit import with_out_sharding
+
+    return with_out_sharding(lambda: x, (), out_sharding, where)
+
+
+def full(shape, fill_value, dtype=None, *, out_sharding=None):
     fv = to_array(fill_value)
     dt = _dtype(get_aval(fv).dtype if dtype is None else dtype, dtypes.default_float())
     check_keeps_imag(get_aval(fv).dtype, dt, "spmd.numpy.full")
-    return st.full(_shape(shape, "full"), fill_value, dt)
+    return _placed(st.full(_shape(shape, "full"), fill_value, dt), out_sharding,
+                   "spmd.numpy.full")
 
 
-def zeros(shape, dtype=None):
-    return st.full(_shape(shape, "zeros"), 0, _dtype(dtype, dtypes.default_float()))
+def zeros(shape, dtype=None, *, out_sharding=None):
+    """Zeros; ``out_sharding``: the result's sharding (a PartitionSpec on the current
+    mesh, or a NamedSharding)."""
+    return _placed(st.full(_shape(shape, "zeros"), 0, _dtype(dtype, dtypes.default_float())),
+                   out_sharding, "spmd.numpy.zeros")
 
 
-def ones(shape, dtype=None):
-    return st.full(_shape(shape, "ones"), 1, _dtype(dtype, dtypes.default_float()))
+def ones(shape, dtype=None, *, out_sharding=None):
+    return _placed(st.full(_shape(shape, "ones"), 1, _dtype(dtype, dtypes.default_float())),
+                   out_sharding, "spmd.numpy.ones")
 
 
 def arange(start, stop=None, step=None, dtype=None):
@@ -79,9 +93,9 @@ def astype(x, dtype):
     return convert(to_array(x), dtypes.canonicalize(dtype, "spmd.numpy.astype"))
 
 
-def empty(shape, dtype=None):
+def empty(shape, dtype=None, *, out_sharding=None):
     """Like :func:`zeros` (arrays are immutable, so there is nothing to leave uninitialised)."""
-    return zeros(shape, dtype)
+    return zeros(shape, dtype, out_sharding=out_sharding)
 
 
 def _like(fname, a, fill_value, dtype, shape):

@@ -14,14 +14,21 @@ from spmd.numpy._complex import conj
 from spmd.numpy._creation import astype
 from spmd.numpy._elementwise import multiply
 from spmd.numpy._shape import ravel
+from spmd.shard.explicit import with_out_sharding
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axis,
                               promote_dtypes, require_static)
 
 __all__ = ["matmul", "dot", "tensordot", "outer", "inner", "vdot", "einsum"]
 
 
-def matmul(a, b, /):
-    """Matrix product with numpy's rules for 1-d operands and batch broadcasting."""
+def matmul(a, b, /, *, out_sharding=None):
+    """Matrix product with numpy's rules for 1-d operands and batch broadcasting;
+    ``out_sharding``: the result's sharding (on explicit axes it settles an ambiguous
+    one, docs/explicit_sharding.md)."""
+    return with_out_sharding(_matmul, (a, b), out_sharding, "spmd.numpy.matmul")
+
+
+def _matmul(a, b):
     x, y = promote_dtypes(a, b, fname="spmd.numpy.matmul")
     xs, ys = get_aval(x).shape, get_aval(y).shape
     if not xs or not ys:
@@ -77,8 +84,13 @@ def _batched_matmul(x, y, xs, ys):
     return out
 
 
-def dot(a, b, /):
-    """numpy.dot: matmul for 1-d/2-d, scalar product for 0-d, sum over the last/second-last axes otherwise."""
+def dot(a, b, /, *, out_sharding=None):
+    """numpy.dot: matmul for 1-d/2-d, scalar product for 0-d, sum over the last/second-last
+    axes otherwise; ``out_sharding`` as for :func:`matmul`."""
+    return with_out_sharding(_dot, (a, b), out_sharding, "spmd.numpy.dot")
+
+
+def _dot(a, b):
     x, y = promote_dtypes(a, b, fname="spmd.numpy.dot")
     xs, ys = get_aval(x).shape, get_aval(y).shape
     if not xs or not ys:
@@ -158,8 +170,9 @@ def vdot(a, b, /):
 # -------------------------------------------------------------------- einsum
 
 def einsum(subscripts, *operands, out=None, optimize="greedy", precision=None,
-           preferred_element_type=None):
-    """Einstein summation, as numpy.einsum (``optimize`` and ``precision`` are ignored).
+           preferred_element_type=None, out_sharding=None):
+    """Einstein summation, as numpy.einsum (``optimize`` and ``precision`` are ignored;
+    ``out_sharding`` as for :func:`matmul`).
 
     Operands are contracted pairwise, left to right, with ``dot_general``; an
     index that no later operand or the output needs is summed out as early as
@@ -168,6 +181,20 @@ def einsum(subscripts, *operands, out=None, optimize="greedy", precision=None,
     >>> einsum("ij,jk->ik", ones((2, 3)), ones((3, 4))).shape
     (2, 4)
     """
+    if out_sharding is not None:
+        return with_out_sharding(_einsum_static, operands, out_sharding, "spmd.numpy.einsum",
+                                 (subscripts, out, optimize, precision, preferred_element_type))
+    return _einsum(subscripts, *operands, out=out, optimize=optimize, precision=precision,
+                   preferred_element_type=preferred_element_type)
+
+
+def _einsum_static(subscripts, out, optimize, precision, preferred_element_type, *operands):
+    return _einsum(subscripts, *operands, out=out, optimize=optimize, precision=precision,
+                   preferred_element_type=preferred_element_type)
+
+
+def _einsum(subscripts, *operands, out=None, optimize="greedy", precision=None,
+            preferred_element_type=None):
     if out is not None:
         raise NotImplementedError("spmd.numpy.einsum: out= is not supported (arrays are "
                                   "immutable); use the return value")

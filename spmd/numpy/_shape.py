@@ -7,6 +7,7 @@ import math
 from spmd.compiler.ops import structural as st
 from spmd.compiler.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
+from spmd.shard.explicit import with_out_sharding
 from spmd.numpy._util import (broadcast_shapes, canonicalize_axis, promote_dtypes, static_shape,
                               to_array)
 
@@ -15,8 +16,17 @@ __all__ = ["reshape", "transpose", "expand_dims", "stack", "swapaxes", "moveaxis
            "atleast_1d", "atleast_2d", "atleast_3d"]
 
 
-def reshape(a, shape, order: str = "C"):
-    """Reshape; one entry of ``shape`` may be -1."""
+def reshape(a, shape, order: str = "C", *, out_sharding=None):
+    """Reshape; one entry of ``shape`` may be -1.  ``out_sharding``: the result's sharding
+    (on explicit axes it settles a reshape whose sharding is ambiguous)."""
+    if out_sharding is not None:
+        shape = tuple(shape) if isinstance(shape, (list, tuple)) else shape
+        return with_out_sharding(_reshape, (a,), out_sharding, "spmd.numpy.reshape",
+                                 (shape, order))
+    return _reshape(shape, order, a)
+
+
+def _reshape(shape, order, a):
     if order != "C":
         raise NotImplementedError("spmd.numpy.reshape: only order='C' is supported")
     x = to_array(a)

@@ -24,6 +24,7 @@ from spmd.compiler.trace import Tracer, is_eager
 from spmd.compiler.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
 from spmd.shard import call as _call
+from spmd.shard import explicit as _explicit
 from spmd.shard.spread import output_wrappers, spread_equation
 from spmd.errors import SpmdError
 
@@ -77,6 +78,17 @@ class Jit(JitFunction):
                 self._delete_donated(args)
             return outs[0] if plan.single else plan.out_tree.unflatten(outs)
         return self._run(plan, args, vals)
+
+    def _traced(self, static_key, treedef, leaves, extra=(), wrap=None):
+        # On explicit mesh axes the values' shardings are part of their types: the
+        # function is traced with them (spmd.shard.explicit), and they key the trace.
+        sig = _explicit.signature(leaves)
+        if sig is None:
+            return super()._traced(static_key, treedef, leaves)
+        mesh, types = sig
+        lenient = _explicit.lenient_now()  # (an eager operation inside an out_sharding=)
+        return super()._traced(static_key, treedef, leaves, ("explicit", mesh, types, lenient),
+                               lambda f: _explicit.wrap(f, mesh, types, lenient))
 
     def _make_plan(self, entry: _Entry, leaves, avals):
         plan = _CallPlan(entry, leaves, avals)

@@ -1,6 +1,6 @@
 """``AxisType``, a mesh's ``axis_types`` and ``AbstractMesh`` (JAX's names): meshes are
-``Auto``; ``Explicit`` raises until shardings in types exist; ``Manual`` is for the
-abstract meshes of shard_map bodies.  Errors name the argument and the fix."""
+``Auto`` by default or ``Explicit`` (shardings in types: tests/shard/test_explicit.py),
+never a mix of the two yet; ``Manual`` is for the abstract meshes of shard_map bodies.  Errors name the argument and the fix."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ def test_meshes_are_auto_and_say_so():
     assert repr(mesh.abstract_mesh) == "AbstractMesh({'i': 4, 'j': 2}, axis_types=(Auto, Auto))"
 
 
+def test_explicit_meshes_differ_from_auto_ones():
+    auto = spmd.make_mesh((4, 2), ("i", "j"))
+    explicit = spmd.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit,) * 2)
+    assert explicit.axis_types == (AxisType.Explicit,) * 2
+    # Same devices and names, another type: caches keyed on meshes must tell them apart.
+    assert explicit != auto and hash(explicit) != hash(auto)
+    assert repr(explicit) == "Mesh({'i': 4, 'j': 2}, axis_types=(Explicit, Explicit))"
+    assert explicit.abstract_mesh.axis_types == (AxisType.Explicit,) * 2
+
+
 def test_abstract_mesh():
     am = AbstractMesh((4, 2), ("i", "j"), (AxisType.Manual, AxisType.Auto))
     assert dict(am.shape) == {"i": 4, "j": 2} and am.size == 8 and not am.empty
@@ -32,7 +42,7 @@ def test_abstract_mesh():
 
 def test_bad_axis_types_are_named():
     with pytest.raises(NotImplementedError, match=r"make_mesh: axis_types=\(Explicit, Auto\): "
-                                                  r"explicit axes .* make them AxisType.Auto"):
+                                                  r"a mesh mixing explicit and automatic axes"):
         spmd.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Auto))
     with pytest.raises(DeviceError, match=r"make_mesh: axis_types=\(Manual,\): Manual axes are "
                                           r"those of a shard_map body"):

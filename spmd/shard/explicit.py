@@ -1,0 +1,517 @@
+"""Explicit sharding: on ``AxisType.Explicit`` mesh axes an array's sharding is part of
+its type (JAX's explicit sharding mode).
+
+A jitted function whose arguments are Arrays on an explicit mesh (or that runs
+under ``set_mesh`` of one) is traced with its values' types: each value is an
+:class:`ExplicitTracer` holding the traced value and its type, a
+:class:`~spmd.shard.partition.placement.Placement`.  Every primitive's result type
+comes from its rule (:mod:`spmd.shard.explicit_rules`): where the rule finds the
+result ambiguous it raises :class:`~spmd.errors.ShardingTypeError` at that line,
+naming the fix.  Each typed result is pinned in the traced program by a
+``sharding_constraint``, so the partitioner places every value exactly as its
+type says (no propagation choices), on one process or many.
+
+``spmd.typeof(x).sharding`` reads the type; :func:`reshard` changes it (the
+collective it needs is inserted by the partitioner); :func:`auto_axes` runs a
+function with its values untyped (placed by the partitioner) and types its results
+with ``out_sharding``; :func:`explicit_axes` does the opposite.  Functions that
+take ``out_sharding=`` (``spmd.numpy.einsum``, ``dot``, ``matmul``, ``reshape``,
+``zeros``, ...) run through :func:`with_out_sharding`: inside, an ambiguous
+result is left untyped and the result is resharded to ``out_sharding``.
+
+>>> mesh = spmd.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+>>> a = spmd.device_put(np.ones((8, 4)), NamedSharding(mesh, P("x", "y")))
+>>> spmd.jit(lambda a: spmd.typeof(a @ a.T).sharding.spec)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from contextlib import contextmanager
+
+from spmd import tree_util
+from spmd.compiler.ad import JVPTracer
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.batching import BatchTracer
+from spmd.compiler.trace import (Trace, Tracer, full_raise, get_aval, is_eager, new_main)
+from spmd.errors import ShardingTypeError
+from spmd.mesh.mesh import AxisType, Mesh
+from spmd.shard.explicit_rules import out_types, replicated
+from spmd.shard.partition.constraint import sharding_constraint_p
+from spmd.shard.partition.placement import Placement
+from spmd.shard.sharded import ShardedArray
+from spmd.shard.spec import NamedSharding, PartitionSpec
+
+
+def is_explicit(mesh) -> bool:
+    """Whether ``mesh`` has explicit axes (then every axis is explicit)."""
+    return AxisType.Explicit in getattr(mesh, "axis_types", ())
+
+
+# ------------------------------------------------------------------- the trace
+
+class _Main:
+    """An explicit trace's state: its mesh and how many ``out_sharding=`` scopes are
+    open (inside one an ambiguous result is untyped, not an error)."""
+
+    __slots__ = ("mesh", "lenient")
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+        self.lenient = 0
+
+
+class ExplicitTracer(Tracer):
+    """A value and its type (a Placement, or None: untyped, placed by the partitioner)."""
+
+    __slots__ = ("val", "type", "pinned")
+
+    def __init__(self, trace, val, typ, pinned: bool = False):
+        self._trace = trace
+        self.val = val
+        self.type = typ
+        self.pinned = pinned  # val is constrained to type in the program already
+
+    @property
+    def aval(self):
+        return get_aval(self.val)
+
+    def full_lower(self):
+        return self  # the type is part of the value: it is never dropped
+
+
+def pin(val, typ, mesh):
+    """``val`` constrained to ``typ`` in the traced program (untyped: as it is)."""
+    if typ is None:
+        return val
+    return sharding_constraint_p.bind(val, spec=typ.to_spec(), mesh=mesh)
+
+
+class ExplicitTrace(Trace):
+    def pure(self, val):
+        # A value typed by an enclosing explicit trace keeps its type; any other is
+        # whole (a constant, a numpy value).
+        t = type_of(val)
+        if t is not None and t[0] == self.main.global_data.mesh:
+            return ExplicitTracer(self, val, t[1])
+        return ExplicitTracer(self, val, replicated(len(get_aval(val).shape)))
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        state = self.main.global_data
+        vals = [t.val for t in tracers]
+        types = [t.type for t in tracers]
+        types_out = out_types(prim, [get_aval(v) for v in vals], types, params, state.mesh,
+                              state.lenient > 0)
+        outs = prim.bind(*vals, **params)
+        outs = list(outs) if prim.multiple_results else [outs]
+        if prim is not sharding_constraint_p:
+            outs = [pin(o, t, state.mesh) for o, t in zip(outs, types_out)]
+        return [ExplicitTracer(self, o, t, True) for o, t in zip(outs, types_out)]
+
+
+_local = threading.local()
+
+
+def _stack() -> list:
+    st = getattr(_local, "stack", None)
+    if st is None:
+        st = _local.stack = []
+    return st
+
+
+def active() -> ExplicitTrace | None:
+    """The innermost explicit trace of this thread, or None."""
+    st = _stack()
+    return st[-1] if st else None
+
+
+@contextmanager
+def explicit_trace(mesh):
+    """A new explicit trace over ``mesh`` for the block."""
+    with new_main(ExplicitTrace, _Main(mesh)) as main:
+        trace = ExplicitTrace(main)
+        _stack().append(trace)
+        try:
+            yield trace
+        finally:
+            _stack().pop()
+
+
+@contextmanager
+def _suspended():
+    """No explicit trace is active in the block (``auto_axes``)."""
+    st = _stack()
+    saved = st[:]
+    st.clear()
+    try:
+        yield
+    finally:
+        st[:] = saved
+
+
+# --------------------------------------------------------------------- types
+
+class TypedAval(ShapedArray):
+    """``spmd.typeof(x)`` of an explicitly sharded value: its abstract value and its
+    ``sharding`` (a NamedSharding; None where it is untyped).  Compares and hashes as
+    the plain abstract value."""
+
+    __slots__ = ("sharding",)
+
+    def __init__(self, aval: ShapedArray, sharding):
+        super().__init__(aval.shape, aval.dtype, aval.weak_type, aval.vma)
+        self.sharding = sharding
+
+    def str_short(self) -> str:
+        s = super().str_short()
+        spec = None if self.sharding is None else self.sharding.spec
+        if not spec:
+            return s
+        name, _, rest = s.partition("[")
+        dims = rest.split("]")[0].split(",")
+        for d in range(min(len(dims), len(spec))):
+            axes = spec.axes_of(d)
+            if axes:
+                dims[d] += "@" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")")
+        return f"{name}[{','.join(dims)}]" + s.split("]", 1)[1]
+
+    __repr__ = __str__ = str_short
+
+
+def _explicit_of(x):
+    """The ExplicitTracer ``x`` is, or carries at its own shape (a JVP's primal, a
+    batched value's), or None."""
+    shape = None
+    while isinstance(x, Tracer):
+        if isinstance(x, ExplicitTracer):
+            return x if shape is None or tuple(x.aval.shape) == shape else None
+        if shape is None:
+            shape = tuple(x.aval.shape)
+        if isinstance(x, JVPTracer):
+            x = x.primal
+        elif isinstance(x, BatchTracer) and x.bdim is None:
+            x = x.val
+        else:
+            return None
+    return None
+
+
+def type_of(x):
+    """``(mesh, Placement or None)`` of an explicitly typed value, else None."""
+    e = _explicit_of(x)
+    if e is not None:
+        return e._trace.main.global_data.mesh, e.type
+    if isinstance(x, ShardedArray):
+        s = x._sharding
+        if isinstance(s, NamedSharding) and is_explicit(s.mesh):
+            return s.mesh, Placement.from_spec(s.spec, x.ndim)
+    return None
+
+
+def typeof(x) -> ShapedArray:
+    """The abstract value of ``x`` (``jax.typeof``): shape, dtype, ``.vma`` in a
+    ``shard_map`` body, and on explicit axes ``.sharding``.
+
+    >>> spmd.typeof(spmd.reshard(a, P("x"))).sharding.spec  # doctest: +SKIP
+    PartitionSpec('x',)
+    """
+    aval = get_aval(x)
+    t = type_of(x)
+    if t is None:
+        return aval
+    mesh, typ = t
+    return TypedAval(aval, None if typ is None else NamedSharding(mesh, typ.to_spec()))
+
+
+# ------------------------------------------------------------ jit's signature
+
+def signature(leaves):
+    """``(mesh, types)`` when a jitted call's values are typed (an argument on an
+    explicit mesh, or the current mesh explicit), else None.  One explicit mesh only."""
+    from spmd.shard.mesh_context import get_mesh
+
+    mesh, found = None, []
+    for x in leaves:
+        t = type_of(x)
+        found.append(t)
+        if t is not None:
+            if mesh is not None and t[0] != mesh:
+                raise ShardingTypeError(
+                    f"arguments are typed on two meshes, {mesh!r} and {t[0]!r}; put them on "
+                    "one mesh (spmd.device_put(x, NamedSharding(mesh, spec)))")
+            mesh = t[0]
+    if mesh is None:
+        ctx = get_mesh()
+        if not is_explicit(ctx):
+            return None
+        mesh = ctx
+    types = tuple(replicated(len(get_aval(x).shape)) if t is None else t[1] for x, t in
+                  zip(leaves, found))
+    return mesh, types
+
+
+def lenient_now() -> bool:
+    """Whether the active explicit trace leaves ambiguous results untyped (an
+    ``out_sharding=`` scope, a replay): an eager operation run meanwhile does too."""
+    tr = active()
+    if tr is None:
+        return getattr(_local, "lenient", 0) > 0
+    return tr.main.global_data.lenient > 0
+
+
+def wrap(flat_fun, mesh, types, lenient: bool = False):
+    """``flat_fun`` traced with its arguments typed ``types``: its results pinned to
+    their types.  ``lenient``: ambiguous results are untyped, not errors."""
+    def typed(*args):
+        with explicit_trace(mesh) as trace:
+            trace.main.global_data.lenient = int(lenient)
+            outs = flat_fun(*[ExplicitTracer(trace, a, t) for a, t in zip(args, types)])
+            res = []
+            for o in outs:
+                o = full_raise(trace, o)
+                # (A result of an operation is pinned already; an argument or a
+                # constant is not.)
+                res.append(o.val if o.pinned else pin(o.val, o.type, mesh))
+            return res
+    return typed
+
+
+# ----------------------------------------------------------------- reshard
+
+def _resolve(sharding, where: str, x=None):
+    """A NamedSharding from a NamedSharding or a PartitionSpec (on the explicit trace's
+    mesh, else the current mesh, else ``x``'s)."""
+    if isinstance(sharding, NamedSharding):
+        return sharding
+    if sharding is None:
+        sharding = PartitionSpec()
+    if not isinstance(sharding, PartitionSpec):
+        raise ShardingTypeError(f"{where}: expected a PartitionSpec or NamedSharding, got "
+                                f"{type(sharding).__name__} {sharding!r}")
+    from spmd.shard.mesh_context import get_mesh
+
+    tr = active()
+    mesh = tr.main.global_data.mesh if tr is not None else get_mesh()
+    if mesh is None and isinstance(x, ShardedArray) and isinstance(x._sharding, NamedSharding):
+        mesh = x._sharding.mesh
+    if mesh is None and x is not None:
+        t = type_of(x)
+        mesh = None if t is None else t[0]
+    if not isinstance(mesh, Mesh):
+        raise ShardingTypeError(
+            f"{where}: the PartitionSpec {sharding!r} needs a mesh: call it under "
+            "spmd.sharding.set_mesh(mesh) (or use_mesh), or pass NamedSharding(mesh, spec)")
+    return NamedSharding(mesh, sharding)
+
+
+def _reshard_one(x, sharding):
+    s = _resolve(sharding, "reshard", x)
+    if isinstance(x, Tracer) or not is_eager():
+        tr = active()
+        if tr is not None and not isinstance(x, ExplicitTracer) and (
+                not isinstance(x, Tracer) or x._trace.main.level < tr.main.level):
+            x = tr.pure(x)  # a constant of the explicit trace: typed from here on
+        return sharding_constraint_p.bind(x, spec=s.spec, mesh=s.mesh)
+    from spmd.shard.mesh_context import device_put
+
+    return device_put(x, s)
+
+
+def reshard(xs, out_shardings):
+    """``xs`` (a pytree) with the shardings ``out_shardings`` (a PartitionSpec or
+    NamedSharding, or a pytree of them matching ``xs``): on explicit axes their types,
+    else a sharding constraint; on concrete Arrays, ``device_put``.
+
+    >>> y = spmd.sharding.reshard(x, P(None, "x"))   # doctest: +SKIP
+    """
+    if isinstance(out_shardings, (PartitionSpec, NamedSharding)) or out_shardings is None:
+        return tree_util.tree_map(lambda v: _reshard_one(v, out_shardings), xs)
+    return tree_util.tree_map(_reshard_one, xs, out_shardings,
+                              is_leaf=lambda s: isinstance(s, (PartitionSpec, NamedSharding)))
+
+
+# ------------------------------------------------ out_sharding and the modes
+
+def with_out_sharding(fn, args, out_sharding, where: str, static: tuple = ()):
+    """``fn(*static, *args)`` (``static``: hashable leading arguments), its result
+    resharded to ``out_sharding`` (None: just the call).  On explicit axes, results
+    inside that would be ambiguous are untyped instead of an error: the final sharding
+    is given.
+
+    >>> with_out_sharding(_dot, (a, b), P("x"), "spmd.numpy.dot")  # doctest: +SKIP
+    """
+    if out_sharding is None:
+        return fn(*static, *args)
+    if is_eager() and any(type_of(a) is not None for a in args if isinstance(a, ShardedArray)):
+        return _eager_jit(fn, static, out_sharding, where)(*args)
+    tr = active()
+    if tr is None:
+        return reshard(fn(*static, *args), out_sharding)
+    state = tr.main.global_data
+    state.lenient += 1
+    try:
+        out = fn(*static, *args)
+    finally:
+        state.lenient -= 1
+    return reshard(out, _resolve(out_sharding, where))
+
+
+@contextmanager
+def trusted():
+    """The block replays or transposes a program whose types were checked when it was
+    traced (``linearize``'s known part, a backward pass): on the active explicit trace
+    an ambiguous result is untyped there, not an error (the program's constraints give
+    the types back; each cotangent is given its primal's, :func:`like_primal`)."""
+    tr = active()
+    # Eagerly (no trace) the operations run one by one, each a jit of its own, which
+    # reads the flag (lenient_now).
+    state = tr.main.global_data if tr is not None else _local
+    state.lenient = getattr(state, "lenient", 0) + 1
+    try:
+        yield
+    finally:
+        state.lenient -= 1
+
+
+def retyped(flat_fun, primals):
+    """``flat_fun`` traced with the types of ``primals`` (its arguments are traced
+    stand-ins for them: a gradient's, whose program is traced abstractly), so that the
+    types are checked, and ``typeof`` reads them, in the user's code; else ``flat_fun``."""
+    sig = signature(primals)
+    if sig is None:
+        return flat_fun
+    return wrap(flat_fun, *sig)
+
+
+def like_primal(ct, primal):
+    """``ct`` resharded to ``primal``'s type when that is explicit (else ``ct``)."""
+    t = type_of(primal)
+    if t is None or t[1] is None or isinstance(ct, np.ndarray):
+        return ct
+    return reshard(ct, NamedSharding(t[0], t[1].to_spec()))
+
+
+_EAGER: dict = {}
+
+
+def _eager_jit(fn, static, out_sharding, where):
+    """A cached jit of ``fn`` with ``out_sharding`` (eager calls on typed Arrays)."""
+    key = (fn, static, out_sharding, where)
+    j = _EAGER.get(key)
+    if j is None:
+        from spmd.shard.jit import Jit
+
+        def call(*xs):
+            return with_out_sharding(fn, xs, out_sharding, where, static)
+
+        call.__name__ = where
+        if len(_EAGER) >= 1024:
+            _EAGER.clear()
+        j = _EAGER[key] = Jit(call, user=False)
+    return j
+
+
+def auto_axes(fun=None, /, *, axes=None, out_sharding=None):
+    """``fun`` with its values untyped (the partitioner places them, as on ``Auto``
+    axes); its results resharded to ``out_sharding`` (given here or as a keyword of the
+    call).  ``axes``: all the mesh's axes (the only choice here).
+
+    >>> y = spmd.sharding.auto_axes(lambda a: a.reshape(-1), out_sharding=P("x"))(a)  # doctest: +SKIP
+    """
+    if fun is None:
+        return lambda f: auto_axes(f, axes=axes, out_sharding=out_sharding)
+
+    def auto(*args, **kwargs):
+        out_s = kwargs.pop("out_sharding", None) if out_sharding is None else out_sharding
+        if out_s is None:
+            raise TypeError("auto_axes: missing required keyword argument 'out_sharding' "
+                            "(the results' shardings on the explicit axes)")
+        _check_axes(axes, "auto_axes")
+        if is_eager() and any(type_of(a) is not None for a in tree_util.tree_leaves(args)):
+            from spmd.shard.jit import Jit
+
+            return Jit(lambda *a: auto(*a, out_sharding=out_s), user=False)(*args, **kwargs)
+        tr = active()
+        if tr is None:
+            return reshard(fun(*args, **kwargs), out_s)
+
+        def strip(v):
+            e = v if isinstance(v, ExplicitTracer) and v._trace.main is tr.main else None
+            return v if e is None else e.val
+
+        args, kwargs = tree_util.tree_map(strip, (args, kwargs))
+        with _suspended():
+            out = fun(*args, **kwargs)
+        mesh_s = _resolve_tree(out_s, "auto_axes", tr.main.global_data.mesh)
+        return reshard(tree_util.tree_map(tr.pure, out), mesh_s)
+
+    auto.__name__ = getattr(fun, "__name__", "auto")
+    return auto
+
+
+def _resolve_tree(shardings, where, mesh):
+    return tree_util.tree_map(
+        lambda s: s if isinstance(s, NamedSharding) else NamedSharding(mesh, s),
+        shardings, is_leaf=lambda s: isinstance(s, (PartitionSpec, NamedSharding)))
+
+
+def _check_axes(axes, where):
+    if axes is None:
+        return
+    from spmd.shard.mesh_context import get_mesh
+
+    tr = active()
+    mesh = tr.main.global_data.mesh if tr is not None else get_mesh()
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    if mesh is not None and set(names) != set(mesh.axis_names):
+        raise NotImplementedError(
+            f"{where}(axes={axes!r}): only all of the mesh's axes {mesh.axis_names} can change "
+            "type together here (a mesh mixing explicit and automatic axes is not "
+            "supported yet); leave axes=None")
+
+
+def explicit_axes(fun=None, /, *, axes=None, in_sharding=None):
+    """``fun`` traced with its array arguments typed ``in_sharding`` (a PartitionSpec or
+    a pytree of them on the current mesh, given here or as a keyword of the call); its
+    results leave untyped.  The current mesh (``set_mesh``) gives the axes.
+
+    >>> f = spmd.sharding.explicit_axes(g, in_sharding=P("x"))  # doctest: +SKIP
+    """
+    if fun is None:
+        return lambda f: explicit_axes(f, axes=axes, in_sharding=in_sharding)
+
+    def explicit(*args, **kwargs):
+        in_s = kwargs.pop("in_sharding", None) if in_sharding is None else in_sharding
+        if in_s is None:
+            raise TypeError("explicit_axes: missing required keyword argument 'in_sharding'")
+        _check_axes(axes, "explicit_axes")
+        if active() is not None:
+            return fun(*reshard(args, in_s), **kwargs)
+        from spmd.shard.mesh_context import get_mesh
+
+        mesh = get_mesh()
+        if mesh is None:
+            raise ShardingTypeError("explicit_axes: no current mesh; call it under "
+                                    "spmd.sharding.set_mesh(mesh)")
+        leaves, tree = tree_util.tree_flatten(args)
+        specs = tree_util.tree_leaves(
+            _resolve_tree(in_s, "explicit_axes", mesh) if not isinstance(
+                in_s, (PartitionSpec, NamedSharding)) else [in_s] * len(leaves),
+            is_leaf=lambda s: isinstance(s, (PartitionSpec, NamedSharding)))
+        if len(specs) != len(leaves):
+            raise ShardingTypeError(f"explicit_axes: in_sharding has {len(specs)} shardings "
+                                    f"for {len(leaves)} arrays; give one per argument")
+        with explicit_trace(mesh) as trace:
+            typed = [ExplicitTracer(trace, pin(x, t, mesh), t) for x, t in zip(
+                leaves, [Placement.from_spec(_resolve(s, "explicit_axes").spec,
+                                             len(get_aval(x).shape)) for x, s in
+                         zip(leaves, specs)])]
+            out = fun(*tree_util.tree_unflatten(tree, typed), **kwargs)
+            return tree_util.tree_map(lambda o: full_raise(trace, o).val, out)
+
+    explicit.__name__ = getattr(fun, "__name__", "explicit")
+    return explicit

@@ -1,0 +1,371 @@
+"""Explicit sharding (spmd.shard.explicit): types flow through jitted and eager programs,
+values equal numpy's on the global arrays, results are placed as their types say, and
+every ambiguity is a ShardingTypeError naming the fix.  The rules themselves:
+test_explicit_rules.py; the docs' examples: test_explicit_docs.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd import lax
+from spmd.errors import ShardingTypeError
+from spmd.sharding import AxisType, NamedSharding, P, auto_axes, explicit_axes, reshard
+
+EXPLICIT = (AxisType.Explicit, AxisType.Explicit)
+
+
+@pytest.fixture
+def mesh():
+    return spmd.make_mesh((4, 2), ("x", "y"), axis_types=EXPLICIT)
+
+
+@pytest.fixture(autouse=True)
+def _no_mesh_left():
+    yield
+    spmd.sharding.set_mesh(None)
+
+
+def put(mesh, a, *spec):
+    return spmd.device_put(np.asarray(a), NamedSharding(mesh, P(*spec)))
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def spec_of(x):
+    """``x``'s spec without trailing Nones (``P('x', None)`` places as ``P('x')``)."""
+    return norm(x.sharding.spec)
+
+
+def norm(spec):
+    parts = list(spec)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return P(*parts)
+
+
+# ------------------------------------------------------------------- types
+
+def test_typeof_an_array_and_a_traced_value(mesh):
+    a = put(mesh, rand(8, 4), "x", "y")
+    t = spmd.typeof(a)
+    assert str(t) == "f32[8@x,4@y]" and t.sharding == NamedSharding(mesh, P("x", "y"))
+    assert t == spmd.typeof(np.zeros((8, 4), np.float32))  # compares as the plain value
+    seen = []
+
+    @spmd.jit
+    def f(a):
+        b = snp.exp(a)
+        seen.append((str(spmd.typeof(b)), spmd.typeof(b).sharding.spec))
+        return b
+
+    f(a)
+    assert seen == [("f32[8@x,4@y]", P("x", "y"))]
+    # Not on explicit axes: the plain abstract value, no sharding attribute.
+    auto = spmd.make_mesh((4, 2), ("x", "y"))
+    plain = spmd.typeof(spmd.device_put(np.ones(8), NamedSharding(auto, P("x"))))
+    assert not hasattr(plain, "sharding")
+
+
+def test_jit_results_are_placed_as_typed_and_equal_numpy(mesh):
+    an, bn = rand(8, 4), rand(1, 4, seed=1)
+    a, b = put(mesh, an, "x", "y"), put(mesh, bn, None, "y")
+
+    @spmd.jit
+    def f(a, b):
+        c = snp.tanh(a) * b + 1.0           # (x, y)
+        s = c.sum(axis=0)                   # (y)
+        m = c.max(axis=1)                   # (x)
+        t = c.T                             # (y, x)
+        r = snp.broadcast_to(s, (3, 4))     # (None, y)
+        return c, s, m, t, r
+
+    c, s, m, t, r = f(a, b)
+    cn = np.tanh(an) * bn + 1.0
+    for got, want, spec in [(c, cn, P("x", "y")), (s, cn.sum(0), P("y")), (m, cn.max(1), P("x")),
+                            (t, cn.T, P("y", "x")), (r, np.broadcast_to(cn.sum(0), (3, 4)),
+                                                     P(None, "y"))]:
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+        assert spec_of(got) == spec
+
+
+def test_eager_operations_keep_their_types(mesh):
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    b = snp.sin(a) + 1
+    assert spec_of(b) == P("x", "y")
+    np.testing.assert_allclose(np.asarray(b), np.sin(an) + 1, rtol=1e-6)
+    assert spec_of(a.sum(axis=1)) == P("x")
+    w = put(mesh, rand(4, 6), None, None)
+    with pytest.raises(ShardingTypeError, match="Contracting dimensions are sharded"):
+        a @ put(mesh, rand(4, 6), "y", None)
+    assert spec_of(snp.matmul(a.T.T, w)) == P("x")
+
+
+def test_numpy_arguments_and_constants_are_whole(mesh):
+    a = put(mesh, rand(8, 4), "x", None)
+    seen = []
+
+    @spmd.jit
+    def f(a, b):
+        seen.append(spmd.typeof(b).sharding.spec)
+        c = a + b + snp.ones((8, 4))
+        seen.append(spmd.typeof(c).sharding.spec)
+        return c
+
+    out = f(a, np.ones((8, 4), np.float32))
+    assert seen == [P(), P("x")] and spec_of(out) == P("x")
+
+
+def test_the_current_mesh_types_a_function_of_numpy_values(mesh):
+    seen = []
+
+    @spmd.jit
+    def f(x):
+        y = reshard(x * 2, P("x"))
+        seen.append(str(spmd.typeof(y)))
+        return y
+
+    with spmd.sharding.use_mesh(mesh):
+        out = f(np.arange(8.0, dtype=np.float32))
+    assert seen == ["f32[8@x]"] and spec_of(out) == P("x")
+    np.testing.assert_allclose(np.asarray(out), np.arange(8.0) * 2)
+
+
+# ------------------------------------------------------- ambiguity errors
+
+def test_ambiguous_operations_raise_with_the_fix(mesh):
+    a = put(mesh, rand(8, 4), "x", "y")
+    cases = [
+        (lambda a, b: a @ b, put(mesh, rand(4, 6), "y", None),
+         r"Contracting dimensions are sharded .* `out_sharding` parameter"),
+        (lambda a, b: a + b, put(mesh, rand(8, 4), "y", "x"),
+         r"incompatible shardings for broadcasting: PartitionSpec\('x', 'y'\), "
+         r"PartitionSpec\('y', 'x'\).*reshard"),
+        (lambda a, b: snp.concatenate([a, b]), put(mesh, rand(8, 4), "x", None),
+         r"concatenate: all operands should have the same sharding"),
+        (lambda a, b: snp.where(a > 0, a, b), put(mesh, rand(8, 4), "x", None),
+         r"incompatible shardings|select cases must have the same shardings"),
+        (lambda a, b: a.reshape(32) + b.sum(), put(mesh, rand(8, 4), "x", "y"),
+         r"reshape of f32\[8,4\] with sharding .* reshard the operand first, or give the "
+         r"result's sharding with reshape\(\.\.\., out_sharding=\)"),
+        (lambda a, b: a[b.astype(np.int32)], put(mesh, np.zeros(3), None),
+         r"indexing dimension 0 of an array split over \('x',\)"),
+        (lambda a, b: snp.einsum("ij,kj->ik", a, b), put(mesh, rand(4, 4), "x", None),
+         r"dot_general: the result would be split over mesh axis 'x' twice"),
+    ]
+    for fn, b, pattern in cases:
+        with pytest.raises(ShardingTypeError, match=pattern):
+            spmd.jit(fn)(a, b)
+
+
+def test_control_flow_needs_one_type(mesh):
+    a = put(mesh, rand(8, 4), "x", None)
+    with pytest.raises(ShardingTypeError, match=r"scan carry 0 enters with sharding "
+                                                r"PartitionSpec\('x'\) and the body returns "
+                                                r"PartitionSpec\(None, 'x'\)"):
+        spmd.jit(lambda a: lax.scan(lambda c, _: (reshard(c, P(None, "x")), None), a,
+                                    None, length=2))(a)
+    with pytest.raises(ShardingTypeError, match=r"cond branches must give their outputs one "
+                                                r"sharding; output 0"):
+        spmd.jit(lambda a, p: lax.cond(p, lambda v: v, lambda v: reshard(v, P()), a))(a, True)
+    # Carries that keep their type: values as numpy's.
+    f = spmd.jit(lambda a: lax.scan(lambda c, _: (snp.sin(c) + c, c.sum()), a, None,
+                                    length=3))
+    c, ys = f(a)
+    cn, ysn = np.asarray(a), []
+    for _ in range(3):
+        ysn.append(cn.sum())
+        cn = np.sin(cn) + cn
+    np.testing.assert_allclose(np.asarray(c), cn, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ys), ysn, rtol=1e-5)
+    assert spec_of(c) == P("x")
+    out = spmd.jit(lambda a: lax.fori_loop(0, 3, lambda i, v: v * 2, a))(a)
+    assert spec_of(out) == P("x")
+    np.testing.assert_allclose(np.asarray(out), np.asarray(a) * 8)
+
+
+# ---------------------------------------------------- out_sharding, reshard
+
+@pytest.mark.parametrize("spec", [P("x", None), P("x", "y"), P(None, "y"), P()])
+def test_out_sharding_settles_a_contraction(mesh, spec):
+    an, bn = rand(8, 4), rand(4, 6, seed=1)
+    a, b = put(mesh, an, "x", "y"), put(mesh, bn, "y", None)
+    for fn in (lambda a, b: snp.matmul(a, b, out_sharding=spec),
+               lambda a, b: snp.dot(a, b, out_sharding=spec),
+               lambda a, b: snp.einsum("ij,jk->ik", a, b, out_sharding=spec)):
+        for out in (spmd.jit(fn)(a, b), fn(a, b)):  # jitted and eager
+            np.testing.assert_allclose(np.asarray(out), an @ bn, rtol=1e-5, atol=1e-5)
+            assert spec_of(out) == norm(spec)
+
+
+def test_out_sharding_of_reshape_and_creation(mesh):
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+
+    @spmd.jit
+    def f(a):
+        r = snp.reshape(a, (32,), out_sharding=P("x"))
+        z = snp.zeros((8, 2), out_sharding=P("x"))
+        o = snp.ones((4,), out_sharding=P("y"))
+        full = snp.full((2, 8), 3.0, out_sharding=P(None, "x"))
+        return r, z, o, full
+
+    r, z, o, full = f(a)
+    np.testing.assert_array_equal(np.asarray(r), an.reshape(32))
+    assert [spec_of(v) for v in (r, z, o, full)] == [P("x"), P("x"), P("y"), P(None, "x")]
+    np.testing.assert_array_equal(np.asarray(full), np.full((2, 8), 3.0))
+    with spmd.sharding.use_mesh(mesh):
+        assert spec_of(snp.zeros((8,), out_sharding=P("x"))) == P("x")
+
+
+def test_reshard_in_jit_and_eagerly(mesh):
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    for spec in (P(None, "x"), P("y", None), P(), P(("x", "y"))):
+        out = spmd.jit(lambda v: reshard(v, spec))(a)
+        assert spec_of(out) == norm(spec)
+        np.testing.assert_array_equal(np.asarray(out), an)
+        eager = reshard(a, spec)
+        assert spec_of(eager) == norm(spec)
+        np.testing.assert_array_equal(np.asarray(eager), an)
+    # Pytrees, with one spec or one per leaf.
+    x, y = reshard((a, a), (P("x"), P()))
+    assert (spec_of(x), spec_of(y)) == (P("x"), P())
+    with pytest.raises(ShardingTypeError, match=r"reshard: the PartitionSpec .* needs a mesh: "
+                                                r"call it under spmd.sharding.set_mesh"):
+        reshard(np.ones(8), P("x"))
+    with pytest.raises(ShardingTypeError, match=r"reshard: expected a PartitionSpec or "
+                                                r"NamedSharding, got str"):
+        reshard(a, "x")
+
+
+# ------------------------------------------------------ auto and explicit
+
+def test_auto_axes(mesh):
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    seen = []
+
+    def flat(v):
+        seen.append(hasattr(spmd.typeof(v), "sharding"))
+        return v.reshape(-1) * 2
+
+    out = spmd.jit(lambda v: auto_axes(flat, out_sharding=P("x"))(v))(a)
+    assert seen == [False] and spec_of(out) == P("x")
+    np.testing.assert_array_equal(np.asarray(out), an.reshape(-1) * 2)
+    # The out_sharding may come with the call; eagerly, too.
+    out = auto_axes(flat)(a, out_sharding=P("y"))
+    assert spec_of(out) == P("y")
+    with pytest.raises(TypeError, match="auto_axes: missing required keyword argument "
+                                        "'out_sharding'"):
+        spmd.jit(lambda v: auto_axes(flat)(v))(a)
+    with pytest.raises(NotImplementedError, match=r"auto_axes\(axes='x'\): only all of the "
+                                                  r"mesh's axes"):
+        spmd.jit(lambda v: auto_axes(flat, axes="x", out_sharding=P("x"))(v))(a)
+
+
+def test_explicit_axes_on_an_automatic_mesh():
+    auto = spmd.make_mesh((4, 2), ("x", "y"))
+    seen = []
+
+    def g(v):
+        w = v * 2
+        seen.append(str(spmd.typeof(w)))
+        return w.sum(axis=0)
+
+    with spmd.sharding.use_mesh(auto):
+        out = spmd.jit(lambda v: explicit_axes(g, in_sharding=P("x", "y"))(v))(
+            np.ones((8, 4), np.float32))
+    assert seen == ["f32[8@x,4@y]"]
+    np.testing.assert_array_equal(np.asarray(out), np.full(4, 16.0))
+    with pytest.raises(TypeError, match="explicit_axes: missing required keyword argument"):
+        with spmd.sharding.use_mesh(auto):
+            spmd.jit(lambda v: explicit_axes(g)(v))(np.ones((8, 4), np.float32))
+
+
+# ------------------------------------------------------ transformations
+
+def test_gradients_take_their_parameters_types(mesh):
+    xn, w1n, w2n = rand(8, 4), rand(4, 6, seed=1), rand(6, 3, seed=2)
+    x = put(mesh, xn, "x", None)
+    params = (put(mesh, w1n, None, "y"), put(mesh, w2n, "y", None))
+    seen = []
+
+    def loss(params, xb):
+        w1, w2 = params
+        h = snp.tanh(xb @ w1)
+        seen.append(str(spmd.typeof(h)))
+        y = snp.dot(h, w2, out_sharding=P("x", None))
+        return (y ** 2).mean()
+
+    for grad in (spmd.jit(spmd.grad(loss)), spmd.grad(loss)):  # jitted, and eagerly
+        g1, g2 = grad(params, x)
+        assert (spec_of(g1), spec_of(g2)) == (P(None, "y"), P("y"))
+
+        def lossn(w1, w2):
+            return ((np.tanh(xn @ w1) @ w2) ** 2).mean()
+
+        # The exact gradient, in float64, by hand.
+        h = np.tanh(xn.astype(np.float64) @ w1n)
+        y = h @ w2n
+        dy = 2 * y / y.size
+        np.testing.assert_allclose(np.asarray(g2), h.T @ dy, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(g1), xn.T @ ((dy @ w2n.T) * (1 - h ** 2)),
+                                   rtol=1e-4, atol=1e-6)
+        assert lossn(w1n, w2n) > 0
+    assert seen[0] == "f32[8@x,6@y]"
+
+
+def test_vmap_and_nested_jit_and_shard_map(mesh):
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+
+    inner = spmd.jit(lambda v: snp.sin(v) * 2)
+    body = spmd.shard_map(lambda b: b + lax.axis_index("x").astype(np.float32), mesh=mesh,
+                          in_specs=P("x", "y"), out_specs=P("x", "y"))
+
+    @spmd.jit
+    def f(a):
+        v = spmd.vmap(lambda row: row * row.sum())(a)
+        i = inner(a)
+        s = body(a)
+        return v, i, s
+
+    v, i, s = f(a)
+    np.testing.assert_allclose(np.asarray(v), an * an.sum(1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(i), np.sin(an) * 2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(s), an + np.repeat(np.arange(4.0), 2)[:, None],
+                               rtol=1e-6)
+    assert spec_of(i) == P("x", "y") and spec_of(s) == P("x", "y")
+
+
+def test_types_key_the_traces(mesh):
+    # One function, arguments placed two ways: two traces, each typed as its arguments.
+    seen = []
+
+    @spmd.jit
+    def f(a):
+        s = getattr(spmd.typeof(a), "sharding", None)
+        seen.append(None if s is None else s.spec)
+        return a * 2
+
+    an = rand(8, 4)
+    for spec in (("x",), (None, "y"), ("x",)):
+        np.testing.assert_array_equal(np.asarray(f(put(mesh, an, *spec))), an * 2)
+    assert seen == [P("x"), P(None, "y")]
+    # The same devices on an automatic mesh: another program (no types).
+    auto = spmd.make_mesh((4, 2), ("x", "y"))
+    out = f(spmd.device_put(an, NamedSharding(auto, P("x"))))
+    assert seen[2:] == [None]
+    np.testing.assert_array_equal(np.asarray(out), an * 2)
+
+
+def test_arguments_on_two_explicit_meshes_are_refused(mesh):
+    other = spmd.make_mesh((2, 4), ("x", "y"), axis_types=EXPLICIT)
+    with pytest.raises(ShardingTypeError, match="arguments are typed on two meshes"):
+        spmd.jit(lambda a, b: a)(put(mesh, np.ones(8), "x"), put(other, np.ones(8), "x"))
