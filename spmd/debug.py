@@ -26,6 +26,7 @@ from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import Tracer, axes_in_scope, bind
 from spmd.errors import ArgumentError
 from spmd.shard.array import visualize_array_sharding as viz
+from spmd.shard import explicit_rules
 from spmd.shard.partition import registry
 
 debug_print_p = Primitive("debug_print", traits=(), multiple_results=True, effectful=True)
@@ -126,8 +127,6 @@ def _register_partition_decision():
         "a print shows whole values: under jit with shardings the value is gathered and "
         "printed once"))
     # On explicit axes: a print has no results to type, and reads whole values.
-    from spmd.shard import explicit_rules
-
     explicit_rules.register(debug_print_p, explicit_rules.untyped)
 
 

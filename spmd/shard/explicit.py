@@ -39,6 +39,7 @@ from spmd.compiler.trace import (Trace, Tracer, full_raise, get_aval, is_eager, 
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
 from spmd.shard.explicit_rules import out_types, replicated
+from spmd.shard.mesh_context import device_put, get_mesh
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.sharded import ShardedArray
@@ -169,7 +170,7 @@ class TypedAval(ShapedArray):
     def str_short(self) -> str:
         s = super().str_short()
         spec = None if self.sharding is None else self.sharding.spec
-        if not spec:
+        if not spec and not getattr(spec, "unreduced", None):
             return s
         name, _, rest = s.partition("[")
         dims = rest.split("]")[0].split(",")
@@ -177,7 +178,8 @@ class TypedAval(ShapedArray):
             axes = spec.axes_of(d)
             if axes:
                 dims[d] += "@" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")")
-        return f"{name}[{','.join(dims)}]" + s.split("]", 1)[1]
+        u = "{U:" + ",".join(sorted(spec.unreduced)) + "}" if spec.unreduced else ""
+        return f"{name}[{','.join(dims)}]" + s.split("]", 1)[1] + u
 
     __repr__ = __str__ = str_short
 
@@ -232,8 +234,6 @@ def typeof(x) -> ShapedArray:
 def signature(leaves):
     """``(mesh, types)`` when a jitted call's values are typed (an argument on an
     explicit mesh, or the current mesh explicit), else None.  One explicit mesh only."""
-    from spmd.shard.mesh_context import get_mesh
-
     mesh, found = None, []
     for x in leaves:
         t = type_of(x)
@@ -271,8 +271,14 @@ def wrap(flat_fun, mesh, types, lenient: bool = False):
             trace.main.global_data.lenient = int(lenient)
             outs = flat_fun(*[ExplicitTracer(trace, a, t) for a, t in zip(args, types)])
             res = []
-            for o in outs:
+            for k, o in enumerate(outs):
                 o = full_raise(trace, o)
+                if o.type is not None and o.type.partial:
+                    raise ShardingTypeError(
+                        f"result {k} of the jitted function is unreduced over "
+                        f"{sorted(o.type.partial)} ({o.type.to_spec()!r}): an Array holds a "
+                        "value, not summands; reshard it to a spec without unreduced= before "
+                        "returning it (spmd.sharding.reshard), which sums it")
                 # (A result of an operation is pinned already; an argument or a
                 # constant is not.)
                 res.append(o.val if o.pinned else pin(o.val, o.type, mesh))
@@ -292,8 +298,6 @@ def _resolve(sharding, where: str, x=None):
     if not isinstance(sharding, PartitionSpec):
         raise ShardingTypeError(f"{where}: expected a PartitionSpec or NamedSharding, got "
                                 f"{type(sharding).__name__} {sharding!r}")
-    from spmd.shard.mesh_context import get_mesh
-
     tr = active()
     mesh = tr.main.global_data.mesh if tr is not None else get_mesh()
     if mesh is None and isinstance(x, ShardedArray) and isinstance(x._sharding, NamedSharding):
@@ -316,8 +320,6 @@ def _reshard_one(x, sharding):
                 not isinstance(x, Tracer) or x._trace.main.level < tr.main.level):
             x = tr.pure(x)  # a constant of the explicit trace: typed from here on
         return sharding_constraint_p.bind(x, spec=s.spec, mesh=s.mesh)
-    from spmd.shard.mesh_context import device_put
-
     return device_put(x, s)
 
 
@@ -462,8 +464,6 @@ def _resolve_tree(shardings, where, mesh):
 def _check_axes(axes, where):
     if axes is None:
         return
-    from spmd.shard.mesh_context import get_mesh
-
     tr = active()
     mesh = tr.main.global_data.mesh if tr is not None else get_mesh()
     names = (axes,) if isinstance(axes, str) else tuple(axes)
@@ -491,8 +491,6 @@ def explicit_axes(fun=None, /, *, axes=None, in_sharding=None):
         _check_axes(axes, "explicit_axes")
         if active() is not None:
             return fun(*reshard(args, in_s), **kwargs)
-        from spmd.shard.mesh_context import get_mesh
-
         mesh = get_mesh()
         if mesh is None:
             raise ShardingTypeError("explicit_axes: no current mesh; call it under "

@@ -29,10 +29,27 @@ from __future__ import annotations
 
 from typing import Callable
 
-from spmd.compiler.ir import ClosedProgram, Literal, Program
+import numpy as np
+
+from spmd.collectives import primitives as cp
+from spmd.collectives.mpi import mpi_p
+from spmd.collectives.nccl import nccl_p
+from spmd.compiler import custom, fusion, jit, overlap, remat
+from spmd.compiler.ad import stop_gradient_p
+from spmd.compiler.ir import ClosedProgram, Literal
+from spmd.compiler.ops import conv, elementwise as ew, indexing as ix, linalg
+from spmd.compiler.ops import linalg_decomp as ld, reduce as rd, shape_more as sm, sort
+from spmd.compiler.ops import structural as st
+from spmd.compiler.ops.control_cond import cond_p
+from spmd.compiler.ops.control_loops import scan_p, while_p
+from spmd.compiler.ops.threefry import random_bits_p, rng_counter_p
+from spmd.compiler.remat import name_p
 from spmd.compiler.trace import abstract_eval
-from spmd.errors import ShardingTypeError
+from spmd.errors import MissingExplicitRuleError, ShardingTypeError
+from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import DECISIONS, Propagate
+from spmd.shard.shard_map import shard_map_p
 
 RULES: dict = {}
 
@@ -387,8 +404,6 @@ def out_types(prim, avals_in, types_in, params, mesh, lenient: bool = False,
     n = len(avals_out)
     rule = rule_for(prim)
     if rule is None:
-        from spmd.errors import MissingExplicitRuleError
-
         raise MissingExplicitRuleError(
             f"primitive {prim.name!r} has no explicit-sharding rule, so it cannot run on "
             "arrays whose shardings are in their types; declare one in "
@@ -401,14 +416,60 @@ def out_types(prim, avals_in, types_in, params, mesh, lenient: bool = False,
             if lenient:
                 return [None] * n
             raise
-    if any(t is None for t in types_in) and getattr(rule, "reads_types", True):
+    reads = getattr(rule, "reads_types", True)
+    if any(t is None for t in types_in) and reads:
         return [None] * n
     try:
-        return list(rule(avals_in, types_in, avals_out, mesh, params))
+        keep = frozenset()
+        if reads and any(t.partial for t in types_in):
+            keep = _unreduced(prim, avals_in, types_in, params)
+            types_in = [Placement(t.dims) for t in types_in]
+        outs = list(rule(avals_in, types_in, avals_out, mesh, params))
+        return [Placement(o.dims, keep) for o in outs] if keep else outs
     except ShardingTypeError:
         if lenient:
             return [None] * n
         raise
+
+
+# How an unreduced operand (each device along the axes holding a summand) passes through
+# a primitive: only through maps linear in it (as JAX's unreduced rules allow).
+UNREDUCED: dict = {}
+
+
+def _unreduced(prim, avals_in, types_in, params) -> frozenset:
+    """The unreduced axes of ``prim``'s result, or ShardingTypeError."""
+    policy = UNREDUCED.get(prim)
+    got = ", ".join(show(t) for t in types_in)
+    if policy is None:
+        raise ShardingTypeError(
+            f"{prim.name} got an unreduced operand ({got}): it is not linear in it, so the "
+            "summands must be added first; reshard it to a spec without unreduced= "
+            "(spmd.sharding.reshard)")
+    parts = [t.partial for t in types_in]
+    if policy == "joint":  # add, sub: every operand the same summands
+        shaped = [p for p, a in zip(parts, avals_in)]
+        if any(p != shaped[0] for p in shaped):
+            raise ShardingTypeError(
+                f"{prim.name}: operands unreduced over different axes ({got}); reshard them "
+                "to one set of unreduced axes, or to none")
+        return shaped[0]
+    if policy == "one":  # mul: linear in each operand, not in both
+        u = [p for p in parts if p]
+        if len(u) > 1:
+            raise ShardingTypeError(f"{prim.name}: both operands are unreduced ({got}); reduce "
+                                    "one of them first (spmd.sharding.reshard)")
+        return u[0]
+    if policy == "first":  # div: linear in its numerator only
+        if any(parts[1:]):
+            raise ShardingTypeError(f"{prim.name}: the divisor is unreduced ({got}); reduce it "
+                                    "first (spmd.sharding.reshard)")
+        return parts[0]
+    if policy == "float":  # convert_element_type: linear only between inexact types
+        if not np.issubdtype(np.dtype(params["new_dtype"]), np.inexact):
+            raise ShardingTypeError(f"{prim.name} to an integer type got an unreduced operand "
+                                    f"({got}); reduce it first (spmd.sharding.reshard)")
+    return frozenset().union(*parts)  # "keep": a linear map of one operand
 
 
 def rule_for(prim):
@@ -418,8 +479,6 @@ def rule_for(prim):
     at first use, when every partition decision is registered."""
     rule = RULES.get(prim)
     if rule is None:
-        from spmd.shard.partition.registry import DECISIONS, Propagate
-
         d = DECISIONS.get(prim)
         if isinstance(d, Propagate) and d.specs_flow_back:
             rule = RULES[prim] = broadcasting
@@ -451,20 +510,15 @@ def _untyped_higher(avals_in, types_in, avals_out, mesh, params, lenient=False):
 
 
 def _table() -> None:
-    from spmd.collectives import primitives as cp
-    from spmd.collectives.mpi import mpi_p
-    from spmd.collectives.nccl import nccl_p
-    from spmd.compiler import custom, fusion, jit, overlap, remat
-    from spmd.compiler.ops import conv, indexing as ix, linalg, linalg_decomp as ld
-    from spmd.compiler.ops import reduce as rd, shape_more as sm, sort, structural as st
-    from spmd.compiler.ops import elementwise as ew
-    from spmd.compiler.ops.control_cond import cond_p
-    from spmd.compiler.ops.threefry import random_bits_p, rng_counter_p
-    from spmd.compiler.ops.control_loops import scan_p, while_p
-    from spmd.shard.partition.constraint import sharding_constraint_p
-    from spmd.shard.shard_map import shard_map_p
 
     register(ew.select_n_p, select)  # (elementwise, but its cases must agree)
+    UNREDUCED.update({ew.add_p: "joint", ew.sub_p: "joint", sm.concatenate_p: "joint",
+                      ew.mul_p: "one", ew.div_p: "first"})
+    UNREDUCED[ew.convert_p] = "float"
+    for p in (ew.neg_p, rd.reduce_sum_p, st.reshape_p, st.transpose_p,
+              st.broadcast_in_dim_p, st.squeeze_p, sm.slice_p, sm.rev_p, stop_gradient_p,
+              name_p):
+        UNREDUCED[p] = "keep"
     for p in (rd.reduce_sum_p, rd.reduce_max_p, rd.reduce_min_p, rd.reduce_prod_p,
               rd.reduce_and_p, rd.reduce_or_p, rd.argmax_p, rd.argmin_p):
         register(p, reduction)

@@ -23,17 +23,53 @@ class PartitionSpec(tuple):
     (PartitionSpec('i', None), PartitionSpec(('i', 'j'),))
     """
 
-    def __new__(cls, *parts):
+    def __new__(cls, *parts, unreduced=frozenset(), reduced=frozenset()):
         for p in parts:
             if p is not None and not isinstance(p, str) and not (
                     isinstance(p, tuple) and all(isinstance(q, str) for q in p)):
                 raise ShardingError(f"PartitionSpec: entry {p!r} must be None, a mesh axis "
                                     "name, or a tuple of axis names")
-        return super().__new__(cls, parts)
+        if reduced:
+            raise NotImplementedError(
+                f"PartitionSpec(reduced={set(reduced)!r}): reduced axes (a value whole along "
+                "them whose cotangent stays unreduced) are not supported yet; leave reduced= "
+                "out (the gradient is then reduced where it is made)")
+        if isinstance(unreduced, str):
+            unreduced = (unreduced,)
+        unreduced = frozenset(unreduced)
+        if not all(isinstance(a, str) for a in unreduced):
+            raise ShardingError(f"PartitionSpec: unreduced={set(unreduced)!r} must be mesh "
+                                "axis names")
+        used = {a for p in parts if p is not None for a in ((p,) if isinstance(p, str) else p)}
+        if used & unreduced:
+            raise ShardingError(f"PartitionSpec: axes {sorted(used & unreduced)} both split a "
+                                f"dimension and are unreduced in {parts!r}, unreduced="
+                                f"{set(unreduced)!r}; an axis does one or the other")
+        self = super().__new__(cls, parts)
+        # Axes over which each device holds a summand of the value (JAX's unreduced):
+        # made by out_sharding= of a contraction, reduced by a reshard without them.
+        self.unreduced = unreduced
+        return self
+
+    # A spec's unreduced axes are part of it: caches keyed on specs must tell them apart.
+    def __eq__(self, other):
+        return tuple.__eq__(self, other) and (
+            getattr(self, "unreduced", frozenset()) == getattr(other, "unreduced", frozenset())
+            if isinstance(other, tuple) else True)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        u = self.unreduced
+        return tuple.__hash__(self) if not u else hash((tuple(self), u))
 
     def __repr__(self):
-        return "PartitionSpec(" + ", ".join(map(repr, self)) + ("," if len(self) == 1 and
-                                                               isinstance(self[0], tuple) else "") + ")"
+        body = ", ".join(map(repr, self)) + ("," if len(self) == 1 and
+                                             isinstance(self[0], tuple) else "")
+        if self.unreduced:
+            body += (", " if body else "") + f"unreduced={set(sorted(self.unreduced))!r}"
+        return "PartitionSpec(" + body + ")"
 
     def axes_of(self, dim: int) -> tuple[str, ...]:
         """The mesh axes dimension ``dim`` is split over (empty when not split)."""
@@ -47,16 +83,34 @@ class PartitionSpec(tuple):
         return tuple(a for d in range(len(self)) for a in self.axes_of(d))
 
     def __reduce__(self):
+        if self.unreduced:
+            return (_spec_with_unreduced, (tuple(self), tuple(sorted(self.unreduced))))
         return (PartitionSpec, tuple(self))
 
 
 P = PartitionSpec
 
 
-def check_spec(spec: PartitionSpec, mesh, shape, where: str) -> None:
-    """Raise :class:`ShardingError` unless ``spec`` fits ``mesh`` and an array of ``shape``."""
+def _spec_with_unreduced(parts, unreduced):
+    return PartitionSpec(*parts, unreduced=frozenset(unreduced))
+
+
+def check_spec(spec: PartitionSpec, mesh, shape, where: str,
+               allow_unreduced: bool = False) -> None:
+    """Raise :class:`ShardingError` unless ``spec`` fits ``mesh`` and an array of ``shape``.
+    ``allow_unreduced``: inside a program (a constraint) a spec may have unreduced axes;
+    an Array, an argument or a result may not (each holds its value, not summands)."""
     if not isinstance(spec, PartitionSpec):
         raise ShardingError(f"{where}: expected a PartitionSpec, got {spec!r}")
+    for a in sorted(spec.unreduced):
+        if a not in mesh.shape:
+            raise ShardingError(f"{where}: spec {spec} names unreduced axis {a!r}, which is "
+                                f"not in the mesh (axes {mesh.axis_names})")
+    if spec.unreduced and not allow_unreduced:
+        raise ShardingError(
+            f"{where}: spec {spec} has unreduced axes: an unreduced value (each device along "
+            "them holding a summand) exists only inside a jitted program; reshard it to a "
+            "spec without unreduced= first (spmd.sharding.reshard), which sums it")
     if len(spec) > len(shape):
         raise ShardingError(f"{where}: spec {spec} has {len(spec)} entries but the array has "
                             f"rank {len(shape)} (shape {tuple(shape)}); a spec may not be longer "

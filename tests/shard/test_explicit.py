@@ -12,6 +12,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import lax
 from spmd.errors import ShardingTypeError
+from spmd.shard.spec import ShardingError
 from spmd.sharding import AxisType, NamedSharding, P, auto_axes, explicit_axes, reshard
 
 EXPLICIT = (AxisType.Explicit, AxisType.Explicit)
@@ -369,3 +370,81 @@ def test_arguments_on_two_explicit_meshes_are_refused(mesh):
     other = spmd.make_mesh((2, 4), ("x", "y"), axis_types=EXPLICIT)
     with pytest.raises(ShardingTypeError, match="arguments are typed on two meshes"):
         spmd.jit(lambda a, b: a)(put(mesh, np.ones(8), "x"), put(other, np.ones(8), "x"))
+
+
+# ------------------------------------------------------------------ unreduced
+
+def test_unreduced_results_of_a_contraction(mesh):
+    an, bn = rand(8, 4), rand(4, 6, seed=1)
+    a, b = put(mesh, an, "x", "y"), put(mesh, bn, "y", None)
+    seen = []
+
+    @spmd.jit
+    def f(a, b, c):
+        u = snp.dot(a, b, out_sharding=P("x", unreduced={"y"}))   # summands over y
+        v = (u * 2 + u - u / 4).sum(axis=1) * c                    # linear in u
+        seen.extend(str(spmd.typeof(t)) for t in (u, v))
+        return reshard(v, P("x")), reshard(u, P("x", "y"))
+
+    c = put(mesh, rand(8, seed=2), "x")
+    v, u = f(a, b, c)
+    assert seen == ["f32[8@x,6]{U:y}", "f32[8@x]{U:y}"]
+    want = an.astype(np.float64) @ bn
+    np.testing.assert_allclose(np.asarray(v), (want * 2.75).sum(1) * np.asarray(c), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(u), want, rtol=1e-5, atol=1e-5)
+    assert (spec_of(v), spec_of(u)) == (P("x"), P("x", "y"))
+
+
+def test_unreduced_values_only_pass_linear_maps(mesh):
+    a, b = put(mesh, rand(8, 4), "x", "y"), put(mesh, rand(4, 6, seed=1), "y", None)
+    u_of = lambda a, b: snp.dot(a, b, out_sharding=P("x", unreduced={"y"}))  # noqa: E731
+    cases = [
+        (lambda a, b: reshard(snp.tanh(u_of(a, b)), P()), r"tanh got an unreduced operand .* "
+                                                         r"reshard it to a spec without"),
+        (lambda a, b: reshard(u_of(a, b) * u_of(a, b), P()), r"mul: both operands are unreduced"),
+        (lambda a, b: reshard(u_of(a, b) + 1.0, P()), r"add: operands unreduced over different"),
+        (lambda a, b: reshard(u_of(a, b).astype(np.int32), P()),
+         r"convert_element_type to an integer type got an unreduced operand"),
+        (lambda a, b: u_of(a, b), r"result 0 of the jitted function is unreduced over \['y'\]"),
+    ]
+    for fn, pattern in cases:
+        with pytest.raises(ShardingTypeError, match=pattern):
+            spmd.jit(fn)(a, b)
+
+
+def test_unreduced_specs(mesh):
+    s = P("x", unreduced={"y"})
+    assert s != P("x") and hash(s) != hash(P("x")) and s == P("x", unreduced=("y",))
+    assert repr(s) == "PartitionSpec('x', unreduced={'y'})"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(s)) == s
+    with pytest.raises(ShardingError, match=r"both split a dimension and are unreduced"):
+        P("x", unreduced={"x"})
+    with pytest.raises(ShardingError, match=r"device_put: x: spec PartitionSpec\('x', "
+                                            r"unreduced=\{'y'\}\) has unreduced axes: an "
+                                            r"unreduced value .* exists only inside a jitted "
+                                            r"program"):
+        spmd.device_put(rand(8), NamedSharding(mesh, s))
+    with pytest.raises(NotImplementedError, match=r"PartitionSpec\(reduced=\{'x'\}\): reduced "
+                                                  r"axes .* are not supported yet"):
+        P(reduced={"x"})
+
+
+def test_jit_with_in_shardings_types_its_arguments(mesh):
+    seen = []
+
+    def f(a, w, v):
+        seen.append(str(spmd.typeof(a)))
+        p = snp.matmul(a, w, out_sharding=P("x", unreduced={"y"}))
+        q = snp.matmul(a, v, out_sharding=P("x", unreduced={"y"}))
+        return reshard(p + q, P("x"))   # one psum for both products
+
+    s = lambda *p: NamedSharding(mesh, P(*p))  # noqa: E731
+    g = spmd.jit(f, in_shardings=(s("x", "y"), s("y", None), s("y", None)))
+    an, wn = rand(8, 4), rand(4, 6, seed=1)
+    out = g(an, wn, wn)
+    assert seen == ["f32[8@x,4@y]"] and spec_of(out) == P("x")
+    np.testing.assert_allclose(np.asarray(out), 2 * an @ wn, rtol=1e-5, atol=1e-5)
+    assert [c[0] for c in g.lower(an, wn, wn).collectives()] == ["psum"]

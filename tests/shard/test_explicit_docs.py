@@ -42,8 +42,8 @@ EXAMPLES = _examples()
 
 
 def test_the_page_has_its_examples():
-    assert len(EXAMPLES) == 8
-    assert all(e is not None for _, e in EXAMPLES[:8])
+    assert len(EXAMPLES) == 9
+    assert all(e is not None for _, e in EXAMPLES)
 
 
 def test_the_examples_run_in_order_and_print_what_the_page_says():

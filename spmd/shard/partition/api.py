@@ -13,7 +13,8 @@ from spmd.compiler.jit import _norm_argnums, flatten_outputs
 from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_consts,
                                  trace_to_program)
 from spmd.errors import StaticArgumentError
-from spmd.shard import call
+from spmd.shard import call, explicit
+from spmd.shard.partition.placement import Placement
 from spmd.shard.jit import Jit, Placed
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
@@ -276,7 +277,14 @@ class PartitionedJit(Jit):
             box[:] = [out_tree, res]
             return outs
 
-        closed, hoisted = hoist_traced_consts(trace_to_program(flat, list(avals)))
+        fun = flat
+        if explicit.is_explicit(mesh):
+            # Explicit axes: traced with the types the shardings give the arguments.
+            fun = explicit.wrap(flat, mesh, tuple(
+                Placement.from_spec(s, len(a.shape)) if s is not None
+                else (explicit.type_of(x) or (None, Placement.replicated(len(a.shape))))[1]
+                for s, a, x in zip(in_specs, avals, leaves)))
+        closed, hoisted = hoist_traced_consts(trace_to_program(fun, list(avals)))
         out_tree, res = box
         out_given = _broadcast(self._out, res, f"jit({self._name}) out_shardings") \
             if self._out is not None else [None] * len(closed.out_avals)

@@ -133,7 +133,7 @@ class Evaluator:
                 f"{sorted(self.manual)}); inside the body a constraint places the block along "
                 "the automatic axes only: leave the manual axes out of its spec")
         check_spec(spec, self.mesh, eqn.outputs[0].aval.shape,
-                   f"with_sharding_constraint at {eqn.source_info}")
+                   f"with_sharding_constraint at {eqn.source_info}", allow_unreduced=True)
         want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
         return [(reshard(vals[0], pls[0], want, self.ctx,
                          _describe(eqn.inputs[0], "a constrained value")), want)]

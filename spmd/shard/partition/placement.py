@@ -22,13 +22,15 @@ class Placement(NamedTuple):
 
     @staticmethod
     def from_spec(spec: PartitionSpec, ndim: int) -> "Placement":
-        return Placement(tuple(spec.axes_of(d) for d in range(ndim)))
+        """The placement a spec names (its unreduced axes are the pending sum)."""
+        return Placement(tuple(spec.axes_of(d) for d in range(ndim)),
+                         frozenset(getattr(spec, "unreduced", ())))
 
     def to_spec(self) -> PartitionSpec:
         parts = [None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in self.dims]
         while parts and parts[-1] is None:
             parts.pop()
-        return PartitionSpec(*parts)
+        return PartitionSpec(*parts, unreduced=self.partial)
 
     @property
     def axes(self) -> tuple:
