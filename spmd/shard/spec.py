@@ -53,12 +53,14 @@ class PartitionSpec(tuple):
 
     # A spec's unreduced axes are part of it: caches keyed on specs must tell them apart.
     def __eq__(self, other):
-        return tuple.__eq__(self, other) and (
-            getattr(self, "unreduced", frozenset()) == getattr(other, "unreduced", frozenset())
-            if isinstance(other, tuple) else True)
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return tuple.__eq__(self, other) and self.unreduced == getattr(other, "unreduced",
+                                                                       frozenset())
 
     def __ne__(self, other):
-        return not self == other
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
 
     def __hash__(self):
         u = self.unreduced

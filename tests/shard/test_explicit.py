@@ -417,6 +417,7 @@ def test_unreduced_specs(mesh):
     s = P("x", unreduced={"y"})
     assert s != P("x") and hash(s) != hash(P("x")) and s == P("x", unreduced=("y",))
     assert repr(s) == "PartitionSpec('x', unreduced={'y'})"
+    assert P() != None and P("x") != "x" and P("x") == ("x",)  # noqa: E711
     import pickle
 
     assert pickle.loads(pickle.dumps(s)) == s
