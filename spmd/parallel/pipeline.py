@@ -13,18 +13,22 @@ stage), so the gradients are those of the unpipelined model by construction.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 import spmd.numpy as snp
-from spmd.collectives.api import axis_index, ppermute, psum
+from spmd import tree_util
+from spmd.autodiff import value_and_grad, vjp
+from spmd.collectives.api import axis_index, ppermute, psum, pvary
 from spmd.collectives.primitives import _axes, _size
 from spmd.compiler.jit import eval_shape
 from spmd.compiler.trace import get_aval
 from spmd.errors import ShapeError
+from spmd.lax import scan, switch
+from spmd.parallel.schedule import build
 
-__all__ = ["gpipe_bubble", "pipeline"]
+__all__ = ["PipelineGrads", "gpipe_bubble", "pipeline", "pipeline_value_and_grad"]
 
 
 def gpipe_bubble(stages: int, microbatches: int) -> float:
@@ -72,3 +76,136 @@ def pipeline(stage: Callable, stage_params, microbatches, axis_name):
         if t + 1 < m + stages - 1:
             state = ppermute(y, axes, forward)
     return psum(snp.stack(outs), axes)  # the last stage's, on every device
+
+
+class PipelineGrads(NamedTuple):
+    """The gradients :func:`pipeline_value_and_grad` returns: of this device's stage
+    parameters, of the loss's parameters (the same on every device), and of the
+    microbatches (the same on every device; for what computed them, e.g. an
+    embedding)."""
+
+    stage: Any
+    loss: Any
+    inputs: Any
+
+
+def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, microbatches,
+                            targets, axis_name, *, loss_params=None,
+                            schedule: str = "1f1b"):
+    """The mean loss over ``M`` microbatches of an ``S``-stage pipeline over
+    ``axis_name`` and its gradients (:class:`PipelineGrads`), run by a schedule
+    (``"1f1b"`` or ``"gpipe"``, :mod:`spmd.parallel.schedule`), inside a ``shard_map``
+    over that axis.
+
+    ``stage(stage_params, x)`` maps a microbatch to one of the same shape and dtype;
+    ``loss(y, target)`` (or ``loss(loss_params, y, target)`` when ``loss_params`` is
+    given: a model's head, say) is a scalar of the last stage's output for one
+    microbatch; ``microbatches`` and ``targets`` are ``(M, ...)`` (every device passes
+    the same).  Each tick, every stage does the one operation the schedule gives it (a
+    forward, a backward, or nothing: on processes of their own the idle ones compute
+    nothing), then activations move one stage on and cotangents one stage back
+    (``ppermute``).  A stage keeps its inputs only (the forward is recomputed in its
+    backward), in a buffer of the most the schedule holds at once: all ``M`` for
+    GPipe, at most ``S`` for 1F1B.  The gradients are those of the unpipelined model:
+    ``stage`` of this device's stage parameters (never summed over the pipeline axis),
+    ``loss`` of ``loss_params`` and ``inputs`` of the microbatches (both the same on
+    every device).  ``stage`` may use collectives over other mesh axes (a tensor-parallel
+    ``psum``): the devices of one stage take the same branch each tick.
+
+    >>> run = shard_map(lambda p, xs, ys: pipeline_value_and_grad(layer, mse, p, xs, ys,
+    ...                 "pipe"), mesh=mesh, in_specs=(P("pipe"), P(), P()),
+    ...                 out_specs=(P(), PipelineGrads(P("pipe"), P(), P())))  # doctest: +SKIP
+    """
+    axes = _axes(axis_name, "pipeline_value_and_grad")
+    S = _size(axes)
+    xs, ys = snp.asarray(microbatches), snp.asarray(targets)
+    xa, ya = get_aval(xs), get_aval(ys)
+    if xa.ndim < 1 or xa.shape[0] < 1 or ya.ndim < 1 or ya.shape[0] != xa.shape[0]:
+        raise ShapeError(f"pipeline_value_and_grad: microbatches {xa.shape} and targets "
+                         f"{ya.shape} must both be (M, ...) with the same M >= 1")
+    M = xa.shape[0]
+    mb = get_aval(xs[0])
+    out_aval = eval_shape(stage, stage_params, xs[0])
+    if (out_aval.shape, out_aval.dtype) != (mb.shape, mb.dtype):
+        raise ShapeError(f"pipeline_value_and_grad: the stage maps a microbatch {mb.shape} "
+                         f"{mb.dtype} to {out_aval.shape} {out_aval.dtype}; each stage's "
+                         "output must be the next stage's input (the same shape and dtype)")
+    # Per stage: no gradient is summed over the pipeline axis implicitly (that would be
+    # a collective inside the schedule's per-stage branches, which stages take apart).
+    stage_params = pvary(stage_params, axes)
+    head = (lambda q, y, t: loss(y, t)) if loss_params is None else loss
+    # Varying along the pipeline axis: each stage's gradient of the head stays its own
+    # (only the last stage's counts).  Invariant, autodiff would sum every stage's into
+    # it (the transpose of the implicit pvary is a psum).
+    lp = () if loss_params is None else pvary(loss_params, axes)
+    sched = build(schedule, S, M)
+    K, C = max(sched.inputs_held), max(sched.cotangents_held)
+    # The schedule as arrays, one row per tick: each stage's operation (0 idle, 1
+    # forward, 2 backward) and microbatch, and which microbatch's activation (from the
+    # stage before) and cotangent (from the stage after) arrive at the tick's start.
+    kinds, mbs, f_in, b_in = (np.zeros((len(sched.ticks), S), np.int32) for _ in range(4))
+    f_in -= 1
+    b_in -= 1
+    for t, row in enumerate(sched.ticks):
+        for s, op in enumerate(row):
+            if op is not None:
+                kinds[t, s], mbs[t, s] = (1 if op[0] == "F" else 2), op[1]
+                if op[0] == "F" and s + 1 < S and t + 1 < len(sched.ticks):
+                    f_in[t + 1, s + 1] = op[1]
+                if op[0] == "B" and s > 0 and t + 1 < len(sched.ticks):
+                    b_in[t + 1, s - 1] = op[1]
+    s = axis_index(axes)
+    first, last = s == 0, s == S - 1
+    forward = [(i, i + 1) for i in range(S - 1)]
+    backward = [(i + 1, i) for i in range(S - 1)]
+    scale = np.asarray(1.0 / M, np.float32)
+    add = lambda a, b: tree_util.tree_map(lambda u, v: u + v, a, b)  # noqa: E731
+
+    def put(buf, i, v):
+        # Microbatch i's value into its slot (i < 0: nothing arrived).
+        k = snp.maximum(i, 0) % buf.shape[0]
+        return buf.at[k].set(snp.where(i >= 0, v, buf[k]))
+
+    def tick(carry, row):
+        send_f, send_b, buf, cts, acc = carry
+        kind, i, fi, bi = (r[s] for r in row)
+        # What the neighbours sent at the end of the last tick.
+        buf = put(buf, fi, ppermute(send_f, axes, forward))
+        cts = put(cts, bi, ppermute(send_b, axes, backward))
+
+        def idle(buf, cts, acc):
+            return snp.zeros_like(send_f), snp.zeros_like(send_b), buf, acc
+
+        def fwd(buf, cts, acc):
+            x = snp.where(first, xs[i], buf[i % K])
+            buf = buf.at[i % K].set(x)  # (stage 0 keeps its input for the backward)
+            return stage(stage_params, x), snp.zeros_like(send_b), buf, acc
+
+        def bwd(buf, cts, acc):
+            y, back = vjp(stage, stage_params, buf[i % K])
+            value, (dq, dy) = value_and_grad(head, argnums=(0, 1))(lp, y, ys[i])
+            on_last = lambda g: snp.where(last, g * scale.astype(g.dtype),  # noqa: E731
+                                          snp.zeros_like(g))
+            ct = snp.where(last, dy * scale.astype(dy.dtype), cts[i % C])
+            g, dx = back(ct)
+            gs, gq, gx, total = acc
+            gx = gx.at[i].add(snp.where(first, dx, snp.zeros_like(dx)))
+            acc = (add(gs, g), add(gq, tree_util.tree_map(on_last, dq)), gx,
+                   total + snp.where(last, value * scale, np.float32(0)))
+            return snp.zeros_like(send_f), dx, buf, acc
+
+        send_f, send_b, buf, acc = switch(kind, [idle, fwd, bwd], buf, cts, acc)
+        return (send_f, send_b, buf, cts, acc), None
+
+    zeros = snp.zeros(mb.shape, mb.dtype)
+    acc = (tree_util.tree_map(snp.zeros_like, stage_params),
+           tree_util.tree_map(snp.zeros_like, lp), snp.zeros_like(xs), np.float32(0))
+    carry = (zeros, zeros, snp.zeros((K,) + mb.shape, mb.dtype),
+             snp.zeros((C,) + mb.shape, mb.dtype), acc)
+    table = tuple(snp.asarray(a) for a in (kinds, mbs, f_in, b_in))
+    (_, _, _, _, (gs, gq, gx, total)), _ = scan(tick, carry, table)
+    # The loss and the head's gradient live on the last stage, the inputs' on the first:
+    # every device gets them.
+    gq = tree_util.tree_map(lambda g: psum(g, axes), gq)
+    grads = PipelineGrads(gs, None if loss_params is None else gq, psum(gx, axes))
+    return psum(total, axes), grads

@@ -104,3 +104,27 @@ def test_pipeline_over_the_ranks():
         assert {s.data.shape[0] for s in a.addressable_shards} == {1}  # its stage only
         np.testing.assert_allclose(np.asarray(spmd.process_allgather(a)), np.asarray(b),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_schedules_over_the_ranks(schedule):
+    # One stage per rank: each tick a rank computes only its own operation (the others'
+    # branches are not taken there); the loss and every gradient as the unpipelined model's.
+    from tests.parallel.test_pipeline_schedules import _data, _model, _step, _unpipelined
+
+    stages = spmd.device_count()
+    p, h, emb = _model(stages)
+    xs, ys = _data(stages, 5)
+    want_loss, want = spmd.value_and_grad(_unpipelined, argnums=(0, 1, 2))(p, h, emb, xs, ys)
+    mesh = spmd.make_mesh((stages,), ("pipe",))
+    pipe = NS(mesh, P("pipe"))
+    f = spmd.jit(spmd.shard_map(_step(schedule), mesh=mesh,
+                                in_specs=((P("pipe"), P("pipe")), P(), P(), P(), P()),
+                                out_specs=(P(), (P("pipe"), P("pipe")), P(), P())))
+    placed = tuple(spmd.device_put(a, pipe) for a in p)
+    loss, gs, gh, ge = f(placed, h, emb, xs, ys)
+    assert {s.data.shape for s in gs[0].addressable_shards} == {(1, 8, 8)}
+    np.testing.assert_allclose(float(np.asarray(loss)), float(want_loss), rtol=1e-6)
+    for got, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
+        np.testing.assert_allclose(np.asarray(spmd.process_allgather(got)), np.asarray(exp),
+                                   rtol=2e-5, atol=1e-6)

@@ -1,0 +1,189 @@
+"""``spmd.parallel.pipeline_value_and_grad``: an S-stage pipeline run by the GPipe and
+1F1B schedules.  The tables keep every dependency and have the theory's bubble and
+buffers; the loss and every gradient (the stages', the head's, the inputs') equal the
+unpipelined model's, with varying-axes typing on and off, jitted and eagerly, with a
+data-parallel axis beside the pipeline axis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd import P
+from spmd.errors import ArgumentError, ShapeError
+from spmd.parallel import PipelineGrads, pipeline_schedule, pipeline_value_and_grad
+from spmd.parallel.schedule import theory_bubble
+
+B, D, IN, OUT = 4, 8, 5, 3
+
+
+# ------------------------------------------------------------------- tables
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 1), (2, 5), (3, 4), (4, 4),
+                                                 (4, 9), (8, 16)])
+def test_tables_keep_the_dependencies_and_the_theory(name, stages, microbatches):
+    sched = pipeline_schedule(name, stages, microbatches)
+    S, M = stages, microbatches
+    when = {}
+    for t, row in enumerate(sched.ticks):
+        assert len(row) == S
+        for s, op in enumerate(row):
+            if op is not None:
+                assert (op, s) not in when  # each operation once
+                when[(op, s)] = t
+    assert len(when) == 2 * S * M
+    for s in range(S):
+        for i in range(M):
+            f, b = when[(("F", i), s)], when[(("B", i), s)]
+            assert f < b
+            if s > 0:
+                assert when[(("F", i), s - 1)] < f
+            if s < S - 1:
+                assert when[(("B", i), s + 1)] < b
+    assert len(sched.ticks) == 2 * (M + S - 1)
+    assert sched.bubble == pytest.approx(theory_bubble(S, M))
+    # What a stage holds at once: every microbatch for GPipe, at most S for 1F1B.
+    if name == "gpipe":
+        assert max(sched.inputs_held) == M
+    else:
+        assert max(sched.inputs_held) == min(S, M)
+
+
+def test_bad_schedules_are_named():
+    with pytest.raises(ArgumentError, match=r"pipeline schedule 'zb' is not one of"):
+        pipeline_schedule("zb", 2, 4)
+    with pytest.raises(ArgumentError, match=r"microbatches=0 must be an integer >= 1"):
+        pipeline_schedule("1f1b", 2, 0)
+
+
+# ------------------------------------------------------------------- values
+
+def _model(stages, seed=0):
+    rng = np.random.default_rng(seed)
+    return (((rng.normal(size=(stages, D, D)) / 3).astype(np.float32),
+             rng.normal(size=(stages, D)).astype(np.float32)),
+            rng.normal(size=(D, OUT)).astype(np.float32),
+            rng.normal(size=(IN, D)).astype(np.float32))
+
+
+def _layer(p, x):  # this device's stage: its (1, ...) block of the stacked weights
+    w, b = p
+    return snp.tanh(x @ w[0] + b[0])
+
+
+def _head(h, y, t):
+    return ((y @ h - t) ** 2).mean()
+
+
+def _unpipelined(stage_params, h, emb, xs, ys):
+    w, b = stage_params
+    a = xs @ emb
+    for s in range(w.shape[0]):
+        a = snp.tanh(a @ w[s] + b[s])
+    return ((a @ h - ys) ** 2).mean(axis=(1, 2)).mean()
+
+
+def _step(schedule):
+    def step(p, h, emb, xs, ys):
+        a, back = spmd.vjp(lambda e: xs @ e, emb)  # an embedding before the pipeline
+        loss, g = pipeline_value_and_grad(_layer, _head, p, a, ys, "pipe", loss_params=h,
+                                          schedule=schedule)
+        return loss, g.stage, g.loss, back(g.inputs)[0]
+    return step
+
+
+def _data(stages, microbatches, data=1):
+    rng = np.random.default_rng(1)
+    xs = rng.normal(size=(microbatches, B * data, IN)).astype(np.float32)
+    ys = rng.normal(size=(microbatches, B * data, OUT)).astype(np.float32)
+    return xs, ys
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(2, 1), (2, 3), (4, 4), (4, 7), (8, 3)])
+@pytest.mark.parametrize("check_vma", [True, False], ids=["typed", "untyped"])
+def test_loss_and_gradients_equal_the_unpipelined_models(schedule, stages, microbatches,
+                                                         check_vma):
+    p, h, emb = _model(stages)
+    xs, ys = _data(stages, microbatches)
+    want_loss, want = spmd.value_and_grad(_unpipelined, argnums=(0, 1, 2))(p, h, emb, xs, ys)
+    mesh = spmd.make_mesh((stages,), ("pipe",))
+    f = spmd.jit(spmd.shard_map(_step(schedule), mesh=mesh,
+                                in_specs=((P("pipe"), P("pipe")), P(), P(), P(), P()),
+                                out_specs=(P(), (P("pipe"), P("pipe")), P(), P()),
+                                check_vma=check_vma))
+    loss, gs, gh, ge = f(p, h, emb, xs, ys)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    for got, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-5, atol=1e-6)
+
+
+def test_eagerly_and_without_a_head():
+    stages, microbatches = 2, 3
+    p, _, _ = _model(stages)
+    rng = np.random.default_rng(2)
+    xs = rng.normal(size=(microbatches, B, D)).astype(np.float32)
+    ys = rng.normal(size=(microbatches, B, D)).astype(np.float32)
+
+    def unpipelined(p, xs):
+        w, b = p
+        for s in range(stages):
+            xs = snp.tanh(xs @ w[s] + b[s])
+        return ((xs - ys) ** 2).mean(axis=(1, 2)).mean()
+
+    want_loss, (want_p, want_x) = spmd.value_and_grad(unpipelined, argnums=(0, 1))(p, xs)
+    mesh = spmd.make_mesh((stages,), ("pipe",))
+    mse = lambda y, t: ((y - t) ** 2).mean()  # noqa: E731
+    f = spmd.shard_map(lambda p, xs, ys: pipeline_value_and_grad(_layer, mse, p, xs, ys,
+                                                                 "pipe"),
+                       mesh=mesh, in_specs=((P("pipe"), P("pipe")), P(), P()),
+                       out_specs=(P(), PipelineGrads((P("pipe"), P("pipe")), P(), P())))
+    loss, g = f(p, xs, ys)  # eagerly
+    assert g.loss is None
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    for got, exp in zip([*g.stage, g.inputs], [*want_p, want_x]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-5, atol=1e-6)
+
+
+def test_with_a_data_parallel_axis():
+    stages, microbatches, data = 2, 4, 2
+    p, h, emb = _model(stages)
+    xs, ys = _data(stages, microbatches, data)
+    want_loss, want = spmd.value_and_grad(_unpipelined, argnums=(0, 1, 2))(p, h, emb, xs, ys)
+    mesh = spmd.make_mesh((data, stages), ("data", "pipe"))
+    inner = _step("1f1b")
+
+    def step(p, h, emb, xs, ys):
+        loss, gs, gh, ge = inner(p, h, emb, xs, ys)
+        # The parameters are the same on both halves of the batch, so (typed) autodiff
+        # sums their gradients over 'data' already: the mean is a division.
+        mean = lambda t: spmd.tree_util.tree_map(lambda g: g / data, t)  # noqa: E731
+        return spmd.lax.pmean(loss, "data"), mean(gs), mean(gh), mean(ge)
+
+    f = spmd.jit(spmd.shard_map(step, mesh=mesh,
+                                in_specs=((P("pipe"), P("pipe")), P(), P(), P(None, "data"),
+                                          P(None, "data")),
+                                out_specs=(P(), (P("pipe"), P("pipe")), P(), P())))
+    loss, gs, gh, ge = f(p, h, emb, xs, ys)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    for got, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-5, atol=1e-6)
+
+
+def test_shape_errors_are_named():
+    mesh = spmd.make_mesh((2,), ("pipe",))
+    p, _, _ = _model(2)
+    mse = lambda y, t: ((y - t) ** 2).mean()  # noqa: E731
+    run = lambda xs, ys, stage=_layer: spmd.shard_map(  # noqa: E731
+        lambda p, xs, ys: pipeline_value_and_grad(stage, mse, p, xs, ys, "pipe")[0],
+        mesh=mesh, in_specs=((P("pipe"), P("pipe")), P(), P()), out_specs=P())(p, xs, ys)
+    with pytest.raises(ShapeError, match=r"microbatches \(3, 4, 8\) and targets \(2, 4, 8\) "
+                                         r"must both be \(M, \.\.\.\) with the same M"):
+        run(np.ones((3, B, D), np.float32), np.ones((2, B, D), np.float32))
+    with pytest.raises(ShapeError, match=r"the stage maps a microbatch \(4, 8\) float32 to "
+                                         r"\(4, 2\) float32"):
+        run(np.ones((3, B, D), np.float32), np.ones((3, B, D), np.float32),
+            stage=lambda p, x: x[:, :2])
