@@ -157,7 +157,8 @@ def row(benchmark: str, variant: str, times: list[float], *, baseline: str | Non
 
 
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6,
-         "MiB": 1 / 2 ** 20}  # a memory row holds bytes in ``times_s`` (bench_arrays.py)
+         "MiB": 1 / 2 ** 20,  # a memory row holds bytes in ``times_s`` (bench_arrays.py)
+         "%": 100.0}  # a fraction row holds fractions (bench_pipeline.py's bubbles)
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -141,19 +141,26 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     sched = build(schedule, S, M)
     K, C = max(sched.inputs_held), max(sched.cotangents_held)
     # The schedule as arrays, one row per tick: each stage's operation (0 idle, 1
-    # forward, 2 backward) and microbatch, and which microbatch's activation (from the
-    # stage before) and cotangent (from the stage after) arrive at the tick's start.
-    kinds, mbs, f_in, b_in = (np.zeros((len(sched.ticks), S), np.int32) for _ in range(4))
+    # forward, 2 backward) and microbatch, which microbatch's input arrives at the
+    # tick's start (from the stage before; stage 0 reads its own when it forwards it)
+    # and which cotangent (from the stage after).
+    T = len(sched.ticks)
+    kinds, mbs, f_in, b_in = (np.zeros((T, S), np.int32) for _ in range(4))
     f_in -= 1
     b_in -= 1
+    first_bwd = np.zeros(M, np.int64)  # the tick of stage 0's backward of each microbatch
     for t, row in enumerate(sched.ticks):
         for s, op in enumerate(row):
             if op is not None:
                 kinds[t, s], mbs[t, s] = (1 if op[0] == "F" else 2), op[1]
-                if op[0] == "F" and s + 1 < S and t + 1 < len(sched.ticks):
+                if op[0] == "F" and s == 0:
+                    f_in[t, 0] = op[1]
+                if op[0] == "F" and s + 1 < S and t + 1 < T:
                     f_in[t + 1, s + 1] = op[1]
-                if op[0] == "B" and s > 0 and t + 1 < len(sched.ticks):
+                if op[0] == "B" and s > 0 and t + 1 < T:
                     b_in[t + 1, s - 1] = op[1]
+                if op[0] == "B" and s == 0:
+                    first_bwd[op[1]] = t
     s = axis_index(axes)
     first, last = s == 0, s == S - 1
     forward = [(i, i + 1) for i in range(S - 1)]
@@ -162,24 +169,23 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     add = lambda a, b: tree_util.tree_map(lambda u, v: u + v, a, b)  # noqa: E731
 
     def put(buf, i, v):
-        # Microbatch i's value into its slot (i < 0: nothing arrived).
+        # Microbatch i's value into its slot (i < 0: nothing arrives).
         k = snp.maximum(i, 0) % buf.shape[0]
         return buf.at[k].set(snp.where(i >= 0, v, buf[k]))
 
     def tick(carry, row):
         send_f, send_b, buf, cts, acc = carry
         kind, i, fi, bi = (r[s] for r in row)
-        # What the neighbours sent at the end of the last tick.
-        buf = put(buf, fi, ppermute(send_f, axes, forward))
+        # What the neighbours sent at the end of the last tick (stage 0: its input).
+        got = ppermute(send_f, axes, forward)
+        buf = put(buf, fi, snp.where(first, xs[snp.maximum(fi, 0)], got))
         cts = put(cts, bi, ppermute(send_b, axes, backward))
 
         def idle(buf, cts, acc):
-            return snp.zeros_like(send_f), snp.zeros_like(send_b), buf, acc
+            return snp.zeros_like(send_f), snp.zeros_like(send_b), acc
 
         def fwd(buf, cts, acc):
-            x = snp.where(first, xs[i], buf[i % K])
-            buf = buf.at[i % K].set(x)  # (stage 0 keeps its input for the backward)
-            return stage(stage_params, x), snp.zeros_like(send_b), buf, acc
+            return stage(stage_params, buf[i % K]), snp.zeros_like(send_b), acc
 
         def bwd(buf, cts, acc):
             y, back = vjp(stage, stage_params, buf[i % K])
@@ -188,24 +194,27 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
                                           snp.zeros_like(g))
             ct = snp.where(last, dy * scale.astype(dy.dtype), cts[i % C])
             g, dx = back(ct)
-            gs, gq, gx, total = acc
-            gx = gx.at[i].add(snp.where(first, dx, snp.zeros_like(dx)))
-            acc = (add(gs, g), add(gq, tree_util.tree_map(on_last, dq)), gx,
+            gs, gq, total = acc
+            acc = (add(gs, g), add(gq, tree_util.tree_map(on_last, dq)),
                    total + snp.where(last, value * scale, np.float32(0)))
-            return snp.zeros_like(send_f), dx, buf, acc
+            return snp.zeros_like(send_f), dx, acc
 
-        send_f, send_b, buf, acc = switch(kind, [idle, fwd, bwd], buf, cts, acc)
-        return (send_f, send_b, buf, cts, acc), None
+        send_f, send_b, acc = switch(kind, [idle, fwd, bwd], buf, cts, acc)
+        # Stage 0's backward results are the inputs' gradients: kept per tick (a scan
+        # output, not a carry that every tick would copy).
+        return (send_f, send_b, buf, cts, acc), snp.where(first, send_b,
+                                                          snp.zeros_like(send_b))
 
     zeros = snp.zeros(mb.shape, mb.dtype)
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
-           tree_util.tree_map(snp.zeros_like, lp), snp.zeros_like(xs), np.float32(0))
+           tree_util.tree_map(snp.zeros_like, lp), np.float32(0))
     carry = (zeros, zeros, snp.zeros((K,) + mb.shape, mb.dtype),
              snp.zeros((C,) + mb.shape, mb.dtype), acc)
     table = tuple(snp.asarray(a) for a in (kinds, mbs, f_in, b_in))
-    (_, _, _, _, (gs, gq, gx, total)), _ = scan(tick, carry, table)
+    (_, _, _, _, (gs, gq, total)), per_tick = scan(tick, carry, table)
     # The loss and the head's gradient live on the last stage, the inputs' on the first:
     # every device gets them.
     gq = tree_util.tree_map(lambda g: psum(g, axes), gq)
-    grads = PipelineGrads(gs, None if loss_params is None else gq, psum(gx, axes))
+    gx = psum(per_tick[first_bwd], axes)
+    grads = PipelineGrads(gs, None if loss_params is None else gq, gx)
     return psum(total, axes), grads

@@ -294,6 +294,15 @@ def _cond_batch(args, dims, *, branches, _axis_data):
     batched = [d is not None for d in dims[1:]]
     ops = [move_to_front(o, d) if d is not None else o for o, d in zip(ops, dims[1:])]
     n_out = len(branches[0].out_avals)
+    if dims[0] is not None and size == 1:
+        # One element (a process's one device of a mesh): its index is the cond's, and
+        # only the branch it takes runs, as unbatched (a pipeline's idle stage idles).
+        from spmd.compiler.ops.structural import reshape
+
+        index = reshape(move_to_front(index, dims[0]), ())
+        new = tuple(batch_program(br, batched, size, axis_name, [True] * n_out)[0]
+                    for br in branches)
+        return cond_bind(index, *ops, branches=new), [0] * n_out
     if dims[0] is not None:
         return _cond_batch_select(move_to_front(index, dims[0]), ops, batched, branches, size,
                                   axis_name), [0] * n_out

@@ -139,6 +139,18 @@ def _ds_batch(args, dims, *, slice_sizes):
         x = move_to_front(x, xd)
         zero = _scalar(0, get_aval(starts[0]).dtype if starts else np.int32)
         return dynamic_slice(x, [zero] + list(starts), (n,) + tuple(slice_sizes)), 0
+    if n == 1:
+        # One element (a process's one device of a mesh): its starts are the slice's.
+        from spmd.compiler.ops.structural import broadcast_in_dim, reshape
+
+        if xd is None:
+            x = broadcast_in_dim(x, (1,) + tuple(np.shape(x)), tuple(range(1, np.ndim(x) + 1)))
+        else:
+            x = move_to_front(x, xd)
+        one = [s if d is None else reshape(move_to_front(s, d), ()) for s, d in
+               zip(starts, sdims)]
+        zero = _scalar(0, get_aval(one[0]).dtype)
+        return dynamic_slice(x, [zero] + one, (1,) + tuple(slice_sizes)), 0
     # Starts that differ per batch element: a gather of the windows.
     shape = tuple(np.shape(x))
     shape = shape if xd is None else shape[:xd] + shape[xd + 1:]
@@ -210,7 +222,7 @@ def _dus_transpose(ct, x, u, *starts):
 
 @dynamic_update_slice_p.def_batch
 def _dus_batch(args, dims):
-    from spmd.compiler.batching import bdim_size, broadcast_batch
+    from spmd.compiler.batching import bdim_size, broadcast_batch, move_to_front
 
     (x, u, *starts), (xd, ud, *sdims) = args, dims
     n = bdim_size(args, dims)
@@ -218,6 +230,14 @@ def _dus_batch(args, dims):
     if all(d is None for d in sdims):
         zero = _scalar(0, get_aval(starts[0]).dtype if starts else np.int32)
         return dynamic_update_slice(x, u, [zero] + list(starts)), 0
+    if n == 1:
+        # One element: its starts are the update's.
+        from spmd.compiler.ops.structural import reshape
+
+        one = [s if d is None else reshape(move_to_front(s, d), ()) for s, d in
+               zip(starts, sdims)]
+        zero = _scalar(0, get_aval(one[0]).dtype)
+        return dynamic_update_slice(x, u, [zero] + one), 0
     # Per-element starts: a scatter of the windows (always in bounds once clamped).
     shape, sizes = np.shape(x)[1:], np.shape(u)[1:]
     idx = _window_indices(_batched_starts(starts, sdims, n), shape, sizes, n)

@@ -1,0 +1,150 @@
+"""Pipeline schedules on MPI ranks: the measured bubble of GPipe and 1F1B against theory,
+and the stage inputs each holds.
+
+Run under MPI, one stage per rank: ``.venv/bin/spmd-run -n 2 benchmarks/bench_pipeline.py``
+(``OPENBLAS_NUM_THREADS=1`` is set per rank).  The model: ``S`` stages (one per rank),
+each 4 layers of ``tanh(x @ W)`` with ``W`` 1024 x 1024, float32, microbatches of 64
+rows, ``M`` = 8 and 16 microbatches, the loss a mean square on the last stage.  The
+step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
+
+- ``step``: the slowest rank's time per step (a barrier before each);
+- ``stage forward`` / ``stage backward``: one microbatch's forward of one stage, and
+  its backward (the forward recomputed, then its vjp), timed alone on rank 0: ``f``
+  and ``b``;
+- ``bubble, measured``: ``1 - M (f + b) / step``, the idle share of a stage's time;
+- ``bubble, theory``: ``(S - 1) / (M + S - 1)``; the goal is the measured bubble at
+  most 10% above it (relative);
+- ``bubble, lockstep model``: ``1 - M (f + b) / sum_t max_s cost(t, s)``, the
+  schedule's table (``spmd.parallel.pipeline_schedule``) priced with ``f`` and ``b``
+  when every tick lasts as long as its slowest operation (the ranks meet at each
+  tick's ``ppermute``);
+- ``stage inputs held``: the buffer of microbatch inputs a stage keeps (``M`` for
+  GPipe, at most ``S`` for 1F1B), in MiB.
+
+Rank 0 prints the table and writes ``benchmarks/results/pipeline_n<S>.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+if __name__ == "__main__":
+    for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import common  # noqa: E402  (puts the repository root on sys.path)
+
+D, ROWS, LAYERS = 1024, 64, 4
+MICROBATCHES = (8, 16)
+
+
+def _layer(p, x):
+    for k in range(LAYERS):
+        x = _snp().tanh(x @ p[0, k])
+    return x
+
+
+def _snp():
+    import spmd.numpy as snp
+
+    return snp
+
+
+def _mse(y, t):
+    return ((y - t) ** 2).mean()
+
+
+def measure(rounds: int) -> list[dict]:
+    import numpy as np
+    from mpi4py import MPI
+
+    import spmd
+    from spmd import P
+    from spmd.parallel import pipeline_schedule, pipeline_value_and_grad
+    from spmd.parallel.schedule import theory_bubble
+
+    comm = MPI.COMM_WORLD
+    S = comm.Get_size()
+    mesh = spmd.make_mesh((S,), ("pipe",))
+    rng = np.random.default_rng(0)
+    w = (rng.normal(size=(S, LAYERS, D, D)) / np.sqrt(D)).astype(np.float32)
+    placed = spmd.device_put(w, spmd.NamedSharding(mesh, P("pipe")))
+
+    # One stage's forward and backward of one microbatch, alone (rank 0's numbers).
+    w0 = w[:1]
+    x0 = rng.normal(size=(ROWS, D)).astype(np.float32)
+    fwd = spmd.jit(_layer)
+    bwd = spmd.jit(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct))
+    f_times, b_times = [], []
+    for _ in range(3):
+        fwd(w0, x0), bwd(w0, x0, x0)
+    for _ in range(max(rounds, 10)):
+        t0 = time.perf_counter()
+        fwd(w0, x0)
+        t1 = time.perf_counter()
+        bwd(w0, x0, x0)
+        t2 = time.perf_counter()
+        f_times.append(t1 - t0)
+        b_times.append(t2 - t1)
+    f_times = comm.bcast(f_times, root=0)
+    b_times = comm.bcast(b_times, root=0)
+    f, b = float(np.median(f_times)), float(np.median(b_times))
+
+    rows = [common.row("stage", "forward (f)", f_times),
+            common.row("stage", "backward (b)", b_times,
+                       note="the forward recomputed, then its vjp")]
+    for m in MICROBATCHES:
+        xs = rng.normal(size=(m, ROWS, D)).astype(np.float32)
+        ys = rng.normal(size=(m, ROWS, D)).astype(np.float32)
+        for name in ("gpipe", "1f1b"):
+            step = spmd.jit(spmd.shard_map(
+                lambda p, xs, ys, name=name: pipeline_value_and_grad(
+                    _layer, _mse, p, xs, ys, "pipe", schedule=name),
+                mesh=mesh, in_specs=(P("pipe"), P(), P()),
+                out_specs=(P(), spmd.parallel.PipelineGrads(P("pipe"), P(), P()))))
+            step(placed, xs, ys)
+            step(placed, xs, ys)
+            times = []
+            for _ in range(rounds):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                step(placed, xs, ys)
+                times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            sched = pipeline_schedule(name, S, m)
+            theory = theory_bubble(S, m)
+            ticks = sum(max((f if op[0] == "F" else b) if op else 0.0 for op in row)
+                        for row in sched.ticks)
+            bench = f"{name}[S={S},M={m}]"
+            rows += [
+                common.row(bench, "step", times),
+                common.row(bench, "bubble, measured", [1 - m * (f + b) / t for t in times],
+                           unit="%", goal_max_s=1.1 * theory,
+                           note="1 - M (f + b) / step; goal: at most 10% above theory"),
+                common.row(bench, "bubble, theory", [theory], unit="%",
+                           note="(S - 1) / (M + S - 1)"),
+                common.row(bench, "bubble, lockstep model", [1 - m * (f + b) / ticks],
+                           unit="%", note="each tick as long as its slowest operation"),
+                common.row(bench, "stage inputs held",
+                           [max(sched.inputs_held) * ROWS * D * 4], unit="MiB",
+                           note=f"{max(sched.inputs_held)} microbatches"),
+            ]
+    return rows
+
+
+def skip_reason() -> str:
+    """``benchmarks/run.py`` runs it not: it has a ``main`` of its own, on MPI ranks."""
+    return common.mpi_only("pipeline")
+
+
+def main(argv=None) -> int:
+    return common.mpi_main("pipeline", __doc__, measure, argv, rounds=15)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
