@@ -371,3 +371,20 @@ def test_error_scan_lengths():
         lax.scan(lambda c, x: (c, x), 0.0, None)
     with pytest.raises(errors.ShapeError, match="leading axis"):
         lax.scan(lambda c, x: (c, x), 0.0, np.float32(1.0))
+
+
+def test_vmap_of_one_element_runs_only_the_branch_taken():
+    # A batch of one (a process's one device of a mesh): the batched index is the
+    # cond's own, so only the branch taken runs (no select of every branch's result).
+    import spmd
+
+    f = spmd.vmap(lambda p, x: spmd.lax.switch(p, [lambda v: v + 1.0, lambda v: v * 3.0,
+                                                   lambda v: -v], x))
+    for k, want in ((0, 3.0), (1, 6.0), (2, -2.0), (5, -2.0), (-1, 3.0)):
+        got = f(np.array([k], np.int32), np.array([2.0], np.float32))
+        np.testing.assert_allclose(np.asarray(got), [want])
+    text = str(spmd.make_jaxpr(f)(np.array([1], np.int32), np.array([2.0], np.float32)))
+    assert "cond[" in text and "select_n" not in text
+    # Larger batches still select per element.
+    got = f(np.array([0, 1, 2], np.int32), np.array([2.0, 2.0, 2.0], np.float32))
+    np.testing.assert_allclose(np.asarray(got), [3.0, 6.0, -2.0])

@@ -485,3 +485,26 @@ def test_grad_of_vmap_of_gather():
     for k in range(NB):
         np.add.at(want[k], np.clip(IB[k], 0, 3), 1.0)
     np.testing.assert_allclose(np.asarray(g), want)
+
+
+def test_dynamic_slices_of_a_batch_of_one_are_slices():
+    # A batch of one with its own start: a dynamic (update) slice, not a gather of windows.
+    import spmd
+    from spmd import lax
+
+    x = np.arange(24.0, dtype=np.float32).reshape(4, 6)
+    sl = spmd.vmap(lambda x, i: lax.dynamic_slice(x, (i, 1), (2, 3)))
+    for i in (0, 1, 2, 3, -1):
+        c = min(max(i, 0), 2)
+        np.testing.assert_array_equal(np.asarray(sl(x[None], np.array([i], np.int32)))[0],
+                                      x[c:c + 2, 1:4])
+    assert "gather" not in str(spmd.make_jaxpr(sl)(x[None], np.array([1], np.int32)))
+    unbatched = spmd.vmap(lambda i: lax.dynamic_slice(x, (i, 0), (1, 6)))
+    np.testing.assert_array_equal(np.asarray(unbatched(np.array([2], np.int32)))[0], x[2:3])
+    up = spmd.vmap(lambda x, u, i: lax.dynamic_update_slice(x, u, (i, 2)))
+    got = np.asarray(up(x[None], -np.ones((1, 1, 3), np.float32), np.array([3], np.int32)))[0]
+    want = x.copy()
+    want[3, 2:5] = -1
+    np.testing.assert_array_equal(got, want)
+    assert "scatter" not in str(spmd.make_jaxpr(up)(x[None], -np.ones((1, 1, 3), np.float32),
+                                                    np.array([3], np.int32)))
