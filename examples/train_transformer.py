@@ -33,7 +33,13 @@ Parallelism on the mesh ``('data', 'model')``, written as one ``shard_map``:
 - ``--experts N`` makes each block's MLP a top-``k`` mixture of ``N`` experts
   (``spmd.parallel.moe``), and ``expert=E`` in ``--mesh`` splits the experts over an
   ``'expert'`` axis, which also splits the batch: tokens reach their experts'
-  devices by ``all_to_all``; the router's load-balancing loss is added to the loss.
+  devices by ``all_to_all``; the router's load-balancing loss is added to the loss;
+- ``pipe=S`` in ``--mesh`` cuts the blocks into ``S`` pipeline stages over a
+  ``'pipe'`` axis, ``--microbatches K`` of each device's rows flowing through them by
+  ``--schedule gpipe|1f1b`` (``spmd.parallel.pipeline_value_and_grad``; the step is in
+  ``transformer_pipeline.py``); it composes with ``data`` and ``model``, and its
+  checkpoints keep the usual layout (a run saved with ``pipe=2`` resumes with
+  ``pipe=1``).
 
 The optimizer is ``spmd.optim.adamw`` with a warm-up cosine schedule, applied
 inside the same program to each device's blocks.  Rank 0 shows a progress bar
@@ -56,6 +62,7 @@ import importlib
 import inspect
 import sys
 import time
+import types
 import warnings
 
 import numpy as np
@@ -65,6 +72,9 @@ import spmd.numpy as snp
 import spmd.optim as optim
 from spmd import P, NamedSharding, checkpointing, lax, nn
 from spmd.parallel import moe, ring_attention
+
+sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+import transformer_pipeline as TP  # noqa: E402  (beside this file)
 
 MODULES = (
     "abc argparse array ast asyncio base64 bisect calendar cmd codecs collections "
@@ -201,6 +211,34 @@ def layer_norm(x, gb, eps=1e-5):
     return (x - mu) * lax.rsqrt(var + eps) * g + b
 
 
+def block(cfg: Config, x, blk, bspec, seq: str | None = None, expert: str = "expert",
+          token_axes=None):
+    """One transformer block on this device's activations ``x`` (rows, T, d): ``(x,
+    the router's load-balancing loss share)`` (0 for the dense MLP)."""
+    gb = lambda name: _gather(blk[name], bspec[name])  # noqa: E731
+    t = x.shape[1]
+    causal = np.tril(np.ones((t, t), bool))  # a constant of the program
+    h = layer_norm(x, blk["ln1"])
+    qkv = snp.einsum("btd,dchk->cbhtk", h, gb("wqkv"))       # local heads only
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    if seq is None:
+        att = snp.einsum("bhtk,bhsk->bhts", q, k) / np.float32(np.sqrt(cfg.head_dim))
+        att = spmd.nn.softmax(snp.where(causal, att, np.float32(-1e9)), axis=-1)
+        y = snp.einsum("bhts,bhsk->bhtk", att, v)
+    else:
+        y = ring_attention(q, k, v, seq)
+    x = x + lax.psum(snp.einsum("bhtk,hkd->btd", y, gb("wo")), "model")
+    h = layer_norm(x, blk["ln2"])
+    if cfg.experts:  # every device of a 'model' group computes the same experts
+        b, t_, d = h.shape
+        y, stats = moe(snp.reshape(h, (b * t_, d)), blk["router"], blk["w_in"],
+                       blk["w_out"], expert, top_k=cfg.top_k,
+                       capacity_factor=cfg.capacity_factor, token_axes=token_axes)
+        return x + snp.reshape(y, (b, t_, d)) + blk["b2"], stats["aux_loss"] / cfg.layers
+    a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
+    return x + lax.psum(a @ gb("w2"), "model") + blk["b2"], np.float32(0.0)
+
+
 def forward(cfg: Config, params, specs, tokens, seq: str | None = None,
             expert: str = "expert", token_axes=None):
     """Per-device logits: ``tokens`` (rows, T) of this device; the heads and hidden units
@@ -217,31 +255,10 @@ def forward(cfg: Config, params, specs, tokens, seq: str | None = None,
     else:  # this device's positions: block axis_index(seq) of the sequence
         pos = lax.dynamic_slice_in_dim(g("pos"), lax.axis_index(seq) * t, t, axis=0)
     x = snp.take(tok, tokens, axis=0) + pos
-    causal = np.tril(np.ones((t, t), bool))  # a constant of the program
     aux = np.float32(0.0)
     for blk, bspec in zip(params["blocks"], specs["blocks"]):
-        gb = lambda name: _gather(blk[name], bspec[name])  # noqa: E731
-        h = layer_norm(x, blk["ln1"])
-        qkv = snp.einsum("btd,dchk->cbhtk", h, gb("wqkv"))       # local heads only
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        if seq is None:
-            att = snp.einsum("bhtk,bhsk->bhts", q, k) / np.float32(np.sqrt(cfg.head_dim))
-            att = spmd.nn.softmax(snp.where(causal, att, np.float32(-1e9)), axis=-1)
-            y = snp.einsum("bhts,bhsk->bhtk", att, v)
-        else:
-            y = ring_attention(q, k, v, seq)
-        x = x + lax.psum(snp.einsum("bhtk,hkd->btd", y, gb("wo")), "model")
-        h = layer_norm(x, blk["ln2"])
-        if cfg.experts:  # every device of a 'model' group computes the same experts
-            b, t_, d = h.shape
-            y, stats = moe(snp.reshape(h, (b * t_, d)), blk["router"], blk["w_in"],
-                           blk["w_out"], expert, top_k=cfg.top_k,
-                           capacity_factor=cfg.capacity_factor, token_axes=token_axes)
-            x = x + snp.reshape(y, (b, t_, d)) + blk["b2"]
-            aux = aux + stats["aux_loss"] / cfg.layers
-        else:
-            a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
-            x = x + lax.psum(a @ gb("w2"), "model") + blk["b2"]
+        x, a = block(cfg, x, blk, bspec, seq, expert, token_axes)
+        aux = aux + a
     x = layer_norm(x, params["lnf"])
     logits = x @ tok.T  # weight tying
     return (logits, aux) if cfg.experts else logits
@@ -336,32 +353,36 @@ def sample(cfg: Config, params, specs_whole, start: str, n: int, seed: int) -> s
 
 # ------------------------------------------------------------------ driver
 
-def parse_mesh(text: str, n_devices: int) -> tuple[int, int, int, int]:
-    """``(data, model, seq, expert)`` of ``--mesh data=D,model=M[,seq=C][,expert=E]``
-    (``seq`` and ``expert`` 1 when left out)."""
+def parse_mesh(text: str, n_devices: int) -> tuple[int, int, int, int, int]:
+    """``(data, model, seq, expert, pipe)`` of ``--mesh data=D,model=M[,seq=C][,expert=E]
+    [,pipe=S]`` (``seq``, ``expert`` and ``pipe`` 1 when left out)."""
     try:
         parts = dict(kv.split("=") for kv in text.split(","))
         data, model = int(parts.pop("data")), int(parts.pop("model"))
         seq, expert = int(parts.pop("seq", 1)), int(parts.pop("expert", 1))
-        if parts or min(data, model, seq, expert) < 1:
+        pipe = int(parts.pop("pipe", 1))
+        if parts or min(data, model, seq, expert, pipe) < 1:
             raise ValueError
     except (ValueError, KeyError):
-        raise SystemExit(f"--mesh must read data=D,model=M with optional ,seq=C and "
-                         f",expert=E, got {text!r}") from None
-    if data * model * seq * expert != n_devices:
-        raise SystemExit(f"--mesh {text} needs {data * model * seq * expert} devices, but "
+        raise SystemExit(f"--mesh must read data=D,model=M with optional ,seq=C, ,expert=E "
+                         f"and ,pipe=S, got {text!r}") from None
+    need = data * model * seq * expert * pipe
+    if need != n_devices:
+        raise SystemExit(f"--mesh {text} needs {need} devices, but "
                          f"this job has {n_devices} (the number of MPI ranks times "
                          "SPMD_LOCAL_DEVICES, or SPMD_NUM_DEVICES in one process)")
-    return data, model, seq, expert
+    return data, model, seq, expert, pipe
 
 
 def make_mesh(data: int, model: int, seq: int = 1, expert: int = 1, moe: bool = False,
-              devices=None):
-    """The mesh ``('data', 'model')``, with a ``'seq'`` axis when the sequence is split
-    and an ``'expert'`` axis when the model has experts (size 1 when they are not
-    split: the mixture-of-experts layer communicates over it)."""
+              devices=None, pipe: int = 1):
+    """The mesh ``('data', 'model')``, with a ``'seq'`` axis when the sequence is split,
+    an ``'expert'`` axis when the model has experts (size 1 when they are not split: the
+    mixture-of-experts layer communicates over it) and a ``'pipe'`` axis of pipeline
+    stages."""
     sizes, names = [data, model], ["data", "model"]
-    for size, name, wanted in ((seq, "seq", seq > 1), (expert, "expert", moe or expert > 1)):
+    for size, name, wanted in ((seq, "seq", seq > 1), (expert, "expert", moe or expert > 1),
+                               (pipe, "pipe", pipe > 1)):
         if wanted:
             sizes.append(size)
             names.append(name)
@@ -375,9 +396,14 @@ def batch_spec(mesh) -> P:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mesh", default=None, help="data=D,model=M[,seq=C][,expert=E] "
+    ap.add_argument("--mesh", default=None, help="data=D,model=M[,seq=C][,expert=E][,pipe=S] "
                     "(default: data=N/2,model=2); seq splits the sequence (ring attention), "
-                    "expert the experts (with --experts)")
+                    "expert the experts (with --experts), pipe the blocks into pipeline "
+                    "stages")
+    ap.add_argument("--microbatches", type=int, default=4,
+                    help="microbatches of each device's rows (with pipe=S)")
+    ap.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
+                    help="the pipeline schedule (with pipe=S)")
     ap.add_argument("--experts", type=int, default=0,
                     help="experts of each block's MLP (0: a dense MLP)")
     ap.add_argument("--top-k", type=int, default=2, help="experts per token")
@@ -410,7 +436,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     n = spmd.device_count()
-    data, model, seq, expert = parse_mesh(
+    data, model, seq, expert, pipe = parse_mesh(
         args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
     if args.resume and not args.ckpt_dir:
         raise SystemExit("--resume needs --ckpt-dir")
@@ -427,19 +453,27 @@ def main(argv=None) -> int:
     if expert > 1 and (not cfg.experts or cfg.experts % expert):
         raise SystemExit(f"--mesh: 'expert'={expert} must divide --experts "
                          f"({cfg.experts}; give --experts N)")
-    mesh = make_mesh(data, model, seq, expert, moe=cfg.experts > 0)
+    if pipe > 1:
+        TP.check(cfg, args, data, seq, expert, pipe)
+    mesh = make_mesh(data, model, seq, expert, moe=cfg.experts > 0, pipe=pipe)
     specs = param_specs(cfg, args.fsdp, expert="expert" in mesh.axis_names)
     schedule = optim.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup,
                                                   max(args.steps, args.warmup + 1),
                                                   end_value=args.lr / 10)
-    opt = optim.adamw(schedule, b2=0.99, weight_decay=0.01,
-                      mask=lambda p: spmd.tree_util.tree_map(lambda x: x.ndim > 1, p))
-    step_fn, state_specs = make_step(cfg, mesh, specs, opt)
+    opt = optim.adamw(schedule, b2=0.99, weight_decay=0.01, mask=TP.decay_mask)
+    if pipe > 1:
+        model_fns = types.SimpleNamespace(block=block, layer_norm=layer_norm,
+                                          batch_spec=batch_spec, _state_specs=_state_specs)
+        step_fn, state_specs = TP.make_pipe_step(model_fns, cfg, mesh, specs, opt,
+                                                 args.microbatches, args.schedule)
+    else:
+        step_fn, state_specs = make_step(cfg, mesh, specs, opt)
     corpus = load_corpus()
     say(f"corpus: {len(corpus)} symbols of standard-library documentation; model d={cfg.d}, "
         f"{cfg.layers} layers, {cfg.heads} heads, context {cfg.context}; mesh data={data} x "
         f"model={model}{f' x seq={seq}' if seq > 1 else ''}"
         f"{f' x expert={expert}' if expert > 1 else ''}"
+        f"{f' x pipe={pipe} ({args.schedule}, {args.microbatches} microbatches)' if pipe > 1 else ''}"
         f"{f', {cfg.experts} experts (top {cfg.top_k})' if cfg.experts else ''}"
         f"{' (FSDP)' if args.fsdp else ''} "
         f"over {n} devices in "
@@ -453,6 +487,9 @@ def main(argv=None) -> int:
                                                                  state_specs), step=first)
         params, state = restored["params"], restored["opt"]
         say(f"resumed from step {first}")
+    if pipe > 1:  # the pipeline's layout: each stage's blocks stacked, split over 'pipe'
+        params = TP.place(TP.stacked(params), mesh, TP.pipe_specs(specs))
+        state = TP.place(TP.map_param_trees(state, TP.stacked), mesh, state_specs)
 
     losses, t0, tokens = [], time.perf_counter(), 0
     steady = None  # (time, tokens) after the first step, which traces and compiles
@@ -475,7 +512,8 @@ def main(argv=None) -> int:
             bar.write(msg) if bar is not None else say(msg, flush=True)
         if args.ckpt_dir and (k == args.steps or (args.save_every and k % args.save_every == 0)):
             # Written by a background thread while the next steps train.
-            pending = checkpointing.save_async(args.ckpt_dir, {"params": params, "opt": state},
+            pending = checkpointing.save_async(args.ckpt_dir, TP.to_save(params, state, pipe,
+                                                                         cfg.layers),
                                                step=k, keep=3)
     if pending is not None:
         pending.wait()
@@ -489,7 +527,8 @@ def main(argv=None) -> int:
         _plot(args.plot, losses)
         say(f"loss curve written to {args.plot}")
     if args.sample:
-        whole = spmd.tree_util.tree_map(_whole, params)
+        whole = spmd.tree_util.tree_map(
+            _whole, TP.unstacked(params, cfg.layers) if pipe > 1 else params)
         if rank0:
             specs1 = param_specs(cfg, False)
             text = sample(cfg, whole, specs1, "Return the ", args.sample, args.seed)

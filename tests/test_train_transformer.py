@@ -149,8 +149,8 @@ def test_mesh_that_does_not_match_the_devices(ex):
     with pytest.raises(SystemExit, match="'seq'=8 the context \\(60\\)"):
         ex.main(["--mesh", "data=1,model=1,seq=8", "--context", "60", "--steps", "0"])
     with pytest.raises(SystemExit, match="--mesh must read data=D,model=M with optional "
-                                         ",seq=C and ,expert=E"):
-        ex.main(["--mesh", "data=2,model=2,pipe=2"])
+                                         ",seq=C, ,expert=E and ,pipe=S"):
+        ex.main(["--mesh", "data=2,model=2,ring=2"])
     with pytest.raises(SystemExit, match="'expert'=2 must divide --experts \\(0; give "):
         ex.main(["--mesh", "data=2,model=2,expert=2", "--steps", "0"])
 
@@ -278,3 +278,79 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     assert runs[0][0] == runs[1][0]
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------ pipelines
+
+def _run_piped(ex, cfg, mesh, microbatches, schedule):
+    """``[step, params, optimizer state]`` of the pipelined model on ``mesh`` (its
+    'pipe' axis), from the same initial parameters as :func:`_run_on`'s."""
+    TP = sys.modules["transformer_pipeline"]
+    specs = ex.param_specs(cfg, False)
+    opt = spmd.optim.adamw(1e-2, eps=1e-4, weight_decay=0.01, mask=TP.decay_mask)
+    params = ex.init_params(cfg, specs, mesh, seed=0)
+    state = opt.init(params)
+    step, state_specs = TP.make_pipe_step(ex, cfg, mesh, specs, opt, microbatches, schedule)
+    return [step, TP.place(TP.stacked(params), mesh, TP.pipe_specs(specs)),
+            TP.place(TP.map_param_trees(state, TP.stacked), mesh, state_specs)]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("shape,layers,microbatches", [
+    ((1, 1, 2), 2, 2), ((2, 2, 2), 2, 4), ((1, 2, 4), 4, 4), ((1, 1, 2), 4, 8)],
+    ids=["pipe=2", "data=2,model=2,pipe=2", "model=2,pipe=4", "pipe=2,2-layer-stages"])
+def test_pipelined_losses_match_one_device_for_20_steps(ex, schedule, shape, layers,
+                                                        microbatches):
+    """``--mesh ...,pipe=S``: the blocks in S pipeline stages, run by a schedule; the first
+    20 losses equal the one-device run's within 1e-4 (issue 29)."""
+    argv = SMALL[:SMALL.index("--layers")] + ["--layers", str(layers)] + \
+        SMALL[SMALL.index("--layers") + 2:]
+    cfg = ex.Config(ex.parse_args(argv))
+    opt = spmd.optim.adamw(1e-2, eps=1e-4, weight_decay=0.01,
+                           mask=sys.modules["transformer_pipeline"].decay_mask)
+    specs = ex.param_specs(cfg, False)
+    one_mesh = ex.make_mesh(1, 1, devices=spmd.devices()[:1])
+    params = ex.init_params(cfg, specs, one_mesh, seed=0)
+    one = [ex.make_step(cfg, one_mesh, specs, opt)[0], params, opt.init(params)]
+    data, model, pipe = shape
+    mesh = ex.make_mesh(data, model, pipe=pipe, devices=spmd.devices()[:data * model * pipe])
+    _same_losses_for_20_steps(ex, cfg, [one, _run_piped(ex, cfg, mesh, microbatches,
+                                                        schedule)])
+
+
+@pytest.mark.timeout(400)
+def test_pipelined_on_4_ranks_matches_one_rank_and_resumes_without_pipe(tmp_path):
+    """--mesh data=1,model=2,pipe=2 on 4 MPI ranks: the first 20 losses equal one rank's
+    within 1e-4; its checkpoint (saved in the model's usual layout) resumes on one rank
+    without a pipeline, where the uninterrupted run's losses go on (issue 29)."""
+    ck = str(tmp_path / "ck")
+    one, = _losses_on_ranks(tmp_path, [(1, "data=1,model=1")])
+    four, = _losses_on_ranks(tmp_path, [(4, "data=1,model=2,pipe=2")],
+                             ["--microbatches", "2", "--save-every", "10", "--ckpt-dir", ck])
+    np.testing.assert_allclose(four, one, rtol=1e-4)
+    import spmd.checkpointing as ckpt
+
+    shutil.rmtree(ckpt.step_dir(ck, 20))  # resume from the pipelined run's step 10
+    exe = mpiexec_or_skip()
+    spmd_run = os.path.join(os.path.dirname(sys.executable), "spmd-run")
+    stats = str(tmp_path / "resumed")
+    status, out, _ = run_command([spmd_run, "-n", "1", "--mpiexec", str(exe), SCRIPT,
+                                  "--mesh", "data=1,model=1", "--steps", "20", "--sample",
+                                  "0", "--stats", stats, "--ckpt-dir", ck, "--resume"] + SMALL,
+                                 timeout=180)
+    assert status == 0 and "resumed from step 10" in out, out[-3000:]
+    with open(f"{stats}.rank0.json") as f:
+        resumed = json.load(f)["losses"]
+    assert len(resumed) == 10
+    np.testing.assert_allclose(resumed, one[10:], rtol=1e-4)
+
+
+def test_pipeline_meshes_are_checked(ex):
+    with pytest.raises(SystemExit, match=r"composes with 'data' and 'model' only"):
+        ex.main(SMALL + ["--mesh", "data=1,model=1,seq=2,pipe=4", "--steps", "1"])
+    with pytest.raises(SystemExit, match=r"'pipe'=8 must divide --layers \(2\)"):
+        ex.main(SMALL + ["--mesh", "data=1,model=1,pipe=8", "--steps", "1"])
+    with pytest.raises(SystemExit, match=r"--microbatches 3 must divide each 'data' device's "
+                                         r"rows \(4 = --batch 8 / data=2\)"):
+        ex.main(SMALL + ["--mesh", "data=2,model=2,pipe=2", "--microbatches", "3",
+                         "--steps", "1"])
