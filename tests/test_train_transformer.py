@@ -354,3 +354,30 @@ def test_pipeline_meshes_are_checked(ex):
                                          r"rows \(4 = --batch 8 / data=2\)"):
         ex.main(SMALL + ["--mesh", "data=2,model=2,pipe=2", "--microbatches", "3",
                          "--steps", "1"])
+
+
+@pytest.mark.parametrize("saved_on, resumed_on, extra", [
+    ("data=2,model=2,seq=2", "data=4,model=2", []),
+    ("data=4,model=2", "data=1,model=2,seq=4", []),
+    ("data=2,model=2,expert=2", "data=4,model=2", ["--experts", "4", "--capacity-factor", "4"]),
+    ("data=4,model=2", "data=1,model=1,expert=8", ["--experts", "8", "--capacity-factor", "8"]),
+], ids=["seq-to-none", "none-to-seq", "expert-to-none", "none-to-expert"])
+def test_checkpoints_resume_across_seq_and_expert_meshes(ex, tmp_path, capsys, saved_on,
+                                                         resumed_on, extra):
+    """A run saved on one mesh resumes on another (the sequence or the experts split
+    differently): it continues the uninterrupted run's losses (issue 29)."""
+    import spmd.checkpointing as ckpt
+
+    ck = str(tmp_path / "ck")
+    argv = SMALL + extra + ["--steps", "8", "--save-every", "4", "--ckpt-dir", ck,
+                            "--sample", "0", "--log-every", "4", "--warmup", "2",
+                            "--stats", str(tmp_path / "stats")]
+    assert ex.main(argv + ["--mesh", saved_on]) == 0
+    with open(tmp_path / "stats.rank0.json") as f:
+        whole = json.load(f)["losses"]
+    shutil.rmtree(ckpt.step_dir(ck, 8))
+    assert ex.main(argv + ["--mesh", resumed_on]) == 0
+    assert "resumed from step 4" in capsys.readouterr().out
+    with open(tmp_path / "stats.rank0.json") as f:
+        resumed = json.load(f)["losses"]
+    np.testing.assert_allclose(resumed, whole[4:], rtol=1e-4)
