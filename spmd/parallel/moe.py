@@ -9,10 +9,13 @@ tokens ``x`` ``(t, d)`` and ``E / n`` experts' weights.  Per device:
 2. each expert takes at most ``C = ceil(capacity_factor * t * k / E)`` of this device's
    (token, choice) pairs, in order of choice rank, then token: a pair past the capacity
    is dropped (counted; its gate contributes nothing);
-3. the kept pairs are packed into an ``(E, C, d)`` buffer, which ``all_to_all`` sends so
+3. the kept pairs are scattered by index into an ``(E, C, d)`` buffer (a row per
+   expert and slot; no one-hot dispatch tensor, whose ``t * k * E * C`` entries grow
+   with the square of the tokens), which ``all_to_all`` sends so
    that each device receives ``(n, E / n, C, d)``: every source's tokens for its own
    experts; they run the expert MLP and ``all_to_all`` sends the results back;
-4. each token's output is the gate-weighted sum of its kept experts' results.
+4. each token's output is the gate-weighted sum of its kept experts' results, read
+   back from the returned buffer by the same indices.
 
 With a capacity that drops nothing the layer equals the same layer computed densely
 on one device.  The auxiliary load-balancing loss is Switch Transformer's: ``E`` times
@@ -95,17 +98,21 @@ def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: f
     slot = snp.reshape(snp.cumsum(flat, axis=0) - flat, (top_k, t, experts))
     slot = snp.transpose(snp.sum(slot * chosen, axis=-1))        # (t, k)
     kept = slot < cap
-    dispatch = (nn.one_hot(top_e, experts, dtype=dtype)[..., None]
-                * nn.one_hot(slot, cap, dtype=dtype)[:, :, None, :]
-                * snp.asarray(kept, dtype)[..., None, None])      # (t, k, E, C)
-    combine = dispatch * gates[..., None, None]
-    buffers = snp.einsum("tkec,td->ecd", dispatch, x)            # (E, C, d)
+    # Each kept (token, choice) pair has its own row, expert * C + slot, of the experts'
+    # buffers; a dropped pair goes to a spare row past them.  Tokens are scattered to
+    # their rows and read back from them by index: O(t k d) work and memory, where a
+    # one-hot dispatch tensor (t, k, E, C) grows with the square of the tokens.
+    row = snp.reshape(snp.where(kept, top_e * cap + slot, experts * cap), (t * top_k,))
+    pairs = snp.reshape(snp.broadcast_to(x[:, None, :], (t, top_k, d)), (t * top_k, d))
+    buffers = snp.zeros((experts * cap + 1, d), dtype).at[row].add(pairs)
+    buffers = snp.reshape(buffers[:experts * cap], (experts, cap, d))     # (E, C, d)
     # To the experts' devices: (n, E/n, C, d) split by destination, received by source.
     sent = all_to_all(snp.reshape(buffers, (n, local, cap, d)), axes, 0, 0, tiled=True)
     h = activation(snp.einsum("secd,edh->sech", sent, w_in))
     done = snp.einsum("sech,ehd->secd", h, w_out)
-    back = snp.reshape(all_to_all(done, axes, 0, 0, tiled=True), (experts, cap, d))
-    y = snp.einsum("tkec,ecd->td", combine, back)
+    back = snp.reshape(all_to_all(done, axes, 0, 0, tiled=True), (experts * cap, d))
+    back = snp.concatenate([back, snp.zeros((1, d), dtype)])   # the spare row: nothing
+    y = snp.sum(snp.reshape(back[row], (t, top_k, d)) * gates[..., None], axis=1)
 
     routed = snp.mean(snp.sum(nn.one_hot(top_e, experts, dtype=dtype), axis=1), axis=0)
     fraction = pmean(routed, stat_axes) / top_k                  # share of pairs per expert
