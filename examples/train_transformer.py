@@ -149,8 +149,8 @@ def param_specs(cfg: Config, fsdp: bool, expert: bool = False):
     if cfg.experts:
         e = "expert" if expert else None
         block.update({"router": P(),                  # (d, experts)
-                      "w_in": P(e, None, None),       # (experts, d, hidden)
-                      "w_out": P(e, None, None),      # (experts, hidden, d)
+                      "w_in": P(e, None, "model"),    # (experts, d, hidden)
+                      "w_out": P(e, "model", None),   # (experts, hidden, d)
                       "b2": P()})
     else:
         block.update({"w1": P(f, "model"), "b1": P("model"),   # (d, hidden)
@@ -229,11 +229,15 @@ def block(cfg: Config, x, blk, bspec, seq: str | None = None, expert: str = "exp
         y = ring_attention(q, k, v, seq)
     x = x + lax.psum(snp.einsum("bhtk,hkd->btd", y, gb("wo")), "model")
     h = layer_norm(x, blk["ln2"])
-    if cfg.experts:  # every device of a 'model' group computes the same experts
+    if cfg.experts:
+        # The experts' hidden units are split over 'model', as the dense MLP's: each device
+        # of a 'model' group computes its slice of every token's experts, and the slices'
+        # partial outputs are summed (the combine is linear in them).
         b, t_, d = h.shape
         y, stats = moe(snp.reshape(h, (b * t_, d)), blk["router"], blk["w_in"],
                        blk["w_out"], expert, top_k=cfg.top_k,
                        capacity_factor=cfg.capacity_factor, token_axes=token_axes)
+        y = lax.psum(y, "model")
         return x + snp.reshape(y, (b, t_, d)) + blk["b2"], stats["aux_loss"] / cfg.layers
     a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
     return x + lax.psum(a @ gb("w2"), "model") + blk["b2"], np.float32(0.0)
