@@ -27,9 +27,9 @@ result is left untyped and the result is resharded to ``out_sharding``.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import numpy as np
-from contextlib import contextmanager
 
 from spmd import tree_util
 from spmd.compiler.ad import JVPTracer
@@ -54,8 +54,9 @@ def is_explicit(mesh) -> bool:
 # ------------------------------------------------------------------- the trace
 
 class _Main:
-    """An explicit trace's state: its mesh and how many ``out_sharding=`` scopes are
-    open (inside one an ambiguous result is untyped, not an error)."""
+    """An explicit trace's state: its mesh and how many lenient scopes are open
+    (``out_sharding=``, :func:`trusted`: inside one an ambiguous result is untyped,
+    not an error)."""
 
     __slots__ = ("mesh", "lenient")
 
