@@ -166,6 +166,8 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     forward = [(i, i + 1) for i in range(S - 1)]
     backward = [(i + 1, i) for i in range(S - 1)]
     scale = np.asarray(1.0 / M, np.float32)
+    # The loss's dtype (float64 under x64): the accumulated loss keeps it.
+    loss_dtype = np.dtype(eval_shape(head, lp, xs[0], ys[0]).dtype)
     add = lambda a, b: tree_util.tree_map(lambda u, v: u + v, a, b)  # noqa: E731
 
     def put(buf, i, v):
@@ -196,7 +198,8 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
             g, dx = back(ct)
             gs, gq, total = acc
             acc = (add(gs, g), add(gq, tree_util.tree_map(on_last, dq)),
-                   total + snp.where(last, value * scale, np.float32(0)))
+                   total + snp.where(last, value * scale.astype(loss_dtype),
+                                     np.zeros((), loss_dtype)))
             return snp.zeros_like(send_f), dx, acc
 
         send_f, send_b, acc = switch(kind, [idle, fwd, bwd], buf, cts, acc)
@@ -207,7 +210,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
 
     zeros = snp.zeros(mb.shape, mb.dtype)
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
-           tree_util.tree_map(snp.zeros_like, lp), np.float32(0))
+           tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
     carry = (zeros, zeros, snp.zeros((K,) + mb.shape, mb.dtype),
              snp.zeros((C,) + mb.shape, mb.dtype), acc)
     table = tuple(snp.asarray(a) for a in (kinds, mbs, f_in, b_in))

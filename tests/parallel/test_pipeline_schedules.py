@@ -187,3 +187,30 @@ def test_shape_errors_are_named():
                                          r"\(4, 2\) float32"):
         run(np.ones((3, B, D), np.float32), np.ones((3, B, D), np.float32),
             stage=lambda p, x: x[:, :2])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_gradients_against_finite_differences(schedule, x64):
+    # The returned gradients against central differences of the returned loss, in
+    # float64, in random directions of every parameter and of the inputs.
+    stages, microbatches = 2, 3
+    p, h, emb = (spmd.tree_util.tree_map(lambda a: a.astype(np.float64), t)
+                 for t in _model(stages))
+    xs, ys = (a.astype(np.float64) for a in _data(stages, microbatches))
+    mesh = spmd.make_mesh((stages,), ("pipe",))
+    f = spmd.jit(spmd.shard_map(_step(schedule), mesh=mesh,
+                                in_specs=((P("pipe"), P("pipe")), P(), P(), P(), P()),
+                                out_specs=(P(), (P("pipe"), P("pipe")), P(), P())))
+    loss, gs, gh, ge = f(p, h, emb, xs, ys)
+    rng = np.random.default_rng(3)
+    eps = 1e-6
+    for which in range(4):  # w, b, the head, the embedding
+        args = [p[0], p[1], h, emb]
+        d = rng.normal(size=args[which].shape)
+        plus, minus = list(args), list(args)
+        plus[which], minus[which] = args[which] + eps * d, args[which] - eps * d
+        num = (float(f((plus[0], plus[1]), plus[2], plus[3], xs, ys)[0])
+               - float(f((minus[0], minus[1]), minus[2], minus[3], xs, ys)[0])) / (2 * eps)
+        grad = [gs[0], gs[1], gh, ge][which]
+        np.testing.assert_allclose(float(np.sum(np.asarray(grad) * d)), num, rtol=1e-6,
+                                   atol=1e-9)
