@@ -140,27 +140,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     lp = () if loss_params is None else pvary(loss_params, axes)
     sched = build(schedule, S, M)
     K, C = max(sched.inputs_held), max(sched.cotangents_held)
-    # The schedule as arrays, one row per tick: each stage's operation (0 idle, 1
-    # forward, 2 backward) and microbatch, which microbatch's input arrives at the
-    # tick's start (from the stage before; stage 0 reads its own when it forwards it)
-    # and which cotangent (from the stage after).
-    T = len(sched.ticks)
-    kinds, mbs, f_in, b_in = (np.zeros((T, S), np.int32) for _ in range(4))
-    f_in -= 1
-    b_in -= 1
-    first_bwd = np.zeros(M, np.int64)  # the tick of stage 0's backward of each microbatch
-    for t, row in enumerate(sched.ticks):
-        for s, op in enumerate(row):
-            if op is not None:
-                kinds[t, s], mbs[t, s] = (1 if op[0] == "F" else 2), op[1]
-                if op[0] == "F" and s == 0:
-                    f_in[t, 0] = op[1]
-                if op[0] == "F" and s + 1 < S and t + 1 < T:
-                    f_in[t + 1, s + 1] = op[1]
-                if op[0] == "B" and s > 0 and t + 1 < T:
-                    b_in[t + 1, s - 1] = op[1]
-                if op[0] == "B" and s == 0:
-                    first_bwd[op[1]] = t
+    kinds, mbs, f_in, b_in, first_bwd = sched.arrays()
     s = axis_index(axes)
     first, last = s == 0, s == S - 1
     forward = [(i, i + 1) for i in range(S - 1)]

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from spmd.errors import ArgumentError
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -40,6 +42,34 @@ class Schedule(NamedTuple):
     # backwarded), and the most cotangents waiting for their backward.
     inputs_held: list
     cotangents_held: list
+
+    def arrays(self):
+        """The table as ``(T, S)`` int32 arrays, one row per tick, for a program to
+        index by stage: each stage's operation (0 idle, 1 forward, 2 backward) and
+        microbatch; which microbatch's input arrives at the tick's start (from the stage
+        before; stage 0 reads its own when it forwards it; -1: none) and which
+        cotangent (from the stage after); and the tick of stage 0's backward of each
+        microbatch, ``(M,)``."""
+        T, S, M = len(self.ticks), self.stages, self.microbatches
+        kinds, mbs, f_in, b_in = (np.zeros((T, S), np.int32) for _ in range(4))
+        f_in -= 1
+        b_in -= 1
+        first_bwd = np.zeros(M, np.int64)
+        for t, row in enumerate(self.ticks):
+            for s, op in enumerate(row):
+                if op is None:
+                    continue
+                kind, i = op
+                kinds[t, s], mbs[t, s] = (1 if kind == "F" else 2), i
+                if kind == "F" and s == 0:
+                    f_in[t, 0] = i
+                if kind == "F" and s + 1 < S and t + 1 < T:
+                    f_in[t + 1, s + 1] = i
+                if kind == "B" and s > 0 and t + 1 < T:
+                    b_in[t + 1, s - 1] = i
+                if kind == "B" and s == 0:
+                    first_bwd[i] = t
+        return kinds, mbs, f_in, b_in, first_bwd
 
     @property
     def bubble(self) -> float:
