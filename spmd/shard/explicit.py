@@ -186,28 +186,34 @@ class TypedAval(ShapedArray):
 
 
 def _explicit_of(x):
-    """The ExplicitTracer ``x`` is, or carries at its own shape (a JVP's primal, a
-    batched value's), or None."""
-    shape = None
+    """``(the ExplicitTracer x carries, the batch dimensions between them)``: ``x`` itself,
+    a JVP's primal, or a batched value's (``vmap``; its batch dimensions, outermost
+    first, are not part of the carried type's view of ``x``), or ``(None, ())``."""
+    bdims = []
     while isinstance(x, Tracer):
         if isinstance(x, ExplicitTracer):
-            return x if shape is None or tuple(x.aval.shape) == shape else None
-        if shape is None:
-            shape = tuple(x.aval.shape)
+            return x, tuple(bdims)
         if isinstance(x, JVPTracer):
             x = x.primal
-        elif isinstance(x, BatchTracer) and x.bdim is None:
+        elif isinstance(x, BatchTracer):
+            if x.bdim is not None:
+                bdims.append(x.bdim)
             x = x.val
         else:
-            return None
-    return None
+            return None, ()
+    return None, ()
 
 
 def type_of(x):
     """``(mesh, Placement or None)`` of an explicitly typed value, else None."""
-    e = _explicit_of(x)
+    e, bdims = _explicit_of(x)
     if e is not None:
-        return e._trace.main.global_data.mesh, e.type
+        typ = e.type
+        # Under vmap: the batch dimensions leave the type (innermost vmap's last).
+        for d in reversed(bdims):
+            if typ is not None:
+                typ = Placement(typ.dims[:d] + typ.dims[d + 1:], typ.partial)
+        return e._trace.main.global_data.mesh, typ
     if isinstance(x, ShardedArray):
         s = x._sharding
         if isinstance(s, NamedSharding) and is_explicit(s.mesh):

@@ -449,3 +449,18 @@ def test_jit_with_in_shardings_types_its_arguments(mesh):
     assert seen == ["f32[8@x,4@y]"] and spec_of(out) == P("x")
     np.testing.assert_allclose(np.asarray(out), 2 * an @ wn, rtol=1e-5, atol=1e-5)
     assert [c[0] for c in g.lower(an, wn, wn).collectives()] == ["psum"]
+
+
+def test_typeof_under_vmap_drops_the_batch_dimensions(mesh):
+    a = put(mesh, np.ones((8, 4, 6), np.float32), "x", None, "y")
+    seen = []
+
+    def row(r):
+        seen.append(str(spmd.typeof(r)))
+        return spmd.vmap(lambda c: (seen.append(str(spmd.typeof(c))), c * 2)[1], in_axes=1)(r)
+
+    out = spmd.jit(lambda a: spmd.vmap(row)(a))(a)
+    spmd.jit(lambda a: spmd.vmap(lambda r: (seen.append(str(spmd.typeof(r))), r)[1],
+                                 in_axes=2)(a))(a)
+    assert seen == ["f32[4,6@y]", "f32[4]", "f32[8@x,4]"]
+    np.testing.assert_array_equal(np.asarray(out), 2 * np.ones((8, 6, 4)))  # (out_axes 0)
