@@ -110,7 +110,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     ``stage`` of this device's stage parameters (never summed over the pipeline axis),
     ``loss`` of ``loss_params`` and ``inputs`` of the microbatches (both the same on
     every device).  ``stage`` may use collectives over other mesh axes (a tensor-parallel
-    ``psum``): the devices of one stage take the same branch each tick.
+    ``psum``); then every process runs every branch (see ``control_cond``'s batching).
 
     >>> run = shard_map(lambda p, xs, ys: pipeline_value_and_grad(layer, mse, p, xs, ys,
     ...                 "pipe"), mesh=mesh, in_specs=(P("pipe"), P(), P()),

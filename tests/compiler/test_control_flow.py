@@ -388,3 +388,4 @@ def test_vmap_of_one_element_runs_only_the_branch_taken():
     # Larger batches still select per element.
     got = f(np.array([0, 1, 2], np.int32), np.array([2.0, 2.0, 2.0], np.float32))
     np.testing.assert_allclose(np.asarray(got), [3.0, 6.0, -2.0])
+

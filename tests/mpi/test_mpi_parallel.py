@@ -128,3 +128,20 @@ def test_pipeline_schedules_over_the_ranks(schedule):
     for got, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
         np.testing.assert_allclose(np.asarray(spmd.process_allgather(got)), np.asarray(exp),
                                    rtol=2e-5, atol=1e-6)
+
+
+def test_a_cond_whose_branches_hold_a_collective_runs_both_on_every_rank():
+    # One device per rank: a cond whose index differs between ranks runs only the taken
+    # branch when its branches hold no collective (an idle pipeline stage idles), but
+    # with a psum in one branch every rank must run it (or rank 0 would wait forever).
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("i",))
+
+    def body(x):
+        i = spmd.lax.axis_index("i")
+        return spmd.lax.cond(i == 0, lambda v: spmd.lax.psum(v, "i"), lambda v: v * 3.0, x)
+
+    f = spmd.jit(spmd.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    x = np.arange(1.0, n + 1, dtype=np.float32)
+    got = np.asarray(spmd.process_allgather(f(spmd.device_put(x, NS(mesh, P("i"))))))
+    np.testing.assert_allclose(got, np.concatenate([[x.sum()], 3 * x[1:]]))
