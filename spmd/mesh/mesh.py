@@ -18,8 +18,8 @@ class AxisType(enum.Enum):
     """How a mesh axis is used (JAX's names).  ``Auto``: the partitioner places values
     along it (spmd's meshes); ``Manual``: the body of a ``shard_map`` over it works on
     blocks (the axes of ``get_abstract_mesh()`` there); ``Explicit``: shardings are
-    part of array types (``spmd.typeof(x).sharding``; docs/explicit_sharding.md).  A mesh's
-    axes are all ``Auto`` or all ``Explicit``."""
+    part of array types (``spmd.typeof(x).sharding``; docs/explicit_sharding.md).  A mesh
+    may mix ``Auto`` and ``Explicit`` axes: types then name the explicit ones only."""
 
     Auto = "Auto"
     Explicit = "Explicit"
@@ -46,11 +46,6 @@ def _axis_types(axis_types, axis_names: tuple, where: str, allowed) -> tuple:
     if AxisType.Explicit in axis_types and AxisType.Explicit not in allowed:
         raise DeviceError(f"{where}: axis_types={axis_types}: explicit axes are not allowed "
                           "here")
-    if AxisType.Explicit in axis_types and AxisType.Auto in axis_types:
-        raise NotImplementedError(
-            f"{where}: axis_types={axis_types}: a mesh mixing explicit and automatic axes is "
-            "not supported yet; make every axis AxisType.Explicit (shardings in types) or "
-            "every axis AxisType.Auto (the partitioner chooses)")
     if AxisType.Manual in axis_types and AxisType.Manual not in allowed:
         raise DeviceError(f"{where}: axis_types={axis_types}: Manual axes are those of a "
                           "shard_map body (get_abstract_mesh() there); a mesh's are Auto")

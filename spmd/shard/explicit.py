@@ -38,7 +38,7 @@ from spmd.compiler.batching import BatchTracer
 from spmd.compiler.trace import (Trace, Tracer, full_raise, get_aval, is_eager, new_main)
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
-from spmd.shard.explicit_rules import out_types, replicated
+from spmd.shard.explicit_rules import explicit_only, out_types, replicated
 from spmd.shard.mesh_context import device_put, get_mesh
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
@@ -47,8 +47,14 @@ from spmd.shard.spec import NamedSharding, PartitionSpec
 
 
 def is_explicit(mesh) -> bool:
-    """Whether ``mesh`` has explicit axes (then every axis is explicit)."""
+    """Whether ``mesh`` has explicit axes."""
     return AxisType.Explicit in getattr(mesh, "axis_types", ())
+
+
+def free_axes(mesh) -> frozenset:
+    """The axes of ``mesh`` that types do not name (its automatic ones)."""
+    return frozenset(a for a, t in zip(mesh.axis_names, mesh.axis_types)
+                     if t != AxisType.Explicit)
 
 
 # ------------------------------------------------------------------- the trace
@@ -88,6 +94,9 @@ def pin(val, typ, mesh):
     """``val`` constrained to ``typ`` in the traced program (untyped: as it is)."""
     if typ is None:
         return val
+    free = free_axes(mesh)
+    if free:  # the automatic axes stay the partitioner's
+        return sharding_constraint_p.bind(val, spec=typ.to_spec(), mesh=mesh, free=free)
     return sharding_constraint_p.bind(val, spec=typ.to_spec(), mesh=mesh)
 
 
@@ -217,7 +226,7 @@ def type_of(x):
     if isinstance(x, ShardedArray):
         s = x._sharding
         if isinstance(s, NamedSharding) and is_explicit(s.mesh):
-            return s.mesh, Placement.from_spec(s.spec, x.ndim)
+            return s.mesh, explicit_only(Placement.from_spec(s.spec, x.ndim), s.mesh)
     return None
 
 
@@ -321,6 +330,12 @@ def _resolve(sharding, where: str, x=None):
 
 def _reshard_one(x, sharding):
     s = _resolve(sharding, "reshard", x)
+    auto = sorted(set(s.spec.mesh_axes) & free_axes(s.mesh)) if is_explicit(s.mesh) else []
+    if auto:
+        raise ShardingTypeError(
+            f"reshard: {s.spec!r} names automatic axes {auto} of {s.mesh!r}: a type names "
+            "explicit axes only (the partitioner places values along the others); leave "
+            "them out, or use with_sharding_constraint")
     if isinstance(x, Tracer) or not is_eager():
         tr = active()
         if tr is not None and not isinstance(x, ExplicitTracer) and (
@@ -474,11 +489,12 @@ def _check_axes(axes, where):
     tr = active()
     mesh = tr.main.global_data.mesh if tr is not None else get_mesh()
     names = (axes,) if isinstance(axes, str) else tuple(axes)
-    if mesh is not None and set(names) != set(mesh.axis_names):
+    every = tuple(a for a in getattr(mesh, "axis_names", ()) if a not in free_axes(mesh)) \
+        if mesh is not None and is_explicit(mesh) else getattr(mesh, "axis_names", ())
+    if mesh is not None and set(names) != set(every):
         raise NotImplementedError(
-            f"{where}(axes={axes!r}): only all of the mesh's axes {mesh.axis_names} can change "
-            "type together here (a mesh mixing explicit and automatic axes is not "
-            "supported yet); leave axes=None")
+            f"{where}(axes={axes!r}): only all of the mesh's explicit axes {every} can "
+            "change type together here; leave axes=None")
 
 
 def explicit_axes(fun=None, /, *, axes=None, in_sharding=None):

@@ -299,9 +299,21 @@ def never(reason: str) -> Callable:
     return rule
 
 
+def explicit_only(pl: Placement, mesh) -> Placement:
+    """``pl`` with the mesh's automatic axes left out: a type names explicit axes only
+    (a mesh may mix the two)."""
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
+    auto = {a for a, t in types.items() if getattr(t, "name", "") != "Explicit"}
+    if not auto:
+        return pl
+    return Placement(tuple(tuple(a for a in d if a not in auto) for d in pl.dims),
+                     frozenset(a for a in pl.partial if a not in auto))
+
+
 def from_spec_param(avals_in, types_in, avals_out, mesh, params):
     """``sharding_constraint``: the constrained spec (whatever the operand's type)."""
-    return [Placement.from_spec(params["spec"], len(avals_out[0].shape))]
+    return [explicit_only(Placement.from_spec(params["spec"], len(avals_out[0].shape)),
+                          mesh)]
 
 
 from_spec_param.reads_types = False
@@ -384,7 +396,7 @@ def while_loop(avals_in, types_in, avals_out, mesh, params, lenient=False):
 
 
 def shard_map(avals_in, types_in, avals_out, mesh, params, lenient=False):
-    return [Placement.from_spec(s, len(a.shape))
+    return [explicit_only(Placement.from_spec(s, len(a.shape)), mesh)
             for s, a in zip(params["out_specs"], avals_out)]
 
 

@@ -73,3 +73,30 @@ def test_a_typed_program_on_two_ranks():
 def test_a_typed_program_on_four_ranks():
     assert spmd.process_count() == 4
     _run_typed_program()
+
+
+def test_a_mixed_mesh_over_four_ranks():
+    # 'x' explicit, 'y' automatic: types name 'x' only, the contraction over 'y' is the
+    # partitioner's (a psum), and a gradient takes its parameter's type.
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n // 2, 2), ("x", "y"), axis_types=(AxisType.Explicit,
+                                                               AxisType.Auto))
+    rng = np.random.default_rng(1)
+    an, wn = rng.normal(size=(2 * n, 8)).astype(np.float32), \
+        rng.normal(size=(8, 6)).astype(np.float32)
+    a = spmd.device_put(an, NamedSharding(mesh, P("x", "y")))
+    w = spmd.device_put(wn, NamedSharding(mesh, P("y", None)))
+    seen = []
+
+    def loss(w, a):
+        y = snp.tanh(a @ w)
+        seen.append(str(spmd.typeof(y)))
+        return (y ** 2).mean()
+
+    value, g = spmd.jit(spmd.value_and_grad(loss))(w, a)
+    assert seen[-1] == f"f32[{2 * n}@x,6]"
+    h = np.tanh(an.astype(np.float64) @ wn)
+    np.testing.assert_allclose(float(np.asarray(value)), (h ** 2).mean(), rtol=1e-5)
+    want = an.T @ (2 * h / h.size * (1 - h ** 2))
+    np.testing.assert_allclose(np.asarray(spmd.process_allgather(g)), want, rtol=1e-4,
+                               atol=1e-6)

@@ -266,7 +266,7 @@ def test_auto_axes(mesh):
                                         "'out_sharding'"):
         spmd.jit(lambda v: auto_axes(flat)(v))(a)
     with pytest.raises(NotImplementedError, match=r"auto_axes\(axes='x'\): only all of the "
-                                                  r"mesh's axes"):
+                                                  r"mesh's explicit axes \('x', 'y'\)"):
         spmd.jit(lambda v: auto_axes(flat, axes="x", out_sharding=P("x"))(v))(a)
 
 
@@ -464,3 +464,84 @@ def test_typeof_under_vmap_drops_the_batch_dimensions(mesh):
                                  in_axes=2)(a))(a)
     assert seen == ["f32[4,6@y]", "f32[4]", "f32[8@x,4]"]
     np.testing.assert_array_equal(np.asarray(out), 2 * np.ones((8, 6, 4)))  # (out_axes 0)
+
+
+# --------------------------------------------------------------- mixed meshes
+
+@pytest.fixture
+def mixed():
+    return spmd.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Auto))
+
+
+def test_a_mixed_mesh_types_its_explicit_axes_only(mixed):
+    an, wn = rand(8, 4), rand(4, 6, seed=1)
+    a, w = put(mixed, an, "x", "y"), put(mixed, wn, "y", None)
+    assert str(spmd.typeof(a)) == "f32[8@x,4]"
+    seen = []
+
+    @spmd.jit
+    def f(a, w):
+        b = snp.tanh(a) * 2
+        c = a @ w   # contracts over 'y', an automatic axis: the partitioner's business
+        seen.extend(str(spmd.typeof(v)) for v in (b, c))
+        return b, c, c.sum(axis=0)
+
+    b, c, s = f(a, w)
+    assert seen == ["f32[8@x,4]", "f32[8@x,6]"]
+    np.testing.assert_allclose(np.asarray(b), np.tanh(an) * 2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(c), an @ wn, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(s), (an @ wn).sum(0), rtol=1e-5, atol=1e-5)
+    # The explicit axis is where the type says; 'y' is wherever the partitioner put it.
+    for v, dim0 in ((b, "x"), (c, "x")):
+        assert v.sharding.spec[0] == dim0 or "x" in v.sharding.spec[0]
+    assert "x" not in spmd.tree_util.tree_leaves(tuple(s.sharding.spec))
+    # Explicit-axis ambiguity is still an error; naming an automatic axis in reshard is too.
+    with pytest.raises(ShardingTypeError, match="Contracting dimensions are sharded"):
+        spmd.jit(lambda u, v: u @ v)(put(mixed, rand(8, 8), None, "x"),
+                                     put(mixed, rand(8, 8), "x", None))
+    with pytest.raises(ShardingTypeError, match=r"reshard: PartitionSpec\('x', 'y'\) names "
+                                                r"automatic axes \['y'\]"):
+        spmd.jit(lambda a: reshard(a, P("x", "y")))(a)
+    out = spmd.jit(lambda a: reshard(a, P(None, "x")))(a)
+    assert out.sharding.spec[1] == "x" or "x" in out.sharding.spec[1]
+    np.testing.assert_array_equal(np.asarray(out), an)
+
+
+@pytest.mark.parametrize("name", ["add", "matmul_t", "sum0", "transpose", "reshape_merge"])
+def test_on_a_mixed_mesh_every_accepted_program_runs_as_typed(mixed, name):
+    import warnings
+
+    from tests.shard.test_explicit_rules import OPS, SPECS_2D, _numpy
+
+    fn, arity = OPS[name]
+    an, bn = rand(8, 8), rand(8, 8, seed=1)
+    want = _numpy(name, an.astype(np.float64), bn.astype(np.float64))
+    accepted = 0
+    for sa in SPECS_2D:
+        for sb in (SPECS_2D if arity == 2 else [P()]):
+            a, b = put(mixed, an, *sa), put(mixed, bn, *sb)
+            typed = []
+
+            def traced(a, b):
+                out = fn(a, b)
+                typed.append(spmd.typeof(out).sharding.spec)
+                return out
+
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    out = spmd.jit(traced)(a, b)
+            except ShardingTypeError:
+                continue
+            accepted += 1
+            np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-5,
+                                       err_msg=f"{name} {sa} {sb}")
+            # The result's explicit axis is where its type puts it.
+            got = [tuple(p for p in ((e,) if isinstance(e, str) else (e or ())) if p == "x")
+                   for e in out.sharding.spec]
+            want_x = [tuple(p for p in ((e,) if isinstance(e, str) else (e or ())) if p == "x")
+                      for e in typed[0]]
+            got += [()] * (len(want_x) - len(got))
+            want_x += [()] * (len(got) - len(want_x))
+            assert got == want_x, (name, sa, sb, out.sharding.spec, typed[0])
+    assert accepted > 0

@@ -42,7 +42,7 @@ EXAMPLES = _examples()
 
 
 def test_the_page_has_its_examples():
-    assert len(EXAMPLES) == 9
+    assert len(EXAMPLES) == 10
     assert all(e is not None for _, e in EXAMPLES)
 
 

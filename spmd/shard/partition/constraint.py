@@ -12,9 +12,12 @@ from spmd.compiler.batching import move_to_front
 from spmd.shard.sharded import placed
 
 sharding_constraint_p = Primitive("sharding_constraint", traits=())
-sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh: x)
-sharding_constraint_p.def_emit(lambda ins, spec, mesh: ins[0])
-sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh: x)
+# ``free``: mesh axes the constraint leaves to the partitioner (the automatic axes of a
+# mesh that mixes them with explicit ones: a type names only the explicit axes).  The
+# parameter is present only when not empty, so other constraints keep their params.
+sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh, free=frozenset(): x)
+sharding_constraint_p.def_emit(lambda ins, spec, mesh, free=frozenset(): ins[0])
+sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh, free=frozenset(): x)
 sharding_constraint_p.linear = True
 
 
@@ -28,25 +31,26 @@ sharding_constraint_p.rules["output_array"] = _constraint_output
 
 
 @sharding_constraint_p.def_jvp
-def _constraint_jvp(primals, tangents, *, spec, mesh):
-    out = sharding_constraint_p.bind(primals[0], spec=spec, mesh=mesh)
+def _constraint_jvp(primals, tangents, **params):
+    out = sharding_constraint_p.bind(primals[0], **params)
     t = tangents[0]
-    return out, t if isinstance(t, Zero) else sharding_constraint_p.bind(t, spec=spec, mesh=mesh)
+    return out, t if isinstance(t, Zero) else sharding_constraint_p.bind(t, **params)
 
 
 @sharding_constraint_p.def_transpose
-def _constraint_transpose(ct, x, *, spec, mesh):
+def _constraint_transpose(ct, x, **params):
     # The cotangent is asked for the same placement (as in JAX).
-    return [ct if isinstance(ct, Zero) else sharding_constraint_p.bind(ct, spec=spec, mesh=mesh)]
+    return [ct if isinstance(ct, Zero) else sharding_constraint_p.bind(ct, **params)]
 
 
 @sharding_constraint_p.def_batch
-def _constraint_batch(args, dims, *, spec, mesh, _axis_data=(None, None)):
+def _constraint_batch(args, dims, *, spec, mesh, _axis_data=(None, None), **free):
     x = move_to_front(args[0], dims[0])
     # vmap(spmd_axis_name=...) asks for the batch dimension split over those axes.
     name = getattr(_axis_data[0], "spmd_name", None)
     entry = None if name is None else name[0] if len(name) == 1 else tuple(name)
-    return sharding_constraint_p.bind(x, spec=PartitionSpec(entry, *spec), mesh=mesh), 0
+    return sharding_constraint_p.bind(x, spec=PartitionSpec(entry, *spec, unreduced=getattr(
+        spec, "unreduced", frozenset())), mesh=mesh, **free), 0
 
 
 sharding_constraint_p.rules["batch_reads_level"] = True

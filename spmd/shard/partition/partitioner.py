@@ -60,6 +60,23 @@ def _valid(pl: Placement, shape, mesh) -> bool:
     return all(not a or s % mesh.axis_size(a) == 0 for s, a in zip(shape, pl.dims))
 
 
+def _with_free_axes(want: Placement, current: Placement, free, shape, mesh) -> Placement:
+    """``want`` (a constraint's placement over its explicit axes) with the value's
+    current use of the ``free`` (automatic) axes kept where the mesh can hold it: each
+    dimension split over its explicit axes, then over the free axes it already had."""
+    taken = set(want.axes) | set(want.partial)
+    dims = []
+    for size, wanted, now in zip(shape, want.dims, current.dims):
+        keep = tuple(a for a in now if a in free and a not in taken)
+        both = tuple(wanted) + keep
+        ok = size % mesh.axis_size(both) == 0 if both else True
+        dims.append(both if ok else tuple(wanted))
+        if ok:
+            taken |= set(keep)
+    partial = want.partial | frozenset(a for a in current.partial if a in free and a not in taken)
+    return Placement(tuple(dims), partial)
+
+
 class Evaluator:
     """Evaluates a global program on per-device values, each with its placement,
     under the current trace (the body of the shard_map being traced)."""
@@ -135,6 +152,9 @@ class Evaluator:
         check_spec(spec, self.mesh, eqn.outputs[0].aval.shape,
                    f"with_sharding_constraint at {eqn.source_info}", allow_unreduced=True)
         want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
+        free = eqn.params.get("free", frozenset())
+        if free:
+            want = _with_free_axes(want, pls[0], free, eqn.outputs[0].aval.shape, self.mesh)
         return [(reshard(vals[0], pls[0], want, self.ctx,
                          _describe(eqn.inputs[0], "a constrained value")), want)]
 
