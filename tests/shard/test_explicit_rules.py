@@ -145,19 +145,16 @@ def _numpy(name, a, b):
             "cumsum": lambda: np.cumsum(a, 1)}[name]()
 
 
-@pytest.mark.parametrize("name", sorted(OPS))
-def test_every_accepted_program_runs_as_its_types_say(mesh, name):
-    """For each pair of operand specs: the program is refused with a ShardingTypeError, or
-    it runs to numpy's values with its result placed as its type (the type read inside
-    the trace), jitted and eagerly alike."""
+def accepted_programs(mesh, name):
+    """For each pair of operand specs of ``OPS[name]`` on ``mesh``: the program refused
+    with a ShardingTypeError (eagerly too), or yield ``(specs, jitted result, the type
+    read inside the trace, operands, numpy's values)`` after checking the values."""
     fn, arity = OPS[name]
     rng = np.random.default_rng(0)
     an = rng.normal(size=(8, 8)).astype(np.float32)
     bn = rng.normal(size=(8, 8)).astype(np.float32)
     want = _numpy(name, an.astype(np.float64), bn.astype(np.float64))
-    accepted = 0
-    pairs = itertools.product(SPECS_2D, SPECS_2D if arity == 2 else [P()])
-    for sa, sb in pairs:
+    for sa, sb in itertools.product(SPECS_2D, SPECS_2D if arity == 2 else [P()]):
         a = spmd.device_put(an, NamedSharding(mesh, sa))
         b = spmd.device_put(bn, NamedSharding(mesh, sb))
         typed = []
@@ -176,11 +173,20 @@ def test_every_accepted_program_runs_as_its_types_say(mesh, name):
             with pytest.raises(ShardingTypeError):
                 fn(a, b)  # eagerly refused as well
             continue
-        accepted += 1
         np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-5,
                                    err_msg=f"{name} {sa} {sb}")
-        assert out.sharding.spec == typed[0], (name, sa, sb)
-        eager = fn(a, b)
-        assert eager.sharding.spec == typed[0], (name, sa, sb)
+        yield (sa, sb), out, typed[0], (a, b), want
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_every_accepted_program_runs_as_its_types_say(mesh, name):
+    """Every program the rules accept runs to numpy's values with its result placed as
+    its type, jitted and eagerly alike."""
+    accepted = 0
+    for specs, out, typed, args, want in accepted_programs(mesh, name):
+        accepted += 1
+        assert out.sharding.spec == typed, (name, specs)
+        eager = OPS[name][0](*args)
+        assert eager.sharding.spec == typed, (name, specs)
         np.testing.assert_allclose(np.asarray(eager), want, rtol=2e-5, atol=2e-5)
     assert accepted > 0
