@@ -354,7 +354,8 @@ def _backward_wants(program, out_specs) -> dict:
             want.setdefault(a, s)
     for eqn in program.eqns:
         if eqn.primitive is sharding_constraint_p:
-            want.setdefault(eqn.inputs[0], eqn.params["spec"])
+            # (A hint, so without unreduced axes: an argument holds a value, not summands.)
+            want.setdefault(eqn.inputs[0], PartitionSpec(*eqn.params["spec"]))
         elif eqn.primitive is shard_map_p:
             # A nested shard_map wants its inputs as its in_specs place them: an input
             # given so is sliced once, not resharded inside the body.
