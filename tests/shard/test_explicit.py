@@ -505,6 +505,12 @@ def test_a_mixed_mesh_types_its_explicit_axes_only(mixed):
     out = spmd.jit(lambda a: reshard(a, P(None, "x")))(a)
     assert out.sharding.spec[1] == "x" or "x" in out.sharding.spec[1]
     np.testing.assert_array_equal(np.asarray(out), an)
+    # jit(in_shardings=) types its arguments by their explicit axes only.
+    seen.clear()
+    g = spmd.jit(lambda a: (seen.append(str(spmd.typeof(a))), a * 2)[1],
+                 in_shardings=NamedSharding(mixed, P("x", "y")))
+    np.testing.assert_array_equal(np.asarray(g(an)), an * 2)
+    assert seen == ["f32[8@x,4]"]
 
 
 @pytest.mark.parametrize("name", ["add", "matmul_t", "sum0", "transpose", "reshape_merge"])

@@ -281,7 +281,8 @@ class PartitionedJit(Jit):
         if explicit.is_explicit(mesh):
             # Explicit axes: traced with the types the shardings give the arguments.
             fun = explicit.wrap(flat, mesh, tuple(
-                Placement.from_spec(s, len(a.shape)) if s is not None
+                explicit.explicit_only(Placement.from_spec(s, len(a.shape)), mesh)
+                if s is not None
                 else (explicit.type_of(x) or (None, Placement.replicated(len(a.shape))))[1]
                 for s, a, x in zip(in_specs, avals, leaves)))
         closed, hoisted = hoist_traced_consts(trace_to_program(fun, list(avals)))
