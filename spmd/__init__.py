@@ -36,7 +36,7 @@ _PUBLIC: dict = {
     "ShapedArray": ("spmd.compiler.avals", "ShapedArray"),
     "ShapeDtypeStruct": ("spmd.compiler.avals", "ShapeDtypeStruct"),
     "eval_shape": ("spmd.compiler.jit", "eval_shape"),
-    "make_jaxpr": ("spmd.compiler.jit", "make_jaxpr"),
+    "make_jaxpr": ("spmd.shard.jit", "make_jaxpr"),
     "custom_jvp": ("spmd.compiler.custom", "custom_jvp"),
     "custom_vjp": ("spmd.compiler.custom", "custom_vjp"),
     "checkpoint": ("spmd.compiler.remat", "checkpoint"),

@@ -20,6 +20,7 @@ PartitionSpec('d',)
 from __future__ import annotations
 
 from spmd.compiler.jit import JitFunction, _CallPlan, _Entry
+from spmd.compiler.passes import dce
 from spmd.compiler.trace import Tracer, is_eager
 from spmd.compiler.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
@@ -140,3 +141,17 @@ class Traced(_Traced):
 
     def lower(self):
         return Lowered(self._entry, self.fun_name)
+
+
+def make_jaxpr(fun, static_argnums=None):
+    """``spmd.make_jaxpr``: the program ``fun`` traces to, traced as :class:`Jit` traces
+    it (on explicit mesh axes, with its values' types: ambiguities raise, and each typed
+    result shows as a ``sharding_constraint``).
+
+    >>> print(spmd.make_jaxpr(lambda x: x + 1)(np.ones(3, np.float32)))  # doctest: +SKIP
+    """
+    def traced(*args, **kwargs):
+        entry, _, _ = Jit(fun, static_argnums=static_argnums, user=False)._entry(args, kwargs)
+        return dce(entry.closed)  # dead equations are noise in a printed program
+
+    return traced

@@ -528,3 +528,13 @@ def test_on_a_mixed_mesh_every_accepted_program_runs_as_typed(mixed, name):
         # The explicit axis is where the type puts it ('y' wherever the partitioner did).
         assert x_of(out.sharding.spec, want.ndim) == x_of(typed, want.ndim), (name, specs)
     assert accepted > 0
+
+
+def test_make_jaxpr_traces_with_the_types(mesh):
+    a = put(mesh, rand(8, 4), "x", "y")
+    text = str(spmd.make_jaxpr(lambda a: snp.sin(a).sum(axis=0))(a))
+    assert "sharding_constraint[spec=PartitionSpec('y')" in text
+    with pytest.raises(ShardingTypeError, match="Contracting dimensions are sharded"):
+        spmd.make_jaxpr(lambda a, b: a @ b)(a, put(mesh, rand(4, 6), "y", None))
+    # Unplaced values: the program as before.
+    assert "sharding_constraint" not in str(spmd.make_jaxpr(lambda v: v + 1)(np.ones(3)))
