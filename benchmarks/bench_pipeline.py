@@ -39,6 +39,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import common  # noqa: E402  (puts the repository root on sys.path)
+import spmd.numpy as snp  # noqa: E402
 
 D, ROWS, LAYERS = 1024, 64, 4
 MICROBATCHES = (8, 16)
@@ -46,14 +47,8 @@ MICROBATCHES = (8, 16)
 
 def _layer(p, x):
     for k in range(LAYERS):
-        x = _snp().tanh(x @ p[0, k])
+        x = snp.tanh(x @ p[0, k])
     return x
-
-
-def _snp():
-    import spmd.numpy as snp
-
-    return snp
 
 
 def _mse(y, t):

@@ -36,6 +36,18 @@ def gpipe_bubble(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+def _microbatch(stage, stage_params, xs, fname: str):
+    """A microbatch's abstract value, checked to be what ``stage`` maps it to (each
+    stage's output is the next stage's input)."""
+    mb = get_aval(xs[0])
+    out = eval_shape(stage, stage_params, xs[0])
+    if (out.shape, out.dtype) != (mb.shape, mb.dtype):
+        raise ShapeError(f"{fname}: the stage maps a microbatch {mb.shape} {mb.dtype} to "
+                         f"{out.shape} {out.dtype}; each stage's output must be the next "
+                         "stage's input (the same shape and dtype)")
+    return mb
+
+
 def pipeline(stage: Callable, stage_params, microbatches, axis_name):
     """Run ``stage(stage_params, x)`` as stage ``s`` of an ``S``-stage pipeline over
     ``axis_name``, inside a ``shard_map`` over that axis.
@@ -57,12 +69,7 @@ def pipeline(stage: Callable, stage_params, microbatches, axis_name):
         raise ShapeError(f"pipeline: microbatches of shape {xa.shape} must be (M, ...) with "
                          "M >= 1 microbatches")
     m = xa.shape[0]
-    mb = get_aval(xs[0])
-    out_aval = eval_shape(stage, stage_params, xs[0])
-    if (out_aval.shape, out_aval.dtype) != (mb.shape, mb.dtype):
-        raise ShapeError(f"pipeline: the stage maps a microbatch {mb.shape} {mb.dtype} to "
-                         f"{out_aval.shape} {out_aval.dtype}; each stage's output must be "
-                         "the next stage's input (the same shape and dtype)")
+    mb = _microbatch(stage, stage_params, xs, "pipeline")
     s = axis_index(axes)
     first, last = s == 0, s == stages - 1
     forward = [(i, i + 1) for i in range(stages - 1)]
@@ -124,12 +131,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         raise ShapeError(f"pipeline_value_and_grad: microbatches {xa.shape} and targets "
                          f"{ya.shape} must both be (M, ...) with the same M >= 1")
     M = xa.shape[0]
-    mb = get_aval(xs[0])
-    out_aval = eval_shape(stage, stage_params, xs[0])
-    if (out_aval.shape, out_aval.dtype) != (mb.shape, mb.dtype):
-        raise ShapeError(f"pipeline_value_and_grad: the stage maps a microbatch {mb.shape} "
-                         f"{mb.dtype} to {out_aval.shape} {out_aval.dtype}; each stage's "
-                         "output must be the next stage's input (the same shape and dtype)")
+    mb = _microbatch(stage, stage_params, xs, "pipeline_value_and_grad")
     # Per stage: no gradient is summed over the pipeline axis implicitly (that would be
     # a collective inside the schedule's per-stage branches, which stages take apart).
     stage_params = pvary(stage_params, axes)

@@ -38,7 +38,7 @@ from spmd.compiler.batching import BatchTracer
 from spmd.compiler.trace import (Trace, Tracer, full_raise, get_aval, is_eager, new_main)
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
-from spmd.shard.explicit_rules import explicit_only, out_types, replicated
+from spmd.shard.explicit_rules import explicit_only, free_axes, out_types, replicated
 from spmd.shard.mesh_context import device_put, get_mesh
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
@@ -49,12 +49,6 @@ from spmd.shard.spec import NamedSharding, PartitionSpec
 def is_explicit(mesh) -> bool:
     """Whether ``mesh`` has explicit axes."""
     return AxisType.Explicit in getattr(mesh, "axis_types", ())
-
-
-def free_axes(mesh) -> frozenset:
-    """The axes of ``mesh`` that types do not name (its automatic ones)."""
-    return frozenset(a for a, t in zip(mesh.axis_names, mesh.axis_types)
-                     if t != AxisType.Explicit)
 
 
 # ------------------------------------------------------------------- the trace

@@ -46,6 +46,7 @@ from spmd.compiler.ops.threefry import random_bits_p, rng_counter_p
 from spmd.compiler.remat import name_p
 from spmd.compiler.trace import abstract_eval
 from spmd.errors import MissingExplicitRuleError, ShardingTypeError
+from spmd.mesh.mesh import AxisType
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import DECISIONS, Propagate
@@ -231,17 +232,13 @@ def dot_general(avals_in, types_in, avals_out, mesh, params):
     (lc, rc), (lb, rb) = params["dimension_numbers"]
     lt, rt = types_in
     lbs, rbs = [lt.dims[i] for i in lb], [rt.dims[i] for i in rb]
-    for x, y in zip(lbs, rbs):
-        if x and y and x != y:
-            raise ShardingTypeError(
-                "dot_general requires lhs batch dimensions and rhs batch dimensions to have "
-                f"the consistent sharding, got {parts(lbs)} and {parts(rbs)}; {_RESHARD}")
     lcs, rcs = [lt.dims[i] for i in lc], [rt.dims[i] for i in rc]
-    for x, y in zip(lcs, rcs):
-        if x and y and x != y:
-            raise ShardingTypeError(
-                "dot_general requires contracting dimensions to have consistent sharding, "
-                f"got {parts(lcs)} and {parts(rcs)}; {_RESHARD}")
+    for ls, rs, what in ((lbs, rbs, "lhs batch dimensions and rhs batch dimensions to have "
+                                    "the consistent sharding"),
+                         (lcs, rcs, "contracting dimensions to have consistent sharding")):
+        if any(x and y and x != y for x, y in zip(ls, rs)):
+            raise ShardingTypeError(f"dot_general requires {what}, got {parts(ls)} and "
+                                    f"{parts(rs)}; {_RESHARD}")
     for x, y in zip(lcs, rcs):
         if x and y:
             raise ShardingTypeError(
@@ -299,11 +296,16 @@ def never(reason: str) -> Callable:
     return rule
 
 
+def free_axes(mesh) -> frozenset:
+    """The axes of ``mesh`` that types do not name (its automatic ones)."""
+    return frozenset(a for a, t in zip(mesh.axis_names, mesh.axis_types)
+                     if t != AxisType.Explicit)
+
+
 def explicit_only(pl: Placement, mesh) -> Placement:
     """``pl`` with the mesh's automatic axes left out: a type names explicit axes only
     (a mesh may mix the two)."""
-    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
-    auto = {a for a, t in types.items() if getattr(t, "name", "") != "Explicit"}
+    auto = free_axes(mesh)
     if not auto:
         return pl
     return Placement(tuple(tuple(a for a in d if a not in auto) for d in pl.dims),

@@ -10,27 +10,14 @@ import pathlib
 
 import pytest
 
+from tests.doc_blocks import fenced
+
 DOC = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "explicit_sharding.md").read_text()
-
-
-def _fenced(text: str) -> list:
-    """``(language, body)`` of each fenced block, in order."""
-    out, lang, body = [], None, []
-    for line in text.splitlines():
-        if line.startswith("```"):
-            if lang is None:
-                lang, body = line[3:].strip(), []
-            else:
-                out.append((lang, "\n".join(body) + "\n"))
-                lang = None
-        elif lang is not None:
-            body.append(line)
-    return out
 
 
 def _examples() -> list:
     """``(code, expected printed text or None)`` for each python block."""
-    blocks, res = _fenced(DOC), []
+    blocks, res = fenced(DOC), []
     for i, (lang, body) in enumerate(blocks):
         if lang == "python":
             nxt = blocks[i + 1] if i + 1 < len(blocks) else None

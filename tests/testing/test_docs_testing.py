@@ -14,29 +14,15 @@ import pytest
 import spmd
 from spmd import NamedSharding, P
 from spmd.testing import assert_sharded_allclose
+from tests.doc_blocks import fenced
 
 pytest_plugins = ["pytester"]
 
 DOC = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
 
 
-def _fenced(text: str) -> list:
-    """``(language, body)`` of each fenced block, in order."""
-    out, lang, body = [], None, []
-    for line in text.splitlines():
-        if line.startswith("```"):
-            if lang is None:
-                lang, body = line[3:].strip(), []
-            else:
-                out.append((lang, "\n".join(body) + "\n"))
-                lang = None
-        elif lang is not None:
-            body.append(line)
-    return out
-
-
-BLOCKS = [b for lang, b in _fenced(DOC) if lang == "python"]
-PLAIN = [b for lang, b in _fenced(DOC) if lang == ""]
+BLOCKS = [b for lang, b in fenced(DOC) if lang == "python"]
+PLAIN = [b for lang, b in fenced(DOC) if lang == ""]
 
 
 def test_the_page_has_its_examples():
