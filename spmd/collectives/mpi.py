@@ -522,6 +522,7 @@ def _bind_impl(xp, *, kind, ranks, op=None, dst=None, src=None, what=None):
 
 
 mpi_p.rules["bind_impl"] = _bind_impl
+mpi_p.rules["communicates"] = True
 
 
 def call(kind, x, ranks, **params):

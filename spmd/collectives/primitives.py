@@ -408,3 +408,9 @@ def _axis_index_batch(args, dims, *, _axis_data, axes):
 
 axis_index_p.def_batch(_axis_index_batch)
 axis_index_p.rules["batch_needs_axis"] = True
+
+# The collectives that move data between devices (not pvary, axis_index: local): a
+# process must not skip one its partners run (compiler.batching.communicates).
+for _p in (psum_p, pmax_p, pmin_p, all_gather_p, psum_scatter_p, all_to_all_p, ppermute_p):
+    _p.rules["communicates"] = True
+del _p

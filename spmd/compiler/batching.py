@@ -332,46 +332,59 @@ def vmap_at_level(fun, axis_name, axis_size):
 
 # ------------------------------------------- collectives inside sub-programs
 
-# ClosedProgram -> the axis names its collectives (at any depth) communicate over.
-_program_axes_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# ClosedProgram -> (the axis names its collectives, at any depth, communicate over;
+# whether it holds a primitive that moves data between devices).
+_summary_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def collective_axes(params) -> frozenset:
     """The axes of the collectives inside the sub-programs held by ``params`` (at any
     depth; cached per program).  A higher-order primitive with such a body belongs to
     the batch level of those axes even when none of its operands is batched."""
-    out = frozenset()
+    return _params_summary(params)[0]
+
+
+def communicates(params) -> bool:
+    """Whether the sub-programs held by ``params`` (at any depth) hold a primitive that
+    moves data between devices (``rules["communicates"]``, declared by the collectives:
+    not ``pvary`` or ``axis_index``, which are local).  A process must not skip such a
+    primitive while its partners run it."""
+    return _params_summary(params)[1]
+
+
+def _params_summary(params) -> tuple:
+    axes, moves = frozenset(), False
     for v in params.values():
-        out |= _value_axes(v)
-    return out
+        a, m = _value_summary(v)
+        axes, moves = axes | a, moves or m
+    return axes, moves
 
 
-def _value_axes(v) -> frozenset:
+def _value_summary(v) -> tuple:
     if isinstance(v, ClosedProgram):
-        hit = _program_axes_cache.get(v)
+        hit = _summary_cache.get(v)
         if hit is None:
-            hit = _program_axes_cache[v] = _program_axes(v.program)
+            hit = _summary_cache[v] = _program_summary(v.program)
         return hit
     if isinstance(v, Program):
-        return _program_axes(v)
+        return _program_summary(v)
     if isinstance(v, (tuple, list)):
-        out = frozenset()
-        for x in v:
-            out |= _value_axes(x)
-        return out
-    return frozenset()
+        return _params_summary(dict(enumerate(v)))
+    return frozenset(), False
 
 
-def _program_axes(program) -> frozenset:
-    out: set = set()
+def _program_summary(program) -> tuple:
+    axes: set = set()
+    moves = False
     for eqn in program.eqns:
+        inner_axes, inner_moves = _params_summary(eqn.params)
+        moves = moves or bool(eqn.primitive.rules.get("communicates")) or inner_moves
         # Only primitives that receive the level (collectives, and the higher-order
         # ones that re-batch their bodies under it) carry communication along.
-        if not eqn.primitive.rules.get("batch_needs_axis"):
-            continue
-        out.update(a for a in eqn.params.get("axes", ()) if isinstance(a, str))
-        out |= collective_axes(eqn.params)
-    return frozenset(out)
+        if eqn.primitive.rules.get("batch_needs_axis"):
+            axes.update(a for a in eqn.params.get("axes", ()) if isinstance(a, str))
+            axes |= inner_axes
+    return frozenset(axes), moves
 
 
 def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:

@@ -664,3 +664,28 @@ def test_vmap_of_jit_with_collectives(name):
     x = _data((4, 4, 3), np.float32)
     body, ref_body = VMAP_OPS[name]
     _vmap_case(spmd.jit(body("b")), ref_body(("b",)), x, (4,), ("b",))
+
+
+def test_which_collectives_communicate():
+    # A process may skip a branch holding pvary or axis_index (local), never one holding
+    # a collective that moves data (its partners would wait for it): rules["communicates"].
+    import spmd
+    import spmd.collectives.mpi  # noqa: F401
+    import spmd.collectives.nccl  # noqa: F401
+    from spmd import P
+    from spmd.compiler.batching import communicates
+    from spmd.compiler.primitives import PRIMITIVES
+
+    moving = {p.name for p in PRIMITIVES.values() if p.rules.get("communicates")}
+    assert moving == {"psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all",
+                      "ppermute", "mpi", "nccl"}
+    mesh = spmd.make_mesh((2,), ("i",), devices=spmd.devices()[:2])
+
+    def body_of(f):
+        closed = spmd.make_jaxpr(spmd.shard_map(f, mesh=mesh, in_specs=P("i"),
+                                                out_specs=P("i")))(np.ones(2, np.float32))
+        return next(e for e in closed.eqns if e.primitive.name == "shard_map").params
+
+    local = body_of(lambda x: x + spmd.lax.axis_index("i").astype(np.float32))
+    assert not communicates(local)
+    assert communicates(body_of(lambda x: spmd.lax.psum(x, "i") * x))

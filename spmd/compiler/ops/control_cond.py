@@ -287,19 +287,19 @@ cond_p.def_jvp(_cond_jvp)
 # --------------------------------------------------------------- batching
 
 def _cond_batch(args, dims, *, branches, _axis_data):
-    from spmd.compiler.batching import collective_axes, move_to_front
+    from spmd.compiler.batching import communicates, move_to_front
 
     axis_name, size = _axis_data
     index, ops = args[0], args[1:]
     batched = [d is not None for d in dims[1:]]
     ops = [move_to_front(o, d) if d is not None else o for o, d in zip(ops, dims[1:])]
     n_out = len(branches[0].out_avals)
-    if dims[0] is not None and size == 1 and not collective_axes({"branches": branches}):
+    if dims[0] is not None and size == 1 and not communicates({"branches": branches}):
         # One element (a process's one device of a mesh): its index is the cond's, and
         # only the branch it takes runs, as unbatched (a pipeline's idle stage idles).
-        # Not with collectives in the branches: processes whose indices differ would
-        # take different branches and wait for each other's collectives; every branch
-        # runs there, as for a larger batch.
+        # Not with communicating collectives in the branches: processes whose indices
+        # differ would take different branches and wait for each other's collectives;
+        # every branch runs there, as for a larger batch.
         from spmd.compiler.ops.structural import reshape
 
         index = reshape(move_to_front(index, dims[0]), ())
