@@ -167,7 +167,7 @@ class NamedSharding:
             raise ShardingError(
                 f"NamedSharding: spec must be a PartitionSpec, got the {type(spec).__name__} "
                 f"{spec!r}; {fix}")
-        for a in spec.mesh_axes:
+        for a in (*spec.mesh_axes, *sorted(spec.unreduced)):
             if a not in mesh.shape:
                 raise ShardingError(f"NamedSharding: spec {spec} names axis {a!r}, not in the "
                                     f"mesh (axes {mesh.axis_names})")

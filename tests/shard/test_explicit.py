@@ -538,3 +538,61 @@ def test_make_jaxpr_traces_with_the_types(mesh):
         spmd.make_jaxpr(lambda a, b: a @ b)(a, put(mesh, rand(4, 6), "y", None))
     # Unplaced values: the program as before.
     assert "sharding_constraint" not in str(spmd.make_jaxpr(lambda v: v + 1)(np.ones(3)))
+
+
+def test_closed_over_traced_values_and_threads(mesh):
+    import threading
+
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    seen = []
+
+    @spmd.jit
+    def outer(a):
+        b = snp.exp(a)
+
+        @spmd.jit
+        def inner(c):  # closes over b, a traced value of the outer explicit trace
+            d = c + b
+            seen.append(str(spmd.typeof(d)))
+            return d
+
+        return inner(a * 2)
+
+    np.testing.assert_allclose(np.asarray(outer(a)), an * 2 + np.exp(an), rtol=1e-6)
+    assert seen == ["f32[8@x,4@y]"]
+
+    # Threads tracing and running typed programs at once keep their own traces.
+    results, errors = {}, []
+
+    def work(k, spec):
+        try:
+            v = put(mesh, an + k, *spec)
+            f = spmd.jit(lambda v: (results.setdefault(("type", k), str(spmd.typeof(v))),
+                                    snp.sin(v).sum(axis=1))[1])
+            results[k] = (np.asarray(f(v)), f(v).sharding.spec)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k, spec))
+               for k, spec in enumerate((("x", "y"), ("y", "x"), (None, "x"), ("x",)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k, spec in enumerate((("x", "y"), ("y", "x"), (None, "x"), ("x",))):
+        np.testing.assert_allclose(results[k][0], np.sin(an + k).sum(1), rtol=1e-5)
+        assert results[k][1] == norm(P(spec[0]))
+
+
+def test_bad_specs_and_missing_meshes_are_named(mesh):
+    with pytest.raises(ShardingError, match=r"PartitionSpec: unreduced=\{1\} must be mesh axis "
+                                            r"names"):
+        P("x", unreduced={1})
+    with pytest.raises(ShardingError, match=r"NamedSharding: spec PartitionSpec\('x', "
+                                            r"unreduced=\{'z'\}\) names axis 'z', not in the mesh"):
+        spmd.jit(lambda a: reshard(a, P("x", unreduced={"z"})))(put(mesh, rand(8), "x"))
+    with pytest.raises(ShardingTypeError, match=r"explicit_axes: no current mesh; call it "
+                                                r"under spmd.sharding.set_mesh"):
+        explicit_axes(lambda v: v, in_sharding=P("x"))(np.ones(8, np.float32))
