@@ -6,4 +6,5 @@ from spmd.shard.array import SingleDeviceSharding  # noqa: F401
 from spmd.shard.spec import NamedSharding, P, PartitionSpec  # noqa: F401
 from spmd.shard.mesh_context import (get_abstract_mesh, get_mesh, set_mesh,  # noqa: F401
                                      use_mesh)
-from spmd.shard.explicit import auto_axes, explicit_axes, reshard  # noqa: F401
+from spmd.shard.explicit import reshard  # noqa: F401
+from spmd.shard.modes import auto_axes, explicit_axes  # noqa: F401

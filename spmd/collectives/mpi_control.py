@@ -38,7 +38,7 @@ import threading
 import time
 
 from spmd.errors import ArgumentError, ProgramMismatchError, SpmdError
-from spmd.compiler.ir import _Namer, pp_eqn
+from spmd.compiler.ir import Namer, pp_eqn
 from spmd.compiler.trace import current_equation, current_function, user_source_info
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -231,7 +231,7 @@ def site_here(what: str | None) -> Site | None:
     program = program_here()
     equation = source = ""
     if eqn is not None:
-        equation = pp_eqn(eqn, _Namer(), indent=0).strip()
+        equation = pp_eqn(eqn, Namer(), indent=0).strip()
         if len(equation) > 160:
             equation = equation[:157] + "..."
         si = eqn.source_info

@@ -145,10 +145,19 @@ def _letters():
             yield "".join(combo)
 
 
-class _Namer:
-    def __init__(self):
+class Namer:
+    """Names variables as they are first printed; ``types`` (``id(var) -> str``)
+    overrides a variable's printed type (an upper layer's view of it: the shard
+    layer's explicit sharding types, ``f32[8@x,4]``)."""
+
+    def __init__(self, types=None):
         self.names: dict = {}
         self.gen = _letters()
+        self.types = types or {}
+
+    def binder(self, v) -> str:
+        """``name:type`` of a variable where it is bound."""
+        return f"{self(v)}:{self.types.get(id(v)) or v.aval.str_short()}"
 
     def __call__(self, v) -> str:
         if isinstance(v, Literal):
@@ -182,7 +191,7 @@ def _fmt_param(v, namer, indent) -> str:
 
 
 def pp_eqn(eqn: Eqn, namer, indent: int = 2) -> str:
-    outs = " ".join(f"{namer(o)}:{o.aval.str_short()}" for o in eqn.outputs) or "_"
+    outs = " ".join(namer.binder(o) for o in eqn.outputs) or "_"
     params = ""
     shown = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
     if shown:
@@ -193,11 +202,11 @@ def pp_eqn(eqn: Eqn, namer, indent: int = 2) -> str:
 
 def pp_program(p: Program, indent: int = 0, namer=None, n_consts: int = 0) -> str:
     """Print one equation per line, JAX style."""
-    namer = namer or _Namer()
+    namer = namer or Namer()
     pad = " " * indent
 
     def binders(vs):
-        return " ".join(f"{namer(v)}:{v.aval.str_short()}" for v in vs)
+        return " ".join(namer.binder(v) for v in vs)
 
     head = f"{pad}{{ lambda {binders(p.in_vars[:n_consts])}; {binders(p.in_vars[n_consts:])}. let"
     lines = [head] + [pp_eqn(e, namer, indent + 4) for e in p.eqns]

@@ -12,9 +12,9 @@ naming the fix.  Each typed result is pinned in the traced program by a
 type says (no propagation choices), on one process or many.
 
 ``spmd.typeof(x).sharding`` reads the type; :func:`reshard` changes it (the
-collective it needs is inserted by the partitioner); :func:`auto_axes` runs a
-function with its values untyped (placed by the partitioner) and types its results
-with ``out_sharding``; :func:`explicit_axes` does the opposite.  Functions that
+collective it needs is inserted by the partitioner); ``auto_axes`` and
+``explicit_axes`` (:mod:`spmd.shard.modes`) switch axis types inside a program, as
+traces over the same mesh with another *view* of its axis types.  Functions that
 take ``out_sharding=`` (``spmd.numpy.einsum``, ``dot``, ``matmul``, ``reshape``,
 ``zeros``, ...) run through :func:`with_out_sharding`: inside, an ambiguous
 result is left untyped and the result is resharded to ``out_sharding``.
@@ -35,6 +35,7 @@ from spmd import tree_util
 from spmd.compiler.ad import JVPTracer
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.batching import BatchTracer
+from spmd.compiler.ir import ClosedProgram, Namer, pp_program
 from spmd.compiler.trace import (Trace, Tracer, full_raise, get_aval, is_eager, new_main)
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
@@ -54,14 +55,17 @@ def is_explicit(mesh) -> bool:
 # ------------------------------------------------------------------- the trace
 
 class _Main:
-    """An explicit trace's state: its mesh and how many lenient scopes are open
-    (``out_sharding=``, :func:`trusted`: inside one an ambiguous result is untyped,
-    not an error)."""
+    """An explicit trace's state: its mesh (the constraints' mesh, the partitioner's),
+    its ``view`` (the mesh with the axis types that hold here: inside
+    ``auto_axes(axes=...)`` some explicit axes are automatic), and how many lenient
+    scopes are open (``out_sharding=``, :func:`trusted`: inside one an ambiguous result
+    is untyped, not an error)."""
 
-    __slots__ = ("mesh", "lenient")
+    __slots__ = ("mesh", "view", "lenient")
 
-    def __init__(self, mesh):
+    def __init__(self, mesh, view=None):
         self.mesh = mesh
+        self.view = mesh if view is None else view
         self.lenient = 0
 
 
@@ -84,11 +88,12 @@ class ExplicitTracer(Tracer):
         return self  # the type is part of the value: it is never dropped
 
 
-def pin(val, typ, mesh):
-    """``val`` constrained to ``typ`` in the traced program (untyped: as it is)."""
+def pin(val, typ, mesh, view=None):
+    """``val`` constrained to ``typ`` in the traced program (untyped: as it is); the
+    axes automatic in ``view`` (default: ``mesh``'s) are left to the partitioner."""
     if typ is None:
         return val
-    free = free_axes(mesh)
+    free = free_axes(mesh if view is None else view)
     if free:  # the automatic axes stay the partitioner's
         return sharding_constraint_p.bind(val, spec=typ.to_spec(), mesh=mesh, free=free)
     return sharding_constraint_p.bind(val, spec=typ.to_spec(), mesh=mesh)
@@ -99,8 +104,10 @@ class ExplicitTrace(Trace):
         # A value typed by an enclosing explicit trace keeps its type; any other is
         # whole (a constant, a numpy value).
         t = type_of(val)
-        if t is not None and t[0] == self.main.global_data.mesh:
-            return ExplicitTracer(self, val, t[1])
+        state = self.main.global_data
+        if t is not None and t[0] == state.mesh:
+            return ExplicitTracer(self, val, None if t[1] is None else
+                                  explicit_only(t[1], state.view))
         return ExplicitTracer(self, val, replicated(len(get_aval(val).shape)))
 
     lift = pure
@@ -109,12 +116,12 @@ class ExplicitTrace(Trace):
         state = self.main.global_data
         vals = [t.val for t in tracers]
         types = [t.type for t in tracers]
-        types_out = out_types(prim, [get_aval(v) for v in vals], types, params, state.mesh,
+        types_out = out_types(prim, [get_aval(v) for v in vals], types, params, state.view,
                               state.lenient > 0)
         outs = prim.bind(*vals, **params)
         outs = list(outs) if prim.multiple_results else [outs]
         if prim is not sharding_constraint_p:
-            outs = [pin(o, t, state.mesh) for o, t in zip(outs, types_out)]
+            outs = [pin(o, t, state.mesh, state.view) for o, t in zip(outs, types_out)]
         return [ExplicitTracer(self, o, t, True) for o, t in zip(outs, types_out)]
 
 
@@ -135,9 +142,10 @@ def active() -> ExplicitTrace | None:
 
 
 @contextmanager
-def explicit_trace(mesh):
-    """A new explicit trace over ``mesh`` for the block."""
-    with new_main(ExplicitTrace, _Main(mesh)) as main:
+def explicit_trace(mesh, view=None):
+    """A new explicit trace over ``mesh`` for the block (typed on ``view``'s explicit
+    axes: ``mesh`` with some axis types changed; default ``mesh``)."""
+    with new_main(ExplicitTrace, _Main(mesh, view)) as main:
         trace = ExplicitTrace(main)
         _stack().append(trace)
         try:
@@ -236,6 +244,9 @@ def typeof(x) -> ShapedArray:
     if t is None:
         return aval
     mesh, typ = t
+    e, _ = _explicit_of(x)
+    if e is not None:  # the mesh as its axes are typed here (auto_axes changes them)
+        mesh = e._trace.main.global_data.view
     return TypedAval(aval, None if typ is None else NamedSharding(mesh, typ.to_spec()))
 
 
@@ -262,6 +273,38 @@ def signature(leaves):
     types = tuple(replicated(len(get_aval(x).shape)) if t is None else t[1] for x, t in
                   zip(leaves, found))
     return mesh, types
+
+
+class TypedProgram(ClosedProgram):
+    """What ``spmd.make_jaxpr`` gives for a program traced on explicit axes: the program,
+    printed with the types of its arguments and of each ``sharding_constraint``'s result,
+    ``f32[8@x,4]``.  A typed result shows as the constraint that pins it: the value
+    before it prints untyped (an ``out_sharding=`` leaves it so, to the partitioner)."""
+
+    __slots__ = ("types",)
+
+    def __init__(self, closed: ClosedProgram, mesh, arg_types):
+        super().__init__(closed.program, closed.consts)
+        types = {}
+
+        def name(var, placement):
+            types.setdefault(id(var), TypedAval(var.aval, NamedSharding(
+                mesh, explicit_only(placement, mesh).to_spec())).str_short())
+
+        prog = closed.program
+        for var, typ in zip(prog.in_vars[len(prog.in_vars) - len(arg_types):], arg_types):
+            if typ is not None:
+                name(var, typ)
+        for eqn in prog.eqns:
+            if eqn.primitive is sharding_constraint_p and eqn.params.get("mesh") == mesh:
+                name(eqn.outputs[0],
+                     Placement.from_spec(eqn.params["spec"], eqn.outputs[0].aval.ndim))
+        self.types = types
+
+    def __str__(self):
+        return pp_program(self.program, n_consts=len(self.consts), namer=Namer(self.types))
+
+    __repr__ = __str__
 
 
 def lenient_now() -> bool:
@@ -324,17 +367,22 @@ def _resolve(sharding, where: str, x=None):
 
 def _reshard_one(x, sharding):
     s = _resolve(sharding, "reshard", x)
-    auto = sorted(set(s.spec.mesh_axes) & free_axes(s.mesh)) if is_explicit(s.mesh) else []
+    tr = active()
+    view = tr.main.global_data.view if tr is not None and \
+        s.mesh == tr.main.global_data.mesh else s.mesh
+    free = free_axes(view) if is_explicit(view) else frozenset()
+    auto = sorted(set(s.spec.mesh_axes) & free)
     if auto:
         raise ShardingTypeError(
-            f"reshard: {s.spec!r} names automatic axes {auto} of {s.mesh!r}: a type names "
+            f"reshard: {s.spec!r} names automatic axes {auto} of {view!r}: a type names "
             "explicit axes only (the partitioner places values along the others); leave "
             "them out, or use with_sharding_constraint")
     if isinstance(x, Tracer) or not is_eager():
-        tr = active()
         if tr is not None and not isinstance(x, ExplicitTracer) and (
                 not isinstance(x, Tracer) or x._trace.main.level < tr.main.level):
             x = tr.pure(x)  # a constant of the explicit trace: typed from here on
+        if free:  # the automatic axes stay the partitioner's
+            return sharding_constraint_p.bind(x, spec=s.spec, mesh=s.mesh, free=free)
         return sharding_constraint_p.bind(x, spec=s.spec, mesh=s.mesh)
     return device_put(x, s)
 
@@ -431,102 +479,3 @@ def _eager_jit(fn, static, out_sharding, where):
             _EAGER.clear()
         j = _EAGER[key] = Jit(call, user=False)
     return j
-
-
-def auto_axes(fun=None, /, *, axes=None, out_sharding=None):
-    """``fun`` with its values untyped (the partitioner places them, as on ``Auto``
-    axes); its results resharded to ``out_sharding`` (given here or as a keyword of the
-    call).  ``axes``: all the mesh's axes (the only choice here).
-
-    >>> y = spmd.sharding.auto_axes(lambda a: a.reshape(-1), out_sharding=P("x"))(a)  # doctest: +SKIP
-    """
-    if fun is None:
-        return lambda f: auto_axes(f, axes=axes, out_sharding=out_sharding)
-
-    def auto(*args, **kwargs):
-        out_s = kwargs.pop("out_sharding", None) if out_sharding is None else out_sharding
-        if out_s is None:
-            raise TypeError("auto_axes: missing required keyword argument 'out_sharding' "
-                            "(the results' shardings on the explicit axes)")
-        _check_axes(axes, "auto_axes")
-        if is_eager() and any(type_of(a) is not None for a in tree_util.tree_leaves(args)):
-            from spmd.shard.jit import Jit
-
-            return Jit(lambda *a: auto(*a, out_sharding=out_s), user=False)(*args, **kwargs)
-        tr = active()
-        if tr is None:
-            return reshard(fun(*args, **kwargs), out_s)
-
-        def strip(v):
-            e = v if isinstance(v, ExplicitTracer) and v._trace.main is tr.main else None
-            return v if e is None else e.val
-
-        args, kwargs = tree_util.tree_map(strip, (args, kwargs))
-        with _suspended():
-            out = fun(*args, **kwargs)
-        mesh_s = _resolve_tree(out_s, "auto_axes", tr.main.global_data.mesh)
-        return reshard(tree_util.tree_map(tr.pure, out), mesh_s)
-
-    auto.__name__ = getattr(fun, "__name__", "auto")
-    return auto
-
-
-def _resolve_tree(shardings, where, mesh):
-    return tree_util.tree_map(
-        lambda s: s if isinstance(s, NamedSharding) else NamedSharding(mesh, s),
-        shardings, is_leaf=lambda s: isinstance(s, (PartitionSpec, NamedSharding)))
-
-
-def _check_axes(axes, where):
-    if axes is None:
-        return
-    tr = active()
-    mesh = tr.main.global_data.mesh if tr is not None else get_mesh()
-    names = (axes,) if isinstance(axes, str) else tuple(axes)
-    every = tuple(a for a in getattr(mesh, "axis_names", ()) if a not in free_axes(mesh)) \
-        if mesh is not None and is_explicit(mesh) else getattr(mesh, "axis_names", ())
-    if mesh is not None and set(names) != set(every):
-        raise NotImplementedError(
-            f"{where}(axes={axes!r}): only all of the mesh's explicit axes {every} can "
-            "change type together here; leave axes=None")
-
-
-def explicit_axes(fun=None, /, *, axes=None, in_sharding=None):
-    """``fun`` traced with its array arguments typed ``in_sharding`` (a PartitionSpec or
-    a pytree of them on the current mesh, given here or as a keyword of the call); its
-    results leave untyped.  The current mesh (``set_mesh``) gives the axes.
-
-    >>> f = spmd.sharding.explicit_axes(g, in_sharding=P("x"))  # doctest: +SKIP
-    """
-    if fun is None:
-        return lambda f: explicit_axes(f, axes=axes, in_sharding=in_sharding)
-
-    def explicit(*args, **kwargs):
-        in_s = kwargs.pop("in_sharding", None) if in_sharding is None else in_sharding
-        if in_s is None:
-            raise TypeError("explicit_axes: missing required keyword argument 'in_sharding'")
-        _check_axes(axes, "explicit_axes")
-        if active() is not None:
-            return fun(*reshard(args, in_s), **kwargs)
-        mesh = get_mesh()
-        if mesh is None:
-            raise ShardingTypeError("explicit_axes: no current mesh; call it under "
-                                    "spmd.sharding.set_mesh(mesh)")
-        leaves, tree = tree_util.tree_flatten(args)
-        specs = tree_util.tree_leaves(
-            _resolve_tree(in_s, "explicit_axes", mesh) if not isinstance(
-                in_s, (PartitionSpec, NamedSharding)) else [in_s] * len(leaves),
-            is_leaf=lambda s: isinstance(s, (PartitionSpec, NamedSharding)))
-        if len(specs) != len(leaves):
-            raise ShardingTypeError(f"explicit_axes: in_sharding has {len(specs)} shardings "
-                                    f"for {len(leaves)} arrays; give one per argument")
-        with explicit_trace(mesh) as trace:
-            typed = [ExplicitTracer(trace, pin(x, t, mesh), t) for x, t in zip(
-                leaves, [Placement.from_spec(_resolve(s, "explicit_axes").spec,
-                                             len(get_aval(x).shape)) for x, s in
-                         zip(leaves, specs)])]
-            out = fun(*tree_util.tree_unflatten(tree, typed), **kwargs)
-            return tree_util.tree_map(lambda o: full_raise(trace, o).val, out)
-
-    explicit.__name__ = getattr(fun, "__name__", "explicit")
-    return explicit

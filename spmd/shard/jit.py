@@ -145,13 +145,17 @@ class Traced(_Traced):
 
 def make_jaxpr(fun, static_argnums=None):
     """``spmd.make_jaxpr``: the program ``fun`` traces to, traced as :class:`Jit` traces
-    it (on explicit mesh axes, with its values' types: ambiguities raise, and each typed
-    result shows as a ``sharding_constraint``).
+    it.  On explicit mesh axes it is traced with its values' types (ambiguities raise),
+    each typed result is pinned by a ``sharding_constraint``, and the program prints
+    each variable's type (``f32[8@x,4]``, a :class:`~spmd.shard.explicit.TypedProgram`).
 
     >>> print(spmd.make_jaxpr(lambda x: x + 1)(np.ones(3, np.float32)))  # doctest: +SKIP
     """
     def traced(*args, **kwargs):
-        entry, _, _ = Jit(fun, static_argnums=static_argnums, user=False)._entry(args, kwargs)
-        return dce(entry.closed)  # dead equations are noise in a printed program
+        entry, leaves, _ = Jit(fun, static_argnums=static_argnums,
+                               user=False)._entry(args, kwargs)
+        closed = dce(entry.closed)  # dead equations are noise in a printed program
+        sig = _explicit.signature(leaves)
+        return closed if sig is None else _explicit.TypedProgram(closed, *sig)
 
     return traced

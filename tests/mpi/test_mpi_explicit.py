@@ -1,5 +1,5 @@
 """Explicit sharding across processes: a typed program (elementwise, a contraction with
-out_sharding=, a reduction, reshard, a gradient) on a mesh spread over the ranks, each
+out_sharding=, a reduction, reshard, a gradient, auto_axes over one axis) on a mesh spread over the ranks, each
 rank holding only its blocks; values against numpy on the global arrays (read back
 with spmd.process_allgather), shardings as the types say.  On 2 and on 4 ranks."""
 
@@ -11,7 +11,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd.errors import ShardingTypeError
-from spmd.sharding import AxisType, NamedSharding, P, reshard
+from spmd.sharding import AxisType, NamedSharding, P, auto_axes, reshard
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
@@ -38,9 +38,11 @@ def _run_typed_program():
     def step(params, xb):
         h = snp.tanh(xb @ params[0])
         moved = reshard(h, P(None, "x"))
-        return loss(params, xb), spmd.grad(loss)(params, xb), h.sum(axis=0), moved
+        # 'y' automatic inside: the flattened rows stay split over 'x'.
+        flat = auto_axes(lambda v: v.reshape(-1), axes="y", out_sharding=P("x"))(h)
+        return loss(params, xb), spmd.grad(loss)(params, xb), h.sum(axis=0), moved, flat
 
-    value, (g1, g2), s, moved = step((w1, w2), x)
+    value, (g1, g2), s, moved, flat = step((w1, w2), x)
     h = np.tanh(xn.astype(np.float64) @ w1n)
     y = h @ w2n
     dy = 2 * y / y.size
@@ -51,6 +53,8 @@ def _run_typed_program():
                                atol=1e-6)
     np.testing.assert_allclose(got(s), h.sum(0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got(moved), h, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got(flat), h.reshape(-1), rtol=1e-6, atol=1e-6)
+    assert tuple(flat.sharding.spec) == ("x",)
     assert g1.sharding.spec == P(None, "y") and tuple(g2.sharding.spec) in (("y",), ("y", None))
     assert tuple(s.sharding.spec) == ("y",) and tuple(moved.sharding.spec) == (None, "x")
     # Each rank holds its blocks of the moved array only.

@@ -265,9 +265,80 @@ def test_auto_axes(mesh):
     with pytest.raises(TypeError, match="auto_axes: missing required keyword argument "
                                         "'out_sharding'"):
         spmd.jit(lambda v: auto_axes(flat)(v))(a)
-    with pytest.raises(NotImplementedError, match=r"auto_axes\(axes='x'\): only all of the "
-                                                  r"mesh's explicit axes \('x', 'y'\)"):
-        spmd.jit(lambda v: auto_axes(flat, axes="x", out_sharding=P("x"))(v))(a)
+    # All the explicit axes by name: the same as axes=None.
+    out = spmd.jit(lambda v: auto_axes(flat, axes=("x", "y"), out_sharding=P("x"))(v))(a)
+    assert seen[-1] is False and spec_of(out) == P("x")
+
+
+def test_auto_axes_over_some_axes(mesh):
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    seen = []
+
+    def flat(v):
+        t = spmd.typeof(v)
+        seen.append((t.sharding.spec, t.sharding.mesh.axis_types))
+        w = v.reshape(-1) * 2  # a split of the major dimension stays: typed on 'x'
+        seen.append(spmd.typeof(w).sharding.spec)
+        return w
+
+    f = spmd.jit(lambda v: auto_axes(flat, axes="y", out_sharding=P(("x", "y")))(v))
+    out = f(a)
+    # Inside, 'y' is automatic: the types name 'x' only, on the mesh as retyped.
+    assert seen == [(P("x"), (AxisType.Explicit, AxisType.Auto)), P("x")]
+    assert spec_of(out) == P(("x", "y"))
+    np.testing.assert_array_equal(np.asarray(out), an.reshape(-1) * 2)
+    # The pins inside leave 'y' to the partitioner.
+    text = str(spmd.make_jaxpr(lambda v: auto_axes(flat, axes="y", out_sharding=P("x"))(v))(a))
+    assert "free=frozenset({'y'})" in text
+    # Along 'x' the types still hold: a reshape that would move elements of a dimension
+    # split over 'x' is an error, as on a mesh whose 'x' alone is explicit.
+    b = put(mesh, an, "y", "x")
+    with pytest.raises(ShardingTypeError, match="reshape of f32\\[8,4\\] with sharding "
+                                                "PartitionSpec\\(None, 'x'\\)"):
+        spmd.jit(lambda v: auto_axes(lambda w: w.reshape(-1), axes="y",
+                                     out_sharding=P("x"))(v))(b)
+    with pytest.raises(ShardingTypeError, match=r"auto_axes\(axes='z'\): 'z' is not an axis"):
+        spmd.jit(lambda v: auto_axes(flat, axes="z", out_sharding=P("x"))(v))(a)
+
+
+def test_explicit_axes_over_some_axes():
+    auto = spmd.make_mesh((4, 2), ("x", "y"))
+    an = rand(8, 4)
+    seen = []
+
+    def g(v):
+        w = v * 2
+        seen.append(str(spmd.typeof(w)))
+        return w.sum(axis=0)
+
+    with spmd.sharding.use_mesh(auto):
+        out = spmd.jit(lambda v: explicit_axes(g, axes="x", in_sharding=P("x", "y"))(v))(
+            put(auto, an))
+    # Only 'x' is explicit inside: 'y' is dropped from the type (the partitioner's).
+    assert seen == ["f32[8@x,4]"]
+    np.testing.assert_allclose(np.asarray(out), (an * 2).sum(axis=0), rtol=1e-6)
+
+
+def test_explicit_axes_inside_auto_axes(mesh):
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    seen = []
+
+    def inner(v):
+        seen.append(str(spmd.typeof(v)))
+        return v * 3
+
+    def outer(v):
+        seen.append(str(spmd.typeof(v)))
+        w = explicit_axes(inner, axes="y", in_sharding=P("x", "y"))(v + 1)
+        seen.append(str(spmd.typeof(w)))  # its type on the axes explicit here
+        return w
+
+    out = spmd.jit(lambda v: auto_axes(outer, axes="y", out_sharding=P("x", "y"))(v))(a)
+    assert seen == ["f32[8@x,4]", "f32[8@x,4@y]", "f32[8@x,4]"]
+    assert spec_of(out) == P("x", "y")
+    np.testing.assert_allclose(np.asarray(out), (an + 1) * 3, rtol=1e-6)
 
 
 def test_explicit_axes_on_an_automatic_mesh():
@@ -538,6 +609,26 @@ def test_make_jaxpr_traces_with_the_types(mesh):
         spmd.make_jaxpr(lambda a, b: a @ b)(a, put(mesh, rand(4, 6), "y", None))
     # Unplaced values: the program as before.
     assert "sharding_constraint" not in str(spmd.make_jaxpr(lambda v: v + 1)(np.ones(3)))
+
+
+def test_make_jaxpr_prints_the_types(mesh, mixed):
+    a, b = put(mesh, rand(8, 4), "x", "y"), put(mesh, rand(4, 6), "y", None)
+    f = lambda a, b: snp.einsum("ij,jk->ik", snp.sin(a), b, out_sharding=P("x"))  # noqa: E731
+    lines = str(spmd.make_jaxpr(f)(a, b)).splitlines()
+    assert lines[0].strip() == "{ lambda ; a:f32[8@x,4@y] b:f32[4@y,6]. let"
+    # sin's result is pinned to its type; the product is left to the partitioner
+    # inside out_sharding= (untyped), and its reshard types it.
+    assert lines[1].strip() == "c:f32[8,4] = sin a"
+    assert lines[2].strip().startswith("d:f32[8@x,4@y] = sharding_constraint")
+    assert lines[3].strip().startswith("e:f32[8,6] = dot_general")
+    assert lines[4].strip().startswith("f:f32[8@x,6] = sharding_constraint")
+    # A mixed mesh's types name its explicit axes only.
+    m = put(mixed, rand(8, 4), "x", "y")
+    text = str(spmd.make_jaxpr(lambda v: v * 2)(m))
+    assert text.splitlines()[0].strip() == "{ lambda ; a:f32[8@x,4]. let"
+    # The printed program is the program: it evaluates as any other.
+    closed = spmd.make_jaxpr(f)(a, b)
+    assert closed.program.eqns[0].primitive.name == "sin"
 
 
 def test_closed_over_traced_values_and_threads(mesh):
