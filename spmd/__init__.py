@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 _PUBLIC: dict = {
     # base modules
     "config": ("spmd.config", "config"), "disable_jit": ("spmd.config", "disable_jit"),
+    "default_matmul_precision": ("spmd.config", "default_matmul_precision"),
     "errors": ("spmd.errors", None), "tree": ("spmd.tree", None),
     "tree_util": ("spmd.tree_util", None),
     # the compiler

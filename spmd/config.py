@@ -109,6 +109,10 @@ class Config:
         # Chains of elementwise equations of a program lowered for execution run as
         # one kernel each (spmd.compiler.fusion); applies to programs compiled after.
         self.fuse_elementwise: bool = _env_bool("SPMD_FUSE_ELEMENTWISE", True)
+        # JAX's matmul precision setting, accepted and recorded: products here are
+        # always computed in their operands' dtype (numpy's and CuPy's defaults; no
+        # TF32 or bfloat16 passes), which is JAX's "highest".
+        self.default_matmul_precision = None
         # Listeners are told of every change.  (None is registered today: a switch
         # that changes traced programs, enable_x64, is part of the jit cache key;
         # the others apply to programs compiled after the change.)
@@ -126,6 +130,10 @@ class Config:
             raise ArgumentError(
                 f"spmd.config.update: {name} must be an int >= 0 (bytes per {what}), "
                 f"got {value!r}")
+        if name == "default_matmul_precision" and value not in MATMUL_PRECISIONS:
+            raise ArgumentError(
+                f"spmd.config.update: default_matmul_precision={value!r} is not one of "
+                f"JAX's names {sorted(p for p in MATMUL_PRECISIONS if p)} (or None)")
         if name == "fuse_elementwise" and not isinstance(value, bool):
             raise ArgumentError(f"spmd.config.update: fuse_elementwise must be True or False, "
                                 f"got {value!r}")
@@ -136,6 +144,34 @@ class Config:
 
 config = Config()
 MALLOC_TUNED: bool = _tune_malloc()
+
+
+MATMUL_PRECISIONS = frozenset({None, "default", "high", "highest", "fastest", "bfloat16",
+                               "tensorfloat32", "float32", "bfloat16_3x", "ANY_F8_ANY_F8_F32",
+                               "ANY_F8_ANY_F8_F32_FAST_ACCUM", "ANY_F8_ANY_F8_ANY",
+                               "ANY_F8_ANY_F8_ANY_FAST_ACCUM", "F16_F16_F16", "F16_F16_F32",
+                               "BF16_BF16_BF16", "BF16_BF16_F32", "BF16_BF16_F32_X3",
+                               "BF16_BF16_F32_X6", "TF32_TF32_F32", "TF32_TF32_F32_X3",
+                               "F32_F32_F32", "F64_F64_F64"})
+
+
+@contextlib.contextmanager
+def default_matmul_precision(precision: str | None):
+    """``jax.default_matmul_precision``: within the block (or on a decorated function),
+    the default precision of matrix products.  Accepted and recorded only: ``spmd``
+    computes every product in its operands' dtype, which is what JAX's ``"highest"``
+    (``"float32"`` for float32) gives, so a program asking for less gets at least
+    what it asked for.
+
+    >>> with default_matmul_precision("float32"):
+    ...     y = spmd.numpy.dot(a, b)  # doctest: +SKIP
+    """
+    old = config.default_matmul_precision
+    config.update("default_matmul_precision", precision)
+    try:
+        yield
+    finally:
+        config.update("default_matmul_precision", old)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,30 @@ import numpy as np
 from spmd.compiler import dtypes
 
 
+class ManualAxisType:
+    """A value's relation to the manual mesh axes of a ``shard_map`` body
+    (``jax.typeof(x).mat``): the axes it varies along (``varying``, its ``vma``).
+    ``unreduced`` and ``reduced`` are always empty here: a manual value is never held
+    as pending summands (``pcast(to='unreduced')`` is refused)."""
+
+    __slots__ = ("varying", "unreduced", "reduced")
+
+    def __init__(self, varying=frozenset()):
+        self.varying = frozenset(varying)
+        self.unreduced = self.reduced = frozenset()
+
+    def invarying(self, mesh) -> frozenset:
+        """The manual axes of ``mesh`` the value does not vary along."""
+        return frozenset(getattr(mesh, "manual_axes", ())) - self.varying
+
+    @property
+    def vur(self) -> frozenset:
+        return self.varying
+
+    def __repr__(self):
+        return f"ManualAxisType(varying={set(self.varying) or '{}'})"
+
+
 class ShapedArray:
     """An array's type: shape, dtype, weak typing and varying manual axes.
 
@@ -30,6 +54,7 @@ class ShapedArray:
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: math.prod(self.shape))
+    mat = property(lambda self: ManualAxisType(self.vma))  # JAX's newer name for the vma
 
     def update(self, shape=None, dtype=None, weak_type=None, vma=None) -> "ShapedArray":
         return ShapedArray(self.shape if shape is None else shape,
@@ -89,6 +114,18 @@ class ShapeDtypeStruct:
 
     def to_aval(self) -> ShapedArray:
         return ShapedArray(self.shape, dtypes.canonicalize(self.dtype), self.weak_type)
+
+    def update(self, *, shape=None, dtype=None, sharding=None,
+               weak_type=None) -> "ShapeDtypeStruct":
+        """A copy with the given fields changed (``jax.ShapeDtypeStruct.update``).
+
+        >>> ShapeDtypeStruct((2, 3), np.float32).update(shape=(4, 3)).shape
+        (4, 3)
+        """
+        return ShapeDtypeStruct(self.shape if shape is None else shape,
+                                self.dtype if dtype is None else dtype,
+                                sharding=self.sharding if sharding is None else sharding,
+                                weak_type=self.weak_type if weak_type is None else weak_type)
 
     def __eq__(self, other):
         return (isinstance(other, ShapeDtypeStruct) and self.shape == other.shape

@@ -52,7 +52,19 @@ def _axis_types(axis_types, axis_names: tuple, where: str, allowed) -> tuple:
     return axis_types
 
 
-class Mesh:
+class _AxesByType:
+    """The axis names of each type (JAX's ``mesh.auto_axes``, ``explicit_axes``,
+    ``manual_axes``)."""
+
+    def _of(self, t) -> tuple[str, ...]:
+        return tuple(n for n, a in zip(self.axis_names, self.axis_types) if a == t)
+
+    auto_axes = property(lambda self: self._of(AxisType.Auto))
+    explicit_axes = property(lambda self: self._of(AxisType.Explicit))
+    manual_axes = property(lambda self: self._of(AxisType.Manual))
+
+
+class Mesh(_AxesByType):
     """Devices laid out in an n-d array whose axes have names.
 
     >>> mesh = Mesh(np.array(spmd.devices()).reshape(4, 2), ("i", "j"))
@@ -151,7 +163,7 @@ class Mesh:
         return False
 
 
-class AbstractMesh:
+class AbstractMesh(_AxesByType):
     """A mesh's axis names, sizes and types, without devices (``jax.sharding.AbstractMesh``):
     what ``get_abstract_mesh()`` returns, and what ``shard_map(mesh=...)`` accepts where a
     mesh of that shape is in context.
@@ -182,10 +194,6 @@ class AbstractMesh:
     def empty(self) -> bool:
         """No axes (outside any mesh context)."""
         return not self.axis_names
-
-    @property
-    def manual_axes(self) -> tuple[str, ...]:
-        return tuple(n for n, t in zip(self.axis_names, self.axis_types) if t == AxisType.Manual)
 
     def axis_size(self, names) -> int:
         names = (names,) if isinstance(names, str) else tuple(names)

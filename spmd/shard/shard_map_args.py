@@ -64,15 +64,27 @@ Infer = _InferSpecs()
 
 
 def _inferred_specs(leaves, paths, mesh, fname):
+    """Each argument's spec: its Array's sharding's, or on explicit axes its type's (a
+    value without one, a numpy array, is replicated there, as its type says)."""
+    from spmd.shard.explicit import is_explicit, type_of
+
     out = []
     for x, path in zip(leaves, paths):
         s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
-        if not (isinstance(s, NamedSharding) and s.mesh == mesh):
-            raise ShardMapError(
-                f"{fname}: in_specs was not given, and argument{path} is not an Array placed "
-                "on the mesh (device_put(x, P(...)) under the mesh, or NamedSharding(mesh, "
-                "...)) to infer its spec from; pass in_specs=")
-        out.append((s.spec, path))
+        if isinstance(s, NamedSharding) and s.mesh == mesh:
+            out.append((s.spec, path))
+            continue
+        t = type_of(x) if is_explicit(mesh) else None
+        if t is not None and t[0] == mesh and t[1] is not None:
+            out.append((t[1].to_spec(), path))
+            continue
+        if is_explicit(mesh) and t is None and not isinstance(s, NamedSharding):
+            out.append((PartitionSpec(), path))  # unplaced: replicated, by its type
+            continue
+        raise ShardMapError(
+            f"{fname}: in_specs was not given, and argument{path} is not an Array placed "
+            "on the mesh (device_put(x, P(...)) under the mesh, or NamedSharding(mesh, "
+            "...)) to infer its spec from; pass in_specs=")
     return out
 
 
