@@ -31,8 +31,10 @@ from spmd.compiler.batching import NamedAxes, move_to_front
 from spmd.compiler.ops.elementwise import add, convert, div, eq, mul
 
 
-class CollectiveAxisError(SpmdError, NameError):
-    """A collective used outside any shard_map/vmap, or over an axis not in scope."""
+class CollectiveAxisError(SpmdError, NameError, ValueError):
+    """A collective used outside any shard_map/vmap, or over an axis not in scope (a
+    NameError, as JAX's unbound axis names, and a ValueError, as JAX's ``pvary``
+    outside ``shard_map``)."""
 
 
 def _axes(axis_name, fname) -> tuple[str, ...]:

@@ -115,6 +115,21 @@ class ShapeDtypeStruct:
     def to_aval(self) -> ShapedArray:
         return ShapedArray(self.shape, dtypes.canonicalize(self.dtype), self.weak_type)
 
+    @classmethod
+    def like(cls, x) -> "ShapeDtypeStruct":
+        """The shape, dtype, weak type and (for an Array) sharding of ``x``
+        (``jax.ShapeDtypeStruct.like``).
+
+        >>> ShapeDtypeStruct.like(np.ones((2, 3), np.float32))
+        ShapeDtypeStruct(shape=(2, 3), dtype=float32)
+        """
+        from spmd.compiler.array import Array
+        from spmd.compiler.trace import get_aval
+
+        aval = get_aval(x)
+        sharding = x.sharding if isinstance(x, Array) else None  # (a traced value: none)
+        return cls(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+
     def update(self, *, shape=None, dtype=None, sharding=None,
                weak_type=None) -> "ShapeDtypeStruct":
         """A copy with the given fields changed (``jax.ShapeDtypeStruct.update``).

@@ -422,7 +422,14 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
             m = concrete_mesh(m, fname)
         elif mesh is not None:
             _check_context_mesh(mesh, fname)
-        manual = _manual_axes(axis_names, m, fname)
+        names = axis_names
+        if names is None:  # JAX's default: the axes not manual here already
+            from spmd.compiler.trace import axis_scope
+
+            taken = {a for a in m.axis_names if getattr(axis_scope(a), "manual", False)}
+            if taken and len(taken) < len(m.axis_names):
+                names = frozenset(a for a in m.axis_names if a not in taken)
+        manual = _manual_axes(names, m, fname)
         return _call(f, m, in_specs, out_specs, check_vma, fname, args, manual)
 
     return wrapped
