@@ -155,6 +155,21 @@ def _shard_map_jvp(primals, tangents, *, program, mesh, in_specs, out_specs, che
     return outs[:n_out], out_t
 
 
+def _batched_spec(spec, batch_entry, spmd_name, where, fname):
+    """``spec`` with the batch dimension in front, split over ``batch_entry``; a spec
+    that names a mapped mesh axis already is an error, as in JAX (its blocks would be
+    split over that axis twice)."""
+    used = [a for a in spec.mesh_axes if a in (spmd_name or ())]
+    if used:
+        why = (" (a residual of an untyped body, check_vma=False, is kept per device over "
+               "every mesh axis: differentiate a body with check_vma=True, or vmap over "
+               "another axis)" if where == "out_specs" else "")
+        raise ShardMapError(f"{fname}: vmap spmd_axis_name {tuple(spmd_name)} cannot appear "
+                            f"in the shard_map's {where} (axis {used[0]!r} is used in "
+                            f"{spec}){why}; map over another mesh axis")
+    return PartitionSpec(batch_entry, *spec)
+
+
 def _residual_spec(aval, mesh, check_vma, manual=None):
     """Residuals leave a body with one block per device that can differ: a new
     leading axis split over the mesh axes the value varies along (of a partial-manual
@@ -334,8 +349,10 @@ def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vm
     in_avals = [a if d is None else a.update(shape=(size_in,) + a.shape, vma=a.vma | vary)
                 for a, d in zip(program.in_avals, dims)]
     closed = trace_body(lambda *a: body(*a), mesh, in_avals, check_vma, manual)
-    b_in = [s if d is None else PartitionSpec(batch_entry, *s) for s, d in zip(in_specs, dims)]
-    b_out = [PartitionSpec(batch_entry, *s) for s in out_specs]
+    fname = "shard_map"
+    b_in = [s if d is None else _batched_spec(s, batch_entry, spmd_name, "in_specs", fname)
+            for s, d in zip(in_specs, dims)]
+    b_out = [_batched_spec(s, batch_entry, spmd_name, "out_specs", fname) for s in out_specs]
     outs = _bind_body(closed, args, mesh, b_in, b_out, check_vma, manual)
     return outs, [0] * len(outs)
 

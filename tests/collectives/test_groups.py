@@ -292,3 +292,31 @@ def test_vmap_spmd_axis_name_errors():
         spmd.vmap(_inner(mesh), spmd_axis_name="k")(x)
     with pytest.raises(ArgumentError, match="spmd_axis_name must be a mesh axis name"):
         spmd.vmap(_inner(mesh), spmd_axis_name=3)
+    # Out specs naming the mapped axis: JAX's error (its blocks would be split twice).
+    out_i = spmd.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("j"),
+                           out_specs=P(("j", "i")))
+    with pytest.raises(ShardMapError, match="cannot appear in the shard_map's out_specs"):
+        spmd.vmap(out_i, spmd_axis_name="i")(x)
+
+
+def test_vmap_spmd_axis_name_of_a_gradient():
+    # vmap(grad) of a typed body equals the gradient mapped without spmd_axis_name.
+    mesh = spmd.make_mesh(*MESH)
+    f = spmd.shard_map(lambda b: snp.sin(lax.psum(snp.sum(b), "j")), mesh=mesh,
+                       in_specs=P("j"), out_specs=P())
+    x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6) / 10
+    put = spmd.device_put(x, NamedSharding(mesh, P("i", "j")))
+    want = np.cos(x.sum(1, keepdims=True)) * np.ones_like(x)
+    for g in (spmd.vmap(spmd.grad(f)), spmd.vmap(spmd.grad(f), spmd_axis_name="i")):
+        np.testing.assert_allclose(np.asarray(g(put)), want, rtol=1e-5)
+    # Untyped (check_vma=False), its residuals are kept per device over every mesh axis,
+    # which the mapped axis cannot split again: a clear error, not a wrong layout.
+    u = spmd.shard_map(lambda b: snp.sin(snp.sum(b)), mesh=mesh, in_specs=P("j"),
+                       out_specs=P(), check_vma=False)
+    with pytest.raises(ShardMapError, match=r"spmd_axis_name \('i',\) cannot appear in the "
+                                            r"shard_map's out_specs .*check_vma=False"):
+        spmd.vmap(spmd.grad(u), spmd_axis_name="i")(put)
+    # (Untyped, as in JAX: the 4 devices holding the output share its cotangent, and
+    # the 2 copies of each input block along 'i' sum theirs: cos(block sum) / 2.)
+    np.testing.assert_allclose(np.asarray(spmd.vmap(spmd.grad(u))(put)),
+                               np.cos(x.reshape(8, 2, 3).sum(2)).repeat(3, 1) / 2, rtol=1e-5)
