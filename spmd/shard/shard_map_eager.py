@@ -162,7 +162,10 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
         from spmd.shard.execute import to_blocks
 
         level = NamedAxes(mesh.axis_names, mesh.axis_sizes, concrete=hook)
-        stacked = [to_blocks(v, s, mesh) for v, s in zip(vals, specs)]
+        # Split the whole values (one process holds them): the splitting is data
+        # movement of this call, not the program's operations on placed (typed) values.
+        stacked = [to_blocks(v.as_plain() if isinstance(v, ShardedArray) else v, s, mesh)
+                   for v, s in zip(vals, specs)]
     scope = dict(mesh.shape) if manual is None else {a: mesh.shape[a] for a in manual}
     with new_main(BatchTrace, (level, len(hook.positions)), dynamic=True) as main, \
             extend_axis_env(scope, track_vma=check_vma, main=main, manual=True), \

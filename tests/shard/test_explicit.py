@@ -687,3 +687,20 @@ def test_bad_specs_and_missing_meshes_are_named(mesh):
     with pytest.raises(ShardingTypeError, match=r"explicit_axes: no current mesh; call it "
                                                 r"under spmd.sharding.set_mesh"):
         explicit_axes(lambda v: v, in_sharding=P("x"))(np.ones(8, np.float32))
+
+
+def test_an_eager_shard_map_on_an_explicit_mesh(mesh):
+    # Splitting the typed Arrays into the devices' blocks is the call's own data
+    # movement, not a typed operation (a reshape of a split dimension would be refused).
+    an = rand(8, 4)
+    with spmd.sharding.use_mesh(mesh):
+        a = put(mesh, an, "x", "y")
+        f = spmd.shard_map(lambda b: b * 2, out_specs=P("x", "y"))
+        out = f(a)
+        np.testing.assert_array_equal(np.asarray(out), an * 2)
+        assert spec_of(out) == P("x", "y")
+        assert spec_of(spmd.jit(f)(a)) == P("x", "y")
+        # in_specs inferred from a numpy argument on an explicit mesh: replicated.
+        g = spmd.shard_map(lambda b, w: b * w, out_specs=P("x", "y"))
+        np.testing.assert_allclose(np.asarray(g(a, an[:2, :1])), an * np.tile(an[:2, :1], (4, 4)),
+                                   rtol=1e-6)
