@@ -75,6 +75,7 @@ def smap(f: Callable | None = None, /, *, in_axes: Any = Infer, out_axes: Any,
 
     def mapped(*args):
         if in_axes is Infer:
+            _check_inferrable(axis_name)
             in_specs = Infer
         else:
             per_arg = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
@@ -87,6 +88,25 @@ def smap(f: Callable | None = None, /, *, in_axes: Any = Infer, out_axes: Any,
                          axis_names={axis_name})(*args)
 
     return mapped
+
+
+def _check_inferrable(axis_name):
+    """Without ``in_axes`` the arguments' specs come from their types: that needs
+    ``axis_name`` to be an explicit axis of the current mesh, as in JAX."""
+    from spmd.mesh.mesh import AxisType
+    from spmd.shard.mesh_context import get_mesh
+
+    mesh = get_mesh()
+    types = dict(zip(mesh.axis_names, mesh.axis_types)) if mesh is not None else {}
+    if types.get(axis_name) != AxisType.Explicit:
+        raise SmapArgumentError(
+            f"smap: in_axes was not specified, and axis {axis_name!r} is not an Explicit axis "
+            f"of the current mesh ({mesh}); the arguments' placements along it are then "
+            "unknown: pass in_axes= (an int, None, or a tuple with one entry per argument)")
+
+
+class SmapArgumentError(ArgumentError, TypeError):
+    """smap's arguments cannot be mapped as given (a TypeError, as JAX's)."""
 
 
 def _arg_specs(axis_name, axes, arg):

@@ -75,6 +75,20 @@ def test_errors_name_the_argument(mesh):
         spmd.smap(lambda b: b, in_axes=(0, 0), out_axes=0, axis_name="i")(X)
 
 
+def test_in_axes_left_out_needs_an_explicit_axis(mesh):
+    # As in JAX: on an automatic axis nothing types the arguments' placements.
+    with use_mesh(mesh):
+        with pytest.raises(TypeError, match=r"smap: in_axes was not specified, and axis 'i' "
+                                            r"is not an Explicit axis"):
+            spmd.smap(lambda b: b * 2, out_axes=0, axis_name="i")(X)
+    explicit = spmd.make_mesh((2, 4), ("i", "j"), axis_types=(spmd.sharding.AxisType.Explicit,)
+                              * 2)
+    with use_mesh(explicit):
+        x = spmd.device_put(X, P("i"))
+        out = spmd.smap(lambda b: b * 2, out_axes=0, axis_name="i")(x)
+        np.testing.assert_array_equal(np.asarray(out), 2 * X)
+
+
 def test_without_a_mesh_the_error_says_how_to_set_one():
     from spmd.shard.mesh_context import MeshContextError
 
