@@ -141,8 +141,8 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     # it (the transpose of the implicit pvary is a psum).
     lp = () if loss_params is None else pvary(loss_params, axes)
     sched = build(schedule, S, M)
-    K, C = max(sched.inputs_held), max(sched.cotangents_held)
-    kinds, mbs, f_in, b_in, first_bwd = sched.arrays()
+    K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
+    f_mb, b_mb, f_in, b_in, first_bwd = sched.arrays()
     s = axis_index(axes)
     first, last = s == 0, s == S - 1
     forward = [(i, i + 1) for i in range(S - 1)]
@@ -157,22 +157,29 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         k = snp.maximum(i, 0) % buf.shape[0]
         return buf.at[k].set(snp.where(i >= 0, v, buf[k]))
 
+    def input_of(buf, i):
+        # Stage 0 reads its microbatches where they are; the others, their buffer.
+        return snp.where(first, xs[i], buf[i % K])
+
     def tick(carry, row):
         send_f, send_b, buf, cts, acc = carry
-        kind, i, fi, bi = (r[s] for r in row)
-        # What the neighbours sent at the end of the last tick (stage 0: its input).
-        got = ppermute(send_f, axes, forward)
-        buf = put(buf, fi, snp.where(first, xs[snp.maximum(fi, 0)], got))
+        fi_mb, bi_mb, fi, bi = (r[s] for r in row)
+        # What the neighbours sent at the end of the last tick.
+        buf = put(buf, fi, ppermute(send_f, axes, forward))
         cts = put(cts, bi, ppermute(send_b, axes, backward))
 
-        def idle(buf, cts, acc):
-            return snp.zeros_like(send_f), snp.zeros_like(send_b), acc
+        def no_fwd(buf):
+            return snp.zeros_like(send_f)
 
-        def fwd(buf, cts, acc):
-            return stage(stage_params, buf[i % K]), snp.zeros_like(send_b), acc
+        def fwd(buf):
+            return stage(stage_params, input_of(buf, fi_mb))
+
+        def no_bwd(buf, cts, acc):
+            return snp.zeros_like(send_b), acc
 
         def bwd(buf, cts, acc):
-            y, back = vjp(stage, stage_params, buf[i % K])
+            i = bi_mb
+            y, back = vjp(stage, stage_params, input_of(buf, i))
             value, (dq, dy) = value_and_grad(head, argnums=(0, 1))(lp, y, ys[i])
             on_last = lambda g: snp.where(last, g * scale.astype(g.dtype),  # noqa: E731
                                           snp.zeros_like(g))
@@ -182,9 +189,11 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
             acc = (add(gs, g), add(gq, tree_util.tree_map(on_last, dq)),
                    total + snp.where(last, value * scale.astype(loss_dtype),
                                      np.zeros((), loss_dtype)))
-            return snp.zeros_like(send_f), dx, acc
+            return dx, acc
 
-        send_f, send_b, acc = switch(kind, [idle, fwd, bwd], buf, cts, acc)
+        # A tick's forward, then its backward (1F1B's steady state does both).
+        send_f = switch((fi_mb >= 0).astype(np.int32), [no_fwd, fwd], buf)
+        send_b, acc = switch((bi_mb >= 0).astype(np.int32), [no_bwd, bwd], buf, cts, acc)
         # Stage 0's backward results are the inputs' gradients: kept per tick (a scan
         # output, not a carry that every tick would copy).
         return (send_f, send_b, buf, cts, acc), snp.where(first, send_b,
@@ -195,7 +204,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
     carry = (zeros, zeros, snp.zeros((K,) + mb.shape, mb.dtype),
              snp.zeros((C,) + mb.shape, mb.dtype), acc)
-    table = tuple(snp.asarray(a) for a in (kinds, mbs, f_in, b_in))
+    table = tuple(snp.asarray(a) for a in (f_mb, b_mb, f_in, b_in))
     (_, _, _, _, (gs, gq, total)), per_tick = scan(tick, carry, table)
     # The loss and the head's gradient live on the last stage, the inputs' on the first:
     # every device gets them.

@@ -1,23 +1,32 @@
 """Pipeline schedules as tables: which stage does what at each tick.
 
-A tick is the time of one stage's forward or backward of one microbatch (taken as
-equal).  A stage works through its queue of operations in order, each as soon as its
-inputs have arrived: a forward needs the previous stage's forward of that microbatch
-(a tick earlier or before); a backward needs this stage's forward of it and the next
-stage's backward of it (the last stage: its own forward, then the loss).
+Every stage runs in lockstep: a tick ends with the ``ppermute`` s that move activations
+one stage on and cotangents one stage back, which every stage joins, so a tick lasts
+as long as its slowest stage's work.  ``ticks[t][s]`` is the tuple of operations stage
+``s`` does at tick ``t``, in order: ``("F", i)`` (the forward of microbatch ``i``),
+``("B", i)`` (its backward), or none.  A forward needs the previous stage's forward of
+that microbatch at an earlier tick; a backward needs this stage's forward of it (the
+last stage: at the same tick or earlier; the backward recomputes the forward from the
+stage's input) and the next stage's backward of it at an earlier tick.
 
-- ``gpipe``: every forward, then every backward.  A stage holds the inputs of all
-  ``M`` microbatches before its first backward.
-- ``1f1b`` (PipeDream-flush): stage ``s`` does ``S - s`` forwards, then alternates one
-  backward and one forward, then the remaining backwards.  A stage holds at most ``S``
-  microbatches' inputs.
+- ``gpipe``: every forward, then every backward, one operation per tick:
+  ``2 (M + S - 1)`` ticks.  A stage holds the inputs of all ``M`` microbatches.
+- ``1f1b``: the forward of microbatch ``i`` on stage ``s`` at tick ``i + s`` and its
+  backward at tick ``i + 2 (S - 1) - s``; ``M + 2 (S - 1)`` ticks.  In the steady state
+  each stage does one forward and one backward per tick (the tick costs ``f + b`` on
+  every stage, where a tick of one forward on one stage and one backward on its
+  neighbour would cost ``b`` on both: lockstep, they would wait for each other), so
+  the idle time is the fill and the drain only.  A stage ``s > 0`` holds at most
+  ``2 (S - 1 - s) + 1`` inputs (``2 S - 3`` on stage 1), however large ``M`` is.
 
-Both take ``2 (M + S - 1)`` ticks, so their bubble (the idle share of the stage-ticks)
-is ``(S - 1) / (M + S - 1)``.  :func:`build` simulates the queues and returns the
-table, the bubble it has and the buffers each stage needs.
+Stage 0 reads its inputs where they are (the microbatches every device has): it holds
+none.  Both schedules' bubble, the idle share of the time when every tick lasts as long
+as its slowest stage's operations, is the theory's ``(S - 1) / (M + S - 1)`` when a
+forward and a backward cost the same; :meth:`Schedule.lockstep_time` prices a table with
+measured costs.  :func:`build` checks the table and the buffers each stage needs.
 
 >>> build("1f1b", 2, 3).ticks[:3]
-[[('F', 0), None], [('F', 1), ('F', 0)], [None, ('B', 0)]]
+[[(('F', 0),), ()], [(('F', 1),), (('F', 0), ('B', 0))], [(('F', 2), ('B', 0)), (('F', 1), ('B', 1))]]
 """
 
 from __future__ import annotations
@@ -32,50 +41,53 @@ SCHEDULES = ("gpipe", "1f1b")
 
 
 class Schedule(NamedTuple):
-    """``ticks[t][s]``: ``("F", i)``, ``("B", i)`` or None (idle) for stage ``s``."""
+    """``ticks[t][s]``: the operations stage ``s`` does at tick ``t``, a tuple of
+    ``("F", i)`` and ``("B", i)`` in the order they run (empty: idle)."""
 
     name: str
     stages: int
     microbatches: int
     ticks: list
-    # Per stage: the most microbatch inputs held at once (arrived or forwarded, not yet
-    # backwarded), and the most cotangents waiting for their backward.
+    # Per stage: the most microbatch inputs held at once (arrived, not yet backwarded;
+    # stage 0 reads its own where they are), and the most cotangents waiting.
     inputs_held: list
     cotangents_held: list
 
     def arrays(self):
         """The table as ``(T, S)`` int32 arrays, one row per tick, for a program to
-        index by stage: each stage's operation (0 idle, 1 forward, 2 backward) and
-        microbatch; which microbatch's input arrives at the tick's start (from the stage
-        before; stage 0 reads its own when it forwards it; -1: none) and which
-        cotangent (from the stage after); and the tick of stage 0's backward of each
-        microbatch, ``(M,)``."""
+        index by stage: the microbatch each stage forwards and backwards at the tick (-1:
+        none); which microbatch's input arrives at the tick's start (from the stage
+        before; -1: none) and which cotangent (from the stage after); and the tick of
+        stage 0's backward of each microbatch, ``(M,)``."""
         T, S, M = len(self.ticks), self.stages, self.microbatches
-        kinds, mbs, f_in, b_in = (np.zeros((T, S), np.int32) for _ in range(4))
-        f_in -= 1
-        b_in -= 1
+        f_mb, b_mb, f_in, b_in = (np.full((T, S), -1, np.int32) for _ in range(4))
         first_bwd = np.zeros(M, np.int64)
         for t, row in enumerate(self.ticks):
-            for s, op in enumerate(row):
-                if op is None:
-                    continue
-                kind, i = op
-                kinds[t, s], mbs[t, s] = (1 if kind == "F" else 2), i
-                if kind == "F" and s == 0:
-                    f_in[t, 0] = i
-                if kind == "F" and s + 1 < S and t + 1 < T:
-                    f_in[t + 1, s + 1] = i
-                if kind == "B" and s > 0 and t + 1 < T:
-                    b_in[t + 1, s - 1] = i
-                if kind == "B" and s == 0:
-                    first_bwd[i] = t
-        return kinds, mbs, f_in, b_in, first_bwd
+            for s, ops in enumerate(row):
+                for kind, i in ops:
+                    if kind == "F":
+                        f_mb[t, s] = i
+                        if s + 1 < S and t + 1 < T:
+                            f_in[t + 1, s + 1] = i
+                    else:
+                        b_mb[t, s] = i
+                        if s > 0 and t + 1 < T:
+                            b_in[t + 1, s - 1] = i
+                        if s == 0:
+                            first_bwd[i] = t
+        return f_mb, b_mb, f_in, b_in, first_bwd
+
+    def lockstep_time(self, f: float = 1.0, b: float = 1.0) -> float:
+        """The table's time when a forward costs ``f``, a backward ``b``, and every tick
+        lasts as long as its busiest stage's operations."""
+        return sum(max(sum(f if k == "F" else b for k, _ in ops) for ops in row)
+                   for row in self.ticks)
 
     @property
     def bubble(self) -> float:
-        """The idle share of the ``stages * len(ticks)`` stage-ticks."""
-        idle = sum(op is None for row in self.ticks for op in row)
-        return idle / (self.stages * len(self.ticks))
+        """The idle share of the stages' time, a forward costing what a backward does:
+        ``1 - 2 M / lockstep_time()``."""
+        return 1 - 2 * self.microbatches / self.lockstep_time()
 
 
 def theory_bubble(stages: int, microbatches: int) -> float:
@@ -83,16 +95,15 @@ def theory_bubble(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def _queue(name: str, s: int, stages: int, m: int) -> list:
-    if name == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warm = min(stages - s, m)
-    ops = [("F", i) for i in range(warm)]
-    for k in range(m):
-        ops.append(("B", k))
-        if warm + k < m:
-            ops.append(("F", warm + k))
-    return ops
+def _ticks(name: str, S: int, M: int) -> dict:
+    """``{(kind, i, s): tick}`` of every operation."""
+    if name == "1f1b":
+        return {**{("F", i, s): i + s for i in range(M) for s in range(S)},
+                **{("B", i, s): i + 2 * (S - 1) - s for i in range(M) for s in range(S)}}
+    # GPipe: all forwards (the fill), then all backwards (the drain) from the last stage.
+    return {**{("F", i, s): i + s for i in range(M) for s in range(S)},
+            **{("B", i, s): (M + S - 1) + i + (S - 1 - s) for i in range(M)
+               for s in range(S)}}
 
 
 def build(name: str, stages: int, microbatches: int) -> Schedule:
@@ -103,43 +114,30 @@ def build(name: str, stages: int, microbatches: int) -> Schedule:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ArgumentError(f"pipeline schedule: {what}={v!r} must be an integer >= 1")
     S, M = stages, microbatches
-    queues = [_queue(name, s, S, M) for s in range(S)]
-    done = {}  # (kind, i, s) -> tick
-    ticks = []
-    t = 0
-    while any(queues):
-        row = []
-        for s in range(S):
-            op = queues[s][0] if queues[s] else None
-            if op is not None:
-                kind, i = op
-                if kind == "F":
-                    ready = s == 0 or done.get(("F", i, s - 1), t) < t
-                else:
-                    ready = done.get(("F", i, s), t) < t and (
-                        s == S - 1 or done.get(("B", i, s + 1), t) < t)
-                if not ready:
-                    op = None
-            row.append(op)
-        for s, op in enumerate(row):
-            if op is not None:
-                done[(op[0], op[1], s)] = t
-                queues[s].pop(0)
-        ticks.append(row)
-        t += 1
-        if t > 4 * (M + S) + 8:  # the queues above always drain; never loop forever
-            raise AssertionError(f"schedule {name} for S={S}, M={M} does not drain")
+    done = _ticks(name, S, M)
+    T = max(done.values()) + 1
+    ticks = [[() for _ in range(S)] for _ in range(T)]
+    for (kind, i, s), t in sorted(done.items(), key=lambda kv: (kv[1], kv[0][0] == "B")):
+        ticks[t][s] = ticks[t][s] + ((kind, i),)  # a tick's forward runs before its backward
+    for (kind, i, s), t in done.items():  # every dependency holds (tested too)
+        if kind == "F":
+            assert s == 0 or done[("F", i, s - 1)] < t, (name, S, M, i, s)
+        else:
+            assert done[("F", i, s)] <= t and (s == S - 1 or done[("B", i, s + 1)] < t)
     inputs, cts = [], []
     for s in range(S):
         # An input is held from its arrival (the tick after the previous stage's
-        # forward; stage 0: its own forward) until this stage's backward of it.
-        arrive = [(done[("F", i, s - 1)] + 1) if s else done[("F", i, s)] for i in range(M)]
-        inputs.append(max(sum(arrive[i] <= u <= done[("B", i, s)] for i in range(M))
-                          for u in range(len(ticks))))
+        # forward) until this stage's backward of it; stage 0 reads its own in place.
+        if s == 0:
+            inputs.append(0)
+        else:
+            arrive = [done[("F", i, s - 1)] + 1 for i in range(M)]
+            inputs.append(max(sum(arrive[i] <= u <= done[("B", i, s)] for i in range(M))
+                              for u in range(T)))
         if s == S - 1:
             cts.append(1)
             continue
         came = [done[("B", i, s + 1)] + 1 for i in range(M)]
         cts.append(max(sum(came[i] <= u <= done[("B", i, s)] for i in range(M))
-                       for u in range(len(ticks))))
+                       for u in range(T)))
     return Schedule(name, S, M, ticks, inputs, cts)
