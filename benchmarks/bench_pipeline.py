@@ -14,12 +14,12 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
 - ``bubble, measured``: ``1 - M (f + b) / step``, the idle share of a stage's time;
 - ``bubble, theory``: ``(S - 1) / (M + S - 1)``; the goal is the measured bubble at
   most 10% above it (relative);
-- ``bubble, lockstep model``: ``1 - M (f + b) / sum_t max_s cost(t, s)``, the
+- ``bubble, lockstep model``: ``1 - M (f + b) / lockstep_time(f, b)``, the
   schedule's table (``spmd.parallel.pipeline_schedule``) priced with ``f`` and ``b``
-  when every tick lasts as long as its slowest operation (the ranks meet at each
-  tick's ``ppermute``);
+  when every tick lasts as long as its busiest stage's operations (the ranks meet at
+  each tick's ``ppermute``);
 - ``stage inputs held``: the buffer of microbatch inputs a stage keeps (``M`` for
-  GPipe, at most ``S`` for 1F1B), in MiB.
+  GPipe, ``2 (S - 1 - s) + 1`` on stage ``s`` for 1F1B), in MiB.
 
 Rank 0 prints the table and writes ``benchmarks/results/pipeline_n<S>.json``.
 """
@@ -113,8 +113,7 @@ def measure(rounds: int) -> list[dict]:
                 times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
             sched = pipeline_schedule(name, S, m)
             theory = theory_bubble(S, m)
-            ticks = sum(max((f if op[0] == "F" else b) if op else 0.0 for op in row)
-                        for row in sched.ticks)
+            ticks = sched.lockstep_time(f, b)
             bench = f"{name}[S={S},M={m}]"
             rows += [
                 common.row(bench, "step", times),

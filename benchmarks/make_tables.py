@@ -106,7 +106,8 @@ def provenance_line(doc: dict) -> str:
 
 # Results whose rows are not timing samples: the benchmark module that wrote them
 # renders its own table (a function ``table(rows) -> str``).
-OWN_TABLES = {"transformer": "bench_transformer", "engine": "bench_engine"}
+OWN_TABLES = {"transformer": "bench_transformer", "engine": "bench_engine",
+              "jax_shard_map_tests": "jax_compat"}
 
 
 def section(doc: dict) -> str:

@@ -108,12 +108,13 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     ``loss(y, target)`` (or ``loss(loss_params, y, target)`` when ``loss_params`` is
     given: a model's head, say) is a scalar of the last stage's output for one
     microbatch; ``microbatches`` and ``targets`` are ``(M, ...)`` (every device passes
-    the same).  Each tick, every stage does the one operation the schedule gives it (a
-    forward, a backward, or nothing: on processes of their own the idle ones compute
-    nothing), then activations move one stage on and cotangents one stage back
+    the same).  Each tick, every stage does the forward and then the backward the
+    schedule gives it (either may be none: on processes of their own an idle stage
+    computes nothing), then activations move one stage on and cotangents one stage back
     (``ppermute``).  A stage keeps its inputs only (the forward is recomputed in its
-    backward), in a buffer of the most the schedule holds at once: all ``M`` for
-    GPipe, at most ``S`` for 1F1B.  The gradients are those of the unpipelined model:
+    backward; stage 0 reads its own in place), in a buffer of the most any stage holds
+    at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S = 2``).  The gradients
+    are those of the unpipelined model:
     ``stage`` of this device's stage parameters (never summed over the pipeline axis),
     ``loss`` of ``loss_params`` and ``inputs`` of the microbatches (both the same on
     every device).  ``stage`` may use collectives over other mesh axes (a tensor-parallel
