@@ -336,7 +336,14 @@ def main(argv=None) -> int:
 
         path = os.path.join(HERE, "results", f"{RESULTS_NAME}.json")
         prov = common.provenance()
-        prov["command"] = "python benchmarks/jax_compat.py --tests JAX/tests/shard_map_test.py"
+        import hashlib
+
+        import jax
+
+        with open(args.tests, "rb") as f:
+            digest = hashlib.md5(f.read()).hexdigest()
+        prov["command"] = (f"python benchmarks/jax_compat.py --tests shard_map_test.py (md5 "
+                           f"{digest}; JAX's harness from jax {jax.__version__})")
         doc = {"benchmark": RESULTS_NAME, "date": common.now_iso(), **prov, "quick": False,
                "wall_seconds": round(seconds, 2), "machine": common.machine_info(),
                "jax_tests": os.path.basename(args.tests), "rows": rows}

@@ -71,6 +71,7 @@ _PUBLIC: dict = {
         "grad", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "value_and_grad", "vjp")},
     "vmap": ("spmd.vectorize", "vmap"),
     "typeof": ("spmd.shard.explicit", "typeof"),
+    "reshard": ("spmd.shard.explicit", "reshard"),  # also spmd.sharding.reshard, as in JAX
     "effects_barrier": ("spmd.debug", "effects_barrier"),
     "linear_transpose": ("spmd.linear_util", "linear_transpose"),
     **{n: (f"spmd.{n}", None) for n in (

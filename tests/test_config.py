@@ -62,3 +62,22 @@ def test_bad_switch_is_an_error_naming_it():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "SPMD_TUNE_MALLOC='maybe' is not a switch; set it to 1 or 0" in out.stderr
+
+
+def test_default_matmul_precision_is_recorded_and_checked():
+    import pytest
+    import spmd
+    from spmd.errors import ArgumentError
+
+    @spmd.default_matmul_precision("float32")
+    def inside():
+        return spmd.config.default_matmul_precision
+
+    assert inside() == "float32" and spmd.config.default_matmul_precision is None
+    with spmd.default_matmul_precision("bfloat16"):
+        assert spmd.config.default_matmul_precision == "bfloat16"
+    with pytest.raises(ArgumentError, match=r"default_matmul_precision='fp7' is not one of "
+                                            r"JAX's names"):
+        with spmd.default_matmul_precision("fp7"):
+            pass
+    assert spmd.config.default_matmul_precision is None

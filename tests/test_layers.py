@@ -357,8 +357,9 @@ def test_the_public_names_are_those_the_eager_root_had():
 
 
 # What `from spmd import *` gave when spmd/__init__.py imported every layer, and the
-# names added since (`effects_barrier`, `smap`, `typeof`).
-PUBLIC = ["effects_barrier", "smap", "typeof",
+# names added since (`effects_barrier`, `smap`, `typeof`, `default_matmul_precision`,
+# `reshard`).
+PUBLIC = ["effects_barrier", "smap", "typeof", "default_matmul_precision", "reshard",
           
     "Array", "Device", "Mesh", "NamedSharding", "P", "PartitionSpec", "ShapeDtypeStruct",
     "ShapedArray", "ad_checkpoint", "autodiff", "checkpoint", "checkpoint_name",

@@ -123,11 +123,13 @@ class ShapeDtypeStruct:
         >>> ShapeDtypeStruct.like(np.ones((2, 3), np.float32))
         ShapeDtypeStruct(shape=(2, 3), dtype=float32)
         """
-        from spmd.compiler.array import Array
-        from spmd.compiler.trace import get_aval
-
-        aval = get_aval(x)
-        sharding = x.sharding if isinstance(x, Array) else None  # (a traced value: none)
+        aval = getattr(x, "aval", None)
+        if aval is None:  # a numpy value or a Python scalar
+            weak = isinstance(x, (bool, int, float, complex))
+            aval = ShapedArray(np.shape(x), dtypes.python_scalar_dtype(x) if weak
+                               else dtypes.canonicalize(np.result_type(x)), weak)
+        # An Array's sharding (a traced value has none: it has no shards).
+        sharding = getattr(x, "sharding", None) if hasattr(x, "addressable_shards") else None
         return cls(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
 
     def update(self, *, shape=None, dtype=None, sharding=None,

@@ -87,6 +87,11 @@ class ExplicitTracer(Tracer):
     def full_lower(self):
         return self  # the type is part of the value: it is never dropped
 
+    def typed_on(self):
+        """``(mesh, Placement or None)``: how lower modules read a traced value's type
+        (``shard_map``'s inferred ``in_specs``) without importing this one."""
+        return type_of(self)
+
 
 def pin(val, typ, mesh, view=None):
     """``val`` constrained to ``typ`` in the traced program (untyped: as it is); the

@@ -396,7 +396,10 @@ shard_map_p.rules["dce"] = _shard_map_dce
 
 # --------------------------------------------------------------------- API
 
-def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=None, *,
+_REQUIRED = object()  # out_specs has no default (None is a spec: a body returning None)
+
+
+def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=_REQUIRED, *,
               check_vma: bool = True, check_rep: bool | None = None, axis_names=None):
     """Map a per-device function over ``mesh``: each device gets the blocks that
     ``in_specs`` assign it and returns blocks that ``out_specs`` assemble.
@@ -406,7 +409,8 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
     ``None`` passes that argument to the body as it is (a static value, or an array
     every device sees whole); ``in_specs=None`` does so for all.  Without
     ``in_specs``, each argument's spec is that of its sharding (an Array placed on
-    the mesh).
+    the mesh).  ``out_specs`` is required; ``None`` is the spec of a body that returns
+    None.
 
     >>> @functools.partial(shard_map, mesh=mesh, in_specs=(P("i"),), out_specs=P())
     ... def total(x_block):
@@ -421,7 +425,7 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=No
     if mesh is not None and not isinstance(mesh, (Mesh, AbstractMesh)):
         raise ShardMapError(f"shard_map: mesh must be a spmd.Mesh (or an AbstractMesh of a "
                             f"mesh in context), got {type(mesh).__name__}")
-    if out_specs is None:
+    if out_specs is _REQUIRED:
         raise ShardMapError("shard_map: out_specs is required (a PartitionSpec or a pytree "
                             "prefix of the outputs of them)")
     if check_rep is not None:  # JAX's older name

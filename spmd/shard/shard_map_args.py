@@ -14,6 +14,7 @@ from spmd import tree_util
 from spmd.compiler.array import Array
 from spmd.compiler.trace import get_aval, is_array_like, Tracer
 from spmd.errors import SpmdError
+from spmd.mesh.mesh import AxisType
 from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
 from spmd.compiler.array_module import is_device_array, to_device
 
@@ -26,6 +27,8 @@ def _spec_leaves(specs, tree, what: str, fname: str) -> list:
     """One PartitionSpec per leaf of ``tree`` from a pytree prefix ``specs``; in
     ``in_specs`` a ``None`` covers arguments passed to the body as they are."""
     is_in = what == "in_specs"
+    if specs is None and not tree_util.tree_leaves(tree):
+        return []  # nothing to place (a body that returns None, as in JAX)
     try:
         return tree_util.broadcast_prefix(
             specs, tree, lambda s: isinstance(s, PartitionSpec) or (is_in and s is None))
@@ -66,19 +69,21 @@ Infer = _InferSpecs()
 def _inferred_specs(leaves, paths, mesh, fname):
     """Each argument's spec: its Array's sharding's, or on explicit axes its type's (a
     value without one, a numpy array, is replicated there, as its type says)."""
-    from spmd.shard.explicit import is_explicit, type_of
-
+    explicit = AxisType.Explicit in getattr(mesh, "axis_types", ())
     out = []
     for x, path in zip(leaves, paths):
         s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
         if isinstance(s, NamedSharding) and s.mesh == mesh:
             out.append((s.spec, path))
             continue
-        t = type_of(x) if is_explicit(mesh) else None
+        # A value traced with its type (spmd.shard.explicit's ExplicitTracer, read by
+        # its attribute: that module is above this one).
+        typed = getattr(x, "typed_on", None)
+        t = typed() if explicit and typed is not None else None
         if t is not None and t[0] == mesh and t[1] is not None:
             out.append((t[1].to_spec(), path))
             continue
-        if is_explicit(mesh) and t is None and not isinstance(s, NamedSharding):
+        if explicit and t is None and not isinstance(s, NamedSharding):
             out.append((PartitionSpec(), path))  # unplaced: replicated, by its type
             continue
         raise ShardMapError(

@@ -194,6 +194,22 @@ def test_disable_jit_control_flow_sees_concrete_values():
 
 # ----------------------------------------------- abstract inputs, trace
 
+def test_shape_dtype_struct_like_and_update():
+    s = spmd.ShapeDtypeStruct.like(np.ones((2, 3)))  # float64 canonicalised, as in JAX
+    assert (s.shape, s.dtype, s.weak_type, s.sharding) == ((2, 3), F32, False, None)
+    assert spmd.ShapeDtypeStruct.like(2.0).weak_type
+    u = s.update(shape=(4, 3), dtype=np.int32)
+    assert (u.shape, u.dtype, s.shape) == ((4, 3), np.int32, (2, 3))
+    seen = []
+    spmd.jit(lambda v: seen.append(spmd.ShapeDtypeStruct.like(v)) or v)(np.ones(3, F32))
+    assert seen[0].shape == (3,) and seen[0].sharding is None  # a traced value has none
+    # The manual-axes view of an abstract value (jax.typeof(x).mat).
+    a = spmd.ShapedArray((2,), F32, vma={"i"})
+    assert a.mat.varying == {"i"} and a.mat.unreduced == frozenset() == a.mat.reduced
+    assert a.mat.invarying(spmd.sharding.AbstractMesh((2, 2), ("i", "j"), axis_types=(
+        spmd.sharding.AxisType.Manual,) * 2)) == {"j"}
+
+
 def test_eval_shape_and_lower_take_shape_dtype_structs():
     s = spmd.ShapeDtypeStruct((2, 3), F32)
     assert s.ndim == 2 and s.size == 6 and repr(s) == "ShapeDtypeStruct(shape=(2, 3), dtype=float32)"

@@ -53,3 +53,12 @@ def test_bad_axis_types_are_named():
         spmd.make_mesh((8,), ("i",), axis_types=("auto",))
     with pytest.raises(DeviceError, match=r"AbstractMesh: 2 axis sizes \(4, 2\) but 1 names"):
         AbstractMesh((4, 2), ("i",))
+
+
+def test_axes_by_type():
+    E, A, M = AxisType.Explicit, AxisType.Auto, AxisType.Manual
+    mesh = spmd.make_mesh((2, 2, 2), ("x", "y", "z"), axis_types=(E, A, E))
+    assert (mesh.explicit_axes, mesh.auto_axes, mesh.manual_axes) == (("x", "z"), ("y",), ())
+    am = AbstractMesh((2, 2, 2), ("x", "y", "z"), axis_types=(M, E, A))
+    assert (am.manual_axes, am.explicit_axes, am.auto_axes) == (("x",), ("y",), ("z",))
+    assert mesh.abstract_mesh.explicit_axes == ("x", "z")

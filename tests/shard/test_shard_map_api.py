@@ -100,6 +100,17 @@ def test_mesh_in_specs_out_specs_positional(mesh):
     np.testing.assert_allclose(np.asarray(dec(lambda b: b + 1)(a)), a + 1)
 
 
+def test_out_specs_none_for_a_body_returning_none(mesh):
+    # As in JAX, out_specs=None is the spec of no outputs (None is a pytree), not
+    # "out_specs left out".
+    seen = []
+    f = spmd.shard_map(lambda b: seen.append(b.shape), mesh=mesh, in_specs=P("x"),
+                       out_specs=None)
+    assert f(_a()) is None and spmd.jit(f)(_a()) is None and seen
+    with pytest.raises(ShardMapError, match=r"out_specs is None; use P\(\) for a replicated"):
+        spmd.shard_map(lambda b: b, mesh=mesh, in_specs=P("x"), out_specs=None)(_a())
+
+
 def test_api_errors(mesh):
     with pytest.raises(ShardMapError, match="out_specs is required"):
         spmd.shard_map(lambda b: b, mesh=mesh, in_specs=P())
