@@ -16,7 +16,7 @@ collective it needs is inserted by the partitioner); ``auto_axes`` and
 ``explicit_axes`` (:mod:`spmd.shard.modes`) switch axis types inside a program, as
 traces over the same mesh with another *view* of its axis types.  Functions that
 take ``out_sharding=`` (``spmd.numpy.einsum``, ``dot``, ``matmul``, ``reshape``,
-``zeros``, ...) run through :func:`with_out_sharding`: inside, an ambiguous
+``zeros``, ...) run through ``with_out_sharding`` (:mod:`spmd.shard.modes`): inside, an ambiguous
 result is left untyped and the result is resharded to ``out_sharding``.
 
 >>> mesh = spmd.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
@@ -407,30 +407,6 @@ def reshard(xs, out_shardings):
 
 # ------------------------------------------------ out_sharding and the modes
 
-def with_out_sharding(fn, args, out_sharding, where: str, static: tuple = ()):
-    """``fn(*static, *args)`` (``static``: hashable leading arguments), its result
-    resharded to ``out_sharding`` (None: just the call).  On explicit axes, results
-    inside that would be ambiguous are untyped instead of an error: the final sharding
-    is given.
-
-    >>> with_out_sharding(_dot, (a, b), P("x"), "spmd.numpy.dot")  # doctest: +SKIP
-    """
-    if out_sharding is None:
-        return fn(*static, *args)
-    if is_eager() and any(type_of(a) is not None for a in args if isinstance(a, ShardedArray)):
-        return _eager_jit(fn, static, out_sharding, where)(*args)
-    tr = active()
-    if tr is None:
-        return reshard(fn(*static, *args), out_sharding)
-    state = tr.main.global_data
-    state.lenient += 1
-    try:
-        out = fn(*static, *args)
-    finally:
-        state.lenient -= 1
-    return reshard(out, _resolve(out_sharding, where))
-
-
 @contextmanager
 def trusted():
     """The block replays or transposes a program whose types were checked when it was
@@ -464,23 +440,3 @@ def like_primal(ct, primal):
     if t is None or t[1] is None or isinstance(ct, np.ndarray):
         return ct
     return reshard(ct, NamedSharding(t[0], t[1].to_spec()))
-
-
-_EAGER: dict = {}
-
-
-def _eager_jit(fn, static, out_sharding, where):
-    """A cached jit of ``fn`` with ``out_sharding`` (eager calls on typed Arrays)."""
-    key = (fn, static, out_sharding, where)
-    j = _EAGER.get(key)
-    if j is None:
-        from spmd.shard.jit import Jit
-
-        def call(*xs):
-            return with_out_sharding(fn, xs, out_sharding, where, static)
-
-        call.__name__ = where
-        if len(_EAGER) >= 1024:
-            _EAGER.clear()
-        j = _EAGER[key] = Jit(call, user=False)
-    return j

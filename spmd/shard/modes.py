@@ -19,11 +19,60 @@ from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
 from spmd.shard.explicit import (ExplicitTracer, _resolve, _suspended, active, explicit_trace,
                                  is_explicit, pin, reshard, type_of)
+from spmd.shard.sharded import ShardedArray
 from spmd.shard.explicit_rules import explicit_only
 from spmd.shard.mesh_context import get_mesh
 from spmd.shard.partition.placement import Placement
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
+
+# ------------------------------------------------------------- out_sharding=
+
+def with_out_sharding(fn, args, out_sharding, where: str, static: tuple = ()):
+    """``fn(*static, *args)`` (``static``: hashable leading arguments), its result
+    resharded to ``out_sharding`` (None: just the call).  On explicit axes, results
+    inside that would be ambiguous are untyped instead of an error: the final sharding
+    is given.
+
+    >>> with_out_sharding(_dot, (a, b), P("x"), "spmd.numpy.dot")  # doctest: +SKIP
+    """
+    if out_sharding is None:
+        return fn(*static, *args)
+    if is_eager() and any(type_of(a) is not None for a in args if isinstance(a, ShardedArray)):
+        return _eager_jit(fn, static, out_sharding, where)(*args)
+    tr = active()
+    if tr is None:
+        return reshard(fn(*static, *args), out_sharding)
+    state = tr.main.global_data
+    state.lenient += 1
+    try:
+        out = fn(*static, *args)
+    finally:
+        state.lenient -= 1
+    return reshard(out, _resolve(out_sharding, where))
+
+
+_EAGER: dict = {}
+
+
+def _eager_jit(fn, static, out_sharding, where):
+    """A cached jit of ``fn`` with ``out_sharding`` (eager calls on typed Arrays)."""
+    key = (fn, static, out_sharding, where)
+    j = _EAGER.get(key)
+    if j is None:
+        from spmd.shard.jit import Jit
+
+        def call(*xs):
+            return with_out_sharding(fn, xs, out_sharding, where, static)
+
+        call.__name__ = where
+        if len(_EAGER) >= 1024:
+            _EAGER.clear()
+        j = _EAGER[key] = Jit(call, user=False)
+    return j
+
+
+# ------------------------------------------------------------------ the modes
 
 def _retyped(view, axes, to, where):
     """``view`` with ``axes`` (a name, names, or None: all of its axes not ``to`` yet)
