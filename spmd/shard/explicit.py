@@ -72,17 +72,21 @@ class _Main:
 class ExplicitTracer(Tracer):
     """A value and its type (a Placement, or None: untyped, placed by the partitioner)."""
 
-    __slots__ = ("val", "type", "pinned")
+    __slots__ = ("val", "type", "pinned", "_typed")
 
     def __init__(self, trace, val, typ, pinned: bool = False):
         self._trace = trace
         self.val = val
         self.type = typ
         self.pinned = pinned  # val is constrained to type in the program already
+        self._typed = None
 
     @property
     def aval(self):
-        return get_aval(self.val)
+        # The abstract value with its type (``x.aval.sharding``, as in JAX), made once.
+        if self._typed is None:
+            self._typed = typeof(self)
+        return self._typed
 
     def full_lower(self):
         return self  # the type is part of the value: it is never dropped
@@ -244,7 +248,8 @@ def typeof(x) -> ShapedArray:
     >>> spmd.typeof(spmd.reshard(a, P("x"))).sharding.spec  # doctest: +SKIP
     PartitionSpec('x',)
     """
-    aval = get_aval(x)
+    # (An ExplicitTracer's own aval is this function's result: read its value's.)
+    aval = get_aval(x.val if isinstance(x, ExplicitTracer) else x)
     t = type_of(x)
     if t is None:
         return aval
@@ -252,7 +257,13 @@ def typeof(x) -> ShapedArray:
     e, _ = _explicit_of(x)
     if e is not None:  # the mesh as its axes are typed here (auto_axes changes them)
         mesh = e._trace.main.global_data.view
-    return TypedAval(aval, None if typ is None else NamedSharding(mesh, typ.to_spec()))
+    if typ is None:
+        return TypedAval(aval, None)
+    # The spec names every dimension, as JAX's types do: a 3-d value split on its
+    # second dimension is P(None, 'y', None), not P(None, 'y').
+    parts = tuple(typ.to_spec()) + (None,) * (aval.ndim - len(typ.to_spec()))
+    return TypedAval(aval, NamedSharding(mesh, PartitionSpec(
+        *parts, unreduced=typ.to_spec().unreduced)))
 
 
 # ------------------------------------------------------------ jit's signature
@@ -321,13 +332,21 @@ def lenient_now() -> bool:
     return tr.main.global_data.lenient > 0
 
 
-def wrap(flat_fun, mesh, types, lenient: bool = False):
+def wrap(flat_fun, mesh, types, lenient: bool = False, view=None):
     """``flat_fun`` traced with its arguments typed ``types``: its results pinned to
-    their types.  ``lenient``: ambiguous results are untyped, not errors."""
+    their types.  ``lenient``: ambiguous results are untyped, not errors.  ``view``:
+    the mesh as its axes are typed inside (a partial-manual ``shard_map`` body's, its
+    manual axes ``Manual``); the arguments are pinned on entry there (nothing placed
+    them so before)."""
     def typed(*args):
-        with explicit_trace(mesh) as trace:
+        with explicit_trace(mesh, view) as trace:
             trace.main.global_data.lenient = int(lenient)
-            outs = flat_fun(*[ExplicitTracer(trace, a, t) for a, t in zip(args, types)])
+            if view is None:
+                ins = [ExplicitTracer(trace, a, t) for a, t in zip(args, types)]
+            else:
+                ins = [ExplicitTracer(trace, pin(a, t, mesh, view), t, True)
+                       for a, t in zip(args, types)]
+            outs = flat_fun(*ins)
             res = []
             for k, o in enumerate(outs):
                 o = full_raise(trace, o)

@@ -398,8 +398,24 @@ def while_loop(avals_in, types_in, avals_out, mesh, params, lenient=False):
 
 
 def shard_map(avals_in, types_in, avals_out, mesh, params, lenient=False):
-    return [explicit_only(Placement.from_spec(s, len(a.shape)), mesh)
+    outs = [explicit_only(Placement.from_spec(s, len(a.shape)), mesh)
             for s, a in zip(params["out_specs"], avals_out)]
+    if params.get("manual") is None:
+        return outs
+    # A partial-manual body's results are typed along the explicit axes it leaves: its
+    # pins say how (spmd.shard.shard_map); each block's split is minor to the manual one.
+    body = params["program"].program
+    made = {o: e for e in body.eqns for o in e.outputs}
+    merged = []
+    for pl, atom in zip(outs, body.out_atoms):
+        e = made.get(atom)
+        if e is None or e.primitive is not sharding_constraint_p:
+            merged.append(pl)
+            continue
+        inner = explicit_only(Placement.from_spec(e.params["spec"], len(pl.dims)), mesh)
+        merged.append(Placement(tuple(a + b for a, b in zip(pl.dims, inner.dims)),
+                                pl.partial | inner.partial))
+    return merged
 
 
 HIGHER_ORDER = {"jit": _program_call(), "remat": _program_call(),

@@ -6,7 +6,9 @@ axes (:mod:`spmd.shard.partition.manual`)."""
 from __future__ import annotations
 
 from spmd.collectives.primitives import CollectiveAxisError
+from spmd.mesh.mesh import AxisType
 from spmd.shard.shard_map_args import ShardMapError
+from spmd.shard.spec import PartitionSpec
 
 
 def _shard_map_error(msg):
@@ -49,3 +51,25 @@ def _automatic_axis_error(e, mesh, manual, fname):
         f"partial-manual shard_map (axis_names={list(manual)}): collectives may name only "
         f"the manual axes. The partitioner splits the body along {a!r} (place values along "
         f"it with with_sharding_constraint), or add {a!r} to axis_names to make it manual")
+
+
+def typed_axes(mesh, manual) -> frozenset:
+    """The explicit axes of ``mesh`` outside a partial-manual body's ``manual`` ones: a
+    spec may name them too, and the body's values are typed along them (as in JAX)."""
+    if manual is None:
+        return frozenset()
+    return frozenset(a for a, t in zip(mesh.axis_names, getattr(mesh, "axis_types", ()))
+                     if a not in manual and t == AxisType.Explicit)
+
+
+def split_typed(spec, typed):
+    """``(spec along the other axes, spec along the ``typed`` ones)`` of a spec of a
+    partial-manual shard_map: its block's split, and the block's type inside."""
+    def part(keep):
+        parts = []
+        for d in range(len(spec)):
+            axes = tuple(a for a in spec.axes_of(d) if keep(a))
+            parts.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+        return PartitionSpec(*parts)
+
+    return part(lambda a: a not in typed), part(lambda a: a in typed)

@@ -107,7 +107,7 @@ def in_body(mesh, manual):
 def get_abstract_mesh() -> AbstractMesh:
     """The current mesh's axis names, sizes and types (``jax.sharding.get_abstract_mesh``):
     inside a ``shard_map`` body its mesh, the body's manual axes (and those of enclosing
-    bodies) typed ``Manual``; else the mesh of ``set_mesh``/``use_mesh``; else an empty
+    bodies) typed ``Manual`` and the others as the mesh types them; else the mesh of ``set_mesh``/``use_mesh``; else an empty
     one (``.empty``).
 
     >>> shard_map(lambda b: b * get_abstract_mesh().shape["i"], ...)  # doctest: +SKIP
@@ -116,8 +116,8 @@ def get_abstract_mesh() -> AbstractMesh:
         mesh = _state.bodies[-1][0]
         manual = frozenset().union(*(m for b, m in _state.bodies if b == mesh))
         return AbstractMesh(mesh.axis_sizes, mesh.axis_names,
-                            tuple(AxisType.Manual if a in manual else AxisType.Auto
-                                  for a in mesh.axis_names))
+                            tuple(AxisType.Manual if a in manual else t
+                                  for a, t in zip(mesh.axis_names, mesh.axis_types)))
     mesh = get_mesh()
     return AbstractMesh((), ()) if mesh is None else mesh.abstract_mesh
 

@@ -30,9 +30,10 @@ from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
 from spmd.errors import ConcretizationError
 from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
-                                     _manual_axes)
+                                     _manual_axes, split_typed, typed_axes)
 from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa: F401
-                                       _check_out, _inferred_specs, _spec_leaves)
+                                       _check_out, _inferred_specs, _spec_leaves,
+                                       arg_type_spec)
 from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 from spmd.compiler.batching import batch_flat, move_to_front
@@ -40,6 +41,7 @@ from spmd.compiler.ops.elementwise import div
 from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.passes import dce_program
 from spmd.mesh import AbstractMesh, Mesh
+from spmd.mesh.mesh import AxisType
 
 shard_map_p = Primitive("shard_map", traits=(), multiple_results=True, higher_order=True)
 
@@ -502,9 +504,22 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
                             f"({len(spec_paths)} specs for {len(leaves)} array leaves)")
     # Arguments whose spec is None reach the body as they are (closed over).
     dyn = [i for i, (s, _) in enumerate(spec_paths) if s is not None]
+    # A partial-manual body over explicit axes: its specs may name them, and its values
+    # are typed along them (the block's type inside, as in JAX).
+    typed = typed_axes(mesh, manual)
+    body_types = [] if typed else None
+    if typed:
+        # (The partition package's import runs the partitioner's, which imports this.)
+        from spmd.shard.partition.placement import Placement
     vals, flat_specs = [], []
     for i in dyn:
         spec, path = spec_paths[i]
+        if typed:
+            spec, inside = split_typed(spec, typed)
+            if not inside.mesh_axes:  # not named in the spec: the argument's own type
+                _, inside = split_typed(arg_type_spec(leaves[i], mesh) or PartitionSpec(),
+                                        typed)
+            body_types.append(Placement.from_spec(inside, len(get_aval(leaves[i]).shape)))
         v = _as_global(leaves[i], f"argument{path}")
         if manual is not None:
             _check_manual_spec(spec, manual, f"in_specs{path}", fname)
@@ -534,8 +549,16 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         out_box[:] = [out_tree, outs]
         return leaves_out
 
+    body = flat_body
+    if body_types is not None:
+        from spmd.shard.explicit import wrap
+
+        view = AbstractMesh(mesh.axis_sizes, mesh.axis_names, tuple(
+            AxisType.Manual if a in manual else t for a, t in zip(mesh.axis_names,
+                                                                 mesh.axis_types)))
+        body = wrap(flat_body, mesh, body_types, view=view)
     try:
-        closed = trace_body(flat_body, mesh, block_avals, check_vma, manual)
+        closed = trace_body(body, mesh, block_avals, check_vma, manual)
     except CollectiveAxisError as e:
         raise _automatic_axis_error(e, mesh, manual, fname) from None
     except ConcretizationError:

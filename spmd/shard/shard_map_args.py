@@ -66,24 +66,33 @@ class _InferSpecs:
 Infer = _InferSpecs()
 
 
+def arg_type_spec(x, mesh):
+    """The spec of ``x``'s type on ``mesh`` (an Array's sharding there, a traced value's
+    explicit type), or None when it has none there."""
+    s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
+    if isinstance(s, NamedSharding) and s.mesh == mesh:
+        return s.spec
+    # A value traced with its type (spmd.shard.explicit's ExplicitTracer, read by its
+    # attribute: that module is above this one).
+    typed = getattr(x, "typed_on", None)
+    t = typed() if typed is not None else None
+    if t is not None and t[0] == mesh and t[1] is not None:
+        return t[1].to_spec()
+    return None
+
+
 def _inferred_specs(leaves, paths, mesh, fname):
     """Each argument's spec: its Array's sharding's, or on explicit axes its type's (a
     value without one, a numpy array, is replicated there, as its type says)."""
     explicit = AxisType.Explicit in getattr(mesh, "axis_types", ())
     out = []
     for x, path in zip(leaves, paths):
-        s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
-        if isinstance(s, NamedSharding) and s.mesh == mesh:
-            out.append((s.spec, path))
+        spec = arg_type_spec(x, mesh)
+        if spec is not None and (explicit or isinstance(x, Array)):
+            out.append((spec, path))
             continue
-        # A value traced with its type (spmd.shard.explicit's ExplicitTracer, read by
-        # its attribute: that module is above this one).
-        typed = getattr(x, "typed_on", None)
-        t = typed() if explicit and typed is not None else None
-        if t is not None and t[0] == mesh and t[1] is not None:
-            out.append((t[1].to_spec(), path))
-            continue
-        if explicit and t is None and not isinstance(s, NamedSharding):
+        placed = isinstance(getattr(x, "_sharding", None), NamedSharding)
+        if explicit and getattr(x, "typed_on", None) is None and not placed:
             out.append((PartitionSpec(), path))  # unplaced: replicated, by its type
             continue
         raise ShardMapError(

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from spmd.errors import SpmdError
-from spmd.mesh import Mesh
+from spmd.mesh import AbstractMesh, Mesh
 from spmd.mesh.devices import process_index
 
 
@@ -153,7 +153,9 @@ class NamedSharding:
     """
 
     def __init__(self, mesh, spec: PartitionSpec = PartitionSpec()):
-        if not isinstance(mesh, Mesh):
+        # An AbstractMesh too, as in JAX: a type's mesh inside a partial-manual body
+        # (spmd.typeof there), which names no devices.
+        if not isinstance(mesh, (Mesh, AbstractMesh)):
             raise ShardingError(f"NamedSharding: expected a Mesh, got {type(mesh).__name__}")
         if not isinstance(spec, PartitionSpec):
             # A tuple reads like a spec but is not one (JAX refuses it too): accepting

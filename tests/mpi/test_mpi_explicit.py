@@ -1,5 +1,6 @@
 """Explicit sharding across processes: a typed program (elementwise, a contraction with
-out_sharding=, a reduction, reshard, a gradient, auto_axes over one axis) on a mesh spread over the ranks, each
+out_sharding=, a reduction, reshard, a gradient, auto_axes over one axis, a shard_map
+manual over one axis) on a mesh spread over the ranks, each
 rank holding only its blocks; values against numpy on the global arrays (read back
 with spmd.process_allgather), shardings as the types say.  On 2 and on 4 ranks."""
 
@@ -40,9 +41,13 @@ def _run_typed_program():
         moved = reshard(h, P(None, "x"))
         # 'y' automatic inside: the flattened rows stay split over 'x'.
         flat = auto_axes(lambda v: v.reshape(-1), axes="y", out_sharding=P("x"))(h)
-        return loss(params, xb), spmd.grad(loss)(params, xb), h.sum(axis=0), moved, flat
+        # Manual over 'x' only: the body's values stay typed along 'y'.
+        twice = spmd.shard_map(lambda v: v * 2, mesh=mesh, out_specs=P("x"),
+                               axis_names={"x"})(h)
+        return (loss(params, xb), spmd.grad(loss)(params, xb), h.sum(axis=0), moved, flat,
+                twice)
 
-    value, (g1, g2), s, moved, flat = step((w1, w2), x)
+    value, (g1, g2), s, moved, flat, twice = step((w1, w2), x)
     h = np.tanh(xn.astype(np.float64) @ w1n)
     y = h @ w2n
     dy = 2 * y / y.size
@@ -55,6 +60,9 @@ def _run_typed_program():
     np.testing.assert_allclose(got(moved), h, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got(flat), h.reshape(-1), rtol=1e-6, atol=1e-6)
     assert tuple(flat.sharding.spec) == ("x",)
+    np.testing.assert_allclose(got(twice), 2 * h, rtol=1e-6, atol=1e-6)
+    assert tuple(twice.sharding.spec) == ("x", "y")
+    assert {sh.data.shape for sh in twice.addressable_shards} == {(4 * n // (n // 2), 3)}
     assert g1.sharding.spec == P(None, "y") and tuple(g2.sharding.spec) in (("y",), ("y", None))
     assert tuple(s.sharding.spec) == ("y",) and tuple(moved.sharding.spec) == (None, "x")
     # Each rank holds its blocks of the moved array only.

@@ -119,7 +119,8 @@ def test_numpy_arguments_and_constants_are_whole(mesh):
         return c
 
     out = f(a, np.ones((8, 4), np.float32))
-    assert seen == [P(), P("x")] and spec_of(out) == P("x")
+    # (A type's spec names every dimension, as JAX's do.)
+    assert seen == [P(None, None), P("x", None)] and spec_of(out) == P("x")
 
 
 def test_the_current_mesh_types_a_function_of_numpy_values(mesh):
@@ -285,7 +286,7 @@ def test_auto_axes_over_some_axes(mesh):
     f = spmd.jit(lambda v: auto_axes(flat, axes="y", out_sharding=P(("x", "y")))(v))
     out = f(a)
     # Inside, 'y' is automatic: the types name 'x' only, on the mesh as retyped.
-    assert seen == [(P("x"), (AxisType.Explicit, AxisType.Auto)), P("x")]
+    assert seen == [(P("x", None), (AxisType.Explicit, AxisType.Auto)), P("x")]
     assert spec_of(out) == P(("x", "y"))
     np.testing.assert_array_equal(np.asarray(out), an.reshape(-1) * 2)
     # The pins inside leave 'y' to the partitioner.
@@ -429,7 +430,7 @@ def test_types_key_the_traces(mesh):
     an = rand(8, 4)
     for spec in (("x",), (None, "y"), ("x",)):
         np.testing.assert_array_equal(np.asarray(f(put(mesh, an, *spec))), an * 2)
-    assert seen == [P("x"), P(None, "y")]
+    assert seen == [P("x", None), P(None, "y")]
     # The same devices on an automatic mesh: another program (no types).
     auto = spmd.make_mesh((4, 2), ("x", "y"))
     out = f(spmd.device_put(an, NamedSharding(auto, P("x"))))
@@ -597,7 +598,7 @@ def test_on_a_mixed_mesh_every_accepted_program_runs_as_typed(mixed, name):
     for specs, out, typed, _, want in accepted_programs(mixed, name):
         accepted += 1
         # The explicit axis is where the type puts it ('y' wherever the partitioner did).
-        assert x_of(out.sharding.spec, want.ndim) == x_of(typed, want.ndim), (name, specs)
+        assert x_of(out.sharding.spec, want.ndim) == x_of(typed.spec, want.ndim), (name, specs)
     assert accepted > 0
 
 
@@ -704,3 +705,62 @@ def test_an_eager_shard_map_on_an_explicit_mesh(mesh):
         g = spmd.shard_map(lambda b, w: b * w, out_specs=P("x", "y"))
         np.testing.assert_allclose(np.asarray(g(a, an[:2, :1])), an * np.tile(an[:2, :1], (4, 4)),
                                    rtol=1e-6)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_partial_manual_body_is_typed_along_the_explicit_axes(mesh, jit):
+    # As in JAX: the axes a partial-manual shard_map leaves stay explicit inside, and
+    # its values are typed along them (the manual axis typed Manual on the mesh view).
+    from spmd.sharding import get_abstract_mesh
+
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    seen = []
+
+    def body(v):
+        am = get_abstract_mesh()
+        t = spmd.typeof(v)
+        seen.append((am.manual_axes, am.explicit_axes, t.sharding.spec,
+                     t.sharding.mesh.axis_types, v.aval.sharding.spec))
+        return v * 2
+
+    with spmd.sharding.use_mesh(mesh):
+        f = spmd.shard_map(body, out_specs=P("x"), axis_names={"x"})
+        out = (spmd.jit(f) if jit else f)(a)
+    assert seen[0] == (("x",), ("y",), P(None, "y"), (AxisType.Manual, AxisType.Explicit),
+                       P(None, "y"))
+    assert spec_of(out) == P("x", "y")
+    np.testing.assert_array_equal(np.asarray(out), an * 2)
+
+
+def test_a_partial_manual_bodys_types_merge_into_its_results():
+    # Two manual axes, two explicit ones: the body transposes, so its result is typed
+    # (l, k, -, -) inside, and outside each dimension is split over its manual axis,
+    # then the body's explicit one.
+    E = AxisType.Explicit
+    mesh = spmd.make_mesh((2, 1, 2, 2), ("i", "j", "k", "l"), axis_types=(E,) * 4)
+    vn = np.arange(64.0, dtype=np.float32).reshape(4, 2, 2, 4)
+    v = put(mesh, vn, "i", "j", "k", "l")
+    seen = []
+
+    def g(x):
+        seen.append(spmd.typeof(x).sharding.spec)
+        out = x.T
+        seen.append(spmd.typeof(out).sharding.spec)
+        return out
+
+    @spmd.jit
+    def f(x):
+        y = spmd.shard_map(g, mesh=mesh, out_specs=P("i", "j", None, None),
+                           axis_names={"i", "j"})(x)
+        seen.append(spmd.typeof(y).sharding.spec)
+        return y
+
+    with spmd.sharding.use_mesh(mesh):
+        out = f(v)
+    assert seen == [P(None, None, "k", "l"), P("l", "k", None, None),
+                    P(("i", "l"), ("j", "k"), None, None)]
+    assert spec_of(out) == P(("i", "l"), ("j", "k"))
+    # Each (i, j) block (j has one device) transposed, the results stacked along i.
+    want = np.concatenate([vn[2 * p:2 * p + 2].T for p in range(2)], axis=0)
+    np.testing.assert_array_equal(np.asarray(out), want)
