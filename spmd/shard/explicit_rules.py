@@ -50,7 +50,6 @@ from spmd.mesh.mesh import AxisType
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import DECISIONS, Propagate
-from spmd.shard.shard_map import shard_map_p
 
 RULES: dict = {}
 
@@ -508,6 +507,10 @@ def rule_for(prim):
     with ``specs_flow_back``), so that both tables name the same primitives; it is read
     at first use, when every partition decision is registered."""
     rule = RULES.get(prim)
+    if rule is None and prim.name == "shard_map":
+        # shard_map's module sits above this one (its bodies are typed by
+        # spmd.shard.explicit): its primitive is known by name here.
+        rule = RULES[prim] = shard_map
     if rule is None:
         d = DECISIONS.get(prim)
         if isinstance(d, Propagate) and d.specs_flow_back:
@@ -574,7 +577,7 @@ def _table() -> None:
     register(custom.custom_lin_p, untyped)
     register(remat.remat_lin_p, _untyped_higher)
     for p in (jit.jit_p, remat.remat_p, custom.custom_jvp_call_p, custom.custom_vjp_call_p,
-              cond_p, scan_p, while_p, shard_map_p):
+              cond_p, scan_p, while_p):
         register(p, HIGHER_ORDER[p.name])
     manual = ("{} is a collective of a shard_map body; in a program over explicit axes it "
               "only appears inside a shard_map")

@@ -26,8 +26,8 @@ def test_the_collectives_are_read_from_the_programs():
     assert next(c for c in experts if c[0] == "all_to_all")[4] == 2  # dispatch, combine
     _, _, holds, pipe = pp.pipe()
     sends = sorted(c[4] for c in pipe if c[0] == "ppermute")
-    assert sends == [22, 22]  # one each way per tick: 2 (M + S - 1) ticks
-    assert holds[2][1][0] == 4  # 1F1B keeps at most S inputs
+    assert sends == [14, 14]  # one each way per tick: M + 2 (S - 1) ticks of 1F1B
+    assert holds[2][1][0] == 5  # 1F1B keeps 2 (S - 1 - s) + 1 inputs: 5 on stage 1
 
 
 def test_the_script_writes_a_picture_per_axis(tmp_path):
