@@ -60,7 +60,8 @@ GOAL = 0.9
 INTERNALS = re.compile(r"\b(core|pe|lu|api_util|config|prng|threefry2x32|saved_residuals|"
                        r"remat_transform|custom_partitioning|tree_util|partition_list|"
                        r"merge_lists|mlir|xla_extension)\.|\bjax\._src\b|as_text\(|"
-                       r"\bhlo\b|compiler_ir|\.compile\(\)|cost_analysis|\.params\[")
+                       r"\bhlo\b|compiler_ir|\.compile\(\)|cost_analysis|\.params\[|"
+                       r"\b(saved_residuals|remat_transform)\(")
 # assertRaisesRegex's failure when the right exception type came with other words.
 WORDING = re.compile(r'AssertionError: ".*?" does not match "', re.S)
 

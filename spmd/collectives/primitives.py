@@ -37,7 +37,18 @@ class CollectiveAxisError(SpmdError, NameError, ValueError):
     outside ``shard_map``)."""
 
 
+class AxisNameTypeError(ArgumentError, TypeError):
+    """An axis name that is not a name or a tuple of them (a TypeError, as JAX's)."""
+
+
 def _axes(axis_name, fname) -> tuple[str, ...]:
+    if isinstance(axis_name, (set, frozenset, dict)):
+        # A set has no order: a tuple's order is the collective's (all_gather's blocks,
+        # axis_index's row-major index), and a set's iteration order differs between
+        # processes (string hashing is seeded per process), so ranks would disagree.
+        raise AxisNameTypeError(
+            f"{fname}: axis_name must be a tuple or a str, got the {type(axis_name).__name__} "
+            f"{axis_name!r}; give the axes in order, e.g. {tuple(sorted(axis_name))!r}")
     axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
     if not axes or not all(isinstance(a, str) for a in axes):
         raise ArgumentError(f"{fname}: axis_name must be a mesh axis name or a tuple of them, "

@@ -320,3 +320,17 @@ def test_vmap_spmd_axis_name_of_a_gradient():
     # the 2 copies of each input block along 'i' sum theirs: cos(block sum) / 2.)
     np.testing.assert_allclose(np.asarray(spmd.vmap(spmd.grad(u))(put)),
                                np.cos(x.reshape(8, 2, 3).sum(2)).repeat(3, 1) / 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["psum", "all_gather", "axis_index", "pcast"])
+def test_a_set_of_axis_names_is_refused(op):
+    # A set has no order, and its iteration order differs between processes: JAX's
+    # TypeError, naming the ordered tuple to give instead.
+    mesh = spmd.make_mesh(*MESH)
+    calls = {"psum": lambda b: lax.psum(b, {"i", "j"}),
+             "all_gather": lambda b: lax.all_gather(b, {"i", "j"}, tiled=True),
+             "axis_index": lambda b: b + lax.axis_index({"i"}),
+             "pcast": lambda b: lax.pcast(b, {"i"}, to="varying")}
+    f = spmd.shard_map(calls[op], mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+    with pytest.raises(TypeError, match=r"axis_name must be a tuple or a str, got the set"):
+        f(np.ones((8, 6), np.float32))
