@@ -295,6 +295,41 @@ def never(reason: str) -> Callable:
     return rule
 
 
+# -------------------------------------------- collectives in a partial-manual body
+#
+# A partial-manual shard_map body over explicit axes is traced with types along the
+# axes it leaves (spmd.shard.shard_map); its collectives act along the manual axes,
+# which types never name: a value keeps its type, except where the collective
+# reshapes a dimension, which must then be whole along the typed axes.
+
+def _collective_same(avals_in, types_in, avals_out, mesh, params):
+    return list(types_in)
+
+
+def _collective_dims(name, *dims_of):
+    """A collective that resizes, adds or removes the dimensions ``dims_of(params,
+    ndim)`` names: those must be untyped; the others keep their types."""
+    def rule(avals_in, types_in, avals_out, mesh, params):
+        t, a_in, a_out = types_in[0], avals_in[0], avals_out[0]
+        if t is None:
+            return [None]
+        touched = sorted({f(params, a_in.ndim) for f in dims_of} - {None})
+        split = [d for d in touched if d < len(t.dims) and t.dims[d]]
+        if split:
+            raise ShardingTypeError(
+                f"{name} along dimension {split[0]} of {a_in.str_short()} with sharding "
+                f"{show(t)}: that dimension is split over explicit axes; reshard it whole "
+                "first (spmd.sharding.reshard)")
+        dims = list(t.dims)
+        if a_out.ndim > a_in.ndim:  # a new dimension (all_gather, tiled=False)
+            dims.insert(params["axis"], ())
+        elif a_out.ndim < a_in.ndim:  # one removed (psum_scatter, tiled=False)
+            del dims[params["scatter_dimension"]]
+        return [Placement(tuple(dims), t.partial)]
+    rule.__name__ = f"collective({name})"
+    return rule
+
+
 def free_axes(mesh) -> frozenset:
     """The axes of ``mesh`` that types do not name (its automatic ones)."""
     return frozenset(a for a, t in zip(mesh.axis_names, mesh.axis_types)
@@ -579,11 +614,18 @@ def _table() -> None:
     for p in (jit.jit_p, remat.remat_p, custom.custom_jvp_call_p, custom.custom_vjp_call_p,
               cond_p, scan_p, while_p):
         register(p, HIGHER_ORDER[p.name])
-    manual = ("{} is a collective of a shard_map body; in a program over explicit axes it "
-              "only appears inside a shard_map")
-    for p in (cp.psum_p, cp.pmax_p, cp.pmin_p, cp.pvary_p, cp.all_gather_p,
-              cp.psum_scatter_p, cp.all_to_all_p, cp.ppermute_p, cp.axis_index_p):
-        register(p, never(manual.format(p.name)))
+    # Collectives meet an explicit trace only in a partial-manual body (typed along the
+    # axes it leaves); a full-manual body is untyped.
+    for p in (cp.psum_p, cp.pmax_p, cp.pmin_p, cp.pvary_p, cp.ppermute_p):
+        register(p, _collective_same)
+    register(cp.axis_index_p, lambda avals_in, types_in, avals_out, mesh, params:
+             [replicated(0)])
+    register(cp.all_gather_p, _collective_dims(  # (untiled, it adds a dimension)
+        "all_gather", lambda q, n: q["axis"] if q["tiled"] else None))
+    register(cp.psum_scatter_p, _collective_dims(
+        "psum_scatter", lambda q, n: q["scatter_dimension"]))
+    register(cp.all_to_all_p, _collective_dims(
+        "all_to_all", lambda q, n: q["split_axis"], lambda q, n: q["concat_axis"]))
     late = "{} exists only in per-device programs, made after the types are checked"
     for p in (mpi_p, nccl_p, fusion.fused_p, overlap.collective_start_p,
               overlap.collective_wait_p):

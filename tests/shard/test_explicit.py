@@ -764,3 +764,35 @@ def test_a_partial_manual_bodys_types_merge_into_its_results():
     # Each (i, j) block (j has one device) transposed, the results stacked along i.
     want = np.concatenate([vn[2 * p:2 * p + 2].T for p in range(2)], axis=0)
     np.testing.assert_array_equal(np.asarray(out), want)
+
+
+def test_collectives_in_a_typed_partial_manual_body(mesh):
+    # The collectives act along the manual axis, which types never name: values keep
+    # their types, and a dimension a collective resizes must be whole along the typed
+    # axes.
+    an = rand(8, 4)
+    a = put(mesh, an, "x", "y")
+    seen = []
+
+    def body(v):
+        s = lax.psum(v, "x")
+        g = lax.all_gather(v, "x", axis=0, tiled=True, to="invarying")
+        r = lax.ppermute(v, "x", [(i, (i + 1) % 4) for i in range(4)])
+        i = lax.axis_index("x")
+        seen.append([str(spmd.typeof(w)) for w in (s, g, r)])
+        return s, g, r + i
+
+    f = spmd.jit(spmd.shard_map(body, mesh=mesh, out_specs=(P(), P(), P("x")),
+                                axis_names={"x"}))
+    s, g, r = f(a)
+    assert seen[0] == ["f32[2,4@y]", "f32[8,4@y]", "f32[2,4@y]{x}"]
+    blocks = an.reshape(4, 2, 4)
+    np.testing.assert_allclose(np.asarray(s), blocks.sum(0), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g), an, rtol=1e-6)
+    want = np.concatenate([blocks[(k - 1) % 4] + k for k in range(4)])
+    np.testing.assert_allclose(np.asarray(r), want, rtol=1e-6)
+    assert spec_of(s) == P(None, "y") and spec_of(r) == P("x", "y")
+    with pytest.raises(ShardingTypeError, match=r"all_gather along dimension 1 of f32\[2,4\]\{x\} "
+                                                r"with sharding PartitionSpec\(None, 'y'\)"):
+        spmd.jit(spmd.shard_map(lambda v: lax.all_gather(v, "x", axis=1, tiled=True),
+                                mesh=mesh, out_specs=P(), axis_names={"x"}))(a)
