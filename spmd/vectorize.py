@@ -90,14 +90,41 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,
                 return iter(broadcast_prefix(out_axes, full, "out_axes", fname))
 
         level = axis_name
-        if spmd_name is not None:
+        explicit = _explicit_batch_axes(leaves, norm_dims)
+        if explicit is not None and spmd_name is not None and explicit == spmd_name:
+            explicit = None  # both say the same split
+        if explicit is not None and spmd_name is not None:
+            raise ArgumentError(
+                f"{fname}: spmd_axis_name={spmd_axis_name!r}, and the mapped arguments are "
+                f"split over explicit mesh axes {explicit} along the mapped axis; only one "
+                "of the two can say how the batch is split (as in JAX): drop "
+                "spmd_axis_name, or reshard the arguments whole along the mapped axis")
+        if spmd_name is not None or explicit is not None:
             names = () if axis_name is None else (axis_name,)
-            level = NamedAxes(names, (size,) * len(names), spmd_name=spmd_name)
+            level = NamedAxes(names, (size,) * len(names), spmd_name=spmd_name,
+                              explicit_axes=explicit)
         outs = batch_flat(flat, leaves + kw_leaves, norm_dims + [0] * len(kw_leaves), size,
                           level, _OutDims())
         return tree_util.tree_unflatten(out_tree_box[0], outs)
 
     return batched
+
+
+def _explicit_batch_axes(leaves, dims):
+    """The explicit mesh axes the mapped arguments' types split the mapped axis over,
+    when they all agree (else None: the batch is whole where it meets a constraint)."""
+    from spmd.shard.explicit import type_of
+
+    found = set()
+    for leaf, d in zip(leaves, dims):
+        if d is None:
+            continue
+        t = type_of(leaf)
+        found.add(None if t is None or t[1] is None else tuple(t[1].dims[d]))
+    if len(found) != 1:
+        return None
+    axes = found.pop()
+    return axes or None
 
 
 def _spmd_axis_name(name):

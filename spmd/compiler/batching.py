@@ -239,14 +239,19 @@ class NamedAxes:
     see the whole mesh shape.
     """
 
-    __slots__ = ("names", "sizes", "layout", "spmd_name", "concrete")
+    __slots__ = ("names", "sizes", "layout", "spmd_name", "explicit_axes", "concrete")
 
-    def __init__(self, names, sizes, layout=None, spmd_name=None, concrete=None):
+    def __init__(self, names, sizes, layout=None, spmd_name=None, concrete=None,
+                 explicit_axes=None):
         self.names = tuple(names)
         self.sizes = tuple(int(s) for s in sizes)
         # vmap(spmd_axis_name=...): the mesh axes the batch axis is split over when it
         # meets a shard_map or a sharding constraint (a tuple of names), else None.
         self.spmd_name = spmd_name
+        # The explicit mesh axes the mapped inputs' types split the batch axis over (a
+        # tuple of names; JAX's explicit_mesh_axis): it keeps that split where it meets a
+        # sharding constraint or a shard_map, else None.
+        self.explicit_axes = explicit_axes
         # Values at this level are concrete (an eager shard_map): a hook with
         # ``value(tracer, what)`` (a Python value, when the same on every device) and
         # ``text(tracer, spec="")`` (each device's block), else None.

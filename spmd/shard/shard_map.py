@@ -36,7 +36,7 @@ from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa
                                        arg_type_spec)
 from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
-from spmd.compiler.batching import batch_flat, move_to_front
+from spmd.compiler.batching import batch_flat, collective_axes, move_to_front
 from spmd.compiler.ops.elementwise import div
 from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.passes import dce_program
@@ -340,6 +340,15 @@ def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vm
     n_out = len(program.out_avals)
     # vmap(spmd_axis_name=...): the batch dimension is split over those mesh axes.
     spmd_name = getattr(_axis_data[0], "spmd_name", None)
+    # A batch the inputs' explicit types split: where no collective in the body crosses
+    # those axes (and the specs leave them), each device maps over its part, as with
+    # spmd_axis_name (the devices along them held copies: the body is the same);
+    # else the batch is whole in the body, and the results are split again after.
+    explicit = getattr(_axis_data[0], "explicit_axes", None)
+    if explicit is not None and spmd_name is None and manual is None and not (
+            set(explicit) & (collective_axes({"program": program})
+                             | {a for s in (*in_specs, *out_specs) for a in s.mesh_axes})):
+        spmd_name, explicit = explicit, None
     size_in, batch_entry, vary = size, None, frozenset()
     if spmd_name is not None:
         size_in, batch_entry = _spmd_batch(spmd_name, mesh, in_specs, size, manual)
@@ -356,6 +365,13 @@ def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vm
             for s, d in zip(in_specs, dims)]
     b_out = [_batched_spec(s, batch_entry, spmd_name, "out_specs", fname) for s in out_specs]
     outs = _bind_body(closed, args, mesh, b_in, b_out, check_vma, manual)
+    if explicit is not None:  # the batch split again as the inputs' types had it
+        from spmd.shard.partition.constraint import sharding_constraint_p
+
+        entry = explicit[0] if len(explicit) == 1 else tuple(explicit)
+        outs = [bind(sharding_constraint_p, o, spec=PartitionSpec(entry, *s), mesh=mesh)
+                if not set(explicit) & set(s.mesh_axes) else o
+                for o, s in zip(outs, out_specs)]
     return outs, [0] * len(outs)
 
 

@@ -11,7 +11,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.errors import ShardingTypeError
+from spmd.errors import ArgumentError, ShardingTypeError
 from spmd.shard.spec import ShardingError
 from spmd.sharding import AxisType, NamedSharding, P, auto_axes, explicit_axes, reshard
 
@@ -796,3 +796,35 @@ def test_collectives_in_a_typed_partial_manual_body(mesh):
                                                 r"with sharding PartitionSpec\(None, 'y'\)"):
         spmd.jit(spmd.shard_map(lambda v: lax.all_gather(v, "x", axis=1, tiled=True),
                                 mesh=mesh, out_specs=P(), axis_names={"x"}))(a)
+
+
+def test_vmap_keeps_the_batch_split_its_inputs_types_give(mesh):
+    # As in JAX: the mapped axis stays split over the explicit axes the inputs' types
+    # split it over, where it meets a sharding constraint or a shard_map.
+    an = rand(8, 4)
+    a = put(mesh, an, "x", None)
+    out = spmd.jit(spmd.vmap(lambda r: reshard(r * 2, P("y"))))(a)
+    assert spec_of(out) == P("x", "y")
+    np.testing.assert_allclose(np.asarray(out), an * 2, rtol=1e-6)
+    # A shard_map with no collective over 'x': each device maps over its rows.
+    sm = spmd.shard_map(lambda r: lax.psum(r, "y"), mesh=mesh, in_specs=P("y"),
+                        out_specs=P())
+    f = spmd.jit(spmd.vmap(sm))
+    out = f(a)
+    assert spec_of(out) == P("x")
+    np.testing.assert_allclose(np.asarray(out), an.reshape(8, 2, 2).sum(1), rtol=1e-6)
+    pj = spmd.jit(spmd.vmap(sm), in_shardings=NamedSharding(mesh, P("x", None)))
+    assert pj.lower(a).collectives() == []  # the partitioner moves no rows
+    # One whose body sums over 'x' sees the whole batch (the copies along 'x' were the
+    # same): the rows gathered, the result split again.
+    sx = spmd.shard_map(lambda r: lax.psum(r, "x") / 4, mesh=mesh, in_specs=P("y"),
+                        out_specs=P("y"))
+    out = spmd.jit(spmd.vmap(sx))(a)
+    assert spec_of(out) == P("x", "y")
+    np.testing.assert_allclose(np.asarray(out), an, rtol=1e-6)
+    with pytest.raises(ArgumentError, match=r"spmd_axis_name='y', and the mapped arguments "
+                                            r"are split over explicit mesh axes \('x',\)"):
+        spmd.jit(spmd.vmap(sm, spmd_axis_name="y"))(a)
+    with pytest.raises(ShardingError, match=r"names mesh axes \['x'\] that the mapped axis "
+                                            r"is split over"):
+        spmd.jit(spmd.vmap(lambda r: reshard(r, P("x"))))(a)

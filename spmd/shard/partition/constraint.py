@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.primitives import Primitive
-from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError
 from spmd.compiler.batching import move_to_front
 from spmd.shard.sharded import placed
 
@@ -46,8 +46,17 @@ def _constraint_transpose(ct, x, **params):
 @sharding_constraint_p.def_batch
 def _constraint_batch(args, dims, *, spec, mesh, _axis_data=(None, None), **free):
     x = move_to_front(args[0], dims[0])
-    # vmap(spmd_axis_name=...) asks for the batch dimension split over those axes.
+    # vmap(spmd_axis_name=...) asks for the batch dimension split over those axes; a
+    # batch its inputs' explicit types split keeps that split (as in JAX).
     name = getattr(_axis_data[0], "spmd_name", None)
+    if name is None:
+        name = getattr(_axis_data[0], "explicit_axes", None)
+        if name is not None and set(name) & set(spec.mesh_axes):
+            raise ShardingError(
+                f"with_sharding_constraint under vmap: {spec} names mesh axes "
+                f"{sorted(set(name) & set(spec.mesh_axes))} that the mapped axis is split "
+                "over (the mapped arguments' types say so); they cannot split another "
+                "dimension: leave them out of the spec")
     entry = None if name is None else name[0] if len(name) == 1 else tuple(name)
     return sharding_constraint_p.bind(x, spec=PartitionSpec(entry, *spec, unreduced=getattr(
         spec, "unreduced", frozenset())), mesh=mesh, **free), 0
