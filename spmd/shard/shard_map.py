@@ -163,9 +163,9 @@ def _batched_spec(spec, batch_entry, spmd_name, where, fname):
     split over that axis twice)."""
     used = [a for a in spec.mesh_axes if a in (spmd_name or ())]
     if used:
-        why = (" (a residual of an untyped body, check_vma=False, is kept per device over "
-               "every mesh axis: differentiate a body with check_vma=True, or vmap over "
-               "another axis)" if where == "out_specs" else "")
+        why = (" (when it is the spec of a residual of a body differentiated with "
+               "check_vma=False, which is kept per device over every mesh axis, "
+               "check_vma=True avoids it)" if where == "out_specs" else "")
         raise ShardMapError(f"{fname}: vmap spmd_axis_name {tuple(spmd_name)} cannot appear "
                             f"in the shard_map's {where} (axis {used[0]!r} is used in "
                             f"{spec}){why}; map over another mesh axis")
