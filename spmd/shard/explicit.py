@@ -16,8 +16,8 @@ collective it needs is inserted by the partitioner); ``auto_axes`` and
 ``explicit_axes`` (:mod:`spmd.shard.modes`) switch axis types inside a program, as
 traces over the same mesh with another *view* of its axis types.  Functions that
 take ``out_sharding=`` (``spmd.numpy.einsum``, ``dot``, ``matmul``, ``reshape``,
-``zeros``, ...) run through ``with_out_sharding`` (:mod:`spmd.shard.modes`): inside, an ambiguous
-result is left untyped and the result is resharded to ``out_sharding``.
+``zeros``, ...) run through ``with_out_sharding`` (:mod:`spmd.shard.modes`): inside,
+an ambiguous result is left untyped and the result is resharded to ``out_sharding``.
 
 >>> mesh = spmd.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
 >>> a = spmd.device_put(np.ones((8, 4)), NamedSharding(mesh, P("x", "y")))
