@@ -72,6 +72,7 @@ _PUBLIC: dict = {
     "vmap": ("spmd.vectorize", "vmap"),
     "typeof": ("spmd.shard.explicit", "typeof"),
     "reshard": ("spmd.shard.explicit", "reshard"),  # also spmd.sharding.reshard, as in JAX
+    "pure_callback": ("spmd.callback", "pure_callback"),
     "effects_barrier": ("spmd.debug", "effects_barrier"),
     "linear_transpose": ("spmd.linear_util", "linear_transpose"),
     **{n: (f"spmd.{n}", None) for n in (
