@@ -164,7 +164,10 @@ def install() -> None:
     cder = sub("jax.custom_derivatives", spmd.custom_derivatives)
     smap_mod = sub("jax.experimental.shard_map", None, {"shard_map": spmd.shard_map})
     cp = sub("jax.experimental.custom_partitioning", None)
-    exp = sub("jax.experimental", None, {"shard_map": smap_mod, "custom_partitioning": cp})
+    import spmd.experimental
+
+    exp = sub("jax.experimental", spmd.experimental,
+              {"shard_map": smap_mod, "custom_partitioning": cp})
     sub("jax._src.shard_map", None, {"shard_map": spmd.shard_map})
     sub("jax._src.mesh", None, {
         "AxisType": spmd.sharding.AxisType, "get_abstract_mesh":

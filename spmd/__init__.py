@@ -77,6 +77,7 @@ _PUBLIC: dict = {
     "linear_transpose": ("spmd.linear_util", "linear_transpose"),
     **{n: (f"spmd.{n}", None) for n in (
         "numpy", "lax", "nn", "random", "scipy", "sharding", "distributed", "debug",
+        "experimental",
         "autodiff", "vectorize", "linear_util", "ad_checkpoint", "custom_derivatives",
         "test_util")},
 }

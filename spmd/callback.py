@@ -1,5 +1,7 @@
 """``spmd.pure_callback``: call a Python function on host values from inside
-transformed code (``jax.pure_callback``).
+transformed code (``jax.pure_callback``); ``io_callback`` (``spmd.experimental``) and
+``spmd.debug.callback`` are its effectful siblings, never dropped or merged and run in
+program order.
 
 The callback receives numpy arrays and must return arrays of the shapes and dtypes
 given in ``result_shape_dtypes`` (checked on every call: a mismatch is an error, never
@@ -48,6 +50,8 @@ class CallbackError(SpmdError, TypeError):
 
 
 pure_callback_p = Primitive("pure_callback", traits=(), multiple_results=True)
+# Effectful: never dropped or merged (a host side effect, a value read from outside).
+io_callback_p = Primitive("io_callback", traits=(), multiple_results=True, effectful=True)
 
 
 class _Fn:
@@ -73,23 +77,42 @@ def pure_callback(callback: Callable, result_shape_dtypes: Any, *args,
 
     >>> spmd.pure_callback(np.sort, spmd.ShapeDtypeStruct((3,), np.float32), x)  # doctest: +SKIP
     """
-    if not callable(callback):
-        raise ArgumentError(f"pure_callback: callback must be callable, got "
-                            f"{type(callback).__name__}")
     if vmap_method not in VMAP_METHODS:
         raise ArgumentError(f"pure_callback: vmap_method={vmap_method!r} is not one of "
                             f"{VMAP_METHODS}")
+    return _bind(pure_callback_p, "pure_callback", callback, result_shape_dtypes, args,
+                 kwargs, vmap_method)
+
+
+def io_callback(callback: Callable, result_shape_dtypes: Any, *args, sharding=None,
+                ordered: bool = False, **kwargs):
+    """``jax.experimental.io_callback``: ``callback(*args, **kwargs)`` on host values,
+    with side effects: it runs every time the program reaches it, in program order
+    (``ordered`` is accepted: spmd's effects are always in order), never dropped or
+    merged.  Under ``vmap`` it runs once per element.  ``result_shape_dtypes`` may be
+    None (no results).
+
+    >>> io_callback(log.append, None, loss)  # doctest: +SKIP
+    """
+    return _bind(io_callback_p, "io_callback", callback, result_shape_dtypes, args, kwargs,
+                 "sequential")
+
+
+def _bind(prim, where, callback, result_shape_dtypes, args, kwargs, vmap_method):
+    if not callable(callback):
+        raise ArgumentError(f"{where}: callback must be callable, got "
+                            f"{type(callback).__name__}")
     leaves, in_tree = tree_util.tree_flatten((args, kwargs))
     out_leaves, out_tree = tree_util.tree_flatten(result_shape_dtypes)
     avals = []
     for k, r in enumerate(out_leaves):
         shape, dtype = getattr(r, "shape", None), getattr(r, "dtype", None)
         if shape is None or dtype is None:
-            raise ArgumentError(f"pure_callback: result_shape_dtypes leaf {k} is a "
+            raise ArgumentError(f"{where}: result_shape_dtypes leaf {k} is a "
                                 f"{type(r).__name__}; give ShapeDtypeStruct(shape, dtype) "
                                 "(or an array) for each result")
         avals.append(ShapeDtypeStruct(shape, dtype).to_aval())
-    outs = bind(pure_callback_p, *leaves, fn=_Fn(callback, in_tree, out_tree),
+    outs = bind(prim, *leaves, fn=_Fn(callback, in_tree, out_tree),
                 result_avals=tuple(avals), vmap_method=vmap_method, levels=())
     return tree_util.tree_unflatten(out_tree, list(outs))
 
@@ -132,7 +155,6 @@ def _per_levels(fn, values, result_avals, levels):
     return [np.stack([o[j] for o in per]) for j in range(len(result_avals))]
 
 
-@pure_callback_p.def_impl
 def _impl(xp, *args, fn, result_avals, vmap_method, levels):
     from spmd.compiler.array_module import to_device
 
@@ -141,40 +163,53 @@ def _impl(xp, *args, fn, result_avals, vmap_method, levels):
     return [o if xp is np else to_device(o, o.dtype) for o in outs]
 
 
-@pure_callback_p.def_abstract_eval
 def _abstract(*avals, fn, result_avals, vmap_method, levels):
     return list(result_avals)
 
 
-@pure_callback_p.def_vma
 def _vma(*avals, **params):
     # A result may differ between devices wherever an argument does.
     vma = frozenset().union(*(a.vma for a in avals))
     return [vma] * len(params["result_avals"])
 
 
-@pure_callback_p.def_jvp
-def _jvp(primals, tangents, **params):
-    raise CallbackError("pure_callback is not differentiable (as in JAX): wrap the function "
-                        "in spmd.custom_jvp or spmd.custom_vjp to give it a derivative")
+def _jvp(prim):
+    def jvp(primals, tangents, **params):
+        if params["result_avals"]:
+            raise CallbackError(f"{prim.name} is not differentiable (as in JAX): wrap the "
+                                "function in spmd.custom_jvp or spmd.custom_vjp to give it "
+                                "a derivative")
+        bind(prim, *primals, **params)  # no results: it runs on the primal values
+        return [], []
+    return jvp
 
 
-@pure_callback_p.def_batch
-def _batch(args, dims, *, fn, result_avals, vmap_method, levels):
-    size = next(np.shape(a)[d] for a, d in zip(args, dims) if d is not None)
-    args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
-    level = (int(size), tuple(d is not None for d in dims), vmap_method)
-    avals = tuple(ShapedArray((size,) + a.shape, a.dtype) for a in result_avals)
-    outs = bind(pure_callback_p, *args, fn=fn, result_avals=avals, vmap_method=vmap_method,
-                levels=levels + (level,))
-    return list(outs), [0] * len(outs)
+def _batch(prim):
+    def batch(args, dims, *, fn, result_avals, vmap_method, levels):
+        size = next(np.shape(a)[d] for a, d in zip(args, dims) if d is not None)
+        args = [a if d is None else move_to_front(a, d) for a, d in zip(args, dims)]
+        level = (int(size), tuple(d is not None for d in dims), vmap_method)
+        avals = tuple(ShapedArray((size,) + a.shape, a.dtype) for a in result_avals)
+        outs = bind(prim, *args, fn=fn, result_avals=avals, vmap_method=vmap_method,
+                    levels=levels + (level,))
+        return list(outs), [0] * len(outs)
+    return batch
+
+
+for _p in (pure_callback_p, io_callback_p):
+    _p.def_impl(_impl)
+    _p.def_abstract_eval(_abstract)
+    _p.def_vma(_vma)
+    _p.def_jvp(_jvp(_p))
+    _p.def_batch(_batch(_p))
 
 
 def _register_partition_decision():
-    registry.register(pure_callback_p, registry.Replicate(
-        "a callback is a host function of whole values: under jit with shardings its "
-        "operands are gathered, and its results are whole on every device"))
-    explicit_rules.register(pure_callback_p, explicit_rules.untyped)
+    for p in (pure_callback_p, io_callback_p):
+        registry.register(p, registry.Replicate(
+            "a callback is a host function of whole values: under jit with shardings its "
+            "operands are gathered, and its results are whole on every device"))
+        explicit_rules.register(p, explicit_rules.untyped)
 
 
 _register_partition_decision()

@@ -1,4 +1,5 @@
-"""``spmd.debug``: printing values from inside transformed code (``jax.debug``).
+"""``spmd.debug``: printing values, and calling host functions, from inside transformed
+code (``jax.debug``).
 
 ``spmd.debug.print("x = {}", x)`` prints when the program runs, not when it is
 traced: eagerly at once, under ``jit`` each time the compiled program runs, in
@@ -104,6 +105,23 @@ debug_print_p.def_batch(_batch)
 # ``axes`` ties the print to the levels of those axes, as for axis_index.
 debug_print_p.rules["batch_needs_axis"] = True
 debug_print_p.rules["batch_always"] = True
+
+
+def callback(fn, *args, ordered: bool = False, **kwargs) -> None:
+    """Call ``fn(*args, **kwargs)`` on host (numpy) values when the code runs
+    (``jax.debug.callback``): every time, in program order, per element under ``vmap``
+    and per device inside a ``shard_map``; under ``grad`` with the primal values.  Its
+    return value is ignored.
+
+    >>> spmd.debug.callback(lambda l: losses.append(float(l)), loss)   # inside jit
+    """
+    from spmd.callback import io_callback
+
+    def call(*a, **k):
+        fn(*a, **k)
+
+    call.__name__ = getattr(fn, "__name__", "callback")
+    io_callback(call, None, *args, ordered=ordered, **kwargs)
 
 
 def effects_barrier() -> None:

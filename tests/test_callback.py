@@ -97,3 +97,37 @@ def test_errors_are_named():
         spmd.pure_callback(np.sort, 3, X[0])
     with pytest.raises(ArgumentError, match="callback must be callable"):
         spmd.pure_callback("sort", ROW, X[0])
+
+
+def test_io_callback_and_debug_callback_are_effects_in_program_order():
+    from spmd.experimental import io_callback
+
+    log = []
+
+    def f(x):
+        spmd.debug.callback(lambda v: log.append(("debug", float(v.sum()))), x)
+        y = io_callback(lambda v: (log.append(("io", v.shape)), v * 2)[1], ROW, x)
+        io_callback(lambda v: log.append(("unused", 0)), None, x)  # no result: still runs
+        return y + 1
+
+    out = spmd.jit(f)(X[0])
+    np.testing.assert_allclose(np.asarray(out), X[0] * 2 + 1, rtol=1e-6)
+    assert log == [("debug", pytest.approx(float(X[0].sum()))), ("io", (6,)), ("unused", 0)]
+    # Per element under vmap, in order; per device in a shard_map.
+    log.clear()
+    spmd.vmap(f)(X[:2])
+    assert [k for k, _ in log] == ["debug", "debug", "io", "io", "unused", "unused"]
+    log.clear()
+    mesh = spmd.make_mesh((4,), ("i",))
+    spmd.jit(spmd.shard_map(lambda b: (spmd.debug.callback(lambda v: log.append(v.shape), b),
+                                       b)[1], mesh=mesh, in_specs=P("i"), out_specs=P("i")))(X)
+    assert log == [(1, 6)] * 4
+    # Under grad, debug.callback sees the primal values; an io_callback with results
+    # is not differentiable.
+    log.clear()
+    g = spmd.grad(lambda v: (spmd.debug.callback(lambda w: log.append(float(w.sum())), v),
+                             (v ** 2).sum())[1])(X[0])
+    np.testing.assert_allclose(np.asarray(g), 2 * X[0], rtol=1e-6)
+    assert log == [pytest.approx(float(X[0].sum()))]
+    with pytest.raises(CallbackError, match="io_callback is not differentiable"):
+        spmd.grad(lambda v: io_callback(lambda w: w, ROW, v).sum())(X[0])

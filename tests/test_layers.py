@@ -358,9 +358,9 @@ def test_the_public_names_are_those_the_eager_root_had():
 
 # What `from spmd import *` gave when spmd/__init__.py imported every layer, and the
 # names added since (`effects_barrier`, `smap`, `typeof`, `default_matmul_precision`,
-# `reshard`, `pure_callback`).
+# `reshard`, `pure_callback`, `experimental`).
 PUBLIC = ["effects_barrier", "smap", "typeof", "default_matmul_precision", "reshard",
-          "pure_callback",
+          "pure_callback", "experimental",
           
     "Array", "Device", "Mesh", "NamedSharding", "P", "PartitionSpec", "ShapeDtypeStruct",
     "ShapedArray", "ad_checkpoint", "autodiff", "checkpoint", "checkpoint_name",
