@@ -28,9 +28,9 @@ from spmd.numpy._take import take
 from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_to_float,
                               require_static, to_array)
 
-__all__ = ["append", "bincount", "corrcoef", "cov", "delete", "diag_indices", "indices",
-           "isin", "ravel_multi_index", "rot90", "select", "tril_indices", "triu_indices",
-           "unravel_index", "vander", "vectorize"]
+__all__ = ["append", "bincount", "corrcoef", "cov", "delete", "diag_indices", "histogram",
+           "histogram_bin_edges", "indices", "isin", "ravel_multi_index", "rot90", "select",
+           "tril_indices", "triu_indices", "unravel_index", "vander", "vectorize"]
 
 
 def _arr(a, fname):
@@ -203,6 +203,72 @@ def bincount(x, weights=None, minlength: int = 0, *, length: int | None = None):
         promote_to_float(w, fname=fname)[0].dtype if not dtypes.is_int(to_array(w).dtype) \
         else to_array(w).dtype
     return zeros(int(length), dt).at[v].add(w, mode="drop")
+
+
+def histogram_bin_edges(a, bins=10, range=None, weights=None):  # noqa: A002
+    """The edges of ``bins`` equal bins over ``range`` (default: ``a``'s min to max,
+    widened by 0.5 each way when they are equal), or ``bins`` itself when it is an
+    array of edges; in ``a``'s inexact dtype (``weights`` is unused, as in JAX).
+
+    >>> histogram_bin_edges(snp.asarray([2, 5, 3, 6, 4, 1]), bins=5)  # doctest: +SKIP
+    Array([1., 2., 3., 4., 5., 6.], dtype=float32)
+    """
+    fname = "spmd.numpy.histogram_bin_edges"
+    v = _arr(a, fname)
+    dt = v.dtype if dtypes.is_inexact(v.dtype) else dtypes.default_float()
+    if isinstance(bins, str):
+        raise ArgumentError(f"{fname}: bins={bins!r}: named binning rules are not "
+                            "supported (as in JAX); give a number of bins or the edges")
+    if np.ndim(bins) == 1:
+        return asarray(bins, dtype=dt)
+    if isinstance(bins, Tracer) or np.ndim(bins) != 0 or isinstance(bins, bool) or \
+            not float(np.asarray(bins)).is_integer() or int(np.asarray(bins)) < 1:
+        raise ArgumentError(f"{fname}: bins must be a positive int (static under jit) or a "
+                            f"1-d array of edges, got {bins!r}")
+    lo, hi = (v.min(), v.max()) if range is None else range
+    if range is not None and np.shape(range) != (2,):
+        raise ArgumentError(f"{fname}: range must be None or (min, max), got {range!r}")
+    lo, hi = asarray(lo, dtype=dt), asarray(hi, dtype=dt)
+    same = lo == hi  # (numpy's rule: one point spreads over a unit-wide range)
+    lo, hi = where(same, lo - 0.5, lo), where(same, hi + 0.5, hi)
+    from spmd.numpy._creation import linspace
+
+    return linspace(lo, hi, int(np.asarray(bins)) + 1, dtype=dt)
+
+
+def histogram(a, bins=10, range=None, weights=None, density=None):  # noqa: A002
+    """``(counts, edges)`` of ``a``'s values (flattened) in the bins of
+    :func:`histogram_bin_edges`: each bin holds ``[edge, next edge)``, the last one its
+    right edge too; values outside the edges are not counted.  ``weights`` (the shape
+    of ``a``) sum instead of counting; ``density`` divides by the total and the bin
+    widths.  The counts are floats, as in JAX.
+
+    >>> counts, edges = histogram(snp.asarray([1, 2, 3, 10, 11, 15, 19, 25]), bins=8)  # doctest: +SKIP
+    """
+    fname = "spmd.numpy.histogram"
+    v = _arr(a, fname)
+    dt = v.dtype if dtypes.is_inexact(v.dtype) else dtypes.default_float()
+    if weights is None:
+        w = zeros(v.shape, dt) + 1
+    else:
+        w = _arr(weights, fname)
+        if w.shape != v.shape:
+            raise ShapeError(f"{fname}: weights of shape {w.shape} must have a's shape "
+                             f"{v.shape}")
+        dt = np.result_type(dt, w.dtype) if dtypes.is_inexact(w.dtype) else dt
+        w = w.astype(dt)
+    edges = histogram_bin_edges(v, bins, range)
+    from spmd.numpy._more import diff, searchsorted
+
+    flat = v.astype(dt).reshape(-1)
+    n = edges.shape[0]
+    # Bin k + 1 for a value in [edges[k], edges[k + 1]); 0 and n: outside (dropped).
+    idx = searchsorted(edges, flat, side="right")
+    idx = where(flat == edges[n - 1], n - 1, idx)
+    counts = zeros(n + 1, dt).at[idx].add(w.reshape(-1))[1:n]
+    if density:
+        counts = counts / (diff(edges) * counts.sum())
+    return counts, edges
 
 
 def vander(x, N: int | None = None, increasing: bool = False):

@@ -6,7 +6,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.errors import ArgumentError, ConcretizationError
+from spmd.errors import ArgumentError, ConcretizationError, ShapeError
 from spmd.test_util import check_grads
 
 RNG = np.random.default_rng(0)
@@ -157,3 +157,40 @@ def test_errors():
         snp.vectorize(lambda a: a, signature="(n)->()")
     with pytest.raises(ArgumentError, match="two different axes"):
         snp.rot90(np.ones((2, 2)), axes=(0, 0))
+
+
+@pytest.mark.parametrize("kw", [{}, {"bins": 7}, {"bins": 5, "range": (-1.0, 1.0)},
+                                {"density": True}, {"weights": "w"},
+                                {"bins": np.array([-3.0, -0.5, 0.0, 0.5, 3.0])}])
+def test_histogram_against_numpy(kw):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(10, 12)).astype(np.float32)
+    kw = dict(kw)
+    if kw.get("weights") == "w":
+        kw["weights"] = rng.random((10, 12)).astype(np.float32)
+    for run in (lambda: snp.histogram(a, **kw),
+                lambda: spmd.jit(lambda v: snp.histogram(v, **kw))(a)):
+        counts, edges = run()
+        want_c, want_e = np.histogram(a, **kw)
+        np.testing.assert_allclose(np.asarray(edges), want_e, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(counts), want_c, rtol=1e-5, atol=1e-6)
+        assert counts.dtype == edges.dtype == np.float32  # float counts, as in JAX
+    np.testing.assert_allclose(np.asarray(snp.histogram_bin_edges(a, **{
+        k: v for k, v in kw.items() if k in ("bins", "range")})),
+        np.histogram_bin_edges(a, **{k: v for k, v in kw.items() if k in ("bins", "range")}),
+        rtol=1e-5, atol=1e-6)
+
+
+def test_histogram_edges_and_errors():
+    # One value: numpy's unit-wide range; the last edge is inside the last bin.
+    c, e = snp.histogram(np.array([3.0, 3.0]), bins=2)
+    np.testing.assert_array_equal(np.asarray(e), [2.5, 3.0, 3.5])
+    np.testing.assert_array_equal(np.asarray(c), [0.0, 2.0])
+    c, _ = snp.histogram(np.array([1, 2, 3, 10, 11, 15, 19, 25]), bins=np.array([0, 10, 20, 30]))
+    np.testing.assert_array_equal(np.asarray(c), [3.0, 4.0, 1.0])
+    with pytest.raises(ArgumentError, match="bins='auto': named binning rules"):
+        snp.histogram(np.ones(3), bins="auto")
+    with pytest.raises(ArgumentError, match="bins must be a positive int"):
+        snp.histogram(np.ones(3), bins=0)
+    with pytest.raises(ShapeError, match=r"weights of shape \(2,\) must have a's shape \(3,\)"):
+        snp.histogram(np.ones(3), weights=np.ones(2))
