@@ -26,6 +26,8 @@ from spmd.compiler.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
 from spmd.shard import call as _call
 from spmd.shard import explicit as _explicit
+from spmd.shard.mesh_context import tracing_call
+from spmd.mesh import Mesh
 from spmd.shard.spread import output_wrappers, spread_equation
 from spmd.errors import SpmdError
 
@@ -81,15 +83,25 @@ class Jit(JitFunction):
         return self._run(plan, args, vals)
 
     def _traced(self, static_key, treedef, leaves, extra=(), wrap=None):
-        # On explicit mesh axes the values' shardings are part of their types: the
-        # function is traced with them (spmd.shard.explicit), and they key the trace.
-        sig = _explicit.signature(leaves)
-        if sig is None:
-            return super()._traced(static_key, treedef, leaves)
-        mesh, types = sig
-        lenient = _explicit.lenient_now()  # (an eager operation inside an out_sharding=)
-        return super()._traced(static_key, treedef, leaves, ("explicit", mesh, types, lenient),
-                               lambda f: _explicit.wrap(f, mesh, types, lenient))
+        # A shard_map(mesh=AbstractMesh) inside may run on the mesh of the placed
+        # arguments.
+        meshes = tuple(dict.fromkeys(m for m in (getattr(getattr(x, "_sharding", None), "mesh",
+                                                          None) for x in leaves)
+                                     if isinstance(m, Mesh)))
+        # (So the meshes key the trace: arguments on another mesh of the same shape
+        # are another program.)
+        on = ("meshes",) + meshes if meshes else ()
+        with tracing_call(meshes):
+            # On explicit mesh axes the values' shardings are part of their types: the
+            # function is traced with them (spmd.shard.explicit), and they key the trace.
+            sig = _explicit.signature(leaves)
+            if sig is None:
+                return super()._traced(static_key, treedef, leaves, on)
+            mesh, types = sig
+            lenient = _explicit.lenient_now()  # (an eager operation inside out_sharding=)
+            return super()._traced(static_key, treedef, leaves,
+                                   ("explicit", mesh, types, lenient) + on,
+                                   lambda f: _explicit.wrap(f, mesh, types, lenient))
 
     def _make_plan(self, entry: _Entry, leaves, avals):
         plan = _CallPlan(entry, leaves, avals)

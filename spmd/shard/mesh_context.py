@@ -31,6 +31,8 @@ class _State(threading.local):
     def __init__(self):
         self.stack: list = []  # meshes of enclosing ``use_mesh``/``set_mesh`` blocks
         self.bodies: list = []  # (mesh, manual axes) of enclosing shard_map bodies
+        # Per jitted call being traced, the meshes its placed arguments are on.
+        self.calls: list = []
 
 
 _state = _State()
@@ -107,8 +109,8 @@ def in_body(mesh, manual):
 def get_abstract_mesh() -> AbstractMesh:
     """The current mesh's axis names, sizes and types (``jax.sharding.get_abstract_mesh``):
     inside a ``shard_map`` body its mesh, the body's manual axes (and those of enclosing
-    bodies) typed ``Manual`` and the others as the mesh types them; else the mesh of ``set_mesh``/``use_mesh``; else an empty
-    one (``.empty``).
+    bodies) typed ``Manual`` and the others as the mesh types them; else the mesh of
+    ``set_mesh``/``use_mesh``; else an empty one (``.empty``).
 
     >>> shard_map(lambda b: b * get_abstract_mesh().shape["i"], ...)  # doctest: +SKIP
     """
@@ -122,18 +124,33 @@ def get_abstract_mesh() -> AbstractMesh:
     return AbstractMesh((), ()) if mesh is None else mesh.abstract_mesh
 
 
-def concrete_mesh(abstract: AbstractMesh, fname: str) -> Mesh:
-    """The mesh in context whose axes are ``abstract``'s (an enclosing shard_map body's,
-    else that of ``set_mesh``/``use_mesh``): what ``shard_map(mesh=abstract)`` runs on."""
-    candidates = [b for b, _ in reversed(_state.bodies)] + [get_mesh()]
+@contextlib.contextmanager
+def tracing_call(meshes):
+    """While a jitted call whose placed arguments are on ``meshes`` is traced: a
+    ``shard_map(mesh=AbstractMesh)`` inside may run on one of them (as in JAX)."""
+    _state.calls.append(tuple(meshes))
+    try:
+        yield
+    finally:
+        _state.calls.pop()
+
+
+def concrete_mesh(abstract: AbstractMesh, fname: str, arg_meshes=()) -> Mesh:
+    """The mesh whose axes are ``abstract``'s that ``shard_map(mesh=abstract)`` runs on:
+    an enclosing shard_map body's, else that of ``set_mesh``/``use_mesh``, else that of
+    its arguments (``arg_meshes``: the meshes its placed arguments are on), else that of
+    the placed arguments of the jitted call being traced."""
+    candidates = [b for b, _ in reversed(_state.bodies)] + [get_mesh()] + list(arg_meshes)
+    candidates += [m for call in reversed(_state.calls) for m in call]
     for mesh in candidates:
         if mesh is not None and (mesh.axis_names, mesh.axis_sizes) == \
                 (abstract.axis_names, abstract.axis_sizes):
             return mesh
     raise MeshContextError(
         f"{fname}: mesh={abstract} has no devices, and no mesh of its axes is in context "
-        f"(current: {get_mesh()}); call it inside `with spmd.sharding.use_mesh(mesh):` with "
-        "a mesh of those axes, or pass the Mesh itself")
+        f"(current: {get_mesh()}) or holds its arguments; pass Arrays placed on a mesh of "
+        "those axes (NamedSharding), call it inside `with spmd.sharding.use_mesh(mesh):`, "
+        "or pass the Mesh itself")
 
 
 def require_mesh(fname: str, how: str = "pass mesh="):

@@ -458,7 +458,9 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=_R
         if isinstance(m, AbstractMesh):  # the devices of the mesh of its axes in context
             from spmd.shard.mesh_context import concrete_mesh
 
-            m = concrete_mesh(m, fname)
+            placed = [getattr(x, "_sharding", None) for x in tree_util.tree_leaves(args)]
+            m = concrete_mesh(m, fname, [s.mesh for s in placed if isinstance(
+                getattr(s, "mesh", None), Mesh)])
         elif mesh is not None:
             _check_context_mesh(mesh, fname)
         names = axis_names

@@ -65,3 +65,25 @@ def test_shard_map_over_an_abstract_mesh_runs_on_the_mesh_in_context(jit):
     with use_mesh(spmd.make_mesh((8,), ("i",))):
         with pytest.raises(MeshContextError, match=r"no mesh of its axes is in context"):
             f(X)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_shard_map_over_an_abstract_mesh_runs_on_its_arguments_mesh(jit):
+    # As in JAX: with no mesh in context, the mesh the placed arguments are on.
+    from spmd import NamedSharding
+
+    devs = spmd.devices()
+    m1 = spmd.Mesh(np.array(devs[:4]).reshape(2, 2), ("x", "y"))
+    m2 = spmd.Mesh(np.array(devs[4:8]).reshape(2, 2), ("x", "y"))
+    x = X
+    f = lambda v: spmd.shard_map(lambda b: b * 2, mesh=m1.abstract_mesh,  # noqa: E731
+                                 in_specs=P("x"), out_specs=P("x"))(v)
+    run = spmd.jit(f) if jit else f
+    for m in (m1, m2, m1):  # the same function, arguments on two meshes of one shape
+        out = run(spmd.device_put(x, NamedSharding(m, P("x", "y"))))
+        assert out.sharding.mesh == m
+        np.testing.assert_array_equal(np.asarray(out), 2 * x)
+    with pytest.raises(MeshContextError, match=r"has no devices, and no mesh of its axes is "
+                                               r"in context \(current: None\) or holds its "
+                                               r"arguments"):
+        run(x)
