@@ -33,6 +33,7 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
+from spmd.compiler import dtypes
 from spmd.compiler.array_module import to_host
 from spmd.compiler.avals import ShapedArray, ShapeDtypeStruct
 from spmd.compiler.batching import move_to_front
@@ -58,11 +59,12 @@ class _Fn:
     """The callback with its pytree structures (hashable by identity: a program's
     parameter)."""
 
-    __slots__ = ("fn", "in_tree", "out_tree", "name")
+    __slots__ = ("fn", "in_tree", "out_tree", "name", "where")
 
-    def __init__(self, fn, in_tree, out_tree):
+    def __init__(self, fn, in_tree, out_tree, where):
         self.fn, self.in_tree, self.out_tree = fn, in_tree, out_tree
         self.name = getattr(fn, "__name__", "callback")
+        self.where = where  # pure_callback or io_callback, for the errors
 
     def __repr__(self):
         return self.name
@@ -112,7 +114,7 @@ def _bind(prim, where, callback, result_shape_dtypes, args, kwargs, vmap_method)
                                 f"{type(r).__name__}; give ShapeDtypeStruct(shape, dtype) "
                                 "(or an array) for each result")
         avals.append(ShapeDtypeStruct(shape, dtype).to_aval())
-    outs = bind(prim, *leaves, fn=_Fn(callback, in_tree, out_tree),
+    outs = bind(prim, *leaves, fn=_Fn(callback, in_tree, out_tree, where),
                 result_avals=tuple(avals), vmap_method=vmap_method, levels=())
     return tree_util.tree_unflatten(out_tree, list(outs))
 
@@ -121,14 +123,16 @@ def _call(fn, values, result_avals):
     args, kwargs = tree_util.tree_unflatten(fn.in_tree, list(values))
     got = tree_util.tree_leaves(fn.fn(*args, **kwargs))
     if len(got) != len(result_avals):
-        raise CallbackError(f"pure_callback: {fn.name} returned {len(got)} arrays, but "
+        raise CallbackError(f"{fn.where}: {fn.name} returned {len(got)} arrays, but "
                             f"result_shape_dtypes gives {len(result_avals)}")
     outs = []
     for k, (g, a) in enumerate(zip(got, result_avals)):
         g = np.asarray(g)
+        if g.dtype != a.dtype and dtypes.canonicalize(g.dtype) == a.dtype:
+            g = g.astype(a.dtype)  # (float64 asked for and made, without x64: float32)
         if g.shape != a.shape or g.dtype != a.dtype:
             raise CallbackError(
-                f"pure_callback: result {k} of {fn.name} is {g.dtype}{list(g.shape)}, but "
+                f"{fn.where}: result {k} of {fn.name} is {g.dtype}{list(g.shape)}, but "
                 f"result_shape_dtypes says {a.dtype}{list(a.shape)}; return that (e.g. "
                 ".astype or reshape in the callback), or fix result_shape_dtypes")
         outs.append(g)

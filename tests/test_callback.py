@@ -83,8 +83,13 @@ def test_under_jit_with_shardings_it_sees_whole_values():
 
 
 def test_errors_are_named():
-    with pytest.raises(CallbackError, match=r"result 0 of <lambda> is float32\[2\], but "
-                                            r"result_shape_dtypes says float32\[6\]"):
+    # float64 asked for and made is float32 without x64, as the program's other values.
+    out = spmd.jit(lambda r: spmd.pure_callback(lambda v: v.astype(np.float64),
+                                                spmd.ShapeDtypeStruct((6,), np.float64), r))(X[0])
+    assert out.dtype == np.float32
+    with pytest.raises(CallbackError, match=r"pure_callback: result 0 of <lambda> is "
+                                            r"float32\[2\], but result_shape_dtypes says "
+                                            r"float32\[6\]"):
         spmd.jit(lambda r: spmd.pure_callback(lambda v: v[:2], ROW, r))(X[0])
     with pytest.raises(CallbackError, match=r"returned 2 arrays, but result_shape_dtypes "
                                             r"gives 1"):
