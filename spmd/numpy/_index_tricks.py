@@ -18,9 +18,9 @@ from spmd.compiler import dtypes
 from spmd.compiler.trace import Tracer
 from spmd.errors import ArgumentError, ConcretizationError, ShapeError
 from spmd.numpy._complex import conj
-from spmd.numpy._creation import arange, asarray, zeros
+from spmd.numpy._creation import arange, asarray, linspace, ones, zeros
 from spmd.numpy._elementwise import sqrt, where
-from spmd.numpy._more import diagonal
+from spmd.numpy._more import diagonal, diff, searchsorted
 from spmd.numpy._reductions import any as any_, mean
 from spmd.numpy._shape import broadcast_arrays, broadcast_to, stack, swapaxes
 from spmd.numpy._shape_more import concatenate, flip
@@ -231,8 +231,6 @@ def histogram_bin_edges(a, bins=10, range=None, weights=None):  # noqa: A002
     lo, hi = asarray(lo, dtype=dt), asarray(hi, dtype=dt)
     same = lo == hi  # (numpy's rule: one point spreads over a unit-wide range)
     lo, hi = where(same, lo - 0.5, lo), where(same, hi + 0.5, hi)
-    from spmd.numpy._creation import linspace
-
     return linspace(lo, hi, int(np.asarray(bins)) + 1, dtype=dt)
 
 
@@ -249,7 +247,7 @@ def histogram(a, bins=10, range=None, weights=None, density=None):  # noqa: A002
     v = _arr(a, fname)
     dt = v.dtype if dtypes.is_inexact(v.dtype) else dtypes.default_float()
     if weights is None:
-        w = zeros(v.shape, dt) + 1
+        w = ones(v.shape, dt)
     else:
         w = _arr(weights, fname)
         if w.shape != v.shape:
@@ -258,8 +256,6 @@ def histogram(a, bins=10, range=None, weights=None, density=None):  # noqa: A002
         dt = np.result_type(dt, w.dtype) if dtypes.is_inexact(w.dtype) else dt
         w = w.astype(dt)
     edges = histogram_bin_edges(v, bins, range)
-    from spmd.numpy._more import diff, searchsorted
-
     flat = v.astype(dt).reshape(-1)
     n = edges.shape[0]
     # Bin k + 1 for a value in [edges[k], edges[k + 1]); 0 and n: outside (dropped).

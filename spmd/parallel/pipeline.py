@@ -26,14 +26,14 @@ from spmd.compiler.jit import eval_shape
 from spmd.compiler.trace import get_aval
 from spmd.errors import ShapeError
 from spmd.lax import scan, switch
-from spmd.parallel.schedule import build
+from spmd.parallel.schedule import build, theory_bubble
 
 __all__ = ["PipelineGrads", "gpipe_bubble", "pipeline", "pipeline_value_and_grad"]
 
 
 def gpipe_bubble(stages: int, microbatches: int) -> float:
     """The idle share of GPipe's stage-ticks: ``(S - 1) / (M + S - 1)``."""
-    return (stages - 1) / (microbatches + stages - 1)
+    return theory_bubble(stages, microbatches)
 
 
 def _microbatch(stage, stage_params, xs, fname: str):

@@ -302,10 +302,6 @@ def never(reason: str) -> Callable:
 # which types never name: a value keeps its type, except where the collective
 # reshapes a dimension, which must then be whole along the typed axes.
 
-def _collective_same(avals_in, types_in, avals_out, mesh, params):
-    return list(types_in)
-
-
 def _collective_dims(name, *dims_of):
     """A collective that resizes, adds or removes the dimensions ``dims_of(params,
     ndim)`` names: those must be untyped; the others keep their types."""
@@ -617,9 +613,8 @@ def _table() -> None:
     # Collectives meet an explicit trace only in a partial-manual body (typed along the
     # axes it leaves); a full-manual body is untyped.
     for p in (cp.psum_p, cp.pmax_p, cp.pmin_p, cp.pvary_p, cp.ppermute_p):
-        register(p, _collective_same)
-    register(cp.axis_index_p, lambda avals_in, types_in, avals_out, mesh, params:
-             [replicated(0)])
+        register(p, operand_only)
+    register(cp.axis_index_p, whole_only("axis_index"))
     register(cp.all_gather_p, _collective_dims(  # (untiled, it adds a dimension)
         "all_gather", lambda q, n: q["axis"] if q["tiled"] else None))
     register(cp.psum_scatter_p, _collective_dims(

@@ -303,24 +303,6 @@ def test_auto_axes_over_some_axes(mesh):
         spmd.jit(lambda v: auto_axes(flat, axes="z", out_sharding=P("x"))(v))(a)
 
 
-def test_explicit_axes_over_some_axes():
-    auto = spmd.make_mesh((4, 2), ("x", "y"))
-    an = rand(8, 4)
-    seen = []
-
-    def g(v):
-        w = v * 2
-        seen.append(str(spmd.typeof(w)))
-        return w.sum(axis=0)
-
-    with spmd.sharding.use_mesh(auto):
-        out = spmd.jit(lambda v: explicit_axes(g, axes="x", in_sharding=P("x", "y"))(v))(
-            put(auto, an))
-    # Only 'x' is explicit inside: 'y' is dropped from the type (the partitioner's).
-    assert seen == ["f32[8@x,4]"]
-    np.testing.assert_allclose(np.asarray(out), (an * 2).sum(axis=0), rtol=1e-6)
-
-
 def test_explicit_axes_inside_auto_axes(mesh):
     an = rand(8, 4)
     a = put(mesh, an, "x", "y")
@@ -356,6 +338,14 @@ def test_explicit_axes_on_an_automatic_mesh():
             np.ones((8, 4), np.float32))
     assert seen == ["f32[8@x,4@y]"]
     np.testing.assert_array_equal(np.asarray(out), np.full(4, 16.0))
+    # Over some of the axes: only 'x' is explicit inside, and 'y' is dropped from the
+    # type (the partitioner's).
+    an = rand(8, 4)
+    with spmd.sharding.use_mesh(auto):
+        out = spmd.jit(lambda v: explicit_axes(g, axes="x", in_sharding=P("x", "y"))(v))(
+            put(auto, an))
+    assert seen == ["f32[8@x,4@y]", "f32[8@x,4]"]
+    np.testing.assert_allclose(np.asarray(out), (an * 2).sum(axis=0), rtol=1e-6)
     with pytest.raises(TypeError, match="explicit_axes: missing required keyword argument"):
         with spmd.sharding.use_mesh(auto):
             spmd.jit(lambda v: explicit_axes(g)(v))(np.ones((8, 4), np.float32))
