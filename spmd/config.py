@@ -109,6 +109,9 @@ class Config:
         # Chains of elementwise equations of a program lowered for execution run as
         # one kernel each (spmd.compiler.fusion); applies to programs compiled after.
         self.fuse_elementwise: bool = _env_bool("SPMD_FUSE_ELEMENTWISE", True)
+        # Elementwise values read again much later (the forward's, by the backward)
+        # are recomputed there rather than kept (spmd.compiler.recompute).
+        self.recompute_elementwise: bool = _env_bool("SPMD_RECOMPUTE_ELEMENTWISE", True)
         # JAX's matmul precision setting, accepted and recorded: products here are
         # always computed in their operands' dtype (numpy's and CuPy's defaults; no
         # TF32 or bfloat16 passes), which is JAX's "highest".
@@ -134,8 +137,9 @@ class Config:
             raise ArgumentError(
                 f"spmd.config.update: default_matmul_precision={value!r} is not one of "
                 f"JAX's names {sorted(p for p in MATMUL_PRECISIONS if p)} (or None)")
-        if name == "fuse_elementwise" and not isinstance(value, bool):
-            raise ArgumentError(f"spmd.config.update: fuse_elementwise must be True or False, "
+        if name in ("fuse_elementwise", "recompute_elementwise") and \
+                not isinstance(value, bool):
+            raise ArgumentError(f"spmd.config.update: {name} must be True or False, "
                                 f"got {value!r}")
         setattr(self, name, value)
         for fn in self._listeners:

@@ -234,11 +234,11 @@ def test_a_run_resumes_by_itself_from_the_latest_checkpoint(ex, tmp_path, capsys
 
 @pytest.mark.parametrize("mesh_shape", [(1, 1), (4, 2)])
 def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
-    """The step with every elementwise chain fused into kernels and every batch of
+    """The step with every elementwise chain fused into kernels, every batch of
     products shared among 3 threads (whatever the cost models say; BLAS held to one
-    thread for them) gives the unfused step's losses and parameters on one thread,
-    bit for bit."""
-    from spmd.compiler import fusion, threads
+    thread for them) and every late-read elementwise value recomputed gives the
+    unfused step's losses and parameters on one thread, none recomputed, bit for bit."""
+    from spmd.compiler import fusion, recompute, threads
     from spmd.compiler.ops import linalg
 
     corpus = np.arange(4000, dtype=np.int32) % 96
@@ -250,6 +250,7 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     monkeypatch.setattr(fusion, "MIN_KERNEL_NS", 0)
     monkeypatch.setattr(fusion, "MIN_ELEMENTS", 64)
     monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 512)
+    monkeypatch.setattr(recompute, "MIN_ELEMENTS", 64)
     split_calls = []
     run_products = threads.run_products
     monkeypatch.setattr(threads, "run_products",
@@ -259,6 +260,7 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
         monkeypatch.setenv("SPMD_NUM_THREADS", n_threads)
         monkeypatch.setattr(threads.POOL, "threads", None)
         spmd.config.update("fuse_elementwise", fuse)
+        spmd.config.update("recompute_elementwise", fuse)
         try:
             cfg, step, p, s = _setup(ex, mesh_shape, False)
             text = step.lower(p, s, batches[0]).as_text(executed=True)
@@ -269,6 +271,7 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
                 losses.append(float(loss))
         finally:
             spmd.config.update("fuse_elementwise", True)
+            spmd.config.update("recompute_elementwise", True)
         runs.append((losses, [np.asarray(x) for x in spmd.tree_util.tree_leaves(p)]))
         if n_threads == "3":
             assert split_calls or not threads.blas_is_openblas()  # products were shared

@@ -22,6 +22,7 @@ from spmd.compiler.pads import concat_zero_pads
 from spmd.compiler.combine import combine_collectives
 from spmd.compiler import array_module as _am, fusion, threads
 from spmd.compiler.overlap import overlap_collectives
+from spmd.compiler.recompute import recompute_elementwise
 from spmd.config import config
 
 # Results larger than this many elements are not folded into constants: the
@@ -139,6 +140,8 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
         closed = overlap_collectives(closed, min(config.overlap_bucket_bytes,
                                                  config.combine_collectives_bytes))
     closed = combine_collectives(closed, config.combine_collectives_bytes)
+    if config.recompute_elementwise:
+        closed = dce(recompute_elementwise(closed))
     if config.fuse_elementwise:
         if _am.current() is not np:  # a GPU: every group of two or more is one launch
             closed = fusion.fuse_elementwise(closed, min_kernel_ns=0)

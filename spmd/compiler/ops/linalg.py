@@ -7,6 +7,7 @@ the output's dimensions are: batch, then lhs free, then rhs free (XLA's order).
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def _plan(lhs_shape, rhs_shape, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
     lf = _free(len(lhs_shape), lc, lb)
     rf = _free(len(rhs_shape), rc, rb)
-    size = lambda shape, ax: int(np.prod([shape[a] for a in ax], dtype=np.int64))
+    size = lambda shape, ax: math.prod(shape[a] for a in ax)
     b, m, k, n = size(lhs_shape, lb), size(lhs_shape, lf), size(lhs_shape, lc), size(rhs_shape, rf)
     out_shape = tuple(lhs_shape[a] for a in lb) + tuple(lhs_shape[a] for a in lf) + \
         tuple(rhs_shape[a] for a in rf)
@@ -74,8 +75,8 @@ def _matrices(z, perm, nb, n_rows):
     made contiguous where BLAS could not read the matrices in place (numpy's matmul
     would then run its own slow loop)."""
     v = np.transpose(z, perm)
-    r = int(np.prod(v.shape[nb:nb + n_rows], dtype=np.int64))
-    c = int(np.prod(v.shape[nb + n_rows:], dtype=np.int64))
+    r = math.prod(v.shape[nb:nb + n_rows])
+    c = math.prod(v.shape[nb + n_rows:])
     v = np.reshape(v, v.shape[:nb] + (r, c))
     return v if _blas_readable(v) else np.ascontiguousarray(v)
 
@@ -116,7 +117,7 @@ def _matmul(xp, a, b, out=None):
     same bits)."""
     if xp is np and a.ndim == b.ndim >= 3 and a.shape[:-2] == b.shape[:-2]:
         (m, k), n = a.shape[-2:], b.shape[-1]
-        batch = int(np.prod(a.shape[:-2], dtype=np.int64))
+        batch = math.prod(a.shape[:-2])
         if batch > 1 and 2 * batch * m * n * k >= SPLIT_FLOPS and \
                 _threads.can_split(m * n * k):
             if out is None:
