@@ -12,6 +12,12 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   its backward (the forward recomputed, then its vjp), timed alone on rank 0: ``f``
   and ``b``;
 - ``bubble, measured``: ``1 - M (f + b) / step``, the idle share of a stage's time;
+- ``bubble, idle``: each rank's time in the step's collectives (``spmd.distributed.
+  collective_time``: waiting for its neighbour at a tick's ``ppermute``, and the
+  transfer itself) over the step, all ranks' steps: the idle share measured directly;
+- ``work beyond M (f + b)``: ``bubble, measured`` less rank 0's idle share: the
+  time the step spends computing beyond ``M (f + b)`` (accumulating the gradients,
+  the schedule's selects; products slower beside the other rank's);
 - ``bubble, theory``: ``(S - 1) / (M + S - 1)``; the goal is the measured bubble at
   most 10% above it (relative);
 - ``bubble, lockstep model``: ``1 - M (f + b) / lockstep_time(f, b)``, the
@@ -105,12 +111,18 @@ def measure(rounds: int) -> list[dict]:
                 out_specs=(P(), spmd.parallel.PipelineGrads(P("pipe"), P(), P()))))
             step(placed, xs, ys)
             step(placed, xs, ys)
-            times = []
+            times, idle = [], []
             for _ in range(rounds):
                 comm.Barrier()
+                _, c0 = spmd.distributed.collective_time()
                 t0 = time.perf_counter()
                 step(placed, xs, ys)
-                times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+                mine = time.perf_counter() - t0
+                _, c1 = spmd.distributed.collective_time()
+                times.append(comm.allreduce(mine, op=MPI.MAX))
+                # A stage's idle share: its time in the step's collectives (waiting
+                # for its neighbour at each tick's transfers, and the transfers).
+                idle += comm.allgather((c1 - c0) / times[-1])
             sched = pipeline_schedule(name, S, m)
             theory = theory_bubble(S, m)
             ticks = sched.lockstep_time(f, b)
@@ -120,6 +132,16 @@ def measure(rounds: int) -> list[dict]:
                 common.row(bench, "bubble, measured", [1 - m * (f + b) / t for t in times],
                            unit="%", goal_max_s=1.1 * theory,
                            note="1 - M (f + b) / step; goal: at most 10% above theory"),
+                common.row(bench, "bubble, idle", idle, unit="%",
+                           note="each rank's time in the step's collectives (waits and "
+                                "transfers) over the step; every rank's every step"),
+                common.row(bench, "work beyond M (f + b)",
+                           [1 - m * (f + b) / t - i
+                            for t, i in zip(times, idle[0::comm.Get_size()])],
+                           unit="%", note="bubble, measured, less this rank's idle share: "
+                                          "what the pipelined step computes that f and b "
+                                          "alone do not (gradient accumulation, the "
+                                          "schedule's selects), and slower products"),
                 common.row(bench, "bubble, theory", [theory], unit="%",
                            note="(S - 1) / (M + S - 1)"),
                 common.row(bench, "bubble, lockstep model", [1 - m * (f + b) / ticks],
