@@ -168,10 +168,23 @@ def test_errors(mesh):
     def constrained(b):
         return lax.with_sharding_constraint(b, NS(mesh, P("x")))
 
-    with pytest.raises(PartitionError, match=r"spec PartitionSpec\('x'\) names mesh axis 'x', "
-                                             r"which is manual in this partial-manual "
-                                             "shard_map"):
+    manual = r"spec PartitionSpec\('x'\) names mesh axis 'x', which is manual here"
+    with pytest.raises(PartitionError, match=manual):
         _partial_manual(constrained, mesh, P("x"), P("x"))(A)
+    with pytest.raises(PartitionError, match=manual):  # under jit too
+        spmd.jit(_partial_manual(constrained, mesh, P("x"), P("x")))(A)
+    # In a full-manual body every axis is manual: the constraint is refused, not ignored.
+    both = spmd.shard_map(lambda b: lax.with_sharding_constraint(b, NS(mesh, P("x", "y"))),
+                          mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y"))
+    full = r"spec PartitionSpec\('x', 'y'\) names mesh axis 'x', which is manual here"
+    with pytest.raises(PartitionError, match=full):
+        both(A)
+    with pytest.raises(PartitionError, match=full):
+        spmd.jit(both)(A)
+    # The automatic axes stay free to name.
+    auto = _partial_manual(lambda b: lax.with_sharding_constraint(b, NS(mesh, P(None, "y"))),
+                           mesh, P("x"), P("x"))
+    np.testing.assert_array_equal(np.asarray(auto(A)), A)
 
 
 @pytest.mark.parametrize("check_vma", [True, False])

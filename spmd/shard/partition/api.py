@@ -10,8 +10,8 @@ from spmd import tree_util
 from spmd.compiler.avals import ShapeDtypeStruct, abstract_arg_aval
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import _norm_argnums, flatten_outputs
-from spmd.compiler.trace import (Tracer, axis_env_key, get_aval, hoist_traced_consts,
-                                 trace_to_program)
+from spmd.compiler.trace import (Tracer, axis_env_key, axis_scope, get_aval,
+                                 hoist_traced_consts, trace_to_program)
 from spmd.errors import StaticArgumentError
 from spmd.shard import call, explicit
 from spmd.shard.partition.placement import Placement
@@ -40,9 +40,26 @@ def with_sharding_constraint(x, sharding):
             raise PartitionError(f"with_sharding_constraint: expected NamedSharding(mesh, spec) "
                                  f"values, got {s!r}; a bare PartitionSpec has no mesh (give "
                                  "one with spmd.sharding.use_mesh(mesh))")
+        _no_manual_axes(s)
     outs = [sharding_constraint_p.bind(v, spec=s.spec, mesh=s.mesh)
             for v, s in zip(leaves, shardings)]
     return tree_util.tree_unflatten(tree, outs)
+
+
+def _no_manual_axes(s: NamedSharding) -> None:
+    """Inside a ``shard_map`` body its manual axes are not the partitioner's: a value
+    there is one device's block along them, so a constraint naming them has nothing to
+    split (JAX raises too).  Checked here, as it is called, for full- and
+    partial-manual bodies alike (the partitioner checks the equations it partitions)."""
+    manual = [a for a in s.spec.mesh_axes if (scope := axis_scope(a)) is not None and
+              scope.manual]
+    if manual:
+        raise PartitionError(
+            f"with_sharding_constraint: spec {s.spec} names mesh axis {manual[0]!r}, which "
+            "is manual here (inside a shard_map over it): a value in the body is one "
+            "device's block along its manual axes, and a constraint there places it along "
+            "the automatic axes only (those axis_names= leaves out); leave the manual axes "
+            "out of its spec")
 
 
 def _broadcast(shardings, tree, fname):
