@@ -42,13 +42,21 @@ from spmd.compiler.ops.structural import reshape_p
 
 
 class Executable:
-    """A compiled program: call it with raw arrays, get a list of raw arrays."""
+    """A compiled program: call it with raw arrays, get a list of raw arrays.
 
-    __slots__ = ("fn", "source")
+    Compiled with ``donated`` argument positions (:func:`compile_program`), its code
+    may write into those arguments' buffers: ``consumed`` are the donated positions it
+    writes into, and ``exclusive[k]`` says whether result ``k`` is a buffer that
+    nothing else references (no argument, constant, other result, or view of one),
+    which a caller may donate to its next call (a loop's carry)."""
 
-    def __init__(self, fn, source: str):
+    __slots__ = ("fn", "source", "consumed", "exclusive")
+
+    def __init__(self, fn, source: str, consumed=frozenset(), exclusive=()):
         self.fn = fn
         self.source = source
+        self.consumed = frozenset(consumed)
+        self.exclusive = tuple(exclusive)
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -59,8 +67,13 @@ def _names():
         yield f"v{i}"
 
 
-def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Executable:
-    """Generate and compile Python source for ``closed``; constants are bound in."""
+def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
+                    donated=()) -> Executable:
+    """Generate and compile Python source for ``closed``; constants are bound in.
+
+    ``donated``: positions of arguments whose buffers the caller hands over (it holds
+    no other reference to them and never reads them after the call, as a loop does
+    with its carries): the code may update them in place."""
     program = closed.program
     namespace: dict = {"xp": xp}
     lines: list[str] = []
@@ -87,8 +100,10 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Exec
     for v in program.in_vars[n_consts:]:
         names[v] = next(gen)
         args.append(names[v])
-    emit_eqns(program.eqns, xp, namespace, names, gen, const, atom, lines,
-              live_out=program.out_atoms)
+    # (A 0-d value may be a numpy scalar, which has no buffer to write into.)
+    given = {k: v for k in donated if (v := program.in_vars[n_consts + k]).aval.ndim}
+    written = emit_eqns(program.eqns, xp, namespace, names, gen, const, atom, lines,
+                        live_out=program.out_atoms, donated=list(given.values()))
     # A constant (or literal) returned as a result is copied: results must not
     # alias the buffers the compiled function keeps for its next call.
     const_names = {names[v] for v in program.in_vars[:n_consts]}
@@ -98,7 +113,9 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program") -> Exec
     src = f"def {name}({', '.join(args)}):\n" + "".join(f"    {ln}\n" for ln in lines)
     src += f"    return [{outs}]\n"
     exec(compile(src, f"<spmd:{name}>", "exec"), namespace)
-    return Executable(namespace[name], src)
+    consumed = {k for k, v in given.items() if v in written.consumed}
+    return Executable(namespace[name], src, consumed,
+                      [written.exclusive(a, program.out_atoms) for a in program.out_atoms])
 
 
 _VALUE_NAME = re.compile(r"\bv\d+\b")
@@ -282,6 +299,21 @@ def _reusable_input(eqn, owned, uses):
     return None
 
 
+def _updatable_operand(eqn, owned, uses, dead):
+    """Operand 0 of a primitive with an ``in_place`` rule (``dynamic_update_slice``,
+    ``scatter``) when its buffer may be updated rather than copied: owned by this code
+    (made here, or donated), with this equation its only reader (so it is no output
+    and no view of it exists), of the result's shape and dtype."""
+    if eqn.primitive.rules.get("in_place") is None or not eqn.inputs:
+        return None
+    x, out = eqn.inputs[0], eqn.outputs[0].aval
+    if (isinstance(x, Var) and x in owned and uses.get(x) == 1 and x not in dead.aliased
+            and x not in dead.handed_on and x.aval.shape == out.shape
+            and x.aval.dtype == out.dtype):
+        return x
+    return None
+
+
 # ------------------------------------------------------------------ emission
 
 # Calls that return a new array (never a view of an argument), besides ufuncs
@@ -306,6 +338,7 @@ class _DeadBuffers:
         self.remaining = _use_counts(eqns, live_out)
         self.aliased: set = set()  # read by code that may return a view of it
         self.handed_on: set = set()  # its buffer now holds a later value
+        self.keep: set = set()  # never recycled (donated arguments)
         self.free: dict = {}
 
     def take(self, aval) -> str | None:
@@ -320,7 +353,7 @@ class _DeadBuffers:
                 self.aliased.add(a)
             self.remaining[a] -= 1
             if (self.remaining[a] == 0 and a in owned and a not in self.aliased
-                    and a not in self.handed_on and a.aval.ndim):
+                    and a not in self.handed_on and a not in self.keep and a.aval.ndim):
                 self.free.setdefault((a.aval.shape, a.aval.dtype), []).append(names[a])
 
 
@@ -428,17 +461,38 @@ def _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines) -> None:
         pending.remove(handle)
 
 
-def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) -> None:
+class Ownership:
+    """What :func:`emit_eqns` learned of the buffers: the donated arguments its code
+    writes into (``consumed``), and which values own their buffer alone."""
+
+    def __init__(self, owned, dead):
+        self.owned, self.dead = owned, dead
+        self.consumed: set = set()
+
+    def exclusive(self, a, outs) -> bool:
+        """Whether output ``a``'s buffer is referenced by nothing else: made (or
+        donated) here, never read by code that may return a view of it, and not
+        returned twice."""
+        return (isinstance(a, Var) and a in self.owned and a not in self.dead.aliased
+                and sum(o is a for o in outs) == 1)
+
+
+def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
+              donated=()) -> Ownership:
     """Append one line of code per equation to ``lines``.
 
     ``live_out`` are the atoms the caller reads after these equations (the
     program's outputs); values among them are always materialised and never
-    overwritten.
+    overwritten.  ``donated`` are input variables whose buffers are this code's to
+    overwrite (see :func:`compile_program`).
     """
     compact = plan_implicit_broadcasts(eqns, live_out)
     uses = _use_counts(eqns, live_out)
-    owned: set = set()  # values in buffers that only this program's code references
+    # Values in buffers that only this program's code references.
+    owned: set = set(donated)
     dead = _DeadBuffers(eqns, live_out)
+    dead.keep.update(donated)  # a donated buffer is updated in place, not recycled
+    done = Ownership(owned, dead)
     flat = FlatWrites(eqns, live_out, uses)
     pending: list = []  # requests of started collectives not waited for yet
     for i, eqn in enumerate(eqns):
@@ -490,10 +544,19 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             # operation directly); else the impl with its parameters as keywords.
             bind_impl = prim.rules.get("bind_impl")
             fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
+            target = _updatable_operand(eqn, owned, uses, dead)
+            if target is not None:
+                # Its operand's buffer is this code's alone and read nowhere else:
+                # update it in place (rules["in_place"]) instead of a copy.
+                fn = functools.partial(prim.rules["in_place"], xp, **eqn.params)
+                dead.handed_on.add(target)
+                if target in done.owned and target in donated:
+                    done.consumed.add(target)
             if fn is None:
                 fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
                     functools.partial(prim.impl, xp)
-            fname = f"_{prim.name}_{i}".replace("-", "_")
+            fname = f"_{prim.name}_{'in_place_' if target is not None else ''}{i}".replace(
+                "-", "_")
             namespace[fname] = fn
             expr = f"{fname}({', '.join(ins)})"
         elif not prim.multiple_results and array_result:
@@ -509,6 +572,8 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
                 target = _reusable_input(eqn, owned, uses)
                 if target is not None:
                     dead.handed_on.add(target)
+                    if target in donated:
+                        done.consumed.add(target)
                 out = names[target] if target is not None else dead.take(out_aval)
                 if out is not None:
                     expr = f"xp.{uf}({', '.join(ins)}, out={out})"
@@ -533,3 +598,4 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=()) 
             # seldom completed at its wait; after every equation, often: about
             # 1 microsecond per test).
             lines.extend(f"{h}.test()" for h in pending)
+    return done

@@ -43,18 +43,20 @@ jit_p = Primitive("jit", traits=(), multiple_results=True, higher_order=True)
 _executables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def executable_for(closed: ClosedProgram, xp=None) -> Executable:
-    """The compiled code of ``closed`` (compiled once per program and array module;
+def executable_for(closed: ClosedProgram, xp=None, donated=()) -> Executable:
+    """The compiled code of ``closed`` (compiled once per program, array module and
+    ``donated`` argument positions (see :func:`spmd.compiler.codegen.compile_program`);
     ``xp=None``: the module of this process's devices, numpy or cupy)."""
     if xp is None:
         xp = _am.current()
     per_program = _executables.get(closed)
     if per_program is None:
         per_program = _executables[closed] = {}
-    exe = per_program.get(xp.__name__)
+    key = (xp.__name__, tuple(donated))
+    exe = per_program.get(key)
     if exe is None:
-        exe = per_program[xp.__name__] = compile_program(
-            lower_for_execution(optimize(closed)), xp)
+        exe = per_program[key] = compile_program(
+            lower_for_execution(optimize(closed)), xp, donated=tuple(donated))
     return exe
 
 

@@ -88,7 +88,8 @@ def test_the_traits_of_todays_primitives(registry):
         ["add", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "and", "or", "xor",
          "eq", "ne", "lt", "le", "gt", "ge", "select_n"])
     assert holders["broadcast"] == ["broadcast_in_dim"]
-    assert holders["fresh_result"] == ["dot_general", "fused_elementwise"]
+    assert holders["fresh_result"] == ["dot_general", "dynamic_update_slice", "fused_elementwise",
+                                       "scatter"]
     assert holders["dot"] == ["dot_general"]
 
 

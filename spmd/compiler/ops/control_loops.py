@@ -75,36 +75,57 @@ def _loop_fn(kind, *arity):
     return fn
 
 
-def _scan_src(nc, ncar, nx, ny):
+def _scan_src(nc, ncar, nx, ny, own=(), recopy=()):
     c, h, x, y, v = (_names(p, n) for p, n in
                      (("c", nc), ("h", ncar), ("x", nx), ("y", ny), ("v", ny)))
     call = f"body({', '.join(c + h + [f'{xk}[i]' for xk in x])})"
     lines = ["def loop(body, order, args, ys):", "    " + _unpack(c + h + x, "args"),
-             "    " + _unpack(y, "ys"), "    for i in order:",
-             "        " + (_unpack(h + v, call) or call)]
+             *_copies(h, own, "    "), "    " + _unpack(y, "ys"), "    for i in order:",
+             "        " + (_unpack(h + v, call) or call), *_copies(h, recopy, "        ")]
     lines += [f"        {yk}[i] = {vk}" for yk, vk in zip(y, v)]
     lines.append(f"    return [{', '.join(h)}]")
     return "\n".join(ln for ln in lines if ln.strip()) + "\n"
 
 
-def _while_src(ncc, nbc, ncar):
+def _while_src(ncc, nbc, ncar, own=(), recopy=()):
     cc, bc, h = _names("a", ncc), _names("b", nbc), _names("h", ncar)
     body = f"body({', '.join(bc + h)})"
     lines = ["def loop(cond, body, args):", "    " + _unpack(cc + bc + h, "args"),
-             f"    while cond({', '.join(cc + h)})[0]:",
-             "        " + (_unpack(h, body) or body), f"    return [{', '.join(h)}]"]
+             *_copies(h, own, "    "), f"    while cond({', '.join(cc + h)})[0]:",
+             "        " + (_unpack(h, body) or body), *_copies(h, recopy, "        "),
+             f"    return [{', '.join(h)}]"]
     return "\n".join(ln for ln in lines if ln.strip()) + "\n"
+
+
+def _copies(h, which, indent) -> list:
+    return [f"{indent}{h[k]} = {h[k]}.copy()" for k in which]
+
+
+# Loop carries are donated to the body (spmd.compiler.codegen.compile_program): where
+# its code updates one in place (a dynamic_update_slice or scatter on it, an
+# elementwise result written into it), the loop gives it a buffer of its own, a copy
+# of the initial value made once, instead of the whole-buffer copy each iteration
+# made (a fori_loop writing row i of an n-row array copied it n times).  A carry the
+# body returns in a buffer something else may reference (an input passed through, a
+# view, a constant) is copied again before the next iteration.
+def _donation(body, first: int, n: int):
+    """``(own, recopy)``: the carries (of ``n``, the body's arguments ``first`` on) the
+    loop must copy once before the loop, and after every iteration."""
+    own = tuple(sorted(k - first for k in body.consumed))
+    recopy = tuple(k for k in own if not body.exclusive[k])
+    return own, recopy
 
 
 @scan_p.def_impl
 def _scan_impl(xp, *args, program, num_consts, num_carry, length, reverse):
     from spmd.compiler.jit import executable_for
 
-    body = executable_for(program, xp)
+    carries = tuple(range(num_consts, num_consts + num_carry))
+    body = executable_for(program, xp, donated=carries)
     y_avals = program.out_avals[num_carry:]
     ys = [xp.empty((length,) + a.shape, dtype=a.dtype) for a in y_avals]
     loop = _loop_fn("scan", num_consts, num_carry, len(args) - num_consts - num_carry,
-                    len(ys))
+                    len(ys), *_donation(body, num_consts, num_carry))
     order = range(length - 1, -1, -1) if reverse else range(length)
     return loop(getattr(body, "fn", body), order, args, ys) + ys
 
@@ -421,9 +442,11 @@ def _while_impl(xp, *args, cond_program, body_program, cond_nconsts, body_nconst
     from spmd.compiler.jit import executable_for
 
     cond = executable_for(cond_program, xp)
-    body = executable_for(body_program, xp)
-    loop = _loop_fn("while", cond_nconsts, body_nconsts,
-                    len(args) - cond_nconsts - body_nconsts)
+    n_carry = len(args) - cond_nconsts - body_nconsts
+    body = executable_for(body_program, xp,
+                          donated=tuple(range(body_nconsts, body_nconsts + n_carry)))
+    loop = _loop_fn("while", cond_nconsts, body_nconsts, n_carry,
+                    *_donation(body, body_nconsts, n_carry))
     return loop(getattr(cond, "fn", cond), getattr(body, "fn", body), args)
 
 

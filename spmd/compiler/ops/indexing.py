@@ -163,15 +163,24 @@ def _ds_batch(args, dims, *, slice_sizes):
 
 # ---------------------------------------------------- dynamic_update_slice
 
-dynamic_update_slice_p = Primitive("dynamic_update_slice", traits=())
+dynamic_update_slice_p = Primitive("dynamic_update_slice", traits=("fresh_result",))
+
+
+def _dus_in_place(xp, x, update, *starts):
+    """Write ``update`` into ``x`` itself (the generated code calls this where ``x``'s
+    buffer is its own and read nowhere else: ``codegen._updatable_operand``)."""
+    st = _clamped_starts(starts, x.shape, update.shape)
+    x[tuple(slice(s, s + k) for s, k in zip(st, update.shape))] = update
+    return x
 
 
 @dynamic_update_slice_p.def_impl
 def _dus_impl(xp, x, update, *starts):
-    st = _clamped_starts(starts, x.shape, update.shape)
-    out = x.copy()  # inputs are never modified: other values may share their buffers
-    out[tuple(slice(s, s + k) for s, k in zip(st, update.shape))] = update
-    return out
+    # Inputs are never modified: other values may share their buffers.
+    return _dus_in_place(xp, x.copy(), update, *starts)
+
+
+dynamic_update_slice_p.rules["in_place"] = _dus_in_place
 
 
 @dynamic_update_slice_p.def_abstract_eval
@@ -370,17 +379,22 @@ def _gather_batch(args, dims, *, axes, mode, fill_value):
 
 # ----------------------------------------------------------------- scatter
 
-scatter_p = Primitive("scatter", traits=())
+scatter_p = Primitive("scatter", traits=("fresh_result",))
 SCATTER_MODES = ("set", "add", "mul", "min", "max")
 _UFUNCS = {"add": "add", "mul": "multiply", "min": "minimum", "max": "maximum"}
 
 
 @scatter_p.def_impl
 def _scatter_impl(xp, x, updates, *idx, axes, mode):
+    # Inputs are never modified: other values may share their buffers.
+    return _scatter_in_place(xp, x.copy(), updates, *idx, axes=axes, mode=mode)
+
+
+def _scatter_in_place(xp, out, updates, *idx, axes, mode):
+    """Scatter ``updates`` into ``out`` itself (see :func:`_dus_in_place`)."""
     idx = _wide(idx)
-    out = x.copy()  # never modify an input
     view = _moved(xp, out, axes)
-    ok = _in_bounds(xp, idx, [x.shape[a] for a in axes])
+    ok = _in_bounds(xp, idx, [out.shape[a] for a in axes])
     if ok.all():
         ids, upd = tuple(idx), updates
     else:  # drop the out-of-bounds updates (a boolean mask over the B dims)
@@ -394,6 +408,9 @@ def _scatter_impl(xp, x, updates, *idx, axes, mode):
     else:
         _device_ufunc_at(xp, _UFUNCS[mode], view, ids, upd)
     return out
+
+
+scatter_p.rules["in_place"] = _scatter_in_place
 
 
 # np.add.at visits the updates one at a time: an embedding's gradient (2048 rows of

@@ -1,0 +1,205 @@
+"""Updates in place (spmd/compiler/codegen.py, ``rules["in_place"]``) and loop carries
+donated to the loop body (spmd/compiler/ops/control_loops.py): no argument, constant,
+input array or other value that shares a buffer is ever written, and the results are
+numpy's.  The aliasing cases are the point: a carry returned twice, a carry that is an
+``xs`` slice, a constant, a view of another carry, a carry that is also a ``y``."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd import lax
+from spmd.compiler.jit import _executables
+
+
+def _bodies_with(fn_marker: str) -> list:
+    """The compiled loop bodies (donated carries) whose code calls ``fn_marker``."""
+    return [e for per in list(_executables.values()) for key, e in per.items()
+            if key[1] and fn_marker in e.source]
+
+
+def _rows(n, d):
+    """fori_loop writing row i of an (n, d) array: ``a.at[i].set(i)``."""
+    return lambda a: lax.fori_loop(0, n, lambda i, a: a.at[i].set(
+        snp.full((d,), i, np.float32)), a)
+
+
+def _expected_rows(n, d):
+    return np.repeat(np.arange(n, dtype=np.float32)[:, None], d, axis=1)
+
+
+@pytest.mark.parametrize("jitted", [True, False])
+def test_a_loop_writes_rows_in_place_and_leaves_its_input(jitted):
+    f = _rows(6, 3)
+    f = spmd.jit(f) if jitted else f
+    a = np.full((6, 3), -1.0, np.float32)
+    for _ in range(2):  # the second call must start from the caller's array again
+        np.testing.assert_array_equal(np.asarray(f(a)), _expected_rows(6, 3))
+        np.testing.assert_array_equal(a, np.full((6, 3), -1.0, np.float32))
+    if jitted:  # (eagerly the body's program, traced per call, is gone by now)
+        body = _bodies_with("_scatter_in_place_")
+        assert body and any(b.consumed for b in body)
+
+
+def test_while_loop_carries_too():
+    def f(a):
+        def body(c):
+            i, a = c
+            return i + 1, lax.dynamic_update_slice(a, snp.full((1, 2), i, np.float32), (i, 0))
+        return lax.while_loop(lambda c: c[0] < 5, body, (np.int32(0), a))[1]
+
+    a = np.zeros((5, 2), np.float32)
+    np.testing.assert_array_equal(np.asarray(spmd.jit(f)(a)), _expected_rows(5, 2))
+    assert not a.any()
+    assert _bodies_with("_dynamic_update_slice_in_place_")
+
+
+def test_straight_line_updates_chain_in_place_but_never_on_an_argument():
+    def f(a):
+        b = lax.dynamic_update_slice(a, np.ones((1, 3), np.float32), (0, 0))
+        return lax.dynamic_update_slice(b, 2 * np.ones((1, 3), np.float32), (1, 0))
+
+    a = np.zeros((3, 3), np.float32)
+    g = spmd.jit(f)
+    out = np.asarray(g(a))
+    np.testing.assert_array_equal(out[:2], [[1, 1, 1], [2, 2, 2]])
+    assert not a.any()
+    src = g.lower(a).compile().source
+    assert src.count("_dynamic_update_slice_in_place_") == 1  # the second; the first copies
+
+
+def test_a_carry_returned_twice_is_copied_apart():
+    def body(c, i):
+        a, b = c
+        a = a.at[i].set(10.0)  # in place into a's buffer: b must not see it
+        seen = b[i]
+        return (a, a), seen  # both carries in one buffer for the next step
+
+    a = np.zeros(4, np.float32)
+    (x, y), seen = spmd.jit(lambda a: lax.scan(body, (a, a), np.arange(4)))(a)
+    np.testing.assert_array_equal(np.asarray(seen), np.zeros(4, np.float32))
+    np.testing.assert_array_equal(np.asarray(x), np.full(4, 10.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(y), np.full(4, 10.0, np.float32))
+    assert not a.any()
+
+
+def test_a_carry_viewing_another_is_copied_apart():
+    def body(c, i):
+        a, t = c
+        a = a.at[i, 0].set(i + 1.0)  # in place into a's buffer: t must not see it
+        seen = t[0, i]
+        return (a, a.T), seen  # the second carry is a view of the first's buffer
+
+    a0 = np.zeros((3, 3), np.float32)
+    (a, t), seen = spmd.jit(lambda a: lax.scan(body, (a, a.T), np.arange(3)))(a0)
+    np.testing.assert_array_equal(np.asarray(seen), np.zeros(3, np.float32))
+    want = np.zeros((3, 3), np.float32)
+    want[:, 0] = [1, 2, 3]
+    np.testing.assert_array_equal(np.asarray(a), want)
+    np.testing.assert_array_equal(np.asarray(t), want.T)
+
+
+def test_a_carry_that_is_an_xs_slice_leaves_xs_alone():
+    xs = np.arange(12, dtype=np.float32).reshape(4, 3)
+    kept = xs.copy()
+
+    def body(carry, x):
+        new = carry.at[0].set(100.0)  # the carry's only reader: updated in place
+        return x, new  # the next carry is this step's xs slice, a view of xs
+
+    for f in (spmd.jit(lambda c, xs: lax.scan(body, c, xs)),
+              lambda c, xs: lax.scan(body, c, xs)):
+        carry, ys = f(np.zeros(3, np.float32), xs)
+        np.testing.assert_array_equal(xs, kept)
+        np.testing.assert_array_equal(np.asarray(carry), xs[3])
+        want = np.concatenate([np.zeros((1, 3), np.float32), xs[:3]])
+        want[:, 0] = 100.0
+        np.testing.assert_array_equal(np.asarray(ys), want)
+
+
+def test_a_carry_that_is_also_a_y_keeps_each_steps_value():
+    def body(a, i):
+        a = a.at[i].set(1.0)
+        return a, a
+
+    carry, ys = spmd.jit(lambda a: lax.scan(body, a, np.arange(3)))(np.zeros(3, np.float32))
+    np.testing.assert_array_equal(np.asarray(ys), np.tril(np.ones((3, 3), np.float32)))
+    np.testing.assert_array_equal(np.asarray(carry), np.ones(3, np.float32))
+
+
+def test_a_constant_carry_is_never_written():
+    table = np.arange(6, dtype=np.float32)
+
+    def body(i, a):
+        # Odd steps restart from the closed-over table (a constant of the body); even
+        # steps update the carry, which must then be a copy, not the table.
+        a = lax.cond(i % 2 == 1, lambda a: snp.asarray(table), lambda a: a, a)
+        return a.at[i].set(-1.0)
+
+    f = spmd.jit(lambda a: lax.fori_loop(0, 5, body, a))
+    for _ in range(2):
+        out = np.asarray(f(np.zeros(6, np.float32)))
+        want = np.zeros(6, np.float32)
+        for i in range(5):
+            want = table.copy() if i % 2 == 1 else want
+            want[i] = -1.0
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(table, np.arange(6, dtype=np.float32))
+
+
+def test_nested_loops_vmap_and_grad():
+    def inner(a):
+        return lax.fori_loop(0, 2, lambda j, a: a.at[j].set(a[j] * 2.0 + 1.0), a)
+
+    def outer(a):
+        return lax.fori_loop(0, 3, lambda i, a: inner(a) * 1.5, a)
+
+    def ref(a):
+        a = a.copy()
+        for _ in range(3):
+            for j in range(2):
+                a[j] = a[j] * 2.0 + 1.0
+            a = a * 1.5
+        return a
+
+    a = np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)
+    np.testing.assert_allclose(np.asarray(spmd.jit(outer)(a)), ref(a), rtol=1e-6)
+    batch = np.stack([a, a + 1, a - 2])
+    np.testing.assert_allclose(np.asarray(spmd.jit(spmd.vmap(outer))(batch)),
+                               np.stack([ref(b) for b in batch]), rtol=1e-6)
+    g = np.asarray(spmd.jit(spmd.grad(lambda a: snp.sum(outer(a) ** 2)))(a))
+    eps = 1e-3
+    fd = np.zeros_like(a, dtype=np.float64)
+    for k in np.ndindex(a.shape):
+        d = np.zeros(a.shape, np.float64)
+        d[k] = eps
+        fd[k] = (np.sum(ref(a + d) ** 2) - np.sum(ref(a - d) ** 2)) / (2 * eps)
+    np.testing.assert_allclose(g, fd, rtol=2e-2, atol=1e-2)
+
+
+def test_threads_running_one_loop_at_once():
+    f = spmd.jit(_rows(50, 16))
+    f(np.zeros((50, 16), np.float32))
+    errors = []
+
+    def run(k):
+        try:
+            for _ in range(20):
+                a = np.full((50, 16), k, np.float32)
+                out = np.asarray(f(a))
+                if not (np.array_equal(out, _expected_rows(50, 16)) and (a == k).all()):
+                    errors.append(k)
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
