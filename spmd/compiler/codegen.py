@@ -299,6 +299,13 @@ def _reusable_input(eqn, owned, uses):
     return None
 
 
+def _alone(a, owned, uses, dead) -> bool:
+    """Whether ``a``'s buffer is this code's alone and its one reader is the equation
+    at hand (so nothing reads it afterwards, and no view of it exists)."""
+    return (isinstance(a, Var) and a in owned and uses.get(a) == 1 and a.aval.ndim > 0
+            and a not in dead.aliased and a not in dead.handed_on)
+
+
 def _updatable_operand(eqn, owned, uses, dead):
     """Operand 0 of a primitive with an ``in_place`` rule (``dynamic_update_slice``,
     ``scatter``) when its buffer may be updated rather than copied: owned by this code
@@ -307,9 +314,8 @@ def _updatable_operand(eqn, owned, uses, dead):
     if eqn.primitive.rules.get("in_place") is None or not eqn.inputs:
         return None
     x, out = eqn.inputs[0], eqn.outputs[0].aval
-    if (isinstance(x, Var) and x in owned and uses.get(x) == 1 and x not in dead.aliased
-            and x not in dead.handed_on and x.aval.shape == out.shape
-            and x.aval.dtype == out.dtype):
+    if _alone(x, owned, uses, dead) and x.aval.shape == out.shape and \
+            x.aval.dtype == out.dtype:
         return x
     return None
 
@@ -545,6 +551,18 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             bind_impl = prim.rules.get("bind_impl")
             fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
             target = _updatable_operand(eqn, owned, uses, dead)
+            donate = prim.rules.get("donated_impl")
+            given = [k for k, a in enumerate(eqn.inputs) if _alone(a, owned, uses, dead)] \
+                if donate is not None else []
+            if given:
+                # A higher-order primitive (cond) taking over operands this code owns
+                # alone and never reads again: its programs may update them in place.
+                fn, taken, exclusive = donate(xp, tuple(given), **eqn.params)
+                for k in taken:
+                    dead.handed_on.add(eqn.inputs[k])
+                    if eqn.inputs[k] in donated:
+                        done.consumed.add(eqn.inputs[k])
+                owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)
             if target is not None:
                 # Its operand's buffer is this code's alone and read nowhere else:
                 # update it in place (rules["in_place"]) instead of a copy.
@@ -578,7 +596,9 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                 if out is not None:
                     expr = f"xp.{uf}({', '.join(ins)}, out={out})"
                 owned.add(eqn.outputs[0])
-            fresh = fresh or expr.startswith(_FRESH_CALLS)
+        # (A reduction's result is new whatever its rank: reading a value there leaves
+        # no view of it.)
+        fresh = fresh or expr.startswith(_FRESH_CALLS)
         dead.release_inputs(eqn, names, owned, never_aliases=fresh)
         if prim.multiple_results:
             lhs = (", ".join(outs) + ",") if outs else "_"

@@ -203,3 +203,67 @@ def test_threads_running_one_loop_at_once():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_a_cond_in_a_loop_accumulates_into_the_carry_in_place():
+    """Gradient accumulation as a pipeline schedule writes it: on some steps a branch
+    adds into the carry; the branches get the carry donated and add in place."""
+    gs = np.arange(24, dtype=np.float32).reshape(6, 4)
+
+    def body(acc, xs):
+        g, take = xs
+        acc = lax.cond(take, lambda a: a + g, lambda a: a, acc)
+        return acc, snp.sum(acc)  # (a sum, not a view: the carry stays the body's alone)
+
+    f = spmd.jit(lambda acc, gs, takes: lax.scan(body, acc, (gs, takes)))
+    takes = np.array([1, 0, 1, 1, 0, 1], bool)
+    acc0 = np.ones(4, np.float32)
+    acc, firsts = f(acc0, gs, takes)
+    want = acc0.copy()
+    wants = []
+    for g, t in zip(gs, takes):
+        want = want + g if t else want
+        wants.append(want.sum())
+    np.testing.assert_array_equal(np.asarray(acc), want)
+    np.testing.assert_array_equal(np.asarray(firsts), wants)
+    np.testing.assert_array_equal(acc0, np.ones(4, np.float32))
+    compiled = [e for per in list(_executables.values()) for e in per.values()]
+    # The adding branch writes into its donated operand (the carry, after g)...
+    assert any(e.consumed == {1} and "out=v1" in e.source for e in compiled)
+    # ...and the loop body returns the carry in a buffer of its own: no copy per step.
+    assert any("_cond_" in e.source and e.consumed and e.exclusive[0] for e in compiled)
+
+
+def test_a_cond_operand_read_again_is_not_donated():
+    def body(a, i):
+        b = lax.cond(i % 2 == 0, lambda a: a.at[0].set(-1.0), lambda a: a * 2.0, a)
+        return b + a, b[0]  # a is read after the cond: its buffer must be intact
+
+    a0 = np.arange(1, 4, dtype=np.float32)
+    carry, ys = spmd.jit(lambda a: lax.scan(body, a, np.arange(3)))(a0)
+    want, wants = a0.copy(), []
+    for i in range(3):
+        b = want.copy()
+        if i % 2 == 0:
+            b[0] = -1.0
+        else:
+            b = b * 2.0
+        wants.append(b[0])
+        want = b + want
+    np.testing.assert_array_equal(np.asarray(carry), want)
+    np.testing.assert_array_equal(np.asarray(ys), wants)
+
+
+def test_a_cond_returning_its_operand_twice():
+    def body(c, i):
+        a, b = c
+        a = a.at[i].set(5.0)  # a's own buffer now (a copy or the loop's)
+        x, y = lax.cond(i >= 0, lambda a: (a, a), lambda a: (a, a * 1.0), a)
+        x = x.at[i].set(7.0)  # must not reach y
+        return (x, y), y[i]
+
+    a0 = np.zeros(3, np.float32)
+    (x, y), seen = spmd.jit(lambda a: lax.scan(body, (a, a), np.arange(3)))(a0)
+    np.testing.assert_array_equal(np.asarray(seen), [5.0, 5.0, 5.0])
+    np.testing.assert_array_equal(np.asarray(x), [7.0, 7.0, 7.0])
+    assert not a0.any()

@@ -241,6 +241,30 @@ def _cond_impl(xp, index, *operands, branches):
     return executable_for(branches[i], xp)(*operands)
 
 
+def _cond_donated(xp, donated, *, branches):
+    """``cond`` whose operands at ``donated`` (positions among the equation's inputs,
+    the index first) the generated code hands over (``codegen``: buffers it owns
+    alone and never reads again): the branches are compiled with them donated, so a
+    branch may update them in place (a gradient accumulated into a loop's carry).
+    Returns ``(impl, consumed positions, exclusive results)``: a result is exclusive
+    when it is in every branch."""
+    from spmd.compiler.jit import executable_for
+
+    exes = [executable_for(b, xp, donated=tuple(k - 1 for k in donated)) for b in branches]
+    consumed = frozenset(k + 1 for e in exes for k in e.consumed)
+    exclusive = tuple(all(e.exclusive[k] for e in exes)
+                      for k in range(len(branches[0].out_avals)))
+    fns, last = [e.fn for e in exes], len(exes) - 1
+
+    def impl(index, *operands):
+        return fns[min(max(int(index), 0), last)](*operands)
+
+    return impl, consumed, exclusive
+
+
+cond_p.rules["donated_impl"] = _cond_donated
+
+
 @cond_p.def_abstract_eval
 def _cond_abstract_eval(index, *operands, branches):
     if index.shape != () or not dtypes.is_int(index.dtype):
