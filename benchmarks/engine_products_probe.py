@@ -46,8 +46,8 @@ _last: dict = {}  # each product's function and its last operands
 
 def _timing(compile_program):
     """``compile_program`` whose programs add up the time of their products."""
-    def compile_and_wrap(closed, xp=np, name="program"):
-        ex = compile_program(closed, xp, name)
+    def compile_and_wrap(closed, xp=np, name="program", **kwargs):
+        ex = compile_program(closed, xp, name, **kwargs)
         names = ex.fn.__globals__
         for key, fn in list(names.items()):
             if key.startswith("_dot_general_"):

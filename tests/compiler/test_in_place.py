@@ -267,3 +267,31 @@ def test_a_cond_returning_its_operand_twice():
     np.testing.assert_array_equal(np.asarray(seen), [5.0, 5.0, 5.0])
     np.testing.assert_array_equal(np.asarray(x), [7.0, 7.0, 7.0])
     assert not a0.any()
+
+
+def test_swapped_carries_never_write_the_callers_buffers():
+    """``(a, b) -> (b, 2 a)``: the body doubles ``a`` into ``a``'s own buffer, and the
+    next step's ``a`` is this step's ``b``.  Only carries the loop copied may be
+    written: ``b`` starts as the caller's array.  (A jvp's tangent carries, swapped
+    so, once gave a silent wrong tangent this way.)"""
+    def body(c, _):
+        a, b = c
+        return (b, a * 2.0), None
+
+    a0 = np.ones(3, np.float32)
+    b0 = np.full(3, 5.0, np.float32)
+    for f in (spmd.jit(lambda a, b: lax.scan(body, (a, b), None, length=5)[0]),
+              lambda a, b: lax.scan(body, (a, b), None, length=5)[0]):
+        a, b = f(a0, b0)
+        np.testing.assert_array_equal(np.asarray(a), np.full(3, 20.0))  # 5 * 2 * 2
+        np.testing.assert_array_equal(np.asarray(b), np.full(3, 8.0))  # 1 * 2 * 2 * 2
+        np.testing.assert_array_equal(a0, np.ones(3, np.float32))
+        np.testing.assert_array_equal(b0, np.full(3, 5.0, np.float32))
+    # The jvp that found it: tangents through swapped carries, jitted and not.
+    g = lambda x: lax.scan(lambda c, t: ((c[1], snp.sin(c[0]) * t), None),  # noqa: E731
+                           (x[0], x[1]), x)[0][1]
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    t = np.linspace(0.5, 1, 12, dtype=np.float32).reshape(4, 3)
+    _, want = spmd.jvp(g, (x,), (t,))
+    _, got = spmd.jvp(spmd.jit(g), (x,), (t,))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)

@@ -105,27 +105,35 @@ def _copies(h, which, indent) -> list:
 # its code updates one in place (a dynamic_update_slice or scatter on it, an
 # elementwise result written into it), the loop gives it a buffer of its own, a copy
 # of the initial value made once, instead of the whole-buffer copy each iteration
-# made (a fori_loop writing row i of an n-row array copied it n times).  A carry the
-# body returns in a buffer something else may reference (an input passed through, a
-# view, a constant) is copied again before the next iteration.
-def _donation(body, first: int, n: int):
-    """``(own, recopy)``: the carries (of ``n``, the body's arguments ``first`` on) the
-    loop must copy once before the loop, and after every iteration."""
-    own = tuple(sorted(k - first for k in body.consumed))
-    recopy = tuple(k for k in own if not body.exclusive[k])
-    return own, recopy
+# made (a fori_loop writing row i of an n-row array copied it n times).
+#
+# Only the carries the loop copies are donated: a carry donated but not copied would
+# be the caller's buffer, and a body passing it through to a carry it updates would
+# write there (a jvp's tangent carries, swapped each step, did: a silent wrong
+# tangent, found by the suite).  A donated carry the body returns in a buffer
+# something else may reference (an input passed through, a view, a constant, a result
+# returned twice) is copied again before the next iteration.
+def _donated_body(program, xp, first: int, n: int):
+    """``(body, own, recopy)``: the body's code with the carries it updates donated
+    (its arguments ``first`` to ``first + n``), the carries the loop copies before the
+    loop (``own``: all the donated ones) and after every iteration (``recopy``)."""
+    from spmd.compiler.jit import executable_for
+
+    carries = tuple(range(first, first + n))
+    probe = executable_for(program, xp, donated=carries)
+    donated = tuple(sorted(probe.consumed))
+    body = probe if donated == carries else executable_for(program, xp, donated=donated)
+    own = tuple(k - first for k in donated)
+    return body, own, tuple(k for k in own if not body.exclusive[k])
 
 
 @scan_p.def_impl
 def _scan_impl(xp, *args, program, num_consts, num_carry, length, reverse):
-    from spmd.compiler.jit import executable_for
-
-    carries = tuple(range(num_consts, num_consts + num_carry))
-    body = executable_for(program, xp, donated=carries)
+    body, own, recopy = _donated_body(program, xp, num_consts, num_carry)
     y_avals = program.out_avals[num_carry:]
     ys = [xp.empty((length,) + a.shape, dtype=a.dtype) for a in y_avals]
     loop = _loop_fn("scan", num_consts, num_carry, len(args) - num_consts - num_carry,
-                    len(ys), *_donation(body, num_consts, num_carry))
+                    len(ys), own, recopy)
     order = range(length - 1, -1, -1) if reverse else range(length)
     return loop(getattr(body, "fn", body), order, args, ys) + ys
 
@@ -443,10 +451,8 @@ def _while_impl(xp, *args, cond_program, body_program, cond_nconsts, body_nconst
 
     cond = executable_for(cond_program, xp)
     n_carry = len(args) - cond_nconsts - body_nconsts
-    body = executable_for(body_program, xp,
-                          donated=tuple(range(body_nconsts, body_nconsts + n_carry)))
-    loop = _loop_fn("while", cond_nconsts, body_nconsts, n_carry,
-                    *_donation(body, body_nconsts, n_carry))
+    body, own, recopy = _donated_body(body_program, xp, body_nconsts, n_carry)
+    loop = _loop_fn("while", cond_nconsts, body_nconsts, n_carry, own, recopy)
     return loop(getattr(cond, "fn", cond), getattr(body, "fn", body), args)
 
 
