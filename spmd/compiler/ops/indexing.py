@@ -260,8 +260,10 @@ gather_p = Primitive("gather", traits=())
 
 
 def _moved(xp, x, axes):
-    """A view of ``x`` with the indexed ``axes`` first, in order."""
-    return xp.moveaxis(x, axes, tuple(range(len(axes))))
+    """A view of ``x`` with the indexed ``axes`` first, in order (``x`` itself when they
+    are: ``a.at[i]``'s case, where ``moveaxis`` cost 7 us of a loop step's 19)."""
+    first = tuple(range(len(axes)))
+    return x if tuple(axes) == first else xp.moveaxis(x, axes, first)
 
 
 def _wide(idx):
