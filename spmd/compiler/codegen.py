@@ -314,8 +314,15 @@ def _updatable_operand(eqn, owned, uses, dead):
     if eqn.primitive.rules.get("in_place") is None or not eqn.inputs:
         return None
     x, out = eqn.inputs[0], eqn.outputs[0].aval
-    if _alone(x, owned, uses, dead) and x.aval.shape == out.shape and \
-            x.aval.dtype == out.dtype:
+    if not (isinstance(x, Var) and x.aval.shape == out.shape and x.aval.dtype == out.dtype):
+        return None
+    if _alone(x, owned, uses, dead):
+        return x
+    # Read before (a slot taken out of a buffer, then the buffer updated): still its
+    # own when this is its last reader and every view of it read so far is dead.
+    last = sum(a is x for a in eqn.inputs) == 1 and dead.remaining.get(x) == 1
+    if (last and x in owned and x.aval.ndim and x not in dead.handed_on
+            and all(dead.remaining.get(v, 0) == 0 for v in dead.views.get(x, ()))):
         return x
     return None
 
@@ -346,6 +353,11 @@ class _DeadBuffers:
         self.handed_on: set = set()  # its buffer now holds a later value
         self.keep: set = set()  # never recycled (donated arguments)
         self.free: dict = {}
+        # value -> the values that may be views of its buffer (read by code that may
+        # return a view of it, or of one of them): it may be updated in place once
+        # they are all dead.
+        self.views: dict = {}
+        self.owners: dict = {}  # value -> the values whose buffer it may be a view of
 
     def take(self, aval) -> str | None:
         names = self.free.get((aval.shape, aval.dtype))
@@ -357,6 +369,10 @@ class _DeadBuffers:
                 continue
             if not never_aliases:
                 self.aliased.add(a)
+                for owner in (a, *self.owners.get(a, ())):
+                    self.views.setdefault(owner, set()).update(eqn.outputs)
+                for o in eqn.outputs:
+                    self.owners.setdefault(o, set()).update((a, *self.owners.get(a, ())))
             self.remaining[a] -= 1
             if (self.remaining[a] == 0 and a in owned and a not in self.aliased
                     and a not in self.handed_on and a not in self.keep and a.aval.ndim):

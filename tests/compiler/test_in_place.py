@@ -295,3 +295,33 @@ def test_swapped_carries_never_write_the_callers_buffers():
     _, want = spmd.jvp(g, (x,), (t,))
     _, got = spmd.jvp(spmd.jit(g), (x,), (t,))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def test_a_buffer_read_before_its_update_is_updated_in_place():
+    """A slot read out of a buffer, then the buffer updated (a pipeline's input
+    buffer each tick): in place once every view read from it is dead."""
+    def body(i, a):
+        slot = lax.dynamic_slice(a, (i, 0), (1, 4))
+        return lax.dynamic_update_slice(a, slot * 2.0 + 1.0, (i, 0))
+
+    f = spmd.jit(lambda a: lax.fori_loop(0, 3, body, a))
+    a0 = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(np.asarray(f(a0)), a0 * 2.0 + 1.0)
+    np.testing.assert_array_equal(a0, np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert _bodies_with("_dynamic_update_slice_in_place_")
+
+
+def test_a_view_read_after_the_update_keeps_the_old_value():
+    def f(a0):
+        a = a0 * 1.0  # this code's own buffer
+        v = lax.dynamic_slice(a, (0, 0), (1, 4))  # a view of it
+        w = a.T[1]  # a view of a view, read later too
+        b = lax.dynamic_update_slice(a, np.full((1, 4), 5.0, np.float32), (0, 0))
+        return b, v * 1.0, w * 1.0
+
+    a0 = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b, v, w = spmd.jit(f)(a0)
+    np.testing.assert_array_equal(np.asarray(v), a0[:1])
+    np.testing.assert_array_equal(np.asarray(w), a0.T[1])
+    np.testing.assert_array_equal(np.asarray(b)[0], np.full(4, 5.0))
+    assert "_in_place_" not in spmd.jit(f).lower(a0).compile().source
