@@ -499,7 +499,7 @@ def _pick(strict, tie, like):
 
 # -------------------------------------------------------------- select_n
 
-select_n_p = Primitive("select_n", traits=("implicit_broadcast",))
+select_n_p = Primitive("select_n", traits=("implicit_broadcast", "fresh_result"))  # where, choose
 
 
 @select_n_p.def_impl
