@@ -68,7 +68,8 @@ def recompute_elementwise(closed: ClosedProgram) -> ClosedProgram:
         if _eligible(e):
             producer[e.outputs[0]] = i
     outputs = {a for a in program.out_atoms if isinstance(a, Var)}
-    last = {v: (n if v in outputs else r[-1]) for v, r in reads.items()}
+    last = {v: r[-1] for v, r in reads.items()}
+    last.update((v, n) for v in outputs)  # alive to the end
     split = {}  # value -> index of its first late read
     for v, i in producer.items():
         if v in outputs or v not in reads or math.prod(v.aval.shape) < MIN_ELEMENTS:
