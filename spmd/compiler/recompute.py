@@ -24,8 +24,9 @@ Which values, precisely (all on the top level of a program lowered for execution
   that may join a kernel: ``rules["kernel_op"]``) whose operands are, at that
   point, alive anyway (their last read is later; program inputs and constants
   always are) or recomputable in turn, within :data:`MAX_CHAIN` equations;
-- the late-read values recomputable at their first late read are recomputed there
-  (each once); the others are kept as before.
+- the late-read values recomputable at each of their late reads are recomputed:
+  once before the first for the readers outside kernels, and once for each reader
+  that joins a kernel; the others are kept as before.
 
 ``spmd.config.recompute_elementwise`` (``SPMD_RECOMPUTE_ELEMENTWISE=0``) turns it
 off.  Measured on the transformer example's step (``docs/performance.md``, "The
@@ -107,12 +108,15 @@ def recompute_elementwise(closed: ClosedProgram) -> ClosedProgram:
                 return None
         return count
 
+    # Every late read needs its recomputation there (a reader joining a kernel gets
+    # its own), so each is checked: an operand alive at the first may be dead later.
+    late_reads = {v: sorted({r for r in reads[v] if r >= split[v]}) for v in split}
     dropped = set(split)
     changed = True
     while changed:  # dropping fewer values only keeps more alive: this settles
         changed = False
         for v in list(dropped):
-            if chain(v, split[v], dropped, MAX_CHAIN) is None:
+            if any(chain(v, r, dropped, MAX_CHAIN) is None for r in late_reads[v]):
                 dropped.discard(v)
                 changed = True
     if not dropped:

@@ -184,3 +184,26 @@ def test_config_setting(monkeypatch):
     with pytest.raises(ArgumentError, match="recompute_elementwise must be True or False"):
         spmd.config.update("recompute_elementwise", 1)
     assert spmd.config.recompute_elementwise is True
+
+
+def test_each_late_read_is_checked(small):
+    """``v = 2 x`` with two late reads: at the first ``x`` is still alive, at the second
+    it is not (and ``x``, a product, cannot be recomputed).  ``v`` is then kept; an
+    earlier version checked only the first read and failed to compile."""
+    def f(x0, w):
+        x = x0 @ w
+        v = x * 2.0
+        y = x0
+        for _ in range(6):
+            y = snp.sin(y) @ w
+        b = (v + y) * x  # the first late read of v, and x's last read
+        z = b
+        for _ in range(6):
+            z = snp.sin(z) @ w
+        return b + v * z  # v's second late read: x is dead here
+
+    args = [np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4),
+            np.eye(4, dtype=np.float32) * 0.5]
+    closed = _lowered(f, *args)
+    after = passes.dce(recompute.recompute_elementwise(closed))
+    np.testing.assert_array_equal(_run(after, args)[0], _run(closed, args)[0])
