@@ -35,6 +35,8 @@ import re
 
 import numpy as np
 
+from spmd.compiler.buffers import (DeadBuffers, Ownership, alone, read_counts,
+                                    reusable_input, updatable_operand)
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 from spmd.compiler.ops.reduce import reduce_sum_p
 from spmd.compiler.ops.shape_more import concatenate_p
@@ -265,118 +267,11 @@ def ufunc_of(expr: str, ins: list[str]) -> str | None:
     return None
 
 
-def _use_counts(eqns, live_out) -> dict:
-    uses: dict = {}
-    for eqn in eqns:
-        for a in eqn.inputs:
-            if isinstance(a, Var):
-                uses[a] = uses.get(a, 0) + 1
-    for a in live_out:
-        if isinstance(a, Var):
-            uses[a] = uses.get(a, 0) + 1
-    return uses
-
-
-def _reusable_input(eqn, owned, uses):
-    """An input whose buffer the equation's ufunc may overwrite, or ``None``.
-
-    Hand-written numpy gets this for free: ``x @ w + b`` adds into the matmul's
-    temporary (numpy elides temporaries whose reference count is 1), which the
-    generated code's named values defeat.  So the code generator does it
-    explicitly, with ``out=``, for an input that
-
-    - was produced in this program by a ufunc or a ``fresh_result``
-      primitive, so that no argument, constant or view shares its buffer;
-    - has this equation as its only use (so no view of it exists either, and
-      nothing reads it afterwards) and is not a program output;
-    - has the result's shape and dtype.
-    """
-    out = eqn.outputs[0].aval
-    for a in eqn.inputs:
-        if (isinstance(a, Var) and a in owned and uses.get(a) == 1
-                and a.aval.shape == out.shape and a.aval.dtype == out.dtype):
-            return a
-    return None
-
-
-def _alone(a, owned, uses, dead) -> bool:
-    """Whether ``a``'s buffer is this code's alone and its one reader is the equation
-    at hand (so nothing reads it afterwards, and no view of it exists)."""
-    return (isinstance(a, Var) and a in owned and uses.get(a) == 1 and a.aval.ndim > 0
-            and a not in dead.aliased and a not in dead.handed_on)
-
-
-def _updatable_operand(eqn, owned, uses, dead):
-    """Operand 0 of a primitive with an ``in_place`` rule (``dynamic_update_slice``,
-    ``scatter``) when its buffer may be updated rather than copied: owned by this code
-    (made here, or donated), with this equation its only reader (so it is no output
-    and no view of it exists), of the result's shape and dtype."""
-    if eqn.primitive.rules.get("in_place") is None or not eqn.inputs:
-        return None
-    x, out = eqn.inputs[0], eqn.outputs[0].aval
-    if not (isinstance(x, Var) and x.aval.shape == out.shape and x.aval.dtype == out.dtype):
-        return None
-    if _alone(x, owned, uses, dead):
-        return x
-    # Read before (a slot taken out of a buffer, then the buffer updated): still its
-    # own when this is its last reader and every view of it read so far is dead.
-    last = sum(a is x for a in eqn.inputs) == 1 and dead.remaining.get(x) == 1
-    if (last and x in owned and x.aval.ndim and x not in dead.handed_on
-            and all(dead.remaining.get(v, 0) == 0 for v in dead.views.get(x, ()))):
-        return x
-    return None
-
-
 # ------------------------------------------------------------------ emission
 
 # Calls that return a new array (never a view of an argument), besides ufuncs
 # and ``fresh_result`` primitives: reading a value there leaves no alias behind.
 _FRESH_CALLS = ("xp.sum(", "xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
-
-
-class _DeadBuffers:
-    """Buffers of values that nothing reads any more, by (shape, dtype).
-
-    A fresh result (a ufunc's, a matmul's) is written into one of them with
-    ``out=`` rather than into a new allocation: fewer and smaller heap
-    peaks, so fewer page faults (a training step on large batches otherwise
-    grows and trims the heap by tens of megabytes per call), as a careful
-    numpy user reusing temporaries gets.  A value's buffer becomes dead at
-    its last use when it is owned (see :func:`_reusable_input`), is not an
-    output, was not handed on (written in place by a later value) and every
-    equation that read it returns a new array (no view of it can exist).
-    """
-
-    def __init__(self, eqns, live_out):
-        self.remaining = _use_counts(eqns, live_out)
-        self.aliased: set = set()  # read by code that may return a view of it
-        self.handed_on: set = set()  # its buffer now holds a later value
-        self.keep: set = set()  # never recycled (donated arguments)
-        self.free: dict = {}
-        # value -> the values that may be views of its buffer (read by code that may
-        # return a view of it, or of one of them): it may be updated in place once
-        # they are all dead.
-        self.views: dict = {}
-        self.owners: dict = {}  # value -> the values whose buffer it may be a view of
-
-    def take(self, aval) -> str | None:
-        names = self.free.get((aval.shape, aval.dtype))
-        return names.pop() if names else None
-
-    def release_inputs(self, eqn, names, owned, never_aliases: bool) -> None:
-        for a in eqn.inputs:
-            if not isinstance(a, Var):
-                continue
-            if not never_aliases:
-                self.aliased.add(a)
-                for owner in (a, *self.owners.get(a, ())):
-                    self.views.setdefault(owner, set()).update(eqn.outputs)
-                for o in eqn.outputs:
-                    self.owners.setdefault(o, set()).update((a, *self.owners.get(a, ())))
-            self.remaining[a] -= 1
-            if (self.remaining[a] == 0 and a in owned and a not in self.aliased
-                    and a not in self.handed_on and a not in self.keep and a.aval.ndim):
-                self.free.setdefault((a.aval.shape, a.aval.dtype), []).append(names[a])
 
 
 class FlatWrites:
@@ -483,22 +378,6 @@ def _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines) -> None:
         pending.remove(handle)
 
 
-class Ownership:
-    """What :func:`emit_eqns` learned of the buffers: the donated arguments its code
-    writes into (``consumed``), and which values own their buffer alone."""
-
-    def __init__(self, owned, dead):
-        self.owned, self.dead = owned, dead
-        self.consumed: set = set()
-
-    def exclusive(self, a, outs) -> bool:
-        """Whether output ``a``'s buffer is referenced by nothing else: made (or
-        donated) here, never read by code that may return a view of it, and not
-        returned twice."""
-        return (isinstance(a, Var) and a in self.owned and a not in self.dead.aliased
-                and sum(o is a for o in outs) == 1)
-
-
 def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
               donated=()) -> Ownership:
     """Append one line of code per equation to ``lines``.
@@ -509,10 +388,10 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
     overwrite (see :func:`compile_program`).
     """
     compact = plan_implicit_broadcasts(eqns, live_out)
-    uses = _use_counts(eqns, live_out)
+    uses = read_counts(eqns, live_out)
     # Values in buffers that only this program's code references.
     owned: set = set(donated)
-    dead = _DeadBuffers(eqns, live_out)
+    dead = DeadBuffers(eqns, live_out)
     dead.keep.update(donated)  # a donated buffer is updated in place, not recycled
     done = Ownership(owned, dead)
     flat = FlatWrites(eqns, live_out, uses)
@@ -566,9 +445,9 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             # operation directly); else the impl with its parameters as keywords.
             bind_impl = prim.rules.get("bind_impl")
             fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
-            target = _updatable_operand(eqn, owned, uses, dead)
+            target = updatable_operand(eqn, owned, uses, dead)
             donate = prim.rules.get("donated_impl")
-            given = [k for k, a in enumerate(eqn.inputs) if _alone(a, owned, uses, dead)] \
+            given = [k for k, a in enumerate(eqn.inputs) if alone(a, owned, uses, dead)] \
                 if donate is not None else []
             if given:
                 # A higher-order primitive (cond) taking over operands this code owns
@@ -603,7 +482,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                 expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
             elif uf is not None:
                 fresh = True
-                target = _reusable_input(eqn, owned, uses)
+                target = reusable_input(eqn, owned, uses)
                 if target is not None:
                     dead.handed_on.add(target)
                     if target in donated:

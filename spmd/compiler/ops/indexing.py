@@ -168,7 +168,7 @@ dynamic_update_slice_p = Primitive("dynamic_update_slice", traits=("fresh_result
 
 def _dus_in_place(xp, x, update, *starts):
     """Write ``update`` into ``x`` itself (the generated code calls this where ``x``'s
-    buffer is its own and read nowhere else: ``codegen._updatable_operand``)."""
+    buffer is its own and read nowhere else: ``buffers.updatable_operand``)."""
     st = _clamped_starts(starts, x.shape, update.shape)
     x[tuple(slice(s, s + k) for s, k in zip(st, update.shape))] = update
     return x
