@@ -129,9 +129,13 @@ class Ownership:
     """What :func:`emit_eqns` learned of the buffers: the donated arguments its code
     writes into (``consumed``), and which values own their buffer alone."""
 
-    def __init__(self, owned, dead):
-        self.owned, self.dead = owned, dead
-        self.consumed: set = set()
+    def __init__(self, owned, dead, donated):
+        self.owned, self.dead, self.donated = owned, dead, frozenset(donated)
+
+    @property
+    def consumed(self) -> set:
+        """The donated arguments whose buffer now holds a later value."""
+        return self.dead.handed_on & self.donated
 
     def exclusive(self, a, outs) -> bool:
         """Whether output ``a``'s buffer is referenced by nothing else: made (or

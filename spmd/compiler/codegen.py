@@ -393,7 +393,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
     owned: set = set(donated)
     dead = DeadBuffers(eqns, live_out)
     dead.keep.update(donated)  # a donated buffer is updated in place, not recycled
-    done = Ownership(owned, dead)
+    done = Ownership(owned, dead, donated)
     flat = FlatWrites(eqns, live_out, uses)
     pending: list = []  # requests of started collectives not waited for yet
     for i, eqn in enumerate(eqns):
@@ -453,18 +453,13 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                 # A higher-order primitive (cond) taking over operands this code owns
                 # alone and never reads again: its programs may update them in place.
                 fn, taken, exclusive = donate(xp, tuple(given), **eqn.params)
-                for k in taken:
-                    dead.handed_on.add(eqn.inputs[k])
-                    if eqn.inputs[k] in donated:
-                        done.consumed.add(eqn.inputs[k])
+                dead.handed_on.update(eqn.inputs[k] for k in taken)
                 owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)
             if target is not None:
                 # Its operand's buffer is this code's alone and read nowhere else:
                 # update it in place (rules["in_place"]) instead of a copy.
                 fn = functools.partial(prim.rules["in_place"], xp, **eqn.params)
                 dead.handed_on.add(target)
-                if target in done.owned and target in donated:
-                    done.consumed.add(target)
             if fn is None:
                 fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
                     functools.partial(prim.impl, xp)
@@ -485,8 +480,6 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                 target = reusable_input(eqn, owned, uses)
                 if target is not None:
                     dead.handed_on.add(target)
-                    if target in donated:
-                        done.consumed.add(target)
                 out = names[target] if target is not None else dead.take(out_aval)
                 if out is not None:
                     expr = f"xp.{uf}({', '.join(ins)}, out={out})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from spmd import tree_util
 from spmd.config import config
+from spmd.compiler.ops.control_cond import branch_index
 from spmd.compiler.trace import is_eager
 from spmd.numpy._shape import stack
 
@@ -24,8 +25,7 @@ def cond(pred, true_fun, false_fun, *operands):
 
 
 def switch(index, branches, *operands):
-    i = min(max(int(index), 0), len(branches) - 1)
-    return branches[i](*operands)
+    return branches[branch_index(index, len(branches))](*operands)
 
 
 def while_loop(cond_fun, body_fun, init_val):

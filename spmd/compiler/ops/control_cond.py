@@ -237,8 +237,12 @@ def cond_bind(index, *operands, branches):
 def _cond_impl(xp, index, *operands, branches):
     from spmd.compiler.jit import executable_for
 
-    i = min(max(int(index), 0), len(branches) - 1)
-    return executable_for(branches[i], xp)(*operands)
+    return executable_for(branches[branch_index(index, len(branches))], xp)(*operands)
+
+
+def branch_index(index, n: int) -> int:
+    """The branch an index picks: clamped into ``[0, n)`` (as XLA's conditional)."""
+    return min(max(int(index), 0), n - 1)
 
 
 def _cond_donated(xp, donated, *, branches):
@@ -254,10 +258,10 @@ def _cond_donated(xp, donated, *, branches):
     consumed = frozenset(k + 1 for e in exes for k in e.consumed)
     exclusive = tuple(all(e.exclusive[k] for e in exes)
                       for k in range(len(branches[0].out_avals)))
-    fns, last = [e.fn for e in exes], len(exes) - 1
+    fns = [e.fn for e in exes]
 
     def impl(index, *operands):
-        return fns[min(max(int(index), 0), last)](*operands)
+        return fns[branch_index(index, len(fns))](*operands)
 
     return impl, consumed, exclusive
 
