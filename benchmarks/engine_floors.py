@@ -2,7 +2,8 @@
 in JAX + optax and in PyTorch: the engines spmd is measured against.
 
 Same model and maths as the example (pre-norm blocks, layer norm eps 1e-5, causal
-attention with the 1/sqrt(head_dim) scale, softmax, tanh-approximated GELU as
+attention with the 1/sqrt(head_dim) scale through each library's attention function
+(``jax.nn.dot_product_attention``, as the example calls spmd's), tanh-approximated GELU as
 ``spmd.nn.gelu``, output weights tied to the token embedding, mean next-symbol
 cross-entropy) and the same optimizer (AdamW, b1=0.9, b2=0.99, eps=1e-8,
 weight decay 0.01 on parameters with ndim > 1 only, learning rate
@@ -41,7 +42,8 @@ module imports neither jax nor torch.
 
 PyTorch: ``torch.set_num_threads(2)`` (unless ``threads`` says otherwise), eager,
 float32, ``F.scaled_dot_product_attention(is_causal=True)`` (its -inf mask gives the
-same softmax as the example's -1e9: both are exactly 0 after exp in float32),
+same softmax as the example's large negative number: both are exactly 0 after exp in
+float32),
 ``F.gelu(approximate="tanh")``, ``torch.optim.AdamW`` with two parameter groups
 (weight decay on ndim > 1) and the learning rate set before each step.
 
@@ -178,15 +180,11 @@ def make_jax_step(cfg: dict, params_np: dict, mesh_shape: tuple[int, int] | None
         t = tokens.shape[1]
         tok = params["tok"]
         x = jnp.take(tok, tokens, axis=0) + params["pos"][:t]
-        causal = np.tril(np.ones((t, t), bool))
         for blk in params["blocks"]:
             h = layer_norm(x, blk["ln1"])
-            qkv = jnp.einsum("btd,dchk->cbhtk", h, blk["wqkv"])
-            q, k, v = qkv[0], qkv[1], qkv[2]
-            att = jnp.einsum("bhtk,bhsk->bhts", q, k) / np.float32(np.sqrt(hd))
-            att = jax.nn.softmax(jnp.where(causal, att, np.float32(-1e9)), axis=-1)
-            y = jnp.einsum("bhts,bhsk->bhtk", att, v)
-            x = x + psum(jnp.einsum("bhtk,hkd->btd", y, blk["wo"]))
+            qkv = jnp.einsum("btd,dchk->cbthk", h, blk["wqkv"])
+            y = jax.nn.dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+            x = x + psum(jnp.einsum("bthk,hkd->btd", y, blk["wo"]))
             h = layer_norm(x, blk["ln2"])
             a = jax.nn.gelu(h @ blk["w1"] + blk["b1"], approximate=True)
             x = x + psum(a @ blk["w2"]) + blk["b2"]

@@ -216,18 +216,17 @@ def block(cfg: Config, x, blk, bspec, seq: str | None = None, expert: str = "exp
     """One transformer block on this device's activations ``x`` (rows, T, d): ``(x,
     the router's load-balancing loss share)`` (0 for the dense MLP)."""
     gb = lambda name: _gather(blk[name], bspec[name])  # noqa: E731
-    t = x.shape[1]
-    causal = np.tril(np.ones((t, t), bool))  # a constant of the program
     h = layer_norm(x, blk["ln1"])
-    qkv = snp.einsum("btd,dchk->cbhtk", h, gb("wqkv"))       # local heads only
-    q, k, v = qkv[0], qkv[1], qkv[2]
     if seq is None:
-        att = snp.einsum("bhtk,bhsk->bhts", q, k) / np.float32(np.sqrt(cfg.head_dim))
-        att = spmd.nn.softmax(snp.where(causal, att, np.float32(-1e9)), axis=-1)
-        y = snp.einsum("bhts,bhsk->bhtk", att, v)
+        # Causal attention over this device's heads, as one blocked kernel (the scores
+        # are made tile by tile in cache; the backward recomputes them).
+        qkv = snp.einsum("btd,dchk->cbthk", h, gb("wqkv"))   # local heads only
+        y = spmd.nn.dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+        y = snp.einsum("bthk,hkd->btd", y, gb("wo"))
     else:
-        y = ring_attention(q, k, v, seq)
-    x = x + lax.psum(snp.einsum("bhtk,hkd->btd", y, gb("wo")), "model")
+        qkv = snp.einsum("btd,dchk->cbhtk", h, gb("wqkv"))
+        y = snp.einsum("bhtk,hkd->btd", ring_attention(qkv[0], qkv[1], qkv[2], seq), gb("wo"))
+    x = x + lax.psum(y, "model")
     h = layer_norm(x, blk["ln2"])
     if cfg.experts:
         # The experts' hidden units are split over 'model', as the dense MLP's: each device

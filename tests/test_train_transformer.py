@@ -235,11 +235,12 @@ def test_a_run_resumes_by_itself_from_the_latest_checkpoint(ex, tmp_path, capsys
 @pytest.mark.parametrize("mesh_shape", [(1, 1), (4, 2)])
 def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     """The step with every elementwise chain fused into kernels, every batch of
-    products shared among 3 threads (whatever the cost models say; BLAS held to one
-    thread for them) and every late-read elementwise value recomputed gives the
+    products and the attention kernel's tiles shared among 3 threads (whatever the
+    cost models say; BLAS held to one thread for them) and every late-read
+    elementwise value recomputed gives the
     unfused step's losses and parameters on one thread, none recomputed, bit for bit."""
     from spmd.compiler import fusion, recompute, threads
-    from spmd.compiler.ops import linalg
+    from spmd.compiler.ops import attention, linalg
 
     corpus = np.arange(4000, dtype=np.int32) % 96
     batches = [ex.batch_at(corpus, k, 8, 16, seed=0) for k in (1, 2, 3)]
@@ -251,7 +252,12 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     monkeypatch.setattr(fusion, "MIN_ELEMENTS", 64)
     monkeypatch.setattr(fusion, "BLOCK_ELEMENTS", 512)
     monkeypatch.setattr(recompute, "MIN_ELEMENTS", 64)
+    monkeypatch.setattr(attention, "MIN_THREADED_FLOPS", 0)
+    monkeypatch.setattr(attention, "TILE_BYTES", 16 * 16 * 4)  # a tile per row block
     split_calls = []
+    each = attention._each
+    monkeypatch.setattr(attention, "_each",
+                        lambda fn, jobs: split_calls.append("attention") or each(fn, jobs))
     run_products = threads.run_products
     monkeypatch.setattr(threads, "run_products",
                         lambda parts, mnk: split_calls.append(mnk) or run_products(parts, mnk))

@@ -25,7 +25,7 @@ from spmd.numpy._util import canonicalize_axes, promote_to_float, to_array
 
 __all__ = ["initializers", "relu", "relu6", "sigmoid", "log_sigmoid", "softplus", "silu",
            "swish", "gelu", "elu", "leaky_relu", "softmax", "log_softmax", "logsumexp", "one_hot",
-           "standardize"]
+           "standardize", "dot_product_attention"]
 
 
 def _float(x, fname):
@@ -211,6 +211,7 @@ def standardize(x, axis=-1, mean=None, variance=None, epsilon: float = 1e-5):
 
 # The initialisers draw from spmd.random (imported last: it builds on the above).
 from spmd.nn import initializers  # noqa: E402,F401
+from spmd.nn.attention import dot_product_attention  # noqa: E402,F401
 
 # A front end: fill the compiler's extension points and install the array methods
 # (spmd/_install.py; spmd/__init__.py is lazy, so this may be the first spmd import).

@@ -37,6 +37,7 @@ from spmd.collectives.nccl import nccl_p
 from spmd.compiler import custom, fusion, jit, overlap, remat
 from spmd.compiler.ad import stop_gradient_p
 from spmd.compiler.ir import ClosedProgram, Literal
+from spmd.compiler.ops import attention as attention_ops
 from spmd.compiler.ops import conv, elementwise as ew, indexing as ix, linalg
 from spmd.compiler.ops import linalg_decomp as ld, reduce as rd, shape_more as sm, sort
 from spmd.compiler.ops import structural as st
@@ -285,6 +286,31 @@ def whole_only(name: str) -> Callable:
                 "spmd.sharding.auto_axes(f, out_sharding=...), where the partitioner places it")
         return [replicated(len(o.shape)) for o in avals_out]
     rule.__name__ = f"whole_only({name})"
+    return rule
+
+
+def attention(prim) -> Callable:
+    """The attention kernel's primitives: the batch and head dimensions keep their
+    splits (the key/value heads following the query heads'); the others are whole."""
+    from spmd.shard.partition.rules_attention import placements
+
+    def rule(avals_in, types_in, avals_out, mesh, params):
+        wanted, outs = placements(prim, types_in[0].dims, avals_in, avals_out, mesh, params)
+        for i, (w, t) in enumerate(zip(wanted, types_in)):
+            if t.dims != w.dims:
+                raise ShardingTypeError(
+                    f"dot_product_attention: operand {i} is sharded {show(t)} where, with "
+                    f"the query sharded {show(types_in[0])}, it must be {show(w)}: only the "
+                    "batch and head dimensions may be split (query and key/value heads "
+                    f"alike); {_RESHARD}")
+        if any(o.partial for o in outs):
+            raise ShardingTypeError(
+                "dot_product_attention: the key/value (or bias) cotangent would be a "
+                "pending sum over the query heads' or batch's axes, which explicit mode "
+                "does not type; split the key/value heads as the query heads, or "
+                f"replicate the heads; {_RESHARD}")
+        return outs
+    rule.__name__ = f"attention({prim.name})"
     return rule
 
 
@@ -600,6 +626,9 @@ def _table() -> None:
     register(linalg.dot_general_p, dot_general)
     register(ix.gather_p, gather)
     register(conv.conv_p, whole_only("conv_general_dilated"))
+    for p in (attention_ops.attention_p, attention_ops.attention_tangent_p,
+              attention_ops.attention_grad_p):
+        register(p, attention(p))
     for p in (ld.cholesky_p, ld.solve_p, ld.slogdet_p, ld.qr_p, ld.eigh_p, ld.svd_p):
         register(p, whole_only(p.name))
     register(random_bits_p, whole_only("random_bits"))

@@ -201,3 +201,21 @@ def test_nccl_psum_through_a_process_group(gpu, nccl_module):
     _close(_on_gpu(gpu, f(x)), x + 1.0)
     g = spmd.jit(lambda v: pg.all_gather(v, 0, True)[0])
     _close(g(x), x.reshape(1, 1024))
+
+
+def test_attention_kernel(gpu):
+    """spmd.nn.dot_product_attention's kernel on CuPy arrays (its tiles in turn: sharing
+    them among threads is numpy's), forward and backward, equal to the same maths in
+    ordinary operations on the same device."""
+    q, k, v = _x(2, 16, 4, 8), _x(2, 16, 2, 8), _x(2, 16, 2, 8)
+    w = _x(2, 16, 4, 8)
+
+    def loss(impl):
+        return lambda q, k, v: snp.sum(spmd.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation=impl) * w)
+
+    got = spmd.jit(spmd.value_and_grad(loss(None), argnums=(0, 1, 2)))(q, k, v)
+    want = spmd.jit(spmd.value_and_grad(loss("xla"), argnums=(0, 1, 2)))(q, k, v)
+    _close(got[0], np.asarray(want[0]), tol=1e-4)
+    for g, x in zip(got[1], want[1]):
+        _close(_on_gpu(gpu, g), np.asarray(x), tol=1e-4)

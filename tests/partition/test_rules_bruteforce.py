@@ -291,7 +291,51 @@ def _cases():
                  lambda r: [f32(r, 8, 4, 6), f32(r, 4, 4, 3)])
     c["conv_grouped"] = (lambda x, w: conv(x, w, (2,), [(0, 1)], feature_group_count=2),
                          lambda r: [f32(r, 8, 4, 6), f32(r, 8, 2, 3)])
+    _attention_cases(c)
     return c
+
+
+def _attention_cases(c):
+    """The attention kernel's three primitives; out and lse (and the bias's batch and
+    head dimensions of 1) as the forward makes them, so the derivatives are read on
+    consistent residuals."""
+    from spmd.compiler.ops import attention as at
+    from spmd.compiler.trace import bind
+
+    kw = dict(scale=0.5, is_causal=True, window=None)
+
+    def qkv(r, K=2):
+        return [f32(r, 4, 4, 4, 2), f32(r, 4, 4, K, 2), f32(r, 4, 4, K, 2)]
+
+    def with_residuals(r, K=2, bias=None):
+        q, k, v = qkv(r, K)
+        out, lse = at._forward(np, q, k, v, bias, None, **kw)
+        return q, k, v, out, lse
+
+    c["attention"] = (lambda q, k, v: at.attention(q, k, v, **{**kw, "window": None}),
+                      lambda r: qkv(r))
+    c["attention_bias_mask"] = (
+        lambda q, k, v, b, m: at.attention(q, k, v, b, m, scale=0.5),
+        lambda r: qkv(r, 1) + [f32(r, 1, 4, 4, 4), r.random((4, 1, 4, 4)) < 0.7])
+    params = dict(kw, has_bias=False, has_mask=False)
+    c["attention_tangent"] = (
+        lambda q, k, v, o, l, tq, tk, tv: bind(at.attention_tangent_p, q, k, v, o, l, tq, tk,
+                                               tv, tangents=(True, True, True, False), **params),
+        lambda r: list(with_residuals(r)) + qkv(r))
+
+    def grad_case(r, K):
+        q, k, v = qkv(r, K)
+        bias = f32(r, 1, 4, 1, 4)
+        out, lse = at._forward(np, q, k, v, bias, None, **kw)
+        return [q, k, v, bias, out, lse, f32(r, 4, 4, 4, 2)]
+
+    for K in (2, 1):
+        c[f"attention_grad_k{K}"] = (
+            lambda q, k, v, b, o, l, ct: bind(at.attention_grad_p, q, k, v, b, o, l, ct,
+                                              wants=(True, True, True, True),
+                                              has_ct_lse=False,
+                                              **dict(params, has_bias=True)),
+            lambda r, K=K: grad_case(r, K))
 
 
 CASES = _cases()

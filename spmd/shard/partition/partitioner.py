@@ -27,7 +27,7 @@ from spmd.compiler.remat import remat_lin_p, remat_p
 from spmd.compiler.trace import bind, eval_program
 from spmd.shard.partition import control, registry  # noqa: F401  (control registers)
 from spmd.shard.partition import rules, rules_collectives, rules_conv, rules_index  # noqa: F401
-from spmd.shard.partition import rules_linalg, rules_random  # noqa: F401
+from spmd.shard.partition import rules_attention, rules_linalg, rules_random  # noqa: F401
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import (DECISIONS, MissingPartitionRuleError,

@@ -1,0 +1,83 @@
+"""Partition decision of the attention kernel's three primitives.
+
+Attention maps over the batch and the heads: each batch element and query head reads
+only its own key/value head.  So the batch dimension keeps its split, and the heads
+keep theirs where the key/value heads can follow (as many as the query heads, or a
+number the split divides: a device's query heads then read only its own key/value
+heads; one key/value head is read whole by every device).  The sequence and head-size
+dimensions are whole.  Where key/value heads (or a bias's broadcast batch or head
+dimension) are whole while the query heads (or batch) are split, their cotangents
+are a pending sum over those axes.
+
+The same placements are the explicit-sharding types (``explicit_rule``).
+"""
+
+from __future__ import annotations
+
+from spmd.compiler.ops import attention as at
+from spmd.shard.partition import registry
+from spmd.shard.partition.placement import Placement
+from spmd.shard.partition.registry import Propagate
+
+
+def _kinds(prim, params):
+    """Each operand's and each result's layout: q, kv, lse, or bm (bias / mask)."""
+    base = ["q", "kv", "kv"] + ["bm"] * (params["has_bias"] + params["has_mask"])
+    if prim is at.attention_p:
+        return base, ["q", "lse"]
+    if prim is at.attention_tangent_p:
+        tq, tk, tv, tb = params["tangents"]
+        return base + ["q", "lse"] + ["q"] * tq + ["kv"] * (tk + tv) + ["bm"] * tb, ["q", "lse"]
+    wq, wk, wv, wb = params["wants"]
+    ins = base + ["q", "lse", "q"] + ["lse"] * params["has_ct_lse"]
+    return ins, ["q"] * wq + ["kv"] * (wk + wv) + ["dbias"] * wb
+
+
+def placements(prim, q_dims, avals_in, avals_out, mesh, params):
+    """``(wanted, outs)``: the operands' placements and the results', from q's dims."""
+    B, T, N, H = avals_in[0].shape
+    K = avals_in[1].shape[2]
+    b, n = q_dims[0], q_dims[2]
+    size = mesh.axis_size(n) if n else 1
+    if n and (N % size or (K != 1 and K % size)):
+        n = ()  # the key/value heads cannot follow the query heads' split
+    kn = n if K != 1 else ()
+    bias = avals_in[3] if params["has_bias"] else None
+
+    def of(kind, aval):
+        if kind == "q":
+            return Placement((b, (), n, ()))
+        if kind == "kv":
+            return Placement((b, (), kn, ()), frozenset(n) - frozenset(kn)
+                             if aval is None else frozenset())
+        if kind == "lse":
+            return Placement((b, n, ()))
+        shape = aval.shape
+        return Placement((b if shape[0] == B else (), n if shape[1] == N else (), (), ()))
+
+    ins_k, outs_k = _kinds(prim, params)
+    wanted = [of(k, a) for k, a in zip(ins_k, avals_in)]
+    outs = []
+    for k, a in zip(outs_k, avals_out):
+        if k == "kv":  # a key/value cotangent: summed over the query heads' split
+            outs.append(of("kv", None))
+        elif k == "dbias":
+            pl = of("bm", bias)
+            pending = (frozenset(b) if bias.shape[0] == 1 else frozenset()) | \
+                (frozenset(n) if bias.shape[1] == 1 else frozenset())
+            outs.append(Placement(pl.dims, pending))
+        else:
+            outs.append(of(k, a))
+    return wanted, outs
+
+
+def _rule(prim):
+    def rule(pls, avals_in, avals_out, mesh, **params):
+        wanted, outs = placements(prim, pls[0].dims, avals_in, avals_out, mesh, params)
+        return wanted, outs, params
+    rule.__name__ = f"{prim.name}_rule"
+    return rule
+
+
+registry.register_all({p: Propagate(_rule(p))
+                       for p in (at.attention_p, at.attention_tangent_p, at.attention_grad_p)})
