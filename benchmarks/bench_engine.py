@@ -85,7 +85,9 @@ def matmul_rate(n: int = 2048, repeats: int = 7) -> float:
 
 def matmul_flops(closed) -> int:
     """``2 m n k`` summed over the ``dot_general`` equations of a program, nested ones
-    included (a ``shard_map`` body counts once per device of its mesh)."""
+    included (a ``shard_map`` body counts once per device of its mesh), and over the
+    products of the attention kernel's equations that the same maths in ordinary
+    operations makes (two forward; the backward's four, not its recomputed scores)."""
     from spmd.compiler.ir import ClosedProgram, Program
 
     def walk(program, times):
@@ -95,6 +97,14 @@ def matmul_flops(closed) -> int:
                 (lc, _), _ = e.params["dimension_numbers"]
                 k = int(np.prod([e.inputs[0].aval.shape[i] for i in lc], dtype=np.int64))
                 total += times * 2 * int(np.prod(e.outputs[0].aval.shape)) * k
+            elif e.primitive.name in ("attention", "attention_grad"):
+                B, T, N, H = e.inputs[0].aval.shape
+                one = 2 * B * N * T * e.inputs[1].aval.shape[1] * H
+                if e.primitive.name == "attention":
+                    total += times * 2 * one
+                else:  # dv, dp (for dq and dk), dq, dk: those asked for
+                    wq, wk, wv, _ = e.params["wants"]
+                    total += times * one * (wq + wk + wv + (wq or wk))
             reps = times
             if e.primitive.name == "shard_map":
                 reps = times * int(np.prod(list(e.params["mesh"].shape.values())))

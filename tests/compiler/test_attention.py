@@ -212,23 +212,29 @@ def test_jit_and_return_residual_and_unbatched_operands():
                                atol=2e-5)
 
 
-def test_tiles_over_rows_and_heads_give_the_same_results(monkeypatch):
+@pytest.mark.parametrize("masked", [True, False], ids=["mask", "causal-only"])
+def test_tiles_over_rows_and_heads_give_the_same_results(monkeypatch, masked):
+    """Tiles of one head group, and of a few query rows; causal attention without a
+    mask then reads only the keys up to each tile's last row."""
     (q, k, v), kw, _ = build((2, 32, 32, 4, 2, 8), dict(bias="full", mask=True,
                                                          is_causal=True))
+    mask = kw["mask"] if masked else None
     w = rand(*q.shape, seed=4)
 
     def run():
-        f = lambda q, k, v, b: (attention(q, k, v, b, mask=kw["mask"], is_causal=True)
-                                * w).sum()
+        f = lambda q, k, v, b: (attention(q, k, v, b, mask=mask, is_causal=True) * w).sum()
         return [np.asarray(x) for x in
-                [attention(q, k, v, kw["bias"], mask=kw["mask"], is_causal=True)] +
+                [attention(q, k, v, kw["bias"], mask=mask, is_causal=True)] +
                 list(spmd.grad(f, argnums=(0, 1, 2, 3))(q, k, v, kw["bias"]))]
 
     whole = run()
-    for budget in (2 * 32 * 32 * 4, 32 * 4 * 5):  # one head group a tile; 5 rows a tile
+    # One head group (2 query heads) a tile; then 5 rows of them a tile.
+    for budget, keys in ((2 * 32 * 32 * 4, {32}),
+                         (2 * 32 * 4 * 5, {5, 10, 15, 20, 25, 30, 32})):
         monkeypatch.setattr(at, "TILE_BYTES", budget)
-        pb = at._Problem(np, q, k, v, None, None, scale=1.0, is_causal=False, window=None)
+        pb = at._Problem(np, q, k, v, None, None, scale=1.0, is_causal=True, window=None)
         assert len(pb.jobs) > 2
+        assert {t[6] for job in pb.jobs for t in job} == keys
         for a, b in zip(run(), whole):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
