@@ -321,3 +321,29 @@ def test_jaxpr_shows_one_kernel_and_its_gradient():
     text = str(spmd.make_jaxpr(spmd.grad(lambda q: attention(q, k, v).sum()))(q))
     assert text.count("attention[") + text.count("attention ") >= 1
     assert "attention_grad" in text and "exp" not in text
+
+
+def test_callers_on_several_threads_get_their_own_results(three_threads, monkeypatch):
+    """Two threads running the kernel at once (each sharing its tiles with the pool)
+    get what each gets alone."""
+    import threading
+
+    monkeypatch.setattr(at, "TILE_BYTES", 64 * 64 * 4 * 2)
+    f = spmd.jit(spmd.grad(lambda q, k, v: (attention(q, k, v, is_causal=True) ** 2).sum(),
+                           argnums=(0, 1, 2)))
+    inputs = [operands(4, 64, 64, 4, 2, 16, seed=s) for s in (0, 10)]
+    alone = [[np.asarray(x) for x in f(*args)] for args in inputs]
+    got = [None, None]
+
+    def run(i):
+        for _ in range(5):
+            got[i] = [np.asarray(x) for x in f(*inputs[i])]
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for g, a in zip(got, alone):
+        for x, y in zip(g, a):
+            np.testing.assert_array_equal(x, y)

@@ -21,11 +21,12 @@ The kernel works tile by tile: a tile is a range of batch elements and key/value
 heads and, for long sequences, a range of query rows, sized so that its float32
 score block stays near :data:`TILE_BYTES` (in cache); the score matrix is never
 written whole and the backward never reads a saved one.  Each query row keeps its
-whole key row (exact softmax, no running rescale), so the bits do not depend on the
-tiling, and the tiling does not depend on the thread count: tiles are shared among
-the engine's threads (each with BLAS on one thread) and give the same bits as one
-thread.  Rows of one batch element and head that span several tiles are done in
-order by one thread, so the key/value gradients sum them in a fixed order.
+whole key row (an exact softmax, no running rescale; causal rows skip the keys after
+their tile's last row).  The tiling depends on the shapes only, never on the thread
+count: tiles are shared among the engine's threads (each with BLAS on one thread)
+and give the same bits as one thread.  Rows of one batch element and head that span
+several tiles are done in order by one thread, so the key/value gradients sum them
+in a fixed order.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ attention_p = Primitive("attention", traits=(), multiple_results=True)
 attention_tangent_p = Primitive("attention_tangent", traits=(), multiple_results=True)
 attention_grad_p = Primitive("attention_grad", traits=(), multiple_results=True)
 
-# Bytes of float32 scores per tile: about a core's L2 (measured on the big example's
-# step: (b, h) blocks of 1 MiB beat 256 KiB and 512 KiB, 10.4 against 11.5-12.8 ms
-# for forward and backward of one layer; the whole score matrix at once 18.8 ms).
+# Bytes of float32 scores per tile: about a core's L2 (measured with a prototype of
+# this kernel on one layer of the big example, (16, 8, 128, 32), forward and backward
+# on 2 threads: blocks of 1 MiB 10.4 ms, of 512 and 256 KiB 11.5 and 12.8 ms; the
+# whole score matrix at once, as numpy calls, 18.8 ms).
 TILE_BYTES = 1 << 20
 # Work (4 B N T S H flops) below which the tiles stay on the calling thread: handing
 # them to threads costs tens of microseconds (as linalg.SPLIT_FLOPS).
@@ -249,7 +251,10 @@ def _forward(xp, q, k, v, bias, mask, *, scale, is_causal, window):
             total = s.sum(-1, keepdims=True)
             # Normalised after the product: T H divisions instead of T S.
             o = xp.matmul(s.astype(pb.vdt, copy=False), pb.tile(pb.vg, t, "kv"))
-            o /= total.astype(o.dtype, copy=False)
+            if o.dtype == total.dtype:
+                o /= total
+            else:  # (a half-precision sum of S exps could overflow)
+                o = o / total
             pb.tile(og, t)[...] = o
             pb.tile(lg, t, "lse")[...] = (mx + xp.log(total))[..., 0]
 
@@ -510,17 +515,18 @@ def _batch_rule(prim, kinds, out_kinds):
         qs, dq = tuple(np.shape(args[0])), dims[0]  # q is operand 0: its batch is B
         B = qs[0] if dq is None else tuple(s for i, s in enumerate(qs) if i != dq)[0]
         need_grad_bias = prim is attention_grad_p and params["wants"][3]
-        new, bias_lead = [], None
+        # The bias's own batch size (1: broadcast), for its cotangent's shape.
+        bias_lead = None
+        if params["has_bias"]:
+            bs, db = tuple(np.shape(args[3])), dims[3]
+            bias_lead = bs[0] if db is None else tuple(x for i, x in enumerate(bs)
+                                                       if i != db)[0]
+        new = []
         for a, d, kind in zip(args, dims, ks):
             shape = tuple(np.shape(a))
             if kind == "bm" and d is None and shape[0] == 1 and not need_grad_bias:
                 new.append(a)
                 continue
-            if kind == "bm":
-                lead = shape[0] if d is None else tuple(s for i, s in enumerate(shape)
-                                                        if i != d)[0]
-                if bias_lead is None:
-                    bias_lead = lead
             x = broadcast_batch(a, d, V)
             rest = tuple(np.shape(x)[1:])
             if rest[0] != B:
