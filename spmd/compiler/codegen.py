@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 
 import numpy as np
@@ -275,7 +276,7 @@ _FRESH_CALLS = ("xp.sum(", "xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(
 
 
 class FlatWrites:
-    """Operands of a flat ``concatenate`` written straight into its buffer.
+    """Operands of a ``concatenate`` of contiguous slabs written straight into its buffer.
 
     Combining collectives (:mod:`spmd.compiler.combine`) packs the gradients
     into one flat buffer: ``concatenate(reshape(g1), reshape(g2), ...)``.  A
@@ -286,6 +287,9 @@ class FlatWrites:
     equation writes into a view of its slice (or copies into it, where its
     code cannot write into a given array), and the ``concatenate`` only copies
     the operands that were not written so (used elsewhere too, or inputs).
+    The same holds for any concatenation whose operands are contiguous slabs of
+    the result (every dimension before the joined one of size 1): the gradient of
+    stacked layers' weights, each layer's product written into its slab.
     """
 
     def __init__(self, eqns, live_out, uses):
@@ -295,12 +299,15 @@ class FlatWrites:
         producer = {o: (i, e) for i, e in enumerate(eqns) for o in e.outputs}
         live = {a for a in live_out if isinstance(a, Var)}
         for e in eqns:
-            if e.primitive is not concatenate_p or e.params.get("dimension") != 0 or \
-                    e.outputs[0].aval.ndim != 1:
+            if e.primitive is not concatenate_p:
                 continue
+            d, shape = e.params["dimension"], e.outputs[0].aval.shape
+            if any(n != 1 for n in shape[:d]):
+                continue
+            inner = math.prod(shape[d + 1:])  # elements per index of the joined dimension
             written, copied, at, first = [], [], 0, None
             for p in e.inputs:
-                size = p.aval.shape[0]
+                size = p.aval.shape[d] * inner
                 g = self._source(p, producer, uses, live)
                 if g is None:
                     copied.append((p, at, at + size))
@@ -338,7 +345,12 @@ class FlatWrites:
         for buf in self.alloc.get(i, ()):
             names[buf] = next(gen)
             a = buf.aval
-            lines.append(f"{names[buf]} = xp.empty({a.shape[0]}, dtype={const(np.dtype(a.dtype))})")
+            shape = a.shape[0] if a.ndim == 1 else tuple(a.shape)
+            lines.append(f"{names[buf]} = xp.empty({shape}, dtype={const(np.dtype(a.dtype))})")
+
+    @staticmethod
+    def _flat(buf, name) -> str:
+        return name if buf.aval.ndim == 1 else f"{name}.reshape(-1)"
 
     def pack(self, eqn, names, atom, lines) -> bool:
         """For a planned ``concatenate``: copy the operands not written in place into
@@ -346,8 +358,11 @@ class FlatWrites:
         copied = self.copies.get(eqn)
         if copied is None:
             return False
-        buf = names[eqn.outputs[0]]
-        lines.extend(f"{buf}[{a}:{b}] = {atom(p)}" for p, a, b in copied)
+        out = eqn.outputs[0]
+        buf = self._flat(out, names[out])
+        flat = (lambda p: atom(p)) if out.aval.ndim == 1 else \
+            (lambda p: f"xp.reshape({atom(p)}, -1)")
+        lines.extend(f"{buf}[{a}:{b}] = {flat(p)}" for p, a, b in copied)
         return True
 
     def view(self, eqn, names) -> str | None:
@@ -358,7 +373,8 @@ class FlatWrites:
         if hit is None:
             return None
         buf, a, b = hit
-        return f"{names[buf]}[{a}:{b}].reshape({tuple(eqn.outputs[0].aval.shape)!r})"
+        return f"{self._flat(buf, names[buf])}[{a}:{b}].reshape(" \
+               f"{tuple(eqn.outputs[0].aval.shape)!r})"
 
 
 def _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines) -> None:
