@@ -179,7 +179,10 @@ def _ct_in(c, o):
     if not dtypes.is_inexact(av.dtype):
         return Zero(tangent_aval(av))
     _check_no_imag_loss(c, av, "vjp: cotangent")
-    return convert(to_array(c), av.dtype)
+    c = to_array(c)
+    # A cotangent of the right dtype is taken as it is (a weak-typed one too, as in
+    # JAX): converting it would only add an equation to the backward program.
+    return c if get_aval(c).dtype == av.dtype else convert(c, av.dtype)
 
 
 def _check_no_imag_loss(v, aval, what):

@@ -171,3 +171,15 @@ def test_vmap_errors():
         spmd.vmap(lambda x, y: x + y)(np.ones(4), np.ones(3))
     with pytest.raises(ArgumentError, match="out of range"):
         spmd.vmap(lambda x: x, in_axes=2)(np.ones((2, 2)))
+
+
+def test_a_cotangent_of_the_right_dtype_is_taken_as_it_is():
+    """A weak-typed cotangent (a Python float) of a float32 output adds no conversion
+    to the backward program, as in JAX; one of another dtype is converted."""
+    f_vjp = spmd.vjp(lambda x: x * 2.0, np.float32(1.0))[1]
+    text = str(spmd.make_jaxpr(f_vjp)(1.0))
+    assert "convert_element_type" not in text, text
+    (g,) = f_vjp(1.0)
+    assert g.dtype == np.float32 and float(g) == 2.0
+    (g,) = f_vjp(np.float64(3.0))  # (canonicalised to float32: no x64)
+    assert g.dtype == np.float32 and float(g) == 6.0
