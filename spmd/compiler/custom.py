@@ -30,6 +30,10 @@ class CustomRuleError(SpmdError, TypeError):
     """A custom_jvp/custom_vjp rule is missing or returns the wrong structure."""
 
 
+class CustomRuleVaryingError(CustomRuleError, ValueError):
+    """A custom rule's (co)tangent varies over other mesh axes than its primal."""
+
+
 def _trace(fun, leaves, tree, what):
     box: list = []
 
@@ -364,6 +368,8 @@ def _checked_tangent(ct, aval, where: str, rule: str, kind: str = "tangent"):
         if got.shape == want.shape:
             return Zero(want)
     elif got.shape == want.shape and (got.dtype == want.dtype or got.weak_type):
+        if isinstance(ct, Tracer) and want.vma - got.vma:
+            _varying_mismatch(got, want, where, rule, kind)
         if got.dtype != want.dtype or got.weak_type or not isinstance(ct, (Tracer, Array)):
             # A Python scalar, numpy value or weakly typed value: an array of the type.
             from spmd.compiler.ops.elementwise import convert
@@ -374,6 +380,21 @@ def _checked_tangent(ct, aval, where: str, rule: str, kind: str = "tangent"):
         f"type {aval.str_short()}: the {kind} must have type {want.str_short()} (the "
         "primal's shape, and its dtype for floating values). Fix the rule's output there "
         "(reduce any broadcast dimensions, cast the dtype)")
+
+
+def _varying_mismatch(got, want, where, rule, kind):
+    """Inside shard_map a (co)tangent invariant along mesh axes its primal varies along
+    is refused, as JAX does: it would serve as every device's own value there, and it
+    usually means a collective too many in the rule (a ``psum`` of an invariant value
+    multiplies it by the axis size).  (One varying along more axes than its primal is
+    summed over them: see docs/jax_differences.md.)"""
+    fewer = tuple(sorted(want.vma - got.vma))
+    raise CustomRuleVaryingError(
+        f"{rule} returned a {kind} for {where} that varies over mesh axes "
+        f"{sorted(got.vma)}, whose primal varies over {sorted(want.vma)}, which doesn't "
+        f"match expected type {want.str_short()}. If the value is right as it is on "
+        f"every device, apply lax.pcast(..., {fewer!r}, to='varying') to it; otherwise "
+        "look in the rule for a psum or all_gather too many")
 
 
 def _rule_tangent(t):

@@ -500,3 +500,30 @@ def test_custom_vjp_cotangent_varying_where_its_primal_is_not_is_summed(jit):
     gw, gx = (spmd.jit(grad) if jit else grad)(np.float32(2.0), x)
     assert float(gw) == float(x.sum())
     np.testing.assert_array_equal(np.asarray(gx), np.full(8, 2.0, np.float32))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_custom_vjp_cotangent_invariant_where_its_primal_varies_raises(jit):
+    # JAX's own case: the bwd rule's psum makes x's cotangent invariant along "i"
+    # (and 4x too large); it names the pcast that would accept it as is.
+    from spmd.compiler.custom import CustomRuleVaryingError
+
+    mesh = spmd.make_mesh((4,), ("i",))
+
+    @spmd.custom_vjp
+    def f(x):
+        return lax.psum(x, "i")
+
+    f.defvjp(lambda x: (f(x), None), lambda _, g: (lax.psum(g, "i"),))
+    g = spmd.shard_map(lambda x: f(f(x)), mesh=mesh, in_specs=P("i"), out_specs=P())
+    grad = spmd.value_and_grad(lambda x: g(x).sum())
+    with pytest.raises(CustomRuleVaryingError, match=r"pcast\(\.\.\., \('i',\), "
+                                                     r"to='varying'\)"):
+        (spmd.jit(grad) if jit else grad)(np.ones(4, np.float32))
+
+    # With the pcast the rule's value is accepted as each device's cotangent.
+    f.defvjp(lambda x: (f(x), None),
+             lambda _, g: (lax.pcast(g, "i", to="varying"),))
+    value, gx = (spmd.jit(grad) if jit else grad)(np.arange(4, dtype=np.float32))
+    assert float(value) == 24.0  # psum of the invariant psum(x) = 6: 4 * 6
+    np.testing.assert_array_equal(np.asarray(gx), np.ones(4, np.float32))  # the rule's
