@@ -103,7 +103,14 @@ def _like(fname, a, fill_value, dtype, shape):
     weak = dtype is None and av.weak_type
     dt = _dtype(dtype, av.dtype)
     shape = av.shape if shape is None else _shape(shape, fname.rsplit(".", 1)[-1])
-    return st.full(shape, fill_value, dt, weak_type=weak)
+    out = st.full(shape, fill_value, dt, weak_type=weak)
+    if av.vma:
+        # Inside shard_map the result varies as ``a`` does (as JAX's full_like): a
+        # zeros_like(x) in a custom rule is then of x's type, not an invariant value.
+        from spmd.collectives.api import pvary
+
+        out = pvary(out, tuple(sorted(av.vma)))
+    return out
 
 
 def zeros_like(a, dtype=None, shape=None):

@@ -88,13 +88,14 @@ def _kinds(typed=True):
         "custom_vjp": (lambda b: _custom_vjp(a, not typed)(b), 1, False),
         "scan": (lambda b: lax.scan(lambda c, t: (c + _psum_sin(a)(t), None),
                                     snp.zeros(b.shape[1:], b.dtype), b)[0], 1, True),
+        # (zeros(b.shape), not zeros_like(b): that varies as b does, as in JAX)
         "fori": (lambda b: lax.fori_loop(0, 2, lambda k, c: c + _psum_sin(a)(b),
-                                         snp.zeros_like(b)), 2, False),
+                                         snp.zeros(b.shape, b.dtype)), 2, False),
         "cond": (lambda b: lax.cond(lax.psum(snp.sum(b), a) > -1e9, _psum_sin(a),
                                     lambda v: lax.psum(v * v, a), b), 1, False),
         "while": (lambda b: lax.while_loop(
             lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] + _psum_sin(a)(b)),
-            (0, snp.zeros_like(b)))[1], 3, False),
+            (0, snp.zeros(b.shape, b.dtype)))[1], 3, False),
     }
 
 
@@ -527,3 +528,31 @@ def test_custom_vjp_cotangent_invariant_where_its_primal_varies_raises(jit):
     value, gx = (spmd.jit(grad) if jit else grad)(np.arange(4, dtype=np.float32))
     assert float(value) == 24.0  # psum of the invariant psum(x) = 6: 4 * 6
     np.testing.assert_array_equal(np.asarray(gx), np.ones(4, np.float32))  # the rule's
+
+
+def test_full_like_results_vary_as_their_prototype():
+    # As JAX's full_like: zeros_like(x) of a varying x varies too, so that a custom
+    # rule returning ones_like(ct) gives a cotangent of the primal's type.
+    mesh = spmd.make_mesh((4,), ("x",))
+    seen = []
+
+    def body(x, w):
+        seen.extend(spmd.typeof(f(v)).vma for v in (x, w)
+                    for f in (snp.zeros_like, snp.ones_like, lambda v: snp.full_like(v, 3)))
+        return x
+
+    spmd.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))(
+        np.arange(4.0, dtype=np.float32), np.float32(1))
+    assert seen == [frozenset({"x"})] * 3 + [frozenset()] * 3
+
+    @spmd.custom_vjp
+    def foo(x):
+        return 2.0 * x
+
+    foo.defvjp(lambda x: (foo(x), None), lambda _, y_bar: (snp.ones_like(y_bar),))
+    g = spmd.shard_map(lambda x: foo(x) * x, mesh=mesh, in_specs=(P("x"),),
+                       out_specs=P("x"))
+    x = np.arange(4.0, dtype=np.float32)
+    value, x_bar = spmd.value_and_grad(lambda x: g(x).sum())(x)
+    assert float(value) == float((2 * x * x).sum())
+    np.testing.assert_array_equal(np.asarray(x_bar), np.ones(4, np.float32) + 2 * x)
