@@ -63,8 +63,10 @@ def placements(prim, q_dims, avals_in, avals_out, mesh, params):
             outs.append(of("kv", None))
         elif k == "dbias":
             pl = of("bm", bias)
-            pending = (frozenset(b) if bias.shape[0] == 1 else frozenset()) | \
-                (frozenset(n) if bias.shape[1] == 1 else frozenset())
+            # Summed over the splits of the dimensions the bias broadcasts along (not
+            # where the bias has them whole: a dimension of size 1 everywhere).
+            pending = (frozenset(b) if bias.shape[0] == 1 != B else frozenset()) | \
+                (frozenset(n) if bias.shape[1] == 1 != N else frozenset())
             outs.append(Placement(pl.dims, pending))
         else:
             outs.append(of(k, a))
