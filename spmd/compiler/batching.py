@@ -262,6 +262,20 @@ class NamedAxes:
         self.layout = layout
 
 
+def active_spmd_axis_names() -> frozenset:
+    """The mesh axes that enclosing ``vmap(spmd_axis_name=...)`` levels split their
+    batch over (JAX's ``spmd_axis_names`` of the axis environment): a ``shard_map``
+    differentiated inside such a vmap keeps its residuals per device along the other
+    axes only, the batch being split along these."""
+    names = set()
+    for main in _state.stack:
+        data = main.global_data
+        if main.trace_type is BatchTrace and isinstance(data, tuple) and data and \
+                getattr(data[0], "spmd_name", None):
+            names.update(data[0].spmd_name)
+    return frozenset(names)
+
+
 def _scope_for(axis_name, main):
     from contextlib import nullcontext
 

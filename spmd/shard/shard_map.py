@@ -36,7 +36,8 @@ from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa
                                        arg_type_spec)
 from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
-from spmd.compiler.batching import batch_flat, collective_axes, move_to_front
+from spmd.compiler.batching import (active_spmd_axis_names, batch_flat, collective_axes,
+                                    move_to_front)
 from spmd.compiler.ops.elementwise import div
 from spmd.compiler.ops.structural import reshape_p
 from spmd.compiler.passes import dce_program
@@ -163,12 +164,9 @@ def _batched_spec(spec, batch_entry, spmd_name, where, fname):
     split over that axis twice)."""
     used = [a for a in spec.mesh_axes if a in (spmd_name or ())]
     if used:
-        why = (" (when it is the spec of a residual of a body differentiated with "
-               "check_vma=False, which is kept per device over every mesh axis, "
-               "check_vma=True avoids it)" if where == "out_specs" else "")
         raise ShardMapError(f"{fname}: vmap spmd_axis_name {tuple(spmd_name)} cannot appear "
                             f"in the shard_map's {where} (axis {used[0]!r} is used in "
-                            f"{spec}){why}; map over another mesh axis")
+                            f"{spec}); map over another mesh axis")
     return PartitionSpec(batch_entry, *spec)
 
 
@@ -177,7 +175,12 @@ def _residual_spec(aval, mesh, check_vma, manual=None):
     leading axis split over the mesh axes the value varies along (of a partial-manual
     body, the manual ones: it is whole along the others)."""
     names = mesh.axis_names if manual is None else tuple(manual)
-    return tuple(a for a in names if a in aval.vma) if check_vma else names
+    if check_vma:
+        return tuple(a for a in names if a in aval.vma)
+    # Untyped: every axis, but those an enclosing vmap splits its batch over (as JAX):
+    # the batch dimension the vmap adds takes them.
+    spmd_names = active_spmd_axis_names()
+    return tuple(a for a in names if a not in spmd_names)
 
 
 def _shard_map_partial_eval(eqn, in_unknown):
@@ -281,6 +284,11 @@ def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_v
     # A partial-manual body is whole along its automatic axes: only the manual ones
     # hold copies whose cotangents are shared or summed.
     names = mesh.axis_names if manual is None else tuple(manual)
+    if not check_vma:
+        # Untyped, inside vmap(spmd_axis_name=...): the devices along those axes hold
+        # different batch elements, not copies (as JAX, which leaves them out too).
+        spmd_names = active_spmd_axis_names()
+        names = tuple(a for a in names if a not in spmd_names)
 
     def body(*xs):
         res, it = list(xs[:n_res]), iter(xs[n_res:])
