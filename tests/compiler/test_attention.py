@@ -239,17 +239,6 @@ def test_tiles_over_rows_and_heads_give_the_same_results(monkeypatch, masked):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture
-def three_threads(monkeypatch):
-    if not threads.blas_is_openblas():
-        pytest.skip("numpy's BLAS is not OpenBLAS: no engine threads for BLAS work")
-    monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", True)
-    monkeypatch.setenv("SPMD_NUM_THREADS", "3")
-    monkeypatch.setattr(threads.POOL, "threads", None)
-    yield
-    threads.POOL.threads = None
-
-
 def test_threads_give_the_bits_of_one_thread(three_threads, monkeypatch):
     (q, k, v), kw, _ = build((4, 64, 64, 4, 2, 16), dict(bias="full", is_causal=True))
     w = rand(*q.shape, seed=4)

@@ -15,19 +15,7 @@ from spmd.compiler import threads
 from spmd.compiler.ops import linalg
 
 
-@pytest.fixture
-def split(monkeypatch):
-    """Splitting on, on 3 threads, whatever the environment says."""
-    if not threads.blas_is_openblas():
-        pytest.skip("numpy's BLAS is not OpenBLAS: products are never split")
-    monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", True)
-    monkeypatch.setenv("SPMD_NUM_THREADS", "3")
-    monkeypatch.setattr(threads.POOL, "threads", None)
-    yield
-    threads.POOL.threads = None
-
-
-def test_a_batch_of_small_products_is_shared_with_the_same_bits(split):
+def test_a_batch_of_small_products_is_shared_with_the_same_bits(three_threads):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((37, 64, 16)).astype(np.float32)
     b = rng.standard_normal((37, 16, 64)).astype(np.float32)
@@ -47,7 +35,7 @@ def test_a_batch_of_small_products_is_shared_with_the_same_bits(split):
     np.testing.assert_array_equal(out, want)
 
 
-def test_jitted_attention_products_equal_numpy(split):
+def test_jitted_attention_products_equal_numpy(three_threads):
     rng = np.random.default_rng(1)
     q = rng.standard_normal((8, 4, 64, 16)).astype(np.float32)
     k = rng.standard_normal((8, 4, 64, 16)).astype(np.float32)
@@ -58,7 +46,7 @@ def test_jitted_attention_products_equal_numpy(split):
         "_dot_general" in f.lower(q, k).compile().source
 
 
-def test_large_products_are_split_with_blas_held_to_one_thread(split, monkeypatch):
+def test_large_products_are_split_with_blas_held_to_one_thread(three_threads, monkeypatch):
     if not threads.BLAS.available():
         pytest.skip("OpenBLAS's thread count cannot be held here")
     before = threads.BLAS.count()
@@ -78,7 +66,7 @@ def test_large_products_are_split_with_blas_held_to_one_thread(split, monkeypatc
     assert threads.BLAS.count() == before  # and BLAS's count put back
 
 
-def test_single_products_and_tiny_batches_stay_one_call(split, monkeypatch):
+def test_single_products_and_tiny_batches_stay_one_call(three_threads, monkeypatch):
     calls = []
     monkeypatch.setattr(threads.POOL, "run", lambda parts: calls.append(len(parts)))
     big = np.ones((512, 512), np.float32)  # one product: BLAS's own threads
@@ -88,7 +76,7 @@ def test_single_products_and_tiny_batches_stay_one_call(split, monkeypatch):
     assert calls == []
 
 
-def test_large_products_stay_one_call_where_blas_cannot_be_held(split, monkeypatch):
+def test_large_products_stay_one_call_where_blas_cannot_be_held(three_threads, monkeypatch):
     calls = []
     monkeypatch.setattr(threads.POOL, "run", lambda parts: calls.append(len(parts)))
     monkeypatch.setattr(threads.BLAS, "available", lambda: False)
@@ -129,7 +117,7 @@ def test_nothing_is_shared_where_blas_threads_spin(monkeypatch):
     threads.POOL.threads = None
 
 
-def test_concurrent_callers_share_the_pool(split):
+def test_concurrent_callers_share_the_pool(three_threads):
     rng = np.random.default_rng(2)
     pairs = [(rng.standard_normal((40, 32, 16)).astype(np.float32),
               rng.standard_normal((40, 16, 32)).astype(np.float32)) for _ in range(5)]
