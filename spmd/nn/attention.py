@@ -60,17 +60,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     _expect(bias, "bias", (-1,) * 4, None)
     qlen = _lengths(query_seq_lengths, "query_seq_lengths", B)
     kvlen = _lengths(key_value_seq_lengths, "key_value_seq_lengths", B)
-    T, N = get_aval(q).shape[1:3]
-    if N % K:
-        raise ShapeError(f"dot_product_attention: query has {N} heads, which is not a "
-                         f"multiple of key/value's {K}")
-    for name, x in (("bias", bias), ("mask", mask)):
-        if x is not None:
-            shape = get_aval(x).shape
-            if shape[1] not in (1, N) or any(
-                    a not in (1, b) for a, b in zip(shape, (B, N, T, S))):
-                raise ShapeError(f"dot_product_attention: {name} has shape {shape}, which "
-                                 f"does not broadcast to (B, N, T, S) = {(B, N, T, S)}")
+    T = get_aval(q).shape[1]
+    _kernel.check_operands(*(None if x is None else get_aval(x)
+                             for x in (q, k, v, bias, mask)), fname="dot_product_attention")
     if isinstance(local_window_size, (int, np.integer)):
         local_window_size = (int(local_window_size), int(local_window_size))
     if local_window_size is not None:

@@ -406,20 +406,28 @@ def _grad_impl(xp, *args, scale, is_causal, window, has_bias, has_mask, wants, h
                      scale=scale, is_causal=is_causal, window=window)
 
 
-def _check(q, k, v, bias, mask):
+def check_operands(q, k, v, bias, mask, fname: str = "attention") -> None:
+    """The operands' shapes (avals or arrays) agree: q ``(B, T, N, H)``, k and v one
+    ``(B, S, K, H)`` shape with ``N`` a multiple of ``K``, bias and mask broadcasting to
+    ``(B, N, T, S)`` with a head dimension of 1 or ``N``; else ShapeError."""
     if len(q.shape) != 4 or len(k.shape) != 4 or v.shape != k.shape:
-        raise ShapeError(f"attention: q must be (B, T, N, H) and k, v one (B, S, K, H) "
+        raise ShapeError(f"{fname}: q must be (B, T, N, H) and k, v one (B, S, K, H) "
                          f"shape; got q {q.shape}, k {k.shape}, v {v.shape}")
     B, T, N, H = q.shape
-    if k.shape[0] != B or k.shape[3] != H or N % k.shape[2]:
-        raise ShapeError(f"attention: q {q.shape} and k {k.shape} disagree (batch and head "
-                         "size must match, and q's heads be a multiple of k's)")
+    K = k.shape[2]
+    if k.shape[0] != B or k.shape[3] != H:
+        raise ShapeError(f"{fname}: q {q.shape} and k {k.shape} disagree (the batch and "
+                         "head sizes must match)")
+    if N % K:
+        raise ShapeError(f"{fname}: query has {N} heads, which is not a multiple of "
+                         f"key/value's {K}")
     full = (B, N, T, k.shape[1])
     for name, x in (("bias", bias), ("mask", mask)):
         if x is not None and (len(x.shape) != 4 or x.shape[1] not in (1, N) or any(
                 a not in (1, b) for a, b in zip(x.shape, full))):
-            raise ShapeError(f"attention: {name} of shape {x.shape} does not broadcast to "
-                             f"{full} with a head dimension of 1 or {N}")
+            raise ShapeError(f"{fname}: {name} has shape {x.shape}, which does not "
+                             f"broadcast to (B, N, T, S) = {full} with a head dimension "
+                             f"of 1 or {N}")
 
 
 def _lse_aval(q):
@@ -430,21 +438,21 @@ def _lse_aval(q):
 @attention_p.def_abstract_eval
 def _attention_aval(*avals, scale, is_causal, window, has_bias, has_mask):
     q, k, v, bias, mask, _ = _unpack(avals, has_bias, has_mask)
-    _check(q, k, v, bias, mask)
+    check_operands(q, k, v, bias, mask)
     return [ShapedArray(q.shape, q.dtype), _lse_aval(q)]
 
 
 @attention_tangent_p.def_abstract_eval
 def _tangent_aval(*avals, scale, is_causal, window, has_bias, has_mask, tangents):
     q, k, v, bias, mask, _ = _unpack(avals, has_bias, has_mask)
-    _check(q, k, v, bias, mask)
+    check_operands(q, k, v, bias, mask)
     return [ShapedArray(q.shape, q.dtype), _lse_aval(q)]
 
 
 @attention_grad_p.def_abstract_eval
 def _grad_aval(*avals, scale, is_causal, window, has_bias, has_mask, wants, has_ct_lse):
     q, k, v, bias, mask, _ = _unpack(avals, has_bias, has_mask)
-    _check(q, k, v, bias, mask)
+    check_operands(q, k, v, bias, mask)
     outs = [ShapedArray(x.shape, x.dtype) for x, w in zip((q, k, v), wants[:3]) if w]
     if wants[3]:
         outs.append(ShapedArray(bias.shape, bias.dtype))
