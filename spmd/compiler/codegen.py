@@ -360,8 +360,7 @@ class FlatWrites:
             return False
         out = eqn.outputs[0]
         buf = self._flat(out, names[out])
-        flat = (lambda p: atom(p)) if out.aval.ndim == 1 else \
-            (lambda p: f"xp.reshape({atom(p)}, -1)")
+        flat = atom if out.aval.ndim == 1 else (lambda p: f"xp.reshape({atom(p)}, -1)")
         lines.extend(f"{buf}[{a}:{b}] = {flat(p)}" for p, a, b in copied)
         return True
 

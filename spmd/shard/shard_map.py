@@ -174,11 +174,20 @@ def _residual_spec(aval, mesh, check_vma, manual=None):
     """Residuals leave a body with one block per device that can differ: a new
     leading axis split over the mesh axes the value varies along (of a partial-manual
     body, the manual ones: it is whole along the others)."""
-    names = mesh.axis_names if manual is None else tuple(manual)
     if check_vma:
+        names = mesh.axis_names if manual is None else tuple(manual)
         return tuple(a for a in names if a in aval.vma)
-    # Untyped: every axis, but those an enclosing vmap splits its batch over (as JAX):
-    # the batch dimension the vmap adds takes them.
+    # Untyped: every axis holding copies (the batch dimension an enclosing vmap adds
+    # takes the axes it splits its batch over).
+    return _untyped_copy_axes(mesh, manual)
+
+
+def _untyped_copy_axes(mesh, manual=None) -> tuple:
+    """The axes along which an untyped (check_vma=False) body's devices may hold copies
+    of one value: the manual ones, but those an enclosing ``vmap(spmd_axis_name=...)``
+    splits its batch over, whose devices hold different batch elements (as JAX, which
+    leaves them out too)."""
+    names = mesh.axis_names if manual is None else tuple(manual)
     spmd_names = active_spmd_axis_names()
     return tuple(a for a in names if a not in spmd_names)
 
@@ -283,12 +292,8 @@ def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_v
     n_res = len(res_vars)
     # A partial-manual body is whole along its automatic axes: only the manual ones
     # hold copies whose cotangents are shared or summed.
-    names = mesh.axis_names if manual is None else tuple(manual)
-    if not check_vma:
-        # Untyped, inside vmap(spmd_axis_name=...): the devices along those axes hold
-        # different batch elements, not copies (as JAX, which leaves them out too).
-        spmd_names = active_spmd_axis_names()
-        names = tuple(a for a in names if a not in spmd_names)
+    names = (mesh.axis_names if manual is None else tuple(manual)) if check_vma else \
+        _untyped_copy_axes(mesh, manual)
 
     def body(*xs):
         res, it = list(xs[:n_res]), iter(xs[n_res:])
