@@ -148,24 +148,22 @@ class _Problem:
     def keys_of(self, r1) -> int:
         return min(self.S, r1) if self.skips_keys else self.S
 
-    def tile(self, x, t, kind="q"):
-        """The part of grouped ``x`` in tile ``t``; a size-1 (broadcast) dimension is
-        taken whole."""
+    def tile(self, x, t, kind="rows"):
+        """The part of grouped ``x`` in tile ``t``: its rows (q-like ``(B, K, G, T, H)``
+        and lse-like ``(B, K, G, T)``), its keys (``kv``) or both (``bm``, bias-like
+        ``(b, k, g, t, s)``, a size-1 (broadcast) dimension taken whole)."""
         b0, b1, h0, h1, r0, r1, c1 = t
-        sl = lambda d, lo, hi: slice(None) if x.shape[d] == 1 else slice(lo, hi)
-        if kind == "q":  # (B, K, G, T, H)
-            return x[b0:b1, h0:h1, :, r0:r1]
-        if kind == "bm":  # bias-like (b, k, g, t, s), any of them 1
+        if kind == "bm":
+            sl = lambda d, lo, hi: slice(None) if x.shape[d] == 1 else slice(lo, hi)
             return x[sl(0, b0, b1), sl(1, h0, h1), :, sl(3, r0, r1), sl(4, 0, c1)]
         if kind == "kv":
             return x[b0:b1, h0:h1, :, :c1]
-        return x[b0:b1, h0:h1, :, r0:r1]  # lse-like
+        return x[b0:b1, h0:h1, :, r0:r1]
 
-    def logits(self, t, q=None, k=None):
+    def logits(self, t):
         """The tile's masked logits in float32 and its mask (None: nothing masked)."""
         xp = self.xp
-        q = self.tile(self.qg, t) if q is None else q
-        k = self.tile(self.kg, t, "kv") if k is None else k
+        q, k = self.tile(self.qg, t), self.tile(self.kg, t, "kv")
         # The scale multiplies q (T H products) rather than the scores (T S).
         s = xp.matmul(q.astype(self.ld, copy=False) * self.scale,
                       xp.swapaxes(k.astype(self.ld, copy=False), -1, -2))
@@ -218,7 +216,7 @@ def _probabilities(pb, t, lse):
     the derivatives must apply: None where every masked probability is exactly 0
     (exp of a large negative number), so that products with it are 0 already."""
     s, m = pb.logits(t)
-    row = pb.tile(lse, t, "lse")[..., None]
+    row = pb.tile(lse, t)[..., None]
     s -= row
     pb.xp.exp(s, out=s)
     if m is None:
@@ -256,7 +254,7 @@ def _forward(xp, q, k, v, bias, mask, *, scale, is_causal, window):
             else:  # (a half-precision sum of S exps could overflow)
                 o = o / total
             pb.tile(og, t)[...] = o
-            pb.tile(lg, t, "lse")[...] = (mx + xp.log(total))[..., 0]
+            pb.tile(lg, t)[...] = (mx + xp.log(total))[..., 0]
 
     pb.run(job)
     return [out, lse]
@@ -295,7 +293,7 @@ def _tangent(xp, q, k, v, bias, mask, out, lse, tq, tk, tv, tbias, *, scale, is_
             if tvg is not None:
                 o += xp.matmul(p, pb.tile(tvg, t, "kv"))
             pb.tile(tog, t)[...] = o
-            pb.tile(tlg, t, "lse")[...] = tl[..., 0]
+            pb.tile(tlg, t)[...] = tl[..., 0]
 
     pb.run(job)
     return [t_out, t_lse]
@@ -334,7 +332,7 @@ def _backward(xp, q, k, v, bias, mask, out, lse, ct_out, ct_lse, *, wants, scale
             dp = xp.matmul(do, xp.swapaxes(vt, -1, -2).astype(pb.ld, copy=False))
             d = (do * pb.tile(og, t)).sum(-1, keepdims=True)
             if clg is not None:
-                d = d - pb.tile(clg, t, "lse")[..., None]
+                d = d - pb.tile(clg, t)[..., None]
             dp -= d
             dp *= p
             if m is not None:
