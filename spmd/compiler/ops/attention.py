@@ -509,7 +509,25 @@ attention_grad_p.def_jvp(_no_second_order("attention_grad"))
 
 # ------------------------------------------------------------------ vmap
 
-def _batch_rule(prim, kinds, out_kinds):
+def layouts(prim, params) -> tuple[list, list]:
+    """Each operand's and each result's layout, for the rules that map over or split
+    the operands (vmap here, the partition rule in the sharding layer): ``q`` (like
+    ``(B, T, N, H)``), ``kv`` (``(B, S, K, H)``), ``lse`` (``(B, N, T)``), ``bm`` (bias
+    or mask, ``(b, n, t, s)`` with ``b`` and ``n`` possibly 1) and ``dbias`` (the bias's
+    cotangent, shaped as the bias)."""
+    base = ["q", "kv", "kv"] + ["bm"] * (params["has_bias"] + params["has_mask"])
+    if prim is attention_p:
+        return base, ["q", "lse"]
+    if prim is attention_tangent_p:
+        tq, tk, tv, tb = params["tangents"]
+        return base + ["q", "lse"] + ["q"] * tq + ["kv"] * (tk + tv) + ["bm"] * tb, \
+            ["q", "lse"]
+    wq, wk, wv, wb = params["wants"]
+    return base + ["q", "lse", "q"] + ["lse"] * params["has_ct_lse"], \
+        ["q"] * wq + ["kv"] * (wk + wv) + ["dbias"] * wb
+
+
+def _batch_rule(prim):
     """Batching for the three primitives: the mapped axis joins the batch axis, which
     every operand has first (bias and mask may have 1 there and stay unbatched)."""
     def rule(args, dims, **params):
@@ -517,7 +535,7 @@ def _batch_rule(prim, kinds, out_kinds):
         from spmd.compiler.batching import bdim_size, broadcast_batch
 
         V = bdim_size(args, dims)
-        ks = kinds(params)
+        ins, outs_k = layouts(prim, params)
         qs, dq = tuple(np.shape(args[0])), dims[0]  # q is operand 0: its batch is B
         B = qs[0] if dq is None else tuple(s for i, s in enumerate(qs) if i != dq)[0]
         need_grad_bias = prim is attention_grad_p and params["wants"][3]
@@ -528,7 +546,7 @@ def _batch_rule(prim, kinds, out_kinds):
             bias_lead = bs[0] if db is None else tuple(x for i, x in enumerate(bs)
                                                        if i != db)[0]
         new = []
-        for a, d, kind in zip(args, dims, ks):
+        for a, d, kind in zip(args, dims, ins):
             shape = tuple(np.shape(a))
             if kind == "bm" and d is None and shape[0] == 1 and not need_grad_bias:
                 new.append(a)
@@ -541,10 +559,10 @@ def _batch_rule(prim, kinds, out_kinds):
             new.append(ops.structural.reshape(x, (V * B,) + rest[1:]))
         outs = bind(prim, *new, **params)
         res = []
-        for o, ok in zip(outs, out_kinds(params)):
+        for o, kind in zip(outs, outs_k):
             shape = tuple(np.shape(o))
             o = ops.structural.reshape(o, (V, B) + shape[1:])
-            if ok == "bm" and bias_lead == 1:
+            if kind == "dbias" and bias_lead == 1:
                 o = ops.reduce.reduce_sum(o, (1,))
                 o = ops.structural.reshape(o, (V, 1) + shape[1:])
             res.append(o)
@@ -552,24 +570,8 @@ def _batch_rule(prim, kinds, out_kinds):
     return rule
 
 
-def _in_kinds(extra):
-    def kinds(params):
-        base = ["b"] * 3 + ["bm"] * (params["has_bias"] + params["has_mask"])
-        return base + extra(params)
-    return kinds
-
-
-attention_p.def_batch(_batch_rule(attention_p, _in_kinds(lambda p: []),
-                                  lambda p: ["b", "b"]))
-attention_tangent_p.def_batch(_batch_rule(
-    attention_tangent_p,
-    _in_kinds(lambda p: ["b", "b"] + ["b"] * sum(p["tangents"][:3]) +
-              ["bm"] * p["tangents"][3]),
-    lambda p: ["b", "b"]))
-attention_grad_p.def_batch(_batch_rule(
-    attention_grad_p,
-    _in_kinds(lambda p: ["b", "b", "b"] + ["b"] * p["has_ct_lse"]),
-    lambda p: ["b"] * sum(p["wants"][:3]) + ["bm"] * p["wants"][3]))
+for _p in (attention_p, attention_tangent_p, attention_grad_p):
+    _p.def_batch(_batch_rule(_p))
 
 
 def attention(q, k, v, bias=None, mask=None, *, scale: float, is_causal: bool = False,

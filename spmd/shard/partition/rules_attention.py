@@ -20,19 +20,6 @@ from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
 
 
-def _kinds(prim, params):
-    """Each operand's and each result's layout: q, kv, lse, or bm (bias / mask)."""
-    base = ["q", "kv", "kv"] + ["bm"] * (params["has_bias"] + params["has_mask"])
-    if prim is at.attention_p:
-        return base, ["q", "lse"]
-    if prim is at.attention_tangent_p:
-        tq, tk, tv, tb = params["tangents"]
-        return base + ["q", "lse"] + ["q"] * tq + ["kv"] * (tk + tv) + ["bm"] * tb, ["q", "lse"]
-    wq, wk, wv, wb = params["wants"]
-    ins = base + ["q", "lse", "q"] + ["lse"] * params["has_ct_lse"]
-    return ins, ["q"] * wq + ["kv"] * (wk + wv) + ["dbias"] * wb
-
-
 def placements(prim, q_dims, avals_in, avals_out, mesh, params):
     """``(wanted, outs)``: the operands' placements and the results', from q's dims."""
     B, T, N, H = avals_in[0].shape
@@ -55,7 +42,7 @@ def placements(prim, q_dims, avals_in, avals_out, mesh, params):
         shape = aval.shape
         return Placement((b if shape[0] == B else (), n if shape[1] == N else (), (), ()))
 
-    ins_k, outs_k = _kinds(prim, params)
+    ins_k, outs_k = at.layouts(prim, params)
     wanted = [of(k, a) for k, a in zip(ins_k, avals_in)]
     outs = []
     for k, a in zip(outs_k, avals_out):
