@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import spmd
+import spmd.numpy as snp
 from spmd.compiler import threads
 from spmd.compiler.ops import attention as at
 from spmd.errors import ArgumentError, ShapeError
@@ -336,3 +337,20 @@ def test_callers_on_several_threads_get_their_own_results(three_threads, monkeyp
     for g, a in zip(got, alone):
         for x, y in zip(g, a):
             np.testing.assert_array_equal(x, y)
+
+
+def test_closed_over_traced_keys_and_values():
+    """Keys and values computed inside the jitted function and closed over by the
+    differentiated one (traced values of an outer trace)."""
+    (q, k, v), _, _ = build((2, 6, 6, 4, 2, 8), {})
+
+    def outer(impl):
+        @spmd.jit
+        def f(q, k, v):
+            k2, v2 = k * 2.0, snp.tanh(v)
+            return spmd.grad(lambda q: (attention(q, k2, v2, is_causal=True,
+                                                  implementation=impl) ** 2).sum())(q)
+        return f
+
+    np.testing.assert_allclose(np.asarray(outer(None)(q, k, v)),
+                               np.asarray(outer("xla")(q, k, v)), rtol=1e-4, atol=1e-5)

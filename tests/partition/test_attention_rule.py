@@ -122,3 +122,36 @@ def test_explicit_types_follow_batch_and_heads_and_reject_a_split_sequence():
                                                            (q, k, v)])
     finally:
         spmd.sharding.set_mesh(None)
+
+
+def test_explicit_types_with_a_whole_key_value_head_read_by_split_query_heads():
+    # One key/value head with the query heads split. Its gradient is right and typed as
+    # the head (the backward's results take their primals' types; the partitioner sums
+    # the heads' shares). The kernel's gradient equation typed directly would be a
+    # pending sum, which explicit types do not express: a clear error.
+    from spmd.compiler.ops import attention as at
+    from spmd.compiler.trace import bind
+
+    mesh = spmd.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    try:
+        put = lambda a, *s: spmd.device_put(a, NS(mesh, P(*s)))
+        qn, kn, vn = rand(8, 8, 4, 8), rand(8, 8, 1, 8, seed=1), rand(8, 8, 1, 8, seed=2)
+        q, k, v = put(qn, "x", None, "y"), put(kn, "x"), put(vn, "x")
+        loss = lambda q, k, v: (attention(q, k, v) ** 2).sum()
+        got = spmd.jit(spmd.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+        want = spmd.grad(loss, argnums=(0, 1, 2))(qn, kn, vn)
+        for g, w, spec in zip(got, want, [("x", None, "y"), ("x",), ("x",)]):
+            assert tuple(g.sharding.spec)[:len(spec)] == spec
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+        def direct(q, k, v):
+            out, lse = at.attention(q, k, v, scale=0.5)
+            return bind(at.attention_grad_p, q, k, v, out, lse, out, wants=(False, True,
+                        False, False), has_ct_lse=False, scale=0.5, is_causal=False,
+                        window=None, has_bias=False, has_mask=False)
+
+        with pytest.raises(ShardingTypeError, match="would be a pending sum over the query "
+                                                    "heads' or batch's axes"):
+            spmd.jit(direct)(q, k, v)
+    finally:
+        spmd.sharding.set_mesh(None)
