@@ -172,7 +172,9 @@ def install() -> None:
     sub("jax._src.mesh", None, {
         "AxisType": spmd.sharding.AxisType, "get_abstract_mesh":
         getattr(spmd.sharding, "get_abstract_mesh", Unclaimed("get_abstract_mesh")),
-        "AbstractMesh": getattr(spmd.sharding, "AbstractMesh", Unclaimed("AbstractMesh"))})
+        "AbstractMesh": getattr(spmd.sharding, "AbstractMesh", Unclaimed("AbstractMesh")),
+        # JAX's mesh of no axes (set_mesh of it: no mesh in context).
+        "empty_concrete_mesh": spmd.make_mesh((), ())})
     real = sys.modules["jax"]
     JAX_VERSION[0] = real.__version__
     facade = Facade("jax", spmd, {

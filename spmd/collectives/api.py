@@ -13,8 +13,8 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, all_to_all_p,
-                                         axis_index_p, pmax_p, pmin_p, ppermute_p, psum_p,
-                                         psum_scatter_p, pvary_p)
+                                         axis_index_p, pcast_p, pmax_p, pmin_p, ppermute_p,
+                                         psum_p, psum_scatter_p, pvary_p)
 from spmd.compiler import dtypes
 from spmd.compiler.array_module import to_host
 from spmd.compiler.ops.elementwise import bitwise_or, convert, div, eq, mul, ne, select
@@ -186,27 +186,25 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
     its group's members, in group order.
 
     ``to`` is the result's type along ``axis_name`` (JAX's names): ``'varying'`` (the
-    default; the transpose is a ``psum_scatter``) or ``'invarying'``, as
-    :func:`all_gather_invariant` (the transpose keeps each device's block).  ``'reduced'``
-    needs explicit sharding's reduced axes, which spmd does not have yet.
+    default; the transpose is a ``psum_scatter``), ``'invarying'``, as
+    :func:`all_gather_invariant` (the transpose keeps each device's block), or
+    ``'reduced'`` (the same on every device, with its cotangent left as summands: the
+    transpose is a ``psum_scatter`` of them; FSDP's gather of a weight).
 
     >>> w = lax.all_gather(w_block, "fsdp", tiled=True, to="invarying")  # doctest: +SKIP
     """
     if to not in _ALL_GATHER_TO:
         raise ArgumentError(f"all_gather: to={to!r}; the allowed values are 'varying', "
                             "'invarying' and 'reduced'")
-    if to == "reduced":
-        raise NotImplementedError(
-            "all_gather(to='reduced'): reduced axes (P(reduced=...), explicit sharding) are "
-            "not supported yet; use to='varying', or to='invarying' for a result typed the "
-            "same on every device")
     invariant = to == "invarying"
     axes = _axes(axis_name, "all_gather")
     n = _size(axes)
     groups = _groups(axis_index_groups, axes, "all_gather")
-    if invariant and groups is not None:
-        raise ArgumentError("all_gather(to='invarying') gathers whole axes: it takes no "
+    if to != "varying" and groups is not None:
+        raise ArgumentError(f"all_gather(to={to!r}) gathers whole axes: it takes no "
                             "axis_index_groups (the groups' results differ, so they are varying)")
+    typed = {"invariant": True} if invariant else \
+        {"reduced": True} if to == "reduced" and _tracking(axes) else {}
 
     def leaf(v):
         nd = len(get_aval(v).shape)
@@ -216,7 +214,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
 
             return grouped_all_gather(v, axes, groups, ax, bool(tiled))
         return bind(all_gather_p, _ensure_varying(v, axes), axes=axes, axis=ax,
-                    tiled=bool(tiled), axis_size=n, **({"invariant": True} if invariant else {}))
+                    tiled=bool(tiled), axis_size=n, **typed)
 
     return _leafwise(leaf, x)
 
@@ -334,25 +332,68 @@ def axis_size(axis_name) -> int:
     return _size(_axes(axis_name, "axis_size"))
 
 
-_PCAST_TO = ("varying",)
+_PCAST_TO = ("varying", "unreduced", "reduced")
+
+
+class PcastError(ArgumentError, ValueError):
+    """A ``pcast`` whose operand does not have the type the cast starts from."""
 
 
 def pcast(x, axis_name, *, to: str):
-    """Cast the varying-axes type of ``x`` along ``axis_name``: ``to='varying'`` marks an
-    invariant value as varying (``pvary``; no data moves, its transpose is ``psum``).
+    """Cast the manual-axes type of ``x`` along ``axis_name`` (no data moves):
+
+    - ``to='varying'``: an invariant or reduced value becomes varying (``pvary``; its
+      transpose sums the cotangent, or for a reduced value leaves it as summands);
+    - ``to='unreduced'``: a varying value becomes the devices' summands of one value
+      (its cotangent is reduced);
+    - ``to='reduced'``: an invariant value becomes reduced (its cotangent arrives as
+      summands, which the transpose sums).
 
     >>> y = lax.pcast(w, "i", to="varying")
+    >>> total = lax.pcast(partial_product, "i", to="unreduced")  # doctest: +SKIP
     """
     if to not in _PCAST_TO:
-        raise ArgumentError(f"pcast: to={to!r} is not supported; the supported value is "
-                            "'varying' (as lax.pvary)")
-    return pvary(x, axis_name)
+        raise ArgumentError(f"pcast: to={to!r}; the allowed values are 'varying', "
+                            "'unreduced' and 'reduced'")
+    if to == "varying":
+        return pvary(x, axis_name)
+    axes = _axes(axis_name, "pcast")
+
+    def leaf(v):
+        if not _tracking(axes):  # an untyped body (check_vma=False): no types to change
+            return v
+        aval = get_aval(v)
+        var = aval.vma - aval.unreduced
+        bad = [a for a in axes if (a not in var) == (to == "unreduced")
+               or a in aval.unreduced or a in aval.reduced]
+        if bad:
+            want = "varying" if to == "unreduced" else "invariant"
+            raise PcastError(
+                f"pcast(to={to!r}) can only accept axis_name which the operand is {want} "
+                f"along; along {bad[0]!r} it is {_kind(aval, bad[0])} ({aval})")
+        return bind(pcast_p, v, axes=axes, to=to)
+
+    return _leafwise(leaf, x)
+
+
+def _kind(aval, a) -> str:
+    if a in aval.unreduced:
+        return "unreduced"
+    if a in aval.reduced:
+        return "reduced"
+    return "varying" if a in aval.vma else "invariant"
 
 
 def axis_index(axis_name):
     """This device's index along ``axis_name`` (row-major over a tuple of axes)."""
     axes = _axes(axis_name, "axis_index")
     return bind(axis_index_p, axes=axes)
+
+
+def preduced_traced(x, axes):
+    """``pcast(x, axes, to='reduced')`` of one traced value (no checks: the compiler's
+    PREDUCED extension point, filled by :func:`spmd._install.install_extensions`)."""
+    return bind(pcast_p, x, axes=tuple(axes), to="reduced")
 
 
 def pvary_traced(x, axes):

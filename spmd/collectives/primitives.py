@@ -9,6 +9,16 @@
 | all_to_all     | varying -> varying          | all_to_all (axes swapped) |
 | ppermute       | varying -> varying          | ppermute (inverse perm)   |
 | axis_index     | -> varying                  | (not linear)              |
+| pcast (reduced)| invariant -> reduced        | psum (of the summands)    |
+| pcast (unreduced) | varying -> unreduced     | pvary                     |
+
+Unreduced and reduced operands (:mod:`spmd.compiler.manual_types`): ``psum`` and
+``psum_scatter`` sum an operand unreduced along their axes (to invariant, varying;
+their transposes then give reduced cotangents: ``pcast(to='reduced')``,
+``all_gather(reduced=True)``); ``all_gather(reduced=True)`` makes a reduced result
+(its transpose is ``psum_scatter`` of the unreduced cotangent); ``pvary`` of a
+reduced operand transposes to ``pcast(to='unreduced')`` instead of a psum.  Along
+other axes the collectives keep an operand's marks (they are linear).
 
 A collective's ``axes`` parameter is a tuple of axis names.  Under a batch
 level that stands for those axes (the local backend, or ``vmap`` with
@@ -24,6 +34,7 @@ import numpy as np
 from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.manual_types import UnreducedRuleError
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import axis_scope, axes_in_scope, bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError, SpmdError
@@ -173,6 +184,7 @@ def _reduce_prim(name, op):
         return x
 
     p.def_vma(lambda x, *, axes: [x.vma - set(axes)])
+    p.rules["manual_types"] = _sum_types if op == "sum" else _extremum_types(name)
 
     def local(group, x, d, params):
         if d is None:  # the same on every device
@@ -181,6 +193,33 @@ def _reduce_prim(name, op):
 
     _batch(p, local, _same)
     return p
+
+
+def _sum_types(x, *, axes, **_):
+    """psum (psum_scatter): linear, and it sums an operand unreduced along its axes."""
+    return [(x.unreduced - set(axes), x.reduced)]
+
+
+def _extremum_types(name):
+    def rule(x, *, axes):
+        if x.unreduced:
+            raise UnreducedRuleError(f"unreduced rule for {name} is not implemented: its "
+                                     f"operand {x} is unreduced; psum it first")
+        return [(frozenset(), x.reduced)]
+    return rule
+
+
+def _linear_types(name):
+    """A collective moving blocks along its axes (not summing them): linear, so it keeps
+    marks along other axes; an operand unreduced along its own axes is refused (the
+    summands would move as if they were values)."""
+    def rule(x, *, axes, **_):
+        if x.unreduced & set(axes):
+            raise UnreducedRuleError(
+                f"unreduced rule for {name} over {tuple(axes)} is not implemented: its operand "
+                f"{x} is unreduced along them; psum or psum_scatter it first")
+        return [(x.unreduced, x.reduced)]
+    return rule
 
 
 def _no_impl(name):
@@ -219,6 +258,7 @@ pvary_p.def_impl(lambda xp, x, *, axes: x)
 pvary_p.def_emit(lambda ins, axes: ins[0])
 pvary_p.def_abstract_eval(lambda x, *, axes: x)
 pvary_p.def_vma(lambda x, *, axes: [x.vma | _tracked(axes)])
+pvary_p.rules["manual_types"] = lambda x, *, axes: [(x.unreduced, x.reduced - set(axes))]
 # No data moves: the stacked representation of an invariant value serves as is.
 _batch(pvary_p, lambda group, x, d, params: (x, d), _same)
 
@@ -234,13 +274,79 @@ def _psum_transpose(ct, x, *, axes):
     untracked = tuple(a for a in axes if a not in tracked)
     if untracked:
         ct = bind(psum_p, ct, axes=untracked)
-    typed = tuple(a for a in axes if a in tracked)
+    # The summands of an unreduced operand: its cotangent is the reduced one.
+    summed = tuple(a for a in axes if a in tracked and a in x.aval.unreduced)
+    if summed:
+        ct = bind(pcast_p, ct, axes=summed, to="reduced")
+    typed = tuple(a for a in axes if a in tracked and a not in summed)
     return [bind(pvary_p, ct, axes=typed) if typed else ct]
 
 
 @pvary_p.def_transpose
 def _pvary_transpose(ct, x, *, axes):
-    return [Zero(x.aval) if isinstance(ct, Zero) else bind(psum_p, ct, axes=axes)]
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    # A reduced operand's cotangent stays as the devices' summands (no psum).
+    kept = tuple(a for a in axes if a in x.aval.reduced)
+    summed = tuple(a for a in axes if a not in kept)
+    if kept:
+        ct = bind(pcast_p, as_varying(ct, kept), axes=kept, to="unreduced")
+    return [bind(psum_p, ct, axes=summed) if summed else ct]
+
+
+# ---------------------------------------------------------------------- pcast
+
+# Casts between manual-axes types that move no data: ``to='reduced'`` marks an
+# invariant value reduced (its cotangent arrives as summands, which the transpose
+# sums); ``to='unreduced'`` marks a varying value as summands of one value (its
+# cotangent is reduced, and the transpose makes it varying again).
+pcast_p = _linear_jvp(Primitive("pcast", traits=()))
+pcast_p.def_impl(lambda xp, x, *, axes, to: x)
+pcast_p.def_emit(lambda ins, axes, to: ins[0])
+pcast_p.def_abstract_eval(lambda x, *, axes, to: x)
+pcast_p.def_vma(lambda x, *, axes, to: [x.vma])
+
+
+def _pcast_types(x, *, axes, to):
+    axes = set(axes)
+    if to == "reduced":
+        return [(x.unreduced, x.reduced | axes)]
+    return [(x.unreduced | axes, x.reduced)]
+
+
+pcast_p.rules["manual_types"] = _pcast_types
+
+
+_batch(pcast_p, lambda group, x, d, params: (x, d), _same)
+
+
+@pcast_p.def_transpose
+def _pcast_transpose(ct, x, *, axes, to):
+    if isinstance(ct, Zero):
+        return [Zero(x.aval)]
+    if to == "reduced":
+        return [bind(psum_p, as_summands(ct, axes), axes=axes)]
+    return [bind(pvary_p, ct, axes=axes)]
+
+
+def as_summands(ct, axes):
+    """``ct`` typed unreduced along ``axes``, for a sum of the devices' parts: a varying
+    cotangent's blocks are such parts already (retyped); an invariant one is whole on
+    every device, so one device keeps it and the others hold zeros."""
+    aval = get_aval(ct)
+    axes = tuple(axes)
+    whole = tuple(a for a in axes if a not in aval.vma)
+    if whole:
+        keep = convert(eq(bind(axis_index_p, axes=whole), np.int32(0)), aval.dtype)
+        ct = mul(ct, keep)
+    vary = tuple(a for a in axes if a not in get_aval(ct).unreduced)
+    return bind(pcast_p, ct, axes=vary, to="unreduced") if vary else ct
+
+
+def as_varying(ct, axes):
+    """``ct`` varying along ``axes`` where it is typed invariant (a pvary)."""
+    missing = tuple(a for a in axes if a not in get_aval(ct).vma)
+    return bind(pvary_p, ct, axes=missing) if missing else ct
 
 
 # ---------------------------------------------------------------- all_gather
@@ -252,12 +358,20 @@ def _pvary_transpose(ct, x, *, axes):
 # of plain gathers print as they always did.
 all_gather_p = _linear_jvp(Primitive("all_gather", traits=()))
 all_gather_p.def_impl(_no_impl("all_gather"))
-all_gather_p.def_vma(lambda x, *, axes, invariant=False, **_: [
-    x.vma - set(axes) if invariant else x.vma | _tracked(axes)])
+all_gather_p.def_vma(lambda x, *, axes, invariant=False, reduced=False, **_: [
+    x.vma - set(axes) if invariant or reduced else x.vma | _tracked(axes)])
+
+
+def _all_gather_types(x, *, axes, reduced=False, **params):
+    (types,) = _linear_types("all_gather")(x, axes=axes)
+    return [(types[0], types[1] | set(axes))] if reduced else [types]
+
+
+all_gather_p.rules["manual_types"] = _all_gather_types
 
 
 @all_gather_p.def_abstract_eval
-def _all_gather_aval(x, *, axes, axis, tiled, axis_size, invariant=False):
+def _all_gather_aval(x, *, axes, axis, tiled, axis_size, invariant=False, reduced=False):
     if tiled:
         shape = x.shape[:axis] + (x.shape[axis] * axis_size,) + x.shape[axis + 1:]
     else:
@@ -288,6 +402,7 @@ _batch(all_gather_p, _all_gather_local, _plus1("axis"))
 psum_scatter_p = _linear_jvp(Primitive("psum_scatter", traits=()))
 psum_scatter_p.def_impl(_no_impl("psum_scatter"))
 psum_scatter_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
+psum_scatter_p.rules["manual_types"] = _sum_types
 
 
 @psum_scatter_p.def_abstract_eval
@@ -307,9 +422,13 @@ _batch(psum_scatter_p, _psum_scatter_local, _plus1("scatter_dimension"))
 
 
 @all_gather_p.def_transpose
-def _all_gather_transpose(ct, x, *, axes, axis, tiled, axis_size, invariant=False):
+def _all_gather_transpose(ct, x, *, axes, axis, tiled, axis_size, invariant=False,
+                          reduced=False):
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
+    if reduced:  # the cotangent's summands, reduced and scattered
+        return [bind(psum_scatter_p, as_summands(ct, axes), axes=axes, scatter_dimension=axis,
+                     tiled=tiled, axis_size=axis_size)]
     if invariant:  # every device has the whole cotangent: each keeps its own block
         from spmd.compiler.ops.indexing import dynamic_slice
         from spmd.compiler.ops.structural import squeeze
@@ -331,8 +450,10 @@ def _all_gather_transpose(ct, x, *, axes, axis, tiled, axis_size, invariant=Fals
 def _psum_scatter_transpose(ct, x, *, axes, scatter_dimension, tiled, axis_size):
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
+    # The summands of an unreduced operand: its cotangent is the gathered one, reduced.
+    extra = {"reduced": True} if set(axes) <= x.aval.unreduced and _tracking(axes) else {}
     return [bind(all_gather_p, ct, axes=axes, axis=scatter_dimension, tiled=tiled,
-                 axis_size=axis_size)]
+                 axis_size=axis_size, **extra)]
 
 
 # ---------------------------------------------------------------- all_to_all
@@ -340,6 +461,7 @@ def _psum_scatter_transpose(ct, x, *, axes, scatter_dimension, tiled, axis_size)
 all_to_all_p = _linear_jvp(Primitive("all_to_all", traits=()))
 all_to_all_p.def_impl(_no_impl("all_to_all"))
 all_to_all_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
+all_to_all_p.rules["manual_types"] = _linear_types("all_to_all")
 
 
 @all_to_all_p.def_abstract_eval
@@ -370,6 +492,7 @@ ppermute_p = _linear_jvp(Primitive("ppermute", traits=()))
 ppermute_p.def_impl(_no_impl("ppermute"))
 ppermute_p.def_abstract_eval(lambda x, *, axes, perm: x)
 ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | _tracked(axes)])
+ppermute_p.rules["manual_types"] = _linear_types("ppermute")
 
 
 _ppermute_local = _stacked("ppermute", "perm")

@@ -280,6 +280,7 @@ def linearize_flat(fun: Callable, primals, diff_mask, eager: bool = False):
 # ------------------------------------------------------------ stop_gradient
 
 stop_gradient_p = Primitive("stop_gradient", traits=())
+stop_gradient_p.unreduced = "keep"
 stop_gradient_p.def_impl(lambda xp, x: x)
 stop_gradient_p.def_abstract_eval(lambda x: x)
 stop_gradient_p.def_emit(lambda ins: ins[0])

@@ -11,15 +11,16 @@ from spmd.compiler import dtypes
 
 class ManualAxisType:
     """A value's relation to the manual mesh axes of a ``shard_map`` body
-    (``jax.typeof(x).mat``): the axes it varies along (``varying``, its ``vma``).
-    ``unreduced`` and ``reduced`` are always empty here: a manual value is never held
-    as pending summands (``pcast(to='unreduced')`` is refused)."""
+    (``jax.typeof(x).mat``): the axes it varies along (``varying``), those along which
+    each device holds a summand of it (``unreduced``), and those along which it is the
+    same everywhere but its cotangent is left unreduced (``reduced``)."""
 
     __slots__ = ("varying", "unreduced", "reduced")
 
-    def __init__(self, varying=frozenset()):
+    def __init__(self, varying=frozenset(), unreduced=frozenset(), reduced=frozenset()):
         self.varying = frozenset(varying)
-        self.unreduced = self.reduced = frozenset()
+        self.unreduced = frozenset(unreduced)
+        self.reduced = frozenset(reduced)
 
     def invarying(self, mesh) -> frozenset:
         """The manual axes of ``mesh`` the value does not vary along."""
@@ -30,50 +31,78 @@ class ManualAxisType:
         return self.varying
 
     def __repr__(self):
-        return f"ManualAxisType(varying={set(self.varying) or '{}'})"
+        parts = [f"varying={set(self.varying) or '{}'}"]
+        parts += [f"{k}={set(getattr(self, k))}" for k in ("unreduced", "reduced")
+                  if getattr(self, k)]
+        return f"ManualAxisType({', '.join(parts)})"
 
 
 class ShapedArray:
-    """An array's type: shape, dtype, weak typing and varying manual axes.
+    """An array's type: shape, dtype, weak typing and its manual-axes type.
 
-    ``vma`` is the frozenset of mesh axes along which the value may differ
-    between devices inside a ``shard_map`` body (JEP 17111); it is empty outside.
+    ``vma`` is the frozenset of mesh axes along which the value may differ between
+    devices inside a ``shard_map`` body (JEP 17111); it is empty outside.  Two finer
+    kinds of manual-axes type (JAX's ``P(unreduced=...)``/``P(reduced=...)``):
+    ``unreduced``, a subset of ``vma``, the axes along which each device holds a
+    summand of the value (its blocks differ, so it counts as varying wherever only
+    the data matters); ``reduced``, disjoint from ``vma``, the axes along which the
+    value is the same everywhere but its cotangent stays unreduced (no psum).
 
     >>> ShapedArray((4, 8), np.float32)
     f32[4,8]
     """
 
-    __slots__ = ("shape", "dtype", "weak_type", "vma", "_hash")
+    __slots__ = ("shape", "dtype", "weak_type", "vma", "unreduced", "reduced", "_hash")
 
-    def __init__(self, shape, dtype, weak_type: bool = False, vma=frozenset()):
+    def __init__(self, shape, dtype, weak_type: bool = False, vma=frozenset(),
+                 unreduced=frozenset(), reduced=frozenset()):
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.weak_type = bool(weak_type)
         self.vma = frozenset(vma)
-        self._hash = hash((self.shape, self.dtype, self.weak_type, self.vma))
+        self.unreduced = frozenset(unreduced)
+        self.reduced = frozenset(reduced)
+        self._hash = hash((self.shape, self.dtype, self.weak_type, self.vma, self.unreduced,
+                           self.reduced))
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: math.prod(self.shape))
-    mat = property(lambda self: ManualAxisType(self.vma))  # JAX's newer name for the vma
+    # JAX's newer name for the manual-axes type.
+    mat = property(lambda self: ManualAxisType(self.vma - self.unreduced, self.unreduced,
+                                               self.reduced))
 
-    def update(self, shape=None, dtype=None, weak_type=None, vma=None) -> "ShapedArray":
+    def update(self, shape=None, dtype=None, weak_type=None, vma=None, unreduced=None,
+               reduced=None) -> "ShapedArray":
+        """A copy with the given fields changed.  A new ``vma`` without ``unreduced``
+        keeps only the unreduced axes it still contains (the rest vary no more)."""
+        vma = self.vma if vma is None else frozenset(vma)
+        if unreduced is None:
+            unreduced = self.unreduced & vma
+        if reduced is None:
+            reduced = self.reduced - vma
         return ShapedArray(self.shape if shape is None else shape,
                            self.dtype if dtype is None else dtype,
                            self.weak_type if weak_type is None else weak_type,
-                           self.vma if vma is None else vma)
+                           vma, unreduced, reduced)
 
     def __eq__(self, other):
         return (isinstance(other, ShapedArray) and self.shape == other.shape
                 and self.dtype == other.dtype and self.weak_type == other.weak_type
-                and self.vma == other.vma)
+                and self.vma == other.vma and self.unreduced == other.unreduced
+                and self.reduced == other.reduced)
 
     def __hash__(self):
         return self._hash
 
     def str_short(self) -> str:
         s = f"{dtypes.SHORT_NAMES.get(self.dtype, str(self.dtype))}[{','.join(map(str, self.shape))}]"
-        if self.vma:
-            s += "{" + ",".join(sorted(self.vma)) + "}"
+        varying = self.vma - self.unreduced
+        if varying:
+            s += "{" + ",".join(sorted(varying)) + "}"
+        if self.unreduced:
+            s += "{U:" + ",".join(sorted(self.unreduced)) + "}"
+        if self.reduced:
+            s += "{R:" + ",".join(sorted(self.reduced)) + "}"
         return s
 
     def __repr__(self):
@@ -165,5 +194,5 @@ def abstract_arg_aval(x):
     if t is ShapeDtypeStruct:
         return x.to_aval()
     if t is ShapedArray:
-        return x.update(vma=frozenset()) if x.vma else x
+        return x.update(vma=frozenset(), reduced=frozenset()) if x.vma or x.reduced else x
     return None

@@ -58,6 +58,7 @@ def broadcast_batch(x, d, size):
 
 # --------------------------------------------------------------- the trace
 
+from spmd.compiler.manual_types import UnreducedRuleError  # noqa: E402
 from spmd.compiler.trace import (Trace, Tracer, _state, dynamic_trace, full_lower,  # noqa: E402
                                  full_raise, get_aval, new_main)
 
@@ -185,6 +186,12 @@ class BatchTrace(Trace):
             union = frozenset().union(*(a.vma for a in avals))
             avals = [a.update(vma=union) for a in avals]
         out_avals = abstract_eval(prim, avals, params)
+        if any(a.unreduced or a.reduced for a in out_avals):
+            # (The eager types carry the varying axes only.)
+            raise UnreducedRuleError(
+                f"{prim.name} makes an unreduced or reduced value ({out_avals[0]}) in an "
+                "eager shard_map body, whose values are typed by their varying axes only; "
+                "give the shard_map out_specs with unreduced=/reduced=, or wrap it in jit")
         outs = self._process(prim, tracers, params)
         for o, a in zip(outs, out_avals):
             o.vma = a.vma

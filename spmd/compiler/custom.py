@@ -17,7 +17,7 @@ from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for, flatten_outputs
-from spmd.compiler.program_vma import call_vma
+from spmd.compiler.program_vma import call_types, call_vma
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.array import Array
 from spmd.compiler.trace import (Tracer, bind, eval_program, get_aval, hoist_traced_consts,
@@ -82,6 +82,7 @@ def _batch_via_vmap(prim, wrap_params):
 
     prim.def_batch(rule)
     prim.def_vma(call_vma)
+    prim.rules["manual_types"] = call_types
     prim.rules["batch_needs_axis"] = True
 
 
@@ -287,6 +288,8 @@ def _custom_lin_impl(xp, *args, **params):
 custom_lin_p.def_abstract_eval(lambda *avals, out_avals, **_: list(out_avals))
 # The tangents have the types of the outputs they belong to.
 custom_lin_p.def_vma(lambda *avals, out_avals, **_: [a.vma for a in out_avals])
+custom_lin_p.rules["manual_types"] = lambda *avals, out_avals, **_: [
+    (a.unreduced, a.reduced) for a in out_avals]
 
 
 @custom_lin_p.def_transpose

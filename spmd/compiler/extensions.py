@@ -33,6 +33,7 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | point | filled with | default |
 | --- | --- | --- |
 | :data:`PVARY` | ``spmd.collectives.api.pvary_traced`` | raises ExtensionNotInstalledError |
+| :data:`PREDUCED` | ``spmd.collectives.api.preduced_traced`` | raises ExtensionNotInstalledError |
 | :data:`CONTEXT_KEY` | ``spmd.shard.mesh_context.get_mesh`` | returns None (no ambient state) |
 | :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
@@ -46,7 +47,7 @@ compiler knows nothing of shardings or processes: not how a placed array is
 computed on, nor which equations (a ``shard_map`` over processes) it cannot run.
 
 >>> [p.name for p in POINTS]
-['pvary', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'eager_eval']
+['pvary', 'preduced', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'eager_eval']
 """
 
 from __future__ import annotations
@@ -108,10 +109,12 @@ _HOW = ("the compiler's extension points are filled when the shard layer or a fr
         "import shard_map`), or call spmd.compiler.extensions.run_installer()")
 
 
-def _pvary_missing(x, axes):
-    raise ExtensionNotInstalledError(
-        f"a value meets others varying along mesh axes {tuple(axes)} and needs pvary, which "
-        f"the collectives layer provides; {_HOW}")
+def _cast_missing(kind: str, cast: str):
+    def missing(x, axes):
+        raise ExtensionNotInstalledError(
+            f"a value meets others {kind} along mesh axes {tuple(axes)} and needs {cast}, "
+            f"which the collectives layer provides; {_HOW}")
+    return missing
 
 
 PVARY: ExtensionPoint = ExtensionPoint(
@@ -119,7 +122,16 @@ PVARY: ExtensionPoint = ExtensionPoint(
     "Mark ``x`` as varying along ``axes`` (an explicit pvary equation, whose transpose is "
     "the psum reverse mode needs; JEP 17111).  Called when tracing a shard_map body, where "
     "an operand invariant along some axes meets one that varies along them.",
-    _pvary_missing)
+    _cast_missing("varying", "pvary"))
+
+
+PREDUCED: ExtensionPoint = ExtensionPoint(
+    "preduced", "(x: Tracer, axes: tuple[str, ...]) -> Tracer",
+    "Mark ``x`` (invariant along ``axes``) as reduced there (an explicit "
+    "pcast(to='reduced') equation, whose transpose is the psum of the summands its "
+    "cotangent arrives as).  Called when tracing a shard_map body, where an invariant "
+    "operand meets a reduced one.",
+    _cast_missing("reduced", "pcast(to='reduced')"))
 
 CONTEXT_KEY: ExtensionPoint = ExtensionPoint(
     "context_key", "() -> Hashable",
@@ -190,7 +202,7 @@ EAGER_EVAL: ExtensionPoint = ExtensionPoint(
 
 
 # Every point, for the installer's check and the tests.
-POINTS: tuple = (PVARY, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, EAGER_EVAL)
+POINTS: tuple = (PVARY, PREDUCED, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, EAGER_EVAL)
 
 
 # ----------------------------------------------------------------- the installer

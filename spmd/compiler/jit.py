@@ -23,7 +23,7 @@ from spmd.compiler.avals import abstract_arg_aval
 from spmd.compiler.codegen import Executable, compile_program
 from spmd.compiler.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
 from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.program_vma import call_vma
+from spmd.compiler.program_vma import call_types, call_vma
 from spmd.compiler.passes import dce, lower_for_execution, optimize
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import (_state as _trace_state, axis_env_key, eval_plain, eval_program,
@@ -615,4 +615,5 @@ def _jit_batch(args, dims, *, program, name, _axis_data):
 jit_p.def_jvp(_jit_jvp)
 jit_p.def_batch(_jit_batch)
 jit_p.def_vma(call_vma)
+jit_p.rules["manual_types"] = call_types
 jit_p.rules["batch_needs_axis"] = True

@@ -23,6 +23,10 @@ Rule signatures (``params`` are the equation's static keyword parameters):
   axis of each argument or ``None``.
 - ``emit(names, **params) -> str``: optional; a Python expression over the
   input names for the code generator (default: call ``impl``).
+- ``unreduced``: how an unreduced operand (each device holding a summand of it: JAX's
+  ``P(unreduced=...)``) passes through, for a primitive linear in it (one of
+  :data:`UNREDUCED_POLICIES`); None (the default) refuses such an operand.  Read by the
+  manual-axes typing of ``shard_map`` bodies and by the explicit-sharding types.
 
 Traits: each primitive declares, where it is created, the properties the generic
 passes (code generation, overlap, remat policies, tracing) act on:
@@ -41,6 +45,14 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 
 # The vocabulary of traits: name -> what a primitive declaring it promises, and which
 # pass acts on it (docs/architecture.md, "Primitives and their rules", has the table).
+UNREDUCED_POLICIES: dict[str, str] = {
+    "keep": "linear in its one array operand: the result has the operand's summands",
+    "joint": "linear in all operands together (add): they are unreduced over the same axes",
+    "one": "linear in each operand apart (mul): at most one operand is unreduced",
+    "first": "linear in its first operand only (div): the others are not unreduced",
+    "float": "linear between inexact dtypes (convert_element_type): not to an integer",
+}
+
 TRAITS: dict[str, str] = {
     "view": "its code may return a view of its operand rather than a new buffer "
             "(codegen never writes its result into a flat buffer; overlap never counts "
@@ -95,6 +107,7 @@ class Primitive:
         self.batch: Callable | None = None
         self.vma: Callable | None = None
         self.emit: Callable | None = None
+        self.unreduced: str | None = None  # a key of UNREDUCED_POLICIES
         # Extra rules of higher-order primitives (partial evaluation, DCE, ...).
         self.rules: dict[str, Callable] = {}
         PRIMITIVES[name] = self

@@ -11,6 +11,7 @@ outputs are typed, not as the union of the operands' varying axes.
 from __future__ import annotations
 
 from spmd.compiler.ir import ClosedProgram, Literal
+from spmd.compiler.trace import abstract_eval
 
 
 def program_vma(closed, in_vmas) -> list:
@@ -53,3 +54,38 @@ def program_vma(closed, in_vmas) -> list:
 def call_vma(*avals, program, **_):
     """The varying-axes rule of a primitive that calls ``program`` on its operands."""
     return program_vma(program, [a.vma for a in avals])
+
+
+def program_types(closed, in_avals) -> list:
+    """The avals (with their manual-axes types: varying, unreduced, reduced) of
+    ``closed``'s outputs when its inputs are typed as ``in_avals``: the body's own
+    when those are the types it was traced with, else propagated through its
+    equations by their rules."""
+    prog = closed.program if isinstance(closed, ClosedProgram) else closed
+    n_consts = len(closed.consts) if isinstance(closed, ClosedProgram) else 0
+    args = prog.in_vars[n_consts:]
+
+    def same(v, a):
+        return (v.aval.vma, v.aval.unreduced, v.aval.reduced) == (a.vma, a.unreduced,
+                                                                  a.reduced)
+    if all(same(v, a) for v, a in zip(args, in_avals)):
+        return [a.aval for a in prog.out_atoms]
+    env = {v: v.aval.update(vma=a.vma, unreduced=a.unreduced, reduced=a.reduced)
+           for v, a in zip(args, in_avals)}
+
+    def read(a):
+        return a.aval if isinstance(a, Literal) else env.get(a, a.aval)
+
+    for eqn in prog.eqns:
+        outs = abstract_eval(eqn.primitive, [read(a) for a in eqn.inputs], eqn.params)
+        env.update(zip(eqn.outputs, outs))
+    return [read(a) for a in prog.out_atoms]
+
+
+def call_types(*avals, program, **_):
+    """The unreduced and reduced rule of a primitive that calls ``program``."""
+    prog = program.program if isinstance(program, ClosedProgram) else program
+    outs = [a.aval for a in prog.out_atoms]
+    if not any(a.unreduced or a.reduced for a in (*avals, *outs)):
+        return [(frozenset(), frozenset())] * len(outs)  # (the common case: no marks)
+    return [(a.unreduced, a.reduced) for a in program_types(program, avals)]

@@ -18,7 +18,7 @@ from spmd.compiler.ad_util import Zero, is_undefined
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.jit import executable_for, flatten_outputs, jit_p
-from spmd.compiler.program_vma import call_vma
+from spmd.compiler.program_vma import call_types, call_vma
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, eval_program, get_aval, trace_to_program
 from spmd.compiler import dtypes
@@ -94,6 +94,7 @@ class checkpoint_policies:
 
 # The identity, tagging a value with a name that checkpoint policies can select.
 name_p = Primitive("name", traits=())
+name_p.unreduced = "keep"
 name_p.def_impl(lambda xp, x, *, name: x)
 name_p.def_abstract_eval(lambda x, *, name: x)
 name_p.def_emit(lambda ins, name: ins[0])
@@ -167,6 +168,7 @@ def _remat_batch(args, dims, *, program, policy, _axis_data):
 
 
 remat_p.def_vma(call_vma)
+remat_p.rules["manual_types"] = call_types
 remat_p.rules["batch_needs_axis"] = True
 
 
@@ -278,6 +280,7 @@ def _remat_lin_batch(args, dims, *, program, num_res, _axis_data):
 
 
 remat_lin_p.def_vma(call_vma)
+remat_lin_p.rules["manual_types"] = call_types
 remat_lin_p.rules["batch_needs_axis"] = True
 
 
@@ -367,7 +370,7 @@ def saved_residuals(fun: Callable, *args, **kwargs) -> list[tuple]:
         if not u or not isinstance(atom, Var):
             continue
         src = _describe_residual(atom, kp, n_consts, owner)
-        out.append((atom.aval.update(vma=frozenset()), src))
+        out.append((atom.aval.update(vma=frozenset(), reduced=frozenset()), src))
     return out
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from spmd.compiler import array_module as _am
 from spmd.compiler import extensions as _ext
+from spmd.compiler import manual_types as _mt
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
@@ -157,6 +158,7 @@ class Tracer:
     ndim = property(lambda self: self.aval.ndim)
     size = property(lambda self: self.aval.size)
     weak_type = property(lambda self: self.aval.weak_type)
+    mat = property(lambda self: self.aval.mat)  # the manual-axes type (JAX's x.mat)
 
     def full_lower(self):
         return self
@@ -281,14 +283,25 @@ def wrap_value(v, aval: ShapedArray) -> Array:
 
 
 def abstract_eval(prim, avals_in, params) -> list[ShapedArray]:
-    """Output avals, with the varying-manual-axes rule applied."""
+    """Output avals, with the manual-axes rules applied (varying, and the unreduced and
+    reduced types of :mod:`spmd.compiler.manual_types`)."""
     out = prim.abstract_eval(*avals_in, **params)
     outs = list(out) if prim.multiple_results else [out]
+    marked = _mt.has_marks(avals_in)
     if prim.vma is not None:
         vmas = prim.vma(*avals_in, **params)
-        return [a.update(vma=v) for a, v in zip(outs, vmas)]
+        if not marked and not prim.rules.get("manual_types"):
+            return [a.update(vma=v, unreduced=frozenset(), reduced=frozenset())
+                    for a, v in zip(outs, vmas)]
+        types = _mt.rule_types(prim, avals_in, params, len(outs))
+        return [a.update(vma=frozenset(v) | u, unreduced=u, reduced=r - frozenset(v))
+                for a, v, (u, r) in zip(outs, vmas, types)]
+    if marked:
+        vma, unred, red = _mt.default_types(prim, avals_in, params)
+        return [a.update(vma=vma, unreduced=unred, reduced=red) for a in outs]
     vma = frozenset().union(*(a.vma for a in avals_in)) if avals_in else frozenset()
-    return [a.update(vma=vma) if a.vma != vma else a for a in outs]
+    return [a.update(vma=vma) if a.vma != vma or a.unreduced or a.reduced else a
+            for a in outs]
 
 
 # --------------------------------------------------------------------- bind
@@ -505,11 +518,15 @@ class ProgramTrace(Trace):
 
     def process_primitive(self, prim, tracers, params):
         if prim.vma is None and len(tracers) > 1:
-            vmas = [t.aval.vma for t in tracers]
-            if any(v != vmas[0] for v in vmas):
+            avals = [t.aval for t in tracers]
+            if _mt.has_marks(avals):
+                # Unreduced and reduced operands: the casts of manual_types.casts.
+                tracers = [self._cast(t, vary, red)
+                           for t, (vary, red) in zip(tracers, _mt.casts(avals))]
+            elif any(a.vma != avals[0].vma for a in avals):
                 # Invariant operands meeting varying ones get an explicit pvary, so
                 # that transposition turns it into the psum it needs (JEP 17111).
-                union = frozenset().union(*vmas)
+                union = frozenset().union(*(a.vma for a in avals))
                 tracers = [self._pvary(t, tuple(sorted(union - t.aval.vma)))
                            if t.aval.vma != union else t for t in tracers]
         avals_out = abstract_eval(prim, [t.aval for t in tracers], params)
@@ -520,6 +537,11 @@ class ProgramTrace(Trace):
         for o in outs:
             self.builder.producer[o.var] = eqn
         return outs
+
+    def _cast(self, t, vary, red):
+        if vary:
+            t = self._pvary(t, vary)
+        return full_raise(self, _ext.PREDUCED.fn(t, red)) if red else t
 
     def _pvary(self, t, axes):
         """``pvary(t, axes)``; for a broadcast value, pvary what was broadcast and

@@ -22,6 +22,7 @@ import weakref
 import numpy as np
 
 from spmd.collectives.layout import ProcessLayout
+from spmd.collectives.primitives import as_summands, psum_p
 from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
 from spmd.compiler.ir import ClosedProgram
 from spmd.compiler.jit import executable_for
@@ -57,7 +58,7 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
                 "program partitioned over its mesh, each process computing its own "
                 "blocks. Call the jitted function itself (not .lower(...).compile()), "
                 "with its arguments placed on that mesh or as numpy values")
-        in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
+        in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(), reduced=frozenset())
                     for a, s in zip(program.in_avals, in_specs)]
         hit = trace_to_program(
             lambda *xs: run_on_mesh(program, mesh, in_specs, out_specs, xs), in_avals)
@@ -83,10 +84,23 @@ def run_on_mesh(program, mesh, in_specs, out_specs, global_args):
             extend_axis_env(dict(mesh.shape), main=main):
         trace = BatchTrace(main)
         tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
-        outs = eval_program(program, *tracers)
-        outs = [full_raise(trace, o) for o in outs]
+        outs = eval_program(program, *_summands_in(tracers, in_specs))
+        outs = [full_raise(trace, o) for o in _summed_out(outs, out_specs)]
         raw = [(o.val, o.bdim) for o in outs]
     return [from_blocks(v, d, s, mesh) for (v, d), s in zip(raw, out_specs)]
+
+
+# An unreduced value outside a body is its sum (an Array holds the value): entering a
+# body whose in_spec is unreduced along some axes, device 0 along them holds it and the
+# others zeros (summands of it); leaving one whose out_spec is, it is summed.
+def _summands_in(xs, specs):
+    return [as_summands(x, tuple(sorted(s.unreduced))) if s.unreduced else x
+            for x, s in zip(xs, specs)]
+
+
+def _summed_out(outs, specs):
+    return [psum_p.bind(o, axes=tuple(sorted(s.unreduced))) if s.unreduced else o
+            for o, s in zip(outs, specs)]
 
 
 def to_blocks(x, spec, mesh):
@@ -168,9 +182,9 @@ def process_program(program: ClosedProgram, mesh, in_specs, out_specs,
         from spmd.shard.fingerprint import agree
 
         n_local = len(_local_positions(mesh))
-        global_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset())
+        global_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(), reduced=frozenset())
                         for a, s in zip(program.in_avals, in_specs)]
-        in_avals = [a.update(shape=(n_local,) + b.shape, vma=frozenset()) if k == "blocks"
+        in_avals = [a.update(shape=(n_local,) + b.shape, vma=frozenset(), reduced=frozenset()) if k == "blocks"
                     else g for a, b, g, k in zip(global_avals, program.in_avals, global_avals,
                                                   kinds)]
         hit = trace_to_program(
@@ -200,8 +214,8 @@ def run_on_process(program, mesh, in_specs, out_specs, kinds, args):
             extend_axis_env(dict(mesh.shape), main=main):
         trace = BatchTrace(main)
         tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
-        outs = eval_program(program, *tracers)
-        outs = [full_raise(trace, o) for o in outs]
+        outs = eval_program(program, *_summands_in(tracers, in_specs))
+        outs = [full_raise(trace, o) for o in _summed_out(outs, out_specs)]
         raw = [(o.val, o.bdim) for o in outs]
     return [_local_out(v, d, s, len(local)) for (v, d), s in zip(raw, out_specs)]
 

@@ -191,7 +191,8 @@ class TypedAval(ShapedArray):
     def str_short(self) -> str:
         s = super().str_short()
         spec = None if self.sharding is None else self.sharding.spec
-        if not spec and not getattr(spec, "unreduced", None):
+        if not spec and not getattr(spec, "unreduced", None) and \
+                not getattr(spec, "reduced", None):
             return s
         name, _, rest = s.partition("[")
         dims = rest.split("]")[0].split(",")
@@ -200,6 +201,7 @@ class TypedAval(ShapedArray):
             if axes:
                 dims[d] += "@" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")")
         u = "{U:" + ",".join(sorted(spec.unreduced)) + "}" if spec.unreduced else ""
+        u += "{R:" + ",".join(sorted(spec.reduced)) + "}" if spec.reduced else ""
         return f"{name}[{','.join(dims)}]" + s.split("]", 1)[1] + u
 
     __repr__ = __str__ = str_short
@@ -263,7 +265,7 @@ def typeof(x) -> ShapedArray:
     # second dimension is P(None, 'y', None), not P(None, 'y').
     parts = tuple(typ.to_spec()) + (None,) * (aval.ndim - len(typ.to_spec()))
     return TypedAval(aval, NamedSharding(mesh, PartitionSpec(
-        *parts, unreduced=typ.to_spec().unreduced)))
+        *parts, unreduced=typ.partial, reduced=typ.reduced)))
 
 
 # ------------------------------------------------------------ jit's signature
@@ -350,12 +352,6 @@ def wrap(flat_fun, mesh, types, lenient: bool = False, view=None):
             res = []
             for k, o in enumerate(outs):
                 o = full_raise(trace, o)
-                if o.type is not None and o.type.partial:
-                    raise ShardingTypeError(
-                        f"result {k} of the jitted function is unreduced over "
-                        f"{sorted(o.type.partial)} ({o.type.to_spec()!r}): an Array holds a "
-                        "value, not summands; reshard it to a spec without unreduced= before "
-                        "returning it (spmd.sharding.reshard), which sums it")
                 # (A result of an operation is pinned already; an argument or a
                 # constant is not.)
                 res.append(o.val if o.pinned else pin(o.val, o.type, mesh))
@@ -454,8 +450,11 @@ def retyped(flat_fun, primals):
 
 
 def like_primal(ct, primal):
-    """``ct`` resharded to ``primal``'s type when that is explicit (else ``ct``)."""
+    """``ct`` resharded to the type of ``primal``'s cotangent when that is explicit (else
+    ``ct``): the primal's, with unreduced and reduced axes swapped."""
     t = type_of(primal)
     if t is None or t[1] is None or isinstance(ct, np.ndarray):
         return ct
-    return reshard(ct, NamedSharding(t[0], t[1].to_spec()))
+    typ = t[1]
+    return reshard(ct, NamedSharding(t[0], Placement(typ.dims, typ.reduced,
+                                                     typ.partial).to_spec()))

@@ -35,7 +35,6 @@ from spmd.collectives import primitives as cp
 from spmd.collectives.mpi import mpi_p
 from spmd.collectives.nccl import nccl_p
 from spmd.compiler import custom, fusion, jit, overlap, remat
-from spmd.compiler.ad import stop_gradient_p
 from spmd.compiler.ir import ClosedProgram, Literal
 from spmd.compiler.ops import attention as attention_ops
 from spmd.compiler.ops import conv, elementwise as ew, indexing as ix, linalg
@@ -44,7 +43,6 @@ from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.control_cond import cond_p
 from spmd.compiler.ops.control_loops import scan_p, while_p
 from spmd.compiler.ops.threefry import random_bits_p, rng_counter_p
-from spmd.compiler.remat import name_p
 from spmd.compiler.trace import abstract_eval
 from spmd.errors import MissingExplicitRuleError, ShardingTypeError
 from spmd.mesh.mesh import AxisType
@@ -365,7 +363,8 @@ def explicit_only(pl: Placement, mesh) -> Placement:
     if not auto:
         return pl
     return Placement(tuple(tuple(a for a in d if a not in auto) for d in pl.dims),
-                     frozenset(a for a in pl.partial if a not in auto))
+                     frozenset(a for a in pl.partial if a not in auto),
+                     frozenset(a for a in pl.reduced if a not in auto))
 
 
 def from_spec_param(avals_in, types_in, avals_out, mesh, params):
@@ -394,9 +393,13 @@ def infer(program, types_in: list, mesh, lenient: bool = False) -> list:
     def read(x):
         return replicated(len(x.aval.shape)) if isinstance(x, Literal) else env[x]
 
+    # A result the program constrains right away (an out_sharding=, a type pinned when
+    # the body was traced) may be ambiguous before it: the constraint types it.
+    pinned = {e.inputs[0] for e in program.eqns if e.primitive is sharding_constraint_p}
     for eqn in program.eqns:
+        ease = lenient or all(v in pinned for v in eqn.outputs)
         outs = out_types(eqn.primitive, [x.aval for x in eqn.inputs],
-                         [read(x) for x in eqn.inputs], eqn.params, mesh, lenient,
+                         [read(x) for x in eqn.inputs], eqn.params, mesh, ease,
                          [v.aval for v in eqn.outputs])
         for v, t in zip(eqn.outputs, outs):
             env[v] = t
@@ -518,14 +521,12 @@ def out_types(prim, avals_in, types_in, params, mesh, lenient: bool = False,
         raise
 
 
-# How an unreduced operand (each device along the axes holding a summand) passes through
-# a primitive: only through maps linear in it (as JAX's unreduced rules allow).
-UNREDUCED: dict = {}
-
-
 def _unreduced(prim, avals_in, types_in, params) -> frozenset:
-    """The unreduced axes of ``prim``'s result, or ShardingTypeError."""
-    policy = UNREDUCED.get(prim)
+    """The unreduced axes of ``prim``'s result, or ShardingTypeError.  An unreduced
+    operand (each device along the axes holding a summand) passes only through maps
+    linear in it, as the primitive's ``unreduced`` policy declares (JAX's unreduced
+    rules)."""
+    policy = prim.unreduced
     got = ", ".join(show(t) for t in types_in)
     if policy is None:
         raise ShardingTypeError(
@@ -602,13 +603,6 @@ def _untyped_higher(avals_in, types_in, avals_out, mesh, params, lenient=False):
 def _table() -> None:
 
     register(ew.select_n_p, select)  # (elementwise, but its cases must agree)
-    UNREDUCED.update({ew.add_p: "joint", ew.sub_p: "joint", sm.concatenate_p: "joint",
-                      ew.mul_p: "one", ew.div_p: "first"})
-    UNREDUCED[ew.convert_p] = "float"
-    for p in (ew.neg_p, rd.reduce_sum_p, st.reshape_p, st.transpose_p,
-              st.broadcast_in_dim_p, st.squeeze_p, sm.slice_p, sm.rev_p, stop_gradient_p,
-              name_p):
-        UNREDUCED[p] = "keep"
     for p in (rd.reduce_sum_p, rd.reduce_max_p, rd.reduce_min_p, rd.reduce_prod_p,
               rd.reduce_and_p, rd.reduce_or_p, rd.argmax_p, rd.argmin_p):
         register(p, reduction)
@@ -641,7 +635,7 @@ def _table() -> None:
         register(p, HIGHER_ORDER[p.name])
     # Collectives meet an explicit trace only in a partial-manual body (typed along the
     # axes it leaves); a full-manual body is untyped.
-    for p in (cp.psum_p, cp.pmax_p, cp.pmin_p, cp.pvary_p, cp.ppermute_p):
+    for p in (cp.psum_p, cp.pmax_p, cp.pmin_p, cp.pvary_p, cp.pcast_p, cp.ppermute_p):
         register(p, operand_only)
     register(cp.axis_index_p, whole_only("axis_index"))
     register(cp.all_gather_p, _collective_dims(  # (untiled, it adds a dimension)

@@ -19,7 +19,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.api import psum
-from spmd.collectives.primitives import CollectiveAxisError, pvary_p
+from spmd.collectives.primitives import CollectiveAxisError, as_summands, pvary_p
 from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
@@ -33,7 +33,7 @@ from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  
                                      _manual_axes, split_typed, typed_axes)
 from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa: F401
                                        _check_out, _inferred_specs, _spec_leaves,
-                                       arg_type_spec)
+                                       arg_type_spec, check_marked_specs)
 from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
                              check_spec, global_shape)
 from spmd.compiler.batching import (active_spmd_axis_names, batch_flat, collective_axes,
@@ -83,9 +83,20 @@ def _block_aval(aval: ShapedArray, spec, mesh, check_vma, bound=None) -> ShapedA
     axes, and the enclosing one's stay in scope: a ``psum`` over them in the inner body
     is a real one, not the axis size times an invariant value)."""
     vma = frozenset(spec.mesh_axes) if check_vma else frozenset()
+    unreduced = spec.unreduced if check_vma else frozenset()
+    reduced = spec.reduced if check_vma else frozenset()
     if bound is not None:
         vma |= aval.vma - bound
-    return ShapedArray(block_shape(spec, mesh, aval.shape), aval.dtype, aval.weak_type, vma)
+    return ShapedArray(block_shape(spec, mesh, aval.shape), aval.dtype, aval.weak_type,
+                       vma | unreduced, unreduced, reduced)
+
+
+def ct_spec(spec):
+    """The spec of the cotangent of a value placed by ``spec``: an unreduced value's
+    cotangent is reduced, a reduced one's unreduced (JAX's types)."""
+    if not (spec.unreduced or spec.reduced):
+        return spec
+    return spec.update(unreduced=spec.reduced, reduced=spec.unreduced)
 
 
 # ------------------------------------------------------------------- rules
@@ -167,7 +178,7 @@ def _batched_spec(spec, batch_entry, spmd_name, where, fname):
         raise ShardMapError(f"{fname}: vmap spmd_axis_name {tuple(spmd_name)} cannot appear "
                             f"in the shard_map's {where} (axis {used[0]!r} is used in "
                             f"{spec}); map over another mesh axis")
-    return PartitionSpec(batch_entry, *spec)
+    return PartitionSpec(batch_entry, *spec, unreduced=spec.unreduced, reduced=spec.reduced)
 
 
 def _residual_spec(aval, mesh, check_vma, manual=None):
@@ -304,28 +315,38 @@ def _shard_map_transpose(cts, *args, program, mesh, in_specs, out_specs, check_v
         outs = []
         for ct, v, spec in zip(cts_out, lin_vars, lin_specs):
             ct = instantiate(ct) if isinstance(ct, Zero) else ct
-            # A value the input was broadcast to must have its cotangent summed back.
-            extra = tuple(a for a in names if a not in spec.mesh_axes and
-                          (a in get_aval(ct).vma or not check_vma))
-            outs.append(psum(ct, extra) if extra else ct)
+            # A value the input was broadcast to must have its cotangent summed back;
+            # a reduced input's cotangent leaves as the devices' summands (unreduced).
+            # An unreduced input's summands each have the whole cotangent (not summed).
+            extra = tuple(a for a in names if a not in spec.mesh_axes and a not in spec.reduced
+                          and a not in spec.unreduced and (a in get_aval(ct).vma or not check_vma))
+            ct = psum(ct, extra) if extra else ct
+            kept = tuple(a for a in names if a in spec.reduced)
+            outs.append(as_summands(ct, kept) if kept and check_vma else ct)
         return outs
 
     in_avals = [v.aval for v in res_vars] + [_ct_aval(a, s, check_vma) for a, z, s in
                                              zip(program.out_avals, nz, out_specs) if z]
     closed = trace_body(body, mesh, in_avals, check_vma, manual)
     res_specs = [s for s, l in zip(in_specs, lin) if not l]
-    ct_specs = [s for s, z in zip(out_specs, nz) if z]
+    ct_specs = [ct_spec(s) for s, z in zip(out_specs, nz) if z]
     outs = _bind_body(closed, res_vals + [c for c in cts if not isinstance(c, Zero)], mesh,
-                      res_specs + ct_specs, lin_specs, check_vma, manual)
+                      res_specs + ct_specs, [ct_spec(s) for s in lin_specs], check_vma,
+                      manual)
     it = iter(outs)
     return [next(it) if l else None for l in lin]
 
 
 def _ct_aval(aval, spec, check_vma):
     """The type of an output's cotangent block: it varies along every axis its spec
-    splits over, even where the output itself is invariant (and tiled)."""
+    splits over, even where the output itself is invariant (and tiled); it is reduced
+    where the output is unreduced, and unreduced where the output's spec is reduced."""
     ct = tangent_aval(aval)
-    return ct.update(vma=ct.vma | frozenset(spec.mesh_axes)) if check_vma else ct
+    if not check_vma:
+        return ct
+    unred = frozenset(spec.reduced)
+    vma = (ct.vma - spec.unreduced) | frozenset(spec.mesh_axes) | unred
+    return ct.update(vma=vma, unreduced=unred, reduced=frozenset(spec.unreduced))
 
 
 def _out_ct(ct, aval, spec, mesh, check_vma, names):
@@ -335,10 +356,15 @@ def _out_ct(ct, aval, spec, mesh, check_vma, names):
     (check_vma=False), as in JAX, devices holding copies of one block (the axes the spec
     leaves out) share its cotangent evenly."""
     if check_vma:
-        tiled = tuple(a for a in names if a in spec.mesh_axes and a not in aval.vma)
+        # (An output whole where its spec says reduced: its cotangent's summands add up.)
+        tiled = tuple(a for a in names if (a in spec.mesh_axes and a not in aval.vma)
+                      or (a in spec.reduced and a not in aval.reduced))
         return psum(ct, tiled) if tiled else ct
-    copies = int(np.prod([mesh.shape[a] for a in names if a not in spec.mesh_axes],
-                         dtype=np.int64))
+    # Untyped: an unreduced output's devices each hold a summand, whose cotangent is
+    # the whole one; a reduced one's cotangent arrives as summands already.
+    marked = spec.unreduced | spec.reduced
+    copies = int(np.prod([mesh.shape[a] for a in names if a not in spec.mesh_axes
+                          and a not in marked], dtype=np.int64))
     if copies == 1 or not np.issubdtype(get_aval(ct).dtype, np.inexact):
         return ct
     return div(ct, np.array(copies, get_aval(ct).dtype)[()])
@@ -476,6 +502,9 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=_R
                 getattr(s, "mesh", None), Mesh)])
         elif mesh is not None:
             _check_context_mesh(mesh, fname)
+        if not m.axis_names:
+            raise ShardMapError(f"{fname}: shard_map requires a non-empty mesh, got {m!r}; "
+                                "make one with axes (spmd.make_mesh((n,), ('i',)))")
         names = axis_names
         if names is None:  # JAX's default: the axes not manual here already
             from spmd.compiler.trace import axis_scope
@@ -562,7 +591,14 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         flat_specs.append(spec)
     from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
 
-    if manual is None and can_run_eagerly(vals):  # no transformation: concrete blocks
+    out_leaves = [] if callable(out_specs) else tree_util.tree_leaves(
+        out_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    # Unreduced and reduced values are typed as the traced body types them (an eager
+    # body's values carry their varying axes only).
+    marked = check_marked_specs(list(flat_specs) + [s for s in out_leaves
+                                                    if isinstance(s, PartitionSpec)],
+                                mesh, manual, fname)
+    if manual is None and not marked and can_run_eagerly(vals):  # concrete blocks
         return run_eagerly(f, mesh, vals, flat_specs, dyn, leaves, in_tree, out_specs,
                            check_vma, manual, fname)
     bound = frozenset(mesh.axis_names if manual is None else manual)

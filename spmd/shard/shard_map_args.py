@@ -114,8 +114,9 @@ def _check_out(aval, spec, path, mesh, check_vma, fname, bound=None):
     except ShardingError as e:
         raise ShardMapError(str(e)) from None
     if check_vma:
+        _check_marks(aval, spec, path, mesh, fname, bound)
         missing = [a for a in mesh.axis_names if a in aval.vma and a not in spec.mesh_axes
-                   and (bound is None or a in bound)]
+                   and a not in spec.unreduced and (bound is None or a in bound)]
         if missing:
             a = missing[0]
             raise ShardMapError(
@@ -123,3 +124,50 @@ def _check_out(aval, spec, path, mesh, check_vma, fname, bound=None):
                 f"does not mention {a!r}, so its blocks would disagree. Reduce it first (e.g. "
                 f"lax.psum(x, {a!r}) or lax.all_gather_invariant(x, {a!r})), put {a!r} in the "
                 "spec, or pass check_vma=False")
+
+
+def _check_marks(aval, spec, path, mesh, fname, bound):
+    """A typed output's unreduced axes are exactly its spec's, and its reduced axes are
+    among its spec's (a spec's reduced axis also takes an invariant value)."""
+    def mine(axes):
+        return [a for a in mesh.axis_names if a in axes and (bound is None or a in bound)]
+
+    for a in mine(spec.unreduced):
+        if a not in aval.unreduced:
+            raise ShardMapError(
+                f"{fname}: out_specs{path}={spec} says the output is unreduced along {a!r}, "
+                f"but it is not ({aval}); make its summands with lax.pcast(x, {a!r}, "
+                "to='unreduced'), or leave unreduced= out of out_specs passed to shard_map")
+    for a in mine(aval.unreduced - spec.unreduced):
+        raise ShardMapError(
+            f"{fname}: output{path} is unreduced along {a!r} ({aval}) but out_specs{path}="
+            f"{spec} does not say unreduced={{{a!r}}}; sum it first (lax.psum), or put it in "
+            "the out_specs passed to shard_map")
+    for a in mine(aval.reduced - spec.reduced):
+        raise ShardMapError(
+            f"{fname}: output{path} is reduced along {a!r} ({aval}) but out_specs{path}="
+            f"{spec} does not say reduced={{{a!r}}}; put it in the out_specs passed to "
+            f"shard_map, or lax.pcast(x, {a!r}, to='varying') and split it")
+
+
+def check_marked_specs(specs, mesh, manual, fname) -> bool:
+    """Whether any spec has unreduced or reduced axes; those need a mesh whose axes are
+    all explicit and a shard_map manual over all of them (as in JAX)."""
+    marked = [s for s in specs if s is not None and (s.unreduced or s.reduced)]
+    if not marked:
+        return False
+    if manual is not None:
+        raise UnreducedSpecError(
+            f"{fname}: {marked[0]}: unreduced or reduced axes can only be passed to in_specs "
+            "when shard_map is in full manual mode (leave axis_names= out)")
+    if any(t != AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        raise ShardMapError(
+            f"{fname}: {marked[0]} has unreduced or reduced axes, which can only be used when "
+            "the mesh passed to shard_map contains axis names all of type `Explicit` "
+            "(make_mesh(..., axis_types=(AxisType.Explicit, ...)))")
+    return True
+
+
+class UnreducedSpecError(ShardMapError, NotImplementedError):
+    """Unreduced or reduced specs in a partial-manual shard_map (not supported, as in
+    JAX)."""

@@ -406,6 +406,7 @@ def shards_of(x: Array, sharding) -> list[Shard]:
     out = []
     k = 0
     imap = sharding.devices_indices_map(shape)
+    unreduced = getattr(getattr(sharding, "spec", None), "unreduced", None)
     for d in ordered_devices(sharding):
         index = imap[d]
         key = index_key(index, shape)
@@ -415,9 +416,18 @@ def shards_of(x: Array, sharding) -> list[Shard]:
             continue
         block = blocks[k] if blocks is not None else value[index]
         k += 1
+        if unreduced and not _first_along(sharding.mesh, d, unreduced):
+            # An unreduced Array holds its value (their sum): as summands, the first
+            # device along the unreduced axes holds it and the others zeros.
+            block = array_module.module_of(block).zeros_like(block)
         aval = ShapedArray(tuple(block.shape), x.dtype, x.weak_type)
         out.append(Shard(d, index, replica, ShardedArray(block, aval, SingleDeviceSharding(d))))
     return out
+
+
+def _first_along(mesh, device, axes) -> bool:
+    coords = dict(zip(mesh.axis_names, mesh.coords(device)))
+    return all(coords[a] == 0 for a in axes)
 
 
 # ------------------------------------------------ plain Arrays' placement

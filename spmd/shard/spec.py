@@ -29,48 +29,49 @@ class PartitionSpec(tuple):
                     isinstance(p, tuple) and all(isinstance(q, str) for q in p)):
                 raise ShardingError(f"PartitionSpec: entry {p!r} must be None, a mesh axis "
                                     "name, or a tuple of axis names")
-        if reduced:
-            raise NotImplementedError(
-                f"PartitionSpec(reduced={set(reduced)!r}): reduced axes (a value whole along "
-                "them whose cotangent stays unreduced) are not supported yet; leave reduced= "
-                "out (the gradient is then reduced where it is made)")
-        if isinstance(unreduced, str):
-            unreduced = (unreduced,)
-        unreduced = frozenset(unreduced)
-        if not all(isinstance(a, str) for a in unreduced):
-            raise ShardingError(f"PartitionSpec: unreduced={set(unreduced)!r} must be mesh "
-                                "axis names")
+        unreduced = _axis_set(unreduced, "unreduced")
+        reduced = _axis_set(reduced, "reduced")
         used = {a for p in parts if p is not None for a in ((p,) if isinstance(p, str) else p)}
-        if used & unreduced:
-            raise ShardingError(f"PartitionSpec: axes {sorted(used & unreduced)} both split a "
-                                f"dimension and are unreduced in {parts!r}, unreduced="
-                                f"{set(unreduced)!r}; an axis does one or the other")
+        for name, kind in ((unreduced, "unreduced"), (reduced, "reduced")):
+            if used & name:
+                raise ShardingError(f"PartitionSpec: axes {sorted(used & name)} both split a "
+                                    f"dimension and are {kind} in {parts!r}, {kind}="
+                                    f"{set(name)!r}; an axis does one or the other")
+        if unreduced & reduced:
+            raise ShardingError(f"PartitionSpec: axes {sorted(unreduced & reduced)} are both "
+                                "unreduced and reduced; an axis is one or the other")
         self = super().__new__(cls, parts)
         # Axes over which each device holds a summand of the value (JAX's unreduced):
         # made by out_sharding= of a contraction, reduced by a reshard without them.
         self.unreduced = unreduced
+        # Axes over which the value is whole on every device but its cotangent is left
+        # unreduced (JAX's reduced): a type, the data is replicated.
+        self.reduced = reduced
         return self
 
     # A spec's unreduced axes are part of it: caches keyed on specs must tell them apart.
     def __eq__(self, other):
         if not isinstance(other, tuple):
             return NotImplemented
-        return tuple.__eq__(self, other) and self.unreduced == getattr(other, "unreduced",
-                                                                       frozenset())
+        return (tuple.__eq__(self, other)
+                and self.unreduced == getattr(other, "unreduced", frozenset())
+                and self.reduced == getattr(other, "reduced", frozenset()))
 
     def __ne__(self, other):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
     def __hash__(self):
-        u = self.unreduced
-        return tuple.__hash__(self) if not u else hash((tuple(self), u))
+        u, r = self.unreduced, self.reduced
+        return tuple.__hash__(self) if not (u or r) else hash((tuple(self), u, r))
 
     def __repr__(self):
         body = ", ".join(map(repr, self)) + ("," if len(self) == 1 and
                                              isinstance(self[0], tuple) else "")
-        if self.unreduced:
-            body += (", " if body else "") + f"unreduced={set(sorted(self.unreduced))!r}"
+        for kind in ("unreduced", "reduced"):
+            axes = getattr(self, kind)
+            if axes:
+                body += (", " if body else "") + f"{kind}={set(sorted(axes))!r}"
         return "PartitionSpec(" + body + ")"
 
     def axes_of(self, dim: int) -> tuple[str, ...]:
@@ -85,34 +86,47 @@ class PartitionSpec(tuple):
         return tuple(a for d in range(len(self)) for a in self.axes_of(d))
 
     def __reduce__(self):
-        if self.unreduced:
-            return (_spec_with_unreduced, (tuple(self), tuple(sorted(self.unreduced))))
+        if self.unreduced or self.reduced:
+            return (_spec_with_unreduced, (tuple(self), tuple(sorted(self.unreduced)),
+                                           tuple(sorted(self.reduced))))
         return (PartitionSpec, tuple(self))
+
+    def update(self, *, partitions=None, unreduced=None, reduced=None) -> "PartitionSpec":
+        """A copy with the given fields changed (JAX's ``PartitionSpec.update``).
+
+        >>> P("x", unreduced={"y"}).update(unreduced=frozenset())
+        PartitionSpec('x',)
+        """
+        return PartitionSpec(*(tuple(self) if partitions is None else partitions),
+                             unreduced=self.unreduced if unreduced is None else unreduced,
+                             reduced=self.reduced if reduced is None else reduced)
 
 
 P = PartitionSpec
 
 
-def _spec_with_unreduced(parts, unreduced):
-    return PartitionSpec(*parts, unreduced=frozenset(unreduced))
+def _axis_set(axes, kind: str) -> frozenset:
+    if isinstance(axes, str):
+        axes = (axes,)
+    axes = frozenset(axes)
+    if not all(isinstance(a, str) for a in axes):
+        raise ShardingError(f"PartitionSpec: {kind}={set(axes)!r} must be mesh axis names")
+    return axes
 
 
-def check_spec(spec: PartitionSpec, mesh, shape, where: str,
-               allow_unreduced: bool = False) -> None:
-    """Raise :class:`ShardingError` unless ``spec`` fits ``mesh`` and an array of ``shape``.
-    ``allow_unreduced``: inside a program (a constraint) a spec may have unreduced axes;
-    an Array, an argument or a result may not (each holds its value, not summands)."""
+def _spec_with_unreduced(parts, unreduced, reduced=()):
+    return PartitionSpec(*parts, unreduced=frozenset(unreduced), reduced=frozenset(reduced))
+
+
+def check_spec(spec: PartitionSpec, mesh, shape, where: str) -> None:
+    """Raise :class:`ShardingError` unless ``spec`` fits ``mesh`` and an array of ``shape``."""
     if not isinstance(spec, PartitionSpec):
         raise ShardingError(f"{where}: expected a PartitionSpec, got {spec!r}")
-    for a in sorted(spec.unreduced):
-        if a not in mesh.shape:
-            raise ShardingError(f"{where}: spec {spec} names unreduced axis {a!r}, which is "
-                                f"not in the mesh (axes {mesh.axis_names})")
-    if spec.unreduced and not allow_unreduced:
-        raise ShardingError(
-            f"{where}: spec {spec} has unreduced axes: an unreduced value (each device along "
-            "them holding a summand) exists only inside a jitted program; reshard it to a "
-            "spec without unreduced= first (spmd.sharding.reshard), which sums it")
+    for kind in ("unreduced", "reduced"):
+        for a in sorted(getattr(spec, kind)):
+            if a not in mesh.shape:
+                raise ShardingError(f"{where}: spec {spec} names {kind} axis {a!r}, which is "
+                                    f"not in the mesh (axes {mesh.axis_names})")
     if len(spec) > len(shape):
         raise ShardingError(f"{where}: spec {spec} has {len(spec)} entries but the array has "
                             f"rank {len(shape)} (shape {tuple(shape)}); a spec may not be longer "
@@ -169,7 +183,7 @@ class NamedSharding:
             raise ShardingError(
                 f"NamedSharding: spec must be a PartitionSpec, got the {type(spec).__name__} "
                 f"{spec!r}; {fix}")
-        for a in (*spec.mesh_axes, *sorted(spec.unreduced)):
+        for a in (*spec.mesh_axes, *sorted(spec.unreduced), *sorted(spec.reduced)):
             if a not in mesh.shape:
                 raise ShardingError(f"NamedSharding: spec {spec} names axis {a!r}, not in the "
                                     f"mesh (axes {mesh.axis_names})")
@@ -204,7 +218,8 @@ class NamedSharding:
         return set(self.mesh.devices.flat)
 
     def is_fully_replicated(self) -> bool:
-        return not self.spec.mesh_axes
+        # (An unreduced array's devices hold different summands.)
+        return not self.spec.mesh_axes and not self.spec.unreduced
 
     @property
     def is_fully_addressable(self) -> bool:
@@ -228,11 +243,12 @@ class NamedSharding:
 
 def _norm(spec):
     """The placement a spec describes: per dimension its tuple of mesh axes, without
-    trailing unsplit dimensions (so P("i") == P(("i",)) == P("i", None) as placements)."""
+    trailing unsplit dimensions (so P("i") == P(("i",)) == P("i", None) as placements),
+    and its unreduced and reduced axes."""
     parts = [spec.axes_of(d) for d in range(len(spec))]
     while parts and not parts[-1]:
         parts.pop()
-    return tuple(parts)
+    return tuple(parts), spec.unreduced, spec.reduced
 
 
 def block_coord(sharding: NamedSharding, device) -> tuple[int, ...]:

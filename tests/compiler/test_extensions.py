@@ -16,7 +16,8 @@ from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
 
 def test_every_point_is_declared_and_installed_by_spmd():
-    assert [p.name for p in extensions.POINTS] == ["pvary", "context_key", "plain_sharding",
+    assert [p.name for p in extensions.POINTS] == ["pvary", "preduced", "context_key",
+                                                   "plain_sharding",
                                                    "plain_shards", "array_module",
                                                    "eager_eval"]
     for p in extensions.POINTS:

@@ -468,11 +468,15 @@ def test_unreduced_values_only_pass_linear_maps(mesh):
         (lambda a, b: reshard(u_of(a, b) + 1.0, P()), r"add: operands unreduced over different"),
         (lambda a, b: reshard(u_of(a, b).astype(np.int32), P()),
          r"convert_element_type to an integer type got an unreduced operand"),
-        (lambda a, b: u_of(a, b), r"result 0 of the jitted function is unreduced over \['y'\]"),
     ]
     for fn, pattern in cases:
         with pytest.raises(ShardingTypeError, match=pattern):
             spmd.jit(fn)(a, b)
+    # An unreduced result leaves as an unreduced Array holding the sum.
+    out = spmd.jit(u_of)(a, b)
+    assert out.sharding == NamedSharding(mesh, P("x", unreduced={"y"}))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(a) @ np.asarray(b), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_unreduced_specs(mesh):
@@ -485,14 +489,13 @@ def test_unreduced_specs(mesh):
     assert pickle.loads(pickle.dumps(s)) == s
     with pytest.raises(ShardingError, match=r"both split a dimension and are unreduced"):
         P("x", unreduced={"x"})
-    with pytest.raises(ShardingError, match=r"device_put: x: spec PartitionSpec\('x', "
-                                            r"unreduced=\{'y'\}\) has unreduced axes: an "
-                                            r"unreduced value .* exists only inside a jitted "
-                                            r"program"):
-        spmd.device_put(rand(8), NamedSharding(mesh, s))
-    with pytest.raises(NotImplementedError, match=r"PartitionSpec\(reduced=\{'x'\}\): reduced "
-                                                  r"axes .* are not supported yet"):
-        P(reduced={"x"})
+    # An Array placed unreduced holds its value (the sum of its summands).
+    v = rand(8)
+    u = spmd.device_put(v, NamedSharding(mesh, s))
+    np.testing.assert_array_equal(np.asarray(u), v)
+    np.testing.assert_array_equal(sum(np.asarray(sh.data) for sh in u.addressable_shards
+                                      if sh.index == u.addressable_shards[0].index), v[:2])
+    assert P(reduced={"x"}).reduced == {"x"} and P(reduced={"x"}) != P()
 
 
 def test_jit_with_in_shardings_types_its_arguments(mesh):

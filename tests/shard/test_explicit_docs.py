@@ -29,7 +29,7 @@ EXAMPLES = _examples()
 
 
 def test_the_page_has_its_examples():
-    assert len(EXAMPLES) == 12
+    assert len(EXAMPLES) == 13
     assert all(e is not None for _, e in EXAMPLES)
 
 

@@ -168,6 +168,7 @@ _FC = ("float", "complex")  # holomorphic functions: the jvp rule is the same fo
 neg_p = unary("neg", "negative", lambda t, x, y: neg(t), kinds=("float", "int", "complex"),
               emit=lambda ins: f"(-{ins[0]})")
 neg_p.linear = True
+neg_p.unreduced = "keep"
 exp_p = unary("exp", "exp", lambda t, x, y: mul(t, y), kinds=_FC)
 log_p = unary("log", "log", lambda t, x, y: div(t, x), kinds=_FC)
 log1p_p = unary("log1p", "log1p", lambda t, x, y: div(t, add(x, _one(x))), kinds=_FC)
@@ -237,10 +238,14 @@ sign_p.def_impl(_sign_impl)
 # Binary arithmetic.
 add_p = binary("add", "add", emit_op="+")
 add_p.linear = True
+add_p.unreduced = "joint"
 sub_p = binary("sub", "subtract", emit_op="-")
 sub_p.linear = True
+sub_p.unreduced = "joint"
 mul_p = binary("mul", "multiply", emit_op="*")
 div_p = binary("div", "divide")
+mul_p.unreduced = "one"
+div_p.unreduced = "first"
 rem_p = binary("rem", "fmod", kinds=("float", "int"))
 pow_p = binary("pow", "power")  # integers too: exact, unlike JAX's lax.pow
 # On complex: lexicographic order on (real, imaginary), as JAX's lax.max/min and numpy.
@@ -627,6 +632,7 @@ def _convert_transpose(ct, x, *, new_dtype, weak_type):
 convert_p.def_jvp(_convert_jvp)
 convert_p.def_transpose(_convert_transpose)
 convert_p.linear = True
+convert_p.unreduced = "float"
 
 
 def _convert_batch(args, dims, **params):

@@ -39,6 +39,7 @@ def _norm_axes(axes):
 # --------------------------------------------------------------- reduce_sum
 
 reduce_sum_p = _batch_reduce(Primitive("reduce_sum", traits=(), linear=True))
+reduce_sum_p.unreduced = "keep"
 
 
 @reduce_sum_p.def_impl

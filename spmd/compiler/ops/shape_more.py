@@ -31,6 +31,7 @@ def _zero_out(out):
 # ---------------------------------------------------------------- concatenate
 
 concatenate_p = Primitive("concatenate", traits=(), linear=True)
+concatenate_p.unreduced = "joint"
 
 
 @concatenate_p.def_impl
@@ -227,6 +228,7 @@ def _pad_batch(args, dims, *, padding_config):
 # --------------------------------------------------------------------- slice
 
 slice_p = Primitive("slice", traits=("view",), linear=True)
+slice_p.unreduced = "keep"
 
 
 @slice_p.def_impl
@@ -329,6 +331,7 @@ def _slice_batch(args, dims, *, start_indices, limit_indices, strides):
 # ----------------------------------------------------------------------- rev
 
 rev_p = Primitive("rev", traits=(), linear=True)
+rev_p.unreduced = "keep"
 rev_p.def_impl(lambda xp, x, *, dimensions: xp.flip(x, axis=dimensions))
 rev_p.def_emit(lambda ins, dimensions: f"xp.flip({ins[0]}, axis={dimensions!r})")
 

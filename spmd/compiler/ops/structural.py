@@ -35,6 +35,7 @@ def _linear_jvp(p):
 # --------------------------------------------------------- broadcast_in_dim
 
 broadcast_in_dim_p = _linear_jvp(Primitive("broadcast_in_dim", traits=("view", "broadcast")))
+broadcast_in_dim_p.unreduced = "keep"
 
 
 @broadcast_in_dim_p.def_impl
@@ -124,6 +125,7 @@ def _bid_batch(args, dims, *, shape, broadcast_dimensions):
 # ------------------------------------------------------------------ reshape
 
 reshape_p = _linear_jvp(Primitive("reshape", traits=("view",)))
+reshape_p.unreduced = "keep"
 reshape_p.def_impl(lambda xp, x, *, new_sizes: xp.reshape(x, new_sizes))
 # The method, not ``xp.reshape`` (a Python-level numpy function): 0.1 µs against 0.6.
 # The generated code's values are arrays or numpy scalars, which both have it.
@@ -161,6 +163,7 @@ def _reshape_batch(args, dims, *, new_sizes):
 # ---------------------------------------------------------------- transpose
 
 transpose_p = _linear_jvp(Primitive("transpose", traits=("view",)))
+transpose_p.unreduced = "keep"
 transpose_p.def_impl(lambda xp, x, *, permutation: xp.transpose(x, permutation))
 transpose_p.def_emit(lambda ins, permutation: f"xp.transpose({ins[0]}, {permutation!r})")
 
@@ -198,6 +201,7 @@ def _transpose_batch(args, dims, *, permutation):
 # ------------------------------------------------------------------ squeeze
 
 squeeze_p = _linear_jvp(Primitive("squeeze", traits=("view",)))
+squeeze_p.unreduced = "keep"
 squeeze_p.def_impl(lambda xp, x, *, dimensions: xp.squeeze(x, dimensions))
 squeeze_p.def_emit(lambda ins, dimensions: f"xp.squeeze({ins[0]}, {dimensions!r})")
 

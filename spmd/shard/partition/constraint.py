@@ -19,6 +19,7 @@ sharding_constraint_p.def_impl(lambda xp, x, *, spec, mesh, free=frozenset(): x)
 sharding_constraint_p.def_emit(lambda ins, spec, mesh, free=frozenset(): ins[0])
 sharding_constraint_p.def_abstract_eval(lambda x, *, spec, mesh, free=frozenset(): x)
 sharding_constraint_p.linear = True
+sharding_constraint_p.unreduced = "keep"  # (a constraint in a body: the data as it is)
 
 
 def _constraint_output(eqn, i):

@@ -150,7 +150,7 @@ class Evaluator:
                 f"{sorted(self.manual)}); inside the body a constraint places the block along "
                 "the automatic axes only: leave the manual axes out of its spec")
         check_spec(spec, self.mesh, eqn.outputs[0].aval.shape,
-                   f"with_sharding_constraint at {eqn.source_info}", allow_unreduced=True)
+                   f"with_sharding_constraint at {eqn.source_info}")
         want = Placement.from_spec(eqn.params["spec"], len(eqn.outputs[0].aval.shape))
         free = eqn.params.get("free", frozenset())
         if free:
@@ -322,6 +322,10 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
     in_pls = [Placement.from_spec(s, len(v.aval.shape)) for v, s in zip(args, in_specs)]
     ctx = Context(mesh, forbid_gather_bytes)
     out_pls_box: list = []
+    # Results whose explicit type is unreduced (a constraint pins them so) leave as
+    # such: their Arrays say so (and hold the sum); any other pending sum is reduced.
+    typed_unreduced = {e.outputs[0] for e in program.eqns
+                       if e.primitive is sharding_constraint_p and e.params["spec"].unreduced}
 
     def body(*local_args):
         ev = Evaluator(mesh, ctx, wants, frozenset(manual))
@@ -330,14 +334,14 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
         for i, ((x, pl), a, spec) in enumerate(zip(outs, program.out_atoms, out_specs)):
             ctx.reason = f"output {i}"
             want = Placement.from_spec(spec, len(a.aval.shape)) if spec is not None else \
-                pl.without_partial()
+                pl if a in typed_unreduced else Placement(pl.dims, reduced=pl.reduced)
             results.append(reshard(x, pl, want, ctx, _describe(a, f"output {i}")))
             final.append(want)
         out_pls_box[:] = final
         return results
 
     # Untyped: a partial-manual body's types (varying along manual axes) are dropped.
-    local_avals = [v.aval.update(shape=pl.local_shape(v.aval.shape, mesh), vma=frozenset())
+    local_avals = [v.aval.update(shape=pl.local_shape(v.aval.shape, mesh), vma=frozenset(), reduced=frozenset())
                    for v, pl in zip(args, in_pls)]
     body_prog = trace_body(body, mesh, local_avals, check_vma=False)
     return Partitioned(body_prog, tuple(in_specs),

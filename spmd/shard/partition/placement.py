@@ -11,10 +11,13 @@ from spmd.shard.spec import PartitionSpec
 
 class Placement(NamedTuple):
     """``dims[d]``: the mesh axes dimension d is split over (major to minor);
-    ``partial``: axes over which each device holds a summand of the value."""
+    ``partial``: axes over which each device holds a summand of the value;
+    ``reduced``: axes over which it is replicated with its cotangent left unreduced
+    (JAX's reduced; a type only: it places the data as replicated)."""
 
     dims: tuple
     partial: frozenset = frozenset()
+    reduced: frozenset = frozenset()
 
     @staticmethod
     def replicated(ndim: int) -> "Placement":
@@ -24,13 +27,14 @@ class Placement(NamedTuple):
     def from_spec(spec: PartitionSpec, ndim: int) -> "Placement":
         """The placement a spec names (its unreduced axes are the pending sum)."""
         return Placement(tuple(spec.axes_of(d) for d in range(ndim)),
-                         frozenset(getattr(spec, "unreduced", ())))
+                         frozenset(getattr(spec, "unreduced", ())),
+                         frozenset(getattr(spec, "reduced", ())))
 
     def to_spec(self) -> PartitionSpec:
         parts = [None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in self.dims]
         while parts and parts[-1] is None:
             parts.pop()
-        return PartitionSpec(*parts, unreduced=self.partial)
+        return PartitionSpec(*parts, unreduced=self.partial, reduced=self.reduced)
 
     @property
     def axes(self) -> tuple:
@@ -45,4 +49,6 @@ class Placement(NamedTuple):
     def __str__(self):
         dims = ", ".join("+".join(a) if a else "_" for a in self.dims)
         part = f" partial({','.join(sorted(self.partial))})" if self.partial else ""
+        if self.reduced:
+            part += f" reduced({','.join(sorted(self.reduced))})"
         return f"[{dims}]{part}"

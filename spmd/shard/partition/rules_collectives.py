@@ -108,6 +108,7 @@ TABLE = {
     cp.all_to_all_p: _collective(_all_to_all),
     cp.axis_index_p: _collective(_axis_index),
     cp.pvary_p: Structural(_pvary),
+    cp.pcast_p: Structural(_pvary),  # (a cast of the type: no data moves)
     mpi.mpi_p: Unreachable(_TRANSPORT),
     nccl.nccl_p: Unreachable(_TRANSPORT),
     overlap.collective_start_p: Unreachable(_OVERLAP),

@@ -1,0 +1,306 @@
+"""Unreduced and reduced values in shard_map bodies (spmd.compiler.manual_types, the
+collectives' rules, shard_map's boundary): values against numpy on global arrays,
+gradients against numpy's, the collectives each transpose makes read from printed
+programs, and each bad use an error naming the fix."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd import lax
+from spmd.compiler.manual_types import ManualTypeError, UnreducedRuleError
+from spmd.shard.shard_map_args import ShardMapError, UnreducedSpecError
+from spmd.shard.spec import ShardingError
+from spmd.sharding import AxisType, NamedSharding, P
+
+
+@pytest.fixture
+def mesh():
+    m = spmd.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+    with spmd.sharding.use_mesh(m):
+        yield m
+
+
+@pytest.fixture
+def mesh2():
+    m = spmd.make_mesh((2, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    with spmd.sharding.use_mesh(m):
+        yield m
+
+
+def put(a, spec):
+    return spmd.device_put(np.asarray(a, np.float32), spec)
+
+
+def text(f, *args) -> str:
+    return str(spmd.make_jaxpr(f)(*args))
+
+
+# ------------------------------------------------------------------ specs
+
+def test_spec_reduced_is_part_of_spec_and_sharding(mesh):
+    a, b = P(None, reduced={"x"}), P(None, unreduced={"x"})
+    assert a != P() and b != P() and a != b and hash(a) != hash(P(None))
+    assert repr(a) == "PartitionSpec(None, reduced={'x'})"
+    assert pickle.loads(pickle.dumps(a)) == a
+    # A cache keyed on shardings must tell them apart.
+    assert len({NamedSharding(mesh, s) for s in (P(), a, b)}) == 3
+    assert NamedSharding(mesh, P(reduced={"x"})) == NamedSharding(mesh, a)
+    with pytest.raises(ShardingError, match="both"):
+        P("x", reduced={"x"})
+    with pytest.raises(ShardingError, match="both unreduced and reduced"):
+        P(unreduced={"x"}, reduced={"x"})
+
+
+def test_unreduced_array_holds_its_value_as_summands(mesh):
+    v = np.arange(4.0, dtype=np.float32)
+    arr = put(v, P(unreduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(arr), v)
+    shards = [np.asarray(s.data) for s in arr.addressable_shards]
+    np.testing.assert_array_equal(sum(shards), v)
+    np.testing.assert_array_equal(shards[1], 0)
+    assert not arr.is_fully_replicated
+    np.testing.assert_array_equal(np.asarray(spmd.sharding.reshard(arr, P())), v)
+
+
+# ------------------------------------------------------------ forward values
+
+def test_pcast_to_unreduced_sums_the_blocks(mesh):
+    x = np.arange(8.0, dtype=np.float32)
+
+    @spmd.jit
+    @spmd.shard_map(out_specs=P(unreduced={"x"}))
+    def f(b):
+        out = lax.pcast(b, "x", to="unreduced")
+        assert spmd.typeof(out).mat.unreduced == {"x"}
+        assert spmd.typeof(out).mat.varying == frozenset()
+        return out
+
+    out = f(put(x, P("x")))
+    assert out.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(out), x[:4] + x[4:])
+    g = spmd.jit(spmd.grad(lambda a: f(a).sum()))(put(x, P("x")))
+    assert g.sharding == NamedSharding(mesh, P("x"))
+    np.testing.assert_array_equal(np.asarray(g), np.ones(8))
+
+
+def test_unreduced_input_reduce_scattered(mesh):
+    x = np.arange(8.0, dtype=np.float32)
+
+    @spmd.shard_map(out_specs=P("x"))
+    def f(b):
+        assert spmd.typeof(b).mat.unreduced == {"x"}
+        out = lax.psum_scatter(b, "x", tiled=True)
+        assert spmd.typeof(out).mat.varying == {"x"}
+        return out
+
+    arr = spmd.sharding.reshard(put(x, P()), P(unreduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(f(arr)), x)
+    g = spmd.grad(lambda a: f(a).sum())(arr)
+    assert g.sharding == NamedSharding(mesh, P(None, reduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(g), np.ones(8))
+
+
+def test_fsdp_gather_reduced_and_reduce_scatter_gradient(mesh2):
+    """FSDP: the weight gathered to='reduced'; its gradient arrives as summands and is
+    reduce-scattered where the gather was, with no all-reduce anywhere."""
+    x_np = np.random.default_rng(0).standard_normal((4, 2)).astype(np.float32)
+    w_np = np.arange(12.0, dtype=np.float32).reshape(2, 6)
+
+    @spmd.shard_map(in_specs=P("y", None), out_specs=P(None, None, reduced={"y"}))
+    def gather(a):
+        out = lax.all_gather(a, "y", tiled=True, to="reduced")
+        assert spmd.typeof(out).mat.reduced == {"y"}
+        return out
+
+    def loss(x, w):
+        return snp.sin(snp.einsum("td,df->tf", x, gather(w))).sum()
+
+    x, w = put(x_np, P("y", None)), put(w_np, P("y", None))
+    gx, gw = spmd.jit(spmd.grad(loss, argnums=(0, 1)))(x, w)
+    assert gw.sharding == NamedSharding(mesh2, P("y", None))
+    ct = np.cos(x_np @ w_np)
+    np.testing.assert_allclose(np.asarray(gw), x_np.T @ ct, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(gx), ct @ w_np.T, rtol=1e-5)
+    prog = text(spmd.grad(lambda w: loss(x, w)), w)
+    assert "psum_scatter" in prog and "all_gather" in prog
+
+
+def test_einsum_unreduced_out_sharding_then_psum(mesh):
+    a_np = np.arange(8.0, dtype=np.float32).reshape(2, 4)
+    b_np = np.arange(24.0, dtype=np.float32).reshape(4, 6)
+
+    @spmd.shard_map(in_specs=P(unreduced={"x"}), out_specs=P())
+    def reduce(z):
+        out = lax.psum(z, "x")
+        assert spmd.typeof(out).mat.unreduced == frozenset()
+        return out
+
+    @spmd.jit
+    def f(a, b):
+        return reduce(snp.einsum("ab,bc->ac", a, b, out_sharding=P(unreduced={"x"}))).sum()
+
+    a, b = put(a_np, P(None, "x")), put(b_np, P("x", None))
+    np.testing.assert_allclose(float(f(a, b)), (a_np @ b_np).sum())
+    ga, gb = spmd.jit(spmd.grad(f, argnums=(0, 1)))(a, b)
+    np.testing.assert_allclose(np.asarray(ga), np.ones((2, 6)) @ b_np.T)
+    np.testing.assert_allclose(np.asarray(gb), a_np.T @ np.ones((2, 6)))
+
+
+# ------------------------------------------------------- reduced inputs' cotangents
+
+@pytest.mark.parametrize("op", [lax.mul, lax.add])
+def test_reduced_input_cotangent_left_unreduced(mesh, op):
+    x_np, y_np = np.arange(16.0, dtype=np.float32), np.arange(8.0, dtype=np.float32)
+
+    @spmd.jit
+    @spmd.shard_map(out_specs=P())
+    def f(x, y):
+        return lax.psum(op(x, y), "x")
+
+    def g(x, y):
+        return f(x, y).sum()
+
+    x, y = put(x_np, P("x")), put(y_np, P(None, reduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(f(x, y)), op(x_np[:8], y_np) + op(x_np[8:], y_np))
+    gx, gy = spmd.jit(spmd.grad(g, argnums=(0, 1)))(x, y)
+    assert gy.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    ex, ey = spmd.jit(spmd.grad(g, argnums=(0, 1)))(x, put(y_np, P()))
+    np.testing.assert_array_equal(np.asarray(gx), np.asarray(ex))
+    np.testing.assert_array_equal(np.asarray(gy), np.asarray(ey))
+    # The reduced input's cotangent is not all-reduced in the body.
+    body = text(spmd.grad(g, argnums=1), x, y)
+    assert "pcast" in body and "psum[" not in body.split("pcast")[-1]
+
+
+def test_reduced_pvary_transposes_to_summands(mesh):
+    v = np.arange(8.0, dtype=np.float32)
+
+    @spmd.jit
+    @spmd.shard_map(out_specs=P("x"))
+    def f(x):
+        return lax.pcast(x, "x", to="varying")
+
+    arr = put(v, P(None, reduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(f(arr)), np.concatenate([v, v]))
+    g = spmd.jit(spmd.grad(lambda a: f(a).sum()))(arr)
+    assert g.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(g), 2 * np.ones(8))
+
+
+def test_check_vma_false_reduced_and_unreduced(mesh):
+    v = np.arange(8.0, dtype=np.float32)
+
+    @spmd.jit
+    @spmd.shard_map(in_specs=P(unreduced={"x"}), out_specs=P("x"), check_vma=False)
+    def f(x):
+        return lax.psum_scatter(x, "x", tiled=True)
+
+    arr = put(v, P(unreduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(f(arr)), v)
+    g = spmd.jit(spmd.grad(lambda a: f(a).sum()))(arr)
+    assert g.sharding == NamedSharding(mesh, P(None, reduced={"x"}))
+    np.testing.assert_array_equal(np.asarray(g), np.ones(8))
+
+
+def test_same_function_unreduced_and_replicated_inputs(mesh):
+    """One jitted function called on a value placed replicated and the same value as
+    summands: its plans are told apart (psum of a replicated block doubles it)."""
+    v = np.arange(4.0, dtype=np.float32)
+    f = spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "x"), mesh=mesh, out_specs=P()))
+    np.testing.assert_array_equal(np.asarray(f(put(v, P()))), 2 * v)
+    np.testing.assert_array_equal(np.asarray(f(put(v, P(unreduced={"x"})))), v)
+    np.testing.assert_array_equal(np.asarray(f(put(v, P()))), 2 * v)
+    outs = {}
+
+    def run(k, spec):  # (a thread has no mesh in context: a NamedSharding)
+        outs[k] = np.asarray(f(put(v, NamedSharding(mesh, spec))))
+
+    threads = [threading.Thread(target=run, args=(k, P() if k % 2 else P(unreduced={"x"})))
+               for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outs) == 6
+    for k, o in outs.items():
+        np.testing.assert_array_equal(o, 2 * v if k % 2 else v)
+
+
+def test_closure_inside_jit_keeps_reduced_types(mesh):
+    v = np.arange(8.0, dtype=np.float32)
+
+    @spmd.shard_map(out_specs=P(reduced={"x"}))
+    def f(x):
+        return spmd.jit(lambda a: snp.sin(a) * 2.0)(x)
+
+    arr = put(v, P(reduced={"x"}))
+    assert spmd.jit(f)(arr).sharding == NamedSharding(mesh, P(reduced={"x"}))
+    g = spmd.jit(spmd.grad(lambda a: f(a).sum()))(arr)
+    assert g.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    np.testing.assert_allclose(np.asarray(g), 2 * np.cos(v), rtol=1e-6)
+
+
+# ------------------------------------------------------------------- errors
+
+def test_nonlinear_op_on_unreduced_is_refused(mesh):
+    f = spmd.shard_map(lambda b: snp.sin(lax.pcast(b, "x", to="unreduced")),
+                       out_specs=P(unreduced={"x"}))
+    with pytest.raises(UnreducedRuleError, match="unreduced rule for sin is not implemented"):
+        f(put(np.arange(8.0), P("x")))
+    assert issubclass(UnreducedRuleError, NotImplementedError)
+
+
+def test_unreduced_plus_invariant_is_refused(mesh):
+    f = spmd.shard_map(lambda b, c: lax.pcast(b, "x", to="unreduced") + c,
+                       in_specs=(P("x"), P()), out_specs=P(unreduced={"x"}))
+    with pytest.raises(ManualTypeError, match="same axes"):
+        spmd.jit(f)(put(np.arange(8.0), P("x")), put(np.ones(4), P()))
+
+
+def test_pcast_from_the_wrong_type(mesh):
+    def body(b):
+        return lax.pcast(b, "x", to="reduced")
+
+    with pytest.raises(ValueError,
+                       match="can only accept axis_name which the operand is invariant"):
+        spmd.jit(spmd.shard_map(body, out_specs=P("x")))(put(np.arange(8.0), P("x")))
+
+
+def test_out_specs_must_match_unreduced(mesh):
+    with pytest.raises(ShardMapError, match="says the output is unreduced"):
+        spmd.jit(spmd.shard_map(lambda b: b, out_specs=P(unreduced={"x"})))(
+            put(np.arange(8.0), P("x")))
+    with pytest.raises(ShardMapError, match="does not say unreduced"):
+        spmd.jit(spmd.shard_map(lambda b: lax.pcast(b, "x", to="unreduced"),
+                                out_specs=P("x")))(put(np.arange(8.0), P("x")))
+
+
+def test_marked_specs_need_explicit_full_manual_mesh():
+    auto = spmd.make_mesh((2, 1), ("x", "y"))
+    with pytest.raises(ShardMapError, match="all of type `Explicit`"):
+        spmd.shard_map(lambda x: x, mesh=auto, in_specs=P(unreduced={"x"}),
+                       out_specs=P())(np.arange(8.0))
+    with pytest.raises(UnreducedSpecError, match="full manual mode"):
+        spmd.shard_map(lambda x: x, mesh=auto, in_specs=P(unreduced={"x"}),
+                       out_specs=P(), axis_names={"x"})(np.arange(8.0))
+
+
+def test_empty_mesh_is_refused():
+    with pytest.raises(ShardMapError, match="non-empty mesh"):
+        spmd.shard_map(lambda x: x, mesh=spmd.make_mesh((), ()), in_specs=P(),
+                       out_specs=P())(np.arange(8.0))
+
+
+def test_vmap_of_a_body_with_unreduced_specs(mesh):
+    v = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    f = spmd.shard_map(lambda b: lax.psum(b, "x"), in_specs=P(unreduced={"x"}),
+                       out_specs=P())
+    out = spmd.jit(spmd.vmap(f))(put(v, P(None, unreduced={"x"})))
+    np.testing.assert_array_equal(np.asarray(out), v)
