@@ -84,7 +84,8 @@ _PUBLIC: dict = {
 # `from spmd import *` gives what it gave when this file imported everything eagerly.
 __all__ = sorted(_PUBLIC)
 # Reachable as attributes too, but not star-imported (this file never imported them).
-_PUBLIC.update({n: (f"spmd.{n}", None) for n in ("optim", "checkpointing", "testing", "parallel")})
+_PUBLIC.update({n: (f"spmd.{n}", None) for n in ("optim", "checkpointing", "testing", "parallel",
+                                                  "dtypes")})
 
 
 def _run_installer() -> None:

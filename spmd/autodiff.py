@@ -10,7 +10,7 @@ import numpy as np
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
 from spmd.compiler import dtypes
-from spmd.compiler.ad import jvp_flat, linearize_flat, stop_gradient, zeros_for
+from spmd.compiler.ad import LinearFunction, jvp_flat, linearize_flat, stop_gradient, zeros_for
 from spmd.compiler.ad_util import Zero, instantiate
 from spmd.compiler.avals import tangent_aval
 from spmd.compiler.jit import flatten_outputs
@@ -134,16 +134,40 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
         out_p = out_p[:len(out_p) - n_aux]
         lin.out_zero = lin.out_zero[:len(out_p)] + [True] * n_aux
 
-    def f_vjp(ct):
+    pullback = _Pullback(_name(fun), lin, out_tree, [get_aval(o) for o in out_p], p_tree,
+                         p_leaves, diff)
+    # A pytree whose leaves are the residuals (as JAX's): it may be passed through jit,
+    # scan or a custom_vjp's residuals, and is rebuilt there around traced residuals.
+    f_vjp = tree_util.Partial(pullback, list(lin.residuals))
+    out = tree_util.tree_unflatten(out_tree, out_p)
+    return (out, f_vjp, aux) if has_aux else (out, f_vjp)
+
+
+class _Pullback:
+    """``vjp``'s backward function without its residuals (the leaves of the
+    ``tree_util.Partial`` that ``vjp`` returns, which calls this with them first)."""
+
+    def __init__(self, name, lin, out_tree, out_avals, p_tree, p_leaves, diff):
+        self.name, self.lin, self.out_tree, self.out_avals = name, lin, out_tree, out_avals
+        self.p_tree, self.diff = p_tree, diff
+        # The primals' avals and explicit types (each cotangent takes its primal's).
+        self.p_avals = [get_aval(p) for p in p_leaves]
+        self.p_types = [p if explicit.type_of(p) is not None else None for p in p_leaves]
+
+    def __call__(self, residuals, ct):
+        lin = self.lin
+        if residuals is not lin.residuals:
+            lin = LinearFunction(lin.program, list(residuals), lin.in_avals, lin.out_avals,
+                                 lin.out_zero)
         ct_leaves, ct_tree = tree_util.tree_flatten(ct)
-        if ct_tree != out_tree:
-            raise GradientError(f"vjp({_name(fun)}): the cotangent's structure {ct_tree} "
-                                f"differs from the output's {out_tree}")
-        for i, (c, o) in enumerate(zip(ct_leaves, out_p)):
-            if np.shape(c) != np.shape(o):
-                raise GradientError(f"vjp({_name(fun)}): cotangent {i} has shape "
-                                    f"{np.shape(c)}, the output has shape {np.shape(o)}")
-        cts = [_ct_in(c, o) for c, o in zip(ct_leaves, out_p)]
+        if ct_tree != self.out_tree:
+            raise GradientError(f"vjp({self.name}): the cotangent's structure {ct_tree} "
+                                f"differs from the output's {self.out_tree}")
+        for i, (c, o) in enumerate(zip(ct_leaves, self.out_avals)):
+            if np.shape(c) != o.shape:
+                raise GradientError(f"vjp({self.name}): cotangent {i} has shape "
+                                    f"{np.shape(c)}, the output has shape {o.shape}")
+        cts = [_ct_in(c, o) for c, o in zip(ct_leaves, self.out_avals)]
         cts += [None] * (len(lin.out_zero) - len(cts))  # aux outputs: no cotangent
         # On explicit axes the backward pass's own products may be ambiguous (a weight's
         # gradient contracts a split batch): they are left to the partitioner, and each
@@ -151,14 +175,11 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
         with explicit.trusted():
             cts_in = iter(lin.transpose(cts))
         res = []
-        for p, d in zip(p_leaves, diff):
-            av = tangent_aval(get_aval(p))
-            res.append(zeros_for(av) if not d else
-                       explicit.like_primal(_materialize(next(cts_in), av), p))
-        return tree_util.tree_unflatten(p_tree, res)
-
-    out = tree_util.tree_unflatten(out_tree, out_p)
-    return (out, f_vjp, aux) if has_aux else (out, f_vjp)
+        for av, p, d in zip(self.p_avals, self.p_types, self.diff):
+            tav = tangent_aval(av)
+            ct_p = zeros_for(tav) if not d else _materialize(next(cts_in), tav)
+            res.append(explicit.like_primal(ct_p, p) if d and p is not None else ct_p)
+        return tree_util.tree_unflatten(self.p_tree, res)
 
 
 def _aux_as_output(fun):
@@ -174,8 +195,7 @@ def _aux_as_output(fun):
     return f
 
 
-def _ct_in(c, o):
-    av = get_aval(o)
+def _ct_in(c, av):
     if not dtypes.is_inexact(av.dtype):
         return Zero(tangent_aval(av))
     _check_no_imag_loss(c, av, "vjp: cotangent")

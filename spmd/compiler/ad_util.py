@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from spmd.compiler.avals import ShapedArray
 
 
@@ -46,8 +48,10 @@ def is_zero(x) -> bool:
 def instantiate(t):
     """A real array for a tangent that may be a symbolic :class:`Zero`."""
     if isinstance(t, Zero):
-        from spmd.compiler import ops
+        from spmd.compiler import dtypes, ops
 
+        if t.aval.dtype == dtypes.float0:  # no data: a numpy array of it (as JAX's)
+            return np.zeros(t.aval.shape, t.aval.dtype)
         return ops.structural.zeros(t.aval.shape, t.aval.dtype)
     return t
 

@@ -228,6 +228,8 @@ def get_aval(x) -> ShapedArray:
     if isinstance(x, Array):
         return x.aval
     if isinstance(x, (np.ndarray, np.generic)):
+        if x.dtype == dtypes.float0:  # a cotangent of an integer value (no data)
+            return ShapedArray(x.shape, dtypes.float0, False)
         if x.dtype == object or x.dtype.kind in "USV":
             raise DTypeError(f"spmd: arrays of dtype {x.dtype} are not supported; only numeric "
                              "and bool arrays can be traced")
