@@ -185,7 +185,8 @@ class TypedAval(ShapedArray):
     __slots__ = ("sharding",)
 
     def __init__(self, aval: ShapedArray, sharding):
-        super().__init__(aval.shape, aval.dtype, aval.weak_type, aval.vma)
+        super().__init__(aval.shape, aval.dtype, aval.weak_type, aval.vma, aval.unreduced,
+                         aval.reduced)
         self.sharding = sharding
 
     def str_short(self) -> str:
