@@ -304,3 +304,35 @@ def test_vmap_of_a_body_with_unreduced_specs(mesh):
                        out_specs=P())
     out = spmd.jit(spmd.vmap(f))(put(v, P(None, unreduced={"x"})))
     np.testing.assert_array_equal(np.asarray(out), v)
+
+
+def test_jvp_and_checkpoint_carry_the_types(mesh):
+    v = np.arange(4.0, dtype=np.float32)
+    w = put(v, P(reduced={"x"}))
+
+    @spmd.shard_map(in_specs=P(reduced={"x"}), out_specs=P("x"))
+    def f(a):
+        return snp.sin(lax.pcast(a, "x", to="varying"))
+
+    for fn in (spmd.jvp, spmd.jit(spmd.jvp, static_argnums=0)):
+        _, t = fn(f, (w,), (np.ones(4, np.float32),))
+        np.testing.assert_allclose(np.asarray(t), np.cos(np.concatenate([v, v])), rtol=1e-6)
+
+    @spmd.shard_map(in_specs=P(reduced={"x"}), out_specs=P(reduced={"x"}))
+    def g(a):
+        return spmd.checkpoint(lambda b: snp.sin(b) * 2.0)(a)
+
+    gw = spmd.jit(spmd.grad(lambda a: snp.sum(g(a))))(w)
+    assert gw.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    np.testing.assert_allclose(np.asarray(gw), 2 * np.cos(v), rtol=1e-6)
+
+
+def test_loops_refuse_marked_operands_naming_the_cast(mesh):
+    @spmd.shard_map(in_specs=P(reduced={"x"}), out_specs=P(reduced={"x"}))
+    def h(a):
+        return lax.scan(lambda c, _: (c + snp.sin(a), None), snp.zeros_like(a), None,
+                        length=3)[0]
+
+    with pytest.raises(UnreducedRuleError, match="unreduced rule for scan.*pcast a reduced "
+                                                 "one to='varying'"):
+        spmd.jit(h)(put(np.arange(4.0), P(reduced={"x"})))
