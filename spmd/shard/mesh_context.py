@@ -19,7 +19,9 @@ from typing import Optional
 from spmd.errors import SpmdError
 from spmd import tree_util
 from spmd.mesh import AbstractMesh, AxisType, Mesh
+from spmd.mesh.devices import Device
 from spmd.shard.array import device_put as put
+from spmd.shard.sharded import SingleDeviceSharding
 from spmd.shard.spec import NamedSharding, PartitionSpec
 
 
@@ -31,6 +33,7 @@ class _State(threading.local):
     def __init__(self):
         self.stack: list = []  # meshes of enclosing ``use_mesh``/``set_mesh`` blocks
         self.bodies: list = []  # (mesh, manual axes) of enclosing shard_map bodies
+        self.eager_bodies = 0  # how many of them run eagerly (on concrete blocks)
         # Per jitted call being traced, the meshes its placed arguments are on.
         self.calls: list = []
 
@@ -96,14 +99,17 @@ class set_mesh(use_mesh):
 
 
 @contextlib.contextmanager
-def in_body(mesh, manual):
-    """While a ``shard_map`` body over ``mesh`` runs or is traced, manual along ``manual``
-    (all its axes when None): what :func:`get_abstract_mesh` says there."""
+def in_body(mesh, manual, eager: bool = False):
+    """While a ``shard_map`` body over ``mesh`` runs (``eager``: on concrete blocks) or
+    is traced, manual along ``manual`` (all its axes when None): what
+    :func:`get_abstract_mesh` says there."""
     _state.bodies.append((mesh, frozenset(mesh.axis_names if manual is None else manual)))
+    _state.eager_bodies += eager
     try:
         yield
     finally:
         _state.bodies.pop()
+        _state.eager_bodies -= eager
 
 
 def get_abstract_mesh() -> AbstractMesh:
@@ -185,8 +191,19 @@ def device_put(x, device=None, *args, **kwargs):
     >>> with spmd.sharding.use_mesh(mesh):
     ...     x = spmd.device_put(np.ones((8, 4)), P("i"))
     """
+    if _state.eager_bodies and isinstance(device, (Device, SingleDeviceSharding)):
+        # A body's values are blocks on every device of its mesh (traced, as in JAX's
+        # jit, a device_put is only a value).
+        raise EagerBodyDeviceError(
+            f"device_put inside an eager shard_map body got device {device!r}: the body "
+            "runs on every device of its mesh, so its values cannot be put on one; leave "
+            "the device out (device_put(x)), or call device_put outside the shard_map")
     if get_mesh() is not None:  # (without one, device_put's own error names the fix)
         device = resolve_specs(device, "device_put")
     return put(x, device, *args, **kwargs)
+
+
+class EagerBodyDeviceError(SpmdError, ValueError):
+    """``device_put`` to one device inside an eager ``shard_map`` body."""
 
 

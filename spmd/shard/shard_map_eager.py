@@ -169,7 +169,7 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
     scope = dict(mesh.shape) if manual is None else {a: mesh.shape[a] for a in manual}
     with new_main(BatchTrace, (level, len(hook.positions)), dynamic=True) as main, \
             extend_axis_env(scope, track_vma=check_vma, main=main, manual=True), \
-            in_body(mesh, manual):
+            in_body(mesh, manual, eager=True):
         hook.main = main
         trace = BatchTrace(main)
         full = list(leaves)

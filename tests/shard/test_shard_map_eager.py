@@ -182,3 +182,22 @@ def test_where_on_the_axis_index_with_scalar_cases(mesh, jit):
     f = spmd.shard_map(lambda b: snp.where(lax.axis_index("i") == 0, 1.0, 2.0)[None],
                        mesh=mesh, in_specs=P("i", "j"), out_specs=P("i"), check_vma=False)
     np.testing.assert_array_equal(np.asarray((spmd.jit(f) if jit else f)(_x())), [1, 2, 2, 2])
+
+
+def test_device_put_to_one_device_in_an_eager_body_is_refused():
+    from spmd.shard.mesh_context import EagerBodyDeviceError
+
+    mesh = spmd.make_mesh((4,), ("i",))
+    x = np.arange(8.0)
+    ok = spmd.shard_map(lambda b: b + spmd.device_put(1.0), mesh=mesh, in_specs=P("i"),
+                        out_specs=P("i"))
+    np.testing.assert_array_equal(np.asarray(ok(x)), x + 1)
+    g = spmd.shard_map(lambda b: b + spmd.device_put(1.0, spmd.devices()[0]), mesh=mesh,
+                       in_specs=P("i"), out_specs=P("i"))
+    with pytest.raises(EagerBodyDeviceError, match="got device .*leave the device out"):
+        g(x)
+    assert issubclass(EagerBodyDeviceError, ValueError)
+    # Traced (jit), a device_put is only a value, as in JAX.
+    np.testing.assert_array_equal(np.asarray(spmd.jit(g)(x)), x + 1)
+    # After the error, nothing is left in context: an eager body runs again.
+    np.testing.assert_array_equal(np.asarray(ok(x)), x + 1)
