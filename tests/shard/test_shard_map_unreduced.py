@@ -336,3 +336,27 @@ def test_loops_refuse_marked_operands_naming_the_cast(mesh):
     with pytest.raises(UnreducedRuleError, match="unreduced rule for scan.*pcast a reduced "
                                                  "one to='varying'"):
         spmd.jit(h)(put(np.arange(4.0), P(reduced={"x"})))
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_operations_on_an_unreduced_array(explicit):
+    """On explicit axes its type admits linear maps only; on automatic ones the
+    partitioner adds the summands first.  Eager and jitted alike, values as numpy's."""
+    from spmd.errors import ShardingTypeError
+
+    types = (AxisType.Explicit if explicit else AxisType.Auto,)
+    m = spmd.make_mesh((2,), ("x",), axis_types=types)
+    v = np.arange(4.0, dtype=np.float32)
+    u = spmd.device_put(v, NamedSharding(m, P(unreduced={"x"})))
+    for f, want in [(lambda a: a * 2.0, 2 * v), (snp.sum, v.sum())]:
+        for g in (f, spmd.jit(f)):
+            out = g(u)
+            np.testing.assert_allclose(np.asarray(out), want)
+            assert bool(out.sharding.spec.unreduced) == explicit
+    for f, want in [(snp.sin, np.sin(v)), (lambda a: a + 1.0, v + 1), (lambda a: a * a, v * v)]:
+        for g in (f, spmd.jit(f)):
+            if explicit:
+                with pytest.raises(ShardingTypeError, match="unreduced"):
+                    g(u)
+            else:
+                np.testing.assert_allclose(np.asarray(g(u)), want, rtol=1e-6)
