@@ -58,7 +58,8 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
                 "program partitioned over its mesh, each process computing its own "
                 "blocks. Call the jitted function itself (not .lower(...).compile()), "
                 "with its arguments placed on that mesh or as numpy values")
-        in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(), reduced=frozenset())
+        in_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(),
+                             reduced=frozenset())
                     for a, s in zip(program.in_avals, in_specs)]
         hit = trace_to_program(
             lambda *xs: run_on_mesh(program, mesh, in_specs, out_specs, xs), in_avals)
@@ -182,11 +183,12 @@ def process_program(program: ClosedProgram, mesh, in_specs, out_specs,
         from spmd.shard.fingerprint import agree
 
         n_local = len(_local_positions(mesh))
-        global_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(), reduced=frozenset())
+        global_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(),
+                                 reduced=frozenset())
                         for a, s in zip(program.in_avals, in_specs)]
-        in_avals = [a.update(shape=(n_local,) + b.shape, vma=frozenset(), reduced=frozenset()) if k == "blocks"
-                    else g for a, b, g, k in zip(global_avals, program.in_avals, global_avals,
-                                                  kinds)]
+        in_avals = [a.update(shape=(n_local,) + b.shape, vma=frozenset(), reduced=frozenset())
+                    if k == "blocks" else g
+                    for a, b, g, k in zip(global_avals, program.in_avals, global_avals, kinds)]
         hit = trace_to_program(
             lambda *xs: run_on_process(program, mesh, in_specs, out_specs, kinds, xs),
             in_avals)

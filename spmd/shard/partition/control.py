@@ -41,7 +41,8 @@ def join(a: Placement, b: Placement) -> Placement:
 
 def _local_aval(aval, pl, mesh):
     # Untyped, as the partitioned program (a partial-manual body's types are dropped).
-    return aval.update(shape=pl.local_shape(aval.shape, mesh), vma=frozenset(), reduced=frozenset())
+    return aval.update(shape=pl.local_shape(aval.shape, mesh), vma=frozenset(),
+                       reduced=frozenset())
 
 
 def _trace_body(ev, closed: ClosedProgram, in_pls, out_target, ctx, box):

@@ -341,7 +341,8 @@ def partition(closed: ClosedProgram, mesh, in_specs, out_specs, forbid_gather_by
         return results
 
     # Untyped: a partial-manual body's types (varying along manual axes) are dropped.
-    local_avals = [v.aval.update(shape=pl.local_shape(v.aval.shape, mesh), vma=frozenset(), reduced=frozenset())
+    local_avals = [v.aval.update(shape=pl.local_shape(v.aval.shape, mesh), vma=frozenset(),
+                                 reduced=frozenset())
                    for v, pl in zip(args, in_pls)]
     body_prog = trace_body(body, mesh, local_avals, check_vma=False)
     return Partitioned(body_prog, tuple(in_specs),
