@@ -72,6 +72,11 @@ def psum(x, axis_name, *, axis_index_groups=None):
             return (value * dt.type(groups.size if groups else _size(axes)))[()]
         if groups is not None:
             return _grouped_sum(v, axes, groups)
+        # A value reduced along an axis is summed as a varying one, so that its
+        # cotangent leaves as the devices' summands (pvary of a reduced value).
+        reduced = tuple(a for a in axes if a in get_aval(v).reduced)
+        if reduced and _tracking(reduced):
+            v = bind(pvary_p, v, axes=reduced)
         varying, invariant = _varying_split(v, axes)
         if invariant:  # the same on every device: no communication
             v = mul(v, np.array(_size(invariant), get_aval(v).dtype)[()])

@@ -308,7 +308,9 @@ pcast_p.def_vma(lambda x, *, axes, to: [x.vma])
 
 
 def _pcast_types(x, *, axes, to):
-    axes = set(axes)
+    # (Only typed axes enter types: re-run untyped, as a partitioned body is, a cast
+    # changes nothing.)
+    axes = _tracked(axes)
     if to == "reduced":
         return [(x.unreduced, x.reduced | axes)]
     return [(x.unreduced | axes, x.reduced)]
@@ -364,7 +366,7 @@ all_gather_p.def_vma(lambda x, *, axes, invariant=False, reduced=False, **_: [
 
 def _all_gather_types(x, *, axes, reduced=False, **params):
     (types,) = _linear_types("all_gather")(x, axes=axes)
-    return [(types[0], types[1] | set(axes))] if reduced else [types]
+    return [(types[0], types[1] | _tracked(axes))] if reduced else [types]
 
 
 all_gather_p.rules["manual_types"] = _all_gather_types

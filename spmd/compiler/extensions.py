@@ -34,6 +34,7 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | --- | --- | --- |
 | :data:`PVARY` | ``spmd.collectives.api.pvary_traced`` | raises ExtensionNotInstalledError |
 | :data:`PREDUCED` | ``spmd.collectives.api.preduced_traced`` | raises ExtensionNotInstalledError |
+| :data:`SUMMANDS` | ``spmd.collectives.primitives.as_summands`` | raises ExtensionNotInstalledError |
 | :data:`CONTEXT_KEY` | ``spmd.shard.mesh_context.get_mesh`` | returns None (no ambient state) |
 | :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
@@ -47,7 +48,7 @@ compiler knows nothing of shardings or processes: not how a placed array is
 computed on, nor which equations (a ``shard_map`` over processes) it cannot run.
 
 >>> [p.name for p in POINTS]
-['pvary', 'preduced', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'eager_eval']
+['pvary', 'preduced', 'summands', 'context_key', 'plain_sharding', 'plain_shards', 'array_module', 'eager_eval']
 """
 
 from __future__ import annotations
@@ -133,6 +134,13 @@ PREDUCED: ExtensionPoint = ExtensionPoint(
     "operand meets a reduced one.",
     _cast_missing("reduced", "pcast(to='reduced')"))
 
+SUMMANDS: ExtensionPoint = ExtensionPoint(
+    "summands", "(x: Tracer, axes: tuple[str, ...]) -> Tracer",
+    "``x`` typed unreduced along ``axes``: a varying value's blocks are summands as they "
+    "are; an invariant one is held by the first device along them, zeros elsewhere.  "
+    "Called when a loop's cotangent carry is made from a value of another type.",
+    _cast_missing("unreduced", "summands (axis_index and a mask)"))
+
 CONTEXT_KEY: ExtensionPoint = ExtensionPoint(
     "context_key", "() -> Hashable",
     "A key of the upper layers' ambient state that changes what a trace produces (the "
@@ -202,7 +210,7 @@ EAGER_EVAL: ExtensionPoint = ExtensionPoint(
 
 
 # Every point, for the installer's check and the tests.
-POINTS: tuple = (PVARY, PREDUCED, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, EAGER_EVAL)
+POINTS: tuple = (PVARY, PREDUCED, SUMMANDS, CONTEXT_KEY, PLAIN_SHARDING, PLAIN_SHARDS, ARRAY_MODULE, EAGER_EVAL)
 
 
 # ----------------------------------------------------------------- the installer

@@ -135,3 +135,15 @@ def casts(avals) -> list:
         mine = varying(a) | a.unreduced
         out.append((tuple(sorted(var - mine)), tuple(sorted(red - mine - a.reduced))))
     return out
+
+
+def ct_aval(aval):
+    """The type of a cotangent of a value of type ``aval``: its tangent type with the
+    unreduced and reduced axes swapped (a reduced value's cotangent is summands)."""
+    from spmd.compiler.avals import tangent_aval
+
+    t = tangent_aval(aval)
+    if not (t.unreduced or t.reduced):
+        return t
+    return t.update(vma=(t.vma - t.unreduced) | t.reduced, unreduced=t.reduced,
+                    reduced=t.unreduced)

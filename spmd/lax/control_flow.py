@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spmd import tree_util
-from spmd.collectives.api import pvary_traced
+from spmd.collectives.api import preduced_traced, pvary_traced
 from spmd.compiler import dtypes
 from spmd.compiler.array import Array
 from spmd.compiler.avals import ShapedArray
@@ -71,9 +71,23 @@ def _fmt(aval: ShapedArray) -> str:
 
 def _conform(outs, targets):
     """Convert traced outputs to the weak types of ``targets`` (same shape and dtype),
-    and mark them varying along the axes of ``targets`` they do not vary along."""
-    return [_pvary_to(convert(o, t.dtype, t.weak_type) if get_aval(o) != t.update(
-        vma=get_aval(o).vma) else o, t.vma) for o, t in zip(outs, targets)]
+    and mark them varying (reduced) along the axes of ``targets`` they do not vary
+    along (are invariant along)."""
+    out = []
+    for o, t in zip(outs, targets):
+        a = get_aval(o)
+        if (a.dtype, a.weak_type) != (t.dtype, t.weak_type):
+            o = convert(o, t.dtype, t.weak_type)
+        out.append(_reduced_to(_pvary_to(o, t.vma), t.reduced))
+    return out
+
+
+def _reduced_to(x, reduced):
+    """``x`` typed reduced along the axes of ``reduced`` it is invariant along (an
+    explicit ``pcast(to='reduced')``, whose transpose sums the cotangent's summands)."""
+    a = get_aval(x)
+    missing = frozenset(reduced) - a.reduced - a.vma
+    return preduced_traced(x, tuple(sorted(missing))) if missing else x
 
 
 def _pvary_to(x, vma):
@@ -280,6 +294,12 @@ def _trace_carry_fun(fname, make_flat, carry_leaves, carry_tree, carry_paths, ex
                 leaf, changed = convert(leaf, dt, weak), True
             if b.vma - a.vma:
                 leaf, changed = _pvary_to(leaf, a.vma | b.vma), True
+            if b.unreduced != a.unreduced:
+                raise _carry_error(fname, path, a, b)
+            if b.reduced - a.reduced - get_aval(leaf).vma:
+                # The body makes the carry reduced (it meets a reduced value): so is
+                # its initial value, and the body is traced again.
+                leaf, changed = _reduced_to(leaf, b.reduced), True
             new_leaves.append(leaf)
         carry_leaves = new_leaves
         if not changed:

@@ -16,10 +16,9 @@ from spmd.compiler.extensions import ExtensionNotInstalledError, ExtensionPoint
 
 
 def test_every_point_is_declared_and_installed_by_spmd():
-    assert [p.name for p in extensions.POINTS] == ["pvary", "preduced", "context_key",
-                                                   "plain_sharding",
-                                                   "plain_shards", "array_module",
-                                                   "eager_eval"]
+    assert [p.name for p in extensions.POINTS] == [
+        "pvary", "preduced", "summands", "context_key", "plain_sharding", "plain_shards",
+        "array_module", "eager_eval"]
     for p in extensions.POINTS:
         assert p.signature.startswith("(") and "->" in p.signature
         assert len(p.doc) > 40 and callable(p.default)

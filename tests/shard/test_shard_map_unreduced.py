@@ -19,6 +19,10 @@ from spmd.shard.shard_map_args import ShardMapError, UnreducedSpecError
 from spmd.shard.spec import ShardingError
 from spmd.sharding import AxisType, NamedSharding, P
 
+# Every program here is partitioned as a whole: a fallback (computed whole, with a
+# warning) would hide a typing gap.
+pytestmark = pytest.mark.filterwarnings("error:a jitted call on placed arrays")
+
 
 @pytest.fixture
 def mesh():
@@ -327,13 +331,62 @@ def test_jvp_and_checkpoint_carry_the_types(mesh):
     np.testing.assert_allclose(np.asarray(gw), 2 * np.cos(v), rtol=1e-6)
 
 
-def test_loops_refuse_marked_operands_naming_the_cast(mesh):
+def test_scan_with_reduced_operands_and_residuals(mesh):
+    """A reduced value closed over by a scan body, and FSDP's gather to='reduced'
+    inside a scan over layers (its results are the backward pass's residuals): values
+    and gradients against numpy and finite differences."""
+    v = np.arange(4.0, dtype=np.float32)
+
     @spmd.shard_map(in_specs=P(reduced={"x"}), out_specs=P(reduced={"x"}))
     def h(a):
         return lax.scan(lambda c, _: (c + snp.sin(a), None), snp.zeros_like(a), None,
                         length=3)[0]
 
-    with pytest.raises(UnreducedRuleError, match="unreduced rule for scan.*pcast a reduced "
+    a = put(v, P(reduced={"x"}))
+    np.testing.assert_allclose(np.asarray(spmd.jit(h)(a)), 3 * np.sin(v), rtol=1e-6)
+    g = spmd.jit(spmd.grad(lambda w: snp.sum(h(w))))(a)
+    assert g.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    np.testing.assert_allclose(np.asarray(g), 3 * np.cos(v), rtol=1e-6)
+
+    rng = np.random.default_rng(0)
+    w_np = rng.standard_normal((3, 4, 4)).astype(np.float32) * 0.5
+    x_np = rng.standard_normal((6, 4)).astype(np.float32)
+
+    @spmd.shard_map(in_specs=(P(None, "x", None), P()), out_specs=P())
+    def fwd(ws, x):
+        def layer(c, w_block):
+            w = lax.all_gather(w_block, "x", tiled=True, to="reduced")
+            return snp.tanh(c @ w), None
+        return lax.pmean(snp.sum(lax.scan(layer, x, ws)[0] ** 2), "x")
+
+    def ref(w):
+        c = x_np.astype(np.float64)
+        for k in range(3):
+            c = np.tanh(c @ w[k])
+        return (c ** 2).sum()
+
+    ws = put(w_np, P(None, "x", None))
+    np.testing.assert_allclose(float(spmd.jit(fwd)(ws, x_np)), ref(w_np), rtol=1e-5)
+    g = spmd.jit(spmd.grad(fwd))(ws, x_np)
+    assert g.sharding == NamedSharding(mesh, P(None, "x", None))
+    eps, num = 1e-3, np.zeros(w_np.shape)
+    for idx in np.ndindex(w_np.shape):
+        d = np.zeros(w_np.shape)
+        d[idx] = eps
+        num[idx] = (ref(w_np + d) - ref(w_np - d)) / (2 * eps)
+    np.testing.assert_allclose(np.asarray(g), num, rtol=1e-3, atol=1e-3)
+    # The weight's gradient is reduce-scattered, never all-reduced.
+    prog = text(spmd.grad(fwd), ws, x_np)
+    assert "psum_scatter" in prog
+
+
+def test_while_and_cond_refuse_marked_operands_naming_the_cast(mesh):
+    @spmd.shard_map(in_specs=P(reduced={"x"}), out_specs=P(reduced={"x"}))
+    def h(a):
+        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] + a),
+                              (0, snp.zeros_like(a)))[1]
+
+    with pytest.raises(UnreducedRuleError, match="unreduced rule for while.*pcast a reduced "
                                                  "one to='varying'"):
         spmd.jit(h)(put(np.arange(4.0), P(reduced={"x"})))
 

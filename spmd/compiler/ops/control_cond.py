@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import dtypes
+from spmd.compiler import extensions as _ext
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined, is_zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
@@ -37,13 +38,20 @@ def trace_closed(fun, avals) -> ClosedProgram:
 
 
 def cast_to(x, aval: ShapedArray):
-    """``x`` converted to ``aval``'s dtype and weak type (a no-op when they agree)."""
+    """``x`` converted to ``aval``'s dtype and weak type (a no-op when they agree), and
+    typed reduced (unreduced) where ``aval`` is and ``x`` is not (a loop's tangent or
+    cotangent carry made from zeros, or from a value of another type)."""
     from spmd.compiler import ops
 
     av = get_aval(x)
     if av.dtype != aval.dtype or av.weak_type != aval.weak_type:
-        return ops.elementwise.convert(x, aval.dtype, aval.weak_type)
-    return x
+        x = ops.elementwise.convert(x, aval.dtype, aval.weak_type)
+        av = get_aval(x)
+    reduced = aval.reduced - av.reduced - av.vma
+    if reduced:
+        x = _ext.PREDUCED.fn(x, tuple(sorted(reduced)))
+    unreduced = aval.unreduced - get_aval(x).unreduced
+    return _ext.SUMMANDS.fn(x, tuple(sorted(unreduced))) if unreduced else x
 
 
 def is_float_aval(aval) -> bool:

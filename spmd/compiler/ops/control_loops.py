@@ -23,7 +23,8 @@ from spmd.compiler.ops.control_cond import (batch_program, cast_to, check_avals,
                                             jvp_program, permute, trace_closed,
                                             zero_tangent)
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.program_vma import program_vma
+from spmd.compiler.manual_types import ManualTypeError, ct_aval
+from spmd.compiler.program_vma import program_types, program_vma
 from spmd.compiler.trace import eval_program, get_aval
 from spmd.errors import ArgumentError, ProgramTypeError
 
@@ -174,6 +175,23 @@ def _scan_vma(*avals, program, num_consts, num_carry, length, reverse):
     consts, init, xs = _split([a.vma for a in avals], num_consts, num_carry)
     carry, outs = _carry_fixpoint(lambda c: program_vma(program, consts + c + xs), init)
     return carry + list(outs[num_carry:])
+
+
+def _scan_types(*avals, program, num_consts, num_carry, length, reverse):
+    """Unreduced and reduced results: the carries keep their initial types (the loop's
+    tracing made the body's agree), the ys take the body's."""
+    consts, init, xs = _split(list(avals), num_consts, num_carry)
+    per_step = [a.update(shape=a.shape[1:]) for a in xs]
+    outs = program_types(program, consts + init + per_step)
+    for a, b in zip(init, outs[:num_carry]):
+        if (a.unreduced, a.reduced) != (b.unreduced, b.reduced - a.vma):
+            raise ManualTypeError(f"scan: a carry enters as {a} and leaves the body as {b}; "
+                                  "a carry keeps its unreduced and reduced axes")
+    return [(a.unreduced, a.reduced) for a in init] + \
+        [(b.unreduced, b.reduced) for b in outs[num_carry:]]
+
+
+scan_p.rules["manual_types"] = _scan_types
 
 
 # ------------------------------------------------------------------- jvp
@@ -373,8 +391,9 @@ def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse)
     n_rc = sum(not l for l in c_lin)
     y_avals = program.out_avals[num_carry:]
     ys_nz = [not is_zero(c) for c in ct_ys]
-    acc_avals = [tangent_aval(v.aval) for v in lin_c]
-    carry_t_avals = [tangent_aval(v.aval) for v in b_carry]
+    # (A reduced value's cotangent is unreduced: manual_types.ct_aval.)
+    acc_avals = [ct_aval(v.aval) for v in lin_c]
+    carry_t_avals = [ct_aval(v.aval) for v in b_carry]
 
     def body(*a):
         rc, acc, cc, rx, cy = _split(a, n_rc, len(acc_avals), num_carry,
@@ -388,18 +407,18 @@ def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse)
         new_acc = [cast_to(instantiate(add_tangents(s, c)), av)
                    for s, c, av in zip(acc, ct_c, acc_avals)]
         return (new_acc + [cast_to(instantiate(c), av) for c, av in zip(ct_carry_in, carry_t_avals)]
-                + [cast_to(instantiate(c), tangent_aval(v.aval)) for c, v in zip(ct_x, lin_x)])
+                + [cast_to(instantiate(c), ct_aval(v.aval)) for c, v in zip(ct_x, lin_x)])
 
-    y_ct_avals = [tangent_aval(a) for a, nz in zip(y_avals, ys_nz) if nz]
+    y_ct_avals = [ct_aval(a) for a, nz in zip(y_avals, ys_nz) if nz]
     res_avals = [v.aval for v in res_vars]
     # Scan order: consts (rc), carries (acc, ct_carry), xs (rx, ct_y).
     t_body = trace_closed(body, res_avals[:n_rc] + acc_avals + carry_t_avals + res_avals[n_rc:]
                           + y_ct_avals)
     res_c = [c for c, l in zip(consts, c_lin) if not l]
     res_x = [x for x, l in zip(xs, x_lin) if not l]
-    acc0 = [instantiate(zero_tangent(v.aval)) for v in lin_c]
+    acc0 = [cast_to(instantiate(zero_tangent(v.aval)), av) for v, av in zip(lin_c, acc_avals)]
     carry0 = [cast_to(instantiate(c), av) for c, av in zip(ct_carry, carry_t_avals)]
-    ct_y_vals = [cast_to(c, tangent_aval(a)) for c, a, nz in zip(ct_ys, y_avals, ys_nz) if nz]
+    ct_y_vals = [cast_to(c, ct_aval(a)) for c, a, nz in zip(ct_ys, y_avals, ys_nz) if nz]
     outs = scan_bind(*res_c, *acc0, *carry0, *res_x, *ct_y_vals, program=t_body,
                      num_consts=len(res_c), num_carry=len(acc0) + num_carry, length=length,
                      reverse=not reverse)

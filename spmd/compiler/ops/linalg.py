@@ -20,6 +20,7 @@ from spmd.compiler.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
 
 dot_general_p = Primitive("dot_general", traits=("fresh_result", "dot"))
+dot_general_p.unreduced = "one"  # (bilinear: linear in each operand apart)
 
 
 def _free(ndim, contract, batch):
