@@ -13,6 +13,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, all_to_all_p,
+                                         as_summands,
                                          axis_index_p, pcast_p, pmax_p, pmin_p, ppermute_p,
                                          psum_p, psum_scatter_p, pvary_p)
 from spmd.compiler import dtypes
@@ -399,6 +400,12 @@ def preduced_traced(x, axes):
     """``pcast(x, axes, to='reduced')`` of one traced value (no checks: the compiler's
     PREDUCED extension point, filled by :func:`spmd._install.install_extensions`)."""
     return bind(pcast_p, x, axes=tuple(axes), to="reduced")
+
+
+def summands_traced(x, axes):
+    """``x`` typed unreduced along ``axes`` (the compiler's SUMMANDS extension point:
+    :func:`spmd.collectives.primitives.as_summands`)."""
+    return as_summands(x, axes)
 
 
 def pvary_traced(x, axes):

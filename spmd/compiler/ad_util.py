@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler import dtypes
 from spmd.compiler.avals import ShapedArray
 
 
@@ -48,7 +49,7 @@ def is_zero(x) -> bool:
 def instantiate(t):
     """A real array for a tangent that may be a symbolic :class:`Zero`."""
     if isinstance(t, Zero):
-        from spmd.compiler import dtypes, ops
+        from spmd.compiler import ops
 
         if t.aval.dtype == dtypes.float0:  # no data: a numpy array of it (as JAX's)
             return np.zeros(t.aval.shape, t.aval.dtype)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.avals import tangent_aval
 from spmd.errors import SpmdError
 
 _EMPTY = frozenset()
@@ -140,8 +141,6 @@ def casts(avals) -> list:
 def ct_aval(aval):
     """The type of a cotangent of a value of type ``aval``: its tangent type with the
     unreduced and reduced axes swapped (a reduced value's cotangent is summands)."""
-    from spmd.compiler.avals import tangent_aval
-
     t = tangent_aval(aval)
     if not (t.unreduced or t.reduced):
         return t
