@@ -144,14 +144,25 @@ def _trace_branches(fname, funs, names, operands, index_vma=frozenset()):
                     f"{fname}: {names[0]} and {name} must return the same types, but at "
                     f"output{tree_util.keystr(path)} {names[0]} returns {_fmt(a)} and {name} "
                     f"returns {_fmt(b)}; make them agree (e.g. .astype or broadcast_to)")
-    # Types that differ only in weak typing join to the strong type (as in JAX).
-    joined = [a.update(weak_type=all(t[0].out_avals[k].weak_type for t in traced),
-                       vma=index_vma.union(*(t[0].out_avals[k].vma for t in traced)))
-              for k, a in enumerate(avals0)]
+    # Types that differ only in weak typing join to the strong type (as in JAX); the
+    # manual-axes types join to the widest (varying over reduced over invariant).
+    joined = []
+    for k, a in enumerate(avals0):
+        outs = [t[0].out_avals[k] for t in traced]
+        if any(o.unreduced != a.unreduced for o in outs):
+            raise ProgramTypeError(
+                f"{fname}: the branches' results at output{tree_util.keystr(paths0[k])} "
+                f"differ in their unreduced axes ({', '.join(_fmt(o) for o in outs)}); sum them "
+                "first (lax.psum)")
+        vma = index_vma.union(*(o.vma for o in outs))
+        joined.append(a.update(weak_type=all(o.weak_type for o in outs), vma=vma,
+                               reduced=frozenset().union(*(o.reduced for o in outs)) - vma))
+
+    def kind(a):
+        return (a.weak_type, a.vma, a.reduced)
     closed_list = []
     for (closed, _, _), f in zip(traced, funs):
-        if [(a.weak_type, a.vma) for a in closed.out_avals] != \
-                [(a.weak_type, a.vma) for a in joined]:
+        if [kind(a) for a in closed.out_avals] != [kind(a) for a in joined]:
             closed = _trace_branch(f, in_tree, in_avals, fname, joined)[0]
         closed_list.append(closed)
     return closed_list, leaves, tree0

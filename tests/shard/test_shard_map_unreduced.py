@@ -380,15 +380,39 @@ def test_scan_with_reduced_operands_and_residuals(mesh):
     assert "psum_scatter" in prog
 
 
-def test_while_and_cond_refuse_marked_operands_naming_the_cast(mesh):
-    @spmd.shard_map(in_specs=P(reduced={"x"}), out_specs=P(reduced={"x"}))
-    def h(a):
-        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] + a),
-                              (0, snp.zeros_like(a)))[1]
+def test_cond_and_while_keep_reduced_types(mesh):
+    v = np.arange(4.0, dtype=np.float32)
+    a = put(v, P(reduced={"x"}))
 
-    with pytest.raises(UnreducedRuleError, match="unreduced rule for while.*pcast a reduced "
-                                                 "one to='varying'"):
-        spmd.jit(h)(put(np.arange(4.0), P(reduced={"x"})))
+    @spmd.shard_map(in_specs=(P(reduced={"x"}), P()), out_specs=P(reduced={"x"}))
+    def c(w, k):
+        # One branch keeps the reduced operand, the other returns an invariant value:
+        # the results join to reduced.
+        return lax.cond(k > 0, lambda w: snp.sin(w) * 2.0, lambda w: snp.ones_like(w), w)
+
+    for k, value, grad in ((1, 2 * np.sin(v), 2 * np.cos(v)), (0, np.ones(4), np.zeros(4))):
+        np.testing.assert_allclose(np.asarray(spmd.jit(c)(a, k)), value, rtol=1e-6)
+        g = spmd.jit(spmd.grad(lambda w: snp.sum(c(w, k))))(a)
+        assert g.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+        np.testing.assert_allclose(np.asarray(g), grad, rtol=1e-6)
+
+    @spmd.shard_map(in_specs=P(reduced={"x"}), out_specs=P(reduced={"x"}))
+    def h(w):
+        return lax.while_loop(lambda t: t[0] < 3, lambda t: (t[0] + 1, t[1] + snp.sin(w)),
+                              (0, snp.zeros_like(w)))[1]
+
+    np.testing.assert_allclose(np.asarray(spmd.jit(h)(a)), 3 * np.sin(v), rtol=1e-6)
+    _, t = spmd.jvp(h, (a,), (np.ones(4, np.float32),))
+    np.testing.assert_allclose(np.asarray(t), 3 * np.cos(v), rtol=1e-6)
+
+
+def test_branches_unreduced_along_other_axes_are_refused(mesh):
+    @spmd.shard_map(in_specs=(P("x"), P()), out_specs=P(unreduced={"x"}))
+    def c(b, k):
+        return lax.cond(k > 0, lambda b: lax.pcast(b, "x", to="unreduced"), lambda b: b, b)
+
+    with pytest.raises(spmd.errors.ProgramTypeError, match="differ in their unreduced axes"):
+        spmd.jit(c)(put(np.arange(8.0), P("x")), 1)
 
 
 @pytest.mark.parametrize("explicit", [True, False])

@@ -21,7 +21,8 @@ from spmd.compiler.ad_util import Zero, instantiate, is_undefined, is_zero
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.program_vma import program_vma
+from spmd.compiler.manual_types import ManualTypeError, ct_aval
+from spmd.compiler.program_vma import program_types, program_vma
 from spmd.compiler.trace import (Tracer, eval_program, full_raise, get_aval,
                                  trace_to_program)
 from spmd.errors import DTypeError, ProgramTypeError
@@ -177,7 +178,7 @@ def transpose_program(closed: ClosedProgram, linear, ct_nonzero, extra_residuals
     res_vars = [v for v, l in zip(args, linear) if not l]
     lin_vars = [v for v, l in zip(args, linear) if l]
     reordered = Program(prog.in_vars[:n] + res_vars + lin_vars, prog.eqns, prog.out_atoms)
-    ct_avals = [tangent_aval(a) for a, nz in zip(closed.out_avals, ct_nonzero) if nz]
+    ct_avals = [ct_aval(a) for a, nz in zip(closed.out_avals, ct_nonzero) if nz]
 
     def fun(*a):
         res = list(closed.consts) + list(a[:len(res_vars)])
@@ -185,7 +186,7 @@ def transpose_program(closed: ClosedProgram, linear, ct_nonzero, extra_residuals
         cts = [next(it) if nz else zero_tangent(av)
                for av, nz in zip(closed.out_avals, ct_nonzero)]
         cts_in = backward_pass(reordered, res, [v.aval for v in lin_vars], cts)
-        return [cast_to(instantiate(c), tangent_aval(v.aval)) for c, v in zip(cts_in, lin_vars)]
+        return [cast_to(instantiate(c), ct_aval(v.aval)) for c, v in zip(cts_in, lin_vars)]
 
     return trace_closed(fun, [v.aval for v in res_vars] + ct_avals)
 
@@ -297,6 +298,21 @@ def _cond_vma(index, *operands, branches):
     in_vmas = [a.vma for a in operands]
     outs = [program_vma(br, in_vmas) for br in branches]
     return [index.vma.union(*ms) for ms in zip(*outs)]
+
+
+def _cond_types(index, *operands, branches):
+    """Unreduced and reduced results: the branches' (their tracing made them agree)."""
+    outs = [program_types(br, operands) for br in branches]
+    for k, br in enumerate(outs[1:], 1):
+        for a, b in zip(outs[0], br):
+            if (a.unreduced, a.reduced) != (b.unreduced, b.reduced):
+                raise ManualTypeError(f"cond: branch 0 returns {a} and branch {k} returns {b}; "
+                                      "the branches' results must agree in their unreduced "
+                                      "and reduced axes")
+    return [(a.unreduced, a.reduced) for a in outs[0]]
+
+
+cond_p.rules["manual_types"] = _cond_types
 
 
 # ------------------------------------------------------------------- jvp
@@ -462,7 +478,7 @@ def _cond_transpose(cts, index, *ops, branches):
     out_avals = branches[0].out_avals
     new = tuple(transpose_program(br, linear, ct_nz) for br in branches)
     res = [o for o, l in zip(ops, linear) if not l]
-    ct_vals = [cast_to(c, tangent_aval(a)) for c, a, nz in zip(cts, out_avals, ct_nz) if nz]
+    ct_vals = [cast_to(c, ct_aval(a)) for c, a, nz in zip(cts, out_avals, ct_nz) if nz]
     outs = iter(cond_bind(index, *res, *ct_vals, branches=new))
     return [None] + [next(outs) if l else None for l in linear]
 

@@ -505,6 +505,21 @@ def _while_vma(*avals, cond_program, body_program, cond_nconsts, body_nconsts):
     return _carry_fixpoint(step, init)[0]
 
 
+def _while_types(*avals, cond_program, body_program, cond_nconsts, body_nconsts):
+    """Unreduced and reduced results: the carries keep their initial types (the loop's
+    tracing made the body's agree)."""
+    cc, bc, init = _split(list(avals), cond_nconsts, body_nconsts)
+    outs = program_types(body_program, bc + init)
+    for a, b in zip(init, outs):
+        if (a.unreduced, a.reduced) != (b.unreduced, b.reduced - a.vma):
+            raise ManualTypeError(f"while: a carry enters as {a} and leaves the body as {b}; "
+                                  "a carry keeps its unreduced and reduced axes")
+    return [(a.unreduced, a.reduced) for a in init]
+
+
+while_p.rules["manual_types"] = _while_types
+
+
 def _cond_with_extra(cond_program, n_extra_avals):
     """The cond program taking (and ignoring) extra trailing carries."""
     avals = list(cond_program.in_avals)
