@@ -78,3 +78,24 @@ def test_unreduced_and_reduced_on_two_ranks():
 def test_unreduced_and_reduced_on_four_ranks():
     assert spmd.process_count() == 4
     _run()
+
+
+def test_eager_bodies_with_marked_specs_on_four_ranks():
+    """Not jitted: the shard_map runs as a program over the ranks (an eager body's
+    values carry their varying axes only)."""
+    assert spmd.process_count() == 4
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("x",), axis_types=(AxisType.Explicit,))
+    vn = np.arange(4.0, dtype=np.float32)
+    v = spmd.device_put(vn, NamedSharding(mesh, P(reduced={"x"})))
+
+    @spmd.shard_map(mesh=mesh, in_specs=P(reduced={"x"}), out_specs=P("x"))
+    def tile(a):
+        return lax.pcast(a, "x", to="varying") * 2.0
+
+    out = tile(v)
+    np.testing.assert_allclose(np.asarray(spmd.process_allgather(out)), np.tile(2 * vn, n))
+    g = spmd.grad(lambda a: snp.sum(tile(a)))(v)
+    assert g.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    np.testing.assert_allclose(np.asarray(spmd.process_allgather(reshard(g, P()))),
+                               2.0 * n * np.ones(4))
