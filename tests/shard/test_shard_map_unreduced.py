@@ -437,3 +437,65 @@ def test_operations_on_an_unreduced_array(explicit):
                     g(u)
             else:
                 np.testing.assert_allclose(np.asarray(g(u)), want, rtol=1e-6)
+
+
+LINEAR = {
+    "neg": lambda u, c: -u,
+    "reshape": lambda u, c: u.reshape(4, 2),
+    "transpose": lambda u, c: u.reshape(2, 4).T,
+    "slice": lambda u, c: u[1:6],
+    "rev": lambda u, c: u[::-1],
+    "sum": lambda u, c: snp.sum(u),
+    "broadcast": lambda u, c: snp.broadcast_to(u, (3, 8)),
+    "convert": lambda u, c: u.astype(np.float64),
+    "mul_invariant": lambda u, c: u * c,
+    "div_by_invariant": lambda u, c: u / (c + 1.0),
+    "add_unreduced": lambda u, c: u + u * 2.0,
+    "concatenate": lambda u, c: snp.concatenate([u, u * 3.0]),
+    "dot": lambda u, c: snp.dot(u.reshape(2, 4), c.reshape(4, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINEAR))
+def test_linear_maps_of_summands_sum_to_the_map_of_the_sum(mesh2, name):
+    """Each unreduced policy checked by computation: a linear map applied to each
+    device's summand, then summed (psum), equals the map of the value (numpy); and
+    its gradient is the map's transpose."""
+    f = LINEAR[name]
+    rng = np.random.default_rng(len(name))
+    parts = rng.standard_normal((2, 8)).astype(np.float32)  # one summand per 'x' device
+    c = rng.standard_normal(8).astype(np.float32)
+
+    @spmd.jit
+    @spmd.shard_map(in_specs=(P("x"), P()), out_specs=P())
+    def body(p, cc):
+        u = lax.pcast(p[0], "x", to="unreduced")
+        out = f(u, cc)
+        assert spmd.typeof(out).mat.unreduced == {"x"}
+        return lax.psum(out, "x")
+
+    got = body(put(parts, P("x")), put(c, P()))
+    want = f(parts.sum(0), c) if name != "convert" else parts.sum(0).astype(np.float64)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    # The gradient of a linear map is the same for every summand.
+    g = spmd.jit(spmd.grad(lambda p: snp.sum(body(p, put(c, P())) * 1.5)))(put(parts, P("x")))
+    gw = spmd.grad(lambda v: snp.sum(f(v, c) * 1.5))(parts.sum(0))
+    np.testing.assert_allclose(np.asarray(g), np.broadcast_to(np.asarray(gw), (2, 8)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_nonlinear_or_mixed_uses_are_refused(mesh2):
+    def run(f):
+        @spmd.jit
+        @spmd.shard_map(in_specs=(P("x"), P("y")), out_specs=P())
+        def body(p, q):
+            return lax.psum(f(lax.pcast(p[0], "x", to="unreduced"), q[0]), ("x", "y"))
+        return body(put(np.ones((2, 8)), P("x")), put(np.ones((2, 8)), P("y")))
+
+    for f, err in [(lambda u, v: u * u, ManualTypeError), (lambda u, v: snp.exp(u),
+                                                           UnreducedRuleError),
+                   (lambda u, v: u + 1.0, ManualTypeError),
+                   (lambda u, v: u / u, ManualTypeError),
+                   (lambda u, v: snp.maximum(u, 0.0), UnreducedRuleError)]:
+        with pytest.raises(err):
+            run(f)
