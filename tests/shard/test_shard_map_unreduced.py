@@ -499,3 +499,27 @@ def test_nonlinear_or_mixed_uses_are_refused(mesh2):
                    (lambda u, v: snp.maximum(u, 0.0), UnreducedRuleError)]:
         with pytest.raises(err):
             run(f)
+
+
+@pytest.mark.parametrize("spec_u", [P(unreduced={"x"}), P("y", unreduced={"x"}),
+                                    P(None, "y", unreduced={"x"})])
+@pytest.mark.parametrize("spec_c", [P(), P("y"), P(None, "y")])
+def test_global_products_of_unreduced_arrays(mesh2, spec_u, spec_c):
+    """On explicit axes a product with an unreduced operand is unreduced (dot_general's
+    policy "one"): summed afterwards it equals numpy's, or the types say it is
+    ambiguous; never a wrong value."""
+    from spmd.errors import ShardingTypeError
+
+    rng = np.random.default_rng(3)
+    u_np = rng.standard_normal((8, 6)).astype(np.float32)
+    c_np = rng.standard_normal((6, 4)).astype(np.float32)
+    u, c = put(u_np, spec_u), put(c_np, spec_c)
+    for f, want in [(lambda u, c: snp.dot(u, c), u_np @ c_np),
+                    (lambda u, c: snp.dot(c.T, u.T), (u_np @ c_np).T),
+                    (lambda u, c: snp.dot(u, c, out_sharding=P(unreduced={"x"})),
+                     u_np @ c_np)]:
+        try:
+            out = spmd.jit(lambda u, c: spmd.sharding.reshard(f(u, c), P()))(u, c)
+        except ShardingTypeError:
+            continue
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
