@@ -523,3 +523,15 @@ def test_global_products_of_unreduced_arrays(mesh2, spec_u, spec_c):
         except ShardingTypeError:
             continue
         np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_carry_that_becomes_unreduced_is_refused(mesh):
+    @spmd.shard_map(in_specs=P("x"), out_specs=P(unreduced={"x"}))
+    def f(b):
+        return lax.scan(lambda c, _: (lax.pcast(c, "x", to="unreduced"), None), b, None,
+                        length=2)[0]
+
+    with pytest.raises(spmd.errors.ProgramTypeError,
+                       match=r"the body function must return a carry of the same type .* "
+                             r"the input is f32\[4\]\{x\} and the output is f32\[4\]\{U:x\}"):
+        spmd.jit(f)(put(np.arange(8.0), P("x")))
