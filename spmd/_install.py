@@ -138,7 +138,7 @@ def run_once() -> None:
 
 
 def _fill_points() -> None:
-    from spmd.collectives.api import preduced_traced, pvary_traced, summands_traced
+    from spmd.collectives.api import as_summands, preduced_traced, pvary_traced
     from spmd.launch.platform import resolve_array_module
     from spmd.shard.dispatch import eval_primitive
     from spmd.shard.mesh_context import get_mesh
@@ -146,7 +146,7 @@ def _fill_points() -> None:
 
     extensions.PVARY.install(pvary_traced, by="spmd.collectives.api")
     extensions.PREDUCED.install(preduced_traced, by="spmd.collectives.api")
-    extensions.SUMMANDS.install(summands_traced, by="spmd.collectives.api")
+    extensions.SUMMANDS.install(as_summands, by="spmd.collectives.primitives")
     extensions.ARRAY_MODULE.install(resolve_array_module, by="spmd.launch.platform")
     extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.mesh_context")
     extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.sharded")

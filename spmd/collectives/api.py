@@ -13,7 +13,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, all_to_all_p,
-                                         as_summands,
+                                         as_summands, as_varying,  # noqa: F401 (SUMMANDS)
                                          axis_index_p, pcast_p, pmax_p, pmin_p, ppermute_p,
                                          psum_p, psum_scatter_p, pvary_p)
 from spmd.compiler import dtypes
@@ -38,10 +38,7 @@ def _varying_split(x, axes):
 
 
 def _ensure_varying(x, axes):
-    if not _tracking(axes):
-        return x
-    missing = tuple(a for a in axes if a not in get_aval(x).vma)
-    return bind(pvary_p, x, axes=missing) if missing else x
+    return as_varying(x, axes) if _tracking(axes) else x
 
 
 def _groups(axis_index_groups, axes, fname):
@@ -166,14 +163,7 @@ pmin = _pextremum(pmin_p, "pmin")
 def pvary(x, axis_names):
     """Mark ``x`` as varying along ``axis_names`` (no data moves; its transpose is psum)."""
     axes = _axes(axis_names, "pvary")
-
-    def leaf(v):
-        if not _tracking(axes):
-            return v
-        missing = tuple(a for a in axes if a not in get_aval(v).vma)
-        return bind(pvary_p, v, axes=missing) if missing else v
-
-    return _leafwise(leaf, x)
+    return _leafwise(lambda v: _ensure_varying(v, axes), x)
 
 
 def _norm_dim(d, ndim, fname, arg):
@@ -400,12 +390,6 @@ def preduced_traced(x, axes):
     """``pcast(x, axes, to='reduced')`` of one traced value (no checks: the compiler's
     PREDUCED extension point, filled by :func:`spmd._install.install_extensions`)."""
     return bind(pcast_p, x, axes=tuple(axes), to="reduced")
-
-
-def summands_traced(x, axes):
-    """``x`` typed unreduced along ``axes`` (the compiler's SUMMANDS extension point:
-    :func:`spmd.collectives.primitives.as_summands`)."""
-    return as_summands(x, axes)
 
 
 def pvary_traced(x, axes):

@@ -34,7 +34,7 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | --- | --- | --- |
 | :data:`PVARY` | ``spmd.collectives.api.pvary_traced`` | raises ExtensionNotInstalledError |
 | :data:`PREDUCED` | ``spmd.collectives.api.preduced_traced`` | raises ExtensionNotInstalledError |
-| :data:`SUMMANDS` | ``spmd.collectives.api.summands_traced`` | raises ExtensionNotInstalledError |
+| :data:`SUMMANDS` | ``spmd.collectives.primitives.as_summands`` | raises ExtensionNotInstalledError |
 | :data:`CONTEXT_KEY` | ``spmd.shard.mesh_context.get_mesh`` | returns None (no ambient state) |
 | :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |

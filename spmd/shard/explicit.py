@@ -44,7 +44,7 @@ from spmd.shard.mesh_context import device_put, get_mesh
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.sharded import ShardedArray
-from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.spec import NamedSharding, PartitionSpec, ct_spec
 
 
 def is_explicit(mesh) -> bool:
@@ -456,6 +456,4 @@ def like_primal(ct, primal):
     t = type_of(primal)
     if t is None or t[1] is None or isinstance(ct, np.ndarray):
         return ct
-    typ = t[1]
-    return reshard(ct, NamedSharding(t[0], Placement(typ.dims, typ.reduced,
-                                                     typ.partial).to_spec()))
+    return reshard(ct, NamedSharding(t[0], ct_spec(t[1].to_spec())))

@@ -35,7 +35,7 @@ from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa
                                        _check_out, _inferred_specs, _spec_leaves,
                                        arg_type_spec, check_marked_specs)
 from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
-                             check_spec, global_shape)
+                             check_spec, ct_spec, global_shape)
 from spmd.compiler.batching import (active_spmd_axis_names, batch_flat, collective_axes,
                                     move_to_front)
 from spmd.compiler.ops.elementwise import div
@@ -90,13 +90,6 @@ def _block_aval(aval: ShapedArray, spec, mesh, check_vma, bound=None) -> ShapedA
     return ShapedArray(block_shape(spec, mesh, aval.shape), aval.dtype, aval.weak_type,
                        vma | unreduced, unreduced, reduced)
 
-
-def ct_spec(spec):
-    """The spec of the cotangent of a value placed by ``spec``: an unreduced value's
-    cotangent is reduced, a reduced one's unreduced (JAX's types)."""
-    if not (spec.unreduced or spec.reduced):
-        return spec
-    return spec.update(unreduced=spec.reduced, reduced=spec.unreduced)
 
 
 # ------------------------------------------------------------------- rules

@@ -105,6 +105,18 @@ class PartitionSpec(tuple):
 P = PartitionSpec
 
 
+def ct_spec(spec: PartitionSpec) -> PartitionSpec:
+    """The spec of the cotangent of a value placed by ``spec``: an unreduced value's
+    cotangent is reduced, a reduced one's unreduced (JAX's types).
+
+    >>> ct_spec(P("x", reduced={"y"}))
+    PartitionSpec('x', unreduced={'y'})
+    """
+    if not (spec.unreduced or spec.reduced):
+        return spec
+    return spec.update(unreduced=spec.reduced, reduced=spec.unreduced)
+
+
 def _axis_set(axes, kind: str) -> frozenset:
     if isinstance(axes, str):
         axes = (axes,)
