@@ -115,6 +115,25 @@ def test_gradients_at_zero_follow_jax():
     assert g(nn.silu) == pytest.approx(0.5)
 
 
+def test_gelu_backward_is_one_product_with_its_derivative():
+    """gelu (tanh) has its derivative in closed form: the gradient program computes
+    the tanh once and multiplies the cotangent by the derivative, against the
+    derivative of the formula in float64 (and the value is the forward's bits)."""
+    x = (rng.standard_normal((64, 32)) * 3).astype(np.float32)
+    ct = rng.standard_normal((64, 32)).astype(np.float32)
+    f = lambda a: snp.sum(nn.gelu(a) * ct)  # noqa: E731
+    text = spmd.jit(spmd.grad(f)).lower(x).as_text(executed=True)
+    assert text.count(" tanh ") == 1 and text.count("\n") < 25, text
+    c, a = np.sqrt(2 / np.pi), 0.044715
+    x64 = x.astype(np.float64)
+    th = np.tanh(c * (x64 + a * x64 ** 3))
+    want = (0.5 * (1 + th) + 0.5 * x64 * (1 - th ** 2) * c * (1 + 3 * a * x64 ** 2)) * ct
+    np.testing.assert_allclose(np.asarray(spmd.jit(spmd.grad(f))(x)), want, rtol=2e-5,
+                               atol=2e-6)
+    value, _ = spmd.jit(spmd.value_and_grad(f))(x)
+    assert float(value) == float(spmd.jit(f)(x))
+
+
 def test_grads_of_large_inputs_are_finite():
     x = np.array([1000.0, 0.0, -1000.0], np.float32)
     for f in (nn.softplus, nn.sigmoid, nn.log_sigmoid, nn.elu,

@@ -17,7 +17,7 @@ Which primitive gets which treatment is read from its traits
 patterns of particular primitives, compared by identity with the primitive
 object: the flat ``concatenate`` of ``reshape``s that combining collectives
 builds (:class:`FlatWrites`), and ``reduce_sum``'s own emitted ``xp.sum(...)``,
-given ``out=``.
+given ``out=`` (and its ``_blas_sum(...)``, a float sum as a product with ones).
 
 Example of generated code (``spmd.jit(f).lower(x).compile().source``)::
 
@@ -272,7 +272,7 @@ def ufunc_of(expr: str, ins: list[str]) -> str | None:
 
 # Calls that return a new array (never a view of an argument), besides ufuncs
 # and ``fresh_result`` primitives: reading a value there leaves no alias behind.
-_FRESH_CALLS = ("xp.sum(", "xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
+_FRESH_CALLS = ("xp.sum(", "_blas_sum(", "xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
 
 
 class FlatWrites:
@@ -488,7 +488,8 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             uf = ufunc_of(expr, ins)
             if uf is not None and into is not None:  # straight into the flat buffer
                 expr, into, fresh = f"xp.{uf}({', '.join(ins)}, out={into})", None, True
-            elif into is not None and prim is reduce_sum_p and expr.startswith("xp.sum("):
+            elif into is not None and prim is reduce_sum_p and \
+                    expr.startswith(("xp.sum(", "_blas_sum(")):
                 expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
             elif uf is not None:
                 fresh = True

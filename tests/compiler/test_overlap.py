@@ -112,6 +112,21 @@ def test_bucket_members_are_written_straight_into_the_flat_buffer():
     assert "v3[128:256] = " in source, source
 
 
+def test_a_bias_gradient_sums_straight_into_the_flat_buffer():
+    """A float sum over leading axes (a bias gradient) is a product with ones, which
+    writes into its slice of the bucket as numpy's sum did."""
+    from spmd.compiler.ops.reduce import reduce_sum
+
+    def f(x, w):
+        g = dot_general(x, w, MM)
+        return [allreduce(reduce_sum(g, (0,))), allreduce(reduce_sum(tanh(g), (0,)))]
+
+    closed = trace(f, (8, 16), (16, 16))
+    over, source = check_same(closed, 1 << 20)
+    assert "_blas_sum(" in source and "out=v" in source.split("_blas_sum(", 1)[1], source
+    assert "xp.concatenate" not in source
+
+
 def test_a_start_directly_followed_by_its_wait_stays_blocking():
     closed = trace(lambda a: [mul(allreduce(tanh(a)), 2.0)], (4, 4))
     over, source = check_same(closed, 1 << 20)

@@ -42,13 +42,85 @@ reduce_sum_p = _batch_reduce(Primitive("reduce_sum", traits=(), linear=True))
 reduce_sum_p.unreduced = "keep"
 
 
+# A float sum over one block of adjacent axes runs on numpy as a product with a vector
+# of ones, one BLAS call: numpy's own sum over a short last axis sets up its loop
+# again for every row (measured on 2 cores: the (2048, 64) rows of a layer norm 58 us,
+# as a matrix-vector product 9 us; a bias gradient's sum of 2048 rows of 256, 70
+# against 20 us).  Only blocks of at most BLAS_SUM_MAX elements: numpy sums a long
+# contiguous axis pairwise (its error grows as log n), a BLAS dot in a few running
+# partial sums (as n / lanes); over leading axes both add row by row.
+BLAS_SUM_MAX = 1 << 12
+_BLAS_SUM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_ones_cache: dict = {}
+
+
+def _sum_plan(shape, dtype, axes):
+    """``(pre, m, post)`` when summing ``axes`` of an array of ``shape`` is a product
+    with ones on its ``(pre, m, post)`` reshape, else None."""
+    if np.dtype(dtype) not in _BLAS_SUM_DTYPES or not axes or \
+            tuple(axes) != tuple(range(axes[0], axes[-1] + 1)):
+        return None
+    pre = int(np.prod(shape[:axes[0]], dtype=np.int64))
+    m = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
+    post = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    if not 1 < m <= BLAS_SUM_MAX or pre * post == 0:
+        return None
+    return pre, m, post
+
+
+def _ones(m: int, dtype):
+    key = (m, dtype)
+    v = _ones_cache.get(key)
+    if v is None:
+        v = _ones_cache[key] = np.ones(m, dtype)
+        v.flags.writeable = False
+    return v
+
+
+def _blas_sum(x, axes, pre, m, post, out=None):
+    """``x.sum(axis=axes)`` as a product with ones (see :func:`_sum_plan`); a new
+    array, or written into ``out``."""
+    out_shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    if out is not None and not out.flags.c_contiguous:
+        np.copyto(out, _blas_sum(x, axes, pre, m, post))
+        return out
+    ones = _ones(m, x.dtype)
+    if post == 1:
+        into = None if out is None else out.reshape(pre)
+        r = np.matmul(np.reshape(x, (pre, m)), ones, out=into)
+    else:
+        into = None if out is None else out.reshape(pre, post)
+        r = np.matmul(ones, np.reshape(x, (pre, m, post)), out=into)
+    return r.reshape(out_shape) if out is None else out
+
+
+def sum_numpy(x, axes):
+    """reduce_sum on numpy: a product with ones where :func:`_sum_plan` allows it,
+    else ``np.sum`` (in ``x``'s dtype: numpy would sum int32 into int64)."""
+    plan = _sum_plan(x.shape, x.dtype, axes)
+    if plan is None:
+        return np.sum(x, axis=axes, dtype=x.dtype)
+    return _blas_sum(x, axes, *plan)
+
+
 @reduce_sum_p.def_impl
 def _sum_impl(xp, x, *, axes):
+    if xp is np:
+        return sum_numpy(x, axes)
     return xp.sum(x, axis=axes, dtype=x.dtype)
 
 
-# numpy sums int32 into int64 unless told the dtype.
-reduce_sum_p.def_emit(lambda ins, axes: f"xp.sum({ins[0]}, axis={axes!r}, dtype={ins[0]}.dtype)")
+def _sum_emit(names, avals, *, axes, xp=np, out=None):
+    (x,) = avals
+    plan = _sum_plan(x.shape, x.dtype, axes) if xp is np else None
+    if plan is not None:
+        return f"_blas_sum({names[0]}, {axes!r}, {', '.join(map(str, plan))})"
+    # numpy sums int32 into int64 unless told the dtype.
+    return f"xp.sum({names[0]}, axis={axes!r}, dtype={names[0]}.dtype)"
+
+
+reduce_sum_p.rules["emit_avals"] = _sum_emit
+reduce_sum_p.rules["emit_globals"] = {"_blas_sum": _blas_sum}
 reduce_sum_p.def_abstract_eval(lambda x, *, axes: _reduced_aval("reduce_sum", x, axes))
 
 
