@@ -7,9 +7,12 @@
 ``jax``, ``optax`` and ``torch==2.13.0``, and runs it.)  Without jax or torch the
 rows of that engine are left out and the table says why.
 
-One process, one step per sample, the engines interleaved (spmd, JAX, PyTorch,
-spmd, ...) after two warm-up steps each, from the same initial parameters and the
-same batches (``benchmarks/engine_floors.py`` holds the JAX and PyTorch versions;
+One process, the engines interleaved (spmd, JAX, PyTorch, spmd, ...) after two
+warm-up steps each, each engine's turn two steps of which the second is timed (a
+training loop's steady state: a step timed right after another library's step was
+10-25% slower, measured for spmd after PyTorch and PyTorch after JAX, 2026-12-05:
+the other library's threads still spinning and its buffers in the caches), from
+the same initial parameters and the same batches (``benchmarks/engine_floors.py`` holds the JAX and PyTorch versions;
 the first step's losses are compared and recorded):
 
 - configs: ``small`` is the example's default (d=64, 2 layers, 4 heads, context 64,
@@ -248,7 +251,7 @@ def measure_memory(config: str, mesh: str, engines) -> dict:
 def measure(config: str, mesh: str, rounds: int) -> dict:
     """One (config, mesh) cell: every available engine's step times, interleaved."""
     engines, absent, flops = _engines(config, mesh)
-    batches = _batches(config, 2 + rounds)
+    batches = _batches(config, 2 + 2 * rounds)
     first_loss, first_s = {}, {}
     for name, run in engines.items():  # the first step traces and compiles
         t0 = common.clock()
@@ -257,10 +260,15 @@ def measure(config: str, mesh: str, rounds: int) -> dict:
     for name, run in engines.items():
         run(batches[1])
     times = {name: [] for name in engines}
-    for b in batches[2:]:
+    for k in range(rounds):
+        lead, timed = batches[2 + 2 * k], batches[3 + 2 * k]
         for name, run in engines.items():
+            # Each engine's timed step follows a step of its own, as in a training
+            # loop: a step run right after another library's ran 10-25% slower (its
+            # threads still spinning, its buffers in the caches), whichever engine.
+            run(lead)
             t0 = common.clock()
-            run(b)
+            run(timed)
             times[name].append(common.clock() - t0)
     return {"config": config, "mesh": mesh, "flops": flops, "times_s": times,
             "first_loss": first_loss, "first_step_s": first_s, "absent": absent}

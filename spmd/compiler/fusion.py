@@ -32,7 +32,7 @@ Which equations may join a group is declared by each primitive:
 (``"tanh"``, ``"multiply"``, ``"where"``, ...), beside its definition in
 ``spmd/compiler/ops/elementwise.py``.  A group is a tree: an equation joins its
 consumer's group when its result has exactly that one use and the consumer's
-shape; the root is the equation whose result is used elsewhere (or is a program
+shape, and it comes at most :data:`MAX_ABSORB_DISTANCE` equations before it; the root is the equation whose result is used elsewhere (or is a program
 output).  A group becomes a kernel when its estimated time on one core reaches
 :data:`MIN_KERNEL_NS`: its transcendental ops (:data:`OP_NS` per element: GELU's
 ``tanh``, softmax's ``exp`` over a large operand), and its arithmetic only in
@@ -87,6 +87,12 @@ ARITH_MIN_ELEMENTS = 1 << 20
 # cost little next to its arithmetic, small enough that its operands and scratch
 # buffers stay in a core's L2 cache.
 BLOCK_ELEMENTS = 1 << 16
+
+# A producer joins its consumer's kernel only from at most this many equations
+# before it.  Further apart (a value the forward computes and only the backward
+# reads, such as a custom derivative's), joining would move the producer's work to
+# the consumer and keep all its operands alive until then, instead of its one result.
+MAX_ABSORB_DISTANCE = 64
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BOOL = np.dtype(bool)
@@ -417,7 +423,8 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
         shape = e.outputs[0].aval.shape
         for a in e.inputs:
             j = producer.get(a) if isinstance(a, Var) else None
-            if j is not None and uses.get(a, 0) == 1 and a.aval.shape == shape:
+            if j is not None and uses.get(a, 0) == 1 and a.aval.shape == shape and \
+                    i - j <= MAX_ABSORB_DISTANCE:
                 absorbed.add(j)
     # The groups worth a kernel; the members of the others stay where they are.
     roots = [i for i, op in enumerate(ops) if op is not None and i not in absorbed]

@@ -140,6 +140,27 @@ def test_the_printed_kernel_and_its_groups(forced):
     assert "kernel=(exp(a) - 1.0)" in text and "kernel=((a * a) + a)" in text
 
 
+def test_a_producer_far_before_its_consumer_stays_apart(forced, monkeypatch):
+    """A value computed long before its one reader (the forward's derivative that only
+    the backward reads) is computed where it is, not moved into the reader's kernel
+    (which would keep every operand of its chain alive until then)."""
+    monkeypatch.setattr(fusion, "MAX_ABSORB_DISTANCE", 4)
+    x = np.linspace(-2, 2, 256, dtype=np.float32).reshape(16, 16)
+
+    def f(x):
+        d = snp.exp(x * 0.5) * 3.0        # read only at the end
+        y = x
+        for _ in range(6):                # equations in between
+            y = snp.sin(y)
+        return d * y
+
+    text = spmd.jit(f).lower(x).as_text(executed=True)
+    assert "kernel=(exp((a * 0.5)) * 3.0)" in text, text
+    assert "kernel=((exp" not in text, text
+    want = np.exp(x * 0.5) * 3.0 * np.sin(np.sin(np.sin(np.sin(np.sin(np.sin(x))))))
+    np.testing.assert_allclose(np.asarray(spmd.jit(f)(x)), want, rtol=1e-6)
+
+
 def test_what_is_not_fused(forced):
     x = np.ones((16, 16), np.float32)
     i = np.ones((16, 16), np.int32)
