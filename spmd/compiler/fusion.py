@@ -32,7 +32,8 @@ Which equations may join a group is declared by each primitive:
 (``"tanh"``, ``"multiply"``, ``"where"``, ...), beside its definition in
 ``spmd/compiler/ops/elementwise.py``.  A group is a tree: an equation joins its
 consumer's group when its result has exactly that one use and the consumer's
-shape, and it comes at most :data:`MAX_ABSORB_DISTANCE` equations before it; the root is the equation whose result is used elsewhere (or is a program
+shape, and (when it comes more than :data:`MAX_ABSORB_DISTANCE` equations before it)
+joining keeps none of its operands alive longer; the root is the equation whose result is used elsewhere (or is a program
 output).  A group becomes a kernel when its estimated time on one core reaches
 :data:`MIN_KERNEL_NS`: its transcendental ops (:data:`OP_NS` per element: GELU's
 ``tanh``, softmax's ``exp`` over a large operand), and its arithmetic only in
@@ -88,10 +89,12 @@ ARITH_MIN_ELEMENTS = 1 << 20
 # buffers stay in a core's L2 cache.
 BLOCK_ELEMENTS = 1 << 16
 
-# A producer joins its consumer's kernel only from at most this many equations
-# before it.  Further apart (a value the forward computes and only the backward
-# reads, such as a custom derivative's), joining would move the producer's work to
-# the consumer and keep all its operands alive until then, instead of its one result.
+# A producer more than this many equations before its consumer joins the consumer's
+# kernel only if its group's operands are read there or later anyway.  Otherwise (a
+# value the forward computes and only the backward reads, such as a custom
+# derivative's), joining would move its work to the consumer and keep all its
+# operands alive until then, instead of its one result.  (An optimizer's update
+# reads parameters and moments that live to the end: it still joins.)
 MAX_ABSORB_DISTANCE = 64
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -417,14 +420,16 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
     uses = use_counts(program)
     producer = {e.outputs[0]: i for i, e in enumerate(eqns) if ops[i] is not None}
     absorbed: set = set()  # equations computed inside their consumer's kernel
+    last = _last_uses(program)
     for i, e in enumerate(eqns):
         if ops[i] is None:
             continue
         shape = e.outputs[0].aval.shape
         for a in e.inputs:
             j = producer.get(a) if isinstance(a, Var) else None
-            if j is not None and uses.get(a, 0) == 1 and a.aval.shape == shape and \
-                    i - j <= MAX_ABSORB_DISTANCE:
+            if j is not None and uses.get(a, 0) == 1 and a.aval.shape == shape and (
+                    i - j <= MAX_ABSORB_DISTANCE or
+                    not _outlives(j, i, eqns, producer, absorbed, last)):
                 absorbed.add(j)
     # The groups worth a kernel; the members of the others stay where they are.
     roots = [i for i, op in enumerate(ops) if op is not None and i not in absorbed]
@@ -447,6 +452,31 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
     out_eqns = [_group(i, eqns, ops, producer, absorbed) if i in kept else e
                 for i, e in enumerate(eqns) if i not in inside]
     return ClosedProgram(Program(program.in_vars, out_eqns, program.out_atoms), closed.consts)
+
+
+def _last_uses(program: Program) -> dict:
+    """Each variable's last reader's index (a program output's: past the end)."""
+    last = {}
+    for i, e in enumerate(program.eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                last[a] = i
+    for a in program.out_atoms:
+        if isinstance(a, Var):
+            last[a] = len(program.eqns)
+    return last
+
+
+def _outlives(j: int, i: int, eqns, producer, absorbed, last) -> bool:
+    """Whether computing equation ``j``'s group inside equation ``i`` would keep one of
+    the group's arrays alive past its last reader (it would be read at ``i``); scalars
+    and small arrays cost nothing to keep."""
+    for k in _members(j, eqns, producer, absorbed):
+        for a in eqns[k].inputs:
+            if isinstance(a, Var) and producer.get(a) not in absorbed and \
+                    last.get(a, -1) < i and math.prod(a.aval.shape) >= MIN_ELEMENTS:
+                return True
+    return False
 
 
 def _members(root: int, eqns, producer, absorbed) -> set:

@@ -160,6 +160,17 @@ def test_a_producer_far_before_its_consumer_stays_apart(forced, monkeypatch):
     want = np.exp(x * 0.5) * 3.0 * np.sin(np.sin(np.sin(np.sin(np.sin(np.sin(x))))))
     np.testing.assert_allclose(np.asarray(spmd.jit(f)(x)), want, rtol=1e-6)
 
+    # Operands read at the end anyway (an optimizer's moments): the chain still joins.
+    def g(x, m):
+        d = snp.exp(m * 0.5) * 3.0
+        y = x
+        for _ in range(6):
+            y = snp.sin(y)
+        return d * y, m + y
+
+    text = spmd.jit(g).lower(x, x).as_text(executed=True)
+    assert "kernel=((exp((a * 0.5)) * 3.0) * b)" in text, text
+
 
 def test_what_is_not_fused(forced):
     x = np.ones((16, 16), np.float32)
