@@ -109,11 +109,15 @@ class DeadBuffers:
         names = self.free.get((aval.shape, aval.dtype))
         return names.pop() if names else None
 
-    def release_inputs(self, eqn, names, owned, never_aliases: bool) -> None:
-        for a in eqn.inputs:
+    def release_inputs(self, eqn, names, owned, never_aliases: bool,
+                       aliasing=None) -> None:
+        """The equation has read its inputs.  Its results may share the buffers of
+        all of them unless ``never_aliases`` (of none), or of those at the positions
+        ``aliasing`` only (a ``cond`` whose branches return no view of the others)."""
+        for k, a in enumerate(eqn.inputs):
             if not isinstance(a, Var):
                 continue
-            if not never_aliases:
+            if not never_aliases and (aliasing is None or k in aliasing):
                 self.aliased.add(a)
                 for owner in (a, *self.owners.get(a, ())):
                     self.views.setdefault(owner, set()).update(eqn.outputs)
@@ -136,6 +140,14 @@ class Ownership:
     def consumed(self) -> set:
         """The donated arguments whose buffer now holds a later value."""
         return self.dead.handed_on & self.donated
+
+    def aliases(self, a, args) -> frozenset:
+        """The positions among ``args`` (the program's arguments) whose buffers output
+        ``a`` may share: the argument itself, or one it may be a view of."""
+        if not isinstance(a, Var):
+            return frozenset()
+        owners = self.dead.owners.get(a, ())
+        return frozenset(k for k, v in enumerate(args) if v is a or v in owners)
 
     def exclusive(self, a, outs) -> bool:
         """Whether output ``a``'s buffer is referenced by nothing else: made (or

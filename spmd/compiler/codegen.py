@@ -51,15 +51,18 @@ class Executable:
     may write into those arguments' buffers: ``consumed`` are the donated positions it
     writes into, and ``exclusive[k]`` says whether result ``k`` is a buffer that
     nothing else references (no argument, constant, other result, or view of one),
-    which a caller may donate to its next call (a loop's carry)."""
+    which a caller may donate to its next call (a loop's carry); ``aliases[k]``, the
+    argument positions whose buffers result ``k`` may share (the argument itself
+    returned, or a view of it)."""
 
-    __slots__ = ("fn", "source", "consumed", "exclusive")
+    __slots__ = ("fn", "source", "consumed", "exclusive", "aliases")
 
-    def __init__(self, fn, source: str, consumed=frozenset(), exclusive=()):
+    def __init__(self, fn, source: str, consumed=frozenset(), exclusive=(), aliases=None):
         self.fn = fn
         self.source = source
         self.consumed = frozenset(consumed)
         self.exclusive = tuple(exclusive)
+        self.aliases = tuple(aliases) if aliases is not None else None
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -117,8 +120,10 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
     src += f"    return [{outs}]\n"
     exec(compile(src, f"<spmd:{name}>", "exec"), namespace)
     consumed = {k for k, v in given.items() if v in written.consumed}
+    arg_vars = program.in_vars[n_consts:]
     return Executable(namespace[name], src, consumed,
-                      [written.exclusive(a, program.out_atoms) for a in program.out_atoms])
+                      [written.exclusive(a, program.out_atoms) for a in program.out_atoms],
+                      [written.aliases(a, arg_vars) for a in program.out_atoms])
 
 
 _VALUE_NAME = re.compile(r"\bv\d+\b")
@@ -427,6 +432,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             dead.release_inputs(eqn, names, owned, never_aliases=False)
             continue
         into = flat.view(eqn, names)
+        aliasing = None  # every operand, unless the primitive says which (below)
         if eqn.outputs and eqn.outputs[0] in compact:
             shape = compact[eqn.outputs[0]]
             same = shape == eqn.inputs[0].aval.shape
@@ -470,6 +476,14 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                 fn, taken, exclusive = donate(xp, tuple(given), **eqn.params)
                 dead.handed_on.update(eqn.inputs[k] for k in taken)
                 owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)
+            aliased = prim.rules.get("aliased_operands")
+            if aliased is not None:
+                # The operands its results may share buffers with (a cond's branches
+                # returning an operand or a view of it), and every operand it took
+                # over: the others stay this code's own (a loop's carry read by a
+                # cond stays exclusive, so the loop need not copy it every step).
+                aliasing = frozenset(aliased(xp, tuple(given), **eqn.params)) | \
+                    frozenset(given)
             if target is not None:
                 # Its operand's buffer is this code's alone and read nowhere else:
                 # update it in place (rules["in_place"]) instead of a copy.
@@ -503,7 +517,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
         # (A reduction's result is new whatever its rank: reading a value there leaves
         # no view of it.)
         fresh = fresh or expr.startswith(_FRESH_CALLS)
-        dead.release_inputs(eqn, names, owned, never_aliases=fresh)
+        dead.release_inputs(eqn, names, owned, never_aliases=fresh, aliasing=aliasing)
         if prim.multiple_results:
             lhs = (", ".join(outs) + ",") if outs else "_"
         else:

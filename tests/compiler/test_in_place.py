@@ -269,6 +269,90 @@ def test_a_cond_returning_its_operand_twice():
     assert not a0.any()
 
 
+def _loop_copies(fn, *args):
+    """The carries the scan of ``fn`` copies every step (its ``recopy``), and its
+    results."""
+    from spmd.compiler.ops import control_loops
+
+    seen = []
+    orig = control_loops._donated_body
+
+    def spy(program, xp, first, n):
+        out = orig(program, xp, first, n)
+        seen.append(out[2])
+        return out
+
+    control_loops._donated_body = spy
+    try:
+        got = spmd.jit(fn)(*args)
+    finally:
+        control_loops._donated_body = orig
+    return seen, got
+
+
+def test_a_carry_a_cond_only_reads_is_not_copied_every_step():
+    """A pipeline's buffer of inputs: the step writes a slot in place, a cond reads a
+    slot (a fresh result), and the buffer goes on as the carry.  The cond's branches
+    return no view of it, so it stays the loop's own: no copy per step."""
+    def body(c, i):
+        buf, total = c
+        buf = buf.at[i % 4].set(snp.full((3,), i, np.float32))
+        y = lax.cond(i % 2 == 0, lambda b: b[i % 4] * 2.0, lambda b: b[0] + 1.0, buf)
+        return (buf, total + y), y
+
+    buf0 = np.zeros((4, 3), np.float32)
+    copies, ((buf, total), ys) = _loop_copies(
+        lambda b: lax.scan(body, (b, np.zeros(3, np.float32)), np.arange(6)), buf0)
+    assert copies == [()], copies
+    want, wtotal, wys = buf0.copy(), np.zeros(3, np.float32), []
+    for i in range(6):
+        want[i % 4] = i
+        y = want[i % 4] * 2.0 if i % 2 == 0 else want[0] + 1.0
+        wtotal, _ = wtotal + y, wys.append(y)
+    np.testing.assert_array_equal(np.asarray(buf), want)
+    np.testing.assert_array_equal(np.asarray(total), wtotal)
+    np.testing.assert_array_equal(np.asarray(ys), np.stack(wys))
+    assert not buf0.any()
+
+
+@pytest.mark.parametrize("branch", ["view", "passthrough", "fresh"])
+def test_a_cond_returning_a_view_of_a_carry_keeps_its_value(branch):
+    """One branch returns the carry or a view of it: the carry is then shared, and its
+    update in place later in the step must not reach the cond's result (the loop
+    copies it, or updates a copy)."""
+    pick = {"view": lambda b: b.reshape(-1)[:3].reshape(3),
+            "passthrough": lambda b: b[0],
+            "fresh": lambda b: b[0] * 1.0}[branch]
+
+    def body(buf, i):
+        y = lax.cond(i >= 0, pick, lambda b: b[1] * 1.0, buf)
+        buf = buf.at[0].set(buf[0] + 10.0)  # after the cond read it
+        return buf, y
+
+    buf0 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    copies, (buf, ys) = _loop_copies(lambda b: lax.scan(body, b, np.arange(3)), buf0)
+    want = buf0.copy()
+    wys = []
+    for _ in range(3):
+        wys.append(want[0].copy())
+        want[0] += 10.0
+    np.testing.assert_array_equal(np.asarray(ys), np.stack(wys))
+    np.testing.assert_array_equal(np.asarray(buf), want)
+    np.testing.assert_array_equal(buf0, np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_executables_name_the_arguments_their_results_may_share():
+    from spmd.compiler.jit import executable_for
+
+    def f(a, b, c):
+        return a, b.reshape(-1), c * 2.0, a + 1.0
+
+    closed = spmd.make_jaxpr(f)(np.ones(3, np.float32), np.ones((2, 2), np.float32),
+                                np.ones(3, np.float32))
+    exe = executable_for(closed)
+    assert exe.aliases == (frozenset({0}), frozenset({1}), frozenset(), frozenset())
+
+
 def test_swapped_carries_never_write_the_callers_buffers():
     """``(a, b) -> (b, 2 a)``: the body doubles ``a`` into ``a``'s own buffer, and the
     next step's ``a`` is this step's ``b``.  Only carries the loop copied may be

@@ -278,6 +278,20 @@ def _cond_donated(xp, donated, *, branches):
 cond_p.rules["donated_impl"] = _cond_donated
 
 
+def _cond_aliased(xp, donated, *, branches):
+    """The positions among the equation's inputs (the index first) whose buffers a
+    result may share: an operand some branch returns, or a view of it (the branches as
+    the impl runs them, compiled with the operands at ``donated`` handed over)."""
+    from spmd.compiler.jit import executable_for
+
+    exes = [executable_for(b, xp, donated=tuple(k - 1 for k in donated)) if donated
+            else executable_for(b, xp) for b in branches]
+    return frozenset(k + 1 for e in exes for out in e.aliases for k in out)
+
+
+cond_p.rules["aliased_operands"] = _cond_aliased
+
+
 @cond_p.def_abstract_eval
 def _cond_abstract_eval(index, *operands, branches):
     if index.shape != () or not dtypes.is_int(index.dtype):
