@@ -244,9 +244,15 @@ def cond_bind(index, *operands, branches):
 
 @cond_p.def_impl
 def _cond_impl(xp, index, *operands, branches):
+    return _executable(branches[branch_index(index, len(branches))], xp)(*operands)
+
+
+def _executable(branch, xp, donated=()):
+    """A branch's compiled code (the jit layer's cache; imported here, as the jit
+    module imports the primitives)."""
     from spmd.compiler.jit import executable_for
 
-    return executable_for(branches[branch_index(index, len(branches))], xp)(*operands)
+    return executable_for(branch, xp, donated=donated)
 
 
 def branch_index(index, n: int) -> int:
@@ -261,9 +267,7 @@ def _cond_donated(xp, donated, *, branches):
     branch may update them in place (a gradient accumulated into a loop's carry).
     Returns ``(impl, consumed positions, exclusive results)``: a result is exclusive
     when it is in every branch."""
-    from spmd.compiler.jit import executable_for
-
-    exes = [executable_for(b, xp, donated=tuple(k - 1 for k in donated)) for b in branches]
+    exes = [_executable(b, xp, tuple(k - 1 for k in donated)) for b in branches]
     consumed = frozenset(k + 1 for e in exes for k in e.consumed)
     exclusive = tuple(all(e.exclusive[k] for e in exes)
                       for k in range(len(branches[0].out_avals)))
@@ -282,10 +286,7 @@ def _cond_aliased(xp, donated, *, branches):
     """The positions among the equation's inputs (the index first) whose buffers a
     result may share: an operand some branch returns, or a view of it (the branches as
     the impl runs them, compiled with the operands at ``donated`` handed over)."""
-    from spmd.compiler.jit import executable_for
-
-    exes = [executable_for(b, xp, donated=tuple(k - 1 for k in donated)) if donated
-            else executable_for(b, xp) for b in branches]
+    exes = [_executable(b, xp, tuple(k - 1 for k in donated)) for b in branches]
     return frozenset(k + 1 for e in exes for out in e.aliases for k in out)
 
 
