@@ -33,8 +33,8 @@ Which equations may join a group is declared by each primitive:
 ``spmd/compiler/ops/elementwise.py``.  A group is a tree: an equation joins its
 consumer's group when its result has exactly that one use and the consumer's
 shape, and (when it comes more than :data:`MAX_ABSORB_DISTANCE` equations before it)
-joining keeps none of its operands alive longer; the root is the equation whose result is used elsewhere (or is a program
-output).  A group becomes a kernel when its estimated time on one core reaches
+joining keeps none of its operands alive longer; the root is the equation whose
+result is used elsewhere (or is a program output).  A group becomes a kernel when its estimated time on one core reaches
 :data:`MIN_KERNEL_NS`: its transcendental ops (:data:`OP_NS` per element: GELU's
 ``tanh``, softmax's ``exp`` over a large operand), and its arithmetic only in
 results of a million elements or more (below that a chain of arithmetic is
