@@ -151,7 +151,9 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
         count = safe_int32_increment(state.count)
         mu_hat = _bias_correction(mu, b1, count)
         nu_hat = _bias_correction(nu, b2, count)
-        out = _map(lambda m, v: m / (snp.sqrt(v + eps_root) + eps), mu_hat, nu_hat)
+        # (Without eps_root, no pass adding 0.0: v is never -0.0, so the same bits.)
+        root = (lambda v: snp.sqrt(v + eps_root)) if eps_root else snp.sqrt
+        out = _map(lambda m, v: m / (root(v) + eps), mu_hat, nu_hat)
         return out, ScaleByAdamState(count, _keep(mu, state.mu), _keep(nu, state.nu))
 
     return GradientTransformation(init, update)
