@@ -308,7 +308,8 @@ def test_a_carry_a_cond_only_reads_is_not_copied_every_step():
     for i in range(6):
         want[i % 4] = i
         y = want[i % 4] * 2.0 if i % 2 == 0 else want[0] + 1.0
-        wtotal, _ = wtotal + y, wys.append(y)
+        wtotal = wtotal + y
+        wys.append(y)
     np.testing.assert_array_equal(np.asarray(buf), want)
     np.testing.assert_array_equal(np.asarray(total), wtotal)
     np.testing.assert_array_equal(np.asarray(ys), np.stack(wys))
@@ -330,7 +331,7 @@ def test_a_cond_returning_a_view_of_a_carry_keeps_its_value(branch):
         return buf, y
 
     buf0 = np.arange(6, dtype=np.float32).reshape(2, 3)
-    copies, (buf, ys) = _loop_copies(lambda b: lax.scan(body, b, np.arange(3)), buf0)
+    _, (buf, ys) = _loop_copies(lambda b: lax.scan(body, b, np.arange(3)), buf0)
     want = buf0.copy()
     wys = []
     for _ in range(3):
