@@ -102,9 +102,14 @@ _GELU_C = math.sqrt(2 / math.pi)
 _GELU_A = 0.044715
 
 
+def _gelu_th(x, x2):
+    """The tanh of gelu's approximation, given ``x2 = x * x``."""
+    return snp.tanh(_GELU_C * (x + _GELU_A * (x2 * x)))
+
+
 @custom_jvp
 def _gelu_tanh(x):
-    return 0.5 * x * (1 + snp.tanh(_GELU_C * (x + _GELU_A * (x * x * x))))
+    return 0.5 * x * (1 + _gelu_th(x, x * x))
 
 
 @_gelu_tanh.defjvp
@@ -112,10 +117,10 @@ def _gelu_tanh_jvp(primals, tangents):
     # The derivative in closed form, from the forward's tanh: the backward is one
     # product with it, where differentiating the composition made some twenty passes
     # over the activation (the cube's product rule alone seven).  The value is the
-    # forward's, computed the same way (x * x * x is (x * x) * x).
+    # forward's, computed by the same operations.
     (x,), (t,) = primals, tangents
     x2 = x * x
-    th = snp.tanh(_GELU_C * (x + _GELU_A * (x2 * x)))
+    th = _gelu_th(x, x2)
     half_x, one_th = 0.5 * x, 1 + th
     dy = 0.5 * one_th + half_x * (1 - th * th) * (_GELU_C + 3 * _GELU_A * _GELU_C * x2)
     return half_x * one_th, dy * t

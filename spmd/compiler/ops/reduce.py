@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from spmd.compiler import dtypes
@@ -60,9 +62,10 @@ def _sum_plan(shape, dtype, axes):
     if np.dtype(dtype) not in _BLAS_SUM_DTYPES or not axes or \
             tuple(axes) != tuple(range(axes[0], axes[-1] + 1)):
         return None
-    pre = int(np.prod(shape[:axes[0]], dtype=np.int64))
-    m = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
-    post = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    # (math.prod: exact on ints and cheap, as this runs on every eager sum.)
+    pre = math.prod(shape[:axes[0]])
+    m = math.prod(shape[axes[0]:axes[-1] + 1])
+    post = math.prod(shape[axes[-1] + 1:])
     if not 1 < m <= BLAS_SUM_MAX or pre * post == 0:
         return None
     return pre, m, post
