@@ -458,6 +458,8 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
         fresh = "fresh_result" in prim.traits
         if fresh and array_result and into is None:
             owned.add(eqn.outputs[0])
+        elif fresh and prim.multiple_results:  # a fused kernel's new arrays
+            owned.update(o for o in eqn.outputs if o.aval.ndim)
         if into is not None and expr is not None and f"out={into}" in expr:
             into = None  # written in place
         if expr is None:

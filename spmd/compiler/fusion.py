@@ -5,8 +5,8 @@ Generated numpy code makes one call per equation, each a full pass over its
 operands on one core (GELU's tanh approximation is 8 of them, AdamW's update a
 dozen).  This pass, run on programs lowered for execution, groups elementwise
 equations into one ``fused_elementwise`` equation whose parameter is a
-:class:`Kernel`, an expression tree over the group's inputs.  On numpy the kernel
-runs the tree's numpy functions block by block: the result is cut into blocks of
+:class:`Kernel`, a graph of expressions over the group's inputs.  On numpy the
+kernel runs its numpy functions block by block: the result is cut into blocks of
 rows that fit in a core's cache (:data:`BLOCK_ELEMENTS`), every function of the
 chain runs on one block (writing into scratch buffers, ``out=``) before the next
 block starts, and the blocks are shared among threads (numpy releases the GIL in
@@ -30,27 +30,33 @@ numpy calls keep numpy's fast loops and need no compiler.
 Which equations may join a group is declared by each primitive:
 ``rules["kernel_op"]`` names the numpy function that computes it on floats
 (``"tanh"``, ``"multiply"``, ``"where"``, ...), beside its definition in
-``spmd/compiler/ops/elementwise.py``.  A group is a tree: an equation joins its
-consumer's group when its result has exactly that one use and the consumer's
-shape, and (when it comes more than :data:`MAX_ABSORB_DISTANCE` equations before it)
-joining keeps none of its operands alive longer; the root is the equation whose
-result is used elsewhere (or is a program output).  A group becomes a kernel when its estimated time on one core reaches
-:data:`MIN_KERNEL_NS`: its transcendental ops (:data:`OP_NS` per element: GELU's
-``tanh``, softmax's ``exp`` over a large operand), and its arithmetic only in
-results of a million elements or more (below that a chain of arithmetic is
-memory-bound, threads gain little and the unfused code's in-place buffers are
-lost); every program stays as it was when threads cannot help.
+``spmd/compiler/ops/elementwise.py``.  A group is a graph of equations of one
+shape, computed where its last member was: an equation joins the group of each
+producer of its operands unless an equation outside the group reads one of the
+group's values in between (it would run before the value exists) or (for a
+producer more than :data:`MAX_ABSORB_DISTANCE` equations before) moving its group
+would keep one of its operands alive longer.  A value read twice inside is computed once
+(GELU's ``x`` and ``tanh``); a value read outside is one of the kernel's outputs (a
+custom derivative beside the value: GELU's forward and its derivative are one
+kernel with two results).  A group becomes a kernel when its estimated time on one
+core reaches :data:`MIN_KERNEL_NS`: its transcendental ops (:data:`OP_NS` per
+element: GELU's ``tanh``, softmax's ``exp`` over a large operand), and its
+arithmetic only in results of a million elements or more (below that a chain of
+arithmetic alone is memory-bound, threads gain little and the unfused code's
+in-place buffers are lost); every program stays as it was when threads cannot help.
 ``spmd.config.update("fuse_elementwise", False)`` (or
 ``SPMD_FUSE_ELEMENTWISE=0``) turns the pass off for programs compiled after.
 
-On CuPy the same tree is one ``ElementwiseKernel`` (:func:`c_operation`: one
-launch for the group instead of one per equation; CUDA may contract ``a * b + c``
+On CuPy the same group is one ``ElementwiseKernel`` (:func:`c_operation`: one
+launch for the group instead of one per equation, a shared value a local of the
+kernel; CUDA may contract ``a * b + c``
 into one fused multiply-add, so a GPU kernel's numbers can differ from the unfused
 ones by float rounding); on another array module, the member equations' own
 implementations, in order.  ``Lowered.as_text(executed=True)`` shows each group as one
-equation::
+equation, a shared value bound once (``let t0 = ... in``)::
 
     c:f32[2048,1024] = fused_elementwise[kernel=((0.5 * a) * (1.0 + tanh(...)))] a
+    d:f32[64,256] e:f32[64,256] = fused_elementwise[kernel=let t0 = tanh(a) in ((t0 * b), (1.0 - (t0 * t0)))] a b
 """
 
 from __future__ import annotations
@@ -62,7 +68,6 @@ import threading
 import numpy as np
 
 from spmd.compiler.avals import ShapedArray
-from spmd.compiler.fold import use_counts
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.threads import POOL
@@ -100,39 +105,58 @@ MAX_ABSORB_DISTANCE = 64
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BOOL = np.dtype(bool)
 _COMPARISONS = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
-# How a tree prints: infix for arithmetic and comparisons, a call otherwise.
+# How a node prints: infix for arithmetic and comparisons, a call otherwise.
 _INFIX = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "power": "**",
           "less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=",
           "equal": "==", "not_equal": "!="}
 
 
 class Kernel:
-    """One fused group: ``tree`` over the group's inputs, of dtypes ``in_dtypes``.
+    """One fused group: ``nodes`` over the group's inputs (of dtypes ``in_dtypes``),
+    ``outputs`` the nodes whose values leave the kernel.
 
-    A node of ``tree`` is ``("in", i)``, ``("const", value)`` (a numpy 0-d array
-    of the literal's dtype, as the unfused code binds it) or
-    ``(op, primitive, params, children, dtype)``.  Hashable, and compared by its printed
-    expression and types (it is a parameter of an equation, so a cache key).
+    ``nodes`` are the member equations in program order, each
+    ``(op, primitive, params, args, dtype)``; an argument is ``("in", i)``,
+    ``("const", value)`` (a numpy 0-d array of the literal's dtype, as the unfused
+    code binds it) or ``("node", k)``, an earlier node's value (read by as many
+    nodes as read it: a group is a graph, not only a tree).  Hashable, and compared by
+    its printed form and types (it is a parameter of an equation, so a cache key).
     """
 
-    __slots__ = ("tree", "in_dtypes", "shape", "dtype", "_text")
+    __slots__ = ("nodes", "outputs", "in_dtypes", "shape", "out_dtypes", "_text")
 
-    def __init__(self, tree, in_dtypes, shape, dtype):
-        self.tree = tree
-        self.in_dtypes, self.shape, self.dtype = tuple(in_dtypes), tuple(shape), np.dtype(dtype)
-        self._text = _render(tree)
+    def __init__(self, nodes, outputs, in_dtypes, shape):
+        self.nodes, self.outputs = tuple(nodes), tuple(outputs)
+        self.in_dtypes, self.shape = tuple(in_dtypes), tuple(shape)
+        self.out_dtypes = tuple(np.dtype(self.nodes[k][4]) for k in self.outputs)
+        self._text = _render(self)
 
     def __repr__(self) -> str:
         return self._text
 
     def _key(self):
-        return (self._text, self.in_dtypes, self.shape, self.dtype)
+        return (self._text, self.in_dtypes, self.shape, self.out_dtypes)
 
     def __hash__(self) -> int:
         return hash(self._key())
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Kernel) and self._key() == other._key()
+
+    def reads(self) -> list:
+        """How many nodes read each node."""
+        n = [0] * len(self.nodes)
+        for node in self.nodes:
+            for a in node[3]:
+                if a[0] == "node":
+                    n[a[1]] += 1
+        return n
+
+    def shared(self) -> list:
+        """The nodes computed once and read by name: read twice or more, or read and
+        also an output."""
+        reads, outs = self.reads(), set(self.outputs)
+        return [k for k in range(len(self.nodes)) if reads[k] > 1 or (reads[k] and k in outs)]
 
 
 def _letters(i: int) -> str:
@@ -143,45 +167,61 @@ def _letters(i: int) -> str:
     return s
 
 
-def _render(node) -> str:
-    if node[0] == "in":
-        return _letters(node[1])
-    if node[0] == "const":
-        return repr(node[1].item())
-    op, _, params, children, _ = node
-    args = [_render(c) for c in children]
-    if op in _INFIX:
-        return f"({args[0]} {_INFIX[op]} {args[1]})"
-    if op == "integer_pow":
-        return f"({args[0]} ** {params['y']})"
-    if op == "where":  # select_n(pred, on_false, on_true)
-        return f"where({args[0]}, {args[2]}, {args[1]})"
-    return f"{op}({', '.join(args)})"
+def _render(kernel: Kernel) -> str:
+    """Infix expressions over the inputs ``a, b, ...``; a shared node is bound once
+    (``let t0 = ... in ...``); several outputs print as a tuple."""
+    names = {k: f"t{n}" for n, k in enumerate(kernel.shared())}
+
+    def arg(a) -> str:
+        if a[0] == "in":
+            return _letters(a[1])
+        if a[0] == "const":
+            return repr(a[1].item())
+        return names.get(a[1]) or expr(a[1])
+
+    def expr(k) -> str:
+        op, _, params, args, _ = kernel.nodes[k]
+        xs = [arg(a) for a in args]
+        if op in _INFIX:
+            return f"({xs[0]} {_INFIX[op]} {xs[1]})"
+        if op == "integer_pow":
+            return f"({xs[0]} ** {params['y']})"
+        if op == "where":  # select_n(pred, on_false, on_true)
+            return f"where({xs[0]}, {xs[2]}, {xs[1]})"
+        return f"{op}({', '.join(xs)})"
+
+    outs = [names.get(k) or expr(k) for k in kernel.outputs]
+    body = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
+    lets = "; ".join(f"{names[k]} = {expr(k)}" for k in names)
+    return f"let {lets} in {body}" if lets else body
 
 
 # ------------------------------------------------------------------ the primitive
 
-fused_p = Primitive("fused_elementwise", traits=("fresh_result",))
+fused_p = Primitive("fused_elementwise", traits=("fresh_result",), multiple_results=True)
+
+
+def _evaluate(kernel: Kernel, args, xp) -> list:
+    """The kernel's output values, each node by its primitive's impl (the unfused
+    program's code, in order)."""
+    values = []
+    for op, prim, params, node_args, _ in kernel.nodes:
+        xs = [args[a[1]] if a[0] == "in" else values[a[1]] if a[0] == "node" else
+              a[1] if xp is np else xp.asarray(a[1]) for a in node_args]
+        values.append(prim.impl(xp, *xs, **params))
+    return [values[k] for k in kernel.outputs]
 
 
 @fused_p.def_impl
 def _fused_impl(xp, *args, kernel):
     """The member equations' own implementations, in order (the unfused program)."""
-    def run(node):
-        if node[0] == "in":
-            return args[node[1]]
-        if node[0] == "const":
-            return node[1] if xp is np else xp.asarray(node[1])
-        _, prim, params, children, _ = node
-        return prim.impl(xp, *[run(c) for c in children], **params)
-
-    out = run(kernel.tree)
-    return out if out.shape == kernel.shape else xp.broadcast_to(out, kernel.shape).copy()
+    return [out if out.shape == kernel.shape else xp.broadcast_to(out, kernel.shape).copy()
+            for out in _evaluate(kernel, args, xp)]
 
 
 @fused_p.def_abstract_eval
 def _fused_aval(*avals, kernel):
-    return ShapedArray(kernel.shape, kernel.dtype)
+    return [ShapedArray(kernel.shape, dt) for dt in kernel.out_dtypes]
 
 
 def _bind_impl(xp, *, kernel):
@@ -208,46 +248,62 @@ _C = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})"
 _C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", _BOOL: "bool"}
 
 
+def out_names(kernel: Kernel) -> list:
+    """The CuPy kernel's output parameters: ``out``, or ``out0, out1, ...``."""
+    n = len(kernel.outputs)
+    return ["out"] if n == 1 else [f"out{j}" for j in range(n)]
+
+
 def c_operation(kernel: Kernel) -> str:
-    """The kernel's tree as one C assignment to ``out`` over inputs ``x0, x1, ...``.
+    """The kernel as C statements over inputs ``x0, x1, ...``: a shared node is a
+    local ``t0, t1, ...``, each output one assignment (:func:`out_names`).
 
     >>> c_operation(kernel)  # doctest: +SKIP
     'out = ((x0 * ((float)2.0)) + tanh(x1))'
     """
-    def render(node) -> str:
-        if node[0] == "in":
-            return f"x{node[1]}"
-        if node[0] == "const":
-            v = node[1]
+    names = {k: f"t{n}" for n, k in enumerate(kernel.shared())}
+
+    def arg(a) -> str:
+        if a[0] == "in":
+            return f"x{a[1]}"
+        if a[0] == "const":
+            v = a[1]
             if v.dtype == _BOOL:
                 return "true" if bool(v) else "false"
             return f"(({_C_TYPES[v.dtype]}){float(v)!r})"
-        op, _, params, children, dtype = node
-        args = [render(c) for c in children]
-        t = _C_TYPES[dtype]
+        return names.get(a[1]) or expr(a[1])
+
+    def expr(k) -> str:
+        op, _, params, node_args, dtype = kernel.nodes[k]
+        xs = [arg(a) for a in node_args]
+        t = _C_TYPES[np.dtype(dtype)]
         if op == "where":  # select_n(pred, on_false, on_true)
-            return f"({args[0]} ? {args[2]} : {args[1]})"
+            return f"({xs[0]} ? {xs[2]} : {xs[1]})"
         if op == "rsqrt":  # as its impl: 1 / sqrt(x)
-            return f"(({t})1 / sqrt({args[0]}))"
+            return f"(({t})1 / sqrt({xs[0]}))"
         if op == "integer_pow":  # as its impl: x * x for 2, else pow
             y = params["y"]
-            return f"({args[0]} * {args[0]})" if y == 2 else f"pow({args[0]}, ({t}){y})"
-        return _C[op].format(*args)
+            return f"({xs[0]} * {xs[0]})" if y == 2 else f"pow({xs[0]}, ({t}){y})"
+        return _C[op].format(*xs)
 
-    return f"out = {render(kernel.tree)}"
+    lets = [f"{_C_TYPES[np.dtype(kernel.nodes[k][4])]} {names[k]} = {expr(k)}"
+            for k in names]
+    outs = [f"{o} = {names.get(k) or expr(k)}" for o, k in zip(out_names(kernel),
+                                                              kernel.outputs)]
+    return "; ".join(lets + outs)
 
 
 def _elementwise_kernel(xp, kernel: Kernel):
     ins = ", ".join(f"{d.name} x{i}" for i, d in enumerate(kernel.in_dtypes))
+    outs = ", ".join(f"{d.name} {o}" for d, o in zip(kernel.out_dtypes, out_names(kernel)))
     name = "spmd_fused_" + format(hash(kernel) & 0xFFFFFFFF, "08x")
-    compiled = xp.ElementwiseKernel(ins, f"{kernel.dtype.name} out", c_operation(kernel),
-                                    name)
-    shape, dtype = kernel.shape, kernel.dtype
+    compiled = xp.ElementwiseKernel(ins, outs, c_operation(kernel), name)
+    shape, dtypes = kernel.shape, kernel.out_dtypes
 
     def run(*args):
-        out = xp.empty(shape, dtype)
-        compiled(*args, out)
-        return out
+        results = [xp.empty(shape, d) for d in dtypes]
+        compiled(*args, *results)
+        return results
 
     return run
 
@@ -287,7 +343,7 @@ class BlockedKernel:
 
     def __call__(self, *args):
         k = self.kernel
-        out = np.empty(k.shape, k.dtype)
+        outs = [np.empty(k.shape, d) for d in k.out_dtypes]
         lead, step = self.lead, self.rows_per_block
         rows = k.shape[lead]
         head = (0,) * lead
@@ -300,11 +356,12 @@ class BlockedKernel:
             def go():
                 for i0 in chunk:
                     sl = head + (slice(i0, min(i0 + step, rows)),)
-                    self.block([a[sl] if f else a for a, f in zip(args, full)], out[sl])
+                    self.block([a[sl] if f else a for a, f in zip(args, full)],
+                               [o[sl] for o in outs])
             return go
 
         POOL.run([part(starts[j:j + per]) for j in range(0, len(starts), per)])
-        return out
+        return outs
 
 
 def _scratch_buffer(slot: int, like, dtype):
@@ -323,40 +380,50 @@ def _scratch_buffer(slot: int, like, dtype):
 
 
 def _compile_block(kernel: Kernel):
-    """``block(x, out)``: the tree's numpy calls on one block (inputs ``x``), the
-    root writing into ``out``.  Intermediate results go to this thread's scratch
-    buffers; a parent writes into a child's buffer of its dtype (elementwise, so in
-    place), except ``where``, which writes its first case before reading the other."""
-    lines, ns = [], {"np": np, "_buf": _scratch_buffer}
-    n_slots = [0]
-    free: dict = {}  # dtype -> scratch slots no longer read
+    """``block(x, o)``: the nodes' numpy calls on one block (inputs ``x``), each output
+    node writing into its block ``o[j]`` of the results.  Other nodes write into
+    this thread's scratch buffers; a node writes into the buffer of an operand of its
+    dtype that no later node reads (elementwise, so in place), except ``where``, which
+    writes its first case before reading the other; a buffer no later node reads is
+    free for the next node that needs one."""
+    ns = {"np": np, "_buf": _scratch_buffer}
+    last = {}  # node -> the last node reading it
+    for k, node in enumerate(kernel.nodes):
+        for a in node[3]:
+            if a[0] == "node":
+                last[a[1]] = k
+    out_of = {k: j for j, k in enumerate(kernel.outputs)}
+    where, slots, free, lines = {}, [], {}, []  # node -> (name, slot); slot dtypes
 
-    def emit(node, dest=None):
-        """The code of ``node``; returns its name and scratch slot (None for ``out``,
-        an input or a constant)."""
-        if node[0] == "in":
-            return f"x[{node[1]}]", None
-        if node[0] == "const":
+    def arg(a) -> str:
+        if a[0] == "in":
+            return f"x[{a[1]}]"
+        if a[0] == "const":
             name = f"k{len(ns)}"
-            ns[name] = node[1]
-            return name, None
-        op, prim, params, children, dtype = node
-        kids = [emit(c) for c in children]
-        args = [k[0] for k in kids]
-        mine = None
-        if dest is None:
-            reusable = [k[1] for k in kids if k[1] is not None and k[1][1] == dtype]
-            if reusable and op != "where":
-                mine = reusable[0]
+            ns[name] = a[1]
+            return name
+        return where[a[1]][0]
+
+    for k, (op, prim, params, node_args, dtype) in enumerate(kernel.nodes):
+        dtype = np.dtype(dtype)
+        args = [arg(a) for a in node_args]
+        dying = {where[a[1]][1] for a in node_args if a[0] == "node" and last[a[1]] == k
+                 and where[a[1]][1] is not None}
+        slot = None
+        if k in out_of:
+            dest = f"o[{out_of[k]}]"
+        else:
+            mine = [s for s in sorted(dying) if slots[s] == dtype] if op != "where" else []
+            if mine:
+                slot = mine[0]
+            elif free.get(dtype):
+                slot = free[dtype].pop()
             else:
-                pool = free.get(dtype)
-                mine = (pool.pop(), dtype) if pool else (n_slots[0], dtype)
-                n_slots[0] += mine[0] == n_slots[0]
-            dest = f"t{mine[0]}"
-            lines.append(f"{dest} = _buf({mine[0]}, out, {dtype.name!r})")
-        for k in kids:
-            if k[1] is not None and k[1] != mine:
-                free.setdefault(k[1][1], []).append(k[1][0])
+                slot = len(slots)
+                slots.append(dtype)
+            dest = f"t{slot}"
+        for s in dying - {slot}:
+            free.setdefault(slots[s], []).append(s)
         if op == "where":  # select_n(pred, on_false, on_true)
             lines.append(f"np.copyto({dest}, {args[1]}); "
                          f"np.copyto({dest}, {args[2]}, where={args[0]})")
@@ -368,10 +435,11 @@ def _compile_block(kernel: Kernel):
             lines.append(f"np.copyto({dest}, {fn}({args[0]}))")
         else:
             lines.append(f"np.{op}({', '.join(args)}, out={dest})")
-        return dest, mine
-
-    emit(kernel.tree, "out")
-    src = "def block(x, out):\n" + "".join(f"    {ln}\n" for ln in lines)
+        where[k] = (dest, slot)
+        if slot is not None and k not in last:  # read by no node (never: a safeguard)
+            free.setdefault(dtype, []).append(slot)
+    head = [f"t{s} = _buf({s}, o[0], {d.name!r})" for s, d in enumerate(slots)]
+    src = "def block(x, o):\n" + "".join(f"    {ln}\n" for ln in head + lines)
     exec(compile(src, "<spmd:kernel>", "exec"), ns)
     return ns["block"]
 
@@ -403,10 +471,10 @@ def _kernel_op(eqn, min_elements: int):
 
 def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
                      min_kernel_ns: float | None = None) -> ClosedProgram:
-    """Group the elementwise chains of ``closed`` into ``fused_elementwise`` equations
-    (see the module docstring): groups whose estimated time (:data:`OP_NS`) is at
-    least ``min_kernel_ns``; ``min_kernel_ns=0`` makes every group of two or more
-    equations a kernel.
+    """Group the elementwise equations of ``closed`` into ``fused_elementwise``
+    equations (see the module docstring): groups whose estimated time
+    (:data:`OP_NS`) is at least ``min_kernel_ns``; ``min_kernel_ns=0`` makes every
+    group of two or more equations a kernel.
 
     >>> fused = fuse_elementwise(lowered)  # doctest: +SKIP
     """
@@ -417,102 +485,105 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
     ops = [_kernel_op(e, min_elements) for e in eqns]
     if all(op is None for op in ops):
         return closed
-    uses = use_counts(program)
+    readers = _readers(program)
+    last = {a: r[-1] for a, r in readers.items()}
     producer = {e.outputs[0]: i for i, e in enumerate(eqns) if ops[i] is not None}
-    absorbed: set = set()  # equations computed inside their consumer's kernel
-    last = _last_uses(program)
+    # Groups grow in program order: equation i joins (or takes in) the group of each
+    # producer of its operands, and the group is computed where i is (its last member),
+    # so every group's members come no later than the equation at hand.
+    group_of: dict = {}  # equation -> the last member of its group (the group's name)
+    groups: dict = {}  # group name -> its members
     for i, e in enumerate(eqns):
         if ops[i] is None:
             continue
+        group_of[i], groups[i] = i, {i}
         shape = e.outputs[0].aval.shape
         for a in e.inputs:
             j = producer.get(a) if isinstance(a, Var) else None
-            if j is not None and uses.get(a, 0) == 1 and a.aval.shape == shape and (
-                    i - j <= MAX_ABSORB_DISTANCE or
-                    not _outlives(j, i, eqns, producer, absorbed, last)):
-                absorbed.add(j)
-    # The groups worth a kernel; the members of the others stay where they are.
-    roots = [i for i, op in enumerate(ops) if op is not None and i not in absorbed]
-    kept: dict = {}
-    for i in roots:
-        members = _members(i, eqns, producer, absorbed)
+            if j is None or a.aval.shape != shape or group_of[j] == i:
+                continue
+            theirs = groups[group_of[j]]
+            if _may_compute_at(i, j, theirs, groups[i], eqns, producer, readers, last):
+                for k in groups.pop(group_of[j]):
+                    group_of[k] = i
+                groups[i] |= theirs
+    kept = {}
+    for root, members in groups.items():
         # The heavy ops count; arithmetic only over large operands: below that it is
         # memory-bound, gains little from threads and loses the unfused code's in-place
         # buffers (measured: an SGD update of 0.4 M weights 0.15 ms unfused, 0.9 ms as
         # a kernel; over 2 M elements a kernel of 2-4 arithmetic ops was 1.6-2.3x
         # faster than numpy's calls, which allocate a fresh result each).
-        size = math.prod(eqns[i].outputs[0].aval.shape)
+        size = math.prod(eqns[root].outputs[0].aval.shape)
         arith = OP_NS_ARITH if size >= ARITH_MIN_ELEMENTS else 0.0
         ns = size * sum(OP_NS.get(ops[j], arith) for j in members)
         if (ns >= min_kernel_ns > 0) or (min_kernel_ns <= 0 and len(members) > 1):
-            kept[i] = members
+            kept[root] = _group(sorted(members), eqns, ops, readers)
     if not kept:
         return closed
-    inside = set().union(*kept.values()) - set(kept)
-    out_eqns = [_group(i, eqns, ops, producer, absorbed) if i in kept else e
-                for i, e in enumerate(eqns) if i not in inside]
+    inside = set().union(*(groups[r] for r in kept))
+    out_eqns = [kept[i] if i in kept else e for i, e in enumerate(eqns)
+                if i in kept or i not in inside]
     return ClosedProgram(Program(program.in_vars, out_eqns, program.out_atoms), closed.consts)
 
 
-def _last_uses(program: Program) -> dict:
-    """Each variable's last reader's index (a program output's: past the end)."""
-    last = {}
+def _readers(program: Program) -> dict:
+    """Each variable's readers' indices, in order (a program output's: past the end)."""
+    readers: dict = {}
     for i, e in enumerate(program.eqns):
         for a in e.inputs:
             if isinstance(a, Var):
-                last[a] = i
+                readers.setdefault(a, []).append(i)
     for a in program.out_atoms:
         if isinstance(a, Var):
-            last[a] = len(program.eqns)
-    return last
+            readers.setdefault(a, []).append(len(program.eqns))
+    return readers
 
 
-def _outlives(j: int, i: int, eqns, producer, absorbed, last) -> bool:
-    """Whether computing equation ``j``'s group inside equation ``i`` would keep one of
-    the group's arrays alive past its last reader (it would be read at ``i``); scalars
-    and small arrays cost nothing to keep."""
-    for k in _members(j, eqns, producer, absorbed):
-        for a in eqns[k].inputs:
-            if isinstance(a, Var) and producer.get(a) not in absorbed and \
-                    last.get(a, -1) < i and math.prod(a.aval.shape) >= MIN_ELEMENTS:
-                return True
-    return False
+def _may_compute_at(i: int, j: int, theirs: set, mine: set, eqns, producer, readers,
+                    last) -> bool:
+    """Whether equation ``i``'s group (``mine``) may take in the group ``theirs`` of
+    ``j``, the producer of one of its operands, all computed at ``i``: no equation
+    outside them before ``i`` reads one of their values, and (when ``j`` is more than
+    :data:`MAX_ABSORB_DISTANCE` equations before ``i``) moving ``theirs`` keeps none
+    of its operands alive longer (scalars and small arrays cost nothing to keep)."""
+    members = theirs | mine
+    for k in members:
+        for r in readers.get(eqns[k].outputs[0], ()):
+            if r < i and r not in members:
+                return False
+    if i - j > MAX_ABSORB_DISTANCE:
+        for k in theirs:
+            for a in eqns[k].inputs:
+                if isinstance(a, Var) and producer.get(a) not in theirs and \
+                        last.get(a, -1) < i and math.prod(a.aval.shape) >= MIN_ELEMENTS:
+                    return False
+    return True
 
 
-def _members(root: int, eqns, producer, absorbed) -> set:
-    """The indices of the equations of the group rooted at ``root``."""
-    seen, stack = set(), [root]
-    while stack:
-        i = stack.pop()
-        seen.add(i)
-        stack.extend(producer[a] for a in eqns[i].inputs
-                     if isinstance(a, Var) and producer.get(a) in absorbed)
-    return seen
-
-
-def _group(root: int, eqns, ops, producer, absorbed) -> Eqn:
-    """The fused equation of the group rooted at ``root`` (its members are computed
-    where the root was: each member's one use is inside the group, and its operands
-    are defined before it, so before the root)."""
+def _group(members: list, eqns, ops, readers) -> Eqn:
+    """The fused equation of a group, in place of its last member: its values read
+    outside the group (or program outputs) are the kernel's outputs."""
+    inside = set(members)
+    node_of = {eqns[k].outputs[0]: n for n, k in enumerate(members)}
     leaves: dict = {}  # input var -> its index
-
-    def tree(i):
-        e = eqns[i]
-        children = []
+    nodes, outputs = [], []
+    for n, k in enumerate(members):
+        e = eqns[k]
+        args = []
         for a in e.inputs:
-            j = producer.get(a) if isinstance(a, Var) else None
-            if j is not None and j in absorbed:
-                children.append(tree(j))
+            if isinstance(a, Var) and a in node_of:
+                args.append(("node", node_of[a]))
             elif isinstance(a, Literal):
-                children.append(("const", np.asarray(a.val, dtype=a.aval.dtype)))
+                args.append(("const", np.asarray(a.val, dtype=a.aval.dtype)))
             else:
-                children.append(("in", leaves.setdefault(a, len(leaves))))
-        return (ops[i], e.primitive, dict(e.params), children,
-                np.dtype(e.outputs[0].aval.dtype))
-
-    t = tree(root)
-    out = eqns[root].outputs[0]
+                args.append(("in", leaves.setdefault(a, len(leaves))))
+        nodes.append((ops[k], e.primitive, dict(e.params), tuple(args),
+                      np.dtype(e.outputs[0].aval.dtype)))
+        if any(r not in inside for r in readers.get(e.outputs[0], ())):
+            outputs.append(n)
     inputs = list(leaves)
-    kernel = Kernel(t, [a.aval.dtype for a in inputs], out.aval.shape,
-                    out.aval.dtype)
-    return Eqn(fused_p, inputs, [out], {"kernel": kernel}, eqns[root].source_info)
+    root = eqns[members[-1]]
+    kernel = Kernel(nodes, outputs, [a.aval.dtype for a in inputs], root.outputs[0].aval.shape)
+    return Eqn(fused_p, inputs, [eqns[members[n]].outputs[0] for n in outputs],
+               {"kernel": kernel}, root.source_info)

@@ -133,11 +133,55 @@ def test_the_printed_kernel_and_its_groups(forced):
     x = np.ones((16, 16), np.float32)
     text = spmd.jit(lambda x: snp.tanh(x * 2.0) + 1.0).lower(x).as_text(executed=True)
     assert "fused_elementwise[kernel=(tanh((a * 2.0)) + 1.0)] a" in text
-    # A value used twice is a group's root: computed once, read by both consumers.
+    # A value read twice inside the group is computed once, bound by name.
     text = spmd.jit(lambda x: (lambda y: y * y + y)(snp.exp(x) - 1.0)).lower(x).as_text(
         executed=True)
-    assert text.count("fused_elementwise") == 2
-    assert "kernel=(exp(a) - 1.0)" in text and "kernel=((a * a) + a)" in text
+    assert text.count("fused_elementwise") == 1
+    assert "kernel=let t0 = (exp(a) - 1.0) in ((t0 * t0) + t0)] a" in text
+    # Values read outside the group are its outputs: one kernel, two results.
+    text = spmd.jit(lambda x, y: (lambda t: (t * y, 1.0 - t * t))(snp.tanh(x))).lower(
+        x, x).as_text(executed=True)
+    assert "c:f32[16,16] d:f32[16,16] = fused_elementwise[kernel=let t0 = tanh(a) in " \
+        "((t0 * b), (1.0 - (t0 * t0)))] a b" in text, text
+
+
+def test_a_reader_outside_the_group_in_between_splits_it(forced):
+    """A value read by an equation that is not fused (a sum) before the group's last
+    member: the group cannot be computed at its end, so it stops there."""
+    x = np.linspace(-1, 1, 256, dtype=np.float32).reshape(16, 16)
+
+    def f(x):
+        d = snp.exp(x) - 1.0
+        m = snp.sum(d, axis=1, keepdims=True)   # reads d before d * 2.0 + ...
+        return snp.tanh(d * 2.0) + snp.broadcast_to(m, d.shape)
+
+    text = spmd.jit(f).lower(x).as_text(executed=True)
+    assert "kernel=(exp(a) - 1.0)" in text, text
+    d = np.exp(x) - 1.0
+    np.testing.assert_allclose(np.asarray(spmd.jit(f)(x)),
+                               np.tanh(d * 2.0) + d.sum(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_the_gelu_forward_and_its_derivative_are_one_kernel(forced):
+    """Under grad, GELU's value and its derivative (its custom jvp) share x and the
+    tanh: one kernel with both results, the same bits as the unfused program."""
+    x = np.linspace(-3, 3, 64 * 96, dtype=np.float32).reshape(64, 96)
+
+    def loss(x):
+        return snp.sum(spmd.nn.gelu(x * 1.5) ** 2)
+
+    g = spmd.jit(spmd.value_and_grad(loss))
+    text = g.lower(x).as_text(executed=True)
+    gelu_kernels = [ln for ln in text.splitlines() if "fused_elementwise" in ln and "tanh" in ln]
+    assert len(gelu_kernels) == 1 and gelu_kernels[0].count(":f32[64,96]") >= 2, text
+    got = [np.asarray(v) for v in g(x)]
+    spmd.config.update("fuse_elementwise", False)
+    try:
+        want = [np.asarray(v) for v in spmd.jit(spmd.value_and_grad(loss))(x)]
+    finally:
+        spmd.config.update("fuse_elementwise", True)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_producer_far_before_its_consumer_stays_apart(forced, monkeypatch):
@@ -169,7 +213,8 @@ def test_a_producer_far_before_its_consumer_stays_apart(forced, monkeypatch):
         return d * y, m + y
 
     text = spmd.jit(g).lower(x, x).as_text(executed=True)
-    assert "kernel=((exp((a * 0.5)) * 3.0) * b)" in text, text
+    assert "kernel=let t0 = sin(sin(sin(sin(sin(sin(b)))))) in " \
+        "(((exp((a * 0.5)) * 3.0) * t0), (a + t0))" in text, text
 
 
 def test_what_is_not_fused(forced):

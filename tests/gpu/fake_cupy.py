@@ -423,25 +423,38 @@ kernels_built: list = []  # (name, operation) of every ElementwiseKernel made
 
 class ElementwiseKernel:
     """CuPy's ``ElementwiseKernel(in_params, out_params, operation, name)`` for the C
-    subset spmd's fused kernels use (literals, typed casts, arithmetic, comparisons,
-    ``?:`` and the math functions of ``_C_FUNCS``), evaluated with numpy on the
-    stand-in's arrays.  It checks what can go wrong before a GPU compiles it: the
-    parameter lists, every name the operation reads, the C syntax of this subset and
-    that the arguments are arrays of the current GPU with the declared dtypes."""
+    subset spmd's fused kernels use (statements separated by ``;``: typed locals
+    ``float t0 = ...`` and one assignment to each output; literals, typed casts,
+    arithmetic, comparisons, ``?:`` and the math functions of ``_C_FUNCS``),
+    evaluated with numpy on the stand-in's arrays.  It checks what can go wrong
+    before a GPU compiles it: the parameter lists, every name the operation reads,
+    that each output is assigned once, the C syntax of this subset and that the
+    arguments are arrays of the current GPU with the declared dtypes."""
 
     def __init__(self, in_params, out_params, operation, name="kernel"):
         self.ins = [self._param(p) for p in in_params.split(",")]
-        outs = [self._param(p) for p in out_params.split(",")]
-        if len(outs) != 1:
-            raise ValueError(f"fake cupy: one output expected, got {out_params!r}")
-        self.out = outs[0]
-        target, _, expr = operation.partition("=")
-        if target.strip() != self.out[1] or not expr.strip():
-            raise ValueError(f"fake cupy: operation must assign {self.out[1]!r}: "
+        self.outs = [self._param(p) for p in out_params.split(",")]
+        out_names = [n for _, n in self.outs]
+        self.statements, assigned = [], []
+        for stmt in operation.split(";"):
+            target, _, expr = stmt.partition("=")
+            words = target.split()
+            if len(words) == 2 and words[0] in _C_CASTS:  # a local
+                dtype, what = _np.dtype(_C_CASTS[words[0]]), words[1]
+            elif len(words) == 1 and words[0] in out_names:
+                dtype, what = None, words[0]
+                assigned.append(what)
+            else:
+                raise ValueError(f"fake cupy: {stmt.strip()!r} neither declares a local "
+                                 f"nor assigns an output of {out_params!r}")
+            if not expr.strip():
+                raise SyntaxError(f"fake cupy: nothing assigned in {stmt.strip()!r}")
+            self.statements.append((what, dtype, self._tokenize(expr)))
+        if sorted(assigned) != sorted(out_names):
+            raise ValueError(f"fake cupy: operation must assign each of {out_names} once: "
                              f"{operation!r}")
-        self.tokens = self._tokenize(expr)
         self.name = name
-        self._eval({n: _np.zeros((), d) for d, n in self.ins})  # a syntax check
+        self._run({n: _np.zeros((), d) for d, n in self.ins})  # a syntax check
         kernels_built.append((name, operation))
 
     @staticmethod
@@ -460,22 +473,35 @@ class ElementwiseKernel:
         return tokens
 
     def __call__(self, *args):
-        *ins, out = args
-        if len(ins) != len(self.ins):
-            raise TypeError(f"fake cupy: {self.name} takes {len(self.ins)} inputs, "
-                            f"got {len(ins)}")
+        ins, outs = args[:len(self.ins)], args[len(self.ins):]
+        if len(ins) != len(self.ins) or len(outs) != len(self.outs):
+            raise TypeError(f"fake cupy: {self.name} takes {len(self.ins)} inputs and "
+                            f"{len(self.outs)} outputs, got {len(args)} arrays")
         env = {}
-        for (dtype, name), a in zip(self.ins, ins):
+        for (dtype, name), a in zip(self.ins + self.outs, args):
             if not isinstance(a, ndarray) or a.dtype != dtype:
                 raise TypeError(f"fake cupy: {self.name}: {name} must be a {dtype} "
                                 f"device array, got {type(a).__name__}")
+        for (dtype, name), a in zip(self.ins, ins):
             env[name] = _on_current(a)
-        dest = _on_current(out)
-        dest[...] = _np.asarray(self._eval(env), dtype=self.out[0])
-        return out
+        values = self._run(env)
+        for (dtype, name), out in zip(self.outs, outs):
+            _on_current(out)[...] = _np.asarray(values[name], dtype=dtype)
+        return outs[0] if len(outs) == 1 else outs
 
-    def _eval(self, env):
-        toks, pos = self.tokens, [0]
+    def _run(self, env):
+        """The outputs' values: the statements in order, a local cast to its type."""
+        env, values = dict(env), {}
+        for what, dtype, tokens in self.statements:
+            value = self._eval(tokens, env)
+            if dtype is not None:
+                env[what] = _np.asarray(value, dtype=dtype)
+            else:
+                values[what] = value
+        return values
+
+    def _eval(self, tokens, env):
+        toks, pos = tokens, [0]
 
         def peek():
             return toks[pos[0]] if pos[0] < len(toks) else None

@@ -40,7 +40,7 @@ def test_groups_are_one_kernel_each_on_the_stand_in(fake_gpu, fn, shapes):
     assert type(got.value) is fake_gpu.ndarray
     built = fake_gpu.kernels_built[before:]
     assert built and all(name.startswith("spmd_fused_") for name, _ in built)
-    assert all(op.startswith("out = ") for _, op in built)
+    assert all(op.split("; ")[-1].startswith("out = ") for _, op in built)
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=2e-6)
 
 
@@ -52,11 +52,44 @@ def test_the_c_operation_of_a_group(fake_gpu):
     assert op == "out = ((x0 > ((float)0.5)) ? tanh((x0 * ((float)2.0))) : (x0 * x0))"
 
 
+def test_a_group_with_shared_values_and_two_results(fake_gpu):
+    """Shared values are C locals, each result one assignment: GELU's value and its
+    derivative under grad are one launch."""
+    x = np.ones((128, 160), np.float32)
+    f = spmd.jit(lambda x, y: (lambda t: (t * y, 1.0 - t * t))(snp.tanh(x)))
+    a, b = f(x, 2 * x)
+    _, op = fake_gpu.kernels_built[-1]
+    assert op == "float t0 = tanh(x0); out0 = (t0 * x1); out1 = (((float)1.0) - (t0 * t0))"
+    np.testing.assert_allclose(np.asarray(a), np.tanh(1.0) * 2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(b), 1 - np.tanh(1.0) ** 2, rtol=1e-6)
+
+    xs = RNG.standard_normal((128, 160)).astype(np.float32)
+    g = spmd.jit(spmd.value_and_grad(lambda x: snp.sum(spmd.nn.gelu(x) ** 2)))
+    before = len(fake_gpu.kernels_built)
+    value, grad = g(xs)
+    gelu_ops = [op for _, op in fake_gpu.kernels_built[before:] if "tanh" in op]
+    assert len(gelu_ops) == 1 and "out0 = " in gelu_ops[0] and "out1 = " in gelu_ops[0]
+    spmd.config.update("fuse_elementwise", False)
+    try:
+        want_value, want_grad = spmd.jit(
+            spmd.value_and_grad(lambda x: snp.sum(spmd.nn.gelu(x) ** 2)))(xs)
+    finally:
+        spmd.config.update("fuse_elementwise", True)
+    np.testing.assert_allclose(float(value), float(want_value), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=2e-5, atol=1e-6)
+
+
 def test_the_stand_in_refuses_bad_kernels(fake_gpu):
     with pytest.raises(NameError, match="'y'"):
         fake_gpu.ElementwiseKernel("float32 x", "float32 out", "out = x + y", "k")
     with pytest.raises(SyntaxError):
         fake_gpu.ElementwiseKernel("float32 x", "float32 out", "out = x +", "k")
+    with pytest.raises(ValueError, match="assign each of"):
+        fake_gpu.ElementwiseKernel("float32 x", "float32 o0, float32 o1", "o0 = x", "k")
+    with pytest.raises(ValueError, match="neither declares a local"):
+        fake_gpu.ElementwiseKernel("float32 x", "float32 out", "t = x; out = t", "k")
+    with pytest.raises(NameError, match="'t'"):
+        fake_gpu.ElementwiseKernel("float32 x", "float32 out", "out = t; float t = x", "k")
     k = fake_gpu.ElementwiseKernel("float32 x", "float32 out", "out = x * x", "k")
     with pytest.raises(TypeError, match="float32 device array"):
         k(np.ones(3, np.float32), fake_gpu.empty(3, np.float32))
