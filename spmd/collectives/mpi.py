@@ -18,11 +18,13 @@ moves go through a shared window instead of MPI's calls
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import mmap
 import os
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -334,8 +336,25 @@ def alltoall(x, ranks, what=None):
     return out.view(x.dtype).reshape(x.shape)
 
 
+# A ppermute's send of at most this many bytes is not waited for: the sender goes on
+# as soon as what it receives has come (a pipeline stage runs ahead of a slower
+# neighbour instead of meeting it at every tick).  The message is copied first (the
+# generated code may write into the operand's buffer as soon as the call returns);
+# larger ones are sent from the operand and waited for.
+DEFERRED_SEND_MAX_BYTES = 16 << 20
+# Sends in flight at most (their copies are held until MPI has sent them).
+DEFERRED_SENDS_MAX = 8
+_sends: collections.deque = collections.deque()  # (request, the bytes it sends)
+_sends_lock = threading.Lock()  # (threads on different groups of ranks share them)
+
+
 def sendrecv(x, ranks, dst, src, what=None):
-    """Send ``x`` to member ``dst`` and receive from member ``src`` (either may be None)."""
+    """Send ``x`` to member ``dst`` and receive from member ``src`` (either may be None).
+
+    Returns when the message from ``src`` has come; a send of up to
+    :data:`DEFERRED_SEND_MAX_BYTES` completes later (MPI keeps a message's order
+    between two ranks, so the receiver gets them in the order they were sent).
+    """
     from mpi4py import MPI
 
     comm = communicator(ranks, what or "ppermute")
@@ -343,13 +362,31 @@ def sendrecv(x, ranks, dst, src, what=None):
     # MPI receives into the buffer's bytes as one run).
     out = np.zeros(x.shape, x.dtype)
     with Collective(ranks, what or "ppermute"):
-        reqs = []
+        recv = None
         if src is not None:
-            reqs.append(comm.Irecv(out.view(np.uint8).reshape(-1), source=src, tag=11))
-        if dst is not None:
-            reqs.append(comm.Isend(_bytes(x).reshape(-1), dest=dst, tag=11))
-        MPI.Request.Waitall(reqs)
+            recv = comm.Irecv(out.view(np.uint8).reshape(-1), source=src, tag=11)
+        if dst is not None and x.nbytes <= DEFERRED_SEND_MAX_BYTES:
+            data = np.array(x, order="C", copy=True).view(np.uint8).reshape(-1)
+            _settled_at_exit()
+            with _sends_lock:
+                _sends.append((comm.Isend(data, dest=dst, tag=11), data))
+            if recv is not None:
+                recv.Wait()
+            settle_sends()
+        elif dst is not None:
+            MPI.Request.Waitall([r for r in (recv, comm.Isend(_bytes(x).reshape(-1), dest=dst,
+                                                              tag=11)) if r is not None])
+        elif recv is not None:
+            recv.Wait()
     return out
+
+
+def settle_sends(wait: bool = False) -> None:
+    """Drop the deferred sends MPI has finished (all of them, waiting, if ``wait``),
+    and wait for the oldest beyond :data:`DEFERRED_SENDS_MAX`."""
+    with _sends_lock:
+        while _sends and (wait or len(_sends) > DEFERRED_SENDS_MAX or _sends[0][0].Test()):
+            _sends.popleft()[0].Wait()
 
 
 # ------------------------------------------------- nonblocking all-reduce
@@ -366,11 +403,7 @@ class Request:
         self._req, self._out, self._orig, self._keep = req, out, orig, keep
         self._ranks, self._what, self._xp, self._gather = ranks, what, xp, gather
         if keep is not None:  # an MPI request: completed at exit if never waited for
-            if not _exit_hook:
-                import atexit
-
-                atexit.register(_settle_at_exit)  # (after MPI's own: so it runs first)
-                _exit_hook.append(True)
+            _settled_at_exit()
             _live.add(self)
 
     def test(self) -> bool:
@@ -402,11 +435,21 @@ _live = weakref.WeakSet()  # started MPI requests not yet waited for (or abandon
 _exit_hook: list = []
 
 
+def _settled_at_exit() -> None:
+    """Have :func:`_settle_at_exit` run at exit (once)."""
+    if not _exit_hook:
+        import atexit
+
+        atexit.register(_settle_at_exit)  # (after MPI's own: so it runs first)
+        _exit_hook.append(True)
+
+
 def _settle_at_exit(limit_s: float = 5.0) -> None:
     """At exit, before MPI finalises: complete the started all-reduces never waited
-    for, dropped or still referenced."""
+    for, dropped or still referenced, and the deferred sends."""
     complete_within([a[0] for a in _abandoned]
-                    + [r._req for r in list(_live) if r._keep is not None], limit_s)
+                    + [r._req for r in list(_live) if r._keep is not None]
+                    + [r for r, _ in _sends], limit_s)
 
 
 def iallreduce(x, ranks, op, what=None, xp=np) -> Request:

@@ -158,6 +158,42 @@ def test_ppermute_of_a_transposed_block(kind, axes):
          lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm).T, (2, 3), np.float32)
 
 
+def test_a_ppermute_sender_does_not_wait_for_its_receiver(monkeypatch):
+    """A rank that sends and receives nothing returns at once: rank 0 sends 1 MiB
+    (beyond any eager limit) and reaches a barrier that rank 1 passes before it posts
+    its receive; a sender waiting for its message to be taken would never get there.
+    The caller's buffer is overwritten right after the call: the message keeps what
+    was sent (it is a copy)."""
+    from mpi4py import MPI
+
+    from spmd.collectives import mpi as backend, mpi_control
+
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    # (The checking mode compares each collective across its ranks first: lockstep by
+    # design.  Off here, on every rank alike.)
+    monkeypatch.setattr(mpi_control, "_check", [False])
+    pair = (0, 1)
+    if r in pair:
+        backend.communicator(pair, "the test's pair")  # made collectively, before
+    sent = [np.arange(1 << 18, dtype=np.float32) + k for k in range(3)]
+    if r == 0:
+        for x in sent:
+            backend.sendrecv(x, pair, 1, None)
+            x[:] = -1.0  # the code that gave x reuses its buffer at once
+        comm.Barrier()
+    elif r == 1:
+        comm.Barrier()
+        for k in range(3):
+            got = backend.sendrecv(np.zeros(1 << 18, np.float32), pair, None, 0)
+            np.testing.assert_array_equal(got, np.arange(1 << 18, dtype=np.float32) + k)
+    else:
+        comm.Barrier()
+    backend.settle_sends(wait=True)
+    assert not backend._sends
+    comm.Barrier()
+
+
 # ---------------------------------------------------------------- axis_index
 
 @pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)

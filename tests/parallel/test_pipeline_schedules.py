@@ -225,3 +225,39 @@ def test_gradients_against_finite_differences(schedule, x64):
         grad = [gs[0], gs[1], gh, ge][which]
         np.testing.assert_allclose(float(np.sum(np.asarray(grad) * d)), num, rtol=1e-6,
                                    atol=1e-9)
+
+
+# ------------------------------------------------------------- the transfers
+
+@pytest.mark.parametrize("name,stages,microbatches,runs", [
+    ("gpipe", 2, 16, [(0, 18, True, False), (18, 34, False, True)]),
+    ("gpipe", 4, 8, [(0, 12, True, False), (12, 22, False, True)]),
+    ("1f1b", 2, 16, [(0, 2, True, False), (2, 17, True, True), (17, 18, False, True)]),
+    ("1f1b", 4, 8, [(0, 4, True, False), (4, 11, True, True), (11, 14, False, True)]),
+    ("gpipe", 1, 3, [(0, 6, False, False)]),
+])
+def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches, runs):
+    """GPipe's forward ticks move activations only and its backward ticks cotangents
+    only (no empty message holds a stage up for a neighbour with nothing to send); each
+    run of ticks is one scan, and every transfer a stage receives is in its run."""
+    from spmd.parallel.pipeline import _segments
+
+    _, _, f_in, b_in, _ = pipeline_schedule(name, stages, microbatches).arrays()
+    got = _segments(f_in, b_in)
+    assert got == runs
+    assert got[0][0] == 0 and got[-1][1] == len(f_in)
+    for (start, stop, moves_f, moves_b), (nxt, _, _, _) in zip(got, got[1:] + [(len(f_in),) * 4]):
+        assert stop == nxt
+        assert moves_f or (f_in[start:stop] < 0).all()
+        assert moves_b or (b_in[start:stop] < 0).all()
+
+    # The program: one scan per run, one ppermute per direction it moves.
+    p, h, emb = _model(stages)
+    xs, ys = _data(stages, microbatches)
+    mesh = spmd.make_mesh((stages,), ("pipe",))
+    f = spmd.shard_map(_step(name), mesh=mesh,
+                       in_specs=((P("pipe"), P("pipe")), P(), P(), P(), P()),
+                       out_specs=(P(), (P("pipe"), P("pipe")), P(), P()))
+    text = str(spmd.make_jaxpr(f)(p, h, emb, xs, ys))
+    assert text.count("scan[") == len(runs)
+    assert text.count("ppermute[") == sum(mf + mb for _, _, mf, mb in runs)
