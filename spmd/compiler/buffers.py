@@ -30,6 +30,30 @@ def read_counts(eqns, live_out) -> dict:
     return uses
 
 
+def results_into(eqn, rule, owned, uses, dead, names) -> str:
+    """``, out=(...)``: the buffers a primitive with several fresh results writes them
+    into (``rules["results_into"](j, **params)``: the operands result ``j`` may
+    overwrite), as a ufunc writes into a dead or dying buffer: an operand this code
+    owns alone and never reads again, else a dead value's buffer; else ``None`` (it
+    allocates).  Without it a fused kernel's results were new allocations where the
+    unfused code wrote in place: a step's heap grew by 380 MiB."""
+    taken, bufs = set(), []
+    for j, o in enumerate(eqn.outputs):
+        buf = None
+        for k in rule(j, **eqn.params):
+            a = eqn.inputs[k]
+            if a not in taken and alone(a, owned, uses, dead) and \
+                    (a.aval.shape, a.aval.dtype) == (o.aval.shape, o.aval.dtype):
+                taken.add(a)
+                dead.handed_on.add(a)
+                buf = names[a]
+                break
+        bufs.append(buf or (dead.take(o.aval) if o.aval.ndim else None))
+    if all(b is None for b in bufs):
+        return ""
+    return f", out=({', '.join(b or 'None' for b in bufs)},)"
+
+
 def reusable_input(eqn, owned, uses):
     """An input whose buffer the equation's ufunc may overwrite, or ``None``.
 

@@ -37,7 +37,7 @@ import re
 import numpy as np
 
 from spmd.compiler.buffers import (DeadBuffers, Ownership, alone, read_counts,
-                                    reusable_input, updatable_operand)
+                                    results_into, reusable_input, updatable_operand)
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 from spmd.compiler.ops.reduce import reduce_sum_p
 from spmd.compiler.ops.shape_more import concatenate_p
@@ -497,7 +497,10 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             fname = f"_{prim.name}_{'in_place_' if target is not None else ''}{i}".replace(
                 "-", "_")
             namespace[fname] = fn
-            expr = f"{fname}({', '.join(ins)})"
+            into_rule = prim.rules.get("results_into") if xp is np else None
+            expr = f"{fname}({', '.join(ins)}" + (
+                results_into(eqn, into_rule, owned, uses, dead, names) if into_rule
+                else "") + ")"
         elif not prim.multiple_results and array_result:
             # A ufunc with an array result returns a fresh buffer (0-d results
             # are numpy scalars: immutable, and never reused).

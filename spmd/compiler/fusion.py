@@ -152,6 +152,21 @@ class Kernel:
                     n[a[1]] += 1
         return n
 
+    def overwritable(self, j: int) -> list:
+        """The inputs result ``j`` may be written into, block by block: of its dtype,
+        read by no node after the one computing it (a ``where`` writes its first case
+        before reading the others: none)."""
+        p = self.outputs[j]
+        if self.nodes[p][0] == "where":
+            return []
+        last = {}
+        for n, node in enumerate(self.nodes):
+            for a in node[3]:
+                if a[0] == "in":
+                    last[a[1]] = n
+        return [k for k, n in sorted(last.items())
+                if n <= p and self.in_dtypes[k] == self.out_dtypes[j]]
+
     def shared(self) -> list:
         """The nodes computed once and read by name: read twice or more, or read and
         also an output."""
@@ -309,6 +324,9 @@ def _elementwise_kernel(xp, kernel: Kernel):
 
 
 fused_p.rules["bind_impl"] = _bind_impl
+# The generated numpy code hands a kernel buffers for its results (``out=``), as it
+# does a ufunc: a dead value's, or an operand's that nothing reads afterwards.
+fused_p.rules["results_into"] = lambda j, *, kernel: kernel.overwritable(j)
 
 
 def _not_transformed(*args, **params):
@@ -341,9 +359,10 @@ class BlockedKernel:
         self.rows_per_block = max(1, min(rows, BLOCK_ELEMENTS // max(per_row, 1)))
         self.block = _compile_block(kernel)
 
-    def __call__(self, *args):
+    def __call__(self, *args, out=None):
         k = self.kernel
-        outs = [np.empty(k.shape, d) for d in k.out_dtypes]
+        outs = [np.empty(k.shape, d) for d in k.out_dtypes] if out is None else \
+            [o if o is not None else np.empty(k.shape, d) for o, d in zip(out, k.out_dtypes)]
         lead, step = self.lead, self.rows_per_block
         rows = k.shape[lead]
         head = (0,) * lead

@@ -315,3 +315,49 @@ def test_spmd_imported_first_makes_blas_threads_yield():
     assert run("numpy") == ["None", "False"]
     assert run("numpy", OPENBLAS_THREAD_TIMEOUT="20") == ["20", "True"]
     assert run("spmd", OPENBLAS_THREAD_TIMEOUT="20") == ["20", "True"]
+
+
+def test_results_are_written_into_dying_operands_and_dead_buffers(forced):
+    """A kernel's results go into buffers the code owns and no longer needs, as a
+    ufunc's do (``out=``): the bits stay the unfused program's."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((48, 40), dtype=np.float32), rng.standard_normal(
+        (40, 40), dtype=np.float32)
+
+    def f(x, w):
+        h = x @ w                          # owned by the code, read only by the kernel
+        t = snp.tanh(h * 0.5)
+        y, d = t * 2.0 + 1.0, 1.0 - t * t  # two results
+        return (y @ w) * d, y * 3.0
+
+    jf = spmd.jit(f)
+    src = jf.lower(x, w).compile().as_text()
+    assert "fused_elementwise" in src and "out=(" in src, src
+    got = [np.asarray(v) for v in jf(x, w)]
+    spmd.config.update("fuse_elementwise", False)
+    try:
+        want = [np.asarray(v) for v in spmd.jit(f)(x, w)]
+    finally:
+        spmd.config.update("fuse_elementwise", True)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_which_operands_a_result_may_overwrite(forced):
+    """Only operands no later node reads, of the result's dtype; a ``where`` none (it
+    writes its first case before reading the others)."""
+    x = np.ones((16, 16), np.float32)
+
+    def kernel_of(f, *args):
+        return next(e.params["kernel"] for e in _executed_eqns(spmd.jit(f), *args)
+                    if e.primitive is fusion.fused_p)
+
+    # t = tanh(b) * 2.0 is a result (input 0 is b, read first); a (input 1) is read
+    # after it, by exp: t may take b's buffer only, the second result either.
+    k = kernel_of(lambda a, b: (lambda t: (t, snp.exp(a) * t))(snp.tanh(b) * 2.0), x, x)
+    assert repr(k) == "let t0 = (tanh(a) * 2.0) in (t0, (exp(b) * t0))", repr(k)
+    assert [k.overwritable(j) for j in range(2)] == [[0], [0, 1]]
+    k = kernel_of(lambda a, b: snp.where(a > 0, snp.exp(b), b * 2.0), x, x)
+    assert k.overwritable(0) == []
+    k = kernel_of(lambda a, b: snp.exp(a) * 2.0 + b, x, x)
+    assert k.overwritable(0) == [0, 1]
