@@ -1,5 +1,5 @@
 """Fused elementwise groups on the GPU backend: one CuPy ``ElementwiseKernel`` per
-group (spmd.compiler.fusion.c_operation), checked on the CuPy stand-in (its
+group (spmd.compiler.fusion_gpu.c_operation), checked on the CuPy stand-in (its
 ``ElementwiseKernel`` reads the C subset and evaluates it with numpy) and, where a
 GPU is lent, on CuPy itself."""
 
@@ -11,7 +11,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import fusion
+from spmd.compiler import fusion_gpu
 
 RNG = np.random.default_rng(3)
 
@@ -105,4 +105,4 @@ def test_on_a_gpu(gpu):
     finally:
         spmd.config.update("fuse_elementwise", True)
     np.testing.assert_allclose(np.asarray(f(x)), want, rtol=2e-6, atol=2e-6)
-    assert fusion.c_operation  # the kernels CuPy compiled came from this renderer
+    assert fusion_gpu.c_operation  # the kernels CuPy compiled came from this renderer
