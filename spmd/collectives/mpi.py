@@ -364,9 +364,10 @@ def sendrecv(x, ranks, dst, src, what=None):
     with Collective(ranks, what or "ppermute"):
         recv = None
         if src is not None:
-            recv = comm.Irecv(out.view(np.uint8).reshape(-1), source=src, tag=11)
+            # (reshape first: a 0-d array cannot be viewed as bytes)
+            recv = comm.Irecv(out.reshape(-1).view(np.uint8), source=src, tag=11)
         if dst is not None and x.nbytes <= DEFERRED_SEND_MAX_BYTES:
-            data = np.array(x, order="C", copy=True).view(np.uint8).reshape(-1)
+            data = _bytes(x).reshape(-1).copy()  # (a 0-d x too: _bytes makes it 1-d)
             _settled_at_exit()
             with _sends_lock:
                 _sends.append((comm.Isend(data, dest=dst, tag=11), data))

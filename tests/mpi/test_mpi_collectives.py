@@ -177,16 +177,25 @@ def test_a_ppermute_sender_does_not_wait_for_its_receiver(monkeypatch):
     if r in pair:
         backend.communicator(pair, "the test's pair")  # made collectively, before
     sent = [np.arange(1 << 18, dtype=np.float32) + k for k in range(3)]
+    # and small ones: a 0-d value, booleans, a transposed (non-contiguous) block
+    small = [np.asarray(np.float32(2.5)), np.array([True, False, True]),
+             np.arange(12, dtype=np.float64).reshape(3, 4).T]
     if r == 0:
         for x in sent:
             backend.sendrecv(x, pair, 1, None)
             x[:] = -1.0  # the code that gave x reuses its buffer at once
+        for x in small:
+            backend.sendrecv(x, pair, 1, None)
         comm.Barrier()
     elif r == 1:
         comm.Barrier()
         for k in range(3):
             got = backend.sendrecv(np.zeros(1 << 18, np.float32), pair, None, 0)
             np.testing.assert_array_equal(got, np.arange(1 << 18, dtype=np.float32) + k)
+        for want in small:
+            got = backend.sendrecv(np.zeros_like(want), pair, None, 0)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
     else:
         comm.Barrier()
     backend.settle_sends(wait=True)
