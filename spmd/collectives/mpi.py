@@ -362,23 +362,19 @@ def sendrecv(x, ranks, dst, src, what=None):
     # MPI receives into the buffer's bytes as one run).
     out = np.zeros(x.shape, x.dtype)
     with Collective(ranks, what or "ppermute"):
-        recv = None
+        waits = []
         if src is not None:
             # (reshape first: a 0-d array cannot be viewed as bytes)
-            recv = comm.Irecv(out.reshape(-1).view(np.uint8), source=src, tag=11)
+            waits.append(comm.Irecv(out.reshape(-1).view(np.uint8), source=src, tag=11))
         if dst is not None and x.nbytes <= DEFERRED_SEND_MAX_BYTES:
             data = _bytes(x).reshape(-1).copy()  # (a 0-d x too: _bytes makes it 1-d)
             _settled_at_exit()
             with _sends_lock:
                 _sends.append((comm.Isend(data, dest=dst, tag=11), data))
-            if recv is not None:
-                recv.Wait()
-            settle_sends()
         elif dst is not None:
-            MPI.Request.Waitall([r for r in (recv, comm.Isend(_bytes(x).reshape(-1), dest=dst,
-                                                              tag=11)) if r is not None])
-        elif recv is not None:
-            recv.Wait()
+            waits.append(comm.Isend(_bytes(x).reshape(-1), dest=dst, tag=11))
+        MPI.Request.Waitall(waits)
+        settle_sends()
     return out
 
 

@@ -277,7 +277,9 @@ def ufunc_of(expr: str, ins: list[str]) -> str | None:
 
 # Calls that return a new array (never a view of an argument), besides ufuncs
 # and ``fresh_result`` primitives: reading a value there leaves no alias behind.
-_FRESH_CALLS = ("xp.sum(", "_blas_sum(", "xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
+# reduce_sum's emitted calls, which also take ``out=``:
+_SUM_CALLS = ("xp.sum(", "_blas_sum(")
+_FRESH_CALLS = _SUM_CALLS + ("xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
 
 
 class FlatWrites:
@@ -507,8 +509,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             uf = ufunc_of(expr, ins)
             if uf is not None and into is not None:  # straight into the flat buffer
                 expr, into, fresh = f"xp.{uf}({', '.join(ins)}, out={into})", None, True
-            elif into is not None and prim is reduce_sum_p and \
-                    expr.startswith(("xp.sum(", "_blas_sum(")):
+            elif into is not None and prim is reduce_sum_p and expr.startswith(_SUM_CALLS):
                 expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
             elif uf is not None:
                 fresh = True

@@ -432,7 +432,6 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
     if all(op is None for op in ops):
         return closed
     readers = _readers(program)
-    last = {a: r[-1] for a, r in readers.items()}
     producer = {e.outputs[0]: i for i, e in enumerate(eqns) if ops[i] is not None}
     # Groups grow in program order: equation i joins (or takes in) the group of each
     # producer of its operands, and the group is computed where i is (its last member),
@@ -449,7 +448,7 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
             if j is None or a.aval.shape != shape or group_of[j] == i:
                 continue
             theirs = groups[group_of[j]]
-            if _may_compute_at(i, j, theirs, groups[i], eqns, producer, readers, last):
+            if _may_compute_at(i, j, theirs, groups[i], eqns, producer, readers):
                 for k in groups.pop(group_of[j]):
                     group_of[k] = i
                 groups[i] |= theirs
@@ -486,8 +485,8 @@ def _readers(program: Program) -> dict:
     return readers
 
 
-def _may_compute_at(i: int, j: int, theirs: set, mine: set, eqns, producer, readers,
-                    last) -> bool:
+def _may_compute_at(i: int, j: int, theirs: set, mine: set, eqns, producer,
+                    readers) -> bool:
     """Whether equation ``i``'s group (``mine``) may take in the group ``theirs`` of
     ``j``, the producer of one of its operands, all computed at ``i``: no equation
     outside them before ``i`` reads one of their values, and (when ``j`` is more than
@@ -502,7 +501,7 @@ def _may_compute_at(i: int, j: int, theirs: set, mine: set, eqns, producer, read
         for k in theirs:
             for a in eqns[k].inputs:
                 if isinstance(a, Var) and producer.get(a) not in theirs and \
-                        last.get(a, -1) < i and math.prod(a.aval.shape) >= MIN_ELEMENTS:
+                        readers[a][-1] < i and math.prod(a.aval.shape) >= MIN_ELEMENTS:
                     return False
     return True
 

@@ -255,6 +255,12 @@ def _executable(branch, xp, donated=()):
     return executable_for(branch, xp, donated=donated)
 
 
+def _executables(branches, xp, donated):
+    """Every branch's compiled code with the equation's inputs at ``donated`` (the
+    index first) handed over."""
+    return [_executable(b, xp, tuple(k - 1 for k in donated)) for b in branches]
+
+
 def branch_index(index, n: int) -> int:
     """The branch an index picks: clamped into ``[0, n)`` (as XLA's conditional)."""
     return min(max(int(index), 0), n - 1)
@@ -267,7 +273,7 @@ def _cond_donated(xp, donated, *, branches):
     branch may update them in place (a gradient accumulated into a loop's carry).
     Returns ``(impl, consumed positions, exclusive results)``: a result is exclusive
     when it is in every branch."""
-    exes = [_executable(b, xp, tuple(k - 1 for k in donated)) for b in branches]
+    exes = _executables(branches, xp, donated)
     consumed = frozenset(k + 1 for e in exes for k in e.consumed)
     exclusive = tuple(all(e.exclusive[k] for e in exes)
                       for k in range(len(branches[0].out_avals)))
@@ -286,7 +292,7 @@ def _cond_aliased(xp, donated, *, branches):
     """The positions among the equation's inputs (the index first) whose buffers a
     result may share: an operand some branch returns, or a view of it (the branches as
     the impl runs them, compiled with the operands at ``donated`` handed over)."""
-    exes = [_executable(b, xp, tuple(k - 1 for k in donated)) for b in branches]
+    exes = _executables(branches, xp, donated)
     return frozenset(k + 1 for e in exes for out in e.aliases for k in out)
 
 
