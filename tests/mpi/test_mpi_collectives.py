@@ -203,6 +203,36 @@ def test_a_ppermute_sender_does_not_wait_for_its_receiver(monkeypatch):
     comm.Barrier()
 
 
+def test_a_send_nobody_receives_holds_no_rank(monkeypatch):
+    """Ranks that disagree: rank 0 sends and rank 1 has not posted its receive.  The
+    sender returns, a later call settles only what finished, and the exit hook's
+    wait for the pending send is bounded (it returns with the send still pending);
+    the message is then received intact."""
+    from mpi4py import MPI
+
+    from spmd.collectives import mpi as backend, mpi_control
+
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    monkeypatch.setattr(mpi_control, "_check", [False])
+    pair = (0, 1)
+    if r in pair:
+        backend.communicator(pair, "the test's pair")
+    x = np.arange(1 << 18, dtype=np.float32)
+    if r == 0:
+        backend.sendrecv(x, pair, 1, None)
+        backend.settle_sends()          # does not wait for the receiver
+        assert len(backend._sends) == 1
+        backend._settle_at_exit(limit_s=0.2)  # bounded: returns, the send pending
+        assert len(backend._sends) == 1 and not backend._sends[0][0].Test()
+    comm.Barrier()
+    if r == 1:
+        np.testing.assert_array_equal(backend.sendrecv(np.zeros_like(x), pair, None, 0), x)
+    backend.settle_sends(wait=True)
+    assert not backend._sends
+    comm.Barrier()
+
+
 # ---------------------------------------------------------------- axis_index
 
 @pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)
