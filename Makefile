@@ -18,7 +18,7 @@ venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,mpi,examples,checkpoint]'
+	$(BIN)/python -m pip install -q -e '.[test,mpi,examples,checkpoint,compile]'
 	touch $@
 
 # The main job: a digit classifier trained with data and tensor parallelism on

@@ -109,6 +109,9 @@ class Config:
         # Chains of elementwise equations of a program lowered for execution run as
         # one kernel each (spmd.compiler.fusion); applies to programs compiled after.
         self.fuse_elementwise: bool = _env_bool("SPMD_FUSE_ELEMENTWISE", True)
+        # Chains with row sums (layer norms) run as one loop compiled by numba, once
+        # their program has run a few times (spmd.compiler.rows).
+        self.compile_kernels: bool = _env_bool("SPMD_COMPILE_KERNELS", True)
         # Elementwise values read again much later (the forward's, by the backward)
         # are recomputed there rather than kept (spmd.compiler.recompute).
         self.recompute_elementwise: bool = _env_bool("SPMD_RECOMPUTE_ELEMENTWISE", True)
@@ -137,7 +140,7 @@ class Config:
             raise ArgumentError(
                 f"spmd.config.update: default_matmul_precision={value!r} is not one of "
                 f"JAX's names {sorted(p for p in MATMUL_PRECISIONS if p)} (or None)")
-        if name in ("fuse_elementwise", "recompute_elementwise") and \
+        if name in ("fuse_elementwise", "recompute_elementwise", "compile_kernels") and \
                 not isinstance(value, bool):
             raise ArgumentError(f"spmd.config.update: {name} must be True or False, "
                                 f"got {value!r}")

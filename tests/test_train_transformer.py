@@ -390,3 +390,41 @@ def test_checkpoints_resume_across_seq_and_expert_meshes(ex, tmp_path, capsys, s
     with open(tmp_path / "stats.rank0.json") as f:
         resumed = json.load(f)["losses"]
     np.testing.assert_allclose(resumed, whole[4:], rtol=1e-4)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1), (4, 2)])
+def test_row_kernels_change_losses_within_rounding(ex, mesh_shape, monkeypatch, tmp_path):
+    """The step with its layer norms (and every other chain with row sums) as compiled
+    loops, used from the first call, gives the losses of the step without them within
+    float32 rounding (docs/performance.md: the loops add a row's terms in another
+    order)."""
+    pytest.importorskip("numba", reason="row kernels are compiled by numba")
+    from spmd.compiler import rows, rows_jit
+
+    monkeypatch.setenv("SPMD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(rows, "MIN_ELEMENTS", 64)
+    monkeypatch.setattr(rows_jit, "COMPILE_AFTER", 1)
+    monkeypatch.setattr(rows_jit, "SWITCH_AT", 1)
+    ran = []
+    run = rows_jit.RowRunner.run
+    monkeypatch.setattr(rows_jit.RowRunner, "run",
+                        lambda self, *a: ran.append(1) or run(self, *a))
+    corpus = np.arange(4000, dtype=np.int32) % 96
+    batches = [ex.batch_at(corpus, k, 8, 16, seed=0) for k in range(1, 6)]
+    runs = []
+    for on in (True, False):
+        spmd.config.update("compile_kernels", on)
+        try:
+            cfg, step, p, s = _setup(ex, mesh_shape, False)
+            text = step.lower(p, s, batches[0]).as_text(executed=True)
+            assert ("fused_rows" in text) == on
+            losses = []
+            for b in batches:
+                p, s, loss = step(p, s, b)
+                losses.append(float(loss))
+        finally:
+            spmd.config.update("compile_kernels", True)
+        runs.append(losses)
+        assert bool(ran) == on
+        ran.clear()
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-5)

@@ -20,9 +20,10 @@ from spmd.compiler.fold import fold_scalar_chains, use_counts
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 from spmd.compiler.pads import concat_zero_pads
 from spmd.compiler.combine import combine_collectives
-from spmd.compiler import array_module as _am, fusion, threads
+from spmd.compiler import array_module as _am, fusion, rows, threads
 from spmd.compiler.overlap import overlap_collectives
 from spmd.compiler.recompute import recompute_elementwise
+from spmd.compiler.rows_jit import numba_available as rows_available
 from spmd.config import config
 
 # Results larger than this many elements are not folded into constants: the
@@ -140,8 +141,12 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
         closed = overlap_collectives(closed, min(config.overlap_bucket_bytes,
                                                  config.combine_collectives_bytes))
     closed = combine_collectives(closed, config.combine_collectives_bytes)
+    loops = config.fuse_elementwise and config.compile_kernels and \
+        _am.current() is np and rows_available()
     if config.recompute_elementwise:
-        closed = dce(recompute_elementwise(closed))
+        closed = dce(recompute_elementwise(closed, views=loops))
+    if loops:
+        closed = rows.fuse_rows(closed)
     if config.fuse_elementwise:
         if _am.current() is not np:  # a GPU: every group of two or more is one launch
             closed = fusion.fuse_elementwise(closed, min_kernel_ns=0)

@@ -50,13 +50,25 @@ MIN_ELEMENTS = 1 << 16
 MAX_CHAIN = 12
 
 
-def _eligible(eqn) -> bool:
+# With ``views=True``, values smaller than this (a layer norm's row statistics) count
+# as alive wherever they are defined: keeping them longer costs little.
+SMALL_ELEMENTS = 1 << 14
+_VIEWS = ("broadcast_in_dim", "reshape")
+
+
+def _eligible(eqn, views: bool = False) -> bool:
+    if views and eqn.primitive.name in _VIEWS and len(eqn.outputs) == 1:
+        return True
     return _kernel_op(eqn, 0) is not None and not eqn.primitive.rules.get("never_recompute")
 
 
-def recompute_elementwise(closed: ClosedProgram) -> ClosedProgram:
+def recompute_elementwise(closed: ClosedProgram, views: bool = False) -> ClosedProgram:
     """``closed`` with late-read elementwise values recomputed at their late reads
-    (see the module docstring)."""
+    (see the module docstring).  With ``views`` (when row kernels compute the late
+    readers: :mod:`spmd.compiler.rows`), broadcasts and reshapes are recomputed too,
+    and small values are kept alive for it: a layer norm's backward then recomputes
+    ``x - mean`` from ``x`` and the row means inside its loop instead of reading a
+    saved copy (memory, not arithmetic, is what such a loop costs)."""
     program = closed.program
     eqns = program.eqns
     n = len(eqns)
@@ -66,7 +78,7 @@ def recompute_elementwise(closed: ClosedProgram) -> ClosedProgram:
         for a in e.inputs:
             if isinstance(a, Var):
                 reads.setdefault(a, []).append(i)
-        if _eligible(e):
+        if _eligible(e, views):
             producer[e.outputs[0]] = i
     outputs = {a for a in program.out_atoms if isinstance(a, Var)}
     last = {v: r[-1] for v, r in reads.items()}
@@ -89,8 +101,13 @@ def recompute_elementwise(closed: ClosedProgram) -> ClosedProgram:
     def alive(a, at, dropped) -> bool:
         """``a`` is in memory at equation ``at`` without this pass's help (literals,
         program inputs and constants always are)."""
-        return (not isinstance(a, Var) or a not in defined
-                or (a not in dropped and last.get(a, -1) >= at))
+        if not isinstance(a, Var) or a not in defined:
+            return True
+        if views and math.prod(a.aval.shape) < SMALL_ELEMENTS:
+            return True
+        # With views, a value read up to GAP equations before is kept that much longer
+        # (a layer norm's x - mean, read by its backward just before 2 (x - mean)).
+        return a not in dropped and last.get(a, -1) >= at - (GAP if views else 0)
 
     def chain(v, at, dropped, budget) -> int | None:
         """How many equations recompute ``v`` at ``at`` (None: it cannot be)."""
@@ -144,7 +161,7 @@ def recompute_elementwise(closed: ClosedProgram) -> ClosedProgram:
         late = [k for k, a in enumerate(e.inputs)
                 if isinstance(a, Var) and a in dropped and i >= split[a]]
         if late:
-            private = _eligible(e)
+            private = _eligible(e, views)
             ins = list(e.inputs)
             for k in late:
                 ins[k] = ensure(ins[k], i, private)

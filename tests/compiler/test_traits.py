@@ -89,7 +89,7 @@ def test_the_traits_of_todays_primitives(registry):
          "eq", "ne", "lt", "le", "gt", "ge", "select_n"])
     assert holders["broadcast"] == ["broadcast_in_dim"]
     assert holders["fresh_result"] == ["dot_general", "dynamic_update_slice", "fused_elementwise",
-                                       "scatter", "select_n"]
+                                       "fused_rows", "scatter", "select_n"]
     assert holders["dot"] == ["dot_general"]
 
 

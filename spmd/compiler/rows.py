@@ -1,0 +1,493 @@
+"""Row kernels: a chain of elementwise equations with sums over its trailing axes
+(a layer norm, forward or backward) runs as one compiled loop over rows.
+
+The numpy code of a layer norm over ``(2048, 64)`` is about ten calls forward and
+fifteen backward, each a full pass over memory (about 30 us each here), where one
+loop over the rows makes one pass, a row's 64 values in a core's cache (measured:
+265 us as numpy calls, 56 us as one compiled loop on one core; PyTorch's
+``layer_norm`` 49 us on two).  The blocked numpy kernels of
+:mod:`spmd.compiler.fusion` cannot do this: their blocks are numpy calls too, and a
+row sum between them splits the chain.
+
+This pass, run on programs lowered for execution before :mod:`spmd.compiler.fusion`,
+finds each frame ``(R, C)``: the shape of an operand of a ``reduce_sum`` over its
+trailing axes (``C`` elements a row, ``R`` rows).  An equation may join a group of its
+frame when it is
+
+* elementwise (``rules["kernel_op"]``: arithmetic, ``sqrt``, ``rsqrt``, ``where``,
+  comparisons, ``integer_pow``; not the transcendental ops, whose numpy loops are
+  vectorized here and a compiled loop's libm calls are not), its result a *full*
+  value (``R * C`` elements) or a *row* value (``R``), its operands of its shape or
+  scalars;
+* a ``reduce_sum`` of a full value over the trailing axes (a row value);
+* a ``reshape`` within a space, or a ``broadcast_in_dim`` of a row value along the
+  trailing axes, or of a value computed outside (read as a full, row, column or
+  scalar operand, whichever it is: a layer norm's scale is a column operand).
+
+Groups grow as :mod:`spmd.compiler.fusion`'s do (an equation joins the groups of the
+producers of its operands, all computed where the last member was, unless something
+outside reads a member's value in between); a group becomes a ``fused_rows``
+equation when it holds a sum and at least :data:`MIN_ELEMENTS` elements a value.  Its
+values read outside are its results.
+
+A group runs first as its member equations' own implementations (the unfused
+program's numbers).  When it has run :data:`spmd.compiler.rows_jit.COMPILE_AFTER`
+times, numba compiles its loop in a background thread (cached on disk); the
+compiled loop then runs instead, its rows shared among the engine's threads (it
+releases the GIL).  The compiled loop may add a sum's terms in another order and
+contract ``a * b + c`` into one rounding: results differ from the unfused ones by
+float rounding (the tolerance is in ``docs/performance.md``); NaN and infinity
+propagate as in numpy.  ``spmd.config.update("compile_kernels", False)`` (or
+``SPMD_COMPILE_KERNELS=0``) turns the pass off for programs compiled after; without
+numba installed it never runs.  ``Lowered.as_text(executed=True)`` shows each group::
+
+    d:f32[2048,64] e:f32[2048,1] = fused_rows[kernel=rows 2048x64: ...] a b c
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spmd.compiler.avals import ShapedArray
+from spmd.compiler.fusion import _COMPARISONS, _FLOATS, _letters, _may_compute_at, _readers
+from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.primitives import Primitive
+from spmd.compiler.rows_jit import RowRunner, evaluate
+
+# Values of fewer elements are not worth a compiled loop (a numpy call costs a few
+# microseconds whatever its size).
+MIN_ELEMENTS = 1 << 14
+# The ops a row kernel computes: arithmetic and what the compiler vectorizes.
+ROW_OPS = frozenset(("add", "subtract", "multiply", "divide", "negative", "sqrt", "rsqrt",
+                     "absolute", "where", "integer_pow") + _COMPARISONS)
+_BOOL = np.dtype(bool)
+
+
+def _squeezed(shape) -> tuple:
+    return tuple(s for s in shape if s != 1)
+
+
+class Frame:
+    """The iteration space of a group: ``rows`` x ``cols``, and the shapes (without
+    their ones) of its full and row values."""
+
+    __slots__ = ("rows", "cols", "full", "row")
+
+    def __init__(self, shape, first_axis: int):
+        self.rows = math.prod(shape[:first_axis])
+        self.cols = math.prod(shape[first_axis:])
+        self.full = _squeezed(shape)
+        self.row = _squeezed(shape[:first_axis])
+
+    def key(self):
+        return (self.rows, self.cols, self.full, self.row)
+
+    def space(self, shape):
+        """``"full"``, ``"row"``, ``"scalar"`` or None: where a value of ``shape`` lies."""
+        if not shape:
+            return "scalar"
+        sq, n = _squeezed(shape), math.prod(shape)
+        if n == self.rows * self.cols and sq == self.full:
+            return "full"
+        if n == self.rows and sq == self.row:
+            return "row"
+        return None
+
+    def split(self, shape) -> int | None:
+        """The axis of a full ``shape`` where its trailing ``cols`` elements start."""
+        for k in range(len(shape) + 1):
+            if math.prod(shape[:k]) == self.rows and math.prod(shape[k:]) == self.cols:
+                return k
+        return None
+
+
+def _frame_of_sum(eqn, min_elements: int) -> Frame | None:
+    """The frame of a ``reduce_sum`` over its operand's trailing axes, else None."""
+    if eqn.primitive.name != "reduce_sum":
+        return None
+    x = eqn.inputs[0].aval
+    axes = tuple(sorted(eqn.params["axes"]))
+    if x.dtype not in _FLOATS or not axes or axes != tuple(range(axes[0], x.ndim)):
+        return None
+    frame = Frame(x.shape, axes[0])
+    if frame.rows < 2 or frame.cols < 2 or frame.rows * frame.cols < min_elements:
+        return None
+    return frame
+
+
+def _elementwise_ok(eqn, out) -> bool:
+    op = eqn.primitive.rules.get("kernel_op")
+    if op not in ROW_OPS or eqn.primitive.multiple_results or len(eqn.outputs) != 1:
+        return False
+    ins = [a.aval for a in eqn.inputs]
+    if any(a.shape not in ((), out.shape) for a in ins):
+        return False
+    dts = [a.dtype for a in ins]
+    if op in _COMPARISONS:
+        return out.dtype == _BOOL and len(dts) == 2 and all(d in _FLOATS for d in dts)
+    if op == "where":
+        return len(dts) == 3 and dts[0] == _BOOL and out.dtype in _FLOATS and \
+            dts[1] == dts[2] == out.dtype
+    return out.dtype in _FLOATS and all(d == out.dtype for d in dts)
+
+
+def _role(eqn, frame: Frame):
+    """How ``eqn`` may join a group of ``frame``: ``(kind, space)`` or None."""
+    if len(eqn.outputs) != 1:
+        return None
+    out = eqn.outputs[0].aval
+    space = frame.space(out.shape)
+    if space not in ("full", "row"):
+        return None
+    name = eqn.primitive.name
+    if name == "reduce_sum":
+        f = _frame_of_sum(eqn, 0)
+        return ("sum", "row") if f is not None and f.key() == frame.key() else None
+    if name == "reshape":
+        inner = frame.space(eqn.inputs[0].aval.shape)
+        return ("alias", space) if inner == space and out.dtype in _FLOATS else None
+    if name == "broadcast_in_dim":
+        return ("broadcast", space) if out.dtype in _FLOATS + (_BOOL,) else None
+    if eqn.primitive.rules.get("kernel_op") is not None and _elementwise_ok(eqn, out):
+        return ("op", space)
+    return None
+
+
+def _broadcast_of_node_ok(eqn, frame: Frame) -> bool:
+    """Whether a ``broadcast_in_dim`` may read a member of its group: a row value
+    along the trailing axes, or a value of the same space (a change of ones)."""
+    x, out = eqn.inputs[0].aval, eqn.outputs[0].aval
+    src, dst = frame.space(x.shape), frame.space(out.shape)
+    if src == dst:
+        return True
+    if src != "row" or dst != "full":
+        return False
+    k = frame.split(out.shape)
+    if k is None:
+        return False
+    dims = [d for d, s in zip(eqn.params["broadcast_dimensions"], x.shape) if s != 1]
+    return all(d < k for d in dims) and \
+        _squeezed([out.shape[d] for d in dims]) == frame.row
+
+
+def _operand_kind(var_shape, target_shape, bdims, frame: Frame):
+    """How a value computed outside is read: ``(kind, expanded shape)``, kind
+    ``"full"`` (one value per element), ``"tile"`` (a full value repeated along
+    leading axes: its rows in turn), ``"row"``, ``"col"`` or ``"scalar"``; the value
+    is read as ``var.reshape(expanded)`` broadcast to ``target_shape``."""
+    expanded = list(target_shape) if bdims is None else [1] * len(target_shape)
+    if bdims is not None:
+        for d, s in zip(bdims, var_shape):
+            expanded[d] = s
+    expanded = tuple(expanded)
+    live = [d for d, s in enumerate(expanded) if s != 1]
+    if not live:
+        return "scalar", expanded
+    space = frame.space(target_shape)
+    if space == "row":
+        return "row", expanded
+    k = frame.split(target_shape)
+    if k is not None and expanded[k:] == tuple(target_shape[k:]) and all(d >= k for d in live):
+        return "col", expanded
+    if k is not None and expanded[:k] == tuple(target_shape[:k]) and all(d < k for d in live):
+        return "row", expanded
+    # Repeated along leading axes only (a simulated mesh's replicated value, broadcast
+    # over the devices' axis): its rows are read again in turn, never copied out.
+    j = 0
+    while j < len(expanded) and expanded[j] == 1:
+        j += 1
+    if k is not None and 0 < j <= k and expanded[j:] == tuple(target_shape[j:]) and \
+            math.prod(target_shape[:j]) > 1:
+        return "tile", expanded
+    return "full", expanded
+
+
+# ----------------------------------------------------------------- the kernel
+
+class RowKernel:
+    """One row group: ``nodes`` in program order over the group's ``inputs``.
+
+    A node is ``(kind, op, params, args, dtype, space)``: ``kind`` is ``"op"`` (an
+    elementwise op, ``op`` its kernel op), ``"sum"``, ``"alias"`` (a reshape or a
+    broadcast of a member: the same value) or ``"read"`` (operand
+    ``params["operand"]`` reshaped to ``params["expanded"]``, broadcast to
+    ``params["target"]``, read as a ``params["kind"]`` value: ``"full"``, ``"tile"``,
+    ``"row"``, ``"col"`` or ``"scalar"``); ``space`` is ``"full"``, ``"row"`` or ``"scalar"``;
+    an argument is ``("node", k)`` or ``("const", value)``.  ``outputs`` are the
+    nodes read outside (``out_shapes`` their shapes); ``params["member"]`` of a
+    member's node is its index in ``members``.
+    Hashable and compared by its printed form (a parameter of an equation)."""
+
+    __slots__ = ("frame", "nodes", "in_dtypes", "outputs", "out_shapes", "out_dtypes",
+                 "members", "_text")
+
+    def __init__(self, frame, nodes, in_dtypes, outputs, out_shapes, members):
+        self.frame, self.nodes = frame, tuple(nodes)
+        self.in_dtypes = tuple(np.dtype(d) for d in in_dtypes)
+        self.outputs, self.out_shapes = tuple(outputs), tuple(out_shapes)
+        self.out_dtypes = tuple(np.dtype(self.nodes[k][4]) for k in self.outputs)
+        # The member equations (primitive, params, operands as ("in", i) / ("node", k)
+        # / ("const", v)): the unfused program, which runs until the loop is compiled.
+        self.members = tuple(members)
+        self._text = _render(self)
+
+    def __repr__(self) -> str:
+        return self._text
+
+    def _key(self):
+        return (self._text, self.in_dtypes, self.out_dtypes, self.out_shapes,
+                self.frame.key())
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RowKernel) and self._key() == other._key()
+
+    def member_outputs(self) -> list:
+        """The members computing the outputs (indices into ``members``)."""
+        return [self.nodes[k][2]["member"] for k in self.outputs]
+
+
+_INFIX = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "less": "<",
+          "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==",
+          "not_equal": "!="}
+
+
+def _render(kernel: RowKernel) -> str:
+    """``rows RxC: t0 = ...; t1 = ...; -> t3, t5`` (inputs ``a, b, ...``; a column
+    operand ``b[c]``, a row operand ``b[r]``, a row sum ``sum(...)``)."""
+    names = []
+
+    def arg(a):
+        return names[a[1]] if a[0] == "node" else repr(a[1].item())
+
+    lines = []
+    for k, (kind, op, params, args, _, _) in enumerate(kernel.nodes):
+        if kind == "read":
+            i = params["operand"]
+            suffix = {"full": "", "tile": "[tiled]", "row": "[r]", "col": "[c]",
+                      "scalar": ""}[params["kind"]]
+            names.append(_letters(i) + suffix)
+            continue
+        if kind == "alias":
+            names.append(arg(args[0]))
+            continue
+        xs = [arg(a) for a in args]
+        if kind == "sum":
+            expr = f"sum({xs[0]})"
+        elif op in _INFIX:
+            expr = f"({xs[0]} {_INFIX[op]} {xs[1]})"
+        elif op == "integer_pow":
+            expr = f"({xs[0]} ** {params['y']})"
+        elif op == "where":
+            expr = f"where({xs[0]}, {xs[2]}, {xs[1]})"
+        else:
+            expr = f"{op}({', '.join(xs)})"
+        names.append(f"t{len(lines)}")
+        lines.append(f"{names[-1]} = {expr}")
+    outs = ", ".join(names[k] for k in kernel.outputs)
+    f = kernel.frame
+    return f"rows {f.rows}x{f.cols}: {'; '.join(lines)} -> {outs}"
+
+
+# ------------------------------------------------------------------ the primitive
+
+fused_rows_p = Primitive("fused_rows", traits=("fresh_result",), multiple_results=True)
+
+
+@fused_rows_p.def_impl
+def _rows_impl(xp, *args, kernel):
+    return evaluate(kernel, args, xp)
+
+
+@fused_rows_p.def_abstract_eval
+def _rows_aval(*avals, kernel):
+    return [ShapedArray(s, d) for s, d in zip(kernel.out_shapes, kernel.out_dtypes)]
+
+
+def _bind_impl(xp, *, kernel):
+    """On numpy, the tiered runner (unfused until compiled, then the compiled loop)."""
+    if xp is np:
+        return RowRunner(kernel)
+    return lambda *args: evaluate(kernel, args, xp)
+
+
+fused_rows_p.rules["bind_impl"] = _bind_impl
+# The generated code hands the loop dead buffers for its results (``out=``), as it
+# does a ufunc (reused buffers are in cache and already mapped: a fresh 4 MiB result
+# is a thousand page faults); never an operand's (a later pass, or a later row of a
+# repeated operand, may still read it).
+fused_rows_p.rules["results_into"] = lambda j, *, kernel: []
+
+
+def _not_transformed(*args, **params):
+    raise NotImplementedError("fused_rows appears only in programs lowered for "
+                              "execution, which are never transformed")
+
+
+fused_rows_p.def_jvp(_not_transformed)
+fused_rows_p.def_batch(_not_transformed)
+
+
+# ------------------------------------------------------------------------ the pass
+
+def fuse_rows(closed: ClosedProgram, min_elements: int | None = None) -> ClosedProgram:
+    """Group the row chains of ``closed`` into ``fused_rows`` equations (see the
+    module docstring).
+
+    >>> fused = fuse_rows(lowered)  # doctest: +SKIP
+    """
+    min_elements = MIN_ELEMENTS if min_elements is None else min_elements
+    program = closed.program
+    eqns = program.eqns
+    frames: dict = {}
+    for e in eqns:
+        f = _frame_of_sum(e, min_elements)
+        if f is not None:
+            frames.setdefault(f.key(), f)
+    if not frames:
+        return closed
+    # Each equation's frame (the first that takes it) and role there.
+    frame_of, role = {}, {}
+    for i, e in enumerate(eqns):
+        for key, f in frames.items():
+            r = _role(e, f)
+            if r is not None:
+                frame_of[i], role[i] = key, r
+                break
+    readers = _readers(program)
+    producer = {e.outputs[0]: i for i, e in enumerate(eqns) if i in role}
+    group_of: dict = {}
+    groups: dict = {}
+    for i, e in enumerate(eqns):
+        if i not in role:
+            continue
+        group_of[i], groups[i] = i, {i}
+        frame = frames[frame_of[i]]
+        kind = role[i][0]
+        for a in e.inputs:
+            j = producer.get(a) if isinstance(a, Var) else None
+            if j is None or frame_of.get(j) != frame_of[i] or group_of[j] == i:
+                continue
+            if kind == "broadcast" and not _broadcast_of_node_ok(e, frame):
+                continue
+            theirs = groups[group_of[j]]
+            if _may_compute_at(i, j, theirs, groups[i], eqns, producer, readers):
+                for k in groups.pop(group_of[j]):
+                    group_of[k] = i
+                groups[i] |= theirs
+    defs = {o: e for e in eqns for o in e.outputs}
+    kept = {}
+    for root, members in groups.items():
+        if any(role[k][0] == "sum" for k in members) and \
+                sum(role[k][0] in ("op", "sum") for k in members) > 1:
+            made = _group(sorted(members), eqns, role, frames[frame_of[root]], readers, defs)
+            if made is not None:
+                kept[root] = made
+    if not kept:
+        return closed
+    inside = set().union(*(groups[r] for r in kept))
+    out_eqns = []
+    for i, e in enumerate(eqns):
+        if i in kept:
+            out_eqns.extend(kept[i])
+        elif i not in inside:
+            out_eqns.append(e)
+    return ClosedProgram(Program(program.in_vars, out_eqns, program.out_atoms), closed.consts)
+
+
+def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | None:
+    """The ``fused_rows`` equation of a group, in place of its last member, then the
+    group's reshapes and broadcasts whose values are read outside it: those stay
+    views, computed after the loop from its results (or from its operands), never
+    materialized by it."""
+    inside = set(members)
+    outside = {k for k in members
+               if any(r not in inside for r in readers.get(eqns[k].outputs[0], ()))}
+    after = set()
+    producer = {eqns[k].outputs[0]: k for k in members}
+    todo = [k for k in outside if role[k][0] in ("alias", "broadcast")]
+    while todo:
+        k = todo.pop()
+        if k in after:
+            continue
+        after.add(k)
+        j = producer.get(eqns[k].inputs[0])
+        if j is not None:
+            outside.add(j)
+            if role[j][0] in ("alias", "broadcast"):
+                todo.append(j)
+    outside -= after
+    operands: list = []  # the variables read from outside, each once
+    index: dict = {}
+    node_of: dict = {}  # member var -> its node
+    read_nodes: dict = {}  # (operand, kind, expanded, target) -> its "read" node
+    nodes, mems, outputs, out_vars = [], [], [], []
+
+    def operand(a) -> int:
+        if a not in index:
+            index[a] = len(operands)
+            operands.append(a)
+        return index[a]
+
+    def read(a, target, bdims=None):
+        """The node reading ``a`` (computed outside) as this member needs it: through
+        the broadcasts and reshapes that made it (views: the loop reads their
+        operand, a layer norm's saved row values as rows, not a broadcast copy)."""
+        e = defs.get(a)
+        if bdims is None and e is not None and e.primitive.name == "broadcast_in_dim":
+            a, bdims = e.inputs[0], e.params["broadcast_dimensions"]
+        kind, expanded = _operand_kind(a.aval.shape, target, bdims, frame)
+        e = defs.get(a)
+        while e is not None and e.primitive.name == "reshape" and \
+                isinstance(e.inputs[0], Var):
+            a = e.inputs[0]  # read as the reshape of its operand: the same elements
+            e = defs.get(a)
+        key = (operand(a), kind, expanded, tuple(target))
+        if key not in read_nodes:
+            nodes.append(("read", None, {"operand": key[0], "kind": kind,
+                                         "expanded": expanded, "target": key[3]},
+                          (), np.dtype(a.aval.dtype), frame.space(target)))
+            read_nodes[key] = len(nodes) - 1
+        return ("node", read_nodes[key])
+
+    for m, k in enumerate(members):
+        e = eqns[k]
+        kind, space = role[k]
+        out = e.outputs[0].aval
+        margs, args = [], []
+        for a in e.inputs:
+            if isinstance(a, Literal):
+                c = np.asarray(a.val, dtype=a.aval.dtype)
+                args.append(("const", c))
+                margs.append(("const", c))
+            elif a in node_of:
+                if kind == "broadcast" and not _broadcast_of_node_ok(e, frame):
+                    return None  # the groups met through another member: not a loop
+                args.append(("node", node_of[a]))
+                margs.append(("node", nodes[node_of[a]][2]["member"]))
+            else:
+                margs.append(("in", operand(a)))
+                args.append(read(a, out.shape, e.params["broadcast_dimensions"])
+                            if kind == "broadcast" else read(a, a.aval.shape))
+        params = {"member": m}
+        if e.primitive.name == "integer_pow":
+            params["y"] = e.params["y"]
+        nodes.append(("alias" if kind == "broadcast" else kind,
+                      e.primitive.rules.get("kernel_op"), params, tuple(args),
+                      np.dtype(out.dtype), space))
+        node_of[e.outputs[0]] = len(nodes) - 1
+        mems.append((e.primitive, dict(e.params), tuple(margs)))
+        if k in outside:
+            outputs.append(len(nodes) - 1)
+            out_vars.append(e.outputs[0])
+    if not outputs:
+        return None
+    kernel = RowKernel(frame, nodes, [v.aval.dtype for v in operands], outputs,
+                       [v.aval.shape for v in out_vars], mems)
+    root = eqns[members[-1]]
+    return [Eqn(fused_rows_p, operands, out_vars, {"kernel": kernel}, root.source_info)] + \
+        [eqns[k] for k in sorted(after)]

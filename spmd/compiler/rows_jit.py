@@ -1,0 +1,467 @@
+"""Row kernels compiled by numba: the loop of a :class:`~spmd.compiler.rows.RowKernel`,
+and the runner that uses it once it is compiled.
+
+The loop visits each row once.  A row's values are computed *level* by level: a
+level is one pass over the row's ``C`` columns computing the full values that need
+no sum not yet finished; a row sum is finished after the pass of its operand, and
+the values that read it are computed in a later pass (a layer norm's forward is
+three passes over a row: the mean, the variance, the result).  A full value read in
+a later pass is kept in a scratch row (in a core's L1 cache); row values are scalars.
+
+Numbers: every node is computed in its dtype as numpy computes it (``a / b`` on
+float32 is computed in float64 and rounded once, which is the correctly rounded
+float32 quotient numpy gives); no fast-math flag is set on the loop, so NaN and
+infinity propagate as in numpy.  Only a row sum is computed by a helper that may add
+its terms in any order (``fastmath={"reassoc"}``, which lets the compiler vectorize
+it): a sum differs from numpy's pairwise one by float rounding.
+
+Compilation is tiered: a kernel runs its members' implementations (the unfused
+program) for its first :data:`COMPILE_AFTER` calls; then a background thread
+compiles it (numba's compiler lock keeps compilations apart) and the runner
+switches to the compiled loop when it is ready.  The generated module is written
+under :func:`cache_dir` and numba caches its machine code beside it, so a later
+process (another rank, the next run) loads it in milliseconds.  A kernel that fails
+to compile keeps running unfused, with one warning.  :func:`wait_compiled` waits
+for the compilations under way (benchmarks call it after their warm-up steps).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import math
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from spmd.compiler.threads import POOL, threads_help
+
+if TYPE_CHECKING:
+    from spmd.compiler.rows import RowKernel
+
+# A kernel's loop is compiled (in the background) when the kernel runs for the
+# COMPILE_AFTER-th time, and used from its SWITCH_AT-th call on (waiting for the
+# compilation if it has not finished).  A program run once (most tests, a first
+# call) never waits for or competes with a compilation; and the call that switches
+# is fixed, not whenever a thread finished: every rank of a job, and every run,
+# switches at the same step (the compiled loop's sums may differ in their last bits).
+COMPILE_AFTER = 2
+SWITCH_AT = COMPILE_AFTER + 3
+# Rows are shared among the engine's threads when a kernel has this many elements.
+THREADED_ELEMENTS = 1 << 20
+
+_lock = threading.Lock()
+_executor = None
+_pending: list = []
+
+
+def numba_available() -> bool:
+    """Whether numba can be imported here (checked without importing it)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def cache_dir() -> str:
+    """Where generated kernel modules and numba's cache of them live:
+    ``SPMD_CACHE_DIR``, else ``$XDG_CACHE_HOME/spmd/kernels`` (``~/.cache``)."""
+    root = os.environ.get("SPMD_CACHE_DIR")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        root = os.path.join(base, "spmd")
+    return os.path.join(root, "kernels")
+
+
+# ------------------------------------------------------------------ the source
+
+_EXPR = {"add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}",
+         "divide": "{0} / {1}", "negative": "-{0}", "sqrt": "np.sqrt({0})",
+         "rsqrt": "{one} / np.sqrt({0})", "absolute": "abs({0})",
+         "where": "{2} if {0} else {1}", "less": "{0} < {1}", "less_equal": "{0} <= {1}",
+         "greater": "{0} > {1}", "greater_equal": "{0} >= {1}", "equal": "{0} == {1}",
+         "not_equal": "{0} != {1}"}
+
+
+def _np_name(dtype) -> str:
+    return "bool_" if np.dtype(dtype) == np.dtype(bool) else np.dtype(dtype).name
+
+
+def _pow(x: str, y: int, one: str) -> str:
+    if y == 0:
+        return one
+    prod = " * ".join([x] * abs(y))
+    return prod if y > 0 else f"{one} / ({prod})"
+
+
+class _Plan:
+    """Where each node of a kernel is computed: ``where[k]`` is ``"full"`` (in a pass
+    over the columns), ``"row"`` or ``"scalar"`` (once a row); ``level[k]`` its pass;
+    ``base[k]`` the node an alias stands for; ``kept`` the full values read in a later
+    pass (or summed), kept in a row."""
+
+    def __init__(self, kernel: RowKernel):
+        nodes = kernel.nodes
+        self.where, self.level, self.base = [], [], []
+        for k, (kind, _, params, args, _, _) in enumerate(nodes):
+            deps = [a[1] for a in args if a[0] == "node"]
+            self.base.append(self.base[deps[0]] if kind == "alias" else k)
+            if kind == "read":
+                self.where.append({"full": "full", "tile": "full", "col": "full",
+                                   "row": "row", "scalar": "scalar"}[params["kind"]])
+                self.level.append(0)
+            elif kind == "sum":
+                self.where.append("row")
+                self.level.append(self.level[deps[0]] + 1)
+            else:
+                ws = {self.where[d] for d in deps}
+                self.where.append("full" if "full" in ws else "row" if "row" in ws
+                                  else "scalar")
+                self.level.append(max((self.level[d] for d in deps), default=0))
+        self.kept = set()
+        for k, (kind, _, _, args, _, _) in enumerate(nodes):
+            for a in args:
+                if a[0] != "node":
+                    continue
+                b = self.base[a[1]]
+                if self.where[b] == "full" and nodes[b][0] != "read" and \
+                        self.level[b] < self.level[k] and kind != "sum":
+                    self.kept.add(b)
+
+
+_NB = {"float32": "float32", "float64": "float64", "bool_": "boolean"}
+
+
+def signature(kernel: RowKernel) -> str:
+    """numba's signature of the loop, as source: each read node's operand as it is
+    passed (a full one C-contiguous ``(R, C)``, a row or column one contiguous, all
+    read-only; a scalar one a number), then the results (full ``(R, C)``, row
+    ``(R,)``)."""
+    args = ["nb.intp", "nb.intp", "nb.intp"]
+    for kind, _, params, _, dtype, _ in kernel.nodes:
+        if kind == "read":
+            t = f"nb.{_NB[_np_name(dtype)]}"
+            args.append(t if params["kind"] == "scalar" else
+                        f"nb.types.Array({t}, {2 if params['kind'] in ('full', 'tile') else 1}, "
+                        "'C', readonly=True)")
+    for k in kernel.outputs:
+        t = f"nb.{_NB[_np_name(kernel.nodes[k][4])]}"
+        args.append(f"{t}[:, ::1]" if kernel.nodes[k][5] == "full" else f"{t}[::1]")
+    return f"nb.void({', '.join(args)})"
+
+
+def source(kernel: RowKernel) -> str:
+    """The numba module of ``kernel``: ``kern(r0, r1, cols, *reads, *results)``
+    computes rows ``r0:r1`` (a full operand or result is ``(R, C)``, a row one ``(R,)``, a
+    column one ``(C,)``, a scalar one a number: see :func:`signature`)."""
+    nodes = kernel.nodes
+    plan = _Plan(kernel)
+    where, level, base = plan.where, plan.level, plan.base
+    out_of = {k: j for j, k in enumerate(kernel.outputs)}
+    consts: dict = {}
+    lines: list = []
+
+    def const(v) -> str:
+        key = (_np_name(v.dtype), repr(v.item()))
+        if key not in consts:
+            consts[key] = f"k{len(consts)}"
+        return consts[key]
+
+    def row_of(b, at=None) -> str:
+        """The row holding full value ``b`` (computed, or a full/column operand), or
+        its element ``at`` (``"c"``)."""
+        kind, _, params, _, _, _ = nodes[b]
+        two_d = (kind == "read" and params["kind"] == "full") or \
+            (kind != "read" and b in out_of)
+        name = f"x{b}" if kind == "read" else f"o{out_of[b]}" if b in out_of else f"s{b}"
+        if at is None:
+            return f"{name}[r]" if two_d else name
+        return f"{name}[r, {at}]" if two_d else f"{name}[{at}]"
+
+    def ref(a, cur) -> str:
+        """The expression reading argument ``a`` in the pass of level ``cur``."""
+        if a[0] == "const":
+            return const(a[1])
+        b = base[a[1]]
+        kind, _, params, _, _, _ = nodes[b]
+        if kind == "read":
+            return {"full": f"x{b}[r, c]", "tile": f"x{b}[q{b}, c]", "col": f"x{b}[c]",
+                    "row": f"v{b}", "scalar": f"x{b}"}[params["kind"]]
+        if where[b] == "full" and level[b] < cur:
+            return row_of(b, "c")
+        return f"v{b}"
+
+    def store(k, ind) -> None:
+        """Write node ``k``'s value where it is kept or returned."""
+        j = out_of.get(k)
+        full_result = j is not None and nodes[k][5] == "full"
+        if where[k] == "full":
+            if j is not None or k in plan.kept:
+                lines.append(f"{ind}{row_of(k, 'c')} = v{k}")
+        elif j is not None:
+            lines.append(f"{ind}o{j}[r{', :' if full_result else ''}] = v{base[k]}")
+
+    def compute(k, cur, ind) -> None:
+        kind, op, params, args, dtype, _ = nodes[k]
+        if kind == "alias":
+            if k in out_of:
+                if where[k] == "full":
+                    lines.append(f"{ind}v{k} = {ref(args[0], cur)}")
+                store(k, ind)
+            return
+        if kind == "read":  # (never a result: reads are not members)
+            if where[k] == "row":
+                lines.append(f"{ind}v{k} = x{k}[r]")
+            return
+        if kind == "sum":  # added up in the pass of its operand
+            lines.append(f"{ind}v{k} = a{k}")
+        else:
+            xs = [ref(a, cur) for a in args]
+            one = f"T{k}(1)"
+            expr = _pow(xs[0], params["y"], one) if op == "integer_pow" else \
+                _EXPR[op].format(*xs, one=one)
+            cast = "" if dtype == np.dtype(bool) else f"T{k}"
+            lines.append(f"{ind}v{k} = {cast}({expr})")
+        store(k, ind)
+
+    sums = {k: level[k] - 1 for k, n in enumerate(nodes) if n[0] == "sum"}  # -> pass
+    for k, (kind, _, params, _, _, _) in enumerate(nodes):
+        if kind == "read" and params["kind"] == "tile":  # its row for this row
+            period = math.prod(params["expanded"]) // kernel.frame.cols
+            lines.append(f"        q{k} = r % {period}")
+    for cur in range(max(level, default=0) + 1):
+        for k in range(len(nodes)):
+            if level[k] == cur and where[k] != "full":
+                compute(k, cur, "        ")
+        for k, at in sums.items():
+            if at == cur:
+                lines.append(f"        a{k} = T{k}(0)")
+        n0 = len(lines)
+        lines.append("        for c in range(cols):")
+        for k in range(len(nodes)):
+            if level[k] == cur and where[k] == "full":
+                compute(k, cur, "            ")
+            elif sums.get(k) == cur:
+                lines.append(f"            a{k} += {ref(nodes[k][3][0], cur)}")
+        if len(lines) == n0 + 1:
+            lines.pop()
+    reads = [k for k, n in enumerate(nodes) if n[0] == "read"]
+    params = ", ".join([f"x{k}" for k in reads] + [f"o{j}" for j in range(len(out_of))])
+    # The column count is an argument, not a constant: a loop of a constant count is
+    # unrolled whole and its sums were then not vectorized (76 against 11 us for a row
+    # sum over (2048, 96)).
+    head = [f"def kern(r0, r1, cols, {params}):"]
+    head += [f"    s{k} = np.empty(cols, np.{_np_name(nodes[k][4])})"
+             for k in sorted(plan.kept) if k not in out_of]
+    head.append("    for r in range(r0, r1):")
+    casts = [f"T{k} = np.{_np_name(d)}" for k, (_, _, _, _, d, _) in enumerate(nodes)
+             if d != np.dtype(bool)]
+    consts_src = [f"{name} = np.{dt}({val})" for (dt, val), name in consts.items()]
+    # error_model="numpy": a division by zero gives inf or nan, as in numpy (numba's
+    # default raises).  fastmath={"reassoc"} alone: sums may be added in any order
+    # (vectorized); no flag that assumes the absence of NaN, infinity or signed zeros.
+    return "\n".join(["import numpy as np", "import numba as nb", "",
+                      f"SIG = {signature(kernel)}"] + casts + consts_src
+                     + ["", "", "@nb.njit(SIG, nogil=True, cache=True, error_model='numpy', "
+                        "fastmath={'reassoc'})"]
+                     + head + (lines or ["        pass"])) + "\n"
+
+
+# ------------------------------------------------------------------ unfused
+
+def evaluate(kernel: RowKernel, args, xp=np) -> list:
+    """The kernel's results computed by its member equations' own implementations
+    (the unfused program); a result sharing memory with an operand or another result
+    is copied (the generated code owns a kernel's results and may update them in
+    place)."""
+    values = []
+    for prim, params, margs in kernel.members:
+        xs = [args[a[1]] if a[0] == "in" else values[a[1]] if a[0] == "node" else a[1]
+              for a in margs]
+        values.append(prim.impl(xp, *xs, **params))
+    outs = []
+    for k, shape in zip(kernel.member_outputs(), kernel.out_shapes):
+        v = values[k]
+        v = xp.reshape(v, shape) if v.shape != shape else v
+        if any(np.may_share_memory(v, a) for a in list(args) + outs
+               if isinstance(a, np.ndarray)):
+            v = v.copy()
+        outs.append(v)
+    return outs
+
+
+# ------------------------------------------------------------------ compiling
+
+_compiled: dict = {}  # source digest -> Future of the compiled loop (None: failed)
+_warned: list = []
+
+
+def _load(src: str):
+    """Import the generated module (compiling its loop, or loading it from numba's
+    cache): its ``kern``, no longer allowed to compile for other types."""
+    digest = hashlib.sha256(src.encode()).hexdigest()[:24]
+    name = f"spmd_rows_{digest}"
+    try:
+        folder = cache_dir()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, name + ".py")
+        if not os.path.exists(path):
+            # Written whole or not at all: ranks of one job may write it at once.
+            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(src)
+            os.replace(tmp, path)
+    except OSError:  # an unwritable cache: compiled each time, in a private folder
+        folder = tempfile.mkdtemp(prefix="spmd-kernels-")
+        path = os.path.join(folder, name + ".py")
+        with open(path, "w") as f:
+            f.write(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    # numba's cache finds the loop's callee (rowsum) through the module by name.
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    module.kern.disable_compile()
+    return module.kern
+
+
+def _forget(src: str) -> None:
+    """Remove numba's cache of ``src``'s module (a stale or unreadable entry)."""
+    name = "spmd_rows_" + hashlib.sha256(src.encode()).hexdigest()[:24]
+    for path in glob.glob(os.path.join(cache_dir(), "__pycache__", name + ".*")):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def _compile(src: str):
+    try:
+        try:
+            return _load(src)
+        except Exception:  # noqa: BLE001 - once more, without what numba had cached
+            _forget(src)
+            return _load(src)
+    except Exception as e:  # noqa: BLE001 - any failure leaves the unfused code running
+        if not _warned:
+            _warned.append(True)
+            warnings.warn(f"spmd: a row kernel could not be compiled ({type(e).__name__}: "
+                          f"{e}); it keeps running as numpy calls. Set "
+                          "SPMD_COMPILE_KERNELS=0 to stop trying.", RuntimeWarning,
+                          stacklevel=2)
+        return None
+
+
+def compile_async(kernel: RowKernel):
+    """The Future of ``kernel``'s compiled loop (one per distinct source: the layer
+    norms of a model's layers share one)."""
+    global _executor
+    src = source(kernel)
+    with _lock:
+        fut = _compiled.get(src)
+        if fut is None:
+            if _executor is None:
+                _executor = ThreadPoolExecutor(1, thread_name_prefix="spmd-compile")
+            fut = _compiled[src] = _executor.submit(_compile, src)
+    return fut
+
+
+def wait_compiled(timeout: float | None = None) -> None:
+    """Wait until the row kernels submitted so far are compiled (or failed).
+
+    >>> wait_compiled()
+    """
+    with _lock:
+        futures = list(_compiled.values())
+    wait(futures, timeout=timeout)
+
+
+# -------------------------------------------------------------------- running
+
+def _reads(kernel: RowKernel, args) -> list:
+    """Each read node's operand as the loop takes it (see :func:`signature`)."""
+    rows, cols = kernel.frame.rows, kernel.frame.cols
+    out = []
+    for kind, _, params, _, dtype, _ in kernel.nodes:
+        if kind != "read":
+            continue
+        x = np.asarray(args[params["operand"]], dtype)
+        how = params["kind"]
+        if how == "scalar":
+            out.append(x.reshape(())[()])
+        elif how == "col":
+            out.append(np.ascontiguousarray(x.reshape(cols)))
+        elif how == "row" and x.size == rows:
+            out.append(np.ascontiguousarray(x.reshape(rows)))
+        elif how == "tile":  # the leading ones of its expanded shape dropped
+            out.append(np.ascontiguousarray(x.reshape(x.size // cols, cols)))
+        else:
+            b = np.broadcast_to(x.reshape(params["expanded"]), params["target"])
+            out.append(np.ascontiguousarray(b.reshape((rows, cols) if how == "full"
+                                                      else rows)))
+    return out
+
+
+class RowRunner:
+    """A :class:`RowKernel` on numpy: its members' implementations until its loop is
+    compiled (requested at call :data:`COMPILE_AFTER`), the loop after, its rows
+    shared among the engine's threads."""
+
+    __slots__ = ("kernel", "calls", "future", "loop")
+
+    def __init__(self, kernel: RowKernel):
+        self.kernel, self.calls, self.future, self.loop = kernel, 0, None, None
+
+    def __call__(self, *args, out=None):
+        loop = self.loop
+        if loop is None:
+            loop = self._ready()
+            if loop is None:
+                return evaluate(self.kernel, args)
+        return self.run(loop, args, out)
+
+    def _ready(self):
+        """The compiled loop from call :data:`SWITCH_AT` on (None before, or if it
+        could not be compiled)."""
+        self.calls += 1
+        if self.calls == COMPILE_AFTER or (self.calls > COMPILE_AFTER and self.future is None):
+            self.future = compile_async(self.kernel)
+        if self.calls < SWITCH_AT or self.future is None:
+            return None
+        fut, self.future = self.future, None
+        loop = fut.result() if fut.exception() is None else None
+        if loop is None:  # could not be compiled (warned): unfused from now on
+            self.calls = -(1 << 62)
+            return None
+        self.loop = loop
+        return loop
+
+    def run(self, loop, args, out=None) -> list:
+        """The compiled ``loop`` on ``args``: the kernel's results, written into the
+        buffers ``out`` gives where they are C-contiguous (a dead value's buffer may
+        not be), else new arrays."""
+        k = self.kernel
+        rows, cols = k.frame.rows, k.frame.cols
+        xs = _reads(k, args)
+        outs = []
+        for j, (n, d) in enumerate(zip(k.outputs, k.out_dtypes)):
+            shape = (rows, cols) if k.nodes[n][5] == "full" else (rows,)
+            buf = None if out is None else out[j]
+            if buf is not None and buf.dtype == d and buf.flags.c_contiguous and \
+                    buf.size == math.prod(shape):
+                outs.append(buf.reshape(shape))
+            else:
+                outs.append(np.empty(shape, d))
+        parts = POOL.size() if rows * cols >= THREADED_ELEMENTS and threads_help() else 1
+        if parts <= 1:
+            loop(0, rows, cols, *xs, *outs)
+        else:
+            step = -(-rows // parts)
+            POOL.run([lambda r0=r0: loop(r0, min(r0 + step, rows), cols, *xs, *outs)
+                      for r0 in range(0, rows, step)])
+        return [o.reshape(s) for o, s in zip(outs, k.out_shapes)]

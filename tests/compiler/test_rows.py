@@ -1,0 +1,373 @@
+"""Row kernels (spmd/compiler/rows.py, rows_jit.py): chains with row sums as one loop
+compiled by numba, against the unfused program (``compile_kernels`` off)."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import spmd
+import spmd.numpy as snp
+from spmd import lax
+from spmd.compiler import passes, rows, rows_jit, threads
+from spmd.errors import ArgumentError
+
+pytest.importorskip("numba", reason="row kernels are compiled by numba (the [compile] extra)")
+
+# The loop adds a row's terms in another order than numpy: float32 rounding, relative
+# to each element or (where a gradient cancels) to the array's largest magnitude.
+RTOL, ATOL = 2e-5, 1e-5
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.fixture
+def compiled(monkeypatch, cache):
+    """Row groups from 64 elements on, compiled at their first call and used at once;
+    a private kernel cache."""
+    monkeypatch.setenv("SPMD_CACHE_DIR", cache)
+    monkeypatch.setattr(rows, "MIN_ELEMENTS", 64)
+    monkeypatch.setattr(rows_jit, "COMPILE_AFTER", 1)
+    monkeypatch.setattr(rows_jit, "SWITCH_AT", 1)
+    calls = []
+    run = rows_jit.RowRunner.run
+
+    def counted(self, loop, args, out=None):
+        calls.append(self.kernel)
+        return run(self, loop, args, out)
+
+    monkeypatch.setattr(rows_jit.RowRunner, "run", counted)
+    yield calls
+
+
+def _unfused(fn, *args):
+    spmd.config.update("compile_kernels", False)
+    try:
+        return spmd.jit(fn)(*args)
+    finally:
+        spmd.config.update("compile_kernels", True)
+
+
+def _close(got, want):
+    for g, w in zip(spmd.tree_util.tree_leaves(got), spmd.tree_util.tree_leaves(want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        finite = w[np.isfinite(w)]
+        scale = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL * scale, equal_nan=True)
+
+
+def _layer_norm(x, g, b):
+    mu = snp.mean(x, axis=-1, keepdims=True)
+    var = snp.mean(snp.square(x - mu), axis=-1, keepdims=True)
+    return (x - mu) * lax.rsqrt(var + 1e-5) * g + b
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def test_a_layer_norm_is_one_loop(compiled):
+    r = _rng()
+    x = r.standard_normal((6, 9, 32)).astype(np.float32)
+    g, b = r.standard_normal(32).astype(np.float32), r.standard_normal(32).astype(np.float32)
+    f = spmd.jit(_layer_norm)
+    text = f.lower(x, g, b).as_text(executed=True)
+    assert text.count("fused_rows[kernel=rows 54x32:") == 1, text
+    assert "reduce_sum" not in text  # both sums are inside the loop
+    got = f(x, g, b)
+    assert compiled, "the compiled loop did not run"
+    mu = x.mean(-1, keepdims=True)
+    want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+    _close(got, _unfused(_layer_norm, x, g, b))
+
+
+def test_a_layer_norm_under_grad(compiled):
+    """Forward and backward, with the backward's sums over rows (the scale's gradient:
+    not a row sum, so outside the loops) and the recomputation of ``x - mean``."""
+    r = _rng(1)
+    x = r.standard_normal((64, 48)).astype(np.float32)
+    g, b = r.standard_normal(48).astype(np.float32), r.standard_normal(48).astype(np.float32)
+    w = r.standard_normal((48, 16)).astype(np.float32)
+
+    def loss(x, g, b):
+        h = _layer_norm(x, g, b)
+        return snp.sum(snp.tanh(h @ w) ** 2)
+
+    f = spmd.value_and_grad(loss, argnums=(0, 1, 2))
+    text = spmd.jit(f).lower(x, g, b).as_text(executed=True)
+    assert text.count("fused_rows") >= 2, text
+    got = spmd.jit(f)(x, g, b)
+    assert len(compiled) >= 2
+    _close(got, _unfused(f, x, g, b))
+
+
+OPS = [
+    ("where_and_compare", lambda x, y: snp.sum(snp.where(x > y, x * y, -y), axis=-1)),
+    ("pow_div_abs", lambda x, y: snp.sum(x ** 3 / (snp.abs(y) + 1.0) - x ** -2, axis=-1,
+                                         keepdims=True) * x),
+    ("sqrt_rsqrt_neg", lambda x, y: -snp.sqrt(snp.abs(x)) * lax.rsqrt(
+        snp.sum(y * y, axis=-1, keepdims=True) + 1.0)),
+    ("two_sums_chained", lambda x, y: x - snp.sum(x * snp.sum(y, axis=-1, keepdims=True),
+                                                 axis=-1, keepdims=True) / 7.0),
+    ("sum_of_two_trailing_axes", lambda x, y: snp.sum(x * y, axis=(-2, -1))),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,fn", OPS, ids=[o[0] for o in OPS])
+def test_ops_against_the_unfused_program(compiled, name, fn, dtype):
+    if dtype == np.float64:
+        spmd.config.update("enable_x64", True)
+    try:
+        r = _rng(2)
+        x = r.standard_normal((5, 7, 11)).astype(dtype)
+        y = r.standard_normal((5, 7, 11)).astype(dtype)
+        text = spmd.jit(fn).lower(x, y).as_text(executed=True)
+        assert "fused_rows" in text, text
+        got = spmd.jit(fn)(x, y)
+        assert compiled
+        _close(got, _unfused(fn, x, y))
+    finally:
+        spmd.config.update("enable_x64", False)
+
+
+def test_operands_as_rows_columns_tiles_scalars_and_strided(compiled):
+    """Each way the loop reads a value computed outside: a column (a scale), a row (a
+    mean given as input), a value repeated along leading axes (a simulated mesh's
+    replicated one), a scalar traced value, and a transposed (non-contiguous) array."""
+    r = _rng(3)
+    x = r.standard_normal((4, 6, 16)).astype(np.float32)
+    col = r.standard_normal(16).astype(np.float32)
+    row = r.standard_normal((4, 6, 1)).astype(np.float32)
+    tile = r.standard_normal((6, 16)).astype(np.float32)
+    s = np.float32(1.5)
+    xt = np.ascontiguousarray(x.transpose(2, 0, 1)).transpose(1, 2, 0)  # strided view
+
+    def f(x, col, row, tile, s):
+        y = x * col + row - snp.broadcast_to(tile, x.shape) * s
+        return y / snp.sum(y * y, axis=-1, keepdims=True)
+
+    got = spmd.jit(f)(xt, col, row, tile, s)
+    assert compiled
+    kinds = {n[2]["kind"] for n in compiled[0].nodes if n[0] == "read"}
+    assert {"col", "row", "tile", "scalar", "full"} <= kinds, kinds
+    _close(got, _unfused(f, x, col, row, tile, s))
+
+
+def test_nan_infinity_and_division_by_zero_propagate_as_in_numpy(compiled):
+    x = np.array([[1.0, np.nan, 2.0, 3.0] * 4, [np.inf, 1.0, -np.inf, 0.0] * 4,
+                  [0.0, 0.0, 0.0, 0.0] * 4, [1e38, 1e38, -1e38, 2.0] * 4],
+                 np.float32).repeat(8, axis=0)
+
+    def f(x):
+        m = snp.sum(x, axis=-1, keepdims=True)
+        return x / m, x / (x - x), snp.sum(x * 0.0, axis=-1)
+
+    with np.errstate(all="ignore"):
+        got = spmd.jit(f)(x)
+        want = _unfused(f, x)
+    assert compiled
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(np.isposinf(g), np.isposinf(w))
+        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w))
+        fin = np.isfinite(w)
+        np.testing.assert_allclose(g[fin], w[fin], rtol=RTOL, atol=ATOL * 1e-3)
+
+
+def test_rows_on_threads_give_the_same_bits(compiled, monkeypatch):
+    """The rows are shared among threads: each row's numbers do not depend on which
+    thread computes it, or how the rows are cut."""
+    r = _rng(4)
+    x = r.standard_normal((37, 5, 24)).astype(np.float32)
+    g, b = r.standard_normal(24).astype(np.float32), r.standard_normal(24).astype(np.float32)
+    one = np.asarray(spmd.jit(_layer_norm)(x, g, b))
+    monkeypatch.setattr(rows_jit, "THREADED_ELEMENTS", 1)
+    monkeypatch.setattr(threads, "threads_help", lambda: True)
+    for n in ("2", "3", "7"):
+        monkeypatch.setenv("SPMD_NUM_THREADS", n)
+        monkeypatch.setattr(threads.POOL, "threads", None)
+        np.testing.assert_array_equal(np.asarray(spmd.jit(_layer_norm)(x, g, b)), one)
+    threads.POOL.threads = None
+
+
+def test_concurrent_callers(compiled):
+    f = spmd.jit(_layer_norm)
+    r = _rng(5)
+    g, b = r.standard_normal(40).astype(np.float32), r.standard_normal(40).astype(np.float32)
+    xs = [r.standard_normal((33, 40)).astype(np.float32) for _ in range(5)]
+    want = [np.asarray(f(x, g, b)) for x in xs]
+    errors = []
+
+    def call(k):
+        try:
+            for _ in range(20):
+                np.testing.assert_array_equal(np.asarray(f(xs[k], g, b)), want[k])
+        except Exception as e:  # reported on the main thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=call, args=(k,)) for k in range(len(xs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in ts)
+
+
+def test_the_switch_to_the_loop_happens_at_a_fixed_call(compiled, monkeypatch):
+    """Unfused bits until call SWITCH_AT, the loop's from then on, whenever the
+    background compilation finished: every rank switches at the same step."""
+    monkeypatch.setattr(rows_jit, "COMPILE_AFTER", 2)
+    monkeypatch.setattr(rows_jit, "SWITCH_AT", 4)
+    r = _rng(6)
+    x = r.standard_normal((50, 30)).astype(np.float32) * 10 + 3
+    g, b = r.standard_normal(30).astype(np.float32), r.standard_normal(30).astype(np.float32)
+    plain = np.asarray(_unfused(_layer_norm, x, g, b))
+    f = spmd.jit(_layer_norm)
+    results = [np.asarray(f(x, g, b)) for _ in range(6)]
+    for k in range(3):
+        np.testing.assert_array_equal(results[k], plain)
+    assert len(compiled) == 3  # calls 4, 5, 6
+    for k in range(4, 6):
+        np.testing.assert_array_equal(results[k], results[3])
+    _close(results[3], plain)
+
+
+def test_a_kernel_that_cannot_be_compiled_keeps_running_unfused(compiled, monkeypatch):
+    def broken(src):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(rows_jit, "_load", broken)
+    monkeypatch.setattr(rows_jit, "_warned", [])
+    monkeypatch.setattr(rows_jit, "_compiled", {})
+    r = _rng(7)
+    x = r.standard_normal((20, 17)).astype(np.float32)
+    g, b = np.ones(17, np.float32), np.zeros(17, np.float32)
+    f = spmd.jit(_layer_norm)
+    with pytest.warns(RuntimeWarning, match="could not be compiled.*no compiler today"):
+        got = [np.asarray(f(x, g, b)) for _ in range(3)]
+    assert not compiled
+    for a in got:
+        np.testing.assert_array_equal(a, np.asarray(_unfused(_layer_norm, x, g, b)))
+
+
+def test_a_stale_cache_entry_is_dropped_and_compiled_again(compiled, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPMD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(rows_jit, "_compiled", {})
+    load, failed = rows_jit._load, []
+
+    def once(src):
+        if not failed:
+            failed.append(src)
+            raise EOFError("truncated cache index")
+        return load(src)
+
+    monkeypatch.setattr(rows_jit, "_load", once)
+    x = _rng(8).standard_normal((12, 19)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = spmd.jit(_layer_norm)(x, np.ones(19, np.float32), np.zeros(19, np.float32))
+    assert failed and compiled
+    _close(got, _unfused(_layer_norm, x, np.ones(19, np.float32), np.zeros(19, np.float32)))
+
+
+def test_an_unwritable_cache_folder_still_compiles(compiled, monkeypatch, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPMD_CACHE_DIR", str(blocker / "below"))
+    monkeypatch.setattr(rows_jit, "_compiled", {})
+    x = _rng(9).standard_normal((12, 23)).astype(np.float32)
+    ones, zeros = np.ones(23, np.float32), np.zeros(23, np.float32)
+    got = spmd.jit(_layer_norm)(x, ones, zeros)
+    assert compiled
+    _close(got, _unfused(_layer_norm, x, ones, zeros))
+
+
+def test_the_cache_serves_a_later_process(compiled, cache):
+    """The generated module is written whole under the cache folder, beside numba's
+    cache of its machine code."""
+    import os
+
+    spmd.jit(_layer_norm)(_rng(10).standard_normal((9, 29)).astype(np.float32),
+                          np.ones(29, np.float32), np.zeros(29, np.float32))
+    rows_jit.wait_compiled()
+    folder = os.path.join(cache, "kernels")
+    names = os.listdir(folder)
+    assert any(n.startswith("spmd_rows_") and n.endswith(".py") for n in names)
+    assert not any(n.endswith(".tmp") for n in names)
+    assert os.listdir(os.path.join(folder, "__pycache__"))
+
+
+def test_off_without_numba_or_when_asked(monkeypatch):
+    x = np.ones((64, 300), np.float32)
+    g = b = np.ones(300, np.float32)
+    assert "fused_rows" in spmd.jit(_layer_norm).lower(x, g, b).as_text(executed=True)
+    spmd.config.update("compile_kernels", False)
+    try:
+        assert "fused_rows" not in spmd.jit(_layer_norm).lower(x, g, b).as_text(executed=True)
+    finally:
+        spmd.config.update("compile_kernels", True)
+    monkeypatch.setattr(passes, "rows_available", lambda: False)
+    assert "fused_rows" not in spmd.jit(_layer_norm).lower(x, g, b).as_text(executed=True)
+
+
+def test_the_setting_takes_only_a_bool():
+    with pytest.raises(ArgumentError, match="compile_kernels must be True or False, got 'yes'"):
+        spmd.config.update("compile_kernels", "yes")
+    assert spmd.config.compile_kernels is True
+
+
+def test_broadcasts_of_its_values_stay_views(compiled):
+    """A broadcast of the row statistics read outside the loop is computed after it,
+    from its row result: the loop never writes a broadcast copy."""
+    x = _rng(11).standard_normal((16, 40)).astype(np.float32)
+
+    def f(x):
+        m = snp.sum(x * x, axis=-1, keepdims=True)
+        wide = snp.broadcast_to(m, x.shape)
+        return x / wide, wide
+
+    text = spmd.jit(f).lower(x).as_text(executed=True)
+    fused = [ln for ln in text.splitlines() if "fused_rows" in ln]
+    assert len(fused) == 1 and ":f32[16,40]" in fused[0].split("=")[0]
+    assert text.index("fused_rows") < text.rindex("broadcast_in_dim")
+    got = spmd.jit(f)(x)
+    assert compiled and all(n[5] != "full" or n[0] != "alias"
+                            for k in compiled for n in (k.nodes[j] for j in k.outputs))
+    _close(got, _unfused(f, x))
+
+
+def test_results_go_into_dead_buffers_or_new_arrays(compiled):
+    """The generated code hands the loop a dead value's buffer (``out=``); one that is
+    not C-contiguous is not written into (a new array is returned)."""
+    r = _rng(12)
+    x = r.standard_normal((24, 36)).astype(np.float32)
+
+    def f(x):
+        y = snp.exp(x) @ np.eye(36, dtype=np.float32)  # dead after its one reader
+        return y - snp.sum(y, axis=-1, keepdims=True) / 36.0
+
+    src = spmd.jit(f).lower(x).compile().as_text()
+    assert any("_fused_rows" in ln and "out=(" in ln for ln in src.splitlines()), src
+    got = spmd.jit(f)(x)
+    _close(got, _unfused(f, x))
+    kernel = compiled[0]
+    runner = rows_jit.RowRunner(kernel)
+    loop = rows_jit.compile_async(kernel).result()
+    y = np.exp(x)
+    bad = np.empty((36, 24), np.float32).T
+    out = runner.run(loop, [y], [bad])
+    assert out[0] is not bad and not np.shares_memory(out[0], bad)
+    good = np.empty((24, 36), np.float32)
+    out = runner.run(loop, [y], [good])
+    assert np.shares_memory(out[0], good)
+    np.testing.assert_allclose(out[0], y - y.sum(-1, keepdims=True) / 36, rtol=1e-5, atol=1e-5)
