@@ -34,7 +34,7 @@ import numpy as np
 from spmd.collectives import primitives as cp
 from spmd.collectives.mpi import mpi_p
 from spmd.collectives.nccl import nccl_p
-from spmd.compiler import custom, fusion, jit, overlap, remat
+from spmd.compiler import custom, fusion, jit, overlap, remat, rows
 from spmd.compiler.ir import ClosedProgram, Literal
 from spmd.compiler.ops import attention as attention_ops
 from spmd.compiler.ops import conv, elementwise as ew, indexing as ix, linalg
@@ -645,7 +645,7 @@ def _table() -> None:
     register(cp.all_to_all_p, _collective_dims(
         "all_to_all", lambda q, n: q["split_axis"], lambda q, n: q["concat_axis"]))
     late = "{} exists only in per-device programs, made after the types are checked"
-    for p in (mpi_p, nccl_p, fusion.fused_p, overlap.collective_start_p,
+    for p in (mpi_p, nccl_p, fusion.fused_p, rows.fused_rows_p, overlap.collective_start_p,
               overlap.collective_wait_p):
         register(p, never(late.format(p.name)))
 

@@ -24,6 +24,7 @@ from spmd.compiler.ad import stop_gradient_p
 from spmd.compiler.remat import name_p
 from spmd.compiler.custom import custom_lin_p
 from spmd.compiler.fusion import fused_p
+from spmd.compiler.rows import fused_rows_p
 from spmd.compiler.ops import complex as cx, elementwise as ew, reduce as rd, structural as st
 from spmd.compiler.ops.linalg import dot_general_p
 from spmd.shard.partition import registry
@@ -347,6 +348,9 @@ def _table() -> dict:
             "rule over saved residuals, which no placement can be read from"),
         fused_p: Unreachable(
             "the fusion pass (spmd.compiler.fusion) makes elementwise kernels out of "
+            "per-device programs as they are compiled, after partitioning"),
+        fused_rows_p: Unreachable(
+            "the row-kernel pass (spmd.compiler.rows) makes compiled loops out of "
             "per-device programs as they are compiled, after partitioning"),
     })
     return table
