@@ -7,8 +7,10 @@
 ``jax``, ``optax`` and ``torch==2.13.0``, and runs it.)  Without jax or torch the
 rows of that engine are left out and the table says why.
 
-One process, the engines interleaved (spmd, JAX, PyTorch, spmd, ...) after two
-warm-up steps each, each engine's turn two steps of which the second is timed (a
+One process, the engines interleaved (spmd, JAX, PyTorch, spmd, ...) after five
+warm-up steps each (spmd's row loops are compiled in the background from its
+second step and used from its fifth: ``spmd.compiler.rows_jit.SWITCH_AT``), each
+engine's turn two steps of which the second is timed (a
 training loop's steady state: a step timed right after another library's step was
 10-25% slower, measured for spmd after PyTorch and PyTorch after JAX, 2026-12-05:
 the other library's threads still spinning and its buffers in the caches), from
@@ -28,9 +30,9 @@ it was 20-25% faster on the small config.  Each step's time includes placing the
 batch (what a training loop does); the
 first step (tracing and compiling) is recorded apart (`first step s`).  Memory
 (item 5 of issue 25): each engine alone in a fresh process, the peak resident set
-of 3 steps after 2 warm-up steps (whose peak, compilation's, is forgotten) above
-the resident set before its first step, with parameters and optimizer state in
-place (`step peak MiB`: the step's buffers, freed or kept, and compiled code;
+of 3 steps after the five warm-up steps (whose peak, compilation's, is forgotten)
+above the resident set before its first step, with parameters and optimizer state in
+place (and numba imported, for spmd, as the floors' libraries are) (`step peak MiB`: the step's buffers, freed or kept, and compiled code;
 Linux only, ``--no-memory`` skips it); the results file also has the resident set
 between steps above that baseline (``held_bytes``).  The
 ``% of matmul`` column is the step's matrix-product work (counted from spmd's
@@ -42,6 +44,8 @@ the issue's measure of how much of the machine a step uses.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import os
 import sys
 import time
@@ -201,8 +205,9 @@ _MEMORY_TAG = "BENCH_ENGINE_MEMORY "
 
 
 def memory_one(config: str, mesh: str, engine: str) -> None:
-    """In a fresh process: the peak resident set of 3 steps of ``engine`` (after 2
-    warm-up steps, whose own peak is forgotten: compilation is not counted) above the
+    """In a fresh process: the peak resident set of 3 steps of ``engine`` (after
+    :func:`_warm_up_steps` warm-up steps, whose own peak is forgotten: compilation is
+    not counted) above the
     resident set before its first step, when the parameters and optimizer state exist
     (the memory its steps run in: their buffers, whether freed or kept between steps,
     and the compiled code), and the resident set between steps above that same
@@ -215,15 +220,21 @@ def memory_one(config: str, mesh: str, engine: str) -> None:
         print(_MEMORY_TAG + json.dumps(None), flush=True)
         return
     run = engines[engine]
-    batches = _batches(config, 5)
+    warm = _warm_up_steps()
+    batches = _batches(config, warm + 3)
+    if engine == "spmd":
+        # The compiler of the row loops is imported before the baseline, as JAX's
+        # and PyTorch's libraries are: its code is not the step's memory.
+        with contextlib.suppress(ImportError):
+            importlib.import_module("numba")
     gc.collect()
     before = common.status_bytes("VmRSS")
-    for b in batches[:2]:
+    for b in batches[:warm]:
         run(b)
     gc.collect()
     steady = common.status_bytes("VmRSS")
     common.reset_peak()  # the peak starts again from here
-    for b in batches[2:]:
+    for b in batches[warm:]:
         run(b)
     peak = common.status_bytes("VmHWM")
     print(_MEMORY_TAG + json.dumps({"step_peak_bytes": peak - before,
@@ -248,6 +259,15 @@ def measure_memory(config: str, mesh: str, engines) -> dict:
     return out
 
 
+def _warm_up_steps() -> int:
+    """Steps before measuring: until spmd's row loops are compiled and in use
+    (``spmd.compiler.rows_jit.SWITCH_AT``), as in a training run after its first
+    steps; every engine gets as many."""
+    from spmd.compiler import rows_jit
+
+    return max(2, rows_jit.SWITCH_AT)
+
+
 def measure(config: str, mesh: str, rounds: int) -> dict:
     """One (config, mesh) cell: every available engine's step times, interleaved."""
     engines, absent, flops = _engines(config, mesh)
@@ -258,7 +278,8 @@ def measure(config: str, mesh: str, rounds: int) -> dict:
         first_loss[name] = run(batches[0])
         first_s[name] = common.clock() - t0
     for name, run in engines.items():
-        run(batches[1])
+        for _ in range(_warm_up_steps() - 1):
+            run(batches[1])
     times = {name: [] for name in engines}
     for k in range(rounds):
         lead, timed = batches[2 + 2 * k], batches[3 + 2 * k]
