@@ -89,6 +89,20 @@ def _tune_malloc() -> bool:
                 and mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
 
 
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; a no-op
+    elsewhere): after a burst of allocations that will not come again, such as a
+    compilation, which the raised trim threshold would otherwise keep resident."""
+    if not MALLOC_TUNED:
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Config:
     """Holds the switches; ``update(name, value)`` changes one."""
 

@@ -54,7 +54,7 @@ from spmd.compiler.avals import ShapedArray
 from spmd.compiler.fusion import _COMPARISONS, _FLOATS, _letters, _may_compute_at, _readers
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
-from spmd.compiler.rows_jit import RowRunner, evaluate
+from spmd.compiler.rows_jit import RowRunner, evaluate, overwritable
 
 # Values of fewer elements are not worth a compiled loop (a numpy call costs a few
 # microseconds whatever its size).
@@ -316,11 +316,12 @@ def _bind_impl(xp, *, kernel):
 
 
 fused_rows_p.rules["bind_impl"] = _bind_impl
-# The generated code hands the loop dead buffers for its results (``out=``), as it
-# does a ufunc (reused buffers are in cache and already mapped: a fresh 4 MiB result
-# is a thousand page faults); never an operand's (a later pass, or a later row of a
-# repeated operand, may still read it).
-fused_rows_p.rules["results_into"] = lambda j, *, kernel: []
+# The generated code hands the loop buffers for its results (``out=``), as it does a
+# ufunc: an operand it owns alone and never reads again, where the loop reads that
+# operand's element for the last time before it writes the result's
+# (``rows_jit.overwritable``), else a dead value's buffer.  (Fresh results each
+# call grew the big step's resident set by a third.)
+fused_rows_p.rules["results_into"] = lambda j, *, kernel: overwritable(kernel, j)
 
 
 def _not_transformed(*args, **params):
@@ -341,23 +342,32 @@ def fuse_rows(closed: ClosedProgram, min_elements: int | None = None) -> ClosedP
     >>> fused = fuse_rows(lowered)  # doctest: +SKIP
     """
     min_elements = MIN_ELEMENTS if min_elements is None else min_elements
-    program = closed.program
-    eqns = program.eqns
     frames: dict = {}
-    for e in eqns:
+    for e in closed.program.eqns:
         f = _frame_of_sum(e, min_elements)
         if f is not None:
             frames.setdefault(f.key(), f)
     if not frames:
         return closed
-    # Each equation's frame (the first that takes it) and role there.
+    return _fuse(closed, list(frames.values()))
+
+
+def _fuse(closed: ClosedProgram, frames: list) -> ClosedProgram:
+    """Each equation's frame (the first of ``frames`` that takes it) and role there,
+    the groups grown as fusion's, and each group with a sum and another member made a
+    ``fused_rows`` equation."""
+    program = closed.program
+    eqns = program.eqns
     frame_of, role = {}, {}
     for i, e in enumerate(eqns):
-        for key, f in frames.items():
+        for f in frames:
             r = _role(e, f)
             if r is not None:
-                frame_of[i], role[i] = key, r
+                frame_of[i], role[i] = f.key(), r
                 break
+    if not role:
+        return closed
+    by_key = {f.key(): f for f in frames}
     readers = _readers(program)
     producer = {e.outputs[0]: i for i, e in enumerate(eqns) if i in role}
     group_of: dict = {}
@@ -366,7 +376,7 @@ def fuse_rows(closed: ClosedProgram, min_elements: int | None = None) -> ClosedP
         if i not in role:
             continue
         group_of[i], groups[i] = i, {i}
-        frame = frames[frame_of[i]]
+        frame = by_key[frame_of[i]]
         kind = role[i][0]
         for a in e.inputs:
             j = producer.get(a) if isinstance(a, Var) else None
@@ -382,9 +392,10 @@ def fuse_rows(closed: ClosedProgram, min_elements: int | None = None) -> ClosedP
     defs = {o: e for e in eqns for o in e.outputs}
     kept = {}
     for root, members in groups.items():
-        if any(role[k][0] == "sum" for k in members) and \
-                sum(role[k][0] in ("op", "sum") for k in members) > 1:
-            made = _group(sorted(members), eqns, role, frames[frame_of[root]], readers, defs)
+        n_sums = sum(role[k][0] == "sum" for k in members)
+        n_ops = sum(role[k][0] == "op" for k in members)
+        if n_sums and n_sums + n_ops > 1:
+            made = _group(sorted(members), eqns, role, by_key[frame_of[root]], readers, defs)
             if made is not None:
                 kept[root] = made
     if not kept:

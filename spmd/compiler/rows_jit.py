@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from spmd.compiler.threads import POOL, threads_help
+from spmd.config import release_free_memory
 
 if TYPE_CHECKING:
     from spmd.compiler.rows import RowKernel
@@ -132,6 +133,37 @@ class _Plan:
                 if self.where[b] == "full" and nodes[b][0] != "read" and \
                         self.level[b] < self.level[k] and kind != "sum":
                     self.kept.add(b)
+
+
+def overwritable(kernel: RowKernel, j: int) -> list:
+    """The operands result ``j`` may be written into: a full result computed in the
+    column passes, over an operand read only as a full value of its dtype and size,
+    and read by no node after the result's (a later pass, or later in its pass)."""
+    nodes = kernel.nodes
+    k = kernel.outputs[j]
+    plan = _Plan(kernel)
+    if nodes[k][5] != "full" or plan.where[k] != "full" or nodes[k][0] == "alias":
+        return []
+    kinds: dict = {}  # operand -> how its read nodes read it
+    for kind, _, params, _, _, _ in nodes:
+        if kind == "read":
+            kinds.setdefault(params["operand"], set()).add(params["kind"])
+    last: dict = {}  # read node -> (level, index) of its last reader
+    for n, (_, _, _, args, _, _) in enumerate(nodes):
+        for a in args:
+            if a[0] == "node" and nodes[plan.base[a[1]]][0] == "read":
+                b = plan.base[a[1]]
+                at = (plan.level[n] - (1 if nodes[n][0] == "sum" else 0), n)
+                last[b] = max(last.get(b, at), at)
+    ok = []
+    for b, (kind, _, params, _, dtype, _) in enumerate(nodes):
+        i = params["operand"] if kind == "read" else None
+        if i is None or kinds[i] != {"full"} or dtype != kernel.out_dtypes[j] or \
+                math.prod(params["target"]) != kernel.frame.rows * kernel.frame.cols:
+            continue
+        if last.get(b, (-1, -1)) <= (plan.level[k], k):
+            ok.append(i)
+    return sorted(set(ok))
 
 
 _NB = {"float32": "float32", "float64": "float64", "bool_": "boolean"}
@@ -279,11 +311,20 @@ def evaluate(kernel: RowKernel, args, xp=np) -> list:
     (the unfused program); a result sharing memory with an operand or another result
     is copied (the generated code owns a kernel's results and may update them in
     place)."""
+    keep = set(kernel.member_outputs())
+    last = {}  # member -> the last member reading it: freed after (as the unfused code)
+    for m, (_, _, margs) in enumerate(kernel.members):
+        for a in margs:
+            if a[0] == "node":
+                last[a[1]] = m
     values = []
-    for prim, params, margs in kernel.members:
+    for m, (prim, params, margs) in enumerate(kernel.members):
         xs = [args[a[1]] if a[0] == "in" else values[a[1]] if a[0] == "node" else a[1]
               for a in margs]
         values.append(prim.impl(xp, *xs, **params))
+        for a in margs:
+            if a[0] == "node" and last[a[1]] == m and a[1] not in keep:
+                values[a[1]] = None
     outs = []
     for k, shape in zip(kernel.member_outputs(), kernel.out_shapes):
         v = values[k]
@@ -347,6 +388,10 @@ def _compile(src: str):
         except Exception:  # noqa: BLE001 - once more, without what numba had cached
             _forget(src)
             return _load(src)
+        finally:
+            # The compiler's scratch (hundreds of MiB over a model's loops) is freed
+            # but stays resident under spmd's raised trim threshold: give it back.
+            release_free_memory()
     except Exception as e:  # noqa: BLE001 - any failure leaves the unfused code running
         if not _warned:
             _warned.append(True)
@@ -439,6 +484,8 @@ class RowRunner:
             self.calls = -(1 << 62)
             return None
         self.loop = loop
+        # The unfused calls' buffers, freed but kept by the heap, are not needed again.
+        release_free_memory()
         return loop
 
     def run(self, loop, args, out=None) -> list:

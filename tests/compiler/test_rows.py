@@ -371,3 +371,62 @@ def test_results_go_into_dead_buffers_or_new_arrays(compiled):
     out = runner.run(loop, [y], [good])
     assert np.shares_memory(out[0], good)
     np.testing.assert_allclose(out[0], y - y.sum(-1, keepdims=True) / 36, rtol=1e-5, atol=1e-5)
+
+
+def test_which_operands_a_result_may_overwrite(compiled):
+    """A result may take the buffer of a full operand whose elements the loop reads
+    for the last time before (or as) it writes them; not one read in a later pass."""
+    x = _rng(13).standard_normal((24, 36)).astype(np.float32)
+
+    def centered(x):  # x is read by the sum (pass 0) and by x - mean (pass 1)
+        return x - snp.sum(x, axis=-1, keepdims=True) / 36.0
+
+    def early(x):  # x * 2 is written in pass 0, while pass 1 still reads x
+        d = x * 2.0
+        return d, x - snp.sum(x, axis=-1, keepdims=True) / 36.0 + d
+
+    spmd.jit(centered)(x)
+    spmd.jit(early)(x)
+    k_centered, k_early = compiled[0], compiled[1]
+    assert rows_jit.overwritable(k_centered, 0) == [0]
+    doubled = [j for j, n in enumerate(k_early.outputs) if k_early.nodes[n][1] == "multiply"]
+    assert rows_jit.overwritable(k_early, doubled[0]) == []
+    # In place, on the operand's own buffer: the results are still right.
+    runner = rows_jit.RowRunner(k_centered)
+    loop = rows_jit.compile_async(k_centered).result()
+    buf = x.copy()
+    out = runner.run(loop, [buf], [buf])
+    assert np.shares_memory(out[0], buf)
+    np.testing.assert_allclose(out[0], x - x.sum(-1, keepdims=True) / 36, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_the_unfused_calls_free_their_intermediates(compiled, monkeypatch):
+    """Before the loop is compiled, a group runs its members' implementations and
+    drops each intermediate after its last reader (a layer norm's backward holds
+    dozens): only the results stay alive."""
+    import gc
+    import weakref
+
+    from spmd.compiler.ops import elementwise
+
+    r = _rng(14)
+    x = r.standard_normal((64, 300)).astype(np.float32)
+    g, b = r.standard_normal(300).astype(np.float32), r.standard_normal(300).astype(np.float32)
+    spmd.jit(_layer_norm)(x, g, b)
+    kernel = compiled[0]
+    made = []
+    for prim in {m[0] for m in kernel.members}:
+        impl = prim.impl
+
+        def tracked(xp, *a, _impl=impl, **kw):
+            out = _impl(xp, *a, **kw)
+            made.append(weakref.ref(out))
+            return out
+
+        monkeypatch.setattr(prim, "impl", tracked)
+    outs = rows_jit.evaluate(kernel, [x, g, b])
+    gc.collect()
+    alive = [ref() for ref in made if ref() is not None]
+    assert len(made) >= len(kernel.members) > len(outs)
+    assert all(any(a is o or np.shares_memory(a, o) for o in outs) for a in alive)
