@@ -408,7 +408,6 @@ def test_the_unfused_calls_free_their_intermediates(compiled, monkeypatch):
     import gc
     import weakref
 
-
     r = _rng(14)
     x = r.standard_normal((64, 300)).astype(np.float32)
     g, b = r.standard_normal(300).astype(np.float32), r.standard_normal(300).astype(np.float32)
