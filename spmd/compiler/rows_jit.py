@@ -10,27 +10,30 @@ a later pass is kept in a scratch row (in a core's L1 cache); row values are sca
 
 Numbers: every node is computed in its dtype as numpy computes it (``a / b`` on
 float32 is computed in float64 and rounded once, which is the correctly rounded
-float32 quotient numpy gives); no fast-math flag is set on the loop, so NaN and
-infinity propagate as in numpy.  Only a row sum is computed by a helper that may add
-its terms in any order (``fastmath={"reassoc"}``, which lets the compiler vectorize
-it): a sum differs from numpy's pairwise one by float rounding.
+float32 quotient numpy gives), with ``error_model="numpy"`` (a division by zero is
+inf or nan, not an exception).  Of the fast-math flags only ``reassoc`` is set: it
+lets the compiler add a sum's terms in any order (vectorized) and may reassociate a
+chain of products or sums; no flag assumes the absence of NaN, infinity or signed
+zeros, so those propagate as in numpy.  A sum differs from numpy's pairwise one by
+float rounding.
 
 Compilation is tiered: a kernel runs its members' implementations (the unfused
-program) for its first :data:`COMPILE_AFTER` calls; then a background thread
-compiles it (numba's compiler lock keeps compilations apart) and the runner
-switches to the compiled loop when it is ready.  The generated module is written
-under :func:`cache_dir` and numba caches its machine code beside it, so a later
-process (another rank, the next run) loads it in milliseconds.  A kernel that fails
-to compile keeps running unfused, with one warning.  :func:`wait_compiled` waits
-for the compilations under way (benchmarks call it after their warm-up steps).
+program) until its :data:`SWITCH_AT`-th call; at call :data:`COMPILE_AFTER` a
+background thread compiles it (numba's compiler lock keeps compilations apart),
+and at call :data:`SWITCH_AT` the runner waits for it if it must and switches to
+the compiled loop: at the same call on every rank and in every run.  The generated
+module is written under :func:`cache_dir` and numba caches its machine code beside
+it, so a later process (another rank, the next run) loads it in milliseconds.  A
+kernel that fails to compile keeps running unfused, with one warning.
+:func:`wait_compiled` waits for the compilations under way.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
-import math
 import importlib.util
+import math
 import os
 import sys
 import tempfile
@@ -60,7 +63,6 @@ THREADED_ELEMENTS = 1 << 20
 
 _lock = threading.Lock()
 _executor = None
-_pending: list = []
 
 
 def numba_available() -> bool:
@@ -104,7 +106,7 @@ class _Plan:
     """Where each node of a kernel is computed: ``where[k]`` is ``"full"`` (in a pass
     over the columns), ``"row"`` or ``"scalar"`` (once a row); ``level[k]`` its pass;
     ``base[k]`` the node an alias stands for; ``kept`` the full values read in a later
-    pass (or summed), kept in a row."""
+    pass, kept in a scratch row (or their result's row)."""
 
     def __init__(self, kernel: RowKernel):
         nodes = kernel.nodes
@@ -155,15 +157,16 @@ def overwritable(kernel: RowKernel, j: int) -> list:
                 b = plan.base[a[1]]
                 at = (plan.level[n] - (1 if nodes[n][0] == "sum" else 0), n)
                 last[b] = max(last.get(b, at), at)
-    ok = []
+    fits: dict = {}  # operand -> whether every read of it ends before result j's write
     for b, (kind, _, params, _, dtype, _) in enumerate(nodes):
-        i = params["operand"] if kind == "read" else None
-        if i is None or kinds[i] != {"full"} or dtype != kernel.out_dtypes[j] or \
-                math.prod(params["target"]) != kernel.frame.rows * kernel.frame.cols:
+        if kind != "read":
             continue
-        if last.get(b, (-1, -1)) <= (plan.level[k], k):
-            ok.append(i)
-    return sorted(set(ok))
+        i = params["operand"]
+        fits[i] = fits.get(i, True) and kinds[i] == {"full"} and \
+            dtype == kernel.out_dtypes[j] and \
+            math.prod(params["target"]) == kernel.frame.rows * kernel.frame.cols and \
+            last.get(b, (-1, -1)) <= (plan.level[k], k)
+    return sorted(i for i, ok in fits.items() if ok)
 
 
 _NB = {"float32": "float32", "float64": "float64", "bool_": "boolean"}
@@ -338,7 +341,7 @@ def evaluate(kernel: RowKernel, args, xp=np) -> list:
 
 # ------------------------------------------------------------------ compiling
 
-_compiled: dict = {}  # source digest -> Future of the compiled loop (None: failed)
+_compiled: dict = {}  # source -> Future of the compiled loop (None: failed)
 _warned: list = []
 
 
@@ -364,7 +367,8 @@ def _load(src: str):
             f.write(src)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    # numba's cache finds the loop's callee (rowsum) through the module by name.
+    # numba's cache records the module's name and imports it again by that name
+    # when it loads the machine code (a stale entry recorded another: `_forget`).
     sys.modules[name] = module
     spec.loader.exec_module(module)
     module.kern.disable_compile()
@@ -453,9 +457,9 @@ def _reads(kernel: RowKernel, args) -> list:
 
 
 class RowRunner:
-    """A :class:`RowKernel` on numpy: its members' implementations until its loop is
-    compiled (requested at call :data:`COMPILE_AFTER`), the loop after, its rows
-    shared among the engine's threads."""
+    """A :class:`RowKernel` on numpy: its members' implementations until call
+    :data:`SWITCH_AT` (the loop is requested at call :data:`COMPILE_AFTER`), the
+    compiled loop from then on, its rows shared among the engine's threads."""
 
     __slots__ = ("kernel", "calls", "future", "loop")
 
