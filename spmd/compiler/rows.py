@@ -21,8 +21,8 @@ frame when it is
   scalars;
 * a ``reduce_sum`` of a full value over the trailing axes (a row value);
 * a ``reshape`` within a space, or a ``broadcast_in_dim`` of a row value along the
-  trailing axes, or of a value computed outside (read as a full, row, column or
-  scalar operand, whichever it is: a layer norm's scale is a column operand).
+  trailing axes, or of a value computed outside (read as a full, tile, row, column
+  or scalar operand, whichever it is: a layer norm's scale is a column operand).
 
 Groups grow as :mod:`spmd.compiler.fusion`'s do (an equation joins the groups of the
 producers of its operands, all computed where the last member was, unless something
@@ -31,13 +31,13 @@ equation when it holds a sum and at least :data:`MIN_ELEMENTS` elements a value.
 values read outside are its results.
 
 A group runs first as its member equations' own implementations (the unfused
-program's numbers).  When it has run :data:`spmd.compiler.rows_jit.COMPILE_AFTER`
-times, numba compiles its loop in a background thread (cached on disk); the
-compiled loop then runs instead, its rows shared among the engine's threads (it
-releases the GIL).  The compiled loop may add a sum's terms in another order and
-contract ``a * b + c`` into one rounding: results differ from the unfused ones by
-float rounding (the tolerance is in ``docs/performance.md``); NaN and infinity
-propagate as in numpy.  ``spmd.config.update("compile_kernels", False)`` (or
+program's numbers).  At its second call numba compiles its loop in a background
+thread (cached on disk); from its fifth (:data:`spmd.compiler.rows_jit.SWITCH_AT`),
+the same call on every rank, the compiled loop runs instead, its rows shared among
+the engine's threads when there are many (it releases the GIL).  The loop may add a
+sum's terms in another order: results differ from the unfused ones by float
+rounding (the tolerance is in ``docs/performance.md``); NaN and infinity propagate
+as in numpy.  ``spmd.config.update("compile_kernels", False)`` (or
 ``SPMD_COMPILE_KERNELS=0``) turns the pass off for programs compiled after; without
 numba installed it never runs.  ``Lowered.as_text(executed=True)`` shows each group::
 
