@@ -146,7 +146,9 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
     if config.recompute_elementwise:
         closed = dce(recompute_elementwise(closed, views=loops))
     if loops:
-        closed = rows.fuse_rows(closed)
+        # (The reshapes and broadcasts whose operands the loops now read directly
+        # are left without readers.)
+        closed = dce(rows.fuse_rows(closed))
     if config.fuse_elementwise:
         if _am.current() is not np:  # a GPU: every group of two or more is one launch
             closed = fusion.fuse_elementwise(closed, min_kernel_ns=0)

@@ -95,6 +95,19 @@ class Frame:
             return "row"
         return None
 
+    def repeat(self, expanded, target) -> tuple | None:
+        """``(m, p)`` when ``target``'s rows repeat ``expanded``'s ``m`` times in
+        blocks of ``p`` (one block of leading axes broadcast, the rest and the columns
+        read as they are): row ``r`` reads row ``(r // (m p)) p + r % p``."""
+        k = self.split(target)
+        if k is None or tuple(expanded[k:]) != tuple(target[k:]):
+            return None
+        wide = [d for d in range(k) if expanded[d] == 1 and target[d] > 1]
+        if not wide or wide != list(range(wide[0], wide[-1] + 1)) or \
+                any(expanded[d] != target[d] for d in range(k) if d not in wide):
+            return None
+        return math.prod(target[wide[0]:wide[-1] + 1]), math.prod(target[wide[-1] + 1:k])
+
     def split(self, shape) -> int | None:
         """The axis of a full ``shape`` where its trailing ``cols`` elements start."""
         for k in range(len(shape) + 1):
@@ -174,32 +187,30 @@ def _broadcast_of_node_ok(eqn, frame: Frame) -> bool:
 
 def _operand_kind(var_shape, target_shape, bdims, frame: Frame):
     """How a value computed outside is read: ``(kind, expanded shape)``, kind
-    ``"full"`` (one value per element), ``"tile"`` (a full value repeated along
-    leading axes: its rows in turn), ``"row"``, ``"col"`` or ``"scalar"``; the value
-    is read as ``var.reshape(expanded)`` broadcast to ``target_shape``."""
+    ``"full"`` (one value per element), ``"tile"`` (a full value repeated along a
+    block of leading axes: a simulated mesh's value replicated over some of its
+    devices; its rows read again in turn, never copied out), ``"row"``, ``"col"`` or
+    ``"scalar"``; the value is read as ``var.reshape(expanded)`` broadcast to
+    ``target_shape`` (whose elements, in order, are the frame's: its shape may be
+    another with as many)."""
     expanded = list(target_shape) if bdims is None else [1] * len(target_shape)
     if bdims is not None:
         for d, s in zip(bdims, var_shape):
             expanded[d] = s
-    expanded = tuple(expanded)
+    expanded, target = tuple(expanded), tuple(target_shape)
     live = [d for d, s in enumerate(expanded) if s != 1]
     if not live:
         return "scalar", expanded
-    space = frame.space(target_shape)
-    if space == "row":
+    if math.prod(target) == frame.rows:
         return "row", expanded
-    k = frame.split(target_shape)
-    if k is not None and expanded[k:] == tuple(target_shape[k:]) and all(d >= k for d in live):
+    k = frame.split(target)
+    if k is None:
+        return "full", expanded
+    if expanded[k:] == target[k:] and all(d >= k for d in live):
         return "col", expanded
-    if k is not None and expanded[:k] == tuple(target_shape[:k]) and all(d < k for d in live):
+    if expanded[:k] == target[:k] and all(d < k for d in live):
         return "row", expanded
-    # Repeated along leading axes only (a simulated mesh's replicated value, broadcast
-    # over the devices' axis): its rows are read again in turn, never copied out.
-    j = 0
-    while j < len(expanded) and expanded[j] == 1:
-        j += 1
-    if k is not None and 0 < j <= k and expanded[j:] == tuple(target_shape[j:]) and \
-            math.prod(target_shape[:j]) > 1:
+    if frame.repeat(expanded, target) is not None:
         return "tile", expanded
     return "full", expanded
 
@@ -444,28 +455,64 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
             operands.append(a)
         return index[a]
 
+    def resolve(a, bdims):
+        """What the loop reads for ``a`` (computed outside): the variable under the
+        reshapes and (when the member is not itself a broadcast) one broadcast that
+        made it, those equations in program order, and the broadcast's shape and
+        dimensions if there is one."""
+        chain, cur, wide = [], a, None
+        while True:
+            e = defs.get(cur)
+            if e is None or not e.inputs or not isinstance(e.inputs[0], Var) or \
+                    e.inputs[0] in node_of:
+                break
+            if e.primitive.name == "reshape":
+                pass
+            elif e.primitive.name == "broadcast_in_dim" and bdims is None and wide is None:
+                wide = (e.outputs[0].aval.shape, e.params["broadcast_dimensions"],
+                        e.inputs[0].aval.shape)
+            else:
+                break
+            chain.insert(0, e)
+            cur = e.inputs[0]
+        return cur, chain, wide
+
     def read(a, target, bdims=None):
         """The node reading ``a`` (computed outside) as this member needs it: through
-        the broadcasts and reshapes that made it (views: the loop reads their
-        operand, a layer norm's saved row values as rows, not a broadcast copy)."""
-        e = defs.get(a)
-        if bdims is None and e is not None and e.primitive.name == "broadcast_in_dim":
-            a, bdims = e.inputs[0], e.params["broadcast_dimensions"]
-        kind, expanded = _operand_kind(a.aval.shape, target, bdims, frame)
-        e = defs.get(a)
-        while e is not None and e.primitive.name == "reshape" and \
-                isinstance(e.inputs[0], Var):
-            a = e.inputs[0]  # read as the reshape of its operand: the same elements
-            e = defs.get(a)
-        key = (operand(a), kind, expanded, tuple(target))
+        the reshapes and the broadcast that made it (views: the loop reads their
+        operand, a layer norm's saved row values as rows, a replicated value as the
+        rows it repeats, never a copy)."""
+        base, _, wide = resolve(a, bdims)
+        if wide is not None:
+            target, bdims, shape = wide
+        else:
+            shape = a.aval.shape
+        kind, expanded = _operand_kind(shape, target, bdims, frame)
+        key = (operand(base), kind, expanded, tuple(target))
         if key not in read_nodes:
+            n = math.prod(target)
             nodes.append(("read", None, {"operand": key[0], "kind": kind,
                                          "expanded": expanded, "target": key[3]},
-                          (), np.dtype(a.aval.dtype), frame.space(target)))
+                          (), np.dtype(a.aval.dtype),
+                          "row" if n == frame.rows else "full" if n > 1 else "scalar"))
             read_nodes[key] = len(nodes) - 1
         return ("node", read_nodes[key])
 
-    for m, k in enumerate(members):
+    fallback: dict = {}  # outside var -> how the members' implementations get it
+
+    def unfused(a, bdims):
+        """The unfused program's argument for ``a``: the loop's variable, through the
+        same equations (members of the unfused code only)."""
+        if a not in fallback:
+            base, chain, _ = resolve(a, bdims)
+            arg = ("in", operand(base))
+            for c in chain:
+                mems.append((c.primitive, dict(c.params), (arg,)))
+                arg = ("node", len(mems) - 1)
+            fallback[a] = arg
+        return fallback[a]
+
+    for k in members:
         e = eqns[k]
         kind, space = role[k]
         out = e.outputs[0].aval
@@ -481,10 +528,11 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
                 args.append(("node", node_of[a]))
                 margs.append(("node", nodes[node_of[a]][2]["member"]))
             else:
-                margs.append(("in", operand(a)))
-                args.append(read(a, out.shape, e.params["broadcast_dimensions"])
-                            if kind == "broadcast" else read(a, a.aval.shape))
-        params = {"member": m}
+                bdims = e.params["broadcast_dimensions"] if kind == "broadcast" else None
+                margs.append(unfused(a, bdims))
+                args.append(read(a, out.shape if bdims is not None else a.aval.shape,
+                                 bdims))
+        params = {"member": len(mems)}
         if e.primitive.name == "integer_pow":
             params["y"] = e.params["y"]
         nodes.append(("alias" if kind == "broadcast" else kind,

@@ -266,9 +266,9 @@ def source(kernel: RowKernel) -> str:
 
     sums = {k: level[k] - 1 for k, n in enumerate(nodes) if n[0] == "sum"}  # -> pass
     for k, (kind, _, params, _, _, _) in enumerate(nodes):
-        if kind == "read" and params["kind"] == "tile":  # its row for this row
-            period = math.prod(params["expanded"]) // kernel.frame.cols
-            lines.append(f"        q{k} = r % {period}")
+        if kind == "read" and params["kind"] == "tile":  # the row it repeats here
+            m, p = kernel.frame.repeat(params["expanded"], params["target"])
+            lines.append(f"        q{k} = (r // {m * p}) * {p} + r % {p}")
     for cur in range(max(level, default=0) + 1):
         for k in range(len(nodes)):
             if level[k] == cur and where[k] != "full":

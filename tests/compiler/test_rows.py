@@ -428,3 +428,32 @@ def test_the_unfused_calls_free_their_intermediates(compiled, monkeypatch):
     alive = [ref() for ref in made if ref() is not None]
     assert len(made) >= len(kernel.members) > len(outs)
     assert all(any(a is o or np.shares_memory(a, o) for o in outs) for a in alive)
+
+
+def test_a_value_replicated_over_a_middle_axis_is_read_as_its_rows(compiled):
+    """A simulated mesh's psum result, broadcast over the model axis and reshaped to
+    the devices' stack: the loop reads the (data, ...) value's rows in turn, through
+    the broadcast and the reshape, which no longer run outside it."""
+    r = _rng(15)
+    s = r.standard_normal((4, 8, 16)).astype(np.float32)
+    y = r.standard_normal((8, 8, 16)).astype(np.float32)
+
+    def f(s, y):
+        wide = lax.broadcast_in_dim(s, (4, 2, 8, 16), (0, 2, 3)).reshape(8, 8, 16)
+        h = wide + y
+        return h / snp.sum(h * h, axis=-1, keepdims=True)
+
+    text = spmd.jit(f).lower(s, y).as_text(executed=True)
+    assert "broadcast_in_dim" not in text and "reshape" not in text, text
+    got = spmd.jit(f)(s, y)
+    kinds = [n[2]["kind"] for n in compiled[0].nodes if n[0] == "read"]
+    assert "tile" in kinds and "full" in kinds, kinds
+    wide = np.broadcast_to(s[:, None], (4, 2, 8, 16)).reshape(8, 8, 16)
+    h = wide + y
+    np.testing.assert_allclose(np.asarray(got), h / (h * h).sum(-1, keepdims=True),
+                               rtol=1e-5, atol=1e-6)
+    _close(got, _unfused(f, s, y))
+    # Before the switch the members' implementations run the broadcast themselves.
+    np.testing.assert_array_equal(
+        np.asarray(rows_jit.evaluate(compiled[0], [s, y])[0]).reshape(8, 8, 16),
+        np.asarray(_unfused(f, s, y)))
