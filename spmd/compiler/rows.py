@@ -455,38 +455,41 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
             operands.append(a)
         return index[a]
 
-    def resolve(a, bdims):
+    def resolve(a, wide):
         """What the loop reads for ``a`` (computed outside): the variable under the
-        reshapes and (when the member is not itself a broadcast) one broadcast that
-        made it, those equations in program order, and the broadcast's shape and
-        dimensions if there is one."""
-        chain, cur, wide = [], a, None
+        reshapes and broadcasts that made it, those equations in program order, and
+        the broadcast they amount to, ``(shape, dimensions, operand shape)`` or None
+        (``wide``: the member's own, when it is a broadcast).  Consecutive broadcasts
+        compose; a reshape is looked through above a broadcast (the same elements in
+        order) and below it, not between two."""
+        chain, cur, reshaped = [], a, False
         while True:
             e = defs.get(cur)
             if e is None or not e.inputs or not isinstance(e.inputs[0], Var) or \
                     e.inputs[0] in node_of:
                 break
             if e.primitive.name == "reshape":
-                pass
-            elif e.primitive.name == "broadcast_in_dim" and bdims is None and wide is None:
-                wide = (e.outputs[0].aval.shape, e.params["broadcast_dimensions"],
-                        e.inputs[0].aval.shape)
+                reshaped = True
+            elif e.primitive.name == "broadcast_in_dim" and (wide is None or not reshaped):
+                inner = e.params["broadcast_dimensions"]
+                wide = (e.outputs[0].aval.shape, inner, e.inputs[0].aval.shape) \
+                    if wide is None else \
+                    (wide[0], tuple(wide[1][d] for d in inner), e.inputs[0].aval.shape)
+                reshaped = False
             else:
                 break
             chain.insert(0, e)
             cur = e.inputs[0]
         return cur, chain, wide
 
-    def read(a, target, bdims=None):
+    def read(a, wide=None):
         """The node reading ``a`` (computed outside) as this member needs it: through
-        the reshapes and the broadcast that made it (views: the loop reads their
-        operand, a layer norm's saved row values as rows, a replicated value as the
-        rows it repeats, never a copy)."""
-        base, _, wide = resolve(a, bdims)
-        if wide is not None:
-            target, bdims, shape = wide
-        else:
-            shape = a.aval.shape
+        the reshapes and broadcasts that made it (views: the loop reads their
+        operand, a layer norm's saved row values as rows, its scale as a column, a
+        replicated value as the rows it repeats, never a copy)."""
+        base, _, wide = resolve(a, wide)
+        target, bdims, shape = wide if wide is not None else (a.aval.shape, None,
+                                                              a.aval.shape)
         kind, expanded = _operand_kind(shape, target, bdims, frame)
         key = (operand(base), kind, expanded, tuple(target))
         if key not in read_nodes:
@@ -498,19 +501,19 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
             read_nodes[key] = len(nodes) - 1
         return ("node", read_nodes[key])
 
-    fallback: dict = {}  # outside var -> how the members' implementations get it
+    fallback: dict = {}  # (outside var, member's broadcast) -> the unfused argument
 
-    def unfused(a, bdims):
+    def unfused(a, wide):
         """The unfused program's argument for ``a``: the loop's variable, through the
         same equations (members of the unfused code only)."""
-        if a not in fallback:
-            base, chain, _ = resolve(a, bdims)
+        if (a, wide) not in fallback:
+            base, chain, _ = resolve(a, wide)
             arg = ("in", operand(base))
             for c in chain:
                 mems.append((c.primitive, dict(c.params), (arg,)))
                 arg = ("node", len(mems) - 1)
-            fallback[a] = arg
-        return fallback[a]
+            fallback[(a, wide)] = arg
+        return fallback[(a, wide)]
 
     for k in members:
         e = eqns[k]
@@ -528,10 +531,10 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
                 args.append(("node", node_of[a]))
                 margs.append(("node", nodes[node_of[a]][2]["member"]))
             else:
-                bdims = e.params["broadcast_dimensions"] if kind == "broadcast" else None
-                margs.append(unfused(a, bdims))
-                args.append(read(a, out.shape if bdims is not None else a.aval.shape,
-                                 bdims))
+                wide = (out.shape, tuple(e.params["broadcast_dimensions"]),
+                        a.aval.shape) if kind == "broadcast" else None
+                margs.append(unfused(a, wide))
+                args.append(read(a, wide))
         params = {"member": len(mems)}
         if e.primitive.name == "integer_pow":
             params["y"] = e.params["y"]

@@ -457,3 +457,26 @@ def test_a_value_replicated_over_a_middle_axis_is_read_as_its_rows(compiled):
     np.testing.assert_array_equal(
         np.asarray(rows_jit.evaluate(compiled[0], [s, y])[0]).reshape(8, 8, 16),
         np.asarray(_unfused(f, s, y)))
+
+
+def test_broadcasts_of_broadcasts_compose(compiled):
+    """A scale broadcast to a device's shape, then over the devices' stack: the loop
+    reads the scale itself as a column."""
+    r = _rng(16)
+    g = r.standard_normal(16).astype(np.float32)
+    x = r.standard_normal((4, 8, 16)).astype(np.float32)
+
+    def f(g, x):
+        once = lax.broadcast_in_dim(g, (8, 16), (1,))
+        twice = lax.broadcast_in_dim(once, (4, 8, 16), (1, 2))
+        h = x * twice
+        return h - snp.sum(h, axis=-1, keepdims=True)
+
+    text = spmd.jit(f).lower(g, x).as_text(executed=True)
+    assert "broadcast_in_dim" not in text, text
+    got = spmd.jit(f)(g, x)
+    kinds = sorted(n[2]["kind"] for n in compiled[0].nodes if n[0] == "read")
+    assert kinds == ["col", "full"], kinds
+    _close(got, _unfused(f, g, x))
+    np.testing.assert_array_equal(np.asarray(rows_jit.evaluate(compiled[0], [g, x])[0]),
+                                  np.asarray(_unfused(f, g, x)))
