@@ -480,3 +480,28 @@ def test_broadcasts_of_broadcasts_compose(compiled):
     _close(got, _unfused(f, g, x))
     np.testing.assert_array_equal(np.asarray(rows_jit.evaluate(compiled[0], [g, x])[0]),
                                   np.asarray(_unfused(f, g, x)))
+
+
+def test_closures_with_other_constants_get_their_own_numbers(compiled):
+    """Two closures over different constants (a scalar baked into the loop's source,
+    an array read as an operand) share nothing wrongly: each call, before and after
+    the switch, gives its own closure's numbers."""
+    r = _rng(17)
+    x = r.standard_normal((32, 24)).astype(np.float32)
+
+    def make(eps, scale):
+        def f(x):
+            mu = snp.mean(x, axis=-1, keepdims=True)
+            var = snp.mean(snp.square(x - mu), axis=-1, keepdims=True)
+            return (x - mu) * lax.rsqrt(var + eps) * scale
+        return spmd.jit(f)
+
+    consts = [(np.float32(1e-5), r.standard_normal(24).astype(np.float32)),
+              (np.float32(3.0), r.standard_normal(24).astype(np.float32))]
+    fs = [make(*c) for c in consts]
+    for _ in range(3):
+        for f, (eps, scale) in zip(fs, consts):
+            mu = x.mean(-1, keepdims=True)
+            want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * scale
+            np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-4, atol=1e-5)
+    assert len({k for k in compiled}) == 2  # two loops, one per closure
