@@ -51,7 +51,8 @@ import math
 import numpy as np
 
 from spmd.compiler.avals import ShapedArray
-from spmd.compiler.fusion import _COMPARISONS, _FLOATS, _letters, _may_compute_at, _readers
+from spmd.compiler.fusion import (_BOOL, _COMPARISONS, _FLOATS, _kernel_op, _letters,
+                                  _may_compute_at, _readers)
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.rows_jit import RowRunner, evaluate, overwritable
@@ -62,7 +63,6 @@ MIN_ELEMENTS = 1 << 14
 # The ops a row kernel computes: arithmetic and what the compiler vectorizes.
 ROW_OPS = frozenset(("add", "subtract", "multiply", "divide", "negative", "sqrt", "rsqrt",
                      "absolute", "where", "integer_pow") + _COMPARISONS)
-_BOOL = np.dtype(bool)
 
 
 def _squeezed(shape) -> tuple:
@@ -130,22 +130,6 @@ def _frame_of_sum(eqn, min_elements: int) -> Frame | None:
     return frame
 
 
-def _elementwise_ok(eqn, out) -> bool:
-    op = eqn.primitive.rules.get("kernel_op")
-    if op not in ROW_OPS or eqn.primitive.multiple_results or len(eqn.outputs) != 1:
-        return False
-    ins = [a.aval for a in eqn.inputs]
-    if any(a.shape not in ((), out.shape) for a in ins):
-        return False
-    dts = [a.dtype for a in ins]
-    if op in _COMPARISONS:
-        return out.dtype == _BOOL and len(dts) == 2 and all(d in _FLOATS for d in dts)
-    if op == "where":
-        return len(dts) == 3 and dts[0] == _BOOL and out.dtype in _FLOATS and \
-            dts[1] == dts[2] == out.dtype
-    return out.dtype in _FLOATS and all(d == out.dtype for d in dts)
-
-
 def _role(eqn, frame: Frame):
     """How ``eqn`` may join a group of ``frame``: ``(kind, space)`` or None."""
     if len(eqn.outputs) != 1:
@@ -163,7 +147,9 @@ def _role(eqn, frame: Frame):
         return ("alias", space) if inner == space and out.dtype in _FLOATS else None
     if name == "broadcast_in_dim":
         return ("broadcast", space) if out.dtype in _FLOATS + (_BOOL,) else None
-    if eqn.primitive.rules.get("kernel_op") is not None and _elementwise_ok(eqn, out):
+    # fusion's test of an equation that may join a kernel (operands of the result's
+    # shape or scalars, float or boolean dtypes as the op needs), then the loop's ops.
+    if _kernel_op(eqn, 0) in ROW_OPS:
         return ("op", space)
     return None
 
