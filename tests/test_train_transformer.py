@@ -232,6 +232,18 @@ def test_a_run_resumes_by_itself_from_the_latest_checkpoint(ex, tmp_path, capsys
         ex.main(argv[:-2] + ["--ckpt-dir", str(tmp_path / "empty"), "--resume"])
 
 
+def _executed_and_losses(ex, mesh_shape, batches):
+    """The step's executed program text, its losses over ``batches`` and the final
+    parameters, built under the settings in force."""
+    cfg, step, p, s = _setup(ex, mesh_shape, False)
+    text = step.lower(p, s, batches[0]).as_text(executed=True)
+    losses = []
+    for b in batches:
+        p, s, loss = step(p, s, b)
+        losses.append(float(loss))
+    return text, losses, p
+
+
 @pytest.mark.parametrize("mesh_shape", [(1, 1), (4, 2)])
 def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     """The step with every elementwise chain fused into kernels, every batch of
@@ -268,13 +280,8 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
         spmd.config.update("fuse_elementwise", fuse)
         spmd.config.update("recompute_elementwise", fuse)
         try:
-            cfg, step, p, s = _setup(ex, mesh_shape, False)
-            text = step.lower(p, s, batches[0]).as_text(executed=True)
+            text, losses, p = _executed_and_losses(ex, mesh_shape, batches)
             assert ("fused_elementwise" in text) == fuse
-            losses = []
-            for b in batches:
-                p, s, loss = step(p, s, b)
-                losses.append(float(loss))
         finally:
             spmd.config.update("fuse_elementwise", True)
             spmd.config.update("recompute_elementwise", True)
@@ -415,13 +422,8 @@ def test_row_kernels_change_losses_within_rounding(ex, mesh_shape, monkeypatch, 
     for on in (True, False):
         spmd.config.update("compile_kernels", on)
         try:
-            cfg, step, p, s = _setup(ex, mesh_shape, False)
-            text = step.lower(p, s, batches[0]).as_text(executed=True)
+            text, losses, _ = _executed_and_losses(ex, mesh_shape, batches)
             assert ("fused_rows" in text) == on
-            losses = []
-            for b in batches:
-                p, s, loss = step(p, s, b)
-                losses.append(float(loss))
         finally:
             spmd.config.update("compile_kernels", True)
         runs.append(losses)

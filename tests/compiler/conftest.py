@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 
@@ -20,3 +22,30 @@ def three_threads(monkeypatch):
     monkeypatch.setattr(threads.POOL, "threads", None)
     yield
     threads.POOL.threads = None
+
+
+@pytest.fixture
+def each_on_a_thread():
+    """``run(call, n)``: ``call(k)`` for k in ``range(n)``, each on its own thread, all
+    at once; the first failure is raised on the caller's thread, and a thread still
+    running after 120 s fails the test (a hang fails fast)."""
+
+    def run(call, n):
+        errors = []
+
+        def guarded(k):
+            try:
+                call(k)
+            except Exception as e:  # reported below, on the main thread
+                errors.append(e)
+
+        ts = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in ts), "a caller's thread still runs"
+        if errors:
+            raise errors[0]
+
+    return run

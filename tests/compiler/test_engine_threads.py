@@ -117,25 +117,17 @@ def test_nothing_is_shared_where_blas_threads_spin(monkeypatch):
     threads.POOL.threads = None
 
 
-def test_concurrent_callers_share_the_pool(three_threads):
+def test_concurrent_callers_share_the_pool(three_threads, each_on_a_thread):
     rng = np.random.default_rng(2)
     pairs = [(rng.standard_normal((40, 32, 16)).astype(np.float32),
               rng.standard_normal((40, 16, 32)).astype(np.float32)) for _ in range(5)]
-    errors = []
 
-    def call(a, b):
-        try:
-            for _ in range(20):
-                np.testing.assert_array_equal(linalg._matmul(np, a, b), np.matmul(a, b))
-        except Exception as e:  # reported on the main thread
-            errors.append(e)
+    def call(k):
+        a, b = pairs[k]
+        for _ in range(20):
+            np.testing.assert_array_equal(linalg._matmul(np, a, b), np.matmul(a, b))
 
-    workers = [threading.Thread(target=call, args=p) for p in pairs]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(timeout=120)
-    assert not errors and all(not t.is_alive() for t in workers)
+    each_on_a_thread(call, len(pairs))
 
 
 def test_a_failing_part_is_raised_after_every_part_finished():

@@ -3,7 +3,6 @@ threads, with the unfused program's bits."""
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -104,29 +103,18 @@ def test_results_do_not_depend_on_threads_or_blocks(forced, monkeypatch):
         np.testing.assert_array_equal(r, results[0])
 
 
-def test_concurrent_calls_from_threads(forced):
+def test_concurrent_calls_from_threads(forced, each_on_a_thread):
     """Callers on several threads share the pool and the per-thread scratch buffers:
     each gets its own input's result."""
     f = spmd.jit(_gelu)
     xs = [_inputs([(64, 65)], np.float32, seed=k)[0] for k in range(6)]
     want = [np.asarray(f(x)) for x in xs]
-    got = [None] * len(xs)
-    errors = []
 
     def call(k):
-        try:
-            for _ in range(20):
-                got[k] = np.asarray(f(xs[k]))
-                np.testing.assert_array_equal(got[k], want[k])
-        except Exception as e:  # reported below, on the main thread
-            errors.append(e)
+        for _ in range(20):
+            np.testing.assert_array_equal(np.asarray(f(xs[k])), want[k])
 
-    callers = [threading.Thread(target=call, args=(k,)) for k in range(len(xs))]
-    for t in callers:
-        t.start()
-    for t in callers:
-        t.join(timeout=120)
-    assert not errors and all(not t.is_alive() for t in callers)
+    each_on_a_thread(call, len(xs))
 
 
 def test_the_printed_kernel_and_its_groups(forced):

@@ -3,7 +3,6 @@ compiled by numba, against the unfused program (``compile_kernels`` off)."""
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import numpy as np
@@ -200,27 +199,18 @@ def test_rows_on_threads_give_the_same_bits(compiled, monkeypatch):
     threads.POOL.threads = None
 
 
-def test_concurrent_callers(compiled):
+def test_concurrent_callers(compiled, each_on_a_thread):
     f = spmd.jit(_layer_norm)
     r = _rng(5)
     g, b = r.standard_normal(40).astype(np.float32), r.standard_normal(40).astype(np.float32)
     xs = [r.standard_normal((33, 40)).astype(np.float32) for _ in range(5)]
     want = [np.asarray(f(x, g, b)) for x in xs]
-    errors = []
 
     def call(k):
-        try:
-            for _ in range(20):
-                np.testing.assert_array_equal(np.asarray(f(xs[k], g, b)), want[k])
-        except Exception as e:  # reported on the main thread
-            errors.append(e)
+        for _ in range(20):
+            np.testing.assert_array_equal(np.asarray(f(xs[k], g, b)), want[k])
 
-    ts = [threading.Thread(target=call, args=(k,)) for k in range(len(xs))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout=120)
-    assert not errors and not any(t.is_alive() for t in ts)
+    each_on_a_thread(call, len(xs))
 
 
 def test_the_switch_to_the_loop_happens_at_a_fixed_call(compiled, monkeypatch):
