@@ -9,7 +9,7 @@ rows of that engine are left out and the table says why.
 
 One process, the engines interleaved (spmd, JAX, PyTorch, spmd, ...) after five
 warm-up steps each (spmd's row loops are compiled in the background from its
-second step and used from its fifth: ``spmd.compiler.rows_jit.SWITCH_AT``), each
+second step and used from its fifth: ``spmd.compiler.loops.SWITCH_AT``), each
 engine's turn two steps of which the second is timed (a
 training loop's steady state: a step timed right after another library's step was
 10-25% slower, measured for spmd after PyTorch and PyTorch after JAX, 2026-12-05:
@@ -261,11 +261,11 @@ def measure_memory(config: str, mesh: str, engines) -> dict:
 
 def _warm_up_steps() -> int:
     """Steps before measuring: until spmd's row loops are compiled and in use
-    (``spmd.compiler.rows_jit.SWITCH_AT``), as in a training run after its first
+    (``spmd.compiler.loops.SWITCH_AT``), as in a training run after its first
     steps; every engine gets as many."""
-    from spmd.compiler import rows_jit
+    from spmd.compiler import loops
 
-    return max(2, rows_jit.SWITCH_AT)
+    return max(2, loops.SWITCH_AT)
 
 
 def measure(config: str, mesh: str, rounds: int) -> dict:

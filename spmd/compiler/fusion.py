@@ -22,10 +22,13 @@ otherwise they busy-wait on the cores for long after each product, and a kernel
 on two threads ran no faster than on one.
 
 Measured before choosing (``docs/performance.md``, "The engine"): numexpr and numba
-evaluate transcendental functions with scalar libm calls, 3x slower than numpy's
+evaluated transcendental functions with scalar libm calls, 3x slower than numpy's
 vectorized float32 ``tanh``/``exp`` here, and numexpr was slower than numpy even
-on arithmetic chains; numba compiles for about a second per kernel.  Blocked
-numpy calls keep numpy's fast loops and need no compiler.
+on arithmetic chains.  Blocked numpy calls keep numpy's fast loops and need no
+compiler.  Where numba is installed, a kernel later becomes a compiled loop
+(:mod:`spmd.compiler.fusion_jit`), whose float32 ``exp`` and ``tanh`` are written to
+be vectorized (:mod:`spmd.compiler.kernel_math`); with loops, groups of plain
+arithmetic from :data:`LOOP_MIN_ELEMENTS` elements are kernels too.
 
 Which equations may join a group is declared by each primitive:
 ``rules["kernel_op"]`` names the numpy function that computes it on floats
@@ -67,6 +70,8 @@ import threading
 
 import numpy as np
 
+from spmd import config
+from spmd.compiler import fusion_jit, loops
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.fusion_gpu import elementwise_kernel
 from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
@@ -90,6 +95,10 @@ OP_NS = {"exp": 1.3, "log": 1.7, "tanh": 2.6, "sin": 1.6, "cos": 1.6, "log1p": 1
          "expm1": 12.0, "power": 6.0}
 OP_NS_ARITH = 0.25
 ARITH_MIN_ELEMENTS = 1 << 20
+# With compiled loops, groups of two or more equations from this many elements are
+# kernels too (a loop's call costs a few microseconds: an optimizer's update of a
+# small weight, a dozen numpy calls, is then one pass).
+LOOP_MIN_ELEMENTS = 1 << 11
 # Elements of one block: large enough that a block's Python calls (~1.5 us each)
 # cost little next to its arithmetic, small enough that its operands and scratch
 # buffers stay in a core's L2 cache.
@@ -124,11 +133,14 @@ class Kernel:
     its printed form and types (it is a parameter of an equation, so a cache key).
     """
 
-    __slots__ = ("nodes", "outputs", "in_dtypes", "shape", "out_dtypes", "_text")
+    __slots__ = ("nodes", "outputs", "in_dtypes", "shape", "out_dtypes", "blocked", "_text")
 
-    def __init__(self, nodes, outputs, in_dtypes, shape):
+    def __init__(self, nodes, outputs, in_dtypes, shape, blocked: bool = True):
         self.nodes, self.outputs = tuple(nodes), tuple(outputs)
         self.in_dtypes, self.shape = tuple(in_dtypes), tuple(shape)
+        # False: a group made for a compiled loop alone, which runs its members'
+        # implementations (the unfused program) until the loop is in force.
+        self.blocked = bool(blocked)
         self.out_dtypes = tuple(np.dtype(self.nodes[k][4]) for k in self.outputs)
         self._text = _render(self)
 
@@ -136,7 +148,7 @@ class Kernel:
         return self._text
 
     def _key(self):
-        return (self._text, self.in_dtypes, self.shape, self.out_dtypes)
+        return (self._text, self.in_dtypes, self.shape, self.out_dtypes, self.blocked)
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -240,11 +252,22 @@ def _fused_aval(*avals, kernel):
     return [ShapedArray(kernel.shape, dt) for dt in kernel.out_dtypes]
 
 
+def _unfused_into(kernel, *args, out=None):
+    """The member equations' implementations (a loop's group before its loop is in
+    force, or where numba cannot compile it); ``out`` is not used."""
+    return _fused_impl(np, *args, kernel=kernel)
+
+
 def _bind_impl(xp, *, kernel):
     """The compiled kernel: blocks and threads on numpy, one ``ElementwiseKernel`` on
     CuPy (one launch for the whole group), the impl elsewhere."""
     if xp is np:
-        return BlockedKernel(kernel)
+        before = BlockedKernel(kernel) if kernel.blocked else \
+            functools.partial(_unfused_into, kernel)
+        if config.compile_kernels and loops.numba_available() and \
+                fusion_jit.compilable(kernel):
+            return fusion_jit.Runner(kernel, before)  # a compiled loop from a later call
+        return before
     if hasattr(xp, "ElementwiseKernel"):
         return elementwise_kernel(xp, kernel)
     return functools.partial(_fused_impl, xp, kernel=kernel)
@@ -416,19 +439,22 @@ def _kernel_op(eqn, min_elements: int):
 
 
 def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
-                     min_kernel_ns: float | None = None) -> ClosedProgram:
+                     min_kernel_ns: float | None = None, loops: bool = False) -> ClosedProgram:
     """Group the elementwise equations of ``closed`` into ``fused_elementwise``
     equations (see the module docstring): groups whose estimated time
-    (:data:`OP_NS`) is at least ``min_kernel_ns``; ``min_kernel_ns=0`` makes every
-    group of two or more equations a kernel.
+    (:data:`OP_NS`) is at least ``min_kernel_ns`` (``None``: blocked kernels are not
+    made); ``min_kernel_ns=0`` makes every group of two or more equations a kernel.
+    With ``loops`` (numba compiles them), also every group of two or more equations
+    of :data:`LOOP_MIN_ELEMENTS` elements or more whose ops a loop computes
+    (:func:`spmd.compiler.fusion_jit.compilable`).
 
     >>> fused = fuse_elementwise(lowered)  # doctest: +SKIP
     """
     min_elements = MIN_ELEMENTS if min_elements is None else min_elements
-    min_kernel_ns = MIN_KERNEL_NS if min_kernel_ns is None else min_kernel_ns
     program = closed.program
     eqns = program.eqns
-    ops = [_kernel_op(e, min_elements) for e in eqns]
+    ops = [_kernel_op(e, min(min_elements, LOOP_MIN_ELEMENTS) if loops else min_elements)
+           for e in eqns]
     if all(op is None for op in ops):
         return closed
     readers = _readers(program)
@@ -462,8 +488,12 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
         size = math.prod(eqns[root].outputs[0].aval.shape)
         arith = OP_NS_ARITH if size >= ARITH_MIN_ELEMENTS else 0.0
         ns = size * sum(OP_NS.get(ops[j], arith) for j in members)
-        if (ns >= min_kernel_ns > 0) or (min_kernel_ns <= 0 and len(members) > 1):
-            kept[root] = _group(sorted(members), eqns, ops, readers)
+        blocked = min_kernel_ns is not None and size >= min_elements and (
+            (ns >= min_kernel_ns > 0) or (min_kernel_ns <= 0 and len(members) > 1))
+        fused = _group(sorted(members), eqns, ops, readers, blocked)
+        if blocked or (loops and len(members) > 1 and fusion_jit.compilable(
+                fused.params["kernel"])):
+            kept[root] = fused
     if not kept:
         return closed
     inside = set().union(*(groups[r] for r in kept))
@@ -506,7 +536,7 @@ def _may_compute_at(i: int, j: int, theirs: set, mine: set, eqns, producer,
     return True
 
 
-def _group(members: list, eqns, ops, readers) -> Eqn:
+def _group(members: list, eqns, ops, readers, blocked: bool = True) -> Eqn:
     """The fused equation of a group, in place of its last member: its values read
     outside the group (or program outputs) are the kernel's outputs."""
     inside = set(members)
@@ -529,6 +559,7 @@ def _group(members: list, eqns, ops, readers) -> Eqn:
             outputs.append(n)
     inputs = list(leaves)
     root = eqns[members[-1]]
-    kernel = Kernel(nodes, outputs, [a.aval.dtype for a in inputs], root.outputs[0].aval.shape)
+    kernel = Kernel(nodes, outputs, [a.aval.dtype for a in inputs], root.outputs[0].aval.shape,
+                    blocked)
     return Eqn(fused_p, inputs, [eqns[members[n]].outputs[0] for n in outputs],
                {"kernel": kernel}, root.source_info)

@@ -23,7 +23,7 @@ from spmd.compiler.combine import combine_collectives
 from spmd.compiler import array_module as _am, fusion, rows, threads
 from spmd.compiler.overlap import overlap_collectives
 from spmd.compiler.recompute import recompute_elementwise
-from spmd.compiler.rows_jit import numba_available as rows_available
+from spmd.compiler.loops import numba_available as rows_available
 from spmd.config import config
 
 # Results larger than this many elements are not folded into constants: the
@@ -152,8 +152,11 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
     if config.fuse_elementwise:
         if _am.current() is not np:  # a GPU: every group of two or more is one launch
             closed = fusion.fuse_elementwise(closed, min_kernel_ns=0)
-        elif threads.threads_help():
-            closed = fusion.fuse_elementwise(closed)
+        elif threads.threads_help() or loops:
+            # Blocked kernels only where threads help; compiled loops wherever numba is.
+            closed = fusion.fuse_elementwise(
+                closed, min_kernel_ns=fusion.MIN_KERNEL_NS if threads.threads_help() else None,
+                loops=loops)
     return closed
 
 

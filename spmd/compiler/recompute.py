@@ -132,7 +132,10 @@ def recompute_elementwise(closed: ClosedProgram, views: bool = False) -> ClosedP
     changed = True
     while changed:  # dropping fewer values only keeps more alive: this settles
         changed = False
-        for v in list(dropped):
+        # In program order: which values stay dropped can depend on the order they are
+        # checked in (two that each need the other), and every process must make the
+        # same program (a set's order follows the values' ids, which differ by process).
+        for v in sorted(dropped, key=producer.__getitem__):
             if any(chain(v, r, dropped, MAX_CHAIN) is None for r in late_reads[v]):
                 dropped.discard(v)
                 changed = True

@@ -32,7 +32,7 @@ values read outside are its results.
 
 A group runs first as its member equations' own implementations (the unfused
 program's numbers).  At its second call numba compiles its loop in a background
-thread (cached on disk); from its fifth (:data:`spmd.compiler.rows_jit.SWITCH_AT`),
+thread (cached on disk); from its fifth (:data:`spmd.compiler.loops.SWITCH_AT`),
 the same call on every rank, the compiled loop runs instead, its rows shared among
 the engine's threads when there are many (it releases the GIL).  The loop may add a
 sum's terms in another order: results differ from the unfused ones by float
@@ -149,7 +149,8 @@ def _role(eqn, frame: Frame):
         return ("broadcast", space) if out.dtype in _FLOATS + (_BOOL,) else None
     # fusion's test of an equation that may join a kernel (operands of the result's
     # shape or scalars, float or boolean dtypes as the op needs), then the loop's ops.
-    if _kernel_op(eqn, 0) in ROW_OPS:
+    op = _kernel_op(eqn, 0)
+    if op in ROW_OPS or (op == "exp" and out.dtype == np.float32):  # (kernel_math's expf)
         return ("op", space)
     return None
 

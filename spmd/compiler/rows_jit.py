@@ -17,69 +17,27 @@ chain of products or sums; no flag assumes the absence of NaN, infinity or signe
 zeros, so those propagate as in numpy.  A sum differs from numpy's pairwise one by
 float rounding.
 
-Compilation is tiered: a kernel runs its members' implementations (the unfused
-program) until its :data:`SWITCH_AT`-th call; at call :data:`COMPILE_AFTER` a
-background thread compiles it (numba's compiler lock keeps compilations apart),
-and at call :data:`SWITCH_AT` the runner waits for it if it must and switches to
-the compiled loop: at the same call on every rank and in every run.  The generated
-module is written under :func:`cache_dir` and numba caches its machine code beside
-it, so a later process (another rank, the next run) loads it in milliseconds.  A
-kernel that fails to compile keeps running unfused, with one warning.
-:func:`wait_compiled` waits for the compilations under way.
+Compilation is tiered (:mod:`spmd.compiler.loops`): a kernel runs its members'
+implementations (the unfused program) until its :data:`~spmd.compiler.loops.SWITCH_AT`-th call and its
+compiled loop from then on, at the same call on every rank and in every run; the
+generated module is cached on disk.
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
-import importlib.util
 import math
-import os
-import sys
-import tempfile
-import threading
-import warnings
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from spmd.compiler import loops
 from spmd.compiler.threads import POOL, threads_help
-from spmd.config import release_free_memory
 
 if TYPE_CHECKING:
     from spmd.compiler.rows import RowKernel
 
-# A kernel's loop is compiled (in the background) when the kernel runs for the
-# COMPILE_AFTER-th time, and used from its SWITCH_AT-th call on (waiting for the
-# compilation if it has not finished).  A program run once (most tests, a first
-# call) never waits for or competes with a compilation; and the call that switches
-# is fixed, not whenever a thread finished: every rank of a job, and every run,
-# switches at the same step (the compiled loop's sums may differ in their last bits).
-COMPILE_AFTER = 2
-SWITCH_AT = COMPILE_AFTER + 3
 # Rows are shared among the engine's threads when a kernel has this many elements.
 THREADED_ELEMENTS = 1 << 20
-
-_lock = threading.Lock()
-_executor = None
-
-
-def numba_available() -> bool:
-    """Whether numba can be imported here (checked without importing it)."""
-    return importlib.util.find_spec("numba") is not None
-
-
-def cache_dir() -> str:
-    """Where generated kernel modules and numba's cache of them live:
-    ``SPMD_CACHE_DIR``, else ``$XDG_CACHE_HOME/spmd/kernels`` (``~/.cache``)."""
-    root = os.environ.get("SPMD_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                                ".cache")
-        root = os.path.join(base, "spmd")
-    return os.path.join(root, "kernels")
-
 
 # ------------------------------------------------------------------ the source
 
@@ -88,7 +46,7 @@ _EXPR = {"add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}",
          "rsqrt": "{one} / np.sqrt({0})", "absolute": "abs({0})",
          "where": "{2} if {0} else {1}", "less": "{0} < {1}", "less_equal": "{0} <= {1}",
          "greater": "{0} > {1}", "greater_equal": "{0} >= {1}", "equal": "{0} == {1}",
-         "not_equal": "{0} != {1}"}
+         "not_equal": "{0} != {1}", "exp": "expf({0})"}
 
 
 def _np_name(dtype) -> str:
@@ -202,7 +160,7 @@ def source(kernel: RowKernel) -> str:
     lines: list = []
 
     def const(v) -> str:
-        key = (_np_name(v.dtype), repr(v.item()))
+        key = loops.literal(v)
         if key not in consts:
             consts[key] = f"k{len(consts)}"
         return consts[key]
@@ -296,12 +254,15 @@ def source(kernel: RowKernel) -> str:
     head.append("    for r in range(r0, r1):")
     casts = [f"T{k} = np.{_np_name(d)}" for k, (_, _, _, _, d, _) in enumerate(nodes)
              if d != np.dtype(bool)]
-    consts_src = [f"{name} = np.{dt}({val})" for (dt, val), name in consts.items()]
+    consts_src = [f"{name} = {src}" for src, name in consts.items()]
     # error_model="numpy": a division by zero gives inf or nan, as in numpy (numba's
     # default raises).  fastmath={"reassoc"} alone: sums may be added in any order
     # (vectorized); no flag that assumes the absence of NaN, infinity or signed zeros.
-    return "\n".join(["import numpy as np", "import numba as nb", "",
-                      f"SIG = {signature(kernel)}"] + casts + consts_src
+    head_src = ["import numpy as np", "import numba as nb"]
+    if any(n[1] == "exp" for n in nodes):  # float32 only (rows._role)
+        head_src.append("from spmd.compiler.kernel_math import expf  # "
+                        + loops.kernel_math_digest())
+    return "\n".join(head_src + ["", f"SIG = {signature(kernel)}"] + casts + consts_src
                      + ["", "", "@nb.njit(SIG, nogil=True, cache=True, error_model='numpy', "
                         "fastmath={'reassoc'})"]
                      + head + (lines or ["        pass"])) + "\n"
@@ -341,93 +302,18 @@ def evaluate(kernel: RowKernel, args, xp=np) -> list:
 
 # ------------------------------------------------------------------ compiling
 
-_compiled: dict = {}  # source -> Future of the compiled loop (None: failed)
-_warned: list = []
+def compile_async(kernel: RowKernel):
+    """The Future of ``kernel``'s compiled loop (one per distinct source: the layer
+    norms of a model's layers share one; None if it could not be compiled)."""
+    return loops.compile_async(source(kernel), "rows", _pick)
 
 
-def _load(src: str):
-    """Import the generated module (compiling its loop, or loading it from numba's
-    cache): its ``kern``, no longer allowed to compile for other types."""
-    digest = hashlib.sha256(src.encode()).hexdigest()[:24]
-    name = f"spmd_rows_{digest}"
-    try:
-        folder = cache_dir()
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, name + ".py")
-        if not os.path.exists(path):
-            # Written whole or not at all: ranks of one job may write it at once.
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(src)
-            os.replace(tmp, path)
-    except OSError:  # an unwritable cache: compiled each time, in a private folder
-        folder = tempfile.mkdtemp(prefix="spmd-kernels-")
-        path = os.path.join(folder, name + ".py")
-        with open(path, "w") as f:
-            f.write(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    # numba's cache records the module's name and imports it again by that name
-    # when it loads the machine code (a stale entry recorded another: `_forget`).
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    module.kern.disable_compile()
+def _pick(module):
+    module.kern.disable_compile()  # no other types: a wrong call raises
     return module.kern
 
 
-def _forget(src: str) -> None:
-    """Remove numba's cache of ``src``'s module (a stale or unreadable entry)."""
-    name = "spmd_rows_" + hashlib.sha256(src.encode()).hexdigest()[:24]
-    for path in glob.glob(os.path.join(cache_dir(), "__pycache__", name + ".*")):
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-
-
-def _compile(src: str):
-    try:
-        try:
-            return _load(src)
-        except Exception:  # noqa: BLE001 - once more, without what numba had cached
-            _forget(src)
-            return _load(src)
-        finally:
-            # The compiler's scratch (hundreds of MiB over a model's loops) is freed
-            # but stays resident under spmd's raised trim threshold: give it back.
-            release_free_memory()
-    except Exception as e:  # noqa: BLE001 - any failure leaves the unfused code running
-        if not _warned:
-            _warned.append(True)
-            warnings.warn(f"spmd: a row kernel could not be compiled ({type(e).__name__}: "
-                          f"{e}); it keeps running as numpy calls. Set "
-                          "SPMD_COMPILE_KERNELS=0 to stop trying.", RuntimeWarning,
-                          stacklevel=2)
-        return None
-
-
-def compile_async(kernel: RowKernel):
-    """The Future of ``kernel``'s compiled loop (one per distinct source: the layer
-    norms of a model's layers share one)."""
-    global _executor
-    src = source(kernel)
-    with _lock:
-        fut = _compiled.get(src)
-        if fut is None:
-            if _executor is None:
-                _executor = ThreadPoolExecutor(1, thread_name_prefix="spmd-compile")
-            fut = _compiled[src] = _executor.submit(_compile, src)
-    return fut
-
-
-def wait_compiled(timeout: float | None = None) -> None:
-    """Wait until the row kernels submitted so far are compiled (or failed).
-
-    >>> wait_compiled()
-    """
-    with _lock:
-        futures = list(_compiled.values())
-    wait(futures, timeout=timeout)
+wait_compiled = loops.wait_compiled
 
 
 # -------------------------------------------------------------------- running
@@ -458,39 +344,20 @@ def _reads(kernel: RowKernel, args) -> list:
 
 class RowRunner:
     """A :class:`RowKernel` on numpy: its members' implementations until call
-    :data:`SWITCH_AT` (the loop is requested at call :data:`COMPILE_AFTER`), the
+    :data:`~spmd.compiler.loops.SWITCH_AT` (the loop is requested at call :data:`~spmd.compiler.loops.COMPILE_AFTER`), the
     compiled loop from then on, its rows shared among the engine's threads."""
 
-    __slots__ = ("kernel", "calls", "future", "loop")
+    __slots__ = ("kernel", "tier")
 
     def __init__(self, kernel: RowKernel):
-        self.kernel, self.calls, self.future, self.loop = kernel, 0, None, None
+        self.kernel = kernel
+        self.tier = loops.Tier(lambda: compile_async(kernel))
 
     def __call__(self, *args, out=None):
-        loop = self.loop
+        loop = self.tier.ready()
         if loop is None:
-            loop = self._ready()
-            if loop is None:
-                return evaluate(self.kernel, args)
+            return evaluate(self.kernel, args)
         return self.run(loop, args, out)
-
-    def _ready(self):
-        """The compiled loop from call :data:`SWITCH_AT` on (None before, or if it
-        could not be compiled)."""
-        self.calls += 1
-        if self.calls == COMPILE_AFTER or (self.calls > COMPILE_AFTER and self.future is None):
-            self.future = compile_async(self.kernel)
-        if self.calls < SWITCH_AT or self.future is None:
-            return None
-        fut, self.future = self.future, None
-        loop = fut.result() if fut.exception() is None else None
-        if loop is None:  # could not be compiled (warned): unfused from now on
-            self.calls = -(1 << 62)
-            return None
-        self.loop = loop
-        # The unfused calls' buffers, freed but kept by the heap, are not needed again.
-        release_free_memory()
-        return loop
 
     def run(self, loop, args, out=None) -> list:
         """The compiled ``loop`` on ``args``: the kernel's results, written into the

@@ -49,3 +49,22 @@ def each_on_a_thread():
             raise errors[0]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    """A private folder for the compiled loops' cache (SPMD_CACHE_DIR)."""
+    return str(tmp_path_factory.mktemp("spmd-cache"))
+
+
+@pytest.fixture
+def loops_at_once(monkeypatch, kernel_cache):
+    """Compiled loops (spmd.compiler.loops) used from a call site's first call: compiled
+    then, waited for, and switched to at once; a private kernel cache.  Skipped without
+    numba."""
+    pytest.importorskip("numba", reason="compiled loops need numba")
+    from spmd.compiler import loops
+
+    monkeypatch.setenv("SPMD_CACHE_DIR", kernel_cache)
+    monkeypatch.setattr(loops, "COMPILE_AFTER", 1)
+    monkeypatch.setattr(loops, "SWITCH_AT", 1)

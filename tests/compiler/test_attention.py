@@ -10,7 +10,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler import threads
+from spmd.compiler import loops, threads
 from spmd.compiler.ops import attention as at
 from spmd.errors import ArgumentError, ShapeError
 
@@ -322,6 +322,8 @@ def test_callers_on_several_threads_get_their_own_results(three_threads, monkeyp
     f = spmd.jit(spmd.grad(lambda q, k, v: (attention(q, k, v, is_causal=True) ** 2).sum(),
                            argnums=(0, 1, 2)))
     inputs = [operands(4, 64, 64, 4, 2, 16, seed=s) for s in (0, 10)]
+    for _ in range(loops.SWITCH_AT):  # past the switch to the compiled passes, if any
+        f(*inputs[0])
     alone = [[np.asarray(x) for x in f(*args)] for args in inputs]
     got = [None, None]
 
@@ -354,3 +356,58 @@ def test_closed_over_traced_keys_and_values():
 
     np.testing.assert_allclose(np.asarray(outer(None)(q, k, v)),
                                np.asarray(outer("xla")(q, k, v)), rtol=1e-4, atol=1e-5)
+
+
+def _value_and_grads(q, k, v, kw, compiled: bool):
+    f = spmd.jit(spmd.value_and_grad(
+        lambda q, k, v: (attention(q, k, v, **kw) ** 2).sum(), argnums=(0, 1, 2)))
+    spmd.config.update("compile_kernels", compiled)
+    try:
+        return [np.asarray(x) for x in spmd.tree_util.tree_leaves(f(q, k, v))]
+    finally:
+        spmd.config.update("compile_kernels", True)
+
+
+@pytest.mark.parametrize("shape,causal,tile", [
+    ((2, 5, 7, 4, 2, 8), False, None),       # grouped-query, T != S
+    ((3, 16, 16, 4, 4, 8), True, None),
+    ((2, 70, 70, 4, 1, 16), True, None),     # rows of 1 to 70 keys: past one vector
+    ((2, 40, 40, 4, 2, 8), True, 8 * 40 * 4 * 2),  # several row tiles per head
+    ((1, 131, 131, 2, 1, 8), True, None),   # causal rows in two halves (odd)
+], ids=str)
+def test_the_compiled_softmax_passes_equal_the_numpy_ones(loops_at_once, monkeypatch, shape,
+                                                          causal, tile):
+    """spmd/compiler/ops/attention_jit.py: the forward's and backward's passes as loops
+    give the numpy passes' values and gradients within float32 rounding."""
+    if tile is not None:
+        monkeypatch.setattr(at, "TILE_BYTES", tile)
+    from spmd.compiler.ops import attention_jit
+
+    used = []
+    real = attention_jit.Runner.__call__
+
+    def spy(self, *args):
+        out = real(self, *args)
+        used.append(self.tier.done is not None)
+        return out
+
+    monkeypatch.setattr(attention_jit.Runner, "__call__", spy)
+    q, k, v = operands(*shape)
+    got = _value_and_grads(q, k, v, dict(is_causal=causal), True)
+    assert used and all(used)
+    want = _value_and_grads(q, k, v, dict(is_causal=causal), False)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6 * max(1.0, np.abs(w).max()))
+
+
+@pytest.mark.parametrize("case", [dict(bias="full"), dict(mask=True), dict(window=(2, 1))],
+                         ids=str)
+def test_masks_biases_and_windows_keep_the_numpy_passes(loops_at_once, case):
+    """The loops serve causal and unmasked attention; with a bias, a user mask or a
+    window the numpy passes run (the same bits as without compiled loops)."""
+    (q, k, v), kw, _ = build((2, 6, 6, 4, 2, 8), case)
+    np.testing.assert_array_equal(np.asarray(spmd.jit(lambda q: attention(q, k, v, **kw))(q)),
+                                  np.asarray(attention(q, k, v, **kw)))
+    got = _value_and_grads(q, k, v, kw, True)
+    for g, w in zip(got, _value_and_grads(q, k, v, kw, False)):
+        np.testing.assert_array_equal(g, w)

@@ -10,7 +10,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import fusion, threads
+from spmd.compiler import fusion, loops, threads
 from spmd.config import Config
 from spmd.errors import ArgumentError
 
@@ -108,6 +108,8 @@ def test_concurrent_calls_from_threads(forced, each_on_a_thread):
     each gets its own input's result."""
     f = spmd.jit(_gelu)
     xs = [_inputs([(64, 65)], np.float32, seed=k)[0] for k in range(6)]
+    for _ in range(loops.SWITCH_AT):  # past the switch to a compiled loop, if any
+        f(xs[0])
     want = [np.asarray(f(x)) for x in xs]
 
     def call(k):
@@ -218,7 +220,10 @@ def test_what_is_not_fused(forced):
 
 
 def test_the_cost_model_leaves_cheap_chains_alone(monkeypatch):
+    """Blocked kernels (compiled loops off): only where the work pays for the blocks.
+    (With loops, every group of two or more is a loop: tests/compiler/test_fusion_jit.py.)"""
     monkeypatch.setattr(threads, "threads_help", lambda: True)
+    monkeypatch.setattr(spmd.config, "compile_kernels", False)
     x = np.ones((256, 256), np.float32)
     cheap = spmd.jit(lambda x: x * 2.0 + 1.0).lower(x).as_text(executed=True)
     assert "fused" not in cheap  # 65536 elements x 2 cheap ops: under MIN_KERNEL_NS
@@ -235,6 +240,7 @@ def test_no_kernels_where_threads_cannot_help(monkeypatch):
     assert threads.threads_help()
     monkeypatch.setattr(threads, "BLAS_THREADS_YIELD", False)  # BLAS threads spin
     assert not threads.threads_help()
+    monkeypatch.setattr(spmd.config, "compile_kernels", False)  # (loops need no threads)
     x = np.ones((512, 512), np.float32)
     text = spmd.jit(lambda x: snp.tanh(x * 2.0) + 1.0).lower(x).as_text(executed=True)
     assert "fused" not in text

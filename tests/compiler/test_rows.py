@@ -11,8 +11,9 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import passes, rows, rows_jit, threads
+from spmd.compiler import loops, passes, rows, rows_jit, threads
 from spmd.errors import ArgumentError
+from tests.compiler.loops_util import close, counted_runs, unfused
 
 pytest.importorskip("numba", reason="row kernels are compiled by numba (the [compile] extra)")
 
@@ -21,45 +22,16 @@ pytest.importorskip("numba", reason="row kernels are compiled by numba (the [com
 RTOL, ATOL = 2e-5, 1e-5
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("kernels"))
-
-
 @pytest.fixture
-def compiled(monkeypatch, cache):
-    """Row groups from 64 elements on, compiled at their first call and used at once;
-    a private kernel cache."""
-    monkeypatch.setenv("SPMD_CACHE_DIR", cache)
+def compiled(loops_at_once, monkeypatch):
+    """Row groups from 64 elements on, compiled at their first call and used at once
+    (a private kernel cache); the kernels whose loop ran."""
     monkeypatch.setattr(rows, "MIN_ELEMENTS", 64)
-    monkeypatch.setattr(rows_jit, "COMPILE_AFTER", 1)
-    monkeypatch.setattr(rows_jit, "SWITCH_AT", 1)
-    calls = []
-    run = rows_jit.RowRunner.run
-
-    def counted(self, loop, args, out=None):
-        calls.append(self.kernel)
-        return run(self, loop, args, out)
-
-    monkeypatch.setattr(rows_jit.RowRunner, "run", counted)
-    yield calls
-
-
-def _unfused(fn, *args):
-    spmd.config.update("compile_kernels", False)
-    try:
-        return spmd.jit(fn)(*args)
-    finally:
-        spmd.config.update("compile_kernels", True)
+    return counted_runs(monkeypatch, rows_jit.RowRunner)
 
 
 def _close(got, want):
-    for g, w in zip(spmd.tree_util.tree_leaves(got), spmd.tree_util.tree_leaves(want)):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype and g.shape == w.shape
-        finite = w[np.isfinite(w)]
-        scale = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
-        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL * scale, equal_nan=True)
+    close(got, want, RTOL, ATOL)
 
 
 def _layer_norm(x, g, b):
@@ -85,7 +57,33 @@ def test_a_layer_norm_is_one_loop(compiled):
     mu = x.mean(-1, keepdims=True)
     want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
-    _close(got, _unfused(_layer_norm, x, g, b))
+    _close(got, unfused(_layer_norm, x, g, b))
+
+
+def _softmax_rows(x):
+    # A softmax whose max is taken outside (max is not a loop's op): the subtraction,
+    # exp and sum, and the division, in one loop over each row.
+    e = snp.exp(x - snp.max(x, axis=-1, keepdims=True))
+    return e / snp.sum(e, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_softmax_with_its_exp_is_one_loop(compiled, dtype):
+    """Float32 exp joins a row loop (spmd/compiler/kernel_math.py's expf); float64's
+    stays outside it."""
+    spmd.config.update("enable_x64", dtype == np.float64)
+    try:
+        x = (_rng(12).standard_normal((40, 70)) * 5).astype(dtype)
+        x[3, :7] = -np.inf  # exp of -inf: 0
+        f = spmd.jit(_softmax_rows)
+        text = f.lower(x).as_text(executed=True)
+        loop = next(ln for ln in text.splitlines() if "fused_rows" in ln)
+        assert ("exp(" in loop) == (dtype == np.float32), text
+        got = f(x)
+        assert compiled
+        _close(got, unfused(_softmax_rows, x))
+    finally:
+        spmd.config.update("enable_x64", False)
 
 
 def test_a_layer_norm_under_grad(compiled):
@@ -105,7 +103,7 @@ def test_a_layer_norm_under_grad(compiled):
     assert text.count("fused_rows") >= 2, text
     got = spmd.jit(f)(x, g, b)
     assert len(compiled) >= 2
-    _close(got, _unfused(f, x, g, b))
+    _close(got, unfused(f, x, g, b))
 
 
 OPS = [
@@ -133,7 +131,7 @@ def test_ops_against_the_unfused_program(compiled, name, fn, dtype):
         assert "fused_rows" in text, text
         got = spmd.jit(fn)(x, y)
         assert compiled
-        _close(got, _unfused(fn, x, y))
+        _close(got, unfused(fn, x, y))
     finally:
         spmd.config.update("enable_x64", False)
 
@@ -158,7 +156,7 @@ def test_operands_as_rows_columns_tiles_scalars_and_strided(compiled):
     assert compiled
     kinds = {n[2]["kind"] for n in compiled[0].nodes if n[0] == "read"}
     assert {"col", "row", "tile", "scalar", "full"} <= kinds, kinds
-    _close(got, _unfused(f, x, col, row, tile, s))
+    _close(got, unfused(f, x, col, row, tile, s))
 
 
 def test_nan_infinity_and_division_by_zero_propagate_as_in_numpy(compiled):
@@ -172,7 +170,7 @@ def test_nan_infinity_and_division_by_zero_propagate_as_in_numpy(compiled):
 
     with np.errstate(all="ignore"):
         got = spmd.jit(f)(x)
-        want = _unfused(f, x)
+        want = unfused(f, x)
     assert compiled
     for g, w in zip(got, want):
         g, w = np.asarray(g), np.asarray(w)
@@ -216,12 +214,12 @@ def test_concurrent_callers(compiled, each_on_a_thread):
 def test_the_switch_to_the_loop_happens_at_a_fixed_call(compiled, monkeypatch):
     """Unfused bits until call SWITCH_AT, the loop's from then on, whenever the
     background compilation finished: every rank switches at the same step."""
-    monkeypatch.setattr(rows_jit, "COMPILE_AFTER", 2)
-    monkeypatch.setattr(rows_jit, "SWITCH_AT", 4)
+    monkeypatch.setattr(loops, "COMPILE_AFTER", 2)
+    monkeypatch.setattr(loops, "SWITCH_AT", 4)
     r = _rng(6)
     x = r.standard_normal((50, 30)).astype(np.float32) * 10 + 3
     g, b = r.standard_normal(30).astype(np.float32), r.standard_normal(30).astype(np.float32)
-    plain = np.asarray(_unfused(_layer_norm, x, g, b))
+    plain = np.asarray(unfused(_layer_norm, x, g, b))
     f = spmd.jit(_layer_norm)
     results = [np.asarray(f(x, g, b)) for _ in range(6)]
     for k in range(3):
@@ -232,13 +230,13 @@ def test_the_switch_to_the_loop_happens_at_a_fixed_call(compiled, monkeypatch):
     _close(results[3], plain)
 
 
-def test_a_kernel_that_cannot_be_compiled_keeps_running_unfused(compiled, monkeypatch):
-    def broken(src):
+def test_a_kernel_that_cannot_be_compiled_keeps_runningunfused(compiled, monkeypatch):
+    def broken(src, prefix):
         raise RuntimeError("no compiler today")
 
-    monkeypatch.setattr(rows_jit, "_load", broken)
-    monkeypatch.setattr(rows_jit, "_warned", [])
-    monkeypatch.setattr(rows_jit, "_compiled", {})
+    monkeypatch.setattr(loops, "_load", broken)
+    monkeypatch.setattr(loops, "_warned", [])
+    monkeypatch.setattr(loops, "_compiled", {})
     r = _rng(7)
     x = r.standard_normal((20, 17)).astype(np.float32)
     g, b = np.ones(17, np.float32), np.zeros(17, np.float32)
@@ -247,42 +245,42 @@ def test_a_kernel_that_cannot_be_compiled_keeps_running_unfused(compiled, monkey
         got = [np.asarray(f(x, g, b)) for _ in range(3)]
     assert not compiled
     for a in got:
-        np.testing.assert_array_equal(a, np.asarray(_unfused(_layer_norm, x, g, b)))
+        np.testing.assert_array_equal(a, np.asarray(unfused(_layer_norm, x, g, b)))
 
 
 def test_a_stale_cache_entry_is_dropped_and_compiled_again(compiled, monkeypatch, tmp_path):
     monkeypatch.setenv("SPMD_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(rows_jit, "_compiled", {})
-    load, failed = rows_jit._load, []
+    monkeypatch.setattr(loops, "_compiled", {})
+    load, failed = loops._load, []
 
-    def once(src):
+    def once(src, prefix):
         if not failed:
             failed.append(src)
             raise EOFError("truncated cache index")
-        return load(src)
+        return load(src, prefix)
 
-    monkeypatch.setattr(rows_jit, "_load", once)
+    monkeypatch.setattr(loops, "_load", once)
     x = _rng(8).standard_normal((12, 19)).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = spmd.jit(_layer_norm)(x, np.ones(19, np.float32), np.zeros(19, np.float32))
     assert failed and compiled
-    _close(got, _unfused(_layer_norm, x, np.ones(19, np.float32), np.zeros(19, np.float32)))
+    _close(got, unfused(_layer_norm, x, np.ones(19, np.float32), np.zeros(19, np.float32)))
 
 
 def test_an_unwritable_cache_folder_still_compiles(compiled, monkeypatch, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("SPMD_CACHE_DIR", str(blocker / "below"))
-    monkeypatch.setattr(rows_jit, "_compiled", {})
+    monkeypatch.setattr(loops, "_compiled", {})
     x = _rng(9).standard_normal((12, 23)).astype(np.float32)
     ones, zeros = np.ones(23, np.float32), np.zeros(23, np.float32)
     got = spmd.jit(_layer_norm)(x, ones, zeros)
     assert compiled
-    _close(got, _unfused(_layer_norm, x, ones, zeros))
+    _close(got, unfused(_layer_norm, x, ones, zeros))
 
 
-def test_the_cache_serves_a_later_process(compiled, cache):
+def test_the_cache_serves_a_later_process(compiled, kernel_cache):
     """The generated module is written whole under the cache folder, beside numba's
     cache of its machine code."""
     import os
@@ -290,7 +288,7 @@ def test_the_cache_serves_a_later_process(compiled, cache):
     spmd.jit(_layer_norm)(_rng(10).standard_normal((9, 29)).astype(np.float32),
                           np.ones(29, np.float32), np.zeros(29, np.float32))
     rows_jit.wait_compiled()
-    folder = os.path.join(cache, "kernels")
+    folder = os.path.join(kernel_cache, "kernels")
     names = os.listdir(folder)
     assert any(n.startswith("spmd_rows_") and n.endswith(".py") for n in names)
     assert not any(n.endswith(".tmp") for n in names)
@@ -333,7 +331,7 @@ def test_broadcasts_of_its_values_stay_views(compiled):
     got = spmd.jit(f)(x)
     assert compiled and all(n[5] != "full" or n[0] != "alias"
                             for k in compiled for n in (k.nodes[j] for j in k.outputs))
-    _close(got, _unfused(f, x))
+    _close(got, unfused(f, x))
 
 
 def test_results_go_into_dead_buffers_or_new_arrays(compiled):
@@ -349,7 +347,7 @@ def test_results_go_into_dead_buffers_or_new_arrays(compiled):
     src = spmd.jit(f).lower(x).compile().as_text()
     assert any("_fused_rows" in ln and "out=(" in ln for ln in src.splitlines()), src
     got = spmd.jit(f)(x)
-    _close(got, _unfused(f, x))
+    _close(got, unfused(f, x))
     kernel = compiled[0]
     runner = rows_jit.RowRunner(kernel)
     loop = rows_jit.compile_async(kernel).result()
@@ -442,11 +440,11 @@ def test_a_value_replicated_over_a_middle_axis_is_read_as_its_rows(compiled):
     h = wide + y
     np.testing.assert_allclose(np.asarray(got), h / (h * h).sum(-1, keepdims=True),
                                rtol=1e-5, atol=1e-6)
-    _close(got, _unfused(f, s, y))
+    _close(got, unfused(f, s, y))
     # Before the switch the members' implementations run the broadcast themselves.
     np.testing.assert_array_equal(
         np.asarray(rows_jit.evaluate(compiled[0], [s, y])[0]).reshape(8, 8, 16),
-        np.asarray(_unfused(f, s, y)))
+        np.asarray(unfused(f, s, y)))
 
 
 def test_broadcasts_of_broadcasts_compose(compiled):
@@ -467,9 +465,9 @@ def test_broadcasts_of_broadcasts_compose(compiled):
     got = spmd.jit(f)(g, x)
     kinds = sorted(n[2]["kind"] for n in compiled[0].nodes if n[0] == "read")
     assert kinds == ["col", "full"], kinds
-    _close(got, _unfused(f, g, x))
+    _close(got, unfused(f, g, x))
     np.testing.assert_array_equal(np.asarray(rows_jit.evaluate(compiled[0], [g, x])[0]),
-                                  np.asarray(_unfused(f, g, x)))
+                                  np.asarray(unfused(f, g, x)))
 
 
 def test_closures_with_other_constants_get_their_own_numbers(compiled):

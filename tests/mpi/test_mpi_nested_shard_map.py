@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding as NS, P, lax  # noqa: E402
+from spmd.compiler import loops  # noqa: E402
 from spmd.errors import SpreadOverProcessesError  # noqa: E402
 from spmd.shard.partition.registry import PartitionError  # noqa: E402
 from spmd.shard.sharded import ShardedArray, holds_full_value  # noqa: E402
@@ -290,7 +291,11 @@ def test_a_closed_over_spread_array_is_never_gathered(kind):
                  in_shardings=NS(mesh, P()), out_shardings=NS(mesh, P(xs.sharding.spec[0])))
     w = np.eye(D, dtype=np.float32)
     for fn in (f, g):
-        fn(w)  # traced and compiled outside the measured call
+        # Traced and compiled outside the measured call, past the switch to compiled
+        # loops (whose compilation, in a background thread, would be counted).
+        for _ in range(loops.SWITCH_AT):
+            fn(w)
+        loops.wait_compiled()
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
         y = fn(w)

@@ -289,8 +289,18 @@ def _gather_impl(xp, x, *idx, axes, mode, fill_value):
     fill = 0 if fill_value is None else fill_value
     if mode == "fill" and 0 in sizes:  # nothing to read: every index is out of bounds
         return xp.full(b_shape + rest, fill, dtype=x.dtype)
+    moved = _moved(xp, x, axes)
+    if xp is np and (mode == "clip" or _in_bounds(xp, idx, sizes).all()):
+        # (Every index in bounds: "fill" reads what "clip" does.)  One pass that clips
+        # as it reads (an embedding's lookup: 12 against 37 us); over every axis of a
+        # contiguous operand, through flat indices (a loss's picked logits: 16 against
+        # 38 us).
+        if len(idx) == 1:
+            return np.take(moved, idx[0], axis=0, mode="clip")
+        if not rest and moved.flags.c_contiguous:
+            return np.take(moved.reshape(-1), np.ravel_multi_index(idx, sizes, mode="clip"))
     clipped = tuple(xp.clip(i, 0, n - 1) for i, n in zip(idx, sizes))
-    out = _moved(xp, x, axes)[clipped]
+    out = moved[clipped]
     if mode == "fill":
         ok = xp.reshape(_in_bounds(xp, idx, sizes), b_shape + (1,) * len(rest))
         out = xp.where(ok, out, xp.asarray(fill, dtype=x.dtype))
@@ -403,6 +413,12 @@ def _scatter_in_place(xp, out, updates, *idx, axes, mode):
         ids, upd = tuple(i[ok] for i in idx), updates[ok]
     if mode == "set":
         view[ids] = upd
+    elif xp is np and mode == "add" and len(ids) == view.ndim and \
+            np.shape(upd) == ids[0].shape and view.flags.c_contiguous:
+        # Single elements (a loss's gradient at the picked logits): numpy's add.at on
+        # flat indices, one update at a time in order (21 against 125 us sorted).
+        np.add.at(view.reshape(-1), np.ravel_multi_index(ids, view.shape).ravel(),
+                  np.ravel(upd))
     elif xp is np and mode == "add" and _sums_by_row(ids, upd):
         _scatter_add_sorted(view, ids, upd)
     elif xp is np:
