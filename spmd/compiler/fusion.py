@@ -439,18 +439,20 @@ def _kernel_op(eqn, min_elements: int):
 
 
 def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
-                     min_kernel_ns: float | None = None, loops: bool = False) -> ClosedProgram:
+                     min_kernel_ns: float | None = None, *, blocked: bool = True,
+                     loops: bool = False) -> ClosedProgram:
     """Group the elementwise equations of ``closed`` into ``fused_elementwise``
-    equations (see the module docstring): groups whose estimated time
-    (:data:`OP_NS`) is at least ``min_kernel_ns`` (``None``: blocked kernels are not
-    made); ``min_kernel_ns=0`` makes every group of two or more equations a kernel.
-    With ``loops`` (numba compiles them), also every group of two or more equations
-    of :data:`LOOP_MIN_ELEMENTS` elements or more whose ops a loop computes
-    (:func:`spmd.compiler.fusion_jit.compilable`).
+    equations (see the module docstring): with ``blocked``, groups whose estimated
+    time (:data:`OP_NS`) is at least ``min_kernel_ns`` (default
+    :data:`MIN_KERNEL_NS`); ``min_kernel_ns=0`` makes every group of two or more
+    equations a kernel.  With ``loops`` (numba compiles them), also every group of
+    two or more equations of :data:`LOOP_MIN_ELEMENTS` elements or more whose ops a
+    loop computes (:func:`spmd.compiler.fusion_jit.compilable`).
 
     >>> fused = fuse_elementwise(lowered)  # doctest: +SKIP
     """
     min_elements = MIN_ELEMENTS if min_elements is None else min_elements
+    min_kernel_ns = MIN_KERNEL_NS if min_kernel_ns is None else min_kernel_ns
     program = closed.program
     eqns = program.eqns
     ops = [_kernel_op(e, min(min_elements, LOOP_MIN_ELEMENTS) if loops else min_elements)
@@ -488,10 +490,10 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
         size = math.prod(eqns[root].outputs[0].aval.shape)
         arith = OP_NS_ARITH if size >= ARITH_MIN_ELEMENTS else 0.0
         ns = size * sum(OP_NS.get(ops[j], arith) for j in members)
-        blocked = min_kernel_ns is not None and size >= min_elements and (
+        as_blocks = blocked and size >= min_elements and (
             (ns >= min_kernel_ns > 0) or (min_kernel_ns <= 0 and len(members) > 1))
-        fused = _group(sorted(members), eqns, ops, readers, blocked)
-        if blocked or (loops and len(members) > 1 and fusion_jit.compilable(
+        fused = _group(sorted(members), eqns, ops, readers, as_blocks)
+        if as_blocks or (loops and len(members) > 1 and fusion_jit.compilable(
                 fused.params["kernel"])):
             kept[root] = fused
     if not kept:

@@ -154,9 +154,8 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
             closed = fusion.fuse_elementwise(closed, min_kernel_ns=0)
         elif threads.threads_help() or loops:
             # Blocked kernels only where threads help; compiled loops wherever numba is.
-            closed = fusion.fuse_elementwise(
-                closed, min_kernel_ns=fusion.MIN_KERNEL_NS if threads.threads_help() else None,
-                loops=loops)
+            closed = fusion.fuse_elementwise(closed, blocked=threads.threads_help(),
+                                             loops=loops)
     return closed
 
 
