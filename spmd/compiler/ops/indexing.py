@@ -23,6 +23,7 @@ import numpy as np
 from spmd.compiler import dtypes
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.ops import indexing_jit
 from spmd.compiler.ops.elementwise import (add, convert, div, eq, max as lax_max,
                                            min as lax_min, mul, select)
 from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, zeros
@@ -429,6 +430,9 @@ def _scatter_in_place(xp, out, updates, *idx, axes, mode):
 
 
 scatter_p.rules["in_place"] = _scatter_in_place
+# On numpy, an equation adding rows by one index (an embedding's gradient) switches
+# to a compiled loop once it is compiled (spmd/compiler/ops/indexing_jit.py).
+scatter_p.rules["bind_impl"] = indexing_jit.bind_impl(_scatter_impl)
 
 
 # np.add.at visits the updates one at a time: an embedding's gradient (2048 rows of
