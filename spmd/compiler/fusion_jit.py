@@ -41,13 +41,6 @@ from spmd.compiler.threads import POOL, threads_help
 THREADED_NS = 150_000
 LOOP_NS, LOOP_NS_OP = 0.2, 0.6
 
-# The ops a loop computes: numpy's function -> the expression on its operands.
-_EXPR = {"add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}",
-         "divide": "{0} / {1}", "negative": "-{0}", "sqrt": "np.sqrt({0})",
-         "rsqrt": "{one} / np.sqrt({0})", "absolute": "abs({0})",
-         "where": "{2} if {0} else {1}", "less": "{0} < {1}", "less_equal": "{0} <= {1}",
-         "greater": "{0} > {1}", "greater_equal": "{0} >= {1}", "equal": "{0} == {1}",
-         "not_equal": "{0} != {1}", "exp": "expf({0})", "tanh": "tanhf({0})"}
 _F32_ONLY = ("exp", "tanh")  # kernel_math's functions are float32 ones
 _NB = {"float32": "float32", "float64": "float64", "bool": "boolean"}
 
@@ -56,18 +49,11 @@ def compilable(kernel) -> bool:
     """Whether every node's op and dtype has a loop form."""
     for op, _, params, _, dtype in kernel.nodes:
         dt = np.dtype(dtype)
-        if dt.name not in _NB or (op not in _EXPR and op != "integer_pow"):
+        if dt.name not in _NB or (op not in loops.EXPR and op != "integer_pow"):
             return False
         if op in _F32_ONLY and dt != np.float32:
             return False
     return all(np.dtype(d).name in _NB for d in kernel.in_dtypes)
-
-
-def _pow(x: str, y: int, one: str) -> str:
-    if y == 0:
-        return one
-    prod = " * ".join([x] * abs(y))
-    return prod if y > 0 else f"{one} / ({prod})"
 
 
 def layout(kernel, args):
@@ -148,8 +134,7 @@ def source(kernel, kinds, into) -> str:
         xs = [ref(a) for a in args]
         dt = np.dtype(dtype)
         one = f"np.{dt.name}(1)" if dt.name != "bool" else "True"
-        expr = _pow(xs[0], params["y"], one) if op == "integer_pow" else \
-            _EXPR[op].format(*xs, one=one)
+        expr = loops.expression(op, xs, params, one)
         body.append(f"v{k} = {expr}" if dt.name == "bool" else f"v{k} = np.{dt.name}({expr})")
     own = [j for j in range(len(kernel.outputs)) if into[j] < 0]
     for j, k in enumerate(kernel.outputs):

@@ -64,6 +64,29 @@ def cache_dir() -> str:
     return os.path.join(root, "kernels")
 
 
+# The expression a generated loop computes for each kernel op (numpy's function name,
+# ``spmd.compiler.ops.elementwise``'s ``kernel_op``), on its operands' names; ``exp``
+# and ``tanh`` are kernel_math's float32 functions (float32 nodes only).
+EXPR = {"add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}",
+        "divide": "{0} / {1}", "negative": "-{0}", "sqrt": "np.sqrt({0})",
+        "rsqrt": "{one} / np.sqrt({0})", "absolute": "abs({0})",
+        "where": "{2} if {0} else {1}", "less": "{0} < {1}", "less_equal": "{0} <= {1}",
+        "greater": "{0} > {1}", "greater_equal": "{0} >= {1}", "equal": "{0} == {1}",
+        "not_equal": "{0} != {1}", "exp": "expf({0})", "tanh": "tanhf({0})"}
+
+
+def expression(op: str, xs: list, params: dict, one: str) -> str:
+    """The expression of a node ``op`` on operand expressions ``xs`` (``one``: the
+    node's 1, for ``rsqrt`` and negative powers)."""
+    if op == "integer_pow":
+        y = params["y"]
+        if y == 0:
+            return one
+        prod = " * ".join([xs[0]] * abs(y))
+        return prod if y > 0 else f"{one} / ({prod})"
+    return EXPR[op].format(*xs, one=one)
+
+
 def kernel_math_digest() -> str:
     """A digest of :mod:`spmd.compiler.kernel_math`'s source, read without importing
     it (which imports numba): a generated module that uses it names it, so that

@@ -41,23 +41,8 @@ THREADED_ELEMENTS = 1 << 20
 
 # ------------------------------------------------------------------ the source
 
-_EXPR = {"add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}",
-         "divide": "{0} / {1}", "negative": "-{0}", "sqrt": "np.sqrt({0})",
-         "rsqrt": "{one} / np.sqrt({0})", "absolute": "abs({0})",
-         "where": "{2} if {0} else {1}", "less": "{0} < {1}", "less_equal": "{0} <= {1}",
-         "greater": "{0} > {1}", "greater_equal": "{0} >= {1}", "equal": "{0} == {1}",
-         "not_equal": "{0} != {1}", "exp": "expf({0})"}
-
-
 def _np_name(dtype) -> str:
     return "bool_" if np.dtype(dtype) == np.dtype(bool) else np.dtype(dtype).name
-
-
-def _pow(x: str, y: int, one: str) -> str:
-    if y == 0:
-        return one
-    prod = " * ".join([x] * abs(y))
-    return prod if y > 0 else f"{one} / ({prod})"
 
 
 class _Plan:
@@ -216,8 +201,7 @@ def source(kernel: RowKernel) -> str:
         else:
             xs = [ref(a, cur) for a in args]
             one = f"T{k}(1)"
-            expr = _pow(xs[0], params["y"], one) if op == "integer_pow" else \
-                _EXPR[op].format(*xs, one=one)
+            expr = loops.expression(op, xs, params, one)
             cast = "" if dtype == np.dtype(bool) else f"T{k}"
             lines.append(f"{ind}v{k} = {cast}({expr})")
         store(k, ind)
