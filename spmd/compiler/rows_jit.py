@@ -18,9 +18,10 @@ zeros, so those propagate as in numpy.  A sum differs from numpy's pairwise one 
 float rounding.
 
 Compilation is tiered (:mod:`spmd.compiler.loops`): a kernel runs its members'
-implementations (the unfused program) until its :data:`~spmd.compiler.loops.SWITCH_AT`-th call and its
-compiled loop from then on, at the same call on every rank and in every run; the
-generated module is cached on disk.
+implementations (the unfused program) until its
+:data:`~spmd.compiler.loops.SWITCH_AT`-th call and its compiled loop from then on,
+at the same call on every rank and in every run; the generated module is cached on
+disk.
 """
 
 from __future__ import annotations
@@ -327,9 +328,9 @@ def _reads(kernel: RowKernel, args) -> list:
 
 
 class RowRunner:
-    """A :class:`RowKernel` on numpy: its members' implementations until call
-    :data:`~spmd.compiler.loops.SWITCH_AT` (the loop is requested at call :data:`~spmd.compiler.loops.COMPILE_AFTER`), the
-    compiled loop from then on, its rows shared among the engine's threads."""
+    """A :class:`RowKernel` on numpy: its members' implementations until its
+    :class:`~spmd.compiler.loops.Tier` switches, the compiled loop from then on, its
+    rows shared among the engine's threads."""
 
     __slots__ = ("kernel", "tier")
 

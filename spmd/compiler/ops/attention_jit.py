@@ -6,10 +6,10 @@ tile's score block (mask, max, subtract, exp, sum, and in the backward the score
 gradient's), and a causal block's masked half went through every one of them.
 Here each of those is one loop over a row, the row in a core's L1 cache, computing
 only the keys the row may see (a causal row ``i`` its first ``i + 1``, rounded up to
-64 and the rest selected away) and writing zeros past them.  One layer of the big example, forward and backward on two threads,
-with the kernel's other changes for them (untransposed products, causal halves):
-2.8 + 5.7 ms against 5.2 + 8.4 with the numpy passes (``docs/performance.md``, "The
-engine, eighth round").
+64 and the rest selected away) and writing zeros past them.  One layer of the big
+example, forward and backward on two threads, with the kernel's other changes for
+them (untransposed products, causal halves): 2.8 + 5.7 ms against 5.2 + 8.4 with the
+numpy passes (``docs/performance.md``, "The engine, eighth round").
 
 Used for float32 operands without a bias, a user mask or a local window (causal
 or not), from the :data:`~spmd.compiler.loops.SWITCH_AT`-th call of an attention
