@@ -70,7 +70,6 @@ import threading
 
 import numpy as np
 
-from spmd import config
 from spmd.compiler import fusion_jit, loops
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.fusion_gpu import elementwise_kernel
@@ -264,8 +263,7 @@ def _bind_impl(xp, *, kernel):
     if xp is np:
         before = BlockedKernel(kernel) if kernel.blocked else \
             functools.partial(_unfused_into, kernel)
-        if config.compile_kernels and loops.numba_available() and \
-                fusion_jit.compilable(kernel):
+        if loops.enabled() and fusion_jit.compilable(kernel):
             return fusion_jit.Runner(kernel, before)  # a compiled loop from a later call
         return before
     if hasattr(xp, "ElementwiseKernel"):

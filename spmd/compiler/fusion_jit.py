@@ -172,11 +172,6 @@ def source(kernel, kinds, into) -> str:
         + [f"            {ln}" for ln in body]) + "\n"
 
 
-def _pick(module):
-    module.kern.disable_compile()  # no other types: a wrong call raises
-    return module.kern
-
-
 class Runner:
     """A fused kernel on numpy: ``blocked`` (the blocked kernel) until the loop is
     in force, then the loop; the blocked kernel also for a call whose operands or
@@ -190,7 +185,7 @@ class Runner:
         per_element = LOOP_NS + LOOP_NS_OP * sum(n[0] in _F32_ONLY for n in kernel.nodes)
         self.threaded = math.prod(kernel.shape) * per_element >= THREADED_NS
         self.tier = loops.Tier(lambda: loops.compile_async(
-            source(kernel, self.kinds, self.into), "elementwise", _pick))
+            source(kernel, self.kinds, self.into), "elementwise", loops.kern_of))
 
     def __call__(self, *args, out=None):
         if self.kinds is None:

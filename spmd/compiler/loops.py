@@ -20,6 +20,7 @@ for the compilations under way.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -31,7 +32,9 @@ import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from spmd.config import release_free_memory
+import numpy as np
+
+from spmd.config import config, release_free_memory
 
 # A site's loop is compiled (in the background) when the site runs for the
 # COMPILE_AFTER-th time, and used from its SWITCH_AT-th call on (waiting for the
@@ -51,6 +54,12 @@ _warned: list = []
 def numba_available() -> bool:
     """Whether numba can be imported here (checked without importing it)."""
     return importlib.util.find_spec("numba") is not None
+
+
+def enabled() -> bool:
+    """Whether compiled loops are in force: ``spmd.config.compile_kernels`` (the
+    ``SPMD_COMPILE_KERNELS`` switch) and numba installed."""
+    return config.compile_kernels and numba_available()
 
 
 def cache_dir() -> str:
@@ -185,6 +194,13 @@ def compile_async(src: str, prefix: str, pick=lambda module: module):
     return fut
 
 
+def kern_of(module):
+    """A generated module's loop ``kern``, allowed no other types (a wrong call raises
+    rather than compiles)."""
+    module.kern.disable_compile()
+    return module.kern
+
+
 def wait_compiled(timeout: float | None = None) -> None:
     """Wait until the kernels submitted so far are compiled (or failed).
 
@@ -223,3 +239,28 @@ class Tier:
         # The numpy calls' buffers, freed but kept by the heap, are not needed again.
         release_free_memory()
         return compiled
+
+
+class Site:
+    """One equation's implementation on numpy with a compiled tier: ``impl(np, *args,
+    **params)`` (the numpy code) and a :class:`Tier` whose request is the subclass's
+    ``compile`` (a function giving the Future of its module).  Subclasses decide per
+    call which calls the compiled code serves."""
+
+    __slots__ = ("impl", "params", "tier")
+    compile = None
+
+    def __init__(self, impl, params: dict):
+        self.impl, self.params, self.tier = impl, params, Tier(type(self).compile)
+
+
+def bind_site(impl, site):
+    """A primitive's ``bind_impl`` rule: a ``site`` (a :class:`Site` subclass) per
+    equation on numpy where compiled loops are in force (:func:`enabled`), else
+    ``impl`` with its parameters bound."""
+    def bind(xp, **params):
+        if xp is np and enabled():
+            return site(impl, params)
+        return functools.partial(impl, xp, **params)
+
+    return bind

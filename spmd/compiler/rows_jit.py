@@ -290,12 +290,7 @@ def evaluate(kernel: RowKernel, args, xp=np) -> list:
 def compile_async(kernel: RowKernel):
     """The Future of ``kernel``'s compiled loop (one per distinct source: the layer
     norms of a model's layers share one; None if it could not be compiled)."""
-    return loops.compile_async(source(kernel), "rows", _pick)
-
-
-def _pick(module):
-    module.kern.disable_compile()  # no other types: a wrong call raises
-    return module.kern
+    return loops.compile_async(source(kernel), "rows", loops.kern_of)
 
 
 wait_compiled = loops.wait_compiled

@@ -184,10 +184,7 @@ def test_tiered_switch_happens_at_a_fixed_call(monkeypatch, kernel_cache):
     monkeypatch.setenv("SPMD_CACHE_DIR", kernel_cache)
     monkeypatch.setattr(loops, "COMPILE_AFTER", 2)
     monkeypatch.setattr(loops, "SWITCH_AT", 4)
-    ran = []
-    run = fusion_jit.Runner.run
-    monkeypatch.setattr(fusion_jit.Runner, "run",
-                        lambda self, *a, **k: ran.append(1) or run(self, *a, **k))
+    ran = counted_runs(monkeypatch, fusion_jit.Runner)
     x = _rand(40, 64)
     f = spmd.jit(lambda x: (x * 3.0 - 1.0) * x)
     plain = np.asarray(unfused(lambda x: (x * 3.0 - 1.0) * x, x))

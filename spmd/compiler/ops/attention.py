@@ -35,7 +35,7 @@ import functools
 
 import numpy as np
 
-from spmd.compiler import threads as _threads
+from spmd.compiler import loops, threads as _threads
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray
 from spmd.compiler.ops import attention_jit
@@ -465,8 +465,8 @@ def _grad_impl(xp, *args, scale, is_causal, window, has_bias, has_mask, wants, h
 
 # On numpy, each equation's calls switch to the compiled softmax passes once they
 # are compiled (spmd/compiler/ops/attention_jit.py).
-attention_p.rules["bind_impl"] = attention_jit.bind_impl(_attention_impl)
-attention_grad_p.rules["bind_impl"] = attention_jit.bind_impl(_grad_impl)
+attention_p.rules["bind_impl"] = loops.bind_site(_attention_impl, attention_jit.Runner)
+attention_grad_p.rules["bind_impl"] = loops.bind_site(_grad_impl, attention_jit.Runner)
 
 
 def check_operands(q, k, v, bias, mask, fname: str = "attention") -> None:

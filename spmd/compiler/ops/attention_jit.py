@@ -25,11 +25,8 @@ and heads), and with ``causal`` it sees keys ``0 .. r0 + i % period``.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from spmd import config
 from spmd.compiler import loops
 
 _SOURCE = '''\
@@ -189,15 +186,13 @@ def score_grad(jit, pb, t, dp, p, d):
                         pb.is_causal)
 
 
-class Runner:
+class Runner(loops.Site):
     """One attention equation's implementation: the compiled passes from its
     :data:`~spmd.compiler.loops.SWITCH_AT`-th call on operands they serve (float32,
     no bias, user mask or window), the numpy passes otherwise."""
 
-    __slots__ = ("impl", "params", "tier")
-
-    def __init__(self, impl, params: dict):
-        self.impl, self.params, self.tier = impl, params, loops.Tier(compile_async)
+    __slots__ = ()
+    compile = staticmethod(compile_async)
 
     def __call__(self, *args):
         p = self.params
@@ -206,16 +201,3 @@ class Runner:
                 all(a.dtype == np.float32 for a in args[:3]):
             jit = self.tier.ready()
         return self.impl(np, *args, jit=jit, **p)
-
-
-def bind_impl(impl):
-    """The ``bind_impl`` rule of an attention primitive whose ``impl(xp, *args,
-    jit=None, **params)`` takes the compiled module as ``jit``: a :class:`Runner`
-    per equation on numpy when kernels are compiled (``spmd.config``'s
-    ``compile_kernels``, numba installed), else the impl as it is."""
-    def bind(xp, **params):
-        if xp is np and config.compile_kernels and loops.numba_available():
-            return Runner(impl, params)
-        return functools.partial(impl, xp, **params)
-
-    return bind

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler import dtypes, loops
 from spmd.compiler.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.avals import ShapedArray, tangent_aval
 from spmd.compiler.ops import indexing_jit
@@ -291,7 +291,8 @@ def _gather_impl(xp, x, *idx, axes, mode, fill_value):
     if mode == "fill" and 0 in sizes:  # nothing to read: every index is out of bounds
         return xp.full(b_shape + rest, fill, dtype=x.dtype)
     moved = _moved(xp, x, axes)
-    if xp is np and (mode == "clip" or _in_bounds(xp, idx, sizes).all()):
+    ok = _in_bounds(xp, idx, sizes) if mode == "fill" else None
+    if xp is np and (ok is None or ok.all()):
         # (Every index in bounds: "fill" reads what "clip" does.)  One pass that clips
         # as it reads (an embedding's lookup: 12 against 37 us); over every axis of a
         # contiguous operand, through flat indices (a loss's picked logits: 16 against
@@ -303,7 +304,7 @@ def _gather_impl(xp, x, *idx, axes, mode, fill_value):
     clipped = tuple(xp.clip(i, 0, n - 1) for i, n in zip(idx, sizes))
     out = moved[clipped]
     if mode == "fill":
-        ok = xp.reshape(_in_bounds(xp, idx, sizes), b_shape + (1,) * len(rest))
+        ok = xp.reshape(ok, b_shape + (1,) * len(rest))
         out = xp.where(ok, out, xp.asarray(fill, dtype=x.dtype))
     return out
 
@@ -432,7 +433,7 @@ def _scatter_in_place(xp, out, updates, *idx, axes, mode):
 scatter_p.rules["in_place"] = _scatter_in_place
 # On numpy, an equation adding rows by one index (an embedding's gradient) switches
 # to a compiled loop once it is compiled (spmd/compiler/ops/indexing_jit.py).
-scatter_p.rules["bind_impl"] = indexing_jit.bind_impl(_scatter_impl)
+scatter_p.rules["bind_impl"] = loops.bind_site(_scatter_impl, indexing_jit.Runner)
 
 
 # np.add.at visits the updates one at a time: an embedding's gradient (2048 rows of

@@ -16,11 +16,8 @@ order; the sorted ones pair them otherwise: the results differ by float rounding
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from spmd import config
 from spmd.compiler import loops
 
 _SOURCE = '''\
@@ -48,15 +45,13 @@ def compile_async():
     return loops.compile_async(_SOURCE, "scatter")
 
 
-class Runner:
+class Runner(loops.Site):
     """One scatter equation's implementation: the compiled loop from its
     :data:`~spmd.compiler.loops.SWITCH_AT`-th call on the scatters it serves, numpy
     otherwise."""
 
-    __slots__ = ("impl", "params", "tier")
-
-    def __init__(self, impl, params: dict):
-        self.impl, self.params, self.tier = impl, params, loops.Tier(compile_async)
+    __slots__ = ()
+    compile = staticmethod(compile_async)
 
     def __call__(self, x, updates, *idx):
         k = len(idx)
@@ -79,15 +74,3 @@ class Runner:
         jit.rows_add(out.reshape(targets, width), np.ascontiguousarray(ids),
                      np.ascontiguousarray(updates).reshape(ids.size, width))
         return out
-
-
-def bind_impl(impl):
-    """The ``bind_impl`` rule of ``scatter``: a :class:`Runner` per equation on numpy
-    when kernels are compiled (``spmd.config``'s ``compile_kernels``, numba
-    installed), else the impl as it is."""
-    def bind(xp, **params):
-        if xp is np and config.compile_kernels and loops.numba_available():
-            return Runner(impl, params)
-        return functools.partial(impl, xp, **params)
-
-    return bind
