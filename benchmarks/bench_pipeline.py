@@ -9,8 +9,13 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
 
 - ``step``: the slowest rank's time per step (a barrier before each);
 - ``stage forward`` / ``stage backward``: one microbatch's forward of one stage, and
-  its backward (the forward recomputed, then its vjp), timed alone on rank 0: ``f``
-  and ``b``;
+  its backward (the forward recomputed, then its vjp), timed alone on rank 0 (both
+  ranks running them at once, as in the step), 40 of each;
+- ``f + b, mean``: their means, ``f`` and ``b`` below.  A step is the sum of ``2 M``
+  of them and the median of such sums is near the sum of their means, not of their
+  medians: this machine's cores stall for 3-8 ms every few dozen milliseconds (plain
+  numpy products show it too), which a median of single calls leaves out and a step
+  takes in (measured: means 3-5% above medians);
 - ``bubble, measured``: ``1 - M (f + b) / step``, the idle share of a stage's time;
 - ``bubble, idle``: each rank's time in the step's collectives (``spmd.distributed.
   collective_time``: waiting for its neighbour at a tick's ``ppermute``, and the
@@ -83,9 +88,9 @@ def measure(rounds: int) -> list[dict]:
     fwd = spmd.jit(_layer)
     bwd = spmd.jit(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct))
     f_times, b_times = [], []
-    for _ in range(3):
+    for _ in range(_warm_up_calls()):
         fwd(w0, x0), bwd(w0, x0, x0)
-    for _ in range(max(rounds, 10)):
+    for _ in range(40):
         t0 = time.perf_counter()
         fwd(w0, x0)
         t1 = time.perf_counter()
@@ -95,11 +100,13 @@ def measure(rounds: int) -> list[dict]:
         b_times.append(t2 - t1)
     f_times = comm.bcast(f_times, root=0)
     b_times = comm.bcast(b_times, root=0)
-    f, b = float(np.median(f_times)), float(np.median(b_times))
+    f, b = float(np.mean(f_times)), float(np.mean(b_times))
 
     rows = [common.row("stage", "forward (f)", f_times),
             common.row("stage", "backward (b)", b_times,
-                       note="the forward recomputed, then its vjp")]
+                       note="the forward recomputed, then its vjp"),
+            common.row("stage", "f + b, mean", [f + b],
+                       note="what the bubbles below take for one microbatch's work")]
     for m in MICROBATCHES:
         xs = rng.normal(size=(m, ROWS, D)).astype(np.float32)
         ys = rng.normal(size=(m, ROWS, D)).astype(np.float32)
@@ -109,8 +116,8 @@ def measure(rounds: int) -> list[dict]:
                     _layer, _mse, p, xs, ys, "pipe", schedule=name),
                 mesh=mesh, in_specs=(P("pipe"), P(), P()),
                 out_specs=(P(), spmd.parallel.PipelineGrads(P("pipe"), P(), P()))))
-            step(placed, xs, ys)
-            step(placed, xs, ys)
+            for _ in range(_warm_up_calls()):
+                step(placed, xs, ys)
             times, idle = [], []
             for _ in range(rounds):
                 comm.Barrier()
@@ -151,6 +158,15 @@ def measure(rounds: int) -> list[dict]:
                            note=f"{max(sched.inputs_held)} microbatches"),
             ]
     return rows
+
+
+def _warm_up_calls() -> int:
+    """Calls before timing: past the one where compiled loops take over
+    (``spmd.compiler.loops.SWITCH_AT``; their compilation runs in the background
+    before it, on the cores the timed calls would use)."""
+    from spmd.compiler import loops
+
+    return loops.SWITCH_AT + 1
 
 
 def skip_reason() -> str:

@@ -359,8 +359,9 @@ def sendrecv(x, ranks, dst, src, what=None):
 
     comm = communicator(ranks, what or "ppermute")
     # C order whatever x's layout (zeros_like would keep a transposed x's strides, and
-    # MPI receives into the buffer's bytes as one run).
-    out = np.zeros(x.shape, x.dtype)
+    # MPI receives into the buffer's bytes as one run); zeros where nothing arrives (a
+    # ppermute's result there), else MPI writes every byte.
+    out = np.zeros(x.shape, x.dtype) if src is None else np.empty(x.shape, x.dtype)
     with Collective(ranks, what or "ppermute"):
         waits = []
         if src is not None:

@@ -36,6 +36,7 @@ import re
 
 import numpy as np
 
+from spmd.compiler.accumulate import Accumulations
 from spmd.compiler.buffers import (DeadBuffers, Ownership, alone, read_counts,
                                     results_into, reusable_input, updatable_operand)
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
@@ -348,6 +349,14 @@ class FlatWrites:
             return None
         return g
 
+    def write_into(self, buf, name, names) -> None:
+        """Have the slabs of ``buf`` written into the existing buffer ``name`` (of its
+        shape and dtype) instead of a new one (:mod:`spmd.compiler.accumulate`)."""
+        for bufs in self.alloc.values():
+            if buf in bufs:
+                bufs.remove(buf)
+        names[buf] = name
+
     def allocate(self, i, names, gen, const, lines) -> None:
         for buf in self.alloc.get(i, ()):
             names[buf] = next(gen)
@@ -417,10 +426,14 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
     dead.keep.update(donated)  # a donated buffer is updated in place, not recycled
     done = Ownership(owned, dead, donated)
     flat = FlatWrites(eqns, live_out, uses)
+    sums = Accumulations(eqns, live_out, uses, flat, xp)
     pending: list = []  # requests of started collectives not waited for yet
     for i, eqn in enumerate(eqns):
         prim = eqn.primitive
+        sums.decide(i, names, owned, uses, dead, flat)
         flat.allocate(i, names, gen, const, lines)
+        if sums.emit_sum(eqn, names, owned, dead):  # its products added into acc
+            continue
         if flat.pack(eqn, names, atom, lines):  # its operands are in its buffer
             dead.release_inputs(eqn, names, owned, never_aliases=False)
             continue
@@ -433,7 +446,8 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines)
             dead.release_inputs(eqn, names, owned, never_aliases=False)
             continue
-        into = flat.view(eqn, names)
+        target = sums.target(eqn, names, flat)  # a product accumulated into a sum
+        into = target or flat.view(eqn, names)
         aliasing = None  # every operand, unless the primitive says which (below)
         if eqn.outputs and eqn.outputs[0] in compact:
             shape = compact[eqn.outputs[0]]
@@ -450,7 +464,10 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             expr = emit_avals(ins, in_avals, xp=xp, **eqn.params)
             buf = into or (dead.take(out_aval) if expr is not None and array_result and
                            "fresh_result" in prim.traits else None)
-            if buf is not None:  # the same code, writing into a dead buffer
+            if target is not None:  # (Accumulations checked that it emits this)
+                expr = emit_avals(ins, in_avals, xp=xp, out=target, accumulate=True,
+                                  **eqn.params)
+            elif buf is not None:  # the same code, writing into a dead buffer
                 expr = emit_avals(ins, in_avals, xp=xp, out=buf, **eqn.params) or expr
             if expr is not None:  # the functions its code calls besides xp's
                 namespace.update(prim.rules.get("emit_globals", {}))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
 import os
 import threading
@@ -125,6 +126,28 @@ def blas_is_openblas() -> bool:
     return "openblas" in str(name).lower()
 
 
+@functools.lru_cache(maxsize=None)
+def numpy_openblas():
+    """The OpenBLAS library numpy loaded, as a ``ctypes.CDLL`` (on Linux, the library
+    named in ``/proc/self/maps``), or None: numpy's BLAS is another one, or it cannot
+    be found.  Its thread count (:data:`BLAS`) and its CBLAS products with an
+    accumulating ``beta`` (:mod:`spmd.compiler.accumulate`) are called through it."""
+    if not blas_is_openblas():
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln}
+    except OSError:  # not Linux
+        return None
+    # numpy's own first: scipy's wheels load another OpenBLAS (32-bit integers).
+    for path in sorted(paths, key=lambda p: ("numpy" not in p, p)):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
 # OpenBLAS runs a product with m * n * k at most this on one thread, whatever its
 # thread count (interface/gemm.c: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD,
 # 65536 * 4 by default).  Larger products made from two threads at once, each on
@@ -164,30 +187,19 @@ class _BlasThreads:
         self._saved = None
 
     def _find(self) -> None:
-        import ctypes
-
         self._found = True
-        if not blas_is_openblas():
+        lib = numpy_openblas()
+        if lib is None:
             return
-        try:
-            with open("/proc/self/maps") as f:
-                paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln}
-        except OSError:  # not Linux: products are split only where BLAS keeps them on one thread
-            return
-        for path in sorted(paths):
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for set_name, get_name, parallel_name in self._SYMBOLS:
-                set_, get, parallel = (getattr(lib, n, None)
-                                       for n in (set_name, get_name, parallel_name))
-                if set_ is not None and get is not None and parallel is not None:
-                    set_.restype = None
-                    set_.argtypes = [ctypes.c_int]
-                    if parallel() == 1:  # 1: pthreads (0: sequential, 2: OpenMP)
-                        self._set, self._get = set_, get
-                    return
+        for set_name, get_name, parallel_name in self._SYMBOLS:
+            set_, get, parallel = (getattr(lib, n, None)
+                                   for n in (set_name, get_name, parallel_name))
+            if set_ is not None and get is not None and parallel is not None:
+                set_.restype = None
+                set_.argtypes = [ctypes.c_int]
+                if parallel() == 1:  # 1: pthreads (0: sequential, 2: OpenMP)
+                    self._set, self._get = set_, get
+                return
 
     def available(self) -> bool:
         """Whether the count can be held at one."""

@@ -144,7 +144,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     lp = () if loss_params is None else pvary(loss_params, axes)
     sched = build(schedule, S, M)
     K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
-    f_mb, b_mb, f_in, b_in, first_bwd = sched.arrays()
+    f_mb, b_mb, f_in, b_in, _ = sched.arrays()
     s = axis_index(axes)
     first, last = s == 0, s == S - 1
     forward = [(i, i + 1) for i in range(S - 1)]
@@ -155,16 +155,18 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     add = lambda a, b: tree_util.tree_map(lambda u, v: u + v, a, b)  # noqa: E731
 
     def put(buf, i, v):
-        # Microbatch i's value into its slot (i < 0: nothing arrives).
-        k = snp.maximum(i, 0) % buf.shape[0]
-        return buf.at[k].set(snp.where(i >= 0, v, buf[k]))
+        # Microbatch i's value into its slot; a tick where nothing arrives (i < 0)
+        # writes the spare last slot: one copy, no select over the slot's old value.
+        n = buf.shape[0] - 1
+        return buf.at[snp.where(i >= 0, i % n, n)].set(v)
 
     def input_of(buf, i):
-        # Stage 0 reads its microbatches where they are; the others, their buffer.
-        return snp.where(first, xs[i], buf[i % K])
+        # Stage 0 reads its microbatches where they are; the others, their buffer (a
+        # switch: a process takes only its own slice).
+        return switch(first.astype(np.int32), [lambda b: b[i % K], lambda b: xs[i]], buf)
 
-    def tick(carry, row, moves_f=True, moves_b=True):
-        send_f, send_b, buf, cts, acc = carry
+    def tick(carry, row, moves_f=True, moves_b=True, backs=True):
+        send_f, send_b, buf, cts, gx, acc = carry
         fi_mb, bi_mb, fi, bi = (r[s] for r in row)
         # What the neighbours sent at the end of the last tick (in ticks where some stage
         # receives it: see _segments).
@@ -182,67 +184,78 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         def no_bwd(buf, cts, acc):
             return snp.zeros_like(send_b), acc
 
+        def from_next(i, y, cts):
+            # Not the last stage: the cotangent the next stage sent; no loss here.
+            return (cts[i % C], tree_util.tree_map(snp.zeros_like, lp),
+                    pvary(np.zeros((), loss_dtype), axes))
+
+        def from_head(i, y, cts):
+            value, (dq, dy) = value_and_grad(head, argnums=(0, 1))(lp, y, ys[i])
+            return (dy * scale.astype(dy.dtype),
+                    tree_util.tree_map(lambda g: g * scale.astype(g.dtype), dq),
+                    value.astype(loss_dtype) * scale.astype(loss_dtype))
+
         def bwd(buf, cts, acc):
             i = bi_mb
             y, back = vjp(stage, stage_params, input_of(buf, i))
-            value, (dq, dy) = value_and_grad(head, argnums=(0, 1))(lp, y, ys[i])
-            on_last = lambda g: snp.where(last, g * scale.astype(g.dtype),  # noqa: E731
-                                          snp.zeros_like(g))
-            ct = snp.where(last, dy * scale.astype(dy.dtype), cts[i % C])
+            ct, dq, value = switch(last.astype(np.int32), [
+                functools.partial(from_next, i), functools.partial(from_head, i)], y, cts)
             g, dx = back(ct)
             gs, gq, total = acc
-            acc = (add(gs, g), add(gq, tree_util.tree_map(on_last, dq)),
-                   total + snp.where(last, value * scale.astype(loss_dtype),
-                                     np.zeros((), loss_dtype)))
-            return dx, acc
+            return dx, (add(gs, g), add(gq, dq), total + value)
 
         # A tick's forward, then its backward (1F1B's steady state does both).
         send_f = switch((fi_mb >= 0).astype(np.int32), [no_fwd, fwd], buf)
-        send_b, acc = switch((bi_mb >= 0).astype(np.int32), [no_bwd, bwd], buf, cts, acc)
-        # Stage 0's backward results are the inputs' gradients: kept per tick (a scan
-        # output, not a carry that every tick would copy).
-        return (send_f, send_b, buf, cts, acc), snp.where(first, send_b,
-                                                          snp.zeros_like(send_b))
+        if backs:
+            send_b, acc = switch((bi_mb >= 0).astype(np.int32), [no_bwd, bwd], buf, cts, acc)
+            # Stage 0's backward results are the inputs' gradients (other stages and
+            # idle ticks write the spare last slot).
+            gx = put(gx, snp.where(first, bi_mb, -1), send_b)
+        return (send_f, send_b, buf, cts, gx, acc), None
 
     zeros = snp.zeros(mb.shape, mb.dtype)
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
-    carry = (zeros, zeros, snp.zeros((K,) + mb.shape, mb.dtype),
-             snp.zeros((C,) + mb.shape, mb.dtype), acc)
-    per_tick = []
-    for start, stop, moves_f, moves_b in _segments(f_in, b_in):
-        body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b)
-        carry, out = scan(body, carry, tuple(snp.asarray(a[start:stop])
-                                             for a in (f_mb, b_mb, f_in, b_in)))
-        per_tick.append(out)
-    _, _, _, _, (gs, gq, total) = carry
-    per_tick = per_tick[0] if len(per_tick) == 1 else snp.concatenate(per_tick)
+    slots = lambda n: snp.zeros((n + 1,) + mb.shape, mb.dtype)  # noqa: E731 (+ a spare)
+    carry = (zeros, zeros, slots(K), slots(C), slots(M), acc)
+    for start, stop, moves_f, moves_b, backs in _segments(f_in, b_in, b_mb):
+        body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, backs=backs)
+        carry, _ = scan(body, carry, tuple(snp.asarray(a[start:stop])
+                                           for a in (f_mb, b_mb, f_in, b_in)))
+    gx, (gs, gq, total) = carry[4], carry[5]
     # The loss and the head's gradient live on the last stage, the inputs' on the first:
     # every device gets them.
     gq = tree_util.tree_map(lambda g: psum(g, axes), gq)
-    gx = psum(per_tick[first_bwd], axes)
+    gx = psum(gx[:M], axes)
     grads = PipelineGrads(gs, None if loss_params is None else gq, gx)
     return psum(total, axes), grads
 
 
-def _segments(f_in, b_in) -> list:
-    """The ticks cut into runs ``(start, stop, moves_f, moves_b)`` by which of the two
-    transfers carries anything into them: GPipe's forward ticks move activations only,
-    its backward ticks cotangents only (1F1B: both in its steady state).  A tick
-    without a transfer in one direction joins none, so a stage waits only for what it
-    receives, never for a neighbour that has nothing for it: the ranks are not held in
-    lockstep by empty messages, and half the messages are not sent (measured, GPipe at
-    M = 16 on two MPI ranks: the step 587 -> 567 ms, the idle share 9.1% -> 7.5%)."""
+def _segments(f_in, b_in, b_mb) -> list:
+    """The ticks cut into runs ``(start, stop, moves_f, moves_b, backs)`` by which of
+    the two transfers carries anything into them (GPipe's forward ticks move
+    activations only, its backward ticks cotangents only; 1F1B both in its steady
+    state), and whether any stage runs a backward in them (``backs``: the runs that
+    keep the inputs' gradients).  A tick without a transfer in one direction joins
+    none, so a stage waits only for what it receives, never for a neighbour that has
+    nothing for it: the ranks are not held in lockstep by empty messages, and half the
+    messages are not sent (measured, GPipe at M = 16 on two MPI ranks: the step 587 ->
+    567 ms, the idle share 9.1% -> 7.5%)."""
+    backs = [bool((b >= 0).any()) for b in b_mb]
     moves = [(bool((f >= 0).any()), bool((b >= 0).any())) for f, b in zip(f_in, b_in)]
-    # A tick that receives nothing goes with its neighbours' run (the one before, else
-    # the one after): one scan fewer, and its empty transfer holds no stage up.
+    # A tick that receives nothing goes with a neighbouring run (the one before, else
+    # the one after; one with backwards if it has them): one scan fewer, and its empty
+    # transfer holds no stage up (the stage it would go to waits there anyway).
     for t in range(len(moves)):
         if moves[t] == (False, False):
-            later = next((m for m in moves[t:] if m != (False, False)), (False, False))
-            moves[t] = moves[t - 1] if t else later
+            near = [u for u in (t - 1, *range(t + 1, len(moves)))
+                    if 0 <= u < len(moves) and moves[u] != (False, False)
+                    and backs[u] >= backs[t]]
+            if near:
+                moves[t], backs[t] = moves[near[0]], backs[near[0]]
     runs, start = [], 0
     for t in range(1, len(moves) + 1):
-        if t == len(moves) or moves[t] != moves[start]:
-            runs.append((start, t) + moves[start])
+        if t == len(moves) or (moves[t], backs[t]) != (moves[start], backs[start]):
+            runs.append((start, t) + moves[start] + (backs[start],))
             start = t
     return runs

@@ -230,26 +230,31 @@ def test_gradients_against_finite_differences(schedule, x64):
 # ------------------------------------------------------------- the transfers
 
 @pytest.mark.parametrize("name,stages,microbatches,runs", [
-    ("gpipe", 2, 16, [(0, 18, True, False), (18, 34, False, True)]),
-    ("gpipe", 4, 8, [(0, 12, True, False), (12, 22, False, True)]),
-    ("1f1b", 2, 16, [(0, 2, True, False), (2, 17, True, True), (17, 18, False, True)]),
-    ("1f1b", 4, 8, [(0, 4, True, False), (4, 11, True, True), (11, 14, False, True)]),
-    ("gpipe", 1, 3, [(0, 6, False, False)]),
+    ("gpipe", 2, 16, [(0, 17, True, False, False), (17, 34, False, True, True)]),
+    ("gpipe", 4, 8, [(0, 11, True, False, False), (11, 22, False, True, True)]),
+    ("1f1b", 2, 16, [(0, 2, True, False, True), (2, 17, True, True, True),
+                     (17, 18, False, True, True)]),
+    ("1f1b", 4, 8, [(0, 3, True, False, False), (3, 4, True, False, True),
+                    (4, 11, True, True, True), (11, 14, False, True, True)]),
+    ("gpipe", 1, 3, [(0, 3, False, False, False), (3, 6, False, False, True)]),
 ])
 def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches, runs):
     """GPipe's forward ticks move activations only and its backward ticks cotangents
     only (no empty message holds a stage up for a neighbour with nothing to send); each
-    run of ticks is one scan, and every transfer a stage receives is in its run."""
+    run of ticks is one scan, and every transfer a stage receives, and every backward
+    it runs, is in a run that has them."""
     from spmd.parallel.pipeline import _segments
 
-    _, _, f_in, b_in, _ = pipeline_schedule(name, stages, microbatches).arrays()
-    got = _segments(f_in, b_in)
+    _, b_mb, f_in, b_in, _ = pipeline_schedule(name, stages, microbatches).arrays()
+    got = _segments(f_in, b_in, b_mb)
     assert got == runs
     assert got[0][0] == 0 and got[-1][1] == len(f_in)
-    for (start, stop, moves_f, moves_b), (nxt, _, _, _) in zip(got, got[1:] + [(len(f_in),) * 4]):
+    for (start, stop, moves_f, moves_b, backs), (nxt, *_) in zip(
+            got, got[1:] + [(len(f_in),) * 5]):
         assert stop == nxt
         assert moves_f or (f_in[start:stop] < 0).all()
         assert moves_b or (b_in[start:stop] < 0).all()
+        assert backs or (b_mb[start:stop] < 0).all()  # a run without backwards runs none
 
     # The program: one scan per run, one ppermute per direction it moves.
     p, h, emb = _model(stages)
@@ -260,4 +265,4 @@ def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches
                        out_specs=(P(), (P("pipe"), P("pipe")), P(), P()))
     text = str(spmd.make_jaxpr(f)(p, h, emb, xs, ys))
     assert text.count("scan[") == len(runs)
-    assert text.count("ppermute[") == sum(mf + mb for _, _, mf, mb in runs)
+    assert text.count("ppermute[") == sum(mf + mb for _, _, mf, mb, _ in runs)

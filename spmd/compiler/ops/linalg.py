@@ -15,6 +15,7 @@ from spmd.compiler import dtypes
 from spmd.compiler import threads as _threads
 from spmd.compiler.ad_util import Zero, add_tangents, is_undefined
 from spmd.compiler.avals import ShapedArray
+from spmd.compiler.gemm import gemm_into
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
@@ -177,7 +178,7 @@ def _as_matrices(xp, x, y, lc, rc):
     return left[0], right[0], tuple(left[1]) + tuple(right[1])
 
 
-def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None):
+def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None, accumulate=False):
     """``(x @ y)``, ``(x.T @ y)``, ... for the cases the impl sends straight to BLAS
     (and their forms on a process's stacked device blocks, ``xp.matmul`` of 3-d).
 
@@ -188,7 +189,9 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None):
     ``xp.matmul(x, y, out=out)``.
     Other cases call the impl.  On numpy a batch of products large enough to be
     split among the engine's threads (:data:`SPLIT_FLOPS`) calls ``_pmatmul``
-    (:func:`_matmul`) instead.
+    (:func:`_matmul`) instead.  ``accumulate=True``: add the product into ``out``
+    (``_gemm_into``, :mod:`spmd.compiler.gemm`), for one matrix only (None for a
+    batch of several, or other arrays).
     """
     (lc, rc), (lb, rb) = dimension_numbers
     x, y = avals
@@ -208,6 +211,10 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None):
         b = names[1] if rc[0] == 1 else f"{names[1]}.transpose(0, 2, 1)"
     else:
         return None
+    if accumulate:
+        one = xp is np and out is not None and all(
+            math.prod(v.shape[:-2]) == 1 for v in (x, y) if v.ndim == 3)
+        return f"_gemm_into({a}, {b}, out={out})" if one else None
     if large:  # a batch the engine's threads may share (decided per call)
         return f"_pmatmul({a}, {b})" if out is None else f"_pmatmul({a}, {b}, out={out})"
     if out is None:
@@ -216,7 +223,8 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None):
 
 
 dot_general_p.rules["emit_avals"] = _dot_emit
-dot_general_p.rules["emit_globals"] = {"_pmatmul": _pmatmul}
+dot_general_p.rules["emit_globals"] = {"_pmatmul": _pmatmul,
+                                       "_gemm_into": gemm_into}
 
 
 @dot_general_p.def_abstract_eval
