@@ -10,19 +10,22 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
 - ``step``: the slowest rank's time per step (a barrier before each);
 - ``stage forward`` / ``stage backward``: one microbatch's forward of one stage, and
   its backward (the forward recomputed, then its vjp), timed alone on rank 0 (both
-  ranks running them at once, as in the step), 40 of each;
-- ``f + b, mean``: their means, ``f`` and ``b`` below.  A step is the sum of ``2 M``
-  of them and the median of such sums is near the sum of their means, not of their
-  medians: this machine's cores stall for 3-8 ms every few dozen milliseconds (plain
-  numpy products show it too), which a median of single calls leaves out and a step
-  takes in (measured: means 3-5% above medians);
-- ``bubble, measured``: ``1 - M (f + b) / step``, the idle share of a stage's time;
+  ranks running them at once, as in the step): ``f`` and ``b``;
+- ``work, unpipelined``: right after each step, every rank runs the same ``M``
+  microbatches' forwards and backwards of one stage, one after another with no
+  pipeline (the mean over ranks): the work a stage's share of the step holds;
+- ``bubble, measured``: ``1 - work / step`` for each step and the work right after
+  it: the share of the step a stage spends on anything but its microbatches.  Paired
+  so that both see the same machine: this one's cores stall for 3-8 ms every few
+  dozen milliseconds, more in some minutes than others (plain numpy products show
+  it), and a step is the sum of ``2 M`` calls, whose stalls the median of single
+  calls (``f``, ``b``) leaves out;
 - ``bubble, idle``: each rank's time in the step's collectives (``spmd.distributed.
   collective_time``: waiting for its neighbour at a tick's ``ppermute``, and the
   transfer itself) over the step, all ranks' steps: the idle share measured directly;
-- ``work beyond M (f + b)``: ``bubble, measured`` less rank 0's idle share: the
-  time the step spends computing beyond ``M (f + b)`` (accumulating the gradients,
-  the schedule's selects; products slower beside the other rank's);
+- ``work beyond unpipelined``: ``bubble, measured`` less rank 0's idle share: what
+  the pipelined step computes beyond the unpipelined work (the schedule's
+  bookkeeping, the inputs' gradients kept), or loses to a neighbour's stalls;
 - ``bubble, theory``: ``(S - 1) / (M + S - 1)``; the goal is the measured bubble at
   most 10% above it (relative);
 - ``bubble, lockstep model``: ``1 - M (f + b) / lockstep_time(f, b)``, the
@@ -100,13 +103,11 @@ def measure(rounds: int) -> list[dict]:
         b_times.append(t2 - t1)
     f_times = comm.bcast(f_times, root=0)
     b_times = comm.bcast(b_times, root=0)
-    f, b = float(np.mean(f_times)), float(np.mean(b_times))
+    f, b = float(np.median(f_times)), float(np.median(b_times))
 
     rows = [common.row("stage", "forward (f)", f_times),
             common.row("stage", "backward (b)", b_times,
-                       note="the forward recomputed, then its vjp"),
-            common.row("stage", "f + b, mean", [f + b],
-                       note="what the bubbles below take for one microbatch's work")]
+                       note="the forward recomputed, then its vjp")]
     for m in MICROBATCHES:
         xs = rng.normal(size=(m, ROWS, D)).astype(np.float32)
         ys = rng.normal(size=(m, ROWS, D)).astype(np.float32)
@@ -118,7 +119,7 @@ def measure(rounds: int) -> list[dict]:
                 out_specs=(P(), spmd.parallel.PipelineGrads(P("pipe"), P(), P()))))
             for _ in range(_warm_up_calls()):
                 step(placed, xs, ys)
-            times, idle = [], []
+            times, idle, work = [], [], []
             for _ in range(rounds):
                 comm.Barrier()
                 _, c0 = spmd.distributed.collective_time()
@@ -130,25 +131,33 @@ def measure(rounds: int) -> list[dict]:
                 # A stage's idle share: its time in the step's collectives (waiting
                 # for its neighbour at each tick's transfers, and the transfers).
                 idle += comm.allgather((c1 - c0) / times[-1])
+                # The same microbatches' work without the pipeline, right after, on
+                # every rank at once: M forwards and backwards of one stage.
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for i in range(m):
+                    fwd(w0, xs[i]), bwd(w0, xs[i], ys[i])
+                work.append(comm.allreduce(time.perf_counter() - t0) / comm.Get_size())
             sched = pipeline_schedule(name, S, m)
             theory = theory_bubble(S, m)
             ticks = sched.lockstep_time(f, b)
             bench = f"{name}[S={S},M={m}]"
             rows += [
                 common.row(bench, "step", times),
-                common.row(bench, "bubble, measured", [1 - m * (f + b) / t for t in times],
+                common.row(bench, "work, unpipelined", work,
+                           note="M forwards and backwards of one stage, after each step"),
+                common.row(bench, "bubble, measured", [1 - w_ / t for t, w_ in zip(times, work)],
                            unit="%", goal_max_s=1.1 * theory,
-                           note="1 - M (f + b) / step; goal: at most 10% above theory"),
+                           note="1 - work / step, per round; goal: at most 10% above theory"),
                 common.row(bench, "bubble, idle", idle, unit="%",
                            note="each rank's time in the step's collectives (waits and "
                                 "transfers) over the step; every rank's every step"),
-                common.row(bench, "work beyond M (f + b)",
-                           [1 - m * (f + b) / t - i
-                            for t, i in zip(times, idle[0::comm.Get_size()])],
+                common.row(bench, "work beyond unpipelined",
+                           [1 - w_ / t - i
+                            for t, w_, i in zip(times, work, idle[0::comm.Get_size()])],
                            unit="%", note="bubble, measured, less this rank's idle share: "
-                                          "what the pipelined step computes that f and b "
-                                          "alone do not (gradient accumulation, the "
-                                          "schedule's selects), and slower products"),
+                                          "what the pipelined step computes beyond the "
+                                          "microbatches' work (the schedule's bookkeeping)"),
                 common.row(bench, "bubble, theory", [theory], unit="%",
                            note="(S - 1) / (M + S - 1)"),
                 common.row(bench, "bubble, lockstep model", [1 - m * (f + b) / ticks],

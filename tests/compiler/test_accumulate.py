@@ -93,7 +93,7 @@ def test_the_gradient_of_a_weight_used_twice():
 
 
 @pytest.mark.parametrize("case", ["read again", "caller's array", "broadcast", "batch",
-                                  "small", "integer"])
+                                  "small", "integer", "vectors"])
 def test_where_it_must_not_the_sum_is_as_written(case):
     a, b, acc = _mats(4, (64, 200), (200, 256), (64, 256))
     if case == "read again":
@@ -113,6 +113,10 @@ def test_where_it_must_not_the_sum_is_as_written(case):
         a, b, acc = _mats(6, (8, 16), (16, 8), (8, 8))
         assert acc.size < MIN_ELEMENTS
         f = lambda acc, a, b: a @ b + (acc * 2.0) @ b[:8, :8]  # noqa: E731
+        args = (acc, a, b)
+    elif case == "vectors":  # vector-matrix products of MIN_ELEMENTS results
+        a, b, acc = _mats(7, (8,), (8, MIN_ELEMENTS), (8, MIN_ELEMENTS))
+        f = lambda acc, a, b: a @ b + (a * 2) @ acc  # noqa: E731
         args = (acc, a, b)
     else:
         a = np.arange(64 * 200).reshape(64, 200) % 7

@@ -211,8 +211,8 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None, accumulate=Fa
         b = names[1] if rc[0] == 1 else f"{names[1]}.transpose(0, 2, 1)"
     else:
         return None
-    if accumulate:
-        one = xp is np and out is not None and all(
+    if accumulate:  # (matrices only: a vector's product stays a product and an add)
+        one = xp is np and out is not None and x.ndim >= 2 and y.ndim >= 2 and all(
             math.prod(v.shape[:-2]) == 1 for v in (x, y) if v.ndim == 3)
         return f"_gemm_into({a}, {b}, out={out})" if one else None
     if large:  # a batch the engine's threads may share (decided per call)
