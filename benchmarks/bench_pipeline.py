@@ -33,7 +33,7 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   when every tick lasts as long as its busiest stage's operations (the ranks meet at
   each tick's ``ppermute``);
 - ``stage inputs held``: the buffer of microbatch inputs a stage keeps (``M`` for
-  GPipe, ``2 (S - 1 - s) + 1`` on stage ``s`` for 1F1B), in MiB.
+  GPipe, ``2 (S - 1 - s) + 1`` on stage ``s`` for 1F1B, and a spare slot), in MiB.
 
 Rank 0 prints the table and writes ``benchmarks/results/pipeline_n<S>.json``.
 """
@@ -163,8 +163,9 @@ def measure(rounds: int) -> list[dict]:
                 common.row(bench, "bubble, lockstep model", [1 - m * (f + b) / ticks],
                            unit="%", note="each tick as long as its slowest operation"),
                 common.row(bench, "stage inputs held",
-                           [max(sched.inputs_held) * ROWS * D * 4], unit="MiB",
-                           note=f"{max(sched.inputs_held)} microbatches"),
+                           [(max(sched.inputs_held) + 1) * ROWS * D * 4], unit="MiB",
+                           note=f"{max(sched.inputs_held)} microbatches and the spare slot "
+                                "that ticks receiving nothing write"),
             ]
     return rows
 

@@ -114,7 +114,8 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     computes nothing), then activations move one stage on and cotangents one stage back
     (``ppermute``).  A stage keeps its inputs only (the forward is recomputed in its
     backward; stage 0 reads its own in place), in a buffer of the most any stage holds
-    at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S = 2``).  The gradients
+    at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S = 2``), and a spare
+    slot that ticks receiving nothing write.  The gradients
     are those of the unpipelined model:
     ``stage`` of this device's stage parameters (never summed over the pipeline axis),
     ``loss`` of ``loss_params`` and ``inputs`` of the microbatches (both the same on
