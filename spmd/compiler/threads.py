@@ -131,7 +131,7 @@ def numpy_openblas():
     """The OpenBLAS library numpy loaded, as a ``ctypes.CDLL`` (on Linux, the library
     named in ``/proc/self/maps``), or None: numpy's BLAS is another one, or it cannot
     be found.  Its thread count (:data:`BLAS`) and its CBLAS products with an
-    accumulating ``beta`` (:mod:`spmd.compiler.accumulate`) are called through it."""
+    accumulating ``beta`` (:mod:`spmd.compiler.gemm`) are called through it."""
     if not blas_is_openblas():
         return None
     try:
