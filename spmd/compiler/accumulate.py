@@ -28,6 +28,7 @@ from spmd.compiler.gemm import GEMM_DTYPES
 from spmd.compiler.ir import Var
 from spmd.compiler.ops.elementwise import add_p
 from spmd.compiler.ops.linalg import dot_general_p
+from spmd.compiler.ops.structural import reshape_p
 
 # A sum smaller than this (elements) stays a product and an add: the product's buffer
 # is then in cache, and the add costs less than the foreign call's setup.
@@ -39,11 +40,12 @@ class _Group:
     the slabs of a ``concatenate`` (``buf``) that :class:`~spmd.compiler.codegen.
     FlatWrites` has every product write into)."""
 
-    __slots__ = ("acc", "total", "products", "first", "buf", "decided")
+    __slots__ = ("acc", "total", "products", "first", "buf", "view", "decided")
 
-    def __init__(self, acc, total, products, first, buf):
+    def __init__(self, acc, total, products, first, buf, view=None):
         self.acc, self.total, self.products, self.first, self.buf = \
             acc, total, products, first, buf
+        self.view = view  # the product's shape, where a reshape gives it acc's
         self.decided = None  # at the first product: whether acc's buffer takes them
 
 
@@ -51,8 +53,9 @@ class Accumulations:
     """The sums ``acc + total`` (``add``) whose ``total`` is made only by products that
     can write into ``acc``'s buffer instead, accumulating (:func:`gemm_into`).
 
-    ``total`` is one ``dot_general`` result, or a ``concatenate`` of slabs each written
-    by a ``dot_general`` (the gradients of weights stacked over layers), read by the sum
+    ``total`` is one ``dot_general`` result (or its ``reshape`` adding or removing
+    leading axes of one), or a ``concatenate`` of slabs each written by a
+    ``dot_general`` (the gradients of weights stacked over layers), read by the sum
     alone; ``acc`` is read by the sum alone, exists before the first product, and has
     the sum's shape and dtype (float32 or float64, at least :data:`MIN_ELEMENTS`).
     Whether its buffer may take the products is decided when the first one is emitted
@@ -90,6 +93,7 @@ class Accumulations:
                         for v in (acc, total)) or \
                     any(uses.get(v) != 1 or v in live for v in (acc, total)):
                 continue
+            view = None
             if total in concats:
                 if flat.copies[concats[total]]:
                     continue  # a slab is copied in: not all of it products
@@ -98,6 +102,16 @@ class Accumulations:
                 buf = total
             elif total in producer and total not in flat.views:
                 made, buf = [producer[total][1]], None
+                g = made[0].inputs[0] if made[0].primitive is reshape_p else None
+                if g is not None:
+                    # A product given leading axes of one (a stage's gradient of its
+                    # (1, ...) block of stacked weights): written into acc's buffer
+                    # seen in the product's shape, always a view.
+                    if not (isinstance(g, Var) and g in producer and uses.get(g) == 1
+                            and g not in live and g not in flat.views
+                            and _squeezed(g.aval.shape) == _squeezed(out.shape)):
+                        continue
+                    made, view = [producer[g][1]], tuple(g.aval.shape)
             else:
                 continue
             if not made or not all(_accumulates(p) for p in made):
@@ -105,7 +119,7 @@ class Accumulations:
             first = min(producer[p.outputs[0]][0] for p in made)
             if acc in producer and producer[acc][0] >= first:
                 continue  # made after the first product: its buffer is not there yet
-            return _Group(acc, total, made, first, buf)
+            return _Group(acc, total, made, first, buf, view)
         return None
 
     def decide(self, i, names, owned, uses, dead, flat) -> None:
@@ -122,7 +136,9 @@ class Accumulations:
         g = self._by_product.get(eqn)
         if g is None or not g.decided:
             return None
-        return names[g.acc] if g.buf is None else flat.view(eqn, names)
+        if g.buf is not None:
+            return flat.view(eqn, names)
+        return names[g.acc] if g.view is None else f"{names[g.acc]}.reshape({g.view!r})"
 
     def emit_sum(self, eqn, names, owned, dead) -> bool:
         """A decided sum: its result is ``acc``'s buffer, which holds it already (True);
@@ -136,6 +152,14 @@ class Accumulations:
         dead.handed_on.update((g.acc, g.total))  # their buffer holds the result now
         dead.release_inputs(eqn, names, owned, never_aliases=True)
         return True
+
+
+def _squeezed(shape) -> tuple:
+    """``shape`` without its leading axes of one."""
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def _accumulates(eqn) -> bool:

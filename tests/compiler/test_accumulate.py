@@ -6,6 +6,7 @@ several threads too."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -74,6 +75,42 @@ def test_stacked_gradients_accumulate_slab_by_slab():
     # The loop body: each product added into its slab of the carry, no stacked buffer.
     assert any(b.source.count("_gemm_into(") == 3 and "xp.empty(" not in b.source
                for b in _bodies_with("_gemm_into("))
+
+
+@pytest.mark.parametrize("lead", ["added", "removed"])
+def test_a_product_given_leading_axes_of_one(lead):
+    xs, gs = _mats(8, (4, 1, 64, 128), (4, 1, 64, 128))
+
+    def run(xs, gs):
+        def body(i, acc):
+            x, g = xs[i], gs[i]  # (1, 64, 128): a process's block of one device
+            if lead == "added":  # (128, 128) product into a (1, 128, 128) sum
+                return acc + (x[0].T @ g[0])[None]
+            prod = snp.matmul(x.transpose(0, 2, 1), g)  # (1, 128, 128) into (128, 128)
+            return acc + prod.reshape(128, 128)
+
+        shape = (1, 128, 128) if lead == "added" else (128, 128)
+        return lax.fori_loop(0, 4, body, snp.zeros(shape, np.float32))
+
+    got = np.asarray(spmd.jit(run)(xs, gs)).reshape(128, 128)
+    expected = np.einsum("bik,bil->kl", xs[:, 0], gs[:, 0])
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=1e-3)
+    # The product written into the carry seen in the product's shape (a view).
+    view = "(128, 128))" if lead == "added" else "(1, 128, 128))"
+    assert any(re.search(r"_gemm_into\(.*out=v\d+\.reshape\(" + re.escape(view), b.source)
+               for b in _bodies_with("_gemm_into("))
+
+
+def test_a_reshape_beyond_leading_ones_is_a_product_and_an_add():
+    xs, gs = _mats(9, (3, 64, 128), (3, 64, 128))
+    f = spmd.jit(lambda xs, gs: lax.fori_loop(
+        0, 3, lambda i, acc: acc + (xs[i].T @ gs[i]).reshape(-1),
+        snp.zeros((128 * 128,), np.float32)))
+    got = np.asarray(f(xs, gs))
+    np.testing.assert_allclose(got, np.einsum("bik,bil->kl", xs, gs).reshape(-1), rtol=RTOL,
+                               atol=1e-3)
+    bodies = _bodies_with("reshape((16384,))")
+    assert bodies and not any("_gemm_into(" in b.source for b in bodies)
 
 
 def test_the_gradient_of_a_weight_used_twice():

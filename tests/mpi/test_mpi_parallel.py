@@ -174,3 +174,48 @@ def test_dot_product_attention_with_batch_and_heads_split_over_the_ranks():
         assert all(s.data.shape[0] == B // shape[0] for s in g.addressable_shards)
         np.testing.assert_allclose(np.asarray(spmd.process_allgather(g)), np.asarray(x),
                                    rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_weight_gradients_accumulate_over_the_ranks(schedule):
+    # Stage weights of 128 x 128 (at least the accumulated sums' minimum size): each
+    # backward adds its products into the running sum by BLAS (compiler/accumulate.py),
+    # and the loss and gradients are still the unpipelined model's.
+    from spmd.compiler.accumulate import MIN_ELEMENTS
+    from spmd.compiler.jit import _executables
+    from spmd.parallel import PipelineGrads, pipeline_value_and_grad
+
+    stages, width, m = spmd.device_count(), 128, 4
+    assert width * width >= MIN_ELEMENTS
+    rng = np.random.default_rng(3)
+    w = (rng.normal(size=(stages, width, width)) / np.sqrt(width)).astype(np.float32)
+    xs, ys = (rng.normal(size=(m, 16, width)).astype(np.float32) for _ in range(2))
+
+    def layer(p, x):
+        return snp.tanh(x @ p[0])
+
+    def mse(y, t):
+        return ((y - t) ** 2).mean()
+
+    def unpipelined(w, xs, ys):
+        total = 0.0
+        for i in range(m):
+            x = xs[i]
+            for s in range(stages):
+                x = snp.tanh(x @ w[s])
+            total = total + mse(x, ys[i])
+        return total / m
+
+    want_loss, want = spmd.value_and_grad(unpipelined)(w, xs, ys)
+    mesh = spmd.make_mesh((stages,), ("pipe",))
+    f = spmd.jit(spmd.shard_map(
+        lambda p, xs, ys: pipeline_value_and_grad(layer, mse, p, xs, ys, "pipe",
+                                                  schedule=schedule),
+        mesh=mesh, in_specs=(P("pipe"), P(), P()),
+        out_specs=(P(), PipelineGrads(P("pipe"), P(), P()))))
+    loss, g = f(spmd.device_put(w, NS(mesh, P("pipe"))), xs, ys)
+    assert any("_gemm_into(" in e.source for per in list(_executables.values())
+               for e in per.values())
+    np.testing.assert_allclose(float(np.asarray(loss)), float(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(spmd.process_allgather(g.stage)), np.asarray(want),
+                               rtol=1e-4, atol=1e-6)
