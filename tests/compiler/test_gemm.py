@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from spmd.compiler import gemm
 from spmd.compiler.gemm import gemm_into
@@ -123,3 +124,33 @@ def test_numpy_openblas_products_are_found():
     assert gemm._cblas(np.dtype(np.float32)) is not None
     assert gemm._cblas(np.dtype(np.float64)) is not None
     assert gemm._cblas(np.dtype(np.int32)) is None
+
+
+def _layout(rng, shape, dtype, how):
+    """An array of ``shape`` laid out as ``how`` says: C order, the transpose of a
+    C-order array, or every other row/column of a larger one (no unit stride)."""
+    r, c = shape
+    if how == "c":
+        return rng.normal(size=(r, c)).astype(dtype)
+    if how == "t":
+        return rng.normal(size=(c, r)).astype(dtype).T
+    return rng.normal(size=(2 * r, 2 * c)).astype(dtype)[::2, ::2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(0, 40), k=st.integers(0, 40), n=st.integers(0, 40),
+       dtype=st.sampled_from([np.float32, np.float64]),
+       la=st.sampled_from(["c", "t", "strided"]), lb=st.sampled_from(["c", "t", "strided"]),
+       slab=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_any_layout_adds_the_product(m, k, n, dtype, la, lb, slab, seed):
+    rng = np.random.default_rng(seed)
+    a, b = _layout(rng, (m, k), dtype, la), _layout(rng, (k, n), dtype, lb)
+    buf = rng.normal(size=(3, m, n)).astype(dtype)
+    out = buf[1] if slab else buf[1].copy()
+    before = buf.copy()
+    expected = out + (a.astype(np.float64) @ b.astype(np.float64)).astype(dtype)
+    gemm_into(a, b, out)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * max(k, 1))
+    np.testing.assert_array_equal(buf[0], before[0])  # only the slab is written
+    np.testing.assert_array_equal(buf[2], before[2])
