@@ -68,3 +68,17 @@ def loops_at_once(monkeypatch, kernel_cache):
     monkeypatch.setenv("SPMD_CACHE_DIR", kernel_cache)
     monkeypatch.setattr(loops, "COMPILE_AFTER", 1)
     monkeypatch.setattr(loops, "SWITCH_AT", 1)
+
+
+@pytest.fixture
+def no_compiler(monkeypatch):
+    """Every compiled loop's compilation fails ("no compiler today"), warnings and
+    compilations not seen before (the numpy code must keep running)."""
+    from spmd.compiler import loops
+
+    def broken(src, prefix):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(loops, "_load", broken)
+    monkeypatch.setattr(loops, "_warned", [])
+    monkeypatch.setattr(loops, "_compiled", {})

@@ -7,7 +7,6 @@ several threads too."""
 from __future__ import annotations
 
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -171,25 +170,17 @@ def test_where_it_must_not_the_sum_is_as_written(case):
         np.testing.assert_array_equal(x, x0)
 
 
-def test_threads_run_an_accumulating_program_at_once():
+def test_threads_run_an_accumulating_program_at_once(each_on_a_thread):
     xs, gs = _mats(7, (4, 64, 256), (4, 64, 256))
     f = spmd.jit(lambda xs, gs: lax.fori_loop(
         0, 4, lambda i, acc: acc + xs[i].T @ gs[i], snp.zeros((256, 256), np.float32)))
     expected = np.einsum("bik,bil->kl", xs, gs)
     f(xs, gs)
-    results, errors = [None] * 6, []
+    results = [None] * 6
 
-    def run(k):
-        try:
-            results[k] = np.asarray(f(xs * (k + 1), gs))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def call(k):
+        results[k] = np.asarray(f(xs * (k + 1), gs))
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    each_on_a_thread(call, len(results))
     for k, r in enumerate(results):
         np.testing.assert_allclose(r, expected * (k + 1), rtol=RTOL, atol=1e-3)

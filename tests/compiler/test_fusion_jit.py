@@ -143,13 +143,7 @@ def test_off_without_numba_or_when_asked(monkeypatch):
     assert "fused" not in spmd.jit(f).lower(x).as_text(executed=True)
 
 
-def test_a_loop_that_cannot_be_compiled_keeps_the_numpy_code(ran, monkeypatch):
-    def broken(src, prefix):
-        raise RuntimeError("no compiler today")
-
-    monkeypatch.setattr(loops, "_load", broken)
-    monkeypatch.setattr(loops, "_warned", [])
-    monkeypatch.setattr(loops, "_compiled", {})
+def test_a_loop_that_cannot_be_compiled_keeps_the_numpy_code(ran, no_compiler):
     x, b = _rand(64, 96), _rand(96, seed=1)
     f = spmd.jit(_gelu_bias)
     with pytest.warns(RuntimeWarning, match="could not be compiled.*no compiler today"):

@@ -4,8 +4,6 @@ ones it cannot (copied first), and the fallback."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -92,26 +90,17 @@ def test_what_blas_cannot_take_is_a_numpy_product_and_add(what, monkeypatch):
     np.testing.assert_allclose(out, expected, rtol=1e-6)
 
 
-def test_threads_at_once():
+def test_threads_at_once(each_on_a_thread):
     rng = np.random.default_rng(4)
     cases = [(_case(rng, 64, 48, 80, np.float32), rng.normal(size=(64, 80)).astype(np.float32))
              for _ in range(8)]
     expected = [out + a @ b for (a, b), out in cases]
-    errors = []
 
-    def run(k):
-        try:
-            (a, b), out = cases[k]
-            gemm_into(a, b, out)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def call(k):
+        (a, b), out = cases[k]
+        gemm_into(a, b, out)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    each_on_a_thread(call, len(cases))
     for ((_, _), out), exp in zip(cases, expected):
         np.testing.assert_allclose(out, exp, rtol=1e-5, atol=1e-5)
 
