@@ -64,14 +64,13 @@ class Accumulations:
     products of one matrix (no batch of several, which the engine's threads share).
     """
 
-    def __init__(self, eqns, live_out, uses, flat, xp):
+    def __init__(self, eqns, uses, flat, xp):
         self._by_first: dict = {}
         self._by_product: dict = {}
         self._by_sum: dict = {}
         if xp is not np:
             return
-        producer = {o: (i, e) for i, e in enumerate(eqns) for o in e.outputs}
-        live = {a for a in live_out if isinstance(a, Var)}
+        producer, live = flat.producer, flat.live  # (the program's, as FlatWrites read it)
         concats = {e.outputs[0]: e for e in flat.copies}
         for e in eqns:
             if e.primitive is add_p and len(e.inputs) == 2:

@@ -304,8 +304,9 @@ class FlatWrites:
         self.views: dict = {}    # g -> (concatenate output, start, stop)
         self.copies: dict = {}   # concatenate equation -> [(operand, start, stop)] to copy
         self.alloc: dict = {}    # equation index -> concatenate outputs to allocate there
-        producer = {o: (i, e) for i, e in enumerate(eqns) for o in e.outputs}
-        live = {a for a in live_out if isinstance(a, Var)}
+        # (Kept: spmd.compiler.accumulate plans on the same maps.)
+        self.producer = producer = {o: (i, e) for i, e in enumerate(eqns) for o in e.outputs}
+        self.live = live = {a for a in live_out if isinstance(a, Var)}
         for e in eqns:
             if e.primitive is not concatenate_p:
                 continue
@@ -426,7 +427,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
     dead.keep.update(donated)  # a donated buffer is updated in place, not recycled
     done = Ownership(owned, dead, donated)
     flat = FlatWrites(eqns, live_out, uses)
-    sums = Accumulations(eqns, live_out, uses, flat, xp)
+    sums = Accumulations(eqns, uses, flat, xp)
     pending: list = []  # requests of started collectives not waited for yet
     for i, eqn in enumerate(eqns):
         prim = eqn.primitive
