@@ -11,8 +11,9 @@ a rank dies in between; they are handled the same way.
 Which files are this job's: those **its ranks have mapped or open**, identified
 by device and inode, not by name.  :class:`Segments` reads
 ``/proc/<pid>/maps`` and ``/proc/<pid>/fd`` of the job's ranks while they run
-(the launcher every 0.1 s, and again whenever a rank's process ends, while the
-others still hold the segment) and takes the records the ranks write
+(the launcher: when a rank starts, when a file has appeared in ``/dev/shm``,
+which it lists every 0.1 s, whenever a rank's process ends, while the others
+still hold the segment, and every 5 s besides) and takes the records the ranks write
 themselves (``rank<N>.shm``, see :func:`spmd.launch._rank.record_segments`).
 Names alone would not do: another job's segments have the same form, and a
 name can be reused by a later file.  At the end, a recorded file is removed
@@ -86,6 +87,17 @@ def mapped_files(pid: int | str, directory: str = SHM_DIR) -> dict[str, Key]:
             continue
         found[path] = (st.st_dev, st.st_ino)
     return found
+
+
+def entries(directory: str = SHM_DIR) -> frozenset:
+    """(name, inode) of every entry in ``directory`` now: one directory read, no
+    ``stat`` (the launcher compares two of them to see whether a file has appeared,
+    a name reused by a new file included)."""
+    try:
+        with os.scandir(directory) as it:
+            return frozenset((e.name, e.inode()) for e in it)
+    except OSError:
+        return frozenset()
 
 
 def listing(directory: str = SHM_DIR) -> dict[str, Key]:

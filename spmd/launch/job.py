@@ -24,7 +24,7 @@ import threading
 import time
 
 from spmd.launch import _rank
-from spmd.launch.cleanup import Segments, mapped_files
+from spmd.launch.cleanup import Segments, entries, mapped_files
 
 # How long a job may go on after a rank reported a failure before the
 # launcher ends it itself (mpiexec normally does it at once).
@@ -38,10 +38,17 @@ STRANDED_CONFIRM_S = 2.0
 # Ranks whose processes closed their FIFO within this many seconds of the first
 # are reported together as killed (see Job.killed).
 EXIT_TIE_S = 0.05
-# How often the ranks' shared-memory mappings are read (also when a rank
-# starts): a segment made and left within less than this by every rank of a
-# node could be missed (the ranks' own records cover most such cases).
-SEGMENT_SCAN_S = 0.1
+# How often the launcher lists /dev/shm (a directory read: microseconds).  The
+# ranks' mappings are read when a file has appeared there since the last read,
+# when a rank starts or ends, and every SEGMENT_SCAN_S besides: a segment made
+# and left within less than SEGMENT_CHECK_S by every rank of a node could be
+# missed (the ranks' own records cover most such cases).
+SEGMENT_CHECK_S = 0.1
+# Reading a rank's /proc/<pid>/maps costs ~1.5 ms of CPU (600 mappings, and the
+# rank's mmap lock); done every 0.1 s it took ~3 ms from one rank's core every
+# 0.1 s, which a pipeline's ranks, waiting on each other, all paid.  Only a
+# safety net now: a new file triggers the read.
+SEGMENT_SCAN_S = 5.0
 # How long the ranks' processes get to be gone after mpiexec has exited (they
 # hold their segments until then) before the launcher kills them.
 REAP_S = 2.0
@@ -146,12 +153,13 @@ class Job:
                 pass
 
     def _watch_pids(self) -> None:
-        """Note the shared-memory segments the live ranks map, every
-        :data:`SEGMENT_SCAN_S` and when a rank starts; a rank's pidfd tells that the
-        pid read is still that rank (Linux)."""
+        """Note the shared-memory segments the live ranks map: when a file has
+        appeared in the segments' directory (listed every :data:`SEGMENT_CHECK_S`),
+        when a rank starts or ends, and every :data:`SEGMENT_SCAN_S`; a rank's pidfd
+        tells that the pid read is still that rank (Linux)."""
         poller, fds, seen = select.poll(), {}, set()
         host = socket.gethostname()
-        last_scan = 0.0
+        last_scan, listed = 0.0, None
         while self.proc.poll() is None:
             started = False
             for r in range(self.np):
@@ -166,14 +174,18 @@ class Job:
                     fds[fd] = (r, pid)
                     poller.register(fd, select.POLLIN)
                     started = True
-            ready = poller.poll(100)
-            for fd, _ in ready:  # (a rank's process ended)
+            ready = poller.poll(int(SEGMENT_CHECK_S * 1000))
+            for fd, _ in ready:  # (a rank's process ended: the others may hold its files)
                 poller.unregister(fd)
                 del fds[fd]
                 os.close(fd)
-            if started or time.monotonic() - last_scan >= SEGMENT_SCAN_S:
+            # Listed before the read: a file made during it is new at the next check.
+            now = entries(self.segments.dir)
+            if (started or ready or listed is None or not now <= listed
+                    or time.monotonic() - last_scan >= SEGMENT_SCAN_S):
                 self._scan_segments(fds)
                 last_scan = time.monotonic()
+            listed = now
         for fd in fds:
             os.close(fd)
 

@@ -80,6 +80,40 @@ def test_a_failed_job_leaves_no_shared_memory(tmp_path, kind):
                       f"process uses: {new_unused(before)})\n{out}")
 
 
+# A file a rank makes in /dev/shm well after the start (after its first psum), maps,
+# and still holds when it dies with SIGKILL a moment later: no rank record names it,
+# so only the launcher's read of the ranks' mappings, which a new file in /dev/shm
+# sets off, can (its slow periodic read, every SEGMENT_SCAN_S = 5 s, comes too late).
+_MID_RUN = HEADER + textwrap.dedent("""
+    import mmap
+    if me == 1:
+        time.sleep(0.5)
+        path = f"/dev/shm/spmd-test-mid-run-{os.getpid()}"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.ftruncate(fd, 1 << 16)
+        held = mmap.mmap(fd, 1 << 16)
+        os.close(fd)
+        print("SEGMENTS " + json.dumps({path: os.stat(path).st_ino}), flush=True)
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    step(x)
+""")
+
+
+@pytest.mark.timeout(150)
+def test_a_file_made_mid_run_and_left_by_a_killed_rank_is_removed(tmp_path):
+    from spmd.launch import job
+
+    assert job.SEGMENT_SCAN_S >= 3  # (else the periodic read alone would find it)
+    job_ = Launch(_MID_RUN, 2, tmp_path)
+    status = job_.wait(120)
+    out = job_.out
+    assert status == 137, out
+    made = {p: i for p, i in reported(out).items() if "spmd-test-mid-run-" in p}
+    assert len(made) == 1, out
+    assert not still_there(made), f"left in {SHM}: {made}\n{out}"
+
+
 @pytest.mark.timeout(150)
 def test_a_job_that_succeeds_leaves_nothing_either(tmp_path):
     job = Launch(HEADER + "step(x)\n", 2, tmp_path)
