@@ -492,9 +492,11 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             donate = prim.rules.get("donated_impl")
             given = [k for k, a in enumerate(eqn.inputs) if alone(a, owned, uses, dead)] \
                 if donate is not None else []
-            if given:
-                # A higher-order primitive (cond) taking over operands this code owns
-                # alone and never reads again: its programs may update them in place.
+            if donate is not None:
+                # A higher-order primitive (cond, scan, while) taking over operands this
+                # code owns alone and never reads again: its programs may update them in
+                # place.  Its results that are its own alone become this code's (one
+                # loop's carries taken over by the next, not copied again).
                 fn, taken, exclusive = donate(xp, tuple(given), **eqn.params)
                 dead.handed_on.update(eqn.inputs[k] for k in taken)
                 owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)

@@ -272,21 +272,21 @@ def test_a_cond_returning_its_operand_twice():
 def _loop_copies(fn, *args):
     """The carries the scan of ``fn`` copies every step (its ``recopy``), and its
     results."""
-    from spmd.compiler.ops import control_loops
+    from spmd.compiler.ops import loop_runs
 
     seen = []
-    orig = control_loops._donated_body
+    orig = loop_runs.donated_body
 
     def spy(program, xp, first, n):
         out = orig(program, xp, first, n)
         seen.append(out[2])
         return out
 
-    control_loops._donated_body = spy
+    loop_runs.donated_body = spy
     try:
         got = spmd.jit(fn)(*args)
     finally:
-        control_loops._donated_body = orig
+        loop_runs.donated_body = orig
     return seen, got
 
 

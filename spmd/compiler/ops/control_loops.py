@@ -24,6 +24,7 @@ from spmd.compiler.ops.control_cond import (batch_program, cast_to, check_avals,
                                             zero_tangent)
 from spmd.compiler.primitives import Primitive
 from spmd.compiler.manual_types import ManualTypeError, ct_aval
+from spmd.compiler.ops import loop_runs
 from spmd.compiler.program_vma import program_types, program_vma
 from spmd.compiler.trace import eval_program, get_aval
 from spmd.errors import ArgumentError, ProgramTypeError
@@ -52,95 +53,21 @@ def scan_bind(*args, program, num_consts, num_carry, length, reverse):
                        num_carry=int(num_carry), length=int(length), reverse=bool(reverse))
 
 
-# The loops are generated per arity, so that each iteration is one call of the
-# compiled body with named arguments (no per-iteration list building).
-_LOOPS: dict = {}
-
-
-def _names(prefix, n):
-    return [f"{prefix}{k}" for k in range(n)]
-
-
-def _unpack(names, value) -> str:
-    return f"{', '.join(names)}, = {value}" if names else ""
-
-
-def _loop_fn(kind, *arity):
-    key = (kind,) + arity
-    fn = _LOOPS.get(key)
-    if fn is None:
-        src = _scan_src(*arity) if kind == "scan" else _while_src(*arity)
-        ns: dict = {}
-        exec(compile(src, f"<spmd:{kind}_loop>", "exec"), ns)
-        fn = _LOOPS[key] = ns["loop"]
-    return fn
-
-
-def _scan_src(nc, ncar, nx, ny, own=(), recopy=()):
-    c, h, x, y, v = (_names(p, n) for p, n in
-                     (("c", nc), ("h", ncar), ("x", nx), ("y", ny), ("v", ny)))
-    call = f"body({', '.join(c + h + [f'{xk}[i]' for xk in x])})"
-    lines = ["def loop(body, order, args, ys):", "    " + _unpack(c + h + x, "args"),
-             *_copies(h, own, "    "), "    " + _unpack(y, "ys"), "    for i in order:",
-             "        " + (_unpack(h + v, call) or call), *_copies(h, recopy, "        ")]
-    lines += [f"        {yk}[i] = {vk}" for yk, vk in zip(y, v)]
-    lines.append(f"    return [{', '.join(h)}]")
-    return "\n".join(ln for ln in lines if ln.strip()) + "\n"
-
-
-def _while_src(ncc, nbc, ncar, own=(), recopy=()):
-    cc, bc, h = _names("a", ncc), _names("b", nbc), _names("h", ncar)
-    body = f"body({', '.join(bc + h)})"
-    lines = ["def loop(cond, body, args):", "    " + _unpack(cc + bc + h, "args"),
-             *_copies(h, own, "    "), f"    while cond({', '.join(cc + h)})[0]:",
-             "        " + (_unpack(h, body) or body), *_copies(h, recopy, "        "),
-             f"    return [{', '.join(h)}]"]
-    return "\n".join(ln for ln in lines if ln.strip()) + "\n"
-
-
-def _copies(h, which, indent) -> list:
-    return [f"{indent}{h[k]} = {h[k]}.copy()" for k in which]
-
-
-# Loop carries are donated to the body (spmd.compiler.codegen.compile_program): where
-# its code updates one in place (a dynamic_update_slice or scatter on it, an
-# elementwise result written into it), the loop gives it a buffer of its own, a copy
-# of the initial value made once, instead of the whole-buffer copy each iteration
-# made (a fori_loop writing row i of an n-row array copied it n times).
-#
-# Only the carries the loop copies are donated: a carry donated but not copied would
-# be the caller's buffer, and a body passing it through to a carry it updates would
-# write there (a jvp's tangent carries, swapped each step, did: a silent wrong
-# tangent, found by the suite).  A donated carry the body returns in a buffer
-# something else may reference (an input passed through, a view, a constant, a result
-# returned twice) is copied again before the next iteration.
-def _donated_body(program, xp, first: int, n: int):
-    """``(body, own, recopy)``: the body's code with the carries it updates donated
-    (its arguments ``first`` to ``first + n``), the carries the loop copies before the
-    loop (``own``: all the donated ones) and after every iteration (``recopy``)."""
-    from spmd.compiler.jit import executable_for
-
-    carries = tuple(range(first, first + n))
-    probe = executable_for(program, xp, donated=carries)
-    donated = tuple(sorted(probe.consumed))
-    # A probe that writes into no carry is the body as it is: its claims of exclusive
-    # results are never read (nothing is copied).  Only a proper subset is compiled
-    # again, so that no carry the loop leaves the caller's counts as exclusive.
-    body = probe if donated in (carries, ()) else \
-        executable_for(program, xp, donated=donated)
-    own = tuple(k - first for k in donated)
-    return body, own, tuple(k for k in own if not body.exclusive[k])
-
-
 @scan_p.def_impl
 def _scan_impl(xp, *args, program, num_consts, num_carry, length, reverse):
-    body, own, recopy = _donated_body(program, xp, num_consts, num_carry)
-    y_avals = program.out_avals[num_carry:]
-    ys = [xp.empty((length,) + a.shape, dtype=a.dtype) for a in y_avals]
-    loop = _loop_fn("scan", num_consts, num_carry, len(args) - num_consts - num_carry,
-                    len(ys), own, recopy)
-    order = range(length - 1, -1, -1) if reverse else range(length)
-    return loop(getattr(body, "fn", body), order, args, ys) + ys
+    run = loop_runs.scan_runner(xp, program, num_consts, num_carry, length, reverse)[0]
+    return run(*args)
+
+
+def _scan_donated(xp, donated, *, program, num_consts, num_carry, length, reverse):
+    """The scan with the initial carries at ``donated`` (positions among its operands)
+    handed over by the generated code around it (:mod:`spmd.compiler.ops.loop_runs`):
+    ``(impl, consumed, exclusive)`` as ``codegen`` asks of a ``donated_impl``."""
+    return loop_runs.scan_runner(xp, program, num_consts, num_carry, length, reverse,
+                                 given=frozenset(donated))
+
+
+scan_p.rules["donated_impl"] = _scan_donated
 
 
 @scan_p.def_abstract_eval
@@ -470,13 +397,19 @@ def while_bind(*args, cond_program, body_program, cond_nconsts, body_nconsts):
 
 @while_p.def_impl
 def _while_impl(xp, *args, cond_program, body_program, cond_nconsts, body_nconsts):
-    from spmd.compiler.jit import executable_for
+    run = loop_runs.while_runner(xp, cond_program, body_program, cond_nconsts,
+                                 body_nconsts)[0]
+    return run(*args)
 
-    cond = executable_for(cond_program, xp)
-    n_carry = len(args) - cond_nconsts - body_nconsts
-    body, own, recopy = _donated_body(body_program, xp, body_nconsts, n_carry)
-    loop = _loop_fn("while", cond_nconsts, body_nconsts, n_carry, own, recopy)
-    return loop(getattr(cond, "fn", cond), getattr(body, "fn", body), args)
+
+def _while_donated(xp, donated, *, cond_program, body_program, cond_nconsts, body_nconsts):
+    """The while loop with the initial carries at ``donated`` handed over (see
+    :func:`_scan_donated`)."""
+    return loop_runs.while_runner(xp, cond_program, body_program, cond_nconsts,
+                                  body_nconsts, given=frozenset(donated))
+
+
+while_p.rules["donated_impl"] = _while_donated
 
 
 @while_p.def_abstract_eval
