@@ -266,3 +266,35 @@ def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches
     text = str(spmd.make_jaxpr(f)(p, h, emb, xs, ys))
     assert text.count("scan[") == len(runs)
     assert text.count("ppermute[") == sum(mf + mb for _, _, mf, mb, _ in runs)
+
+
+@pytest.mark.parametrize("name,stages,microbatches", [
+    ("gpipe", 2, 5), ("gpipe", 4, 3), ("1f1b", 2, 7), ("1f1b", 4, 8), ("1f1b", 3, 1)])
+def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
+    """``_tick_table`` against the schedule's operations tick by tick: each stage's
+    forward and backward (whether, which microbatch, which slots it reads), where a
+    received input and cotangent go, and where stage 0's input gradient goes; every
+    index in range of its buffer (the spare slot where nothing is written)."""
+    from spmd.parallel.pipeline import _tick_table
+
+    sched = pipeline_schedule(name, stages, microbatches)
+    K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
+    M = microbatches
+    f_mb, b_mb, f_in, b_in, _ = sched.arrays()
+    table = _tick_table(f_mb, b_mb, f_in, b_in, K, C, M)
+    assert table.shape == (stages, len(sched.ticks), 10) and table.dtype == np.int32
+    for t, row in enumerate(sched.ticks):
+        for s, ops in enumerate(row):
+            f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put = table[s, t]
+            fwd = [i for kind, i in ops if kind == "F"]
+            bwd = [i for kind, i in ops if kind == "B"]
+            assert (f_on, b_on) == (len(fwd), len(bwd))
+            if fwd:
+                assert (f_i, f_slot) == (fwd[0], fwd[0] % K)
+            if bwd:
+                assert (b_i, b_slot, ct_slot) == (bwd[0], bwd[0] % K, bwd[0] % C)
+            assert f_put == (f_in[t, s] % K if f_in[t, s] >= 0 else K)
+            assert b_put == (b_in[t, s] % C if b_in[t, s] >= 0 else C)
+            assert gx_put == (bwd[0] if s == 0 and bwd else M)
+            assert 0 <= f_i < M and 0 <= b_i < M and 0 <= f_slot < K and 0 <= b_slot < K
+            assert 0 <= ct_slot < C
