@@ -6,7 +6,9 @@ results are the final carries and the stacked ys.  ``while`` operands are
 ``cond consts, body consts, init carries``.
 
 The implementations compile each body once (``executable_for``) and run it in
-a Python loop over arrays.  Rules that change which carries hold tangents (jvp),
+a Python loop over arrays (:mod:`spmd.compiler.ops.loop_runs`, which also decides
+which carries get buffers of their own and which the code around the loop hands
+over).  Rules that change which carries hold tangents (jvp),
 a batch axis (vmap), unknown values (partial evaluation) or varying mesh axes
 (the varying-axes rule) iterate to a fixed point, since a carry's output feeds
 its next input.
