@@ -145,7 +145,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     lp = () if loss_params is None else pvary(loss_params, axes)
     sched = build(schedule, S, M)
     K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
-    f_mb, b_mb, f_in, b_in, _ = sched.arrays()
+    f_mb, b_mb, f_in, b_in = sched.arrays()
     s = axis_index(axes)
     first, last = s == 0, s == S - 1
     forward = [(i, i + 1) for i in range(S - 1)]

@@ -57,11 +57,9 @@ class Schedule(NamedTuple):
         """The table as ``(T, S)`` int32 arrays, one row per tick, for a program to
         index by stage: the microbatch each stage forwards and backwards at the tick (-1:
         none); which microbatch's input arrives at the tick's start (from the stage
-        before; -1: none) and which cotangent (from the stage after); and the tick of
-        stage 0's backward of each microbatch, ``(M,)``."""
-        T, S, M = len(self.ticks), self.stages, self.microbatches
+        before; -1: none) and which cotangent (from the stage after)."""
+        T, S = len(self.ticks), self.stages
         f_mb, b_mb, f_in, b_in = (np.full((T, S), -1, np.int32) for _ in range(4))
-        first_bwd = np.zeros(M, np.int64)
         for t, row in enumerate(self.ticks):
             for s, ops in enumerate(row):
                 for kind, i in ops:
@@ -73,9 +71,7 @@ class Schedule(NamedTuple):
                         b_mb[t, s] = i
                         if s > 0 and t + 1 < T:
                             b_in[t + 1, s - 1] = i
-                        if s == 0:
-                            first_bwd[i] = t
-        return f_mb, b_mb, f_in, b_in, first_bwd
+        return f_mb, b_mb, f_in, b_in
 
     def lockstep_time(self, f: float = 1.0, b: float = 1.0) -> float:
         """The table's time when a forward costs ``f``, a backward ``b``, and every tick

@@ -245,7 +245,7 @@ def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches
     it runs, is in a run that has them."""
     from spmd.parallel.pipeline import _segments
 
-    _, b_mb, f_in, b_in, _ = pipeline_schedule(name, stages, microbatches).arrays()
+    _, b_mb, f_in, b_in = pipeline_schedule(name, stages, microbatches).arrays()
     got = _segments(f_in, b_in, b_mb)
     assert got == runs
     assert got[0][0] == 0 and got[-1][1] == len(f_in)
@@ -280,7 +280,7 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
     sched = pipeline_schedule(name, stages, microbatches)
     K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
     M = microbatches
-    f_mb, b_mb, f_in, b_in, _ = sched.arrays()
+    f_mb, b_mb, f_in, b_in = sched.arrays()
     table = _tick_table(f_mb, b_mb, f_in, b_in, K, C, M)
     assert table.shape == (stages, len(sched.ticks), 10) and table.dtype == np.int32
     for t, row in enumerate(sched.ticks):
