@@ -32,6 +32,10 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   schedule's table (``spmd.parallel.pipeline_schedule``) priced with ``f`` and ``b``
   when every tick lasts as long as its busiest stage's operations (the ranks meet at
   each tick's ``ppermute``);
+- ``bubble, dataflow model``: ``1 - M (f + b) / dataflow_time(f, b, w)``, the table
+  as the pipeline runs it: each result sent as soon as it exists, what came read at
+  the end of the tick, the weights' gradient (``w``, timed alone on rank 0 as the
+  pipeline's second part of a backward) after the input's cotangent has gone back;
 - ``stage inputs held``: the buffer of microbatch inputs a stage keeps (``M`` for
   GPipe, ``2 (S - 1 - s) + 1`` on stage ``s`` for 1F1B, and a spare slot), in MiB.
 
@@ -75,6 +79,7 @@ def measure(rounds: int) -> list[dict]:
 
     import spmd
     from spmd import P
+    from spmd.compiler.split import split
     from spmd.parallel import pipeline_schedule, pipeline_value_and_grad
     from spmd.parallel.schedule import theory_bubble
 
@@ -90,24 +95,34 @@ def measure(rounds: int) -> list[dict]:
     x0 = rng.normal(size=(ROWS, D)).astype(np.float32)
     fwd = spmd.jit(_layer)
     bwd = spmd.jit(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct))
-    f_times, b_times = [], []
+    # The backward's second part as the pipeline runs it (spmd.compiler.split): the
+    # parameters' gradient, after the input's cotangent has been sent.
+    cotangent, gradient = split(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct)[::-1],
+                                w0, x0, x0)
+    carried = spmd.jit(lambda p, x, ct: cotangent(p, x, ct)[1])(w0, x0, x0)
+    weights = spmd.jit(gradient)
+    f_times, b_times, w_times = [], [], []
     for _ in range(_warm_up_calls()):
-        fwd(w0, x0), bwd(w0, x0, x0)
+        fwd(w0, x0), bwd(w0, x0, x0), weights(carried)
     for _ in range(40):
         t0 = time.perf_counter()
         fwd(w0, x0)
         t1 = time.perf_counter()
         bwd(w0, x0, x0)
         t2 = time.perf_counter()
+        weights(carried)
+        t3 = time.perf_counter()
         f_times.append(t1 - t0)
         b_times.append(t2 - t1)
-    f_times = comm.bcast(f_times, root=0)
-    b_times = comm.bcast(b_times, root=0)
-    f, b = float(np.median(f_times)), float(np.median(b_times))
+        w_times.append(t3 - t2)
+    f_times, b_times, w_times = comm.bcast((f_times, b_times, w_times), root=0)
+    f, b, wg = (float(np.median(t)) for t in (f_times, b_times, w_times))
 
     rows = [common.row("stage", "forward (f)", f_times),
             common.row("stage", "backward (b)", b_times,
-                       note="the forward recomputed, then its vjp")]
+                       note="the forward recomputed, then its vjp"),
+            common.row("stage", "weights' gradient (w)", w_times,
+                       note="the part of b after the input's cotangent is sent")]
     for m in MICROBATCHES:
         xs = rng.normal(size=(m, ROWS, D)).astype(np.float32)
         ys = rng.normal(size=(m, ROWS, D)).astype(np.float32)
@@ -162,6 +177,10 @@ def measure(rounds: int) -> list[dict]:
                            note="(S - 1) / (M + S - 1)"),
                 common.row(bench, "bubble, lockstep model", [1 - m * (f + b) / ticks],
                            unit="%", note="each tick as long as its slowest operation"),
+                common.row(bench, "bubble, dataflow model",
+                           [1 - m * (f + b) / sched.dataflow_time(f, b, wg)], unit="%",
+                           note="results sent at once, read at the tick's end, w after "
+                                "the cotangent is sent"),
                 common.row(bench, "stage inputs held",
                            [(max(sched.inputs_held) + 1) * ROWS * D * 4], unit="MiB",
                            note=f"{max(sched.inputs_held)} microbatches and the spare slot "

@@ -358,25 +358,90 @@ def sendrecv(x, ranks, dst, src, what=None):
     from mpi4py import MPI
 
     comm = communicator(ranks, what or "ppermute")
+    with Collective(ranks, what or "ppermute"):
+        out, reqs, _ = _post(comm, x, dst, src)
+        MPI.Request.Waitall(reqs)
+        settle_sends()
+    return out
+
+
+def _post(comm, x, dst, src) -> tuple:
+    """Post the receive from ``src`` and the send to ``dst``: ``(receive buffer, the
+    requests to wait for, the buffer a waited-for send reads)``.  A send of up to
+    :data:`DEFERRED_SEND_MAX_BYTES` is of a copy and is not waited for."""
     # C order whatever x's layout (zeros_like would keep a transposed x's strides, and
     # MPI receives into the buffer's bytes as one run); zeros where nothing arrives (a
     # ppermute's result there), else MPI writes every byte.
     out = np.zeros(x.shape, x.dtype) if src is None else np.empty(x.shape, x.dtype)
-    with Collective(ranks, what or "ppermute"):
-        waits = []
-        if src is not None:
-            # (reshape first: a 0-d array cannot be viewed as bytes)
-            waits.append(comm.Irecv(out.reshape(-1).view(np.uint8), source=src, tag=11))
-        if dst is not None and x.nbytes <= DEFERRED_SEND_MAX_BYTES:
-            data = _bytes(x).reshape(-1).copy()  # (a 0-d x too: _bytes makes it 1-d)
+    reqs, keep = [], None
+    if src is not None:
+        # (reshape first: a 0-d array cannot be viewed as bytes)
+        reqs.append(comm.Irecv(out.reshape(-1).view(np.uint8), source=src, tag=11))
+    if dst is not None and x.nbytes <= DEFERRED_SEND_MAX_BYTES:
+        data = _bytes(x).reshape(-1).copy()  # (a 0-d x too: _bytes makes it 1-d)
+        _settled_at_exit()
+        with _sends_lock:
+            _sends.append((comm.Isend(data, dest=dst, tag=11), data))
+    elif dst is not None:
+        keep = _bytes(x).reshape(-1)
+        reqs.append(comm.Isend(keep, dest=dst, tag=11))
+    return out, reqs, keep
+
+
+class Exchange:
+    """A started :func:`isendrecv`: ``test()`` lets MPI move its data, ``wait()``
+    returns what came from ``src`` (zeros where nothing comes)."""
+
+    __slots__ = ("_reqs", "_out", "_keep", "_ranks", "_what", "_xp", "__weakref__")
+
+    def __init__(self, reqs, out, keep, ranks, what, xp=np):
+        self._reqs, self._out, self._keep = reqs, out, keep
+        self._ranks, self._what, self._xp = ranks, what, xp
+        if reqs:
             _settled_at_exit()
-            with _sends_lock:
-                _sends.append((comm.Isend(data, dest=dst, tag=11), data))
-        elif dst is not None:
-            waits.append(comm.Isend(_bytes(x).reshape(-1), dest=dst, tag=11))
-        MPI.Request.Waitall(waits)
-        settle_sends()
-    return out
+            _live_exchanges.add(self)
+
+    def test(self) -> bool:
+        from mpi4py import MPI
+
+        return MPI.Request.Testall(self._reqs) if self._reqs else True
+
+    def wait(self):
+        from mpi4py import MPI
+
+        # A wait is a collective for the watchdog (a hang here gets the deadline report),
+        # on every member alike, whether it receives or not.
+        with Collective(self._ranks, self._what):
+            MPI.Request.Waitall(self._reqs)
+            self._reqs, self._keep = [], None
+            settle_sends()
+        out = self._out
+        return out if self._xp is np else self._xp.asarray(out)
+
+    def __del__(self):
+        if self._reqs:
+            # Never waited for (the program raised between start and wait): MPI may
+            # still write the receive buffer and read the send, kept until it is done.
+            _abandoned.extend((r, self._out, self._keep) for r in self._reqs)
+
+
+_live_exchanges = weakref.WeakSet()  # started exchanges not yet waited for
+
+
+def isendrecv(x, ranks, dst, src, what=None, xp=np) -> Exchange:
+    """Start :func:`sendrecv` and return its :class:`Exchange` at once: the receive is
+    posted and the message sent, so the caller computes while it travels and waits
+    where it needs what comes (a pipeline stage sends a cotangent back as soon as it
+    has it and takes the next one only at the end of its tick: the overlap pass,
+    ``spmd.compiler.overlap``, places the wait).
+
+    >>> r = isendrecv(y, (0, 1), dst=1, src=None); ...; got = r.wait()  # doctest: +SKIP
+    """
+    what = what or "ppermute"
+    comm = communicator(ranks, what)
+    with Collective(ranks, what):
+        out, reqs, keep = _post(comm, x, dst, src)
+    return Exchange(reqs, out, keep, ranks, what, xp)
 
 
 def settle_sends(wait: bool = False) -> None:
@@ -447,6 +512,7 @@ def _settle_at_exit(limit_s: float = 5.0) -> None:
     for, dropped or still referenced, and the deferred sends."""
     complete_within([a[0] for a in _abandoned]
                     + [r._req for r in list(_live) if r._keep is not None]
+                    + [r for e in list(_live_exchanges) for r in e._reqs]
                     + [r for r, _ in _sends], limit_s)
 
 
@@ -478,11 +544,15 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
     return Request(req, out, orig, buf, ranks, what, xp, gather)
 
 
-def _mpi_start(xp, x, *, kind, ranks, op=None, what=None, **_):
-    """The ``start`` rule (spmd.compiler.overlap) of the ``mpi`` primitive's all-reduce."""
-    if kind != "allreduce":
-        raise ValueError(f"mpi: only an all-reduce can be started without waiting, not {kind!r}")
+def _mpi_start(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
+    """The ``start`` rule (spmd.compiler.overlap) of the ``mpi`` primitive: an
+    all-reduce or a send-receive (a ``ppermute``) started without waiting."""
     host = np.asarray(x) if xp is np else xp.asnumpy(x)
+    if kind == "sendrecv":
+        return isendrecv(host, ranks, dst, src, what, xp)
+    if kind != "allreduce":
+        raise ValueError(f"mpi: only an all-reduce or a send-receive can be started "
+                         f"without waiting, not {kind!r}")
     return iallreduce(host, ranks, op, what, xp)
 
 
@@ -504,6 +574,9 @@ def _mpi_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
 
 define_rules(mpi_p, "mpi")
 mpi_p.rules["start"] = _mpi_start  # its all-reduces may overlap compute
+# A send-receive starts on its own (it is never combined with another): the overlap
+# pass waits for it where its result is first needed.
+mpi_p.rules["starts_alone"] = lambda eqn: eqn.params["kind"] == "sendrecv"
 
 # The blocking kinds, whose impl on host arrays is exactly the backend call.
 _DIRECT_KINDS = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"})

@@ -136,16 +136,20 @@ class DeadBuffers:
     def release_inputs(self, eqn, names, owned, never_aliases: bool,
                        aliasing=None) -> None:
         """The equation has read its inputs.  Its results may share the buffers of
-        all of them unless ``never_aliases`` (of none), or of those at the positions
-        ``aliasing`` only (a ``cond`` whose branches return no view of the others)."""
+        all of them unless ``never_aliases`` (of none), or, with ``aliasing`` (per
+        result, the positions of the inputs it may share: a ``cond`` whose branches
+        return views of some operands only), of those."""
+        outs = eqn.outputs
         for k, a in enumerate(eqn.inputs):
             if not isinstance(a, Var):
                 continue
-            if not never_aliases and (aliasing is None or k in aliasing):
+            sharing = () if never_aliases else outs if aliasing is None else \
+                [o for o, ks in zip(outs, aliasing) if k in ks]
+            if sharing:
                 self.aliased.add(a)
                 for owner in (a, *self.owners.get(a, ())):
-                    self.views.setdefault(owner, set()).update(eqn.outputs)
-                for o in eqn.outputs:
+                    self.views.setdefault(owner, set()).update(sharing)
+                for o in sharing:
                     self.owners.setdefault(o, set()).update((a, *self.owners.get(a, ())))
             self.remaining[a] -= 1
             if (self.remaining[a] == 0 and a in owned and a not in self.aliased

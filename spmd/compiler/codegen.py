@@ -502,12 +502,14 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                 owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)
             aliased = prim.rules.get("aliased_operands")
             if aliased is not None:
-                # The operands its results may share buffers with (a cond's branches
+                # Per result, the operands it may share buffers with (a cond's branches
                 # returning an operand or a view of it), and every operand it took
                 # over: the others stay this code's own (a loop's carry read by a
-                # cond stays exclusive, so the loop need not copy it every step).
-                aliasing = frozenset(aliased(xp, tuple(given), **eqn.params)) | \
-                    frozenset(given)
+                # cond stays exclusive, so the loop need not copy it every step, and
+                # a buffer the cond read is free to update once the results that may
+                # view it are gone).
+                aliasing = [ks | frozenset(given)
+                            for ks in aliased(xp, tuple(given), **eqn.params)]
             if target is not None:
                 # Its operand's buffer is this code's alone and read nowhere else:
                 # update it in place (rules["in_place"]) instead of a copy.

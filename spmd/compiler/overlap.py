@@ -136,7 +136,14 @@ def overlap_collectives(closed: ClosedProgram, bucket_bytes: int) -> ClosedProgr
 
 
 def _startable(eqn) -> bool:
-    return _key(eqn) is not None and "start" in eqn.primitive.rules
+    return "start" in eqn.primitive.rules and (_key(eqn) is not None or _alone(eqn))
+
+
+def _alone(eqn) -> bool:
+    """A collective started on its own, never combined with another (a send-receive:
+    ``rules["starts_alone"](eqn)``)."""
+    rule = eqn.primitive.rules.get("starts_alone")
+    return rule is not None and bool(rule(eqn))
 
 
 def _buckets(members, ready, bucket_bytes, work) -> list:
@@ -149,7 +156,7 @@ def _buckets(members, ready, bucket_bytes, work) -> list:
     done = []
     for i in order:
         m = members[i]
-        key, size = _key(m), _nbytes(m)
+        key, size = (m if _alone(m) else _key(m)), _nbytes(m)  # (alone: a key of its own)
         b = open_.get(key)
         if b is not None and (b[1] + size > bucket_bytes or (
                 b[1] >= MIN_EARLY_BYTES and work[ready[m]] - work[b[2]] > 1)):

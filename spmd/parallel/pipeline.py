@@ -24,6 +24,7 @@ from spmd.autodiff import value_and_grad, vjp
 from spmd.collectives.api import axis_index, ppermute, psum, pvary
 from spmd.collectives.primitives import _axes, _size
 from spmd.compiler.jit import eval_shape
+from spmd.compiler.split import split
 from spmd.compiler.trace import get_aval
 from spmd.errors import ShapeError
 from spmd.lax import scan, switch
@@ -111,8 +112,12 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     microbatch; ``microbatches`` and ``targets`` are ``(M, ...)`` (every device passes
     the same).  Each tick, every stage does the forward and then the backward the
     schedule gives it (either may be none: on processes of their own an idle stage
-    computes nothing), then activations move one stage on and cotangents one stage back
-    (``ppermute``).  A stage keeps its inputs only (the forward is recomputed in its
+    computes nothing).  Each result leaves as soon as it exists (``ppermute``:
+    activations one stage on, cotangents one stage back), and the backward runs in two
+    parts (:func:`spmd.compiler.split.split`): the input's cotangent, which the stage
+    before waits for, then the parameters' gradient; what the neighbours sent during
+    the tick is read at its end (on MPI the overlap pass starts each transfer early and
+    waits there, ``spmd.compiler.overlap``).  A stage keeps its inputs only (the forward is recomputed in its
     backward; stage 0 reads its own in place), in a buffer of the most any stage holds
     at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S = 2``), and a spare
     slot that ticks receiving nothing write.  The gradients
@@ -146,6 +151,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     sched = build(schedule, S, M)
     K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
     f_mb, b_mb, f_in, b_in = sched.arrays()
+    f_in, b_in = _arriving_after(f_in), _arriving_after(b_in)
     s = axis_index(axes)
     first, last = s == 0, s == S - 1
     forward = [(i, i + 1) for i in range(S - 1)]
@@ -172,23 +178,14 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         return switch(first.astype(np.int32), [lambda b: b[slot], lambda b: xs[i]], buf)
 
     def tick(carry, row, moves_f=True, moves_b=True, backs=True):
-        send_f, send_b, buf, cts, gx, acc = carry
+        buf, cts, gx, acc = carry
         f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put = row
-        # What the neighbours sent at the end of the last tick (in ticks where some stage
-        # receives it: see _segments).
-        if moves_f:
-            buf = put(buf, f_put, ppermute(send_f, axes, forward))
-        if moves_b:
-            cts = put(cts, b_put, ppermute(send_b, axes, backward))
 
         def no_fwd(buf):
-            return snp.zeros_like(send_f)
+            return snp.zeros(mb.shape, mb.dtype)
 
         def fwd(buf):
             return stage(stage_params, input_of(buf, f_slot, f_i))
-
-        def no_bwd(buf, cts, acc):
-            return snp.zeros_like(send_b), acc
 
         def from_next(y, cts):
             # Not the last stage: the cotangent the next stage sent; no loss here.
@@ -201,31 +198,57 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
                     tree_util.tree_map(lambda g: g * scale.astype(g.dtype), dq),
                     value.astype(loss_dtype) * scale.astype(loss_dtype))
 
-        def bwd(buf, cts, acc):
+        def bwd(buf, cts):
             y, back = vjp(stage, stage_params, input_of(buf, b_slot, b_i))
             ct, dq, value = switch(last.astype(np.int32), [from_next, from_head], y, cts)
             g, dx = back(ct)
-            gs, gq, total = acc
-            return dx, (add(gs, g), add(gq, dq), total + value)
+            return dx, (g, dq, value)
 
-        # A tick's forward, then its backward (1F1B's steady state does both).
+        # A tick's forward, its result sent on at once (the next stage reads it next
+        # tick).  What arrives goes into its buffer at the tick's end: a switch's
+        # results may be views of its operands, so a buffer the backward read is
+        # written in place only once those results are gone.
         send_f = switch(f_on, [no_fwd, fwd], buf)
+        got_f = ppermute(send_f, axes, forward) if moves_f else None
+        got_b = None
         if backs:
-            send_b, acc = switch(b_on, [no_bwd, bwd], buf, cts, acc)
+            # The backward in two parts (spmd.compiler.split): the input's cotangent,
+            # which the stage before waits for, goes back as soon as it is computed; the
+            # parameters' gradient, which nobody waits for, is computed after.
+            cotangent, gradient = split(bwd, buf, cts)
+
+            def no_cotangent(buf, cts):
+                dx, *carried = (snp.zeros(a.shape, a.dtype) for a in cotangent.out_avals)
+                return dx, tuple(carried)
+
+            def no_gradient(carried, acc):
+                return acc
+
+            def accumulate(carried, acc):
+                g, dq, value = gradient(carried)
+                gs, gq, total = acc
+                return add(gs, g), add(gq, dq), total + value
+
+            dx, carried = switch(b_on, [no_cotangent, cotangent], buf, cts)
+            got_b = ppermute(dx, axes, backward) if moves_b else None
             # Stage 0's backward results are the inputs' gradients (other stages and
             # idle ticks write the spare last slot).
-            gx = put(gx, gx_put, send_b)
-        return (send_f, send_b, buf, cts, gx, acc), None
+            gx = put(gx, gx_put, dx)
+            acc = switch(b_on, [no_gradient, accumulate], carried, acc)
+        if got_f is not None:
+            buf = put(buf, f_put, got_f)
+        if got_b is not None:
+            cts = put(cts, b_put, got_b)
+        return (buf, cts, gx, acc), None
 
-    zeros = snp.zeros(mb.shape, mb.dtype)
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
     slots = lambda n: snp.zeros((n + 1,) + mb.shape, mb.dtype)  # noqa: E731 (+ a spare)
-    carry = (zeros, zeros, slots(K), slots(C), slots(M), acc)
+    carry = (slots(K), slots(C), slots(M), acc)
     for start, stop, moves_f, moves_b, backs in _segments(f_in, b_in, b_mb):
         body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, backs=backs)
         carry, _ = scan(body, carry, tuple(c[start:stop] for c in cols))
-    gx, (gs, gq, total) = carry[4], carry[5]
+    gx, (gs, gq, total) = carry[2], carry[3]
     # The loss and the head's gradient live on the last stage, the inputs' on the first:
     # every device gets them.
     gq = tree_util.tree_map(lambda g: psum(g, axes), gq)
@@ -234,14 +257,22 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     return psum(total, axes), grads
 
 
+def _arriving_after(arrivals: np.ndarray) -> np.ndarray:
+    """What arrives at each tick's start (a schedule's ``(T, S)`` table) as what
+    arrives during each tick: a tick sends what it computes within itself, so what
+    arrives at tick ``t + 1``'s start comes during tick ``t`` (-1: nothing)."""
+    return np.concatenate([arrivals[1:], np.full_like(arrivals[:1], -1)])
+
+
 def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
     """``(S, T, 10)`` int32: for each stage and tick, the numbers its tick reads.
 
     Whether it runs a forward and a backward (1/0: the switches' indices); their
     microbatches (0 where none: an index that is never read, but in range); their
     inputs' slots in the ``K``-slot buffer and the backward's cotangent slot in the
-    ``C``-slot one; the slots that the received input and cotangent go to (the spare
-    slot ``K``, ``C`` where nothing arrives); and where stage 0's backward result goes
+    ``C``-slot one; the slots that the input and cotangent received during the tick go
+    to (``f_in``, ``b_in``: :func:`_arriving_after`; the spare slot ``K``, ``C`` where
+    nothing arrives); and where stage 0's backward result goes
     among the inputs' gradients (the spare slot ``M`` on other stages and idle ticks).
     """
     S = f_mb.shape[1]
@@ -255,7 +286,8 @@ def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
 
 def _segments(f_in, b_in, b_mb) -> list:
     """The ticks cut into runs ``(start, stop, moves_f, moves_b, backs)`` by which of
-    the two transfers carries anything into them (GPipe's forward ticks move
+    the two transfers carries anything during them (``f_in``, ``b_in``: what arrives
+    during each tick, :func:`_arriving_after`; GPipe's forward ticks move
     activations only, its backward ticks cotangents only; 1F1B both in its steady
     state), and whether any stage runs a backward in them (``backs``: the runs that
     keep the inputs' gradients).  A tick without a transfer in one direction joins

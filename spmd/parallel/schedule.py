@@ -1,8 +1,11 @@
 """Pipeline schedules as tables: which stage does what at each tick.
 
-Every stage runs in lockstep: a tick ends with the ``ppermute`` s that move activations
-one stage on and cotangents one stage back, which every stage joins, so a tick lasts
-as long as its slowest stage's work.  ``ticks[t][s]`` is the tuple of operations stage
+In the lockstep model a tick ends with the ``ppermute`` s that move activations one
+stage on and cotangents one stage back, which every stage joins, so a tick lasts as
+long as its slowest stage's work (:meth:`Schedule.lockstep_time`).  The pipeline sends
+each result as soon as it has it and reads what came at the end of its tick, and a
+stage's parameters' gradient comes after its input's cotangent has gone back
+(:meth:`Schedule.dataflow_time`).  ``ticks[t][s]`` is the tuple of operations stage
 ``s`` does at tick ``t``, in order: ``("F", i)`` (the forward of microbatch ``i``),
 ``("B", i)`` (its backward), or none.  A forward needs the previous stage's forward of
 that microbatch at an earlier tick; a backward needs this stage's forward of it (the
@@ -78,6 +81,39 @@ class Schedule(NamedTuple):
         lasts as long as its busiest stage's operations."""
         return sum(max(sum(f if k == "F" else b for k, _ in ops) for ops in row)
                    for row in self.ticks)
+
+    def dataflow_time(self, f: float = 1.0, b: float = 1.0, w: float = 0.0) -> float:
+        """The table's time as :mod:`spmd.parallel.pipeline` runs it: each stage sends
+        a result as soon as it has computed it and reads what its neighbours sent at
+        the end of its tick (it waits there for the sends of that tick).  A forward
+        costs ``f``, a backward ``b``, of which ``w`` (the parameters' gradient) runs
+        after the input's cotangent has been sent.  With ``w = 0`` this is
+        :meth:`lockstep_time` when every operation of a kind costs the same; ``w`` of
+        each backward on the path from the fill to the drain comes off it.
+
+        >>> build("gpipe", 2, 2).dataflow_time(1.0, 2.0, 1.0)
+        8.0
+        """
+        S = self.stages
+        clock = [0.0] * S
+        for row in self.ticks:
+            sent_f, sent_b, done = [], [], []
+            for s, ops in enumerate(row):
+                t = clock[s] + (f if any(k == "F" for k, _ in ops) else 0.0)
+                sent_f.append(t)
+                backward = any(k == "B" for k, _ in ops)
+                t += b - w if backward else 0.0
+                sent_b.append(t)
+                done.append(t + (w if backward else 0.0))
+            # A tick moves activations when some stage but the last runs a forward,
+            # cotangents when some stage but the first runs a backward; a stage waits
+            # for the neighbour that sends to it.
+            moves_f = any(k == "F" for ops in row[:-1] for k, _ in ops)
+            moves_b = any(k == "B" for ops in row[1:] for k, _ in ops)
+            clock = [max(done[s], sent_f[s - 1] if moves_f and s > 0 else 0.0,
+                         sent_b[s + 1] if moves_b and s + 1 < S else 0.0)
+                     for s in range(S)]
+        return max(clock)
 
     @property
     def bubble(self) -> float:

@@ -342,6 +342,41 @@ def test_a_cond_returning_a_view_of_a_carry_keeps_its_value(branch):
     np.testing.assert_array_equal(buf0, np.arange(6, dtype=np.float32).reshape(2, 3))
 
 
+def test_a_cond_operand_whose_views_are_gone_is_updated_in_place():
+    """Per result, the operands a cond's results may view: ``v`` may view ``a`` and
+    ``u`` may view ``b``.  Once ``u`` has been read, ``b`` is updated in place (no
+    copy) although ``v`` lives on; ``a``'s update must leave ``v``'s value alone."""
+    def body(c, i):
+        a, b = c
+        v, u, w = lax.cond(i % 2 == 0, lambda a, b: (a[0], b[0], b[1] * 2.0),
+                           lambda a, b: (a[1], b[1], b[0] * 3.0), a, b)
+        s = u * 1.0  # u's last read
+        b = b.at[0].set(b[0] + s)
+        a = a.at[0].set(a[0] + 10.0)
+        return (a, b), v + w
+
+    a0 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b0 = np.arange(6, 12, dtype=np.float32).reshape(2, 3)
+    before = {id(e) for e in _bodies_with("_cond_")}
+    f = spmd.jit(lambda a, b: lax.scan(body, (a, b), np.arange(4)))
+    (a, b), ys = f(a0, b0)
+    wa, wb, wys = a0.copy(), b0.copy(), []
+    for i in range(4):
+        k = 0 if i % 2 == 0 else 1
+        v, u, w = wa[k].copy(), wb[k].copy(), wb[1 - k] * (2.0 if k == 0 else 3.0)
+        wb[0] += u
+        wa[0] += 10.0
+        wys.append(v + w)
+    np.testing.assert_array_equal(np.asarray(ys), np.stack(wys))
+    np.testing.assert_array_equal(np.asarray(a), wa)
+    np.testing.assert_array_equal(np.asarray(b), wb)
+    np.testing.assert_array_equal(a0, np.arange(6, dtype=np.float32).reshape(2, 3))
+    # The body's code: b's update in place, a's into a new buffer (v may view a).
+    bodies = [e.source for e in _bodies_with("_cond_") if id(e) not in before]
+    assert bodies and all(src.count("_dynamic_update_slice_in_place_") == 1 and
+                          src.count("_dynamic_update_slice_") == 2 for src in bodies), bodies
+
+
 def test_executables_name_the_arguments_their_results_may_share():
     from spmd.compiler.jit import executable_for
 

@@ -75,6 +75,33 @@ def backward_like(x, w1, w2):
     return [mul(r2, 0.5), mul(r1, 0.25)]
 
 
+def sendrecv(x):
+    """A ppermute's exchange on the one rank: to itself and from itself."""
+    return mpi.call("sendrecv", x, RANKS, dst=0, src=0, what="ppermute")
+
+
+def test_a_send_receive_starts_alone_and_waits_where_its_result_is_needed():
+    """A pipeline tick: a stage sends what it computed at once, computes what does not
+    need what it receives (its weights' gradient), and waits only then.  Send-receives
+    are never combined: each starts after its own operand."""
+    def f(x, w):
+        y = tanh(dot_general(x, w, MM))
+        got_y = sendrecv(y)                    # sent as soon as y exists
+        z = dot_general(tanh(y), w, MM)        # work that does not need what comes
+        got_x = sendrecv(tanh(x))
+        return [add(got_y, z), mul(got_x, 2.0)]
+
+    closed = trace(f, (64, 64), (64, 64))
+    over, source = check_same(closed, 1 << 20)
+    seq = names(over)
+    assert seq.count("collective_start") == 2 and seq.count("collective_wait") == 2
+    assert "mpi" not in seq and "combined" not in str(over)
+    first_start, first_wait = seq.index("collective_start"), seq.index("collective_wait")
+    dots = [i for i, n in enumerate(seq) if n == "dot_general"]
+    assert first_start < dots[-1] < first_wait
+    assert "= _r0.wait()  # ppermute" in source
+
+
 def test_a_bucket_starts_when_its_operand_exists_and_waits_at_first_use():
     closed = trace(backward_like, (128, 128), (128, 128), (128, 128))
     over, source = check_same(closed, 128 * 128 * 4)  # one gradient per bucket

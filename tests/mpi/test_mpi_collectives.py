@@ -233,6 +233,42 @@ def test_a_send_nobody_receives_holds_no_rank(monkeypatch):
     comm.Barrier()
 
 
+def test_a_started_exchange_is_read_at_its_wait(monkeypatch):
+    """``isendrecv`` (a ppermute the overlap pass starts early): the receive is posted
+    and the message sent at the start, the caller's buffer may be overwritten right
+    after, and what came is read at the wait.  An exchange dropped before its wait (a
+    program that raised in between) keeps its buffers until MPI is done with them."""
+    from mpi4py import MPI
+
+    from spmd.collectives import mpi as backend, mpi_control
+
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    monkeypatch.setattr(mpi_control, "_check", [False])
+    pair = (0, 1)
+    if r in pair:
+        backend.communicator(pair, "the test's pair")
+        other = 1 - r
+        x = np.arange(1 << 16, dtype=np.float32) + r
+        ex = backend.isendrecv(x, pair, other, other, "ppermute")
+        x[:] = -1.0  # the code that gave x reuses its buffer at once
+        work = np.tanh(np.ones((256, 256), np.float32) @ np.ones((256, 256), np.float32))
+        assert ex.test() in (True, False)
+        got = ex.wait()
+        np.testing.assert_array_equal(got, np.arange(1 << 16, dtype=np.float32) + other)
+        assert work.shape == (256, 256)
+        dropped = backend.isendrecv(np.full(8, r, np.float32), pair, other, other)
+        kept = len(backend._abandoned)
+        del dropped
+        assert len(backend._abandoned) == kept + 1
+        req, out, _ = backend._abandoned.pop()
+        req.Wait()
+        np.testing.assert_array_equal(out, np.full(8, other, np.float32))
+    backend.settle_sends(wait=True)
+    assert not backend._sends
+    comm.Barrier()
+
+
 # ---------------------------------------------------------------- axis_index
 
 @pytest.mark.parametrize("kind,axes", MESH_AXES, ids=MA_IDS)

@@ -232,20 +232,21 @@ def test_gradients_against_finite_differences(schedule, x64):
 @pytest.mark.parametrize("name,stages,microbatches,runs", [
     ("gpipe", 2, 16, [(0, 17, True, False, False), (17, 34, False, True, True)]),
     ("gpipe", 4, 8, [(0, 11, True, False, False), (11, 22, False, True, True)]),
-    ("1f1b", 2, 16, [(0, 2, True, False, True), (2, 17, True, True, True),
-                     (17, 18, False, True, True)]),
-    ("1f1b", 4, 8, [(0, 3, True, False, False), (3, 4, True, False, True),
-                    (4, 11, True, True, True), (11, 14, False, True, True)]),
+    ("1f1b", 2, 16, [(0, 1, True, False, False), (1, 16, True, True, True),
+                     (16, 18, False, True, True)]),
+    ("1f1b", 4, 8, [(0, 3, True, False, False), (3, 10, True, True, True),
+                    (10, 14, False, True, True)]),
     ("gpipe", 1, 3, [(0, 3, False, False, False), (3, 6, False, False, True)]),
 ])
 def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches, runs):
     """GPipe's forward ticks move activations only and its backward ticks cotangents
     only (no empty message holds a stage up for a neighbour with nothing to send); each
-    run of ticks is one scan, and every transfer a stage receives, and every backward
-    it runs, is in a run that has them."""
-    from spmd.parallel.pipeline import _segments
+    run of ticks is one scan, and every transfer a stage receives (during the tick that
+    computed it), and every backward it runs, is in a run that has them."""
+    from spmd.parallel.pipeline import _arriving_after, _segments
 
     _, b_mb, f_in, b_in = pipeline_schedule(name, stages, microbatches).arrays()
+    f_in, b_in = _arriving_after(f_in), _arriving_after(b_in)
     got = _segments(f_in, b_in, b_mb)
     assert got == runs
     assert got[0][0] == 0 and got[-1][1] == len(f_in)
@@ -273,15 +274,16 @@ def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches
 def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
     """``_tick_table`` against the schedule's operations tick by tick: each stage's
     forward and backward (whether, which microbatch, which slots it reads), where a
-    received input and cotangent go, and where stage 0's input gradient goes; every
-    index in range of its buffer (the spare slot where nothing is written)."""
-    from spmd.parallel.pipeline import _tick_table
+    received input and cotangent go (each received during the tick its neighbour
+    computed it), and where stage 0's input gradient goes; every index in range of its
+    buffer (the spare slot where nothing is written)."""
+    from spmd.parallel.pipeline import _arriving_after, _tick_table
 
     sched = pipeline_schedule(name, stages, microbatches)
     K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
     M = microbatches
     f_mb, b_mb, f_in, b_in = sched.arrays()
-    table = _tick_table(f_mb, b_mb, f_in, b_in, K, C, M)
+    table = _tick_table(f_mb, b_mb, _arriving_after(f_in), _arriving_after(b_in), K, C, M)
     assert table.shape == (stages, len(sched.ticks), 10) and table.dtype == np.int32
     for t, row in enumerate(sched.ticks):
         for s, ops in enumerate(row):
@@ -293,8 +295,29 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
                 assert (f_i, f_slot) == (fwd[0], fwd[0] % K)
             if bwd:
                 assert (b_i, b_slot, ct_slot) == (bwd[0], bwd[0] % K, bwd[0] % C)
-            assert f_put == (f_in[t, s] % K if f_in[t, s] >= 0 else K)
-            assert b_put == (b_in[t, s] % C if b_in[t, s] >= 0 else C)
+            # What the stage before forwards and the stage after backwards in this tick.
+            sent_f = [i for kind, i in (row[s - 1] if s > 0 else ()) if kind == "F"]
+            sent_b = [i for kind, i in (row[s + 1] if s + 1 < stages else ())
+                      if kind == "B"]
+            assert f_put == (sent_f[0] % K if sent_f else K)
+            assert b_put == (sent_b[0] % C if sent_b else C)
             assert gx_put == (bwd[0] if s == 0 and bwd else M)
             assert 0 <= f_i < M and 0 <= b_i < M and 0 <= f_slot < K and 0 <= b_slot < K
             assert 0 <= ct_slot < C
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 2), (2, 16), (3, 5), (4, 8)])
+def test_the_dataflow_time_takes_the_weight_gradients_off_the_path(name, stages,
+                                                                   microbatches):
+    """Sending each result at once and reading at the tick's end: with uniform costs
+    and nothing after the cotangent (``w = 0``) the lockstep time; each weight gradient
+    after its cotangent takes ``w`` off once per stage boundary."""
+    sched = pipeline_schedule(name, stages, microbatches)
+    for f, b, w in [(1.0, 2.0, 0.5), (7.1, 22.7, 7.2), (1.0, 1.0, 0.0)]:
+        assert sched.dataflow_time(f, b, 0.0) == pytest.approx(sched.lockstep_time(f, b))
+        assert sched.dataflow_time(f, b, w) == pytest.approx(
+            sched.lockstep_time(f, b) - (stages - 1) * w)
+    # GPipe on 2 stages, 2 microbatches, by hand: F F | . F | B . | B B | . B with
+    # f = 1, b = 2 of which w = 1: stage 0 takes microbatch 1's cotangent one unit early.
+    assert pipeline_schedule("gpipe", 2, 2).dataflow_time(1.0, 2.0, 1.0) == 8.0

@@ -289,11 +289,13 @@ cond_p.rules["donated_impl"] = _cond_donated
 
 
 def _cond_aliased(xp, donated, *, branches):
-    """The positions among the equation's inputs (the index first) whose buffers a
-    result may share: an operand some branch returns, or a view of it (the branches as
-    the impl runs them, compiled with the operands at ``donated`` handed over)."""
+    """Per result, the positions among the equation's inputs (the index first) whose
+    buffers it may share: an operand some branch returns there, or a view of it (the
+    branches as the impl runs them, compiled with the operands at ``donated`` handed
+    over)."""
     exes = _executables(branches, xp, donated)
-    return frozenset(k + 1 for e in exes for out in e.aliases for k in out)
+    return [frozenset(k + 1 for e in exes for k in e.aliases[j])
+            for j in range(len(branches[0].out_avals))]
 
 
 cond_p.rules["aliased_operands"] = _cond_aliased
