@@ -23,6 +23,7 @@ from spmd.compiler.ir import Program, Var
 from spmd.compiler.jit import flatten_outputs
 from spmd.compiler.passes import has_effects
 from spmd.compiler.trace import eval_program, get_aval, trace_to_program
+from spmd.errors import OutputTypeError
 
 __all__ = ["split"]
 
@@ -46,8 +47,6 @@ def split(fun: Callable, *args) -> tuple[Callable, Callable]:
     def flat(*xs):
         pair = fun(*tree_util.tree_unflatten(in_tree, list(xs)))
         if not isinstance(pair, tuple) or len(pair) != 2:
-            from spmd.errors import OutputTypeError
-
             raise OutputTypeError(f"split: the function must return a pair (first, rest), "
                                   f"got {type(pair).__name__}")
         first, f_tree = flatten_outputs(pair[0], "split's function (first)")
