@@ -20,6 +20,10 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   dozen milliseconds, more in some minutes than others (plain numpy products show
   it), and a step is the sum of ``2 M`` calls, whose stalls the median of single
   calls (``f``, ``b``) leaves out;
+- ``bubble, slowest stage``: ``1 - work_r / step`` with ``work_r`` the unpipelined
+  work of the rank whose own took longest (not the mean): this machine's two cores
+  differ in speed by up to 7% in the same minute (plain numpy products), and a
+  pipeline goes at the pace of its slowest stage, which the mean leaves out;
 - ``bubble, idle``: each rank's time in the step's collectives (``spmd.distributed.
   collective_time``: waiting for its neighbour at a tick's ``ppermute``, and the
   transfer itself) over the step, all ranks' steps: the idle share measured directly;
