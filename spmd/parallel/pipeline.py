@@ -117,9 +117,9 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     parts (:func:`spmd.compiler.split.split`): the input's cotangent, which the stage
     before waits for, then the parameters' gradient; what the neighbours sent during
     the tick is read at its end (on MPI the overlap pass starts each transfer early and
-    waits there, ``spmd.compiler.overlap``).  A stage keeps its inputs only (the forward is recomputed in its
-    backward; stage 0 reads its own in place), in a buffer of the most any stage holds
-    at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S = 2``), and a spare
+    waits there, ``spmd.compiler.overlap``).  A stage keeps its inputs only (the
+    forward is recomputed in its backward; stage 0 reads its own in place), in a buffer
+    of the most any stage holds at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S = 2``), and a spare
     slot that ticks receiving nothing write.  The gradients
     are those of the unpipelined model:
     ``stage`` of this device's stage parameters (never summed over the pipeline axis),
@@ -272,8 +272,8 @@ def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
     inputs' slots in the ``K``-slot buffer and the backward's cotangent slot in the
     ``C``-slot one; the slots that the input and cotangent received during the tick go
     to (``f_in``, ``b_in``: :func:`_arriving_after`; the spare slot ``K``, ``C`` where
-    nothing arrives); and where stage 0's backward result goes
-    among the inputs' gradients (the spare slot ``M`` on other stages and idle ticks).
+    nothing arrives); and where stage 0's backward result goes among the inputs'
+    gradients (the spare slot ``M`` on other stages and idle ticks).
     """
     S = f_mb.shape[1]
     first = (np.arange(S) == 0)[None, :]
