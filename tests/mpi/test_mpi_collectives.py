@@ -158,24 +158,32 @@ def test_ppermute_of_a_transposed_block(kind, axes):
          lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm).T, (2, 3), np.float32)
 
 
+def _pair_of_ranks(monkeypatch):
+    """``(comm, rank)`` for a test of the ``mpi`` backend's point-to-point calls between
+    ranks 0 and 1: their communicator made collectively, before, and the checking mode
+    off on every rank alike (it compares each collective across its ranks first:
+    lockstep by design)."""
+    from mpi4py import MPI
+
+    from spmd.collectives import mpi as backend, mpi_control
+
+    comm = MPI.COMM_WORLD
+    monkeypatch.setattr(mpi_control, "_check", [False])
+    if comm.Get_rank() in (0, 1):
+        backend.communicator((0, 1), "the test's pair")
+    return comm, comm.Get_rank()
+
+
 def test_a_ppermute_sender_does_not_wait_for_its_receiver(monkeypatch):
     """A rank that sends and receives nothing returns at once: rank 0 sends 1 MiB
     (beyond any eager limit) and reaches a barrier that rank 1 passes before it posts
     its receive; a sender waiting for its message to be taken would never get there.
     The caller's buffer is overwritten right after the call: the message keeps what
     was sent (it is a copy)."""
-    from mpi4py import MPI
+    from spmd.collectives import mpi as backend
 
-    from spmd.collectives import mpi as backend, mpi_control
-
-    comm = MPI.COMM_WORLD
-    r = comm.Get_rank()
-    # (The checking mode compares each collective across its ranks first: lockstep by
-    # design.  Off here, on every rank alike.)
-    monkeypatch.setattr(mpi_control, "_check", [False])
+    comm, r = _pair_of_ranks(monkeypatch)
     pair = (0, 1)
-    if r in pair:
-        backend.communicator(pair, "the test's pair")  # made collectively, before
     sent = [np.arange(1 << 18, dtype=np.float32) + k for k in range(3)]
     # and small ones: a 0-d value, booleans, a transposed (non-contiguous) block
     small = [np.asarray(np.float32(2.5)), np.array([True, False, True]),
@@ -208,16 +216,10 @@ def test_a_send_nobody_receives_holds_no_rank(monkeypatch):
     sender returns, a later call settles only what finished, and the exit hook's
     wait for the pending send is bounded (it returns with the send still pending);
     the message is then received intact."""
-    from mpi4py import MPI
+    from spmd.collectives import mpi as backend
 
-    from spmd.collectives import mpi as backend, mpi_control
-
-    comm = MPI.COMM_WORLD
-    r = comm.Get_rank()
-    monkeypatch.setattr(mpi_control, "_check", [False])
+    comm, r = _pair_of_ranks(monkeypatch)
     pair = (0, 1)
-    if r in pair:
-        backend.communicator(pair, "the test's pair")
     x = np.arange(1 << 18, dtype=np.float32)
     if r == 0:
         backend.sendrecv(x, pair, 1, None)
@@ -238,16 +240,11 @@ def test_a_started_exchange_is_read_at_its_wait(monkeypatch):
     and the message sent at the start, the caller's buffer may be overwritten right
     after, and what came is read at the wait.  An exchange dropped before its wait (a
     program that raised in between) keeps its buffers until MPI is done with them."""
-    from mpi4py import MPI
+    from spmd.collectives import mpi as backend
 
-    from spmd.collectives import mpi as backend, mpi_control
-
-    comm = MPI.COMM_WORLD
-    r = comm.Get_rank()
-    monkeypatch.setattr(mpi_control, "_check", [False])
+    comm, r = _pair_of_ranks(monkeypatch)
     pair = (0, 1)
     if r in pair:
-        backend.communicator(pair, "the test's pair")
         other = 1 - r
         x = np.arange(1 << 16, dtype=np.float32) + r
         ex = backend.isendrecv(x, pair, other, other, "ppermute")
