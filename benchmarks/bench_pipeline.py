@@ -41,7 +41,8 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   the end of the tick, the weights' gradient (``w``, timed alone on rank 0 as the
   pipeline's second part of a backward) after the input's cotangent has gone back;
 - ``stage inputs held``: the buffer of microbatch inputs a stage keeps (``M`` for
-  GPipe, ``2 (S - 1 - s) + 1`` on stage ``s`` for 1F1B, and a spare slot), in MiB.
+  GPipe, ``2 (S - 1 - s) + 1`` on stage ``s`` for 1F1B, the most of any stage but the
+  first, which reads its own where they are), in MiB.
 
 Rank 0 prints the table and writes ``benchmarks/results/pipeline_n<S>.json``.
 """
@@ -191,9 +192,8 @@ def measure(rounds: int) -> list[dict]:
                            note="results sent at once, read at the tick's end, w after "
                                 "the cotangent is sent"),
                 common.row(bench, "stage inputs held",
-                           [(max(sched.inputs_held) + 1) * ROWS * D * 4], unit="MiB",
-                           note=f"{max(sched.inputs_held)} microbatches and the spare slot "
-                                "that ticks receiving nothing write"),
+                           [max(1, max(sched.inputs_held)) * ROWS * D * 4], unit="MiB",
+                           note=f"{max(1, max(sched.inputs_held))} microbatches"),
             ]
     return rows
 

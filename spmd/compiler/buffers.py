@@ -93,15 +93,20 @@ def updatable_operand(eqn, owned, uses, dead):
     x, out = eqn.inputs[0], eqn.outputs[0].aval
     if not (isinstance(x, Var) and x.aval.shape == out.shape and x.aval.dtype == out.dtype):
         return None
-    if alone(x, owned, uses, dead):
-        return x
-    # Read before (a slot taken out of a buffer, then the buffer updated): still its
-    # own when this is its last reader and every view of it read so far is dead.
-    last = sum(a is x for a in eqn.inputs) == 1 and dead.remaining.get(x) == 1
-    if (last and x in owned and x.aval.ndim and x not in dead.handed_on
-            and all(dead.remaining.get(v, 0) == 0 for v in dead.views.get(x, ()))):
-        return x
-    return None
+    return x if takeable(x, eqn, owned, uses, dead) else None
+
+
+def takeable(a, eqn, owned, uses, dead) -> bool:
+    """Whether ``eqn`` may take ``a``'s buffer over (update it in place, or hand it to a
+    ``cond``'s or a loop's programs to update): :func:`alone`, or read before (a slot
+    taken out of a buffer, then the buffer updated) but still this code's own: this
+    is its last reader, it reads it once, and every view of it read so far is dead."""
+    if alone(a, owned, uses, dead):
+        return True
+    return (isinstance(a, Var) and a in owned and a.aval.ndim > 0
+            and sum(b is a for b in eqn.inputs) == 1 and dead.remaining.get(a) == 1
+            and a not in dead.handed_on
+            and all(dead.remaining.get(v, 0) == 0 for v in dead.views.get(a, ())))
 
 
 class DeadBuffers:

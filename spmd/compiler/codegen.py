@@ -37,8 +37,9 @@ import re
 import numpy as np
 
 from spmd.compiler.accumulate import Accumulations
-from spmd.compiler.buffers import (DeadBuffers, Ownership, alone, read_counts,
-                                    results_into, reusable_input, updatable_operand)
+from spmd.compiler.buffers import (DeadBuffers, Ownership, read_counts,
+                                    results_into, reusable_input, takeable,
+                                    updatable_operand)
 from spmd.compiler.ir import ClosedProgram, Literal, Program, Var
 from spmd.compiler.ops.reduce import reduce_sum_p
 from spmd.compiler.ops.shape_more import concatenate_p
@@ -490,7 +491,8 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
             target = updatable_operand(eqn, owned, uses, dead)
             donate = prim.rules.get("donated_impl")
-            given = [k for k, a in enumerate(eqn.inputs) if alone(a, owned, uses, dead)] \
+            given = [k for k, a in enumerate(eqn.inputs)
+                     if takeable(a, eqn, owned, uses, dead)] \
                 if donate is not None else []
             if donate is not None:
                 # A higher-order primitive (cond, scan, while) taking over operands this

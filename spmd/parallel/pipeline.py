@@ -27,7 +27,7 @@ from spmd.compiler.jit import eval_shape
 from spmd.compiler.split import split
 from spmd.compiler.trace import get_aval
 from spmd.errors import ShapeError
-from spmd.lax import scan, switch
+from spmd.lax import cond, dynamic_index_in_dim, dynamic_update_slice_in_dim, scan
 from spmd.parallel.schedule import build, theory_bubble
 
 __all__ = ["PipelineGrads", "gpipe_bubble", "pipeline", "pipeline_value_and_grad"]
@@ -119,8 +119,8 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     the tick is read at its end (on MPI the overlap pass starts each transfer early and
     waits there, ``spmd.compiler.overlap``).  A stage keeps its inputs only (the
     forward is recomputed in its backward; stage 0 reads its own in place), in a buffer
-    of the most any stage holds at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S = 2``), and a spare
-    slot that ticks receiving nothing write.  The gradients
+    of the most any stage holds at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one
+    for ``S = 2``); a tick writes into it only on a stage that received something.  The gradients
     are those of the unpipelined model:
     ``stage`` of this device's stage parameters (never summed over the pipeline axis),
     ``loss`` of ``loss_params`` and ``inputs`` of the microbatches (both the same on
@@ -165,21 +165,34 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     # numbers instead of computing them (measured: ~70 scalar operations a tick).
     table = _tick_table(f_mb, b_mb, f_in, b_in, K, C, M)
     cols = snp.asarray(table)[s]  # (T, fields) of this stage
-    cols = [cols[:, k] for k in range(table.shape[-1])]
+    # The yes/no fields as booleans: a cond's predicate as it is (a switch's index is
+    # clamped into range first, three operations a tick each).
+    cols = [cols[:, k] != 0 if k in _FLAGS else cols[:, k] for k in range(table.shape[-1])]
 
-    def put(buf, slot, v):
-        # A value into its slot: one copy, no select over the slot's old value (a tick
-        # where nothing arrives writes the spare last slot).
-        return buf.at[slot].set(v)
+    def at(a, i):
+        # The table's indices are in range: no wrap of negative ones (a tick's
+        # arithmetic, not its data).
+        return dynamic_index_in_dim(a, i, 0, keepdims=False, allow_negative_indices=False)
+
+    def put(buf, slot, v, arrived):
+        # A value into its slot (one copy of a microbatch), only on a stage that got
+        # one: elsewhere the tick writes nothing (measured: each copy ~90 us on two
+        # busy ranks; a tick's cond ~15 us).
+        def write(b, v):
+            return dynamic_update_slice_in_dim(b, v[None], slot, 0,
+                                               allow_negative_indices=False)
+
+        return cond(arrived, write, lambda b, v: b, buf, v)
 
     def input_of(buf, slot, i):
         # Stage 0 reads its microbatches where they are; the others, their buffer (a
-        # switch: a process takes only its own slice).
-        return switch(first.astype(np.int32), [lambda b: b[slot], lambda b: xs[i]], buf)
+        # cond: a process takes only its own slice).
+        return cond(first, lambda b: at(xs, i), lambda b: at(b, slot), buf)
 
     def tick(carry, row, moves_f=True, moves_b=True, backs=True):
         buf, cts, gx, acc = carry
-        f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put = row
+        (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
+         f_got, b_got, gx_got) = row
 
         def no_fwd(buf):
             return snp.zeros(mb.shape, mb.dtype)
@@ -189,26 +202,26 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
 
         def from_next(y, cts):
             # Not the last stage: the cotangent the next stage sent; no loss here.
-            return (cts[ct_slot], tree_util.tree_map(snp.zeros_like, lp),
+            return (at(cts, ct_slot), tree_util.tree_map(snp.zeros_like, lp),
                     pvary(np.zeros((), loss_dtype), axes))
 
         def from_head(y, cts):
-            value, (dq, dy) = value_and_grad(head, argnums=(0, 1))(lp, y, ys[b_i])
+            value, (dq, dy) = value_and_grad(head, argnums=(0, 1))(lp, y, at(ys, b_i))
             return (dy * scale.astype(dy.dtype),
                     tree_util.tree_map(lambda g: g * scale.astype(g.dtype), dq),
                     value.astype(loss_dtype) * scale.astype(loss_dtype))
 
         def bwd(buf, cts):
             y, back = vjp(stage, stage_params, input_of(buf, b_slot, b_i))
-            ct, dq, value = switch(last.astype(np.int32), [from_next, from_head], y, cts)
+            ct, dq, value = cond(last, from_head, from_next, y, cts)
             g, dx = back(ct)
             return dx, (g, dq, value)
 
         # A tick's forward, its result sent on at once (the next stage reads it next
-        # tick).  What arrives goes into its buffer at the tick's end: a switch's
+        # tick).  What arrives goes into its buffer at the tick's end: a cond's
         # results may be views of its operands, so a buffer the backward read is
         # written in place only once those results are gone.
-        send_f = switch(f_on, [no_fwd, fwd], buf)
+        send_f = cond(f_on, fwd, no_fwd, buf)
         got_f = ppermute(send_f, axes, forward) if moves_f else None
         got_b = None
         if backs:
@@ -229,21 +242,21 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
                 gs, gq, total = acc
                 return add(gs, g), add(gq, dq), total + value
 
-            dx, carried = switch(b_on, [no_cotangent, cotangent], buf, cts)
+            dx, carried = cond(b_on, cotangent, no_cotangent, buf, cts)
             got_b = ppermute(dx, axes, backward) if moves_b else None
             # Stage 0's backward results are the inputs' gradients (other stages and
-            # idle ticks write the spare last slot).
-            gx = put(gx, gx_put, dx)
-            acc = switch(b_on, [no_gradient, accumulate], carried, acc)
+            # idle ticks write none).
+            gx = put(gx, gx_put, dx, gx_got)
+            acc = cond(b_on, accumulate, no_gradient, carried, acc)
         if got_f is not None:
-            buf = put(buf, f_put, got_f)
+            buf = put(buf, f_put, got_f, f_got)
         if got_b is not None:
-            cts = put(cts, b_put, got_b)
+            cts = put(cts, b_put, got_b, b_got)
         return (buf, cts, gx, acc), None
 
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
-    slots = lambda n: snp.zeros((n + 1,) + mb.shape, mb.dtype)  # noqa: E731 (+ a spare)
+    slots = lambda n: snp.zeros((n,) + mb.shape, mb.dtype)  # noqa: E731
     carry = (slots(K), slots(C), slots(M), acc)
     for start, stop, moves_f, moves_b, backs in _segments(f_in, b_in, b_mb):
         body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, backs=backs)
@@ -252,7 +265,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     # The loss and the head's gradient live on the last stage, the inputs' on the first:
     # every device gets them.
     gq = tree_util.tree_map(lambda g: psum(g, axes), gq)
-    gx = psum(gx[:M], axes)
+    gx = psum(gx, axes)
     grads = PipelineGrads(gs, None if loss_params is None else gq, gx)
     return psum(total, axes), grads
 
@@ -264,23 +277,28 @@ def _arriving_after(arrivals: np.ndarray) -> np.ndarray:
     return np.concatenate([arrivals[1:], np.full_like(arrivals[:1], -1)])
 
 
-def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
-    """``(S, T, 10)`` int32: for each stage and tick, the numbers its tick reads.
+_FLAGS = (0, 1, 10, 11, 12)  # _tick_table's yes/no fields
 
-    Whether it runs a forward and a backward (1/0: the switches' indices); their
-    microbatches (0 where none: an index that is never read, but in range); their
-    inputs' slots in the ``K``-slot buffer and the backward's cotangent slot in the
-    ``C``-slot one; the slots that the input and cotangent received during the tick go
-    to (``f_in``, ``b_in``: :func:`_arriving_after`; the spare slot ``K``, ``C`` where
-    nothing arrives); and where stage 0's backward result goes among the inputs'
-    gradients (the spare slot ``M`` on other stages and idle ticks).
+
+def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
+    """``(S, T, 13)`` int32: for each stage and tick, the numbers its tick reads.
+
+    Whether it runs a forward and a backward (1/0: the conds' predicates); their
+    microbatches; their inputs' slots in the ``K``-slot buffer and the backward's
+    cotangent slot in the ``C``-slot one; the slots that the input and cotangent
+    received during the tick go to (``f_in``, ``b_in``: :func:`_arriving_after`); where
+    stage 0's backward result goes among the ``M`` inputs' gradients; and whether each
+    of these three is written at all (1/0: nothing arrives, or a stage but the first
+    or an idle tick has no input's gradient).  Every index is in range (0 where it is
+    not used): the tick reads and writes without wrapping or clamping.
     """
     S = f_mb.shape[1]
     first = (np.arange(S) == 0)[None, :]
+    gx = first & (b_mb >= 0)
     fields = [f_mb >= 0, b_mb >= 0, np.maximum(f_mb, 0), np.maximum(b_mb, 0),
               np.maximum(f_mb, 0) % K, np.maximum(b_mb, 0) % K, np.maximum(b_mb, 0) % C,
-              np.where(f_in >= 0, f_in % K, K), np.where(b_in >= 0, b_in % C, C),
-              np.where(first & (b_mb >= 0), b_mb, M)]
+              np.maximum(f_in, 0) % K, np.maximum(b_in, 0) % C, np.where(gx, b_mb, 0),
+              f_in >= 0, b_in >= 0, gx]
     return np.stack(fields, axis=-1).astype(np.int32).transpose(1, 0, 2).copy()
 
 

@@ -377,6 +377,50 @@ def test_a_cond_operand_whose_views_are_gone_is_updated_in_place():
                           src.count("_dynamic_update_slice_") == 2 for src in bodies), bodies
 
 
+def test_a_buffer_read_before_is_handed_to_a_cond_that_updates_it_in_place():
+    """A loop's buffer has a slot read out of it, then goes to a ``cond`` whose branch
+    writes a slot (a pipeline stage putting what it received into its buffer only on
+    the ticks something came).  Once the slot read is dead the branch updates the
+    buffer in place, not a copy of it; while the read lives on past the ``cond``, the
+    branch copies and the read keeps the slot's old value."""
+    def dead_read(buf, i):
+        r = lax.dynamic_index_in_dim(buf, i % 3, 0, keepdims=False)
+        y = r * 2.0 + 1.0  # r's last read
+        buf = lax.cond(i % 2 == 1, lambda b, v: b,
+                       lambda b, v: b.at[(i + 1) % 3].set(v), buf, y)
+        return buf, y
+
+    def live_read(buf, i):
+        r = lax.dynamic_index_in_dim(buf, i % 3, 0, keepdims=False)
+        buf = lax.cond(i % 2 == 1, lambda b, v: b,
+                       lambda b, v: b.at[i % 3].set(v), buf, r * 2.0 + 1.0)
+        return buf, r + 0.0  # read after the cond wrote r's own slot
+
+    def reference(live):
+        buf, ys = np.arange(12, dtype=np.float32).reshape(3, 4), []
+        for i in range(5):
+            r = buf[i % 3].copy()
+            if i % 2 == 0:
+                buf[i % 3 if live else (i + 1) % 3] = r * 2.0 + 1.0
+            ys.append(r if live else r * 2.0 + 1.0)
+        return buf, np.stack(ys)
+
+    for live, body in ((False, dead_read), (True, live_read)):
+        b0 = np.arange(12, dtype=np.float32).reshape(3, 4)
+        before = {id(e) for per in list(_executables.values()) for e in per.values()}
+        buf, ys = spmd.jit(lambda b: lax.scan(body, b, np.arange(5)))(b0)
+        want_buf, want_ys = reference(live)
+        np.testing.assert_array_equal(np.asarray(buf), want_buf)
+        np.testing.assert_array_equal(np.asarray(ys), want_ys)
+        np.testing.assert_array_equal(b0, np.arange(12, dtype=np.float32).reshape(3, 4))
+        # The writing branch: its own code, compiled for this cond.
+        branches = [e.source for per in list(_executables.values()) for e in per.values()
+                    if id(e) not in before and "_scatter_" in e.source
+                    and "_cond_" not in e.source]
+        assert len(branches) == 1, branches
+        assert ("_scatter_in_place_" in branches[0]) is not live, branches
+
+
 def test_executables_name_the_arguments_their_results_may_share():
     from spmd.compiler.jit import executable_for
 

@@ -348,3 +348,26 @@ def test_front_end_errors():
         snp.tensordot(x, x, axes=1)
     with pytest.raises(NotImplementedError, match="mode"):
         snp.pad(x, 1, mode="reflect")
+
+
+@pytest.mark.parametrize("shape,dims,in_shape", [
+    ((1, 3, 1, 4), (1, 3), (3, 4)),    # unit axes inserted only: a view
+    ((1, 16, 5), (1, 2), (16, 5)),     # a replicated value's device axis in shard_map
+    ((2, 3, 4), (1, 2), (3, 4)),       # a real broadcast
+    ((3, 2, 4), (0, 2), (3, 1)),       # a size-1 operand axis broadcast
+    ((3, 4), (0, 1), (3, 4)),          # the identity
+])
+def test_broadcast_in_dim_code_inserts_unit_axes_as_a_view(shape, dims, in_shape):
+    """Generated code for ``broadcast_in_dim``: where it only inserts unit axes, an
+    index with ``None`` there (a view, without ``broadcast_to``'s cost); else
+    ``broadcast_to``.  Values against numpy either way."""
+    x = rand(*in_shape)
+    f = spmd.jit(lambda x: lax.broadcast_in_dim(x, shape, dims))
+    out, src = f(x), f.lower(x).compile().source
+    expanded = [1] * len(shape)
+    for d, n in zip(dims, in_shape):
+        expanded[d] = n
+    np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(x.reshape(expanded), shape))
+    only_units = all(shape[d] == 1 for d in range(len(shape)) if d not in dims) and \
+        tuple(in_shape) == tuple(shape[d] for d in dims)  # (the identity: no code)
+    assert ("broadcast_to" not in src) is only_units, src

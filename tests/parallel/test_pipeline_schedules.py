@@ -275,8 +275,9 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
     """``_tick_table`` against the schedule's operations tick by tick: each stage's
     forward and backward (whether, which microbatch, which slots it reads), where a
     received input and cotangent go (each received during the tick its neighbour
-    computed it), and where stage 0's input gradient goes; every index in range of its
-    buffer (the spare slot where nothing is written)."""
+    computed it), and where stage 0's input gradient goes, with whether each is written
+    at all; every index in range of its buffer, written or not (the tick reads and
+    writes without wrapping or clamping)."""
     from spmd.parallel.pipeline import _arriving_after, _tick_table
 
     sched = pipeline_schedule(name, stages, microbatches)
@@ -284,10 +285,11 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
     M = microbatches
     f_mb, b_mb, f_in, b_in = sched.arrays()
     table = _tick_table(f_mb, b_mb, _arriving_after(f_in), _arriving_after(b_in), K, C, M)
-    assert table.shape == (stages, len(sched.ticks), 10) and table.dtype == np.int32
+    assert table.shape == (stages, len(sched.ticks), 13) and table.dtype == np.int32
     for t, row in enumerate(sched.ticks):
         for s, ops in enumerate(row):
-            f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put = table[s, t]
+            (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
+             f_got, b_got, gx_got) = table[s, t]
             fwd = [i for kind, i in ops if kind == "F"]
             bwd = [i for kind, i in ops if kind == "B"]
             assert (f_on, b_on) == (len(fwd), len(bwd))
@@ -299,11 +301,17 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
             sent_f = [i for kind, i in (row[s - 1] if s > 0 else ()) if kind == "F"]
             sent_b = [i for kind, i in (row[s + 1] if s + 1 < stages else ())
                       if kind == "B"]
-            assert f_put == (sent_f[0] % K if sent_f else K)
-            assert b_put == (sent_b[0] % C if sent_b else C)
-            assert gx_put == (bwd[0] if s == 0 and bwd else M)
+            assert (f_got, b_got, gx_got) == (len(sent_f), len(sent_b),
+                                              int(s == 0 and bool(bwd)))
+            if sent_f:
+                assert f_put == sent_f[0] % K
+            if sent_b:
+                assert b_put == sent_b[0] % C
+            if s == 0 and bwd:
+                assert gx_put == bwd[0]
             assert 0 <= f_i < M and 0 <= b_i < M and 0 <= f_slot < K and 0 <= b_slot < K
-            assert 0 <= ct_slot < C
+            assert 0 <= ct_slot < C and 0 <= f_put < K and 0 <= b_put < C
+            assert 0 <= gx_put < M
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

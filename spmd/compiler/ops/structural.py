@@ -87,6 +87,21 @@ def _bid_emit(ins, shape, broadcast_dimensions):
 broadcast_in_dim_p.def_emit(_bid_emit)
 
 
+def _bid_emit_avals(ins, in_avals, *, xp, shape, broadcast_dimensions, **_):
+    """Only unit axes inserted (a replicated value given its device axis inside a
+    ``shard_map``): indexing with ``None`` there, a view at a tenth of
+    ``broadcast_to``'s cost (0.3 against 4-10 us a call, once per pipeline tick)."""
+    dims = tuple(broadcast_dimensions)
+    if tuple(in_avals[0].shape) == tuple(shape[d] for d in dims) and \
+            all(shape[d] == 1 for d in range(len(shape)) if d not in dims) and \
+            list(dims) == sorted(dims) and dims != tuple(range(len(shape))):
+        return f"{ins[0]}[{', '.join(':' if d in dims else 'None' for d in range(len(shape)))}]"
+    return _bid_emit(ins, shape, broadcast_dimensions)
+
+
+broadcast_in_dim_p.rules["emit_avals"] = _bid_emit_avals
+
+
 def broadcast_in_dim(x, shape, broadcast_dimensions):
     """Broadcast ``x`` to ``shape``; operand dim i maps to output dim ``broadcast_dimensions[i]``."""
     shape = tuple(int(s) for s in shape)
