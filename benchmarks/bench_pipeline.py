@@ -13,25 +13,32 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   ranks running them at once, as in the step): ``f`` and ``b``;
 - ``work, unpipelined``: right after each step, every rank runs the same ``M``
   microbatches' forwards and backwards of one stage, one after another with no
-  pipeline (the mean over ranks): the work a stage's share of the step holds;
+  pipeline (the last rank with the loss and its gradient between them, as its stage
+  computes them in the pipeline; the mean over ranks): the work a stage's share of
+  the step holds;
 - ``bubble, measured``: ``1 - work / step`` for each step and the work right after
-  it: the share of the step a stage spends on anything but its microbatches.  Paired
-  so that both see the same machine: this one's cores stall for 3-8 ms every few
-  dozen milliseconds, more in some minutes than others (plain numpy products show
-  it), and a step is the sum of ``2 M`` calls, whose stalls the median of single
+  it: the share of the step the mean stage spends on anything but its microbatches.
+  Paired so that both see the same machine: this one's cores stall for 3-8 ms every
+  few dozen milliseconds, more in some minutes than others (plain numpy products
+  show it), and a step is the sum of ``2 M`` calls, whose stalls the median of single
   calls (``f``, ``b``) leaves out;
 - ``bubble, slowest stage``: ``1 - work_r / step`` with ``work_r`` the unpipelined
-  work of the rank whose own took longest (not the mean): this machine's two cores
-  differ in speed by up to 7% in the same minute (plain numpy products), and a
-  pipeline goes at the pace of its slowest stage, which the mean leaves out;
+  work of the rank whose own took longest: the goal's measure.  The theory's stages
+  are equal; unequal ones (this machine's two cores differ in speed by 3-7% in the
+  same seconds: the same products, each process pinned to its core) make a pipeline
+  go at its slowest stage's pace, and the mean of the ranks' work counts half the
+  difference as bubble: a faster stage's wait for the slower is the stages'
+  imbalance, not the schedule's;
+- ``stages' imbalance``: the slowest rank's unpipelined work over the mean, less 1:
+  what the two bubbles above differ by, in the same rounds;
 - ``bubble, idle``: each rank's time in the step's collectives (``spmd.distributed.
   collective_time``: waiting for its neighbour at a tick's ``ppermute``, and the
   transfer itself) over the step, all ranks' steps: the idle share measured directly;
 - ``work beyond unpipelined``: ``bubble, measured`` less rank 0's idle share: what
   the pipelined step computes beyond the unpipelined work (the schedule's
   bookkeeping, the inputs' gradients kept), or loses to a neighbour's stalls;
-- ``bubble, theory``: ``(S - 1) / (M + S - 1)``; the goal is the measured bubble at
-  most 10% above it (relative);
+- ``bubble, theory``: ``(S - 1) / (M + S - 1)``; the goal is the slowest stage's
+  bubble at most 10% above it (relative);
 - ``bubble, lockstep model``: ``1 - M (f + b) / lockstep_time(f, b)``, the
   schedule's table (``spmd.parallel.pipeline_schedule``) priced with ``f`` and ``b``
   when every tick lasts as long as its busiest stage's operations (the ranks meet at
@@ -100,6 +107,10 @@ def measure(rounds: int) -> list[dict]:
     x0 = rng.normal(size=(ROWS, D)).astype(np.float32)
     fwd = spmd.jit(_layer)
     bwd = spmd.jit(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct))
+    # The last stage's head: the loss of its output and the loss's gradient, which
+    # the pipeline computes there for every microbatch (in its backward).
+    head = spmd.jit(lambda y, t: spmd.value_and_grad(_mse)(y, t))
+    last = comm.Get_rank() == S - 1
     # The backward's second part as the pipeline runs it (spmd.compiler.split): the
     # parameters' gradient, after the input's cotangent has been sent.
     cotangent, gradient = split(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct)[::-1],
@@ -152,11 +163,13 @@ def measure(rounds: int) -> list[dict]:
                 # for its neighbour at each tick's transfers, and the transfers).
                 idle += comm.allgather((c1 - c0) / times[-1])
                 # The same microbatches' work without the pipeline, right after, on
-                # every rank at once: M forwards and backwards of one stage.
+                # every rank at once: M forwards and backwards of one stage, the last
+                # stage's with the loss and its gradient between them.
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for i in range(m):
-                    fwd(w0, xs[i]), bwd(w0, xs[i], ys[i])
+                    y = fwd(w0, xs[i])
+                    bwd(w0, xs[i], head(y, ys[i])[1] if last else ys[i])
                 own = comm.allgather(time.perf_counter() - t0)
                 work.append(sum(own) / len(own))
                 slowest.append(max(own))
@@ -169,11 +182,16 @@ def measure(rounds: int) -> list[dict]:
                 common.row(bench, "work, unpipelined", work,
                            note="M forwards and backwards of one stage, after each step"),
                 common.row(bench, "bubble, measured", [1 - w_ / t for t, w_ in zip(times, work)],
-                           unit="%", goal_max_s=1.1 * theory,
-                           note="1 - work / step, per round; goal: at most 10% above theory"),
+                           unit="%", note="1 - the ranks' mean work / step, per round"),
                 common.row(bench, "bubble, slowest stage",
                            [1 - w_ / t for t, w_ in zip(times, slowest)], unit="%",
-                           note="1 - the slowest rank's own work / step, per round"),
+                           goal_max_s=1.1 * theory,
+                           note="1 - the slowest rank's own work / step, per round; "
+                                "goal: at most 10% above theory"),
+                common.row(bench, "stages' imbalance", [s_ / w_ - 1 for s_, w_ in
+                                                        zip(slowest, work)], unit="%",
+                           note="the slowest rank's unpipelined work over the mean, less "
+                                "1, per round (the same work on every rank)"),
                 common.row(bench, "bubble, idle", idle, unit="%",
                            note="each rank's time in the step's collectives (waits and "
                                 "transfers) over the step; every rank's every step"),
