@@ -169,16 +169,22 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     # clamped into range first, three operations a tick each).
     cols = [cols[:, k] != 0 if k in _FLAGS else cols[:, k] for k in range(table.shape[-1])]
 
-    def at(a, i):
-        # The table's indices are in range: no wrap of negative ones (a tick's
-        # arithmetic, not its data).
+    def at(a, i, stacked=True):
+        # Slot i of a buffer; a buffer of one slot (not stacked) is the value itself,
+        # carried from tick to tick.  The table's indices are in range: no wrap of
+        # negative ones.
+        if not stacked:
+            return a
         return dynamic_index_in_dim(a, i, 0, keepdims=False, allow_negative_indices=False)
 
-    def put(buf, slot, v, arrived):
-        # A value into its slot (one copy of a microbatch), only on a stage that got
-        # one: elsewhere the tick writes nothing (measured: each copy ~90 us on two
-        # busy ranks; a tick's cond ~15 us).
+    def put(buf, slot, v, arrived, stacked=True):
+        # A value into its slot, only on a stage that got one: elsewhere the tick
+        # writes nothing (measured: each copy ~45-90 us on two busy ranks; a tick's
+        # cond ~10 us).  A buffer of one slot takes the value itself, no copy (the
+        # cotangents' always: a stage holds one at a time).
         def write(b, v):
+            if not stacked:
+                return v
             return dynamic_update_slice_in_dim(b, v[None], slot, 0,
                                                allow_negative_indices=False)
 
@@ -187,9 +193,9 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     def input_of(buf, slot, i):
         # Stage 0 reads its microbatches where they are; the others, their buffer (a
         # cond: a process takes only its own slice).
-        return cond(first, lambda b: at(xs, i), lambda b: at(b, slot), buf)
+        return cond(first, lambda b: at(xs, i), lambda b: at(b, slot, K > 1), buf)
 
-    def tick(carry, row, moves_f=True, moves_b=True, backs=True):
+    def tick(carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
         buf, cts, gx, acc = carry
         (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
          f_got, b_got, gx_got) = row
@@ -202,7 +208,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
 
         def from_next(y, cts):
             # Not the last stage: the cotangent the next stage sent; no loss here.
-            return (at(cts, ct_slot), tree_util.tree_map(snp.zeros_like, lp),
+            return (at(cts, ct_slot, C > 1), tree_util.tree_map(snp.zeros_like, lp),
                     pvary(np.zeros((), loss_dtype), axes))
 
         def from_head(y, cts):
@@ -221,8 +227,10 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         # tick).  What arrives goes into its buffer at the tick's end: a cond's
         # results may be views of its operands, so a buffer the backward read is
         # written in place only once those results are gone.
-        send_f = cond(f_on, fwd, no_fwd, buf)
-        got_f = ppermute(send_f, axes, forward) if moves_f else None
+        got_f = None
+        if fwds:  # (GPipe's backward ticks have no forward on any stage)
+            send_f = cond(f_on, fwd, no_fwd, buf)
+            got_f = ppermute(send_f, axes, forward) if moves_f else None
         got_b = None
         if backs:
             # The backward in two parts (spmd.compiler.split): the input's cotangent,
@@ -249,17 +257,18 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
             gx = put(gx, gx_put, dx, gx_got)
             acc = cond(b_on, accumulate, no_gradient, carried, acc)
         if got_f is not None:
-            buf = put(buf, f_put, got_f, f_got)
+            buf = put(buf, f_put, got_f, f_got, K > 1)
         if got_b is not None:
-            cts = put(cts, b_put, got_b, b_got)
+            cts = put(cts, b_put, got_b, b_got, C > 1)
         return (buf, cts, gx, acc), None
 
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
-    slots = lambda n: snp.zeros((n,) + mb.shape, mb.dtype)  # noqa: E731
-    carry = (slots(K), slots(C), slots(M), acc)
-    for start, stop, moves_f, moves_b, backs in _segments(f_in, b_in, b_mb):
-        body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, backs=backs)
+    slots = lambda n, stacked: snp.zeros((n,) * stacked + mb.shape, mb.dtype)  # noqa: E731
+    carry = (slots(K, K > 1), slots(C, C > 1), slots(M, True), acc)
+    for start, stop, moves_f, moves_b, fwds, backs in _segments(f_in, b_in, f_mb, b_mb):
+        body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, fwds=fwds,
+                                 backs=backs)
         carry, _ = scan(body, carry, tuple(c[start:stop] for c in cols))
     gx, (gs, gq, total) = carry[2], carry[3]
     # The loss and the head's gradient live on the last stage, the inputs' on the first:
@@ -302,32 +311,37 @@ def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
     return np.stack(fields, axis=-1).astype(np.int32).transpose(1, 0, 2).copy()
 
 
-def _segments(f_in, b_in, b_mb) -> list:
-    """The ticks cut into runs ``(start, stop, moves_f, moves_b, backs)`` by which of
-    the two transfers carries anything during them (``f_in``, ``b_in``: what arrives
-    during each tick, :func:`_arriving_after`; GPipe's forward ticks move
+def _segments(f_in, b_in, f_mb, b_mb) -> list:
+    """The ticks cut into runs ``(start, stop, moves_f, moves_b, fwds, backs)`` by which
+    of the two transfers carries anything during them (``f_in``, ``b_in``: what
+    arrives during each tick, :func:`_arriving_after`; GPipe's forward ticks move
     activations only, its backward ticks cotangents only; 1F1B both in its steady
-    state), and whether any stage runs a backward in them (``backs``: the runs that
-    keep the inputs' gradients).  A tick without a transfer in one direction joins
+    state), and whether any stage runs a forward and a backward in them (``fwds``,
+    ``backs``: GPipe's backward ticks run no forward, its forward ticks no backward,
+    nor keep the inputs' gradients).  A tick without a transfer in one direction joins
     none, so a stage waits only for what it receives, never for a neighbour that has
     nothing for it: the ranks are not held in lockstep by empty messages, and half the
     messages are not sent (measured, GPipe at M = 16 on two MPI ranks: the step 587 ->
     567 ms, the idle share 9.1% -> 7.5%)."""
+    fwds = [bool((f >= 0).any()) for f in f_mb]
     backs = [bool((b >= 0).any()) for b in b_mb]
     moves = [(bool((f >= 0).any()), bool((b >= 0).any())) for f, b in zip(f_in, b_in)]
     # A tick that receives nothing goes with a neighbouring run (the one before, else
-    # the one after; one with backwards if it has them): one scan fewer, and its empty
-    # transfer holds no stage up (the stage it would go to waits there anyway).
+    # the one after; one with forwards and backwards if it has them): one scan fewer,
+    # and its empty transfer holds no stage up (the stage it would go to waits there
+    # anyway).
     for t in range(len(moves)):
         if moves[t] == (False, False):
             near = [u for u in (t - 1, *range(t + 1, len(moves)))
                     if 0 <= u < len(moves) and moves[u] != (False, False)
-                    and backs[u] >= backs[t]]
+                    and fwds[u] >= fwds[t] and backs[u] >= backs[t]]
             if near:
-                moves[t], backs[t] = moves[near[0]], backs[near[0]]
+                u = near[0]
+                moves[t], fwds[t], backs[t] = moves[u], fwds[u], backs[u]
     runs, start = [], 0
+    key = lambda t: (moves[t], fwds[t], backs[t])  # noqa: E731
     for t in range(1, len(moves) + 1):
-        if t == len(moves) or (moves[t], backs[t]) != (moves[start], backs[start]):
-            runs.append((start, t) + moves[start] + (backs[start],))
+        if t == len(moves) or key(t) != key(start):
+            runs.append((start, t) + moves[start] + (fwds[start], backs[start]))
             start = t
     return runs

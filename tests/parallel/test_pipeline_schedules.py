@@ -230,31 +230,33 @@ def test_gradients_against_finite_differences(schedule, x64):
 # ------------------------------------------------------------- the transfers
 
 @pytest.mark.parametrize("name,stages,microbatches,runs", [
-    ("gpipe", 2, 16, [(0, 17, True, False, False), (17, 34, False, True, True)]),
-    ("gpipe", 4, 8, [(0, 11, True, False, False), (11, 22, False, True, True)]),
-    ("1f1b", 2, 16, [(0, 1, True, False, False), (1, 16, True, True, True),
-                     (16, 18, False, True, True)]),
-    ("1f1b", 4, 8, [(0, 3, True, False, False), (3, 10, True, True, True),
-                    (10, 14, False, True, True)]),
-    ("gpipe", 1, 3, [(0, 3, False, False, False), (3, 6, False, False, True)]),
+    ("gpipe", 2, 16, [(0, 17, True, False, True, False), (17, 34, False, True, False, True)]),
+    ("gpipe", 4, 8, [(0, 11, True, False, True, False), (11, 22, False, True, False, True)]),
+    ("1f1b", 2, 16, [(0, 1, True, False, True, False), (1, 16, True, True, True, True),
+                     (16, 18, False, True, True, True)]),
+    ("1f1b", 4, 8, [(0, 3, True, False, True, False), (3, 10, True, True, True, True),
+                    (10, 11, False, True, True, True), (11, 14, False, True, False, True)]),
+    ("gpipe", 1, 3, [(0, 3, False, False, True, False), (3, 6, False, False, False, True)]),
 ])
 def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches, runs):
     """GPipe's forward ticks move activations only and its backward ticks cotangents
-    only (no empty message holds a stage up for a neighbour with nothing to send); each
-    run of ticks is one scan, and every transfer a stage receives (during the tick that
-    computed it), and every backward it runs, is in a run that has them."""
+    only (no empty message holds a stage up for a neighbour with nothing to send), and
+    its backward ticks run no forward; each run of ticks is one scan, and every
+    transfer a stage receives (during the tick that computed it), and every forward
+    and backward it runs, is in a run that has them."""
     from spmd.parallel.pipeline import _arriving_after, _segments
 
-    _, b_mb, f_in, b_in = pipeline_schedule(name, stages, microbatches).arrays()
+    f_mb, b_mb, f_in, b_in = pipeline_schedule(name, stages, microbatches).arrays()
     f_in, b_in = _arriving_after(f_in), _arriving_after(b_in)
-    got = _segments(f_in, b_in, b_mb)
+    got = _segments(f_in, b_in, f_mb, b_mb)
     assert got == runs
     assert got[0][0] == 0 and got[-1][1] == len(f_in)
-    for (start, stop, moves_f, moves_b, backs), (nxt, *_) in zip(
-            got, got[1:] + [(len(f_in),) * 5]):
+    for (start, stop, moves_f, moves_b, fwds, backs), (nxt, *_) in zip(
+            got, got[1:] + [(len(f_in),) * 6]):
         assert stop == nxt
         assert moves_f or (f_in[start:stop] < 0).all()
         assert moves_b or (b_in[start:stop] < 0).all()
+        assert fwds or (f_mb[start:stop] < 0).all()  # a run without forwards runs none
         assert backs or (b_mb[start:stop] < 0).all()  # a run without backwards runs none
 
     # The program: one scan per run, one ppermute per direction it moves.
@@ -266,7 +268,7 @@ def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches
                        out_specs=(P(), (P("pipe"), P("pipe")), P(), P()))
     text = str(spmd.make_jaxpr(f)(p, h, emb, xs, ys))
     assert text.count("scan[") == len(runs)
-    assert text.count("ppermute[") == sum(mf + mb for _, _, mf, mb, _ in runs)
+    assert text.count("ppermute[") == sum(mf + mb for _, _, mf, mb, _, _ in runs)
 
 
 @pytest.mark.parametrize("name,stages,microbatches", [
