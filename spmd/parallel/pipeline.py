@@ -169,22 +169,18 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     # clamped into range first, three operations a tick each).
     cols = [cols[:, k] != 0 if k in _FLAGS else cols[:, k] for k in range(table.shape[-1])]
 
-    def at(a, i, stacked=True):
-        # Slot i of a buffer; a buffer of one slot (not stacked) is the value itself,
-        # carried from tick to tick.  The table's indices are in range: no wrap of
-        # negative ones.
-        if not stacked:
-            return a
+    def at(a, i):
+        # The table's indices are in range: no wrap of negative ones (a tick's
+        # arithmetic, not its data).
         return dynamic_index_in_dim(a, i, 0, keepdims=False, allow_negative_indices=False)
 
-    def put(buf, slot, v, arrived, stacked=True):
-        # A value into its slot, only on a stage that got one: elsewhere the tick
-        # writes nothing (measured: each copy ~45-90 us on two busy ranks; a tick's
-        # cond ~10 us).  A buffer of one slot takes the value itself, no copy (the
-        # cotangents' always: a stage holds one at a time).
+    def put(buf, slot, v, arrived):
+        # A value into its slot (one copy of a microbatch), only on a stage that got
+        # one: elsewhere the tick writes nothing (measured: each copy ~45-90 us on two
+        # busy ranks; a tick's cond ~10 us).  Keeping a one-slot buffer's value itself
+        # instead (no copy: the received array carried to the next tick) made the
+        # steps 10-20 ms slower at M = 16 in alternating runs, both schedules.
         def write(b, v):
-            if not stacked:
-                return v
             return dynamic_update_slice_in_dim(b, v[None], slot, 0,
                                                allow_negative_indices=False)
 
@@ -193,7 +189,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     def input_of(buf, slot, i):
         # Stage 0 reads its microbatches where they are; the others, their buffer (a
         # cond: a process takes only its own slice).
-        return cond(first, lambda b: at(xs, i), lambda b: at(b, slot, K > 1), buf)
+        return cond(first, lambda b: at(xs, i), lambda b: at(b, slot), buf)
 
     def tick(carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
         buf, cts, gx, acc = carry
@@ -208,7 +204,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
 
         def from_next(y, cts):
             # Not the last stage: the cotangent the next stage sent; no loss here.
-            return (at(cts, ct_slot, C > 1), tree_util.tree_map(snp.zeros_like, lp),
+            return (at(cts, ct_slot), tree_util.tree_map(snp.zeros_like, lp),
                     pvary(np.zeros((), loss_dtype), axes))
 
         def from_head(y, cts):
@@ -257,15 +253,15 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
             gx = put(gx, gx_put, dx, gx_got)
             acc = cond(b_on, accumulate, no_gradient, carried, acc)
         if got_f is not None:
-            buf = put(buf, f_put, got_f, f_got, K > 1)
+            buf = put(buf, f_put, got_f, f_got)
         if got_b is not None:
-            cts = put(cts, b_put, got_b, b_got, C > 1)
+            cts = put(cts, b_put, got_b, b_got)
         return (buf, cts, gx, acc), None
 
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
-    slots = lambda n, stacked: snp.zeros((n,) * stacked + mb.shape, mb.dtype)  # noqa: E731
-    carry = (slots(K, K > 1), slots(C, C > 1), slots(M, True), acc)
+    slots = lambda n: snp.zeros((n,) + mb.shape, mb.dtype)  # noqa: E731
+    carry = (slots(K), slots(C), slots(M), acc)
     for start, stop, moves_f, moves_b, fwds, backs in _segments(f_in, b_in, f_mb, b_mb):
         body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, fwds=fwds,
                                  backs=backs)
