@@ -178,8 +178,9 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         # A value into its slot (one copy of a microbatch), only on a stage that got
         # one: elsewhere the tick writes nothing (measured: each copy ~45-90 us on two
         # busy ranks; a tick's cond ~10 us).  Keeping a one-slot buffer's value itself
-        # instead (no copy: the received array carried to the next tick) made the
-        # steps 10-20 ms slower at M = 16 in alternating runs, both schedules.
+        # instead (no copy: the received array carried to the next tick) was tried and
+        # taken back, unproven: the runs that showed it slower compared two checkouts,
+        # which measure apart by themselves (docs/parallelism.md).
         def write(b, v):
             return dynamic_update_slice_in_dim(b, v[None], slot, 0,
                                                allow_negative_indices=False)
