@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -119,26 +117,19 @@ def test_an_effect_the_rest_needs_runs_in_the_first_part_in_order():
     assert seen == [10.0]  # the rest runs no effect again
 
 
-def test_threads_split_and_run_their_own_functions():
-    errors, results = [], {}
+def test_threads_split_and_run_their_own_functions(each_on_a_thread):
+    results = {}
 
     def work(k):
-        try:
-            w, x, ct = _args(seed=k)
-            first, rest = split(_backward, w, x, ct)
-            for _ in range(5):
-                gx, carried = first(w, x, ct)
-                gw = rest(carried)
-            results[k] = (np.asarray(gx), np.asarray(gw), _backward(w, x, ct))
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        w, x, ct = _args(seed=k)
+        first, rest = split(_backward, w, x, ct)
+        for _ in range(5):
+            gx, carried = first(w, x, ct)
+            gw = rest(carried)
+        results[k] = (np.asarray(gx), np.asarray(gw), _backward(w, x, ct))
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    each_on_a_thread(work, 4)
+    assert len(results) == 4
     for gx, gw, (want_gx, want_gw) in results.values():
         np.testing.assert_allclose(gx, np.asarray(want_gx), rtol=1e-6)
         np.testing.assert_allclose(gw, np.asarray(want_gw), rtol=1e-6)
