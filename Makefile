@@ -62,7 +62,7 @@ test-mpi: venv
 		bash .ci/pytest_mpi.sh tests/mpi tests/test_smoke_infra.py
 	NP=$(NP) PYTEST_TIMEOUT=$(PYTEST_TIMEOUT) SPMD_REQUIRE_MPI_TESTS=1 SPMD_SIMULATE_NODES=2 \
 		bash .ci/pytest_mpi.sh tests/mpi/test_mpi_collectives.py tests/mpi/test_mpi_arrays.py \
-		tests/mpi/test_mpi_shm.py \
+		tests/mpi/test_mpi_shm.py tests/mpi/test_mpi_p2p.py \
 		--deselect tests/mpi/test_mpi_shm.py::test_mixed_blocking_and_started_calls_are_exact_under_skew
 
 bench: venv

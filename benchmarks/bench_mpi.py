@@ -8,11 +8,12 @@ Runs only under an MPI launcher, one device per rank::
 ``python benchmarks/run.py`` skips it with a line saying so when it is not
 launched by MPI.  Measured, on a 1-D mesh ``('i',)`` of all the ranks:
 
-- ``<collective>[<size>]``: ``psum``, ``all_gather``, ``psum_scatter`` and
-  ``all_to_all`` (``tiled=True``) of a float32 operand of ``<size>`` bytes per
-  rank (4 KiB to 32 MiB), each a jitted ``shard_map``, against the mpi4py
-  buffer call that does the same communication (``Allreduce``, ``Allgather``,
-  ``Reduce_scatter_block``, ``Alltoall``) on preallocated buffers: the floor.
+- ``<collective>[<size>]``: ``psum``, ``all_gather``, ``psum_scatter``,
+  ``all_to_all`` (``tiled=True``) and ``ppermute`` (a ring shift) of a float32
+  operand of ``<size>`` bytes per rank (4 KiB to 32 MiB), each a jitted
+  ``shard_map``, against the mpi4py buffer call that does the same communication
+  (``Allreduce``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall``,
+  ``Sendrecv``) on preallocated buffers: the floor.
   The floors read this rank's block of the same global input as spmd (a view).
   Rows: ``mpi4py``, ``spmd`` and ``added latency`` (spmd minus mpi4py, per
   round).  ``psum`` has a second floor, ``Reduce_scatter_block`` + in-place
@@ -202,6 +203,20 @@ def _collective_cases(mesh, n: int, rank: int, nbytes: int, rng):
         return np.asarray(a(x).addressable_data(0)), swapped
 
     cases["all_to_all"] = (lambda: a(x), lambda: comm.Alltoall(mine, swapped), a2a_check)
+
+    # A ring shift: each rank's block to the next (a pipeline's or ring attention's move).
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    r = spmd.jit(smap(lambda b: lax.ppermute(b, "i", perm), out_specs=P("i")))
+    shifted = np.empty(m, np.float32)
+
+    def shift_floor():
+        comm.Sendrecv(mine, dest=(rank + 1) % n, sendtag=7, recvbuf=shifted,
+                      source=(rank - 1) % n, recvtag=7)
+
+    def shift_check():
+        return np.asarray(r(x).addressable_data(0)), shifted
+
+    cases["ppermute"] = (lambda: r(x), shift_floor, shift_check)
     return cases, floors
 
 
@@ -459,7 +474,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=None, metavar="KIB,...",
                     help="operand sizes in KiB (default: 4,32,256,2048,32768; 0: none)")
     ap.add_argument("--kinds", default=None, metavar="NAME,...",
-                    help="only these collectives (psum,all_gather,psum_scatter,all_to_all)")
+                    help="only these collectives (psum,all_gather,psum_scatter,all_to_all,"
+                         "ppermute)")
     ap.add_argument("--no-mlp", action="store_true", help="skip the MLP step")
     args = ap.parse_args(argv)
     sizes = SIZES if args.sizes is None else \

@@ -13,7 +13,8 @@ a duplicate for control traffic.  Every call runs inside
 that reports a collective past its deadline: :mod:`spmd.collectives.mpi_watchdog`).
 When a communicator's members share one node, sums from 16 KiB and mid-sized
 moves go through a shared window instead of MPI's calls
-(:mod:`spmd.collectives.mpi_shm`: 1.5-2x faster there with the mpich wheel).
+(:mod:`spmd.collectives.mpi_shm`: 1.5-2x faster there with the mpich wheel), and a
+``ppermute``'s messages through shared outboxes (:mod:`spmd.collectives.mpi_p2p`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import weakref
 
 import numpy as np
 
-from spmd.collectives import mpi_shm
+from spmd.collectives import mpi_p2p, mpi_shm
 from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
                                           CollectiveTimeoutError, Site, complete_within,
                                           register, site_here)
@@ -359,20 +360,35 @@ def sendrecv(x, ranks, dst, src, what=None):
 
     comm = communicator(ranks, what or "ppermute")
     with Collective(ranks, what or "ppermute"):
-        out, reqs, _ = _post(comm, x, dst, src)
-        MPI.Request.Waitall(reqs)
+        out, reqs, _ = _post(comm, x, ranks, dst, src)
+        if reqs and isinstance(reqs[0], mpi_p2p.Receive):
+            reqs[0].Wait()
+        else:
+            MPI.Request.Waitall(reqs)
         settle_sends()
     return out
 
 
-def _post(comm, x, dst, src) -> tuple:
+def _post(comm, x, ranks, dst, src) -> tuple:
     """Post the receive from ``src`` and the send to ``dst``: ``(receive buffer, the
-    requests to wait for, the buffer a waited-for send reads)``.  A send of up to
+    requests to wait for, the buffer a waited-for send reads)``.  Between members of
+    one node, through their shared outboxes (:mod:`spmd.collectives.mpi_p2p`: the
+    send is done when this returns); else a send of up to
     :data:`DEFERRED_SEND_MAX_BYTES` is of a copy and is not waited for."""
     # C order whatever x's layout (zeros_like would keep a transposed x's strides, and
     # MPI receives into the buffer's bytes as one run); zeros where nothing arrives (a
     # ppermute's result there), else MPI writes every byte.
     out = np.zeros(x.shape, x.dtype) if src is None else np.empty(x.shape, x.dtype)
+    chan = mpi_p2p.channel_for(ranks, comm, x.nbytes)
+    if chan is not None:
+        # The receive first: a send that waits for a slot completes it meanwhile.
+        reqs = [chan.receive(src, out)] if src is not None else []
+        overflow = chan.send(_bytes(x).reshape(-1), dst) if dst is not None else None
+        if overflow is not None:  # (its outbox was full: by MPI, like a deferred send)
+            _settled_at_exit()
+            with _sends_lock:
+                _sends.append(overflow)
+        return out, reqs, None
     reqs, keep = [], None
     if src is not None:
         # (reshape first: a 0-d array cannot be viewed as bytes)
@@ -437,7 +453,7 @@ def isendrecv(x, ranks, dst, src, what=None, xp=np) -> Exchange:
     what = what or "ppermute"
     comm = communicator(ranks, what)
     with Collective(ranks, what):
-        out, reqs, keep = _post(comm, x, dst, src)
+        out, reqs, keep = _post(comm, x, ranks, dst, src)
     return Exchange(reqs, out, keep, ranks, what, xp)
 
 

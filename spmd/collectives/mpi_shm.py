@@ -341,22 +341,24 @@ def segment_for(ranks: tuple, comm, nbytes: int, use: str):
     return seg
 
 
-def has_room(members: int, slot: int) -> bool:
+def has_room(members: int, slot: int, slots: int = 2 + RING) -> bool:
     """Whether /dev/shm (where MPI puts shared windows) has room for a window of
-    ``members`` members with ``slot``-byte slots, within a share of its free space
-    (a container's default 64 MiB /dev/shm may not: then MPI's calls run)."""
+    ``members`` members with ``slots`` slots of ``slot`` bytes each (this module's
+    window by default), within a share of its free space (a container's default
+    64 MiB /dev/shm may not: then MPI's calls run)."""
     try:
         st = os.statvfs("/dev/shm")
     except OSError:
         return False
-    return st.f_bavail * st.f_frsize * _SHM_RESERVE >= (2 + RING) * slot * members
+    return st.f_bavail * st.f_frsize * _SHM_RESERVE >= slots * slot * members
 
 
-def _make(comm, control, slot: int, ranks: tuple):
-    """A window of ``slot``-byte slots, when every member shares this node (real and,
-    with ``SPMD_SIMULATE_NODES``, simulated: :mod:`spmd.launch.nodes`) and has room in
-    /dev/shm; else None.  Agreed by all members (a member alone deciding otherwise
-    would leave the others waiting in another call)."""
+def shared_by_all(comm, control, ranks: tuple, slot: int, slots: int) -> bool:
+    """Whether every member of ``comm`` shares this node (real and, with
+    ``SPMD_SIMULATE_NODES``, simulated: :mod:`spmd.launch.nodes`) and has room in
+    /dev/shm for a window of ``slots`` slots of ``slot`` bytes per member.  Agreed by
+    all members (a member alone deciding otherwise would leave the others waiting
+    in another call); collective over them.  Also :mod:`spmd.collectives.mpi_p2p`'s."""
     from mpi4py import MPI
 
     # The members first agree on the simulated nodes (every one raises alike when
@@ -365,8 +367,14 @@ def _make(comm, control, slot: int, ranks: tuple):
     node = nodes.split_by_node(comm)
     same_node = node.Get_size() == comm.Get_size()
     node.Free()
-    room = has_room(comm.Get_size(), slot)
-    if not control.allreduce(bool(same_node and room), op=MPI.LAND):
+    room = has_room(comm.Get_size(), slot, slots)
+    return bool(control.allreduce(bool(same_node and room), op=MPI.LAND))
+
+
+def _make(comm, control, slot: int, ranks: tuple):
+    """A window of ``slot``-byte slots where the members share a node and have room
+    (:func:`shared_by_all`); else None."""
+    if not shared_by_all(comm, control, ranks, slot, 2 + RING):
         return None
     if not _segments_made:
         atexit.register(_settle_at_exit)

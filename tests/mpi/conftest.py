@@ -18,7 +18,8 @@ import pytest
 
 _REASON = "need --with-mpi option to run"
 
-TWO_NODE_MODULES = {"test_mpi_collectives.py", "test_mpi_arrays.py", "test_mpi_shm.py"}
+TWO_NODE_MODULES = {"test_mpi_collectives.py", "test_mpi_arrays.py", "test_mpi_shm.py",
+                    "test_mpi_p2p.py"}
 # The 12 s stress test of the shared window: no window spans two nodes, once is enough.
 ONE_NODE_ONLY = {"test_mixed_blocking_and_started_calls_are_exact_under_skew"}
 

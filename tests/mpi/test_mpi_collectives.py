@@ -158,6 +158,11 @@ def test_ppermute_of_a_transposed_block(kind, axes):
          lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm).T, (2, 3), np.float32)
 
 
+# float32 elements past the shared outboxes' slot (spmd.collectives.mpi_p2p, whose
+# window is made collectively at a group's first move in range): MPI's own path.
+_PAST_A_SLOT = (2 << 20) // 4 + 16
+
+
 def _pair_of_ranks(monkeypatch):
     """``(comm, rank)`` for a test of the ``mpi`` backend's point-to-point calls between
     ranks 0 and 1: their communicator made collectively, before, and the checking mode
@@ -175,16 +180,17 @@ def _pair_of_ranks(monkeypatch):
 
 
 def test_a_ppermute_sender_does_not_wait_for_its_receiver(monkeypatch):
-    """A rank that sends and receives nothing returns at once: rank 0 sends 1 MiB
-    (beyond any eager limit) and reaches a barrier that rank 1 passes before it posts
-    its receive; a sender waiting for its message to be taken would never get there.
-    The caller's buffer is overwritten right after the call: the message keeps what
-    was sent (it is a copy)."""
+    """A rank that sends and receives nothing returns at once: rank 0 sends 2 MiB
+    (beyond any eager limit, and past the shared outboxes' slot: MPI's path; the
+    outboxes' own test is tests/mpi/test_mpi_p2p.py) and reaches a barrier that rank 1
+    passes before it posts its receive; a sender waiting for its message to be taken
+    would never get there.  The caller's buffer is overwritten right after the call:
+    the message keeps what was sent (it is a copy)."""
     from spmd.collectives import mpi as backend
 
     comm, r = _pair_of_ranks(monkeypatch)
     pair = (0, 1)
-    sent = [np.arange(1 << 18, dtype=np.float32) + k for k in range(3)]
+    sent = [np.arange(_PAST_A_SLOT, dtype=np.float32) + k for k in range(3)]
     # and small ones: a 0-d value, booleans, a transposed (non-contiguous) block
     small = [np.asarray(np.float32(2.5)), np.array([True, False, True]),
              np.arange(12, dtype=np.float64).reshape(3, 4).T]
@@ -198,8 +204,8 @@ def test_a_ppermute_sender_does_not_wait_for_its_receiver(monkeypatch):
     elif r == 1:
         comm.Barrier()
         for k in range(3):
-            got = backend.sendrecv(np.zeros(1 << 18, np.float32), pair, None, 0)
-            np.testing.assert_array_equal(got, np.arange(1 << 18, dtype=np.float32) + k)
+            got = backend.sendrecv(np.zeros(_PAST_A_SLOT, np.float32), pair, None, 0)
+            np.testing.assert_array_equal(got, np.arange(_PAST_A_SLOT, dtype=np.float32) + k)
         for want in small:
             got = backend.sendrecv(np.zeros_like(want), pair, None, 0)
             assert got.shape == want.shape and got.dtype == want.dtype
@@ -215,12 +221,12 @@ def test_a_send_nobody_receives_holds_no_rank(monkeypatch):
     """Ranks that disagree: rank 0 sends and rank 1 has not posted its receive.  The
     sender returns, a later call settles only what finished, and the exit hook's
     wait for the pending send is bounded (it returns with the send still pending);
-    the message is then received intact."""
+    the message is then received intact (past the outboxes' slot: MPI's path)."""
     from spmd.collectives import mpi as backend
 
     comm, r = _pair_of_ranks(monkeypatch)
     pair = (0, 1)
-    x = np.arange(1 << 18, dtype=np.float32)
+    x = np.arange(_PAST_A_SLOT, dtype=np.float32)
     if r == 0:
         backend.sendrecv(x, pair, 1, None)
         backend.settle_sends()          # does not wait for the receiver

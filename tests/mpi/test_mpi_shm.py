@@ -293,7 +293,7 @@ def test_a_rank_without_room_makes_every_rank_use_mpi(fresh_shm, monkeypatch):
     from spmd.collectives import mpi
 
     rank = _world().Get_rank()
-    monkeypatch.setattr(fresh_shm, "has_room", lambda members, slot: rank != 0)
+    monkeypatch.setattr(fresh_shm, "has_room", lambda members, slot, slots=0: rank != 0)
     x = (np.arange(70000) % 13).astype(np.float32) * (rank + 1)
     got = mpi.allreduce(x, _all_ranks(), "sum")
     n = _world().Get_size()
