@@ -231,3 +231,30 @@ def test_a_sender_returns_before_its_receiver_posts(fresh_p2p, monkeypatch):
         assert chan.moved == [fresh_p2p.SLOTS, 6 - fresh_p2p.SLOTS]
     mpi.settle_sends(wait=True)
     comm.Barrier()
+
+
+def test_a_received_buffer_is_reused_only_once_nothing_refers_to_it(fresh_p2p):
+    """Messages are received into pooled buffers (fresh pages cost their faults on every
+    move): a result still held, or a view of one, keeps its buffer; a dropped one's
+    buffer takes the next message."""
+    from spmd.collectives import mpi
+
+    comm = _world()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    ranks, dst, src = _all_ranks(), (rank + 1) % n, (rank - 1) % n
+    m = 70_003  # in the outboxes' range and the pool's (a size no other test receives)
+    a = mpi.sendrecv(_message(rank, 1, m), ranks, dst, src)
+    b = mpi.sendrecv(_message(rank, 2, m), ranks, dst, src)
+    view = b[10:20]
+    del b
+    c = mpi.sendrecv(_message(rank, 3, m), ranks, dst, src)
+    assert not np.shares_memory(a, c) and not np.shares_memory(view, c)
+    np.testing.assert_array_equal(a, _message(src, 1, m))
+    np.testing.assert_array_equal(view, _message(src, 2, m)[10:20])
+    np.testing.assert_array_equal(c, _message(src, 3, m))
+    where = a.__array_interface__["data"][0]
+    del a
+    d = mpi.sendrecv(_message(rank, 4, m), ranks, dst, src)
+    assert d.__array_interface__["data"][0] == where  # a's buffer, now free
+    np.testing.assert_array_equal(d, _message(src, 4, m))
+    np.testing.assert_array_equal(view, _message(src, 2, m)[10:20])
