@@ -378,11 +378,12 @@ def _post(comm, x, ranks, dst, src) -> tuple:
     # C order whatever x's layout (zeros_like would keep a transposed x's strides, and
     # MPI receives into the buffer's bytes as one run); zeros where nothing arrives (a
     # ppermute's result there), else every byte is written: a pooled buffer (fresh
-    # pages cost their faults, ~60-80 us for 256 KiB in a hot loop).
+    # pages cost their faults: a 256 KiB ppermute in a hot loop took 138 us into fresh
+    # pages and 31 us into pooled ones, on two ranks through the outboxes).
     out = np.zeros(x.shape, x.dtype) if src is None else _recv_buffer(x.shape, x.dtype)
     chan = mpi_p2p.channel_for(ranks, comm, x.nbytes)
     if chan is not None:
-        # The receive first: a send that waits for a slot completes it meanwhile.
+        # (A send never waits for its reader: see mpi_p2p.Channel.send.)
         reqs = [chan.receive(src, out)] if src is not None else []
         overflow = chan.send(_bytes(x).reshape(-1), dst) if dst is not None else None
         if overflow is not None:  # (its outbox was full: by MPI, like a deferred send)

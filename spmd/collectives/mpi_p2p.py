@@ -57,6 +57,7 @@ import time
 import numpy as np
 
 from spmd.collectives import mpi_shm
+from spmd.collectives.mpi_control import control
 from spmd.errors import ProgramMismatchError
 
 SLOTS = 4        # an outbox's slots: messages in it not read yet, per member
@@ -232,8 +233,6 @@ def channel_for(ranks: tuple, comm, nbytes: int):
         return None
     chan = _channels.get(ranks, False)
     if chan is False:
-        from spmd.collectives.mpi_control import control
-
         slot = -(-hi // 64) * 64
         shared = mpi_shm.shared_by_all(comm, control(ranks), ranks, slot, SLOTS)
         chan = _channels[ranks] = Channel(comm, slot) if shared else None
