@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import time
 
 import numpy as np
@@ -89,6 +90,9 @@ class Channel:
         self.posted = {}                    # source -> deque of receives not complete
         self.moved = [0, 0]                 # sends through the outbox, by MPI
         self.status = MPI.Status()
+        # A started move's test() runs outside any collective (between a program's
+        # equations), so another thread's move over this group may run meanwhile.
+        self.lock = threading.Lock()
         self.win.Sync()
         comm.Barrier()  # every outbox zeroed before any member reads one
         self.win.Sync()
@@ -100,6 +104,10 @@ class Channel:
         request and the copy: the caller keeps both until the request completes).
         A send never waits for a reader, so no member waits for another that waits
         in an MPI call."""
+        with self.lock:
+            return self._send(data, dst)
+
+    def _send(self, data: np.ndarray, dst: int):
         me = self.me
         self.sent[dst] += 1
         number = self.sent[dst]
@@ -126,16 +134,21 @@ class Channel:
         (C-contiguous); complete it with its ``Test``/``Wait``.  An MPI receive is
         posted with it, for the case its sender found its outbox full (cancelled when
         the message comes through the outbox)."""
-        self.expected[src] += 1
-        number = self.expected[src]
-        flat = out.reshape(-1).view(np.uint8)
-        r = Receive(self, src, number, out,
-                    self.comm.Irecv(flat, source=src, tag=number % _TAGS))
-        self.posted.setdefault(src, collections.deque()).append(r)
-        return r
+        with self.lock:
+            self.expected[src] += 1
+            number = self.expected[src]
+            flat = out.reshape(-1).view(np.uint8)
+            r = Receive(self, src, number, out,
+                        self.comm.Irecv(flat, source=src, tag=number % _TAGS))
+            self.posted.setdefault(src, collections.deque()).append(r)
+            return r
 
     def progress(self) -> None:
         """Complete every posted receive whose message has come, in each source's order."""
+        with self.lock:
+            self._progress()
+
+    def _progress(self) -> None:
         for src, queue in self.posted.items():
             while queue:
                 r = queue[0]

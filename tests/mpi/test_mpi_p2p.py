@@ -258,3 +258,38 @@ def test_a_received_buffer_is_reused_only_once_nothing_refers_to_it(fresh_p2p):
     assert d.__array_interface__["data"][0] == where  # a's buffer, now free
     np.testing.assert_array_equal(d, _message(src, 4, m))
     np.testing.assert_array_equal(view, _message(src, 2, m)[10:20])
+
+
+def test_a_started_move_tested_from_another_thread_meanwhile(fresh_p2p):
+    """A started move's ``test()`` runs outside any collective (between a program's
+    equations): here a second thread tests it without pause while the main thread
+    makes fifty blocking moves over the same group.  Every value is right."""
+    import threading
+
+    from spmd.collectives import mpi
+
+    comm = _world()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    ranks, dst, src = _all_ranks(), (rank + 1) % n, (rank - 1) % n
+    started = mpi.isendrecv(_message(rank, 0, 30_000), ranks, dst, src)
+    stop = threading.Event()
+    errors = []
+
+    def poke():
+        try:
+            while not stop.is_set():
+                started.test()
+        except BaseException as e:  # reported in the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=poke, name="poke")
+    t.start()
+    try:
+        for it in range(1, 51):
+            got = mpi.sendrecv(_message(rank, it, 30_000), ranks, dst, src)
+            np.testing.assert_array_equal(got, _message(src, it, 30_000))
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    np.testing.assert_array_equal(started.wait(), _message(src, 0, 30_000))
