@@ -6,9 +6,12 @@ are inside MPI calls (the wheel has no progress thread): a pipeline stage waitin
 for its neighbour's activation waits for the neighbour's next MPI call, and each
 side pays MPI's copies and matching.  Here a move is one copy in by the sender and
 one copy out by the receiver, and neither waits for the other to be anywhere.
-Measured (2 ranks, 256 KiB, float32; ``docs/performance.md``): a move in a hot
-loop 16 us against 58 us through ``Isend``/``Recv``; 1F1B's bubble on two stages
-about 2 points lower.
+Measured (2 ranks, 256 KiB, float32, a hot loop): a move by hand 16 us against 58
+us through ``Isend``/``Recv``; a jitted ``ppermute`` 31 us against 62-73 us through
+MPI (both receiving into pooled buffers; ``bench_mpi``'s ``ppermute`` rows).  In a
+pipeline the difference stayed within this machine's noise (``docs/parallelism.md``).
+On ranks that outnumber the cores a waiting member's polls cost more than MPI's wait
+(4 ranks on 2 cores: 220 against 150-165 us for the slowest rank).
 
 Each member of a communicator that uses it has an *outbox* in one MPI-3 shared
 window: :data:`SLOTS` slots of the largest message (``SPMD_MPI_SHM_MAX_BYTES``, as
