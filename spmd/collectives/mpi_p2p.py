@@ -65,7 +65,10 @@ from spmd.collectives.mpi_control import control
 from spmd.errors import ProgramMismatchError
 
 SLOTS = 4        # an outbox's slots: messages in it not read yet, per member
-_HEADER = 128    # keys and lengths (the owner's line), read marks (the readers' line)
+# The header, in 8-byte words: keys and lengths on the owner's 64-byte lines, read
+# marks (written by readers) from the next line on.
+_MARKS = -(-2 * SLOTS // 8) * 8
+_HEADER = 8 * (_MARKS + -(-SLOTS // 8) * 8)
 _SPINS = 64      # polls before a waiting member yields its core
 _TAGS = 1 << 15  # MPI's tags (at least 32767): a message's number within its pair
 
@@ -84,7 +87,7 @@ class Channel:
         words = [b[:_HEADER].view(np.int64) for b in boxes]
         self.keys = [w[:SLOTS] for w in words]
         self.lens = [w[SLOTS:2 * SLOTS] for w in words]
-        self.marks = [w[8:8 + SLOTS] for w in words]
+        self.marks = [w[_MARKS:_MARKS + SLOTS] for w in words]
         self.data = [b[_HEADER:_HEADER + SLOTS * slot].reshape(SLOTS, slot) for b in boxes]
         self.next = 0                       # the outbox slot a send tries first
         self.held = [0] * SLOTS             # the key last put in each of its slots

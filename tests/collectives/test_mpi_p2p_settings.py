@@ -28,7 +28,3 @@ def test_what_never_takes_the_outboxes(monkeypatch):
     assert mpi_p2p.channel_for((0, 1), None, lo) is None
     assert (0, 1) not in mpi_p2p._channels
 
-
-def test_an_outbox_header_holds_its_slots():
-    """Keys and lengths share the owner's 64-byte line, read marks the readers' line."""
-    assert 2 * mpi_p2p.SLOTS * 8 <= 64 and mpi_p2p._HEADER == 128
