@@ -29,6 +29,30 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+# ------------------------------------------------------ ranks and nodes
+
+def world():
+    """MPI's world communicator (mpi4py imported only where a test runs on ranks)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def all_ranks() -> tuple:
+    """Every world rank, in order."""
+    return tuple(range(world().Get_size()))
+
+
+def on_one_node(ranks) -> bool:
+    """Whether ``ranks`` share a node, so that the shared-memory paths serve them
+    (``spmd.collectives.mpi_shm``, ``mpi_p2p``): always on one machine, unless
+    ``SPMD_SIMULATE_NODES`` puts them on different simulated nodes."""
+    from spmd.launch import nodes
+
+    k = nodes.simulated()
+    return k is None or len({nodes.node_of(r, world().Get_size(), k) for r in ranks}) == 1
+
+
 # ------------------------------------------------------------------ meshes
 
 MESH_KINDS = ("1d", "2d", "2dT")

@@ -22,25 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import spmd  # noqa: E402
 from spmd import P  # noqa: E402
+from tests.mpi import all_ranks, on_one_node, world  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
-
-
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def _all_ranks():
-    return tuple(range(_world().Get_size()))
-
-
-def _shared_node(ranks) -> bool:
-    from spmd.launch import nodes
-
-    k = nodes.simulated()
-    return k is None or len({nodes.node_of(r, _world().Get_size(), k) for r in ranks}) == 1
 
 
 @pytest.fixture
@@ -48,17 +32,17 @@ def fresh_p2p(monkeypatch):
     """Every rank starts and ends the test with no channel and the default range."""
     from spmd.collectives import mpi, mpi_p2p, mpi_shm
 
-    _world().Barrier()
+    world().Barrier()
     mpi_p2p.reset()
     slot = mpi_shm.size_range()[1]
-    if not all(_world().allgather(mpi_shm.has_room(_world().Get_size(), slot,
+    if not all(world().allgather(mpi_shm.has_room(world().Get_size(), slot,
                                                    mpi_p2p.SLOTS))):
         pytest.skip("/dev/shm has no room for the outboxes: MPI's calls run, which the "
                     "rest of the suite tests")
     yield mpi_p2p
     monkeypatch.undo()
     mpi.settle_sends(wait=True)
-    _world().Barrier()
+    world().Barrier()
     mpi_p2p.reset()
     mpi_shm.size_range.cache_clear()
 
@@ -74,9 +58,9 @@ def test_ring_moves_of_every_size_are_exact_under_skew(fresh_p2p):
     shared range (MPI), in it (the outboxes) and past a slot (MPI again)."""
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
-    ranks = _all_ranks()
+    ranks = all_ranks()
     local = np.random.default_rng(10 + rank)
     shared = np.random.default_rng(3)
     for it in range(150):
@@ -103,7 +87,7 @@ def test_ring_moves_of_every_size_are_exact_under_skew(fresh_p2p):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
     chan = fresh_p2p._channels.get(ranks)
-    assert (chan is not None) == _shared_node(ranks)
+    assert (chan is not None) == on_one_node(ranks)
     if chan is not None:  # (each call sends one message and receives one)
         assert sum(chan.expected) == sum(chan.sent) and not any(chan.posted.values())
         # Both ways were taken: the outbox, and MPI when it was full (ten in flight).
@@ -116,14 +100,14 @@ def test_one_way_moves_and_members_that_only_send_or_only_receive(fresh_p2p):
     outbox fills, and the rest go by MPI)."""
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
     dst = rank + 1 if rank + 1 < n else None
     src = rank - 1 if rank > 0 else None
     for it in range(40):
         if rank == n - 1:
             time.sleep(1e-3)  # a slow reader
-        got = mpi.sendrecv(_message(rank, it, 50_000), _all_ranks(), dst, src)
+        got = mpi.sendrecv(_message(rank, it, 50_000), all_ranks(), dst, src)
         want = np.zeros(50_000, np.float32) if src is None else _message(src, it, 50_000)
         np.testing.assert_array_equal(got, want)
 
@@ -135,9 +119,9 @@ def test_ranks_that_disagree_on_a_shape_get_an_error_not_some_bytes(fresh_p2p):
     from spmd.collectives import mpi
     from spmd.errors import ProgramMismatchError
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
-    ranks = _all_ranks()
+    ranks = all_ranks()
     if fresh_p2p.channel_for(ranks, mpi.communicator(ranks), 40_000 * 4) is None:
         pytest.skip("the ranks share no node here: MPI's calls (their own errors)")
     m = 40_000 + 1000 * rank
@@ -154,9 +138,9 @@ def test_a_receive_never_waited_for_takes_its_own_message(fresh_p2p):
     next message, not the dropped one's."""
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
-    ranks, dst, src = _all_ranks(), (rank + 1) % n, (rank - 1) % n
+    ranks, dst, src = all_ranks(), (rank + 1) % n, (rank - 1) % n
     dropped = mpi.isendrecv(_message(rank, 1, 30_000), ranks, dst, src)
     del dropped
     got = mpi.sendrecv(_message(rank, 2, 30_000), ranks, dst, src)
@@ -166,9 +150,9 @@ def test_a_receive_never_waited_for_takes_its_own_message(fresh_p2p):
 def test_the_channel_is_off_with_the_shared_path_and_the_values_stay(fresh_p2p, monkeypatch):
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
-    ranks = _all_ranks()
+    ranks = all_ranks()
     monkeypatch.setenv("SPMD_MPI_SHM_MAX_BYTES", "0")
     from spmd.collectives import mpi_shm
 
@@ -181,7 +165,7 @@ def test_the_channel_is_off_with_the_shared_path_and_the_values_stay(fresh_p2p, 
 def test_a_jitted_ring_shift_in_a_shard_map_matches_numpy(fresh_p2p):
     """The way programs use it: a ``ppermute`` in a jitted ``shard_map`` (started early
     and waited for late by the overlap pass), many steps, each block different."""
-    comm = _world()
+    comm = world()
     n = comm.Get_size()
     mesh = spmd.make_mesh((n,), ("i",))
     perm = [(i, (i + 1) % n) for i in range(n)]
@@ -240,9 +224,9 @@ def test_a_received_buffer_is_reused_only_once_nothing_refers_to_it(fresh_p2p):
     buffer takes the next message."""
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
-    ranks, dst, src = _all_ranks(), (rank + 1) % n, (rank - 1) % n
+    ranks, dst, src = all_ranks(), (rank + 1) % n, (rank - 1) % n
     m = 70_003  # in the outboxes' range and the pool's (a size no other test receives)
     a = mpi.sendrecv(_message(rank, 1, m), ranks, dst, src)
     b = mpi.sendrecv(_message(rank, 2, m), ranks, dst, src)
@@ -269,9 +253,9 @@ def test_a_started_move_tested_from_another_thread_meanwhile(fresh_p2p):
 
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
-    ranks, dst, src = _all_ranks(), (rank + 1) % n, (rank - 1) % n
+    ranks, dst, src = all_ranks(), (rank + 1) % n, (rank - 1) % n
     started = mpi.isendrecv(_message(rank, 0, 30_000), ranks, dst, src)
     stop = threading.Event()
     errors = []

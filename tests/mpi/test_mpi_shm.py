@@ -26,27 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import spmd  # noqa: E402
 from spmd import P, lax  # noqa: E402
+from tests.mpi import all_ranks, on_one_node, world  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
-
-
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def _all_ranks():
-    return tuple(range(_world().Get_size()))
-
-
-def _window_expected(ranks) -> bool:
-    """Whether ``ranks`` share a node, so get a window: always on this one machine,
-    unless SPMD_SIMULATE_NODES puts them on different simulated nodes."""
-    from spmd.launch import nodes
-
-    k = nodes.simulated()
-    return k is None or len({nodes.node_of(r, _world().Get_size(), k) for r in ranks}) == 1
 
 
 @pytest.fixture
@@ -54,16 +36,16 @@ def fresh_shm(monkeypatch):
     """Every rank starts and ends the test with no window and the default range."""
     from spmd.collectives import mpi_shm
 
-    _world().Barrier()
+    world().Barrier()
     mpi_shm.reset()
     slot = mpi_shm.size_range()[1]
-    if not all(_world().allgather(mpi_shm.has_room(_world().Get_size(), slot))):
-        pytest.skip(f"/dev/shm has no room for a shared window of {_world().Get_size()} "
+    if not all(world().allgather(mpi_shm.has_room(world().Get_size(), slot))):
+        pytest.skip(f"/dev/shm has no room for a shared window of {world().Get_size()} "
                     f"members x {2 + mpi_shm.RING} slots of {slot} bytes: spmd uses "
                     "MPI's calls here, which the rest of the suite tests")
     yield mpi_shm
     monkeypatch.undo()
-    _world().Barrier()
+    world().Barrier()
     mpi_shm.reset()
 
 
@@ -79,9 +61,9 @@ def test_mixed_blocking_and_started_calls_are_exact_under_skew(fresh_shm):
     slot-sized pieces, the rest through MPI), every call's values different."""
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
-    ranks = _all_ranks()
+    ranks = all_ranks()
     local = np.random.default_rng(100 + rank)      # the skew differs per rank
     shared = np.random.default_rng(7)              # the program is the same on all
     tri = n * (n + 1) // 2
@@ -117,7 +99,7 @@ def test_mixed_blocking_and_started_calls_are_exact_under_skew(fresh_shm):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
     seg = fresh_shm._segments.get(ranks)
-    if not _window_expected(ranks):  # on two simulated nodes: all through MPI
+    if not on_one_node(ranks):  # on two simulated nodes: all through MPI
         assert seg is None
         return
     assert seg is not None and seg.calls > 0 and seg.starts > fresh_shm.RING
@@ -127,14 +109,14 @@ def test_mixed_blocking_and_started_calls_are_exact_under_skew(fresh_shm):
 def test_dtypes_sum_like_numpy_with_the_same_bits_on_every_rank(fresh_shm, dtype):
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
     rng = np.random.default_rng(5)
     parts = rng.integers(0, 3, (n, 40000)).astype(dtype)
     if np.dtype(dtype).kind == "c":
         parts = parts + 1j * rng.integers(0, 3, (n, 40000)).astype(np.float32)
         parts = parts.astype(dtype)
-    got = mpi.allreduce(parts[rank], _all_ranks(), "sum")
+    got = mpi.allreduce(parts[rank], all_ranks(), "sum")
     assert got.dtype == np.dtype(dtype)
     want = parts.astype(np.float64 if np.dtype(dtype).kind == "f" else parts.dtype).sum(0)
     if np.dtype(dtype) == np.bool_:
@@ -143,7 +125,7 @@ def test_dtypes_sum_like_numpy_with_the_same_bits_on_every_rank(fresh_shm, dtype
     digest = hashlib.blake2b(np.ascontiguousarray(got).tobytes()).hexdigest()
     assert len(set(comm.allgather(digest))) == 1
     # (it took the shared path, unless the ranks are on several simulated nodes)
-    assert (fresh_shm._segments.get(_all_ranks()) is not None) == _window_expected(_all_ranks())
+    assert (fresh_shm._segments.get(all_ranks()) is not None) == on_one_node(all_ranks())
 
 
 def test_psum_of_a_jitted_shard_map_over_mesh_axes_matches_numpy(fresh_shm):
@@ -188,15 +170,15 @@ def test_psum_of_a_jitted_shard_map_over_mesh_axes_matches_numpy(fresh_shm):
 def test_disabled_path_gives_the_same_results(fresh_shm, monkeypatch):
     from spmd.collectives import mpi
 
-    rank = _world().Get_rank()
+    rank = world().Get_rank()
     x = (np.arange(70000) % 13).astype(np.float32) * (rank + 1)
-    on = mpi.allreduce(x, _all_ranks(), "sum")
-    assert (fresh_shm._segments.get(_all_ranks()) is not None) == _window_expected(_all_ranks())
-    _world().Barrier()
+    on = mpi.allreduce(x, all_ranks(), "sum")
+    assert (fresh_shm._segments.get(all_ranks()) is not None) == on_one_node(all_ranks())
+    world().Barrier()
     fresh_shm.reset()
     monkeypatch.setenv("SPMD_MPI_SHM_MAX_BYTES", "0")
-    off = mpi.allreduce(x, _all_ranks(), "sum")
-    assert _all_ranks() not in fresh_shm._segments
+    off = mpi.allreduce(x, all_ranks(), "sum")
+    assert all_ranks() not in fresh_shm._segments
     np.testing.assert_array_equal(on, off)
 
 
@@ -205,7 +187,7 @@ def test_threads_on_different_communicators_run_at_once(fresh_shm):
     of the world), many times: each group's window and slots are its own."""
     from spmd.collectives import mpi
 
-    comm = _world()
+    comm = world()
     n, rank = comm.Get_size(), comm.Get_rank()
     if n < 4:
         pytest.skip("needs 4 ranks for two groups of 2")
@@ -234,8 +216,8 @@ def test_threads_on_different_communicators_run_at_once(fresh_shm):
     for t in threads:
         t.join()
     assert not errors, errors
-    assert (fresh_shm._segments.get(mine_a) is not None) == _window_expected(mine_a)
-    assert (fresh_shm._segments.get(mine_b) is not None) == _window_expected(mine_b)
+    assert (fresh_shm._segments.get(mine_a) is not None) == on_one_node(mine_a)
+    assert (fresh_shm._segments.get(mine_b) is not None) == on_one_node(mine_b)
 
 
 def _start_and_raise(x, ranks):
@@ -256,7 +238,7 @@ def test_started_sums_go_on_after_a_start_never_waited_for(fresh_shm, kept_by):
 
     from spmd.collectives import mpi
 
-    ranks, n, me = _all_ranks(), _world().Get_size(), _world().Get_rank()
+    ranks, n, me = all_ranks(), world().Get_size(), world().Get_rank()
     x = np.ones(20000, np.float32)
     kept = []
     try:
@@ -279,11 +261,11 @@ def test_alltoall_of_a_1d_operand_through_the_window(fresh_shm, monkeypatch, dty
 
     monkeypatch.setenv("SPMD_MPI_SHM_MIN_BYTES", "1")
     fresh_shm.size_range.cache_clear()
-    n, me = _world().Get_size(), _world().Get_rank()
+    n, me = world().Get_size(), world().Get_rank()
     x = (np.arange(n) + 100 * me).astype(dtype)
-    got = mpi.alltoall(x, _all_ranks())
+    got = mpi.alltoall(x, all_ranks())
     # (it took the window, unless the ranks are on several simulated nodes)
-    assert (fresh_shm._segments.get(_all_ranks()) is not None) == _window_expected(_all_ranks())
+    assert (fresh_shm._segments.get(all_ranks()) is not None) == on_one_node(all_ranks())
     np.testing.assert_array_equal(got, np.array([100 * r + me for r in range(n)], dtype))
 
 
@@ -292,14 +274,14 @@ def test_a_rank_without_room_makes_every_rank_use_mpi(fresh_shm, monkeypatch):
     sends every rank through MPI's calls (no rank waits in a window call alone)."""
     from spmd.collectives import mpi
 
-    rank = _world().Get_rank()
+    rank = world().Get_rank()
     monkeypatch.setattr(fresh_shm, "has_room", lambda members, slot, slots=0: rank != 0)
     x = (np.arange(70000) % 13).astype(np.float32) * (rank + 1)
-    got = mpi.allreduce(x, _all_ranks(), "sum")
-    n = _world().Get_size()
+    got = mpi.allreduce(x, all_ranks(), "sum")
+    n = world().Get_size()
     np.testing.assert_array_equal(got, (np.arange(70000) % 13) * (n * (n + 1) // 2))
-    assert fresh_shm._segments[_all_ranks()] is None  # decided once, the same everywhere
-    np.testing.assert_array_equal(mpi.allgather(x[:8192], _all_ranks())[0], x[:8192] / (rank + 1))
+    assert fresh_shm._segments[all_ranks()] is None  # decided once, the same everywhere
+    np.testing.assert_array_equal(mpi.allgather(x[:8192], all_ranks())[0], x[:8192] / (rank + 1))
 
 
 def test_reduce_scatter_past_a_slot_narrower_than_one_column(fresh_shm, monkeypatch):
@@ -311,7 +293,7 @@ def test_reduce_scatter_past_a_slot_narrower_than_one_column(fresh_shm, monkeypa
     next slot and member 2 read the next piece's row 0 instead (every call wrong)."""
     from spmd.collectives import mpi
 
-    n, me = _world().Get_size(), _world().Get_rank()
+    n, me = world().Get_size(), world().Get_rank()
     dtype = np.dtype(np.clongdouble)
     if n * dtype.itemsize <= 64:
         pytest.skip(f"a column of {n} x {dtype.itemsize} B fits the smallest slot (64 B)")
@@ -319,7 +301,7 @@ def test_reduce_scatter_past_a_slot_narrower_than_one_column(fresh_shm, monkeypa
     monkeypatch.setenv("SPMD_MPI_SHM_MIN_BYTES", "1")
     fresh_shm.size_range.cache_clear()
     rng = np.random.default_rng(me)
-    ranks = _all_ranks()
+    ranks = all_ranks()
 
     def x(r, it):
         return (np.arange(n * 7).reshape(n, 7) + 100 * r + it).astype(dtype)
@@ -330,7 +312,7 @@ def test_reduce_scatter_past_a_slot_narrower_than_one_column(fresh_shm, monkeypa
         got = mpi.reduce_scatter(x(me, it), ranks, "sum")
         wrong += not np.array_equal(got, sum(x(r, it) for r in range(n))[me])
     # (checked together: a rank failing alone would leave the others in the teardown)
-    assert _world().allgather(wrong) == [0] * n
+    assert world().allgather(wrong) == [0] * n
 
 
 @pytest.mark.parametrize("rank0_reads", ["32768", "lots"])
@@ -342,10 +324,10 @@ def test_ranks_that_read_different_settings_all_raise(fresh_shm, monkeypatch, ra
     from spmd.collectives.mpi_control import control
     from spmd.errors import ArgumentError
 
-    if _world().Get_rank() == 0:
+    if world().Get_rank() == 0:
         monkeypatch.setenv("SPMD_MPI_SHM_MIN_BYTES", rank0_reads)
     fresh_shm.size_range.cache_clear()
     want = (r"rank 0: \(min, slot\) = \(32768" if rank0_reads == "32768"
             else "rank 0: SPMD_MPI_SHM_MIN_BYTES='lots' is not a number of bytes")
     with pytest.raises(ArgumentError, match=want):
-        mpi._agree_settings(_all_ranks(), control(_all_ranks()))
+        mpi._agree_settings(all_ranks(), control(all_ranks()))
