@@ -11,11 +11,11 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
 - ``stage forward`` / ``stage backward``: one microbatch's forward of one stage, and
   its backward (the forward recomputed, then its vjp), timed alone on rank 0 (both
   ranks running them at once, as in the step): ``f`` and ``b``;
-- ``work, unpipelined``: right after each step, every rank runs the same ``M``
-  microbatches' forwards and backwards of one stage, one after another with no
-  pipeline (the last rank with the loss and its gradient between them, as its stage
-  computes them in the pipeline; the mean over ranks): the work a stage's share of
-  the step holds;
+- ``work, unpipelined``: right after each step, every rank runs what its stage
+  computes in the pipeline for the same ``M`` microbatches, one after another with no
+  pipeline: a forward and a backward each (the last rank: the backward only, with the
+  loss and its gradient inside, as its stage runs it: its forward's result would go to
+  no stage); the mean over ranks: the work a stage's share of the step holds;
 - ``bubble, measured``: ``1 - work / step`` for each step and the work right after
   it: the share of the step the mean stage spends on anything but its microbatches.
   Paired so that both see the same machine: this one's cores stall for 3-8 ms every
@@ -23,12 +23,11 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   show it), and a step is the sum of ``2 M`` calls, whose stalls the median of single
   calls (``f``, ``b``) leaves out;
 - ``bubble, slowest stage``: ``1 - work_r / step`` with ``work_r`` the unpipelined
-  work of the rank whose own took longest: the goal's measure.  The theory's stages
-  are equal; unequal ones (this machine's two cores differ in speed by 3-7% in the
-  same seconds: the same products, each process pinned to its core) make a pipeline
-  go at its slowest stage's pace, and the mean of the ranks' work counts half the
-  difference as bubble: a faster stage's wait for the slower is the stages'
-  imbalance, not the schedule's;
+  work of the rank whose own took longest (stage 0's: the last stage runs no forward
+  of its own): the goal's measure.  The theory's stages are equal; unequal ones make
+  a pipeline go at its slowest stage's pace, and the mean of the ranks' work counts
+  the faster stages' waits for it as bubble: the stages' imbalance, not the
+  schedule's;
 - ``stages' imbalance``: the slowest rank's unpipelined work over the mean, less 1:
   what the two bubbles above differ by, in the same rounds;
 - ``bubble, idle``: each rank's time in the step's collectives (``spmd.distributed.
@@ -46,7 +45,8 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
 - ``bubble, dataflow model``: ``1 - M (f + b) / dataflow_time(f, b, w)``, the table
   as the pipeline runs it: each result sent as soon as it exists, what came read at
   the end of the tick, the weights' gradient (``w``, timed alone on rank 0 as the
-  pipeline's second part of a backward) after the input's cotangent has gone back;
+  pipeline's second part of a backward) after the input's cotangent has gone back,
+  the last stage's forwards only inside its backwards: stage 0's idle share;
 - ``stage inputs held``: the buffer of microbatch inputs a stage keeps (``M`` for
   GPipe, ``2 (S - 1 - s) + 1`` on stage ``s`` for 1F1B, the most of any stage but the
   first, which reads its own where they are), in MiB.
@@ -85,6 +85,17 @@ def _mse(y, t):
     return ((y - t) ** 2).mean()
 
 
+def _with_head(p, x, t):
+    """The last stage's backward of a microbatch as the pipeline runs it: the forward
+    (for the vjp), the loss and its gradient, the vjp (the parameters' and the
+    input's)."""
+    import spmd
+
+    y, back = spmd.vjp(_layer, p, x)
+    value, dy = spmd.value_and_grad(_mse)(y, t)
+    return value, back(dy)
+
+
 def measure(rounds: int) -> list[dict]:
     import numpy as np
     from mpi4py import MPI
@@ -107,10 +118,10 @@ def measure(rounds: int) -> list[dict]:
     x0 = rng.normal(size=(ROWS, D)).astype(np.float32)
     fwd = spmd.jit(_layer)
     bwd = spmd.jit(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct))
-    # The last stage's head: the loss of its output and the loss's gradient, which
-    # the pipeline computes there for every microbatch (in its backward).
-    head = spmd.jit(lambda y, t: spmd.value_and_grad(_mse)(y, t))
+    # The last stage's work per microbatch, as the pipeline runs it: its backward
+    # only (the forward inside it, then the loss and the loss's gradient).
     last = comm.Get_rank() == S - 1
+    last_bwd = spmd.jit(_with_head)
     # The backward's second part as the pipeline runs it (spmd.compiler.split): the
     # parameters' gradient, after the input's cotangent has been sent.
     cotangent, gradient = split(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct)[::-1],
@@ -119,7 +130,7 @@ def measure(rounds: int) -> list[dict]:
     weights = spmd.jit(gradient)
     f_times, b_times, w_times = [], [], []
     for _ in range(_warm_up_calls()):
-        fwd(w0, x0), bwd(w0, x0, x0), weights(carried)
+        fwd(w0, x0), bwd(w0, x0, x0), weights(carried), last_bwd(w0, x0, x0)
     for _ in range(40):
         t0 = time.perf_counter()
         fwd(w0, x0)
@@ -163,13 +174,15 @@ def measure(rounds: int) -> list[dict]:
                 # for its neighbour at each tick's transfers, and the transfers).
                 idle += comm.allgather((c1 - c0) / times[-1])
                 # The same microbatches' work without the pipeline, right after, on
-                # every rank at once: M forwards and backwards of one stage, the last
-                # stage's with the loss and its gradient between them.
+                # every rank at once: what each stage computes of them in the pipeline.
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for i in range(m):
-                    y = fwd(w0, xs[i])
-                    bwd(w0, xs[i], head(y, ys[i])[1] if last else ys[i])
+                    if last:
+                        last_bwd(w0, xs[i], ys[i])
+                    else:
+                        fwd(w0, xs[i])
+                        bwd(w0, xs[i], ys[i])
                 own = comm.allgather(time.perf_counter() - t0)
                 work.append(sum(own) / len(own))
                 slowest.append(max(own))
@@ -180,7 +193,8 @@ def measure(rounds: int) -> list[dict]:
             rows += [
                 common.row(bench, "step", times),
                 common.row(bench, "work, unpipelined", work,
-                           note="M forwards and backwards of one stage, after each step"),
+                           note="each stage's work on the M microbatches, after each step; "
+                                "the mean over ranks"),
                 common.row(bench, "bubble, measured", [1 - w_ / t for t, w_ in zip(times, work)],
                            unit="%", note="1 - the ranks' mean work / step, per round"),
                 common.row(bench, "bubble, slowest stage",
@@ -204,11 +218,13 @@ def measure(rounds: int) -> list[dict]:
                 common.row(bench, "bubble, theory", [theory], unit="%",
                            note="(S - 1) / (M + S - 1)"),
                 common.row(bench, "bubble, lockstep model", [1 - m * (f + b) / ticks],
-                           unit="%", note="each tick as long as its slowest operation"),
+                           unit="%", note="each tick as long as its slowest operation, "
+                                          "the last stage's forwards too"),
                 common.row(bench, "bubble, dataflow model",
                            [1 - m * (f + b) / sched.dataflow_time(f, b, wg)], unit="%",
                            note="results sent at once, read at the tick's end, w after "
-                                "the cotangent is sent"),
+                                "the cotangent is sent, the last stage's forwards inside "
+                                "its backwards"),
                 common.row(bench, "stage inputs held",
                            [max(1, max(sched.inputs_held)) * ROWS * D * 4], unit="MiB",
                            note=f"{max(1, max(sched.inputs_held))} microbatches"),

@@ -82,24 +82,28 @@ class Schedule(NamedTuple):
         return sum(max(sum(f if k == "F" else b for k, _ in ops) for ops in row)
                    for row in self.ticks)
 
-    def dataflow_time(self, f: float = 1.0, b: float = 1.0, w: float = 0.0) -> float:
+    def dataflow_time(self, f: float = 1.0, b: float = 1.0, w: float = 0.0,
+                      f_last: float = 0.0) -> float:
         """The table's time as :mod:`spmd.parallel.pipeline` runs it: each stage sends
         a result as soon as it has computed it and reads what its neighbours sent at
         the end of its tick (it waits there for the sends of that tick).  A forward
         costs ``f``, a backward ``b``, of which ``w`` (the parameters' gradient) runs
-        after the input's cotangent has been sent.  With ``w = 0`` this is
-        :meth:`lockstep_time` when every operation of a kind costs the same; ``w`` of
-        each backward on the path from the fill to the drain comes off it.
+        after the input's cotangent has been sent; the last stage's forward costs
+        ``f_last`` on its own (``0``: the pipeline runs it only inside that stage's
+        backward, its result going to no stage).  With ``w = 0`` and ``f_last = f``
+        this is :meth:`lockstep_time` when every operation of a kind costs the same;
+        ``w`` of each backward on the path from the fill to the drain comes off it.
 
         >>> build("gpipe", 2, 2).dataflow_time(1.0, 2.0, 1.0)
-        8.0
+        7.0
         """
         S = self.stages
         clock = [0.0] * S
         for row in self.ticks:
             sent_f, sent_b, done = [], [], []
             for s, ops in enumerate(row):
-                t = clock[s] + (f if any(k == "F" for k, _ in ops) else 0.0)
+                cost = f_last if s == S - 1 else f
+                t = clock[s] + (cost if any(k == "F" for k, _ in ops) else 0.0)
                 sent_f.append(t)
                 backward = any(k == "B" for k, _ in ops)
                 t += b - w if backward else 0.0

@@ -230,24 +230,25 @@ def test_gradients_against_finite_differences(schedule, x64):
 # ------------------------------------------------------------- the transfers
 
 @pytest.mark.parametrize("name,stages,microbatches,runs", [
-    ("gpipe", 2, 16, [(0, 17, True, False, True, False), (17, 34, False, True, False, True)]),
-    ("gpipe", 4, 8, [(0, 11, True, False, True, False), (11, 22, False, True, False, True)]),
+    ("gpipe", 2, 16, [(0, 16, True, False, True, False), (16, 33, False, True, False, True)]),
+    ("gpipe", 4, 8, [(0, 10, True, False, True, False), (10, 21, False, True, False, True)]),
     ("1f1b", 2, 16, [(0, 1, True, False, True, False), (1, 16, True, True, True, True),
-                     (16, 18, False, True, True, True)]),
+                     (16, 18, False, True, False, True)]),
     ("1f1b", 4, 8, [(0, 3, True, False, True, False), (3, 10, True, True, True, True),
-                    (10, 11, False, True, True, True), (11, 14, False, True, False, True)]),
-    ("gpipe", 1, 3, [(0, 3, False, False, True, False), (3, 6, False, False, False, True)]),
+                    (10, 14, False, True, False, True)]),
+    ("gpipe", 1, 3, [(0, 3, False, False, False, True)]),
+    ("1f1b", 1, 3, [(0, 3, False, False, False, True)]),
 ])
 def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches, runs):
     """GPipe's forward ticks move activations only and its backward ticks cotangents
     only (no empty message holds a stage up for a neighbour with nothing to send), and
     its backward ticks run no forward; each run of ticks is one scan, and every
     transfer a stage receives (during the tick that computed it), and every forward
-    and backward it runs, is in a run that has them."""
-    from spmd.parallel.pipeline import _arriving_after, _segments
+    and backward it runs, is in a run that has them.  (The ticks as they run: the
+    last stage's forwards only inside its backwards, GPipe's then empty tick gone.)"""
+    from spmd.parallel.pipeline import _as_run, _segments
 
-    f_mb, b_mb, f_in, b_in = pipeline_schedule(name, stages, microbatches).arrays()
-    f_in, b_in = _arriving_after(f_in), _arriving_after(b_in)
+    f_mb, b_mb, f_in, b_in = _as_run(*pipeline_schedule(name, stages, microbatches).arrays())
     got = _segments(f_in, b_in, f_mb, b_mb)
     assert got == runs
     assert got[0][0] == 0 and got[-1][1] == len(f_in)
@@ -269,6 +270,30 @@ def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches
     text = str(spmd.make_jaxpr(f)(p, h, emb, xs, ys))
     assert text.count("scan[") == len(runs)
     assert text.count("ppermute[") == sum(mf + mb for _, _, mf, mb, _, _ in runs)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 1), (2, 5), (3, 4), (4, 8)])
+def test_the_last_stages_forwards_run_only_inside_its_backwards(name, stages,
+                                                                microbatches):
+    """As the pipeline runs a table: the last stage runs no forward of its own (its
+    result would go to no stage; its backward computes it for the vjp and the loss);
+    every other operation and every arrival is kept, in order; a tick is dropped only
+    if nothing is left in it (GPipe's last forward tick, once its one forward is
+    gone)."""
+    from spmd.parallel.pipeline import _arriving_after, _as_run
+
+    f_mb, b_mb, f_in, b_in = pipeline_schedule(name, stages, microbatches).arrays()
+    run = _as_run(f_mb, b_mb, f_in, b_in)
+    assert (run[0][:, -1] == -1).all()
+    want = [f_mb.copy(), b_mb, _arriving_after(f_in), _arriving_after(b_in)]
+    want[0][:, -1] = -1
+    kept = [t for t in range(len(f_mb)) if any((a[t] >= 0).any() for a in want)]
+    for got, full in zip(run, want):
+        np.testing.assert_array_equal(got, full[kept])
+    dropped = len(f_mb) - len(kept)
+    assert dropped == (1 if name == "gpipe" and stages > 1 else
+                       microbatches if name == "gpipe" else 0)
 
 
 @pytest.mark.parametrize("name,stages,microbatches", [
@@ -320,14 +345,20 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
 @pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 2), (2, 16), (3, 5), (4, 8)])
 def test_the_dataflow_time_takes_the_weight_gradients_off_the_path(name, stages,
                                                                    microbatches):
-    """Sending each result at once and reading at the tick's end: with uniform costs
-    and nothing after the cotangent (``w = 0``) the lockstep time; each weight gradient
-    after its cotangent takes ``w`` off once per stage boundary."""
+    """Sending each result at once and reading at the tick's end: with uniform costs,
+    nothing after the cotangent (``w = 0``) and the last stage's forwards priced as
+    the others (``f_last = f``) the lockstep time; each weight gradient after its
+    cotangent takes ``w`` off once per stage boundary; the last stage's forwards run
+    inside its backwards take time off too, never add any."""
     sched = pipeline_schedule(name, stages, microbatches)
     for f, b, w in [(1.0, 2.0, 0.5), (7.1, 22.7, 7.2), (1.0, 1.0, 0.0)]:
-        assert sched.dataflow_time(f, b, 0.0) == pytest.approx(sched.lockstep_time(f, b))
-        assert sched.dataflow_time(f, b, w) == pytest.approx(
+        assert sched.dataflow_time(f, b, 0.0, f) == pytest.approx(sched.lockstep_time(f, b))
+        assert sched.dataflow_time(f, b, w, f) == pytest.approx(
             sched.lockstep_time(f, b) - (stages - 1) * w)
+        assert sched.dataflow_time(f, b, w) < sched.dataflow_time(f, b, w, f)
     # GPipe on 2 stages, 2 microbatches, by hand: F F | . F | B . | B B | . B with
-    # f = 1, b = 2 of which w = 1: stage 0 takes microbatch 1's cotangent one unit early.
-    assert pipeline_schedule("gpipe", 2, 2).dataflow_time(1.0, 2.0, 1.0) == 8.0
+    # f = 1, b = 2 of which w = 1: stage 0 takes microbatch 1's cotangent one unit early;
+    # with the last stage's forwards inside its backwards, one unit earlier still.
+    gpipe = pipeline_schedule("gpipe", 2, 2)
+    assert gpipe.dataflow_time(1.0, 2.0, 1.0, 1.0) == 8.0
+    assert gpipe.dataflow_time(1.0, 2.0, 1.0) == 7.0
