@@ -27,7 +27,7 @@ from spmd.compiler.jit import eval_shape
 from spmd.compiler.split import split
 from spmd.compiler.trace import get_aval
 from spmd.errors import ShapeError
-from spmd.lax import cond, dynamic_index_in_dim, dynamic_update_slice_in_dim, scan
+from spmd.lax import cond, dynamic_index_in_dim, dynamic_update_slice_in_dim, scan, switch
 from spmd.parallel.schedule import build, theory_bubble
 
 __all__ = ["PipelineGrads", "gpipe_bubble", "pipeline", "pipeline_value_and_grad"]
@@ -118,11 +118,14 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     parts (:func:`spmd.compiler.split.split`): the input's cotangent, which the stage
     before waits for, then the parameters' gradient; what the neighbours sent during
     the tick is read at its end (on MPI the overlap pass starts each transfer early and
-    waits there, ``spmd.compiler.overlap``).  A stage keeps its inputs only (the
-    forward is recomputed in its backward; stage 0 reads its own in place), in a buffer
-    of the most any stage holds at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one
-    for ``S = 2``); a tick writes into it only on a stage that received something.  The gradients
-    are those of the unpipelined model:
+    waits there, ``spmd.compiler.overlap``); the last stage adds each backward's
+    parameters' gradient one backward later, so that it runs a weights' gradient ahead
+    of the stage before, which then seldom waits for a cotangent (it keeps that one
+    backward's values meanwhile).  A stage keeps its inputs only (the forward is
+    recomputed in its backward; stage 0 reads its own in place), in a buffer of the
+    most any stage holds at once: ``M`` for GPipe, ``2 S - 3`` for 1F1B (one for ``S =
+    2``); a tick writes into it only on a stage that received something.  The
+    gradients are those of the unpipelined model:
     ``stage`` of this device's stage parameters (never summed over the pipeline axis),
     ``loss`` of ``loss_params`` and ``inputs`` of the microbatches (both the same on
     every device).  ``stage`` may use collectives over other mesh axes (a tensor-parallel
@@ -192,17 +195,9 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         # cond: a process takes only its own slice).
         return cond(first, lambda b: at(xs, i), lambda b: at(b, slot), buf)
 
-    def tick(carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
-        buf, cts, gx, acc = carry
-        (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
-         f_got, b_got, gx_got) = row
-
-        def no_fwd(buf):
-            return snp.zeros(mb.shape, mb.dtype)
-
-        def fwd(buf):
-            return stage(stage_params, input_of(buf, f_slot, f_i))
-
+    def bwd(buf, cts, b_slot, b_i, ct_slot):
+        # A backward: the forward again (for the vjp), the loss on the last stage, the
+        # vjp: (the input's cotangent, (what the parameters' gradient adds up)).
         def from_next(y, cts):
             # Not the last stage: the cotangent the next stage sent; no loss here.
             return (at(cts, ct_slot), tree_util.tree_map(snp.zeros_like, lp),
@@ -214,11 +209,21 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
                     tree_util.tree_map(lambda g: g * scale.astype(g.dtype), dq),
                     value.astype(loss_dtype) * scale.astype(loss_dtype))
 
-        def bwd(buf, cts):
-            y, back = vjp(stage, stage_params, input_of(buf, b_slot, b_i))
-            ct, dq, value = cond(last, from_head, from_next, y, cts)
-            g, dx = back(ct)
-            return dx, (g, dq, value)
+        y, back = vjp(stage, stage_params, input_of(buf, b_slot, b_i))
+        ct, dq, value = cond(last, from_head, from_next, y, cts)
+        g, dx = back(ct)
+        return dx, (g, dq, value)
+
+    def tick(carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
+        buf, cts, gx, acc, held = carry
+        (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
+         f_got, b_got, gx_got, w_op) = row
+
+        def no_fwd(buf):
+            return snp.zeros(mb.shape, mb.dtype)
+
+        def fwd(buf):
+            return stage(stage_params, input_of(buf, f_slot, f_i))
 
         # A tick's forward, its result sent on at once (the next stage reads it next
         # tick).  What arrives goes into its buffer at the tick's end: a cond's
@@ -233,36 +238,50 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
             # The backward in two parts (spmd.compiler.split): the input's cotangent,
             # which the stage before waits for, goes back as soon as it is computed; the
             # parameters' gradient, which nobody waits for, is computed after.
-            cotangent, gradient = split(bwd, buf, cts)
+            cotangent, gradient = split(bwd, buf, cts, b_slot, b_i, ct_slot)
 
-            def no_cotangent(buf, cts):
+            def no_cotangent(*args):
                 dx, *carried = (snp.zeros(a.shape, a.dtype) for a in cotangent.out_avals)
                 return dx, tuple(carried)
-
-            def no_gradient(carried, acc):
-                return acc
 
             def accumulate(carried, acc):
                 g, dq, value = gradient(carried)
                 gs, gq, total = acc
                 return add(gs, g), add(gq, dq), total + value
 
-            dx, carried = cond(b_on, cotangent, no_cotangent, buf, cts)
+            dx, carried = cond(b_on, cotangent, no_cotangent, buf, cts, b_slot, b_i,
+                               ct_slot)
             got_b = ppermute(dx, axes, backward) if moves_b else None
             # Stage 0's backward results are the inputs' gradients (other stages and
             # idle ticks write none).
             gx = put(gx, gx_put, dx, gx_got)
-            acc = cond(b_on, accumulate, no_gradient, carried, acc)
+            # The parameters' gradient (_W_OPS): a stage's own after its cotangent
+            # has gone; the last stage's one backward later, after the next one's
+            # cotangent has gone, so that it keeps a weights' gradient's time ahead
+            # of the stage before, which otherwise waits for each cotangent whenever
+            # the last stage's backward runs slower than its own.
+            acc, held = switch(w_op, [
+                lambda c, h, a: (a, h),
+                lambda c, h, a: (accumulate(c, a), h),
+                lambda c, h, a: (a, c),
+                lambda c, h, a: (accumulate(h, a), c),
+                lambda c, h, a: (accumulate(h, a), h),
+            ], carried, held, acc)
         if got_f is not None:
             buf = put(buf, f_put, got_f, f_got)
         if got_b is not None:
             cts = put(cts, b_put, got_b, b_got)
-        return (buf, cts, gx, acc), None
+        return (buf, cts, gx, acc, held), None
 
     acc = (tree_util.tree_map(snp.zeros_like, stage_params),
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
     slots = lambda n: snp.zeros((n,) + mb.shape, mb.dtype)  # noqa: E731
-    carry = (slots(K), slots(C), slots(M), acc)
+    buf, cts = slots(K), slots(C)
+    # The last stage's held backward (tick's w_op): zeros of the types of what a
+    # backward hands its parameters' gradient.
+    parts = split(bwd, buf, cts, cols[5][0], cols[3][0], cols[6][0])[0].out_avals[1:]
+    held = tuple(snp.zeros(a.shape, a.dtype) for a in parts)
+    carry = (buf, cts, slots(M), acc, held)
     for start, stop, moves_f, moves_b, fwds, backs in _segments(f_in, b_in, f_mb, b_mb):
         body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, fwds=fwds,
                                  backs=backs)
@@ -291,7 +310,12 @@ def _as_run(f_mb, b_mb, f_in, b_in) -> tuple:
     f_mb[:, -1] = -1
     f_in, b_in = _arriving_after(f_in), _arriving_after(b_in)
     busy = ((f_mb >= 0) | (b_mb >= 0) | (f_in >= 0) | (b_in >= 0)).any(axis=1)
-    return f_mb[busy], b_mb[busy], f_in[busy], b_in[busy]
+    run = [f_mb[busy], b_mb[busy], f_in[busy], b_in[busy]]
+    if run[1][-1, -1] >= 0:
+        # The last stage's held parameters' gradient (_W_OPS) needs a tick after its
+        # last backward (one stage only: every other stage's last backward comes later).
+        run = [np.concatenate([a, np.full_like(a[:1], -1)]) for a in run]
+    return tuple(run)
 
 
 def _arriving_after(arrivals: np.ndarray) -> np.ndarray:
@@ -302,10 +326,29 @@ def _arriving_after(arrivals: np.ndarray) -> np.ndarray:
 
 
 _FLAGS = (0, 1, 10, 11, 12)  # _tick_table's yes/no fields
+# The parameters' gradient a tick adds (_tick_table's last field, a switch's index): none;
+# of this tick's backward; the last stage's: hold this tick's (its first backward), add
+# the held one and hold this tick's, add the held one (the tick after its last).
+_W_OPS = ("none", "now", "hold", "held and hold", "held")
+
+
+def _w_ops(b_mb) -> np.ndarray:
+    """``(T, S)``: each tick's :data:`_W_OPS` index: a stage's own backward's gradient
+    at once; the last stage's one backward later (and at the tick after its last)."""
+    ops = np.where(b_mb >= 0, 1, 0)
+    holding = False
+    for t in range(len(b_mb)):
+        if b_mb[t, -1] >= 0:
+            ops[t, -1], holding = (3 if holding else 2), True
+        else:
+            ops[t, -1], holding = (4 if holding else 0), False
+    if holding:
+        raise AssertionError("the last stage's last gradient has no tick (see _as_run)")
+    return ops
 
 
 def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
-    """``(S, T, 13)`` int32: for each stage and tick, the numbers its tick reads.
+    """``(S, T, 14)`` int32: for each stage and tick, the numbers its tick reads.
 
     Whether it runs a forward and a backward (1/0: the conds' predicates); their
     microbatches; their inputs' slots in the ``K``-slot buffer and the backward's
@@ -313,8 +356,9 @@ def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
     received during the tick go to (``f_in``, ``b_in``: :func:`_arriving_after`); where
     stage 0's backward result goes among the ``M`` inputs' gradients; and whether each
     of these three is written at all (1/0: nothing arrives, or a stage but the first
-    or an idle tick has no input's gradient).  Every index is in range (0 where it is
-    not used): the tick reads and writes without wrapping or clamping.
+    or an idle tick has no input's gradient); last, which parameters' gradient it adds
+    (:func:`_w_ops`).  Every index is in range (0 where it is not used): the tick reads
+    and writes without wrapping or clamping.
     """
     S = f_mb.shape[1]
     first = (np.arange(S) == 0)[None, :]
@@ -322,7 +366,7 @@ def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
     fields = [f_mb >= 0, b_mb >= 0, np.maximum(f_mb, 0), np.maximum(b_mb, 0),
               np.maximum(f_mb, 0) % K, np.maximum(b_mb, 0) % K, np.maximum(b_mb, 0) % C,
               np.maximum(f_in, 0) % K, np.maximum(b_in, 0) % C, np.where(gx, b_mb, 0),
-              f_in >= 0, b_in >= 0, gx]
+              f_in >= 0, b_in >= 0, gx, _w_ops(b_mb)]
     return np.stack(fields, axis=-1).astype(np.int32).transpose(1, 0, 2).copy()
 
 
@@ -339,7 +383,10 @@ def _segments(f_in, b_in, f_mb, b_mb) -> list:
     messages are not sent (measured, GPipe at M = 16 on two MPI ranks: the step 587 ->
     567 ms, the idle share 9.1% -> 7.5%)."""
     fwds = [bool((f >= 0).any()) for f in f_mb]
-    backs = [bool((b >= 0).any()) for b in b_mb]
+    # (A backward's run also holds the tick after the last stage's last backward: its
+    # held parameters' gradient, _w_ops.)
+    backs = [bool((b >= 0).any()) or (t > 0 and b_mb[t - 1, -1] >= 0)
+             for t, b in enumerate(b_mb)]
     moves = [(bool((f >= 0).any()), bool((b >= 0).any())) for f, b in zip(f_in, b_in)]
     # A tick that receives nothing goes with a neighbouring run (the one before, else
     # the one after; one with forwards and backwards if it has them): one scan fewer,

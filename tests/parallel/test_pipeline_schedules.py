@@ -236,8 +236,8 @@ def test_gradients_against_finite_differences(schedule, x64):
                      (16, 18, False, True, False, True)]),
     ("1f1b", 4, 8, [(0, 3, True, False, True, False), (3, 10, True, True, True, True),
                     (10, 14, False, True, False, True)]),
-    ("gpipe", 1, 3, [(0, 3, False, False, False, True)]),
-    ("1f1b", 1, 3, [(0, 3, False, False, False, True)]),
+    ("gpipe", 1, 3, [(0, 4, False, False, False, True)]),
+    ("1f1b", 1, 3, [(0, 4, False, False, False, True)]),
 ])
 def test_ticks_transfer_only_what_some_stage_receives(name, stages, microbatches, runs):
     """GPipe's forward ticks move activations only and its backward ticks cotangents
@@ -280,7 +280,8 @@ def test_the_last_stages_forwards_run_only_inside_its_backwards(name, stages,
     result would go to no stage; its backward computes it for the vjp and the loss);
     every other operation and every arrival is kept, in order; a tick is dropped only
     if nothing is left in it (GPipe's last forward tick, once its one forward is
-    gone)."""
+    gone); one stage alone gets an empty tick after its last backward (for its held
+    parameters' gradient)."""
     from spmd.parallel.pipeline import _arriving_after, _as_run
 
     f_mb, b_mb, f_in, b_in = pipeline_schedule(name, stages, microbatches).arrays()
@@ -289,11 +290,41 @@ def test_the_last_stages_forwards_run_only_inside_its_backwards(name, stages,
     want = [f_mb.copy(), b_mb, _arriving_after(f_in), _arriving_after(b_in)]
     want[0][:, -1] = -1
     kept = [t for t in range(len(f_mb)) if any((a[t] >= 0).any() for a in want)]
+    added = int(stages == 1)
     for got, full in zip(run, want):
-        np.testing.assert_array_equal(got, full[kept])
+        np.testing.assert_array_equal(got[:len(got) - added], full[kept])
+        assert (got[len(got) - added:] == -1).all()
     dropped = len(f_mb) - len(kept)
     assert dropped == (1 if name == "gpipe" and stages > 1 else
                        microbatches if name == "gpipe" else 0)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 1), (2, 5), (3, 4), (4, 8)])
+def test_the_last_stage_adds_each_gradient_after_its_next_cotangent(name, stages,
+                                                                    microbatches):
+    """The parameters' gradient of each backward is added once: at once on every stage
+    but the last; on the last stage one backward later (after the next backward's
+    cotangent has gone), the last one at the tick after its last backward, which is in
+    a run of ticks that runs backwards (_segments)."""
+    from spmd.parallel.pipeline import _W_OPS, _as_run, _segments, _w_ops
+
+    f_mb, b_mb, f_in, b_in = _as_run(*pipeline_schedule(name, stages, microbatches).arrays())
+    ops = _w_ops(b_mb)
+    for s in range(stages):
+        names = [_W_OPS[k] for k in ops[:, s]]
+        ticks = [t for t in range(len(b_mb)) if b_mb[t, s] >= 0]
+        if s < stages - 1:
+            assert [t for t, n in enumerate(names) if n == "now"] == ticks
+            assert set(names) <= {"none", "now"}
+            continue
+        assert [t for t, n in enumerate(names) if n != "none"] == ticks + [ticks[-1] + 1]
+        assert names[ticks[0]] == "hold" and names[ticks[-1] + 1] == "held"
+        assert all(names[t] == "held and hold" for t in ticks[1:])
+        assert ticks == list(range(ticks[0], ticks[-1] + 1))  # one backward a tick
+    backs = [t for start, stop, *_, bk in _segments(f_in, b_in, f_mb, b_mb) if bk
+             for t in range(start, stop)]
+    assert set(np.nonzero(ops.any(axis=1))[0]) <= set(backs)
 
 
 @pytest.mark.parametrize("name,stages,microbatches", [
@@ -305,18 +336,19 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
     computed it), and where stage 0's input gradient goes, with whether each is written
     at all; every index in range of its buffer, written or not (the tick reads and
     writes without wrapping or clamping)."""
-    from spmd.parallel.pipeline import _arriving_after, _tick_table
+    from spmd.parallel.pipeline import _arriving_after, _tick_table, _w_ops
 
     sched = pipeline_schedule(name, stages, microbatches)
     K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
     M = microbatches
     f_mb, b_mb, f_in, b_in = sched.arrays()
     table = _tick_table(f_mb, b_mb, _arriving_after(f_in), _arriving_after(b_in), K, C, M)
-    assert table.shape == (stages, len(sched.ticks), 13) and table.dtype == np.int32
+    assert table.shape == (stages, len(sched.ticks), 14) and table.dtype == np.int32
     for t, row in enumerate(sched.ticks):
         for s, ops in enumerate(row):
             (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
-             f_got, b_got, gx_got) = table[s, t]
+             f_got, b_got, gx_got, w_op) = table[s, t]
+            assert w_op == _w_ops(b_mb)[t, s]
             fwd = [i for kind, i in ops if kind == "F"]
             bwd = [i for kind, i in ops if kind == "B"]
             assert (f_on, b_on) == (len(fwd), len(bwd))
