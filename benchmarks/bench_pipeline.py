@@ -17,7 +17,8 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   loss and its gradient inside, as its stage runs it: its forward's result would go to
   no stage); the mean over ranks: the work a stage's share of the step holds;
 - ``bubble, measured``: ``1 - work / step`` for each step and the work right after
-  it: the share of the step the mean stage spends on anything but its microbatches.
+  it: the share of the step the mean stage spends on anything but its microbatches
+  (the last stage, which runs no forward of its own, idles more: it counts here).
   Paired so that both see the same machine: this one's cores stall for 3-8 ms every
   few dozen milliseconds, more in some minutes than others (plain numpy products
   show it), and a step is the sum of ``2 M`` calls, whose stalls the median of single
@@ -29,13 +30,15 @@ step is a jitted ``shard_map`` of ``spmd.parallel.pipeline_value_and_grad``.
   the faster stages' waits for it as bubble: the stages' imbalance, not the
   schedule's;
 - ``stages' imbalance``: the slowest rank's unpipelined work over the mean, less 1:
-  what the two bubbles above differ by, in the same rounds;
-- ``bubble, idle``: each rank's time in the step's collectives (``spmd.distributed.
-  collective_time``: waiting for its neighbour at a tick's ``ppermute``, and the
-  transfer itself) over the step, all ranks' steps: the idle share measured directly;
-- ``work beyond unpipelined``: ``bubble, measured`` less rank 0's idle share: what
-  the pipelined step computes beyond the unpipelined work (the schedule's
-  bookkeeping, the inputs' gradients kept), or loses to a neighbour's stalls;
+  what the two bubbles above differ by, in the same rounds (the last stage's lighter
+  work included);
+- ``bubble, idle``: the slowest rank's time in the step's collectives
+  (``spmd.distributed.collective_time``: waiting for its neighbour at a tick's
+  ``ppermute``, and the transfer itself) over the step: its idle share measured
+  directly;
+- ``work beyond unpipelined``: ``bubble, slowest stage`` less that idle share: what
+  the slowest rank's pipelined step computes beyond its unpipelined work (the
+  schedule's bookkeeping, the inputs' gradients kept);
 - ``bubble, theory``: ``(S - 1) / (M + S - 1)``; the goal is the slowest stage's
   bubble at most 10% above it (relative);
 - ``bubble, lockstep model``: ``1 - M (f + b) / lockstep_time(f, b)``, the
@@ -161,7 +164,7 @@ def measure(rounds: int) -> list[dict]:
                 out_specs=(P(), spmd.parallel.PipelineGrads(P("pipe"), P(), P()))))
             for _ in range(_warm_up_calls()):
                 step(placed, xs, ys)
-            times, idle, work, slowest = [], [], [], []
+            times, idle, work, slowest, beyond = [], [], [], [], []
             for _ in range(rounds):
                 comm.Barrier()
                 _, c0 = spmd.distributed.collective_time()
@@ -172,7 +175,7 @@ def measure(rounds: int) -> list[dict]:
                 times.append(comm.allreduce(mine, op=MPI.MAX))
                 # A stage's idle share: its time in the step's collectives (waiting
                 # for its neighbour at each tick's transfers, and the transfers).
-                idle += comm.allgather((c1 - c0) / times[-1])
+                idles = comm.allgather((c1 - c0) / times[-1])
                 # The same microbatches' work without the pipeline, right after, on
                 # every rank at once: what each stage computes of them in the pipeline.
                 comm.Barrier()
@@ -186,6 +189,9 @@ def measure(rounds: int) -> list[dict]:
                 own = comm.allgather(time.perf_counter() - t0)
                 work.append(sum(own) / len(own))
                 slowest.append(max(own))
+                r = own.index(max(own))
+                idle.append(idles[r])
+                beyond.append(1 - own[r] / times[-1] - idles[r])
             sched = pipeline_schedule(name, S, m)
             theory = theory_bubble(S, m)
             ticks = sched.lockstep_time(f, b)
@@ -205,16 +211,14 @@ def measure(rounds: int) -> list[dict]:
                 common.row(bench, "stages' imbalance", [s_ / w_ - 1 for s_, w_ in
                                                         zip(slowest, work)], unit="%",
                            note="the slowest rank's unpipelined work over the mean, less "
-                                "1, per round (the same work on every rank)"),
+                                "1, per round (the last stage's is lighter)"),
                 common.row(bench, "bubble, idle", idle, unit="%",
-                           note="each rank's time in the step's collectives (waits and "
-                                "transfers) over the step; every rank's every step"),
-                common.row(bench, "work beyond unpipelined",
-                           [1 - w_ / t - i
-                            for t, w_, i in zip(times, work, idle[0::comm.Get_size()])],
-                           unit="%", note="bubble, measured, less this rank's idle share: "
-                                          "what the pipelined step computes beyond the "
-                                          "microbatches' work (the schedule's bookkeeping)"),
+                           note="the slowest rank's time in the step's collectives (waits "
+                                "and transfers) over the step, per round"),
+                common.row(bench, "work beyond unpipelined", beyond, unit="%",
+                           note="bubble, slowest stage, less its idle share: what that "
+                                "rank's step computes beyond its unpipelined work (the "
+                                "schedule's bookkeeping)"),
                 common.row(bench, "bubble, theory", [theory], unit="%",
                            note="(S - 1) / (M + S - 1)"),
                 common.row(bench, "bubble, lockstep model", [1 - m * (f + b) / ticks],
