@@ -385,7 +385,7 @@ def _segments(f_in, b_in, f_mb, b_mb) -> list:
     fwds = [bool((f >= 0).any()) for f in f_mb]
     # (A backward's run also holds the tick after the last stage's last backward: its
     # held parameters' gradient, _w_ops.)
-    backs = [bool((b >= 0).any()) or (t > 0 and b_mb[t - 1, -1] >= 0)
+    backs = [bool((b >= 0).any() or (t > 0 and b_mb[t - 1, -1] >= 0))
              for t, b in enumerate(b_mb)]
     moves = [(bool((f >= 0).any()), bool((b >= 0).any())) for f, b in zip(f_in, b_in)]
     # A tick that receives nothing goes with a neighbouring run (the one before, else

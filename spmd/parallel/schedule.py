@@ -93,6 +93,9 @@ class Schedule(NamedTuple):
         backward, its result going to no stage).  With ``w = 0`` and ``f_last = f``
         this is :meth:`lockstep_time` when every operation of a kind costs the same;
         ``w`` of each backward on the path from the fill to the drain comes off it.
+        (The last stage's weights' gradient held for one backward is not priced: on
+        equal stages it moves no operation on the path; it gives the stage before
+        slack against a slower last stage.)
 
         >>> build("gpipe", 2, 2).dataflow_time(1.0, 2.0, 1.0)
         7.0
