@@ -27,7 +27,7 @@ from spmd.compiler.jit import eval_shape
 from spmd.compiler.split import split
 from spmd.compiler.trace import get_aval
 from spmd.errors import ShapeError
-from spmd.lax import cond, dynamic_index_in_dim, dynamic_update_slice_in_dim, scan, switch
+from spmd.lax import cond, dynamic_index_in_dim, dynamic_update_slice_in_dim, scan
 from spmd.parallel.schedule import build, theory_bubble
 
 __all__ = ["PipelineGrads", "gpipe_bubble", "pipeline", "pipeline_value_and_grad"]
@@ -217,7 +217,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     def tick(carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
         buf, cts, gx, acc, held = carry
         (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
-         f_got, b_got, gx_got, w_op) = row
+         f_got, b_got, gx_got, w_add) = row
 
         def no_fwd(buf):
             return snp.zeros(mb.shape, mb.dtype)
@@ -244,6 +244,9 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
                 dx, *carried = (snp.zeros(a.shape, a.dtype) for a in cotangent.out_avals)
                 return dx, tuple(carried)
 
+            def no_gradient(carried, acc):
+                return acc
+
             def accumulate(carried, acc):
                 g, dq, value = gradient(carried)
                 gs, gq, total = acc
@@ -255,18 +258,16 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
             # Stage 0's backward results are the inputs' gradients (other stages and
             # idle ticks write none).
             gx = put(gx, gx_put, dx, gx_got)
-            # The parameters' gradient (_W_OPS): a stage's own after its cotangent
-            # has gone; the last stage's one backward later, after the next one's
-            # cotangent has gone, so that it keeps a weights' gradient's time ahead
-            # of the stage before, which otherwise waits for each cotangent whenever
-            # the last stage's backward runs slower than its own.
-            acc, held = switch(w_op, [
-                lambda c, h, a: (a, h),
-                lambda c, h, a: (accumulate(c, a), h),
-                lambda c, h, a: (a, c),
-                lambda c, h, a: (accumulate(h, a), c),
-                lambda c, h, a: (accumulate(h, a), h),
-            ], carried, held, acc)
+            # The parameters' gradient (_w_adds): a stage's own after its cotangent
+            # has gone; the last stage's a tick later, after the next backward's
+            # cotangent has gone, so that it keeps a weights' gradient's time ahead of
+            # the stage before, which otherwise waits for each cotangent whenever the
+            # last stage's backward runs slower than its own.  (One cond selects,
+            # computing nothing; `accumulate` is in one branch only: a stage with
+            # collectives runs every branch of a cond, control_cond.)
+            added, held = cond(last, lambda c, h: (h, c), lambda c, h: (c, h),
+                               carried, held)
+            acc = cond(w_add, accumulate, no_gradient, added, acc)
         if got_f is not None:
             buf = put(buf, f_put, got_f, f_got)
         if got_b is not None:
@@ -277,7 +278,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
            tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
     slots = lambda n: snp.zeros((n,) + mb.shape, mb.dtype)  # noqa: E731
     buf, cts = slots(K), slots(C)
-    # The last stage's held backward (tick's w_op): zeros of the types of what a
+    # The last stage's held backward (tick's w_add): zeros of the types of what a
     # backward hands its parameters' gradient.
     parts = split(bwd, buf, cts, cols[5][0], cols[3][0], cols[6][0])[0].out_avals[1:]
     held = tuple(snp.zeros(a.shape, a.dtype) for a in parts)
@@ -312,7 +313,7 @@ def _as_run(f_mb, b_mb, f_in, b_in) -> tuple:
     busy = ((f_mb >= 0) | (b_mb >= 0) | (f_in >= 0) | (b_in >= 0)).any(axis=1)
     run = [f_mb[busy], b_mb[busy], f_in[busy], b_in[busy]]
     if run[1][-1, -1] >= 0:
-        # The last stage's held parameters' gradient (_W_OPS) needs a tick after its
+        # The last stage's held parameters' gradient (_w_adds) needs a tick after its
         # last backward (one stage only: every other stage's last backward comes later).
         run = [np.concatenate([a, np.full_like(a[:1], -1)]) for a in run]
     return tuple(run)
@@ -325,26 +326,16 @@ def _arriving_after(arrivals: np.ndarray) -> np.ndarray:
     return np.concatenate([arrivals[1:], np.full_like(arrivals[:1], -1)])
 
 
-_FLAGS = (0, 1, 10, 11, 12)  # _tick_table's yes/no fields
-# The parameters' gradient a tick adds (_tick_table's last field, a switch's index): none;
-# of this tick's backward; the last stage's: hold this tick's (its first backward), add
-# the held one and hold this tick's, add the held one (the tick after its last).
-_W_OPS = ("none", "now", "hold", "held and hold", "held")
+_FLAGS = (0, 1, 10, 11, 12, 13)  # _tick_table's yes/no fields
 
 
-def _w_ops(b_mb) -> np.ndarray:
-    """``(T, S)``: each tick's :data:`_W_OPS` index: a stage's own backward's gradient
-    at once; the last stage's one backward later (and at the tick after its last)."""
-    ops = np.where(b_mb >= 0, 1, 0)
-    holding = False
-    for t in range(len(b_mb)):
-        if b_mb[t, -1] >= 0:
-            ops[t, -1], holding = (3 if holding else 2), True
-        else:
-            ops[t, -1], holding = (4 if holding else 0), False
-    if holding:
-        raise AssertionError("the last stage's last gradient has no tick (see _as_run)")
-    return ops
+def _w_adds(b_mb) -> np.ndarray:
+    """``(T, S)`` bool: whether a tick adds a parameters' gradient: on a stage but the
+    last, that of its backward in the tick; on the last stage, that of its backward in
+    the tick before (held meanwhile; its last one needs a tick after it, _as_run)."""
+    adds = b_mb >= 0
+    adds[:, -1] = np.concatenate([[False], b_mb[:-1, -1] >= 0])
+    return adds
 
 
 def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
@@ -356,8 +347,8 @@ def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
     received during the tick go to (``f_in``, ``b_in``: :func:`_arriving_after`); where
     stage 0's backward result goes among the ``M`` inputs' gradients; and whether each
     of these three is written at all (1/0: nothing arrives, or a stage but the first
-    or an idle tick has no input's gradient); last, which parameters' gradient it adds
-    (:func:`_w_ops`).  Every index is in range (0 where it is not used): the tick reads
+    or an idle tick has no input's gradient); last, whether it adds a parameters'
+    gradient (:func:`_w_adds`).  Every index is in range (0 where it is not used): the tick reads
     and writes without wrapping or clamping.
     """
     S = f_mb.shape[1]
@@ -366,7 +357,7 @@ def _tick_table(f_mb, b_mb, f_in, b_in, K: int, C: int, M: int) -> np.ndarray:
     fields = [f_mb >= 0, b_mb >= 0, np.maximum(f_mb, 0), np.maximum(b_mb, 0),
               np.maximum(f_mb, 0) % K, np.maximum(b_mb, 0) % K, np.maximum(b_mb, 0) % C,
               np.maximum(f_in, 0) % K, np.maximum(b_in, 0) % C, np.where(gx, b_mb, 0),
-              f_in >= 0, b_in >= 0, gx, _w_ops(b_mb)]
+              f_in >= 0, b_in >= 0, gx, _w_adds(b_mb)]
     return np.stack(fields, axis=-1).astype(np.int32).transpose(1, 0, 2).copy()
 
 
@@ -384,7 +375,7 @@ def _segments(f_in, b_in, f_mb, b_mb) -> list:
     567 ms, the idle share 9.1% -> 7.5%)."""
     fwds = [bool((f >= 0).any()) for f in f_mb]
     # (A backward's run also holds the tick after the last stage's last backward: its
-    # held parameters' gradient, _w_ops.)
+    # held parameters' gradient, _w_adds.)
     backs = [bool((b >= 0).any() or (t > 0 and b_mb[t - 1, -1] >= 0))
              for t, b in enumerate(b_mb)]
     moves = [(bool((f >= 0).any()), bool((b >= 0).any())) for f, b in zip(f_in, b_in)]

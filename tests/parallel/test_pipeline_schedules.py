@@ -301,30 +301,25 @@ def test_the_last_stages_forwards_run_only_inside_its_backwards(name, stages,
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("stages,microbatches", [(1, 3), (2, 1), (2, 5), (3, 4), (4, 8)])
-def test_the_last_stage_adds_each_gradient_after_its_next_cotangent(name, stages,
-                                                                    microbatches):
-    """The parameters' gradient of each backward is added once: at once on every stage
-    but the last; on the last stage one backward later (after the next backward's
-    cotangent has gone), the last one at the tick after its last backward, which is in
-    a run of ticks that runs backwards (_segments)."""
-    from spmd.parallel.pipeline import _W_OPS, _as_run, _segments, _w_ops
+def test_the_last_stage_adds_each_gradient_a_tick_later(name, stages, microbatches):
+    """The parameters' gradient of each backward is added once: in its own tick on
+    every stage but the last; on the last stage in the tick after (its backwards come
+    one a tick, so after the next backward's cotangent has gone), the last one in a
+    tick that exists and is in a run of ticks that runs backwards (_segments)."""
+    from spmd.parallel.pipeline import _as_run, _segments, _w_adds
 
     f_mb, b_mb, f_in, b_in = _as_run(*pipeline_schedule(name, stages, microbatches).arrays())
-    ops = _w_ops(b_mb)
+    adds = _w_adds(b_mb)
+    assert adds.dtype == bool and adds.shape == b_mb.shape
     for s in range(stages):
-        names = [_W_OPS[k] for k in ops[:, s]]
         ticks = [t for t in range(len(b_mb)) if b_mb[t, s] >= 0]
-        if s < stages - 1:
-            assert [t for t, n in enumerate(names) if n == "now"] == ticks
-            assert set(names) <= {"none", "now"}
-            continue
-        assert [t for t, n in enumerate(names) if n != "none"] == ticks + [ticks[-1] + 1]
-        assert names[ticks[0]] == "hold" and names[ticks[-1] + 1] == "held"
-        assert all(names[t] == "held and hold" for t in ticks[1:])
-        assert ticks == list(range(ticks[0], ticks[-1] + 1))  # one backward a tick
+        assert len(ticks) == microbatches
+        later = int(s == stages - 1)
+        assert list(np.nonzero(adds[:, s])[0]) == [t + later for t in ticks]
+    assert ticks == list(range(ticks[0], ticks[-1] + 1))  # the last stage: one a tick
     backs = [t for start, stop, *_, bk in _segments(f_in, b_in, f_mb, b_mb) if bk
              for t in range(start, stop)]
-    assert set(np.nonzero(ops.any(axis=1))[0]) <= set(backs)
+    assert set(np.nonzero(adds.any(axis=1))[0]) <= set(backs)
 
 
 @pytest.mark.parametrize("name,stages,microbatches", [
@@ -336,7 +331,7 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
     computed it), and where stage 0's input gradient goes, with whether each is written
     at all; every index in range of its buffer, written or not (the tick reads and
     writes without wrapping or clamping)."""
-    from spmd.parallel.pipeline import _arriving_after, _tick_table, _w_ops
+    from spmd.parallel.pipeline import _arriving_after, _tick_table, _w_adds
 
     sched = pipeline_schedule(name, stages, microbatches)
     K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
@@ -347,8 +342,8 @@ def test_tick_table_holds_each_ticks_indices(name, stages, microbatches):
     for t, row in enumerate(sched.ticks):
         for s, ops in enumerate(row):
             (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
-             f_got, b_got, gx_got, w_op) = table[s, t]
-            assert w_op == _w_ops(b_mb)[t, s]
+             f_got, b_got, gx_got, w_add) = table[s, t]
+            assert w_add == _w_adds(b_mb)[t, s]
             fwd = [i for kind, i in ops if kind == "F"]
             bwd = [i for kind, i in ops if kind == "B"]
             assert (f_on, b_on) == (len(fwd), len(bwd))
