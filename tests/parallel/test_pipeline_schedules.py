@@ -389,3 +389,33 @@ def test_the_dataflow_time_takes_the_weight_gradients_off_the_path(name, stages,
     gpipe = pipeline_schedule("gpipe", 2, 2)
     assert gpipe.dataflow_time(1.0, 2.0, 1.0, 1.0) == 8.0
     assert gpipe.dataflow_time(1.0, 2.0, 1.0) == 7.0
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(1, 2), (2, 4), (3, 5)])
+def test_each_tick_traces_each_product_once(name, stages, microbatches):
+    """A one-layer stage has one product in its forward, two in its backward's first
+    part (the forward again, the input's cotangent) and one in its weights' gradient:
+    each run of ticks traces each of them in one branch only, the held weights'
+    gradient included (a stage with collectives inside runs every branch of a cond on
+    every process: a product traced twice would be computed twice)."""
+    from spmd.parallel.pipeline import _as_run, _segments
+
+    f_mb, b_mb, f_in, b_in = _as_run(*pipeline_schedule(name, stages, microbatches).arrays())
+    want = sum(fw + 3 * bk for *_, fw, bk in _segments(f_in, b_in, f_mb, b_mb))
+
+    def layer(p, x):
+        return snp.tanh(x @ p[0])
+
+    def mse(y, t):
+        return ((y - t) ** 2).mean()
+
+    mesh = spmd.make_mesh((stages,), ("pipe",))
+    w = np.ones((stages, 8, 8), np.float32)
+    xs = np.ones((microbatches, 4, 8), np.float32)
+    f = spmd.shard_map(
+        lambda p, xs, ys: pipeline_value_and_grad(layer, mse, p, xs, ys, "pipe",
+                                                  schedule=name),
+        mesh=mesh, in_specs=(P("pipe"), P(), P()),
+        out_specs=(P(), PipelineGrads(P("pipe"), P(), P())))
+    assert str(spmd.make_jaxpr(f)(w, xs, xs)).count("dot_general") == want
