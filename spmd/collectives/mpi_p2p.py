@@ -10,8 +10,10 @@ Measured (2 ranks, 256 KiB, float32, a hot loop): a move by hand 16 us against 5
 us through ``Isend``/``Recv``; a jitted ``ppermute`` 31 us against 62-73 us through
 MPI (both receiving into pooled buffers; ``bench_mpi``'s ``ppermute`` rows).  In a
 pipeline the difference stayed within this machine's noise (``docs/parallelism.md``).
-On ranks that outnumber the cores a waiting member's polls cost more than MPI's wait
-(4 ranks on 2 cores: 220 against 150-165 us for the slowest rank).
+Where a group's members outnumber the cores they may run on, its moves stay with MPI:
+a waiting member's polls then take the core from the member it waits for (4 ranks
+on 2 cores, ``bench_mpi``'s ring shift: 239-243 us through the outboxes against 83-96
+us through MPI at 32 KiB, 278-279 against 159-163 us at 256 KiB).
 
 Each member of a communicator that uses it has an *outbox* in one MPI-3 shared
 window: :data:`SLOTS` slots of the largest message (``SPMD_MPI_SHM_MAX_BYTES``, as
@@ -47,8 +49,9 @@ Which moves take this path is decided from what every member knows alike (the
 message's size, the communicator, the settings), so both ends of a message take
 the same path and the messages between two members keep their order on each.
 The window is made at the first move in range over a communicator, on every
-member at the same call, where all members share the node and have room in
-/dev/shm (:func:`spmd.collectives.mpi_shm.shared_by_all`).
+member at the same call, where the members have a core each (the union of their
+affinity masks: :func:`_cores`), share the node and have room in /dev/shm
+(:func:`spmd.collectives.mpi_shm.shared_by_all`).
 """
 
 from __future__ import annotations
@@ -253,11 +256,24 @@ def channel_for(ranks: tuple, comm, nbytes: int):
     chan = _channels.get(ranks, False)
     if chan is False:
         slot = -(-hi // 64) * 64
-        shared = mpi_shm.shared_by_all(comm, control(ranks), ranks, slot, SLOTS)
+        ctl = control(ranks)
+        # (The same union on every member: all of them make the window, or none.)
+        cores = frozenset().union(*ctl.allgather(_cores()))
+        shared = len(ranks) <= len(cores) and mpi_shm.shared_by_all(comm, ctl, ranks,
+                                                                     slot, SLOTS)
         chan = _channels[ranks] = Channel(comm, slot) if shared else None
     # (A channel made before the slot setting was read again -- tests -- keeps its
     # slot: larger messages go by MPI, on every member alike.)
     return chan if chan is None or nbytes <= chan.slot else None
+
+
+def _cores() -> frozenset:
+    """The cores this process may run on (its affinity mask; every core where there is
+    none)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity masks: macOS)
+        return frozenset(range(os.cpu_count() or 1))
 
 
 def reset() -> None:
