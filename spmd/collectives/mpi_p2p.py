@@ -12,8 +12,9 @@ MPI (both receiving into pooled buffers; ``bench_mpi``'s ``ppermute`` rows).  In
 pipeline the difference stayed within this machine's noise (``docs/parallelism.md``).
 Where a group's members outnumber the cores they may run on, its moves stay with MPI:
 a waiting member's polls then take the core from the member it waits for (4 ranks
-on 2 cores, ``bench_mpi``'s ring shift: 239-243 us through the outboxes against 83-96
-us through MPI at 32 KiB, 278-279 against 159-163 us at 256 KiB).
+on 2 cores, ``bench_mpi``'s ring shift, alternating runs: 237-247 us through the
+outboxes against 83-97 us through MPI at 32 KiB, 271-432 against 159-319 us at 256
+KiB).
 
 Each member of a communicator that uses it has an *outbox* in one MPI-3 shared
 window: :data:`SLOTS` slots of the largest message (``SPMD_MPI_SHM_MAX_BYTES``, as
