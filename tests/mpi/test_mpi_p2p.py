@@ -183,6 +183,23 @@ def test_members_that_outnumber_their_cores_keep_to_mpi(fresh_p2p, monkeypatch):
     assert all(comm.allgather(fresh_p2p._channels[ranks] is None))
 
 
+def test_members_whose_masks_differ_agree_on_their_union(fresh_p2p, monkeypatch):
+    """Each member may run on another core (one each, as a launcher that pins them
+    gives): together they have a core each, so every member makes the window and the
+    moves go through the outboxes, the same values."""
+    from spmd.collectives import mpi
+
+    comm = world()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    ranks = all_ranks()
+    monkeypatch.setattr(fresh_p2p, "_cores", lambda: frozenset({rank}))
+    got = mpi.sendrecv(_message(rank, 0, 30_000), ranks, (rank + 1) % n, (rank - 1) % n)
+    np.testing.assert_array_equal(got, _message((rank - 1) % n, 0, 30_000))
+    made = fresh_p2p._channels[ranks] is not None
+    assert made == on_one_node(ranks)
+    assert len(set(comm.allgather(made))) == 1
+
+
 def test_a_jitted_ring_shift_in_a_shard_map_matches_numpy(fresh_p2p):
     """The way programs use it: a ``ppermute`` in a jitted ``shard_map`` (started early
     and waited for late by the overlap pass), many steps, each block different."""
