@@ -1,0 +1,190 @@
+"""Weak scaling on many cores: the transformer example with a fixed batch per rank.
+
+    .venv/bin/python benchmarks/bench_scaling.py --ranks 1,2,4,8,12 --steps 150 --rounds 2
+
+Runs ``examples/train_transformer.py --mesh data=N,model=1`` (``--d-model 128 --layers 4
+--heads 4``, 16 sequences per rank, one BLAS thread per rank) on N ranks for
+each N, the N interleaved over ``--rounds`` rounds so that a slow phase of the
+machine hits every N alike, and writes ``benchmarks/results/scaling.json`` and a
+markdown table:
+
+- tokens per second per rank (the steady steps after the first, which traces
+  and compiles), the median over the rounds;
+- efficiency: that figure against the same figure at 2 ranks (the first
+  multi-process job: one rank pays no collective at all);
+- the share of the steady steps' time spent in collectives, the largest over
+  the ranks (``spmd.distributed.collective_time``: waiting for a slower rank
+  counts), median over the rounds.
+
+Ranks are started by ``--mpiexec`` (default: the one next to this Python) as a
+user starts them, each with ``OPENBLAS_NUM_THREADS=1``; ``--launcher spmd-run``
+starts them through ``spmd-run`` instead (which sets the thread counts itself).
+The goal (issue 54): >= 90% efficiency at 8 ranks and >= 85% at 12, with the
+collective share <= 8% at 12 ranks, on a machine with >= 12 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402
+
+MODEL = ["--d-model", "128", "--layers", "4", "--heads", "4"]
+SEQS_PER_RANK = 16
+GOALS = {8: 0.90, 12: 0.85}
+SHARE_GOAL = (12, 0.08)
+
+
+def skip_reason() -> str:
+    """``run.py`` skips this module: it launches its own MPI jobs on many cores."""
+    return "launches its own MPI jobs on many cores: python benchmarks/bench_scaling.py"
+
+
+def command(n: int, steps: int, stats: str, mpiexec: str, launcher: str) -> list[str]:
+    """The job of ``n`` ranks: the example as a user runs it, weakly scaled."""
+    script = [os.path.join("examples", "train_transformer.py"), "--mesh", f"data={n},model=1",
+              "--batch", str(SEQS_PER_RANK * n), *MODEL, "--steps", str(steps),
+              "--sample", "0", "--log-every", str(steps), "--stats", stats]
+    if n == 1:
+        return [sys.executable, *script]
+    if launcher == "spmd-run":
+        return [sys.executable, "-m", "spmd.launch", "--mpiexec", mpiexec, "--no-prefix",
+                "-n", str(n), *script]
+    return [mpiexec, "-n", str(n), sys.executable, *script]
+
+
+def run_one(n: int, steps: int, mpiexec: str, launcher: str) -> dict:
+    """One job of ``n`` ranks: its tokens/s per rank and collective shares."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = os.path.join(tmp, "stats")
+        cmd = command(n, steps, stats, mpiexec, launcher)
+        env = dict(os.environ, SPMD_NUM_DEVICES="1", OPENBLAS_NUM_THREADS="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True,
+                              timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}"
+                             f"{proc.stderr[-3000:]}")
+        ranks = [json.load(open(p)) for p in sorted(glob.glob(stats + ".rank*.json"))]
+    if len(ranks) != n:
+        raise SystemExit(f"{' '.join(cmd)}: {len(ranks)} stats files, expected {n}")
+    return {"tokens_per_s": ranks[0]["tokens_per_s"],
+            "tokens_per_s_per_rank": ranks[0]["tokens_per_s"] / n,
+            "comm_share": [r["comm_share"] or 0.0 for r in ranks],
+            "final_loss": ranks[0]["final_loss"],
+            "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
+                                for c in cmd)}
+
+
+def run_floor(n: int, steps: int) -> float:
+    """The floor of weak scaling: ``n`` one-process copies of the 1-rank job at once,
+    with no communication at all; their mean tokens/s per process.  What the
+    machine gives ``n`` busy processes (shared caches, memory bandwidth, the
+    cores' clocks) bounds what ``n`` ranks can reach."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, SPMD_NUM_DEVICES="1", OPENBLAS_NUM_THREADS="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        procs = [subprocess.Popen(command(1, steps, os.path.join(tmp, f"s{i}"), "", "mpiexec"),
+                                  cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for i in range(n)]
+        for p in procs:
+            _, err = p.communicate(timeout=1800)
+            if p.returncode != 0:
+                raise SystemExit(f"a one-process copy failed:\n{err[-3000:]}")
+        rates = [json.load(open(f))["tokens_per_s"] for f in glob.glob(os.path.join(tmp, "s*.rank0.json"))]
+    return statistics.mean(rates)
+
+
+def summarize(runs: dict[int, list[dict]], floors: dict[int, list[float]]) -> list[dict]:
+    """Per N: medians over the rounds, and efficiency against 2 ranks."""
+    rows = []
+    for n, rs in sorted(runs.items()):
+        per_rank = [r["tokens_per_s_per_rank"] for r in rs]
+        rows.append({"ranks": n, "tokens_per_s_per_rank": statistics.median(per_rank),
+                     "rounds": per_rank,
+                     "floor_tokens_per_s_per_process": (statistics.median(floors[n])
+                                                        if floors.get(n) else None),
+                     "comm_share_max": statistics.median(max(r["comm_share"]) for r in rs),
+                     "command": rs[0]["command"]})
+    base = next((r["tokens_per_s_per_rank"] for r in rows if r["ranks"] == 2), None)
+    for r in rows:
+        r["efficiency"] = r["tokens_per_s_per_rank"] / base if base else None
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| ranks | tokens/s per rank (median) | efficiency against 2 ranks "
+             "| collective share (max over ranks) | floor: N copies, no MPI (tokens/s each) "
+             "| goal |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        goal = []
+        if r["ranks"] in GOALS:
+            ok = r["efficiency"] is not None and r["efficiency"] >= GOALS[r["ranks"]]
+            goal.append(f"eff >= {GOALS[r['ranks']]:.0%}: {'met' if ok else 'not met'}")
+        if r["ranks"] == SHARE_GOAL[0]:
+            ok = r["comm_share_max"] <= SHARE_GOAL[1]
+            goal.append(f"share <= {SHARE_GOAL[1]:.0%}: {'met' if ok else 'not met'}")
+        eff = f"{r['efficiency']:.0%}" if r["efficiency"] is not None else "-"
+        floor = r["floor_tokens_per_s_per_process"]
+        floor = f"{floor / 1e3:.2f}k" if floor else "-"
+        lines.append(f"| {r['ranks']} | {r['tokens_per_s_per_rank'] / 1e3:.2f}k | {eff} "
+                     f"| {r['comm_share_max']:.1%} | {floor} | {'; '.join(goal) or '-'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="1,2,4,8,12", help="comma-separated rank counts")
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each rank count, interleaved")
+    ap.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable), "mpiexec"))
+    ap.add_argument("--launcher", choices=("mpiexec", "spmd-run"), default="mpiexec")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run N one-process copies at once (no MPI): the machine's floor")
+    ap.add_argument("--commit", default=None, help="the commit measured (where git is missing)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"))
+    args = ap.parse_args(argv)
+    counts = [int(c) for c in args.ranks.split(",")]
+    provenance = common.provenance()  # the code of this moment, before the runs
+    runs: dict[int, list[dict]] = {n: [] for n in counts}
+    floors: dict[int, list[float]] = {n: [] for n in counts}
+    for k in range(args.rounds):
+        for n in counts:
+            r = run_one(n, args.steps, args.mpiexec, args.launcher)
+            runs[n].append(r)
+            print(f"round {k + 1}: {n} ranks: {r['tokens_per_s_per_rank']:,.0f} tokens/s per "
+                  f"rank, collective share max {max(r['comm_share']):.1%}", flush=True)
+            if args.floor:
+                floors[n].append(run_floor(n, args.steps))
+                print(f"round {k + 1}: {n} copies, no MPI: {floors[n][-1]:,.0f} tokens/s each",
+                      flush=True)
+    rows = summarize(runs, floors)
+    if args.commit:
+        provenance["commit"] = args.commit
+    result = {"benchmark": "weak scaling of examples/train_transformer.py", "date": common.now_iso(),
+              **provenance, "machine": common.machine_info(), "steps": args.steps,
+              "seqs_per_rank": SEQS_PER_RANK, "model": " ".join(MODEL),
+              "launcher": args.launcher, "rows": rows, "floors": {str(n): f for n, f in floors.items()}, "runs": {str(n): rs for n, rs in runs.items()}}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
