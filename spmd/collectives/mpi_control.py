@@ -122,12 +122,48 @@ def reset_checking() -> None:
 _controls: dict = {}  # ranks -> the control communicator of that group
 
 
+_hosts: dict = {}  # world rank -> its host, learned as each group's communicators are made
+
+
 def register(ranks: tuple, data_comm):
     """Make and keep the control communicator of ``ranks`` (collective over them, like
-    the data communicator ``data_comm`` made just before)."""
+    the data communicator ``data_comm`` made just before); learn their hosts, which
+    reports name when the ranks span several (:func:`who`)."""
+    import socket
+
     comm = data_comm.Dup()
     _controls[ranks] = comm
+    # One small exchange per group, once: the reports that need it come when a rank
+    # may no longer answer.
+    _hosts.update(zip(ranks, comm.allgather(socket.gethostname())))
     return comm
+
+
+def _several_hosts() -> bool:
+    return len(set(_hosts.values())) > 1
+
+
+def who(rank: int) -> str:
+    """``"rank 2"``; ``"rank 2 (node1)"`` when the job's ranks known here span several
+    hosts (messages of a job on one host stay as they are).
+
+    >>> who(0)                                                    # doctest: +SKIP
+    'rank 0 (node0)'
+    """
+    host = _hosts.get(rank) if _several_hosts() else None
+    return f"rank {rank}" + (f" ({host})" if host else "")
+
+
+def on_hosts(ranks) -> str:
+    """``" (node0, node1)"``: the hosts of ``ranks`` when the job spans several, else "".
+
+    >>> "ranks [2, 3]" + on_hosts([2, 3])                        # doctest: +SKIP
+    'ranks [2, 3] (node1)'
+    """
+    if not _several_hosts() or not ranks:
+        return ""
+    found = list(dict.fromkeys(_hosts.get(r, "?") for r in ranks))
+    return f" ({', '.join(found)})"
 
 
 def control(ranks: tuple, what=None):
@@ -404,7 +440,7 @@ def _check_threads(c: Collective) -> None:
     if all((r == rows[0]).all() for r in rows):
         return
     texts = comm.allgather(desc)  # every rank is here: the digests were exchanged
-    detail = "\n".join(f"  rank {r}: {t}" for r, t in zip(c.ranks, texts))
+    detail = "\n".join(f"  {who(r)}: {t}" for r, t in zip(c.ranks, texts))
     raise CollectiveThreadError(
         f"collectives over ranks {list(c.ranks)} were issued from different threads on "
         f"different ranks, so they would pair one thread's data with another's:\n{detail}\n"
@@ -470,8 +506,8 @@ def _check_call(c: "Collective") -> None:
     groups: dict = {}
     for r, t in zip(c.ranks, texts):
         groups.setdefault(t, []).append(r)
-    detail = "\n".join(f"  rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {t}"
-                       for t, rs in groups.items())
+    detail = "\n".join(f"  rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                       f"{on_hosts(rs)}: {t}" for t, rs in groups.items())
     raise ProgramMismatchError(
         f"the ranks {list(c.ranks)} issue different collectives at the same point "
         f"(SPMD_CHECK_COLLECTIVES=1 compares each one before its data moves):\n{detail}\n"

@@ -188,13 +188,14 @@ def _ask(c, limit: float) -> dict | None:
 def report(c, limit: float, answers: dict) -> str:
     """The deadline report of collective ``c`` given the other ranks' ``answers``."""
     me = ctl._me()
-    lines = [f"rank {me}: {c.what or 'a collective'} over ranks {list(c.ranks)} did not "
+    # (ctl.who names each rank's host when the job spans several hosts.)
+    lines = [f"{ctl.who(me)}: {c.what or 'a collective'} over ranks {list(c.ranks)} did not "
              f"complete within {limit:g}s ({ctl._setting()})"]
     w = c.what
     if isinstance(w, ctl.Site) and not (w.program or w.equation) and w.phase:
-        lines.append(f"  rank {me} is {w.phase} (no data has moved yet)")
+        lines.append(f"  {ctl.who(me)} is {w.phase} (no data has moved yet)")
     elif isinstance(w, ctl.Site) and w.describe():
-        lines.append(f"  rank {me} is in {w.describe()}"
+        lines.append(f"  {ctl.who(me)} is in {w.describe()}"
                      + (f", call {w.calls} of it" if w.calls else "")
                      + (f"; collective #{c.seq} over these ranks" if c.seq else ""))
     arrived, missing = [], []
@@ -206,16 +207,17 @@ def report(c, limit: float, answers: dict) -> str:
                                      for w in a["waits"])
         (arrived if same else missing).append(r)
         if a is None:
-            lines.append(f"  rank {r}: never arrived; no answer within {grace_s(limit):g}s "
+            lines.append(f"  {ctl.who(r)}: never arrived; no answer within {grace_s(limit):g}s "
                          "(it finished, died, runs code that holds the GIL, or has not "
                          "reached its first collective)")
         elif not same:
             where = "; ".join(_where(w) for w in a["waits"]) or \
                 f"is in no collective; it runs Python at {a['python']}"
-            lines.append(f"  rank {r}: never arrived (its last collective over these ranks "
+            lines.append(f"  {ctl.who(r)}: never arrived (its last collective over these ranks "
                          f"was #{a['seq']}); it {where}")
     waited = time.monotonic() - c.since
-    lines.insert(1, f"  ranks that never arrived: {missing}; ranks waiting in it too: "
+    lines.insert(1, f"  ranks that never arrived: {missing}{ctl.on_hosts(missing)}; "
+                    f"ranks waiting in it too: "
                     f"{arrived} (this rank waited {waited:.1f}s)")
     return "\n".join(lines)
 

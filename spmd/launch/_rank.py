@@ -88,8 +88,15 @@ class _Reporter:
             self._keep.append(os.open(self.path("alive"), os.O_WRONLY | os.O_NONBLOCK))
         except OSError:
             pass
-        # Written last: a pid file means the handlers above are in place.
-        self._write("pid", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        # Written last: a pid file means the handlers above are in place.  The host
+        # names the rank in reports; what /dev/shm holds before this rank starts MPI
+        # tells the cleanup of its node what was there before the job
+        # (spmd.launch.cleanup.clean_node).
+        from spmd.launch import cleanup
+
+        before = {p: list(k) for p, k in cleanup.listing().items()}
+        self._write("pid", json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                       "shm": before}))
 
     def finish(self, status: int, kind: str, error: str = "") -> None:
         if self.dir is None:
@@ -304,7 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the target; return 0 on success (failures end the process directly)."""
     script, module, args = _parse(sys.argv[1:] if argv is None else argv)
     rank = rank_from_env()
-    report = _Reporter(os.environ.get("SPMD_LAUNCH_DIR"), 0 if rank is None else rank)
+    directory = os.environ.get("SPMD_LAUNCH_DIR")
+    report = _Reporter(directory, 0 if rank is None else rank)
+    if directory and report.dir is None:
+        # A rank on another host than spmd-run's: the directory is not shared.
+        sys.stderr.write(
+            f"spmd-run: rank {report.rank} on {socket.gethostname()}: the launch directory "
+            f"{directory} does not exist on this host, so spmd-run cannot read this rank's "
+            "result or clean up after it; give --launch-dir a directory that every host "
+            "mounts at the same path\n")
     report.start()
     _line_buffered()
     try:

@@ -211,3 +211,105 @@ def _same_file(path: str, key: Key) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == tuple(key)
+
+
+# ------------------------------------------------------------ one node's pass
+
+# How long the pass waits for the job's ranks on its node to be gone (mpiexec has
+# ended: they are being killed by their MPI proxy) before it kills them itself.
+RANKS_GONE_S = 2.0
+
+
+def _ranks_here(launch_dir: str, host: str) -> dict[int, dict]:
+    """Rank -> its start record (``rank<N>.pid``: pid, host, what /dev/shm held) for
+    the job's ranks that ran on ``host``."""
+    out = {}
+    try:
+        names = os.listdir(launch_dir)
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith("rank") and name.endswith(".pid") and name[4:-4].isdigit():
+            try:
+                with open(os.path.join(launch_dir, name)) as f:
+                    rec = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(rec, dict) and rec.get("host") == host:
+                out[int(name[4:-4])] = rec
+    return out
+
+
+def _alive(pid, launch_dir: str) -> bool:
+    """``pid`` is a live process of this job (its environment names ``launch_dir``)."""
+    try:
+        with open(f"/proc/{int(pid)}/environ", "rb") as f:
+            return f"SPMD_LAUNCH_DIR={launch_dir}".encode() in f.read().split(b"\0")
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _end_ranks(launch_dir: str, ranks: dict[int, dict]) -> None:
+    """Wait for the node's ranks to be gone; kill those left (orphans: mpiexec ended)."""
+    import signal
+    import time
+
+    pids = [rec.get("pid") for rec in ranks.values()]
+    end = time.monotonic() + RANKS_GONE_S
+    while any(_alive(p, launch_dir) for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    for pid in pids:
+        if _alive(pid, launch_dir):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    end = time.monotonic() + 1.0
+    while any(_alive(p, launch_dir) for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def clean_node(launch_dir: str, host: str | None = None) -> list[str]:
+    """Remove, on this node, the segments that the job's ranks here recorded
+    (``rank<N>.shm``) and left, with :class:`Segments`' rules; what was in /dev/shm
+    before the job is what every rank here saw there when it started (the rank that
+    made the node's segment saw it missing).  Returns the removed paths.
+
+    >>> clean_node("/work/.spmd-run/job-x1y2")                  # doctest: +SKIP
+    ['/dev/shm/mpich_shm_5edb29d8_1']
+    """
+    import socket
+
+    host = socket.gethostname() if host is None else host
+    ranks = _ranks_here(launch_dir, host)
+    segments = Segments()
+    if not ranks or not segments.enabled:
+        return []
+    _end_ranks(launch_dir, ranks)
+    listings = [{p: tuple(k) for p, k in (rec.get("shm") or {}).items()}
+                for rec in ranks.values()]
+    before = dict(listings[0]) if listings else {}
+    for other in listings[1:]:
+        before = {p: k for p, k in before.items() if other.get(p) == k}
+    segments.before = before
+    segments.add_records(launch_dir, host)
+    return segments.remove()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m spmd.launch.cleanup LAUNCH_DIR``: :func:`clean_node` on this node
+    (``spmd-run`` starts one on every host after a job across hosts)."""
+    import socket
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not os.path.isdir(argv[0]):
+        print(f"usage: python -m spmd.launch.cleanup LAUNCH_DIR (got {argv!r}: give the "
+              "launch directory of a job that has ended)", file=sys.stderr)
+        return 2
+    for path in clean_node(os.path.abspath(argv[0])):
+        print(f"{socket.gethostname()}: removed the job's leftover {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

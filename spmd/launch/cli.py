@@ -29,10 +29,10 @@ import sys
 import tempfile
 import time
 
-from spmd.launch import _rank
+from spmd.launch import _rank, hosts
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
 from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
-                                 stranded_summary, timeout_summary)
+                                 lost_host, stranded_summary, timeout_summary)
 
 # Exit statuses of the launcher itself.
 USAGE_ERROR = 2
@@ -81,6 +81,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mpiexec", metavar="PATH",
                    help="the mpiexec to use (default: $SPMD_MPIEXEC, the one next to this "
                         "Python, then mpiexec/mpirun on PATH, then the mpich wheel's)")
+    p.add_argument("--hosts", metavar="HOST:SLOTS,...",
+                   help="run the ranks on these hosts, SLOTS ranks each, filled in order "
+                        "(MPICH's form; HOST alone is one slot)")
+    p.add_argument("--hostfile", metavar="FILE",
+                   help="the hosts, one a line: HOST, HOST:SLOTS (MPICH) or HOST slots=SLOTS "
+                        "(Open MPI); # starts a comment")
+    p.add_argument("--mpiexec-arg", metavar="ARG", action="append", default=[],
+                   dest="mpiexec_args",
+                   help="pass ARG to mpiexec as it is (repeatable, in order), e.g. "
+                        "--mpiexec-arg -launcher --mpiexec-arg ssh")
+    p.add_argument("--launch-dir", metavar="DIR",
+                   help="where the ranks write their results and records; with hosts other "
+                        "than this one it must be on a filesystem every host mounts at the "
+                        "same path (default: .spmd-run/ in the working directory; on one "
+                        "host: a temporary directory)")
     p.add_argument("-m", dest="module", metavar="MODULE",
                    help="run a module as `python -m MODULE` would")
     return p
@@ -132,11 +147,29 @@ def _split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[
     return argv, []
 
 
+def _join_mpiexec_args(argv: list[str]) -> list[str]:
+    """``--mpiexec-arg -launcher`` -> ``--mpiexec-arg=-launcher``: argparse would take a
+    value that starts with ``-`` for an option of its own."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--mpiexec-arg" and i + 1 < len(argv):
+            out.append(f"--mpiexec-arg={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The launcher's options, plus ``target`` (script or None) and ``args``."""
     parser = _parser()
     ours, rest = _split_argv(parser, argv)
-    ns = parser.parse_args(ours)
+    ns = parser.parse_args(_join_mpiexec_args(ours))
+    if ns.hosts is not None and ns.hostfile is not None:
+        parser.error(f"--hosts {ns.hosts!r} and --hostfile {ns.hostfile!r} both name the "
+                     "hosts; give one of them")
+    ns.placement, ns.rank_hosts, ns.remote = None, None, False  # (resolve_hosts)
     if ns.module is not None:
         ns.target, ns.args = None, rest
     elif rest:
@@ -216,12 +249,60 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _ranks_per_node(n: int, environ, simulate: bool = False) -> int:
-    # One answer for every node-aware choice: spmd.launch.nodes (Slurm's node
-    # count; with simulate, SPMD_SIMULATE_NODES too).
+def _ranks_per_node(n: int, environ, simulate: bool = False,
+                    rank_hosts: list[str] | None = None) -> int:
+    # With the hosts known (rank_hosts: each rank's host), the most ranks one host
+    # runs; else one answer for every node-aware choice: spmd.launch.nodes (Slurm's
+    # node count; with simulate, SPMD_SIMULATE_NODES too).
+    if rank_hosts:
+        return max(len(r) for r in hosts.ranks_per_host(rank_hosts).values())
     from spmd.launch import nodes
 
     return nodes.ranks_per_node(n, environ, simulate)
+
+
+def resolve_hosts(ns: argparse.Namespace, environ=None) -> None:
+    """Set ``ns.placement`` (the hosts and their slots, or None: every rank on this
+    machine), ``ns.rank_hosts`` (each rank's host) and ``ns.remote`` (whether a host
+    other than this one runs ranks), from --hosts, --hostfile or Slurm's allocation.
+    LaunchError naming the input and the fix when it cannot be read or -n does not fit.
+
+    >>> ns = parse_args(["-n", "3", "--hosts", "a:2,b:2", "t.py"]); resolve_hosts(ns, {})
+    >>> ns.rank_hosts, ns.remote
+    (['a', 'a', 'b'], True)
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        if ns.hosts is not None:
+            placement, source = hosts.parse_hosts(ns.hosts), f"--hosts {ns.hosts!r}"
+        elif ns.hostfile is not None:
+            placement, source = hosts.read_hostfile(ns.hostfile), f"--hostfile {ns.hostfile!r}"
+        else:
+            placement, source = hosts.slurm_placement(environ), "the Slurm allocation"
+        if placement is not None:
+            hosts.check_fits(placement, ns.np, source)
+    except hosts.HostsError as e:
+        raise LaunchError(str(e)) from None
+    ns.placement = placement
+    ns.rank_hosts = None if placement is None else hosts.assign(placement, ns.np)
+    ns.remote = bool(ns.rank_hosts) and not all(hosts.is_local(h) for h in ns.rank_hosts)
+
+
+def _host_args(ns: argparse.Namespace, impl: str, launch_dir: str,
+               placement=None) -> list[str]:
+    """mpiexec's options naming the hosts: Hydra's -hosts / -f, Open MPI's --host /
+    --hostfile (a hostfile is written in the MPI's own form into the launch directory,
+    whichever form it was given in)."""
+    placement = ns.placement if placement is None else placement
+    if not placement:
+        return []
+    listed = ",".join(f"{h}:{s}" for h, s in placement)
+    if ns.hostfile is None or placement is not ns.placement:
+        return ["-hosts", listed] if impl != "openmpi" else ["--host", listed]
+    path = os.path.join(launch_dir, "hostfile")
+    if impl == "openmpi":
+        return ["--hostfile", hosts.openmpi_hostfile(placement, path)]
+    return ["-f", hosts.hydra_hostfile(placement, path)]
 
 
 def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
@@ -239,7 +320,9 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
         env["SPMD_NUM_DEVICES"] = env.get("SPMD_LOCAL_DEVICES", "1")
     # The ranks share the cores: with each BLAS/OpenMP pool as wide as the
     # machine, N ranks oversubscribe it (4 ranks on 2 cores ran 10x slower).
-    threads = str(max(1, usable_cores() // _ranks_per_node(ns.np, env)))
+    # (Across hosts: this machine's cores stand for every host's.)
+    per_host = _ranks_per_node(ns.np, env, rank_hosts=getattr(ns, "rank_hosts", None))
+    threads = str(max(1, usable_cores() // per_host))
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(name, threads)
     # OpenBLAS's threads then sleep soon after a call instead of spinning on the
@@ -272,11 +355,13 @@ def build_command(ns: argparse.Namespace, mpiexec: str, impl: str,
             cmd.append("--tag-output")
         if hasattr(os, "geteuid") and os.geteuid() == 0 and "OMPI_ALLOW_RUN_AS_ROOT" not in env:
             cmd.append("--allow-run-as-root")
-        if ns.np > usable_cores():
+        if ns.np > usable_cores() and not getattr(ns, "placement", None):
             cmd.append("--oversubscribe")
         for name in _EXPORTED:
             if name in env:
                 cmd += ["-x", name]
+    cmd += _host_args(ns, impl, env.get("SPMD_LAUNCH_DIR", "."))
+    cmd += list(getattr(ns, "mpiexec_args", None) or [])
     cmd += ["-n", str(ns.np), sys.executable, "-m", "spmd.launch._rank"]
     cmd += ["-m", ns.module] if ns.module is not None else [ns.target]
     return cmd + list(ns.args)
@@ -327,6 +412,7 @@ def run(ns: argparse.Namespace) -> int:
     the next one starts."""
     if ns.target is not None and not os.path.isfile(ns.target):
         raise LaunchError(f"script {ns.target!r} not found (working directory {os.getcwd()})")
+    resolve_hosts(ns)
     if ns.platform == "gpu":
         check_gpu(ns)
     mpiexec = find_mpiexec(ns.mpiexec)
@@ -367,18 +453,97 @@ def run(ns: argparse.Namespace) -> int:
 def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
              deadline: float | None) -> tuple[int, bool]:
     """One run of the job: (exit status, whether a restart may follow)."""
-    launch_dir = tempfile.mkdtemp(prefix="spmd-run-")
+    launch_dir = make_launch_dir(ns)
     job = None
     try:
         env = build_env(ns, launch_dir, attempt=attempt)
-        job = Job(build_command(ns, mpiexec, impl, env), env, ns.np, launch_dir)
+        job = Job(build_command(ns, mpiexec, impl, env), env, ns.np, launch_dir,
+                  rank_hosts=ns.rank_hosts)
         return _supervise(job, ns, deadline)
     finally:
         try:
             if job is not None:
                 job.cleanup()
+                if ns.remote:
+                    clean_every_host(ns, mpiexec, impl, env, launch_dir)
         finally:
-            shutil.rmtree(launch_dir, ignore_errors=True)
+            remove_launch_dir(launch_dir)
+
+
+# The launch directory's parent when hosts other than this one run ranks.
+SHARED_LAUNCH_DIR = ".spmd-run"
+# How long the cleanup pass on every host may take (a host that does not answer
+# would hold it until then).
+CLEANUP_PASS_S = 30.0
+
+
+def make_launch_dir(ns: argparse.Namespace) -> str:
+    """A fresh launch directory for one attempt: under --launch-dir when given; with
+    hosts other than this one under ``.spmd-run/`` of the working directory (the
+    ranks on other hosts must reach it: it must be on a filesystem every host mounts
+    at the same path); else a temporary directory of this machine."""
+    parent = ns.launch_dir
+    if parent is None and ns.remote:
+        parent = os.path.join(os.getcwd(), SHARED_LAUNCH_DIR)
+    if parent is None:
+        return tempfile.mkdtemp(prefix="spmd-run-")
+    parent = os.path.abspath(parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        return tempfile.mkdtemp(prefix="job-", dir=parent)
+    except OSError as e:
+        raise LaunchError(f"--launch-dir {parent!r}: cannot make the job's directory there "
+                          f"({e.strerror}); give a writable directory that every host "
+                          "mounts at the same path") from None
+
+
+def remove_launch_dir(launch_dir: str) -> None:
+    """Remove the attempt's directory, and ``.spmd-run/`` too once it is empty."""
+    shutil.rmtree(launch_dir, ignore_errors=True)
+    parent = os.path.dirname(launch_dir)
+    if os.path.basename(parent) == SHARED_LAUNCH_DIR:
+        try:
+            os.rmdir(parent)  # (fails while another job's directory is there: kept)
+        except OSError:
+            pass
+
+
+def cleanup_command(ns: argparse.Namespace, mpiexec: str, impl: str, launch_dir: str) -> list[str]:
+    """One process on every host of the job, each removing its own node's leftover
+    segments (:func:`spmd.launch.cleanup.main`), started as the job was."""
+    used = list(dict.fromkeys(ns.rank_hosts))
+    cmd = [mpiexec]
+    if impl == "openmpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += _host_args(ns, impl, launch_dir, placement=[(h, 1) for h in used])
+    cmd += list(ns.mpiexec_args or [])
+    return cmd + ["-n", str(len(used)), sys.executable, "-m", "spmd.launch.cleanup", launch_dir]
+
+
+def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
+                     launch_dir: str) -> bool:
+    """Run the cleanup pass on every host (a node cleans its own /dev/shm: the
+    launcher cannot see it); whether it completed.  Says so when it did not."""
+    cmd = cleanup_command(ns, mpiexec, impl, launch_dir)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=CLEANUP_PASS_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and what it started here
+        proc.communicate()
+        print(f"{PROG}: the cleanup of the hosts' shared memory did not finish within "
+              f"{CLEANUP_PASS_S:g}s (a host does not answer?); segments may be left in "
+              "/dev/shm there", file=sys.stderr)
+        return False
+    out = subprocess.CompletedProcess(cmd, proc.returncode, text, "")
+    if out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-5:])
+        print(f"{PROG}: the cleanup of the hosts' shared memory failed (mpiexec exit status "
+              f"{out.returncode}); segments may be left in /dev/shm there:\n{tail}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _supervise(job: Job, ns: argparse.Namespace,
@@ -404,12 +569,13 @@ def _supervise(job: Job, ns: argparse.Namespace,
         # Only ranks still in the script have the stack-dump handler.
         stacks = job.stacks({r: p for r, p in pids.items() if r not in reports})
         job.end()
-        print(timeout_summary(ns.np, ns.timeout, reports, pids, stacks), file=sys.stderr)
+        print(timeout_summary(ns.np, ns.timeout, reports, pids, stacks, job.hosts()),
+              file=sys.stderr)
         return TIMED_OUT, False
     if outcome == "stranded":
         finished, waits = rc
         job.end()
-        print(stranded_summary(ns.np, finished, waits), file=sys.stderr)
+        print(stranded_summary(ns.np, finished, waits, job.hosts()), file=sys.stderr)
         return STRANDED, True
     if outcome == "failed":
         rc = job.end()
@@ -419,8 +585,13 @@ def _supervise(job: Job, ns: argparse.Namespace,
     if rc is not None and rc < 0:
         rc = 128 - rc  # mpiexec itself died on a signal
     faults = {r: _rank.read_text(job.dir, r, "fault") for r in range(ns.np)}
-    message, status = failure_summary(ns.np, reports, rc, faults, job.killed())
+    killed, hosts = job.killed(), job.hosts()
+    lost = lost_host(ns.np, reports, job.banner.get("codes"), [r for _, r in job.exits], hosts)
+    message, status = failure_summary(ns.np, reports, rc, faults, killed, hosts, lost)
     print(message, file=sys.stderr)
+    said = job.mpiexec_messages()
+    if said and not killed:  # (a rank's banner says no more than the summary)
+        print(said, file=sys.stderr)
     return status, True
 
 

@@ -59,15 +59,35 @@ _EXIT_CODES = re.compile(rb"\] Exit codes: (.*)$")
 _SIGNAL = re.compile(rb"(?:KILLED BY SIGNAL: (\d+)|EXIT STRING: .*\(signal (\d+)\))")
 
 
+# Hydra's own diagnostics on stderr: "[mpiexec@vm] main (/path/mpiexec.c:270): ...".
+_HYDRA_LINE = re.compile(rb"^\[(mpiexec|proxy:[^\]@]*)@[^\]]*\] ")
+# The source location in them says nothing to a user.
+_HYDRA_DETAIL = re.compile(r" \([^()]*\.c:\d+\)")
+# Lines of them shown after the summary.
+HYDRA_LINES = 4
+
+# With ranks on several hosts, each host's codes come on a line of their own.
+_MORE_CODES = re.compile(rb"^\[[^\]]*\] [0-9, ]+$")
+
+
+def _codes(text: bytes) -> list[int]:
+    """``[host] 0,9 [host2] 0`` -> ``[0, 9, 0]``."""
+    codes = []
+    for part in re.split(rb"\[[^\]]*\]", text):
+        codes += [int(c) for c in part.replace(b" ", b"").split(b",") if c.isdigit()]
+    return codes
+
+
+# The rule above and below MPICH's box (a line of '=' only).
+_BANNER_RULE = re.compile(rb"^={20,}$")
+
+
 def _parse_banner(line: bytes, into: dict) -> None:
     """Read what MPICH's Hydra says when a rank ends badly: every rank's exit code
     and the signal of the first failure."""
     m = _EXIT_CODES.search(line.rstrip())
     if m and "codes" not in into:
-        codes = []
-        for part in re.split(rb"\[[^\]]*\]", m.group(1)):
-            codes += [int(c) for c in part.replace(b" ", b"").split(b",") if c.isdigit()]
-        into["codes"] = codes
+        into["codes"] = _codes(m.group(1))
     m = _SIGNAL.search(line)
     if m and "signal" not in into:
         into["signal"] = int(m.group(1) or m.group(2))
@@ -84,8 +104,12 @@ class _Terminated(Exception):
 class Job:
     """One ``mpiexec`` run and the per-rank files its ranks write."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], np: int, launch_dir: str):
+    def __init__(self, cmd: list[str], env: dict[str, str], np: int, launch_dir: str,
+                 rank_hosts: list[str] | None = None):
         self.cmd, self.env, self.np, self.dir = cmd, env, np, launch_dir
+        self.rank_hosts = rank_hosts  # where each rank was placed (None: all here)
+        self.held: list[bytes] = []  # MPICH's banner, held back (see _copy_stdout)
+        self.hydra: list[str] = []   # mpiexec's own stderr lines (see _copy_stderr)
         self.proc: subprocess.Popen | None = None
         self.ending = False          # set once the launcher itself ends the job
         self.banner: dict = {}       # what mpiexec said about a rank's abnormal end
@@ -102,9 +126,12 @@ class Job:
         self.segments = Segments()
         self._alive = self._open_fifos()
         self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True,
-                                     preexec_fn=_die_with_parent, stdout=subprocess.PIPE)
+                                     preexec_fn=_die_with_parent, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
         self._reader = threading.Thread(target=self._copy_stdout, daemon=True)
         self._reader.start()
+        self._err_reader = threading.Thread(target=self._copy_stderr, daemon=True)
+        self._err_reader.start()
         self.exits: list = []  # (time, rank) in the order their processes closed the FIFO
         if hasattr(os, "pidfd_open"):
             self._watcher = threading.Thread(target=self._watch_pids, daemon=True)
@@ -200,8 +227,27 @@ class Job:
 
     def _copy_stdout(self) -> None:
         out = getattr(sys.stdout, "buffer", None)
+        in_banner = in_codes = False
         for line in iter(self.proc.stdout.readline, b""):
             if _EXIT_CODES.search(line.rstrip()):  # asked for by us: read, not shown
+                in_codes = True
+                if not self.ending:
+                    _parse_banner(line, self.banner)
+                continue
+            if in_codes and _MORE_CODES.match(line.rstrip()):  # the next hosts' codes
+                if not self.ending and "codes" in self.banner:
+                    self.banner["codes"] += _codes(line)
+                continue
+            in_codes = False
+            # MPICH's "BAD TERMINATION ... YOU CAN IGNORE THE BELOW CLEANUP MESSAGES"
+            # box is held back: spmd-run's own explanation, printed after the job,
+            # says what it says (which rank, which signal) and comes first.
+            if _BANNER_RULE.match(line.strip()):
+                in_banner = not in_banner
+                self.held.append(line)
+                continue
+            if in_banner:
+                self.held.append(line)
                 if not self.ending:
                     _parse_banner(line, self.banner)
                 continue
@@ -213,6 +259,35 @@ class Job:
                 sys.stdout.flush()
             if not self.ending:
                 _parse_banner(line, self.banner)
+
+    def _copy_stderr(self) -> None:
+        """The ranks' stderr passes through; mpiexec's own complaints (Hydra's
+        ``[mpiexec@host] ...``, ``[proxy:...]`` lines, as when it loses a host) are
+        held for :meth:`mpiexec_messages`, to follow spmd-run's explanation."""
+        err = getattr(sys.stderr, "buffer", None)
+        for line in iter(self.proc.stderr.readline, b""):
+            if _HYDRA_LINE.match(line):
+                self.hydra.append(line.decode(errors="replace").rstrip())
+                continue
+            if err is not None:
+                err.write(line)
+                err.flush()
+            else:
+                sys.stderr.write(line.decode(errors="replace"))
+                sys.stderr.flush()
+
+    def mpiexec_messages(self) -> str:
+        """What mpiexec itself said (held back), shortened, for after the summary;
+        "" when it said nothing."""
+        for t in (self._reader, getattr(self, "_err_reader", None)):
+            if t is not None:
+                t.join(timeout=2.0)
+        lines = list(dict.fromkeys(_HYDRA_DETAIL.sub("", ln) for ln in self.hydra))
+        if not lines:
+            return ""
+        if len(lines) > HYDRA_LINES:
+            lines = lines[:HYDRA_LINES] + [f"... ({len(lines) - HYDRA_LINES} more)"]
+        return "(mpiexec's own messages:)\n" + "\n".join("    " + ln for ln in lines)
 
     def killed(self) -> dict[int, int]:
         """Rank -> the signal that killed it, as mpiexec reported it before the launcher
@@ -261,6 +336,18 @@ class Job:
     def reports(self) -> dict[int, dict]:
         """Rank -> the result its wrapper recorded (ranks still running have none)."""
         return _rank.read_reports(self.dir)
+
+    def hosts(self) -> dict[int, str]:
+        """Rank -> its host: as the rank recorded it when it started, else where the
+        launcher placed it (empty when every rank ran here and none said)."""
+        out = {}
+        for r in range(self.np):
+            info = _rank.read_pid_file(self.dir, r)
+            if info and isinstance(info.get("host"), str):
+                out[r] = info["host"]
+            elif self.rank_hosts:
+                out[r] = self.rank_hosts[r]
+        return out
 
     def pids(self) -> dict[int, int]:
         """Rank -> pid, for ranks that started on this host."""

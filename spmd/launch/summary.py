@@ -22,8 +22,37 @@ def format_ranks(ranks) -> str:
     return ",".join(parts)
 
 
-def _plural(ranks) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
+def _plural(ranks, hosts: dict[int, str] | None = None) -> str:
+    """``rank 2`` / ``ranks 0-2``; with ``hosts`` naming more than one host, each
+    rank's host too: ``rank 2 (node1)``, ``ranks 0-1 (node0), 2-3 (node1)``."""
+    word = "rank " if len(ranks) == 1 else "ranks "
+    if not spans_hosts(hosts):
+        return word + format_ranks(ranks)
+    groups: dict[str, list[int]] = {}
+    for r in sorted(ranks):
+        groups.setdefault(hosts.get(r, "?"), []).append(r)
+    return word + ", ".join(f"{format_ranks(rs)} ({h})" for h, rs in groups.items())
+
+
+def spans_hosts(hosts: dict[int, str] | None) -> bool:
+    """Whether the job's ranks ran on more than one host (then reports name them)."""
+    return bool(hosts) and len(set(hosts.values())) > 1
+
+
+def lost_host(np: int, reports: dict[int, dict], banner_codes, exits: list[int],
+              hosts: dict[int, str] | None) -> tuple[str, list[int]] | None:
+    """(host, its ranks) when a whole host was lost: the job spans hosts, mpiexec
+    reported no exit codes (it lost its connection to that host's MPI proxy), the
+    first rank to end is on that host (``exits``: ranks in the order their
+    processes ended, where the launcher could see it) and none of its ranks
+    reported a result."""
+    if not spans_hosts(hosts) or banner_codes or not exits:
+        return None
+    host = hosts.get(exits[0])
+    ranks = sorted(r for r in range(np) if hosts.get(r) == host)
+    if host is None or any(r in reports for r in ranks):
+        return None
+    return host, ranks
 
 
 def _tail(text: str, n: int = ERROR_TAIL) -> str:
@@ -49,22 +78,40 @@ def _signal_name(sig: int) -> str:
 
 
 def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
-                    faults: dict[int, str], killed: dict[int, int] | None = None
-                    ) -> tuple[str, int]:
+                    faults: dict[int, str], killed: dict[int, int] | None = None,
+                    hosts: dict[int, str] | None = None,
+                    lost: tuple[str, list[int]] | None = None) -> tuple[str, int]:
     """(the message, the launcher's exit status) for a job that did not succeed;
-    ``killed``: rank -> the signal that killed it (as mpiexec reported it)."""
+    ``killed``: rank -> the signal that killed it (as mpiexec reported it);
+    ``hosts``: rank -> its host (named when the job spans several); ``lost``: (host,
+    its ranks) when a whole host stopped answering (:func:`lost_host`)."""
     failed = {r: rep for r, rep in reports.items() if rep.get("status", 1) != 0}
     silent = [r for r in range(np) if r not in reports]
     crashed = {r: _without_launcher(faults[r]) for r in silent if faults.get(r, "").strip()}
     killed = {r: s for r, s in (killed or {}).items() if r in silent}
     lines = []
-    if killed and not failed and not any(r in crashed for r in killed):
+    per_host = _host_ranks(hosts)
+    whole = _whole_host(killed, per_host) if spans_hosts(hosts) else None
+    if lost is not None and not failed and not crashed:
+        status = rc if rc else 1
+        lines.append(f"{PROG}: {lost[0]} lost ({_listing(lost[1])}): it stopped answering "
+                     f"(mpiexec lost its connection to the host's MPI proxy and exited with "
+                     f"status {rc}: the machine went down, lost its network, or all its "
+                     "processes were killed); the job was ended")
+        killed = {r: 0 for r in lost[1]}  # (not listed again below)
+    elif whole is not None and not failed and not any(r in crashed for r in killed):
+        sig = min(killed.values())
+        status = 128 + sig
+        lines.append(f"{PROG}: {whole} lost ({_listing(per_host[whole])}): killed by "
+                     f"{_signal_name(sig)} (no Python error: e.g. the out-of-memory killer, "
+                     "the machine's shutdown, or a kill command); the job was ended")
+    elif killed and not failed and not any(r in crashed for r in killed):
         # No Python stack either: a signal that cannot be caught (SIGKILL) or was sent.
         sig = min(killed.values())
         status = 128 + sig
         ranks = sorted(killed)
         verb = "was" if len(ranks) == 1 else "were"
-        lines.append(f"{PROG}: {_plural(ranks)} of {np} {verb} killed by {_signal_name(sig)} "
+        lines.append(f"{PROG}: {_plural(ranks, hosts)} of {np} {verb} killed by {_signal_name(sig)} "
                      "(no Python error: e.g. the out-of-memory killer, or a kill command); the "
                      "job was ended"
                      + ("" if len(ranks) == 1 else
@@ -78,45 +125,69 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
         for r, rep in sorted(failed.items()):
             groups.setdefault((rep["status"], rep.get("kind"), rep.get("error", "")), []).append(r)
         if len(failed) == 1:
-            lines.append(f"{PROG}: rank {first} of {np} failed with exit status {status}; "
+            lines.append(f"{PROG}: {_plural([first], hosts)} of {np} failed with exit status {status}; "
                          "the job was ended")
         else:
-            lines.append(f"{PROG}: {_plural(sorted(failed))} of {np} failed; rank {first} "
+            lines.append(f"{PROG}: {_plural(sorted(failed), hosts)} of {np} failed; rank {first} "
                          f"first, with exit status {status}; the job was ended")
         for (st, kind, error), ranks in groups.items():
             what = {"exception": "raised an exception", "exit": f"called sys.exit({st})",
                     "interrupt": "was interrupted (KeyboardInterrupt)",
                     "deadline": "reported a collective deadline"}.get(kind, "failed")
-            lines.append(f"--- {_plural(ranks)}: {what}, exit status {st}")
+            lines.append(f"--- {_plural(ranks, hosts)}: {what}, exit status {st}")
             if error.strip():
                 lines.append(_tail(error))
     else:
         status = rc if rc else 1
         if crashed:
             sigs = sorted({_signal_name(killed[r]) for r in crashed if r in killed})
-            lines.append(f"{PROG}: {_plural(sorted(crashed))} of {np} died on a fatal signal"
+            lines.append(f"{PROG}: {_plural(sorted(crashed), hosts)} of {np} died on a fatal signal"
                          + (f" ({', '.join(sigs)})" if sigs else "")
                          + f"; the job was ended (mpiexec exit status {rc})")
+        elif spans_hosts(hosts) and rc == 255 and not killed:
+            lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc}, as when it "
+                         "loses its connection to a host's MPI proxy (a machine went down, lost "
+                         "its network, or all its processes were killed), and no rank reported "
+                         "an error from Python; which host went first cannot be told from here")
         else:
             lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
                          "reported an error from Python")
     for r, text in sorted(crashed.items()):
-        lines.append(f"--- rank {r}: died on a fatal signal")
+        lines.append(f"--- {_plural([r], hosts)}: died on a fatal signal")
         lines.append(_tail(text))
     others = [r for r in silent if r not in crashed and r not in killed]
     if others:
-        lines.append(f"({_plural(others)}: no result; ended with the job, killed by a signal "
+        lines.append(f"({_plural(others, hosts)}: no result; ended with the job, killed by a signal "
                      "(e.g. out of memory), or stopped by MPI_Abort)")
     return "\n".join(lines), status
 
 
-def _listing(ranks) -> str:
-    """``[0, 2, 3]`` -> ``"ranks 0, 2, 3"``; ``[1]`` -> ``"rank 1"``."""
+def _host_ranks(hosts: dict[int, str] | None) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r, h in sorted((hosts or {}).items()):
+        out.setdefault(h, []).append(r)
+    return out
+
+
+def _whole_host(killed: dict[int, int], per_host: dict[str, list[int]]) -> str | None:
+    """The host all of whose ranks, and only those, were killed."""
+    for host, ranks in per_host.items():
+        if sorted(killed) == ranks and len(ranks) > 0:
+            return host
+    return None
+
+
+def _listing(ranks, hosts: dict[int, str] | None = None) -> str:
+    """``[0, 2, 3]`` -> ``"ranks 0, 2, 3"``; ``[1]`` -> ``"rank 1"``; with ``hosts``
+    naming several hosts, ``"rank 1 (node0)"``."""
     ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    where = (lambda r: f" ({hosts.get(r, '?')})") if spans_hosts(hosts) else (lambda r: "")
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(f"{r}{where(r)}"
+                                                                   for r in ranks)
 
 
-def stranded_summary(np: int, finished: list[int], waits: dict[int, dict]) -> str:
+def stranded_summary(np: int, finished: list[int], waits: dict[int, dict],
+                     hosts: dict[int, str] | None = None) -> str:
     """Ranks that finished while others wait for them in a collective."""
     them = "it" if len(finished) == 1 else "them"
     groups: dict[tuple, list[int]] = {}
@@ -125,7 +196,8 @@ def stranded_summary(np: int, finished: list[int], waits: dict[int, dict]) -> st
     lines = []
     for (what, where), ranks in groups.items():
         verb = "waits" if len(ranks) == 1 else "wait"
-        lines.append(f"{PROG}: {_listing(finished)} finished while {_listing(ranks)} {verb} for "
+        lines.append(f"{PROG}: {_listing(finished, hosts)} finished while "
+                     f"{_listing(ranks, hosts)} {verb} for "
                      f"{them} in {what}" + (f" ({where})" if where else "")
                      + f"; the job of {np} ranks was ended")
     lines.append("(a rank that ends its script leaves any collective that needs it without "
@@ -134,9 +206,15 @@ def stranded_summary(np: int, finished: list[int], waits: dict[int, dict]) -> st
 
 
 def timeout_summary(np: int, timeout: float, reports: dict[int, dict],
-                    pids: dict[int, int], stacks: dict[int, str]) -> str:
+                    pids: dict[int, int], stacks: dict[int, str],
+                    hosts: dict[int, str] | None = None) -> str:
     lines = [f"{PROG}: the job did not finish within --timeout {timeout:g}s and was ended"]
     running = [r for r in range(np) if r not in reports]
+    remote = [r for r in running if r not in pids and r in (hosts or {})]
+    if remote and spans_hosts(hosts):
+        lines.append(f"{_plural(remote, hosts)} of {np} still running on other hosts than "
+                     "spmd-run's (where they were cannot be asked from here)")
+        running = [r for r in running if r not in remote]
     if pids:
         still = [r for r in running if r in pids]
         unknown = [r for r in running if r not in pids]
@@ -158,7 +236,7 @@ def timeout_summary(np: int, timeout: float, reports: dict[int, dict],
         for where, ranks in groups.items():
             lines.append(f"--- {_plural(ranks)} at (most recent call first):")
             lines.append(_ends(where, 6))
-    else:
+    elif not remote:
         lines.append("(cannot tell which ranks were still running)")
     return "\n".join(lines)
 

@@ -63,8 +63,11 @@ def agree_text(text: str, ranks: tuple) -> None:
     for other_text, other_ranks in others:
         a, b = ref_text.splitlines(), other_text.splitlines()
         i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
-        lines.append(f"ranks {ref_ranks} have: {a[i].strip() if i < len(a) else '<end>'}\n"
-                     f"  ranks {other_ranks} have: {b[i].strip() if i < len(b) else '<end>'}")
+        # (With ranks on several hosts, each group's hosts too.)
+        lines.append(f"ranks {ref_ranks}{mpi_control.on_hosts(ref_ranks)} have: "
+                     f"{a[i].strip() if i < len(a) else '<end>'}\n"
+                     f"  ranks {other_ranks}{mpi_control.on_hosts(other_ranks)} have: "
+                     f"{b[i].strip() if i < len(b) else '<end>'}")
     raise ProgramMismatchError(
         "the processes of this mesh traced different programs, so their collectives would "
         "not match (different input shapes or dtypes on different ranks, Python control "

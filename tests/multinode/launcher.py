@@ -1,0 +1,127 @@
+"""Helpers of the launcher's multi-node tests: ``spmd-run`` started on emulated nodes,
+in the background, its output collected, with a time limit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from spmd.testing.emulated_nodes import EmulatedNodes
+from tests.multinode.conftest import job_env
+from tests.mpi import REPO_ROOT, mpiexec_or_skip
+
+# A data-parallel least-squares fit: the batch split over the ranks, the gradient
+# averaged across them; each rank prints its host, rank 0 the losses and a checksum.
+DATA_PARALLEL = textwrap.dedent('''
+    import functools, json, socket, sys
+    import numpy as np
+    import spmd
+    import spmd.numpy as snp
+    from spmd import P, lax
+
+    mesh = spmd.make_mesh((spmd.device_count(),), ("data",))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 32)).astype(np.float32)
+    y = x @ rng.normal(size=(32, 8)).astype(np.float32)
+
+    def loss(w, xb, yb):
+        return lax.pmean(snp.mean((xb @ w - yb) ** 2), "data")
+
+    @spmd.jit
+    @functools.partial(spmd.shard_map, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                       out_specs=(P(), P()))
+    def step(w, xb, yb):
+        value, grad = spmd.value_and_grad(loss)(w, xb, yb)
+        return value, w - 0.05 * grad
+
+    w = np.zeros((32, 8), np.float32)
+    losses = []
+    for _ in range(8):
+        value, w = step(w, x, y)
+        losses.append(float(np.asarray(value)))
+    print(f"HOST {spmd.process_index()} {socket.gethostname()}", flush=True)
+    if spmd.process_index() == 0:
+        print("RESULT " + json.dumps({"losses": losses, "w": float(np.asarray(w).sum())}),
+              flush=True)
+''')
+
+
+def emulated(nodes: EmulatedNodes) -> list[str]:
+    """``--mpiexec-arg`` options that start each node's proxy in its namespaces."""
+    out = []
+    for arg in nodes.launcher_args():
+        out += ["--mpiexec-arg", arg]
+    return out
+
+
+class Run:
+    """``python -m spmd.launch OPTIONS TARGET ARGS`` in the background, in ``cwd``,
+    on ``nodes`` (their variables set), its output (stdout and stderr) collected."""
+
+    def __init__(self, nodes: EmulatedNodes | None, options, target, args=(), *, cwd,
+                 env=None):
+        mpiexec_or_skip()
+        full = job_env({**(nodes.env() if nodes else {}), **(env or {})})
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "spmd.launch", *options, str(target), *map(str, args)],
+            cwd=str(cwd), env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True, stdin=subprocess.DEVNULL)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, count: int, timeout: float) -> bool:
+        """Whether ``text`` was printed ``count`` times within ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.out.count(text) >= count:
+                return True
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        return self.out.count(text) >= count
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, or None after killing the launcher's group past ``timeout``."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self._reader.join(timeout=5)
+            return None
+        self._reader.join(timeout=5)
+        return self.proc.returncode
+
+
+def run(nodes, options, target, args=(), *, cwd, env=None, limit_s=120) -> tuple:
+    """(exit status or None past ``limit_s``, output) of one ``spmd-run``."""
+    job = Run(nodes, options, target, args, cwd=cwd, env=env)
+    status = job.wait(limit_s)
+    return status, job.out
+
+
+def hosts_of(out: str) -> dict[int, str]:
+    """Rank -> host, as the job's ranks printed them (``HOST <rank> <host>``)."""
+    found = {}
+    for line in out.splitlines():
+        if "HOST " in line:
+            rank, host = line.split("HOST ", 1)[1].split()[:2]
+            found[int(rank)] = host
+    return found
+
+
+__all__ = ["DATA_PARALLEL", "REPO_ROOT", "Run", "emulated", "hosts_of", "run"]
