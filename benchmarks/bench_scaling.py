@@ -51,11 +51,23 @@ def skip_reason() -> str:
     return "launches its own MPI jobs on many cores: python benchmarks/bench_scaling.py"
 
 
+# ``--bind``: each process runs on one core of its own (its rank on the node, or
+# its copy's index), as ``mpiexec -bind-to core`` would place it.
+_BOUND = ("import os, runpy, sys; "
+          "r = int(os.environ.get('MPI_LOCALRANKID') or os.environ.get('PMI_RANK') or "
+          "os.environ.get('SPMD_BENCH_COPY') or 0); "
+          "os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[r % len(os.sched_getaffinity(0))]}); "
+          "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+BIND = False
+
+
 def command(n: int, steps: int, stats: str, mpiexec: str, launcher: str) -> list[str]:
     """The job of ``n`` ranks: the example as a user runs it, weakly scaled."""
     script = [os.path.join("examples", "train_transformer.py"), "--mesh", f"data={n},model=1",
               "--batch", str(SEQS_PER_RANK * n), *MODEL, "--steps", str(steps),
               "--sample", "0", "--log-every", str(steps), "--stats", stats]
+    if BIND:
+        script = ["-c", _BOUND, *script]
     if n == 1:
         return [sys.executable, *script]
     if launcher == "spmd-run":
@@ -98,7 +110,7 @@ def run_floor(n: int, steps: int) -> float:
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
         procs = [subprocess.Popen(command(1, steps, os.path.join(tmp, f"s{i}"), "", "mpiexec"),
-                                  cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                  cwd=REPO, env=dict(env, SPMD_BENCH_COPY=str(i)), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True) for i in range(n)]
         for p in procs:
             _, err = p.communicate(timeout=1800)
@@ -155,10 +167,13 @@ def main(argv=None) -> int:
     ap.add_argument("--launcher", choices=("mpiexec", "spmd-run"), default="mpiexec")
     ap.add_argument("--floor", action="store_true",
                     help="also run N one-process copies at once (no MPI): the machine's floor")
+    ap.add_argument("--bind", action="store_true", help="each process on a core of its own")
     ap.add_argument("--commit", default=None, help="the commit measured (where git is missing)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"))
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.ranks.split(",")]
+    global BIND
+    BIND = args.bind
     provenance = common.provenance()  # the code of this moment, before the runs
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     floors: dict[int, list[float]] = {n: [] for n in counts}
@@ -178,7 +193,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "weak scaling of examples/train_transformer.py", "date": common.now_iso(),
               **provenance, "machine": common.machine_info(), "steps": args.steps,
               "seqs_per_rank": SEQS_PER_RANK, "model": " ".join(MODEL),
-              "launcher": args.launcher, "rows": rows, "floors": {str(n): f for n, f in floors.items()}, "runs": {str(n): rs for n, rs in runs.items()}}
+              "launcher": args.launcher, "bind": args.bind, "rows": rows, "floors": {str(n): f for n, f in floors.items()}, "runs": {str(n): rs for n, rs in runs.items()}}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
