@@ -15,6 +15,10 @@ When a communicator's members share one node, sums from 16 KiB and mid-sized
 moves go through a shared window instead of MPI's calls
 (:mod:`spmd.collectives.mpi_shm`: 1.5-2x faster there with the mpich wheel), and a
 ``ppermute``'s messages through shared outboxes (:mod:`spmd.collectives.mpi_p2p`).
+When its members span several nodes (the same number on each), sums, reduce-scatters
+and all-gathers from 64 KiB go through the nodes' hierarchy instead
+(:mod:`spmd.collectives.mpi_hier`: within each node, then across nodes in parallel
+slices, then within each node again).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import weakref
 
 import numpy as np
 
-from spmd.collectives import mpi_p2p, mpi_shm
+from spmd.collectives import mpi_hier, mpi_p2p, mpi_shm
 from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
                                           CollectiveTimeoutError, Site, complete_within,
                                           register, site_here)
@@ -83,7 +87,8 @@ def _settings() -> tuple:
     """The environment settings that choose a collective's algorithm (every member must
     choose alike), or the error reading them gave."""
     try:
-        return ("ok", mpi_shm.size_range(), _split_bytes(), checking(), nodes.simulated())
+        return ("ok", mpi_shm.size_range(), _split_bytes(), checking(), nodes.simulated(),
+                mpi_hier.min_bytes())
     except ArgumentError as e:
         return ("error", str(e))
 
@@ -92,21 +97,21 @@ def _agree_settings(ranks: tuple, ctl) -> None:
     """Check, once per communicator, that its members read the same algorithm settings
     (``SPMD_MPI_SHM_MIN_BYTES``, ``SPMD_MPI_SHM_MAX_BYTES``,
     ``SPMD_MPI_ALLREDUCE_SPLIT_BYTES``, ``SPMD_CHECK_COLLECTIVES``,
-    ``SPMD_SIMULATE_NODES``): members choosing differently would pair one member's
+    ``SPMD_SIMULATE_NODES``, ``SPMD_MPI_HIER_MIN_BYTES``): members choosing differently would pair one member's
     shared-memory barrier, or collective check, with another's MPI call.  Every member
     raises alike."""
     every = ctl.allgather(_settings())
     if all(e == every[0] for e in every) and every[0][0] == "ok":
         return
     lines = "\n".join(f"  rank {r}: " + (f"(min, slot) = {e[1]}, split = {e[2]}, check = {e[3]}, "
-                                          f"simulated nodes = {e[4]}"
+                                          f"simulated nodes = {e[4]}, hierarchy from = {e[5]}"
                                           if e[0] == "ok" else e[1])
                       for r, e in zip(ranks, every))
     raise ArgumentError(
         f"the MPI ranks {list(ranks)} read different or invalid collective settings:\n{lines}\n"
         "Give every rank the same SPMD_MPI_SHM_MIN_BYTES, SPMD_MPI_SHM_MAX_BYTES, "
-        "SPMD_MPI_ALLREDUCE_SPLIT_BYTES, SPMD_CHECK_COLLECTIVES and SPMD_SIMULATE_NODES (or "
-        "leave them unset)")
+        "SPMD_MPI_ALLREDUCE_SPLIT_BYTES, SPMD_CHECK_COLLECTIVES, SPMD_SIMULATE_NODES and "
+        "SPMD_MPI_HIER_MIN_BYTES (or leave them unset)")
 
 
 # MPI has no reduction over these types: reduce in a wider one.
@@ -272,9 +277,21 @@ def _split_slice(comm, buf, out, n: int):
     return out.reshape(-1)[me * k:(me + 1) * k]
 
 
+def _hier(ranks, comm, nbytes: int, what):
+    """The hierarchical plan for an operand of ``nbytes`` over ``ranks``
+    (:mod:`spmd.collectives.mpi_hier`), or None: the flat call.  Decided once per
+    communicator (collective over its members, at its first operand in range)."""
+    if nbytes < mpi_hier.min_bytes():
+        return None
+    return mpi_hier.plan_for(ranks, comm, what)
+
+
 def allreduce(x, ranks, op, what=None):
     comm = communicator(ranks, what)
     buf, orig = _widen(x)
+    if (plan := _hier(ranks, comm, buf.nbytes, what)) is not None:
+        out = plan.allreduce(buf, op, what)
+        return out.astype(orig) if orig is not None else out
     out = _recv_buffer(buf.shape, buf.dtype)
     with Collective(ranks, what):
         shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes, "allreduce")
@@ -297,6 +314,8 @@ def allgather(x, ranks, what=None, *, control=False):
     comm = control_comm(ranks, what) if control else communicator(ranks, what)
     n = len(ranks)
     src = _bytes(x)
+    if not control and (plan := _hier(ranks, comm, src.nbytes, what)) is not None:
+        return plan.allgather(src, what).view(x.dtype).reshape((n,) + x.shape)
     out = _recv_buffer((n,) + src.shape, np.uint8)
     with Collective(ranks, what, control_traffic=control):
         shm = not control and mpi_shm.segment_for(ranks, comm, src.nbytes, "move")
@@ -311,6 +330,9 @@ def reduce_scatter(x, ranks, op="sum", what=None):
     """``x`` has the member count as its leading axis; member k gets the sum of row k."""
     comm = communicator(ranks, what)
     buf, orig = _widen(x)
+    if (plan := _hier(ranks, comm, buf.nbytes, what)) is not None:
+        out = plan.reduce_scatter(buf, op, what)
+        return out.astype(orig) if orig is not None else out
     out = _recv_buffer(buf.shape[1:], buf.dtype)
     with Collective(ranks, what):
         shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes,
@@ -538,12 +560,15 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
     point of the program, the same on every rank (``test()`` could issue it at
     different moments on different ranks, out of order with other collectives).
     ``Iallreduce`` was as slow as ``Allreduce`` at 32 MiB, ``Ireduce_scatter_block`` +
-    ``Allgather`` as fast as the blocking pair (2 ranks, 2026-12-01).
+    ``Allgather`` as fast as the blocking pair (2 ranks, 2026-12-01).  Over several
+    nodes it is hierarchical (:meth:`spmd.collectives.mpi_hier.Plan.start`).
 
     >>> r = iallreduce(g, (0, 1), "sum"); ...; total = r.wait()  # doctest: +SKIP
     """
     comm = communicator(ranks, what)
     buf, orig = _widen(x)
+    if (plan := _hier(ranks, comm, buf.nbytes, what)) is not None:
+        return plan.start(buf, op, what, orig, xp)  # (step 1 now, step 2 started)
     out = _recv_buffer(buf.shape, buf.dtype)
     mine, gather = _split_slice(comm, buf, out, len(ranks)), None
     with Collective(ranks, str(what) if what is not None else None):
@@ -633,7 +658,8 @@ class _BoundAllreduce:
             comm = communicator(self.ranks, self.what)
             shm = self.op == "sum" and mpi_shm.segment_for(self.ranks, comm, x.nbytes,
                                                            "allreduce")
-            if not shm and _split_slice(comm, x, x, len(self.ranks)) is None:
+            if not shm and _split_slice(comm, x, x, len(self.ranks)) is None \
+                    and _hier(self.ranks, comm, x.nbytes, self.what) is None:
                 self.record = Collective(self.ranks, self.what)
                 self.fast = (x.shape, x.dtype, comm, _op(self.op))
         return out
