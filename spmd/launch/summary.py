@@ -92,7 +92,9 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
     lines = []
     per_host = _host_ranks(hosts)
     whole = _whole_host(killed, per_host) if spans_hosts(hosts) else None
-    if lost is not None and not failed and not crashed:
+    # A rank of another host may crash on the lost connection a moment later: the
+    # lost host still came first.
+    if lost is not None and not failed and not any(r in crashed for r in lost[1]):
         status = rc if rc else 1
         lines.append(f"{PROG}: {lost[0]} lost ({_listing(lost[1])}): it stopped answering "
                      f"(mpiexec lost its connection to the host's MPI proxy and exited with "
@@ -152,8 +154,9 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
         else:
             lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
                          "reported an error from Python")
+    after = f" after {lost[0]} was lost" if lost is not None else ""
     for r, text in sorted(crashed.items()):
-        lines.append(f"--- {_plural([r], hosts)}: died on a fatal signal")
+        lines.append(f"--- {_plural([r], hosts)}: died on a fatal signal{after}")
         lines.append(_tail(text))
     others = [r for r in silent if r not in crashed and r not in killed]
     if others:

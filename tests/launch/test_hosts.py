@@ -163,6 +163,11 @@ def test_a_lost_host_is_named_with_its_ranks():
     text, status = summary.failure_summary(4, {}, 255, {}, {}, HOSTS, lost)
     assert text.startswith("spmd-run: node1 lost (ranks 2, 3): it stopped answering"), text
     assert "(ranks 0-1 (node0): no result" in text and status == 255, text
+    # A rank of node0 that crashed on the lost connection comes after.
+    text, _ = summary.failure_summary(4, {}, 255, {1: "Fatal Python error: Aborted\n"}, {},
+                                      HOSTS, lost)
+    assert text.startswith("spmd-run: node1 lost (ranks 2, 3): it stopped answering"), text
+    assert "--- rank 1 (node0): died on a fatal signal after node1 was lost" in text, text
     # mpiexec reported exit codes: not a lost connection.
     assert summary.lost_host(4, {}, [0, 0, 9, 9], [3], HOSTS) is None
     # One host: nothing to name.
