@@ -11,8 +11,14 @@ the whole job and prints which rank failed, its exit status and the end of its
 error.  Its own exit status is the failing rank's (124 after ``--timeout``,
 130 after Ctrl-C).  After every job it removes the shared-memory segments the
 job's ranks left (:mod:`spmd.launch.cleanup`).  With ``--max-restarts N`` a job
-whose ranks failed is started again, up to N times (:func:`run`).  See
-docs/launching.md.
+whose ranks failed is started again, up to N times (:func:`run`).
+
+    spmd-run -n 8 --hosts node0:4,node1:4 --mpiexec-arg -launcher --mpiexec-arg ssh train.py
+
+places the ranks on other hosts (``--hosts``, ``--hostfile``, or Slurm's
+allocation: :func:`resolve_hosts`); the launch directory is then on a shared
+filesystem (:func:`spmd.launch.multihost.make_launch_dir`) and every host cleans its own
+/dev/shm after each attempt (:func:`spmd.launch.multihost.clean_every_host`).  See docs/launching.md.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from spmd.launch import _rank, hosts
+from spmd.launch import _rank, hosts, multihost
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
 from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
                                  lost_host, stranded_summary, timeout_summary)
@@ -288,23 +294,6 @@ def resolve_hosts(ns: argparse.Namespace, environ=None) -> None:
     ns.remote = bool(ns.rank_hosts) and not all(hosts.is_local(h) for h in ns.rank_hosts)
 
 
-def _host_args(ns: argparse.Namespace, impl: str, launch_dir: str,
-               placement=None) -> list[str]:
-    """mpiexec's options naming the hosts: Hydra's -hosts / -f, Open MPI's --host /
-    --hostfile (a hostfile is written in the MPI's own form into the launch directory,
-    whichever form it was given in)."""
-    placement = ns.placement if placement is None else placement
-    if not placement:
-        return []
-    listed = ",".join(f"{h}:{s}" for h, s in placement)
-    if ns.hostfile is None or placement is not ns.placement:
-        return ["-hosts", listed] if impl != "openmpi" else ["--host", listed]
-    path = os.path.join(launch_dir, "hostfile")
-    if impl == "openmpi":
-        return ["--hostfile", hosts.openmpi_hostfile(placement, path)]
-    return ["-f", hosts.hydra_hostfile(placement, path)]
-
-
 def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
               attempt: int = 0) -> dict[str, str]:
     """The ranks' environment: ours plus what spmd and the BLAS libraries read, and
@@ -360,7 +349,7 @@ def build_command(ns: argparse.Namespace, mpiexec: str, impl: str,
         for name in _EXPORTED:
             if name in env:
                 cmd += ["-x", name]
-    cmd += _host_args(ns, impl, env.get("SPMD_LAUNCH_DIR", "."))
+    cmd += hosts.host_args(ns, impl, env.get("SPMD_LAUNCH_DIR", "."))
     cmd += list(getattr(ns, "mpiexec_args", None) or [])
     cmd += ["-n", str(ns.np), sys.executable, "-m", "spmd.launch._rank"]
     cmd += ["-m", ns.module] if ns.module is not None else [ns.target]
@@ -392,7 +381,9 @@ def check_gpu(ns: argparse.Namespace, environ=None) -> None:
         raise LaunchError(f"--platform gpu: CuPy is installed but sees no GPU{detail}; check the "
                           "NVIDIA driver (`nvidia-smi`) and that CuPy matches the CUDA version, "
                           f"or run on CPU (--platform cpu)")
-    per_node = _ranks_per_node(ns.np, environ, simulate=True)  # GPUs are per (simulated) node
+    # GPUs are per (simulated) node; with hosts given, per host.
+    per_node = _ranks_per_node(ns.np, environ, simulate=True,
+                               rank_hosts=getattr(ns, "rank_hosts", None))
     if per_node > count and environ.get("SPMD_GPU_BACKEND", "").lower() != "mpi":
         raise LaunchError(
             f"--platform gpu: {per_node} ranks on this node but only {count} GPU(s); NCCL cannot "
@@ -453,7 +444,7 @@ def run(ns: argparse.Namespace) -> int:
 def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
              deadline: float | None) -> tuple[int, bool]:
     """One run of the job: (exit status, whether a restart may follow)."""
-    launch_dir = make_launch_dir(ns)
+    launch_dir = multihost.make_launch_dir(ns)
     job = None
     try:
         env = build_env(ns, launch_dir, attempt=attempt)
@@ -465,85 +456,9 @@ def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
             if job is not None:
                 job.cleanup()
                 if ns.remote:
-                    clean_every_host(ns, mpiexec, impl, env, launch_dir)
+                    multihost.clean_every_host(ns, mpiexec, impl, env, launch_dir)
         finally:
-            remove_launch_dir(launch_dir)
-
-
-# The launch directory's parent when hosts other than this one run ranks.
-SHARED_LAUNCH_DIR = ".spmd-run"
-# How long the cleanup pass on every host may take (a host that does not answer
-# would hold it until then).
-CLEANUP_PASS_S = 30.0
-
-
-def make_launch_dir(ns: argparse.Namespace) -> str:
-    """A fresh launch directory for one attempt: under --launch-dir when given; with
-    hosts other than this one under ``.spmd-run/`` of the working directory (the
-    ranks on other hosts must reach it: it must be on a filesystem every host mounts
-    at the same path); else a temporary directory of this machine."""
-    parent = ns.launch_dir
-    if parent is None and ns.remote:
-        parent = os.path.join(os.getcwd(), SHARED_LAUNCH_DIR)
-    if parent is None:
-        return tempfile.mkdtemp(prefix="spmd-run-")
-    parent = os.path.abspath(parent)
-    try:
-        os.makedirs(parent, exist_ok=True)
-        return tempfile.mkdtemp(prefix="job-", dir=parent)
-    except OSError as e:
-        raise LaunchError(f"--launch-dir {parent!r}: cannot make the job's directory there "
-                          f"({e.strerror}); give a writable directory that every host "
-                          "mounts at the same path") from None
-
-
-def remove_launch_dir(launch_dir: str) -> None:
-    """Remove the attempt's directory, and ``.spmd-run/`` too once it is empty."""
-    shutil.rmtree(launch_dir, ignore_errors=True)
-    parent = os.path.dirname(launch_dir)
-    if os.path.basename(parent) == SHARED_LAUNCH_DIR:
-        try:
-            os.rmdir(parent)  # (fails while another job's directory is there: kept)
-        except OSError:
-            pass
-
-
-def cleanup_command(ns: argparse.Namespace, mpiexec: str, impl: str, launch_dir: str) -> list[str]:
-    """One process on every host of the job, each removing its own node's leftover
-    segments (:func:`spmd.launch.cleanup.main`), started as the job was."""
-    used = list(dict.fromkeys(ns.rank_hosts))
-    cmd = [mpiexec]
-    if impl == "openmpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    cmd += _host_args(ns, impl, launch_dir, placement=[(h, 1) for h in used])
-    cmd += list(ns.mpiexec_args or [])
-    return cmd + ["-n", str(len(used)), sys.executable, "-m", "spmd.launch.cleanup", launch_dir]
-
-
-def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
-                     launch_dir: str) -> bool:
-    """Run the cleanup pass on every host (a node cleans its own /dev/shm: the
-    launcher cannot see it); whether it completed.  Says so when it did not."""
-    cmd = cleanup_command(ns, mpiexec, impl, launch_dir)
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=CLEANUP_PASS_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and what it started here
-        proc.communicate()
-        print(f"{PROG}: the cleanup of the hosts' shared memory did not finish within "
-              f"{CLEANUP_PASS_S:g}s (a host does not answer?); segments may be left in "
-              "/dev/shm there", file=sys.stderr)
-        return False
-    out = subprocess.CompletedProcess(cmd, proc.returncode, text, "")
-    if out.returncode != 0:
-        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-5:])
-        print(f"{PROG}: the cleanup of the hosts' shared memory failed (mpiexec exit status "
-              f"{out.returncode}); segments may be left in /dev/shm there:\n{tail}",
-              file=sys.stderr)
-        return False
-    return True
+            multihost.remove_launch_dir(launch_dir)
 
 
 def _supervise(job: Job, ns: argparse.Namespace,
@@ -604,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         return run(ns)
-    except LaunchError as e:
+    except (LaunchError, hosts.HostsError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
 

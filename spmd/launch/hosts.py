@@ -243,11 +243,22 @@ def openmpi_hostfile(placement: list[tuple[str, int]], path: str) -> str:
     return path
 
 
-def shared_dir_hint(path: str) -> str:
-    """How the launch directory must be placed, for messages."""
-    return (f"the launch directory {path} must be on a filesystem every host mounts at "
-            "the same path (give one with --launch-dir DIR)")
+def host_args(ns, impl: str, launch_dir: str, placement=None) -> list[str]:
+    """mpiexec's options naming the hosts of ``ns`` (spmd-run's options, resolved:
+    ``ns.placement``, ``ns.hostfile``) or ``placement``: Hydra's -hosts / -f, Open
+    MPI's --host / --hostfile (a hostfile is written in the MPI's own form into the
+    launch directory, whichever form it was given in).
 
-
-def absolute(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(path))
+    >>> host_args(ns, "mpich", "/shared/job-1")                  # doctest: +SKIP
+    ['-hosts', 'node0:2,node1:2']
+    """
+    placement = ns.placement if placement is None else placement
+    if not placement:
+        return []
+    listed = ",".join(f"{h}:{s}" for h, s in placement)
+    if ns.hostfile is None or placement is not ns.placement:
+        return ["-hosts", listed] if impl != "openmpi" else ["--host", listed]
+    path = os.path.join(launch_dir, "hostfile")
+    if impl == "openmpi":
+        return ["--hostfile", openmpi_hostfile(placement, path)]
+    return ["-f", hydra_hostfile(placement, path)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from spmd.launch import cli, hosts, summary
+from spmd.launch import cli, hosts, multihost, summary
 
 
 def _ns(*argv, environ=None):
@@ -46,7 +46,7 @@ def test_mpiexec_args_pass_verbatim_even_when_they_start_with_a_dash():
     cmd, _ = _command(ns)
     i = cmd.index("-launcher")
     assert cmd[i:i + 4] == ["-launcher", "ssh", "-iface", "lo"] and cmd.index("-n") > i + 3
-    clean = cli.cleanup_command(ns, "mpiexec", "mpich", "/shared/job-1")
+    clean = multihost.cleanup_command(ns, "mpiexec", "mpich", "/shared/job-1")
     assert clean[clean.index("-hosts") + 1] == "a:1,b:1" and "-launcher" in clean
     assert clean[-3:] == ["-m", "spmd.launch.cleanup", "/shared/job-1"]
 

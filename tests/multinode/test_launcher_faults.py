@@ -6,6 +6,7 @@ node's ``/dev/shm`` is left empty whatever the end.  Each job has a time limit."
 from __future__ import annotations
 
 import json
+import signal
 import textwrap
 
 from tests.multinode.launcher import REPO_ROOT, Run, emulated, run
@@ -14,7 +15,7 @@ LIMIT_S = 150
 SCRIPT = REPO_ROOT / "examples" / "train_transformer.py"
 # A small model, data-parallel over the 4 ranks (as tests/launch/test_restarts.py).
 SMALL = ["--d-model", "32", "--heads", "4", "--layers", "2", "--context", "16", "--batch", "8",
-         "--mesh", "data=4,model=1", "--sample", "0", "--steps", "24", "--save-every", "6",
+         "--mesh", "data=4,model=1", "--sample", "0", "--steps", "16", "--save-every", "4",
          "--log-every", "1"]
 # Exact restore: compiled loops off (test_restarts.py says why).
 EXACT = {"SPMD_COMPILE_KERNELS": "0"}
@@ -36,7 +37,7 @@ def test_losing_node1_restarts_and_resumes_to_the_same_result(make_nodes, tmp_pa
               SMALL + ["--ckpt-dir", tmp_path / "ck", "--stats", tmp_path / "lost"],
               cwd=tmp_path, env=EXACT)
     try:
-        assert job.wait_for("] step 14 loss", 1, LIMIT_S), job.out[-3000:]
+        assert job.wait_for("] step 9 loss", 1, LIMIT_S), job.out[-3000:]
         assert nodes.kill_node(1), "node1 had no process"
         status = job.wait(LIMIT_S)
     finally:
@@ -51,7 +52,7 @@ def test_losing_node1_restarts_and_resumes_to_the_same_result(make_nodes, tmp_pa
     assert "BAD TERMINATION" not in out
     assert out.count("spmd-run: restarting the job (attempt 2 of 2)") == 1, out[-5000:]
     resumed = [ln for ln in out.splitlines() if "resumed from step" in ln]
-    assert len(resumed) == 1 and resumed[0].split()[-1] in ("12", "6"), out[-5000:]
+    assert len(resumed) == 1 and resumed[0].split()[-1] in ("8", "4"), out[-5000:]
     assert _final(tmp_path / "lost") == _final(tmp_path / "whole"), out[-3000:]
     assert nodes.leftovers() == {}
     print(lost[0])
@@ -110,4 +111,42 @@ def test_a_program_mismatch_names_the_hosts(make_nodes, tmp_path):
     assert "ranks [0, 1] (node0) have: " in out and "ranks [2, 3] (node1) have: " in out, \
         out[-5000:]
     assert "spmd-run: ranks 0-1 (node0), 2-3 (node1) of 4 failed; rank " in out, out[-5000:]
+    assert nodes.leftovers() == {}
+
+
+_SLEEPS = textwrap.dedent("""
+    import time
+    import numpy as np
+    import spmd
+    from spmd import P, lax
+
+    mesh = spmd.make_mesh((spmd.device_count(),), ("i",))
+    step = spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
+                                   out_specs=P()))
+    step(np.ones(spmd.device_count() * 8192, np.float32))  # (spmd's window: 32 KiB a rank)
+    print("STARTED", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_a_timeout_and_ctrl_c_across_hosts_leave_every_node_clean(make_nodes, tmp_path):
+    nodes = make_nodes(2)
+    (tmp_path / "job.py").write_text(_SLEEPS)
+    hosts = ["-n", "4", "--hosts", "node0:2,node1:2", *emulated(nodes)]
+    job = Run(nodes, hosts + ["--timeout", "15"], tmp_path / "job.py", cwd=tmp_path)
+    status = job.wait(LIMIT_S)
+    out = job.out
+    assert status == 124, out[-3000:]
+    assert "spmd-run: the job did not finish within --timeout 15s and was ended\n" \
+           "ranks 0-1 (node0), 2-3 (node1) of 4 still running on other hosts than " \
+           "spmd-run's" in out, out[-3000:]
+    assert "BAD TERMINATION" not in out and "YOU CAN IGNORE" not in out, out[-3000:]
+    assert nodes.leftovers() == {}
+    # Ctrl-C (SIGINT to the launcher alone, as a terminal sends it to its group).
+    job = Run(nodes, hosts, tmp_path / "job.py", cwd=tmp_path)
+    assert job.wait_for("STARTED", 4, LIMIT_S), job.out[-3000:]
+    job.proc.send_signal(signal.SIGINT)
+    status = job.wait(LIMIT_S)
+    assert status == 130 and "spmd-run: interrupted; ending the job" in job.out, job.out[-3000:]
+    assert "BAD TERMINATION" not in job.out, job.out[-3000:]
     assert nodes.leftovers() == {}

@@ -1,0 +1,97 @@
+"""What ``spmd-run`` does when ranks run on hosts other than its own: the launch
+directory on a filesystem every host shares, and the cleanup pass that has every
+host remove its own leftover shared memory (the launcher cannot see another
+machine's ``/dev/shm``).
+
+>>> cleanup_command(ns, "mpiexec", "mpich", "/work/.spmd-run/job-x")   # doctest: +SKIP
+['mpiexec', '-hosts', 'node0:1,node1:1', '-n', '2', '/venv/bin/python', '-m',
+ 'spmd.launch.cleanup', '/work/.spmd-run/job-x']
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from spmd.launch.hosts import HostsError, host_args
+from spmd.launch.summary import PROG
+
+# The launch directory's parent when hosts other than this one run ranks.
+SHARED_LAUNCH_DIR = ".spmd-run"
+# How long the cleanup pass on every host may take (a host that does not answer
+# would hold it until then).
+CLEANUP_PASS_S = 30.0
+
+
+def make_launch_dir(ns: argparse.Namespace) -> str:
+    """A fresh launch directory for one attempt: under --launch-dir when given; with
+    hosts other than this one under ``.spmd-run/`` of the working directory (the
+    ranks on other hosts must reach it: it must be on a filesystem every host mounts
+    at the same path); else a temporary directory of this machine."""
+    parent = ns.launch_dir
+    if parent is None and ns.remote:
+        parent = os.path.join(os.getcwd(), SHARED_LAUNCH_DIR)
+    if parent is None:
+        return tempfile.mkdtemp(prefix="spmd-run-")
+    parent = os.path.abspath(parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        return tempfile.mkdtemp(prefix="job-", dir=parent)
+    except OSError as e:
+        raise HostsError(f"--launch-dir {parent!r}: cannot make the job's directory there "
+                          f"({e.strerror}); give a writable directory that every host "
+                          "mounts at the same path") from None
+
+
+def remove_launch_dir(launch_dir: str) -> None:
+    """Remove the attempt's directory, and ``.spmd-run/`` too once it is empty."""
+    shutil.rmtree(launch_dir, ignore_errors=True)
+    parent = os.path.dirname(launch_dir)
+    if os.path.basename(parent) == SHARED_LAUNCH_DIR:
+        try:
+            os.rmdir(parent)  # (fails while another job's directory is there: kept)
+        except OSError:
+            pass
+
+
+def cleanup_command(ns: argparse.Namespace, mpiexec: str, impl: str, launch_dir: str) -> list[str]:
+    """One process on every host of the job, each removing its own node's leftover
+    segments (:func:`spmd.launch.cleanup.main`), started as the job was."""
+    used = list(dict.fromkeys(ns.rank_hosts))
+    cmd = [mpiexec]
+    if impl == "openmpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += host_args(ns, impl, launch_dir, placement=[(h, 1) for h in used])
+    cmd += list(ns.mpiexec_args or [])
+    return cmd + ["-n", str(len(used)), sys.executable, "-m", "spmd.launch.cleanup", launch_dir]
+
+
+def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
+                     launch_dir: str) -> bool:
+    """Run the cleanup pass on every host (a node cleans its own /dev/shm: the
+    launcher cannot see it); whether it completed.  Says so when it did not."""
+    cmd = cleanup_command(ns, mpiexec, impl, launch_dir)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=CLEANUP_PASS_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and what it started here
+        proc.communicate()
+        print(f"{PROG}: the cleanup of the hosts' shared memory did not finish within "
+              f"{CLEANUP_PASS_S:g}s (a host does not answer?); segments may be left in "
+              "/dev/shm there", file=sys.stderr)
+        return False
+    out = subprocess.CompletedProcess(cmd, proc.returncode, text, "")
+    if out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-5:])
+        print(f"{PROG}: the cleanup of the hosts' shared memory failed (mpiexec exit status "
+              f"{out.returncode}); segments may be left in /dev/shm there:\n{tail}",
+              file=sys.stderr)
+        return False
+    return True
