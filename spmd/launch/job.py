@@ -74,11 +74,14 @@ def _codes(text: bytes) -> list[int]:
     """``[host] 0,9 [host2] 0`` -> ``[0, 9, 0]``."""
     codes = []
     for part in re.split(rb"\[[^\]]*\]", text):
-        codes += [int(c) for c in part.replace(b" ", b"").split(b",") if c.isdigit()]
+        # (whitespace, the line's end included, removed first)
+        codes += [int(c) for c in b"".join(part.split()).split(b",") if c.isdigit()]
     return codes
 
 
-# The rule above and below MPICH's box (a line of '=' only).
+# The rule above and below MPICH's box (a line of '=' only), and the most lines
+# held as one box (MPICH's has 8).
+BANNER_LINES = 12
 _BANNER_RULE = re.compile(rb"^={20,}$")
 
 
@@ -226,8 +229,7 @@ class Job:
                 self.segments.add(found)
 
     def _copy_stdout(self) -> None:
-        out = getattr(sys.stdout, "buffer", None)
-        in_banner = in_codes = False
+        in_codes, box = False, None  # box: MPICH's banner lines while one is open
         for line in iter(self.proc.stdout.readline, b""):
             if _EXIT_CODES.search(line.rstrip()):  # asked for by us: read, not shown
                 in_codes = True
@@ -239,26 +241,50 @@ class Job:
                     self.banner["codes"] += _codes(line)
                 continue
             in_codes = False
-            # MPICH's "BAD TERMINATION ... YOU CAN IGNORE THE BELOW CLEANUP MESSAGES"
-            # box is held back: spmd-run's own explanation, printed after the job,
-            # says what it says (which rank, which signal) and comes first.
-            if _BANNER_RULE.match(line.strip()):
-                in_banner = not in_banner
-                self.held.append(line)
-                continue
-            if in_banner:
-                self.held.append(line)
+            box = self._hold_banner(box, line)
+        if box is not None and len(box) == 1:
+            self._show(box[0])
+        elif box is not None:
+            self.held += box
+
+    def _hold_banner(self, box: list | None, line: bytes) -> list | None:
+        """MPICH's "BAD TERMINATION ... YOU CAN IGNORE THE BELOW CLEANUP MESSAGES" box
+        is held back (:attr:`held`): spmd-run's own explanation, printed after the job,
+        says what it says (which rank, which signal) and comes first.  A box is a rule
+        of '=' then a line naming BAD TERMINATION, up to the next rule; anything else
+        (a program's own rule of '=' included) passes through.  Returns the open box."""
+        rule = _BANNER_RULE.match(line.strip()) is not None
+        if box is not None and len(box) == 1 and b"BAD TERMINATION" not in line:
+            self._show(box[0])  # a rule that opened no box
+            box = None
+        if box is None:
+            if rule:
+                return [line]
+            if line.startswith(b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING"):
+                self.held.append(line)  # (the box's last word, after the exit codes)
                 if not self.ending:
                     _parse_banner(line, self.banner)
-                continue
-            if out is not None:
-                out.write(line)
-                out.flush()
-            else:
-                sys.stdout.write(line.decode(errors="replace"))
-                sys.stdout.flush()
-            if not self.ending:
-                _parse_banner(line, self.banner)
+                return None
+            self._show(line)
+            return None
+        box.append(line)
+        if not self.ending:
+            _parse_banner(line, self.banner)
+        if rule or len(box) > BANNER_LINES:
+            self.held += box
+            return None
+        return box
+
+    def _show(self, line: bytes) -> None:
+        out = getattr(sys.stdout, "buffer", None)
+        if out is not None:
+            out.write(line)
+            out.flush()
+        else:
+            sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+        if not self.ending:
+            _parse_banner(line, self.banner)
 
     def _copy_stderr(self) -> None:
         """The ranks' stderr passes through; mpiexec's own complaints (Hydra's
