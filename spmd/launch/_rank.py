@@ -39,6 +39,8 @@ import sys
 import time
 import traceback
 
+from spmd.launch import affinity
+
 # Launchers set one of these in every rank (MPICH/Hydra, PMIx, Open MPI,
 # MVAPICH, Slurm), first match wins.
 _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
@@ -323,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     report.start()
     _line_buffered()
     try:
+        affinity.bind_from_env()  # before the target starts its threads, which inherit it
         _run_target(script, module, args)
     except SystemExit as e:
         status, message = _exit_code(e.code)
