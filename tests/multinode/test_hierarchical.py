@@ -11,9 +11,13 @@ which plan each group took.  Tolerances follow the summed magnitudes:
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 
-from tests.multinode.conftest import python
+from spmd.testing.emulated_nodes import EmulatedNodes
+from tests.mpi import REPO_ROOT, mpiexec_or_skip
+from tests.multinode.conftest import job_env, python
 
 # Each job is given its mesh, the axis its collectives reduce over, and the sizes
 # (elements per device block) to check.
@@ -102,6 +106,32 @@ _JOB = textwrap.dedent(r"""
     digests.append(hashlib.sha1(got.tobytes()).hexdigest())
     checks += 1
 
+    # A data-parallel gradient: the overlap pass starts its all-reduces (buckets of at
+    # most 128 KiB here, so that each weight's gradient is one) and waits where used.
+    if cfg.get("grad"):
+        import spmd.numpy as snp
+        spmd.config.update("overlap_bucket_bytes", 128 * 1024)
+        r = np.random.default_rng(0)
+        w1, w2 = [(r.standard_normal(s) * 0.1).astype(np.float32) for s in ((64, 256), (256, 128))]
+        xs = r.standard_normal((n * 8, 64)).astype(np.float32)
+
+        def loss(ws, xb):
+            return snp.sum(snp.tanh(snp.tanh(xb @ ws[0]) @ ws[1]) ** 2)
+
+        step = spmd.jit(spmd.shard_map(lambda ws, xb: spmd.grad(loss)(ws, xb), mesh=mesh,
+                                       in_specs=(P(), spec), out_specs=P()))
+        before = mpi_hier.plan_of(group).calls["started"]
+        g1, g2 = [np.asarray(g) for g in step([w1, w2], xs)]
+        assert mpi_hier.plan_of(group).calls["started"] == before + 2, "overlapped buckets"
+        x64, v1, v2 = xs.astype(np.float64), w1.astype(np.float64), w2.astype(np.float64)
+        h = np.tanh(x64 @ v1); z = np.tanh(h @ v2); dz = 2 * z * (1 - z * z)
+        want2, want1 = h.T @ dz, x64.T @ ((dz @ v2.T) * (1 - h * h))
+        for got, want, terms in ((g1, want1, np.abs(x64).T @ np.abs(dz @ v2.T)),
+                                 (g2, want2, np.abs(h).T @ np.abs(dz))):
+            assert (np.abs(got - want) <= 1e-4 * terms + 1e-6).all(), "gradient"
+        digests += [hashlib.sha1(g1.tobytes()).hexdigest(), hashlib.sha1(g2.tobytes()).hexdigest()]
+        checks += 1
+
     # Every member of a group holds the same bits (groups exchange over their own ranks).
     sub = comm.Split(color=min(group), key=pos)
     same = all(d == digests for d in sub.allgather(digests))
@@ -143,7 +173,7 @@ def _assert_hierarchical(every, nodes, per_node):
 
 def test_two_nodes_of_two_whole_mesh(make_nodes, tmp_path):
     cfg = {"mesh": [4], "axes": ["i"], "over": "i", "sizes": SIZES,
-           "big": [700_001, 1_200_000]}
+           "big": [700_001, 1_200_000], "grad": True}
     _assert_hierarchical(_run(make_nodes, tmp_path, [2, 2], cfg), 2, 2)
 
 
@@ -166,3 +196,22 @@ def test_one_rank_per_node_and_uneven_nodes_stay_flat(make_nodes, tmp_path):
     for slots in ([1, 1, 1], [2, 1]):
         every = _run(make_nodes, tmp_path, slots, cfg)
         assert all(r["plan"] is None for r in every), (slots, every)
+
+
+def test_simulated_nodes_take_the_hierarchy_too(tmp_path):
+    """``SPMD_SIMULATE_NODES=2`` on one machine (the suite's ``[2nodes]`` runs): the
+    ranks of each simulated node share real memory, and the hierarchy is taken."""
+    script = tmp_path / "job.py"
+    script.write_text(_JOB)
+    cfg = {"mesh": [4], "axes": ["i"], "over": "i", "sizes": SIZES}
+    cmd = [str(mpiexec_or_skip()), "-iface", "lo", "-n", "4", sys.executable, str(script),
+           json.dumps(cfg)]
+    # (MPI's traffic stays on the loopback: the nodes' variables less the launcher's.)
+    net = {k: v for k, v in EmulatedNodes.env().items() if k.startswith("FI_")}
+    out = subprocess.run(cmd, env={**job_env({"SPMD_SIMULATE_NODES": "2"}), **net},
+                         capture_output=True, text=True, timeout=120, cwd=str(REPO_ROOT),
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    every = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert all(r["same_bits"] for r in every), every
+    _assert_hierarchical(every, 2, 2)
