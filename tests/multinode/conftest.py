@@ -7,7 +7,9 @@ skips, and the skip says why.  Each job has a time limit, so a hang fails fast.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -61,7 +63,33 @@ def make_nodes(tmp_path):
     yield make
     for nodes in made:
         for k in range(nodes.count):
-            nodes.kill_node(k)
+            for pid in node_pids(nodes, k):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def node_pids(nodes: EmulatedNodes, k: int) -> list[int]:
+    """The processes still running on node ``k``: those of its namespace whose
+    ``/dev/shm`` is that node's directory.
+
+    The namespace alone is not enough once the node's processes have ended: the
+    kernel gives its number to the next namespace made (another test's node, in a
+    session running beside this one), and :meth:`EmulatedNodes.pids` would name
+    that node's processes."""
+    own = str(nodes.shm_dir(k))
+    found = []
+    for pid in nodes.pids(k):
+        try:
+            with open(f"/proc/{pid}/mountinfo") as f:
+                # Fields: id, parent, device, root within its filesystem, mount point, ...
+                roots = [line.split()[3] for line in f if line.split()[4] == "/dev/shm"]
+        except (OSError, IndexError):
+            continue
+        if roots and roots[-1] != "/" and own.endswith(roots[-1]):
+            found.append(pid)
+    return found
 
 
 def mpiexec(nodes: EmulatedNodes, slots, argv: list[str], env: dict | None = None,
@@ -79,3 +107,45 @@ def mpiexec(nodes: EmulatedNodes, slots, argv: list[str], env: dict | None = Non
 def python(nodes: EmulatedNodes, slots, script, *args, env=None, limit_s=JOB_LIMIT_S):
     """Run a Python script file on the nodes' ranks (plain ``mpiexec``)."""
     return mpiexec(nodes, slots, [sys.executable, str(script), *map(str, args)], env, limit_s)
+
+
+RANK_PYTEST = os.path.join(os.path.dirname(__file__), "rank_pytest.py")
+
+
+def in_place_pytest(nodes: EmulatedNodes, slots, outdir, args: list[str],
+                    limit_s: float = JOB_LIMIT_S, per_test_s: float = 120) -> list[dict]:
+    """Run ``pytest --with-mpi -m mpi ARGS`` in place on the ranks of a job on
+    ``nodes`` (as ``make test-mpi`` does on one machine; ``rank_pytest.py``), with
+    the suite's settings: one BLAS thread, the checking mode on, a per-test limit
+    whose ``thread`` method can interrupt a rank blocked in MPI.
+
+    Returns each rank's summary (host, exit status, collected, passed, failed,
+    skipped), in rank order; a rank without one (it died, or the job hung) fails
+    the test, showing the tail of every rank's log."""
+    n = slots * nodes.count if isinstance(slots, int) else sum(slots)
+    argv = [sys.executable, RANK_PYTEST, str(outdir), "-q", "-p", "no:cacheprovider",
+            "--with-mpi", "-m", "mpi", f"--timeout={per_test_s}", "--timeout-method=thread",
+            *args]
+    env = {"SPMD_TEST_MPI_NP": str(n), "SPMD_CHECK_COLLECTIVES": "1"}
+    try:
+        out = mpiexec(nodes, slots, argv, env, limit_s)
+        ended = f"mpiexec exited with {out.returncode}:\n{out.stderr[-2000:]}"
+    except subprocess.TimeoutExpired:
+        ended = f"the job did not end within {limit_s} s"
+    summaries = []
+    for rank in range(n):
+        path = os.path.join(outdir, f"rank{rank}.json")
+        if not os.path.exists(path):
+            logs = "\n".join(f"--- rank {r} ---\n{_tail(outdir, r)}" for r in range(n))
+            pytest.fail(f"rank {rank} wrote no summary; {ended}\n{logs}")
+        with open(path) as f:
+            summaries.append(json.load(f))
+    return summaries
+
+
+def _tail(outdir, rank: int, lines: int = 30) -> str:
+    try:
+        with open(os.path.join(outdir, f"rank{rank}.log")) as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
