@@ -120,7 +120,28 @@ def run_floor(n: int, steps: int) -> float:
     return statistics.mean(rates)
 
 
-def summarize(runs: dict[int, list[dict]], floors: dict[int, list[float]]) -> list[dict]:
+GRADIENT_BYTES = 3247104  # the model's parameters, float32 (its --stats param_bytes)
+
+
+def run_probe(n: int, mpiexec: str) -> dict:
+    """``scaling_probe.py`` on ``n`` ranks under spmd-run: the gradient's psum alone
+    (no compute to wait for) and raw Allreduce, medians in seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "probe.json")
+        cmd = [sys.executable, "-m", "spmd.launch", "--mpiexec", mpiexec, "--no-prefix",
+               "-n", str(n), os.path.join(HERE, "scaling_probe.py"),
+               "--bytes", str(GRADIENT_BYTES), "--out", out]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True,
+                              timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        return json.load(open(out))["median_s"]
+
+
+def summarize(runs: dict[int, list[dict]], floors: dict[int, list[float]],
+              probes: dict[int, dict] | None = None) -> list[dict]:
     """Per N: medians over the rounds, and efficiency against 2 ranks."""
     rows = []
     for n, rs in sorted(runs.items()):
@@ -130,6 +151,7 @@ def summarize(runs: dict[int, list[dict]], floors: dict[int, list[float]]) -> li
                      "floor_tokens_per_s_per_process": (statistics.median(floors[n])
                                                         if floors.get(n) else None),
                      "comm_share_max": statistics.median(max(r["comm_share"]) for r in rs),
+                     "probe_median_s": (probes or {}).get(n),
                      "command": rs[0]["command"]})
     base = next((r["tokens_per_s_per_rank"] for r in rows if r["ranks"] == 2), None)
     for r in rows:
@@ -167,6 +189,8 @@ def main(argv=None) -> int:
     ap.add_argument("--launcher", choices=("mpiexec", "spmd-run"), default="mpiexec")
     ap.add_argument("--floor", action="store_true",
                     help="also run N one-process copies at once (no MPI): the machine's floor")
+    ap.add_argument("--probe", action="store_true",
+                    help="also time the gradient's psum alone on N ranks (scaling_probe.py)")
     ap.add_argument("--bind", action="store_true", help="each process on a core of its own")
     ap.add_argument("--commit", default=None, help="the commit measured (where git is missing)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"))
@@ -187,7 +211,13 @@ def main(argv=None) -> int:
                 floors[n].append(run_floor(n, args.steps))
                 print(f"round {k + 1}: {n} copies, no MPI: {floors[n][-1]:,.0f} tokens/s each",
                       flush=True)
-    rows = summarize(runs, floors)
+    probes = {}
+    if args.probe:
+        for n in counts:
+            if n > 1:
+                probes[n] = run_probe(n, args.mpiexec)
+                print(f"{n} ranks: the gradient's psum alone {probes[n]}", flush=True)
+    rows = summarize(runs, floors, probes)
     if args.commit:
         provenance["commit"] = args.commit
     result = {"benchmark": "weak scaling of examples/train_transformer.py", "date": common.now_iso(),
