@@ -79,6 +79,10 @@ def _codes(text: bytes) -> list[int]:
     return codes
 
 
+# The lines MPICH prints after its box (and the exit codes).
+_BANNER_TAIL = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
+                b"This typically refers to a problem with your application.",
+                b"Please see the FAQ page for debugging suggestions")
 # The rule above and below MPICH's box (a line of '=' only), and the most lines
 # held as one box (MPICH's has 8).
 BANNER_LINES = 12
@@ -242,25 +246,32 @@ class Job:
                 continue
             in_codes = False
             box = self._hold_banner(box, line)
-        if box is not None and len(box) == 1:
-            self._show(box[0])
-        elif box is not None:
+        if box is not None and any(b"BAD TERMINATION" in ln for ln in box):
             self.held += box
+        else:
+            for line in box or ():
+                self._show(line)
 
     def _hold_banner(self, box: list | None, line: bytes) -> list | None:
         """MPICH's "BAD TERMINATION ... YOU CAN IGNORE THE BELOW CLEANUP MESSAGES" box
         is held back (:attr:`held`): spmd-run's own explanation, printed after the job,
-        says what it says (which rank, which signal) and comes first.  A box is a rule
-        of '=' then a line naming BAD TERMINATION, up to the next rule; anything else
-        (a program's own rule of '=' included) passes through.  Returns the open box."""
+        says what it says (which rank, which signal) and comes first.  A box is a
+        blank line and a rule of '=', then a line naming BAD TERMINATION, up to the
+        next rule; anything else (a program's own rule of '=' included) passes
+        through.  Returns the box being read, or None."""
         rule = _BANNER_RULE.match(line.strip()) is not None
-        if box is not None and len(box) == 1 and b"BAD TERMINATION" not in line:
-            self._show(box[0])  # a rule that opened no box
+        if box is not None and not any(b"BAD TERMINATION" in ln for ln in box):
+            if (not line.strip() and not box[-1].strip()) or \
+                    (rule and not box[-1].strip()) or \
+                    (b"BAD TERMINATION" in line and _BANNER_RULE.match(box[-1].strip())):
+                return box + [line]  # (still what a box starts with)
+            for held in box:  # not a box after all
+                self._show(held)
             box = None
         if box is None:
-            if rule:
+            if rule or not line.strip():
                 return [line]
-            if line.startswith(b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING"):
+            if line.startswith(_BANNER_TAIL):
                 self.held.append(line)  # (the box's last word, after the exit codes)
                 if not self.ending:
                     _parse_banner(line, self.banner)

@@ -10,7 +10,7 @@ import subprocess
 from spmd.launch.job import Job
 
 RULE = b"=" * 83 + b"\n"
-BOX = [RULE, b"=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n",
+BOX = [b"\n", RULE, b"=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n",
        b"=   PID 4242 RUNNING AT node1\n", b"=   KILLED BY SIGNAL: 9 (Killed)\n",
        b"=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES\n", RULE]
 
@@ -30,15 +30,17 @@ def _copy(lines, capfd):
 
 
 def test_the_box_is_held_and_read(capfd):
-    end = b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n"
+    end = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n"
+           b"This typically refers to a problem with your application.\n"
+           b"Please see the FAQ page for debugging suggestions\n")
     job, out = _copy([b"[0] step 1\n", *BOX, end, b"[1] after\n"], capfd)
     assert out == "[0] step 1\n[1] after\n"
-    assert b"".join(job.held) == b"".join(BOX) + end
+    assert b"".join(job.held) == b"".join(BOX) + end and len(job.held) == len(BOX) + 3
     assert job.banner["signal"] == 9
 
 
 def test_a_programs_own_rules_pass_through(capfd):
-    lines = [RULE, b"results\n", RULE, RULE]
+    lines = [b"\n", RULE, b"results\n", RULE, b"\n", b"\n", RULE, b"\n", RULE, RULE]
     job, out = _copy(lines, capfd)
     assert out == b"".join(lines).decode() and job.held == []
 
