@@ -501,12 +501,14 @@ def _supervise(job: Job, ns: argparse.Namespace,
         rc = 128 - rc  # mpiexec itself died on a signal
     faults = {r: _rank.read_text(job.dir, r, "fault") for r in range(ns.np)}
     killed, hosts = job.killed(), job.hosts()
-    lost = lost_host(ns.np, reports, job.banner.get("codes"), [r for _, r in job.exits], hosts)
+    # (A box or exit codes from mpiexec: its proxies reported; no host was lost.)
+    said = job.banner.get("codes") or job.held
+    lost = lost_host(ns.np, reports, said, [r for _, r in job.exits], hosts)
     message, status = failure_summary(ns.np, reports, rc, faults, killed, hosts, lost)
     print(message, file=sys.stderr)
-    said = job.mpiexec_messages()
-    if said and not killed:  # (a rank's banner says no more than the summary)
-        print(said, file=sys.stderr)
+    hydra = job.mpiexec_messages()
+    if hydra and not killed:  # (a rank's banner says no more than the summary)
+        print(hydra, file=sys.stderr)
     return status, True
 
 

@@ -56,6 +56,8 @@ REAP_S = 2.0
 # MPICH Hydra, run with -print-all-exitcodes: "[mpiexec@host] Exit codes: [host] 0,9,0"
 # (one code per rank, hosts in rank order), then the first failure's exit string.
 _EXIT_CODES = re.compile(rb"\] Exit codes: (.*)$")
+_BOX_PID = re.compile(rb"^=\s+PID (\d+) RUNNING AT (\S+)")
+_BOX_EXIT = re.compile(rb"^=\s+EXIT CODE: (\d+)")
 _SIGNAL = re.compile(rb"(?:KILLED BY SIGNAL: (\d+)|EXIT STRING: .*\(signal (\d+)\))")
 
 
@@ -98,6 +100,14 @@ def _parse_banner(line: bytes, into: dict) -> None:
     m = _SIGNAL.search(line)
     if m and "signal" not in into:
         into["signal"] = int(m.group(1) or m.group(2))
+    # The box names the first process that ended badly, where, and its exit code
+    # (a signal's number for a process killed by one).
+    m = _BOX_PID.search(line)
+    if m and "pid" not in into:
+        into["pid"], into["host"] = int(m.group(1)), m.group(2).decode(errors="replace")
+    m = _BOX_EXIT.search(line)
+    if m and "exit" not in into:
+        into["exit"] = int(m.group(1))
 
 
 class _Terminated(Exception):
@@ -333,7 +343,7 @@ class Job:
             self._reader.join(timeout=2.0)  # mpiexec prints it as it exits
         codes, sig = self.banner.get("codes"), self.banner.get("signal")
         if not codes or sig is None or len(codes) != self.np:
-            return {}
+            return self._killed_in_box()
         reported = self.reports()
         # The ranks mpiexec says the signal ended, with no Python report: one alone is
         # the killed rank.  With several (mpiexec's cleanup may end others with the
@@ -347,6 +357,21 @@ class Job:
         if order:
             return {r: sig for t, r in order if t - order[0][0] <= EXIT_TIE_S}
         return {}  # (no FIFOs here: which rank went first is not known)
+
+    def _killed_in_box(self) -> dict[int, int]:
+        """Rank -> signal from MPICH's box alone (a job across hosts whose mpiexec
+        aborts before it prints the exit codes): the process it names (pid and host)
+        is the rank whose start record says so; with no Python report, the exit code
+        is the signal that killed it."""
+        pid, host, code = (self.banner.get(k) for k in ("pid", "host", "exit"))
+        if pid is None or not code or code >= 64:
+            return {}
+        reported = self.reports()
+        for r in range(self.np):
+            info = _rank.read_pid_file(self.dir, r)
+            if info and info.get("pid") == pid and info.get("host") == host:
+                return {} if r in reported else {r: code}
+        return {}
 
     def stranded(self) -> tuple[list[int], dict[int, dict]] | None:
         """(ranks that finished, ranks waiting for them in a collective) once the same

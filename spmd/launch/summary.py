@@ -39,14 +39,15 @@ def spans_hosts(hosts: dict[int, str] | None) -> bool:
     return bool(hosts) and len(set(hosts.values())) > 1
 
 
-def lost_host(np: int, reports: dict[int, dict], banner_codes, exits: list[int],
+def lost_host(np: int, reports: dict[int, dict], mpiexec_reported, exits: list[int],
               hosts: dict[int, str] | None) -> tuple[str, list[int]] | None:
     """(host, its ranks) when a whole host was lost: the job spans hosts, mpiexec
-    reported no exit codes (it lost its connection to that host's MPI proxy), the
-    first rank to end is on that host (``exits``: ranks in the order their
-    processes ended, where the launcher could see it) and none of its ranks
-    reported a result."""
-    if not spans_hosts(hosts) or banner_codes or not exits:
+    reported no rank's end (``mpiexec_reported``: its exit codes or its BAD
+    TERMINATION box, which a host's MPI proxy reports; a lost host's proxy cannot),
+    the first rank to end is on that host (``exits``: ranks in the order their
+    processes ended, where the launcher could see it) and none of its ranks reported
+    a result."""
+    if not spans_hosts(hosts) or mpiexec_reported or not exits:
         return None
     host = hosts.get(exits[0])
     ranks = sorted(r for r in range(np) if hosts.get(r) == host)

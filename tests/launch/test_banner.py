@@ -61,3 +61,20 @@ def test_mpiexec_own_messages_are_shortened(capfd):
     assert capfd.readouterr().err == "[2] a rank says\n"
     assert job.mpiexec_messages() == ("(mpiexec's own messages:)\n"
                                       "    [mpiexec@vm] main: process manager error")
+
+
+def test_the_box_names_the_killed_process_and_its_host(capfd, tmp_path):
+    """Across hosts Hydra may abort before its exit codes: the box's pid and host
+    name the rank (its start record), its exit code the signal."""
+    box = [b"\n", RULE, b"=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n",
+           b"=   PID 11363 RUNNING AT node1\n", b"=   EXIT CODE: 9\n", RULE]
+    (tmp_path / "rank2.pid").write_text('{"pid": 11363, "host": "node1"}')
+    (tmp_path / "rank3.pid").write_text('{"pid": 11363, "host": "node0"}')
+    job = Job(["mpiexec"], {}, 4, str(tmp_path))
+    job.proc = _Fake(box)
+    job._copy_stdout()
+    assert capfd.readouterr().out == ""
+    assert (job.banner["pid"], job.banner["host"], job.banner["exit"]) == (11363, "node1", 9)
+    assert job.killed() == {2: 9}
+    (tmp_path / "rank2.json").write_text('{"rank": 2, "status": 1}')  # it had a Python error
+    assert job.killed() == {}

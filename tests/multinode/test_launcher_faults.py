@@ -150,3 +150,19 @@ def test_a_timeout_and_ctrl_c_across_hosts_leave_every_node_clean(make_nodes, tm
     assert status == 130 and "spmd-run: interrupted; ending the job" in job.out, job.out[-3000:]
     assert "BAD TERMINATION" not in job.out, job.out[-3000:]
     assert nodes.leftovers() == {}
+
+
+def test_a_rank_killed_on_node1_is_named_with_its_host(make_nodes, tmp_path):
+    """Not a lost host: node1's MPI proxy reports its rank's end (MPICH's box names
+    the pid and host, which the ranks' start records map to a rank)."""
+    nodes = make_nodes(2)
+    (tmp_path / "job.py").write_text(_SLEEPS.replace(
+        'print("STARTED", flush=True)',
+        'import os, signal\nif spmd.process_index() == 2:\n    os.kill(os.getpid(), signal.SIGKILL)'))
+    status, out = run(nodes, ["-n", "4", "--hosts", "node0:2,node1:2", *emulated(nodes)],
+                      tmp_path / "job.py", cwd=tmp_path, limit_s=LIMIT_S)
+    assert status == 137, out[-3000:]
+    assert out.startswith("spmd-run: rank 2 (node1) of 4 was killed by SIGKILL (no Python "
+                          "error"), out[-3000:]
+    assert "lost" not in out and "BAD TERMINATION" not in out, out[-3000:]
+    assert nodes.leftovers() == {}
