@@ -277,13 +277,18 @@ def _split_slice(comm, buf, out, n: int):
     return out.reshape(-1)[me * k:(me + 1) * k]
 
 
+_plans = mpi_hier.plans  # ranks -> its Plan, or None: flat (decided once per communicator)
+
+
 def _hier(ranks, comm, nbytes: int, what):
     """The hierarchical plan for an operand of ``nbytes`` over ``ranks``
     (:mod:`spmd.collectives.mpi_hier`), or None: the flat call.  Decided once per
-    communicator (collective over its members, at its first operand in range)."""
-    if nbytes < mpi_hier.min_bytes():
+    communicator (collective over its members, at its first operand in range); a
+    communicator decided flat (every one on one node) costs one lookup per call."""
+    plan = _plans.get(ranks, False)
+    if plan is None or nbytes < mpi_hier.min_bytes():
         return None
-    return mpi_hier.plan_for(ranks, comm, what)
+    return plan if plan is not False else mpi_hier.plan_for(ranks, comm, what)
 
 
 def allreduce(x, ranks, op, what=None):

@@ -213,7 +213,7 @@ class Started:
 
 # ------------------------------------------------------------------- the plans
 
-_plans: dict = {}  # ranks -> Plan, or None where the collectives stay flat
+plans: dict = {}  # ranks -> Plan, or None where the collectives stay flat
 
 
 def plan_of(ranks: tuple):
@@ -223,26 +223,28 @@ def plan_of(ranks: tuple):
     >>> plan_of((0,)) is None
     True
     """
-    return _plans.get(ranks)
+    return plans.get(ranks)
 
 
 def plan_for(ranks: tuple, comm, what=None):
     """The :class:`Plan` of ``ranks`` (whose data communicator is ``comm``), or None
     where collectives over them stay flat.  The first call for ``ranks`` is collective
     over them (every member calls it at the same point: for the same operand)."""
-    plan = _plans.get(ranks, False)
-    if plan is False:
-        plan = _plans[ranks] = _make(ranks, comm, what)
-    return plan
+    plan = plans.get(ranks, False)
+    return plan if plan is not False else _make(ranks, comm, what)
 
 
 def _make(ranks: tuple, comm, what):
-    """Exchange the members' nodes and build the plan (None: flat)."""
+    """Exchange the members' nodes, build the plan (None: flat) and keep it."""
     if len(ranks) < 4:  # two nodes of two members at least
+        plans[ranks] = None
         return None
     site = what.setting_up() if isinstance(what, Site) else \
         Site(str(what or "a collective"), phase="finding the nodes of its ranks")
     with Collective(ranks, site, control_traffic=True, checked=False):
+        plan = plans.get(ranks, False)
+        if plan is not False:  # another thread of this process made it meanwhile
+            return plan
         ctl = control(ranks)
         # Every member first agrees on the simulated nodes (each raises alike when they
         # differ): one raising alone inside the split would strand the others there.
@@ -251,10 +253,11 @@ def _make(ranks: tuple, comm, what):
         first = node.bcast(comm.Get_rank(), root=0)  # the node's first member names it
         node.Free()
         leaders = ctl.allgather(first)
-    members = layout(leaders)
-    if members is None:
+        members = layout(leaders)
+        plan = plans[ranks] = None if members is None else \
+            Plan(ranks, members, comm.Get_rank())
+    if plan is None:
         return None
-    plan = Plan(ranks, members, comm.Get_rank())
     # The step communicators, made now at one point of every member's program (each
     # collective over its own members only: the node's first, then the cross group's).
     _mpi.communicator(plan.node_ranks, what)
@@ -285,5 +288,5 @@ def layout(leaders: list):
 def reset() -> None:
     """Forget the plans and read ``SPMD_MPI_HIER_MIN_BYTES`` again (tests; every member
     calls it at the same point)."""
-    _plans.clear()
+    plans.clear()
     min_bytes.cache_clear()
