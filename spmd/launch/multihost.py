@@ -87,11 +87,14 @@ def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
               f"{CLEANUP_PASS_S:g}s (a host does not answer?); segments may be left in "
               "/dev/shm there", file=sys.stderr)
         return False
-    out = subprocess.CompletedProcess(cmd, proc.returncode, text, "")
-    if out.returncode != 0:
-        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-5:])
+    except BaseException:  # Ctrl-C or SIGTERM meanwhile: leave nothing running
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        tail = "\n".join(text.strip().splitlines()[-5:])
         print(f"{PROG}: the cleanup of the hosts' shared memory failed (mpiexec exit status "
-              f"{out.returncode}); segments may be left in /dev/shm there:\n{tail}",
+              f"{proc.returncode}); segments may be left in /dev/shm there:\n{tail}",
               file=sys.stderr)
         return False
     return True

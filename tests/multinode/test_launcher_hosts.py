@@ -75,3 +75,21 @@ def test_inside_a_slurm_allocation_the_ranks_go_to_its_nodes(make_nodes, tmp_pat
     assert hosts_of(out) == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}, out[-3000:]
     _same(_result(out), one_node)
     assert nodes.leftovers() == {}
+
+
+def test_a_host_the_cleanup_pass_cannot_reach_is_reported(make_nodes, tmp_path, capsys):
+    """The emulated launcher refuses a host it does not know, as ssh fails for a lost
+    machine: spmd-run says that segments may be left there."""
+    from spmd.launch import cli, multihost
+    from tests.multinode.conftest import job_env
+
+    nodes = make_nodes(2)
+    ns = cli.parse_args(["-n", "2", "--hosts", "node0:1,nowhere:1", *emulated(nodes), "t.py"])
+    cli.resolve_hosts(ns, {})
+    mpiexec = cli.find_mpiexec()
+    env = job_env(nodes.env())
+    assert not multihost.clean_every_host(ns, mpiexec, "mpich", env, str(tmp_path))
+    err = capsys.readouterr().err
+    assert "spmd-run: the cleanup of the hosts' shared memory failed (mpiexec exit status " \
+           in err and "segments may be left in /dev/shm there:" in err, err
+    assert "unknown host 'nowhere'" in err, err
