@@ -223,8 +223,12 @@ def ranks_per_host(hosts: list[str]) -> dict[str, list[int]]:
 
 
 def is_local(host: str) -> bool:
-    """Whether ``host`` names this machine (its name, ``localhost`` or a loopback
-    address other than the emulated nodes' own)."""
+    """Whether ``host`` names this machine: its name, ``localhost``, ``127.0.0.1`` or
+    ``::1`` (other loopback addresses may be emulated nodes: they count as hosts).
+
+    >>> is_local("localhost"), is_local("node-that-is-not-here")
+    (True, False)
+    """
     here = socket.gethostname()
     return host in (here, here.split(".")[0], "localhost", "127.0.0.1", "::1")
 

@@ -186,3 +186,21 @@ def test_single_host_messages_stay_as_they_were():
     text, _ = summary.failure_summary(4, {}, 9, {}, {2: 9}, {r: "vm" for r in range(4)})
     assert text.startswith("spmd-run: rank 2 of 4 was killed by SIGKILL"), text
     assert "(vm)" not in text
+
+
+def test_a_rank_that_cannot_reach_the_launch_directory_says_so(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "hello.py").write_text("print('hello')\n")
+    env = {**os.environ, "PMI_RANK": "2", "SPMD_LAUNCH_DIR": str(tmp_path / "not-shared")}
+    out = subprocess.run([sys.executable, "-m", "spmd.launch._rank", str(tmp_path / "hello.py")],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "hello\n", out.stderr
+    assert out.stderr == (
+        f"spmd-run: rank 2 on {socket.gethostname()}: the launch directory "
+        f"{tmp_path / 'not-shared'} does not exist on this host, so spmd-run cannot read this "
+        "rank's result or clean up after it; give --launch-dir a directory that every host "
+        "mounts at the same path\n")
