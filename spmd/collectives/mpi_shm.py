@@ -41,16 +41,20 @@ With 3 or more members, a piece of 1 MiB or more is added in two phases: each
 member adds its own 1/n of the elements and publishes it in its slot, and after
 a second barrier copies the others' parts (every element is still added in
 member order: the same bits).  On 4 ranks (oversubscribing 2 cores) that made
-32 MiB 16.9 ms against 23.8 ms with every member adding everything, still slower
-than MPI's reduce-scatter + all-gather (14.6 ms); at 256 KiB the one-barrier sum
-was faster (0.11 against 0.14 ms), at 2 MiB the two were even (and 1.6x faster
-than MPI).
+32 MiB 16.9 ms against 23.8 ms with every member adding everything, a little
+slower than MPI's reduce-scatter + all-gather (14.6 ms); at 256 KiB the
+one-barrier sum was faster (0.11 against 0.14 ms), at 2 MiB the two were even
+(and 1.6x faster than MPI).  Where each rank has a core, MPI is far behind: on 12
+ranks of a 13-core machine the transformer's 3.1 MiB gradient took 30 ms through
+MPI's calls (``benchmarks/scaling_probe.py``) against 0.9 ms through these slots
+on 2 ranks.  So past a slot a sum goes through here in pieces whatever the
+member count (an oversubscribed machine pays the ~15% above at 32 MiB).  A
+started sum adds the same way at its wait (two phases from 3 members and 1 MiB).
 
-So blocking sums take this path from 16 KiB up (in pieces past a slot, on 2
-members; with more, up to a slot), reduce-scatters from 16 KiB up (in pieces of
-every row's columns past a slot: each member reads only its own row), started
-sums from 16 KiB to a slot (2 MiB), moves (all-gather, all-to-all) from 16 KiB
-to half a slot.
+So blocking sums take this path from 16 KiB up (in pieces past a slot),
+reduce-scatters from 16 KiB up (in pieces of every row's columns past a slot:
+each member reads only its own row), started sums from 16 KiB to a slot (2 MiB),
+moves (all-gather, all-to-all) from 16 KiB to half a slot.
 
 A started sum (the overlap pass's ``collective_start``) copies its operand into
 one of a ring of ``RING`` further slots and starts an ``Ibarrier``; its wait
@@ -185,14 +189,22 @@ class Segment:
             self._sum_piece(flat[lo:lo + step], dst[lo:lo + step])
 
     def _sum_piece(self, buf: np.ndarray, out: np.ndarray) -> None:
-        views = self._exchange(buf)
-        if self.n < SPLIT_MEMBERS or buf.nbytes < SPLIT_BYTES:
-            self._reduce(views, out)  # every member adds everything: one barrier
+        self._add_slots(self._exchange(buf), out)
+
+    def _add_slots(self, views: list, out: np.ndarray) -> None:
+        """``out`` = the sum of every member's slot ``views`` (each member's copy is
+        visible), added in member order."""
+        if self.n < SPLIT_MEMBERS or out.nbytes < SPLIT_BYTES:
+            self._reduce(views, out)  # every member adds everything: no second barrier
             return
         # Each member adds its own 1/n of the elements (reading n pieces of 1/n, not n
         # whole slots), publishes that part in its own slot -- which only it reads
         # there -- and after a second barrier copies the other members' parts.  Each
-        # element is still added in member order: the same bits as the one-barrier sum.
+        # element is still added in member order: the same bits as every member adding
+        # everything.  With n members that is n times less to read: on 12 ranks of a
+        # 13-core machine, every member adding every 2 MiB slot of a gradient bucket
+        # read 24 MiB per member per bucket, and the twelve together ran into the
+        # machine's memory bandwidth.
         flat, dst = [v.reshape(-1) for v in views], out.reshape(-1)
         bounds = np.linspace(0, flat[0].size, self.n + 1).astype(np.int64)
         a, b = bounds[self.me], bounds[self.me + 1]
@@ -296,7 +308,7 @@ class Started:
                                "spmd.collectives.mpi_shm.reset() before its wait")
         self.req.Wait()
         seg.win.Sync()
-        seg._reduce(self.views, self.out)
+        seg._add_slots(self.views, self.out)
         seg.release[self.i] = seg.comm.Ibarrier()
         self.done = True
         self.views = self.out = None  # the slot's occupant must not pin the result
@@ -327,8 +339,6 @@ def segment_for(ranks: tuple, comm, nbytes: int, use: str):
     lo, hi = size_range()
     if hi == 0 or not lo <= nbytes <= hi * _MOST[use]:
         return None
-    if use == "allreduce" and nbytes > hi and len(ranks) >= SPLIT_MEMBERS:
-        return None  # MPI's reduce-scatter + all-gather was faster (module docstring)
     seg = _segments.get(ranks, False)
     if seg is False:
         from spmd.collectives.mpi_control import control

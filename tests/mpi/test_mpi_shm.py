@@ -105,6 +105,34 @@ def test_mixed_blocking_and_started_calls_are_exact_under_skew(fresh_shm):
     assert seg is not None and seg.calls > 0 and seg.starts > fresh_shm.RING
 
 
+def test_started_and_blocking_sums_of_mebibytes_split_the_adding(fresh_shm):
+    """From 3 members and 1 MiB a sum's adding is split between the members (each
+    adds 1/n, then copies the others' parts): started sums at their wait, blocking
+    ones per slot-sized piece, past a slot too.  Exact values, every rank alike,
+    with the ranks arriving at different times."""
+    from spmd.collectives import mpi
+
+    comm = world()
+    n, rank = comm.Get_size(), comm.Get_rank()
+    ranks = all_ranks()
+    local = np.random.default_rng(300 + rank)
+    tri = n * (n + 1) // 2
+    for count in (262_144 + 3, 524_288, 1_000_000):  # 1 MiB (+ an uneven tail) to 3.8 MiB
+        base = (np.arange(count) % 89).astype(np.float32)
+        reqs = []
+        for j in range(3):
+            if count * 4 <= fresh_shm.size_range()[1]:  # a started sum: up to one slot
+                reqs.append((j, mpi.iallreduce(base * (rank + 1) + j, ranks, "sum")))
+            _skew(local)
+        for j, r in reqs:
+            np.testing.assert_array_equal(r.wait(), base * tri + j * n)
+        _skew(local)
+        np.testing.assert_array_equal(mpi.allreduce(base * (rank + 1), ranks, "sum"), base * tri)
+    seg = fresh_shm._segments.get(ranks)
+    if on_one_node(ranks):
+        assert seg is not None and seg.starts >= 6 and seg.calls >= 4
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.bool_, np.int32, np.complex64, np.float64])
 def test_dtypes_sum_like_numpy_with_the_same_bits_on_every_rank(fresh_shm, dtype):
     from spmd.collectives import mpi
