@@ -180,6 +180,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def binding_table(rows: list[dict]) -> str:
+    """``results/scaling_binding.json``: ranks left to the scheduler against ranks on a
+    core each, medians of two runs, beside N one-process copies at once."""
+    lines = ["| ranks | tokens/s per rank, unbound | bound | bound / unbound "
+             "| collective share, unbound | bound | N copies, no MPI: unbound | bound |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['ranks']} | {r['unbound'] / 1e3:.2f}k | {r['bound'] / 1e3:.2f}k "
+                     f"| {r['bound'] / r['unbound']:.2f}x | {r['share_unbound']:.1%} "
+                     f"| {r['share_bound']:.1%} | {r['floor_unbound'] / 1e3:.2f}k "
+                     f"| {r['floor_bound'] / 1e3:.2f}k |")
+    return "\n".join(lines)
+
+
+def probe_table(rows: list[dict]) -> str:
+    """``results/scaling_probe.json``: the gradient's psum alone (after a barrier:
+    no waiting for compute) beside the step's time and its collective share."""
+    lines = ["| ranks | tokens/s per rank | step (ms) | collective share (max) "
+             "| the gradient's psum alone (ms) | raw mpi4py Allreduce (ms) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        step_ms = SEQS_PER_RANK * 64 / r["tokens_per_s_per_rank"] * 1e3
+        lines.append(f"| {r['ranks']} | {r['tokens_per_s_per_rank'] / 1e3:.2f}k | {step_ms:.0f} "
+                     f"| {r['comm_share_max']:.1%} | {r['psum_s'] * 1e3:.1f} "
+                     f"| {r['allreduce_s'] * 1e3:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="1,2,4,8,12", help="comma-separated rank counts")

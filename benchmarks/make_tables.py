@@ -105,9 +105,12 @@ def provenance_line(doc: dict) -> str:
 
 
 # Results whose rows are not timing samples: the benchmark module that wrote them
-# renders its own table (a function ``table(rows) -> str``).
+# renders its own table (a function ``table(rows) -> str``, or the one named after
+# a colon).
 OWN_TABLES = {"transformer": "bench_transformer", "engine": "bench_engine",
-              "jax_shard_map_tests": "jax_compat"}
+              "jax_shard_map_tests": "jax_compat", "scaling": "bench_scaling",
+              "scaling_binding": "bench_scaling:binding_table",
+              "scaling_probe": "bench_scaling:probe_table"}
 
 
 def section(doc: dict) -> str:
@@ -117,7 +120,8 @@ def section(doc: dict) -> str:
     if doc["_name"] in OWN_TABLES:
         import importlib
 
-        text = importlib.import_module(OWN_TABLES[doc["_name"]]).table(rows)
+        module, _, function = OWN_TABLES[doc["_name"]].partition(":")
+        text = getattr(importlib.import_module(module), function or "table")(rows)
         return f"{head}\n\n{provenance_line(doc)}\n\n{text}\n"
     if rows and "median_s" not in rows[0]:
         rows = common.summarize(rows)
