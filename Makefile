@@ -10,7 +10,7 @@ NP ?= 4
 # Per-test time limit (seconds), so a hang fails instead of blocking.
 PYTEST_TIMEOUT ?= 300
 
-.PHONY: venv demo test test-single test-mpi bench bench-mpi bench-transformer bench-engine clean distclean
+.PHONY: venv demo test test-single test-mpi test-multinode bench bench-mpi bench-transformer bench-engine clean distclean
 
 venv: $(VENV)/.stamp
 
@@ -35,7 +35,9 @@ demo: venv
 # The whole suite, one pytest command.  The multi-process tests (@pytest.mark.mpi,
 # tests/mpi) run on $(NP) MPI ranks each through spmd.testing's pools of rank workers
 # (tests/conftest.py, docs/testing.md); the collective, array and shared-memory ones
-# a second time with the ranks on 2 simulated nodes (tests/mpi/conftest.py).
+# a second time with the ranks on 2 simulated nodes (tests/mpi/conftest.py).  The
+# multi-node tests (tests/multinode) run jobs on emulated nodes where namespaces can
+# be made (root) and skip elsewhere, saying why.
 # pytest's exit 5 (no test collected) fails the build: it would mean the suite
 # vanished; SPMD_REQUIRE_MPI_TESTS=1 does the same for the multi-process tests.
 test: venv
@@ -64,6 +66,15 @@ test-mpi: venv
 		bash .ci/pytest_mpi.sh tests/mpi/test_mpi_collectives.py tests/mpi/test_mpi_arrays.py \
 		tests/mpi/test_mpi_shm.py tests/mpi/test_mpi_p2p.py \
 		--deselect tests/mpi/test_mpi_shm.py::test_mixed_blocking_and_started_calls_are_exact_under_skew
+
+# The multi-node tests alone: jobs whose ranks are on emulated nodes (own host name
+# and /dev/shm, MPI over the loopback; docs/testing.md, "Multi-node tests").  They
+# need root to make namespaces; elsewhere each skips with the reason (-rs shows it).
+test-multinode: venv
+	@$(BIN)/python -m pytest -q -rs -p no:cacheprovider --timeout=$(PYTEST_TIMEOUT) tests/multinode; \
+	rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "ERROR: the multi-node tests collected no tests" >&2; fi; \
+	exit $$rc
 
 bench: venv
 	$(BIN)/python benchmarks/run.py

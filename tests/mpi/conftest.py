@@ -9,7 +9,10 @@
   run a second time with the ranks on two simulated nodes (``SPMD_SIMULATE_NODES=2``,
   docs/launching.md): the multi-node branches (no window across nodes, node-local
   numbering) must give the same results.  Under an outer mpiexec they run once, in
-  whatever environment that job has.
+  whatever environment that job has.  The simulated nodes stay beside the emulated
+  ones of ``tests/multinode``: they need no root, so the multi-node branches are
+  tested on every machine, and they cover the shared-memory and point-to-point
+  modules, which the emulated nodes do not run (docs/testing.md, "Multi-node tests").
 """
 
 import os
