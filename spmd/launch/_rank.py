@@ -90,6 +90,13 @@ class _Reporter:
             self._keep.append(os.open(self.path("alive"), os.O_WRONLY | os.O_NONBLOCK))
         except OSError:
             pass
+        # Across hosts, a connection to the launcher does the FIFO's work
+        # (spmd.launch.alive); the job's token is its launch directory's name.
+        from spmd.launch import alive
+
+        conn = alive.connect(self.rank, os.path.basename(self.dir))
+        if conn is not None:
+            self._keep.append(conn)
         # Written last: a pid file means the handlers above are in place.  The host
         # names the rank in reports; what /dev/shm holds before this rank starts MPI
         # tells the cleanup of its node what was there before the job

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from spmd.launch import _rank, hosts, multihost
+from spmd.launch import _rank, alive, hosts, multihost
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
 from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
                                  lost_host, stranded_summary, timeout_summary)
@@ -448,8 +448,9 @@ def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
     job = None
     try:
         env = build_env(ns, launch_dir, attempt=attempt)
+        address = alive.launcher_address(ns.mpiexec_args, env) if ns.remote else None
         job = Job(build_command(ns, mpiexec, impl, env), env, ns.np, launch_dir,
-                  rank_hosts=ns.rank_hosts)
+                  rank_hosts=ns.rank_hosts, alive_address=address)
         return _supervise(job, ns, deadline)
     finally:
         try:
@@ -503,7 +504,8 @@ def _supervise(job: Job, ns: argparse.Namespace,
     killed, hosts = job.killed(), job.hosts()
     # (A box or exit codes from mpiexec: its proxies reported; no host was lost.)
     said = job.banner.get("codes") or job.held
-    lost = lost_host(ns.np, reports, said, [r for _, r in job.exits], hosts)
+    lost = lost_host(ns.np, reports, said, [r for _, r in job.exits], hosts,
+                     job.connected_at_end())
     message, status = failure_summary(ns.np, reports, rc, faults, killed, hosts, lost)
     print(message, file=sys.stderr)
     hydra = job.mpiexec_messages()

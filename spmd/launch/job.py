@@ -122,9 +122,12 @@ class Job:
     """One ``mpiexec`` run and the per-rank files its ranks write."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], np: int, launch_dir: str,
-                 rank_hosts: list[str] | None = None):
+                 rank_hosts: list[str] | None = None, alive_address: str | None = None):
         self.cmd, self.env, self.np, self.dir = cmd, env, np, launch_dir
         self.rank_hosts = rank_hosts  # where each rank was placed (None: all here)
+        # Where the ranks connect to say they live (spmd.launch.alive; None: FIFOs).
+        self.alive_address = alive_address
+        self._conn_watch: tuple | None = None  # (alive.Watch, its thread)
         self.held: list[bytes] = []  # MPICH's banner, held back (see _copy_stdout)
         self.hydra: list[str] = []   # mpiexec's own stderr lines (see _copy_stderr)
         self.proc: subprocess.Popen | None = None
@@ -141,7 +144,8 @@ class Job:
         # Its stdout passes through us, to read what it says about killed ranks.
         # /dev/shm is listed first: what is there already is never the job's.
         self.segments = Segments()
-        self._alive = self._open_fifos()
+        self.exits: list = []  # (time, rank) in the order their processes closed the FIFO
+        self._alive = {} if self._open_connections() else self._open_fifos()
         self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True,
                                      preexec_fn=_die_with_parent, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
@@ -149,12 +153,45 @@ class Job:
         self._reader.start()
         self._err_reader = threading.Thread(target=self._copy_stderr, daemon=True)
         self._err_reader.start()
-        self.exits: list = []  # (time, rank) in the order their processes closed the FIFO
+        if self._conn_watch is not None:
+            self._conn_watch[1].start()
         if hasattr(os, "pidfd_open"):
             self._watcher = threading.Thread(target=self._watch_pids, daemon=True)
             self._watcher.start()
         if self._alive:
             threading.Thread(target=self._watch_exits, daemon=True).start()
+
+    def _open_connections(self) -> bool:
+        """Across hosts: listen for the ranks' connections (spmd.launch.alive), which
+        tell the order in which they end; whether the channel is open."""
+        from spmd.launch import alive
+
+        if not self.alive_address:
+            return False
+        try:
+            watch = alive.Watch(self.alive_address, os.path.basename(self.dir))
+        except OSError:
+            return False  # (not an address of this machine: no channel)
+        self.env = dict(self.env, **{alive.ENV: watch.env_value()})
+
+        def ended(rank):
+            if not self.ending:  # (not the ranks the launcher itself ends)
+                self.exits.append((time.monotonic(), rank))
+
+        thread = threading.Thread(target=watch.run, daemon=True,
+                                  args=(lambda: self.proc.poll() is None, ended))
+        self._conn_watch = (watch, thread)
+        return True
+
+    def connected_at_end(self) -> list[int]:
+        """The ranks whose connection to the launcher was still open a moment after
+        mpiexec exited (their host's processes did not end: a machine gone)."""
+        if self._conn_watch is None:
+            return []
+        from spmd.launch import alive
+
+        self._conn_watch[1].join(timeout=alive.AFTER_EXIT_S + 2.0)
+        return list(self._conn_watch[0].open_at_end)
 
     def _open_fifos(self) -> dict[int, int]:
         """fd -> rank of the read ends of one FIFO per rank (``rank<N>.alive``), whose

@@ -40,20 +40,30 @@ def spans_hosts(hosts: dict[int, str] | None) -> bool:
 
 
 def lost_host(np: int, reports: dict[int, dict], mpiexec_reported, exits: list[int],
-              hosts: dict[int, str] | None) -> tuple[str, list[int]] | None:
-    """(host, its ranks) when a whole host was lost: the job spans hosts, mpiexec
+              hosts: dict[int, str] | None, still_open: list[int] = ()
+              ) -> tuple[str, list[int], str] | None:
+    """(host, its ranks, how) when a whole host was lost: the job spans hosts, mpiexec
     reported no rank's end (``mpiexec_reported``: its exit codes or its BAD
     TERMINATION box, which a host's MPI proxy reports; a lost host's proxy cannot),
-    the first rank to end is on that host (``exits``: ranks in the order their
-    processes ended, where the launcher could see it) and none of its ranks reported
-    a result."""
-    if not spans_hosts(hosts) or mpiexec_reported or not exits:
+    and none of the host's ranks reported a result; ``how`` is ``"silent"`` when the
+    host's ranks alone stayed connected to the launcher after the job ended
+    (``still_open``: a machine gone, see :mod:`spmd.launch.alive`), ``"ended"``
+    when the first rank to end is on that host (``exits``: ranks in the order their
+    processes ended, where the launcher could see it)."""
+    if not spans_hosts(hosts) or mpiexec_reported:
         return None
-    host = hosts.get(exits[0])
-    ranks = sorted(r for r in range(np) if hosts.get(r) == host)
+    per_host = _host_ranks(hosts)
+    silent = [h for h, rs in per_host.items() if set(rs) <= set(still_open)]
+    if len(silent) == 1 and len(silent) < len(per_host):
+        host, how = silent[0], "silent"
+    elif exits:
+        host, how = hosts.get(exits[0]), "ended"
+    else:
+        return None
+    ranks = per_host.get(host, [])
     if host is None or any(r in reports for r in ranks):
         return None
-    return host, ranks
+    return host, ranks, how
 
 
 def _tail(text: str, n: int = ERROR_TAIL) -> str:
@@ -81,11 +91,11 @@ def _signal_name(sig: int) -> str:
 def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
                     faults: dict[int, str], killed: dict[int, int] | None = None,
                     hosts: dict[int, str] | None = None,
-                    lost: tuple[str, list[int]] | None = None) -> tuple[str, int]:
+                    lost: tuple[str, list[int], str] | None = None) -> tuple[str, int]:
     """(the message, the launcher's exit status) for a job that did not succeed;
     ``killed``: rank -> the signal that killed it (as mpiexec reported it);
     ``hosts``: rank -> its host (named when the job spans several); ``lost``: (host,
-    its ranks) when a whole host stopped answering (:func:`lost_host`)."""
+    its ranks, how) when a whole host stopped answering (:func:`lost_host`)."""
     failed = {r: rep for r, rep in reports.items() if rep.get("status", 1) != 0}
     silent = [r for r in range(np) if r not in reports]
     crashed = {r: _without_launcher(faults[r]) for r in silent if faults.get(r, "").strip()}
@@ -97,10 +107,14 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
     # lost host still came first.
     if lost is not None and not failed and not any(r in crashed for r in lost[1]):
         status = rc if rc else 1
+        why = ("its ranks' connections to spmd-run stayed open after mpiexec lost the "
+               "host's MPI proxy and exited with status {rc}: the machine is down or cut "
+               "from the network" if lost[2] == "silent" else
+               "mpiexec lost its connection to the host's MPI proxy and exited with status "
+               "{rc}: the machine went down, lost its network, or all its processes were "
+               "killed").format(rc=rc)
         lines.append(f"{PROG}: {lost[0]} lost ({_listing(lost[1])}): it stopped answering "
-                     f"(mpiexec lost its connection to the host's MPI proxy and exited with "
-                     f"status {rc}: the machine went down, lost its network, or all its "
-                     "processes were killed); the job was ended")
+                     f"({why}); the job was ended")
         killed = {r: 0 for r in lost[1]}  # (not listed again below)
     elif whole is not None and not failed and not any(r in crashed for r in killed):
         sig = min(killed.values())

@@ -97,7 +97,7 @@ YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
     found: dict = {}
     for line in banner.splitlines(keepends=True):
         job._parse_banner(line, found)
-    assert found == {"codes": [0, 9, 0, 0], "signal": 9}
+    assert found == {"codes": [0, 9, 0, 0], "signal": 9, "pid": 10084, "host": "vm", "exit": 9}
     ordinary: dict = {}
     job._parse_banner(b"[0] rank 0: loss 0.25 (signal 3 of 4 PID 12)\n", ordinary)
     assert ordinary == {}

@@ -159,7 +159,7 @@ HOSTS = {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
 
 def test_a_lost_host_is_named_with_its_ranks():
     lost = summary.lost_host(4, {}, None, [3, 2, 0, 1], HOSTS)
-    assert lost == ("node1", [2, 3])
+    assert lost == ("node1", [2, 3], "ended")
     text, status = summary.failure_summary(4, {}, 255, {}, {}, HOSTS, lost)
     assert text.startswith("spmd-run: node1 lost (ranks 2, 3): it stopped answering"), text
     assert "(ranks 0-1 (node0): no result" in text and status == 255, text
@@ -170,6 +170,14 @@ def test_a_lost_host_is_named_with_its_ranks():
     assert "--- rank 1 (node0): died on a fatal signal after node1 was lost" in text, text
     # mpiexec reported exit codes: not a lost connection.
     assert summary.lost_host(4, {}, [0, 0, 9, 9], [3], HOSTS) is None
+    # A machine gone: its ranks alone stayed connected to the launcher.
+    lost = summary.lost_host(4, {}, None, [0, 1], HOSTS, [2, 3])
+    assert lost == ("node1", [2, 3], "silent")
+    text, _ = summary.failure_summary(4, {}, 255, {}, {}, HOSTS, lost)
+    assert text.startswith("spmd-run: node1 lost (ranks 2, 3): it stopped answering (its "
+                           "ranks' connections to spmd-run stayed open after mpiexec lost the "
+                           "host's MPI proxy and exited with status 255: the machine is down "
+                           "or cut from the network); the job was ended"), text
     # One host: nothing to name.
     assert summary.lost_host(4, {}, None, [3], {r: "vm" for r in range(4)}) is None
 

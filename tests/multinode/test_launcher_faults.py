@@ -166,3 +166,4 @@ def test_a_rank_killed_on_node1_is_named_with_its_host(make_nodes, tmp_path):
                           "error"), out[-3000:]
     assert "lost" not in out and "BAD TERMINATION" not in out, out[-3000:]
     assert nodes.leftovers() == {}
+
