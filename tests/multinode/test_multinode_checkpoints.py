@@ -10,7 +10,6 @@ restore), so they must be equal, bit for bit.
 from __future__ import annotations
 
 import json
-import textwrap
 
 import numpy as np
 import pytest
@@ -24,8 +23,8 @@ pytestmark = pytest.mark.timeout(300)
 
 # The state: an affine model's parameters, sharded as a data- and tensor-parallel
 # run shards them, Adam's moments placed like them, Adam's step count, and an
-# unplaced numpy leaf (process 0 writes it).  Dimensions divide by 2 (the saving
-# mesh) and by 3 and 4 (the restoring ones).
+# unplaced numpy leaf (process 0 writes it).  Its dimensions fit the saving mesh
+# (2 x 2) and the restoring ones ((3,) and 4 x 2).
 _STATE = """
 import numpy as np, spmd, spmd.numpy as snp
 from spmd import P, NamedSharding
@@ -39,9 +38,9 @@ def state_like(mesh, w_spec, b_spec, fill=None):
     def put(shape, spec, value):
         v = np.zeros(shape, np.float32) if value is None else value
         return spmd.make_array_from_callback(shape, NamedSharding(mesh, spec), lambda i: v[i])
-    fill = fill or {{}}
-    params = {{"w": put(W_SHAPE, w_spec, fill.get("w")), "b": put(B_SHAPE, b_spec, fill.get("b"))}}
-    return {{"params": params, "opt": opt.init(params), "seen": np.zeros(5, np.int64)}}
+    fill = fill or {}
+    params = {"w": put(W_SHAPE, w_spec, fill.get("w")), "b": put(B_SHAPE, b_spec, fill.get("b"))}
+    return {"params": params, "opt": opt.init(params), "seen": np.zeros(5, np.int64)}
 
 
 def as_numpy(tree):
@@ -59,8 +58,8 @@ directory, expected = sys.argv[1], sys.argv[2]
 mesh = spmd.make_mesh((2, 2), ("data", "model"))
 rng = np.random.default_rng(0)
 state = state_like(mesh, P("data", "model"), P("model"),
-                   {{"w": rng.standard_normal(W_SHAPE).astype(np.float32),
-                     "b": rng.standard_normal(B_SHAPE).astype(np.float32)}})
+                   {"w": rng.standard_normal(W_SHAPE).astype(np.float32),
+                     "b": rng.standard_normal(B_SHAPE).astype(np.float32)})
 X = rng.standard_normal(X_SHAPE).astype(np.float32)
 x = spmd.make_array_from_callback(X_SHAPE, NamedSharding(mesh, P("data", None)), lambda i: X[i])
 
@@ -78,12 +77,12 @@ def train_step(params, opt_state, x):
 
 for step in (1, 2):
     params, opt_state = train_step(state["params"], state["opt"], x)
-    state = {{"params": params, "opt": opt_state, "seen": np.arange(5, dtype=np.int64) * step}}
+    state = {"params": params, "opt": opt_state, "seen": np.arange(5, dtype=np.int64) * step}
     ckpt.save(directory, state, step=step)
     values = as_numpy(state)
     if spmd.process_index() == 0:
-        np.savez(f"{{expected}}/step{{step}}.npz", *values)
-with open(f"{{expected}}/saved.{{spmd.process_index()}}.json", "w") as f:
+        np.savez(f"{expected}/step{step}.npz", *values)
+with open(f"{expected}/saved.{spmd.process_index()}.json", "w") as f:
     json.dump([spmd.process_index(), socket.gethostname()], f)
 """
 
@@ -99,17 +98,17 @@ target = state_like(mesh, P("i", None), P("i"))
 
 def check(restored, step):
     \"\"\"Each block this rank holds, and each unplaced leaf, equals the saved value.\"\"\"
-    want = np.load(f"{{expected}}/step{{step}}.npz")
+    want = np.load(f"{expected}/step{step}.npz")
     leaves = spmd.tree_util.tree_leaves(restored)
     assert len(leaves) == len(want.files), (len(leaves), want.files)
     for k, leaf in enumerate(leaves):
-        w = want[f"arr_{{k}}"]
+        w = want[f"arr_{k}"]
         if isinstance(leaf, spmd.Array) and isinstance(leaf.sharding, NamedSharding):
             assert leaf.sharding.mesh == mesh
             for s in leaf.addressable_shards:
-                np.testing.assert_array_equal(np.asarray(s.data), w[s.index], err_msg=f"leaf {{k}}")
+                np.testing.assert_array_equal(np.asarray(s.data), w[s.index], err_msg=f"leaf {k}")
         else:
-            np.testing.assert_array_equal(np.asarray(leaf), w, err_msg=f"leaf {{k}}")
+            np.testing.assert_array_equal(np.asarray(leaf), w, err_msg=f"leaf {k}")
         assert np.dtype(leaf.dtype) == w.dtype, (k, leaf.dtype, w.dtype)
 
 
@@ -132,7 +131,7 @@ except ckpt.CheckpointError as e:
     error = str(e)
 latest = ckpt.latest_step(directory)
 check(ckpt.restore(directory, target), 1)
-with open(f"{{expected}}/restored.{{spmd.process_index()}}.json", "w") as f:
+with open(f"{expected}/restored.{spmd.process_index()}.json", "w") as f:
     json.dump([spmd.process_index(), socket.gethostname(), error, latest], f)
 """
 
@@ -168,8 +167,8 @@ def _restore_in_one_process(directory, expected, spmd_mesh):
 def test_saved_on_2_nodes_restores_on_1_and_on_3_nodes(make_nodes, tmp_path, spmd_mesh):
     directory, expected = tmp_path / "ckpt", tmp_path / "expected"
     expected.mkdir()
-    (tmp_path / "save.py").write_text(textwrap.dedent(_SAVE.format()))
-    (tmp_path / "restore3.py").write_text(textwrap.dedent(_RESTORE_3.format()))
+    (tmp_path / "save.py").write_text(_SAVE)
+    (tmp_path / "restore3.py").write_text(_RESTORE_3)
 
     two = make_nodes(2)
     out = python(two, 2, tmp_path / "save.py", directory, expected)
