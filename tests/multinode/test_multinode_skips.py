@@ -33,6 +33,9 @@ def test_multinode_tests_skip_with_the_reason(way):
     prefix, reason = WAYS[way]
     if shutil.which(prefix[0]) is None:
         pytest.skip(f"util-linux's {prefix[0]} is not installed")
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:  # e.g. user namespaces disabled (user.max_user_namespaces=0)
+        pytest.skip(f"`{' '.join(prefix)}` does not run here: {probe.stderr.strip()[-300:]}")
     # The inner run holds no multi-process test and makes no file in /dev/shm: the
     # suite's own checks of those (`make test` sets the first) are not for it.
     env = job_env({"SPMD_TEST_SHM_CHECK": "0"})
