@@ -102,6 +102,15 @@ def unavailable() -> str | None:
     return None
 
 
+def _shm_root(pid: str) -> str:
+    """The directory mounted on ``/dev/shm`` for process ``pid`` (its root within the
+    mounted filesystem); "-" when none is bound there."""
+    with open(f"/proc/{pid}/mountinfo") as f:
+        # Fields: id, parent, device, root within its filesystem, mount point, ...
+        roots = [line.split()[3] for line in f if line.split()[4:5] == ["/dev/shm"]]
+    return roots[-1] if roots and roots[-1] != "/" else "-"
+
+
 class EmulatedNodes:
     """``count`` emulated nodes whose state (each node's ``/dev/shm``, its
     namespace's identity, the launcher script) lives under ``root``."""
@@ -155,16 +164,22 @@ class EmulatedNodes:
                 for k in range(self.count) if os.listdir(self.shm_dir(k))}
 
     def pids(self, k: int) -> list[int]:
-        """The processes running in node ``k`` now (its last launch's namespace)."""
+        """The processes running in node ``k`` now: those of its last launch's UTS
+        namespace whose ``/dev/shm`` is the node's own directory.  The namespace alone
+        is not enough once the node's processes have ended: the kernel gives its
+        number to the next namespace made (another test's node, in a session running
+        beside this one), and killing by it alone could hit that node."""
         try:
             ns = (self.root / hostname(k) / "uts").read_text().strip()
         except OSError:
             return []
+        own = str(self.shm_dir(k))
         found = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    if os.readlink(f"/proc/{entry}/ns/uts") == ns:
+                    if os.readlink(f"/proc/{entry}/ns/uts") == ns and \
+                            own.endswith(_shm_root(entry)):
                         found.append(int(entry))
                 except OSError:
                     continue

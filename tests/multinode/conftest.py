@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -63,33 +62,7 @@ def make_nodes(tmp_path):
     yield make
     for nodes in made:
         for k in range(nodes.count):
-            for pid in node_pids(nodes, k):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-
-def node_pids(nodes: EmulatedNodes, k: int) -> list[int]:
-    """The processes still running on node ``k``: those of its namespace whose
-    ``/dev/shm`` is that node's directory.
-
-    The namespace alone is not enough once the node's processes have ended: the
-    kernel gives its number to the next namespace made (another test's node, in a
-    session running beside this one), and :meth:`EmulatedNodes.pids` would name
-    that node's processes."""
-    own = str(nodes.shm_dir(k))
-    found = []
-    for pid in nodes.pids(k):
-        try:
-            with open(f"/proc/{pid}/mountinfo") as f:
-                # Fields: id, parent, device, root within its filesystem, mount point, ...
-                roots = [line.split()[3] for line in f if line.split()[4] == "/dev/shm"]
-        except (OSError, IndexError):
-            continue
-        if roots and roots[-1] != "/" and own.endswith(roots[-1]):
-            found.append(pid)
-    return found
+            nodes.kill_node(k)
 
 
 def mpiexec(nodes: EmulatedNodes, slots, argv: list[str], env: dict | None = None,
