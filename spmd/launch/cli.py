@@ -319,6 +319,10 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
     env.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
     env["PYTHONUNBUFFERED"] = "1"
     env["SPMD_LAUNCH_DIR"] = launch_dir
+    if getattr(ns, "remote", False):
+        # Where the ranks connect to the launcher: set by Job.start when it listens;
+        # named here so that Open MPI exports it (-x) to the other hosts.
+        env[alive.ENV] = ""
     # As torchrun's TORCHELASTIC_RESTART_COUNT / TORCHELASTIC_MAX_RESTARTS.
     env["SPMD_RESTART_ATTEMPT"] = str(attempt)
     env["SPMD_MAX_RESTARTS"] = str(getattr(ns, "max_restarts", 0) or 0)
@@ -328,7 +332,7 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
 # Variables Open MPI must be told to export to remote nodes (Hydra exports all).
 _EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "SPMD_GPU_BACKEND", "OMP_NUM_THREADS",
              "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
-             "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR",
+             "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR", "SPMD_LAUNCHER_ALIVE",
              "SPMD_RESTART_ATTEMPT", "SPMD_MAX_RESTARTS")
 
 

@@ -30,6 +30,9 @@ def test_hosts_become_hydra_hosts_and_open_mpi_host():
     assert cmd[cmd.index("-n") + 1] == "3" and cmd[-3:] == ["train.py", "--lr", "1"]
     cmd, _ = _command(ns, "openmpi")
     assert cmd[cmd.index("--host") + 1] == "a:2,b:2" and "--oversubscribe" not in cmd
+    # Open MPI exports only what it is told to: the launch directory and the channel.
+    exported = [cmd[i + 1] for i, w in enumerate(cmd) if w == "-x"]
+    assert "SPMD_LAUNCH_DIR" in exported and "SPMD_LAUNCHER_ALIVE" in exported
 
 
 def test_threads_per_rank_follow_the_ranks_per_host(monkeypatch):
