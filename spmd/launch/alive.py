@@ -51,7 +51,11 @@ def launcher_address(mpiexec_args: list[str], environ) -> str | None:
     """Where the ranks reach the launcher: ``$SPMD_LAUNCHER_ADDRESS``, else the address
     of the interface MPI is told to use (Hydra's ``-iface NAME``), else this host's
     name if it resolves to an address other hosts can reach (not a loopback one);
-    None: no channel (the summary then cannot tell which host went first)."""
+    None: no channel (the summary then cannot tell which host went first).
+
+    >>> launcher_address(["-iface", "lo"], {})                     # doctest: +SKIP
+    '127.0.0.1'
+    """
     if environ.get("SPMD_LAUNCHER_ADDRESS"):
         return environ["SPMD_LAUNCHER_ADDRESS"]
     for flag, value in zip(mpiexec_args, mpiexec_args[1:]):
@@ -138,7 +142,10 @@ class Watch:
 def connect(rank: int, token: str, environ=os.environ):
     """The rank's end: a connection to the launcher held for the process's life (the
     caller keeps it), or None without ``$SPMD_LAUNCHER_ALIVE`` or when it cannot
-    connect (the job runs on; only the report is less precise)."""
+    connect (the job runs on; only the report is less precise).
+
+    >>> conn = connect(2, "job-x1y2")                    # in a rank: kept, never closed
+    """
     where = environ.get(ENV, "")
     host, _, port = where.rpartition(":")
     if not host or not port.isdigit():

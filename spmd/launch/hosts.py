@@ -111,7 +111,11 @@ def read_hostfile(path: str) -> list[tuple[str, int]]:
 
 
 def merge(placement: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """One entry per host, in order of first mention, slots summed (as Open MPI does)."""
+    """One entry per host, in order of first mention, slots summed (as Open MPI does).
+
+    >>> merge([("a", 2), ("b", 1), ("a", 1)])
+    [('a', 3), ('b', 1)]
+    """
     slots: dict[str, int] = {}
     for host, n in placement:
         slots[host] = slots.get(host, 0) + n
@@ -166,7 +170,11 @@ def expand_nodelist(text: str, where: str = "SLURM_JOB_NODELIST") -> list[str]:
 
 
 def tasks_per_node(text: str, where: str = "SLURM_TASKS_PER_NODE") -> list[int]:
-    """Slurm's ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
+    """Slurm's ``2(x3),1`` -> ``[2, 2, 2, 1]``.
+
+    >>> tasks_per_node("4,1(x2)")
+    [4, 1, 1]
+    """
     out = []
     for part in text.split(","):
         m = re.match(r"^\s*(\d+)(?:\(x(\d+)\))?\s*$", part)
@@ -178,7 +186,13 @@ def tasks_per_node(text: str, where: str = "SLURM_TASKS_PER_NODE") -> list[int]:
 
 
 def slurm_placement(environ) -> list[tuple[str, int]] | None:
-    """The allocation's hosts and their task counts when inside Slurm, else None."""
+    """The allocation's hosts and their task counts when inside Slurm, else None.
+
+    >>> slurm_placement({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"})
+    [('n1', 2), ('n2', 2)]
+    >>> slurm_placement({}) is None
+    True
+    """
     var = next((v for v in SLURM_NODELIST_VARS if environ.get(v, "").strip()), None)
     if var is None:
         return None
@@ -197,7 +211,11 @@ def slurm_placement(environ) -> list[tuple[str, int]] | None:
 
 def assign(placement: list[tuple[str, int]], n: int) -> list[str]:
     """The host of each of ``n`` ranks: the slots filled in order (callers check
-    that there are enough: :func:`check_fits`)."""
+    that there are enough: :func:`check_fits`).
+
+    >>> assign([("a", 1), ("b", 3)], 3)
+    ['a', 'b', 'b']
+    """
     out = []
     for host, slots in placement:
         out += [host] * min(slots, n - len(out))
@@ -205,7 +223,10 @@ def assign(placement: list[tuple[str, int]], n: int) -> list[str]:
 
 
 def check_fits(placement: list[tuple[str, int]], n: int, source: str) -> None:
-    """HostsError when ``n`` ranks do not fit the slots of ``placement``."""
+    """HostsError when ``n`` ranks do not fit the slots of ``placement``.
+
+    >>> check_fits([("a", 2)], 2, "--hosts 'a:2'")   # fits: nothing to say
+    """
     total = sum(s for _, s in placement)
     if n > total:
         listed = ",".join(f"{h}:{s}" for h, s in placement)
@@ -215,7 +236,11 @@ def check_fits(placement: list[tuple[str, int]], n: int, source: str) -> None:
 
 
 def ranks_per_host(hosts: list[str]) -> dict[str, list[int]]:
-    """Host -> its ranks, from :func:`assign`'s list."""
+    """Host -> its ranks, from :func:`assign`'s list.
+
+    >>> ranks_per_host(["a", "a", "b"])
+    {'a': [0, 1], 'b': [2]}
+    """
     out: dict[str, list[int]] = {}
     for r, h in enumerate(hosts):
         out.setdefault(h, []).append(r)
@@ -234,14 +259,22 @@ def is_local(host: str) -> bool:
 
 
 def hydra_hostfile(placement: list[tuple[str, int]], path: str) -> str:
-    """Write ``placement`` as MPICH's hostfile (``host:n``); return ``path``."""
+    """Write ``placement`` as MPICH's hostfile (``host:n``); return ``path``.
+
+    >>> open(hydra_hostfile([("a", 2)], "/tmp/hf")).read().split()  # doctest: +SKIP
+    ['a:2']
+    """
     with open(path, "w") as f:
         f.write("".join(f"{h}:{s}\n" for h, s in placement))
     return path
 
 
 def openmpi_hostfile(placement: list[tuple[str, int]], path: str) -> str:
-    """Write ``placement`` as Open MPI's hostfile (``host slots=n``); return ``path``."""
+    """Write ``placement`` as Open MPI's hostfile (``host slots=n``); return ``path``.
+
+    >>> open(openmpi_hostfile([("a", 2)], "/tmp/hf")).read().splitlines()  # doctest: +SKIP
+    ['a slots=2']
+    """
     with open(path, "w") as f:
         f.write("".join(f"{h} slots={s}\n" for h, s in placement))
     return path

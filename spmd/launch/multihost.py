@@ -32,7 +32,11 @@ def make_launch_dir(ns: argparse.Namespace) -> str:
     """A fresh launch directory for one attempt: under --launch-dir when given; with
     hosts other than this one under ``.spmd-run/`` of the working directory (the
     ranks on other hosts must reach it: it must be on a filesystem every host mounts
-    at the same path); else a temporary directory of this machine."""
+    at the same path); else a temporary directory of this machine.
+
+    >>> make_launch_dir(ns)                                       # doctest: +SKIP
+    '/home/me/run/.spmd-run/job-k1q2'
+    """
     parent = ns.launch_dir
     if parent is None and ns.remote:
         parent = os.path.join(os.getcwd(), SHARED_LAUNCH_DIR)
@@ -49,7 +53,10 @@ def make_launch_dir(ns: argparse.Namespace) -> str:
 
 
 def remove_launch_dir(launch_dir: str) -> None:
-    """Remove the attempt's directory, and ``.spmd-run/`` too once it is empty."""
+    """Remove the attempt's directory, and ``.spmd-run/`` too once it is empty.
+
+    >>> remove_launch_dir("/home/me/run/.spmd-run/job-k1q2")      # doctest: +SKIP
+    """
     shutil.rmtree(launch_dir, ignore_errors=True)
     parent = os.path.dirname(launch_dir)
     if os.path.basename(parent) == SHARED_LAUNCH_DIR:
@@ -74,7 +81,11 @@ def cleanup_command(ns: argparse.Namespace, mpiexec: str, impl: str, launch_dir:
 def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
                      launch_dir: str) -> bool:
     """Run the cleanup pass on every host (a node cleans its own /dev/shm: the
-    launcher cannot see it); whether it completed.  Says so when it did not."""
+    launcher cannot see it); whether it completed.  Says so when it did not.
+
+    >>> clean_every_host(ns, "mpiexec", "mpich", env, launch_dir)  # doctest: +SKIP
+    True
+    """
     cmd = cleanup_command(ns, mpiexec, impl, launch_dir)
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

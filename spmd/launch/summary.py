@@ -35,7 +35,11 @@ def _plural(ranks, hosts: dict[int, str] | None = None) -> str:
 
 
 def spans_hosts(hosts: dict[int, str] | None) -> bool:
-    """Whether the job's ranks ran on more than one host (then reports name them)."""
+    """Whether the job's ranks ran on more than one host (then reports name them).
+
+    >>> spans_hosts({0: "a", 1: "b"}), spans_hosts({0: "a", 1: "a"}), spans_hosts(None)
+    (True, False, False)
+    """
     return bool(hosts) and len(set(hosts.values())) > 1
 
 
@@ -49,7 +53,11 @@ def lost_host(np: int, reports: dict[int, dict], mpiexec_reported, exits: list[i
     host's ranks alone stayed connected to the launcher after the job ended
     (``still_open``: a machine gone, see :mod:`spmd.launch.alive`), ``"ended"``
     when the first rank to end is on that host (``exits``: ranks in the order their
-    processes ended, where the launcher could see it)."""
+    processes ended, where the launcher could see it).
+
+    >>> lost_host(4, {}, None, [2, 3, 0, 1], {0: "n0", 1: "n0", 2: "n1", 3: "n1"})
+    ('n1', [2, 3], 'ended')
+    """
     if not spans_hosts(hosts) or mpiexec_reported:
         return None
     per_host = _host_ranks(hosts)
