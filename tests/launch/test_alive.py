@@ -11,6 +11,7 @@ import threading
 import time
 
 from spmd.launch import alive
+from tests.mpi import REPO_ROOT
 
 # A rank: connect, say so, then hold the connection until killed (or for good).
 _RANK = """
@@ -23,7 +24,7 @@ time.sleep(60)
 
 
 def _rank(rank: int, token: str, env: dict) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", _RANK, str(rank), token],
+    proc = subprocess.Popen([sys.executable, "-c", _RANK, str(rank), token], cwd=str(REPO_ROOT),
                             env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "connected"
     return proc
