@@ -207,8 +207,10 @@ def test_a_rank_that_cannot_reach_the_launch_directory_says_so(tmp_path):
 
     (tmp_path / "hello.py").write_text("print('hello')\n")
     env = {**os.environ, "PMI_RANK": "2", "SPMD_LAUNCH_DIR": str(tmp_path / "not-shared")}
+    from tests.mpi import REPO_ROOT
+
     out = subprocess.run([sys.executable, "-m", "spmd.launch._rank", str(tmp_path / "hello.py")],
-                         env=env, capture_output=True, text=True, timeout=60)
+                         env=env, capture_output=True, text=True, timeout=60, cwd=str(REPO_ROOT))
     assert out.returncode == 0 and out.stdout == "hello\n", out.stderr
     assert out.stderr == (
         f"spmd-run: rank 2 on {socket.gethostname()}: the launch directory "

@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from spmd.launch import cleanup
+from tests.mpi import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or not sys.platform.startswith(
     "linux"), reason="needs Linux's /dev/shm")
@@ -47,7 +48,8 @@ def test_the_pass_removes_only_this_nodes_leftovers(tmp_path):
         _record(tmp_path, 1, host, {before: kb, one: ko}, {left: kl})
         _record(tmp_path, 2, "another-host", {}, {elsewhere: ke})
         out = subprocess.run([sys.executable, "-m", "spmd.launch.cleanup", str(tmp_path)],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60,
+                             cwd=str(REPO_ROOT))
         assert out.returncode == 0, out.stderr
         assert sorted(out.stdout.splitlines()) == sorted(
             f"{host}: removed the job's leftover {p}" for p in (left, one))
@@ -61,7 +63,8 @@ def test_the_pass_removes_only_this_nodes_leftovers(tmp_path):
 
 def test_the_pass_needs_a_launch_directory(tmp_path):
     out = subprocess.run([sys.executable, "-m", "spmd.launch.cleanup", str(tmp_path / "no")],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60,
+                             cwd=str(REPO_ROOT))
     assert out.returncode == 2
     assert "usage: python -m spmd.launch.cleanup LAUNCH_DIR (got [" in out.stderr
     assert "give the launch directory of a job that has ended" in out.stderr
