@@ -97,9 +97,9 @@ def _agree_settings(ranks: tuple, ctl) -> None:
     """Check, once per communicator, that its members read the same algorithm settings
     (``SPMD_MPI_SHM_MIN_BYTES``, ``SPMD_MPI_SHM_MAX_BYTES``,
     ``SPMD_MPI_ALLREDUCE_SPLIT_BYTES``, ``SPMD_CHECK_COLLECTIVES``,
-    ``SPMD_SIMULATE_NODES``, ``SPMD_MPI_HIER_MIN_BYTES``): members choosing differently would pair one member's
-    shared-memory barrier, or collective check, with another's MPI call.  Every member
-    raises alike."""
+    ``SPMD_SIMULATE_NODES``, ``SPMD_MPI_HIER_MIN_BYTES``): members choosing
+    differently would pair one member's shared-memory barrier, or collective check,
+    with another's MPI call.  Every member raises alike."""
     every = ctl.allgather(_settings())
     if all(e == every[0] for e in every) and every[0][0] == "ok":
         return

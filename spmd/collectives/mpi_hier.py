@@ -63,7 +63,6 @@ import os
 
 import numpy as np
 
-from spmd.collectives import mpi as _mpi
 from spmd.collectives.mpi_control import Collective, Site, control
 from spmd.errors import ArgumentError
 from spmd.launch import nodes
@@ -290,3 +289,8 @@ def reset() -> None:
     calls it at the same point)."""
     plans.clear()
     min_bytes.cache_clear()
+
+
+# Last: spmd.collectives.mpi imports this module and reads ``plans`` as it loads, so
+# whichever of the two is imported first, everything above exists by then.
+from spmd.collectives import mpi as _mpi  # noqa: E402
