@@ -115,8 +115,9 @@ SPLIT_FLOPS = 1 << 22
 
 def _matmul(xp, a, b, out=None):
     """``xp.matmul(a, b, out=out)``; a batch of products is split by batch among the
-    engine's threads, each part one BLAS call on its slice (the same products, so the
-    same bits)."""
+    engine's threads, each part one BLAS call on its slice (the same products, to
+    rounding: BLAS may add a part's terms in another order than the whole call's, by
+    its thread count and its kernel's choices, as OPENBLAS_CORETYPE=Haswell does)."""
     if xp is np and a.ndim == b.ndim >= 3 and a.shape[:-2] == b.shape[:-2]:
         (m, k), n = a.shape[-2:], b.shape[-1]
         batch = math.prod(a.shape[:-2])
