@@ -110,7 +110,10 @@ def main(argv=None) -> int:
     dump = open(os.path.join(dumpdir, f"rank-{rank}.txt"), "w")
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     conn = Client((host, int(port)), authkey=bytes.fromhex(key))
-    conn.send({"rank": rank, "pid": os.getpid()})
+    # spmd-run's directory of the ranks' records: where a rank's collective watchdog
+    # says which collective it waits in (the pool's report of a hang reads it).
+    conn.send({"rank": rank, "pid": os.getpid(),
+               "launch_dir": os.environ.get("SPMD_LAUNCH_DIR")})
     job = _receive(conn)
     while job is not None:
         job = _session(conn, job)

@@ -1,8 +1,9 @@
 """@pytest.mark.spmd(processes=N): a user's test file, run with a plain pytest (an inner
 run in a subprocess, pytester), gets each marked test run on N MPI ranks from a pool
 of rank workers, with one outcome per test: passed; failed naming the rank and its
-assertion; failed naming the rank that hung in a collective (within its timeout), the
-next test still running; and in place under an outer mpiexec (pytest-mpi's style)."""
+assertion; failed naming first the rank that never reached the collective another
+waits in, and where it is (within the test's timeout), the next test still running;
+and in place under an outer mpiexec (pytest-mpi's style)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,15 @@ def test_after_the_hang_with_fixtures(n, tmp_path):
 
 def test_a_simulated_mesh(spmd_mesh):
     assert spmd_mesh((2, 2), ("i", "j")).devices.size == 4
+
+
+@pytest.mark.spmd(processes=2, timeout=5)
+def test_rank_one_sleeps_while_rank_zero_waits():
+    f, x = _psum_program()
+    f(x)
+    if spmd.process_index() == 1:
+        time.sleep(60)
+    f(x)
 '''
 
 
@@ -74,13 +84,26 @@ def test_marked_tests_from_a_plain_pytest(pytester):
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf")
     out = result.stdout.str()
-    result.assert_outcomes(passed=4, failed=2)
+    result.assert_outcomes(passed=4, failed=3)
     assert "rank 1 failed (in call):" in out
     assert "AssertionError: only rank 0 may pass" in out
     assert "rank 0 failed" not in out
-    assert "rank 1 hung: it did not finish within 10 s; where it waited:" in out
-    assert "spmd/collectives/mpi.py" in out  # it waits in the collective
+    # A hang's report leads (its first line, under the test's header) with the rank
+    # that never came, and where it is: rank 0 returned from the test while rank 1
+    # waits in a second psum ...
+    assert "_\nrank 0 never reached the collective rank 1 waits in (psum at test_user.py:34 in " \
+        "test_rank_one_hangs_in_a_collective); rank 0 finished the test (it passed)\n" in out
+    assert "rank 1 hung: it did not finish within 10 s, waiting in psum over ranks [0, 1], " \
+        "collective #2 there; where it waited:" in out
+    assert "spmd/collectives/mpi" in out  # its stack: it waits in the collective
     assert "test_user.py\", line 34 in test_rank_one_hangs_in_a_collective" in out
+    # ... and rank 0 waits in psum while rank 1 sleeps.
+    assert "_\nrank 1 never reached the collective rank 0 waits in (psum at test_user.py:53 in " \
+        "test_rank_one_sleeps_while_rank_zero_waits); rank 1 is at test_user.py:52 in " \
+        "test_rank_one_sleeps_while_rank_zero_waits: `time.sleep(60)`\n\nrank 1 hung: it " \
+        "did not finish within 5 s; where it waited:" in out
+    # The summary's line too (cut to the terminal's width).
+    assert "FAILED test_user.py::test_rank_one_sleeps_while_rank_zero_waits - rank 1 ne" in out
 
 
 def test_exitfirst_stops_after_a_failing_rank(pytester):
