@@ -33,6 +33,7 @@ def _inner(tmp_path, test: str, leave_at: str):
     (tmp_path / "test_user.py").write_text(LEAVES)
     env = {**os.environ, "LEAVE_AT": leave_at}
     env.pop("SPMD_TEST_SHM_CHECK", None)
+    env.pop("SPMD_REQUIRE_MPI_TESTS", None)  # `make test` sets it; no MPI test here
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
          "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
