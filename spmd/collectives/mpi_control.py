@@ -34,6 +34,7 @@ collective across its ranks before its data moves (:func:`_check_call`).
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
@@ -129,7 +130,6 @@ def register(ranks: tuple, data_comm):
     """Make and keep the control communicator of ``ranks`` (collective over them, like
     the data communicator ``data_comm`` made just before); learn their hosts, which
     reports name when the ranks span several (:func:`who`)."""
-    import socket
 
     comm = data_comm.Dup()
     _controls[ranks] = comm

@@ -40,6 +40,7 @@ import time
 import traceback
 
 from spmd.launch import affinity
+from spmd.launch import alive, cleanup
 
 # Launchers set one of these in every rank (MPICH/Hydra, PMIx, Open MPI,
 # MVAPICH, Slurm), first match wins.
@@ -92,7 +93,6 @@ class _Reporter:
             pass
         # Across hosts, a connection to the launcher does the FIFO's work
         # (spmd.launch.alive); the job's token is its launch directory's name.
-        from spmd.launch import alive
 
         conn = alive.connect(self.rank, os.path.basename(self.dir))
         if conn is not None:
@@ -101,7 +101,6 @@ class _Reporter:
         # names the rank in reports; what /dev/shm holds before this rank starts MPI
         # tells the cleanup of its node what was there before the job
         # (spmd.launch.cleanup.clean_node).
-        from spmd.launch import cleanup
 
         before = {p: list(k) for p, k in cleanup.listing().items()}
         self._write("pid", json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
@@ -122,7 +121,6 @@ class _Reporter:
     def record_segments(self) -> None:
         """Add the shared-memory files this process maps now to ``rank<N>.shm``
         (files mapped earlier and since unmapped stay listed)."""
-        from spmd.launch import cleanup
 
         try:
             found = cleanup.mapped_files("self")

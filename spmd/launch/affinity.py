@@ -40,6 +40,7 @@ _CHOICES = ("cores", "none")
 # The launchers' variables for a rank's index on its node and their count:
 # one list, spmd.launch.nodes's.
 from spmd.launch.nodes import LOCAL_RANK_VARS, LOCAL_SIZE_VARS  # noqa: E402
+from spmd.launch import runtime  # noqa: E402
 
 
 def plan(local: int, local_size: int, threads: int, cores: list[int]) -> list[int] | None:
@@ -83,7 +84,6 @@ def bind_from_env(environ=os.environ) -> list[int] | None:
     >>> bind_from_env({"SPMD_BIND": "none"}) is None
     True
     """
-    from spmd.launch import runtime
 
     rank, size = _int(environ, runtime._RANK_VARS), _int(environ, runtime._SIZE_VARS)
     if rank is None or size is None:

@@ -36,8 +36,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import stat
 import sys
+import time
 
 SHM_DIR = "/dev/shm"
 
@@ -251,8 +254,6 @@ def _alive(pid, launch_dir: str) -> bool:
 
 def _end_ranks(launch_dir: str, ranks: dict[int, dict]) -> None:
     """Wait for the node's ranks to be gone; kill those left (orphans: mpiexec ended)."""
-    import signal
-    import time
 
     pids = [rec.get("pid") for rec in ranks.values()]
     end = time.monotonic() + RANKS_GONE_S
@@ -278,7 +279,6 @@ def clean_node(launch_dir: str, host: str | None = None) -> list[str]:
     >>> clean_node("/work/.spmd-run/job-x1y2")                  # doctest: +SKIP
     ['/dev/shm/mpich_shm_5edb29d8_1']
     """
-    import socket
 
     host = socket.gethostname() if host is None else host
     ranks = _ranks_here(launch_dir, host)
@@ -299,7 +299,6 @@ def clean_node(launch_dir: str, host: str | None = None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m spmd.launch.cleanup LAUNCH_DIR``: :func:`clean_node` on this node
     (``spmd-run`` starts one on every host after a job across hosts)."""
-    import socket
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not os.path.isdir(argv[0]):

@@ -13,6 +13,7 @@ removes those left behind once the job has ended (:meth:`Job.cleanup`,
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import select
@@ -24,6 +25,7 @@ import threading
 import time
 
 from spmd.launch import _rank
+from spmd.launch import alive
 from spmd.launch.cleanup import Segments, entries, mapped_files
 
 # How long a job may go on after a rank reported a failure before the
@@ -164,7 +166,6 @@ class Job:
     def _open_connections(self) -> bool:
         """Across hosts: listen for the ranks' connections (spmd.launch.alive), which
         tell the order in which they end; whether the channel is open."""
-        from spmd.launch import alive
 
         if not self.alive_address:
             return False
@@ -188,7 +189,6 @@ class Job:
         mpiexec exited (their host's processes did not end: a machine gone)."""
         if self._conn_watch is None:
             return []
-        from spmd.launch import alive
 
         self._conn_watch[1].join(timeout=alive.AFTER_EXIT_S + 2.0)
         return list(self._conn_watch[0].open_at_end)
@@ -565,7 +565,6 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when the launcher dies (Linux), so a
     killed ``spmd-run`` does not leave its job running in a session of its own."""
     if sys.platform.startswith("linux"):
-        import ctypes
 
         PR_SET_PDEATHSIG = 1
         try:
