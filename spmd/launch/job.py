@@ -112,6 +112,18 @@ def _parse_banner(line: bytes, into: dict) -> None:
         into["exit"] = int(m.group(1))
 
 
+def _emit(stream, line: bytes) -> None:
+    """Pass one line of mpiexec's output on to ``stream`` (its bytes where the stream
+    has a buffer, else decoded), at once."""
+    raw = getattr(stream, "buffer", None)
+    if raw is not None:
+        raw.write(line)
+        raw.flush()
+    else:
+        stream.write(line.decode(errors="replace"))
+        stream.flush()
+
+
 class _Terminated(Exception):
     """The launcher itself received SIGTERM or SIGHUP."""
 
@@ -334,13 +346,7 @@ class Job:
         return box
 
     def _show(self, line: bytes) -> None:
-        out = getattr(sys.stdout, "buffer", None)
-        if out is not None:
-            out.write(line)
-            out.flush()
-        else:
-            sys.stdout.write(line.decode(errors="replace"))
-            sys.stdout.flush()
+        _emit(sys.stdout, line)
         if not self.ending:
             _parse_banner(line, self.banner)
 
@@ -348,17 +354,11 @@ class Job:
         """The ranks' stderr passes through; mpiexec's own complaints (Hydra's
         ``[mpiexec@host] ...``, ``[proxy:...]`` lines, as when it loses a host) are
         held for :meth:`mpiexec_messages`, to follow spmd-run's explanation."""
-        err = getattr(sys.stderr, "buffer", None)
         for line in iter(self.proc.stderr.readline, b""):
             if _HYDRA_LINE.match(line):
                 self.hydra.append(line.decode(errors="replace").rstrip())
                 continue
-            if err is not None:
-                err.write(line)
-                err.flush()
-            else:
-                sys.stderr.write(line.decode(errors="replace"))
-                sys.stderr.flush()
+            _emit(sys.stderr, line)
 
     def mpiexec_messages(self) -> str:
         """What mpiexec itself said (held back), shortened, for after the summary;

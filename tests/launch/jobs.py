@@ -46,27 +46,20 @@ def launch_env(extra: dict) -> dict:
     return env
 
 
-class Launch:
-    """``python -m spmd.launch [options] -n N script`` in the background, its output
-    collected by a thread."""
+class Background:
+    """``argv`` run in the background in ``cwd`` with ``env`` (its own session, so that
+    a hung job's whole group can be killed), stdout and stderr collected together
+    by a thread."""
 
-    def __init__(self, script: str | None, n: int, tmp_path, name: str = "job.py",
-                 options=(), env=None, script_path=None, args=()):
-        """``script``: source text, written to ``tmp_path / name``; or None and
-        ``script_path``, a file to run, with ``args``."""
-        mpiexec_or_skip()
-        path = script_path
-        if script is not None:
-            path = tmp_path / name
-            path.write_text(script)
+    def __init__(self, argv: list[str], cwd, env: dict):
         self.lines: list[str] = []
         self.start = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spmd.launch", *options, "-n", str(n), str(path),
-             *map(str, args)],
-            cwd=str(REPO_ROOT), env=launch_env(env or {}), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            stdin=subprocess.DEVNULL)
+            argv, cwd=str(cwd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True, stdin=subprocess.DEVNULL,
+            # A shell running the suite in the background may have ignored SIGINT, and
+            # Python then never raises KeyboardInterrupt: a test's Ctrl-C would do nothing.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -79,17 +72,18 @@ class Launch:
         return "".join(self.lines)
 
     def wait_for(self, text: str, count: int, timeout: float) -> bool:
+        """Whether ``text`` was printed ``count`` times within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.out.count(text) >= count:
                 return True
             if self.proc.poll() is not None and not self._reader.is_alive():
-                return self.out.count(text) >= count
-            time.sleep(0.1)
-        return False
+                break
+            time.sleep(0.05)
+        return self.out.count(text) >= count
 
     def wait(self, timeout: float) -> int | None:
-        """The exit status, or None after killing the job past ``timeout``."""
+        """The exit status, or None after killing the job's group past ``timeout``."""
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -99,6 +93,23 @@ class Launch:
             return None
         self._reader.join(timeout=5)
         return self.proc.returncode
+
+
+class Launch(Background):
+    """``python -m spmd.launch [options] -n N script`` in the background, its output
+    collected by a thread."""
+
+    def __init__(self, script: str | None, n: int, tmp_path, name: str = "job.py",
+                 options=(), env=None, script_path=None, args=()):
+        """``script``: source text, written to ``tmp_path / name``; or None and
+        ``script_path``, a file to run, with ``args``."""
+        mpiexec_or_skip()
+        path = script_path
+        if script is not None:
+            path = tmp_path / name
+            path.write_text(script)
+        super().__init__([sys.executable, "-m", "spmd.launch", *options, "-n", str(n),
+                          str(path), *map(str, args)], REPO_ROOT, launch_env(env or {}))
 
 
 def reported(out: str) -> dict[str, int]:

@@ -3,15 +3,11 @@ in the background, its output collected, with a time limit."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import textwrap
-import threading
-import time
 
 from spmd.testing.emulated_nodes import EmulatedNodes
+from tests.launch.jobs import Background
 from tests.multinode.conftest import job_env
 from tests.mpi import REPO_ROOT, mpiexec_or_skip
 
@@ -59,7 +55,7 @@ def emulated(nodes: EmulatedNodes) -> list[str]:
     return out
 
 
-class Run:
+class Run(Background):
     """``python -m spmd.launch OPTIONS TARGET ARGS`` in the background, in ``cwd``,
     on ``nodes`` (their variables set), its output (stdout and stderr) collected."""
 
@@ -67,44 +63,8 @@ class Run:
                  env=None):
         mpiexec_or_skip()
         full = job_env({**(nodes.env() if nodes else {}), **(env or {})})
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spmd.launch", *options, str(target), *map(str, args)],
-            cwd=str(cwd), env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True, stdin=subprocess.DEVNULL)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def out(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, text: str, count: int, timeout: float) -> bool:
-        """Whether ``text`` was printed ``count`` times within ``timeout`` seconds."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.out.count(text) >= count:
-                return True
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.05)
-        return self.out.count(text) >= count
-
-    def wait(self, timeout: float) -> int | None:
-        """The exit status, or None after killing the launcher's group past ``timeout``."""
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            self._reader.join(timeout=5)
-            return None
-        self._reader.join(timeout=5)
-        return self.proc.returncode
+        super().__init__([sys.executable, "-m", "spmd.launch", *options, str(target),
+                          *map(str, args)], cwd, full)
 
 
 def run(nodes, options, target, args=(), *, cwd, env=None, limit_s=120) -> tuple:
