@@ -59,12 +59,11 @@ at its wait.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
+from spmd.collectives import mpi_shm
 from spmd.collectives.mpi_control import Collective, Site, control
-from spmd.errors import ArgumentError
 from spmd.launch import nodes
 
 # Operands (per member) of this many bytes or more go through the hierarchy.
@@ -82,15 +81,8 @@ def min_bytes() -> int:
     >>> min_bytes() > 0
     True
     """
-    raw = os.environ.get("SPMD_MPI_HIER_MIN_BYTES", "").strip()
-    try:
-        value = int(raw) if raw else HIER_MIN_BYTES
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ArgumentError(f"SPMD_MPI_HIER_MIN_BYTES={raw!r} is not a number of bytes >= 0; "
-                            f"unset it for the default ({HIER_MIN_BYTES}), or 0 to keep "
-                            "collectives across nodes flat")
+    value = mpi_shm.bytes_setting("SPMD_MPI_HIER_MIN_BYTES", HIER_MIN_BYTES,
+                                  "to keep collectives across nodes flat")
     return value if value > 0 else 1 << 62
 
 

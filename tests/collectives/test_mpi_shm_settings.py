@@ -75,3 +75,35 @@ def test_a_bad_split_setting_names_the_variable_and_the_value(monkeypatch):
             mpi._split_bytes()
     finally:
         mpi._split_bytes.cache_clear()
+
+
+@pytest.mark.parametrize("raw", ["lots", "-5", "1.5"])
+def test_a_bad_hierarchy_threshold_names_the_variable_and_the_fix(monkeypatch, raw):
+    from spmd.collectives import mpi_hier
+
+    monkeypatch.setenv("SPMD_MPI_HIER_MIN_BYTES", raw)
+    mpi_hier.min_bytes.cache_clear()
+    try:
+        with pytest.raises(ArgumentError, match=(
+                f"SPMD_MPI_HIER_MIN_BYTES='{raw}' is not a number of bytes >= 0; unset it "
+                rf"for the default \({mpi_hier.HIER_MIN_BYTES}\), or 0 to keep collectives "
+                "across nodes flat")):
+            mpi_hier.min_bytes()
+    finally:
+        monkeypatch.delenv("SPMD_MPI_HIER_MIN_BYTES")
+        mpi_hier.min_bytes.cache_clear()
+
+
+def test_the_hierarchy_threshold_from_the_environment(monkeypatch):
+    from spmd.collectives import mpi_hier
+
+    try:
+        monkeypatch.setenv("SPMD_MPI_HIER_MIN_BYTES", "4096")
+        mpi_hier.min_bytes.cache_clear()
+        assert mpi_hier.min_bytes() == 4096
+        monkeypatch.setenv("SPMD_MPI_HIER_MIN_BYTES", "0")  # never: every call flat
+        mpi_hier.min_bytes.cache_clear()
+        assert mpi_hier.min_bytes() > 2 ** 60
+    finally:
+        monkeypatch.delenv("SPMD_MPI_HIER_MIN_BYTES")
+        mpi_hier.min_bytes.cache_clear()
