@@ -258,25 +258,20 @@ def is_local(host: str) -> bool:
     return host in (here, here.split(".")[0], "localhost", "127.0.0.1", "::1")
 
 
-def hydra_hostfile(placement: list[tuple[str, int]], path: str) -> str:
-    """Write ``placement`` as MPICH's hostfile (``host:n``); return ``path``.
-
-    >>> open(hydra_hostfile([("a", 2)], "/tmp/hf")).read().split()  # doctest: +SKIP
-    ['a:2']
-    """
-    with open(path, "w") as f:
-        f.write("".join(f"{h}:{s}\n" for h, s in placement))
-    return path
+# Each MPI's hostfile line for (host, slots).
+HOSTFILE_LINE = {"mpich": "{0}:{1}", "openmpi": "{0} slots={1}"}
 
 
-def openmpi_hostfile(placement: list[tuple[str, int]], path: str) -> str:
-    """Write ``placement`` as Open MPI's hostfile (``host slots=n``); return ``path``.
+def write_hostfile(placement: list[tuple[str, int]], path: str, impl: str) -> str:
+    """Write ``placement`` as ``impl``'s hostfile (MPICH's ``host:n``, Open MPI's
+    ``host slots=n``); return ``path``.
 
-    >>> open(openmpi_hostfile([("a", 2)], "/tmp/hf")).read().splitlines()  # doctest: +SKIP
+    >>> open(write_hostfile([("a", 2)], "/tmp/hf", "openmpi")).read().splitlines()  # doctest: +SKIP
     ['a slots=2']
     """
+    line = HOSTFILE_LINE["openmpi" if impl == "openmpi" else "mpich"]
     with open(path, "w") as f:
-        f.write("".join(f"{h} slots={s}\n" for h, s in placement))
+        f.write("".join(line.format(h, s) + "\n" for h, s in placement))
     return path
 
 
@@ -296,6 +291,5 @@ def host_args(ns, impl: str, launch_dir: str, placement=None) -> list[str]:
     if ns.hostfile is None or placement is not ns.placement:
         return ["-hosts", listed] if impl != "openmpi" else ["--host", listed]
     path = os.path.join(launch_dir, "hostfile")
-    if impl == "openmpi":
-        return ["--hostfile", openmpi_hostfile(placement, path)]
-    return ["-f", hydra_hostfile(placement, path)]
+    option = "--hostfile" if impl == "openmpi" else "-f"
+    return [option, write_hostfile(placement, path, impl)]
