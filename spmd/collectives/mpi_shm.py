@@ -127,6 +127,18 @@ def size_range() -> tuple[int, int]:
                           "to turn the shared-memory path off"))
 
 
+@functools.lru_cache(maxsize=256)
+def part_bounds(size: int, parts: int) -> tuple:
+    """Where each of ``parts`` near-equal parts of ``size`` elements starts (and, last,
+    the end): the parts of a two-phase sum, the same on every member and every node
+    for the same ``size``.
+
+    >>> part_bounds(10, 4)
+    (0, 2, 5, 7, 10)
+    """
+    return tuple(size * i // parts for i in range(parts + 1))
+
+
 class Segment:
     """One communicator's shared window: per member, two slots for blocking sums and
     a ring of ``RING`` slots for started ones, each of ``slot`` bytes."""
@@ -164,17 +176,23 @@ class Segment:
         for v in views[2:]:
             np.add(out, v, out=out)
 
-    def _exchange(self, buf: np.ndarray, skip_row: int | None = None) -> list:
+    def _exchange(self, buf: np.ndarray, skip_row: int | None = None,
+                  skip: tuple | None = None) -> list:
         """Copy ``buf`` into this member's next blocking slot (but for its row
-        ``skip_row``, which no other member reads); once every member has, return every
-        member's slot (as arrays like ``buf``) to read."""
+        ``skip_row``, or the elements ``skip[0]:skip[1]`` of a flat ``buf``, which no
+        other member reads); once every member has, return every member's slot (as
+        arrays like ``buf``) to read."""
         which = self.calls & 1
         self.calls += 1
         views = self._slot_views(which, buf.shape, buf.dtype)
-        if skip_row is None:
-            np.copyto(views[self.me], buf)
+        mine = views[self.me]
+        if skip is not None:
+            a, b = skip
+            np.copyto(mine[:a], buf[:a])
+            np.copyto(mine[b:], buf[b:])
+        elif skip_row is None:
+            np.copyto(mine, buf)
         else:
-            mine = views[self.me]
             if skip_row:
                 np.copyto(mine[:skip_row], buf[:skip_row])
             np.copyto(mine[skip_row + 1:], buf[skip_row + 1:])
@@ -184,46 +202,72 @@ class Segment:
         win.Sync()
         return views
 
-    def allreduce_sum(self, buf: np.ndarray, out: np.ndarray) -> None:
+    def allreduce_sum(self, buf: np.ndarray, out: np.ndarray, across=None) -> None:
         """``out`` = the sum over members of their ``buf`` (C-contiguous, same shape and
         dtype on every member), added in member order; an operand larger than a slot
-        goes through in slot-sized pieces."""
-        if buf.nbytes <= self.slot:
-            self._sum_piece(buf, out)
-            return
+        goes through in slot-sized pieces.
+
+        ``across``: a function that turns a contiguous part of the node's sum, in
+        place, into the sum over every node (:mod:`spmd.collectives.mpi_hier`'s step
+        between nodes).  With it each member adds its own part of every piece, passes
+        that part to ``across``, and then publishes it (the two-phase adding below):
+        the node's reduce-scatter, the step across nodes and the node's all-gather in
+        one exchange of the window."""
         flat, dst = buf.reshape(-1), out.reshape(-1)
         step = self.slot // buf.dtype.itemsize
         for lo in range(0, flat.size, step):
-            self._sum_piece(flat[lo:lo + step], dst[lo:lo + step])
+            self._sum_piece(flat[lo:lo + step], dst[lo:lo + step], across)
 
-    def _sum_piece(self, buf: np.ndarray, out: np.ndarray) -> None:
-        self._add_slots(self._exchange(buf), out)
+    def _sum_piece(self, buf: np.ndarray, out: np.ndarray, across) -> None:
+        """One slot's worth of :meth:`allreduce_sum` (``buf`` and ``out`` flat)."""
+        if across is None and (self.n < SPLIT_MEMBERS or out.nbytes < SPLIT_BYTES):
+            self._reduce(self._exchange(buf), out)  # every member adds everything
+            return
+        # Two phases: this member's own part is added straight from ``buf`` (no other
+        # member reads it from the slot before the second barrier, which publishes the
+        # sum there).
+        bounds = part_bounds(buf.size, self.n)
+        a, b = bounds[self.me], bounds[self.me + 1]
+        views = self._exchange(buf, skip=(a, b))
+        parts = [v[a:b] for v in views]
+        parts[self.me] = buf[a:b]
+        self._reduce(parts, out[a:b])
+        if across is not None:
+            across(out[a:b])
+        self._publish(views, out, bounds)
 
     def _add_slots(self, views: list, out: np.ndarray) -> None:
         """``out`` = the sum of every member's slot ``views`` (each member's copy is
-        visible), added in member order."""
+        visible), added in member order: a started sum's adding."""
         if self.n < SPLIT_MEMBERS or out.nbytes < SPLIT_BYTES:
             self._reduce(views, out)  # every member adds everything: no second barrier
             return
-        # Each member adds its own 1/n of the elements (reading n pieces of 1/n, not n
-        # whole slots), publishes that part in its own slot -- which only it reads
-        # there -- and after a second barrier copies the other members' parts.  Each
-        # element is still added in member order: the same bits as every member adding
-        # everything.  With n members that is n times less to read: on 12 ranks of a
-        # 13-core machine, every member adding every 2 MiB slot of a gradient bucket
-        # read 24 MiB per member per bucket, and the twelve together ran into the
-        # machine's memory bandwidth.
         flat, dst = [v.reshape(-1) for v in views], out.reshape(-1)
-        bounds = np.linspace(0, flat[0].size, self.n + 1).astype(np.int64)
+        bounds = part_bounds(dst.size, self.n)
         a, b = bounds[self.me], bounds[self.me + 1]
         self._reduce([f[a:b] for f in flat], dst[a:b])
-        np.copyto(flat[self.me][a:b], dst[a:b])
+        self._publish(flat, dst, bounds)
+
+    def _publish(self, flat: list, dst: np.ndarray, bounds: tuple) -> None:
+        """The second phase of a two-phase sum: this member's part of ``dst`` (flat)
+        into its own slot ``flat[me]`` -- which only it reads there -- and, after a
+        barrier, every other member's part from theirs.
+
+        Each member adds its own 1/n of the elements (reading n pieces of 1/n, not n
+        whole slots); each element is still added in member order, so the bits are
+        those of every member adding everything.  With n members that is n times less
+        to read: on 12 ranks of a 13-core machine, every member adding every 2 MiB slot
+        of a gradient bucket read 24 MiB per member per bucket, and the twelve together
+        ran into the machine's memory bandwidth."""
+        me = self.me
+        a, b = bounds[me], bounds[me + 1]
+        np.copyto(flat[me][a:b], dst[a:b])
         win = self.win
         win.Sync()
         self.comm.Barrier()
         win.Sync()
         for r in range(self.n):
-            if r != self.me:
+            if r != me:
                 np.copyto(dst[bounds[r]:bounds[r + 1]], flat[r][bounds[r]:bounds[r + 1]])
 
     def allgather(self, buf: np.ndarray, out: np.ndarray) -> None:

@@ -106,6 +106,22 @@ _JOB = textwrap.dedent(r"""
     digests.append(hashlib.sha1(got.tobytes()).hexdigest())
     checks += 1
 
+    # A sum through the hierarchy while a ppermute over a cross-node group of the same
+    # ranks is in flight: the step between two nodes exchanges on a communicator of its
+    # own, so neither takes the other's message.
+    plan = mpi_hier.plan_of(group)
+    if plan is not None:
+        m_nodes, node = plan.nodes, plan.node
+        y = np.full(1000, rank, np.float32)
+        ex = mpi.isendrecv(y, plan.cross_ranks, dst=(node + 1) % m_nodes,
+                           src=(node - 1) % m_nodes)
+        z = np.arange(cfg["sizes"][-1], dtype=np.float32) * (pos + 1)
+        got = mpi.allreduce(z, group, "sum")
+        assert np.array_equal(got, z / (pos + 1) * (k * (k + 1) // 2)), "sum beside a ppermute"
+        came = plan.cross_ranks[(node - 1) % m_nodes]
+        assert np.array_equal(ex.wait(), np.full(1000, came, np.float32)), "ppermute beside a sum"
+        checks += 1
+
     # A data-parallel gradient: the overlap pass starts its all-reduces (buckets of at
     # most 128 KiB here, so that each weight's gradient is one) and waits where used.
     if cfg.get("grad"):
@@ -138,7 +154,8 @@ _JOB = textwrap.dedent(r"""
     plan = mpi_hier.plan_of(group)
     mine = {"rank": rank, "group": list(group), "checks": checks, "same_bits": same,
             "plan": None if plan is None else
-            {"nodes": plan.nodes, "per_node": plan.per_node, "calls": plan.calls}}
+            {"nodes": plan.nodes, "per_node": plan.per_node, "calls": plan.calls,
+             "fused": None if plan.fused is None else plan.fused[1]}}
     every = comm.gather(mine)
     if rank == 0:
         print("RESULT", json.dumps(every), flush=True)
@@ -169,6 +186,9 @@ def _assert_hierarchical(every, nodes, per_node):
         assert (plan["nodes"], plan["per_node"]) == (nodes, per_node), r
         # Every kind took the plan (above the threshold), the started sum included.
         assert all(plan["calls"][kind] > 0 for kind in plan["calls"]), r
+        # Sums went through each node's shared window (node reduce-scatter, the step
+        # across nodes and the node all-gather in one exchange).
+        assert plan["fused"] is True, r
 
 
 def test_two_nodes_of_two_whole_mesh(make_nodes, tmp_path):
