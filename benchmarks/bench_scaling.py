@@ -202,9 +202,14 @@ def probe_table(rows: list[dict]) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         step_ms = SEQS_PER_RANK * 64 / r["tokens_per_s_per_rank"] * 1e3
+        probe = r.get("probe_median_s") or {}  # (a run with --probe; older files: psum_s)
+        psum = r.get("psum_s", probe.get("spmd psum"))
+        allreduce = r.get("allreduce_s", probe.get("mpi4py Allreduce"))
+        if psum is None:
+            continue
         lines.append(f"| {r['ranks']} | {r['tokens_per_s_per_rank'] / 1e3:.2f}k | {step_ms:.0f} "
-                     f"| {r['comm_share_max']:.1%} | {r['psum_s'] * 1e3:.1f} "
-                     f"| {r['allreduce_s'] * 1e3:.1f} |")
+                     f"| {r['comm_share_max']:.1%} | {psum * 1e3:.1f} "
+                     f"| {allreduce * 1e3:.1f} |")
     return "\n".join(lines)
 
 

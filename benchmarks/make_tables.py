@@ -110,7 +110,8 @@ def provenance_line(doc: dict) -> str:
 OWN_TABLES = {"transformer": "bench_transformer", "engine": "bench_engine",
               "jax_shard_map_tests": "jax_compat", "scaling": "bench_scaling",
               "scaling_binding": "bench_scaling:binding_table",
-              "scaling_probe": "bench_scaling:probe_table"}
+              "scaling_probe": "bench_scaling:probe_table",
+              "scaling_waits": "scaling_waits"}
 
 
 def section(doc: dict) -> str:
