@@ -209,11 +209,19 @@ def eval_jit_over(program, args, mesh, required: bool = False):
     partitioner cannot take it (then it runs equation by equation).  With
     ``required`` (``program`` is one loop, cond, checkpoint or custom-derivative
     equation whose body holds the shard_map: equation by equation is itself) that
-    case raises :class:`~spmd.errors.SpreadOverProcessesError` instead."""
+    case raises :class:`~spmd.errors.SpreadOverProcessesError` instead.  Either way
+    the fallback is said, as :func:`plan_for`'s is, and a primitive without a
+    partition rule raises (a gap to fill, never worked around)."""
     try:
         _partition(program, mesh, _in_specs(args, mesh))
+    except MissingPartitionRuleError:
+        raise
     except SpmdError as e:
         if not required:
+            _say_fallback("a jitted program holding a shard_map over processes runs equation "
+                          "by equation: the partitioner cannot take it as a whole", e,
+                          "Each equation is then an SPMD computation of its own (right, but "
+                          "slower than one program)")
             return eval_program(program, *args)
         from spmd.errors import SpreadOverProcessesError
 

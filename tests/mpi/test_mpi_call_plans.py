@@ -287,6 +287,30 @@ def test_a_program_the_partitioner_cannot_take_whole_runs_by_equation_and_says_s
     assert [type(p) for p in _placed(f)] == [ByEquation]
 
 
+def test_a_jit_equation_the_partitioner_cannot_take_is_run_by_equation_and_said():
+    """A jit equation bound on unplaced values (the known part of a gradient, a nested
+    jit run by equation) whose shard_maps are over two meshes of the same devices: it
+    runs equation by equation, with the same warning as a call plan's fallback (it
+    used to fall back silently), and numpy's result."""
+    import warnings
+
+    from spmd.shard.dispatch import eval_jit_over
+
+    n = spmd.device_count()
+    a = spmd.make_mesh((n,), ("i",))
+    b = spmd.make_mesh((n,), ("j",))
+    g = spmd.shard_map(lambda v: lax.psum(v, "j"), mesh=b, in_specs=P("j"), out_specs=P())
+    h = spmd.shard_map(lambda v: lax.psum(v, "i"), mesh=a, in_specs=P("i"), out_specs=P())
+    x = np.arange(n * 4.0, dtype=np.float32)
+    program = spmd.make_jaxpr(lambda v: g(v * 2.0) + h(v))(x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (out,) = eval_jit_over(program, [x], b)
+    said = [w for w in caught if "equation by equation" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    np.testing.assert_array_equal(np.asarray(out), 3 * x.reshape(n, 4).sum(0))  # (replicated)
+
+
 def test_eager_operations_on_an_array_spread_over_processes_keep_its_placement():
     """``astype`` used to read the whole value (raising on a spread array); every eager
     operation now runs on this process's blocks."""
