@@ -1,6 +1,6 @@
-"""Generate the results tables of ``docs/performance.md`` from ``benchmarks/results/``.
+"""Generate the results tables of ``docs/results.md`` from ``benchmarks/results/``.
 
-Every table in the "Results" section of the performance page is written by this
+Every table of the results page (``docs/performance.md`` explains them) is written by this
 script from the recorded JSON files (never by hand), each with the date, the
 commit and command that produced it, the machine and its load, so that a number
 in the docs can always be traced to a run.  The text between the markers
@@ -9,7 +9,7 @@ of the page is left as it is.
 
 Usage::
 
-    python benchmarks/make_tables.py            # rewrite docs/performance.md
+    python benchmarks/make_tables.py            # rewrite docs/results.md
     python benchmarks/make_tables.py --check    # exit 1 if the page is out of date
     python benchmarks/make_tables.py --print    # print the generated section only
 
@@ -30,7 +30,7 @@ if HERE not in sys.path:
 
 import common  # noqa: E402
 
-DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+DOC = os.path.join(os.path.dirname(HERE), "docs", "results.md")
 RESULTS = os.path.join(HERE, "results")
 BEGIN, END = "<!-- results: begin -->", "<!-- results: end -->"
 # The order of the sections; other result files follow in alphabetical order.

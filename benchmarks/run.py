@@ -117,7 +117,7 @@ def main(argv=None) -> int:
 
 
 def regenerate_tables() -> None:
-    """Rewrite the results tables of docs/performance.md from the recorded runs."""
+    """Rewrite the results tables of docs/results.md from the recorded runs."""
     import make_tables
 
     make_tables.main([])

@@ -91,5 +91,5 @@ def test_check_mode(tmp_path):
 
 
 def test_the_repository_page_is_up_to_date():
-    """docs/performance.md shows what benchmarks/results/ holds."""
+    """docs/results.md shows what benchmarks/results/ holds."""
     assert mt.main(["--check"]) == 0
