@@ -68,7 +68,7 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
     out = np.empty_like(mine)
     ranks = tuple(range(n))
     mesh = spmd.make_mesh((n,), ("i",))
-    from spmd.compiler.jit import jit as compiler_jit
+    from spmd.compiler.core.jit import jit as compiler_jit
 
     def psum_jit():
         return spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh,

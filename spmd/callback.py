@@ -33,12 +33,12 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
-from spmd.compiler import dtypes
-from spmd.compiler.array_module import to_host
-from spmd.compiler.avals import ShapedArray, ShapeDtypeStruct
-from spmd.compiler.batching import move_to_front
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array_module import to_host
+from spmd.compiler.core.avals import ShapedArray, ShapeDtypeStruct
+from spmd.compiler.transforms.batching import move_to_front
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind
 from spmd.errors import ArgumentError, SpmdError
 from spmd.shard import explicit_rules
 from spmd.shard.partition import registry
@@ -160,7 +160,7 @@ def _per_levels(fn, values, result_avals, levels):
 
 
 def _impl(xp, *args, fn, result_avals, vmap_method, levels):
-    from spmd.compiler.array_module import to_device
+    from spmd.compiler.core.array_module import to_device
 
     outs = _per_levels(fn, [np.asarray(to_host(a)) for a in args], list(result_avals),
                        list(levels))

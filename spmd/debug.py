@@ -20,11 +20,11 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
-from spmd.compiler.array import Array
-from spmd.compiler.array_module import to_host
-from spmd.compiler.batching import move_to_front
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import Tracer, axes_in_scope, bind
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.array_module import to_host
+from spmd.compiler.transforms.batching import move_to_front
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import Tracer, axes_in_scope, bind
 from spmd.errors import ArgumentError
 from spmd.shard.array import visualize_array_sharding as viz
 from spmd.shard import explicit_rules

@@ -39,8 +39,8 @@ from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # 
                                           CollectiveTimeoutError, Site, complete_within,
                                           register, site_here)
 from spmd.collectives.transport import define_rules
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind
 from spmd.errors import ArgumentError
 from spmd.collectives.backend import bound
 from spmd.collectives.mpi_control import checking, control as control_comm
@@ -475,7 +475,7 @@ def isendrecv(x, ranks, dst, src, what=None, xp=np) -> Exchange:
     posted and the message sent, so the caller computes while it travels and waits
     where it needs what comes (a pipeline stage sends a cotangent back as soon as it
     has it and takes the next one only at the end of its tick: the overlap pass,
-    ``spmd.compiler.overlap``, places the wait).
+    ``spmd.compiler.passes.overlap``, places the wait).
 
     >>> r = isendrecv(y, (0, 1), dst=1, src=None); ...; got = r.wait()  # doctest: +SKIP
     """
@@ -590,7 +590,7 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
 
 
 def _mpi_start(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
-    """The ``start`` rule (spmd.compiler.overlap) of the ``mpi`` primitive: an
+    """The ``start`` rule (spmd.compiler.passes.overlap) of the ``mpi`` primitive: an
     all-reduce or a send-receive (a ``ppermute``) started without waiting."""
     host = np.asarray(x) if xp is np else xp.asnumpy(x)
     if kind == "sendrecv":

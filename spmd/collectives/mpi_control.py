@@ -39,8 +39,8 @@ import threading
 import time
 
 from spmd.errors import ArgumentError, ProgramMismatchError, SpmdError
-from spmd.compiler.ir import Namer, pp_eqn
-from spmd.compiler.trace import current_equation, current_function, user_source_info
+from spmd.compiler.core.ir import Namer, pp_eqn
+from spmd.compiler.core.trace import current_equation, current_function, user_source_info
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -239,7 +239,7 @@ class Site(str):
 
 def program_here() -> str:
     """The innermost jitted function whose call is being prepared in this thread
-    (``"jit(step)"``, from :func:`spmd.compiler.trace.current_function`), else ``"an
+    (``"jit(step)"``, from :func:`spmd.compiler.core.trace.current_function`), else ``"an
     eager shard_map at file:line"``."""
     name = current_function()
     if name is not None:
@@ -259,7 +259,7 @@ def agreement_site() -> Site:
 
 def site_here(what: str | None) -> Site | None:
     """A :class:`Site` for an ``mpi`` equation bound now (while a program is lowered):
-    the equation being evaluated (:func:`spmd.compiler.trace.current_equation`, the
+    the equation being evaluated (:func:`spmd.compiler.core.trace.current_equation`, the
     context lowering hands down) and the jitted function being prepared."""
     if what is None or isinstance(what, Site):
         return what
