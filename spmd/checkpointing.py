@@ -44,7 +44,7 @@ import numpy as np
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import _checkpoint_manifest as manifest
 from spmd import tree_util
-from spmd.collectives.mpi_control import Watched
+from spmd.collectives.mpi.control import Watched
 from spmd.compiler.core.array import Array
 from spmd.errors import SpmdError
 from spmd.launch.mpi import threads_may_call_mpi, world

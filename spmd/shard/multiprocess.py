@@ -38,7 +38,8 @@ from spmd.shard.sharded import (_holds_full, from_blocks as _from_blocks,
                                 from_whole as _from_whole, holds_full_value, my_devices,
                                 not_here_error, processes, ShardedArray)
 from spmd.shard.spec import NamedSharding
-from spmd.collectives import mpi, mpi_control
+from spmd.collectives import mpi
+from spmd.collectives.mpi import control as mpi_control
 
 
 # ------------------------------------------------------------ block geometry

@@ -5,7 +5,7 @@ A daemon thread, started with the process's first collective, wakes every
 GIL while it waits), so this thread can, meanwhile:
 
 - answer the other ranks' questions about where this rank is (over the control
-  communicators, :mod:`spmd.collectives.mpi_control`): in which collective, at
+  communicators, :mod:`spmd.collectives.mpi.control`): in which collective, at
   which program, equation and call, or, when in none, which Python line runs;
 - publish a collective that has waited :data:`PUBLISH_AFTER_S` seconds into
   ``$SPMD_LAUNCH_DIR`` (``spmd-run`` ends the job when ranks that finished leave
@@ -28,14 +28,14 @@ import threading
 import time
 import traceback
 
-from spmd.collectives import mpi_control as ctl
+from spmd.collectives.mpi import control as ctl
 from spmd.launch import _rank
 from spmd.launch.mpi import threads_may_call_mpi, world
 
 TICK_S = 0.1
 PUBLISH_AFTER_S = 1.0
 TAG_QUERY, TAG_STATE = 0x5D01, 0x5D02
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _sends: list = []        # answers and questions still being sent
 _published: list = [None]
@@ -249,7 +249,7 @@ def _expire(c, limit: float) -> None:
     if answers is None:  # it completed while the others were asked
         return
     name = ctl._thread_name(c.thread)
-    error = (f"spmd.collectives.mpi_control.CollectiveTimeoutError: {report(c, limit, answers)}\n"
+    error = (f"spmd.collectives.mpi.control.CollectiveTimeoutError: {report(c, limit, answers)}\n"
              f"  where thread {name!r} waits (its frames outside spmd, most recent call last):\n"
              f"{_stack(c.thread, user_only=True)}")
     sys.stderr.write(f"Traceback of thread {name!r} (most recent call last):\n"

@@ -9,14 +9,14 @@ every member between nodes.  Here a sum of ``N`` elements becomes three steps
    operand cut into ``L`` equal chunks, zero-padded to a multiple of ``L``):
    node member ``j`` gets the node's partial sum of chunk ``j``.  It runs through
    :func:`spmd.collectives.mpi.reduce_scatter`, which takes the node's shared
-   window (:mod:`spmd.collectives.mpi_shm`) from its size range on;
+   window (:mod:`spmd.collectives.mpi.shm`) from its size range on;
 2. **across nodes**, in parallel for every ``j``: the members of local index
    ``j`` on the ``M`` nodes all-reduce chunk ``j`` (MPI, one chunk of ``N / L``
    elements each: the traffic between nodes is ``1/L`` of the flat call's);
 3. **within each node**, an all-gather of the ``L`` reduced chunks.
 
 A sum whose nodes have shared windows runs the three steps in one exchange of
-the node's window (:meth:`spmd.collectives.mpi_shm.Segment.allreduce_sum` with
+the node's window (:meth:`spmd.collectives.mpi.shm.Segment.allreduce_sum` with
 ``across``): every member copies its operand in (but for its own part), adds its
 own part of the members' operands, sums that part across nodes, writes it back to
 its slot, and after the window's second barrier copies the other members' parts
@@ -79,8 +79,8 @@ import functools
 
 import numpy as np
 
-from spmd.collectives import mpi_shm
-from spmd.collectives.mpi_control import Collective, Site, control
+from spmd.collectives.mpi import shm as mpi_shm
+from spmd.collectives.mpi.control import Collective, Site, control
 from spmd.launch import nodes
 
 # Operands (per member) of this many bytes or more go through the hierarchy.
@@ -162,7 +162,7 @@ class Plan:
         """The all-reduce of ``buf`` (contiguous, of a type MPI reduces) over the
         communicator: node reduce-scatter, cross-node all-reduce, node all-gather.  A
         sum whose node has a shared window runs the three in one exchange of it
-        (:meth:`spmd.collectives.mpi_shm.Segment.allreduce_sum` with ``across``)."""
+        (:meth:`spmd.collectives.mpi.shm.Segment.allreduce_sum` with ``across``)."""
         self.calls["allreduce"] += 1
         lo, hi = mpi_shm.size_range()
         if op == "sum" and hi > 0 and buf.nbytes >= lo:

@@ -4,7 +4,7 @@ Data collectives and control traffic never share a communicator.  Every group
 of ranks gets two: the data communicator (``spmd.collectives.mpi``) and its
 duplicate, the *control* communicator, which carries the fingerprint
 exchanges (``spmd.shard.fingerprint``), the thread checks below and the
-deadline reports (:mod:`spmd.collectives.mpi_watchdog`).  MPI matches
+deadline reports (:mod:`spmd.collectives.mpi.watchdog`).  MPI matches
 collectives by order on one communicator, so with one communicator a rank that
 called one collective too many would pair its data with another rank's
 fingerprint exchange and return garbage; with two, it can only wait, and the
@@ -412,7 +412,7 @@ def _start_watchdog() -> None:
     global _watchdog_started
     with _registry_lock:
         if not _watchdog_started:
-            from spmd.collectives import mpi_watchdog
+            from spmd.collectives.mpi import watchdog as mpi_watchdog
 
             mpi_watchdog.start()
             _watchdog_started = True

@@ -9,15 +9,15 @@ upper-case (buffer) mpi4py calls: no pickling on the data path.
 Communicators are made once per ordered set of world ranks with
 ``Comm.Create_group`` (collective over the members only) and cached, each with
 a duplicate for control traffic.  Every call runs inside
-:class:`spmd.collectives.mpi_control.Collective` (thread rules, and a watchdog
-that reports a collective past its deadline: :mod:`spmd.collectives.mpi_watchdog`).
+:class:`spmd.collectives.mpi.control.Collective` (thread rules, and a watchdog
+that reports a collective past its deadline: :mod:`spmd.collectives.mpi.watchdog`).
 When a communicator's members share one node, sums from 16 KiB and mid-sized
 moves go through a shared window instead of MPI's calls
-(:mod:`spmd.collectives.mpi_shm`: 1.5-2x faster there with the mpich wheel), and a
-``ppermute``'s messages through shared outboxes (:mod:`spmd.collectives.mpi_p2p`).
+(:mod:`spmd.collectives.mpi.shm`: 1.5-2x faster there with the mpich wheel), and a
+``ppermute``'s messages through shared outboxes (:mod:`spmd.collectives.mpi.p2p`).
 When its members span several nodes (the same number on each), sums, reduce-scatters
 and all-gathers from 64 KiB go through the nodes' hierarchy instead
-(:mod:`spmd.collectives.mpi_hier`: within each node, then across nodes in parallel
+(:mod:`spmd.collectives.mpi.hier`: within each node, then across nodes in parallel
 slices, then within each node again).
 """
 
@@ -34,8 +34,8 @@ import weakref
 
 import numpy as np
 
-from spmd.collectives import mpi_hier, mpi_p2p, mpi_shm
-from spmd.collectives.mpi_control import (Collective, CollectiveThreadError,  # noqa: F401
+from spmd.collectives.mpi import hier as mpi_hier, p2p as mpi_p2p, shm as mpi_shm
+from spmd.collectives.mpi.control import (Collective, CollectiveThreadError,  # noqa: F401
                                           CollectiveTimeoutError, Site, complete_within,
                                           register, site_here)
 from spmd.collectives.transport import define_rules
@@ -43,7 +43,7 @@ from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind
 from spmd.errors import ArgumentError
 from spmd.collectives.backend import bound
-from spmd.collectives.mpi_control import checking, control as control_comm
+from spmd.collectives.mpi.control import checking, control as control_comm
 from spmd.launch import nodes
 from spmd.launch.mpi import world as _world
 
@@ -77,7 +77,7 @@ def _make_communicator(ranks: tuple, what):
         comm = world()
         if len(ranks) != comm.Get_size() or ranks != tuple(range(len(ranks))):
             comm = comm.Create_group(comm.Get_group().Incl(list(ranks)))
-        ctl = register(ranks, comm)  # its control twin (spmd.collectives.mpi_control)
+        ctl = register(ranks, comm)  # its control twin (spmd.collectives.mpi.control)
         _agree_settings(ranks, ctl)
         _comms[ranks] = comm
     return comm
@@ -245,7 +245,7 @@ def clear_buffers() -> None:
 
 # From this many bytes on, an all-reduce that MPI runs (members on several
 # nodes, shared memory off, or an all-reduce started without waiting past a
-# slot of spmd.collectives.mpi_shm) is a reduce-scatter + all-gather (in place,
+# slot of spmd.collectives.mpi.shm) is a reduce-scatter + all-gather (in place,
 # into one buffer).  Measured with the PyPI mpich wheel (5.0) on 2 and
 # 4 ranks (benchmarks/results/mpi_n2.json, mpi_n4.json, 2026-12-01, quiet machine):
 # Allreduce is 2.1-2.5x slower at 32 MiB (it maps fresh scratch memory on every
@@ -282,7 +282,7 @@ _plans = mpi_hier.plans  # ranks -> its Plan, or None: flat (decided once per co
 
 def _hier(ranks, comm, nbytes: int, what):
     """The hierarchical plan for an operand of ``nbytes`` over ``ranks``
-    (:mod:`spmd.collectives.mpi_hier`), or None: the flat call.  Decided once per
+    (:mod:`spmd.collectives.mpi.hier`), or None: the flat call.  Decided once per
     communicator (collective over its members, at its first operand in range); a
     communicator decided flat (every one on one node) costs one lookup per call."""
     plan = _plans.get(ranks, False)
@@ -399,7 +399,7 @@ def sendrecv(x, ranks, dst, src, what=None):
 def _post(comm, x, ranks, dst, src) -> tuple:
     """Post the receive from ``src`` and the send to ``dst``: ``(receive buffer, the
     requests to wait for, the buffer a waited-for send reads)``.  Between members of
-    one node, through their shared outboxes (:mod:`spmd.collectives.mpi_p2p`: the
+    one node, through their shared outboxes (:mod:`spmd.collectives.mpi.p2p`: the
     send is done when this returns); else a send of up to
     :data:`DEFERRED_SEND_MAX_BYTES` is of a copy and is not waited for."""
     # C order whatever x's layout (zeros_like would keep a transposed x's strides, and
@@ -528,7 +528,7 @@ class Request:
 
     def __del__(self):
         # (A shared-memory sum keeps nothing: its segment finishes it at the next start
-        # of its ring slot, spmd.collectives.mpi_shm.)
+        # of its ring slot, spmd.collectives.mpi.shm.)
         if self._keep is not None:
             # Never waited for (the program raised between start and wait): MPI may
             # still read and write these buffers, so they are kept until MPI is done.
@@ -566,7 +566,7 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
     different moments on different ranks, out of order with other collectives).
     ``Iallreduce`` was as slow as ``Allreduce`` at 32 MiB, ``Ireduce_scatter_block`` +
     ``Allgather`` as fast as the blocking pair (2 ranks, 2026-12-01).  Over several
-    nodes it is hierarchical (:meth:`spmd.collectives.mpi_hier.Plan.start`).
+    nodes it is hierarchical (:meth:`spmd.collectives.mpi.hier.Plan.start`).
 
     >>> r = iallreduce(g, (0, 1), "sum"); ...; total = r.wait()  # doctest: +SKIP
     """

@@ -87,7 +87,7 @@ import functools
 import os
 
 import numpy as np
-from spmd.collectives.mpi_control import complete_within
+from spmd.collectives.mpi.control import complete_within
 from spmd.errors import ArgumentError
 from spmd.launch import nodes
 
@@ -208,7 +208,7 @@ class Segment:
         goes through in slot-sized pieces.
 
         ``across``: a function that turns a contiguous part of the node's sum, in
-        place, into the sum over every node (:mod:`spmd.collectives.mpi_hier`'s step
+        place, into the sum over every node (:mod:`spmd.collectives.mpi.hier`'s step
         between nodes).  With it each member adds its own part of every piece, passes
         that part to ``across``, and then publishes it (the two-phase adding below):
         the node's reduce-scatter, the step across nodes and the node's all-gather in
@@ -357,7 +357,7 @@ class Started:
         seg = self.seg
         if seg is None:
             raise RuntimeError("this started all-reduce's shared window was freed by "
-                               "spmd.collectives.mpi_shm.reset() before its wait")
+                               "spmd.collectives.mpi.shm.reset() before its wait")
         self.req.Wait()
         seg.win.Sync()
         seg._add_slots(self.views, self.out)
@@ -393,7 +393,7 @@ def segment_for(ranks: tuple, comm, nbytes: int, use: str):
         return None
     seg = _segments.get(ranks, False)
     if seg is False:
-        from spmd.collectives.mpi_control import control
+        from spmd.collectives.mpi.control import control
 
         # At least 64 bytes per member: a reduce-scatter's piece is at least one
         # column of every row (members x itemsize, up to 32 bytes), and a piece must
@@ -420,7 +420,7 @@ def shared_by_all(comm, control, ranks: tuple, slot: int, slots: int) -> bool:
     ``SPMD_SIMULATE_NODES``, simulated: :mod:`spmd.launch.nodes`) and has room in
     /dev/shm for a window of ``slots`` slots of ``slot`` bytes per member.  Agreed by
     all members (a member alone deciding otherwise would leave the others waiting
-    in another call); collective over them.  Also :mod:`spmd.collectives.mpi_p2p`'s."""
+    in another call); collective over them.  Also :mod:`spmd.collectives.mpi.p2p`'s."""
     from mpi4py import MPI
 
     # The members first agree on the simulated nodes (every one raises alike when

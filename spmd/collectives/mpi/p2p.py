@@ -18,7 +18,7 @@ KiB).
 
 Each member of a communicator that uses it has an *outbox* in one MPI-3 shared
 window: :data:`SLOTS` slots of the largest message (``SPMD_MPI_SHM_MAX_BYTES``, as
-:mod:`spmd.collectives.mpi_shm`), and per slot a *key* and a length (written by the
+:mod:`spmd.collectives.mpi.shm`), and per slot a *key* and a length (written by the
 owner) and a *read mark* (written by the message's reader).  A key is one 8-byte
 word, ``number * members + destination``, ``number`` counting the owner's messages
 to that destination from 1: every key is new, so a reader never takes an old
@@ -43,7 +43,7 @@ cores) and meanwhile completes every posted receive whose message has come.  A
 receive posted and never waited for (its program raised between the start and the
 wait) stays in its queue and takes its message when it comes, as an MPI receive
 would.  The waits run inside the caller's
-:class:`spmd.collectives.mpi_control.Collective`: past the deadline, the
+:class:`spmd.collectives.mpi.control.Collective`: past the deadline, the
 watchdog's report.
 
 Which moves take this path is decided from what every member knows alike (the
@@ -52,7 +52,7 @@ the same path and the messages between two members keep their order on each.
 The window is made at the first move in range over a communicator, on every
 member at the same call, where the members have a core each (the union of their
 affinity masks: :func:`_cores`), share the node and have room in /dev/shm
-(:func:`spmd.collectives.mpi_shm.shared_by_all`).
+(:func:`spmd.collectives.mpi.shm.shared_by_all`).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ import time
 
 import numpy as np
 
-from spmd.collectives import mpi_shm
-from spmd.collectives.mpi_control import control
+from spmd.collectives.mpi import shm as mpi_shm
+from spmd.collectives.mpi.control import control
 from spmd.errors import ProgramMismatchError
 
 SLOTS = 4        # an outbox's slots: messages in it not read yet, per member
