@@ -18,7 +18,7 @@ the whole model unless the target says it should.
 Checked: each process writes a manifest of the chunks it wrote (sizes, crc32c), and
 each process checks the chunks it reads: a missing, truncated or altered chunk is
 a :class:`CheckpointError` on every process; :func:`latest_step` skips a damaged
-step (see :mod:`spmd._checkpoint_manifest`).
+step (see :mod:`spmd.checkpointing.manifest`).
 
 Atomic: everything is written into ``<directory>/.tmp-step_<k>.<nonce>``; once
 every process has written its chunks, process 0 writes the metadata and renames
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd import _checkpoint_manifest as manifest
+from spmd.checkpointing import manifest
 from spmd import tree_util
 from spmd.collectives.mpi.control import Watched
 from spmd.compiler.core.array import Array
