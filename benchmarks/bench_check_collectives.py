@@ -3,7 +3,7 @@
 Run under MPI: ``.venv/bin/spmd-run -n 2 benchmarks/bench_check_collectives.py``
 (or 4 ranks).  The checking mode compares every collective across its ranks
 before its data moves: one small ``Allgather`` of a 32-byte record on the control
-communicator (:func:`spmd.collectives.mpi_control._check_call`).  This times, on
+communicator (:func:`spmd.collectives.mpi.control._check_call`).  This times, on
 the same ranks and interleaved round by round (the mode is switched on and off
 together on every rank between samples), the programs users write:
 
@@ -58,7 +58,7 @@ def _variants(n: int) -> dict:
 def measure(rounds: int) -> list[dict]:
     from mpi4py import MPI
 
-    from spmd.collectives import mpi_control
+    from spmd.collectives.mpi import control as mpi_control
 
     comm = MPI.COMM_WORLD
     n = comm.Get_size()

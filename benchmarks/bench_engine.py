@@ -9,7 +9,7 @@ rows of that engine are left out and the table says why.
 
 One process, the engines interleaved (spmd, JAX, PyTorch, spmd, ...) after five
 warm-up steps each (spmd's row loops are compiled in the background from its
-second step and used from its fifth: ``spmd.compiler.loops.SWITCH_AT``), each
+second step and used from its fifth: ``spmd.compiler.engine.loops.SWITCH_AT``), each
 engine's turn two steps of which the second is timed (a
 training loop's steady state: a step timed right after another library's step was
 10-25% slower, measured for spmd after PyTorch and PyTorch after JAX, 2026-12-05:
@@ -95,7 +95,7 @@ def matmul_flops(closed) -> int:
     included (a ``shard_map`` body counts once per device of its mesh), and over the
     products of the attention kernel's equations that the same maths in ordinary
     operations makes (two forward; the backward's four, not its recomputed scores)."""
-    from spmd.compiler.ir import ClosedProgram, Program
+    from spmd.compiler.core.ir import ClosedProgram, Program
 
     def walk(program, times):
         total = 0
@@ -261,9 +261,9 @@ def measure_memory(config: str, mesh: str, engines) -> dict:
 
 def _warm_up_steps() -> int:
     """Steps before measuring: until spmd's row loops are compiled and in use
-    (``spmd.compiler.loops.SWITCH_AT``), as in a training run after its first
+    (``spmd.compiler.engine.loops.SWITCH_AT``), as in a training run after its first
     steps; every engine gets as many."""
-    from spmd.compiler import loops
+    from spmd.compiler.engine import loops
 
     return max(2, loops.SWITCH_AT)
 

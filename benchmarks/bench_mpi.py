@@ -225,12 +225,12 @@ _HAND: dict = {}
 
 def _shm_sum_by_hand(comm, mine):
     """``(name, call, check)`` of a diagnostic: the shared-memory sum spmd runs for
-    this size (spmd.collectives.mpi_shm), written by hand on its own window -- what
+    this size (spmd.collectives.mpi.shm), written by hand on its own window -- what
     spmd's call costs beyond its algorithm.  None outside that path's size range."""
     import numpy as np
     from mpi4py import MPI
 
-    from spmd.collectives import mpi_shm
+    from spmd.collectives.mpi import shm as mpi_shm
 
     lo, hi = mpi_shm.size_range()
     if hi == 0 or mine.nbytes < lo:

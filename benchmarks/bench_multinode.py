@@ -11,7 +11,7 @@ those ranks, a 1-D mesh ``('i',)`` of the 4 ranks, measures float32 operands of
 
 - ``psum[<size>]``: a jitted ``shard_map`` ``lax.psum`` (as users write it), which
   goes through the nodes' hierarchy from ``SPMD_MPI_HIER_MIN_BYTES``
-  (:mod:`spmd.collectives.mpi_hier`), against raw mpi4py ``Allreduce`` on
+  (:mod:`spmd.collectives.mpi.hier`), against raw mpi4py ``Allreduce`` on
   preallocated buffers (the floor; goal: ratio <= 0.8 from 256 KiB); diagnostic:
   the same psum with the hierarchy off (``spmd flat``, a second jitted function
   called with the threshold raised);
@@ -69,7 +69,7 @@ class _Flat:
         self.fn = fn
 
     def __call__(self, *args):
-        from spmd.collectives import mpi_hier
+        from spmd.collectives.mpi import hier as mpi_hier
 
         old = os.environ.get("SPMD_MPI_HIER_MIN_BYTES")
         os.environ["SPMD_MPI_HIER_MIN_BYTES"] = "0"
@@ -160,7 +160,7 @@ def measure(sizes, scale: float) -> list[dict]:
     from mpi4py import MPI
 
     import spmd
-    from spmd.collectives import mpi_hier
+    from spmd.collectives.mpi import hier as mpi_hier
 
     comm = MPI.COMM_WORLD
     mesh = spmd.make_mesh((comm.Get_size(),), ("i",))

@@ -105,7 +105,7 @@ def measure(rounds: int) -> list[dict]:
 
     import spmd
     from spmd import P
-    from spmd.compiler.split import split
+    from spmd.compiler.transforms.split import split
     from spmd.parallel import pipeline_schedule, pipeline_value_and_grad
     from spmd.parallel.schedule import theory_bubble
 
@@ -125,7 +125,7 @@ def measure(rounds: int) -> list[dict]:
     # only (the forward inside it, then the loss and the loss's gradient).
     last = comm.Get_rank() == S - 1
     last_bwd = spmd.jit(_with_head)
-    # The backward's second part as the pipeline runs it (spmd.compiler.split): the
+    # The backward's second part as the pipeline runs it (spmd.compiler.transforms.split): the
     # parameters' gradient, after the input's cotangent has been sent.
     cotangent, gradient = split(lambda p, x, ct: spmd.vjp(_layer, p, x)[1](ct)[::-1],
                                 w0, x0, x0)
@@ -238,9 +238,9 @@ def measure(rounds: int) -> list[dict]:
 
 def _warm_up_calls() -> int:
     """Calls before timing: past the one where compiled loops take over
-    (``spmd.compiler.loops.SWITCH_AT``; their compilation runs in the background
+    (``spmd.compiler.engine.loops.SWITCH_AT``; their compilation runs in the background
     before it, on the cores the timed calls would use)."""
-    from spmd.compiler import loops
+    from spmd.compiler.engine import loops
 
     return loops.SWITCH_AT + 1
 

@@ -37,7 +37,7 @@ for p in (HERE, os.path.dirname(HERE)):
 
 import numpy as np  # noqa: E402
 
-import spmd.compiler.codegen as codegen  # noqa: E402
+import spmd.compiler.engine.codegen as codegen  # noqa: E402
 
 _clock = time.perf_counter
 _spent = {"s": 0.0, "calls": 0}
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args(argv)
 
-    import spmd.compiler.jit as jit_module
+    import spmd.compiler.core.jit as jit_module
 
     wrapped = _timing(codegen.compile_program)
     codegen.compile_program = wrapped

@@ -150,7 +150,7 @@ def install() -> None:
     import spmd.random
     import spmd.sharding
     import spmd.test_util
-    from spmd.compiler.avals import ShapedArray
+    from spmd.compiler.core.avals import ShapedArray
 
     def sub(name, target, extra=None):
         m = Facade(name, target, extra)

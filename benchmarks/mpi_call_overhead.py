@@ -3,14 +3,14 @@
 Runs under MPI (``.venv/bin/mpiexec -n 2 .venv/bin/python
 benchmarks/mpi_call_overhead.py [BYTES]``).  For a float32 operand of BYTES per
 rank (default 4 KiB; from 16 KiB on one node the backend sums through shared
-memory, :mod:`spmd.collectives.mpi_shm`, and the first row is no longer its
+memory, :mod:`spmd.collectives.mpi.shm`, and the first row is no longer its
 algorithm) it times, in hot loops (all ranks loop together; each call synchronises them), the
 layers between a jitted ``shard_map`` psum and the raw mpi4py call:
 
 1. ``comm.Allreduce`` on preallocated buffers (the floor);
 2. ``spmd.collectives.mpi.allreduce`` (the backend function: dtype widening,
    the receive buffer, the per-collective bookkeeping of
-   ``spmd.collectives.mpi_control.Collective``, the communicator cache);
+   ``spmd.collectives.mpi.control.Collective``, the communicator cache);
 3. the ``mpi`` equation as generated code calls it (``rules["bind_impl"]``: for an
    all-reduce, ``mpi._BoundAllreduce``, which after its first call of a shape makes
    MPI's call directly inside the collective's bookkeeping);
@@ -68,7 +68,7 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
     out = np.empty_like(mine)
     ranks = tuple(range(n))
     mesh = spmd.make_mesh((n,), ("i",))
-    from spmd.compiler.jit import jit as compiler_jit
+    from spmd.compiler.core.jit import jit as compiler_jit
 
     def psum_jit():
         return spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh,
@@ -102,7 +102,7 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
         stats[name] = (comm.allreduce(statistics.median(samples[name]), op=MPI.MAX),
                        comm.allreduce(min(samples[name]), op=MPI.MAX))
     # The parts of the backend function that need no communication, alone.
-    from spmd.collectives.mpi_control import Collective
+    from spmd.collectives.mpi.control import Collective
 
     def bookkeeping():  # what mpi_control adds around each MPI call (no MPI call here)
         with Collective(("part",), "psum"):

@@ -6,7 +6,7 @@ arrive, or the collective's own work after it.
 Runs ``bench_scaling.py``'s job (``examples/train_transformer.py``, the same model
 and 16 sequences per rank) under ``spmd-run``, every rank recording when it entered
 and left each data collective over two or more ranks
-(:class:`spmd.collectives.mpi_control.Collective`; the ranks of one machine share
+(:class:`spmd.collectives.mpi.control.Collective`; the ranks of one machine share
 its monotonic clock).  For each call after the first fifth of the run (tracing,
 compiling, warming up), across its ranks:
 
@@ -59,7 +59,7 @@ def on_rank(out: str, argv: list[str]) -> None:
     import atexit
     import runpy
 
-    from spmd.collectives import mpi_control
+    from spmd.collectives.mpi import control as mpi_control
 
     events, plain_exit = [], mpi_control.Collective.__exit__
 

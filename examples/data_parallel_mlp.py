@@ -75,7 +75,7 @@ def make_data(n: int = GLOBAL_BATCH, seed: int = 1) -> tuple[np.ndarray, np.ndar
 
 def count_collectives(program) -> dict[str, int]:
     """Equations per collective name, counted inside nested programs too."""
-    from spmd.compiler.ir import ClosedProgram, Program
+    from spmd.compiler.core.ir import ClosedProgram, Program
 
     names = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute")
     counts = dict.fromkeys(names, 0)

@@ -1,7 +1,7 @@
 """``spmd.ad_checkpoint``: rematerialisation (as ``jax.ad_checkpoint``)."""
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd.compiler.remat import (checkpoint, checkpoint_name, checkpoint_policies,  # noqa: F401
+from spmd.compiler.transforms.remat import (checkpoint, checkpoint_name, checkpoint_policies,  # noqa: F401
                                  print_saved_residuals, remat, saved_residuals)
 
 # A front end: fill the compiler's extension points and install the array methods

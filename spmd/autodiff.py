@@ -9,14 +9,14 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
-from spmd.compiler import dtypes
-from spmd.compiler.ad import LinearFunction, jvp_flat, linearize_flat, stop_gradient, zeros_for
-from spmd.compiler.ad_util import Zero, instantiate
-from spmd.compiler.avals import tangent_aval
-from spmd.compiler.jit import flatten_outputs
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad import LinearFunction, jvp_flat, linearize_flat, stop_gradient, zeros_for
+from spmd.compiler.transforms.ad_util import Zero, instantiate
+from spmd.compiler.core.avals import tangent_aval
+from spmd.compiler.core.jit import flatten_outputs
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.structural import full, reshape, transpose
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, SpmdError
 from spmd.numpy._util import to_array
 from spmd.shard import explicit

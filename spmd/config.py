@@ -14,7 +14,7 @@ import sys
 from spmd.errors import ArgumentError
 
 # OpenBLAS's worker threads busy-wait for a long time after each call before they
-# sleep, holding the cores that spmd's threaded kernels (spmd.compiler.fusion) run
+# sleep, holding the cores that spmd's threaded kernels (spmd.compiler.engine.fusion) run
 # on: measured here, a kernel on 2 threads right after a matrix product ran no
 # faster than on one.  OPENBLAS_THREAD_TIMEOUT=12 makes them sleep after a short
 # spin, with no measured cost to back-to-back products.  The library
@@ -57,7 +57,7 @@ def _env_bool(name: str, default: bool) -> bool:
 
 # glibc's malloc, by default, gives a freed buffer of more than 128 KiB back to the
 # system (and raises that threshold only as it sees large frees), so a program that
-# frees each value after its last use (spmd.compiler.codegen.release_dead_names)
+# frees each value after its last use (spmd.compiler.engine.codegen.release_dead_names)
 # faults every page of its next buffer in again: measured, the example's small
 # training step took 65 ms instead of 37 (docs/performance.md, "The engine, second
 # round").  Keeping freed buffers of up to MALLOC_MMAP_THRESHOLD bytes in the heap,
@@ -111,23 +111,23 @@ class Config:
         # jit runs the Python function op by op (see disable_jit).
         self.disable_jit: bool = _env_flag("SPMD_DISABLE_JIT")
         # Independent all-reduces of a program lowered for execution are combined
-        # into buckets of at most this many bytes (spmd.compiler.combine); 0
+        # into buckets of at most this many bytes (spmd.compiler.passes.combine); 0
         # disables combining.  Applies to programs compiled after a change.
         self.combine_collectives_bytes: int = _env_int("SPMD_COMBINE_COLLECTIVES_BYTES",
                                                        32 * 1024 * 1024)
         # Combinable all-reduces whose backend can start one without waiting (mpi)
         # are started in buckets of at most this many bytes as soon as their
-        # operands exist, and waited for where first used (spmd.compiler.overlap);
+        # operands exist, and waited for where first used (spmd.compiler.passes.overlap);
         # 0 turns overlap off (combined blocking all-reduces, as above).
         self.overlap_bucket_bytes: int = _env_int("SPMD_OVERLAP_BUCKET_BYTES", 2 * 1024 * 1024)
         # Chains of elementwise equations of a program lowered for execution run as
-        # one kernel each (spmd.compiler.fusion); applies to programs compiled after.
+        # one kernel each (spmd.compiler.engine.fusion); applies to programs compiled after.
         self.fuse_elementwise: bool = _env_bool("SPMD_FUSE_ELEMENTWISE", True)
         # Chains with row sums (layer norms) run as one loop compiled by numba, once
-        # their program has run a few times (spmd.compiler.rows).
+        # their program has run a few times (spmd.compiler.engine.rows).
         self.compile_kernels: bool = _env_bool("SPMD_COMPILE_KERNELS", True)
         # Elementwise values read again much later (the forward's, by the backward)
-        # are recomputed there rather than kept (spmd.compiler.recompute).
+        # are recomputed there rather than kept (spmd.compiler.passes.recompute).
         self.recompute_elementwise: bool = _env_bool("SPMD_RECOMPUTE_ELEMENTWISE", True)
         # JAX's matmul precision setting, accepted and recorded: products here are
         # always computed in their operands' dtype (numpy's and CuPy's defaults; no

@@ -4,7 +4,7 @@
 """
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd.compiler.custom import (CustomVJPPrimal, SymbolicZero, custom_jvp,  # noqa: F401
+from spmd.compiler.transforms.custom import (CustomVJPPrimal, SymbolicZero, custom_jvp,  # noqa: F401
                                   custom_vjp, zero_from_primal)
 
 # A front end: fill the compiler's extension points and install the array methods

@@ -10,7 +10,7 @@ sets up a multi-process JAX job; call it before the first use of devices.
 from __future__ import annotations
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd.collectives import mpi_control  # no MPI import: only the counters
+from spmd.collectives.mpi import control as mpi_control  # no MPI import: only the counters
 from spmd.errors import ArgumentError
 from spmd.launch import mpi, runtime
 from spmd.mesh.devices import reset_for_tests

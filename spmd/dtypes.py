@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd.compiler import dtypes as _dtypes
-from spmd.compiler.dtypes import float0
+from spmd.compiler.core import dtypes as _dtypes
+from spmd.compiler.core.dtypes import float0
 
 
 def canonicalize_dtype(dtype) -> np.dtype:

@@ -20,12 +20,12 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
-from spmd.compiler import dtypes
-from spmd.compiler.ad import backward_pass, zeros_for
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.avals import abstract_arg_aval, tangent_aval
-from spmd.compiler.jit import flatten_outputs
-from spmd.compiler.trace import get_aval, trace_to_program
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad import backward_pass, zeros_for
+from spmd.compiler.transforms.ad_util import Zero
+from spmd.compiler.core.avals import abstract_arg_aval, tangent_aval
+from spmd.compiler.core.jit import flatten_outputs
+from spmd.compiler.core.trace import get_aval, trace_to_program
 from spmd.errors import ArgumentError, SpmdError
 from spmd.numpy._util import to_array
 

@@ -9,8 +9,8 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd import tree_util
-from spmd.compiler.batching import NamedAxes, batch_flat, broadcast_prefix  # noqa: F401
-from spmd.compiler.jit import flatten_outputs
+from spmd.compiler.transforms.batching import NamedAxes, batch_flat, broadcast_prefix  # noqa: F401
+from spmd.compiler.core.jit import flatten_outputs
 from spmd.errors import ArgumentError
 
 

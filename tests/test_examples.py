@@ -27,7 +27,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import P, lax
-from spmd.compiler.ir import ClosedProgram, Program
+from spmd.compiler.core.ir import ClosedProgram, Program
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")

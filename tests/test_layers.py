@@ -158,7 +158,7 @@ def test_no_import_circle_is_larger_than_4_modules():
 def test_the_scan_sees_the_layers(tmp_path):
     """The scanner itself: it classifies modules and finds every form of import,
     including those inside functions."""
-    assert layer("spmd.compiler.trace") == 0 and layer("spmd.shard.array") == 4
+    assert layer("spmd.compiler.core.trace") == 0 and layer("spmd.shard.array") == 4
     assert layer("spmd.errors") == -1 and layer("spmd.numpy") == FRONT == layer("spmd")
     src = tmp_path / "m.py"
     src.write_text("import os\nimport spmd.mesh\nfrom spmd import numpy\n"
@@ -183,9 +183,9 @@ report = {"modules": sorted(m for m in sys.modules if m.startswith("spmd.")),
 if top == "compiler":  # the compiler works alone: trace, differentiate, run
     import numpy as np
     from spmd.compiler import ops
-    from spmd.compiler.jit import jit
+    from spmd.compiler.core.jit import jit
     from spmd.compiler.ops.elementwise import mul, tanh
-    from spmd.compiler.ad import jvp_flat
+    from spmd.compiler.transforms.ad import jvp_flat
     f = jit(lambda x: mul(tanh(x), x))
     x = np.linspace(-1, 1, 5).astype(np.float32)
     (y,), (t,) = jvp_flat(lambda x: [f(x)], [x], [np.ones_like(x)])
@@ -234,8 +234,8 @@ _REPORT = r"""
 import json, sys
 modules = sorted(m for m in sys.modules if m == "spmd" or m.startswith("spmd."))
 from spmd.compiler import extensions
-from spmd.compiler.array import Array
-from spmd.compiler.trace import Tracer
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.trace import Tracer
 print(json.dumps({
     "modules": modules,  # before the report's own imports
     "left": [p.name for p in extensions.POINTS if p.installed_by is None],

@@ -16,7 +16,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
-from spmd.compiler.primitives import PRIMITIVES
+from spmd.compiler.core.primitives import PRIMITIVES
 from spmd.shard.partition import registry
 
 
@@ -41,11 +41,11 @@ def _missing_rules(prim) -> list:
 
 def _define_softsign():
     """Steps 1-3 of "Add a primitive": softsign(x) = x / (1 + |x|)."""
-    from spmd.compiler.avals import ShapedArray
-    from spmd.compiler.ad_util import Zero
+    from spmd.compiler.core.avals import ShapedArray
+    from spmd.compiler.transforms.ad_util import Zero
     from spmd.compiler.ops.elementwise import add, div, mul, abs as lax_abs
-    from spmd.compiler.primitives import Primitive
-    from spmd.compiler.trace import bind
+    from spmd.compiler.core.primitives import Primitive
+    from spmd.compiler.core.trace import bind
 
     # 1. The primitive and its rules, beside each other.
     softsign_p = Primitive("toy_softsign", traits=())
@@ -109,7 +109,7 @@ def test_recipe_add_a_primitive(cleanup):
 def test_recipe_primitive_without_a_step_is_reported(cleanup):
     """Skipping step 3 leaves the primitive usable but not partitionable, and the
     registry check names it."""
-    from spmd.compiler.primitives import Primitive
+    from spmd.compiler.core.primitives import Primitive
 
     cleanup.append("toy_no_step3")
     p = Primitive("toy_no_step3", traits=())
@@ -127,10 +127,10 @@ def _define_toy_pmean():
     from spmd import tree_util
     from spmd.collectives.primitives import (_axes, _batch, _front, _linear_jvp, _no_impl,
                                              _same, _size, _tracked, psum_p, pvary_p)
-    from spmd.compiler.ad_util import Zero
+    from spmd.compiler.transforms.ad_util import Zero
     from spmd.compiler.ops.elementwise import div
-    from spmd.compiler.primitives import Primitive
-    from spmd.compiler.trace import bind, get_aval
+    from spmd.compiler.core.primitives import Primitive
+    from spmd.compiler.core.trace import bind, get_aval
 
     # 1. The primitive (spmd/collectives/primitives.py): type, varying axes, jvp,
     #    transpose, and the batching rule that calls the group operations.
@@ -204,8 +204,8 @@ def _define_loopback_transport():
 
     from spmd.collectives.backend import run
     from spmd.collectives.transport import define_rules
-    from spmd.compiler.primitives import Primitive
-    from spmd.compiler.trace import bind
+    from spmd.compiler.core.primitives import Primitive
+    from spmd.compiler.core.trace import bind
 
     # 1. The module: the five operations of spmd.collectives.backend.KINDS, and an
     #    effectful primitive whose impl dispatches through the table.

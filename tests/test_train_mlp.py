@@ -103,7 +103,7 @@ def _plain_logits(params, x):
 
 
 def _collectives(program) -> Counter:
-    from spmd.compiler.ir import ClosedProgram, Program
+    from spmd.compiler.core.ir import ClosedProgram, Program
 
     names = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute")
     found: Counter = Counter()

@@ -257,7 +257,9 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     cost models say; BLAS held to one thread for them) and every late-read
     elementwise value recomputed gives the
     unfused step's losses and parameters on one thread, none recomputed, bit for bit."""
-    from spmd.compiler import fusion, recompute, threads
+    from spmd.compiler.engine import fusion
+    from spmd.compiler.passes import recompute
+    from spmd.compiler.engine import threads
     from spmd.compiler.ops import attention, linalg
 
     corpus = np.arange(4000, dtype=np.int32) % 96
@@ -412,7 +414,7 @@ def test_row_kernels_change_losses_within_rounding(ex, mesh_shape, monkeypatch, 
     float32 rounding (docs/performance.md: the loops add a row's terms in another
     order)."""
     pytest.importorskip("numba", reason="row kernels are compiled by numba")
-    from spmd.compiler import loops, rows, rows_jit
+    from spmd.compiler.engine import loops, rows, rows_jit
 
     monkeypatch.setenv("SPMD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(rows, "MIN_ELEMENTS", 64)

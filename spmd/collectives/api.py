@@ -16,11 +16,11 @@ from spmd.collectives.primitives import (_axes, _size, _tracking, all_gather_p, 
                                          as_summands, as_varying,  # noqa: F401 (SUMMANDS)
                                          axis_index_p, pcast_p, pmax_p, pmin_p, ppermute_p,
                                          psum_p, psum_scatter_p, pvary_p)
-from spmd.compiler import dtypes
-from spmd.compiler.array_module import to_host
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array_module import to_host
 from spmd.compiler.ops.elementwise import bitwise_or, convert, div, eq, mul, ne, select
 from spmd.compiler.ops.structural import broadcast_in_dim, full, reshape
-from spmd.compiler.trace import Tracer, bind, get_aval
+from spmd.compiler.core.trace import Tracer, bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.compiler.ops import complex as cx
 

@@ -74,7 +74,7 @@ class Transport(Protocol):
 class Request(Protocol):
     """A collective started without waiting (a transport's optional ``iallreduce``:
     :func:`spmd.collectives.mpi.iallreduce`).  The code generated for an overlapped
-    bucket (:mod:`spmd.compiler.overlap`) calls ``test()`` between the equations that
+    bucket (:mod:`spmd.compiler.passes.overlap`) calls ``test()`` between the equations that
     follow its start and ``wait()`` where the result is first needed.  A transport
     without it (``nccl``) runs its all-reduces blocking."""
 

@@ -23,7 +23,7 @@ import numpy as np
 from spmd.compiler.ops.elementwise import mul
 from spmd.compiler.ops.indexing import dynamic_slice, dynamic_update_slice, gather
 from spmd.compiler.ops.structural import full, reshape, transpose
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError
 from spmd.collectives.api import all_gather, axis_index, pmax, pmin, psum
 

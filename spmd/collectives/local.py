@@ -18,9 +18,9 @@ import numpy as np
 
 from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops.elementwise import mul
-from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
+from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.ops.structural import broadcast_in_dim, full, reshape, transpose
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 
 
 class LocalGroup:

@@ -41,8 +41,8 @@ import numpy as np
 
 from spmd.collectives.backend import run
 from spmd.collectives.transport import define_rules
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind
 from spmd.errors import SpmdError
 from spmd.collectives import mpi
 from spmd.launch import nodes

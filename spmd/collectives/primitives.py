@@ -12,7 +12,7 @@
 | pcast (reduced)| invariant -> reduced        | psum (of the summands)    |
 | pcast (unreduced) | varying -> unreduced     | pvary                     |
 
-Unreduced and reduced operands (:mod:`spmd.compiler.manual_types`): ``psum`` and
+Unreduced and reduced operands (:mod:`spmd.compiler.core.manual_types`): ``psum`` and
 ``psum_scatter`` sum an operand unreduced along their axes (to invariant, varying;
 their transposes then give reduced cotangents: ``pcast(to='reduced')``,
 ``all_gather(reduced=True)``); ``all_gather(reduced=True)`` makes a reduced result
@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.manual_types import UnreducedRuleError
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import axis_scope, axes_in_scope, bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import Zero
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.manual_types import UnreducedRuleError
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import axis_scope, axes_in_scope, bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError, SpmdError
-from spmd.compiler.batching import NamedAxes, move_to_front
+from spmd.compiler.transforms.batching import NamedAxes, move_to_front
 from spmd.compiler.ops.elementwise import add, convert, div, eq, mul
 
 
@@ -386,7 +386,7 @@ def _stacked(method: str, *names):
     (a value the same on every device is stacked first)."""
     def rule(group, x, d, params):
         if d is None:
-            from spmd.compiler.batching import broadcast_batch
+            from spmd.compiler.transforms.batching import broadcast_batch
             x, d = broadcast_batch(x, None, group.stacked), 0
         return getattr(group, method)(_front(x, d), *(params[n] for n in names))
 
@@ -548,7 +548,7 @@ axis_index_p.def_batch(_axis_index_batch)
 axis_index_p.rules["batch_needs_axis"] = True
 
 # The collectives that move data between devices (not pvary, axis_index: local): a
-# process must not skip one its partners run (compiler.batching.communicates).
+# process must not skip one its partners run (compiler.transforms.batching.communicates).
 for _p in (psum_p, pmax_p, pmin_p, all_gather_p, psum_scatter_p, all_to_all_p, ppermute_p):
     _p.rules["communicates"] = True
 del _p

@@ -25,9 +25,9 @@ import numpy as np
 from spmd.collectives import mpi, nccl
 from spmd.collectives.local import LocalGroup
 from spmd.compiler.ops.elementwise import mul
-from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
+from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.ops.structural import full, reshape, transpose
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.launch import platform
 
 
@@ -203,7 +203,7 @@ class ProcessGroup:
         # A member with neither partner still issues the (empty) exchange, which
         # returns zeros: every process's program then has the same collectives in
         # the same order with the same data dependences, which collective
-        # combining (spmd.compiler.combine) relies on to group them alike on
+        # combining (spmd.compiler.passes.combine) relies on to group them alike on
         # every rank, and the group's communicator is made by all its members.
         return self.comm.call("sendrecv", x, self.ranks, dst=dst, src=src, what="ppermute"), 0
 

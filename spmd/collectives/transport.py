@@ -5,9 +5,9 @@ never needs but the registry asks of every primitive."""
 from __future__ import annotations
 
 from spmd.collectives.backend import kind as _kind
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.trace import bind
+from spmd.compiler.transforms.ad_util import Zero
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.trace import bind
 
 
 def define_rules(prim, backend: str) -> None:
@@ -31,7 +31,7 @@ def define_rules(prim, backend: str) -> None:
         (t,) = tangents
         return out, t if isinstance(t, Zero) else bind(prim, t, **params)
 
-    # Collective combining (spmd.compiler.combine): all-reduces over the same ranks
+    # Collective combining (spmd.compiler.passes.combine): all-reduces over the same ranks
     # with the same operation are elementwise, so several can run as one over
     # their concatenation.
     def _combine_key(eqn):

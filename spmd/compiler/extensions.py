@@ -41,7 +41,7 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | :data:`ARRAY_MODULE` | ``spmd.launch.platform.resolve_array_module`` | returns numpy |
 | :data:`EAGER_EVAL` | ``spmd.shard.dispatch.eval_primitive`` | None (evaluate as usual); raises ExtensionNotInstalledError for an upper layer's array |
 
-An upper layer may subclass :class:`spmd.compiler.array.Array` (the shard layer's
+An upper layer may subclass :class:`spmd.compiler.core.array.Array` (the shard layer's
 ``ShardedArray``); an eager primitive with such an array among its arguments, and
 every eager higher-order primitive, is offered to :data:`EAGER_EVAL` first, so the
 compiler knows nothing of shardings or processes: not how a placed array is
@@ -181,14 +181,14 @@ ARRAY_MODULE: ExtensionPoint = ExtensionPoint(
     "array_module", "() -> (module, gpu: int | None)",
     "The array module of this process's devices (numpy, or cupy when they are GPUs) and "
     "the GPU this rank's device arrays belong on (picked by the call; None for numpy), "
-    "asked once by spmd.compiler.array_module.current() on first use.",
+    "asked once by spmd.compiler.core.array_module.current() on first use.",
     _numpy)
 
 
 def _eager_eval_default(prim, args, params):
     # Alone, the compiler has no array types but its own and no primitive whose
     # programs it cannot run: a higher-order primitive is evaluated as usual.
-    from spmd.compiler import array as _array  # (it imports this module)
+    from spmd.compiler.core import array as _array  # (it imports this module)
 
     kinds = sorted({type(a).__name__ for a in args
                     if type(a) is not _array.Array and isinstance(a, _array.Array)})

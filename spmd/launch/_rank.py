@@ -149,7 +149,7 @@ class _Reporter:
             sys.stderr.write(f"spmd-run: rank {self.rank}: cannot write {final}: {e}\n")
 
 
-# Published by a rank's collectives (``spmd.collectives.mpi_control``): where it
+# Published by a rank's collectives (``spmd.collectives.mpi.control``): where it
 # has been waiting for a while, so that the launcher can tell when a rank that
 # finished leaves others waiting for it.
 

@@ -4,7 +4,7 @@ MPICH gives the ranks of a node one named segment (``mpich_shm_<job>_<node>``,
 2-4 MB) for the job's life and removes it in ``MPI_Finalize``; a job that ends
 any other way (a killed rank, ``MPI_Abort`` after a collective deadline, an
 exception, a rank ended by the launcher) leaves it behind.  Shared windows
-(``Win.Allocate_shared``, spmd's own in ``spmd.collectives.mpi_shm``) are
+(``Win.Allocate_shared``, spmd's own in ``spmd.collectives.mpi.shm``) are
 unlinked as soon as every member has mapped them, so they leave a file only when
 a rank dies in between; they are handled the same way.
 

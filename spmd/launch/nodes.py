@@ -1,7 +1,7 @@
 """Which node each rank is on: the one answer every node-aware choice reads.
 
 A *node* is a set of ranks that share a machine: its memory (the MPI backend's
-shared-memory window, :mod:`spmd.collectives.mpi_shm`), its GPUs (each rank takes
+shared-memory window, :mod:`spmd.collectives.mpi.shm`), its GPUs (each rank takes
 the GPU of its index on the node, :mod:`spmd.launch.platform`; NCCL's check that
 no two ranks share a GPU compares node names and PCI bus ids,
 :mod:`spmd.collectives.nccl`) and its cores (``spmd-run``'s thread counts).

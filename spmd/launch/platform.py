@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 
-from spmd.compiler import array_module
+from spmd.compiler.core import array_module
 from spmd.errors import SpmdError
 
 PLATFORMS = ("cpu", "gpu")

@@ -59,7 +59,7 @@ def describe() -> tuple[int, int, int, str]:
         nodes.simulated()  # a bad SPMD_SIMULATE_NODES raises now, on every rank alike
     platform = current()  # raises PlatformError when gpu is asked for and cannot run
     if platform == "gpu":
-        from spmd.compiler import array_module
+        from spmd.compiler.core import array_module
 
         array_module.current()  # picks this rank's GPU now (and checks ranks vs GPUs)
     if launched_by_mpi():

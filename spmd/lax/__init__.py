@@ -15,14 +15,14 @@ from spmd.compiler.ops.linalg import dot_general  # noqa: F401
 from spmd.compiler.ops.reduce import reduce_max, reduce_min, reduce_sum  # noqa: F401
 from spmd.compiler.ops.structural import (  # noqa: F401
     broadcast_in_dim, full, iota, reshape, squeeze, transpose)
-from spmd.compiler.ad import stop_gradient  # noqa: F401
+from spmd.compiler.transforms.ad import stop_gradient  # noqa: F401
 from spmd.compiler.ops.indexing import (  # noqa: F401
     dynamic_slice, dynamic_update_slice, gather, scatter)
 from spmd.compiler.ops.reduce import (  # noqa: F401
     argmax, argmin, associative_scan, cummax, cummin, cumprod, cumsum, reduce_and, reduce_or,
     reduce_prod)
 from spmd.compiler.ops.sort import sort, sort_key_val  # noqa: F401
-from spmd.compiler.ops.shape_more import concatenate, pad, rev, slice, slice_in_dim  # noqa: F401,A004
+from spmd.compiler.ops.slicing import concatenate, pad, rev, slice, slice_in_dim  # noqa: F401,A004
 from spmd.lax.control_flow import cond, fori_loop, map, scan, switch, while_loop  # noqa: F401,A004
 from spmd.collectives import (all_gather, all_gather_invariant, all_to_all,  # noqa: F401
                               axis_index, axis_size, pcast, pmax, pmean, pmin, ppermute, psum, psum_scatter, pvary)

@@ -20,7 +20,7 @@ import numpy as np
 from spmd.compiler.ops.conv import _dilate, conv as _conv_prim
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.structural import transpose
-from spmd.compiler.trace import Tracer
+from spmd.compiler.core.trace import Tracer
 from spmd.errors import ArgumentError
 from spmd.numpy._util import promote_dtypes
 

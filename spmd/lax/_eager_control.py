@@ -11,7 +11,7 @@ from __future__ import annotations
 from spmd import tree_util
 from spmd.config import config
 from spmd.compiler.ops.control_cond import branch_index
-from spmd.compiler.trace import is_eager
+from spmd.compiler.core.trace import is_eager
 from spmd.numpy._shape import stack
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.indexing import dynamic_slice, dynamic_update_slice
-from spmd.compiler.ops.shape_more import slice_in_dim
+from spmd.compiler.ops.slicing import slice_in_dim
 from spmd.compiler.ops.sort import sort
 from spmd.compiler.ops.structural import iota, squeeze
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._util import canonicalize_axis, to_array
 

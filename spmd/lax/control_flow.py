@@ -14,15 +14,15 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.collectives.api import preduced_traced, pvary_traced
-from spmd.compiler import dtypes
-from spmd.compiler.array import Array
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.ir import ClosedProgram, Program, Var
-from spmd.compiler.jit import flatten_outputs
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.ir import ClosedProgram, Program, Var
+from spmd.compiler.core.jit import flatten_outputs
 from spmd.compiler.ops.control_cond import cond_bind, same_type
 from spmd.compiler.ops.control_loops import scan_bind, while_bind
 from spmd.compiler.ops.elementwise import add, convert, lt, max as lax_max, min as lax_min, ne
-from spmd.compiler.trace import Tracer, axes_in_scope, get_aval, trace_to_program
+from spmd.compiler.core.trace import Tracer, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError
 from spmd.lax import _eager_control as _eager
 from spmd.numpy._util import promote_dtypes, to_array
@@ -395,7 +395,7 @@ def map(f: Callable, xs, *, batch_size: int | None = None):  # noqa: A001 (JAX's
             or batch_size < 1:
         raise ArgumentError(f"map: batch_size={batch_size!r} must be a positive int (or None "
                             "for one slice at a time)")
-    from spmd.compiler.ops.shape_more import concatenate
+    from spmd.compiler.ops.slicing import concatenate
     from spmd.compiler.ops.structural import reshape
     from spmd.vectorize import vmap
 

@@ -16,12 +16,12 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 import spmd.numpy as snp
-from spmd.compiler import dtypes
-from spmd.compiler.ad import stop_gradient
-from spmd.compiler.custom import custom_jvp
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad import stop_gradient
+from spmd.compiler.transforms.custom import custom_jvp
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.structural import iota
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.numpy._util import canonicalize_axes, promote_to_float, to_array
 
 __all__ = ["initializers", "relu", "relu6", "sigmoid", "log_sigmoid", "softplus", "silu",

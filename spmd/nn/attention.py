@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 import spmd.numpy as snp
-from spmd.compiler.ad import stop_gradient
+from spmd.compiler.transforms.ad import stop_gradient
 from spmd.compiler.ops import attention as _kernel
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._util import to_array
 

@@ -19,7 +19,7 @@ import numpy as np
 
 import spmd.numpy as snp
 from spmd import random
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.errors import ArgumentError, ShapeError
 from spmd.random.sharded import with_out_sharding
 

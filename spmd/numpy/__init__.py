@@ -11,7 +11,7 @@ Array([2., 2., 2.], dtype=float32)
 import numpy as _np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd.compiler.array import Array as ndarray
+from spmd.compiler.core.array import Array as ndarray
 from spmd.numpy import (_complex, _creation, _elementwise, _index_tricks, _indexing, _linalg,
                         _methods, _misc, _more, _reductions, _scalar_types, _shape, _shape_more,
                         _take, _ufuncs_more)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.structural import full
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.numpy._util import check_arraylike, promote_dtypes, to_array
 
 __all__ = ["real", "imag", "conj", "conjugate", "angle", "iscomplexobj", "isrealobj"]

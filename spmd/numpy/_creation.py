@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.array import Array
-from spmd.compiler.array_module import is_device_array, to_host
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.array_module import is_device_array, to_host
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
-from spmd.compiler.ops.shape_more import concatenate, slice_in_dim
-from spmd.compiler.trace import get_aval
+from spmd.compiler.ops.slicing import concatenate, slice_in_dim
+from spmd.compiler.core.trace import get_aval
 from spmd.shard.modes import with_out_sharding
 from spmd.numpy._elementwise import add, multiply, subtract
 from spmd.numpy._shape import expand_dims

@@ -6,11 +6,11 @@ import operator
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.structural import full
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import DTypeError
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, promote_and_broadcast,
                               promote_dtypes, static_int, to_array)

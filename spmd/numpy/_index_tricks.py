@@ -14,8 +14,8 @@ import functools
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.trace import Tracer
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.trace import Tracer
 from spmd.errors import ArgumentError, ConcretizationError, ShapeError
 from spmd.numpy._complex import conj
 from spmd.numpy._creation import arange, asarray, linspace, ones, zeros

@@ -8,7 +8,7 @@ from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.linalg import dot_general
 from spmd.compiler.ops.reduce import reduce_sum
 from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, squeeze, transpose
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._complex import conj
 from spmd.numpy._creation import astype

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler.array import Array
-from spmd.compiler.trace import Tracer
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.trace import Tracer
 
 # Set once install() has put every method on the classes; the installer
 # (spmd/_install.py) counts as done only then, so that no thread is told "done"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.array import Array
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array import Array
 from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops.conv import conv

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.numpy._creation import asarray, linspace, zeros, zeros_like
 from spmd.numpy._elementwise import floor, where

@@ -12,15 +12,15 @@ import functools
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops import sort as _sort
-from spmd.compiler.ops.shape_more import rev
+from spmd.compiler.ops.slicing import rev
 from spmd.compiler.ops.structural import broadcast_in_dim as _bid
 from spmd.compiler.ops.structural import reshape
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError as _ArgumentError
 from spmd.numpy._util import canonicalize_axes, canonicalize_axis, check_arraylike, to_array
 

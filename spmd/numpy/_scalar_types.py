@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.numpy._util import to_array
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler.array import Array
-from spmd.compiler.array_module import to_host
-from spmd.compiler.ops import shape_more as sm
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.array_module import to_host
+from spmd.compiler.ops import slicing as sm
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._shape import atleast_1d, atleast_2d, atleast_3d, ravel, reshape
 from spmd.numpy._util import (canonicalize_axes, canonicalize_axis, promote_dtypes,

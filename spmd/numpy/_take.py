@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.array import Array
-from spmd.compiler.array_module import to_host
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.array_module import to_host
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import indexing as ix
 from spmd.compiler.ops import structural as st
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.numpy._indexing import (_broadcast, _check_int_index, _default_fill, _normalized,
                                   _place_b)

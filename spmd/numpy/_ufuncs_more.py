@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops.elementwise import rem
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import DTypeError
 from spmd.numpy._elementwise import (abs as abs_, ceil, exp, floor, log, log1p, logaddexp, maximum,
                                      minimum, power, round as round_, sign, sin, sqrt, where)

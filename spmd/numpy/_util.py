@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.array import Array
-from spmd.compiler.array_module import is_device_array, to_device
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.array_module import is_device_array, to_device
+from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.structural import broadcast_in_dim
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, ConcretizationError, DTypeError, ShapeError
 
 

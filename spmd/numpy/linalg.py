@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.custom import custom_jvp
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.custom import custom_jvp
 from spmd.compiler.ops import linalg_decomp as _ld
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy import _elementwise as ew

@@ -12,7 +12,7 @@ import numpy as np
 
 from spmd import tree_util
 import spmd.numpy as snp
-from spmd.compiler.array import Array
+from spmd.compiler.core.array import Array
 from spmd.shard.array import make_array_from_callback
 from spmd.shard.spec import NamedSharding
 from spmd.optim._base import (GradientTransformation, OptimError, abs_sq, chain,

@@ -34,7 +34,7 @@ import spmd.numpy as snp
 from spmd import nn
 from spmd.collectives.api import all_to_all, pmean, psum
 from spmd.collectives.primitives import _axes, _size
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.lax import top_k as lax_top_k
 

@@ -23,9 +23,9 @@ from spmd import tree_util
 from spmd.autodiff import value_and_grad, vjp
 from spmd.collectives.api import axis_index, ppermute, psum, pvary
 from spmd.collectives.primitives import _axes, _size
-from spmd.compiler.jit import eval_shape
-from spmd.compiler.split import split
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.jit import eval_shape
+from spmd.compiler.transforms.split import split
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ShapeError
 from spmd.lax import cond, dynamic_index_in_dim, dynamic_update_slice_in_dim, scan
 from spmd.parallel.schedule import build, theory_bubble
@@ -115,10 +115,10 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     computes nothing); the last stage runs its forwards only inside its backwards
     (their results go to no stage).  Each result leaves as soon as it exists (``ppermute``:
     activations one stage on, cotangents one stage back), and the backward runs in two
-    parts (:func:`spmd.compiler.split.split`): the input's cotangent, which the stage
+    parts (:func:`spmd.compiler.transforms.split.split`): the input's cotangent, which the stage
     before waits for, then the parameters' gradient; what the neighbours sent during
     the tick is read at its end (on MPI the overlap pass starts each transfer early and
-    waits there, ``spmd.compiler.overlap``); the last stage adds each backward's
+    waits there, ``spmd.compiler.passes.overlap``); the last stage adds each backward's
     parameters' gradient one backward later, so that it runs a weights' gradient ahead
     of the stage before, which then seldom waits for a cotangent (it keeps that one
     backward's values meanwhile).  A stage keeps its inputs only (the forward is
@@ -235,7 +235,7 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
             got_f = ppermute(send_f, axes, forward) if moves_f else None
         got_b = None
         if backs:
-            # The backward in two parts (spmd.compiler.split): the input's cotangent,
+            # The backward in two parts (spmd.compiler.transforms.split): the input's cotangent,
             # which the stage before waits for, goes back as soon as it is computed; the
             # parameters' gradient, which nobody waits for, is computed after.
             cotangent, gradient = split(bwd, buf, cts, b_slot, b_i, ct_slot)

@@ -27,8 +27,8 @@ import numpy as np
 import spmd.numpy as snp
 from spmd.collectives.api import axis_index, ppermute
 from spmd.collectives.primitives import _axes, _size
-from spmd.compiler.custom import custom_vjp
-from spmd.compiler.trace import get_aval
+from spmd.compiler.transforms.custom import custom_vjp
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 
 __all__ = ["ring_attention", "zigzag_order", "zigzag_restore"]

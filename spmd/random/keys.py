@@ -15,11 +15,11 @@ import operator
 import numpy as np
 
 import spmd.numpy as snp
-from spmd.compiler import dtypes
-from spmd.compiler.array import Array
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array import Array
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import threefry as tf
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.tree_util import register_pytree_node
 

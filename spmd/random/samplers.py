@@ -12,13 +12,13 @@ import math
 import numpy as np
 
 import spmd.numpy as snp
-from spmd.compiler import dtypes
-from spmd.compiler.ad import stop_gradient
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad import stop_gradient
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import threefry as tf
 from spmd.compiler.ops.sort import argsort_along, sort_key_val
 from spmd.compiler.ops.special import erf, erf_inv
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.random.keys import _check_key, split
 

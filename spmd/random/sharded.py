@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from spmd.compiler.trace import is_eager
+from spmd.compiler.core.trace import is_eager
 from spmd.shard.mesh_context import get_mesh, resolve_specs
 from spmd.shard.spec import NamedSharding
 

@@ -32,7 +32,7 @@ import numpy as np
 
 import spmd.numpy as snp
 from spmd.compiler.ops.threefry import rng_counter
-from spmd.compiler.trace import dynamic_trace
+from spmd.compiler.core.trace import dynamic_trace
 from spmd.errors import ArgumentError, SpmdError
 from spmd.random.keys import PRNGKeyArray, fold_in, key as make_key, split as split_key
 from spmd.random.samplers import normal, randint, uniform

@@ -11,7 +11,7 @@ import numpy as np
 
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.errors import DTypeError
 from spmd.nn import logsumexp as lse
 from spmd.numpy._util import check_arraylike, promote_and_broadcast, promote_to_float

@@ -20,11 +20,11 @@ import numpy as np
 import optree
 
 from spmd import tree_util
-from spmd.compiler import dtypes
-from spmd.compiler import array_module
-from spmd.compiler.array import Array
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.trace import Tracer, is_array_like
+from spmd.compiler.core import dtypes
+from spmd.compiler.core import array_module
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.trace import Tracer, is_array_like
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.mesh.devices import Device, process_index
 from spmd.shard import multiprocess

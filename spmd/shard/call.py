@@ -31,11 +31,11 @@ import operator
 
 import numpy as np
 
-from spmd.compiler import array_module
-from spmd.compiler.array import Array
-from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import executable_for
-from spmd.compiler.trace import get_aval, to_array_value, wrap_value
+from spmd.compiler.core import array_module
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.ir import ClosedProgram
+from spmd.compiler.core.jit import executable_for
+from spmd.compiler.core.trace import get_aval, to_array_value, wrap_value
 from spmd.shard import execute
 from spmd.shard.sharded import holds_full_value, placement_token, ShardedArray
 from spmd.shard.spec import NamedSharding

@@ -33,11 +33,11 @@ from __future__ import annotations
 import warnings
 import weakref
 
-from spmd.compiler.jit import jit_p
-from spmd.compiler.trace import eval_plain, eval_program, get_aval
+from spmd.compiler.core.jit import jit_p
+from spmd.compiler.core.trace import eval_plain, eval_program, get_aval
 from spmd.shard.sharded import ShardedArray, from_whole, placed
 from spmd.shard.spec import NamedSharding, PartitionSpec
-from spmd.compiler.passes import lower_for_execution, optimize
+from spmd.compiler.passes.pipeline import lower_for_execution, optimize
 from spmd.errors import SpmdError
 from spmd.shard import call
 from spmd.shard.call import leaf_token

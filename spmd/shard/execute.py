@@ -1,7 +1,7 @@
 """Running a ``shard_map`` on the local backend: all simulated devices at once.
 
 The per-device program runs under one batch level that stands for every mesh
-axis (:class:`spmd.compiler.batching.NamedAxes`): an input split over some mesh
+axis (:class:`spmd.compiler.transforms.batching.NamedAxes`): an input split over some mesh
 axes becomes a stacked array with one block per device (row-major device
 order); an input replicated over the whole mesh stays one unstacked array.
 The collectives' batching rules do the communication
@@ -23,15 +23,15 @@ import numpy as np
 
 from spmd.collectives.layout import ProcessLayout
 from spmd.collectives.primitives import as_summands, psum_p
-from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
-from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import executable_for
-from spmd.compiler.ops.shape_more import concatenate, slice as lax_slice, slice_in_dim
+from spmd.compiler.transforms.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
+from spmd.compiler.core.ir import ClosedProgram
+from spmd.compiler.core.jit import executable_for
+from spmd.compiler.ops.slicing import concatenate, slice as lax_slice, slice_in_dim
 from spmd.compiler.ops.structural import broadcast_in_dim, reshape, transpose
-from spmd.compiler.trace import (eval_program, extend_axis_env, full_raise, get_aval, new_main,
+from spmd.compiler.core.trace import (eval_program, extend_axis_env, full_raise, get_aval, new_main,
                                  trace_to_program)
-from spmd.compiler import array_module
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.core import array_module
+from spmd.compiler.core.avals import ShapedArray
 from spmd.mesh import process_index
 from spmd.shard.sharded import ShardedArray, placement_token
 from spmd.shard.spec import NamedSharding, PartitionSpec

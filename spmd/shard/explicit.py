@@ -32,11 +32,11 @@ from contextlib import contextmanager
 import numpy as np
 
 from spmd import tree_util
-from spmd.compiler.ad import JVPTracer
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.batching import BatchTracer
-from spmd.compiler.ir import ClosedProgram, Namer, pp_program
-from spmd.compiler.trace import (Trace, Tracer, full_raise, get_aval, is_eager, new_main)
+from spmd.compiler.transforms.ad import JVPTracer
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.transforms.batching import BatchTracer
+from spmd.compiler.core.ir import ClosedProgram, Namer, pp_program
+from spmd.compiler.core.trace import (Trace, Tracer, full_raise, get_aval, is_eager, new_main)
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
 from spmd.shard.explicit_rules import explicit_only, free_axes, out_types, replicated

@@ -34,16 +34,21 @@ import numpy as np
 from spmd.collectives import primitives as cp
 from spmd.collectives.mpi import mpi_p
 from spmd.collectives.nccl import nccl_p
-from spmd.compiler import custom, fusion, jit, overlap, remat, rows
-from spmd.compiler.ir import ClosedProgram, Literal
+from spmd.compiler.transforms import custom
+from spmd.compiler.engine import fusion
+from spmd.compiler.core import jit
+from spmd.compiler.passes import overlap
+from spmd.compiler.transforms import remat
+from spmd.compiler.engine import rows
+from spmd.compiler.core.ir import ClosedProgram, Literal
 from spmd.compiler.ops import attention as attention_ops
 from spmd.compiler.ops import conv, elementwise as ew, indexing as ix, linalg
-from spmd.compiler.ops import linalg_decomp as ld, reduce as rd, shape_more as sm, sort
+from spmd.compiler.ops import linalg_decomp as ld, reduce as rd, slicing as sm, sort
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.control_cond import cond_p
 from spmd.compiler.ops.control_loops import scan_p, while_p
 from spmd.compiler.ops.threefry import random_bits_p, rng_counter_p
-from spmd.compiler.trace import abstract_eval
+from spmd.compiler.core.trace import abstract_eval
 from spmd.errors import MissingExplicitRuleError, ShardingTypeError
 from spmd.mesh.mesh import AxisType
 from spmd.shard.partition.constraint import sharding_constraint_p

@@ -2,7 +2,7 @@
 
 Every process hashes the program it is about to run, with the mesh it runs on
 (axis names and sizes, and the device order); one small ``Allgather`` on the
-control communicator (never the data one: see :mod:`spmd.collectives.mpi_control`)
+control communicator (never the data one: see :mod:`spmd.collectives.mpi.control`)
 compares the hashes.  A mismatch (ranks traced different programs, e.g. from
 differently shaped inputs, rank-dependent Python control flow, or meshes that
 list the devices in a different order) would otherwise hang in a collective or compute garbage; instead every process
@@ -17,7 +17,8 @@ import hashlib
 import numpy as np
 
 from spmd.errors import ProgramMismatchError  # noqa: F401  (raised here; its home is errors)
-from spmd.collectives import mpi, mpi_control
+from spmd.collectives import mpi
+from spmd.collectives.mpi import control as mpi_control
 
 
 def mesh_line(mesh) -> str:

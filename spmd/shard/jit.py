@@ -1,6 +1,6 @@
 """``spmd.jit``: the front door of a jitted call, placed values included.
 
-The compiler's :class:`~spmd.compiler.jit.JitFunction` traces, keys and compiles;
+The compiler's :class:`~spmd.compiler.core.jit.JitFunction` traces, keys and compiles;
 this subclass owns what happens when a call's arguments are placed (sharded
 Arrays, Arrays spread over processes closed over, a ``shard_map`` over processes
 inside).  Its call plans are keyed on the structure, each leaf's type and aval,
@@ -19,10 +19,10 @@ PartitionSpec('d',)
 
 from __future__ import annotations
 
-from spmd.compiler.jit import JitFunction, _CallPlan, _Entry
-from spmd.compiler.passes import dce
-from spmd.compiler.trace import Tracer, is_eager
-from spmd.compiler.traced import Lowered as _Lowered, Traced as _Traced
+from spmd.compiler.core.jit import JitFunction, _CallPlan, _Entry
+from spmd.compiler.passes.pipeline import dce
+from spmd.compiler.core.trace import Tracer, is_eager
+from spmd.compiler.core.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
 from spmd.shard import call as _call
 from spmd.shard import explicit as _explicit

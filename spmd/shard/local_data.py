@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import array_module, dtypes
-from spmd.compiler.array import Array
-from spmd.compiler.array_module import to_host
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.trace import Tracer
+from spmd.compiler.core import array_module, dtypes
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.array_module import to_host
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.trace import Tracer
 from spmd.errors import ArgumentError, ShapeError
 from spmd.mesh.devices import process_index
 from spmd.shard.array import _as_sharding, _leaf_array

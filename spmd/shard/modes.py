@@ -14,7 +14,7 @@ one mesh, mixes the modes.
 from __future__ import annotations
 
 from spmd import tree_util
-from spmd.compiler.trace import full_raise, get_aval, is_eager
+from spmd.compiler.core.trace import full_raise, get_aval, is_eager
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
 from spmd.shard.explicit import (ExplicitTracer, _resolve, _suspended, active, explicit_trace,

@@ -29,16 +29,17 @@ from typing import Any
 import numpy as np
 
 from spmd import tree_util
-from spmd.compiler.array import Array
-from spmd.compiler.array_module import to_host
-from spmd.compiler.trace import Tracer
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.array_module import to_host
+from spmd.compiler.core.trace import Tracer
 from spmd.errors import ArgumentError, NotFullyAddressableError, ShapeError
 from spmd.mesh.devices import process_count, process_index
 from spmd.shard.sharded import (_holds_full, from_blocks as _from_blocks,
                                 from_whole as _from_whole, holds_full_value, my_devices,
                                 not_here_error, processes, ShardedArray)
 from spmd.shard.spec import NamedSharding
-from spmd.collectives import mpi, mpi_control
+from spmd.collectives import mpi
+from spmd.collectives.mpi import control as mpi_control
 
 
 # ------------------------------------------------------------ block geometry

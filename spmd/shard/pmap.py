@@ -25,9 +25,9 @@ import numpy as np
 
 from spmd import mesh as m, tree_util
 from spmd.compiler.ops.structural import reshape, transpose
-from spmd.compiler.trace import Tracer, get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, SpmdError
-from spmd.compiler.batching import broadcast_prefix
+from spmd.compiler.transforms.batching import broadcast_prefix
 from spmd.mesh import Mesh, process_count, process_index
 from spmd.shard.local_data import make_array_from_process_local_data
 from spmd.shard.partition.api import jit

@@ -20,13 +20,13 @@ import numpy as np
 from spmd import tree_util
 from spmd.collectives.api import psum
 from spmd.collectives.primitives import CollectiveAxisError, as_summands, pvary_p
-from spmd.compiler.ad import backward_pass, jvp_flat, partial_eval
-from spmd.compiler.ad_util import Zero, instantiate, is_undefined
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.ir import ClosedProgram, Eqn, Program, Var
-from spmd.compiler.jit import flatten_outputs
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import (bind, eval_program, extend_axis_env, get_aval,
+from spmd.compiler.transforms.ad import backward_pass, jvp_flat, partial_eval
+from spmd.compiler.transforms.ad_util import Zero, instantiate, is_undefined
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.ir import ClosedProgram, Eqn, Program, Var
+from spmd.compiler.core.jit import flatten_outputs
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
 from spmd.errors import ConcretizationError
 from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
@@ -36,11 +36,11 @@ from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa
                                        arg_type_spec, check_marked_specs)
 from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
                              check_spec, ct_spec, global_shape)
-from spmd.compiler.batching import (active_spmd_axis_names, batch_flat, collective_axes,
+from spmd.compiler.transforms.batching import (active_spmd_axis_names, batch_flat, collective_axes,
                                     move_to_front)
 from spmd.compiler.ops.elementwise import div
 from spmd.compiler.ops.structural import reshape_p
-from spmd.compiler.passes import dce_program
+from spmd.compiler.passes.pipeline import dce_program
 from spmd.mesh import AbstractMesh, Mesh
 from spmd.mesh.mesh import AxisType
 
@@ -500,7 +500,7 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=_R
                                 "make one with axes (spmd.make_mesh((n,), ('i',)))")
         names = axis_names
         if names is None:  # JAX's default: the axes not manual here already
-            from spmd.compiler.trace import axis_scope
+            from spmd.compiler.core.trace import axis_scope
 
             taken = {a for a in m.axis_names if getattr(axis_scope(a), "manual", False)}
             if taken and len(taken) < len(m.axis_names):
@@ -515,7 +515,7 @@ def _check_not_rebound(bound, fname):
     """A shard_map inside another's body may not bind an axis that is already manual
     there (as in JAX): the inner would run a second copy of the axis, and a collective
     over it would not reach the enclosing body's devices."""
-    from spmd.compiler.trace import axis_scope
+    from spmd.compiler.core.trace import axis_scope
 
     again = sorted(a for a in bound if getattr(axis_scope(a), "manual", False))
     if again:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from spmd import tree_util
-from spmd.compiler.array import Array
-from spmd.compiler.trace import get_aval, is_array_like, Tracer
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.trace import get_aval, is_array_like, Tracer
 from spmd.errors import SpmdError
 from spmd.mesh.mesh import AxisType
 from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
-from spmd.compiler.array_module import is_device_array, to_device
+from spmd.compiler.core.array_module import is_device_array, to_device
 
 
 class ShardMapError(SpmdError, ValueError):

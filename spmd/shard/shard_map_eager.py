@@ -32,19 +32,19 @@ import re
 import numpy as np
 
 from spmd import tree_util
-from spmd.compiler.array_module import to_host
+from spmd.compiler.core.array_module import to_host
 from spmd.collectives.layout import ProcessLayout
-from spmd.compiler.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
-from spmd.compiler.jit import flatten_outputs
-from spmd.compiler.trace import (extend_axis_env, full_raise, get_aval, is_eager, new_main,
+from spmd.compiler.transforms.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
+from spmd.compiler.core.jit import flatten_outputs
+from spmd.compiler.core.trace import (extend_axis_env, full_raise, get_aval, is_eager, new_main,
                                  to_array_value, Tracer)
 from spmd.errors import TracerBoolConversionError
 from spmd.shard.mesh_context import in_body
 from spmd.shard.manual_axes import _check_manual_spec
 from spmd.shard.shard_map_args import _as_global, _check_out, _spec_leaves
 from spmd.collectives import mpi
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.ir import ClosedProgram, Program
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.ir import ClosedProgram, Program
 from spmd.compiler.ops.structural import broadcast_in_dim
 from spmd.mesh import process_index
 from spmd.shard.execute import _my_blocks, from_blocks

@@ -1,7 +1,7 @@
 """The sharding layer's Array: an array placed by a sharding, holding only what this
 process holds.
 
-A :class:`ShardedArray` is an :class:`spmd.compiler.array.Array` (so it passes
+A :class:`ShardedArray` is an :class:`spmd.compiler.core.array.Array` (so it passes
 anywhere an Array does) with a sharding and one of two representations:
 
 - **whole**: ``_value`` is the global value.  Used when this process's devices
@@ -31,9 +31,9 @@ import itertools
 from typing import Any
 
 
-from spmd.compiler import array_module
-from spmd.compiler.array import Array
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.core import array_module
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.avals import ShapedArray
 from spmd.errors import NotFullyAddressableError
 from spmd.mesh.devices import Device, local_devices, process_index
 from spmd.shard.spec import NamedSharding, ShardingError, block_coord

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import weakref
 
-from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.trace import bind, trace_to_program
+from spmd.compiler.core.ir import ClosedProgram
+from spmd.compiler.core.trace import bind, trace_to_program
 from spmd.shard.shard_map import shard_map_p
 
 

@@ -68,7 +68,7 @@ def assert_sharded_allclose(actual, expected, *, rtol: float = 1e-6, atol: float
     >>> x = spmd.device_put(np.arange(8.0), NamedSharding(mesh, P("i")))
     >>> assert_sharded_allclose(spmd.jit(lambda v: v * 2)(x), np.arange(8.0) * 2)
     """
-    from spmd.compiler.array import Array
+    from spmd.compiler.core.array import Array
 
     if not isinstance(actual, Array):
         raise ArgumentError(f"assert_sharded_allclose: actual must be an spmd.Array (a placed "

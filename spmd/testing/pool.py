@@ -288,7 +288,7 @@ def _trim(dump: str) -> str:
     out, skipping, section = [], False, []
     for line in dump.splitlines() + [""]:
         if not line.startswith("  "):  # a thread's header (or a blank line)
-            if not (len(section) > 1 and "spmd/collectives/mpi_watchdog.py" in section[1]
+            if not (len(section) > 1 and "spmd/collectives/mpi/watchdog.py" in section[1]
                     and section[1].endswith(" in _run")):
                 out.extend(section)
             section, skipping = [line], False

@@ -14,7 +14,7 @@ from spmd.collectives import backend, mpi, nccl
 from spmd.collectives.backend import KINDS, Group, Transport, run
 from spmd.collectives.local import LocalGroup
 from spmd.collectives.process_group import ProcessGroup
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.core.avals import ShapedArray
 
 
 def _params(fn) -> list:
@@ -77,7 +77,7 @@ def test_run_dispatches_each_kind_with_its_parameters():
 
 
 def test_transport_jvp_refuses_nonlinear_reductions():
-    from spmd.compiler.ad_util import Zero
+    from spmd.compiler.transforms.ad_util import Zero
 
     x = np.ones(3, np.float32)
     with pytest.raises(NotImplementedError, match=r"mpi reduce_scatter\(max\) is not "

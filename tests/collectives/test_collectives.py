@@ -673,8 +673,8 @@ def test_which_collectives_communicate():
     import spmd.collectives.mpi  # noqa: F401
     import spmd.collectives.nccl  # noqa: F401
     from spmd import P
-    from spmd.compiler.batching import communicates
-    from spmd.compiler.primitives import PRIMITIVES
+    from spmd.compiler.transforms.batching import communicates
+    from spmd.compiler.core.primitives import PRIMITIVES
 
     moving = {p.name for p in PRIMITIVES.values() if p.rules.get("communicates")}
     assert moving == {"psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all",

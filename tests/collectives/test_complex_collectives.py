@@ -134,7 +134,7 @@ def test_pmax_pmin_of_complex_with_nan_follow_numpy(op, jit):
 def test_direct_pmax_primitive_still_refuses_complex():
     """lax.pmax orders complex values by parts; the primitive itself has no order."""
     from spmd.collectives.primitives import pmax_p
-    from spmd.compiler.avals import ShapedArray
+    from spmd.compiler.core.avals import ShapedArray
 
     with pytest.raises(DTypeError, match="pmax: operand dtype complex64 is complex"):
         pmax_p.abstract_eval(ShapedArray((2,), np.complex64), axes=("i",))

@@ -92,9 +92,9 @@ def test_bound_names_the_kinds_for_an_unknown_one():
 
 
 def test_generated_code_calls_the_backend_operation_directly():
-    from spmd.compiler.avals import ShapedArray
-    from spmd.compiler.codegen import compile_program
-    from spmd.compiler.trace import trace_to_program
+    from spmd.compiler.core.avals import ShapedArray
+    from spmd.compiler.engine.codegen import compile_program
+    from spmd.compiler.core.trace import trace_to_program
 
     closed = trace_to_program(lambda x: [mpi.call("allreduce", x, RANKS, op="sum",
                                                    what="psum")],

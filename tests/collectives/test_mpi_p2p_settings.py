@@ -1,11 +1,11 @@
-"""The choices of spmd.collectives.mpi_p2p that need no second process (the moves
+"""The choices of spmd.collectives.mpi.p2p that need no second process (the moves
 themselves: tests/mpi/test_mpi_p2p.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from spmd.collectives import mpi_p2p, mpi_shm
+from spmd.collectives.mpi import p2p as mpi_p2p, shm as mpi_shm
 
 
 @pytest.fixture(autouse=True)

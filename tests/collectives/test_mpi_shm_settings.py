@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from spmd.collectives import mpi_shm
+from spmd.collectives.mpi import shm as mpi_shm
 from spmd.errors import ArgumentError
 
 
@@ -79,7 +79,7 @@ def test_a_bad_split_setting_names_the_variable_and_the_value(monkeypatch):
 
 @pytest.mark.parametrize("raw", ["lots", "-5", "1.5"])
 def test_a_bad_hierarchy_threshold_names_the_variable_and_the_fix(monkeypatch, raw):
-    from spmd.collectives import mpi_hier
+    from spmd.collectives.mpi import hier as mpi_hier
 
     monkeypatch.setenv("SPMD_MPI_HIER_MIN_BYTES", raw)
     mpi_hier.min_bytes.cache_clear()
@@ -95,7 +95,7 @@ def test_a_bad_hierarchy_threshold_names_the_variable_and_the_fix(monkeypatch, r
 
 
 def test_the_hierarchy_threshold_from_the_environment(monkeypatch):
-    from spmd.collectives import mpi_hier
+    from spmd.collectives.mpi import hier as mpi_hier
 
     try:
         monkeypatch.setenv("SPMD_MPI_HIER_MIN_BYTES", "4096")

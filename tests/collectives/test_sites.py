@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import spmd.numpy  # noqa: F401  (the operators of tracers; fills the extension points)
-from spmd.collectives import mpi_control
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.primitives import PRIMITIVES, Primitive
-from spmd.compiler.trace import (current_equation, current_function, eval_program, preparing,
+from spmd.collectives.mpi import control as mpi_control
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.primitives import PRIMITIVES, Primitive
+from spmd.compiler.core.trace import (current_equation, current_function, eval_program, preparing,
                                  trace_to_program)
 
 

@@ -12,7 +12,7 @@ def three_threads(monkeypatch):
     """The engine on 3 threads, sharing BLAS work among them (OpenBLAS's threads
     sleeping between calls), whatever the environment says; skipped where numpy's BLAS
     is not OpenBLAS, on which the engine shares no BLAS work."""
-    from spmd.compiler import threads
+    from spmd.compiler.engine import threads
 
     if not threads.blas_is_openblas():
         pytest.skip("numpy's BLAS is not OpenBLAS: the engine shares no BLAS work among "
@@ -59,11 +59,11 @@ def kernel_cache(tmp_path_factory):
 
 @pytest.fixture
 def loops_at_once(monkeypatch, kernel_cache):
-    """Compiled loops (spmd.compiler.loops) used from a call site's first call: compiled
+    """Compiled loops (spmd.compiler.engine.loops) used from a call site's first call: compiled
     then, waited for, and switched to at once; a private kernel cache.  Skipped without
     numba."""
     pytest.importorskip("numba", reason="compiled loops need numba")
-    from spmd.compiler import loops
+    from spmd.compiler.engine import loops
 
     monkeypatch.setenv("SPMD_CACHE_DIR", kernel_cache)
     monkeypatch.setattr(loops, "COMPILE_AFTER", 1)
@@ -74,7 +74,7 @@ def loops_at_once(monkeypatch, kernel_cache):
 def no_compiler(monkeypatch):
     """Every compiled loop's compilation fails ("no compiler today"), warnings and
     compilations not seen before (the numpy code must keep running)."""
-    from spmd.compiler import loops
+    from spmd.compiler.engine import loops
 
     def broken(src, prefix):
         raise RuntimeError("no compiler today")

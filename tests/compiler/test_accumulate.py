@@ -1,5 +1,5 @@
 """Products added into the buffer of the value they are summed with
-(spmd/compiler/accumulate.py): where the generated code calls ``_gemm_into``, where it
+(spmd/compiler/passes/accumulate.py): where the generated code calls ``_gemm_into``, where it
 must not (the summand read again, a caller's array, a broadcast, a batch of several
 products, small or integer sums), and that the results are numpy's either way, from
 several threads too."""
@@ -14,8 +14,8 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler.accumulate import MIN_ELEMENTS
-from spmd.compiler.jit import _executables
+from spmd.compiler.passes.accumulate import MIN_ELEMENTS
+from spmd.compiler.core.jit import _executables
 
 RTOL = 2e-5
 

@@ -84,7 +84,7 @@ def test_integer_inputs_get_float0_cotangents():
     _, f_vjp = spmd.vjp(lambda x, n: x * n, np.float32(2.0), np.int32(3))
     gx, gn = f_vjp(np.float32(1.0))
     assert float(gx) == 3.0
-    assert gn.dtype == spmd.compiler.dtypes.float0
+    assert gn.dtype == spmd.compiler.core.dtypes.float0
 
 
 def test_unused_input_costs_nothing():

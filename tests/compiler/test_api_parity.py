@@ -8,7 +8,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler.custom import CustomRuleError, SymbolicZero, zero_from_primal
+from spmd.compiler.transforms.custom import CustomRuleError, SymbolicZero, zero_from_primal
 from spmd.autodiff import GradientError
 from spmd.linear_util import NotLinearError
 from spmd.errors import ArgumentError
@@ -105,7 +105,7 @@ def test_grad_allow_int_gives_float0():
     f = lambda x, n: (x * n).sum()  # noqa: E731
     gx, gn = spmd.grad(f, argnums=(0, 1), allow_int=True)(np.ones(3, F32), np.arange(3))
     assert np.asarray(gx).tolist() == [0.0, 1.0, 2.0]
-    assert gn.dtype == spmd.compiler.dtypes.float0 and gn.shape == (3,)
+    assert gn.dtype == spmd.compiler.core.dtypes.float0 and gn.shape == (3,)
     with pytest.raises(GradientError, match="allow_int=True"):
         spmd.grad(f, argnums=1)(np.ones(3, F32), np.arange(3))
     v, g = spmd.value_and_grad(f, argnums=1, allow_int=True)(np.ones(3, F32), np.arange(3))

@@ -10,7 +10,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler import loops, threads
+from spmd.compiler.engine import loops, threads
 from spmd.compiler.ops import attention as at
 from spmd.errors import ArgumentError, ShapeError
 

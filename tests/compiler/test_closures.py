@@ -17,7 +17,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import P, lax
-from spmd.compiler.custom import CustomRuleError
+from spmd.compiler.transforms.custom import CustomRuleError
 from spmd.errors import SpmdError
 
 Y = np.arange(4.0, dtype=np.float32)

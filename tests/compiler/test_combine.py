@@ -1,4 +1,4 @@
-"""Collective combining (spmd/compiler/combine.py) on programs with real MPI all-reduces.
+"""Collective combining (spmd/compiler/passes/combine.py) on programs with real MPI all-reduces.
 
 Single process: the ``mpi`` primitive runs on a one-rank communicator (mpi4py
 initialises a singleton MPI), so every program here really communicates; the
@@ -15,11 +15,11 @@ pytest.importorskip("mpi4py")
 
 import spmd  # noqa: E402
 from spmd.collectives import mpi  # noqa: E402
-from spmd.compiler.avals import ShapedArray  # noqa: E402
-from spmd.compiler.codegen import compile_program  # noqa: E402
-from spmd.compiler.combine import combine_collectives  # noqa: E402
+from spmd.compiler.core.avals import ShapedArray  # noqa: E402
+from spmd.compiler.engine.codegen import compile_program  # noqa: E402
+from spmd.compiler.passes.combine import combine_collectives  # noqa: E402
 from spmd.compiler.ops.elementwise import add, mul  # noqa: E402
-from spmd.compiler.trace import trace_to_program  # noqa: E402
+from spmd.compiler.core.trace import trace_to_program  # noqa: E402
 
 RANKS = (0,)
 

@@ -11,8 +11,8 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler.custom import CustomRuleError
-from spmd.compiler.dtypes import float0
+from spmd.compiler.transforms.custom import CustomRuleError
+from spmd.compiler.core.dtypes import float0
 
 
 def _square_with_bwd(bwd):

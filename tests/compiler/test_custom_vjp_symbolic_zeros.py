@@ -10,7 +10,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler.custom import CustomRuleError
+from spmd.compiler.transforms.custom import CustomRuleError
 from spmd.custom_derivatives import CustomVJPPrimal, SymbolicZero, custom_vjp
 from spmd.test_util import check_grads
 
@@ -99,7 +99,7 @@ def test_bwd_may_return_a_symbolic_zero():
         return snp.floor(x)
 
     f.defvjp(lambda x: (f(x.value), None),
-             lambda r, g: (SymbolicZero(spmd.compiler.avals.ShapedArray((), F32)),),
+             lambda r, g: (SymbolicZero(spmd.compiler.core.avals.ShapedArray((), F32)),),
              symbolic_zeros=True)
     assert float(spmd.grad(f)(F32(2.5))) == 0.0
 

@@ -12,7 +12,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 
 B, U8, I8, I16, I32, F16, F32 = map(np.dtype, ("bool", "uint8", "int8", "int16", "int32",
                                                "float16", "float32"))
@@ -97,7 +97,7 @@ def test_weak_scalar_keeps_small_float():
 
 
 def test_python_scalar_avals():
-    from spmd.compiler.trace import get_aval
+    from spmd.compiler.core.trace import get_aval
     assert get_aval(1.0) == spmd.ShapedArray((), F32, True)
     assert get_aval(1) == spmd.ShapedArray((), I32, True)
     assert get_aval(True).dtype == B

@@ -1,4 +1,4 @@
-"""The engine's threads (spmd/compiler/threads.py) and the products they share
+"""The engine's threads (spmd/compiler/engine/threads.py) and the products they share
 (spmd.compiler.ops.linalg._matmul): the products of one BLAS call to rounding (BLAS may
 pick another kernel for a part than for the whole: tests/tolerance.py), each part on
 one BLAS thread, BLAS's thread count put back, callers on several threads."""
@@ -12,7 +12,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler import threads
+from spmd.compiler.engine import threads
 from spmd.compiler.ops import linalg
 from tests.tolerance import assert_product_close
 
@@ -152,7 +152,7 @@ def test_a_failing_part_is_raised_after_every_part_finished():
 def test_the_callers_numpy_error_state_holds_in_the_workers(monkeypatch):
     """np.errstate is a context variable: each part runs in a copy of the caller's
     context, so a fused kernel raises where the unfused code would."""
-    from spmd.compiler import fusion
+    from spmd.compiler.engine import fusion
 
     monkeypatch.setattr(threads, "threads_help", lambda: True)
     monkeypatch.setattr(fusion, "MIN_KERNEL_NS", 0)

@@ -37,8 +37,8 @@ def test_defaults_keep_the_compiler_working_alone():
 def test_eager_eval_default_names_the_primitive_and_the_array_type():
     """Without the installer, an eager primitive on an upper layer's array raises (it
     would otherwise compute on the whole value and lose the placement, silently)."""
-    from spmd.compiler.array import Array
-    from spmd.compiler.avals import ShapedArray
+    from spmd.compiler.core.array import Array
+    from spmd.compiler.core.avals import ShapedArray
     from spmd.compiler.ops.elementwise import sin_p
 
     class Placed(Array):
@@ -53,9 +53,9 @@ def test_eager_eval_default_names_the_primitive_and_the_array_type():
 def test_eager_eval_default_leaves_the_compilers_own_values_to_it():
     """Alone, the compiler evaluates every primitive on its own Arrays itself (a
     higher-order one too): the default declines."""
-    from spmd.compiler.array import Array
-    from spmd.compiler.avals import ShapedArray
-    from spmd.compiler.jit import jit_p
+    from spmd.compiler.core.array import Array
+    from spmd.compiler.core.avals import ShapedArray
+    from spmd.compiler.core.jit import jit_p
     from spmd.compiler.ops.elementwise import sin_p
 
     x = Array(np.ones(2, np.float32), ShapedArray((2,), np.dtype(np.float32)))
@@ -87,7 +87,7 @@ def test_eager_higher_order_primitives_are_offered_to_the_upper_layer_first():
     EAGER_EVAL, which declines it (no shard_map over processes inside): the compiler
     then runs it, and the result is numpy's."""
     from spmd import lax
-    from spmd.compiler.jit import jit_p
+    from spmd.compiler.core.jit import jit_p
 
     seen = []
     real = extensions.EAGER_EVAL.fn

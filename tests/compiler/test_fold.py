@@ -1,4 +1,4 @@
-"""Scalar folding (spmd/compiler/fold.py): ``(x op1 k1) op2 k2`` becomes one operation
+"""Scalar folding (spmd/compiler/passes/fold.py): ``(x op1 k1) op2 k2`` becomes one operation
 only where that is bit-identical; the oracle is numpy doing both operations."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 import spmd
 from spmd import P, lax
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.fold import fold_scalar_chains
-from spmd.compiler.passes import dce, optimize
-from spmd.compiler.trace import trace_to_program
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.passes.fold import fold_scalar_chains
+from spmd.compiler.passes.pipeline import dce, optimize
+from spmd.compiler.core.trace import trace_to_program
 
 
 def data(dtype=np.float32, shape=(64, 33)):

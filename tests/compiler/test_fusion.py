@@ -1,4 +1,4 @@
-"""The fusion pass (spmd/compiler/fusion.py): elementwise chains as blocked kernels on
+"""The fusion pass (spmd/compiler/engine/fusion.py): elementwise chains as blocked kernels on
 threads, with the unfused program's bits."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import fusion, loops, threads
+from spmd.compiler.engine import fusion, loops, threads
 from spmd.config import Config
 from spmd.errors import ArgumentError
 
@@ -276,7 +276,7 @@ def test_kernels_are_keys_by_expression_and_types(forced):
 
 
 def _executed_eqns(f, *args):
-    from spmd.compiler.passes import lower_for_execution, optimize
+    from spmd.compiler.passes.pipeline import lower_for_execution, optimize
 
     return lower_for_execution(optimize(spmd.make_jaxpr(f)(*args))).program.eqns
 

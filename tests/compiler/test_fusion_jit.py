@@ -1,4 +1,4 @@
-"""Elementwise groups as compiled loops (spmd/compiler/fusion_jit.py): results against
+"""Elementwise groups as compiled loops (spmd/compiler/engine/fusion_jit.py): results against
 the unfused program within float32 rounding, every way an operand is read, results
 written over operands, layouts that change, failures, threads and closures."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler import fusion, fusion_jit, loops
+from spmd.compiler.engine import fusion, fusion_jit, loops
 from tests.compiler.loops_util import close, counted_runs, unfused
 
 # Arithmetic as numpy rounds it, exp and tanh within 2 ulp: each element within this
@@ -138,7 +138,7 @@ def test_off_without_numba_or_when_asked(monkeypatch):
         spmd.config.update("compile_kernels", True)
     assert "fused" not in text
     monkeypatch.setattr(loops, "numba_available", lambda: False)
-    from spmd.compiler import passes
+    from spmd.compiler.passes import pipeline as passes
     monkeypatch.setattr(passes, "rows_available", lambda: False)
     assert "fused" not in spmd.jit(f).lower(x).as_text(executed=True)
 

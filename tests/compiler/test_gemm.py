@@ -1,4 +1,4 @@
-"""``gemm_into`` (spmd/compiler/gemm.py): ``out += a @ b`` in place through numpy's
+"""``gemm_into`` (spmd/compiler/engine/gemm.py): ``out += a @ b`` in place through numpy's
 OpenBLAS, against numpy's product and add, for every layout BLAS reads in place, the
 ones it cannot (copied first), and the fallback."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from spmd.compiler import gemm
-from spmd.compiler.gemm import gemm_into
+from spmd.compiler.engine import gemm
+from spmd.compiler.engine.gemm import gemm_into
 
 
 def _case(rng, m, k, n, dtype, a_t=False, b_t=False):
@@ -106,7 +106,7 @@ def test_threads_at_once(each_on_a_thread):
 
 
 def test_numpy_openblas_products_are_found():
-    from spmd.compiler.threads import numpy_openblas
+    from spmd.compiler.engine.threads import numpy_openblas
 
     if numpy_openblas() is None:
         pytest.skip("numpy's BLAS is not OpenBLAS here: gemm_into adds numpy products")

@@ -1,4 +1,4 @@
-"""Updates in place (spmd/compiler/codegen.py, ``rules["in_place"]``) and loop carries
+"""Updates in place (spmd/compiler/engine/codegen.py, ``rules["in_place"]``) and loop carries
 donated to the loop body (spmd/compiler/ops/control_loops.py): no argument, constant,
 input array or other value that shares a buffer is ever written, and the results are
 numpy's.  The aliasing cases are the point: a carry returned twice, a carry that is an
@@ -14,7 +14,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler.jit import _executables
+from spmd.compiler.core.jit import _executables
 
 
 def _bodies_with(fn_marker: str) -> list:
@@ -422,7 +422,7 @@ def test_a_buffer_read_before_is_handed_to_a_cond_that_updates_it_in_place():
 
 
 def test_executables_name_the_arguments_their_results_may_share():
-    from spmd.compiler.jit import executable_for
+    from spmd.compiler.core.jit import executable_for
 
     def f(a, b, c):
         return a, b.reshape(-1), c * 2.0, a + 1.0
@@ -508,7 +508,7 @@ def test_the_stacked_layers_gradient_is_written_slab_by_slab():
     got = f(w, x)
     import gc
 
-    from spmd.compiler.codegen import Executable
+    from spmd.compiler.engine.codegen import Executable
 
     sources = [e.source for e in gc.get_objects() if isinstance(e, Executable)
                and "xp.empty((3, 8, 8)" in e.source]

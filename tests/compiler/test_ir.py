@@ -6,9 +6,9 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.check import check_program
-from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.check import check_program
+from spmd.compiler.core.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.ops.elementwise import add_p, mul_p, tanh_p
 from spmd.compiler.ops.linalg import dot_general_p
 from spmd.errors import ProgramTypeError
@@ -193,7 +193,7 @@ def test_checker_checks_nested_programs():
     broken = ClosedProgram(Program([a], eqns, [d]), [])
     outer_in = Var(ShapedArray((3,), F32))
     outer_out = Var(ShapedArray((3,), F32))
-    from spmd.compiler.jit import jit_p
+    from spmd.compiler.core.jit import jit_p
     call = Eqn(jit_p, [outer_in], [outer_out], {"program": broken, "name": "inner"})
     with pytest.raises(ProgramTypeError, match="used before it is defined"):
         check_program(Program([outer_in], [call], [outer_out]))

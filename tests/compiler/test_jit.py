@@ -413,7 +413,7 @@ def _source_and_check(f, *args):
     lowered = spmd.jit(f).lower(*args)
     src = lowered.compile().source
     got = spmd.tree_util.tree_leaves(lowered.compile()(*args))
-    from spmd.compiler.trace import eval_program
+    from spmd.compiler.core.trace import eval_program
     want = eval_program(lowered.program, *args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
@@ -520,7 +520,7 @@ def test_dead_values_are_released():
     so a program's peak memory is its live set, not the sum of its intermediates."""
     import tracemalloc
 
-    from spmd.compiler.codegen import release_dead_names
+    from spmd.compiler.engine.codegen import release_dead_names
 
     lines = ["v2 = f(v0)", "v3 = g(v2, out=v1)", "v4 = h(v3, 'v9')", "v5 = k(v2)"]
     assert release_dead_names(lines, "v5, v0", ("v0", "v1")) == [

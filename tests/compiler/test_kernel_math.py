@@ -1,4 +1,4 @@
-"""The compiled loops' float32 exp and tanh (spmd/compiler/kernel_math.py): ulps
+"""The compiled loops' float32 exp and tanh (spmd/compiler/engine/kernel_math.py): ulps
 against float64 over the whole range, and the special values where numpy puts them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 nb = pytest.importorskip("numba", reason="the compiled loops' functions are numba's")
-km = pytest.importorskip("spmd.compiler.kernel_math")
+km = pytest.importorskip("spmd.compiler.engine.kernel_math")
 
 
 @nb.njit(nogil=True, error_model="numpy", fastmath={"contract"})

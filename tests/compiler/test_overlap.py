@@ -1,5 +1,5 @@
-"""Overlapped collectives (spmd/compiler/overlap.py) and the code generated for them
-(spmd/compiler/codegen.py: requests, ``test()`` between equations, gradients written
+"""Overlapped collectives (spmd/compiler/passes/overlap.py) and the code generated for them
+(spmd/compiler/engine/codegen.py: requests, ``test()`` between equations, gradients written
 straight into the flat buffer), on programs with real MPI all-reduces.
 
 Single process: the ``mpi`` primitive runs on a one-rank communicator (mpi4py
@@ -17,12 +17,12 @@ pytest.importorskip("mpi4py")
 
 import spmd  # noqa: E402
 from spmd.collectives import mpi  # noqa: E402
-from spmd.compiler.avals import ShapedArray  # noqa: E402
-from spmd.compiler.codegen import compile_program  # noqa: E402
+from spmd.compiler.core.avals import ShapedArray  # noqa: E402
+from spmd.compiler.engine.codegen import compile_program  # noqa: E402
 from spmd.compiler.ops.elementwise import add, mul, tanh  # noqa: E402
 from spmd.compiler.ops.linalg import dot_general  # noqa: E402
-from spmd.compiler.overlap import overlap_collectives  # noqa: E402
-from spmd.compiler.trace import trace_to_program  # noqa: E402
+from spmd.compiler.passes.overlap import overlap_collectives  # noqa: E402
+from spmd.compiler.core.trace import trace_to_program  # noqa: E402
 from spmd.config import config  # noqa: E402
 from spmd.errors import ArgumentError  # noqa: E402
 

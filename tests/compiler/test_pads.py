@@ -1,4 +1,4 @@
-"""spmd.compiler.pads: zero pads added together become a concatenation (the gradient
+"""spmd.compiler.passes.pads: zero pads added together become a concatenation (the gradient
 of ``q, k, v = qkv[0], qkv[1], qkv[2]``), a transposition of it moves onto the pieces;
 values against numpy, the printed programs, and the cases left alone."""
 
@@ -10,8 +10,8 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler.pads import concat_zero_pads
-from spmd.compiler.passes import dce
+from spmd.compiler.passes.pads import concat_zero_pads
+from spmd.compiler.passes.pipeline import dce
 
 RNG = np.random.default_rng(5)
 
@@ -110,7 +110,7 @@ def test_adjacent_pads_in_any_order_sum_to_the_concatenation(order):
 def test_a_concatenation_of_transposed_pieces_is_c_contiguous():
     """numpy lays a concatenation out as its operands are; the pieces the rewrite
     transposes must come back in C order, or the reader would copy them again."""
-    from spmd.compiler.ops.shape_more import concatenate_p
+    from spmd.compiler.ops.slicing import concatenate_p
 
     pieces = [RNG.standard_normal((1, 4, 3, 5)).astype(np.float32).transpose(0, 2, 1, 3)
               for _ in range(3)]

@@ -9,12 +9,12 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler import passes
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.check import check_program
-from spmd.compiler.codegen import compile_program
-from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
-from spmd.compiler.trace import eval_program, get_aval, trace_to_program
+from spmd.compiler.passes import pipeline as passes
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.check import check_program
+from spmd.compiler.engine.codegen import compile_program
+from spmd.compiler.core.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.core.trace import eval_program, get_aval, trace_to_program
 
 F32 = np.float32
 RNG = np.random.default_rng(0)

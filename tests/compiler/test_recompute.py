@@ -1,4 +1,4 @@
-"""The recompute pass (spmd/compiler/recompute.py): late-read elementwise values are
+"""The recompute pass (spmd/compiler/passes/recompute.py): late-read elementwise values are
 computed again where they are read, with the same bits and less memory held."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler import passes, recompute
-from spmd.compiler.ir import ClosedProgram, Var
-from spmd.compiler.trace import eval_program
+from spmd.compiler.passes import pipeline as passes, recompute
+from spmd.compiler.core.ir import ClosedProgram, Var
+from spmd.compiler.core.trace import eval_program
 from spmd.config import Config
 from spmd.errors import ArgumentError
 
@@ -156,7 +156,7 @@ def test_program_outputs_are_not_recomputed(small):
 def test_jit_same_bits_on_and_off(small, monkeypatch, fuse):
     """Through jit (fused or not): the gradients are the same bits with the pass on and
     off, and the executed program has more equations with it on."""
-    from spmd.compiler import fusion, threads
+    from spmd.compiler.engine import fusion, threads
 
     monkeypatch.setattr(threads, "threads_help", lambda: True)
     monkeypatch.setattr(fusion, "MIN_KERNEL_NS", 0)

@@ -1,6 +1,6 @@
 """Every registered primitive has every rule it needs.
 
-The registry ``spmd.compiler.primitives.PRIMITIVES`` holds a primitive once the
+The registry ``spmd.compiler.core.primitives.PRIMITIVES`` holds a primitive once the
 module that defines it is imported (``spmd/__init__.py`` is lazy), so the tests
 first import every module of the package.  Each test lists *all* offenders at once, so that one run
 says what is left to write.  A primitive needs:
@@ -17,7 +17,7 @@ import pkgutil
 import pytest
 
 import spmd
-from spmd.compiler.primitives import PRIMITIVES, Primitive
+from spmd.compiler.core.primitives import PRIMITIVES, Primitive
 
 
 @pytest.fixture(autouse=True, scope="module")

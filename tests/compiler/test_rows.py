@@ -1,4 +1,4 @@
-"""Row kernels (spmd/compiler/rows.py, rows_jit.py): chains with row sums as one loop
+"""Row kernels (spmd/compiler/engine/rows.py, rows_jit.py): chains with row sums as one loop
 compiled by numba, against the unfused program (``compile_kernels`` off)."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import loops, passes, rows, rows_jit, threads
+from spmd.compiler.engine import loops
+from spmd.compiler.passes import pipeline as passes
+from spmd.compiler.engine import rows, rows_jit, threads
 from spmd.errors import ArgumentError
 from tests.compiler.loops_util import close, counted_runs, unfused
 
@@ -69,7 +71,7 @@ def _softmax_rows(x):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_softmax_with_its_exp_is_one_loop(compiled, dtype):
-    """Float32 exp joins a row loop (spmd/compiler/kernel_math.py's expf); float64's
+    """Float32 exp joins a row loop (spmd/compiler/engine/kernel_math.py's expf); float64's
     stays outside it."""
     spmd.config.update("enable_x64", dtype == np.float64)
     try:

@@ -1,4 +1,4 @@
-"""spmd.compiler.split: a traced function cut in two by its outputs."""
+"""spmd.compiler.transforms.split: a traced function cut in two by its outputs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler.split import split
+from spmd.compiler.transforms.split import split
 from spmd.errors import OutputTypeError
 
 

@@ -1,4 +1,4 @@
-"""Primitive traits (``spmd.compiler.primitives.TRAITS``): every primitive declares
+"""Primitive traits (``spmd.compiler.core.primitives.TRAITS``): every primitive declares
 them, only words of the vocabulary are used, the documentation lists them and every
 rule key, and the generic passes give a primitive the treatment its traits ask for
 (a toy primitive with the trait gets it, the same primitive without it does not).
@@ -20,16 +20,16 @@ import sys
 import numpy as np
 import pytest
 
-from spmd.compiler import overlap
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.codegen import compile_program
-from spmd.compiler.ir import Eqn, Var
+from spmd.compiler.passes import overlap
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.engine.codegen import compile_program
+from spmd.compiler.core.ir import Eqn, Var
 from spmd.compiler.ops.elementwise import add, mul
-from spmd.compiler.ops.shape_more import concatenate
+from spmd.compiler.ops.slicing import concatenate
 from spmd.compiler.ops.structural import broadcast_in_dim, reshape
-from spmd.compiler.primitives import PRIMITIVES, TRAITS, Primitive
-from spmd.compiler.remat import checkpoint_policies
-from spmd.compiler.trace import bind, trace_to_program
+from spmd.compiler.core.primitives import PRIMITIVES, TRAITS, Primitive
+from spmd.compiler.transforms.remat import checkpoint_policies
+from spmd.compiler.core.trace import bind, trace_to_program
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 F32 = np.dtype(np.float32)
@@ -41,7 +41,7 @@ import spmd.debug
 for m in pkgutil.walk_packages(spmd.__path__, "spmd."):
     if not m.name.endswith("__main__"):
         importlib.import_module(m.name)
-from spmd.compiler.primitives import PRIMITIVES
+from spmd.compiler.core.primitives import PRIMITIVES
 print(json.dumps({n: {"declared": p.traits_declared, "traits": sorted(p.traits),
                       "rules": sorted(p.rules)} for n, p in PRIMITIVES.items()}))
 """
@@ -63,14 +63,14 @@ def test_every_primitive_declares_its_traits(registry):
     if missing:
         pytest.fail(f"{len(missing)} primitive(s) declare no traits: {', '.join(missing)}.\n"
                     "Create each with Primitive(name, traits=(...)) -- traits=() for none; "
-                    f"the vocabulary: {sorted(TRAITS)} (spmd/compiler/primitives.py).",
+                    f"the vocabulary: {sorted(TRAITS)} (spmd/compiler/core/primitives.py).",
                     pytrace=False)
 
 
 def test_every_trait_is_in_the_vocabulary(registry):
     unknown = sorted(f"{n}: {t}" for n, r in registry.items() for t in r["traits"]
                      if t not in TRAITS)
-    assert not unknown, f"traits outside spmd.compiler.primitives.TRAITS: {unknown}"
+    assert not unknown, f"traits outside spmd.compiler.core.primitives.TRAITS: {unknown}"
 
 
 def test_an_unknown_trait_is_refused_and_nothing_is_registered():

@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 import spmd  # noqa: E402
 from spmd import P, lax  # noqa: E402
 from spmd.collectives import nccl  # noqa: E402
-from spmd.compiler import array_module  # noqa: E402
+from spmd.compiler.core import array_module  # noqa: E402
 from spmd.launch import platform  # noqa: E402
 from tests.gpu import fake_nccl  # noqa: E402
 
@@ -140,7 +140,7 @@ def check_arrays_spread_over_processes():
 
 def check_combined():
     """Independent psums of one program run as one NCCL all-reduce over a flat buffer
-    (spmd.compiler.combine), with the results of separate ones."""
+    (spmd.compiler.passes.combine), with the results of separate ones."""
     mesh = spmd.make_mesh((n,), ("i",))
     f = spmd.jit(spmd.shard_map(lambda a, b: (lax.psum(a, "i"), lax.psum(b * 2, "i")),
                                 mesh=mesh, in_specs=(P("i"), P("i")), out_specs=(P(), P())))

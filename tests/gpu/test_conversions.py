@@ -15,7 +15,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
-from spmd.compiler import array_module
+from spmd.compiler.core import array_module
 
 RNG = np.random.default_rng(5)
 A = RNG.standard_normal(8).astype(np.float32)

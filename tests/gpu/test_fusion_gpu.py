@@ -1,5 +1,5 @@
 """Fused elementwise groups on the GPU backend: one CuPy ``ElementwiseKernel`` per
-group (spmd.compiler.fusion_gpu.c_operation), checked on the CuPy stand-in (its
+group (spmd.compiler.engine.fusion_gpu.c_operation), checked on the CuPy stand-in (its
 ``ElementwiseKernel`` reads the C subset and evaluates it with numpy) and, where a
 GPU is lent, on CuPy itself."""
 
@@ -11,7 +11,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler import fusion_gpu
+from spmd.compiler.engine import fusion_gpu
 
 RNG = np.random.default_rng(3)
 

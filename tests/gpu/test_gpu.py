@@ -17,7 +17,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
-from spmd.compiler import array_module
+from spmd.compiler.core import array_module
 from tests.gpu.conftest import missing
 
 RNG = np.random.default_rng(0)

@@ -23,7 +23,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
-from spmd.compiler import array_module
+from spmd.compiler.core import array_module
 from spmd.launch import platform
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

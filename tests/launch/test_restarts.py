@@ -129,7 +129,7 @@ def _printed_final(out: str) -> str:
 @pytest.mark.timeout(400)
 def test_transformer_killed_mid_run_resumes_to_the_same_final_loss(tmp_path):
     """Bit for bit, with compiled loops off: they take over at a process's fifth call
-    of a program (spmd/compiler/loops.py), so a resumed run computes its first four
+    of a program (spmd/compiler/engine/loops.py), so a resumed run computes its first four
     steps after the restore with numpy's rounding where the uninterrupted run used the
     loops' (docs/performance.md); the restored state itself is exact."""
     common = SMALL + ["--steps", "60", "--save-every", "10", "--log-every", "1"]

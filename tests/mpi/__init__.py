@@ -45,7 +45,7 @@ def all_ranks() -> tuple:
 
 def on_one_node(ranks) -> bool:
     """Whether ``ranks`` share a node, so that the shared-memory paths serve them
-    (``spmd.collectives.mpi_shm``, ``mpi_p2p``): always on one machine, unless
+    (``spmd.collectives.mpi.shm``, ``mpi_p2p``): always on one machine, unless
     ``SPMD_SIMULATE_NODES`` puts them on different simulated nodes."""
     from spmd.launch import nodes
 

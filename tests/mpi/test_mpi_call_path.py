@@ -56,7 +56,7 @@ def test_a_jitted_psum_reaches_allreduce_within_20_python_calls(placed):
     mesh, _, x = placed
     f = spmd.jit(spmd.shard_map(lambda b: lax.psum(b, "d"), mesh=mesh, in_specs=P("d"),
                                 out_specs=P()))
-    from spmd.collectives import mpi_control
+    from spmd.collectives.mpi import control as mpi_control
 
     done = mpi_control.collective_time()[0]
     calls = _profile(lambda: f(x))

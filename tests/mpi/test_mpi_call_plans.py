@@ -27,7 +27,7 @@ from tests.mpi import make_mesh, x64_if  # noqa: E402
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding, P, lax  # noqa: E402
-from spmd.compiler.jit import jit_p  # noqa: E402
+from spmd.compiler.core.jit import jit_p  # noqa: E402
 from spmd.errors import DeletedArrayError  # noqa: E402
 from spmd.shard.fingerprint import ProgramMismatchError  # noqa: E402
 from spmd.shard.jit import Placed  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tests.mpi import PSUM_JOB, run_spmd_run  # noqa: E402
 
-from spmd.collectives import mpi_control  # noqa: E402
+from spmd.collectives.mpi import control as mpi_control  # noqa: E402
 from spmd.errors import ArgumentError  # noqa: E402
 
 _CHECK = {"SPMD_CHECK_COLLECTIVES": "1", "SPMD_COLLECTIVE_TIMEOUT": "60"}

@@ -158,7 +158,7 @@ def test_ppermute_of_a_transposed_block(kind, axes):
          lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm).T, (2, 3), np.float32)
 
 
-# float32 elements past the shared outboxes' slot (spmd.collectives.mpi_p2p, whose
+# float32 elements past the shared outboxes' slot (spmd.collectives.mpi.p2p, whose
 # window is made collectively at a group's first move in range): MPI's own path.
 _PAST_A_SLOT = (2 << 20) // 4 + 16
 
@@ -170,7 +170,8 @@ def _pair_of_ranks(monkeypatch):
     lockstep by design)."""
     from mpi4py import MPI
 
-    from spmd.collectives import mpi as backend, mpi_control
+    from spmd.collectives import mpi as backend
+    from spmd.collectives.mpi import control as mpi_control
 
     comm = MPI.COMM_WORLD
     monkeypatch.setattr(mpi_control, "_check", [False])

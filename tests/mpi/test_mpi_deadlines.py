@@ -1,4 +1,4 @@
-"""Collective deadlines and the control communicator (spmd.collectives.mpi_control).
+"""Collective deadlines and the control communicator (spmd.collectives.mpi.control).
 
 Single-process tests: each launches a small MPI job of its own (an extra or a
 missing collective on one rank cannot run inside the shared 4-rank test job: it
@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tests.mpi import PSUM_JOB, run_mpi, run_spmd_run  # noqa: E402
 
-from spmd.collectives import mpi_control  # noqa: E402
+from spmd.collectives.mpi import control as mpi_control  # noqa: E402
 
 _HEADER = PSUM_JOB + "x = np.arange(spmd.device_count(), dtype=np.float32) + 1\n"
 

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding as NS, P, lax  # noqa: E402
-from spmd.compiler import loops  # noqa: E402
+from spmd.compiler.engine import loops  # noqa: E402
 from spmd.errors import SpreadOverProcessesError  # noqa: E402
 from spmd.shard.partition.registry import PartitionError  # noqa: E402
 from spmd.shard.sharded import ShardedArray, holds_full_value  # noqa: E402

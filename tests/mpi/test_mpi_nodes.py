@@ -42,7 +42,7 @@ def _world():
 def simulate(monkeypatch):
     """``simulate(value)``: every rank reads ``SPMD_SIMULATE_NODES=value`` (None:
     unset) from a fresh start (no shared window yet); restored at the end."""
-    from spmd.collectives import mpi_shm
+    from spmd.collectives.mpi import shm as mpi_shm
 
     def configure(value):
         _world().Barrier()
@@ -59,7 +59,7 @@ def simulate(monkeypatch):
 
 
 def _need_room():
-    from spmd.collectives import mpi_shm
+    from spmd.collectives.mpi import shm as mpi_shm
 
     n = _world().Get_size()
     if not all(_world().allgather(mpi_shm.has_room(n, mpi_shm.size_range()[1]))):
@@ -107,7 +107,7 @@ def test_the_node_split_follows_the_simulated_nodes(simulate):
 def test_a_window_only_within_a_simulated_node_and_the_same_results(simulate):
     """All ranks (both nodes), the ranks of this rank's node, and a pair across the
     nodes: a window for the node's group only; results equal to the one-node run."""
-    from spmd.collectives import mpi_shm
+    from spmd.collectives.mpi import shm as mpi_shm
 
     n, me = _world().Get_size(), _world().Get_rank()
     if n < 4:
@@ -157,7 +157,8 @@ def test_a_jitted_program_gives_the_same_results_on_two_nodes(simulate):
 
 @pytest.mark.parametrize("raw", ["0", "two", "too many"])
 def test_a_bad_value_raises_on_every_rank_alike(simulate, raw):
-    from spmd.collectives import mpi, mpi_shm
+    from spmd.collectives import mpi
+    from spmd.collectives.mpi import shm as mpi_shm
 
     n = _world().Get_size()
     raw = str(n + 1) if raw == "too many" else raw
@@ -175,7 +176,8 @@ def test_a_bad_value_raises_on_every_rank_alike(simulate, raw):
 def test_ranks_that_read_different_values_all_raise(simulate, monkeypatch):
     """Rank 0 alone simulates 2 nodes: every rank raises, naming who read what, when
     the first window would be made -- none is left waiting in the node split."""
-    from spmd.collectives import mpi, mpi_shm
+    from spmd.collectives import mpi
+    from spmd.collectives.mpi import shm as mpi_shm
 
     n, me = _world().Get_size(), _world().Get_rank()
     simulate(2 if me == 0 else None)

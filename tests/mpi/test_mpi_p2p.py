@@ -1,4 +1,4 @@
-"""Point-to-point moves through shared outboxes (spmd.collectives.mpi_p2p) across real
+"""Point-to-point moves through shared outboxes (spmd.collectives.mpi.p2p) across real
 processes: a ``ppermute`` between ranks of one node.
 
 Runs on 4 ranks (``make test``), again with ``SPMD_SIMULATE_NODES=2`` (no channel for
@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 @pytest.fixture
 def fresh_p2p(monkeypatch):
     """Every rank starts and ends the test with no channel and the default range."""
-    from spmd.collectives import mpi, mpi_p2p, mpi_shm
+    from spmd.collectives import mpi
+    from spmd.collectives.mpi import p2p as mpi_p2p, shm as mpi_shm
 
     world().Barrier()
     mpi_p2p.reset()
@@ -157,7 +158,7 @@ def test_the_channel_is_off_with_the_shared_path_and_the_values_stay(fresh_p2p, 
     n, rank = comm.Get_size(), comm.Get_rank()
     ranks = all_ranks()
     monkeypatch.setenv("SPMD_MPI_SHM_MAX_BYTES", "0")
-    from spmd.collectives import mpi_shm
+    from spmd.collectives.mpi import shm as mpi_shm
 
     mpi_shm.size_range.cache_clear()
     got = mpi.sendrecv(_message(rank, 5, 30_000), ranks, (rank + 1) % n, (rank - 1) % n)
@@ -228,7 +229,8 @@ def test_a_sender_returns_before_its_receiver_posts(fresh_p2p, monkeypatch):
     buffer right after its send; rank 1 gets what was sent, in order."""
     from mpi4py import MPI
 
-    from spmd.collectives import mpi, mpi_control
+    from spmd.collectives import mpi
+    from spmd.collectives.mpi import control as mpi_control
 
     comm = MPI.COMM_WORLD
     rank, pair = comm.Get_rank(), (0, 1)

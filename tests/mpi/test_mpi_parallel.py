@@ -179,10 +179,10 @@ def test_dot_product_attention_with_batch_and_heads_split_over_the_ranks():
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipeline_weight_gradients_accumulate_over_the_ranks(schedule):
     # Stage weights of 128 x 128 (at least the accumulated sums' minimum size): each
-    # backward adds its products into the running sum by BLAS (compiler/accumulate.py),
+    # backward adds its products into the running sum by BLAS (compiler/passes/accumulate.py),
     # and the loss and gradients are still the unpipelined model's.
-    from spmd.compiler.accumulate import MIN_ELEMENTS
-    from spmd.compiler.jit import _executables
+    from spmd.compiler.passes.accumulate import MIN_ELEMENTS
+    from spmd.compiler.core.jit import _executables
     from spmd.parallel import PipelineGrads, pipeline_value_and_grad
 
     stages, width, m = spmd.device_count(), 128, 4

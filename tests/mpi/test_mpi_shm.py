@@ -1,4 +1,4 @@
-"""The shared-memory collectives (spmd.collectives.mpi_shm) across real processes.
+"""The shared-memory collectives (spmd.collectives.mpi.shm) across real processes.
 
 Runs on 4 ranks (``make test``), once more on 4 ranks with
 ``SPMD_SIMULATE_NODES=2`` (its ``[2nodes]`` runs: ranks 0-1 and 2-3 on two simulated
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 @pytest.fixture
 def fresh_shm(monkeypatch):
     """Every rank starts and ends the test with no window and the default range."""
-    from spmd.collectives import mpi_shm
+    from spmd.collectives.mpi import shm as mpi_shm
 
     world().Barrier()
     mpi_shm.reset()
@@ -351,7 +351,7 @@ def test_ranks_that_read_different_settings_all_raise(fresh_shm, monkeypatch, ra
     rank's environment differs, or is invalid) are stopped, on every rank alike, when
     their communicator is made -- not left pairing a barrier with an all-reduce."""
     from spmd.collectives import mpi
-    from spmd.collectives.mpi_control import control
+    from spmd.collectives.mpi.control import control
     from spmd.errors import ArgumentError
 
     if world().Get_rank() == 0:

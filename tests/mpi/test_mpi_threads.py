@@ -1,4 +1,4 @@
-"""Collectives issued from several Python threads (spmd.collectives.mpi_control).
+"""Collectives issued from several Python threads (spmd.collectives.mpi.control).
 
 Single-process tests that launch 2-rank jobs under a time limit.  Before, four
 threads issuing collectives at once aborted MPICH ("Message truncated") or could
@@ -24,7 +24,7 @@ _HEADER = textwrap.dedent("""
     import numpy as np
     import spmd
     from spmd import P, lax
-    from spmd.collectives.mpi_control import CollectiveThreadError, CollectiveTimeoutError
+    from spmd.collectives.mpi.control import CollectiveThreadError, CollectiveTimeoutError
 
     me = spmd.process_index()
     n = spmd.device_count()

@@ -1,4 +1,4 @@
-"""Hierarchical collectives on emulated nodes (:mod:`spmd.collectives.mpi_hier`).
+"""Hierarchical collectives on emulated nodes (:mod:`spmd.collectives.mpi.hier`).
 
 Each test is one job: its ranks run many checks (``psum``, ``pmean``, ``pmax``,
 ``psum_scatter``, ``all_gather`` and a started sum; float32, float64, int32; sizes
@@ -28,7 +28,8 @@ _JOB = textwrap.dedent(r"""
     import spmd
     spmd.config.update("enable_x64", True)  # float64 operands stay float64
     from spmd import P, lax
-    from spmd.collectives import mpi, mpi_hier
+    from spmd.collectives import mpi
+    from spmd.collectives.mpi import hier as mpi_hier
 
     cfg = json.loads(sys.argv[1])
     comm = MPI.COMM_WORLD

@@ -12,7 +12,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import P
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.errors import DTypeError
 
 NAMES = ["bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

@@ -130,7 +130,7 @@ def test_explicit_types_with_a_whole_key_value_head_read_by_split_query_heads():
     # the heads' shares). The kernel's gradient equation typed directly would be a
     # pending sum, which explicit types do not express: a clear error.
     from spmd.compiler.ops import attention as at
-    from spmd.compiler.trace import bind
+    from spmd.compiler.core.trace import bind
 
     mesh = spmd.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
     try:

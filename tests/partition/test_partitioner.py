@@ -47,7 +47,7 @@ COLLECTIVES = {"psum", "psum_scatter", "all_gather", "all_to_all", "pmax", "pmin
 
 
 def _sub_programs(v):
-    from spmd.compiler.ir import ClosedProgram
+    from spmd.compiler.core.ir import ClosedProgram
 
     if isinstance(v, ClosedProgram):
         yield v.program

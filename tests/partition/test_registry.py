@@ -12,8 +12,8 @@ import pytest
 
 import spmd
 from spmd import NamedSharding, P, lax
-from spmd.compiler.primitives import PRIMITIVES, Primitive
-from spmd.compiler.trace import extend_axis_env, get_aval, trace_to_program
+from spmd.compiler.core.primitives import PRIMITIVES, Primitive
+from spmd.compiler.core.trace import extend_axis_env, get_aval, trace_to_program
 from spmd.shard.partition import partition
 from spmd.shard.partition.registry import (DECISIONS, MissingPartitionRuleError,
                                            PartitionError, Propagate, Replicate, Structural,

@@ -21,7 +21,7 @@ import pytest
 import spmd
 from spmd import lax
 from spmd.compiler.ops import threefry
-from spmd.compiler.trace import get_aval, trace_to_program
+from spmd.compiler.core.trace import get_aval, trace_to_program
 from spmd.shard.partition.partitioner import Evaluator
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.reshard import Context, reshard
@@ -285,7 +285,7 @@ def _cases():
     c["eigh"] = (ld.eigh, lambda r: [spd(r)])
     c["svd"] = (lambda a: ld.svd(a, full_matrices=False), lambda r: [f32(r, 8, 4, 3)])
     from spmd.compiler.ops.conv import conv
-    from spmd.compiler.remat import checkpoint_name
+    from spmd.compiler.transforms.remat import checkpoint_name
     c["name"] = (lambda x: checkpoint_name(x, "a"), lambda r: [f32(r, 8, 4)])
     c["conv"] = (lambda x, w: conv(x, w, (1,), [(1, 1)]),
                  lambda r: [f32(r, 8, 4, 6), f32(r, 4, 4, 3)])
@@ -300,7 +300,7 @@ def _attention_cases(c):
     head dimensions of 1) as the forward makes them, so the derivatives are read on
     consistent residuals."""
     from spmd.compiler.ops import attention as at
-    from spmd.compiler.trace import bind
+    from spmd.compiler.core.trace import bind
 
     kw = dict(scale=0.5, is_causal=True, window=None)
 
@@ -355,7 +355,7 @@ def test_rule_matches_global(case, mesh_shape, names):
 def test_every_specific_rule_is_covered():
     """Each primitive with a rule has a case here; the elementwise primitives share one
     rule per way pending sums pass, and each of those ways has a case."""
-    from spmd.compiler.primitives import PRIMITIVES
+    from spmd.compiler.core.primitives import PRIMITIVES
     from spmd.shard.partition import rules
     from spmd.shard.partition.registry import DECISIONS, Propagate
 

@@ -114,7 +114,7 @@ CLOSE = {
     "normal_f32_3x4": lambda k: sr.normal(k, (3, 4)),
     "normal_f32_big": lambda k: sr.normal(sr.key(7), (1000,)),
     "normal_f16_5": lambda k: sr.normal(k, (5,), np.float16),
-    "uniform_bf16_6": lambda k: np.asarray(sr.uniform(k, (6,), spmd.compiler.dtypes.bfloat16),
+    "uniform_bf16_6": lambda k: np.asarray(sr.uniform(k, (6,), spmd.compiler.core.dtypes.bfloat16),
                                            np.float32),
     "exponential": lambda k: sr.exponential(k, (6,)),
     "laplace": lambda k: sr.laplace(k, (6,)),

@@ -92,7 +92,7 @@ def test_integer_samplers_have_zero_cotangents():
 
     _, t = spmd.jvp(lambda lo: threefry.random_bits(sr.PRNGKey(0), (2,)) + lo.astype(np.uint32)
                     * 0, (np.float32(1.0),), (np.float32(1.0),))
-    assert t.dtype == spmd.compiler.dtypes.float0
+    assert t.dtype == spmd.compiler.core.dtypes.float0
 
 
 def test_scan_threads_keys():

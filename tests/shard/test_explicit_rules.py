@@ -12,8 +12,8 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.primitives import PRIMITIVES
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.primitives import PRIMITIVES
 from spmd.errors import MissingExplicitRuleError, ShardingTypeError
 from spmd.shard import explicit_rules as er
 from spmd.shard.partition.placement import Placement
@@ -35,7 +35,7 @@ def test_every_primitive_has_a_rule():
 
 
 def test_a_primitive_without_a_rule_is_named():
-    from spmd.compiler.primitives import Primitive
+    from spmd.compiler.core.primitives import Primitive
 
     lonely = Primitive("lonely_for_test", traits=())
     lonely.def_abstract_eval(lambda x: x)

@@ -413,7 +413,7 @@ def test_nested_vmap_collective_over_both_axes_names_the_levels():
 # ---------------------------------------- bodies whose operands are all replicated (E)
 
 def test_collective_axes_of_nested_bodies():
-    from spmd.compiler.batching import collective_axes
+    from spmd.compiler.transforms.batching import collective_axes
 
     def body(b):
         return lax.scan(lambda c, t: (lax.cond(True, lambda v: lax.ppermute(v, "i", RING),
@@ -507,7 +507,7 @@ def test_custom_vjp_cotangent_varying_where_its_primal_is_not_is_summed(jit):
 def test_custom_vjp_cotangent_invariant_where_its_primal_varies_raises(jit):
     # JAX's own case: the bwd rule's psum makes x's cotangent invariant along "i"
     # (and 4x too large); it names the pcast that would accept it as is.
-    from spmd.compiler.custom import CustomRuleVaryingError
+    from spmd.compiler.transforms.custom import CustomRuleVaryingError
 
     mesh = spmd.make_mesh((4,), ("i",))
 

@@ -1,4 +1,4 @@
-"""Unreduced and reduced values in shard_map bodies (spmd.compiler.manual_types, the
+"""Unreduced and reduced values in shard_map bodies (spmd.compiler.core.manual_types, the
 collectives' rules, shard_map's boundary): values against numpy on global arrays,
 gradients against numpy's, the collectives each transpose makes read from printed
 programs, and each bad use an error naming the fix."""
@@ -14,7 +14,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import lax
-from spmd.compiler.manual_types import ManualTypeError, UnreducedRuleError
+from spmd.compiler.core.manual_types import ManualTypeError, UnreducedRuleError
 from spmd.shard.shard_map_args import ShardMapError, UnreducedSpecError
 from spmd.shard.spec import ShardingError
 from spmd.sharding import AxisType, NamedSharding, P

@@ -35,12 +35,12 @@ import functools
 
 import numpy as np
 
-from spmd.compiler import loops, threads as _threads
-from spmd.compiler.ad_util import Zero, instantiate, is_undefined
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.engine import loops, threads as _threads
+from spmd.compiler.transforms.ad_util import Zero, instantiate, is_undefined
+from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops import attention_jit
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 
 attention_p = Primitive("attention", traits=(), multiple_results=True)
@@ -597,7 +597,7 @@ def _batch_rule(prim):
     every operand has first (bias and mask may have 1 there and stay unbatched)."""
     def rule(args, dims, **params):
         from spmd.compiler import ops
-        from spmd.compiler.batching import bdim_size, broadcast_batch
+        from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
 
         V = bdim_size(args, dims)
         ins, outs_k = layouts(prim, params)

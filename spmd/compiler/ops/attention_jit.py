@@ -12,10 +12,10 @@ them (untransposed products, causal halves): 2.8 + 5.7 ms against 5.2 + 8.4 with
 numpy passes (``docs/performance.md``, "The engine, eighth round").
 
 Used for float32 operands without a bias, a user mask or a local window (causal
-or not), from the :data:`~spmd.compiler.loops.SWITCH_AT`-th call of an attention
-equation on (:class:`spmd.compiler.loops.Tier`); until then, and otherwise, the
+or not), from the :data:`~spmd.compiler.engine.loops.SWITCH_AT`-th call of an attention
+equation on (:class:`spmd.compiler.engine.loops.Tier`); until then, and otherwise, the
 numpy passes.  The numbers differ from those by float rounding: ``exp`` is
-:func:`spmd.compiler.kernel_math.expf` (within 1 ulp), and a row's sum is added in
+:func:`spmd.compiler.engine.kernel_math.expf` (within 1 ulp), and a row's sum is added in
 another order.
 
 Every function takes the score block as ``(rows, cols)``, C-contiguous; row ``i``
@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import loops
+from spmd.compiler.engine import loops
 
 _SOURCE = '''\
 # spmd attention loops; kernel_math {digest}
 import numba as nb
 import numpy as np
-from spmd.compiler.kernel_math import expf
+from spmd.compiler.engine.kernel_math import expf
 
 F = np.float32
 M2 = nb.types.Array(nb.float32, 2, "C")
@@ -188,7 +188,7 @@ def score_grad(jit, pb, t, dp, p, d):
 
 class Runner(loops.Site):
     """One attention equation's implementation: the compiled passes from its
-    :data:`~spmd.compiler.loops.SWITCH_AT`-th call on operands they serve (float32,
+    :data:`~spmd.compiler.engine.loops.SWITCH_AT`-th call on operands they serve (float32,
     no bias, user mask or window), the numpy passes otherwise."""
 
     __slots__ = ()

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import is_undefined, Zero
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import is_undefined, Zero
+from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops import elementwise as ew
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind
 from spmd.errors import DTypeError
 
 

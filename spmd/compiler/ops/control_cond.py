@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
+from spmd.compiler.core import dtypes
 from spmd.compiler import extensions as _ext
-from spmd.compiler.ad_util import Zero, instantiate, is_undefined, is_zero
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.ir import ClosedProgram, Eqn, Literal, Program, Var
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.manual_types import ManualTypeError, ct_aval
-from spmd.compiler.program_vma import program_types, program_vma
-from spmd.compiler.trace import (Tracer, eval_program, full_raise, get_aval,
+from spmd.compiler.transforms.ad_util import Zero, instantiate, is_undefined, is_zero
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.manual_types import ManualTypeError, ct_aval
+from spmd.compiler.core.program_vma import program_types, program_vma
+from spmd.compiler.core.trace import (Tracer, eval_program, full_raise, get_aval,
                                  trace_to_program)
 from spmd.errors import DTypeError, ProgramTypeError
 
@@ -99,7 +99,7 @@ def jvp_program(closed: ClosedProgram, nonzero, instantiate_out):
     ``instantiate_out[k]`` forces output k's tangent to be materialised (when
     it is a float).  Returns ``(program, out_nonzero)``.
     """
-    from spmd.compiler.ad import jvp_flat
+    from spmd.compiler.transforms.ad import jvp_flat
 
     avals = closed.in_avals
     t_avals = [tangent_aval(a) for a, nz in zip(avals, nonzero) if nz]
@@ -132,7 +132,7 @@ def batch_eval(closed: ClosedProgram, args, batched, size, axis_name, force):
     Outputs that are batched, or forced (``force[k]``), come back with the batch
     axis at 0.  Returns ``(outs, out_batched)``.
     """
-    from spmd.compiler.batching import BatchTracer, batch_level, broadcast_batch
+    from spmd.compiler.transforms.batching import BatchTracer, batch_level, broadcast_batch
 
     # Under the level's own axis names: collectives in the body communicate.
     with batch_level(axis_name, size) as trace:
@@ -170,7 +170,7 @@ def transpose_program(closed: ClosedProgram, linear, ct_nonzero, extra_residuals
     The result maps ``(non-linear inputs, non-zero output cotangents)`` to one
     (materialised) cotangent per linear input.
     """
-    from spmd.compiler.ad import backward_pass
+    from spmd.compiler.transforms.ad import backward_pass
 
     prog = closed.program
     n = len(closed.consts)
@@ -205,7 +205,7 @@ def zeros_eqn(aval: ShapedArray):
 
 def dce_closed(closed: ClosedProgram, used_outputs):
     """DCE of a sub-program; returns ``(closed, used non-constant inputs)``."""
-    from spmd.compiler.passes import dce_program
+    from spmd.compiler.passes.pipeline import dce_program
 
     prog, used = dce_program(closed.program, used_outputs)
     return ClosedProgram(prog, closed.consts), used[len(closed.consts):]
@@ -250,7 +250,7 @@ def _cond_impl(xp, index, *operands, branches):
 def _executable(branch, xp, donated=()):
     """A branch's compiled code (the jit layer's cache; imported here, as the jit
     module imports the primitives)."""
-    from spmd.compiler.jit import executable_for
+    from spmd.compiler.core.jit import executable_for
 
     return executable_for(branch, xp, donated=donated)
 
@@ -362,7 +362,7 @@ cond_p.def_jvp(_cond_jvp)
 # --------------------------------------------------------------- batching
 
 def _cond_batch(args, dims, *, branches, _axis_data):
-    from spmd.compiler.batching import communicates, move_to_front
+    from spmd.compiler.transforms.batching import communicates, move_to_front
 
     axis_name, size = _axis_data
     index, ops = args[0], args[1:]
@@ -420,12 +420,12 @@ cond_p.rules["batch_needs_axis"] = True
 def _cond_partial_eval(eqn, in_unknown):
     """Split a cond into a known cond (known outputs + residuals) and an unknown one.
 
-    Each branch is split with :func:`spmd.compiler.ad.partial_eval`; all
+    Each branch is split with :func:`spmd.compiler.transforms.ad.partial_eval`; all
     branches of the known cond return every branch's residuals, zeros in the
     slots of the other branches.
     """
-    from spmd.compiler.ad import partial_eval
-    from spmd.compiler.passes import dce_program
+    from spmd.compiler.transforms.ad import partial_eval
+    from spmd.compiler.passes.pipeline import dce_program
 
     branches = eqn.params["branches"]
     n_out = len(eqn.outputs)

@@ -16,19 +16,19 @@ its next input.
 
 from __future__ import annotations
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import add_tangents, instantiate, is_undefined, is_zero
-from spmd.compiler.avals import tangent_aval
-from spmd.compiler.ir import ClosedProgram, Program, Var
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import add_tangents, instantiate, is_undefined, is_zero
+from spmd.compiler.core.avals import tangent_aval
+from spmd.compiler.core.ir import ClosedProgram, Program, Var
 from spmd.compiler.ops.control_cond import (batch_program, cast_to, check_avals, dce_closed,
                                             drop_inputs, has_tangent, interleave_order,
                                             jvp_program, permute, trace_closed,
                                             zero_tangent)
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.manual_types import ManualTypeError, ct_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.manual_types import ManualTypeError, ct_aval
 from spmd.compiler.ops import loop_runs
-from spmd.compiler.program_vma import program_types, program_vma
-from spmd.compiler.trace import eval_program, get_aval
+from spmd.compiler.core.program_vma import program_types, program_vma
+from spmd.compiler.core.trace import eval_program, get_aval
 from spmd.errors import ArgumentError, ProgramTypeError
 
 
@@ -170,7 +170,7 @@ scan_p.def_jvp(_scan_jvp)
 # --------------------------------------------------------------- batching
 
 def _scan_batch(args, dims, *, program, num_consts, num_carry, length, reverse, _axis_data):
-    from spmd.compiler.batching import broadcast_batch, move_axis, move_to_front
+    from spmd.compiler.transforms.batching import broadcast_batch, move_axis, move_to_front
 
     axis_name, size = _axis_data
     consts, init, xs = _split(args, num_consts, num_carry)
@@ -211,10 +211,10 @@ def _scan_partial_eval(eqn, in_unknown):
     loop-invariant inputs (outer consts, body constants) or known ``xs`` are
     passed to the unknown scan as they are.
     """
-    from spmd.compiler.ad import partial_eval
-    from spmd.compiler.passes import dce_program
+    from spmd.compiler.transforms.ad import partial_eval
+    from spmd.compiler.passes.pipeline import dce_program
 
-    from spmd.compiler.passes import inline_calls
+    from spmd.compiler.passes.pipeline import inline_calls
 
     p = eqn.params
     nc, ncar, length = p["num_consts"], p["num_carry"], p["length"]
@@ -301,7 +301,7 @@ def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse)
     zero); the defined consts and xs are residuals.  The transposed scan
     carries the carry cotangents and accumulates the linear consts' cotangents.
     """
-    from spmd.compiler.ad import backward_pass
+    from spmd.compiler.transforms.ad import backward_pass
     consts, init, xs = _split(args, num_consts, num_carry)
     c_lin = [is_undefined(c) for c in consts]
     x_lin = [is_undefined(x) for x in xs]
@@ -497,7 +497,7 @@ while_p.def_jvp(_while_jvp)
 
 def _while_batch(args, dims, *, cond_program, body_program, cond_nconsts, body_nconsts,
                  _axis_data):
-    from spmd.compiler.batching import broadcast_batch, move_to_front
+    from spmd.compiler.transforms.batching import broadcast_batch, move_to_front
 
     axis_name, size = _axis_data
     args = [move_to_front(a, d) if d is not None else a for a, d in zip(args, dims)]
@@ -553,10 +553,10 @@ while_p.rules["batch_needs_axis"] = True
 def _while_partial_eval(eqn, in_unknown):
     """Known carries run in a known while; the unknown while recomputes them (JAX's
     split: forward mode through ``linearize`` works, reverse mode does not)."""
-    from spmd.compiler.ad import partial_eval
-    from spmd.compiler.passes import dce_program
+    from spmd.compiler.transforms.ad import partial_eval
+    from spmd.compiler.passes.pipeline import dce_program
 
-    from spmd.compiler.passes import inline_calls
+    from spmd.compiler.passes.pipeline import inline_calls
 
     p = eqn.params
     p = dict(p, cond_program=inline_calls(p["cond_program"]),

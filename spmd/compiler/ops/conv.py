@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero, add_tangents, is_undefined
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import Zero, add_tangents, is_undefined
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 
 conv_p = Primitive("conv_general_dilated", traits=())
@@ -209,7 +209,7 @@ def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dila
         k = w
         if G > 1 or B > 1:
             k = _split_merge(k, 0, max(G, B), 1)   # (O, I) -> (O/g, g*I)
-        k = ops.shape_more.rev(ops.structural.transpose(k, swap), sp)
+        k = ops.slicing.rev(ops.structural.transpose(k, swap), sp)
         pads = _lhs_vjp_padding(x_aval.shape[2:], w_aval.shape[2:], window_strides, out_sp,
                                 padding, lhs_dilation, rhs_dilation)
         dx = conv(ct, k, lhs_dilation, pads, window_strides, rhs_dilation,
@@ -230,7 +230,7 @@ def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dila
 
 @conv_p.def_batch
 def _conv_batch(args, dims, **params):
-    from spmd.compiler.batching import move_to_front
+    from spmd.compiler.transforms.batching import move_to_front
     from spmd.compiler import ops
 
     (x, w), (dx, dw) = args, dims

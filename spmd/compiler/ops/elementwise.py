@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.array_module import is_device_array
-from spmd.compiler.ad_util import Zero, add_tangents, instantiate, is_undefined
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.core.array_module import is_device_array
+from spmd.compiler.transforms.ad_util import Zero, add_tangents, instantiate, is_undefined
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
-from spmd.compiler.array import Array
+from spmd.compiler.core.array import Array
 
 
 # --------------------------------------------------------- shape/type rules
@@ -70,7 +70,7 @@ def _batch_elementwise(prim, scalars_follow_first: bool = False):
     batched, unbatched scalar operands get the batch axis too (a batched scalar
     predicate with scalar cases gives a (size,) predicate and () cases otherwise)."""
     def rule(args, dims, **params):
-        from spmd.compiler.batching import bdim_size, move_to_front
+        from spmd.compiler.transforms.batching import bdim_size, move_to_front
         from spmd.compiler import ops
 
         size = bdim_size(args, dims)
@@ -693,7 +693,7 @@ integer_pow_p.def_jvp(_ipow_jvp)
 integer_pow_p.def_batch(lambda args, dims, y: (integer_pow(args[0], y), dims[0]))
 
 
-# Kernel ops (spmd.compiler.fusion): the numpy function that computes each primitive
+# Kernel ops (spmd.compiler.engine.fusion): the numpy function that computes each primitive
 # on floats, by which a fused kernel calls it with ``out=`` (the same bits as its
 # impl); integer_pow and select_n are called as their impls are.
 for _p, _op in ((add_p, "add"), (sub_p, "subtract"), (mul_p, "multiply"), (div_p, "divide"),

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes, loops
-from spmd.compiler.ad_util import Zero, instantiate, is_undefined
-from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.engine import loops
+from spmd.compiler.transforms.ad_util import Zero, instantiate, is_undefined
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.ops import indexing_jit
 from spmd.compiler.ops.elementwise import (add, convert, div, eq, max as lax_max,
                                            min as lax_min, mul, select)
 from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, zeros
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, IndexOutOfBoundsError, ShapeError
-from spmd.compiler.array_module import to_host
+from spmd.compiler.core.array_module import to_host
 
 
 def _zero_out(out):
@@ -124,7 +125,7 @@ def _window_indices(starts, shape, sizes, n):
 
 
 def _batched_starts(starts, dims, n):
-    from spmd.compiler.batching import broadcast_batch
+    from spmd.compiler.transforms.batching import broadcast_batch
 
     dt = dtypes.default_int()
     return [broadcast_batch(convert(s, dt), d, n) for s, d in zip(starts, dims)]
@@ -132,7 +133,7 @@ def _batched_starts(starts, dims, n):
 
 @dynamic_slice_p.def_batch
 def _ds_batch(args, dims, *, slice_sizes):
-    from spmd.compiler.batching import bdim_size, move_to_front
+    from spmd.compiler.transforms.batching import bdim_size, move_to_front
 
     (x, *starts), (xd, *sdims) = args, dims
     n = bdim_size(args, dims)
@@ -232,7 +233,7 @@ def _dus_transpose(ct, x, u, *starts):
 
 @dynamic_update_slice_p.def_batch
 def _dus_batch(args, dims):
-    from spmd.compiler.batching import bdim_size, broadcast_batch, move_to_front
+    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch, move_to_front
 
     (x, u, *starts), (xd, ud, *sdims) = args, dims
     n = bdim_size(args, dims)
@@ -373,7 +374,7 @@ def _gather_transpose(ct, x, *idx, axes, mode, fill_value):
 
 @gather_p.def_batch
 def _gather_batch(args, dims, *, axes, mode, fill_value):
-    from spmd.compiler.batching import bdim_size, broadcast_batch, move_to_front
+    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch, move_to_front
 
     (x, *idx), (xd, *idims) = args, dims
     shifted = tuple(a + 1 for a in axes)
@@ -591,7 +592,7 @@ def _scatter_transpose(ct, x, u, *idx, axes, mode):
 
 @scatter_p.def_batch
 def _scatter_batch(args, dims, *, axes, mode):
-    from spmd.compiler.batching import bdim_size, broadcast_batch, move_axis
+    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch, move_axis
 
     (x, u, *idx), (xd, ud, *idims) = args, dims
     n = bdim_size(args, dims)

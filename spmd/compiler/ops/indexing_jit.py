@@ -9,7 +9,7 @@ target in order: 17 us.
 
 Used for ``scatter(..., mode="add")`` over leading axes (a simulated mesh's device
 axis and the token's) whose indices are all in bounds, float32 or float64, from a call site's
-:data:`~spmd.compiler.loops.SWITCH_AT`-th call (:class:`spmd.compiler.loops.Tier`);
+:data:`~spmd.compiler.engine.loops.SWITCH_AT`-th call (:class:`spmd.compiler.engine.loops.Tier`);
 until then, and otherwise, numpy.  Its sums add a target's rows in the updates'
 order; the sorted ones pair them otherwise: the results differ by float rounding.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import loops
+from spmd.compiler.engine import loops
 
 _SOURCE = '''\
 # spmd scatter loops
@@ -47,7 +47,7 @@ def compile_async():
 
 class Runner(loops.Site):
     """One scatter equation's implementation: the compiled loop from its
-    :data:`~spmd.compiler.loops.SWITCH_AT`-th call on the scatters it serves, numpy
+    :data:`~spmd.compiler.engine.loops.SWITCH_AT`-th call on the scatters it serves, numpy
     otherwise."""
 
     __slots__ = ()

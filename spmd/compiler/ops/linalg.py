@@ -11,13 +11,13 @@ import math
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler import threads as _threads
-from spmd.compiler.ad_util import Zero, add_tangents, is_undefined
-from spmd.compiler.avals import ShapedArray
-from spmd.compiler.gemm import gemm_into
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.engine import threads as _threads
+from spmd.compiler.transforms.ad_util import Zero, add_tangents, is_undefined
+from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.engine.gemm import gemm_into
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
 
 dot_general_p = Primitive("dot_general", traits=("fresh_result", "dot"))
@@ -103,7 +103,7 @@ def _blas_readable(v) -> bool:
 # slice, when all together have at least SPLIT_FLOPS flops (2 m n k; about 40 us of
 # one core's work, the cost of handing a part to a thread).  Products large enough for
 # OpenBLAS to thread are made with BLAS held to one thread meanwhile
-# (spmd.compiler.threads.run_products): numpy's matmul calls BLAS once per product of
+# (spmd.compiler.engine.threads.run_products): numpy's matmul calls BLAS once per product of
 # a batch, and OpenBLAS's two threads on a product of (128, 32) @ (32, 128) gain
 # nothing.  Measured (2 cores): 128 such products 1.25 ms as one call, 0.69 ms split;
 # 128 of (64, 64) @ (64, 64) 0.90 against 0.49 ms; 8 of (512, 256) @ (256, 1024)
@@ -191,7 +191,7 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None, accumulate=Fa
     Other cases call the impl.  On numpy a batch of products large enough to be
     split among the engine's threads (:data:`SPLIT_FLOPS`) calls ``_pmatmul``
     (:func:`_matmul`) instead.  ``accumulate=True``: add the product into ``out``
-    (``_gemm_into``, :mod:`spmd.compiler.gemm`), for one matrix only (None for a
+    (``_gemm_into``, :mod:`spmd.compiler.engine.gemm`), for one matrix only (None for a
     batch of several, or other arrays).
     """
     (lc, rc), (lb, rb) = dimension_numbers
@@ -317,7 +317,7 @@ def _dot_transpose(ct, x, y, *, dimension_numbers):
 
 @dot_general_p.def_batch
 def _dot_batch(args, dims, *, dimension_numbers):
-    from spmd.compiler.batching import move_to_front
+    from spmd.compiler.transforms.batching import move_to_front
 
     (x, y), (dx, dy) = args, dims
     (lc, rc), (lb, rb) = dimension_numbers

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import add_tangents, is_undefined, Zero
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import add_tangents, is_undefined, Zero
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.compiler.ops import complex as cx, elementwise as ew
 from spmd.compiler.ops.complex import conj, real
@@ -184,7 +184,7 @@ def _col(v, cols):
 def _batch_all(prim):
     """Batch rule: move the vmapped axis of every operand to the front."""
     def rule(args, dims, **params):
-        from spmd.compiler.batching import bdim_size, broadcast_batch
+        from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
 
         size = bdim_size(args, dims)
         ops = [broadcast_batch(a, d, size) for a, d in zip(args, dims)]

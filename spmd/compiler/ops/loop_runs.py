@@ -3,7 +3,7 @@ body's compiled code, and which carries it gives buffers of their own.
 
 Each iteration is one call of the compiled body with named arguments (no
 per-iteration list building).  Carries are donated to the body
-(:func:`spmd.compiler.codegen.compile_program`): where its code updates one in place
+(:func:`spmd.compiler.engine.codegen.compile_program`): where its code updates one in place
 (a ``dynamic_update_slice`` or scatter on it, an elementwise result written into it)
 the loop gives it a buffer of its own once, instead of the whole-buffer copy each
 iteration made (a fori_loop writing row i of an n-row array copied it n times).
@@ -79,7 +79,7 @@ def donated_body(program, xp, first: int, n: int):
     (its arguments ``first`` to ``first + n``), the carries the loop gives buffers of
     their own before the loop (``own``: all the donated ones) and copies after every
     iteration (``recopy``)."""
-    from spmd.compiler.jit import executable_for
+    from spmd.compiler.core.jit import executable_for
 
     carries = tuple(range(first, first + n))
     probe = executable_for(program, xp, donated=carries)
@@ -129,7 +129,7 @@ def scan_runner(xp, program, num_consts: int, num_carry: int, length: int,
 def while_runner(xp, cond_program, body_program, cond_nconsts: int, body_nconsts: int,
                  given=frozenset()):
     """:func:`scan_runner` for a ``while`` loop (its results: the final carries)."""
-    from spmd.compiler.jit import executable_for
+    from spmd.compiler.core.jit import executable_for
 
     cond = executable_for(cond_program, xp)
     n_carry = len(body_program.out_avals)

@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero, is_undefined
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import Zero, is_undefined
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError
 
 
@@ -25,7 +25,7 @@ def _reduced_aval(name, x, axes, dtype=None):
 
 def _batch_reduce(p):
     def rule(args, dims, *, axes, **params):
-        from spmd.compiler.batching import move_to_front
+        from spmd.compiler.transforms.batching import move_to_front
 
         x = move_to_front(args[0], dims[0])
         return bind(p, x, axes=tuple(a + 1 for a in axes), **params), 0
@@ -267,11 +267,11 @@ def _prod_tree_tangent(x, t, axes):
     rest = ((0, 0, 0),) * len(kept)
     while n > 1:
         n1 = (n + 1) // 2
-        a, b = ops.shape_more.slice_in_dim(x, 0, n1), ops.shape_more.slice_in_dim(x, n1, n)
-        ta, tb = ops.shape_more.slice_in_dim(t, 0, n1), ops.shape_more.slice_in_dim(t, n1, n)
+        a, b = ops.slicing.slice_in_dim(x, 0, n1), ops.slicing.slice_in_dim(x, n1, n)
+        ta, tb = ops.slicing.slice_in_dim(t, 0, n1), ops.slicing.slice_in_dim(t, n1, n)
         if n - n1 != n1:  # odd length: the second half gets a neutral 1 (tangent 0)
-            b = ops.shape_more.pad(b, _scalar(1, get_aval(x).dtype), ((0, 1, 0),) + rest)
-            tb = ops.shape_more.pad(tb, _scalar(0, tdt), ((0, 1, 0),) + rest)
+            b = ops.slicing.pad(b, _scalar(1, get_aval(x).dtype), ((0, 1, 0),) + rest)
+            tb = ops.slicing.pad(tb, _scalar(0, tdt), ((0, 1, 0),) + rest)
         ew = ops.elementwise
         x, t = ew.mul(a, b), ew.add(ew.mul(ta, b), ew.mul(a, tb))
         n = n1
@@ -433,7 +433,7 @@ cummin_p = _cumulative("cummin", lambda xp, x, a: xp.minimum.accumulate(x, axis=
                        if xp is np else _running(xp, x, a, xp.minimum),
                        ("float", "int", "bool"),
                        lambda x, a: f"xp.minimum.accumulate({x}, axis={a})")
-# Their inline code is numpy's; other array modules call the impl (spmd.compiler.codegen).
+# Their inline code is numpy's; other array modules call the impl (spmd.compiler.engine.codegen).
 cummax_p.rules["emit_numpy_only"] = cummin_p.rules["emit_numpy_only"] = True
 
 
@@ -491,9 +491,9 @@ def _scan_jvp(p, combine_prim):
             return list(combine_prim.jvp((a[0], b[0]), (a[1], b[1])))
 
         if reverse:
-            x, t = ops.shape_more.rev(x, (axis,)), ops.shape_more.rev(t, (axis,))
+            x, t = ops.slicing.rev(x, (axis,)), ops.slicing.rev(t, (axis,))
         _, tout = associative_scan(combine, [x, t], axis)
-        return out, ops.shape_more.rev(tout, (axis,)) if reverse else tout
+        return out, ops.slicing.rev(tout, (axis,)) if reverse else tout
 
     p.def_jvp(rule)
 
@@ -525,7 +525,7 @@ def associative_scan(combine, elems, axis: int):
         return list(elems)
 
     def sl(e, start, limit, stride=1):
-        return ops.shape_more.slice_in_dim(e, start, limit, stride, axis)
+        return ops.slicing.slice_in_dim(e, start, limit, stride, axis)
 
     # Combine adjacent pairs, scan those recursively: that gives the odd positions.
     odd = associative_scan(combine, combine([sl(e, 0, n - 1, 2) for e in elems],
@@ -533,7 +533,7 @@ def associative_scan(combine, elems, axis: int):
     # Even positions (after the first) add one more element to an odd result.
     head = odd if n % 2 else [sl(o, 0, np.shape(o)[axis] - 1) for o in odd]
     even = combine(head, [sl(e, 2, n, 2) for e in elems])
-    even = [ops.shape_more.concatenate([sl(e, 0, 1), r], axis) for e, r in zip(elems, even)]
+    even = [ops.slicing.concatenate([sl(e, 0, 1), r], axis) for e, r in zip(elems, even)]
     return [_interleave(a, b, axis) for a, b in zip(even, odd)]
 
 
@@ -550,5 +550,5 @@ def _interleave(a, b, axis):
     dt = get_aval(a).dtype
     # Adding a zero is exact, so interleaving by padding and adding loses nothing.
     op = ops.elementwise.bitwise_or if dtypes.is_bool(dt) else ops.elementwise.add
-    pad = ops.shape_more.pad
+    pad = ops.slicing.pad
     return op(pad(a, _scalar(0, dt), tuple(cfg_a)), pad(b, _scalar(0, dt), tuple(cfg_b)))

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import Zero
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 
 sort_p = Primitive("sort", traits=(), multiple_results=True)
@@ -131,7 +131,7 @@ def _sort_jvp(primals, tangents, *, dimension, is_stable, num_keys):
 
 @sort_p.def_batch
 def _sort_batch(args, dims, *, dimension, is_stable, num_keys):
-    from spmd.compiler.batching import bdim_size, broadcast_batch
+    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
 
     size = bdim_size(args, dims)
     # Unbatched operands are broadcast: every operand must share one shape.

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.avals import ShapedArray
+from spmd.compiler.transforms.ad_util import Zero
+from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops import threefry_native
 from spmd.compiler.ops.elementwise import _batch_elementwise, _check_kind, exp, mul, neg, unary
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, Tracer
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, Tracer
 from spmd.errors import ArgumentError
 
 

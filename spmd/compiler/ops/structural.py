@@ -9,13 +9,13 @@ import math
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero, is_undefined
-from spmd.compiler.avals import ShapedArray, tangent_aval
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import Zero, is_undefined
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
-from spmd.compiler.array import Array
+from spmd.compiler.core.array import Array
 
 
 def _linear_jvp(p):
@@ -128,7 +128,7 @@ def _bid_transpose(ct, x, *, shape, broadcast_dimensions):
 
 @broadcast_in_dim_p.def_batch
 def _bid_batch(args, dims, *, shape, broadcast_dimensions):
-    from spmd.compiler.batching import move_to_front
+    from spmd.compiler.transforms.batching import move_to_front
 
     (x,), (d,) = args, dims
     x = move_to_front(x, d)
@@ -169,7 +169,7 @@ def _reshape_transpose(ct, x, *, new_sizes):
 
 @reshape_p.def_batch
 def _reshape_batch(args, dims, *, new_sizes):
-    from spmd.compiler.batching import move_to_front
+    from spmd.compiler.transforms.batching import move_to_front
 
     x = move_to_front(args[0], dims[0])
     return reshape(x, (np.shape(x)[0],) + tuple(new_sizes)), 0
@@ -207,7 +207,7 @@ def _transpose_transpose(ct, x, *, permutation):
 
 @transpose_p.def_batch
 def _transpose_batch(args, dims, *, permutation):
-    from spmd.compiler.batching import move_to_front
+    from spmd.compiler.transforms.batching import move_to_front
 
     x = move_to_front(args[0], dims[0])
     return transpose(x, (0,) + tuple(p + 1 for p in permutation)), 0
@@ -245,7 +245,7 @@ def _squeeze_transpose(ct, x, *, dimensions):
 
 @squeeze_p.def_batch
 def _squeeze_batch(args, dims, *, dimensions):
-    from spmd.compiler.batching import move_to_front
+    from spmd.compiler.transforms.batching import move_to_front
 
     x = move_to_front(args[0], dims[0])
     return squeeze(x, tuple(d + 1 for d in dimensions)), 0

@@ -27,12 +27,12 @@ import math
 
 import numpy as np
 
-from spmd.compiler import dtypes
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.avals import ShapedArray, tangent_aval
+from spmd.compiler.core import dtypes
+from spmd.compiler.transforms.ad_util import Zero
+from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.ops import threefry_native
-from spmd.compiler.primitives import Primitive
-from spmd.compiler.trace import bind, get_aval
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -117,7 +117,7 @@ threefry2x32_p.def_jvp(_zero_jvp(threefry2x32_p))
 
 @threefry2x32_p.def_batch
 def _threefry_batch(args, dims):
-    from spmd.compiler.batching import bdim_size, move_to_front
+    from spmd.compiler.transforms.batching import bdim_size, move_to_front
     from spmd.compiler import ops
 
     size = bdim_size(args, dims)
@@ -223,7 +223,7 @@ random_bits_p.def_jvp(_zero_jvp(random_bits_p))
 
 @random_bits_p.def_batch
 def _random_bits_batch(args, dims, **params):
-    from spmd.compiler.batching import move_to_front
+    from spmd.compiler.transforms.batching import move_to_front
 
     key, offsets = args[0], args[1:]
     if any(d is not None for d in dims[1:]):
@@ -236,21 +236,21 @@ def _random_bits_batch(args, dims, **params):
 def _random_bits_per_block(args, dims, params):
     """Batched block offsets (the devices of one process simulated together, each
     with its own block): one bind per batch entry, stacked."""
-    from spmd.compiler.batching import bdim_size
+    from spmd.compiler.transforms.batching import bdim_size
     from spmd.compiler import ops
 
     def entry(x, d, b):
         if d is None:
             return x
         shape = tuple(np.shape(x))
-        piece = ops.shape_more.slice_in_dim(x, b, b + 1, axis=d)
+        piece = ops.slicing.slice_in_dim(x, b, b + 1, axis=d)
         return ops.structural.reshape(piece, shape[:d] + shape[d + 1:])
 
     outs = []
     for b in range(bdim_size(args, dims)):
         out = bind(random_bits_p, *[entry(a, d, b) for a, d in zip(args, dims)], **params)
         outs.append(ops.structural.reshape(out, (1,) + tuple(np.shape(out))))
-    return ops.shape_more.concatenate(outs, 0)
+    return ops.slicing.concatenate(outs, 0)
 
 
 def random_bits(key_data, shape, bit_width: int = 32, split: bool = False):

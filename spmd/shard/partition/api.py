@@ -7,10 +7,10 @@ import inspect
 from typing import Callable
 
 from spmd import tree_util
-from spmd.compiler.avals import ShapeDtypeStruct, abstract_arg_aval
-from spmd.compiler.ir import ClosedProgram
-from spmd.compiler.jit import _norm_argnums, flatten_outputs
-from spmd.compiler.trace import (Tracer, axis_env_key, axis_scope, get_aval,
+from spmd.compiler.core.avals import ShapeDtypeStruct, abstract_arg_aval
+from spmd.compiler.core.ir import ClosedProgram
+from spmd.compiler.core.jit import _norm_argnums, flatten_outputs
+from spmd.compiler.core.trace import (Tracer, axis_env_key, axis_scope, get_aval,
                                  hoist_traced_consts, trace_to_program)
 from spmd.errors import StaticArgumentError
 from spmd.shard import call, explicit

@@ -5,10 +5,10 @@ to unspecified inputs."""
 
 from __future__ import annotations
 
-from spmd.compiler.ad_util import Zero
-from spmd.compiler.primitives import Primitive
+from spmd.compiler.transforms.ad_util import Zero
+from spmd.compiler.core.primitives import Primitive
 from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError
-from spmd.compiler.batching import move_to_front
+from spmd.compiler.transforms.batching import move_to_front
 from spmd.shard.sharded import placed
 
 sharding_constraint_p = Primitive("sharding_constraint", traits=())

@@ -15,7 +15,7 @@ PartitionSpec('data',)
 
 from __future__ import annotations
 
-from spmd.compiler.trace import bind
+from spmd.compiler.core.trace import bind
 
 # One jit per (primitive, params); its plans are keyed on avals and shardings.
 _CACHE: dict = {}

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import weakref
 
-from spmd.compiler.ir import ClosedProgram
+from spmd.compiler.core.ir import ClosedProgram
 from spmd.shard.partition.partitioner import (_backward_wants, _describe, Evaluator, partition,
                                               PartitionError)
 from spmd.shard.partition.placement import Placement
 from spmd.shard.spec import NamedSharding, PartitionSpec
-from spmd.compiler.passes import inline_calls
+from spmd.compiler.passes.pipeline import inline_calls
 from spmd.shard.partition.reshard import reshard
 
 

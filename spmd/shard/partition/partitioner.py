@@ -18,13 +18,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from spmd.compiler.custom import custom_jvp_call_p, custom_vjp_call_p
-from spmd.compiler.ir import ClosedProgram, Literal, Var
-from spmd.compiler.jit import jit_p
+from spmd.compiler.transforms.custom import custom_jvp_call_p, custom_vjp_call_p
+from spmd.compiler.core.ir import ClosedProgram, Literal, Var
+from spmd.compiler.core.jit import jit_p
 from spmd.compiler.ops.structural import broadcast_in_dim_p, iota_p
-from spmd.compiler.passes import inline_calls
-from spmd.compiler.remat import remat_lin_p, remat_p
-from spmd.compiler.trace import bind, eval_program
+from spmd.compiler.passes.pipeline import inline_calls
+from spmd.compiler.transforms.remat import remat_lin_p, remat_p
+from spmd.compiler.core.trace import bind, eval_program
 from spmd.shard.partition import control, registry  # noqa: F401  (control registers)
 from spmd.shard.partition import rules, rules_collectives, rules_conv, rules_index  # noqa: F401
 from spmd.shard.partition import rules_attention, rules_linalg, rules_random  # noqa: F401

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Union
 
-from spmd.compiler.primitives import Primitive
+from spmd.compiler.core.primitives import Primitive
 from spmd.errors import SpmdError
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from spmd.collectives import api as coll
 from spmd.compiler.ops.elementwise import convert, eq, mul
 from spmd.compiler.ops.indexing import dynamic_slice
-from spmd.compiler.trace import get_aval
+from spmd.compiler.core.trace import get_aval
 from spmd.errors import SpmdError
 from spmd.shard.partition.placement import Placement
 

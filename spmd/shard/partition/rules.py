@@ -20,11 +20,11 @@ import itertools
 
 import numpy as np
 
-from spmd.compiler.ad import stop_gradient_p
-from spmd.compiler.remat import name_p
-from spmd.compiler.custom import custom_lin_p
-from spmd.compiler.fusion import fused_p
-from spmd.compiler.rows import fused_rows_p
+from spmd.compiler.transforms.ad import stop_gradient_p
+from spmd.compiler.transforms.remat import name_p
+from spmd.compiler.transforms.custom import custom_lin_p
+from spmd.compiler.engine.fusion import fused_p
+from spmd.compiler.engine.rows import fused_rows_p
 from spmd.compiler.ops import complex as cx, elementwise as ew, reduce as rd, structural as st
 from spmd.compiler.ops.linalg import dot_general_p
 from spmd.shard.partition import registry
@@ -347,10 +347,10 @@ def _table() -> dict:
             "the linear part of a linearized custom_vjp function: an opaque Python backward "
             "rule over saved residuals, which no placement can be read from"),
         fused_p: Unreachable(
-            "the fusion pass (spmd.compiler.fusion) makes elementwise kernels out of "
+            "the fusion pass (spmd.compiler.engine.fusion) makes elementwise kernels out of "
             "per-device programs as they are compiled, after partitioning"),
         fused_rows_p: Unreachable(
-            "the row-kernel pass (spmd.compiler.rows) makes compiled loops out of "
+            "the row-kernel pass (spmd.compiler.engine.rows) makes compiled loops out of "
             "per-device programs as they are compiled, after partitioning"),
     })
     return table

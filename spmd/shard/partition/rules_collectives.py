@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from spmd.collectives import mpi, nccl
 from spmd.collectives import primitives as cp
-from spmd.compiler import overlap
+from spmd.compiler.passes import overlap
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import PartitionError, Structural, Unreachable
@@ -95,7 +95,7 @@ def _pvary(ev, eqn, vals, pls):
     return list(zip(vals, pls))
 
 
-_OVERLAP = ("the overlap pass (spmd.compiler.overlap) makes nonblocking starts and waits "
+_OVERLAP = ("the overlap pass (spmd.compiler.passes.overlap) makes nonblocking starts and waits "
             "out of per-device programs as they are compiled, after partitioning")
 
 TABLE = {

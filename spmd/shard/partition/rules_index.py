@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from spmd.compiler.ops import indexing as ix
 from spmd.compiler.ops import reduce as rd
-from spmd.compiler.ops import shape_more as sm
+from spmd.compiler.ops import slicing as sm
 from spmd.compiler.ops.sort import sort_p
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement

@@ -24,7 +24,7 @@ from spmd.shard.partition.rules import elementwise_rule
 from spmd.shard.partition.reshard import reshard
 from spmd.collectives.api import axis_index
 from spmd.compiler.ops.elementwise import mul
-from spmd.compiler.trace import bind
+from spmd.compiler.core.trace import bind
 
 
 def _key_batch_dims(pl: Placement, nb: int) -> tuple:

@@ -13,10 +13,10 @@ ShapeDtypeStruct(shape=(8, 4), dtype=float32, sharding=NamedSharding(...))
 from __future__ import annotations
 
 from spmd import tree_util
-from spmd.compiler.avals import ShapeDtypeStruct
-from spmd.compiler.ir import ClosedProgram
+from spmd.compiler.core.avals import ShapeDtypeStruct
+from spmd.compiler.core.ir import ClosedProgram
 from spmd.shard.spec import NamedSharding
-from spmd.compiler.passes import cse, dce, inline_calls
+from spmd.compiler.passes.pipeline import cse, dce, inline_calls
 
 
 class PartitionedTraced:

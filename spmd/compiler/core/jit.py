@@ -1,0 +1,620 @@
+"""``jit``: trace once per signature, optimise, generate code, cache.
+
+Called eagerly, a jitted function runs its generated code directly (the fast
+path: flatten the arguments, look up the cache, call).  Called under another
+transformation, it binds the ``jit`` primitive, whose parameter is the traced
+program, so the transformation sees one equation it knows how to handle.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from typing import Callable
+
+import numpy as np
+import optree
+
+from spmd import tree_util
+from spmd.compiler.core import array_module as _am, dtypes
+from spmd.compiler import extensions as _ext
+from spmd.compiler.core.array import Array
+from spmd.compiler.core.avals import abstract_arg_aval
+from spmd.compiler.engine.codegen import Executable, compile_program
+from spmd.compiler.core.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
+from spmd.compiler.core.ir import ClosedProgram
+from spmd.compiler.core.program_vma import call_types, call_vma
+from spmd.compiler.passes.pipeline import dce, lower_for_execution, optimize
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import (_state as _trace_state, axis_env_key, eval_plain, eval_program,
+                                 get_aval, hoist_traced_consts, is_array_like, is_eager, preparing,
+                                 to_array_value, trace_to_program, Tracer, wrap_value)
+from spmd.config import config
+from spmd.errors import OutputTypeError, StaticArgumentError
+from spmd.compiler.transforms.ad import jvp_flat
+from spmd.compiler.transforms.batching import batch_flat
+from spmd.compiler.core.traced import Traced
+
+# ------------------------------------------------------------- the primitive
+
+jit_p = Primitive("jit", traits=(), multiple_results=True, higher_order=True)
+
+# Compiled code lives as long as its program (programs are keys by identity).
+_executables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def executable_for(closed: ClosedProgram, xp=None, donated=()) -> Executable:
+    """The compiled code of ``closed`` (compiled once per program, array module and
+    ``donated`` argument positions (see :func:`spmd.compiler.engine.codegen.compile_program`);
+    ``xp=None``: the module of this process's devices, numpy or cupy)."""
+    if xp is None:
+        xp = _am.current()
+    per_program = _executables.get(closed)
+    if per_program is None:
+        per_program = _executables[closed] = {}
+    key = (xp.__name__, tuple(donated))
+    exe = per_program.get(key)
+    if exe is None:
+        exe = per_program[key] = compile_program(
+            lower_for_execution(optimize(closed)), xp, donated=tuple(donated))
+    return exe
+
+
+@jit_p.def_impl
+def _jit_impl(xp, *args, program: ClosedProgram, name: str):
+    return executable_for(program, xp)(*args)
+
+
+@jit_p.def_abstract_eval
+def _jit_abstract_eval(*avals, program: ClosedProgram, name: str):
+    return program.out_avals
+
+
+jit_p.rules["inline"] = lambda eqn: eqn.params["program"]
+
+
+# ------------------------------------------------------- argument handling
+
+def _norm_argnums(argnums, n_params, fname, what) -> tuple[int, ...]:
+    if argnums is None:
+        return ()
+    if isinstance(argnums, int):
+        argnums = (argnums,)
+    out = []
+    for i in argnums:
+        if not isinstance(i, int):
+            raise StaticArgumentError(f"jit({fname}): {what} entries must be ints, got {i!r}")
+        if n_params is not None and not -n_params <= i < n_params:
+            raise StaticArgumentError(
+                f"jit({fname}): {what}={i} is out of range for a function of {n_params} "
+                "positional parameters")
+        out.append(i % n_params if n_params is not None and i < 0 else i)
+    return tuple(sorted(set(out)))
+
+
+def flatten_outputs(outs, fname: str):
+    """Flatten a function's results, checking that every leaf is an array."""
+    paths_leaves, treedef = tree_util.tree_flatten_with_path(outs)
+    for path, leaf in paths_leaves:
+        if not is_array_like(leaf):
+            raise OutputTypeError(
+                f"{fname} returned a {type(leaf).__name__} at output{tree_util.keystr(path)}: "
+                f"{leaf!r:.60}; transformed functions must return arrays (or pytrees of "
+                "arrays). Return Python values through static arguments or outside the function")
+    return [leaf for _, leaf in paths_leaves], treedef
+
+
+_flatten = functools.partial(optree.tree_flatten, none_is_leaf=False,
+                             namespace=tree_util.NAMESPACE)
+_ndarray = np.ndarray
+_NO_STATIC = ((), ())
+_EMPTY: dict = {}
+_SCALAR_TYPES = frozenset({bool, int, float, complex})
+
+
+def _leaf_key(x, upper=None):
+    """The part of a call's fast key for a leaf that is not an exact numpy array.
+
+    spmd Arrays give their aval (its hash is precomputed); Arrays of an upper
+    layer's type ``upper(x)`` where given; Python and numpy scalars their type,
+    which fixes their dtype and weak type; anything else (ndarray subclasses,
+    tracers) a 3-tuple with its type and aval, which never equals the
+    ``(shape, dtype)`` pair of a numpy array.
+    """
+    t = type(x)
+    if t is Array:
+        return x.aval
+    if upper is not None and isinstance(x, Array):
+        return upper(x)
+    if t in _SCALAR_TYPES or isinstance(x, np.generic):
+        return t
+    if _am.is_device_array(x):  # a cupy array: like a numpy array's key, with its type
+        return (t, x.shape, x.dtype)
+    return (t, _arg_aval(x), None)
+
+
+def _arg_aval(x):
+    """The aval of an argument: a value's, or an abstract one's (ShapeDtypeStruct)."""
+    a = abstract_arg_aval(x)
+    return get_aval(x) if a is None else a
+
+
+def _upper_token(x):
+    """The compiler's key token for an Array of an upper layer's type."""
+    return (type(x), x.aval)
+
+
+def _walk(x, leaves: list, toks: list, upper=_upper_token) -> bool:
+    """Flatten ``x`` if it is built of tuples, lists, dicts and None around
+    numpy arrays, spmd Arrays and scalars: append its leaves to ``leaves`` and
+    a prefix encoding of its structure and leaf keys to ``toks``.
+
+    False when anything else is met (a registered node, a tracer, a device
+    array, an unsortable dict): the caller then takes the general path.  On
+    these arguments it is twice as fast as ``optree`` plus the leaf keys, and
+    the token tuple is the cache key itself (no treedef to hash).  Tokens:
+    ``tuple``/``list`` then the length; ``(dict, sorted keys)``; ``None``;
+    a leaf's key as in :func:`_leaf_key` (an Array of an upper layer's type:
+    ``upper(leaf)``, by default ``(its type, its aval)``; the shard layer's jit adds
+    the placement).  No leaf key equals a node token,
+    so two token tuples are equal only for equal structures and leaf keys.
+    """
+    t = type(x)
+    if t is tuple or t is list:
+        toks.append(t)
+        toks.append(len(x))
+        for c in x:
+            if type(c) is _ndarray:  # the common leaves, without a call
+                leaves.append(c)
+                toks.append((c.shape, c.dtype))
+            elif isinstance(c, Array):
+                leaves.append(c)
+                toks.append(c.aval if type(c) is Array else upper(c))
+            elif type(c) in _SCALAR_TYPES:
+                leaves.append(c)
+                toks.append(type(c))
+            elif not _walk(c, leaves, toks, upper):
+                return False
+        return True
+    if t is _ndarray:
+        leaves.append(x)
+        toks.append((x.shape, x.dtype))
+        return True
+    if t is Array:
+        leaves.append(x)
+        toks.append(x.aval)
+        return True
+    if t is dict:
+        try:
+            keys = sorted(x)  # optree's order of a dict's children
+        except TypeError:
+            return False
+        toks.append((dict, tuple(keys)))
+        for k in keys:
+            if not _walk(x[k], leaves, toks, upper):
+                return False
+        return True
+    if x is None:  # an empty node (none_is_leaf=False)
+        toks.append(None)
+        return True
+    if t in _SCALAR_TYPES or isinstance(x, np.generic):
+        leaves.append(x)
+        toks.append(t)
+        return True
+    if isinstance(x, Array):  # an upper layer's array type
+        leaves.append(x)
+        toks.append(upper(x))
+        return True
+    return False
+
+
+class _Entry:
+    """One traced signature.  ``hoisted``: values of enclosing transformations (and
+    an upper layer's Arrays whose value is not all here) that the function closed
+    over, passed as the program's leading arguments (see :func:`hoist_traced_consts`);
+    an entry with tracers among them is never cached, since they belong to the trace
+    that made them (closed-over Arrays are cached, as any constant is)."""
+
+    __slots__ = ("closed", "out_tree", "out_avals", "_optimized", "_exe", "hoisted")
+
+    def __init__(self, closed, out_tree, hoisted=()):
+        self.closed = closed
+        self.hoisted = tuple(hoisted)
+        self.out_tree = out_tree
+        self.out_avals = closed.out_avals
+        self._optimized = None
+        self._exe = None
+
+    @property
+    def optimized(self) -> ClosedProgram:
+        if self._optimized is None:
+            self._optimized = optimize(self.closed)
+        return self._optimized
+
+    @property
+    def exe(self) -> Executable:
+        # Compiled for the array module of the devices (numpy; cupy on GPUs) as it
+        # is at the first call.
+        if self._exe is None:
+            self._exe = compile_program(lower_for_execution(self.optimized), _am.current(),
+                                        "program")
+        return self._exe
+
+
+class _CallPlan:
+    """What a call with one fast key does: the traced entry, and per-leaf work.
+
+    The fast key of a call (see :meth:`JitFunction._fast_key`) fixes the Python
+    type of every leaf, and of numpy arrays their shape and raw dtype, so the
+    work each leaf needs before the generated code runs is known once per key:
+    ``arrays`` are the positions of ``spmd.Array`` leaves (their buffer is
+    passed), ``converts`` the ``(position, aval)`` of leaves that need
+    :func:`to_array_value` (Python and numpy scalars, arrays whose dtype is
+    canonicalised, e.g. float64 without x64); other leaves are numpy arrays
+    passed as they are.
+    """
+
+    __slots__ = ("entry", "avals", "arrays", "converts", "fn", "out_tree", "out_avals",
+                 "single", "bind", "abstract")
+
+    def __init__(self, entry: _Entry, leaves, avals):
+        self.entry = entry
+        self.avals = avals
+        self.arrays = tuple(i for i, x in enumerate(leaves) if type(x) is Array)
+        self.converts = tuple(
+            (i, a) for i, (x, a) in enumerate(zip(leaves, avals))
+            if type(x) is not Array and not (type(x) is np.ndarray and x.dtype == a.dtype))
+        if _am.current() is not np:
+            # On GPUs every leaf goes through to_array_value, which copies host
+            # values (numpy arrays, Arrays holding them) to the device.
+            self.arrays = ()
+            self.converts = tuple(enumerate(avals))
+        self.fn = None  # the generated function, compiled at the first call
+        self.out_tree = entry.out_tree
+        self.out_avals = tuple(entry.out_avals)
+        # A function returning one array needs no unflattening.
+        self.single = entry.out_tree.num_nodes == 1 and entry.out_tree.num_leaves == 1
+        # Arrays of an upper layer's type among the arguments: the call binds ``jit``
+        # eagerly, so that their layer evaluates it (extensions.EAGER_EVAL; the shard
+        # layer's jit makes plans of its own for them).
+        self.bind = any(
+            type(x) is not Array and isinstance(x, Array) for x in (*leaves, *entry.hoisted))
+        # Abstract arguments (ShapeDtypeStruct) can be traced, not run.
+        self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
+
+
+class JitFunction:
+    """The result of :func:`jit`: call it, or ``.lower(*args)`` to inspect it."""
+
+    def __init__(self, fun: Callable, static_argnums=None, static_argnames=None,
+                 donate_argnums=None):
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        self._name = getattr(fun, "__name__", "fun")
+        try:
+            sig = inspect.signature(fun)
+            params = list(sig.parameters.values())
+            varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+            n_pos = None if varargs else sum(
+                p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        except (TypeError, ValueError):
+            sig, n_pos = None, None
+        self._static_argnums = _norm_argnums(static_argnums, n_pos, self._name, "static_argnums")
+        self._donate_argnums = _norm_argnums(donate_argnums, n_pos, self._name, "donate_argnums")
+        if isinstance(static_argnames, str):
+            static_argnames = (static_argnames,)
+        self._static_argnames = tuple(static_argnames or ())
+        # static_argnames may name positional parameters too (as in JAX).
+        if sig is not None:
+            names = list(sig.parameters)
+            for nm in self._static_argnames:
+                if nm in names and n_pos is not None and names.index(nm) < n_pos:
+                    self._static_argnums = tuple(sorted(set(self._static_argnums)
+                                                        | {names.index(nm)}))
+        self._cache: dict = {}   # (treedef, static key, avals, x64) -> _Entry
+        self._plans: dict = {}   # cheap key (see _walk and _plan) -> _CallPlan
+        self._no_static = not self._static_argnums and not self._static_argnames
+
+    # The key token of an Array of an upper layer's type (see _walk).
+    _upper = staticmethod(_upper_token)
+
+    # The signature of a call with static arguments: the static key (checked
+    # hashable), the leaves and the structure of the dynamic arguments.
+    def _signature(self, args, kwargs):
+        if self._no_static:
+            return _NO_STATIC, *_flatten((args, kwargs))
+        static_pos = []
+        dyn_args = []
+        for i, a in enumerate(args):
+            if i in self._static_argnums:
+                static_pos.append((i, a))
+            else:
+                dyn_args.append(a)
+        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        static_key = (tuple(static_pos), static_kw)
+        try:
+            hash(static_key)
+        except TypeError:
+            for where, v in list(static_pos) + list(static_kw):
+                try:
+                    hash(v)
+                except TypeError:
+                    what = f"argument {where}" if isinstance(where, int) else f"argument {where!r}"
+                    raise StaticArgumentError(
+                        f"jit({self._name}): static {what} is an unhashable "
+                        f"{type(v).__name__} ({v!r:.60}); static arguments are cache keys and "
+                        "must be hashable: pass a tuple instead of a list, or make the argument "
+                        "non-static") from None
+            raise
+        return static_key, *_flatten((tuple(dyn_args), dyn_kw))
+
+    def _trace(self, static_key, treedef, avals, wrap=None) -> _Entry:
+        """Trace the function on ``avals``; ``wrap`` (an upper layer's, e.g. explicit
+        sharding's) transforms the flat function first."""
+        static_pos, static_kw = static_key
+        out_tree_box = []
+
+        def flat_fun(*tracers):
+            dyn_args, dyn_kw = tree_util.tree_unflatten(treedef, tracers)
+            args = list(dyn_args)
+            for i, v in static_pos:
+                args.insert(i, v)
+            outs = self._fun(*args, **dyn_kw, **dict(static_kw))
+            leaves, out_tree = flatten_outputs(outs, f"jit({self._name})")
+            out_tree_box.append(out_tree)
+            return leaves
+
+        fun = flat_fun if wrap is None else wrap(flat_fun)
+        closed, hoisted = hoist_traced_consts(trace_to_program(fun, avals))
+        return _Entry(closed, out_tree_box[0], hoisted)
+
+    # Two caches.  ``_plans`` is keyed by what is cheap to read off the
+    # arguments: the structure, the x64 switch and a key per leaf (no aval is
+    # built, only C-level hashing: see _leaf_key); on a miss, the avals are
+    # computed and ``_cache`` (keyed by avals: a numpy array and an spmd.Array
+    # of one aval share their trace) gives the entry.  Without static or
+    # keyword arguments (the common case) the key holds the structure of
+    # ``args`` alone: no split, no sorting, and no wrapping tuple to flatten.
+    def _plan(self, args, kwargs):
+        """The call plan for these arguments (tracing on a miss), and the leaves."""
+        up = self._upper
+        if self._no_static and not kwargs:
+            leaves, treedef = _flatten(args)
+            key = (treedef, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
+                   tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x, up)
+                          for x in leaves]))
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._new_plan(key, _NO_STATIC, _flatten((args, _EMPTY))[1], leaves)
+            return plan, leaves
+        static_key, leaves, treedef = self._signature(args, kwargs)
+        # A 6-tuple: never equal to the 5-tuple keys of the common case.
+        key = (treedef, static_key, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
+               tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x, up)
+                      for x in leaves]))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._new_plan(key, static_key, treedef, leaves)
+        return plan, leaves
+
+    def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
+        # (Named for what an upper layer does meanwhile: e.g. a collective set up.)
+        with preparing(f"jit({self._name})"):
+            return self._prepare(key, static_key, treedef, leaves)
+
+    def _prepare(self, key, static_key, treedef, leaves) -> _CallPlan:
+        entry, avals, keep = self._traced(static_key, treedef, leaves)
+        plan = self._make_plan(entry, leaves, avals)
+        if keep:
+            self._plans[key] = plan
+        return plan
+
+    def _traced(self, static_key, treedef, leaves, extra=(), wrap=None) -> tuple:
+        """``(entry, avals, cacheable)``: the traced program of a call signature (traced
+        on a miss); not cacheable when it closed over an enclosing trace's values.
+        ``extra`` and ``wrap``: an upper layer's part of the key and its transformation
+        of the function (see ``_trace``)."""
+        avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
+        # The named axes in scope are part of the signature: a body traced inside a
+        # shard_map over an 8-device axis is not the program for another mesh.
+        akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key(),
+                _ext.CONTEXT_KEY.fn(), extra)
+        entry = self._cache.get(akey)
+        if entry is None:
+            entry = self._trace(static_key, treedef, avals, wrap)
+            if any(isinstance(h, Tracer) for h in entry.hoisted):
+                return entry, avals, False  # closed over an enclosing trace's values
+            self._cache[akey] = entry  # only reached when tracing succeeded
+        return entry, avals, True
+
+    def _make_plan(self, entry: _Entry, leaves, avals):
+        """The plan of a new call signature (an upper layer's jit may make its own)."""
+        return _CallPlan(entry, leaves, avals)
+
+    def _walked_plan(self, key, args, leaves) -> _CallPlan | None:
+        """The plan for a call that _walk flattened (None: take the general path)."""
+        flat, treedef = _flatten((args, _EMPTY))
+        if len(flat) != len(leaves) or any(a is not b for a, b in zip(flat, leaves)):
+            return None  # optree orders these leaves otherwise: never expected
+        return self._new_plan(key, _NO_STATIC, treedef, leaves)
+
+    def _entry(self, args, kwargs):
+        """The traced entry for these arguments, their leaves and avals, without a call
+        plan (``lower``, ``trace``, ``eval_shape``: nothing is run, and no upper layer's
+        plan is built, so one process alone may ask)."""
+        if self._no_static and not kwargs:
+            static_key, (leaves, treedef) = _NO_STATIC, _flatten((args, _EMPTY))
+        else:
+            static_key, leaves, treedef = self._signature(args, kwargs)
+        with preparing(f"jit({self._name})"):
+            entry, avals, _ = self._traced(static_key, treedef, leaves)
+        return entry, leaves, avals
+
+    def __call__(self, *args, **kwargs):
+        if config.disable_jit:  # spmd.disable_jit(): run the Python function op by op
+            return self._fun(*args, **kwargs)
+        plan, vals = self._lookup(args, kwargs)
+        return self._run(plan, args, vals)
+
+    def _lookup(self, args, kwargs) -> tuple:
+        """The call plan of these arguments (made on a miss) and their leaves."""
+        # The common case (no static or keyword arguments; containers, arrays
+        # and scalars) keys the plans on _walk's tokens; anything else, _plan.
+        vals: list = []
+        toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else (),
+                _ext.CONTEXT_KEY.fn()]
+        if self._no_static and not kwargs and _walk(args, vals, toks, self._upper):
+            key = tuple(toks)
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._walked_plan(key, args, vals)
+                if plan is None:
+                    plan, vals = self._plan(args, kwargs)
+        else:
+            plan, vals = self._plan(args, kwargs)
+            if plan.abstract:
+                raise TypeError(f"jit({self._name}) was called with abstract arguments "
+                                "(ShapeDtypeStruct), which have no values; pass arrays, or use "
+                                ".trace(...), .lower(...) or spmd.eval_shape to trace only")
+        return plan, vals
+
+    def _run(self, plan: _CallPlan, args, vals: list):
+        """Run a call of ``plan`` on its leaves ``vals`` (a fresh list: it is changed)."""
+        if plan.bind or not is_eager():
+            # Under a transformation, or (this compiler-only jit) arrays of an upper
+            # layer among the leaves: the ``jit`` equation is bound, and evaluated by
+            # the trace (eagerly: by those arrays' layer, extensions.EAGER_EVAL).
+            outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
+                              name=self._name)
+            if plan.bind and self._donate_argnums:
+                self._delete_donated(args)
+            return outs[0] if plan.single else plan.out_tree.unflatten(outs)
+        # Only the leaves that need it are touched (``vals`` is a fresh list).
+        for i in plan.arrays:
+            vals[i] = vals[i].value
+        for i, a in plan.converts:
+            vals[i] = to_array_value(vals[i], a)
+        fn = plan.fn
+        if fn is None:
+            fn = plan.fn = plan.entry.exe.fn
+        outs = fn(*vals)
+        if self._donate_argnums:
+            self._delete_donated(args)
+        # Results of the generated code are fresh ndarrays of the right dtype,
+        # except 0-d ones (numpy scalars), which wrap_value converts.
+        if plan.single:
+            o, a = outs[0], plan.out_avals[0]
+            return Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
+        return plan.out_tree.unflatten(
+            [Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
+             for o, a in zip(outs, plan.out_avals)])
+
+    def _delete_donated(self, args):
+        for i in self._donate_argnums:
+            if i < len(args):
+                for leaf in tree_util.tree_leaves(args[i]):
+                    if isinstance(leaf, Array):
+                        leaf.delete()
+
+    def lower(self, *args, **kwargs) -> "Lowered":
+        entry, _, _ = self._entry(args, kwargs)
+        return Lowered(entry, self._name)
+
+    def trace(self, *args, **kwargs):
+        """Trace for these arguments (arrays or ``ShapeDtypeStruct``): a
+        :class:`~spmd.compiler.core.traced.Traced` with ``.jaxpr``, ``.out_info`` and
+        ``.lower()``."""
+        entry, _, avals = self._entry(args, kwargs)
+        return Traced(entry, self._name, avals)
+
+    def eval_shape(self, *args, **kwargs):
+        entry, _, _ = self._entry(args, kwargs)
+        return tree_util.tree_unflatten(entry.out_tree, list(entry.out_avals))
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+        self._plans.clear()
+
+    def _cache_size(self) -> int:
+        return len(self._cache)
+
+    def __get__(self, obj, objtype=None):  # so that jit works on methods
+        return self if obj is None else functools.partial(self, obj)
+
+    def __repr__(self):
+        return f"<jit {self._name}>"
+
+
+def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None,
+        donate_argnums=None):
+    """Compile ``fun``: trace once per argument signature, then run generated code.
+
+    >>> @jit
+    ... def f(x):
+    ...     return x * 2 + 1
+    >>> f(np.arange(3.0))
+    Array([1., 3., 5.], dtype=float32)
+    """
+    if fun is None:
+        return functools.partial(jit, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, donate_argnums=donate_argnums)
+    if not callable(fun):
+        raise TypeError(f"jit: expected a function, got {type(fun).__name__}")
+    return JitFunction(fun, static_argnums, static_argnames, donate_argnums)
+
+
+def make_jaxpr(fun: Callable, static_argnums=None):
+    """Return a function that traces ``fun`` and returns its :class:`ClosedProgram`.
+
+    >>> print(make_jaxpr(lambda x: x + 1)(np.ones(3, np.float32)))  # doctest: +SKIP
+    { lambda ; a:f32[3]. let
+        b:f32[3] = add a 1.0
+      in (b) }
+    """
+    def traced(*args, **kwargs):
+        jf = JitFunction(fun, static_argnums=static_argnums)
+        entry, _, _ = jf._entry(args, kwargs)
+        return dce(entry.closed)  # dead equations are noise in a printed program
+
+    return traced
+
+
+def eval_shape(fun: Callable, *args, **kwargs):
+    """The output avals (shape, dtype) of ``fun`` without running it.
+
+    A function that knows its outputs' shardings (a jit with shardings, which defines
+    ``__spmd_eval_shape__``) answers itself, with ``ShapeDtypeStruct``s carrying them.
+
+    >>> eval_shape(lambda x: x[:2], ShapeDtypeStruct((5,), np.float32))
+    f32[2]
+    """
+    own = getattr(type(fun), "__spmd_eval_shape__", None)
+    if own is not None:
+        return own(fun, *args, **kwargs)
+    return JitFunction(fun).eval_shape(*args, **kwargs)
+
+
+# ------------------------------------------- transformation rules of `jit`
+# A nested jit is transparent to transformations: they see its body.  (The
+# optimiser inlines nested jits anyway, so nothing is lost by inlining here.)
+
+def _jit_jvp(primals, tangents, *, program, name):
+    return jvp_flat(lambda *a: eval_program(program, *a), primals, tangents)
+
+
+def _jit_batch(args, dims, *, program, name, _axis_data):
+    # The body is batched under a level named like this one, so that collectives in
+    # it still see the vmap or mesh axes (even when no argument is batched).
+    level, size = _axis_data
+    outs = batch_flat(lambda *a: eval_program(program, *a), args, dims, size, level,
+                      [0] * len(program.out_avals))
+    return outs, [0] * len(outs)
+
+
+jit_p.def_jvp(_jit_jvp)
+jit_p.def_batch(_jit_batch)
+jit_p.def_vma(call_vma)
+jit_p.rules["manual_types"] = call_types
+jit_p.rules["batch_needs_axis"] = True
