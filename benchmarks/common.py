@@ -37,7 +37,7 @@ from typing import Any, Callable
 # The environment spmd's programs run in under spmd-run (and when spmd is imported
 # before numpy): OpenBLAS's threads sleep soon after a call instead of spinning on the
 # cores the engine's threads use (spmd/config.py).  Read by OpenBLAS when numpy loads;
-# the numpy floors are unaffected (docs/performance.md, "The engine").
+# the numpy floors are unaffected (docs/history/2026-12-05-engine-rounds.md).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -59,13 +59,12 @@ def _env_bool(name: str, default: bool) -> bool:
 # system (and raises that threshold only as it sees large frees), so a program that
 # frees each value after its last use (spmd.compiler.engine.codegen.release_dead_names)
 # faults every page of its next buffer in again: measured, the example's small
-# training step took 65 ms instead of 37 (docs/performance.md, "The engine, second
-# round").  Keeping freed buffers of up to MALLOC_MMAP_THRESHOLD bytes in the heap,
-# and giving memory back only when more than MALLOC_TRIM_THRESHOLD is free at its
-# top, makes buffers reused instead (as a caching allocator does); peak memory is
-# still the largest live set.  Done once
-# when spmd is imported, never over the user's own MALLOC_* settings;
-# SPMD_TUNE_MALLOC=0 leaves malloc as it was.  MALLOC_TUNED says whether it is done.
+# training step took 65 ms instead of 37 (docs/history/2026-12-05-engine-rounds.md,
+# "The engine, second round").  Keeping freed buffers of up to MALLOC_MMAP_THRESHOLD
+# bytes in the heap, and giving memory back only when more than MALLOC_TRIM_THRESHOLD
+# is free at its top, makes buffers reused instead (as a caching allocator does); peak
+# memory is still the largest live set.  Done once when spmd is imported, never over
+# the user's own MALLOC_* settings; SPMD_TUNE_MALLOC=0 leaves malloc as it was.  MALLOC_TUNED says whether it is done.
 MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's largest on 64-bit systems
 MALLOC_TRIM_THRESHOLD = 512 * 1024 * 1024
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)

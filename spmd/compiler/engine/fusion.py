@@ -21,7 +21,7 @@ them).  Kernels are made only where BLAS's own threads sleep between calls
 otherwise they busy-wait on the cores for long after each product, and a kernel
 on two threads ran no faster than on one.
 
-Measured before choosing (``docs/performance.md``, "The engine"): numexpr and numba
+Measured before choosing (``docs/history/2026-12-05-engine-rounds.md``): numexpr and numba
 evaluated transcendental functions with scalar libm calls, 3x slower than numpy's
 vectorized float32 ``tanh``/``exp`` here, and numexpr was slower than numpy even
 on arithmetic chains.  Blocked numpy calls keep numpy's fast loops and need no

@@ -2,7 +2,7 @@
 
 numba compiles ``math.exp`` and ``np.tanh`` to scalar calls into the C library:
 a loop calling them is not vectorized, and was 3x slower than numpy's own float32
-loops here (``docs/performance.md``, "The engine").  These are written in
+loops here (``docs/history/2026-12-05-engine-rounds.md``).  These are written in
 arithmetic that the compiler vectorizes (a polynomial, a rounding, an integer
 shift reinterpreted as a float), so a fused loop keeps its transcendental
 functions in registers: over a million float32 values :func:`expf` in a loop took

@@ -9,7 +9,7 @@ only the keys the row may see (a causal row ``i`` its first ``i + 1``, rounded u
 64 and the rest selected away) and writing zeros past them.  One layer of the big
 example, forward and backward on two threads, with the kernel's other changes for
 them (untransposed products, causal halves): 2.8 + 5.7 ms against 5.2 + 8.4 with the
-numpy passes (``docs/performance.md``, "The engine, eighth round").
+numpy passes (``docs/history/2026-12-05-engine-rounds.md``, "The engine, eighth round").
 
 Used for float32 operands without a bias, a user mask or a local window (causal
 or not), from the :data:`~spmd.compiler.engine.loops.SWITCH_AT`-th call of an attention

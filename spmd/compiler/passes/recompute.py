@@ -29,8 +29,8 @@ Which values, precisely (all on the top level of a program lowered for execution
   that joins a kernel; the others are kept as before.
 
 ``spmd.config.recompute_elementwise`` (``SPMD_RECOMPUTE_ELEMENTWISE=0``) turns it
-off.  Measured on the transformer example's step (``docs/performance.md``, "The
-engine, third round").
+off.  Measured on the transformer example's step
+(``docs/history/2026-12-05-engine-rounds.md``, "The engine, third round").
 
 >>> lowered = recompute_elementwise(lowered)  # doctest: +SKIP
 """
