@@ -64,7 +64,8 @@ def _env_bool(name: str, default: bool) -> bool:
 # bytes in the heap, and giving memory back only when more than MALLOC_TRIM_THRESHOLD
 # is free at its top, makes buffers reused instead (as a caching allocator does); peak
 # memory is still the largest live set.  Done once when spmd is imported, never over
-# the user's own MALLOC_* settings; SPMD_TUNE_MALLOC=0 leaves malloc as it was.  MALLOC_TUNED says whether it is done.
+# the user's own MALLOC_* settings; SPMD_TUNE_MALLOC=0 leaves malloc as it was.
+# MALLOC_TUNED says whether it is done.
 MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's largest on 64-bit systems
 MALLOC_TRIM_THRESHOLD = 512 * 1024 * 1024
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
