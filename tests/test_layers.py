@@ -79,21 +79,69 @@ def test_no_lower_layer_imports_an_upper_one():
     assert not fixed, f"known exceptions no longer present, remove them from KNOWN: {fixed}"
 
 
-def _inner_imports() -> int:
-    """Import statements inside functions (or lambdas), package-wide."""
+def inner_imports(root: pathlib.Path = ROOT, spmd_only: bool = False) -> int:
+    """Import statements inside functions (or lambdas) under ``root``; with
+    ``spmd_only``, imports of ``spmd`` modules only, one per name imported."""
     count = 0
+
+    def counted(node) -> int:
+        if not spmd_only:
+            return 1
+        if isinstance(node, ast.Import):
+            return sum(a.name.split(".")[0] == "spmd" for a in node.names)
+        return int(bool(node.level or (node.module or "").split(".")[0] == "spmd"))
 
     def visit(node, inside):
         nonlocal count
         for child in ast.iter_child_nodes(node):
             if inside and isinstance(child, (ast.Import, ast.ImportFrom)):
-                count += 1
+                count += counted(child)
             visit(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                       ast.Lambda)))
 
-    for path in ROOT.rglob("*.py"):
+    for path in root.rglob("*.py"):
         visit(ast.parse(path.read_text(), str(path)), False)
     return count
+
+
+def strongly_connected(edges: dict) -> list:
+    """The strongly connected groups of the graph ``edges`` (node -> its successors;
+    successors that are not keys are left out), each sorted, in the order Tarjan's
+    algorithm closes them."""
+    index, low, stack, on, groups, counter = {}, {}, [], set(), [], [0]
+
+    def connect(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in edges:
+                continue
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            groups.append(sorted(group))
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 10000))
+    try:
+        for v in edges:
+            if v not in index:
+                connect(v)
+    finally:
+        sys.setrecursionlimit(old)
+    return groups
 
 
 def _import_circles() -> list:
@@ -103,33 +151,7 @@ def _import_circles() -> list:
     packages = {m for m, p in modules.items() if p.name == "__init__.py"}
     edges = {m: {t for t, _ in imports(p) if t in modules and t not in packages and t != m}
              for m, p in modules.items()}
-    index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
-
-    def connect(v):  # Tarjan's algorithm
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in edges[v]:
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = set()
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                group.add(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                circles.append(sorted(group))
-
-    for m in modules:
-        if m not in index:
-            connect(m)
+    circles = [g for g in strongly_connected(edges) if len(g) > 1]
     return sorted(circles, key=len, reverse=True)
 
 
@@ -140,7 +162,7 @@ CIRCLE_GOAL = 4
 
 
 def test_imports_inside_functions_stay_fewer_than_250():
-    n = _inner_imports()
+    n = inner_imports()
     assert n < INNER_IMPORTS_MAX, (
         f"{n} imports inside functions (at most {INNER_IMPORTS_MAX - 1}): import at the top "
         "of the module, unless that closes an import circle or loads an optional package")

@@ -20,6 +20,9 @@ import ast
 import pathlib
 import sys
 
+from tests.test_layers import inner_imports as layers_inner_imports
+from tests.test_layers import strongly_connected
+
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "spmd"
 
 # measure: (ceiling, the issue's goal)
@@ -109,59 +112,12 @@ def largest_circle() -> list:
     packages = {m for m, p in modules.items() if p.name == "__init__.py"}
     edges = {m: dependencies(m, p, modules) - packages for m, p in modules.items()
              if m not in packages}
-    index, low, stack, on, groups, counter = {}, {}, [], set(), [], [0]
-
-    def connect(v):  # Tarjan's algorithm, iterative enough for this package's depth
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in edges.get(v, ()):
-            if w not in edges:
-                continue
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            groups.append(sorted(group))
-
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 10000))
-    try:
-        for v in edges:
-            if v not in index:
-                connect(v)
-    finally:
-        sys.setrecursionlimit(old)
-    return max(groups, key=len)
+    return max(strongly_connected(edges), key=len)
 
 
 def inner_imports() -> int:
     """Imports of ``spmd`` modules inside functions or lambdas, package-wide."""
-    count = 0
-
-    def visit(node, inside):
-        nonlocal count
-        for child in ast.iter_child_nodes(node):
-            if inside and isinstance(child, ast.Import):
-                count += sum(a.name.split(".")[0] == "spmd" for a in child.names)
-            elif inside and isinstance(child, ast.ImportFrom):
-                count += bool(child.level or (child.module or "").split(".")[0] == "spmd")
-            visit(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                      ast.Lambda)))
-
-    for path in ROOT.rglob("*.py"):
-        visit(ast.parse(path.read_text(), str(path)), False)
-    return count
+    return layers_inner_imports(ROOT, spmd_only=True)
 
 
 def long_files() -> list:
