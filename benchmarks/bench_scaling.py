@@ -42,6 +42,7 @@ import common  # noqa: E402
 
 MODEL = ["--d-model", "128", "--layers", "4", "--heads", "4"]
 SEQS_PER_RANK = 16
+CONTEXT = 64  # the example's --context default: tokens per sequence
 GOALS = {8: 0.90, 12: 0.85}
 SHARE_GOAL = (12, 0.08)
 
@@ -61,11 +62,24 @@ _BOUND = ("import os, runpy, sys; "
 BIND = False
 
 
+def example_args(n: int, steps: int, stats: str) -> list[str]:
+    """The example's command line on ``n`` ranks, weakly scaled, its stats to ``stats``."""
+    return [os.path.join("examples", "train_transformer.py"), "--mesh", f"data={n},model=1",
+            "--batch", str(SEQS_PER_RANK * n), *MODEL, "--steps", str(steps),
+            "--sample", "0", "--log-every", str(steps), "--stats", stats]
+
+
+def job_env() -> dict:
+    """The environment of a job: one device and one BLAS thread per process, the
+    repository on the path."""
+    return dict(os.environ, SPMD_NUM_DEVICES="1", OPENBLAS_NUM_THREADS="1",
+                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+
+
 def command(n: int, steps: int, stats: str, mpiexec: str, launcher: str) -> list[str]:
     """The job of ``n`` ranks: the example as a user runs it, weakly scaled."""
-    script = [os.path.join("examples", "train_transformer.py"), "--mesh", f"data={n},model=1",
-              "--batch", str(SEQS_PER_RANK * n), *MODEL, "--steps", str(steps),
-              "--sample", "0", "--log-every", str(steps), "--stats", stats]
+    script = example_args(n, steps, stats)
     if BIND:
         script = ["-c", _BOUND, *script]
     if n == 1:
@@ -81,9 +95,7 @@ def run_one(n: int, steps: int, mpiexec: str, launcher: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "stats")
         cmd = command(n, steps, stats, mpiexec, launcher)
-        env = dict(os.environ, SPMD_NUM_DEVICES="1", OPENBLAS_NUM_THREADS="1",
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        env = job_env()
         proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True,
                               timeout=1800)
         if proc.returncode != 0:
@@ -106,9 +118,7 @@ def run_floor(n: int, steps: int) -> float:
     machine gives ``n`` busy processes (shared caches, memory bandwidth, the
     cores' clocks) bounds what ``n`` ranks can reach."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, SPMD_NUM_DEVICES="1", OPENBLAS_NUM_THREADS="1",
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        env = job_env()
         procs = [subprocess.Popen(command(1, steps, os.path.join(tmp, f"s{i}"), "", "mpiexec"),
                                   cwd=REPO, env=dict(env, SPMD_BENCH_COPY=str(i)), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True) for i in range(n)]
@@ -201,7 +211,7 @@ def probe_table(rows: list[dict]) -> str:
              "| the gradient's psum alone (ms) | raw mpi4py Allreduce (ms) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        step_ms = SEQS_PER_RANK * 64 / r["tokens_per_s_per_rank"] * 1e3
+        step_ms = SEQS_PER_RANK * CONTEXT / r["tokens_per_s_per_rank"] * 1e3
         probe = r.get("probe_median_s") or {}  # (a run with --probe; older files: psum_s)
         psum = r.get("psum_s", probe.get("spmd psum"))
         allreduce = r.get("allreduce_s", probe.get("mpi4py Allreduce"))

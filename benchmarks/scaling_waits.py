@@ -41,7 +41,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402
-from bench_scaling import MODEL, SEQS_PER_RANK  # noqa: E402
+from bench_scaling import CONTEXT, SEQS_PER_RANK, example_args, job_env  # noqa: E402
 
 WARMUP_SHARE = 0.2
 
@@ -112,16 +112,10 @@ def analyse(per_rank: list[list], steps: int) -> dict:
 def run_one(n: int, steps: int, mpiexec: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         stats, ev = os.path.join(tmp, "stats"), os.path.join(tmp, "events")
-        script = [os.path.join("examples", "train_transformer.py"), "--mesh",
-                  f"data={n},model=1", "--batch", str(SEQS_PER_RANK * n), *MODEL,
-                  "--steps", str(steps), "--sample", "0", "--log-every", str(steps),
-                  "--stats", stats]
         cmd = [sys.executable, "-m", "spmd.launch", "--mpiexec", mpiexec, "--no-prefix",
-               "-n", str(n), os.path.abspath(__file__), "--on-rank", ev, *script]
-        env = dict(os.environ, SPMD_NUM_DEVICES="1", OPENBLAS_NUM_THREADS="1",
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-                       filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-        proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True,
+               "-n", str(n), os.path.abspath(__file__), "--on-rank", ev,
+               *example_args(n, steps, stats)]
+        proc = subprocess.run(cmd, cwd=REPO, env=job_env(), text=True, capture_output=True,
                               timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}"
@@ -129,7 +123,7 @@ def run_one(n: int, steps: int, mpiexec: str) -> dict:
         per_rank = [json.load(open(p)) for p in sorted(glob.glob(ev + ".rank*.json"),
                                                        key=lambda p: int(p.rsplit("rank", 1)[1][:-5]))]
         ranks = [json.load(open(p)) for p in sorted(glob.glob(stats + ".rank*.json"))]
-    step_ms = 1e3 * SEQS_PER_RANK * n * _seq_len() / ranks[0]["tokens_per_s"]
+    step_ms = 1e3 * SEQS_PER_RANK * n * CONTEXT / ranks[0]["tokens_per_s"]
     row = {"ranks": n, "tokens_per_s_per_rank": ranks[0]["tokens_per_s"] / n,
            "step_ms": step_ms, "comm_share_max": max(r["comm_share"] or 0.0 for r in ranks),
            **analyse(per_rank, steps),
@@ -138,13 +132,6 @@ def run_one(n: int, steps: int, mpiexec: str) -> dict:
     row["waiting_share"] = row["waiting_ms_per_step"] / step_ms
     row["after_last_arrival_share"] = row["after_last_arrival_ms_per_step"] / step_ms
     return row
-
-
-CONTEXT = 64  # the example's --context default: tokens per sequence
-
-
-def _seq_len() -> int:
-    return CONTEXT
 
 
 def table(rows: list[dict]) -> str:
