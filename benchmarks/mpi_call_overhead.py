@@ -17,7 +17,7 @@ layers between a jitted ``shard_map`` psum and the raw mpi4py call:
 4. the compiled per-process program of the jitted psum, called on the global
    input (slicing this rank's block, reshapes, the ``mpi`` call);
 5. the jitted call itself (``spmd.jit``: the call plan's key, the plan's reads of
-   the leaves, the results' placement; ``spmd/shard/jit.py``, ``spmd/shard/call.py``);
+   the leaves, the results' placement; ``spmd/shard/call/jit.py``, ``spmd/shard/call/plan.py``);
 6. the same program through the compiler's own jit, which binds the ``jit``
    equation eagerly (the route of a jit equation met by the eager trace: the bind,
    the trace, the dispatch's lookup of the same plans).
@@ -125,7 +125,7 @@ def _without_communication(f, g, exe, x) -> list:
     its operand (what a psum over one member gives), so no rank waits for another
     and the load of the machine disturbs the numbers less.  (A diagnostic only: the
     swap is undone by the caller never calling these programs again.)"""
-    from spmd.shard import execute
+    from spmd.shard.maps import stacked as execute
 
     for per in list(execute._plans.values()):
         for plan in per.values():

@@ -37,7 +37,7 @@ _PUBLIC: dict = {
     "ShapedArray": ("spmd.compiler.core.avals", "ShapedArray"),
     "ShapeDtypeStruct": ("spmd.compiler.core.avals", "ShapeDtypeStruct"),
     "eval_shape": ("spmd.compiler.core.jit", "eval_shape"),
-    "make_jaxpr": ("spmd.shard.jit", "make_jaxpr"),
+    "make_jaxpr": ("spmd.shard.call.jit", "make_jaxpr"),
     "custom_jvp": ("spmd.compiler.transforms.custom", "custom_jvp"),
     "custom_vjp": ("spmd.compiler.transforms.custom", "custom_vjp"),
     "checkpoint": ("spmd.compiler.transforms.remat", "checkpoint"),
@@ -52,26 +52,26 @@ _PUBLIC: dict = {
         "make_mesh", "process_count", "process_index")},
     # the shard layer
     "shard": ("spmd.shard", None),
-    "NamedSharding": ("spmd.shard.spec", "NamedSharding"),
-    "P": ("spmd.shard.spec", "P"), "PartitionSpec": ("spmd.shard.spec", "PartitionSpec"),
-    "shard_map": ("spmd.shard.shard_map", "shard_map"),
-    "smap": ("spmd.shard.smap", "smap"),
-    "pmap": ("spmd.shard.pmap", "pmap"),
-    "make_array_from_callback": ("spmd.shard.array", "make_array_from_callback"),
-    "visualize_array_sharding": ("spmd.shard.array", "visualize_array_sharding"),
+    "NamedSharding": ("spmd.shard.arrays.spec", "NamedSharding"),
+    "P": ("spmd.shard.arrays.spec", "P"), "PartitionSpec": ("spmd.shard.arrays.spec", "PartitionSpec"),
+    "shard_map": ("spmd.shard.maps.shard_map", "shard_map"),
+    "smap": ("spmd.shard.maps.smap", "smap"),
+    "pmap": ("spmd.shard.maps.pmap", "pmap"),
+    "make_array_from_callback": ("spmd.shard.arrays.placing", "make_array_from_callback"),
+    "visualize_array_sharding": ("spmd.shard.arrays.placing", "visualize_array_sharding"),
     # device_put also resolves a bare PartitionSpec against the mesh context.
-    "device_put": ("spmd.shard.mesh_context", "device_put"),
-    "set_mesh": ("spmd.shard.mesh_context", "set_mesh"),
-    "make_array_from_process_local_data": ("spmd.shard.local_data",
+    "device_put": ("spmd.shard.explicit.mesh_context", "device_put"),
+    "set_mesh": ("spmd.shard.explicit.mesh_context", "set_mesh"),
+    "make_array_from_process_local_data": ("spmd.shard.arrays.local_data",
                                            "make_array_from_process_local_data"),
-    "process_allgather": ("spmd.shard.multiprocess", "process_allgather"),
+    "process_allgather": ("spmd.shard.arrays.multiprocess", "process_allgather"),
     "jit": ("spmd.shard.partition.api", "jit"),  # plain or partitioned
     # front ends
     **{n: ("spmd.autodiff", n) for n in (
         "grad", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "value_and_grad", "vjp")},
     "vmap": ("spmd.vectorize", "vmap"),
-    "typeof": ("spmd.shard.explicit", "typeof"),
-    "reshard": ("spmd.shard.explicit", "reshard"),  # also spmd.sharding.reshard, as in JAX
+    "typeof": ("spmd.shard.explicit.types", "typeof"),
+    "reshard": ("spmd.shard.explicit.types", "reshard"),  # also spmd.sharding.reshard, as in JAX
     "pure_callback": ("spmd.callback", "pure_callback"),
     "effects_barrier": ("spmd.debug", "effects_barrier"),
     "linear_transpose": ("spmd.linear_util", "linear_transpose"),

@@ -16,7 +16,7 @@ nothing above the compiler; see docs/architecture.md, "Loading lazily"):
   before any submodule, whatever the import;
 - the shard layer runs it (:func:`spmd.compiler.extensions.run_installer`) at the
   end of ``spmd/shard/__init__.py``: every import that reaches the mesh context
-  (``from spmd.shard.shard_map import shard_map`` alone, a pickled placed array)
+  (``from spmd.shard.maps.shard_map import shard_map`` alone, a pickled placed array)
   fills the points before the shard layer can be used, so ``CONTEXT_KEY`` is never
   at its default while a mesh context can exist;
 - every front-end package runs it when imported (``import spmd.numpy``,
@@ -28,7 +28,7 @@ It runs once; a call made while it runs in the same thread (an import it trigger
 comes back to it) returns at once, and the outer call finishes the work before any
 user code runs; a call from another thread waits for it (``spmd._install_run``).
 
-Threads.  ``import spmd.shard.jit`` does not wait for a package ``spmd.shard`` that
+Threads.  ``import spmd.shard.call.jit`` does not wait for a package ``spmd.shard`` that
 another thread is still loading (Python imports the parent only when it is not in
 ``sys.modules`` at all): two threads would load the layer's modules at once, each in
 its own order, and where those modules import each other the import system hands one
@@ -140,18 +140,18 @@ def run_once() -> None:
 def _fill_points() -> None:
     from spmd.collectives.api import as_summands, preduced_traced, pvary_traced
     from spmd.launch.platform import resolve_array_module
-    from spmd.shard.dispatch import eval_primitive
-    from spmd.shard.mesh_context import get_mesh
-    from spmd.shard.sharded import plain_sharding, plain_shards
+    from spmd.shard.call.dispatch import eval_primitive
+    from spmd.shard.explicit.mesh_context import get_mesh
+    from spmd.shard.arrays.sharded import plain_sharding, plain_shards
 
     extensions.PVARY.install(pvary_traced, by="spmd.collectives.api")
     extensions.PREDUCED.install(preduced_traced, by="spmd.collectives.api")
     extensions.SUMMANDS.install(as_summands, by="spmd.collectives.primitives")
     extensions.ARRAY_MODULE.install(resolve_array_module, by="spmd.launch.platform")
-    extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.mesh_context")
-    extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.sharded")
-    extensions.PLAIN_SHARDS.install(plain_shards, by="spmd.shard.sharded")
-    extensions.EAGER_EVAL.install(eval_primitive, by="spmd.shard.dispatch")
+    extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.explicit.mesh_context")
+    extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.arrays.sharded")
+    extensions.PLAIN_SHARDS.install(plain_shards, by="spmd.shard.arrays.sharded")
+    extensions.EAGER_EVAL.install(eval_primitive, by="spmd.shard.call.dispatch")
     left = [p.name for p in extensions.POINTS if p.installed_by is None]
     if left:  # a point declared without a line above
         raise RuntimeError(f"install_extensions: extension points left at their default: "

@@ -19,7 +19,7 @@ from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, SpmdError
 from spmd.numpy._util import to_array
-from spmd.shard import explicit
+from spmd.shard.explicit import types as explicit
 from spmd.vectorize import vmap
 
 
@@ -121,7 +121,7 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
     flat = _flat_fun(f, p_tree, f"vjp({_name(fun)})", box)
     diff = [dtypes.is_inexact(get_aval(p).dtype) for p in p_leaves]
     # On explicit axes: the function is traced with its arguments' types, and the
-    # replay of its primal part trusts them (spmd.shard.explicit).
+    # replay of its primal part trusts them (spmd.shard.explicit.types).
     with explicit.trusted():
         out_p, lin = linearize_flat(explicit.retyped(flat, p_leaves), p_leaves, diff,
                                     eager=True)

@@ -113,7 +113,7 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,
 def _explicit_batch_axes(leaves, dims):
     """The explicit mesh axes the mapped arguments' types split the mapped axis over,
     when they all agree (else None: the batch is whole where it meets a constraint)."""
-    from spmd.shard.explicit import type_of
+    from spmd.shard.explicit.types import type_of
 
     found = set()
     for leaf, d in zip(leaves, dims):

@@ -180,12 +180,12 @@ def test_no_import_circle_is_larger_than_4_modules():
 def test_the_scan_sees_the_layers(tmp_path):
     """The scanner itself: it classifies modules and finds every form of import,
     including those inside functions."""
-    assert layer("spmd.compiler.core.trace") == 0 and layer("spmd.shard.array") == 4
+    assert layer("spmd.compiler.core.trace") == 0 and layer("spmd.shard.arrays.placing") == 4
     assert layer("spmd.errors") == -1 and layer("spmd.numpy") == FRONT == layer("spmd")
     src = tmp_path / "m.py"
     src.write_text("import os\nimport spmd.mesh\nfrom spmd import numpy\n"
-                   "def f():\n    from spmd.shard.spec import P\n    from . import x\n")
-    assert sorted(t for t, _ in imports(src)) == ["spmd.mesh", "spmd.numpy", "spmd.shard.spec"]
+                   "def f():\n    from spmd.shard.arrays.spec import P\n    from . import x\n")
+    assert sorted(t for t, _ in imports(src)) == ["spmd.mesh", "spmd.numpy", "spmd.shard.arrays.spec"]
 
 
 # ------------------------------------------------------------ each layer alone
@@ -263,7 +263,7 @@ print(json.dumps({
     "left": [p.name for p in extensions.POINTS if p.installed_by is None],
     "points": [p.name for p in extensions.POINTS],
     "methods": [hasattr(c, "__add__") and hasattr(c, "sum") for c in (Array, Tracer)],
-    "shard_loaded": "spmd.shard.mesh_context" in sys.modules}))
+    "shard_loaded": "spmd.shard.explicit.mesh_context" in sys.modules}))
 """
 
 
@@ -296,8 +296,8 @@ STYLES = {
     "from-root": "from spmd import shard_map",
     "star": "from spmd import *",
     "numpy-alone": "import spmd.numpy as snp",
-    "shard-module-alone": "from spmd.shard.shard_map import shard_map",
-    "mesh-context-alone": "from spmd.shard.mesh_context import set_mesh",
+    "shard-module-alone": "from spmd.shard.maps.shard_map import shard_map",
+    "mesh-context-alone": "from spmd.shard.explicit.mesh_context import set_mesh",
     "lax": "import spmd.lax",
     "sharding": "from spmd.sharding import NamedSharding, PartitionSpec",
     "random-keys": "from spmd.random.keys import PRNGKey",

@@ -49,8 +49,8 @@ from spmd.compiler.core.array import Array
 from spmd.errors import SpmdError
 from spmd.launch.mpi import threads_may_call_mpi, world
 from spmd.mesh import process_count, process_index
-from spmd.shard.array import SingleDeviceSharding, make_array_from_callback
-from spmd.shard.spec import NamedSharding, ShardingError, check_spec
+from spmd.shard.arrays.placing import SingleDeviceSharding, make_array_from_callback
+from spmd.shard.arrays.spec import NamedSharding, ShardingError, check_spec
 
 METADATA = "spmd_checkpoint.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -35,11 +35,11 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | :data:`PVARY` | ``spmd.collectives.api.pvary_traced`` | raises ExtensionNotInstalledError |
 | :data:`PREDUCED` | ``spmd.collectives.api.preduced_traced`` | raises ExtensionNotInstalledError |
 | :data:`SUMMANDS` | ``spmd.collectives.primitives.as_summands`` | raises ExtensionNotInstalledError |
-| :data:`CONTEXT_KEY` | ``spmd.shard.mesh_context.get_mesh`` | returns None (no ambient state) |
-| :data:`PLAIN_SHARDING` | ``spmd.shard.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
-| :data:`PLAIN_SHARDS` | ``spmd.shard.sharded.plain_shards`` | raises ExtensionNotInstalledError |
+| :data:`CONTEXT_KEY` | ``spmd.shard.explicit.mesh_context.get_mesh`` | returns None (no ambient state) |
+| :data:`PLAIN_SHARDING` | ``spmd.shard.arrays.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
+| :data:`PLAIN_SHARDS` | ``spmd.shard.arrays.sharded.plain_shards`` | raises ExtensionNotInstalledError |
 | :data:`ARRAY_MODULE` | ``spmd.launch.platform.resolve_array_module`` | returns numpy |
-| :data:`EAGER_EVAL` | ``spmd.shard.dispatch.eval_primitive`` | None (evaluate as usual); raises ExtensionNotInstalledError for an upper layer's array |
+| :data:`EAGER_EVAL` | ``spmd.shard.call.dispatch.eval_primitive`` | None (evaluate as usual); raises ExtensionNotInstalledError for an upper layer's array |
 
 An upper layer may subclass :class:`spmd.compiler.core.array.Array` (the shard layer's
 ``ShardedArray``); an eager primitive with such an array among its arguments, and

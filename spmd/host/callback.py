@@ -40,7 +40,7 @@ from spmd.compiler.transforms.batching import move_to_front
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind
 from spmd.errors import ArgumentError, SpmdError
-from spmd.shard import explicit_rules
+from spmd.shard.explicit import rules as explicit_rules
 from spmd.shard.partition import registry
 
 VMAP_METHODS = (None, "sequential", "expand_dims", "broadcast_all")

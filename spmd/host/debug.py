@@ -26,8 +26,8 @@ from spmd.compiler.transforms.batching import move_to_front
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import Tracer, axes_in_scope, bind
 from spmd.errors import ArgumentError
-from spmd.shard.array import visualize_array_sharding as viz
-from spmd.shard import explicit_rules
+from spmd.shard.arrays.placing import visualize_array_sharding as viz
+from spmd.shard.explicit import rules as explicit_rules
 from spmd.shard.partition import registry
 
 debug_print_p = Primitive("debug_print", traits=(), multiple_results=True, effectful=True)

@@ -12,7 +12,7 @@ from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.core.trace import get_aval
-from spmd.shard.modes import with_out_sharding
+from spmd.shard.explicit.modes import with_out_sharding
 from spmd.numpy._elementwise import add, multiply, subtract
 from spmd.numpy._shape import expand_dims
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, check_keeps_imag,

@@ -14,8 +14,8 @@ from spmd.compiler.core.trace import get_aval
 from spmd.errors import DTypeError
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, promote_and_broadcast,
                               promote_dtypes, static_int, to_array)
-from spmd.shard.jit import Jit
-from spmd.shard.sharded import ShardedArray
+from spmd.shard.call.jit import Jit
+from spmd.shard.arrays.sharded import ShardedArray
 
 __all__ = ["add", "subtract", "multiply", "divide", "true_divide", "maximum", "minimum",
            "arctan2", "equal", "not_equal", "less", "less_equal", "greater",
@@ -30,7 +30,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "true_divide", "maximum", "m
 
 # An eager call with a placed (sharded) Array among its operands runs as one jitted
 # call of the whole function -- promotion, broadcasting and the operation -- through
-# the shard layer's call plans (spmd.shard.jit): one plan lookup instead of a
+# the shard layer's call plans (spmd.shard.call.jit): one plan lookup instead of a
 # partitioned call per primitive.  Under a transformation the jit equation is bound
 # and inlined, as any nested jit.
 _Placed = ShardedArray

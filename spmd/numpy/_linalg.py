@@ -14,7 +14,7 @@ from spmd.numpy._complex import conj
 from spmd.numpy._creation import astype
 from spmd.numpy._elementwise import multiply
 from spmd.numpy._shape import ravel
-from spmd.shard.modes import with_out_sharding
+from spmd.shard.explicit.modes import with_out_sharding
 from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, canonicalize_axis,
                               promote_dtypes, require_static)
 

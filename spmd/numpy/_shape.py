@@ -7,7 +7,7 @@ import math
 from spmd.compiler.ops import structural as st
 from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
-from spmd.shard.modes import with_out_sharding
+from spmd.shard.explicit.modes import with_out_sharding
 from spmd.numpy._util import (broadcast_shapes, canonicalize_axis, promote_dtypes, static_shape,
                               to_array)
 

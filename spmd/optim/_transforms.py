@@ -13,8 +13,8 @@ import numpy as np
 from spmd import tree_util
 import spmd.numpy as snp
 from spmd.compiler.core.array import Array
-from spmd.shard.array import make_array_from_callback
-from spmd.shard.spec import NamedSharding
+from spmd.shard.arrays.placing import make_array_from_callback
+from spmd.shard.arrays.spec import NamedSharding
 from spmd.optim._base import (GradientTransformation, OptimError, abs_sq, chain,
                               check_same_structure, global_norm, safe_int32_increment,
                               stateless)

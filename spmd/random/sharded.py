@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 
 from spmd.compiler.core.trace import is_eager
-from spmd.shard.mesh_context import get_mesh, resolve_specs
-from spmd.shard.spec import NamedSharding
+from spmd.shard.explicit.mesh_context import get_mesh, resolve_specs
+from spmd.shard.arrays.spec import NamedSharding
 
 
 def with_out_sharding(fn):

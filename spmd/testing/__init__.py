@@ -99,7 +99,7 @@ def assert_sharded_allclose(actual, expected, *, rtol: float = 1e-6, atol: float
             # Values only: expected's blocks are moved to actual's placement (on a mesh of
             # several processes a collective of every rank, which this assertion is called
             # on), so that each rank compares its own blocks and none reads the whole value.
-            from spmd.shard.array import device_put
+            from spmd.shard.arrays.placing import device_put
 
             expected = device_put(expected, actual.sharding)
     want_blocks = {s.device: s for s in expected.addressable_shards} if placed else None

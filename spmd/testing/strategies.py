@@ -76,7 +76,7 @@ def partition_specs(draw, shape, mesh):
 
     >>> spec = partition_specs((8, 6), mesh).example()   # doctest: +SKIP
     """
-    from spmd.shard.spec import P
+    from spmd.shard.arrays.spec import P
 
     shape = tuple(int(s) for s in shape)
     unused = list(draw(st.permutations(list(mesh.axis_names))))
@@ -109,7 +109,7 @@ def shapes_and_specs(draw, mesh, *, max_rank: int = 3, max_blocks: int = 3):
 
     >>> shape, spec = shapes_and_specs(mesh).example()   # doctest: +SKIP
     """
-    from spmd.shard.spec import P
+    from spmd.shard.arrays.spec import P
 
     rank = draw(st.integers(0, max_rank))
     unused = list(draw(st.permutations(list(mesh.axis_names))))
@@ -135,7 +135,7 @@ def sharded_arrays(draw, mesh=None, *, shape=None, spec=None, dtype=np.float32,
     >>> x = sharded_arrays(mesh, shape=(8, 4)).example()   # doctest: +SKIP
     """
     import spmd
-    from spmd.shard.spec import NamedSharding
+    from spmd.shard.arrays.spec import NamedSharding
 
     mesh = draw(meshes()) if mesh is None else mesh
     if shape is None and spec is None:

@@ -13,7 +13,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import P, lax
 from spmd.errors import ArgumentError
-from spmd.shard.shard_map_args import ShardMapError
+from spmd.shard.maps.args import ShardMapError
 from tests.collectives.test_collectives import MODES, _grid, _id, ref_all_gather, run_case
 
 

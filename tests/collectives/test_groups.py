@@ -15,7 +15,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
 from spmd.errors import ArgumentError, ShapeError
-from spmd.shard.shard_map import ShardMapError
+from spmd.shard.maps.shard_map import ShardMapError
 from tests.collectives.test_collectives import RefMesh
 
 MESH = ((4, 2), ("i", "j"))

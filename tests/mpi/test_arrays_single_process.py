@@ -14,7 +14,7 @@ import pytest
 import spmd
 from spmd import Device, Mesh, NamedSharding, P
 from spmd.errors import NotFullyAddressableError, ShapeError
-from spmd.shard.multiprocess import first_uncovered_process, holds_full_value
+from spmd.shard.arrays.multiprocess import first_uncovered_process, holds_full_value
 
 
 def _mesh(shape=(4,), names=("i",)):

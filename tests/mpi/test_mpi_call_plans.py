@@ -1,4 +1,4 @@
-"""The call plans of jitted calls over processes (spmd/shard/jit.py, spmd/shard/call.py).
+"""The call plans of jitted calls over processes (spmd/shard/call/jit.py, spmd/shard/call/plan.py).
 
 A jit's call plan is keyed on the arguments' structure, types, avals and, for placed
 Arrays, their shardings and whether they hold blocks or the whole value; it is built
@@ -29,21 +29,21 @@ import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding, P, lax  # noqa: E402
 from spmd.compiler.core.jit import jit_p  # noqa: E402
 from spmd.errors import DeletedArrayError  # noqa: E402
-from spmd.shard.fingerprint import ProgramMismatchError  # noqa: E402
-from spmd.shard.jit import Placed  # noqa: E402
+from spmd.shard.call.fingerprint import ProgramMismatchError  # noqa: E402
+from spmd.shard.call.jit import Placed  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
 
 def _placed(f) -> list:
-    """The placed call plans of ``f`` (spmd.shard.call.Plan objects)."""
+    """The placed call plans of ``f`` (spmd.shard.call.plan.Plan objects)."""
     return [p.plan for p in f._plans.values() if isinstance(p, Placed)]
 
 
 @pytest.fixture
 def builds(monkeypatch):
     """A list that grows by one at each call plan built over processes."""
-    from spmd.shard import dispatch
+    from spmd.shard.call import dispatch
 
     made, real = [], dispatch.plan_for
 
@@ -268,7 +268,7 @@ def test_a_program_the_partitioner_cannot_take_whole_runs_by_equation_and_says_s
     (not a silent fallback), and the result is numpy's."""
     import warnings
 
-    from spmd.shard.dispatch import ByEquation
+    from spmd.shard.call.dispatch import ByEquation
 
     n = spmd.device_count()  # every device: a mesh over the processes
     a = spmd.make_mesh((n,), ("i",))
@@ -294,7 +294,7 @@ def test_a_jit_equation_the_partitioner_cannot_take_is_run_by_equation_and_said(
     used to fall back silently), and numpy's result."""
     import warnings
 
-    from spmd.shard.dispatch import eval_jit_over
+    from spmd.shard.call.dispatch import eval_jit_over
 
     n = spmd.device_count()
     a = spmd.make_mesh((n,), ("i",))

@@ -23,7 +23,7 @@ from tests.mpi import make_mesh, mpiexec_or_skip, run_command, run_mpi  # noqa: 
 import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import P, lax  # noqa: E402
-from spmd.shard.fingerprint import ProgramMismatchError  # noqa: E402
+from spmd.shard.call.fingerprint import ProgramMismatchError  # noqa: E402
 
 
 def _psum_map(mesh):

@@ -25,7 +25,7 @@ import spmd  # noqa: E402
 import spmd.numpy as snp  # noqa: E402
 from spmd import NamedSharding, P, lax  # noqa: E402
 from spmd.compiler.engine import loops  # noqa: E402
-from spmd.shard.sharded import holds_full_value  # noqa: E402
+from spmd.shard.arrays.sharded import holds_full_value  # noqa: E402
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 

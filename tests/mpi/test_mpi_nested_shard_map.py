@@ -28,7 +28,7 @@ from spmd import NamedSharding as NS, P, lax  # noqa: E402
 from spmd.compiler.engine import loops  # noqa: E402
 from spmd.errors import SpreadOverProcessesError  # noqa: E402
 from spmd.shard.partition.registry import PartitionError  # noqa: E402
-from spmd.shard.sharded import ShardedArray, holds_full_value  # noqa: E402
+from spmd.shard.arrays.sharded import ShardedArray, holds_full_value  # noqa: E402
 from tests.shard.megatron_stack import (B, D, H, L, data as megatron_data,  # noqa: E402
                                          layer as _layer, np_layer as _np_layer,
                                          np_layer_vjp as _np_layer_vjp,
@@ -271,7 +271,7 @@ def test_jit_closing_over_a_spread_array_and_its_gradient(kind):
     np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
     np.testing.assert_allclose(_global(f(w)), want_loss, rtol=1e-5)
     assert len(traces) == 1  # traced once: the closed-over Array is cached as a constant
-    # later calls run its call plan (spmd.shard.call), the Array as a leading leaf
+    # later calls run its call plan (spmd.shard.call.plan), the Array as a leading leaf
     assert [type(p.plan).__name__ for p in f._plans.values()] == ["Plan"]
     g = spmd.jit(spmd.grad(loss))(w)
     np.testing.assert_allclose(_global(g), want_grad, rtol=1e-4, atol=1e-6)

@@ -55,7 +55,7 @@ def test_pmap_grouped_and_out_axes():
 
 
 def test_pmap_size_must_match_local_devices():
-    from spmd.shard.pmap import PmapError
+    from spmd.shard.maps.pmap import PmapError
 
     loc = spmd.local_device_count()
     with pytest.raises(PmapError, match=f"one entry per local device \\({loc}\\), got "

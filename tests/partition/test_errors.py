@@ -12,7 +12,7 @@ import spmd.numpy as snp
 from spmd import P, lax
 from spmd import NamedSharding as NS
 from spmd.shard.partition import GatherTooLargeError, PartitionError
-from spmd.shard.spec import ShardingError
+from spmd.shard.arrays.spec import ShardingError
 
 
 @pytest.fixture(scope="module")

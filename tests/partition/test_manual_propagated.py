@@ -211,7 +211,7 @@ def test_inside_a_scan_and_under_vmap(mesh):
 
 
 def test_vmap_spmd_axis_name_must_be_manual(mesh):
-    from spmd.shard.shard_map import ShardMapError
+    from spmd.shard.maps.shard_map import ShardMapError
 
     sm = spmd.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                         axis_names={"x"})

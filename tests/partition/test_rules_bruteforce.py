@@ -25,7 +25,7 @@ from spmd.compiler.core.trace import get_aval, trace_to_program
 from spmd.shard.partition.partitioner import Evaluator
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.reshard import Context, reshard
-from spmd.shard.spec import PartitionSpec as P
+from spmd.shard.arrays.spec import PartitionSpec as P
 
 MESHES = [((4,), ("i",)), ((2, 2), ("i", "j")), ((2, 2, 2), ("i", "j", "k"))]
 

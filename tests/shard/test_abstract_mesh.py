@@ -10,7 +10,7 @@ import pytest
 import spmd
 from spmd import P, lax
 from spmd.sharding import AxisType, get_abstract_mesh, set_mesh, use_mesh
-from spmd.shard.mesh_context import MeshContextError
+from spmd.shard.explicit.mesh_context import MeshContextError
 
 A, M = AxisType.Auto, AxisType.Manual
 X = np.arange(16.0, dtype=np.float32).reshape(8, 2)

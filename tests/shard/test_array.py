@@ -8,7 +8,7 @@ import spmd.numpy as snp
 from spmd import NamedSharding, P
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.shard import Shard, ShardedArray, SingleDeviceSharding
-from spmd.shard.spec import ShardingError
+from spmd.shard.arrays.spec import ShardingError
 
 MESHES = {
     (8,): ("i",),

@@ -1,5 +1,5 @@
-"""The call plans of jitted calls on placed values, in one process (spmd/shard/jit.py,
-spmd/shard/call.py): keyed on each leaf's type, aval and placement, built once, right
+"""The call plans of jitted calls on placed values, in one process (spmd/shard/call/jit.py,
+spmd/shard/call/plan.py): keyed on each leaf's type, aval and placement, built once, right
 for every way of passing the same values.  Oracles: numpy on the whole values.
 (Over processes: tests/mpi/test_mpi_call_plans.py.)"""
 
@@ -15,8 +15,8 @@ import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P
 from spmd.errors import DeletedArrayError
-from spmd.shard.jit import Placed
-from spmd.shard.sharded import placement_token
+from spmd.shard.call.jit import Placed
+from spmd.shard.arrays.sharded import placement_token
 
 
 @pytest.fixture

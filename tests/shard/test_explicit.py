@@ -1,4 +1,4 @@
-"""Explicit sharding (spmd.shard.explicit): types flow through jitted and eager programs,
+"""Explicit sharding (spmd.shard.explicit.types): types flow through jitted and eager programs,
 values equal numpy's on the global arrays, results are placed as their types say, and
 every ambiguity is a ShardingTypeError naming the fix.  The rules themselves:
 test_explicit_rules.py; the docs' examples: test_explicit_docs.py."""
@@ -12,7 +12,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import lax
 from spmd.errors import ArgumentError, ShardingTypeError
-from spmd.shard.spec import ShardingError
+from spmd.shard.arrays.spec import ShardingError
 from spmd.sharding import AxisType, NamedSharding, P, auto_axes, explicit_axes, reshard
 from tests.tolerance import assert_sum_close
 

@@ -1,4 +1,4 @@
-"""The explicit-sharding rules (spmd.shard.explicit_rules): every primitive has one; the
+"""The explicit-sharding rules (spmd.shard.explicit.rules): every primitive has one; the
 rules give JAX's types; and, checked by brute force over operand specs, every program
 they accept runs to numpy's values with its results placed as their types say."""
 
@@ -15,7 +15,7 @@ import spmd.numpy as snp
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.primitives import PRIMITIVES
 from spmd.errors import MissingExplicitRuleError, ShardingTypeError
-from spmd.shard import explicit_rules as er
+from spmd.shard.explicit import rules as er
 from spmd.shard.partition.placement import Placement
 from spmd.sharding import AxisType, NamedSharding, P
 

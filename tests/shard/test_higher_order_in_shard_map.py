@@ -11,7 +11,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import P, lax
-from spmd.shard.shard_map import ShardMapError
+from spmd.shard.maps.shard_map import ShardMapError
 from spmd.test_util import check_grads
 
 MESH4 = spmd.make_mesh((4,), ("i",))

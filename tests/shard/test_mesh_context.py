@@ -13,7 +13,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
 from spmd.sharding import get_mesh, set_mesh, use_mesh
-from spmd.shard.mesh_context import MeshContextError
+from spmd.shard.explicit.mesh_context import MeshContextError
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +103,7 @@ def test_errors_without_a_mesh():
     with pytest.raises(MeshContextError, match=r"shard_map\(<lambda>\): no mesh was given and "
                                                r"none is set; pass mesh="):
         spmd.shard_map(lambda b: b, in_specs=P("i"), out_specs=P("i"))(x)
-    from spmd.shard.spec import ShardingError
+    from spmd.shard.arrays.spec import ShardingError
     with pytest.raises(ShardingError, match=r"PartitionSpec\('i'\) without a mesh"):
         spmd.device_put(x, P("i"))
     from spmd.shard.partition.partitioner import PartitionError

@@ -12,7 +12,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import lax
 from spmd.errors import ArgumentError
-from spmd.shard.pmap import PmapError
+from spmd.shard.maps.pmap import PmapError
 
 
 def _x(*shape):

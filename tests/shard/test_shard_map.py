@@ -12,7 +12,7 @@ import spmd.numpy as snp
 from spmd import P, lax
 from spmd.collectives.primitives import CollectiveAxisError
 from spmd.mesh.devices import DeviceError
-from spmd.shard.shard_map import ShardMapError
+from spmd.shard.maps.shard_map import ShardMapError
 
 RNG = np.random.default_rng(0)
 

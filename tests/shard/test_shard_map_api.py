@@ -14,7 +14,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import NamedSharding, P, lax
 from spmd.errors import DTypeError
-from spmd.shard.shard_map import ShardMapError
+from spmd.shard.maps.shard_map import ShardMapError
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import P, lax
 from spmd.errors import TracerBoolConversionError
-from spmd.shard.shard_map import ShardMapError
+from spmd.shard.maps.shard_map import ShardMapError
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def test_where_on_the_axis_index_with_scalar_cases(mesh, jit):
 
 
 def test_device_put_to_one_device_in_an_eager_body_is_refused():
-    from spmd.shard.mesh_context import EagerBodyDeviceError
+    from spmd.shard.explicit.mesh_context import EagerBodyDeviceError
 
     mesh = spmd.make_mesh((4,), ("i",))
     x = np.arange(8.0)

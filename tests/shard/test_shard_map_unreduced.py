@@ -15,8 +15,8 @@ import spmd
 import spmd.numpy as snp
 from spmd import lax
 from spmd.compiler.core.manual_types import ManualTypeError, UnreducedRuleError
-from spmd.shard.shard_map_args import ShardMapError, UnreducedSpecError
-from spmd.shard.spec import ShardingError
+from spmd.shard.maps.args import ShardMapError, UnreducedSpecError
+from spmd.shard.arrays.spec import ShardingError
 from spmd.sharding import AxisType, NamedSharding, P
 
 # Every program here is partitioned as a whole: a fallback (computed whole, with a

@@ -90,7 +90,7 @@ def test_in_axes_left_out_needs_an_explicit_axis(mesh):
 
 
 def test_without_a_mesh_the_error_says_how_to_set_one():
-    from spmd.shard.mesh_context import MeshContextError
+    from spmd.shard.explicit.mesh_context import MeshContextError
 
     with pytest.raises(MeshContextError, match=r"no mesh was given and none is set"):
         spmd.smap(lambda b: b, in_axes=0, out_axes=0, axis_name="i")(X)

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 import spmd
 from spmd import NamedSharding, P, PartitionSpec
-from spmd.shard.spec import ShardingError, block_shape, check_spec, global_shape
+from spmd.shard.arrays.spec import ShardingError, block_shape, check_spec, global_shape
 from spmd.testing import strategies as sst
 
 

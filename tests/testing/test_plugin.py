@@ -112,7 +112,7 @@ def test_spmd_modules_are_not_assertion_rewritten(pytester):
     rewriting; the plugin takes spmd back out (its modules are library code)."""
     pytester.makepyfile(test_user='''
 def test_not_rewritten():
-    import spmd.shard.local_data as m
+    import spmd.shard.arrays.local_data as m
     from _pytest.assertion.rewrite import AssertionRewritingHook
     assert not isinstance(m.__loader__, AssertionRewritingHook), m.__loader__
 ''')

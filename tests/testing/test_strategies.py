@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 import spmd
 import spmd.numpy as snp
 from spmd.errors import ArgumentError
-from spmd.shard.spec import NamedSharding, check_spec
+from spmd.shard.arrays.spec import NamedSharding, check_spec
 from spmd.testing import assert_sharded_allclose, strategies as sst
 
 

@@ -2,7 +2,7 @@
 
 Communication happens in one effectful primitive, ``mpi``, whose ``kind``
 says which MPI call it makes; a process's per-device program (its local
-devices stacked, see :mod:`spmd.shard.execute`) is traced with these
+devices stacked, see :mod:`spmd.shard.maps.stacked`) is traced with these
 equations where its collectives cross processes.  Buffers go through the
 upper-case (buffer) mpi4py calls: no pickling on the data path.
 

@@ -3,7 +3,7 @@
 Data collectives and control traffic never share a communicator.  Every group
 of ranks gets two: the data communicator (``spmd.collectives.mpi``) and its
 duplicate, the *control* communicator, which carries the fingerprint
-exchanges (``spmd.shard.fingerprint``), the thread checks below and the
+exchanges (``spmd.shard.call.fingerprint``), the thread checks below and the
 deadline reports (:mod:`spmd.collectives.mpi.watchdog`).  MPI matches
 collectives by order on one communicator, so with one communicator a rank that
 called one collective too many would pair its data with another rank's

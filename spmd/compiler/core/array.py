@@ -6,7 +6,7 @@ host) and its aval.  Arithmetic operators are installed by ``spmd.numpy`` (the
 compiler does not import the front end).
 
 Upper layers may define array types of their own as subclasses (the sharding
-layer's :class:`spmd.shard.sharded.ShardedArray`, whose value need not all be in
+layer's :class:`spmd.shard.arrays.sharded.ShardedArray`, whose value need not all be in
 this process).  Eager evaluation (and an eager jitted call) hands every primitive
 application that has such an array among its arguments to the extension point
 :data:`spmd.compiler.extensions.EAGER_EVAL`; everything else it reads through

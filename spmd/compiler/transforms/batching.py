@@ -89,7 +89,7 @@ class BatchTracer(Tracer):
             return full_lower(self.val)
         return self
 
-    # At a level marked ``concrete`` (an eager shard_map, spmd/shard/shard_map_eager.py)
+    # At a level marked ``concrete`` (an eager shard_map, spmd/shard/maps/on_blocks.py)
     # values are real: one converts to a Python value when it is the same on every
     # device, and prints as each device's block.  ``level.concrete`` is the hook the
     # shard layer gives (it knows the mesh and how its devices agree);

@@ -13,15 +13,16 @@ from spmd.compiler.core.jit import _norm_argnums, flatten_outputs
 from spmd.compiler.core.trace import (Tracer, axis_env_key, axis_scope, get_aval,
                                  hoist_traced_consts, trace_to_program)
 from spmd.errors import StaticArgumentError
-from spmd.shard import call, explicit
+from spmd.shard.call import plan as call
+from spmd.shard.explicit import types as explicit
 from spmd.shard.partition.placement import Placement
-from spmd.shard.jit import Jit, Placed
+from spmd.shard.call.jit import Jit, Placed
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
-from spmd.shard.sharded import ShardedArray, SingleDeviceSharding
-from spmd.shard.spec import NamedSharding, PartitionSpec
-from spmd.shard.mesh_context import get_mesh, resolve_specs
-from spmd.shard.shard_map import _bind_body
+from spmd.shard.arrays.sharded import ShardedArray, SingleDeviceSharding
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
+from spmd.shard.explicit.mesh_context import get_mesh, resolve_specs
+from spmd.shard.maps.shard_map import _bind_body
 
 # ------------------------------------------------------ with_sharding_constraint
 
@@ -95,7 +96,7 @@ class _Entry:
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.out_specs = out_specs
-        self.plans: dict = {}  # leaf tokens -> call plan (spmd.shard.call), built when called
+        self.plans: dict = {}  # leaf tokens -> call plan (spmd.shard.call.plan), built when called
 
 
 def _argnums(fun, name, static_argnums, static_argnames, donate_argnums):
@@ -137,7 +138,7 @@ def _leaf_sharding(leaf, where: str):
     if isinstance(s, NamedSharding):
         return s
     if isinstance(s, PartitionSpec):
-        from spmd.shard.mesh_context import get_mesh
+        from spmd.shard.explicit.mesh_context import get_mesh
 
         if get_mesh() is not None:
             return NamedSharding(get_mesh(), s)
@@ -254,7 +255,7 @@ class PartitionedJit(Jit):
                                  f"({', '.join(map(repr, meshes))}); all inputs and outputs "
                                  "of one jit must share a mesh")
         if not meshes:
-            from spmd.shard.mesh_context import get_mesh
+            from spmd.shard.explicit.mesh_context import get_mesh
 
             if get_mesh() is not None:  # bare PartitionSpecs under use_mesh/set_mesh
                 return get_mesh(), specs

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from spmd.compiler.transforms.ad_util import Zero
 from spmd.compiler.core.primitives import Primitive
-from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec, ShardingError
 from spmd.compiler.transforms.batching import move_to_front
-from spmd.shard.sharded import placed
+from spmd.shard.arrays.sharded import placed
 
 sharding_constraint_p = Primitive("sharding_constraint", traits=())
 # ``free``: mesh axes the constraint leaves to the partitioner (the automatic axes of a

@@ -1,6 +1,6 @@
 """Eager primitives on sharded Arrays run through the partitioner.
 
-:func:`spmd.shard.dispatch.eval_primitive` calls :func:`run_sharded` for a
+:func:`spmd.shard.call.dispatch.eval_primitive` calls :func:`run_sharded` for a
 primitive (other than ``jit`` and ``shard_map``) with an argument placed on a
 mesh of several devices: the primitive runs as a (cached) partitioned jit of
 ``bind(prim, ...)`` whose inputs keep their placements, and its results carry
@@ -38,7 +38,7 @@ def run_sharded(prim, args, params, mesh):
         key = None
     pj = _CACHE.get(key) if key is not None else None
     if pj is None:
-        from spmd.shard.jit import Jit
+        from spmd.shard.call.jit import Jit
 
         def fn(*xs):
             out = bind(prim, *xs, **params)

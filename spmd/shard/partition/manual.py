@@ -32,7 +32,7 @@ from spmd.compiler.core.ir import ClosedProgram
 from spmd.shard.partition.partitioner import (_backward_wants, _describe, Evaluator, partition,
                                               PartitionError)
 from spmd.shard.partition.placement import Placement
-from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 from spmd.compiler.passes.pipeline import inline_calls
 from spmd.shard.partition.reshard import reshard
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from spmd.shard.spec import PartitionSpec
+from spmd.shard.arrays.spec import PartitionSpec
 
 
 class Placement(NamedTuple):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from spmd import tree_util
 from spmd.compiler.core.avals import ShapeDtypeStruct
 from spmd.compiler.core.ir import ClosedProgram
-from spmd.shard.spec import NamedSharding
+from spmd.shard.arrays.spec import NamedSharding
 from spmd.compiler.passes.pipeline import cse, dce, inline_calls
 
 

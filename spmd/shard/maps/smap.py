@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from spmd import tree_util
 from spmd.errors import ArgumentError
-from spmd.shard.shard_map import shard_map
-from spmd.shard.shard_map_args import Infer
-from spmd.shard.spec import PartitionSpec
+from spmd.shard.maps.shard_map import shard_map
+from spmd.shard.maps.args import Infer
+from spmd.shard.arrays.spec import PartitionSpec
 
 __all__ = ["smap"]
 
@@ -94,7 +94,7 @@ def _check_inferrable(axis_name):
     """Without ``in_axes`` the arguments' specs come from their types: that needs
     ``axis_name`` to be an explicit axis of the current mesh, as in JAX."""
     from spmd.mesh.mesh import AxisType
-    from spmd.shard.mesh_context import get_mesh
+    from spmd.shard.explicit.mesh_context import get_mesh
 
     mesh = get_mesh()
     types = dict(zip(mesh.axis_names, mesh.axis_types)) if mesh is not None else {}

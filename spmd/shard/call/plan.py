@@ -1,9 +1,9 @@
 """The call plan: how one call signature of a program runs on placed values.
 
 Every eager call on placed values ends here (``docs/architecture.md``, "The one
-call path"): a jitted call (:mod:`spmd.shard.jit`), a jit with in/out shardings,
+call path"): a jitted call (:mod:`spmd.shard.call.jit`), a jit with in/out shardings,
 an eager operation on a sharded array (:mod:`spmd.shard.partition.eager`), an
-eager ``jit`` equation with sharded operands (:mod:`spmd.shard.dispatch`).  The
+eager ``jit`` equation with sharded operands (:mod:`spmd.shard.call.dispatch`).  The
 caller keys its plans on what decides the route -- the structure of the
 arguments, each leaf's type and aval, and for a placed leaf its sharding and
 whether it holds blocks or the whole value -- so a plan is built once from the
@@ -36,16 +36,16 @@ from spmd.compiler.core.array import Array
 from spmd.compiler.core.ir import ClosedProgram
 from spmd.compiler.core.jit import executable_for
 from spmd.compiler.core.trace import get_aval, to_array_value, wrap_value
-from spmd.shard import execute
-from spmd.shard.sharded import holds_full_value, placement_token, ShardedArray
-from spmd.shard.spec import NamedSharding
+from spmd.shard.maps import stacked as execute
+from spmd.shard.arrays.sharded import holds_full_value, placement_token, ShardedArray
+from spmd.shard.arrays.spec import NamedSharding
 
 # How a plan reads each argument (written out per leaf in the plan's generated ``run``).
 BLOCKS, WHOLE, AS_IS, CONVERT, RESHARD, VALUE = range(6)
 
 
 # The part of a plan's key for an Array of the shard layer: its placement token
-# (spmd.shard.sharded.placement_token: its type, aval, sharding and whether it holds
+# (spmd.shard.arrays.sharded.placement_token: its type, aval, sharding and whether it holds
 # blocks or the whole value), read without a Python call.
 token = operator.attrgetter("_token")
 
@@ -146,7 +146,7 @@ def _read(x, how, what):
     if how == WHOLE:
         return x.value
     if how == RESHARD:
-        from spmd.shard.multiprocess import reshard
+        from spmd.shard.arrays.multiprocess import reshard
 
         y = reshard(x, what, "an input")
         return y.local_blocks() if y._value is None else y.value

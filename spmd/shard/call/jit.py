@@ -5,10 +5,10 @@ this subclass owns what happens when a call's arguments are placed (sharded
 Arrays, Arrays spread over processes closed over, a ``shard_map`` over processes
 inside).  Its call plans are keyed on the structure, each leaf's type and aval,
 and for a placed leaf its sharding and whether it holds blocks or the whole value
-(:func:`spmd.shard.call.token`), with the statics, x64, the named axes and the mesh
+(:func:`spmd.shard.call.plan.token`), with the statics, x64, the named axes and the mesh
 context; on a miss the plan is built directly (trace, partition when needed, the
 per-process executable, how each leaf is read, the output placements,
-:mod:`spmd.shard.call`), on a hit it is called.  Calls on unplaced values run the
+:mod:`spmd.shard.call.plan`), on a hit it is called.  Calls on unplaced values run the
 compiler's plan as they always did.
 
 >>> f = spmd.jit(lambda v: v * 2 + 1)
@@ -24,17 +24,17 @@ from spmd.compiler.passes.pipeline import dce
 from spmd.compiler.core.trace import Tracer, is_eager
 from spmd.compiler.core.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
-from spmd.shard import call as _call
-from spmd.shard import explicit as _explicit
-from spmd.shard.mesh_context import tracing_call
+from spmd.shard.call import plan as _call
+from spmd.shard.explicit import types as _explicit
+from spmd.shard.explicit.mesh_context import tracing_call
 from spmd.mesh import Mesh
-from spmd.shard.spread import output_wrappers, spread_equation
+from spmd.shard.call.spread import output_wrappers, spread_equation
 from spmd.errors import SpmdError
 
 
 class Placed:
     """A call signature whose values are placed: the traced entry and its
-    :class:`spmd.shard.call.Plan` (``bind``: under a transformation the ``jit``
+    :class:`spmd.shard.call.plan.Plan` (``bind``: under a transformation the ``jit``
     equation is bound, as for any plan)."""
 
     __slots__ = ("entry", "avals", "abstract", "single", "out_tree", "plan", "run",
@@ -93,7 +93,7 @@ class Jit(JitFunction):
         on = ("meshes",) + meshes if meshes else ()
         with tracing_call(meshes):
             # On explicit mesh axes the values' shardings are part of their types: the
-            # function is traced with them (spmd.shard.explicit), and they key the trace.
+            # function is traced with them (spmd.shard.explicit.types), and they key the trace.
             sig = _explicit.signature(leaves)
             if sig is None:
                 return super()._traced(static_key, treedef, leaves, on)
@@ -108,7 +108,7 @@ class Jit(JitFunction):
         if plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
                 or any(isinstance(x, Tracer) for x in leaves):
             return plan  # abstract values, or a call under a transformation
-        from spmd.shard.dispatch import mesh_of, plan_for
+        from spmd.shard.call.dispatch import mesh_of, plan_for
 
         everything = [*entry.hoisted, *leaves]
         mesh = mesh_of(everything) if plan.bind else None
@@ -142,7 +142,7 @@ class Lowered(_Lowered):
         eqn = spread_equation(self._entry.optimized)
         if eqn is None:
             return super()._executed()
-        from spmd.shard.dispatch import executed_program
+        from spmd.shard.call.dispatch import executed_program
 
         return executed_program(self._entry.optimized, eqn.params["mesh"],
                                 leading=self._entry.hoisted)
@@ -159,7 +159,7 @@ def make_jaxpr(fun, static_argnums=None):
     """``spmd.make_jaxpr``: the program ``fun`` traces to, traced as :class:`Jit` traces
     it.  On explicit mesh axes it is traced with its values' types (ambiguities raise),
     each typed result is pinned by a ``sharding_constraint``, and the program prints
-    each variable's type (``f32[8@x,4]``, a :class:`~spmd.shard.explicit.TypedProgram`).
+    each variable's type (``f32[8@x,4]``, a :class:`~spmd.shard.explicit.types.TypedProgram`).
 
     >>> print(spmd.make_jaxpr(lambda x: x + 1)(np.ones(3, np.float32)))  # doctest: +SKIP
     """

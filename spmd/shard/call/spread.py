@@ -1,7 +1,7 @@
 """What a traced program holds that the compiler cannot run by itself.
 
 Two facts about a program, read by the shard layer's call path
-(:mod:`spmd.shard.jit`, :mod:`spmd.shard.dispatch`) and by nothing below it:
+(:mod:`spmd.shard.call.jit`, :mod:`spmd.shard.call.dispatch`) and by nothing below it:
 
 - :func:`spread_equation`: the first ``shard_map`` over a mesh spread over
   processes, at any depth of its sub-programs (a loop or ``cond`` body, a
@@ -26,7 +26,7 @@ import weakref
 
 from spmd.compiler.core.ir import ClosedProgram
 from spmd.compiler.core.trace import bind, trace_to_program
-from spmd.shard.shard_map import shard_map_p
+from spmd.shard.maps.shard_map import shard_map_p
 
 
 def spread_equation(closed: ClosedProgram):

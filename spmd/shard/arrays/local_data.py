@@ -1,6 +1,6 @@
 """Arrays built from each process's own part:
 :func:`make_array_from_process_local_data` (kept apart from
-:mod:`spmd.shard.multiprocess`, which :mod:`spmd.shard.array` builds on, since it
+:mod:`spmd.shard.arrays.multiprocess`, which :mod:`spmd.shard.arrays.placing` builds on, since it
 builds on both).
 
 >>> mesh = spmd.make_mesh((4,), ("data",))                 # 4 ranks, 1 device each
@@ -21,11 +21,11 @@ from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.trace import Tracer
 from spmd.errors import ArgumentError, ShapeError
 from spmd.mesh.devices import process_index
-from spmd.shard.array import _as_sharding, _leaf_array
-from spmd.shard.multiprocess import check_full_value
-from spmd.shard.sharded import (SingleDeviceSharding, from_blocks, from_whole,
+from spmd.shard.arrays.placing import _as_sharding, _leaf_array
+from spmd.shard.arrays.multiprocess import check_full_value
+from spmd.shard.arrays.sharded import (SingleDeviceSharding, from_blocks, from_whole,
                                 holds_full_value, my_devices, placed)
-from spmd.shard.spec import NamedSharding, block_coord, check_spec
+from spmd.shard.arrays.spec import NamedSharding, block_coord, check_spec
 from spmd.mesh import Mesh
 
 

@@ -2,7 +2,7 @@
 
 The compiler hands two kinds of eager primitive application to
 :func:`eval_primitive` (through its extension point ``EAGER_EVAL``, which the
-installer fills): one with a :class:`~spmd.shard.sharded.ShardedArray` among its
+installer fills): one with a :class:`~spmd.shard.arrays.sharded.ShardedArray` among its
 arguments, and every higher-order one (its programs may hold a ``shard_map`` over
 processes, which the compiler cannot run).  As in JAX, an eager operation on
 arrays placed on a mesh of several devices runs as an SPMD computation over that
@@ -17,7 +17,7 @@ mesh:
   (:mod:`spmd.shard.partition.eager`);
 - on unplaced values, a ``jit``, loop, ``cond``, ``checkpoint`` or custom
   derivative whose programs hold a ``shard_map`` over processes
-  (:func:`spmd.shard.spread.spread_equation`) runs partitioned over its mesh; any
+  (:func:`spmd.shard.call.spread.spread_equation`) runs partitioned over its mesh; any
   other is left to the compiler.
 
 Every process of a mesh spread over processes must make the same calls in the
@@ -35,18 +35,18 @@ import weakref
 
 from spmd.compiler.core.jit import jit_p
 from spmd.compiler.core.trace import eval_plain, eval_program, get_aval
-from spmd.shard.sharded import ShardedArray, from_whole, placed
-from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.arrays.sharded import ShardedArray, from_whole, placed
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 from spmd.compiler.passes.pipeline import lower_for_execution, optimize
 from spmd.errors import SpmdError
-from spmd.shard import call
-from spmd.shard.call import leaf_token
-from spmd.shard.execute import _unclosed, process_program
+from spmd.shard.call import plan as call
+from spmd.shard.call.plan import leaf_token
+from spmd.shard.maps.stacked import _unclosed, process_program
 from spmd.shard.partition.eager import run_sharded
 from spmd.shard.partition.partitioner import partition
 from spmd.shard.partition.registry import MissingPartitionRuleError
-from spmd.shard.shard_map import _split, shard_map_p
-from spmd.shard.spread import one_equation, output_wrappers, spread_equation, sub_programs
+from spmd.shard.maps.shard_map import _split, shard_map_p
+from spmd.shard.call.spread import one_equation, output_wrappers, spread_equation, sub_programs
 
 
 def mesh_of(args):
@@ -151,7 +151,7 @@ class ByEquation:
 
 
 def plan_for(program, leaves, mesh):
-    """The call plan (:mod:`spmd.shard.call`) of the jitted ``program`` on leaves like
+    """The call plan (:mod:`spmd.shard.call.plan`) of the jitted ``program`` on leaves like
     ``leaves`` placed on ``mesh``: partitioned with their shardings over processes;
     compiled on the whole values, its results placed as propagation says, in one."""
     in_specs = _in_specs(leaves, mesh)
@@ -258,7 +258,7 @@ def executed_program(program, mesh, leading=()):
 
 # ------------------------------------------------ shard_map on placed values
 # How a shard_map runs on placed values is the call path's: these are its execution
-# rules (its transformation rules are in spmd/shard/shard_map.py).  The shard
+# rules (its transformation rules are in spmd/shard/maps/shard_map.py).  The shard
 # package imports this module, so they are in place whenever shard_map is.
 
 # Per body program: {(mesh, specs, the leaves' tokens): call plan} of shard_map
@@ -268,7 +268,7 @@ _eager_plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def eval_shard_map(args, params):
     """An eager shard_map: results placed by ``out_specs``.  Over processes, each
-    process runs its devices on its blocks (a call plan of :mod:`spmd.shard.call`,
+    process runs its devices on its blocks (a call plan of :mod:`spmd.shard.call.plan`,
     kept per body and leaves); in one process the compiled program runs on the whole
     values."""
     params = _split(params, args)  # a partial-manual one: split by the args' shardings
@@ -294,5 +294,5 @@ def _output_array(eqn, i):
     return lambda a: placed(a, s)
 
 
-# A jitted shard_map's results keep their out_specs placement (spmd.shard.spread).
+# A jitted shard_map's results keep their out_specs placement (spmd.shard.call.spread).
 shard_map_p.rules["output_array"] = _output_array

@@ -20,9 +20,9 @@ from spmd.errors import SpmdError
 from spmd import tree_util
 from spmd.mesh import AbstractMesh, AxisType, Mesh
 from spmd.mesh.devices import Device
-from spmd.shard.array import device_put as put
-from spmd.shard.sharded import SingleDeviceSharding
-from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.arrays.placing import device_put as put
+from spmd.shard.arrays.sharded import SingleDeviceSharding
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 
 
 class MeshContextError(SpmdError, ValueError):
@@ -185,7 +185,7 @@ def resolve_specs(shardings, fname: str):
 
 
 def device_put(x, device=None, *args, **kwargs):
-    """``spmd.device_put``: as :func:`spmd.shard.array.device_put`, and a bare
+    """``spmd.device_put``: as :func:`spmd.shard.arrays.placing.device_put`, and a bare
     ``PartitionSpec`` places ``x`` on the current mesh (``use_mesh``/``set_mesh``).
 
     >>> with spmd.sharding.use_mesh(mesh):

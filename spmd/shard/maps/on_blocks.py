@@ -39,17 +39,17 @@ from spmd.compiler.core.jit import flatten_outputs
 from spmd.compiler.core.trace import (extend_axis_env, full_raise, get_aval, is_eager, new_main,
                                  to_array_value, Tracer)
 from spmd.errors import TracerBoolConversionError
-from spmd.shard.mesh_context import in_body
-from spmd.shard.manual_axes import _check_manual_spec
-from spmd.shard.shard_map_args import _as_global, _check_out, _spec_leaves
+from spmd.shard.explicit.mesh_context import in_body
+from spmd.shard.maps.manual_axes import _check_manual_spec
+from spmd.shard.maps.args import _as_global, _check_out, _spec_leaves
 from spmd.collectives import mpi
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.ir import ClosedProgram, Program
 from spmd.compiler.ops.structural import broadcast_in_dim
 from spmd.mesh import process_index
-from spmd.shard.execute import _my_blocks, from_blocks
-from spmd.shard.sharded import ShardedArray, from_whole
-from spmd.shard.spec import NamedSharding, global_shape
+from spmd.shard.maps.stacked import _my_blocks, from_blocks
+from spmd.shard.arrays.sharded import ShardedArray, from_whole
+from spmd.shard.arrays.spec import NamedSharding, global_shape
 
 
 def can_run_eagerly(vals) -> bool:
@@ -88,7 +88,7 @@ class EagerMesh:
 
     def agree(self, *extra: str) -> None:
         if self.local is not None:
-            from spmd.shard.fingerprint import agree_text
+            from spmd.shard.call.fingerprint import agree_text
 
             agree_text("\n".join(self.log + list(extra)), self.ranks)
 
@@ -149,7 +149,7 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
     local = _local_positions(mesh) if multi else None
     hook = EagerMesh(mesh, local, check_vma)
     if multi:  # the processes agree on the call before any data moves
-        from spmd.shard.fingerprint import mesh_line
+        from spmd.shard.call.fingerprint import mesh_line
 
         hook.log += [mesh_line(mesh), "inputs: " + ", ".join(str(get_aval(v)) for v in vals),
                      f"in_specs: {list(specs)}", f"check_vma: {check_vma}"]
@@ -159,7 +159,7 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
         level = NamedAxes(mesh.axis_names, mesh.axis_sizes, layout, concrete=hook)
         stacked = [_local_blocks(v, s, mesh, local) for v, s in zip(vals, specs)]
     else:
-        from spmd.shard.execute import to_blocks
+        from spmd.shard.maps.stacked import to_blocks
 
         level = NamedAxes(mesh.axis_names, mesh.axis_sizes, concrete=hook)
         # Split the whole values (one process holds them): the splitting is data
@@ -217,7 +217,7 @@ def _local_blocks(x, spec, mesh, local):
     if isinstance(x, ShardedArray) and x._value is None:
         want = NamedSharding(mesh, spec)
         if x._sharding != want:
-            from spmd.shard.multiprocess import reshard
+            from spmd.shard.arrays.multiprocess import reshard
 
             x = reshard(x, want, "an input")
         if x._value is None:

@@ -29,10 +29,10 @@ from spmd.compiler.core.trace import Tracer, get_aval
 from spmd.errors import ArgumentError, SpmdError
 from spmd.compiler.transforms.batching import broadcast_prefix
 from spmd.mesh import Mesh, process_count, process_index
-from spmd.shard.local_data import make_array_from_process_local_data
+from spmd.shard.arrays.local_data import make_array_from_process_local_data
 from spmd.shard.partition.api import jit
-from spmd.shard.shard_map import shard_map
-from spmd.shard.spec import NamedSharding, PartitionSpec as P
+from spmd.shard.maps.shard_map import shard_map
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec as P
 
 _names = itertools.count()
 

@@ -7,7 +7,7 @@ structure under every transformation: the jvp, the two halves of partial
 evaluation, the transpose and the batched form of a ``shard_map`` are
 ``shard_map``s again.  Executing it is the backend's job (``execute.py``); how
 an eager one, or a program holding one over processes, runs on placed values is
-the call path's (its execution rules are in :mod:`spmd.shard.dispatch`).
+the call path's (its execution rules are in :mod:`spmd.shard.call.dispatch`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import (bind, eval_program, extend_axis_env, get_aval,
                                  trace_to_program)
 from spmd.errors import ConcretizationError
-from spmd.shard.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
+from spmd.shard.maps.manual_axes import (_automatic_axis_error, _check_manual_spec,  # noqa: F401
                                      _manual_axes, split_typed, typed_axes)
-from spmd.shard.shard_map_args import (Infer, ShardMapError, _as_global,  # noqa: F401
+from spmd.shard.maps.args import (Infer, ShardMapError, _as_global,  # noqa: F401
                                        _check_out, _inferred_specs, _spec_leaves,
                                        arg_type_spec, check_marked_specs)
-from spmd.shard.spec import (PartitionSpec, ShardingError, block_shape,
+from spmd.shard.arrays.spec import (PartitionSpec, ShardingError, block_shape,
                              check_spec, ct_spec, global_shape)
 from spmd.compiler.transforms.batching import (active_spmd_axis_names, batch_flat, collective_axes,
                                     move_to_front)
@@ -52,7 +52,7 @@ shard_map_p = Primitive("shard_map", traits=(), multiple_results=True, higher_or
 def trace_body(fun: Callable, mesh, in_avals, check_vma: bool, axes=None) -> ClosedProgram:
     """Trace ``fun`` on per-device avals with the mesh axes (or just ``axes``, the
     manual ones of a partial-manual shard_map) in scope."""
-    from spmd.shard.mesh_context import in_body
+    from spmd.shard.explicit.mesh_context import in_body
 
     scope = dict(mesh.shape) if axes is None else {a: mesh.shape[a] for a in axes}
     with extend_axis_env(scope, track_vma=check_vma, manual=True), in_body(mesh, axes):
@@ -102,7 +102,7 @@ def _shard_map_aval(*avals, program, mesh, in_specs, out_specs, check_vma, manua
 
 @shard_map_p.def_impl
 def _shard_map_impl(xp, *args, program, mesh, in_specs, out_specs, check_vma, manual=None):
-    from spmd.shard.execute import executable
+    from spmd.shard.maps.stacked import executable
 
     if manual is not None:  # partial-manual, not partitioned: split it here
         p = _split({"program": program, "mesh": mesh, "in_specs": in_specs,
@@ -113,7 +113,7 @@ def _shard_map_impl(xp, *args, program, mesh, in_specs, out_specs, check_vma, ma
 
 
 def _lower(eqn):
-    from spmd.shard.execute import local_program
+    from spmd.shard.maps.stacked import local_program
 
     p = _split(eqn.params)
     return local_program(p["program"], p["mesh"], p["in_specs"], p["out_specs"])
@@ -484,11 +484,11 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=_R
 
     @functools.wraps(f)
     def wrapped(*args):
-        from spmd.shard.mesh_context import require_mesh
+        from spmd.shard.explicit.mesh_context import require_mesh
 
         m = mesh if mesh is not None else require_mesh(fname)
         if isinstance(m, AbstractMesh):  # the devices of the mesh of its axes in context
-            from spmd.shard.mesh_context import concrete_mesh
+            from spmd.shard.explicit.mesh_context import concrete_mesh
 
             placed = [getattr(x, "_sharding", None) for x in tree_util.tree_leaves(args)]
             m = concrete_mesh(m, fname, [s.mesh for s in placed if isinstance(
@@ -529,7 +529,7 @@ def _check_context_mesh(mesh, fname):
     """A ``mesh=`` that differs in axis names or sizes from the mesh of the enclosing
     ``set_mesh``/``use_mesh`` is an error, as in JAX: the program would mix two meshes
     (the same shape over other devices is the same abstract mesh, and allowed)."""
-    from spmd.shard.mesh_context import get_mesh
+    from spmd.shard.explicit.mesh_context import get_mesh
 
     ctx = get_mesh()
     if ctx is None or ctx is mesh:
@@ -582,7 +582,7 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
             raise ShardMapError(str(e)) from None
         vals.append(v)
         flat_specs.append(spec)
-    from spmd.shard.shard_map_eager import can_run_eagerly, run_eagerly
+    from spmd.shard.maps.on_blocks import can_run_eagerly, run_eagerly
 
     out_leaves = [] if callable(out_specs) else tree_util.tree_leaves(
         out_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
@@ -611,7 +611,7 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
 
     body = flat_body
     if body_types is not None:
-        from spmd.shard.explicit import wrap
+        from spmd.shard.explicit.types import wrap
 
         view = AbstractMesh(mesh.axis_sizes, mesh.axis_names, tuple(
             AxisType.Manual if a in manual else t for a, t in zip(mesh.axis_names,

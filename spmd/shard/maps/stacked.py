@@ -33,8 +33,8 @@ from spmd.compiler.core.trace import (eval_program, extend_axis_env, full_raise,
 from spmd.compiler.core import array_module
 from spmd.compiler.core.avals import ShapedArray
 from spmd.mesh import process_index
-from spmd.shard.sharded import ShardedArray, placement_token
-from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.arrays.sharded import ShardedArray, placement_token
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -180,7 +180,7 @@ def process_program(program: ClosedProgram, mesh, in_specs, out_specs,
     key = ("process", mesh, tuple(in_specs), tuple(out_specs), kinds)
     hit = per.get(key)
     if hit is None:
-        from spmd.shard.fingerprint import agree
+        from spmd.shard.call.fingerprint import agree
 
         n_local = len(_local_positions(mesh))
         global_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(),
@@ -257,7 +257,7 @@ def _local_out(v, d, spec, n_local):
 
 
 class _Plan:
-    """What a call plan over processes (:func:`spmd.shard.call.over_processes`) needs
+    """What a call plan over processes (:func:`spmd.shard.call.plan.over_processes`) needs
     for one program, mesh, specs and input kinds: the compiled per-process program and
     the outputs' global avals, shardings, representations and placement tokens."""
 
@@ -307,7 +307,7 @@ def _in_shardings(mesh, in_specs: tuple) -> tuple:
     key = (mesh, in_specs)
     hit = _sharding_cache.get(key)
     if hit is None:
-        from spmd.shard.spec import NamedSharding
+        from spmd.shard.arrays.spec import NamedSharding
 
         if len(_sharding_cache) > 4096:
             _sharding_cache.clear()

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from spmd.collectives.primitives import CollectiveAxisError
 from spmd.mesh.mesh import AxisType
-from spmd.shard.shard_map_args import ShardMapError
-from spmd.shard.spec import PartitionSpec
+from spmd.shard.maps.args import ShardMapError
+from spmd.shard.arrays.spec import PartitionSpec
 
 
 def _shard_map_error(msg):

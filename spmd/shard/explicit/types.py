@@ -5,7 +5,7 @@ A jitted function whose arguments are Arrays on an explicit mesh (or that runs
 under ``set_mesh`` of one) is traced with its values' types: each value is an
 :class:`ExplicitTracer` holding the traced value and its type, a
 :class:`~spmd.shard.partition.placement.Placement`.  Every primitive's result type
-comes from its rule (:mod:`spmd.shard.explicit_rules`): where the rule finds the
+comes from its rule (:mod:`spmd.shard.explicit.rules`): where the rule finds the
 result ambiguous it raises :class:`~spmd.errors.ShardingTypeError` at that line,
 naming the fix.  Each typed result is pinned in the traced program by a
 ``sharding_constraint``, so the partitioner places every value exactly as its
@@ -13,10 +13,10 @@ type says (no propagation choices), on one process or many.
 
 ``spmd.typeof(x).sharding`` reads the type; :func:`reshard` changes it (the
 collective it needs is inserted by the partitioner); ``auto_axes`` and
-``explicit_axes`` (:mod:`spmd.shard.modes`) switch axis types inside a program, as
+``explicit_axes`` (:mod:`spmd.shard.explicit.modes`) switch axis types inside a program, as
 traces over the same mesh with another *view* of its axis types.  Functions that
 take ``out_sharding=`` (``spmd.numpy.einsum``, ``dot``, ``matmul``, ``reshape``,
-``zeros``, ...) run through ``with_out_sharding`` (:mod:`spmd.shard.modes`): inside,
+``zeros``, ...) run through ``with_out_sharding`` (:mod:`spmd.shard.explicit.modes`): inside,
 an ambiguous result is left untyped and the result is resharded to ``out_sharding``.
 
 >>> mesh = spmd.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
@@ -39,12 +39,12 @@ from spmd.compiler.core.ir import ClosedProgram, Namer, pp_program
 from spmd.compiler.core.trace import (Trace, Tracer, full_raise, get_aval, is_eager, new_main)
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
-from spmd.shard.explicit_rules import explicit_only, free_axes, out_types, replicated
-from spmd.shard.mesh_context import device_put, get_mesh
+from spmd.shard.explicit.rules import explicit_only, free_axes, out_types, replicated
+from spmd.shard.explicit.mesh_context import device_put, get_mesh
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
-from spmd.shard.sharded import ShardedArray
-from spmd.shard.spec import NamedSharding, PartitionSpec, ct_spec
+from spmd.shard.arrays.sharded import ShardedArray
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec, ct_spec
 
 
 def is_explicit(mesh) -> bool:

@@ -1,7 +1,7 @@
 """The sharding rules of explicit mode: each primitive's output shardings from its inputs'.
 
 On a mesh whose axes are ``AxisType.Explicit`` an array's sharding is part of its
-type (:mod:`spmd.shard.explicit`).  A rule computes the shardings of a primitive's
+type (:mod:`spmd.shard.explicit.types`).  A rule computes the shardings of a primitive's
 results from those of its operands, with JAX's rules (``jax._src.lax``'s
 ``sharding_rule``s): shardings that agree flow through, a reduction drops the
 reduced dimensions' axes, a contraction over dimensions split on both sides is
@@ -327,7 +327,7 @@ def never(reason: str) -> Callable:
 # -------------------------------------------- collectives in a partial-manual body
 #
 # A partial-manual shard_map body over explicit axes is traced with types along the
-# axes it leaves (spmd.shard.shard_map); its collectives act along the manual axes,
+# axes it leaves (spmd.shard.maps.shard_map); its collectives act along the manual axes,
 # which types never name: a value keeps its type, except where the collective
 # reshapes a dimension, which must then be whole along the typed axes.
 
@@ -467,7 +467,7 @@ def shard_map(avals_in, types_in, avals_out, mesh, params, lenient=False):
     if params.get("manual") is None:
         return outs
     # A partial-manual body's results are typed along the explicit axes it leaves: its
-    # pins say how (spmd.shard.shard_map); each block's split is minor to the manual one.
+    # pins say how (spmd.shard.maps.shard_map); each block's split is minor to the manual one.
     body = params["program"].program
     made = {o: e for e in body.eqns for o in e.outputs}
     merged = []
@@ -501,7 +501,7 @@ def out_types(prim, avals_in, types_in, params, mesh, lenient: bool = False,
         raise MissingExplicitRuleError(
             f"primitive {prim.name!r} has no explicit-sharding rule, so it cannot run on "
             "arrays whose shardings are in their types; declare one in "
-            "spmd.shard.explicit_rules.RULES, or compute it inside "
+            "spmd.shard.explicit.rules.RULES, or compute it inside "
             "spmd.sharding.auto_axes(f, out_sharding=...)")
     if prim.higher_order:
         try:
@@ -572,7 +572,7 @@ def rule_for(prim):
     rule = RULES.get(prim)
     if rule is None and prim.name == "shard_map":
         # shard_map's module sits above this one (its bodies are typed by
-        # spmd.shard.explicit): its primitive is known by name here.
+        # spmd.shard.explicit.types): its primitive is known by name here.
         rule = RULES[prim] = shard_map
     if rule is None:
         d = DECISIONS.get(prim)

@@ -1,8 +1,8 @@
 """Arrays spread over several processes: geometry, gathering, building them.
 
 On a mesh whose devices belong to several processes a
-:class:`~spmd.shard.sharded.ShardedArray` holds only the blocks of this
-process's devices (see :mod:`spmd.shard.sharded`).  This module
+:class:`~spmd.shard.arrays.sharded.ShardedArray` holds only the blocks of this
+process's devices (see :mod:`spmd.shard.arrays.sharded`).  This module
 
 - answers geometric questions about shardings over processes (which block a
   device holds, which processes hold what another sharding needs);
@@ -11,7 +11,7 @@ process's devices (see :mod:`spmd.shard.sharded`).  This module
   reshards them.
 
 Arrays are built from each process's own part by
-:func:`spmd.shard.local_data.make_array_from_process_local_data`.
+:func:`spmd.shard.arrays.local_data.make_array_from_process_local_data`.
 
 >>> mesh = spmd.make_mesh((4,), ("data",))                 # 4 ranks, 1 device each
 >>> x = spmd.make_array_from_process_local_data(
@@ -34,10 +34,10 @@ from spmd.compiler.core.array_module import to_host
 from spmd.compiler.core.trace import Tracer
 from spmd.errors import ArgumentError, NotFullyAddressableError, ShapeError
 from spmd.mesh.devices import process_count, process_index
-from spmd.shard.sharded import (_holds_full, from_blocks as _from_blocks,
+from spmd.shard.arrays.sharded import (_holds_full, from_blocks as _from_blocks,
                                 from_whole as _from_whole, holds_full_value, my_devices,
                                 not_here_error, processes, ShardedArray)
-from spmd.shard.spec import NamedSharding
+from spmd.shard.arrays.spec import NamedSharding
 from spmd.collectives import mpi
 from spmd.collectives.mpi import control as mpi_control
 

@@ -2,7 +2,7 @@
 
 Every producer here allocates only what this process holds: the whole value when
 its devices hold every block, else one block per device of this process (see
-:mod:`spmd.shard.sharded`, which defines the placed Array type and the
+:mod:`spmd.shard.arrays.sharded`, which defines the placed Array type and the
 shardings).
 
 >>> mesh = spmd.make_mesh((4, 2), ("i", "j"))
@@ -27,11 +27,11 @@ from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.trace import Tracer, is_array_like
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.mesh.devices import Device, process_index
-from spmd.shard import multiprocess
-from spmd.shard.sharded import (Shard, ShardedArray, SingleDeviceSharding,  # noqa: F401
+from spmd.shard.arrays import multiprocess
+from spmd.shard.arrays.sharded import (Shard, ShardedArray, SingleDeviceSharding,  # noqa: F401
                                 default_sharding, from_blocks, from_whole, holds_full_value,
                                 index_key, my_devices, ordered_devices, placed)
-from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
 
 _SHARDINGS = (NamedSharding, SingleDeviceSharding)
 _default_sharding = default_sharding

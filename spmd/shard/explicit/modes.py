@@ -3,7 +3,7 @@ automatic: the partitioner places values along them) and ``explicit_axes`` (some
 axes become explicit: values are typed along them), JAX's ``jax.sharding.auto_axes``
 and ``explicit_axes``.
 
-Each opens an explicit trace (:mod:`spmd.shard.explicit`) over the same mesh with a
+Each opens an explicit trace (:mod:`spmd.shard.explicit.types`) over the same mesh with a
 different *view*: the mesh as its axes are typed inside.  The constraints that pin
 types there leave the view's automatic axes free, so one program, partitioned over
 one mesh, mixes the modes.
@@ -17,13 +17,13 @@ from spmd import tree_util
 from spmd.compiler.core.trace import full_raise, get_aval, is_eager
 from spmd.errors import ShardingTypeError
 from spmd.mesh.mesh import AxisType, Mesh
-from spmd.shard.explicit import (ExplicitTracer, _resolve, _suspended, active, explicit_trace,
+from spmd.shard.explicit.types import (ExplicitTracer, _resolve, _suspended, active, explicit_trace,
                                  is_explicit, pin, reshard, type_of)
-from spmd.shard.sharded import ShardedArray
-from spmd.shard.explicit_rules import explicit_only
-from spmd.shard.mesh_context import get_mesh
+from spmd.shard.arrays.sharded import ShardedArray
+from spmd.shard.explicit.rules import explicit_only
+from spmd.shard.explicit.mesh_context import get_mesh
 from spmd.shard.partition.placement import Placement
-from spmd.shard.spec import NamedSharding, PartitionSpec
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 
 
 # ------------------------------------------------------------- out_sharding=
@@ -60,7 +60,7 @@ def _eager_jit(fn, static, out_sharding, where):
     key = (fn, static, out_sharding, where)
     j = _EAGER.get(key)
     if j is None:
-        from spmd.shard.jit import Jit
+        from spmd.shard.call.jit import Jit
 
         def call(*xs):
             return with_out_sharding(fn, xs, out_sharding, where, static)
@@ -127,7 +127,7 @@ def auto_axes(fun=None, /, *, axes=None, out_sharding=None):
             raise TypeError("auto_axes: missing required keyword argument 'out_sharding' "
                             "(the results' shardings on the explicit axes)")
         if is_eager() and any(type_of(a) is not None for a in tree_util.tree_leaves(args)):
-            from spmd.shard.jit import Jit
+            from spmd.shard.call.jit import Jit
 
             return Jit(lambda *a: auto(*a, out_sharding=out_s), user=False)(*args, **kwargs)
         tr = active()

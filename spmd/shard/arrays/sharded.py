@@ -15,7 +15,7 @@ anywhere an Array does) with a sharding and one of two representations:
 Reading the whole value (``np.asarray``, ``repr``'s digits, ``.value``) of a
 blocks array whose blocks are not all here raises
 :class:`~spmd.errors.NotFullyAddressableError` naming ``process_allgather``.
-Eager operations on sharded arrays are evaluated by :mod:`spmd.shard.dispatch`
+Eager operations on sharded arrays are evaluated by :mod:`spmd.shard.call.dispatch`
 (the compiler hands them over through its extension point ``EAGER_EVAL``).
 
 >>> mesh = spmd.make_mesh((4, 2), ("i", "j"))
@@ -36,7 +36,7 @@ from spmd.compiler.core.array import Array
 from spmd.compiler.core.avals import ShapedArray
 from spmd.errors import NotFullyAddressableError
 from spmd.mesh.devices import Device, local_devices, process_index
-from spmd.shard.spec import NamedSharding, ShardingError, block_coord
+from spmd.shard.arrays.spec import NamedSharding, ShardingError, block_coord
 
 
 # ----------------------------------------------------------------- shardings
@@ -183,7 +183,7 @@ _next_token = itertools.count(1)
 
 def placement_token(cls, aval: ShapedArray, sharding, spread: bool) -> int:
     """A number naming an array's type, aval, sharding and representation (``spread``:
-    it holds blocks): the key of call plans (:mod:`spmd.shard.call`) holds it, so a
+    it holds blocks): the key of call plans (:mod:`spmd.shard.call.plan`) holds it, so a
     lookup hashes one int instead of an aval and a sharding.  Equal placements get
     the same number; a number is never given to another placement (the counter
     only grows), so a plan keyed on it always meets the placement it was built for."""

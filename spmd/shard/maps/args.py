@@ -15,7 +15,7 @@ from spmd.compiler.core.array import Array
 from spmd.compiler.core.trace import get_aval, is_array_like, Tracer
 from spmd.errors import SpmdError
 from spmd.mesh.mesh import AxisType
-from spmd.shard.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
+from spmd.shard.arrays.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
 from spmd.compiler.core.array_module import is_device_array, to_device
 
 
@@ -72,7 +72,7 @@ def arg_type_spec(x, mesh):
     s = getattr(x, "_sharding", None) if isinstance(x, Array) else None
     if isinstance(s, NamedSharding) and s.mesh == mesh:
         return s.spec
-    # A value traced with its type (spmd.shard.explicit's ExplicitTracer, read by its
+    # A value traced with its type (spmd.shard.explicit.types's ExplicitTracer, read by its
     # attribute: that module is above this one).
     typed = getattr(x, "typed_on", None)
     t = typed() if typed is not None else None

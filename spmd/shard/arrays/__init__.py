@@ -1,0 +1,1 @@
+"""Placed arrays: specs, shardings, the sharded Array, placing values, arrays over processes."""
