@@ -84,7 +84,7 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
     g = compiler_jit(spmd.shard_map(lambda b: lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
                                     out_specs=P()))
     g(x)
-    op = mpi.mpi_p.rules["bind_impl"](np, kind="allreduce", ranks=ranks, op="sum", what="psum")
+    op = mpi.mpi_p.rules.bind_impl(np, kind="allreduce", ranks=ranks, op="sum", what="psum")
     layers = [("raw comm.Allreduce", lambda: comm.Allreduce(mine, out, op=MPI.SUM)),
               ("mpi.allreduce (backend function)", lambda: mpi.allreduce(mine, ranks, "sum")),
               ("mpi equation as generated code calls it", lambda: op(mine)),

@@ -302,7 +302,7 @@ def sendrecv(x, ranks, dst, src, what=None):
 # --------------------------------------------------------- the primitive
 
 nccl_p = Primitive("nccl", traits=(), effectful=True)
-nccl_p.rules["communicates"] = True
+nccl_p.rules.communicates = True
 
 
 @nccl_p.def_impl

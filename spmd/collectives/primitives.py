@@ -141,7 +141,7 @@ def _batch(p, local_rule, shift):
         return local_rule(group_for(level, axes), x, d, params)
 
     p.def_batch(rule)
-    p.rules["batch_needs_axis"] = True
+    p.rules.batch_needs_axis = True
     return p
 
 
@@ -184,7 +184,7 @@ def _reduce_prim(name, op):
         return x
 
     p.def_vma(lambda x, *, axes: [x.vma - set(axes)])
-    p.rules["manual_types"] = _sum_types if op == "sum" else _extremum_types(name)
+    p.rules.manual_types = _sum_types if op == "sum" else _extremum_types(name)
 
     def local(group, x, d, params):
         if d is None:  # the same on every device
@@ -258,7 +258,7 @@ pvary_p.def_impl(lambda xp, x, *, axes: x)
 pvary_p.def_emit(lambda ins, axes: ins[0])
 pvary_p.def_abstract_eval(lambda x, *, axes: x)
 pvary_p.def_vma(lambda x, *, axes: [x.vma | _tracked(axes)])
-pvary_p.rules["manual_types"] = lambda x, *, axes: [(x.unreduced, x.reduced - set(axes))]
+pvary_p.rules.manual_types = lambda x, *, axes: [(x.unreduced, x.reduced - set(axes))]
 # No data moves: the stacked representation of an invariant value serves as is.
 _batch(pvary_p, lambda group, x, d, params: (x, d), _same)
 
@@ -316,7 +316,7 @@ def _pcast_types(x, *, axes, to):
     return [(x.unreduced | axes, x.reduced)]
 
 
-pcast_p.rules["manual_types"] = _pcast_types
+pcast_p.rules.manual_types = _pcast_types
 
 
 _batch(pcast_p, lambda group, x, d, params: (x, d), _same)
@@ -369,7 +369,7 @@ def _all_gather_types(x, *, axes, reduced=False, **params):
     return [(types[0], types[1] | _tracked(axes))] if reduced else [types]
 
 
-all_gather_p.rules["manual_types"] = _all_gather_types
+all_gather_p.rules.manual_types = _all_gather_types
 
 
 @all_gather_p.def_abstract_eval
@@ -404,7 +404,7 @@ _batch(all_gather_p, _all_gather_local, _plus1("axis"))
 psum_scatter_p = _linear_jvp(Primitive("psum_scatter", traits=()))
 psum_scatter_p.def_impl(_no_impl("psum_scatter"))
 psum_scatter_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
-psum_scatter_p.rules["manual_types"] = _sum_types
+psum_scatter_p.rules.manual_types = _sum_types
 
 
 @psum_scatter_p.def_abstract_eval
@@ -463,7 +463,7 @@ def _psum_scatter_transpose(ct, x, *, axes, scatter_dimension, tiled, axis_size)
 all_to_all_p = _linear_jvp(Primitive("all_to_all", traits=()))
 all_to_all_p.def_impl(_no_impl("all_to_all"))
 all_to_all_p.def_vma(lambda x, *, axes, **_: [x.vma | _tracked(axes)])
-all_to_all_p.rules["manual_types"] = _linear_types("all_to_all")
+all_to_all_p.rules.manual_types = _linear_types("all_to_all")
 
 
 @all_to_all_p.def_abstract_eval
@@ -494,7 +494,7 @@ ppermute_p = _linear_jvp(Primitive("ppermute", traits=()))
 ppermute_p.def_impl(_no_impl("ppermute"))
 ppermute_p.def_abstract_eval(lambda x, *, axes, perm: x)
 ppermute_p.def_vma(lambda x, *, axes, perm: [x.vma | _tracked(axes)])
-ppermute_p.rules["manual_types"] = _linear_types("ppermute")
+ppermute_p.rules.manual_types = _linear_types("ppermute")
 
 
 _ppermute_local = _stacked("ppermute", "perm")
@@ -545,10 +545,10 @@ def _axis_index_batch(args, dims, *, _axis_data, axes):
 
 
 axis_index_p.def_batch(_axis_index_batch)
-axis_index_p.rules["batch_needs_axis"] = True
+axis_index_p.rules.batch_needs_axis = True
 
 # The collectives that move data between devices (not pvary, axis_index: local): a
 # process must not skip one its partners run (compiler.transforms.batching.communicates).
 for _p in (psum_p, pmax_p, pmin_p, all_gather_p, psum_scatter_p, all_to_all_p, ppermute_p):
-    _p.rules["communicates"] = True
+    _p.rules.communicates = True
 del _p

@@ -43,8 +43,8 @@ def define_rules(prim, backend: str) -> None:
         return {**eqns[0].params,
                 "what": f"{'/'.join(names)} x{len(eqns)} combined ({nbytes} bytes)"}
 
-    prim.rules["combine_key"] = _combine_key
-    prim.rules["combine_params"] = _combine_params
+    prim.rules.combine_key = _combine_key
+    prim.rules.combine_params = _combine_params
 
     @prim.def_batch
     def _batch(args, dims, **params):

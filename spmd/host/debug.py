@@ -103,8 +103,8 @@ def _batch(args, dims, *, fmt, tree, statics, levels, axes, _axis_data):
 debug_print_p.def_batch(_batch)
 # Printed per element (per device in a shard_map) even when nothing is batched:
 # ``axes`` ties the print to the levels of those axes, as for axis_index.
-debug_print_p.rules["batch_needs_axis"] = True
-debug_print_p.rules["batch_always"] = True
+debug_print_p.rules.batch_needs_axis = True
+debug_print_p.rules.batch_always = True
 
 
 def callback(fn, *args, ordered: bool = False, **kwargs) -> None:

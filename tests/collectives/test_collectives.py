@@ -676,7 +676,7 @@ def test_which_collectives_communicate():
     from spmd.compiler.transforms.batching import communicates
     from spmd.compiler.core.primitives import PRIMITIVES
 
-    moving = {p.name for p in PRIMITIVES.values() if p.rules.get("communicates")}
+    moving = {p.name for p in PRIMITIVES.values() if p.rules.communicates}
     assert moving == {"psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all",
                       "ppermute", "mpi", "nccl"}
     mesh = spmd.make_mesh((2,), ("i",), devices=spmd.devices()[:2])

@@ -40,7 +40,7 @@ def _full(params):
 
 @pytest.mark.parametrize("kind,params,x", CASES, ids=[f"{c[0]}-{c[2].dtype}" for c in CASES])
 def test_the_bound_operation_gives_what_the_impl_gives(kind, params, x):
-    fn = mpi.mpi_p.rules["bind_impl"](np, kind=kind, ranks=RANKS, **_full(params))
+    fn = mpi.mpi_p.rules.bind_impl(np, kind=kind, ranks=RANKS, **_full(params))
     if kind == "allreduce":  # its own bound form (the fast call after the first)
         assert isinstance(fn, mpi._BoundAllreduce)
     else:
@@ -53,7 +53,7 @@ def test_the_bound_operation_gives_what_the_impl_gives(kind, params, x):
 
 
 def test_the_bound_allreduce_takes_its_fast_call_only_for_the_operand_it_learned():
-    fn = mpi.mpi_p.rules["bind_impl"](np, kind="allreduce", ranks=RANKS,
+    fn = mpi.mpi_p.rules.bind_impl(np, kind="allreduce", ranks=RANKS,
                                       **_full({"op": "sum", "what": "psum"}))
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     fn(x)
@@ -71,7 +71,7 @@ def test_the_bound_allreduce_takes_its_fast_call_only_for_the_operand_it_learned
         np.testing.assert_array_equal(got, want)
     assert fn.fast[:2] == ((3, 4), np.dtype(np.float32))  # (kept: the first one learned)
     big = np.ones(mpi.POOL_MIN_BYTES // 4, np.float32)  # pooled receive buffers: no fast call
-    fresh = mpi.mpi_p.rules["bind_impl"](np, kind="allreduce", ranks=RANKS,
+    fresh = mpi.mpi_p.rules.bind_impl(np, kind="allreduce", ranks=RANKS,
                                          **_full({"op": "sum", "what": "psum"}))
     np.testing.assert_array_equal(fresh(big), big)
     assert fresh.fast is None
@@ -81,7 +81,7 @@ def test_other_array_modules_and_unknown_kinds_keep_the_impl():
     class OtherModule:  # e.g. cupy: the impl stages through host memory
         __name__ = "cupy"
 
-    bind = mpi.mpi_p.rules["bind_impl"]
+    bind = mpi.mpi_p.rules.bind_impl
     assert bind(OtherModule(), kind="allreduce", ranks=RANKS, op="sum") is None
     assert bind(np, kind="iallreduce_start", ranks=RANKS, op="sum") is None
 

@@ -55,7 +55,7 @@ def test_leading_axes_together_and_what_stays_numpy(loops_at_once):
     i0 = rng.integers(0, 2, (40,)).astype(np.int32)
     i1 = rng.integers(0, 7, (40,)).astype(np.int32)
     upd = rng.standard_normal((40, 5)).astype(np.float32)
-    run = indexing.scatter_p.rules["bind_impl"](np, axes=(0, 1), mode="add")
+    run = indexing.scatter_p.rules.bind_impl(np, axes=(0, 1), mode="add")
     got = run(x, upd, i0, i1)
     np.testing.assert_allclose(got, _numpy(x, upd, i0, i1, axes=(0, 1)), rtol=1e-5, atol=1e-6)
     assert run.tier.done is not None
@@ -66,7 +66,7 @@ def test_leading_axes_together_and_what_stays_numpy(loops_at_once):
     np.testing.assert_array_equal(run(x, upd, i0, bad), _numpy(x, upd, i0, bad, axes=(0, 1)))
     # Other modes and axes: numpy.
     for axes, mode in (((1, 0), "add"), ((0, 1), "max"), ((0, 1), "set")):
-        other = indexing.scatter_p.rules["bind_impl"](np, axes=axes, mode=mode)
+        other = indexing.scatter_p.rules.bind_impl(np, axes=axes, mode=mode)
         ids = (i1 % 2, i0) if axes == (1, 0) else (i0, i1)
         np.testing.assert_array_equal(other(x, upd, *ids),
                                       _numpy(x, upd, *ids, axes=axes, mode=mode))

@@ -14,6 +14,7 @@ from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.check import check_program
 from spmd.compiler.engine.codegen import compile_program
 from spmd.compiler.core.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.core.primitives import Rules
 from spmd.compiler.core.trace import eval_program, get_aval, trace_to_program
 
 F32 = np.float32
@@ -77,7 +78,7 @@ def test_dce_drops_unused_constants_but_never_arguments():
 def test_dce_keeps_chains_feeding_outputs_and_effects():
     a = Var(ShapedArray((2,), F32))
     b, c = Var(ShapedArray((2,), F32)), Var(ShapedArray((2,), F32))
-    effect = types.SimpleNamespace(name="effect", effectful=True, rules={},
+    effect = types.SimpleNamespace(name="effect", effectful=True, rules=Rules(),
                                    multiple_results=True)
     from spmd.compiler.ops.elementwise import tanh_p
     eqns = [Eqn(tanh_p, [a], [b], {}), Eqn(effect, [b], [], {}), Eqn(tanh_p, [a], [c], {})]

@@ -43,7 +43,7 @@ for m in pkgutil.walk_packages(spmd.__path__, "spmd."):
         importlib.import_module(m.name)
 from spmd.compiler.core.primitives import PRIMITIVES
 print(json.dumps({n: {"declared": p.traits_declared, "traits": sorted(p.traits),
-                      "rules": sorted(p.rules)} for n, p in PRIMITIVES.items()}))
+                      "rules": sorted(p.rules.names())} for n, p in PRIMITIVES.items()}))
 """
 
 
@@ -216,7 +216,7 @@ def test_a_fresh_result_buffer_is_reused(toy, fresh):
     else references it); into no other primitive's."""
     p = toy(("fresh_result",) if fresh else (), lambda xp, x, w: xp.matmul(x, w),
             lambda x, w: ShapedArray((x.shape[0], w.shape[1]), x.dtype))
-    p.rules["emit_avals"] = lambda names, avals, xp=None, out=None: (  # as dot_general's
+    p.rules.emit_avals = lambda names, avals, xp=None, out=None: (  # as dot_general's
         f"({names[0]} @ {names[1]})" if out is None else
         f"xp.matmul({names[0]}, {names[1]}, out={out})")
     exe = _compile(lambda x, w, y: [add(bind(p, x, w), y)], (3, 4), (4, 5), (3, 5))
@@ -233,3 +233,15 @@ def test_dots_saveable_saves_dot_primitives(toy, is_dot):
     assert checkpoint_policies.dots_saveable(p) is is_dot
     assert checkpoint_policies.dots_with_no_batch_dims_saveable(p, **dn) is is_dot
     assert checkpoint_policies.dots_with_no_batch_dims_saveable(p, **batched) is False
+
+
+def test_rules_are_a_typed_record():
+    """A primitive's further rules are named fields: a misspelt one is an error, not a
+    rule nobody reads."""
+    from spmd.compiler.core.primitives import Rules
+
+    rules = Rules()
+    rules.partial_eval = len
+    assert rules.names() == ["partial_eval"]
+    with pytest.raises(AttributeError):
+        rules.partial_evaluation = len

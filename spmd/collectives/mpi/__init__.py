@@ -618,10 +618,10 @@ def _mpi_impl(xp, x, *, kind, ranks, op=None, dst=None, src=None, what=None):
 
 
 define_rules(mpi_p, "mpi")
-mpi_p.rules["start"] = _mpi_start  # its all-reduces may overlap compute
+mpi_p.rules.start = _mpi_start  # its all-reduces may overlap compute
 # A send-receive starts on its own (it is never combined with another): the overlap
 # pass waits for it where its result is first needed.
-mpi_p.rules["starts_alone"] = lambda eqn: eqn.params["kind"] == "sendrecv"
+mpi_p.rules.starts_alone = lambda eqn: eqn.params["kind"] == "sendrecv"
 
 # The blocking kinds, whose impl on host arrays is exactly the backend call.
 _DIRECT_KINDS = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"})
@@ -681,8 +681,8 @@ def _bind_impl(xp, *, kind, ranks, op=None, dst=None, src=None, what=None):
                  {"op": op, "dst": dst, "src": src, "what": what})
 
 
-mpi_p.rules["bind_impl"] = _bind_impl
-mpi_p.rules["communicates"] = True
+mpi_p.rules.bind_impl = _bind_impl
+mpi_p.rules.communicates = True
 
 
 def call(kind, x, ranks, **params):

@@ -71,7 +71,7 @@ def _jit_abstract_eval(*avals, program: ClosedProgram, name: str):
     return program.out_avals
 
 
-jit_p.rules["inline"] = lambda eqn: eqn.params["program"]
+jit_p.rules.inline = lambda eqn: eqn.params["program"]
 
 
 # ------------------------------------------------------- argument handling
@@ -616,5 +616,5 @@ def _jit_batch(args, dims, *, program, name, _axis_data):
 jit_p.def_jvp(_jit_jvp)
 jit_p.def_batch(_jit_batch)
 jit_p.def_vma(call_vma)
-jit_p.rules["manual_types"] = call_types
-jit_p.rules["batch_needs_axis"] = True
+jit_p.rules.manual_types = call_types
+jit_p.rules.batch_needs_axis = True

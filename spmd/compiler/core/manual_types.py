@@ -111,7 +111,7 @@ def rule_types(prim, avals_in, params, n_out: int) -> list:
     """``(unreduced, reduced)`` per result of a primitive with a varying-axes rule of its
     own: its ``manual_types`` rule's, else none (and an unreduced or reduced operand,
     whose mark it would drop, is an error: a dropped mark is a wrong cotangent)."""
-    rule = prim.rules.get("manual_types")
+    rule = prim.rules.manual_types
     if rule is not None:
         return rule(*avals_in, **params)
     if has_marks(avals_in):

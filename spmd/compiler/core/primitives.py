@@ -39,7 +39,8 @@ trait is an error); a primitive created without ``traits=`` has
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import dataclasses
+from typing import Any, Callable, Iterable
 
 PRIMITIVES: dict[str, "Primitive"] = {}
 
@@ -71,6 +72,59 @@ TRAITS: dict[str, str] = {
            "policies dots_saveable and dots_with_no_batch_dims_saveable save its result",
 }
 
+
+
+@dataclasses.dataclass(slots=True)
+class Rules:
+    """A primitive's further rules, beyond the ones every primitive has.
+
+    A typed record: each field is ``None`` (or ``False``) until the primitive's own
+    module sets it, and a misspelt name raises ``AttributeError`` instead of going
+    unread.  Flags (``bool``) declare a property; the rest are callables or data
+    whose signature the reading pass documents.
+
+    >>> from spmd.compiler.core.primitives import Rules
+    >>> Rules().partial_eval is None
+    True
+    """
+
+    # Transformations of higher-order primitives (the traces and passes read them).
+    partial_eval: Callable | None = None     # transforms/ad.py: split known and unknown
+    dce: Callable | None = None              # passes: drop unused outputs of the body
+    inline: Callable | None = None           # passes/pipeline.inline_calls: the body
+    lower: Callable | None = None            # passes/pipeline: the program it lowers to
+    # Batching.
+    batch_needs_axis: bool = False           # the batch rule reads the named axis
+    batch_reads_level: bool = False          # the batch rule reads the batch level
+    batch_always: bool = False               # batched even with unbatched operands
+    # Typing of manual axes (shard_map's unreduced/reduced types).
+    manual_types: Callable | None = None
+    # Execution and generated code (engine/codegen.py, engine/buffers.py).
+    bind_impl: Callable | None = None        # an impl bound once to its params
+    donated_impl: Callable | None = None     # an impl that may reuse a donated operand
+    in_place: Callable | None = None         # updates an operand in place
+    results_into: Callable | None = None     # which results may be written into
+    aliased_operands: Callable | None = None  # operands its outputs alias
+    emit_avals: Callable | None = None       # code from the operands' avals
+    emit_globals: dict | None = None         # names the emitted code refers to
+    emit_numpy_only: bool = False            # its emit rule holds for numpy only
+    kernel_op: Any = None                    # engine/fusion.py: the ufunc it computes
+    # Collectives: communication, overlap and combining.
+    communicates: bool = False               # moves data between devices
+    start: Callable | None = None            # passes/overlap.py: start without waiting
+    starts: bool = False                     # a start equation (its wait comes later)
+    waits: bool = False                      # a wait equation
+    starts_alone: Callable | None = None     # started even with no partner to combine
+    combine_key: Callable | None = None      # passes/combine.py: which ones combine
+    combine_params: Callable | None = None   # passes/combine.py: the combined params
+    # Randomness and placement.
+    never_recompute: bool = False            # remat never recomputes it
+    output_array: Callable | None = None     # shard/call/spread.py: the placed output
+
+    def names(self) -> list:
+        """The rules set (for registry tests)."""
+        return [f.name for f in dataclasses.fields(self)
+                if getattr(self, f.name) not in (None, False)]
 
 class Primitive:
     """An operation of the IR, with its rules as attributes.
@@ -108,8 +162,8 @@ class Primitive:
         self.vma: Callable | None = None
         self.emit: Callable | None = None
         self.unreduced: str | None = None  # a key of UNREDUCED_POLICIES
-        # Extra rules of higher-order primitives (partial evaluation, DCE, ...).
-        self.rules: dict[str, Callable] = {}
+        # The further rules, a typed record (partial evaluation, DCE, ...).
+        self.rules = Rules()
         PRIMITIVES[name] = self
 
     def bind(self, *args, **params):

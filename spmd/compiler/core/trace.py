@@ -292,7 +292,7 @@ def abstract_eval(prim, avals_in, params) -> list[ShapedArray]:
     marked = _mt.has_marks(avals_in)
     if prim.vma is not None:
         vmas = prim.vma(*avals_in, **params)
-        if not marked and not prim.rules.get("manual_types"):
+        if not marked and not prim.rules.manual_types:
             return [a.update(vma=v, unreduced=frozenset(), reduced=frozenset())
                     for a, v in zip(outs, vmas)]
         types = _mt.rule_types(prim, avals_in, params, len(outs))
@@ -345,7 +345,7 @@ def full_lower(val):
 def bind(prim, *args, **params):
     """Apply ``prim`` to ``args`` under the right trace."""
     trace = find_top_trace(args)
-    if prim.rules.get("batch_needs_axis"):
+    if prim.rules.batch_needs_axis:
         # A collective belongs to the level of its axes even when no argument is
         # traced there (axis_index has none; psum of a constant is a product); so
         # does a higher-order primitive whose body holds one.

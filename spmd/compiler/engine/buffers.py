@@ -1,9 +1,9 @@
 """Which buffers the generated code owns alone, and may therefore write into.
 
 The code generator (:mod:`spmd.compiler.engine.codegen`) writes a result into an operand's
-buffer (a ufunc's ``out=``), updates an operand in place (``rules["in_place"]``:
+buffer (a ufunc's ``out=``), updates an operand in place (``rules.in_place``:
 ``dynamic_update_slice``, ``scatter``), recycles dead buffers, and hands operands
-over to a ``cond``'s branches (``rules["donated_impl"]``) only where nothing else can
+over to a ``cond``'s branches (``rules.donated_impl``) only where nothing else can
 see the buffer: a value made by this code (a ufunc's or a ``fresh_result``
 primitive's result) or donated to it (a loop's carry), with no later reader and no
 live view.  These are the rules it asks; ``docs/architecture.md`` ("Updates in
@@ -32,7 +32,7 @@ def read_counts(eqns, live_out) -> dict:
 
 def results_into(eqn, rule, owned, uses, dead, names) -> str:
     """``, out=(...)``: the buffers a primitive with several fresh results writes them
-    into (``rules["results_into"](j, **params)``: the operands result ``j`` may
+    into (``rules.results_into(j, **params)``: the operands result ``j`` may
     overwrite), as a ufunc writes into a dead or dying buffer: an operand this code
     owns alone and never reads again, else a dead value's buffer; else ``None`` (it
     allocates).  Without it a fused kernel's results were new allocations where the
@@ -88,7 +88,7 @@ def updatable_operand(eqn, owned, uses, dead):
     ``scatter``) when its buffer may be updated rather than copied: owned by this code
     (made here, or donated), with this equation its only reader (so it is no output
     and no view of it exists), of the result's shape and dtype."""
-    if eqn.primitive.rules.get("in_place") is None or not eqn.inputs:
+    if eqn.primitive.rules.in_place is None or not eqn.inputs:
         return None
     x, out = eqn.inputs[0], eqn.outputs[0].aval
     if not (isinstance(x, Var) and x.aval.shape == out.shape and x.aval.dtype == out.dtype):

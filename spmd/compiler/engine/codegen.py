@@ -5,7 +5,7 @@ Each equation becomes one line of straight-line code over the array module
 ``emit`` rule (``c = xp.tanh(b)``) or a call of its ``impl`` with the static
 parameters bound once at compile time.  Nothing is interpreted per call.  A
 primitive whose expression depends on its operands' types registers
-``rules["emit_avals"](names, in_avals, **params) -> str | None`` instead
+``rules.emit_avals(names, in_avals, **params) -> str | None`` instead
 (``dot_general``: ``(a.T @ b)`` for a transposed 2-d operand; it is told the array
 module, ``xp=``); for a
 primitive with the ``fresh_result`` trait it is also called with ``out=NAME``, a
@@ -401,7 +401,7 @@ def _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines) -> None:
     handle = f"_r{tag}"
     what = eqn.params.get("what")
     note = f"  # {what}" if isinstance(what, str) and "\n" not in what else ""
-    if eqn.primitive.rules.get("starts"):
+    if eqn.primitive.rules.starts:
         fname = f"_{eqn.primitive.name}_{i}"
         namespace[fname] = functools.partial(eqn.primitive.impl, xp, **eqn.params)
         lines.append(f"{handle} = {fname}({', '.join(ins)}){note}")
@@ -444,7 +444,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
         for v in eqn.outputs:
             names[v] = next(gen)
             outs.append(names[v])
-        if prim.rules.get("starts") or prim.rules.get("waits"):
+        if prim.rules.starts or prim.rules.waits:
             _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines)
             dead.release_inputs(eqn, names, owned, never_aliases=False)
             continue
@@ -460,7 +460,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             continue
         out_aval = eqn.outputs[0].aval if len(eqn.outputs) == 1 else None
         array_result = out_aval is not None and out_aval.ndim > 0
-        emit_avals = prim.rules.get("emit_avals")
+        emit_avals = prim.rules.emit_avals
         if emit_avals is not None:  # an emit rule that needs the operands' types
             in_avals = [a.aval for a in eqn.inputs]
             expr = emit_avals(ins, in_avals, xp=xp, **eqn.params)
@@ -472,10 +472,10 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             elif buf is not None:  # the same code, writing into a dead buffer
                 expr = emit_avals(ins, in_avals, xp=xp, out=buf, **eqn.params) or expr
             if expr is not None:  # the functions its code calls besides xp's
-                namespace.update(prim.rules.get("emit_globals", {}))
+                namespace.update(prim.rules.emit_globals or {})
         else:
             expr = prim.emit(ins, **eqn.params) if prim.emit is not None and (
-            xp is np or not prim.rules.get("emit_numpy_only")) else None
+            xp is np or not prim.rules.emit_numpy_only) else None
         fresh = "fresh_result" in prim.traits
         if fresh and array_result and into is None:
             owned.add(eqn.outputs[0])
@@ -485,12 +485,12 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             into = None  # written in place
         if expr is None:
             # A primitive may give its implementation with the parameters bound in a
-            # cheaper form (rules["bind_impl"]: e.g. a collective calling its backend
+            # cheaper form (rules.bind_impl: e.g. a collective calling its backend
             # operation directly); else the impl with its parameters as keywords.
-            bind_impl = prim.rules.get("bind_impl")
+            bind_impl = prim.rules.bind_impl
             fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
             target = updatable_operand(eqn, owned, uses, dead)
-            donate = prim.rules.get("donated_impl")
+            donate = prim.rules.donated_impl
             given = [k for k, a in enumerate(eqn.inputs)
                      if takeable(a, eqn, owned, uses, dead)] \
                 if donate is not None else []
@@ -502,7 +502,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                 fn, taken, exclusive = donate(xp, tuple(given), **eqn.params)
                 dead.handed_on.update(eqn.inputs[k] for k in taken)
                 owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)
-            aliased = prim.rules.get("aliased_operands")
+            aliased = prim.rules.aliased_operands
             if aliased is not None:
                 # Per result, the operands it may share buffers with (a cond's branches
                 # returning an operand or a view of it), and every operand it took
@@ -514,8 +514,8 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
                             for ks in aliased(xp, tuple(given), **eqn.params)]
             if target is not None:
                 # Its operand's buffer is this code's alone and read nowhere else:
-                # update it in place (rules["in_place"]) instead of a copy.
-                fn = functools.partial(prim.rules["in_place"], xp, **eqn.params)
+                # update it in place (rules.in_place) instead of a copy.
+                fn = functools.partial(prim.rules.in_place, xp, **eqn.params)
                 dead.handed_on.add(target)
             if fn is None:
                 fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
@@ -523,7 +523,7 @@ def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
             fname = f"_{prim.name}_{'in_place_' if target is not None else ''}{i}".replace(
                 "-", "_")
             namespace[fname] = fn
-            into_rule = prim.rules.get("results_into") if xp is np else None
+            into_rule = prim.rules.results_into if xp is np else None
             expr = f"{fname}({', '.join(ins)}" + (
                 results_into(eqn, into_rule, owned, uses, dead, names) if into_rule
                 else "") + ")"

@@ -31,7 +31,7 @@ be vectorized (:mod:`spmd.compiler.engine.kernel_math`); with loops, groups of p
 arithmetic from :data:`LOOP_MIN_ELEMENTS` elements are kernels too.
 
 Which equations may join a group is declared by each primitive:
-``rules["kernel_op"]`` names the numpy function that computes it on floats
+``rules.kernel_op`` names the numpy function that computes it on floats
 (``"tanh"``, ``"multiply"``, ``"where"``, ...), beside its definition in
 ``spmd/compiler/ops/elementwise.py``.  A group is a graph of equations of one
 shape, computed where its last member was: an equation joins the group of each
@@ -271,10 +271,10 @@ def _bind_impl(xp, *, kernel):
     return functools.partial(_fused_impl, xp, kernel=kernel)
 
 
-fused_p.rules["bind_impl"] = _bind_impl
+fused_p.rules.bind_impl = _bind_impl
 # The generated numpy code hands a kernel buffers for its results (``out=``), as it
 # does a ufunc: a dead value's, or an operand's that nothing reads afterwards.
-fused_p.rules["results_into"] = lambda j, *, kernel: kernel.overwritable(j)
+fused_p.rules.results_into = lambda j, *, kernel: kernel.overwritable(j)
 
 
 def _not_transformed(*args, **params):
@@ -415,7 +415,7 @@ def _compile_block(kernel: Kernel):
 
 def _kernel_op(eqn, min_elements: int):
     """The equation's kernel op when it may join a kernel, else None."""
-    op = eqn.primitive.rules.get("kernel_op")
+    op = eqn.primitive.rules.kernel_op
     if op is None or eqn.primitive.multiple_results or len(eqn.outputs) != 1:
         return None
     out = eqn.outputs[0].aval

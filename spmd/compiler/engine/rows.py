@@ -14,7 +14,7 @@ finds each frame ``(R, C)``: the shape of an operand of a ``reduce_sum`` over it
 trailing axes (``C`` elements a row, ``R`` rows).  An equation may join a group of its
 frame when it is
 
-* elementwise (``rules["kernel_op"]``: arithmetic, ``sqrt``, ``rsqrt``, ``where``,
+* elementwise (``rules.kernel_op``: arithmetic, ``sqrt``, ``rsqrt``, ``where``,
   comparisons, ``integer_pow``; not the transcendental ops, whose numpy loops are
   vectorized here and a compiled loop's libm calls are not), its result a *full*
   value (``R * C`` elements) or a *row* value (``R``), its operands of its shape or
@@ -313,13 +313,13 @@ def _bind_impl(xp, *, kernel):
     return lambda *args: evaluate(kernel, args, xp)
 
 
-fused_rows_p.rules["bind_impl"] = _bind_impl
+fused_rows_p.rules.bind_impl = _bind_impl
 # The generated code hands the loop buffers for its results (``out=``), as it does a
 # ufunc: an operand it owns alone and never reads again, where the loop reads that
 # operand's element for the last time before it writes the result's
 # (``rows_jit.overwritable``), else a dead value's buffer.  (Fresh results each
 # call grew the big step's resident set by a third.)
-fused_rows_p.rules["results_into"] = lambda j, *, kernel: overwritable(kernel, j)
+fused_rows_p.rules.results_into = lambda j, *, kernel: overwritable(kernel, j)
 
 
 def _not_transformed(*args, **params):
@@ -526,7 +526,7 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
         if e.primitive.name == "integer_pow":
             params["y"] = e.params["y"]
         nodes.append(("alias" if kind == "broadcast" else kind,
-                      e.primitive.rules.get("kernel_op"), params, tuple(args),
+                      e.primitive.rules.kernel_op, params, tuple(args),
                       np.dtype(out.dtype), space))
         node_of[e.outputs[0]] = len(nodes) - 1
         mems.append((e.primitive, dict(e.params), tuple(margs)))

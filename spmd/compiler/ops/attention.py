@@ -465,8 +465,8 @@ def _grad_impl(xp, *args, scale, is_causal, window, has_bias, has_mask, wants, h
 
 # On numpy, each equation's calls switch to the compiled softmax passes once they
 # are compiled (spmd/compiler/ops/attention_jit.py).
-attention_p.rules["bind_impl"] = loops.bind_site(_attention_impl, attention_jit.Runner)
-attention_grad_p.rules["bind_impl"] = loops.bind_site(_grad_impl, attention_jit.Runner)
+attention_p.rules.bind_impl = loops.bind_site(_attention_impl, attention_jit.Runner)
+attention_grad_p.rules.bind_impl = loops.bind_site(_grad_impl, attention_jit.Runner)
 
 
 def check_operands(q, k, v, bias, mask, fname: str = "attention") -> None:

@@ -285,7 +285,7 @@ def _cond_donated(xp, donated, *, branches):
     return impl, consumed, exclusive
 
 
-cond_p.rules["donated_impl"] = _cond_donated
+cond_p.rules.donated_impl = _cond_donated
 
 
 def _cond_aliased(xp, donated, *, branches):
@@ -298,7 +298,7 @@ def _cond_aliased(xp, donated, *, branches):
             for j in range(len(branches[0].out_avals))]
 
 
-cond_p.rules["aliased_operands"] = _cond_aliased
+cond_p.rules.aliased_operands = _cond_aliased
 
 
 @cond_p.def_abstract_eval
@@ -335,7 +335,7 @@ def _cond_types(index, *operands, branches):
     return [(a.unreduced, a.reduced) for a in outs[0]]
 
 
-cond_p.rules["manual_types"] = _cond_types
+cond_p.rules.manual_types = _cond_types
 
 
 # ------------------------------------------------------------------- jvp
@@ -412,7 +412,7 @@ def _cond_batch_select(index, operands, batched, branches, size, axis_name):
 
 
 cond_p.def_batch(_cond_batch)
-cond_p.rules["batch_needs_axis"] = True
+cond_p.rules.batch_needs_axis = True
 
 
 # ---------------------------------------------------- partial evaluation
@@ -486,7 +486,7 @@ def _cond_partial_eval(eqn, in_unknown):
     return known_eqn, unknown_eqn, [True] * len(uk_outs)
 
 
-cond_p.rules["partial_eval"] = _cond_partial_eval
+cond_p.rules.partial_eval = _cond_partial_eval
 
 
 # ------------------------------------------------------------- transpose
@@ -524,4 +524,4 @@ def _cond_dce(eqn, used_outputs):
                        params=dict(branches=new))
 
 
-cond_p.rules["dce"] = _cond_dce
+cond_p.rules.dce = _cond_dce

@@ -69,7 +69,7 @@ def _scan_donated(xp, donated, *, program, num_consts, num_carry, length, revers
                                  given=frozenset(donated))
 
 
-scan_p.rules["donated_impl"] = _scan_donated
+scan_p.rules.donated_impl = _scan_donated
 
 
 @scan_p.def_abstract_eval
@@ -120,7 +120,7 @@ def _scan_types(*avals, program, num_consts, num_carry, length, reverse):
         [(b.unreduced, b.reduced) for b in outs[num_carry:]]
 
 
-scan_p.rules["manual_types"] = _scan_types
+scan_p.rules.manual_types = _scan_types
 
 
 # ------------------------------------------------------------------- jvp
@@ -198,7 +198,7 @@ def _scan_batch(args, dims, *, program, num_consts, num_carry, length, reverse, 
 
 
 scan_p.def_batch(_scan_batch)
-scan_p.rules["batch_needs_axis"] = True
+scan_p.rules.batch_needs_axis = True
 
 
 # ---------------------------------------------------- partial evaluation
@@ -288,7 +288,7 @@ def _scan_partial_eval(eqn, in_unknown):
     return known_eqn, unknown_eqn, [True] * len(uk_outputs)
 
 
-scan_p.rules["partial_eval"] = _scan_partial_eval
+scan_p.rules.partial_eval = _scan_partial_eval
 
 
 # ------------------------------------------------------------- transpose
@@ -384,7 +384,7 @@ def _scan_dce(eqn, used_outputs):
                     num_carry=sum(used_carry)))
 
 
-scan_p.rules["dce"] = _scan_dce
+scan_p.rules.dce = _scan_dce
 
 
 # ===================================================================== while
@@ -411,7 +411,7 @@ def _while_donated(xp, donated, *, cond_program, body_program, cond_nconsts, bod
                                   body_nconsts, given=frozenset(donated))
 
 
-while_p.rules["donated_impl"] = _while_donated
+while_p.rules.donated_impl = _while_donated
 
 
 @while_p.def_abstract_eval
@@ -452,7 +452,7 @@ def _while_types(*avals, cond_program, body_program, cond_nconsts, body_nconsts)
     return [(a.unreduced, a.reduced) for a in init]
 
 
-while_p.rules["manual_types"] = _while_types
+while_p.rules.manual_types = _while_types
 
 
 def _cond_with_extra(cond_program, n_extra_avals):
@@ -547,7 +547,7 @@ def _any_pred_programs(cond, body, n_cc, n_bc):
 
 
 while_p.def_batch(_while_batch)
-while_p.rules["batch_needs_axis"] = True
+while_p.rules.batch_needs_axis = True
 
 
 def _while_partial_eval(eqn, in_unknown):
@@ -594,7 +594,7 @@ def _while_partial_eval(eqn, in_unknown):
     return known_eqn, unknown_eqn, carry_uk
 
 
-while_p.rules["partial_eval"] = _while_partial_eval
+while_p.rules.partial_eval = _while_partial_eval
 
 
 @while_p.def_transpose
@@ -631,4 +631,4 @@ def _while_dce(eqn, used_outputs):
                     cond_nconsts=sum(c_used[:nc]), body_nconsts=sum(b_used[:nb])))
 
 
-while_p.rules["dce"] = _while_dce
+while_p.rules.dce = _while_dce

@@ -292,7 +292,7 @@ def _div_emit(names, avals, *, xp=np, out=None):
     return None
 
 
-div_p.rules["emit_avals"] = _div_emit
+div_p.rules.emit_avals = _div_emit
 
 
 def _pow_impl(xp, x, y):
@@ -703,4 +703,4 @@ for _p, _op in ((add_p, "add"), (sub_p, "subtract"), (mul_p, "multiply"), (div_p
                 (select_n_p, "where"), (lt_p, "less"), (le_p, "less_equal"),
                 (gt_p, "greater"), (ge_p, "greater_equal"), (eq_p, "equal"),
                 (ne_p, "not_equal"), (integer_pow_p, "integer_pow")):
-    _p.rules["kernel_op"] = _op
+    _p.rules.kernel_op = _op

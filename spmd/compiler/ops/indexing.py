@@ -182,7 +182,7 @@ def _dus_impl(xp, x, update, *starts):
     return _dus_in_place(xp, x.copy(), update, *starts)
 
 
-dynamic_update_slice_p.rules["in_place"] = _dus_in_place
+dynamic_update_slice_p.rules.in_place = _dus_in_place
 
 
 @dynamic_update_slice_p.def_abstract_eval
@@ -431,10 +431,10 @@ def _scatter_in_place(xp, out, updates, *idx, axes, mode):
     return out
 
 
-scatter_p.rules["in_place"] = _scatter_in_place
+scatter_p.rules.in_place = _scatter_in_place
 # On numpy, an equation adding rows by one index (an embedding's gradient) switches
 # to a compiled loop once it is compiled (spmd/compiler/ops/indexing_jit.py).
-scatter_p.rules["bind_impl"] = loops.bind_site(_scatter_impl, indexing_jit.Runner)
+scatter_p.rules.bind_impl = loops.bind_site(_scatter_impl, indexing_jit.Runner)
 
 
 # np.add.at visits the updates one at a time: an embedding's gradient (2048 rows of

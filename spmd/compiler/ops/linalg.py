@@ -223,8 +223,8 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None, accumulate=Fa
     return f"xp.matmul({a}, {b}, out={out})"
 
 
-dot_general_p.rules["emit_avals"] = _dot_emit
-dot_general_p.rules["emit_globals"] = {"_pmatmul": _pmatmul,
+dot_general_p.rules.emit_avals = _dot_emit
+dot_general_p.rules.emit_globals = {"_pmatmul": _pmatmul,
                                        "_gemm_into": gemm_into}
 
 

@@ -9,7 +9,7 @@ the loop gives it a buffer of its own once, instead of the whole-buffer copy eac
 iteration made (a fori_loop writing row i of an n-row array copied it n times).
 
 That buffer is a copy of the initial value, unless the code around the loop hands
-the initial value over (``rules["donated_impl"]``: a value it made, reads nowhere
+the initial value over (``rules.donated_impl``: a value it made, reads nowhere
 else and has no view of; e.g. the previous loop's carry, as a pipeline's runs of
 ticks pass their gradient sums on): then the loop takes that buffer, and its
 results are the caller's own in turn (a 16 MiB gradient sum was copied at the start

@@ -122,8 +122,8 @@ def _sum_emit(names, avals, *, axes, xp=np, out=None):
     return f"xp.sum({names[0]}, axis={axes!r}, dtype={names[0]}.dtype)"
 
 
-reduce_sum_p.rules["emit_avals"] = _sum_emit
-reduce_sum_p.rules["emit_globals"] = {"_blas_sum": _blas_sum}
+reduce_sum_p.rules.emit_avals = _sum_emit
+reduce_sum_p.rules.emit_globals = {"_blas_sum": _blas_sum}
 reduce_sum_p.def_abstract_eval(lambda x, *, axes: _reduced_aval("reduce_sum", x, axes))
 
 
@@ -434,7 +434,7 @@ cummin_p = _cumulative("cummin", lambda xp, x, a: xp.minimum.accumulate(x, axis=
                        ("float", "int", "bool"),
                        lambda x, a: f"xp.minimum.accumulate({x}, axis={a})")
 # Their inline code is numpy's; other array modules call the impl (spmd.compiler.engine.codegen).
-cummax_p.rules["emit_numpy_only"] = cummin_p.rules["emit_numpy_only"] = True
+cummax_p.rules.emit_numpy_only = cummin_p.rules.emit_numpy_only = True
 
 
 def _cum_binder(p):

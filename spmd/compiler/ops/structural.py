@@ -99,7 +99,7 @@ def _bid_emit_avals(ins, in_avals, *, xp, shape, broadcast_dimensions, **_):
     return _bid_emit(ins, shape, broadcast_dimensions)
 
 
-broadcast_in_dim_p.rules["emit_avals"] = _bid_emit_avals
+broadcast_in_dim_p.rules.emit_avals = _bid_emit_avals
 
 
 def broadcast_in_dim(x, shape, broadcast_dimensions):

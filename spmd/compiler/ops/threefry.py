@@ -331,7 +331,7 @@ def _rng_counter_impl(xp, *, cell):
 rng_counter_p.def_abstract_eval(lambda *, cell: ShapedArray((), np.uint32))
 # checkpoint/remat saves its value instead of recomputing it (a second read would
 # advance the counter again and give the backward pass other numbers).
-rng_counter_p.rules["never_recompute"] = True
+rng_counter_p.rules.never_recompute = True
 rng_counter_p.def_jvp(_zero_jvp(rng_counter_p))
 # Under vmap the counter is read once for the whole batch (as an eager call would).
 rng_counter_p.def_batch(lambda args, dims, *, cell: (bind(rng_counter_p, cell=cell), None))

@@ -166,6 +166,6 @@ def _accumulates(eqn) -> bool:
     :func:`gemm_into` takes: one matrix, not a batch of several)."""
     if eqn.primitive is not dot_general_p or len(eqn.outputs) != 1:
         return False
-    emit = eqn.primitive.rules["emit_avals"]
+    emit = eqn.primitive.rules.emit_avals
     avals = [a.aval for a in eqn.inputs]
     return emit(["a", "b"], avals, xp=np, out="o", accumulate=True, **eqn.params) is not None

@@ -5,7 +5,7 @@ A data-parallel step all-reduces every gradient separately (one ``psum`` or
 synchronisation of all ranks; one call over all the gradients pays it once.
 This pass finds, in a program lowered for execution, collectives that
 
-- a primitive declares combinable (``rules["combine_key"](eqn)`` returns a
+- a primitive declares combinable (``rules.combine_key(eqn)`` returns a
   key; equal keys and equal dtypes may be combined: e.g. the ``mpi``
   primitive's all-reduces over the same ranks with the same operation),
 - do not depend on one another's results, and
@@ -14,7 +14,7 @@ This pass finds, in a program lowered for execution, collectives that
 and replaces each such group by: every operand flattened and concatenated into
 one buffer, one collective over it, and each result sliced back out and
 reshaped.  The combined equation's parameters come from the primitive's
-``rules["combine_params"](eqns, nbytes)`` (the ``mpi`` primitive names the
+``rules.combine_params(eqns, nbytes)`` (the ``mpi`` primitive names the
 members and the bytes in its ``what``, so the printed program shows them).
 Equations that read a member's result and sat between members move after the
 combined collective; nothing else moves, so collectives keep their relative
@@ -93,7 +93,7 @@ def combine_collectives(closed: ClosedProgram, bucket_bytes: int = DEFAULT_BUCKE
 
 
 def _key(eqn):
-    rule = eqn.primitive.rules.get("combine_key")
+    rule = eqn.primitive.rules.combine_key
     if rule is None or len(eqn.inputs) != 1 or len(eqn.outputs) != 1:
         return None
     key = rule(eqn)
@@ -164,7 +164,7 @@ def _combined(members: list, nbytes: int) -> list:
     buf = Var(flats[0].aval.update(shape=(total,)))
     eqns.append(Eqn(concatenate_p, flats, [buf], {"dimension": 0}))
     first = members[0]
-    params = first.primitive.rules["combine_params"](members, nbytes)
+    params = first.primitive.rules.combine_params(members, nbytes)
     reduced = Var(buf.aval)
     eqns.append(Eqn(first.primitive, [buf], [reduced], params, first.source_info))
     at = 0

@@ -8,7 +8,7 @@ reduction as soon as its gradients exist and wait only where the result is
 first needed, so the backward pass of the earlier layers runs meanwhile.
 
 This pass does that for collectives whose primitive can start one without
-waiting (``rules["start"](xp, x, **params)`` returns a request with ``test()``
+waiting (``rules.start(xp, x, **params)`` returns a request with ``test()``
 and ``wait()``; the ``mpi`` backend's all-reduce has one).  Within each stretch
 of the program between other effectful equations:
 
@@ -65,7 +65,7 @@ collective_wait_p = Primitive("collective_wait", traits=(), effectful=True)
 
 @collective_start_p.def_impl
 def _start_impl(xp, x, *, collective, tag, **params):
-    return collective.rules["start"](xp, x, **params)
+    return collective.rules.start(xp, x, **params)
 
 
 @collective_start_p.def_abstract_eval
@@ -93,8 +93,8 @@ for _p in (collective_start_p, collective_wait_p):
     _p.def_jvp(_not_differentiable)
     _p.def_transpose(_not_differentiable)
     _p.def_batch(_not_differentiable)
-collective_start_p.rules["starts"] = True
-collective_wait_p.rules["waits"] = True
+collective_start_p.rules.starts = True
+collective_wait_p.rules.waits = True
 
 
 # Equations that touch this many elements are "heavy": the overlap pass starts a
@@ -136,13 +136,13 @@ def overlap_collectives(closed: ClosedProgram, bucket_bytes: int) -> ClosedProgr
 
 
 def _startable(eqn) -> bool:
-    return "start" in eqn.primitive.rules and (_key(eqn) is not None or _alone(eqn))
+    return eqn.primitive.rules.start is not None and (_key(eqn) is not None or _alone(eqn))
 
 
 def _alone(eqn) -> bool:
     """A collective started on its own, never combined with another (a send-receive:
-    ``rules["starts_alone"](eqn)``)."""
-    rule = eqn.primitive.rules.get("starts_alone")
+    ``rules.starts_alone(eqn)``)."""
+    rule = eqn.primitive.rules.starts_alone
     return rule is not None and bool(rule(eqn))
 
 

@@ -135,7 +135,7 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
     The printed program keeps those equations; only the executed code is lowered
     (``Lowered.as_text(executed=True)`` prints it).
     """
-    if any(e.primitive.rules.get("lower") for e in closed.program.eqns):
+    if any(e.primitive.rules.lower for e in closed.program.eqns):
         closed = optimize(inline_calls(closed, "lower"))
     if config.combine_collectives_bytes:
         # Overlapped buckets are combined too: never larger than combining allows.
@@ -162,7 +162,7 @@ def lower_for_execution(closed: ClosedProgram) -> ClosedProgram:
 
 def inline_calls(closed: ClosedProgram, rule: str = "inline") -> ClosedProgram:
     """Replace nested ``jit`` equations (or those with the given rule) by their bodies."""
-    if not any(e.primitive.rules.get(rule) for e in closed.program.eqns):
+    if not any(getattr(e.primitive.rules, rule) for e in closed.program.eqns):
         return closed
     program = closed.program
     consts = list(closed.consts)
@@ -174,7 +174,7 @@ def inline_calls(closed: ClosedProgram, rule: str = "inline") -> ClosedProgram:
 
     eqns = []
     for eqn in program.eqns:
-        inline = eqn.primitive.rules.get(rule)
+        inline = getattr(eqn.primitive.rules, rule)
         if inline is None:
             eqns.append(eqn.replace(inputs=[read(a) for a in eqn.inputs]))
             continue
@@ -222,7 +222,7 @@ def fold_constants(closed: ClosedProgram) -> ClosedProgram:
         prim = eqn.primitive
         # Collectives depend on the device they run on: never folded.
         foldable = (not prim.effectful and not prim.higher_order and prim.impl is not None
-                    and not prim.rules.get("batch_needs_axis")
+                    and not prim.rules.batch_needs_axis
                     and all(isinstance(a, Literal) or a in known for a in inputs)
                     and all(o.aval.size <= FOLD_LIMIT for o in eqn.outputs))
         if not foldable:
@@ -321,7 +321,7 @@ def dce_program(program: Program, used_outputs=None) -> tuple[Program, list[bool
     live = {a for a in outs if isinstance(a, Var)}
     kept = []
     for eqn in reversed(program.eqns):
-        dce_rule = eqn.primitive.rules.get("dce")
+        dce_rule = eqn.primitive.rules.dce
         if has_effects(eqn) or any(o in live for o in eqn.outputs):
             if dce_rule is not None:
                 eqn = dce_rule(eqn, [o in live for o in eqn.outputs])

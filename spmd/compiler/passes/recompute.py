@@ -21,7 +21,7 @@ Which values, precisely (all on the top level of a program lowered for execution
   equations after the previous read (or its definition); the reads from there on
   are its late reads;
 - it is *recomputable* at a point when it is made by an elementwise equation (one
-  that may join a kernel: ``rules["kernel_op"]``) whose operands are, at that
+  that may join a kernel: ``rules.kernel_op``) whose operands are, at that
   point, alive anyway (their last read is later; program inputs and constants
   always are) or recomputable in turn, within :data:`MAX_CHAIN` equations;
 - the late-read values recomputable at each of their late reads are recomputed:
@@ -59,7 +59,7 @@ _VIEWS = ("broadcast_in_dim", "reshape")
 def _eligible(eqn, views: bool = False) -> bool:
     if views and eqn.primitive.name in _VIEWS and len(eqn.outputs) == 1:
         return True
-    return _kernel_op(eqn, 0) is not None and not eqn.primitive.rules.get("never_recompute")
+    return _kernel_op(eqn, 0) is not None and not eqn.primitive.rules.never_recompute
 
 
 def recompute_elementwise(closed: ClosedProgram, views: bool = False) -> ClosedProgram:

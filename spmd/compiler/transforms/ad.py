@@ -122,7 +122,7 @@ def partial_eval(closed: ClosedProgram, unknown_ins):
         if not any(isinstance(a, Var) and a in unknown for a in eqn.inputs):
             known_eqns.append(eqn)
             continue
-        rule = eqn.primitive.rules.get("partial_eval")
+        rule = eqn.primitive.rules.partial_eval
         if rule is not None:
             in_unknown = [isinstance(a, Var) and a in unknown for a in eqn.inputs]
             eqn_known, eqn_unknown, out_unknown = rule(eqn, in_unknown)

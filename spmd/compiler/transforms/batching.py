@@ -201,7 +201,7 @@ class BatchTrace(Trace):
         vals = [t.val for t in tracers]
         dims = [t.bdim for t in tracers]
         if all(d is None for d in dims) and not self._communicates(prim, params) and \
-                not prim.rules.get("batch_always"):
+                not prim.rules.batch_always:
             from spmd.compiler.core.trace import bind
             out = bind(prim, *vals, **params)
             outs = out if prim.multiple_results else [out]
@@ -211,7 +211,7 @@ class BatchTrace(Trace):
             raise NotImplementedError(f"vmap of '{prim.name}' is not supported (it has no "
                                       "batching rule)")
         rule_params = dict(params)
-        if prim.rules.get("batch_needs_axis") or prim.rules.get("batch_reads_level"):
+        if prim.rules.batch_needs_axis or prim.rules.batch_reads_level:
             # batch_reads_level: the rule reads the level (e.g. its spmd_axis_name) but,
             # unlike a collective, does not communicate over the level's axes.
             rule_params["_axis_data"] = self.main.global_data
@@ -225,7 +225,7 @@ class BatchTrace(Trace):
         (``psum`` of an invariant value scales it; ``axis_index`` creates one), and so
         does a higher-order primitive whose body holds such a collective."""
         level = self.main.global_data[0]
-        if level is None or not prim.rules.get("batch_needs_axis"):
+        if level is None or not prim.rules.batch_needs_axis:
             return False
         names = level.names
         if any(a in names for a in params.get("axes", ())):
@@ -372,7 +372,7 @@ def collective_axes(params) -> frozenset:
 
 def communicates(params) -> bool:
     """Whether the sub-programs held by ``params`` (at any depth) hold a primitive that
-    moves data between devices (``rules["communicates"]``, declared by the collectives:
+    moves data between devices (``rules.communicates``, declared by the collectives:
     not ``pvary`` or ``axis_index``, which are local).  A process must not skip such a
     primitive while its partners run it."""
     return _params_summary(params)[1]
@@ -404,10 +404,10 @@ def _program_summary(program) -> tuple:
     moves = False
     for eqn in program.eqns:
         inner_axes, inner_moves = _params_summary(eqn.params)
-        moves = moves or bool(eqn.primitive.rules.get("communicates")) or inner_moves
+        moves = moves or bool(eqn.primitive.rules.communicates) or inner_moves
         # Only primitives that receive the level (collectives, and the higher-order
         # ones that re-batch their bodies under it) carry communication along.
-        if eqn.primitive.rules.get("batch_needs_axis"):
+        if eqn.primitive.rules.batch_needs_axis:
             axes.update(a for a in eqn.params.get("axes", ()) if isinstance(a, str))
             axes |= inner_axes
     return frozenset(axes), moves

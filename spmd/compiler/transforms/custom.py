@@ -82,8 +82,8 @@ def _batch_via_vmap(prim, wrap_params):
 
     prim.def_batch(rule)
     prim.def_vma(call_vma)
-    prim.rules["manual_types"] = call_types
-    prim.rules["batch_needs_axis"] = True
+    prim.rules.manual_types = call_types
+    prim.rules.batch_needs_axis = True
 
 
 # --------------------------------------------------------------- custom_jvp
@@ -145,7 +145,7 @@ custom_jvp_call_p = Primitive("custom_jvp_call", traits=(), multiple_results=Tru
 custom_jvp_call_p.def_impl(_impl)
 custom_jvp_call_p.def_abstract_eval(lambda *avals, program, jvp, **_: program.out_avals)
 # Operands: the values the function closed over (``num_consts``), then its arguments.
-custom_jvp_call_p.rules["inline"] = None  # kept as one equation until differentiated
+custom_jvp_call_p.rules.inline = None  # kept as one equation until differentiated
 
 
 @custom_jvp_call_p.def_jvp
@@ -288,7 +288,7 @@ def _custom_lin_impl(xp, *args, **params):
 custom_lin_p.def_abstract_eval(lambda *avals, out_avals, **_: list(out_avals))
 # The tangents have the types of the outputs they belong to.
 custom_lin_p.def_vma(lambda *avals, out_avals, **_: [a.vma for a in out_avals])
-custom_lin_p.rules["manual_types"] = lambda *avals, out_avals, **_: [
+custom_lin_p.rules.manual_types = lambda *avals, out_avals, **_: [
     (a.unreduced, a.reduced) for a in out_avals]
 
 

@@ -168,15 +168,15 @@ def _remat_batch(args, dims, *, program, policy, _axis_data):
 
 
 remat_p.def_vma(call_vma)
-remat_p.rules["manual_types"] = call_types
-remat_p.rules["batch_needs_axis"] = True
+remat_p.rules.manual_types = call_types
+remat_p.rules.batch_needs_axis = True
 
 
 def _saveable(policy, var, producers) -> bool:
     eqn = producers.get(var)
     if eqn is None:  # an input of the body: always available
         return True
-    if eqn.primitive.rules.get("never_recompute"):
+    if eqn.primitive.rules.never_recompute:
         return True  # a read of state (rng_counter): recomputing it would read anew
     return bool(policy(eqn.primitive, *[a.aval for a in eqn.inputs], **eqn.params))
 
@@ -229,7 +229,7 @@ def _remat_partial_eval(eqn, in_unknown):
     return known_eqn, unknown_eqn, out_unknown
 
 
-remat_p.rules["partial_eval"] = _remat_partial_eval
+remat_p.rules.partial_eval = _remat_partial_eval
 
 # The backward half of a split remat: residual inputs first, then linear inputs.
 remat_lin_p = Primitive("remat_lin", traits=(), multiple_results=True, higher_order=True,
@@ -280,8 +280,8 @@ def _remat_lin_batch(args, dims, *, program, num_res, _axis_data):
 
 
 remat_lin_p.def_vma(call_vma)
-remat_lin_p.rules["manual_types"] = call_types
-remat_lin_p.rules["batch_needs_axis"] = True
+remat_lin_p.rules.manual_types = call_types
+remat_lin_p.rules.batch_needs_axis = True
 
 
 def checkpoint(fun: Callable, *, policy: Callable | None = None, prevent_cse: bool = True,

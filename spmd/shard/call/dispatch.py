@@ -295,4 +295,4 @@ def _output_array(eqn, i):
 
 
 # A jitted shard_map's results keep their out_specs placement (spmd.shard.call.spread).
-shard_map_p.rules["output_array"] = _output_array
+shard_map_p.rules.output_array = _output_array

@@ -10,7 +10,7 @@ Two facts about a program, read by the shard layer's call path
   compiled as it is: it runs partitioned over that mesh, as one per-process
   program;
 - :func:`output_wrappers`: per output, how the plain result becomes a placed
-  Array (``rules["output_array"](eqn, i)`` of the equation that made it: a
+  Array (``rules.output_array(eqn, i)`` of the equation that made it: a
   ``shard_map`` result keeps its ``out_specs`` placement, a sharding constraint
   its spec).
 
@@ -77,7 +77,7 @@ def _output_wrappers(closed) -> tuple | None:
     found = []
     for a in closed.program.out_atoms:
         e = producer.get(a)
-        rule = e.primitive.rules.get("output_array") if e is not None else None
+        rule = e.primitive.rules.output_array if e is not None else None
         found.append(rule(e, e.outputs.index(a)) if rule is not None else None)
     return tuple(found) if any(w is not None for w in found) else None
 

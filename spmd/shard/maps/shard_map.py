@@ -129,7 +129,7 @@ def _split(params, args=None):
     return split_params(params, args)
 
 
-shard_map_p.rules["lower"] = _lower
+shard_map_p.rules.lower = _lower
 
 
 
@@ -278,7 +278,7 @@ def _shard_map_partial_eval(eqn, in_unknown):
     return known_eqn, unknown_eqn, out_unknown
 
 
-shard_map_p.rules["partial_eval"] = _shard_map_partial_eval
+shard_map_p.rules.partial_eval = _shard_map_partial_eval
 
 
 @shard_map_p.def_transpose
@@ -407,7 +407,7 @@ def _shard_map_batch(args, dims, *, program, mesh, in_specs, out_specs, check_vm
     return outs, [0] * len(outs)
 
 
-shard_map_p.rules["batch_reads_level"] = True
+shard_map_p.rules.batch_reads_level = True
 
 
 def _spmd_batch(spmd_name, mesh, in_specs, size, manual=None):
@@ -441,7 +441,7 @@ def _shard_map_dce(eqn, used_outputs):
                                              "out_specs": specs})
 
 
-shard_map_p.rules["dce"] = _shard_map_dce
+shard_map_p.rules.dce = _shard_map_dce
 
 
 # --------------------------------------------------------------------- API

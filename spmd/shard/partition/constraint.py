@@ -28,7 +28,7 @@ def _constraint_output(eqn, i):
     return lambda a: placed(a, s)
 
 
-sharding_constraint_p.rules["output_array"] = _constraint_output
+sharding_constraint_p.rules.output_array = _constraint_output
 
 
 @sharding_constraint_p.def_jvp
@@ -63,4 +63,4 @@ def _constraint_batch(args, dims, *, spec, mesh, _axis_data=(None, None), **free
         spec, "unreduced", frozenset())), mesh=mesh, **free), 0
 
 
-sharding_constraint_p.rules["batch_reads_level"] = True
+sharding_constraint_p.rules.batch_reads_level = True
