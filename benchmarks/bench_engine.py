@@ -351,6 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="small,big")
     ap.add_argument("--meshes", default="1,4x2")
     ap.add_argument("--no-save", action="store_true", help="print only")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the per-engine memory runs (one process each)")
     ap.add_argument("--memory-one", nargs=3, metavar=("CONFIG", "MESH", "ENGINE"),
@@ -379,7 +380,7 @@ def main(argv=None) -> int:
     if not args.no_save:
         import run as runner
 
-        path = runner.save("engine", rows, False, seconds, os.path.join(HERE, "results"))
+        path = runner.save("engine", rows, False, seconds, args.out)
         print(f"\nsaved {os.path.relpath(path)}")
     return 0
 

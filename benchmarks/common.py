@@ -227,7 +227,7 @@ def mpi_only(stem: str) -> str:
 def mpi_main(stem: str, doc: str, measure: Callable[[int], list[dict]], argv=None, *,
              rounds: int = 30, footer: Callable[[list[dict]], str] | None = None) -> int:
     """The ``main`` of ``benchmarks/bench_<stem>.py`` run on MPI ranks (``spmd-run -n 2
-    benchmarks/bench_<stem>.py [--rounds R] [--no-save]``): every rank calls
+    benchmarks/bench_<stem>.py [--rounds R] [--no-save] [--out DIR]``): every rank calls
     ``measure(rounds)``, which returns the rows (the same on every rank); rank 0 prints
     the table (and ``footer(rows)``) and saves ``results/<stem>_n<ranks>.json``.  On
     fewer than 2 ranks it says so and returns 0.
@@ -239,6 +239,8 @@ def mpi_main(stem: str, doc: str, measure: Callable[[int], list[dict]], argv=Non
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--no-save", action="store_true", help="print only")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "results"))
     args = ap.parse_args(argv)
     import spmd
 
@@ -261,8 +263,7 @@ def mpi_main(stem: str, doc: str, measure: Callable[[int], list[dict]], argv=Non
         if footer is not None:
             print(f"\n{footer(rows)}")
         if not args.no_save:
-            here = os.path.dirname(os.path.abspath(__file__))
-            path = runner.save(name, rows, False, seconds, os.path.join(here, "results"))
+            path = runner.save(name, rows, False, seconds, args.out)
             print(f"\nsaved {os.path.relpath(path)}")
     return 0
 
