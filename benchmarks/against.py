@@ -71,7 +71,10 @@ def run_once(tree: str, bench: str, python: str, mpiexec: str) -> dict:
     command, stem = BENCHES[bench]
     with tempfile.TemporaryDirectory(prefix="spmd-against-") as out:
         argv = command.format(python=python, mpiexec=mpiexec, out=out).split()
-        env = dict(os.environ, PYTHONPATH=tree)
+        # The tree first: its spmd, not an installed one (other entries stay: a
+        # machine may bring mpi4py or numba on PYTHONPATH).
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True,
                               timeout=1800)
         if done.returncode != 0:
