@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable
 
 from spmd.compiler.ops import attention as at
+from spmd.errors import ShardingTypeError
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
@@ -92,7 +93,6 @@ def explicit_rule(prim) -> Callable:
         return outs
     rule.__name__ = f"attention({prim.name})"
     return rule
-
 
 
 registry.register_all({p: Propagate(_rule(p), explicit=explicit_rule(p))
