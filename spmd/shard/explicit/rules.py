@@ -50,15 +50,14 @@ from spmd.shard.partition.registry import DECISIONS, Propagate, Replicate, Unrea
 from spmd.shard.partition import rules, rules_attention, rules_collectives  # noqa: F401
 from spmd.shard.partition import rules_conv, rules_index, rules_linalg  # noqa: F401
 from spmd.shard.partition import rules_random  # noqa: F401
-from spmd.shard.partition.rules_explicit import (from_outputs, never, replicated, show,
-                                                 untyped, whole_only)
-
-__all__ = ["RULES", "explicit_only", "free_axes", "infer", "out_types", "register",
-           "replicated", "rule_for", "untyped"]
+from spmd.shard.partition.rules_explicit import from_outputs, never, replicated, show, whole_only
+# (untyped: the rule upper layers register for results the partitioner places)
+from spmd.shard.partition.rules_explicit import untyped  # noqa: F401
 
 # The explicit rules declared by register (the decisions' are derived into _DERIVED).
 RULES: dict = {}
 _DERIVED: dict = {}
+
 
 def free_axes(mesh) -> frozenset:
     """The axes of ``mesh`` that types do not name (its automatic ones)."""
@@ -185,12 +184,6 @@ def shard_map(avals_in, types_in, avals_out, mesh, params, lenient=False):
         merged.append(Placement(tuple(a + b for a, b in zip(pl.dims, inner.dims)),
                                 pl.partial | inner.partial))
     return merged
-
-
-HIGHER_ORDER = {"jit": _program_call(), "remat": _program_call(),
-                "custom_jvp_call": _program_call(), "custom_vjp_call": _program_call(),
-                "cond": cond, "scan": scan, "while": while_loop, "shard_map": shard_map}
-
 
 
 # ------------------------------------------------------------ the entry point
@@ -337,9 +330,11 @@ def _untyped_higher(avals_in, types_in, avals_out, mesh, params, lenient=False):
 def _table() -> None:
     register(sharding_constraint_p, from_spec_param)
     register(remat.remat_lin_p, _untyped_higher)
-    for p in (jit.jit_p, remat.remat_p, custom.custom_jvp_call_p, custom.custom_vjp_call_p,
-              cond_p, scan_p, while_p):
-        register(p, HIGHER_ORDER[p.name])
+    for p in (jit.jit_p, remat.remat_p, custom.custom_jvp_call_p, custom.custom_vjp_call_p):
+        register(p, _program_call())
+    register(cond_p, cond)
+    register(scan_p, scan)
+    register(while_p, while_loop)
 
 
 _table()
