@@ -20,7 +20,6 @@ from __future__ import annotations
 from spmd.collectives import mpi, nccl
 from spmd.collectives import primitives as cp
 from spmd.compiler.passes import overlap
-from spmd.errors import ShardingTypeError
 from spmd.shard.partition import registry
 from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
@@ -85,11 +84,15 @@ def _check_axes(ev, eqn):
             "name only the manual axes")
 
 
-def _collective(rule, explicit=typed.operand_only):
+def _collective(prim, rule):
+    """The decision of a collective: ``rule`` places it along the automatic axes.  In
+    explicit mode (a partial-manual body typed along the explicit axes it leaves) its
+    types are the placements ``rule`` gives, and a dimension it resizes must be whole
+    along the typed axes already."""
     def fn(ev, eqn, vals, pls):
         _check_axes(ev, eqn)
         return ev.apply(eqn, vals, pls, rule=rule)
-    return Structural(fn, explicit)
+    return Structural(fn, typed.kept_whole(rule, prim.name))
 
 
 def _pvary(ev, eqn, vals, pls):
@@ -97,58 +100,21 @@ def _pvary(ev, eqn, vals, pls):
     return list(zip(vals, pls))
 
 
-# -------------------------------------------- collectives in a partial-manual body
-#
-# A partial-manual shard_map body over explicit axes is traced with types along the
-# axes it leaves (spmd.shard.maps.shard_map); its collectives act along the manual axes,
-# which types never name: a value keeps its type, except where the collective
-# reshapes a dimension, which must then be whole along the typed axes.
-
-def _collective_dims(name, *dims_of):
-    """A collective that resizes, adds or removes the dimensions ``dims_of(params,
-    ndim)`` names: those must be untyped; the others keep their types."""
-    def rule(avals_in, types_in, avals_out, mesh, params):
-        t, a_in, a_out = types_in[0], avals_in[0], avals_out[0]
-        if t is None:
-            return [None]
-        touched = sorted({f(params, a_in.ndim) for f in dims_of} - {None})
-        split = [d for d in touched if d < len(t.dims) and t.dims[d]]
-        if split:
-            raise ShardingTypeError(
-                f"{name} along dimension {split[0]} of {a_in.str_short()} with sharding "
-                f"{typed.show(t)}: that dimension is split over explicit axes; reshard it whole "
-                "first (spmd.sharding.reshard)")
-        dims = list(t.dims)
-        if a_out.ndim > a_in.ndim:  # a new dimension (all_gather, tiled=False)
-            dims.insert(params["axis"], ())
-        elif a_out.ndim < a_in.ndim:  # one removed (psum_scatter, tiled=False)
-            del dims[params["scatter_dimension"]]
-        return [Placement(tuple(dims), t.partial)]
-    rule.__name__ = f"collective({name})"
-    return rule
-
-
-
 _OVERLAP = ("the overlap pass (spmd.compiler.passes.overlap) makes nonblocking starts and waits "
             "out of per-device programs as they are compiled, after partitioning")
 
-TABLE = {
-    cp.psum_p: _collective(_keep),
-    cp.ppermute_p: _collective(_keep),
-    cp.pmax_p: _collective(_reduced),
-    cp.pmin_p: _collective(_reduced),
-    cp.all_gather_p: _collective(_all_gather, _collective_dims(  # (untiled, adds a dimension)
-        "all_gather", lambda q, n: q["axis"] if q["tiled"] else None)),
-    cp.psum_scatter_p: _collective(_psum_scatter, _collective_dims(
-        "psum_scatter", lambda q, n: q["scatter_dimension"])),
-    cp.all_to_all_p: _collective(_all_to_all, _collective_dims(
-        "all_to_all", lambda q, n: q["split_axis"], lambda q, n: q["concat_axis"])),
-    cp.axis_index_p: _collective(_axis_index, typed.whole_only("axis_index")),
+_RULES = {cp.psum_p: _keep, cp.ppermute_p: _keep, cp.pmax_p: _reduced, cp.pmin_p: _reduced,
+          cp.all_gather_p: _all_gather, cp.psum_scatter_p: _psum_scatter,
+          cp.all_to_all_p: _all_to_all, cp.axis_index_p: _axis_index}
+
+TABLE = {p: _collective(p, rule) for p, rule in _RULES.items()}
+TABLE.update({
+    # (a mark, or a cast, of the varying axes: no data moves, the type is kept)
     cp.pvary_p: Structural(_pvary, typed.operand_only),
-    cp.pcast_p: Structural(_pvary, typed.operand_only),  # (a cast of the type: no data moves)
+    cp.pcast_p: Structural(_pvary, typed.operand_only),
     mpi.mpi_p: Unreachable(_TRANSPORT),
     nccl.nccl_p: Unreachable(_TRANSPORT),
     overlap.collective_start_p: Unreachable(_OVERLAP),
     overlap.collective_wait_p: Unreachable(_OVERLAP),
-}
+})
 registry.register_all(TABLE)

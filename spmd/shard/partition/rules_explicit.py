@@ -70,6 +70,25 @@ def from_outputs(prop_rule: Callable) -> Callable:
     return rule
 
 
+def kept_whole(prop_rule: Callable, name: str) -> Callable:
+    """:func:`from_outputs` where the rule keeps the operands as typed; where it would
+    make a split dimension whole (a collective resizing it), that is an error: a type
+    may not move."""
+    def rule(avals_in, types_in, avals_out, mesh, params):
+        wanted, outs = prop_rule(list(types_in), list(avals_in), list(avals_out), mesh,
+                                 **params)[:2]
+        for a, t, w in zip(avals_in, types_in, wanted):
+            moved = [d for d, (x, y) in enumerate(zip(t.dims, w.dims)) if x != y]
+            if moved:
+                raise ShardingTypeError(
+                    f"{name} along dimension {moved[0]} of {a.str_short()} with sharding "
+                    f"{show(t)}: that dimension is split over explicit axes; reshard it "
+                    "whole first (spmd.sharding.reshard)")
+        return [Placement(o.dims) for o in outs]
+    rule.__name__ = f"kept_whole({name})"
+    return rule
+
+
 # ------------------------------------------------------------ the extensions
 
 def broadcasting(avals_in, types_in, avals_out, mesh, params, name="elementwise"):
