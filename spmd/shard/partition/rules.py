@@ -216,6 +216,7 @@ def _extremum_rule(reduce_name):
 
         return [Placement(pl.dims)], [Placement(out)], {"axes": axes}, post
 
+    rule.__name__ = f"{reduce_name}_rule"
     return rule
 
 
