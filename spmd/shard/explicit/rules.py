@@ -14,7 +14,7 @@ results, the decision's ``explicit`` extension where it names one:
 :mod:`spmd.shard.partition.rules_explicit`).  Only primitives whose decision cannot
 say their types are declared here with :func:`register`: the higher-order ones,
 whose sub-programs are typed by :func:`infer`, and an upper layer's (``spmd.host``).
-``tests/shard/test_explicit_rules.py`` checks that every primitive has exactly one.
+``tests/partition/test_rules_explicit.py`` checks that every primitive has exactly one.
 
 A type is a :class:`~spmd.shard.partition.placement.Placement` (the axes each
 dimension is split over), or ``None``: an *untyped* value, whose placement the
