@@ -19,6 +19,17 @@ fails while any registered primitive lacks one.  A decision is one of:
   collective lives only in ``shard_map`` bodies, which the partitioner keeps
   whole); meeting one is an internal error naming ``reason``.
 
+A decision is also the primitive's one sharding declaration for explicit mode
+(``AxisType.Explicit`` axes, where a sharding is part of an array's type): its
+``explicit`` field is the rule's explicit-mode extension, and where it is None the
+type is derived from the decision itself (:func:`spmd.shard.explicit.rules.rule_for`):
+a ``Propagate`` result's type is the placement its rule gives the result from
+operands placed as typed, a ``Replicate`` result is whole, an ``Unreachable``
+primitive is an error.  An extension (``rules_explicit.py``) exists where a typed
+operand may not move as propagation would move it, and the type must say so: JAX's
+merge of agreeing splits, or an error naming the fix (``reshard``, or
+``out_sharding=`` where the result would be ambiguous).
+
 Decisions are registered beside the rules they use (``rules.py``,
 ``rules_index.py``, ``control.py``, ``partitioner.py``, ``api.py``,
 ``rules_collectives.py``); importing :mod:`spmd.shard.partition` registers them all.
@@ -57,18 +68,26 @@ class Propagate(NamedTuple):
     # its output's shape (random_bits), computes only the block where the output is
     # wanted; None falls back to ``rule``.
     source: Callable | None = None
+    # The explicit-mode extension ``explicit(avals_in, types_in, avals_out, mesh,
+    # params) -> [types_out]``; None: the placements ``rule`` gives the results.
+    explicit: Callable | None = None
 
 
 class Replicate(NamedTuple):
-    """Computed whole on every device; ``reason`` says why no rule splits it."""
+    """Computed whole on every device; ``reason`` says why no rule splits it.
+    ``explicit``: the results' types (None: whole)."""
 
     reason: str
+    explicit: Callable | None = None
 
 
 class Structural(NamedTuple):
-    """``fn(evaluator, eqn, vals, pls) -> [(value, placement), ...]``."""
+    """``fn(evaluator, eqn, vals, pls) -> [(value, placement), ...]``.  ``explicit``:
+    the results' types, where the decision's module can say them (None: declared by
+    :func:`spmd.shard.explicit.rules.register`, beside the typing of sub-programs)."""
 
     fn: Callable
+    explicit: Callable | None = None
 
 
 class Unreachable(NamedTuple):

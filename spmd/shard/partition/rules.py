@@ -28,6 +28,7 @@ from spmd.compiler.engine.rows import fused_rows_p
 from spmd.compiler.ops import complex as cx, elementwise as ew, reduce as rd, structural as st
 from spmd.compiler.ops.linalg import dot_general_p
 from spmd.shard.partition import registry
+from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate, Replicate, Unreachable
 from spmd.shard.partition.reshard import cost as reshard_cost
@@ -215,6 +216,7 @@ def _extremum_rule(reduce_name):
 
         return [Placement(pl.dims)], [Placement(out)], {"axes": axes}, post
 
+    rule.__name__ = f"{reduce_name}_rule"
     return rule
 
 
@@ -302,8 +304,14 @@ def squeeze_rule(pls, avals_in, avals_out, mesh, *, dimensions):
 
 # ------------------------------------------------------------------ the table
 
-def _elementwise(sums: str = "none") -> Propagate:
-    return Propagate(elementwise_rule(sums), specs_flow_back=True)
+def elementwise(sums: str = "none", explicit=typed.broadcasting) -> Propagate:
+    """The decision of an elementwise map: its rule, an input of the output's shape takes
+    the output's spec, and its explicit types are the splits its operands agree on.
+
+    >>> elementwise("joint").specs_flow_back   # add's decision
+    True
+    """
+    return Propagate(elementwise_rule(sums), specs_flow_back=True, explicit=explicit)
 
 
 def _table() -> dict:
@@ -313,24 +321,24 @@ def _table() -> dict:
            ew.is_finite_p, ew.not_p, ew.rem_p, ew.pow_p, ew.max_p, ew.min_p, ew.atan2_p,
            ew.and_p, ew.or_p, ew.xor_p, ew.eq_p, ew.ne_p, ew.lt_p, ew.le_p, ew.gt_p, ew.ge_p,
            ew.integer_pow_p]
-    table = {p: _elementwise("none") for p in ops}
+    table = {p: elementwise("none") for p in ops}
     table.update({
-        ew.neg_p: _elementwise("linear"),
-        stop_gradient_p: _elementwise("linear"),
-        name_p: _elementwise("linear"),  # checkpoint_name: the identity
-        ew.convert_p: _elementwise("convert"),
-        ew.add_p: _elementwise("joint"),
-        ew.sub_p: _elementwise("joint"),
-        ew.select_n_p: _elementwise("select"),
-        ew.mul_p: _elementwise("product"),
-        ew.div_p: _elementwise("quotient"),
+        ew.neg_p: elementwise("linear"),
+        stop_gradient_p: elementwise("linear"),
+        name_p: elementwise("linear"),  # checkpoint_name: the identity
+        ew.convert_p: elementwise("convert"),
+        ew.add_p: elementwise("joint"),
+        ew.sub_p: elementwise("joint"),
+        ew.select_n_p: elementwise("select", typed.select),  # its cases must agree
+        ew.mul_p: elementwise("product"),
+        ew.div_p: elementwise("quotient"),
         # complex parts: linear over the reals, so partial sums pass through them
-        cx.real_p: _elementwise("linear"),
-        cx.imag_p: _elementwise("linear"),
-        cx.conj_p: _elementwise("linear"),
-        cx.complex_p: _elementwise("joint"),
+        cx.real_p: elementwise("linear"),
+        cx.imag_p: elementwise("linear"),
+        cx.conj_p: elementwise("linear"),
+        cx.complex_p: elementwise("joint"),
         st.broadcast_in_dim_p: Propagate(broadcast_in_dim_rule),
-        st.reshape_p: Propagate(reshape_rule),
+        st.reshape_p: Propagate(reshape_rule, explicit=typed.reshape),
         st.transpose_p: Propagate(transpose_rule),
         st.squeeze_p: Propagate(squeeze_rule),
         st.iota_p: Propagate(iota_rule),
@@ -342,10 +350,11 @@ def _table() -> dict:
         rd.reduce_or_p: Propagate(_reduce_keep_rule),
         rd.argmax_p: Propagate(_reduce_keep_rule),
         rd.argmin_p: Propagate(_reduce_keep_rule),
-        dot_general_p: Propagate(dot_general_rule),
+        dot_general_p: Propagate(dot_general_rule, explicit=typed.dot_general),
         custom_lin_p: Replicate(
             "the linear part of a linearized custom_vjp function: an opaque Python backward "
-            "rule over saved residuals, which no placement can be read from"),
+            "rule over saved residuals, which no placement can be read from",
+            explicit=typed.untyped),
         fused_p: Unreachable(
             "the fusion pass (spmd.compiler.engine.fusion) makes elementwise kernels out of "
             "per-device programs as they are compiled, after partitioning"),

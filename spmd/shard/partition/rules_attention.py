@@ -14,10 +14,14 @@ The same placements are the explicit-sharding types (``explicit_rule``).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from spmd.compiler.ops import attention as at
+from spmd.errors import ShardingTypeError
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
+from spmd.shard.partition.rules_explicit import RESHARD, show
 
 
 def placements(prim, q_dims, avals_in, avals_out, mesh, params):
@@ -68,5 +72,28 @@ def _rule(prim):
     return rule
 
 
-registry.register_all({p: Propagate(_rule(p))
+def explicit_rule(prim) -> Callable:
+    """The attention kernel's primitives: the batch and head dimensions keep their
+    splits (the key/value heads following the query heads'); the others are whole."""
+    def rule(avals_in, types_in, avals_out, mesh, params):
+        wanted, outs = placements(prim, types_in[0].dims, avals_in, avals_out, mesh, params)
+        for i, (w, t) in enumerate(zip(wanted, types_in)):
+            if t.dims != w.dims:
+                raise ShardingTypeError(
+                    f"dot_product_attention: operand {i} is sharded {show(t)} where, with "
+                    f"the query sharded {show(types_in[0])}, it must be {show(w)}: only the "
+                    "batch and head dimensions may be split (query and key/value heads "
+                    f"alike); {RESHARD}")
+        if any(o.partial for o in outs):
+            raise ShardingTypeError(
+                "dot_product_attention: the key/value (or bias) cotangent would be a "
+                "pending sum over the query heads' or batch's axes, which explicit mode "
+                "does not type; split the key/value heads as the query heads, or "
+                f"replicate the heads; {RESHARD}")
+        return outs
+    rule.__name__ = f"attention({prim.name})"
+    return rule
+
+
+registry.register_all({p: Propagate(_rule(p), explicit=explicit_rule(p))
                        for p in (at.attention_p, at.attention_tangent_p, at.attention_grad_p)})

@@ -21,6 +21,7 @@ from spmd.collectives import mpi, nccl
 from spmd.collectives import primitives as cp
 from spmd.compiler.passes import overlap
 from spmd.shard.partition import registry
+from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import PartitionError, Structural, Unreachable
 
@@ -83,11 +84,15 @@ def _check_axes(ev, eqn):
             "name only the manual axes")
 
 
-def _collective(rule):
+def _collective(prim, rule):
+    """The decision of a collective: ``rule`` places it along the automatic axes.  In
+    explicit mode (a partial-manual body typed along the explicit axes it leaves) its
+    types are the placements ``rule`` gives, and a dimension it resizes must be whole
+    along the typed axes already."""
     def fn(ev, eqn, vals, pls):
         _check_axes(ev, eqn)
         return ev.apply(eqn, vals, pls, rule=rule)
-    return Structural(fn)
+    return Structural(fn, typed.kept_whole(rule, prim.name))
 
 
 def _pvary(ev, eqn, vals, pls):
@@ -98,20 +103,18 @@ def _pvary(ev, eqn, vals, pls):
 _OVERLAP = ("the overlap pass (spmd.compiler.passes.overlap) makes nonblocking starts and waits "
             "out of per-device programs as they are compiled, after partitioning")
 
-TABLE = {
-    cp.psum_p: _collective(_keep),
-    cp.ppermute_p: _collective(_keep),
-    cp.pmax_p: _collective(_reduced),
-    cp.pmin_p: _collective(_reduced),
-    cp.all_gather_p: _collective(_all_gather),
-    cp.psum_scatter_p: _collective(_psum_scatter),
-    cp.all_to_all_p: _collective(_all_to_all),
-    cp.axis_index_p: _collective(_axis_index),
-    cp.pvary_p: Structural(_pvary),
-    cp.pcast_p: Structural(_pvary),  # (a cast of the type: no data moves)
+_RULES = {cp.psum_p: _keep, cp.ppermute_p: _keep, cp.pmax_p: _reduced, cp.pmin_p: _reduced,
+          cp.all_gather_p: _all_gather, cp.psum_scatter_p: _psum_scatter,
+          cp.all_to_all_p: _all_to_all, cp.axis_index_p: _axis_index}
+
+TABLE = {p: _collective(p, rule) for p, rule in _RULES.items()}
+TABLE.update({
+    # (a mark, or a cast, of the varying axes: no data moves, the type is kept)
+    cp.pvary_p: Structural(_pvary, typed.operand_only),
+    cp.pcast_p: Structural(_pvary, typed.operand_only),
     mpi.mpi_p: Unreachable(_TRANSPORT),
     nccl.nccl_p: Unreachable(_TRANSPORT),
     overlap.collective_start_p: Unreachable(_OVERLAP),
     overlap.collective_wait_p: Unreachable(_OVERLAP),
-}
+})
 registry.register_all(TABLE)

@@ -21,6 +21,7 @@ import itertools
 
 from spmd.compiler.ops.conv import conv_p
 from spmd.shard.partition import registry
+from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
 from spmd.shard.partition.reshard import cost as reshard_cost
@@ -81,4 +82,6 @@ def conv_rule(pls, avals_in, avals_out, mesh, *, feature_group_count, batch_grou
                              "batch_group_count": B}
 
 
-registry.register(conv_p, Propagate(conv_rule))
+# Explicit mode types a convolution only whole (a typed split is not yet declared).
+registry.register(conv_p, Propagate(conv_rule,
+                                    explicit=typed.whole_only("conv_general_dilated")))

@@ -13,6 +13,7 @@ from spmd.compiler.ops import reduce as rd
 from spmd.compiler.ops import slicing as sm
 from spmd.compiler.ops.sort import sort_p
 from spmd.shard.partition import registry
+from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
 from spmd.shard.partition.rules import _score, joint_partial, replicate_rule
@@ -167,19 +168,22 @@ def scatter_rule(pls, avals_in, avals_out, mesh, *, axes, mode):
             {"axes": axes, "mode": mode})
 
 
+_KEEP = typed.same_as_operand  # explicit: the operand's type, while its axes divide
+_INTO = typed.operand_only      # explicit: an update into the first operand keeps its type
+
 TABLE = {
-    sm.slice_p: Propagate(slice_rule),
-    sm.pad_p: Propagate(pad_rule),
-    sm.concatenate_p: Propagate(concatenate_rule),
-    sort_p: Propagate(sort_rule),
-    ix.dynamic_slice_p: Propagate(dynamic_slice_rule),
-    ix.dynamic_update_slice_p: Propagate(dynamic_update_slice_rule),
-    ix.gather_p: Propagate(gather_rule),
-    ix.scatter_p: Propagate(scatter_rule),
-    rd.cumsum_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=True)),
-    rd.cumprod_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
-    rd.cummax_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
-    rd.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
-    sm.rev_p: Propagate(_unsplit_dims_rule(_whole("dimensions"), linear=True)),
+    sm.slice_p: Propagate(slice_rule, explicit=_KEEP),
+    sm.pad_p: Propagate(pad_rule, explicit=_KEEP),
+    sm.concatenate_p: Propagate(concatenate_rule, explicit=typed.concatenate),
+    sort_p: Propagate(sort_rule, explicit=_KEEP),
+    ix.dynamic_slice_p: Propagate(dynamic_slice_rule, explicit=_KEEP),
+    ix.dynamic_update_slice_p: Propagate(dynamic_update_slice_rule, explicit=_INTO),
+    ix.gather_p: Propagate(gather_rule, explicit=typed.gather),
+    ix.scatter_p: Propagate(scatter_rule, explicit=_INTO),
+    rd.cumsum_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=True), explicit=_KEEP),
+    rd.cumprod_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
+    rd.cummax_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
+    rd.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
+    sm.rev_p: Propagate(_unsplit_dims_rule(_whole("dimensions"), linear=True), explicit=_KEEP),
 }
 registry.register_all(TABLE)

@@ -18,7 +18,8 @@ from spmd.compiler.ops import special as sp
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
-from spmd.shard.partition.rules import elementwise_rule, replicate_rule
+from spmd.shard.partition import rules_explicit as typed
+from spmd.shard.partition.rules import elementwise, replicate_rule
 
 
 def batched_matrix_rule(pls, avals_in, avals_out, mesh, **params):
@@ -33,9 +34,10 @@ def batched_matrix_rule(pls, avals_in, avals_out, mesh, **params):
     return wanted, outs, params
 
 
-registry.register_all({p: Propagate(batched_matrix_rule)
+# Explicit mode types them only whole (a typed batch split is not yet declared).
+registry.register_all({p: Propagate(batched_matrix_rule, explicit=typed.whole_only(p.name))
                        for p in (ld.cholesky_p, ld.solve_p, ld.slogdet_p, ld.qr_p, ld.eigh_p,
                                  ld.svd_p)})
-registry.register_all({p: Propagate(elementwise_rule("none"), specs_flow_back=True)
+registry.register_all({p: elementwise("none")
                        for p in (sp.erf_p, sp.erfc_p, sp.erf_inv_p, sp.lgamma_p,
                                  sp.digamma_p, sp.polygamma_p)})

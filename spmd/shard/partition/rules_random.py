@@ -20,7 +20,8 @@ from spmd.compiler.ops.threefry import (random_bits_p, random_unit_float_p, rng_
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate, Replicate
-from spmd.shard.partition.rules import elementwise_rule
+from spmd.shard.partition import rules_explicit as typed
+from spmd.shard.partition.rules import elementwise
 from spmd.shard.partition.reshard import reshard
 from spmd.collectives.api import axis_index
 from spmd.compiler.ops.elementwise import mul
@@ -76,10 +77,11 @@ def random_bits_source(ev, eqn, vals, pls, want_spec):
     return [(out, Placement(batch + tuple(dims) + extra))]
 
 
-registry.register(random_bits_p, Propagate(random_bits_rule, source=random_bits_source))
+# Explicit mode types the bits only whole (the typed split is not yet declared).
+registry.register(random_bits_p, Propagate(random_bits_rule, source=random_bits_source,
+                                           explicit=typed.whole_only("random_bits")))
 # Elementwise in their operands (counters/bits of the same shape as the output).
-registry.register(threefry2x32_p, Propagate(elementwise_rule("none"), specs_flow_back=True))
-registry.register(random_unit_float_p, Propagate(elementwise_rule("none"),
-                                                 specs_flow_back=True))
+registry.register(threefry2x32_p, elementwise("none"))
+registry.register(random_unit_float_p, elementwise("none"))
 registry.register(rng_counter_p, Replicate("a scalar read from a host counter: every device "
                                            "reads the same count"))
