@@ -212,8 +212,8 @@ def _register_partition_decision():
     for p in (pure_callback_p, io_callback_p):
         registry.register(p, registry.Replicate(
             "a callback is a host function of whole values: under jit with shardings its "
-            "operands are gathered, and its results are whole on every device"))
-        explicit_rules.register(p, explicit_rules.untyped)
+            "operands are gathered, and its results are whole on every device",
+            explicit=explicit_rules.untyped))
 
 
 _register_partition_decision()

@@ -141,11 +141,10 @@ def visualize_array_sharding(x, *, use_color: bool = False) -> str:
 
 
 def _register_partition_decision():
+    # On explicit axes: a print has no results to type, and reads whole values.
     registry.register(debug_print_p, registry.Replicate(
         "a print shows whole values: under jit with shardings the value is gathered and "
-        "printed once"))
-    # On explicit axes: a print has no results to type, and reads whole values.
-    explicit_rules.register(debug_print_p, explicit_rules.untyped)
+        "printed once", explicit=explicit_rules.untyped))
 
 
 _register_partition_decision()
