@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from spmd.compiler.core import array_module as _am
+from spmd.compiler.core.communication import collective_axes
 from spmd.compiler import extensions as _ext
 from spmd.compiler.core import manual_types as _mt
 from spmd.compiler.core import dtypes
@@ -351,7 +352,6 @@ def bind(prim, *args, **params):
         # does a higher-order primitive whose body holds one.
         axes = params.get("axes", ())
         if prim.higher_order and _state.axis_env:
-            from spmd.compiler.transforms.batching import collective_axes
             axes = collective_axes(params)
         for a in axes:
             scope = axis_scope(a)

@@ -99,8 +99,14 @@ def _batch_elementwise(prim, scalars_follow_first: bool = False):
 
 # ------------------------------------------------------------- definitions
 
-def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
-    """Define an elementwise unary primitive (impl from ``xp.<np_name>``)."""
+def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
+          jvp_rule=None):
+    """Define an elementwise unary primitive (impl from ``xp.<np_name>``).
+
+    ``out_dtype``: the result's dtype, or a function of the operand's (default: the
+    operand's).  ``jvp(t, x, y)`` gives the tangent of ``y = f(x)``; ``jvp_rule``, a
+    whole jvp rule, replaces it where the tangent's type is not the operand's.
+    """
     p = Primitive(name, traits=())
     fn_name = np_name
 
@@ -111,11 +117,14 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
     @p.def_abstract_eval
     def abstract_eval(x):
         _check_kind(name, x, kinds)
-        return ShapedArray(x.shape, out_dtype or x.dtype, x.weak_type)
+        dtype = out_dtype(x.dtype) if callable(out_dtype) else out_dtype or x.dtype
+        return ShapedArray(x.shape, dtype, x.weak_type)
 
     p.def_emit(emit or (lambda ins: f"xp.{fn_name}({ins[0]})"))
     p.def_batch(_batch_elementwise(p))
-    if jvp is not None:
+    if jvp_rule is not None:
+        p.def_jvp(jvp_rule)
+    elif jvp is not None:
         def jvp_rule(primals, tangents):
             (x,), (t,) = primals, tangents
             y = bind(p, x)
@@ -191,8 +200,26 @@ sqrt_p = unary("sqrt", "sqrt", lambda t, x, y: div(t, mul(_const(y, 2), y)), kin
 rsqrt_p = unary("rsqrt", "rsqrt",
                 lambda t, x, y: mul(t, mul(_const(y, -0.5), div(y, x))), kinds=_FC,
                 emit=lambda ins: f"(1 / xp.sqrt({ins[0]}))")
-abs_p = unary("abs", "abs", lambda t, x, y: select(ge(x, _zero(x)), t, neg(t)),
-              kinds=("float", "int"))
+
+
+def _abs_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = abs(x)
+    if isinstance(t, Zero):
+        return y, Zero(_aval(y).update(weak_type=False))
+    if not dtypes.is_complex(_aval(x).dtype):
+        return y, select(ge(x, _zero(x)), t, neg(t))
+    # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0 (as JAX does).
+    from spmd.compiler.ops import complex as cx  # above this module: it builds on it
+
+    is_zero = eq(y, _zero(y))
+    safe = select(is_zero, _full_like(y, 1), y)
+    return y, div(cx.real(mul(cx.conj(x), t)), safe)
+
+
+# The modulus on complex: a real result.
+abs_p = unary("abs", "abs", kinds=("float", "int", "complex"), out_dtype=dtypes.real_dtype,
+              jvp_rule=_abs_jvp)
 # On complex, x / |x| (0 at 0), as JAX's lax.sign and numpy 2 (numpy's values where a
 # part is infinite, see _sign_impl); zero derivative as in JAX.
 sign_p = unary("sign", "sign", kinds=("float", "int", "complex"), emit=lambda ins: None)
@@ -492,10 +519,10 @@ def _ordered(cmp, x, y):
     """``cmp(x, y)``; on complex, lexicographically on (real, imaginary) parts."""
     if not dtypes.is_complex(_aval(x).dtype):
         return cmp(x, y)
-    from spmd.compiler import ops
+    from spmd.compiler.ops import complex as cx  # above this module: it builds on it
 
-    rx, ry = ops.complex.real(x), ops.complex.real(y)
-    return select(eq(rx, ry), cmp(ops.complex.imag(x), ops.complex.imag(y)), cmp(rx, ry))
+    rx, ry = cx.real(x), cx.real(y)
+    return select(eq(rx, ry), cmp(cx.imag(x), cx.imag(y)), cmp(rx, ry))
 _binary_jvp(atan2_p, lambda x, y, out: div(y, add(mul(x, x), mul(y, y))),
             lambda x, y, out: neg(div(x, add(mul(x, x), mul(y, y)))))
 _binary_jvp(rem_p, lambda x, y, out: _full_like(out, 1),
@@ -591,8 +618,16 @@ def _convert_impl(xp, x, *, new_dtype, weak_type):
     return x.astype(new_dtype)
 
 
+def _check_convert(x, new_dtype):
+    if dtypes.is_complex(x.dtype) and not dtypes.is_complex(new_dtype):
+        raise DTypeError(f"convert_element_type: converting {x.dtype} to {new_dtype} would "
+                         "drop the imaginary part; take snp.real(x), snp.imag(x) or "
+                         "snp.abs(x) first")
+
+
 @convert_p.def_abstract_eval
 def _convert_aval(x, *, new_dtype, weak_type):
+    _check_convert(x, new_dtype)
     return ShapedArray(x.shape, new_dtype, weak_type)
 
 
@@ -610,10 +645,7 @@ def convert(x, dtype, weak_type: bool = False):
     """Convert ``x`` to ``dtype`` (no-op when it already has it)."""
     dtype = dtypes.check_dtype(dtype, "convert_element_type")
     av = _aval(x)
-    if dtypes.is_complex(av.dtype) and not dtypes.is_complex(dtype):
-        raise DTypeError(f"convert_element_type: converting {av.dtype} to {dtype} would drop "
-                         "the imaginary part; take snp.real(x), snp.imag(x) or snp.abs(x) "
-                         "first")
+    _check_convert(av, dtype)
     if av.dtype == dtype and av.weak_type == weak_type:
         return x
     # A known value converts now, not as a program equation.  (Only the compiler's own
@@ -629,14 +661,20 @@ def convert(x, dtype, weak_type: bool = False):
 def _convert_jvp(primals, tangents, *, new_dtype, weak_type):
     (x,), (t,) = primals, tangents
     out = bind(convert_p, x, new_dtype=new_dtype, weak_type=weak_type)
-    if isinstance(t, Zero) or not dtypes.is_float(new_dtype) or not dtypes.is_float(t.dtype):
-        return out, Zero(tangent_aval(_aval(out)))
+    zero = Zero(tangent_aval(_aval(out)))
+    if isinstance(t, Zero) or not dtypes.is_inexact(new_dtype) \
+            or not dtypes.is_inexact(_aval(t).dtype):
+        return out, zero
     return out, bind(convert_p, t, new_dtype=new_dtype, weak_type=False)
 
 
 def _convert_transpose(ct, x, *, new_dtype, weak_type):
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
+    if dtypes.is_complex(_aval(ct).dtype) and not dtypes.is_complex(x.aval.dtype):
+        from spmd.compiler.ops import complex as cx  # above this module: it builds on it
+
+        ct = cx.real(ct)  # real -> complex embeds; its transpose keeps the real part
     return [bind(convert_p, ct, new_dtype=x.aval.dtype, weak_type=False)]
 
 

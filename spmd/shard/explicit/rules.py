@@ -42,7 +42,7 @@ from spmd.compiler.transforms import remat
 from spmd.compiler.engine import rows
 from spmd.compiler.core.ir import ClosedProgram, Literal
 from spmd.compiler.ops import attention as attention_ops
-from spmd.compiler.ops import conv, elementwise as ew, indexing as ix, linalg
+from spmd.compiler.ops import conv, cumulative as cm, elementwise as ew, indexing as ix, linalg
 from spmd.compiler.ops import linalg_decomp as ld, reduce as rd, slicing as sm, sort
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.control_cond import cond_p
@@ -608,10 +608,10 @@ def _untyped_higher(avals_in, types_in, avals_out, mesh, params, lenient=False):
 def _table() -> None:
 
     register(ew.select_n_p, select)  # (elementwise, but its cases must agree)
-    for p in (rd.reduce_sum_p, rd.reduce_max_p, rd.reduce_min_p, rd.reduce_prod_p,
+    for p in (rd.reduce_sum_p, rd.reduce_max_p, rd.reduce_min_p, cm.reduce_prod_p,
               rd.reduce_and_p, rd.reduce_or_p, rd.argmax_p, rd.argmin_p):
         register(p, reduction)
-    for p in (rd.cumsum_p, rd.cumprod_p, rd.cummax_p, rd.cummin_p, sm.slice_p, sm.pad_p,
+    for p in (cm.cumsum_p, cm.cumprod_p, cm.cummax_p, cm.cummin_p, sm.slice_p, sm.pad_p,
               ix.dynamic_slice_p, sm.rev_p, sort.sort_p):
         register(p, same_as_operand)
     for p in (ix.dynamic_update_slice_p, ix.scatter_p):

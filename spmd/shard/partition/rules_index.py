@@ -9,7 +9,7 @@ rewritten for the local block.
 from __future__ import annotations
 
 from spmd.compiler.ops import indexing as ix
-from spmd.compiler.ops import reduce as rd
+from spmd.compiler.ops import cumulative as cm
 from spmd.compiler.ops import slicing as sm
 from spmd.compiler.ops.sort import sort_p
 from spmd.shard.partition import registry
@@ -176,10 +176,10 @@ TABLE = {
     ix.dynamic_update_slice_p: Propagate(dynamic_update_slice_rule),
     ix.gather_p: Propagate(gather_rule),
     ix.scatter_p: Propagate(scatter_rule),
-    rd.cumsum_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=True)),
-    rd.cumprod_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
-    rd.cummax_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
-    rd.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
+    cm.cumsum_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=True)),
+    cm.cumprod_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
+    cm.cummax_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
+    cm.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False)),
     sm.rev_p: Propagate(_unsplit_dims_rule(_whole("dimensions"), linear=True)),
 }
 registry.register_all(TABLE)
