@@ -11,6 +11,7 @@ and every rule set on it later must come from the same module.
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -76,8 +77,10 @@ KNOWN = {
 
 
 def _watch() -> dict:
+    # From the repository's root, so that the interpreter imports this checkout's spmd.
+    root = pathlib.Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", _WATCH], capture_output=True, text=True,
-                         check=True)
+                         check=True, cwd=root)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

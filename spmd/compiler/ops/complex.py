@@ -22,9 +22,11 @@ from spmd.compiler.core import dtypes
 from spmd.compiler.transforms.ad_util import is_undefined, Zero
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops.elementwise_eval import binary_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind
 from spmd.errors import DTypeError
+from spmd.compiler import ops
 
 
 def _part(name, np_name, out_complex: bool, real_ok: bool):
@@ -91,7 +93,7 @@ def _complex_aval(x, y):
     if not dtypes.is_float(x.dtype) or dtypes.bfloat16 == x.dtype or x.dtype == np.float16:
         raise DTypeError(f"complex: operand dtype {x.dtype} must be float32 or float64 "
                          "(convert the parts first with .astype)")
-    a = ew._binary_aval("complex", x, y)
+    a = binary_aval("complex", x, y)
     return a.update(dtype=dtypes.complex_dtype(x.dtype))
 
 
@@ -116,8 +118,6 @@ def _complex_jvp(primals, tangents):
 
 
 def _zeros(aval):
-    from spmd.compiler import ops
-
     return ops.structural.full(aval.shape, 0, aval.dtype)
 
 

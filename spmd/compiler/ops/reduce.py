@@ -15,6 +15,8 @@ from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError
+from spmd.compiler import ops
+from spmd.compiler.transforms.batching import move_to_front
 
 
 def _reduced_aval(name, x, axes, dtype=None):
@@ -28,8 +30,6 @@ def _reduced_aval(name, x, axes, dtype=None):
 
 def _batch_reduce(p):
     def rule(args, dims, *, axes, **params):
-        from spmd.compiler.transforms.batching import move_to_front
-
         x = move_to_front(args[0], dims[0])
         return bind(p, x, axes=tuple(a + 1 for a in axes), **params), 0
 
@@ -148,8 +148,6 @@ def _sum_jvp(primals, tangents, *, axes):
 
 @reduce_sum_p.def_transpose
 def _sum_transpose(ct, x, *, axes):
-    from spmd.compiler import ops
-
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
     shape = x.aval.shape
@@ -173,7 +171,6 @@ def _minmax(name, np_fn):
     def jvp(primals, tangents, *, axes):
         # The tangent is the mean of the tangents at the positions attaining the
         # extremum (JAX's convention, so ties share the derivative).
-        from spmd.compiler import ops
 
         (x,), (t,) = primals, tangents
         out = bind(p, x, axes=axes)

@@ -13,7 +13,7 @@ import numpy as np
 from spmd import tree_util
 from spmd.compiler.transforms.array_ops import OPS
 from spmd.compiler.core.communication import collective_axes, communicates  # noqa: F401
-from spmd.compiler.core.trace import abstract_eval, extend_axis_env
+from spmd.compiler.core.trace import abstract_eval, bind, extend_axis_env
 from spmd.errors import ArgumentError
 
 not_mapped = None
@@ -200,7 +200,6 @@ class BatchTrace(Trace):
         dims = [t.bdim for t in tracers]
         if all(d is None for d in dims) and not self._communicates(prim, params) and \
                 not prim.rules.batch_always:
-            from spmd.compiler.core.trace import bind
             out = bind(prim, *vals, **params)
             outs = out if prim.multiple_results else [out]
             return [BatchTracer(self, o, None) for o in outs]
@@ -319,7 +318,6 @@ def batch_flat(fun, args, in_dims, axis_size, axis_name=None, out_dims_req=None)
             val, d = o.val, o.bdim
             if want is None:
                 if d is not None:
-                    from spmd.errors import ArgumentError
                     raise ArgumentError("vmap: an output with out_axes=None varies along the "
                                         "mapped axis; only unbatched outputs can use None")
                 res.append(val)
