@@ -26,7 +26,7 @@ from spmd.compiler.ops.elementwise_eval import binary_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind
 from spmd.errors import DTypeError
-from spmd.compiler import ops
+from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
 
 
 def _part(name, np_name, out_complex: bool, real_ok: bool):

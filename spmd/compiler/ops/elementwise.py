@@ -22,7 +22,7 @@ from spmd.compiler.ops.elementwise_eval import (  # how they evaluate; here, the
     binary_aval, check_convert, check_kind, convert_aval, convert_emit, convert_impl,
     div_emit, div_impl, ipow_aval, ipow_impl, logistic_impl, pow_impl, select_aval,
     select_impl, sign_impl)
-from spmd.compiler import ops
+from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
 from spmd.compiler.transforms.batching import bdim_size, move_to_front
 
 
@@ -179,8 +179,8 @@ def _abs_jvp(primals, tangents):
         return y, Zero(_aval(y).update(weak_type=False))
     if not dtypes.is_complex(_aval(x).dtype):
         return y, select(ge(x, _zero(x)), t, neg(t))
-    # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0 (as JAX does).
-
+    # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0 (as JAX does).  (The complex
+    # primitives are built on this module: reached through the package at call time.)
     is_zero = eq(y, _zero(y))
     safe = select(is_zero, _full_like(y, 1), y)
     return y, div(ops.complex.real(mul(ops.complex.conj(x), t)), safe)

@@ -16,7 +16,7 @@ from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.compiler.core.array import Array
-from spmd.compiler import ops
+from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
 from spmd.compiler.transforms.batching import move_to_front
 
 
