@@ -18,9 +18,9 @@ from spmd.compiler.ops.structural import (  # noqa: F401
 from spmd.compiler.transforms.ad import stop_gradient  # noqa: F401
 from spmd.compiler.ops.indexing import (  # noqa: F401
     dynamic_slice, dynamic_update_slice, gather, scatter)
-from spmd.compiler.ops.reduce import (  # noqa: F401
-    argmax, argmin, associative_scan, cummax, cummin, cumprod, cumsum, reduce_and, reduce_or,
-    reduce_prod)
+from spmd.compiler.ops.reduce import argmax, argmin, reduce_and, reduce_or  # noqa: F401
+from spmd.compiler.ops.cumulative import (  # noqa: F401
+    associative_scan, cummax, cummin, cumprod, cumsum, reduce_prod)
 from spmd.compiler.ops.sort import sort, sort_key_val  # noqa: F401
 from spmd.compiler.ops.slicing import concatenate, pad, rev, slice, slice_in_dim  # noqa: F401,A004
 from spmd.lax.control_flow import cond, fori_loop, map, scan, switch, while_loop  # noqa: F401,A004

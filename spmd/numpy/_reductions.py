@@ -14,6 +14,7 @@ import numpy as np
 
 from spmd.compiler.core import dtypes
 from spmd.compiler.ops import complex as cx
+from spmd.compiler.ops import cumulative as cm
 from spmd.compiler.ops import elementwise as ew
 from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops import sort as _sort
@@ -76,7 +77,7 @@ def prod(a, axis=None, dtype=None, out=None, keepdims: bool = False):
     av = get_aval(x)
     axes = canonicalize_axes(axis, av.ndim, "spmd.numpy.prod")
     x = _sum_dtype(x, dtype, "spmd.numpy.prod")
-    return _keep(red.reduce_prod(x, axes), av.shape, axes, keepdims)
+    return _keep(cm.reduce_prod(x, axes), av.shape, axes, keepdims)
 
 
 def _count(shape, axes) -> int:
@@ -279,8 +280,8 @@ def _cumulative(red_fn, name):
     return f
 
 
-cumsum = _cumulative(red.cumsum, "cumsum")
-cumprod = _cumulative(red.cumprod, "cumprod")
+cumsum = _cumulative(cm.cumsum, "cumsum")
+cumprod = _cumulative(cm.cumprod, "cumprod")
 
 
 def _sort_args(a, axis, kind, order, fname):

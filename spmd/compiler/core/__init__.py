@@ -5,8 +5,8 @@ axes types, and ``jit`` (trace once per signature, optimise, generate code, cach
 with its ahead-of-time stages.  Its basic modules import only each other and the base
 modules (``spmd.errors``, ``spmd.config``); ``jit`` and ``traced`` drive the other
 stages and so also import :mod:`spmd.compiler.transforms`, :mod:`spmd.compiler.passes`
-and :mod:`spmd.compiler.engine` (``trace`` reaches ``transforms.batching`` only inside
-a function).  Nothing here imports a layer above the compiler.  The extension points
-that upper layers fill stay beside this package, in :mod:`spmd.compiler.extensions`:
+and :mod:`spmd.compiler.engine`; no module here imports the op library.  Nothing here
+imports a layer above the compiler.  The extension points that upper layers fill stay
+beside this package, in :mod:`spmd.compiler.extensions`:
 ``import spmd`` loads them alone, and one more package on that path closes cycles of
 import locks between threads making their first imports together."""

@@ -28,8 +28,9 @@ from spmd.compiler.core.program_vma import call_types, call_vma
 from spmd.compiler.passes.pipeline import dce, lower_for_execution, optimize
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import (_state as _trace_state, axis_env_key, eval_plain, eval_program,
-                                 get_aval, hoist_traced_consts, is_array_like, is_eager, preparing,
+                                 get_aval, hoist_traced_consts, is_eager, preparing,
                                  to_array_value, trace_to_program, Tracer, wrap_value)
+from spmd.compiler.core.tracer import is_array_like
 from spmd.config import config
 from spmd.errors import OutputTypeError, StaticArgumentError
 from spmd.compiler.transforms.ad import jvp_flat

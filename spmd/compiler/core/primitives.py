@@ -42,6 +42,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable
 
+# Binding finds the trace of the arguments; the traces know no primitive's rules.
+from spmd.compiler.core.trace import bind as trace_bind
+
 PRIMITIVES: dict[str, "Primitive"] = {}
 
 # The vocabulary of traits: name -> what a primitive declaring it promises, and which
@@ -167,9 +170,7 @@ class Primitive:
         PRIMITIVES[name] = self
 
     def bind(self, *args, **params):
-        from spmd.compiler.core.trace import bind  # bind lives with the traces
-
-        return bind(self, *args, **params)
+        return trace_bind(self, *args, **params)
 
     # Registration decorators: ``@prim.def_impl`` etc. return the function.
     def _setter(attr):

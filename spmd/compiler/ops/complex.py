@@ -1,5 +1,9 @@
-"""Complex numbers: ``real``, ``imag``, ``conj``, ``complex`` and the complex rules of
-``abs`` and ``convert_element_type``.
+"""Complex numbers: ``real``, ``imag``, ``conj`` and ``complex``.
+
+The elementwise primitives handle complex operands in their own rules
+(:mod:`spmd.compiler.ops.elementwise`: ``abs`` is the modulus, ``convert_element_type``
+refuses to drop an imaginary part); those rules call this module's ``real`` and
+``conj`` when they run.
 
 Transposes follow JAX's convention: every linear map is transposed as a map
 over the reals with the bilinear pairing ``<a, b> = Re(a) Re(b) - Im(a) Im(b)``
@@ -18,9 +22,11 @@ from spmd.compiler.core import dtypes
 from spmd.compiler.transforms.ad_util import is_undefined, Zero
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops import elementwise as ew
+from spmd.compiler.ops.elementwise_eval import binary_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind
 from spmd.errors import DTypeError
+from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
 
 
 def _part(name, np_name, out_complex: bool, real_ok: bool):
@@ -87,7 +93,7 @@ def _complex_aval(x, y):
     if not dtypes.is_float(x.dtype) or dtypes.bfloat16 == x.dtype or x.dtype == np.float16:
         raise DTypeError(f"complex: operand dtype {x.dtype} must be float32 or float64 "
                          "(convert the parts first with .astype)")
-    a = ew._binary_aval("complex", x, y)
+    a = binary_aval("complex", x, y)
     return a.update(dtype=dtypes.complex_dtype(x.dtype))
 
 
@@ -112,8 +118,6 @@ def _complex_jvp(primals, tangents):
 
 
 def _zeros(aval):
-    from spmd.compiler import ops
-
     return ops.structural.full(aval.shape, 0, aval.dtype)
 
 
@@ -144,64 +148,3 @@ real_p.def_transpose(lambda ct, x: [Zero(x.aval) if isinstance(ct, Zero)
 imag_p.def_transpose(lambda ct, x: [Zero(x.aval) if isinstance(ct, Zero)
                                     else make_complex(ew._full_like(ct, 0), ew.neg(ct))])
 conj_p.def_transpose(lambda ct, x: [Zero(x.aval) if isinstance(ct, Zero) else conj(ct)])
-
-
-# ------------------------------------------------------------------ abs
-
-def _abs_aval(x):
-    ew._check_kind("abs", x, ("float", "int", "complex"))
-    return ShapedArray(x.shape, dtypes.real_dtype(x.dtype), x.weak_type)
-
-
-def _abs_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    y = ew.abs(x)
-    if isinstance(t, Zero):
-        return y, Zero(ew._aval(y).update(weak_type=False))
-    if not dtypes.is_complex(ew._aval(x).dtype):
-        return y, ew.select(ew.ge(x, ew._zero(x)), t, ew.neg(t))
-    # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0 (as JAX does).
-    is_zero = ew.eq(y, ew._zero(y))
-    safe = ew.select(is_zero, ew._full_like(y, 1), y)
-    return y, ew.div(real(ew.mul(conj(x), t)), safe)
-
-
-ew.abs_p.def_abstract_eval(_abs_aval)
-ew.abs_p.def_jvp(_abs_jvp)
-
-
-# ------------------------------------------------ convert_element_type
-
-def _check_convert(x, new_dtype):
-    if dtypes.is_complex(x.dtype) and not dtypes.is_complex(new_dtype):
-        raise DTypeError(f"convert_element_type: converting {x.dtype} to {new_dtype} would "
-                         "drop the imaginary part; take snp.real(x), snp.imag(x) or "
-                         "snp.abs(x) first")
-
-
-def _convert_aval(x, *, new_dtype, weak_type):
-    _check_convert(x, new_dtype)
-    return ShapedArray(x.shape, new_dtype, weak_type)
-
-
-def _convert_jvp(primals, tangents, *, new_dtype, weak_type):
-    (x,), (t,) = primals, tangents
-    out = bind(ew.convert_p, x, new_dtype=new_dtype, weak_type=weak_type)
-    zero = Zero(ew.tangent_aval(ew._aval(out)))
-    if isinstance(t, Zero) or not dtypes.is_inexact(new_dtype) \
-            or not dtypes.is_inexact(ew._aval(t).dtype):
-        return out, zero
-    return out, bind(ew.convert_p, t, new_dtype=new_dtype, weak_type=False)
-
-
-def _convert_transpose(ct, x, *, new_dtype, weak_type):
-    if isinstance(ct, Zero):
-        return [Zero(x.aval)]
-    if dtypes.is_complex(ew._aval(ct).dtype) and not dtypes.is_complex(x.aval.dtype):
-        ct = real(ct)  # real -> complex embeds; its transpose keeps the real part
-    return [bind(ew.convert_p, ct, new_dtype=x.aval.dtype, weak_type=False)]
-
-
-ew.convert_p.def_abstract_eval(_convert_aval)
-ew.convert_p.def_jvp(_convert_jvp)
-ew.convert_p.def_transpose(_convert_transpose)

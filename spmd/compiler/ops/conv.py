@@ -28,6 +28,8 @@ from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
+from spmd.compiler import ops
+from spmd.compiler.transforms.batching import move_to_front
 
 conv_p = Primitive("conv_general_dilated", traits=())
 
@@ -155,8 +157,6 @@ def _conv_jvp(primals, tangents, **params):
 def _split_merge(x, axis, parts, into):
     """Split dimension ``axis`` of ``x`` as ``(parts, rest)`` and merge ``parts`` into
     dimension ``into`` (as its major part); returns the new array."""
-    from spmd.compiler import ops
-
     shape = list(get_aval(x).shape)
     split = shape[:axis] + [parts, shape[axis] // parts] + shape[axis + 1:]
     y = ops.structural.reshape(x, tuple(split))
@@ -193,8 +193,6 @@ def _rhs_vjp_padding(in_sp, k_sp, strides, out_sp, padding, lhs_dil, rhs_dil):
 @conv_p.def_transpose
 def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dilation,
                     feature_group_count, batch_group_count):
-    from spmd.compiler import ops
-
     G, B = feature_group_count, batch_group_count
     x_aval = x.aval if is_undefined(x) else get_aval(x)
     w_aval = w.aval if is_undefined(w) else get_aval(w)
@@ -230,9 +228,6 @@ def _conv_transpose(ct, x, w, *, window_strides, padding, lhs_dilation, rhs_dila
 
 @conv_p.def_batch
 def _conv_batch(args, dims, **params):
-    from spmd.compiler.transforms.batching import move_to_front
-    from spmd.compiler import ops
-
     (x, w), (dx, dw) = args, dims
     G, B = params["feature_group_count"], params["batch_group_count"]
     if dx is not None and dw is not None:
@@ -270,7 +265,5 @@ def _conv_batch(args, dims, **params):
 
 def _merge01(x, at: int = 0):
     """Merge dimensions ``at`` and ``at + 1`` of ``x`` (the first two by default)."""
-    from spmd.compiler import ops
-
     s = get_aval(x).shape
     return ops.structural.reshape(x, s[:at] + (s[at] * s[at + 1],) + s[at + 2:])

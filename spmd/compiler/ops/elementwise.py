@@ -2,7 +2,9 @@
 
 Operands of a binary primitive have equal shapes, or one of them is a scalar
 (shape ``()``), which broadcasts; equal dtypes always (``spmd.numpy`` promotes
-and broadcasts before binding).  Each primitive's rules sit in its table row.
+and broadcasts before binding).  The rules of each primitive, complex operands
+included (``abs`` is the modulus), are here; their implementations and result types
+where those are more than one numpy call are :mod:`spmd.compiler.ops.elementwise_eval`'s.
 """
 
 from __future__ import annotations
@@ -15,39 +17,19 @@ from spmd.compiler.transforms.ad_util import Zero, add_tangents, instantiate, is
 from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
-from spmd.errors import DTypeError, ShapeError
 from spmd.compiler.core.array import Array
+from spmd.compiler.ops.elementwise_eval import (  # how they evaluate; here, their rules
+    binary_aval, check_convert, check_kind, convert_aval, convert_emit, convert_impl,
+    div_emit, div_impl, ipow_aval, ipow_impl, logistic_impl, pow_impl, select_aval,
+    select_impl, sign_impl)
+from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
+from spmd.compiler.transforms.batching import bdim_size, move_to_front
 
 
 # --------------------------------------------------------- shape/type rules
 
-def _binary_aval(name, *avals, out_dtype=None):
-    shapes = [a.shape for a in avals if a.shape != ()]
-    shape = shapes[0] if shapes else ()
-    for s in shapes[1:]:
-        if s != shape:
-            raise ShapeError(f"{name}: operand shapes {shape} and {s} differ; broadcast them "
-                             "first (spmd.numpy does), e.g. snp.broadcast_to")
-    dts = {a.dtype for a in avals}
-    if len(dts) > 1:
-        raise DTypeError(f"{name}: operand dtypes {sorted(map(str, dts))} differ; convert "
-                         "first with .astype (spmd.numpy promotes automatically)")
-    weak = all(a.weak_type for a in avals)
-    return ShapedArray(shape, out_dtype or avals[0].dtype, weak)
-
-
-def _check_kind(name, aval, kinds):
-    ok = {"float": dtypes.is_float, "int": dtypes.is_int, "bool": dtypes.is_bool,
-          "complex": dtypes.is_complex}
-    if not any(ok[k](aval.dtype) for k in kinds):
-        raise DTypeError(f"{name}: operand dtype {aval.dtype} is not supported "
-                         f"(expects {' or '.join(kinds)}); convert with .astype")
-
-
 def _sum_to_shape(ct, shape):
     """Reduce a cotangent of a broadcast scalar operand back to that operand's shape."""
-    from spmd.compiler import ops
-
     if ct is None or isinstance(ct, Zero) or getattr(ct, "shape", ()) == shape:
         return ct
     return ops.reduce.reduce_sum(ct, tuple(range(len(ct.shape))))
@@ -55,8 +37,6 @@ def _sum_to_shape(ct, shape):
 
 def _shaped(t, aval):
     """Broadcast a scalar tangent to ``aval``'s shape (for rules mixing scalars)."""
-    from spmd.compiler import ops
-
     if isinstance(t, Zero) or t.shape == aval.shape:
         return t
     return ops.structural.broadcast_in_dim(t, aval.shape, ())
@@ -70,9 +50,6 @@ def _batch_elementwise(prim, scalars_follow_first: bool = False):
     batched, unbatched scalar operands get the batch axis too (a batched scalar
     predicate with scalar cases gives a (size,) predicate and () cases otherwise)."""
     def rule(args, dims, **params):
-        from spmd.compiler.transforms.batching import bdim_size, move_to_front
-        from spmd.compiler import ops
-
         size = bdim_size(args, dims)
         shapes = [tuple(np.shape(a)) if d is None else
                   tuple(np.shape(a))[:d] + tuple(np.shape(a))[d + 1:] for a, d in zip(args, dims)]
@@ -99,8 +76,11 @@ def _batch_elementwise(prim, scalars_follow_first: bool = False):
 
 # ------------------------------------------------------------- definitions
 
-def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
-    """Define an elementwise unary primitive (impl from ``xp.<np_name>``)."""
+def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
+          jvp_rule=None):
+    """Define an elementwise unary primitive (impl from ``xp.<np_name>``).  ``out_dtype``
+    is a dtype or a function of the operand's; ``jvp(t, x, y)`` is the tangent of
+    ``y = f(x)``, or ``jvp_rule`` the whole rule (where the tangent's type is not x's)."""
     p = Primitive(name, traits=())
     fn_name = np_name
 
@@ -110,12 +90,15 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
 
     @p.def_abstract_eval
     def abstract_eval(x):
-        _check_kind(name, x, kinds)
-        return ShapedArray(x.shape, out_dtype or x.dtype, x.weak_type)
+        check_kind(name, x, kinds)
+        dtype = out_dtype(x.dtype) if callable(out_dtype) else out_dtype or x.dtype
+        return ShapedArray(x.shape, dtype, x.weak_type)
 
     p.def_emit(emit or (lambda ins: f"xp.{fn_name}({ins[0]})"))
     p.def_batch(_batch_elementwise(p))
-    if jvp is not None:
+    if jvp_rule is not None:
+        p.def_jvp(jvp_rule)
+    elif jvp is not None:
         def jvp_rule(primals, tangents):
             (x,), (t,) = primals, tangents
             y = bind(p, x)
@@ -125,11 +108,7 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None):
 
         p.def_jvp(jvp_rule)
     else:  # piecewise-constant functions (floor, sign, comparisons): zero derivative
-        def zero_jvp(primals, tangents):
-            y = bind(p, *primals)
-            return y, Zero(tangent_aval(_aval(y)))
-
-        p.def_jvp(zero_jvp)
+        _zero_jvp(p)
     return p
 
 
@@ -143,8 +122,8 @@ def binary(name, np_name, kinds=("float", "int", "complex"), emit_op=None, out_d
 
     @p.def_abstract_eval
     def abstract_eval(x, y):
-        _check_kind(name, x, kinds)
-        return _binary_aval(name, x, y, out_dtype=out_dtype)
+        check_kind(name, x, kinds)
+        return binary_aval(name, x, y, out_dtype=out_dtype)
 
     if emit_op is not None:
         p.def_emit(lambda ins: f"({ins[0]} {emit_op} {ins[1]})")
@@ -191,10 +170,27 @@ sqrt_p = unary("sqrt", "sqrt", lambda t, x, y: div(t, mul(_const(y, 2), y)), kin
 rsqrt_p = unary("rsqrt", "rsqrt",
                 lambda t, x, y: mul(t, mul(_const(y, -0.5), div(y, x))), kinds=_FC,
                 emit=lambda ins: f"(1 / xp.sqrt({ins[0]}))")
-abs_p = unary("abs", "abs", lambda t, x, y: select(ge(x, _zero(x)), t, neg(t)),
-              kinds=("float", "int"))
+
+
+def _abs_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = abs(x)
+    if isinstance(t, Zero):
+        return y, Zero(_aval(y).update(weak_type=False))
+    if not dtypes.is_complex(_aval(x).dtype):
+        return y, select(ge(x, _zero(x)), t, neg(t))
+    # d|z| = Re(conj(z) dz) / |z|, taken as 0 at z = 0 (as JAX does).  (The complex
+    # primitives are built on this module: reached through the package at call time.)
+    is_zero = eq(y, _zero(y))
+    safe = select(is_zero, _full_like(y, 1), y)
+    return y, div(ops.complex.real(mul(ops.complex.conj(x), t)), safe)
+
+
+# The modulus on complex: a real result.
+abs_p = unary("abs", "abs", kinds=("float", "int", "complex"), out_dtype=dtypes.real_dtype,
+              jvp_rule=_abs_jvp)
 # On complex, x / |x| (0 at 0), as JAX's lax.sign and numpy 2 (numpy's values where a
-# part is infinite, see _sign_impl); zero derivative as in JAX.
+# part is infinite, see sign_impl); zero derivative as in JAX.
 sign_p = unary("sign", "sign", kinds=("float", "int", "complex"), emit=lambda ins: None)
 floor_p = unary("floor", "floor")
 ceil_p = unary("ceil", "ceil")
@@ -204,36 +200,10 @@ not_p = unary("not", "invert", kinds=("bool", "int"), emit=lambda ins: f"(~{ins[
 
 
 # The numpy module has no `logistic` or `rsqrt`; the impl reaches them here.
-def _logistic_impl(xp, x):
-    if x.dtype.kind == "c":  # 1 / (1 + e^-x), holomorphic (JAX's complex logistic)
-        return (1 / (1 + xp.exp(-x))).astype(x.dtype, copy=False)
-    # Stable for large |x|: never exponentiates a large positive number.
-    e = xp.exp(-xp.abs(x))
-    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
-
-
-logistic_p.def_impl(_logistic_impl)
+logistic_p.def_impl(logistic_impl)
 logistic_p.def_emit(None)
 rsqrt_p.def_impl(lambda xp, x: 1 / xp.sqrt(x))
-
-
-def _sign_impl(xp, x):
-    if x.dtype.kind != "c":
-        return xp.sign(x)
-    # An infinite part: x / |x| is inf / inf = nan there; numpy gives the unit along
-    # that part when only one is infinite (sign(inf + 5j) = 1, sign(3 - inf j) = -1j)
-    # and nan when both are.
-    re_inf, im_inf = xp.isinf(x.real), xp.isinf(x.imag)
-    inf = re_inf | im_inf
-    finite = xp.where(inf, 0, x)  # no inf / inf (numpy would warn) where it is replaced
-    mag = xp.abs(finite)
-    out = xp.where(mag == 0, 0, finite / xp.where(mag == 0, 1, mag))
-    unit = xp.where(re_inf, xp.sign(x.real), 0) + 1j * xp.where(im_inf, xp.sign(x.imag), 0)
-    out = xp.where(re_inf ^ im_inf, unit, xp.where(inf, complex(np.nan, np.nan), out))
-    return out.astype(x.dtype, copy=False)
-
-
-sign_p.def_impl(_sign_impl)
+sign_p.def_impl(sign_impl)
 
 # Binary arithmetic.
 add_p = binary("add", "add", emit_op="+")
@@ -269,45 +239,9 @@ for _p in (and_p, or_p, xor_p, eq_p, ne_p, lt_p, le_p, gt_p, ge_p):
     _zero_jvp(_p)
 
 
-# Integer division truncates toward zero in lax (C semantics), as XLA's does.
-def _div_impl(xp, x, y):
-    if x.dtype.kind in "iu":
-        q = xp.floor_divide(x, y)
-        r = xp.fmod(x, y)
-        # floor_divide rounds toward -inf; move toward zero where signs differ.
-        fix = (r != 0) & ((x < 0) != (y < 0))
-        return (q + fix).astype(x.dtype, copy=False)
-    return xp.divide(x, y)
-
-
-div_p.def_impl(_div_impl)
-
-
-def _div_emit(names, avals, *, xp=np, out=None):
-    # Floats: the impl's ufunc, inline, so that the generated code can write it into a
-    # dead buffer (an optimizer's bias corrections of every parameter); integers: the
-    # impl (rounding toward zero).
-    if all(np.dtype(a.dtype).kind in "fc" for a in avals):
-        return f"xp.divide({names[0]}, {names[1]})"
-    return None
-
-
-div_p.rules.emit_avals = _div_emit
-
-
-def _pow_impl(xp, x, y):
-    """``x ** y``; integers exactly (wrapping on overflow, as numpy's)."""
-    if x.dtype.kind != "i":
-        return xp.power(x, y)
-    neg = y < 0
-    out = xp.power(x, xp.where(neg, 0, y))
-    # A negative power is 1 / x**|y| truncated toward zero: 1 for x == 1, (-1)**y for
-    # x == -1, else 0 (numpy raises here; 0**-n is 0 too, as in JAX's integer pow).
-    frac = xp.where(x == 1, 1, xp.where(x == -1, 1 - 2 * (y & 1), 0))
-    return xp.where(neg, frac, out).astype(x.dtype, copy=False)
-
-
-pow_p.def_impl(_pow_impl)
+div_p.def_impl(div_impl)  # integers round toward zero (C semantics), as XLA's
+div_p.rules.emit_avals = div_emit
+pow_p.def_impl(pow_impl)
 pow_p.def_emit(lambda ins: None)
 
 
@@ -358,8 +292,7 @@ def _add_jvp(primals, tangents):
     return out, add_tangents(_shaped(tx, _aval(out)), _shaped(ty, _aval(out)))
 
 
-def _aval(x):
-    return get_aval(x)
+_aval = get_aval
 
 
 def _add_transpose(ct, x, y):
@@ -472,8 +405,6 @@ def _pow_dy(x, y, out):
 
 
 def _full_like(x, v):
-    from spmd.compiler import ops
-
     return ops.structural.full(np.shape(x), v, _aval(x).dtype)
 
 
@@ -492,10 +423,11 @@ def _ordered(cmp, x, y):
     """``cmp(x, y)``; on complex, lexicographically on (real, imaginary) parts."""
     if not dtypes.is_complex(_aval(x).dtype):
         return cmp(x, y)
-    from spmd.compiler import ops
 
     rx, ry = ops.complex.real(x), ops.complex.real(y)
     return select(eq(rx, ry), cmp(ops.complex.imag(x), ops.complex.imag(y)), cmp(rx, ry))
+
+
 _binary_jvp(atan2_p, lambda x, y, out: div(y, add(mul(x, x), mul(y, y))),
             lambda x, y, out: neg(div(x, add(mul(x, x), mul(y, y)))))
 _binary_jvp(rem_p, lambda x, y, out: _full_like(out, 1),
@@ -516,27 +448,8 @@ def _pick(strict, tie, like):
 # -------------------------------------------------------------- select_n
 
 select_n_p = Primitive("select_n", traits=("implicit_broadcast", "fresh_result"))  # where, choose
-
-
-@select_n_p.def_impl
-def _select_impl(xp, pred, *cases):
-    if pred.dtype == bool:
-        return xp.where(pred, cases[1], cases[0])
-    if xp is not np:  # CuPy's choose takes the cases as one array
-        cases = xp.stack(xp.broadcast_arrays(*cases))
-    return xp.choose(pred, cases)
-
-
-@select_n_p.def_abstract_eval
-def _select_aval(pred, *cases):
-    if not (dtypes.is_bool(pred.dtype) or dtypes.is_int(pred.dtype)):
-        raise DTypeError(f"select_n: predicate dtype {pred.dtype} must be bool or int")
-    out = _binary_aval("select_n", *cases)
-    if pred.shape not in ((), out.shape):
-        raise ShapeError(f"select_n: predicate shape {pred.shape} must be () or {out.shape}")
-    return out
-
-
+select_n_p.def_impl(select_impl)
+select_n_p.def_abstract_eval(select_aval)
 select_n_p.def_emit(lambda ins: None)
 
 
@@ -584,36 +497,16 @@ select_n_p.def_batch(_batch_elementwise(select_n_p, scalars_follow_first=True))
 # -------------------------------------------------- convert_element_type
 
 convert_p = Primitive("convert_element_type", traits=())
-
-
-@convert_p.def_impl
-def _convert_impl(xp, x, *, new_dtype, weak_type):
-    return x.astype(new_dtype)
-
-
-@convert_p.def_abstract_eval
-def _convert_aval(x, *, new_dtype, weak_type):
-    return ShapedArray(x.shape, new_dtype, weak_type)
-
-
-# (``xp.bool_``: numpy 2 and cupy both have it; cupy may lack ``bool``.)
-_XP_TYPE = {"bool": "bool_"}
-convert_p.def_emit(lambda ins, new_dtype, weak_type:
-                   f"{ins[0]}.astype(xp.{_XP_TYPE.get(new_dtype.name, new_dtype.name)})"
-                   if new_dtype.name in ("float32", "float64", "int32", "int64", "bool",
-                                         "float16", "int8", "int16", "uint8", "uint16",
-                                         "uint32", "uint64", "complex64", "complex128")
-                   else None)
+convert_p.def_impl(convert_impl)
+convert_p.def_emit(convert_emit)
+convert_p.def_abstract_eval(convert_aval)
 
 
 def convert(x, dtype, weak_type: bool = False):
     """Convert ``x`` to ``dtype`` (no-op when it already has it)."""
     dtype = dtypes.check_dtype(dtype, "convert_element_type")
     av = _aval(x)
-    if dtypes.is_complex(av.dtype) and not dtypes.is_complex(dtype):
-        raise DTypeError(f"convert_element_type: converting {av.dtype} to {dtype} would drop "
-                         "the imaginary part; take snp.real(x), snp.imag(x) or snp.abs(x) "
-                         "first")
+    check_convert(av, dtype)
     if av.dtype == dtype and av.weak_type == weak_type:
         return x
     # A known value converts now, not as a program equation.  (Only the compiler's own
@@ -629,14 +522,18 @@ def convert(x, dtype, weak_type: bool = False):
 def _convert_jvp(primals, tangents, *, new_dtype, weak_type):
     (x,), (t,) = primals, tangents
     out = bind(convert_p, x, new_dtype=new_dtype, weak_type=weak_type)
-    if isinstance(t, Zero) or not dtypes.is_float(new_dtype) or not dtypes.is_float(t.dtype):
-        return out, Zero(tangent_aval(_aval(out)))
+    zero = Zero(tangent_aval(_aval(out)))
+    if isinstance(t, Zero) or not dtypes.is_inexact(new_dtype) \
+            or not dtypes.is_inexact(_aval(t).dtype):
+        return out, zero
     return out, bind(convert_p, t, new_dtype=new_dtype, weak_type=False)
 
 
 def _convert_transpose(ct, x, *, new_dtype, weak_type):
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
+    if dtypes.is_complex(_aval(ct).dtype) and not dtypes.is_complex(x.aval.dtype):
+        ct = ops.complex.real(ct)  # real -> complex embeds; its transpose keeps the real part
     return [bind(convert_p, ct, new_dtype=x.aval.dtype, weak_type=False)]
 
 
@@ -654,23 +551,8 @@ convert_p.def_batch(_convert_batch)
 
 # `integer_pow` (x ** n for a static int n) keeps x**2 a cheap multiply.
 integer_pow_p = Primitive("integer_pow", traits=())
-
-
-@integer_pow_p.def_impl
-def _ipow_impl(xp, x, *, y):
-    if y == 2:
-        return x * x
-    return xp.power(x, x.dtype.type(y)) if y >= 0 else (1 / xp.power(x, x.dtype.type(-y))).astype(
-        x.dtype, copy=False)
-
-
-@integer_pow_p.def_abstract_eval
-def _ipow_aval(x, *, y):
-    if y < 0 and not dtypes.is_inexact(x.dtype):
-        raise DTypeError(f"integer_pow: integers cannot be raised to negative powers, got "
-                         f"{x.dtype} ** {y}; convert the base to float first "
-                         "(x.astype(float) ** y)")
-    return x
+integer_pow_p.def_impl(ipow_impl)
+integer_pow_p.def_abstract_eval(ipow_aval)
 integer_pow_p.def_emit(lambda ins, y: f"({ins[0]} * {ins[0]})" if y == 2 else None)
 
 

@@ -19,6 +19,8 @@ from spmd.compiler.engine.gemm import gemm_into
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
+from spmd.compiler import ops
+from spmd.compiler.transforms.batching import move_to_front
 
 dot_general_p = Primitive("dot_general", traits=("fresh_result", "dot"))
 dot_general_p.unreduced = "one"  # (bilinear: linear in each operand apart)
@@ -271,8 +273,6 @@ def _dot_jvp(primals, tangents, *, dimension_numbers):
 
 def _transpose_operand(ct, other, my_ndim, dimension_numbers, swap):
     """Cotangent of one operand of dot_general given the other's value."""
-    from spmd.compiler import ops
-
     (lc, rc), (lb, rb) = dimension_numbers
     if swap:  # the rhs: exchange roles
         lc, rc, lb, rb = rc, lc, rb, lb
@@ -317,8 +317,6 @@ def _dot_transpose(ct, x, y, *, dimension_numbers):
 
 @dot_general_p.def_batch
 def _dot_batch(args, dims, *, dimension_numbers):
-    from spmd.compiler.transforms.batching import move_to_front
-
     (x, y), (dx, dy) = args, dims
     (lc, rc), (lb, rb) = dimension_numbers
     up = lambda ds: tuple(d + 1 for d in ds)

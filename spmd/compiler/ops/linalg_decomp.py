@@ -52,6 +52,7 @@ from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.linalg import dot_general
 from spmd.compiler.ops.reduce import reduce_sum
 from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, transpose, zeros
+from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
 
 cholesky_p = Primitive("cholesky", traits=())
 solve_p = Primitive("linalg_solve", traits=())
@@ -184,8 +185,6 @@ def _col(v, cols):
 def _batch_all(prim):
     """Batch rule: move the vmapped axis of every operand to the front."""
     def rule(args, dims, **params):
-        from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
-
         size = bdim_size(args, dims)
         ops = [broadcast_batch(a, d, size) for a, d in zip(args, dims)]
         outs = bind(prim, *ops, **params)

@@ -17,6 +17,8 @@ from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError
+from spmd.compiler import ops
+from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
 
 
 # ``slice`` below is lax's name for the primitive's binder; Python's is this one.
@@ -109,8 +111,6 @@ def _concat_transpose(ct, *xs, dimension):
 
 @concatenate_p.def_batch
 def _concat_batch(args, dims, *, dimension):
-    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
-
     size = bdim_size(args, dims)
     moved = [broadcast_batch(x, d, size) for x, d in zip(args, dims)]
     return bind(concatenate_p, *moved, dimension=dimension + 1), 0
@@ -190,8 +190,6 @@ def _unpad(ct, padding_config):
 
 @pad_p.def_transpose
 def _pad_transpose(ct, x, padding_value, *, padding_config):
-    from spmd.compiler import ops
-
     if isinstance(ct, Zero):
         return [Zero(x.aval) if is_undefined(x) else None,
                 Zero(padding_value.aval) if is_undefined(padding_value) else None]
@@ -206,9 +204,6 @@ def _pad_transpose(ct, x, padding_value, *, padding_config):
 
 @pad_p.def_batch
 def _pad_batch(args, dims, *, padding_config):
-    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
-    from spmd.compiler import ops
-
     (x, v), (dx, dv) = args, dims
     size = bdim_size(args, dims)
     config = ((0, 0, 0),) + tuple(padding_config)

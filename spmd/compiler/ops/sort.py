@@ -18,6 +18,8 @@ from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
+from spmd.compiler import ops
+from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
 
 sort_p = Primitive("sort", traits=(), multiple_results=True)
 
@@ -103,8 +105,6 @@ def _index_dtype(n):
 def take_along_axis(x, idx, axis: int):
     """``x`` picked along ``axis`` by ``idx`` (same shape as ``x``): numpy's
     ``take_along_axis`` for a full index array, as one gather."""
-    from spmd.compiler import ops
-
     shape = tuple(np.shape(x))
     idt = get_aval(idx).dtype
     ids = [idx if d == axis else ops.structural.iota(idt, shape, d) for d in range(len(shape))]
@@ -113,8 +113,6 @@ def take_along_axis(x, idx, axis: int):
 
 @sort_p.def_jvp
 def _sort_jvp(primals, tangents, *, dimension, is_stable, num_keys):
-    from spmd.compiler import ops
-
     shape = tuple(np.shape(primals[0]))
     if all(isinstance(t, Zero) for t in tangents):
         outs = bind(sort_p, *primals, dimension=dimension, is_stable=is_stable,
@@ -131,8 +129,6 @@ def _sort_jvp(primals, tangents, *, dimension, is_stable, num_keys):
 
 @sort_p.def_batch
 def _sort_batch(args, dims, *, dimension, is_stable, num_keys):
-    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch
-
     size = bdim_size(args, dims)
     # Unbatched operands are broadcast: every operand must share one shape.
     ops = [broadcast_batch(a, d, size) for a, d in zip(args, dims)]
@@ -142,8 +138,6 @@ def _sort_batch(args, dims, *, dimension, is_stable, num_keys):
 
 def argsort_along(x, axis: int, index_dtype=None):
     """The stable ascending argsort of ``x`` along ``axis`` (int32 indices by default)."""
-    from spmd.compiler import ops
-
     shape = tuple(np.shape(x))
     index_dtype = dtypes.default_int() if index_dtype is None else np.dtype(index_dtype)
     _, perm = bind(sort_p, x, ops.structural.iota(index_dtype, shape, axis), dimension=axis,

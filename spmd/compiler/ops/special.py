@@ -16,7 +16,8 @@ import numpy as np
 from spmd.compiler.transforms.ad_util import Zero
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops import threefry_native
-from spmd.compiler.ops.elementwise import _batch_elementwise, _check_kind, exp, mul, neg, unary
+from spmd.compiler.ops.elementwise import _batch_elementwise, exp, mul, neg, unary
+from spmd.compiler.ops.elementwise_eval import check_kind
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, Tracer
 from spmd.errors import ArgumentError
@@ -136,7 +137,7 @@ def _polygamma_impl(xp, x, *, m):
 
 @polygamma_p.def_abstract_eval
 def _polygamma_aval(x, *, m):
-    _check_kind("polygamma", x, ("float",))
+    check_kind("polygamma", x, ("float",))
     return ShapedArray(x.shape, x.dtype, x.weak_type)
 
 

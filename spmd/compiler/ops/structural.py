@@ -16,6 +16,8 @@ from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.compiler.core.array import Array
+from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
+from spmd.compiler.transforms.batching import move_to_front
 
 
 def _linear_jvp(p):
@@ -113,8 +115,6 @@ def broadcast_in_dim(x, shape, broadcast_dimensions):
 
 @broadcast_in_dim_p.def_transpose
 def _bid_transpose(ct, x, *, shape, broadcast_dimensions):
-    from spmd.compiler import ops
-
     if isinstance(ct, Zero):
         return [Zero(x.aval)]
     in_shape = x.aval.shape
@@ -128,8 +128,6 @@ def _bid_transpose(ct, x, *, shape, broadcast_dimensions):
 
 @broadcast_in_dim_p.def_batch
 def _bid_batch(args, dims, *, shape, broadcast_dimensions):
-    from spmd.compiler.transforms.batching import move_to_front
-
     (x,), (d,) = args, dims
     x = move_to_front(x, d)
     size = np.shape(x)[0]
@@ -169,8 +167,6 @@ def _reshape_transpose(ct, x, *, new_sizes):
 
 @reshape_p.def_batch
 def _reshape_batch(args, dims, *, new_sizes):
-    from spmd.compiler.transforms.batching import move_to_front
-
     x = move_to_front(args[0], dims[0])
     return reshape(x, (np.shape(x)[0],) + tuple(new_sizes)), 0
 
@@ -207,8 +203,6 @@ def _transpose_transpose(ct, x, *, permutation):
 
 @transpose_p.def_batch
 def _transpose_batch(args, dims, *, permutation):
-    from spmd.compiler.transforms.batching import move_to_front
-
     x = move_to_front(args[0], dims[0])
     return transpose(x, (0,) + tuple(p + 1 for p in permutation)), 0
 
@@ -245,8 +239,6 @@ def _squeeze_transpose(ct, x, *, dimensions):
 
 @squeeze_p.def_batch
 def _squeeze_batch(args, dims, *, dimensions):
-    from spmd.compiler.transforms.batching import move_to_front
-
     x = move_to_front(args[0], dims[0])
     return squeeze(x, tuple(d + 1 for d in dimensions)), 0
 
@@ -292,7 +284,6 @@ def full(shape, fill_value, dtype, weak_type: bool = False):
                        ShapedArray((), dtype, weak_type)) if not isinstance(fill_value, Array) \
             else fill_value
         return broadcast_in_dim(scalar, shape, ()) if shape else scalar
-    from spmd.compiler import ops
 
     v = ops.elementwise.convert(fill_value, dtype, weak_type)
     return broadcast_in_dim(v, shape, tuple(range(len(shape) - np.ndim(v), len(shape))))

@@ -34,6 +34,8 @@ from spmd.compiler.ops import threefry_native
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import DTypeError, ShapeError
+from spmd.compiler import ops
+from spmd.compiler.transforms.batching import bdim_size, move_to_front
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -117,9 +119,6 @@ threefry2x32_p.def_jvp(_zero_jvp(threefry2x32_p))
 
 @threefry2x32_p.def_batch
 def _threefry_batch(args, dims):
-    from spmd.compiler.transforms.batching import bdim_size, move_to_front
-    from spmd.compiler import ops
-
     size = bdim_size(args, dims)
     shape = next((tuple(np.shape(a))[:d] + tuple(np.shape(a))[d + 1:] if d is not None
                   else tuple(np.shape(a)) for a, d in zip(args, dims)
@@ -223,8 +222,6 @@ random_bits_p.def_jvp(_zero_jvp(random_bits_p))
 
 @random_bits_p.def_batch
 def _random_bits_batch(args, dims, **params):
-    from spmd.compiler.transforms.batching import move_to_front
-
     key, offsets = args[0], args[1:]
     if any(d is not None for d in dims[1:]):
         return _random_bits_per_block(args, dims, params), 0
@@ -236,9 +233,6 @@ def _random_bits_batch(args, dims, **params):
 def _random_bits_per_block(args, dims, params):
     """Batched block offsets (the devices of one process simulated together, each
     with its own block): one bind per batch entry, stacked."""
-    from spmd.compiler.transforms.batching import bdim_size
-    from spmd.compiler import ops
-
     def entry(x, d, b):
         if d is None:
             return x

@@ -23,7 +23,6 @@ from spmd.compiler.core.trace import (bind, eval_program, full_lower, full_raise
                                  to_array_value, Trace, trace_to_program, Tracer, wrap_value)
 from spmd.errors import SpmdError
 from spmd import tree_util
-from spmd.compiler.transforms.ad_eager import can_linearize_eagerly, linearize_eager
 from spmd.compiler.passes.pipeline import dce_program, inline_calls
 
 
@@ -246,6 +245,9 @@ def linearize_flat(fun: Callable, primals, diff_mask, eager: bool = False):
     (not under jit), the primal computation runs on concrete values, so Python
     control flow on them works (``ad_eager.py``).
     """
+    # (ad_eager is built on this module: it is read when asked for.)
+    from spmd.compiler.transforms.ad_eager import can_linearize_eagerly, linearize_eager
+
     if eager and can_linearize_eagerly(primals):
         return linearize_eager(fun, primals, diff_mask)
     avals = [get_aval(p) for p in primals]

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from spmd.compiler.transforms.ad import JVPTracer, LinearFunction, jvp_flat, partial_eval
 from spmd.compiler.transforms.ad_util import Zero
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.avals import tangent_aval
@@ -36,15 +37,12 @@ from spmd.compiler.passes.pipeline import dce_program
 def can_linearize_eagerly(primals) -> bool:
     """No staging transformation is active (not under jit) and the primal values are
     data: concrete, or the concrete-primal jvp tracers of an enclosing eager grad."""
-    from spmd.compiler.transforms.ad import JVPTracer
-
     return dynamic_trace() is None and all(
         not isinstance(p, Tracer) or isinstance(p, JVPTracer) for p in primals)
 
 
 def linearize_eager(fun: Callable, primals, diff_mask):
     """``linearize_flat`` for concrete primals: ``(primal_outs, LinearFunction)``."""
-    from spmd.compiler.transforms.ad import LinearFunction, jvp_flat, partial_eval
     avals = [get_aval(p) for p in primals]
     diff_avals = [tangent_aval(a) for a, d in zip(avals, diff_mask) if d]
     # numpy inputs are copied once: the residuals must not change if the caller
@@ -115,7 +113,6 @@ class _OnlineTrace(ProgramTrace):
         return self._split(prim, tracers, params, [consts.get(t.var) for t in tracers], known)
 
     def _split(self, prim, tracers, params, values, known):
-        from spmd.compiler.transforms.ad import partial_eval
         def one(*xs):
             out = bind(prim, *xs, **params)
             return list(out) if prim.multiple_results else [out]

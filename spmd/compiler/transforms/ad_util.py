@@ -12,6 +12,7 @@ import numpy as np
 
 from spmd.compiler.core import dtypes
 from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.transforms.array_ops import OPS
 
 
 class Zero:
@@ -49,11 +50,9 @@ def is_zero(x) -> bool:
 def instantiate(t):
     """A real array for a tangent that may be a symbolic :class:`Zero`."""
     if isinstance(t, Zero):
-        from spmd.compiler import ops
-
         if t.aval.dtype == dtypes.float0:  # no data: a numpy array of it (as JAX's)
             return np.zeros(t.aval.shape, t.aval.dtype)
-        return ops.structural.zeros(t.aval.shape, t.aval.dtype)
+        return OPS.zeros(t.aval.shape, t.aval.dtype)
     return t
 
 
@@ -63,6 +62,4 @@ def add_tangents(a, b):
         return b
     if isinstance(b, Zero):
         return a
-    from spmd.compiler import ops
-
-    return ops.elementwise.add(a, b)
+    return OPS.add(a, b)

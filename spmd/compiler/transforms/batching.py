@@ -7,15 +7,13 @@ argument with its batch axis (``None`` when the argument is not batched).
 from __future__ import annotations
 
 import itertools
-import weakref
 from contextlib import contextmanager
 
 import numpy as np
 from spmd import tree_util
-from spmd.compiler.core.ir import ClosedProgram, Program
-# The op library, read at call time (its rules import this module inside functions).
-from spmd.compiler import ops
-from spmd.compiler.core.trace import abstract_eval, extend_axis_env
+from spmd.compiler.transforms.array_ops import OPS
+from spmd.compiler.core.communication import collective_axes, communicates  # noqa: F401
+from spmd.compiler.core.trace import abstract_eval, bind, extend_axis_env
 from spmd.errors import ArgumentError
 
 not_mapped = None
@@ -35,7 +33,7 @@ def move_to_front(x, d):
         return x
     nd = len(np.shape(x))
     perm = (d,) + tuple(i for i in range(nd) if i != d)
-    return ops.structural.transpose(x, perm)
+    return OPS.transpose(x, perm)
 
 
 def move_axis(x, src, dst):
@@ -45,14 +43,14 @@ def move_axis(x, src, dst):
     nd = len(np.shape(x))
     order = [i for i in range(nd) if i != src]
     order.insert(dst, src)
-    return ops.structural.transpose(x, tuple(order))
+    return OPS.transpose(x, tuple(order))
 
 
 def broadcast_batch(x, d, size):
     """``x`` with its batch axis at 0, materialising it when ``d`` is None."""
     if d is None:
         shape = tuple(np.shape(x))
-        return ops.structural.broadcast_in_dim(x, (size,) + shape, tuple(range(1, len(shape) + 1)))
+        return OPS.broadcast_in_dim(x, (size,) + shape, tuple(range(1, len(shape) + 1)))
     return move_to_front(x, d)
 
 
@@ -202,7 +200,6 @@ class BatchTrace(Trace):
         dims = [t.bdim for t in tracers]
         if all(d is None for d in dims) and not self._communicates(prim, params) and \
                 not prim.rules.batch_always:
-            from spmd.compiler.core.trace import bind
             out = bind(prim, *vals, **params)
             outs = out if prim.multiple_results else [out]
             return [BatchTracer(self, o, None) for o in outs]
@@ -321,7 +318,6 @@ def batch_flat(fun, args, in_dims, axis_size, axis_name=None, out_dims_req=None)
             val, d = o.val, o.bdim
             if want is None:
                 if d is not None:
-                    from spmd.errors import ArgumentError
                     raise ArgumentError("vmap: an output with out_axes=None varies along the "
                                         "mapped axis; only unbatched outputs can use None")
                 res.append(val)
@@ -354,63 +350,6 @@ def vmap_at_level(fun, axis_name, axis_size):
         return tree_util.tree_unflatten(box[0], outs)
 
     return mapped
-
-
-# ------------------------------------------- collectives inside sub-programs
-
-# ClosedProgram -> (the axis names its collectives, at any depth, communicate over;
-# whether it holds a primitive that moves data between devices).
-_summary_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def collective_axes(params) -> frozenset:
-    """The axes of the collectives inside the sub-programs held by ``params`` (at any
-    depth; cached per program).  A higher-order primitive with such a body belongs to
-    the batch level of those axes even when none of its operands is batched."""
-    return _params_summary(params)[0]
-
-
-def communicates(params) -> bool:
-    """Whether the sub-programs held by ``params`` (at any depth) hold a primitive that
-    moves data between devices (``rules.communicates``, declared by the collectives:
-    not ``pvary`` or ``axis_index``, which are local).  A process must not skip such a
-    primitive while its partners run it."""
-    return _params_summary(params)[1]
-
-
-def _params_summary(params) -> tuple:
-    axes, moves = frozenset(), False
-    for v in params.values():
-        a, m = _value_summary(v)
-        axes, moves = axes | a, moves or m
-    return axes, moves
-
-
-def _value_summary(v) -> tuple:
-    if isinstance(v, ClosedProgram):
-        hit = _summary_cache.get(v)
-        if hit is None:
-            hit = _summary_cache[v] = _program_summary(v.program)
-        return hit
-    if isinstance(v, Program):
-        return _program_summary(v)
-    if isinstance(v, (tuple, list)):
-        return _params_summary(dict(enumerate(v)))
-    return frozenset(), False
-
-
-def _program_summary(program) -> tuple:
-    axes: set = set()
-    moves = False
-    for eqn in program.eqns:
-        inner_axes, inner_moves = _params_summary(eqn.params)
-        moves = moves or bool(eqn.primitive.rules.communicates) or inner_moves
-        # Only primitives that receive the level (collectives, and the higher-order
-        # ones that re-batch their bodies under it) carry communication along.
-        if eqn.primitive.rules.batch_needs_axis:
-            axes.update(a for a in eqn.params.get("axes", ()) if isinstance(a, str))
-            axes |= inner_axes
-    return frozenset(axes), moves
 
 
 def broadcast_prefix(prefix, tree, what: str, fname: str) -> list:

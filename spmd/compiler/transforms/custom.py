@@ -23,6 +23,7 @@ from spmd.compiler.core.array import Array
 from spmd.compiler.core.trace import (Tracer, bind, eval_program, get_aval, hoist_traced_consts,
                                  trace_to_program)
 from spmd.errors import SpmdError
+from spmd.compiler.transforms.array_ops import OPS
 from spmd.compiler.transforms.batching import batch_flat, broadcast_batch, vmap_at_level
 
 
@@ -375,8 +376,7 @@ def _checked_tangent(ct, aval, where: str, rule: str, kind: str = "tangent"):
             _varying_mismatch(got, want, where, rule, kind)
         if got.dtype != want.dtype or got.weak_type or not isinstance(ct, (Tracer, Array)):
             # A Python scalar, numpy value or weakly typed value: an array of the type.
-            from spmd.compiler.ops.elementwise import convert
-            ct = convert(ct, want.dtype, False)
+            ct = OPS.convert(ct, want.dtype, False)
         return ct
     raise CustomRuleError(
         f"{rule} returned a {kind} of type {got.str_short()} for {where}, whose primal has "

@@ -21,6 +21,7 @@ from spmd.compiler.core.jit import executable_for, flatten_outputs, jit_p
 from spmd.compiler.core.program_vma import call_types, call_vma
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, eval_program, get_aval, trace_to_program
+from spmd.errors import ArgumentError
 from spmd.compiler.core import dtypes
 from spmd.compiler.transforms.batching import batch_flat, broadcast_batch
 from spmd.compiler.passes.pipeline import dce_program
@@ -112,8 +113,6 @@ def checkpoint_name(x, name: str):
     >>> h = checkpoint_name(snp.tanh(x @ w), "hidden")  # doctest: +SKIP
     """
     if not isinstance(name, str):
-        from spmd.errors import ArgumentError
-
         raise ArgumentError(f"checkpoint_name: name must be a str, got {name!r}")
     # Not tree_map: its frame would become the equations' source location.
     leaves, tree = tree_util.tree_flatten(x)

@@ -24,7 +24,7 @@ from spmd.compiler.core import dtypes
 from spmd.compiler.core import array_module
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.avals import ShapedArray
-from spmd.compiler.core.trace import Tracer, is_array_like
+from spmd.compiler.core.tracer import Tracer, is_array_like
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.mesh.devices import Device, process_index
 from spmd.shard.arrays import multiprocess

@@ -12,7 +12,7 @@ import numpy as np
 
 from spmd import tree_util
 from spmd.compiler.core.array import Array
-from spmd.compiler.core.trace import get_aval, is_array_like, Tracer
+from spmd.compiler.core.tracer import get_aval, is_array_like, Tracer
 from spmd.errors import SpmdError
 from spmd.mesh.mesh import AxisType
 from spmd.shard.arrays.spec import NamedSharding, PartitionSpec, ShardingError, check_spec

@@ -26,6 +26,7 @@ from spmd.compiler.transforms.custom import custom_lin_p
 from spmd.compiler.engine.fusion import fused_p
 from spmd.compiler.engine.rows import fused_rows_p
 from spmd.compiler.ops import complex as cx, elementwise as ew, reduce as rd, structural as st
+from spmd.compiler.ops import cumulative as cm
 from spmd.compiler.ops.linalg import dot_general_p
 from spmd.shard.partition import registry
 from spmd.shard.partition import rules_explicit as typed
@@ -345,7 +346,7 @@ def _table() -> dict:
         rd.reduce_sum_p: Propagate(reduce_sum_rule),
         rd.reduce_max_p: Propagate(_extremum_rule("reduce_max")),
         rd.reduce_min_p: Propagate(_extremum_rule("reduce_min")),
-        rd.reduce_prod_p: Propagate(_reduce_keep_rule),
+        cm.reduce_prod_p: Propagate(_reduce_keep_rule),
         rd.reduce_and_p: Propagate(_reduce_keep_rule),
         rd.reduce_or_p: Propagate(_reduce_keep_rule),
         rd.argmax_p: Propagate(_reduce_keep_rule),

@@ -9,7 +9,7 @@ rewritten for the local block.
 from __future__ import annotations
 
 from spmd.compiler.ops import indexing as ix
-from spmd.compiler.ops import reduce as rd
+from spmd.compiler.ops import cumulative as cm
 from spmd.compiler.ops import slicing as sm
 from spmd.compiler.ops.sort import sort_p
 from spmd.shard.partition import registry
@@ -180,10 +180,10 @@ TABLE = {
     ix.dynamic_update_slice_p: Propagate(dynamic_update_slice_rule, explicit=_INTO),
     ix.gather_p: Propagate(gather_rule, explicit=typed.gather),
     ix.scatter_p: Propagate(scatter_rule, explicit=_INTO),
-    rd.cumsum_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=True), explicit=_KEEP),
-    rd.cumprod_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
-    rd.cummax_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
-    rd.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
+    cm.cumsum_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=True), explicit=_KEEP),
+    cm.cumprod_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
+    cm.cummax_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
+    cm.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
     sm.rev_p: Propagate(_unsplit_dims_rule(_whole("dimensions"), linear=True), explicit=_KEEP),
 }
 registry.register_all(TABLE)
