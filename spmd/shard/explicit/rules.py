@@ -46,7 +46,8 @@ from spmd.compiler.ops import conv, elementwise as ew, indexing as ix, linalg
 from spmd.compiler.ops import linalg_decomp as ld, reduce as rd, slicing as sm, sort
 from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.control_cond import cond_p
-from spmd.compiler.ops.control_loops import scan_p, while_p
+from spmd.compiler.ops.control_scan import scan_p
+from spmd.compiler.ops.control_while import while_p
 from spmd.compiler.ops.threefry import random_bits_p, rng_counter_p
 from spmd.compiler.core.trace import abstract_eval
 from spmd.errors import MissingExplicitRuleError, ShardingTypeError
