@@ -173,8 +173,8 @@ def _cond_batch(args, dims, *, branches, _axis_data):
                     for br in branches)
         return cond_bind(index, *ops, branches=new), [0] * n_out
     if dims[0] is not None:
-        return _cond_batch_select(batching.move_to_front(index, dims[0]), ops, batched, branches, size,
-                                  axis_name), [0] * n_out
+        index = batching.move_to_front(index, dims[0])
+        return _cond_batch_select(index, ops, batched, branches, size, axis_name), [0] * n_out
     first = [batch_program(br, batched, size, axis_name, [False] * n_out) for br in branches]
     out_b = [any(f[1][k] for f in first) for k in range(n_out)]
     new = tuple(p if ob == out_b else batch_program(br, batched, size, axis_name, out_b)[0]

@@ -164,7 +164,8 @@ def _scan_batch(args, dims, *, program, num_consts, num_carry, length, reverse, 
         if grown == carry_b:
             break
         carry_b = grown
-    init = [batching.broadcast_batch(x, d, size) if b else x for x, d, b in zip(init, i_d, carry_b)]
+    init = [batching.broadcast_batch(x, d, size) if b else x
+            for x, d, b in zip(init, i_d, carry_b)]
     outs = scan_bind(*consts, *init, *xs, program=body, num_consts=num_consts,
                      num_carry=num_carry, length=length, reverse=reverse)
     out_dims = [0 if b else None for b in carry_b] + [1 if b else None
