@@ -24,8 +24,8 @@ from spmd.compiler.ops.control_programs import (batch_eval, batch_program, cast_
                                                 has_tangent, jvp_program, same_type,
                                                 transpose_program, zero_tangent, zeros_eqn)
 from spmd.errors import DTypeError, ProgramTypeError
-# A module, not names: importing it first loads this package (through the primitives
-# it imports) while it is itself half made.
+# A module, not names: batching imports spmd.compiler.ops, so importing it first loads
+# this module while batching is half made.
 from spmd.compiler.transforms import batching
 
 
@@ -44,7 +44,7 @@ def _cond_impl(xp, index, *operands, branches):
 
 def _executable(branch, xp, donated=()):
     """A branch's compiled code (the jit layer's cache)."""
-    # (inner: core.jit imports the pass pipeline, which imports the primitives)
+    # (inner: core.jit imports the pass pipeline, which loads spmd.compiler.ops)
     from spmd.compiler.core.jit import executable_for
 
     return executable_for(branch, xp, donated=donated)
@@ -213,7 +213,7 @@ def _cond_partial_eval(eqn, in_unknown):
     branches of the known cond return every branch's residuals, zeros in the
     slots of the other branches.
     """
-    # (inner: the pass pipeline, and transforms.ad through it, import the primitives)
+    # (inner: the pass pipeline, and transforms.ad through it, load spmd.compiler.ops)
     from spmd.compiler.passes.pipeline import dce_program
     from spmd.compiler.transforms.ad import partial_eval
 

@@ -27,8 +27,8 @@ from spmd.compiler.core.trace import (Tracer, eval_program, full_raise, get_aval
                                       trace_to_program)
 from spmd.compiler.ops import elementwise, structural
 from spmd.errors import ProgramTypeError
-# A module, not names: importing it first loads this package (through the primitives
-# it imports) while it is itself half made.
+# A module, not names: batching imports spmd.compiler.ops, so importing it first loads
+# this module while batching is half made.
 from spmd.compiler.transforms import batching
 
 
@@ -101,7 +101,7 @@ def jvp_program(closed: ClosedProgram, nonzero, instantiate_out):
     ``instantiate_out[k]`` forces output k's tangent to be materialised (when
     it is a float).  Returns ``(program, out_nonzero)``.
     """
-    # (inner: transforms.ad imports the pass pipeline, which imports the primitives)
+    # (inner: transforms.ad imports the pass pipeline, which loads spmd.compiler.ops)
     from spmd.compiler.transforms.ad import jvp_flat
 
     avals = closed.in_avals
@@ -171,7 +171,7 @@ def transpose_program(closed: ClosedProgram, linear, ct_nonzero, extra_residuals
     The result maps ``(non-linear inputs, non-zero output cotangents)`` to one
     (materialised) cotangent per linear input.
     """
-    # (inner: transforms.ad imports the pass pipeline, which imports the primitives)
+    # (inner: transforms.ad imports the pass pipeline, which loads spmd.compiler.ops)
     from spmd.compiler.transforms.ad import backward_pass
 
     prog = closed.program
@@ -205,7 +205,7 @@ def zeros_eqn(aval: ShapedArray):
 
 def dce_closed(closed: ClosedProgram, used_outputs):
     """DCE of a sub-program; returns ``(closed, used non-constant inputs)``."""
-    # (inner: the pass pipeline imports the primitives)
+    # (inner: the pass pipeline loads spmd.compiler.ops, this module with it)
     from spmd.compiler.passes.pipeline import dce_program
 
     prog, used = dce_program(closed.program, used_outputs)

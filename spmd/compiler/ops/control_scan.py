@@ -30,8 +30,8 @@ from spmd.compiler.ops.control_programs import (batch_program, carry_fixpoint, c
                                                 or_each, permute, split_groups, trace_closed,
                                                 zero_tangent)
 from spmd.errors import ProgramTypeError
-# A module, not names: importing it first loads this package (through the primitives
-# it imports) while it is itself half made.
+# A module, not names: batching imports spmd.compiler.ops, so importing it first loads
+# this module while batching is half made.
 from spmd.compiler.transforms import batching
 
 
@@ -187,7 +187,7 @@ def _scan_partial_eval(eqn, in_unknown):
     loop-invariant inputs (outer consts, body constants) or known ``xs`` are
     passed to the unknown scan as they are.
     """
-    # (inner: the pass pipeline, and transforms.ad through it, import the primitives)
+    # (inner: the pass pipeline, and transforms.ad through it, load spmd.compiler.ops)
     from spmd.compiler.passes.pipeline import dce_program, inline_calls
     from spmd.compiler.transforms.ad import partial_eval
 
@@ -305,7 +305,7 @@ def _scan_transpose(cts, *args, program, num_consts, num_carry, length, reverse)
     zero); the defined consts and xs are residuals.  The transposed scan
     carries the carry cotangents and accumulates the linear consts' cotangents.
     """
-    # (inner: transforms.ad imports the pass pipeline, which imports the primitives)
+    # (inner: transforms.ad imports the pass pipeline, which loads spmd.compiler.ops)
     from spmd.compiler.transforms.ad import backward_pass
 
     consts, init, xs = split_groups(args, num_consts, num_carry)

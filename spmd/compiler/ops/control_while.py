@@ -27,8 +27,8 @@ from spmd.compiler.ops.control_programs import (batch_program, carry_fixpoint, c
                                                 or_each, permute, split_groups, trace_closed,
                                                 zero_tangent)
 from spmd.errors import ArgumentError, ProgramTypeError
-# A module, not names: importing it first loads this package (through the primitives
-# it imports) while it is itself half made.
+# A module, not names: batching imports spmd.compiler.ops, so importing it first loads
+# this module while batching is half made.
 from spmd.compiler.transforms import batching
 
 
@@ -191,7 +191,7 @@ while_p.rules.batch_needs_axis = True
 def _while_partial_eval(eqn, in_unknown):
     """Known carries run in a known while; the unknown while recomputes them (JAX's
     split: forward mode through ``linearize`` works, reverse mode does not)."""
-    # (inner: the pass pipeline, and transforms.ad through it, import the primitives)
+    # (inner: the pass pipeline, and transforms.ad through it, load spmd.compiler.ops)
     from spmd.compiler.passes.pipeline import dce_program, inline_calls
     from spmd.compiler.transforms.ad import partial_eval
 

@@ -34,8 +34,8 @@ from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, reshape, 
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, IndexOutOfBoundsError, ShapeError
-# A module, not names: importing it first loads the primitives, this module among them,
-# while it is itself half made.
+# A module, not names: batching imports spmd.compiler.ops, so importing it first loads
+# this module while batching is half made.
 from spmd.compiler.transforms import batching
 
 
