@@ -260,7 +260,7 @@ def test_fusion_and_threads_change_no_bit(ex, mesh_shape, monkeypatch):
     from spmd.compiler.engine import fusion
     from spmd.compiler.passes import recompute
     from spmd.compiler.engine import threads
-    from spmd.compiler.ops import attention, linalg
+    from spmd.compiler.ops import attention_tiles as attention, linalg
 
     corpus = np.arange(4000, dtype=np.int32) % 96
     batches = [ex.batch_at(corpus, k, 8, 16, seed=0) for k in (1, 2, 3)]

@@ -3,7 +3,7 @@
 JAX's signatures and semantics.  Each wrapper flattens its pytrees, traces the
 user's functions into programs once (values they close over become operands),
 checks that branch outputs and loop carries keep their types, and binds one
-primitive (``spmd.compiler.ops.control_cond`` / ``control_loops``).
+primitive (``spmd.compiler.ops.control_cond`` / ``control_scan`` / ``control_while``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from spmd.compiler.core.array import Array
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.ir import ClosedProgram, Program, Var
 from spmd.compiler.core.jit import flatten_outputs
-from spmd.compiler.ops.control_cond import cond_bind, same_type
-from spmd.compiler.ops.control_loops import scan_bind, while_bind
+from spmd.compiler.ops.control_cond import cond_bind
+from spmd.compiler.ops.control_programs import same_type
+from spmd.compiler.ops.control_scan import scan_bind
+from spmd.compiler.ops.control_while import while_bind
 from spmd.compiler.ops.elementwise import add, convert, lt, max as lax_max, min as lax_min, ne
 from spmd.compiler.core.trace import Tracer, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError

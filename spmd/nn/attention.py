@@ -15,6 +15,7 @@ import numpy as np
 import spmd.numpy as snp
 from spmd.compiler.transforms.ad import stop_gradient
 from spmd.compiler.ops import attention as _kernel
+from spmd.compiler.ops.attention_tiles import large_negative
 from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
 from spmd.numpy._util import to_array
@@ -161,7 +162,7 @@ def _composite(q, k, v, bias, mask, scale, is_causal, window):
         w = snp.logical_and(qpos <= kpos + window[0], qpos >= kpos - window[1])
         keep = w if keep is None else snp.logical_and(keep, w)
     if keep is not None:
-        logits = snp.where(keep, logits, _kernel._large_negative(ld))
+        logits = snp.where(keep, logits, large_negative(ld))
     logits = logits.astype(np.float32)
     probs = nn.softmax(logits, axis=-1).astype(get_aval(k).dtype)
     out = snp.einsum("bkgts,bskh->btkgh", probs, v)

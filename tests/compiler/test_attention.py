@@ -11,7 +11,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd.compiler.engine import loops, threads
-from spmd.compiler.ops import attention as at
+from spmd.compiler.ops import attention as at, attention_tiles
 from spmd.errors import ArgumentError, ShapeError
 
 attention = spmd.nn.dot_product_attention
@@ -232,8 +232,8 @@ def test_tiles_over_rows_and_heads_give_the_same_results(monkeypatch, masked):
     # One head group (2 query heads) a tile; then 5 rows of them a tile.
     for budget, keys in ((2 * 32 * 32 * 4, {32}),
                          (2 * 32 * 4 * 5, {5, 10, 15, 20, 25, 30, 32})):
-        monkeypatch.setattr(at, "TILE_BYTES", budget)
-        pb = at._Problem(np, q, k, v, None, None, scale=1.0, is_causal=True, window=None)
+        monkeypatch.setattr(attention_tiles, "TILE_BYTES", budget)
+        pb = attention_tiles.Problem(np, q, k, v, None, None, scale=1.0, is_causal=True, window=None)
         assert len(pb.jobs) > 2
         assert {t[6] for job in pb.jobs for t in job} == keys
         for a, b in zip(run(), whole):
@@ -243,7 +243,7 @@ def test_tiles_over_rows_and_heads_give_the_same_results(monkeypatch, masked):
 def test_threads_give_the_bits_of_one_thread(three_threads, monkeypatch):
     (q, k, v), kw, _ = build((4, 64, 64, 4, 2, 16), dict(bias="full", is_causal=True))
     w = rand(*q.shape, seed=4)
-    monkeypatch.setattr(at, "TILE_BYTES", 64 * 64 * 4 * 2)  # many jobs
+    monkeypatch.setattr(attention_tiles, "TILE_BYTES", 64 * 64 * 4 * 2)  # many jobs
     f = lambda q, k, v, b: (attention(q, k, v, b, is_causal=True) * w).sum()
     calls = []
     run = threads.POOL.run
@@ -318,7 +318,7 @@ def test_callers_on_several_threads_get_their_own_results(three_threads, monkeyp
     get what each gets alone."""
     import threading
 
-    monkeypatch.setattr(at, "TILE_BYTES", 64 * 64 * 4 * 2)
+    monkeypatch.setattr(attention_tiles, "TILE_BYTES", 64 * 64 * 4 * 2)
     f = spmd.jit(spmd.grad(lambda q, k, v: (attention(q, k, v, is_causal=True) ** 2).sum(),
                            argnums=(0, 1, 2)))
     inputs = [operands(4, 64, 64, 4, 2, 16, seed=s) for s in (0, 10)]
@@ -380,7 +380,7 @@ def test_the_compiled_softmax_passes_equal_the_numpy_ones(loops_at_once, monkeyp
     """spmd/compiler/ops/attention_jit.py: the forward's and backward's passes as loops
     give the numpy passes' values and gradients within float32 rounding."""
     if tile is not None:
-        monkeypatch.setattr(at, "TILE_BYTES", tile)
+        monkeypatch.setattr(attention_tiles, "TILE_BYTES", tile)
     from spmd.compiler.ops import attention_jit
 
     used = []

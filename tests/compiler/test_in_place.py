@@ -1,5 +1,5 @@
 """Updates in place (spmd/compiler/engine/codegen.py, ``rules["in_place"]``) and loop carries
-donated to the loop body (spmd/compiler/ops/control_loops.py): no argument, constant,
+donated to the loop body (spmd/compiler/ops/loop_runs.py): no argument, constant,
 input array or other value that shares a buffer is ever written, and the results are
 numpy's.  The aliasing cases are the point: a carry returned twice, a carry that is an
 ``xs`` slice, a constant, a view of another carry, a carry that is also a ``y``."""

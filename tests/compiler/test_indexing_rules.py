@@ -214,15 +214,15 @@ def test_scatter_multi_axis_and_int_dtype():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.int32])
 @pytest.mark.parametrize("axes", [(0,), (1,), (0, 2)])
 def test_many_updates_are_summed_per_target_as_ufunc_at(dtype, axes):
-    """Past indexing.SORTED_ADD_MIN updates, scatter-add sums each target's updates
+    """Past indexing_kernels.SORTED_ADD_MIN updates, scatter-add sums each target's updates
     before adding them (an embedding's gradient): np.add.at's result within float
     rounding (exactly for ints), out-of-bounds updates dropped, the same bits on every
     call, under jit and eagerly."""
-    from spmd.compiler.ops import indexing
+    from spmd.compiler.ops import indexing_kernels
 
     rng = np.random.default_rng(7)
     shape = (6, 5, 4)
-    n = 4 * indexing.SORTED_ADD_MIN
+    n = 4 * indexing_kernels.SORTED_ADD_MIN
     idx = [rng.integers(-2, shape[a] + 2, n) for a in axes]  # repeats and out of bounds
     rest = tuple(s for d, s in enumerate(shape) if d not in axes)
     u = (rng.standard_normal((n,) + rest) * 8).astype(dtype)

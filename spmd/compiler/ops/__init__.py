@@ -6,7 +6,7 @@ from spmd.compiler.ops import cumulative  # noqa: F401
 from spmd.compiler.ops import indexing  # noqa: F401
 from spmd.compiler.ops import sort  # noqa: F401
 from spmd.compiler.ops import conv, linalg_decomp, special  # noqa: F401
-from spmd.compiler.ops import control_cond, control_loops  # noqa: F401
+from spmd.compiler.ops import control_cond, control_scan, control_while  # noqa: F401
 from spmd.compiler.ops import threefry  # noqa: F401
 from spmd.compiler.ops import complex  # noqa: F401
 

@@ -144,7 +144,7 @@ def compile_async():
 # ------------------------------------------------------- the kernel's tiles on them
 
 def forward_job(jit, pb, og, lg):
-    """The forward's job over tiles (see ``attention._forward``) with the compiled
+    """The forward's job over tiles (see ``attention_forward.forward``) with the compiled
     softmax: scores (BLAS), one loop, ``p v`` (BLAS), normalised after the product."""
     pb.transposed("kg")  # (made once, before the threads)
 

@@ -1,14 +1,9 @@
-"""Control flow, part 1: the ``cond`` primitive and the program helpers shared
-with the loops (``control_loops.py``).
+"""Control flow: the ``cond`` primitive.
 
 ``cond`` applies one of several branch programs, chosen by an int32 index
 (operand 0), to the remaining operands.  Its rules transform the branches as
-whole programs: the jvp of a cond is a cond of the branches' jvps, and so on.
-
-Sub-programs in the parameters of control-flow primitives hold only concrete
-constants, never tracers: the ``spmd.lax`` wrappers turn the values a body
-closes over into operands, and the rules below only trace bodies whose inputs
-are all program inputs.
+whole programs (:mod:`spmd.compiler.ops.control_programs`): the jvp of a cond is a
+cond of the branches' jvps, and so on.
 """
 
 from __future__ import annotations
@@ -16,223 +11,23 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler.core import dtypes
-from spmd.compiler import extensions as _ext
-from spmd.compiler.transforms.ad_util import Zero, instantiate, is_undefined, is_zero
-from spmd.compiler.core.avals import ShapedArray, tangent_aval
-from spmd.compiler.core.ir import ClosedProgram, Eqn, Literal, Program, Var
+from spmd.compiler.transforms.ad_util import is_undefined, is_zero
+from spmd.compiler.core.avals import tangent_aval
+from spmd.compiler.core.ir import ClosedProgram, Program, Var
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.manual_types import ManualTypeError, ct_aval
 from spmd.compiler.core.program_vma import program_types, program_vma
-from spmd.compiler.core.trace import (Tracer, eval_program, full_raise, get_aval,
-                                 trace_to_program)
+from spmd.compiler.core.trace import get_aval
+from spmd.compiler.ops import elementwise, structural
+from spmd.compiler.ops.control_programs import (batch_eval, batch_program, cast_to,
+                                                check_avals, dce_closed, drop_inputs,
+                                                has_tangent, jvp_program, same_type,
+                                                transpose_program, zero_tangent, zeros_eqn)
 from spmd.errors import DTypeError, ProgramTypeError
+# A module, not names: batching imports spmd.compiler.ops, so importing it first loads
+# this module while batching is half made.
+from spmd.compiler.transforms import batching
 
-
-# ================================================= program helpers (shared)
-
-def trace_closed(fun, avals) -> ClosedProgram:
-    """Trace a rule's body; its inputs are the only tracers it may see."""
-    closed = trace_to_program(fun, avals)
-    assert not any(isinstance(c, Tracer) for c in closed.consts), \
-        "a control-flow rule captured a traced value as a constant"
-    return closed
-
-
-def cast_to(x, aval: ShapedArray):
-    """``x`` converted to ``aval``'s dtype and weak type (a no-op when they agree), and
-    typed reduced (unreduced) where ``aval`` is and ``x`` is not (a loop's tangent or
-    cotangent carry made from zeros, or from a value of another type)."""
-    from spmd.compiler import ops
-
-    av = get_aval(x)
-    if av.dtype != aval.dtype or av.weak_type != aval.weak_type:
-        x = ops.elementwise.convert(x, aval.dtype, aval.weak_type)
-        av = get_aval(x)
-    reduced = aval.reduced - av.reduced - av.vma
-    if reduced:
-        x = _ext.PREDUCED.fn(x, tuple(sorted(reduced)))
-    unreduced = aval.unreduced - get_aval(x).unreduced
-    return _ext.SUMMANDS.fn(x, tuple(sorted(unreduced))) if unreduced else x
-
-
-def is_float_aval(aval) -> bool:
-    return dtypes.is_inexact(aval.dtype)
-
-
-def has_tangent(t) -> bool:
-    """A tangent that may be non-zero (float0 and symbolic zeros never are)."""
-    return not is_zero(t) and dtypes.is_inexact(get_aval(t).dtype)
-
-
-def zero_tangent(aval) -> Zero:
-    return Zero(tangent_aval(aval))
-
-
-def permute(closed: ClosedProgram, in_order, out_order) -> ClosedProgram:
-    """The same program with its (non-constant) inputs and its outputs reordered."""
-    prog = closed.program
-    n = len(closed.consts)
-    args = prog.in_vars[n:]
-    new = Program(prog.in_vars[:n] + [args[i] for i in in_order], prog.eqns,
-                  [prog.out_atoms[i] for i in out_order])
-    return ClosedProgram(new, closed.consts)
-
-
-def interleave_order(sizes, extra):
-    """Order that turns ``[g0, g1, .., e0, e1, ..]`` into ``[g0, e0, g1, e1, ..]``.
-
-    ``sizes[k]`` and ``extra[k]`` are the lengths of group k in the first and
-    second half (primals then tangents -> primal/tangent pairs per group).
-    """
-    order, base, ebase = [], 0, sum(sizes)
-    for s, e in zip(sizes, extra):
-        order += list(range(base, base + s)) + list(range(ebase, ebase + e))
-        base += s
-        ebase += e
-    return order
-
-
-def jvp_program(closed: ClosedProgram, nonzero, instantiate_out):
-    """The jvp of ``closed`` as a program: ``(primals, nonzero tangents) ->
-    (primal outs, tangent outs that are non-zero)``.
-
-    ``instantiate_out[k]`` forces output k's tangent to be materialised (when
-    it is a float).  Returns ``(program, out_nonzero)``.
-    """
-    from spmd.compiler.transforms.ad import jvp_flat
-
-    avals = closed.in_avals
-    t_avals = [tangent_aval(a) for a, nz in zip(avals, nonzero) if nz]
-    out_avals = closed.out_avals
-    out_nz: list = []
-
-    def fun(*args):
-        primals = list(args[:len(avals)])
-        it = iter(args[len(avals):])
-        tangents = [next(it) if nz else zero_tangent(a) for a, nz in zip(avals, nonzero)]
-        outs, touts = jvp_flat(lambda *a: eval_program(closed, *a), primals, tangents)
-        res = []
-        for t, inst, aval in zip(touts, instantiate_out, out_avals):
-            if not is_float_aval(aval):
-                t = zero_tangent(aval)
-            elif is_zero(t) and inst:
-                t = instantiate(t)
-            res.append(t)
-        out_nz[:] = [not is_zero(t) for t in res]
-        return [cast_to(o, a) for o, a in zip(outs, out_avals)] + [
-            cast_to(t, tangent_aval(a)) for t, a in zip(res, out_avals) if not is_zero(t)]
-
-    prog = trace_closed(fun, list(avals) + t_avals)
-    return prog, list(out_nz)
-
-
-def batch_eval(closed: ClosedProgram, args, batched, size, axis_name, force):
-    """Evaluate ``closed`` batched (batched args have the batch axis at 0).
-
-    Outputs that are batched, or forced (``force[k]``), come back with the batch
-    axis at 0.  Returns ``(outs, out_batched)``.
-    """
-    from spmd.compiler.transforms.batching import BatchTracer, batch_level, broadcast_batch
-
-    # Under the level's own axis names: collectives in the body communicate.
-    with batch_level(axis_name, size) as trace:
-        tracers = [BatchTracer(trace, a, 0) if b else a for a, b in zip(args, batched)]
-        outs = [full_raise(trace, o) for o in eval_program(closed, *tracers)]
-        res, out_b = [], []
-        for o, f in zip(outs, force):
-            if o.bdim is None and not f:
-                res.append(o.val)
-                out_b.append(False)
-            else:
-                res.append(broadcast_batch(o.val, o.bdim, size))
-                out_b.append(True)
-    return res, out_b
-
-
-def batch_program(closed: ClosedProgram, batched, size, axis_name, force):
-    """``closed`` batched as a program; returns ``(program, out_batched)``."""
-    avals = [a.update(shape=(size,) + a.shape) if b else a
-             for a, b in zip(closed.in_avals, batched)]
-    box: list = []
-
-    def fun(*args):
-        outs, out_b = batch_eval(closed, args, batched, size, axis_name, force)
-        box[:] = out_b
-        return outs
-
-    prog = trace_closed(fun, avals)
-    return prog, list(box)
-
-
-def transpose_program(closed: ClosedProgram, linear, ct_nonzero, extra_residuals=()):
-    """The transpose of ``closed`` w.r.t. its inputs marked ``linear``.
-
-    The result maps ``(non-linear inputs, non-zero output cotangents)`` to one
-    (materialised) cotangent per linear input.
-    """
-    from spmd.compiler.transforms.ad import backward_pass
-
-    prog = closed.program
-    n = len(closed.consts)
-    args = prog.in_vars[n:]
-    res_vars = [v for v, l in zip(args, linear) if not l]
-    lin_vars = [v for v, l in zip(args, linear) if l]
-    reordered = Program(prog.in_vars[:n] + res_vars + lin_vars, prog.eqns, prog.out_atoms)
-    ct_avals = [ct_aval(a) for a, nz in zip(closed.out_avals, ct_nonzero) if nz]
-
-    def fun(*a):
-        res = list(closed.consts) + list(a[:len(res_vars)])
-        it = iter(a[len(res_vars):])
-        cts = [next(it) if nz else zero_tangent(av)
-               for av, nz in zip(closed.out_avals, ct_nonzero)]
-        cts_in = backward_pass(reordered, res, [v.aval for v in lin_vars], cts)
-        return [cast_to(instantiate(c), ct_aval(v.aval)) for c, v in zip(cts_in, lin_vars)]
-
-    return trace_closed(fun, [v.aval for v in res_vars] + ct_avals)
-
-
-def zeros_eqn(aval: ShapedArray):
-    """``(atom, eqns)`` computing zeros of ``aval`` inside a program being rewritten."""
-    from spmd.compiler import ops
-
-    scalar = Literal(np.zeros((), aval.dtype)[()], ShapedArray((), aval.dtype, aval.weak_type))
-    if aval.shape == ():
-        return scalar, []
-    out = Var(aval)
-    return out, [Eqn(ops.structural.broadcast_in_dim_p, [scalar], [out],
-                     dict(shape=aval.shape, broadcast_dimensions=()))]
-
-
-def dce_closed(closed: ClosedProgram, used_outputs):
-    """DCE of a sub-program; returns ``(closed, used non-constant inputs)``."""
-    from spmd.compiler.passes.pipeline import dce_program
-
-    prog, used = dce_program(closed.program, used_outputs)
-    return ClosedProgram(prog, closed.consts), used[len(closed.consts):]
-
-
-def drop_inputs(closed: ClosedProgram, keep) -> ClosedProgram:
-    """``closed`` without the (unused) non-constant inputs where ``keep`` is False."""
-    prog = closed.program
-    n = len(closed.consts)
-    args = [v for v, k in zip(prog.in_vars[n:], keep) if k]
-    return ClosedProgram(Program(prog.in_vars[:n] + args, prog.eqns, prog.out_atoms),
-                         closed.consts)
-
-
-def same_type(a: ShapedArray, b: ShapedArray) -> bool:
-    """Equal shapes and dtypes (weak types and varying axes aside)."""
-    return a.shape == b.shape and a.dtype == b.dtype
-
-
-def check_avals(fname: str, what: str, got, want) -> None:
-    """Internal invariant of the control-flow primitives: operand types fit the body."""
-    if len(got) != len(want) or not all(same_type(g, w) for g, w in zip(got, want)):
-        raise ProgramTypeError(f"{fname}: {what} have types {list(got)} but the body program "
-                               f"expects {list(want)}")
-
-
-# ====================================================================== cond
 
 cond_p = Primitive("cond", traits=(), multiple_results=True, higher_order=True)
 
@@ -248,8 +43,8 @@ def _cond_impl(xp, index, *operands, branches):
 
 
 def _executable(branch, xp, donated=()):
-    """A branch's compiled code (the jit layer's cache; imported here, as the jit
-    module imports the primitives)."""
+    """A branch's compiled code (the jit layer's cache)."""
+    # (inner: core.jit imports the pass pipeline, which loads spmd.compiler.ops)
     from spmd.compiler.core.jit import executable_for
 
     return executable_for(branch, xp, donated=donated)
@@ -362,28 +157,24 @@ cond_p.def_jvp(_cond_jvp)
 # --------------------------------------------------------------- batching
 
 def _cond_batch(args, dims, *, branches, _axis_data):
-    from spmd.compiler.transforms.batching import communicates, move_to_front
-
     axis_name, size = _axis_data
     index, ops = args[0], args[1:]
     batched = [d is not None for d in dims[1:]]
-    ops = [move_to_front(o, d) if d is not None else o for o, d in zip(ops, dims[1:])]
+    ops = [batching.move_to_front(o, d) if d is not None else o for o, d in zip(ops, dims[1:])]
     n_out = len(branches[0].out_avals)
-    if dims[0] is not None and size == 1 and not communicates({"branches": branches}):
+    if dims[0] is not None and size == 1 and not batching.communicates({"branches": branches}):
         # One element (a process's one device of a mesh): its index is the cond's, and
         # only the branch it takes runs, as unbatched (a pipeline's idle stage idles).
         # Not with communicating collectives in the branches: processes whose indices
         # differ would take different branches and wait for each other's collectives;
         # every branch runs there, as for a larger batch.
-        from spmd.compiler.ops.structural import reshape
-
-        index = reshape(move_to_front(index, dims[0]), ())
+        index = structural.reshape(batching.move_to_front(index, dims[0]), ())
         new = tuple(batch_program(br, batched, size, axis_name, [True] * n_out)[0]
                     for br in branches)
         return cond_bind(index, *ops, branches=new), [0] * n_out
     if dims[0] is not None:
-        return _cond_batch_select(move_to_front(index, dims[0]), ops, batched, branches, size,
-                                  axis_name), [0] * n_out
+        index = batching.move_to_front(index, dims[0])
+        return _cond_batch_select(index, ops, batched, branches, size, axis_name), [0] * n_out
     first = [batch_program(br, batched, size, axis_name, [False] * n_out) for br in branches]
     out_b = [any(f[1][k] for f in first) for k in range(n_out)]
     new = tuple(p if ob == out_b else batch_program(br, batched, size, axis_name, out_b)[0]
@@ -394,20 +185,18 @@ def _cond_batch(args, dims, *, branches, _axis_data):
 
 def _cond_batch_select(index, operands, batched, branches, size, axis_name):
     """A batched index: run every branch on the whole batch and select per element."""
-    from spmd.compiler import ops
-
     n_out = len(branches[0].out_avals)
     results = [batch_eval(br, operands, batched, size, axis_name, [True] * n_out)[0]
                for br in branches]
     dt = get_aval(index).dtype
-    ew = ops.elementwise
+    ew = elementwise
     index = ew.min(ew.max(index, np.zeros((), dt)), np.full((), len(branches) - 1, dt))
     outs = []
     for k in range(n_out):
         cases = [r[k] for r in results]
         shape = get_aval(cases[0]).shape
-        pred = ops.structural.broadcast_in_dim(index, shape, (0,))
-        outs.append(ops.elementwise.select_n(pred, *cases) if len(cases) > 1 else cases[0])
+        pred = structural.broadcast_in_dim(index, shape, (0,))
+        outs.append(elementwise.select_n(pred, *cases) if len(cases) > 1 else cases[0])
     return outs
 
 
@@ -424,8 +213,9 @@ def _cond_partial_eval(eqn, in_unknown):
     branches of the known cond return every branch's residuals, zeros in the
     slots of the other branches.
     """
-    from spmd.compiler.transforms.ad import partial_eval
+    # (inner: the pass pipeline, and transforms.ad through it, load spmd.compiler.ops)
     from spmd.compiler.passes.pipeline import dce_program
+    from spmd.compiler.transforms.ad import partial_eval
 
     branches = eqn.params["branches"]
     n_out = len(eqn.outputs)

@@ -14,6 +14,9 @@ numpy index expression onto them):
 - ``scatter(x, updates, *idx, axes, mode)``: the same indexing, ``updates``
   shaped ``B + the other dims``; ``mode`` combines (set, add, mul, min, max);
   out-of-range indices are dropped (JAX's default for scatters).
+
+How gather and scatter run on arrays is in :mod:`spmd.compiler.ops.indexing_kernels`
+(with a compiled scatter-add of rows, :mod:`spmd.compiler.ops.indexing_jit`).
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from spmd.compiler.core import dtypes
 from spmd.compiler.engine import loops
 from spmd.compiler.transforms.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.core.avals import ShapedArray, tangent_aval
-from spmd.compiler.ops import indexing_jit
+from spmd.compiler.ops import indexing_jit, indexing_kernels
 from spmd.compiler.ops.elementwise import (add, convert, div, eq, max as lax_max,
                                            min as lax_min, mul, select)
-from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, zeros
+from spmd.compiler.ops.structural import broadcast_in_dim, full, iota, reshape, zeros
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, IndexOutOfBoundsError, ShapeError
-from spmd.compiler.core.array_module import to_host
+# A module, not names: batching imports spmd.compiler.ops, so importing it first loads
+# this module while batching is half made.
+from spmd.compiler.transforms import batching
 
 
 def _zero_out(out):
@@ -125,31 +130,25 @@ def _window_indices(starts, shape, sizes, n):
 
 
 def _batched_starts(starts, dims, n):
-    from spmd.compiler.transforms.batching import broadcast_batch
-
     dt = dtypes.default_int()
-    return [broadcast_batch(convert(s, dt), d, n) for s, d in zip(starts, dims)]
+    return [batching.broadcast_batch(convert(s, dt), d, n) for s, d in zip(starts, dims)]
 
 
 @dynamic_slice_p.def_batch
 def _ds_batch(args, dims, *, slice_sizes):
-    from spmd.compiler.transforms.batching import bdim_size, move_to_front
-
     (x, *starts), (xd, *sdims) = args, dims
-    n = bdim_size(args, dims)
+    n = batching.bdim_size(args, dims)
     if all(d is None for d in sdims):
-        x = move_to_front(x, xd)
+        x = batching.move_to_front(x, xd)
         zero = _scalar(0, get_aval(starts[0]).dtype if starts else np.int32)
         return dynamic_slice(x, [zero] + list(starts), (n,) + tuple(slice_sizes)), 0
     if n == 1:
         # One element (a process's one device of a mesh): its starts are the slice's.
-        from spmd.compiler.ops.structural import broadcast_in_dim, reshape
-
         if xd is None:
             x = broadcast_in_dim(x, (1,) + tuple(np.shape(x)), tuple(range(1, np.ndim(x) + 1)))
         else:
-            x = move_to_front(x, xd)
-        one = [s if d is None else reshape(move_to_front(s, d), ()) for s, d in
+            x = batching.move_to_front(x, xd)
+        one = [s if d is None else reshape(batching.move_to_front(s, d), ()) for s, d in
                zip(starts, sdims)]
         zero = _scalar(0, get_aval(one[0]).dtype)
         return dynamic_slice(x, [zero] + one, (1,) + tuple(slice_sizes)), 0
@@ -160,7 +159,8 @@ def _ds_batch(args, dims, *, slice_sizes):
     if xd is None:
         return gather(x, idx, tuple(range(len(shape)))), 0
     batch_idx = iota(get_aval(idx[0]).dtype, (n,) + tuple(slice_sizes), 0)
-    return gather(move_to_front(x, xd), [batch_idx] + idx, tuple(range(len(shape) + 1))), 0
+    return gather(batching.move_to_front(x, xd), [batch_idx] + idx,
+                  tuple(range(len(shape) + 1))), 0
 
 
 # ---------------------------------------------------- dynamic_update_slice
@@ -233,19 +233,15 @@ def _dus_transpose(ct, x, u, *starts):
 
 @dynamic_update_slice_p.def_batch
 def _dus_batch(args, dims):
-    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch, move_to_front
-
     (x, u, *starts), (xd, ud, *sdims) = args, dims
-    n = bdim_size(args, dims)
-    x, u = broadcast_batch(x, xd, n), broadcast_batch(u, ud, n)
+    n = batching.bdim_size(args, dims)
+    x, u = batching.broadcast_batch(x, xd, n), batching.broadcast_batch(u, ud, n)
     if all(d is None for d in sdims):
         zero = _scalar(0, get_aval(starts[0]).dtype if starts else np.int32)
         return dynamic_update_slice(x, u, [zero] + list(starts)), 0
     if n == 1:
         # One element: its starts are the update's.
-        from spmd.compiler.ops.structural import reshape
-
-        one = [s if d is None else reshape(move_to_front(s, d), ()) for s, d in
+        one = [s if d is None else reshape(batching.move_to_front(s, d), ()) for s, d in
                zip(starts, sdims)]
         zero = _scalar(0, get_aval(one[0]).dtype)
         return dynamic_update_slice(x, u, [zero] + one), 0
@@ -259,55 +255,7 @@ def _dus_batch(args, dims):
 # ------------------------------------------------------------------ gather
 
 gather_p = Primitive("gather", traits=())
-
-
-def _moved(xp, x, axes):
-    """A view of ``x`` with the indexed ``axes`` first, in order (``x`` itself when they
-    are: ``a.at[i]``'s case, where ``moveaxis`` cost 7 us of a loop step's 19)."""
-    first = tuple(range(len(axes)))
-    return x if tuple(axes) == first else xp.moveaxis(x, axes, first)
-
-
-def _wide(idx):
-    """Index arrays as at least 32-bit signed ints (narrow ones cannot hold the bounds)."""
-    return [i if i.dtype.kind == "i" and i.dtype.itemsize >= 4 else i.astype("int64")
-            for i in idx]
-
-
-def _in_bounds(xp, idx, sizes):
-    ok = None
-    for i, n in zip(idx, sizes):
-        m = (i >= 0) & (i < n)
-        ok = m if ok is None else ok & m
-    return ok
-
-
-@gather_p.def_impl
-def _gather_impl(xp, x, *idx, axes, mode, fill_value):
-    idx = _wide(idx)
-    sizes = [x.shape[a] for a in axes]
-    b_shape = idx[0].shape
-    rest = tuple(s for d, s in enumerate(x.shape) if d not in axes)
-    fill = 0 if fill_value is None else fill_value
-    if mode == "fill" and 0 in sizes:  # nothing to read: every index is out of bounds
-        return xp.full(b_shape + rest, fill, dtype=x.dtype)
-    moved = _moved(xp, x, axes)
-    ok = _in_bounds(xp, idx, sizes) if mode == "fill" else None
-    if xp is np and (ok is None or ok.all()):
-        # (Every index in bounds: "fill" reads what "clip" does.)  One pass that clips
-        # as it reads (an embedding's lookup: 12 against 37 us); over every axis of a
-        # contiguous operand, through flat indices (a loss's picked logits: 16 against
-        # 38 us).
-        if len(idx) == 1:
-            return np.take(moved, idx[0], axis=0, mode="clip")
-        if not rest and moved.flags.c_contiguous:
-            return np.take(moved.reshape(-1), np.ravel_multi_index(idx, sizes, mode="clip"))
-    clipped = tuple(xp.clip(i, 0, n - 1) for i, n in zip(idx, sizes))
-    out = moved[clipped]
-    if mode == "fill":
-        ok = xp.reshape(ok, b_shape + (1,) * len(rest))
-        out = xp.where(ok, out, xp.asarray(fill, dtype=x.dtype))
-    return out
+gather_p.def_impl(indexing_kernels.gather_impl)
 
 
 def _check_indexing(name, x, idx, axes):
@@ -374,21 +322,19 @@ def _gather_transpose(ct, x, *idx, axes, mode, fill_value):
 
 @gather_p.def_batch
 def _gather_batch(args, dims, *, axes, mode, fill_value):
-    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch, move_to_front
-
     (x, *idx), (xd, *idims) = args, dims
     shifted = tuple(a + 1 for a in axes)
     if all(d is None for d in idims):
         # The batch axis of x is the first of its non-indexed dims: it lands after B.
-        out = gather(move_to_front(x, xd), idx, shifted, mode, fill_value)
+        out = gather(batching.move_to_front(x, xd), idx, shifted, mode, fill_value)
         return out, len(np.shape(idx[0]))
-    n = bdim_size(args, dims)
-    idx = [broadcast_batch(i, d, n) for i, d in zip(idx, idims)]
+    n = batching.bdim_size(args, dims)
+    idx = [batching.broadcast_batch(i, d, n) for i, d in zip(idx, idims)]
     if xd is None:
         return gather(x, idx, axes, mode, fill_value), 0
     # Both batched: element b reads x[b], so index the batch axis with an iota.
     batch_idx = iota(get_aval(idx[0]).dtype, np.shape(idx[0]), 0)
-    return gather(move_to_front(x, xd), [batch_idx] + idx, (0,) + shifted, mode,
+    return gather(batching.move_to_front(x, xd), [batch_idx] + idx, (0,) + shifted, mode,
                   fill_value), 0
 
 
@@ -396,85 +342,19 @@ def _gather_batch(args, dims, *, axes, mode, fill_value):
 
 scatter_p = Primitive("scatter", traits=("fresh_result",))
 SCATTER_MODES = ("set", "add", "mul", "min", "max")
-_UFUNCS = {"add": "add", "mul": "multiply", "min": "minimum", "max": "maximum"}
 
 
 @scatter_p.def_impl
 def _scatter_impl(xp, x, updates, *idx, axes, mode):
     # Inputs are never modified: other values may share their buffers.
-    return _scatter_in_place(xp, x.copy(), updates, *idx, axes=axes, mode=mode)
+    return indexing_kernels.scatter_in_place(xp, x.copy(), updates, *idx, axes=axes,
+                                             mode=mode)
 
 
-def _scatter_in_place(xp, out, updates, *idx, axes, mode):
-    """Scatter ``updates`` into ``out`` itself (see :func:`_dus_in_place`)."""
-    idx = _wide(idx)
-    view = _moved(xp, out, axes)
-    ok = _in_bounds(xp, idx, [out.shape[a] for a in axes])
-    if ok.all():
-        ids, upd = tuple(idx), updates
-    else:  # drop the out-of-bounds updates (a boolean mask over the B dims)
-        ids, upd = tuple(i[ok] for i in idx), updates[ok]
-    if mode == "set":
-        view[ids] = upd
-    elif xp is np and mode == "add" and len(ids) == view.ndim and \
-            np.shape(upd) == ids[0].shape and view.flags.c_contiguous:
-        # Single elements (a loss's gradient at the picked logits): numpy's add.at on
-        # flat indices, one update at a time in order (21 against 125 us sorted).
-        np.add.at(view.reshape(-1), np.ravel_multi_index(ids, view.shape).ravel(),
-                  np.ravel(upd))
-    elif xp is np and mode == "add" and _sums_by_row(ids, upd):
-        _scatter_add_sorted(view, ids, upd)
-    elif xp is np:
-        getattr(xp, _UFUNCS[mode]).at(view, ids, upd)
-    else:
-        _device_ufunc_at(xp, _UFUNCS[mode], view, ids, upd)
-    return out
-
-
-scatter_p.rules.in_place = _scatter_in_place
+scatter_p.rules.in_place = indexing_kernels.scatter_in_place
 # On numpy, an equation adding rows by one index (an embedding's gradient) switches
 # to a compiled loop once it is compiled (spmd/compiler/ops/indexing_jit.py).
 scatter_p.rules.bind_impl = loops.bind_site(_scatter_impl, indexing_jit.Runner)
-
-
-# np.add.at visits the updates one at a time: an embedding's gradient (2048 rows of
-# 64 into a table of 96) took 1.2 ms of the example's 40 ms step.  At least this many
-# updates are summed per target first (sorted, np.add.reduceat) and added once each.
-SORTED_ADD_MIN = 32
-
-
-def _sums_by_row(ids, upd) -> bool:
-    return ids[0].size >= SORTED_ADD_MIN and upd.dtype.kind in "fciu"
-
-
-def _scatter_add_sorted(view, ids, upd) -> None:
-    """``np.add.at(view, ids, upd)`` by sorting: the updates of each target are summed
-    (``np.add.reduceat`` over a stable sort, so the same inputs give the same bits
-    every time), then added to the target once.  It differs from np.add.at, which adds
-    one update at a time, by float rounding only (the order of a sum; XLA leaves a
-    scatter-add's order unspecified too); integers are exact."""
-    sizes = view.shape[:len(ids)]
-    flat = np.ravel_multi_index(tuple(np.ravel(i) for i in ids), sizes)
-    rows = np.reshape(upd, (flat.size,) + upd.shape[ids[0].ndim:])
-    order = np.argsort(flat, kind="stable")
-    ordered = flat[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    sums = np.add.reduceat(rows[order], starts, axis=0)
-    view[np.unravel_index(ordered[starts], sizes)] += sums  # distinct targets: exact
-
-
-def _device_ufunc_at(xp, name, view, ids, upd):
-    """``ufunc.at`` on another array module (cupy): its own where it has one for this
-    operation and dtype (CuPy: add, maximum, minimum, on the dtypes its atomics take),
-    else numpy's on a host copy, written back (slow, but right)."""
-    try:
-        getattr(xp, name).at(view, ids, upd)
-        return
-    except (NotImplementedError, TypeError):
-        pass
-    host = to_host(view).copy()
-    getattr(np, name).at(host, tuple(to_host(i) for i in ids), to_host(upd))
-    view[...] = xp.asarray(host)
 
 
 @scatter_p.def_abstract_eval
@@ -592,18 +472,16 @@ def _scatter_transpose(ct, x, u, *idx, axes, mode):
 
 @scatter_p.def_batch
 def _scatter_batch(args, dims, *, axes, mode):
-    from spmd.compiler.transforms.batching import bdim_size, broadcast_batch, move_axis
-
     (x, u, *idx), (xd, ud, *idims) = args, dims
-    n = bdim_size(args, dims)
-    x = broadcast_batch(x, xd, n)
+    n = batching.bdim_size(args, dims)
+    x = batching.broadcast_batch(x, xd, n)
     shifted = tuple(a + 1 for a in axes)
     if all(d is None for d in idims):
         # x's batch axis is its first non-indexed dim, so in updates it follows B.
         b_rank = len(np.shape(idx[0]))
-        u = broadcast_batch(u, ud, n)
-        return scatter(x, move_axis(u, 0, b_rank), idx, shifted, mode), 0
-    idx = [broadcast_batch(i, d, n) for i, d in zip(idx, idims)]
-    u = broadcast_batch(u, ud, n)
+        u = batching.broadcast_batch(u, ud, n)
+        return scatter(x, batching.move_axis(u, 0, b_rank), idx, shifted, mode), 0
+    idx = [batching.broadcast_batch(i, d, n) for i, d in zip(idx, idims)]
+    u = batching.broadcast_batch(u, ud, n)
     batch_idx = iota(get_aval(idx[0]).dtype, np.shape(idx[0]), 0)
     return scatter(x, u, [batch_idx] + idx, (0,) + shifted, mode), 0

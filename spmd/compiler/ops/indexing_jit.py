@@ -2,9 +2,10 @@
 
 numpy has no fast way to add many rows into a small table by index: ``np.add.at``
 visits one element at a time (1.2 ms for the small example's 2048 rows of 64 into
-96), and the sorted sums that :func:`spmd.compiler.ops.indexing._scatter_add_sorted`
-make instead (a stable sort, a gather of the rows, ``np.add.reduceat``) took
-0.17 ms alone and 0.32 ms in the step.  This loop adds each update's row into its
+96), and the sorted sums that
+:func:`spmd.compiler.ops.indexing_kernels._scatter_add_sorted` make instead (a stable
+sort, a gather of the rows, ``np.add.reduceat``) took 0.17 ms alone and 0.32 ms in the
+step.  This loop adds each update's row into its
 target in order: 17 us.
 
 Used for ``scatter(..., mode="add")`` over leading axes (a simulated mesh's device

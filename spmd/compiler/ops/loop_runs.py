@@ -79,6 +79,7 @@ def donated_body(program, xp, first: int, n: int):
     (its arguments ``first`` to ``first + n``), the carries the loop gives buffers of
     their own before the loop (``own``: all the donated ones) and copies after every
     iteration (``recopy``)."""
+    # (inner: core.jit imports the pass pipeline, which loads spmd.compiler.ops)
     from spmd.compiler.core.jit import executable_for
 
     carries = tuple(range(first, first + n))
@@ -129,6 +130,7 @@ def scan_runner(xp, program, num_consts: int, num_carry: int, length: int,
 def while_runner(xp, cond_program, body_program, cond_nconsts: int, body_nconsts: int,
                  given=frozenset()):
     """:func:`scan_runner` for a ``while`` loop (its results: the final carries)."""
+    # (inner: core.jit imports the pass pipeline, which loads spmd.compiler.ops)
     from spmd.compiler.core.jit import executable_for
 
     cond = executable_for(cond_program, xp)

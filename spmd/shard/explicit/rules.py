@@ -39,7 +39,8 @@ from spmd.compiler.core import jit
 from spmd.compiler.transforms import remat
 from spmd.compiler.core.ir import ClosedProgram, Literal
 from spmd.compiler.ops.control_cond import cond_p
-from spmd.compiler.ops.control_loops import scan_p, while_p
+from spmd.compiler.ops.control_scan import scan_p
+from spmd.compiler.ops.control_while import while_p
 from spmd.compiler.core.trace import abstract_eval
 from spmd.errors import MissingExplicitRuleError, ShardingTypeError
 from spmd.mesh.mesh import AxisType

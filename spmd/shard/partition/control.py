@@ -17,8 +17,10 @@ dimension is whole; its other dimensions keep their splits.
 from __future__ import annotations
 
 from spmd.compiler.core.ir import ClosedProgram
-from spmd.compiler.ops.control_cond import cond_p, trace_closed
-from spmd.compiler.ops.control_loops import scan_p, while_p
+from spmd.compiler.ops.control_cond import cond_p
+from spmd.compiler.ops.control_programs import trace_closed
+from spmd.compiler.ops.control_scan import scan_p
+from spmd.compiler.ops.control_while import while_p
 from spmd.compiler.core.trace import bind
 from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
