@@ -45,7 +45,7 @@ from spmd.shard.maps.stacked import _unclosed, process_program
 from spmd.shard.partition.eager import run_sharded
 from spmd.shard.partition.partitioner import partition
 from spmd.shard.partition.registry import MissingPartitionRuleError
-from spmd.shard.maps.shard_map import _split, shard_map_p
+from spmd.shard.maps.shard_map_rules import _split, shard_map_p
 from spmd.shard.call.spread import one_equation, output_wrappers, spread_equation, sub_programs
 
 
@@ -258,7 +258,7 @@ def executed_program(program, mesh, leading=()):
 
 # ------------------------------------------------ shard_map on placed values
 # How a shard_map runs on placed values is the call path's: these are its execution
-# rules (its transformation rules are in spmd/shard/maps/shard_map.py).  The shard
+# rules (its transformation rules are in spmd/shard/maps/shard_map_rules.py).  The shard
 # package imports this module, so they are in place whenever shard_map is.
 
 # Per body program: {(mesh, specs, the leaves' tokens): call plan} of shard_map

@@ -9,7 +9,8 @@ from typing import Callable
 from spmd import tree_util
 from spmd.compiler.core.avals import ShapeDtypeStruct, abstract_arg_aval
 from spmd.compiler.core.ir import ClosedProgram
-from spmd.compiler.core.jit import _norm_argnums, flatten_outputs
+from spmd.compiler.core.jit import flatten_outputs
+from spmd.compiler.core.signature import norm_argnums
 from spmd.compiler.core.trace import (Tracer, axis_env_key, axis_scope, get_aval,
                                  hoist_traced_consts, trace_to_program)
 from spmd.errors import StaticArgumentError
@@ -22,7 +23,7 @@ from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.arrays.sharded import ShardedArray, SingleDeviceSharding
 from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 from spmd.shard.explicit.mesh_context import get_mesh, resolve_specs
-from spmd.shard.maps.shard_map import _bind_body
+from spmd.shard.maps.shard_map_rules import _bind_body
 
 # ------------------------------------------------------ with_sharding_constraint
 
@@ -109,8 +110,8 @@ def _argnums(fun, name, static_argnums, static_argnames, donate_argnums):
     n_pos = None
     if params is not None and not any(p.kind == p.VAR_POSITIONAL for p in params):
         n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-    static = set(_norm_argnums(static_argnums, n_pos, name, "static_argnums"))
-    donate = _norm_argnums(donate_argnums, n_pos, name, "donate_argnums")
+    static = set(norm_argnums(static_argnums, n_pos, name, "static_argnums"))
+    donate = norm_argnums(donate_argnums, n_pos, name, "donate_argnums")
     names = (static_argnames,) if isinstance(static_argnames, str) else \
         tuple(static_argnames or ())
     for nm in names:
