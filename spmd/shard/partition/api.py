@@ -14,7 +14,7 @@ from spmd.compiler.core.signature import norm_argnums
 from spmd.compiler.core.trace import (Tracer, axis_env_key, axis_scope, get_aval,
                                  hoist_traced_consts, trace_to_program)
 from spmd.errors import StaticArgumentError
-from spmd.shard.call import plan as call
+from spmd.shard.call import route as routing  # (a module: the partition package loads first)
 from spmd.shard.explicit import types as explicit
 from spmd.shard.partition.placement import Placement
 from spmd.shard.call.jit import Jit, Placed
@@ -97,7 +97,6 @@ class _Entry:
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.out_specs = out_specs
-        self.plans: dict = {}  # leaf tokens -> call plan (spmd.shard.call.plan), built when called
 
 
 def _argnums(fun, name, static_argnums, static_argnames, donate_argnums):
@@ -334,14 +333,8 @@ class PartitionedJit(Jit):
         abstract = any(type(x) is ShapeDtypeStruct for x in leaves)
         plan = None
         if not abstract and not any(isinstance(x, Tracer) for x in everything):
-            # One plan per way of reading the leaves (the entry's key leaves out
-            # whether a leaf is a numpy array, an Array or a scalar, and a placed
-            # one's blocks).
-            reads = tuple(map(call.leaf_token, everything))
-            plan = entry.plans.get(reads)
-            if plan is None:  # (in one process: the global program, placed results)
-                plan = entry.plans[reads] = call.build(entry.partitioned, entry.closed,
-                                                       entry.mesh, everything)
+            # (In one process: the global program, placed results.)
+            plan = routing.route(entry.closed, everything, entry.mesh, entry.partitioned)
         placed = Placed(entry, avals, abstract, plan)
         if not any(isinstance(h, Tracer) for h in entry.hoisted):
             self._plans[key] = placed  # (else: this call only, as a trace's values)
