@@ -26,6 +26,8 @@ from spmd.compiler.core.trace import Tracer, is_eager
 from spmd.compiler.core.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
 from spmd.shard.call import plan as _call
+# (A module: it imports the partitioner, whose package imports this module.)
+from spmd.shard.call import route as routing
 from spmd.shard.explicit import types as _explicit
 from spmd.shard.explicit.mesh_context import tracing_call
 from spmd.mesh import Mesh
@@ -109,11 +111,8 @@ class Jit(JitFunction):
         if plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
                 or any(isinstance(x, Tracer) for x in leaves):
             return plan  # abstract values, or a call under a transformation
-        # (The partition package's import runs this module's: imported here.)
-        from spmd.shard.call.route import route
-
         everything = [*entry.hoisted, *leaves]
-        placed = route(entry.closed, everything)
+        placed = routing.route(entry.closed, everything)
         if placed is not None:
             return Placed(entry, avals, False, placed)
         if not entry.hoisted:
@@ -138,9 +137,7 @@ class Lowered(_Lowered):
         eqn = spread_equation(self._entry.optimized)
         if eqn is None:
             return super()._executed()
-        from spmd.shard.call.route import executed_program
-
-        return executed_program(self._entry.optimized, eqn.params["mesh"],
+        return routing.executed_program(self._entry.optimized, eqn.params["mesh"],
                                 leading=self._entry.hoisted)
 
 

@@ -38,6 +38,7 @@ from spmd.compiler.core.ir import ClosedProgram
 from spmd.compiler.core.jit import executable_for
 from spmd.compiler.core.trace import get_aval, to_array_value, wrap_value
 from spmd.shard.maps import stacked as execute
+from spmd.shard.arrays.multiprocess import reshard
 from spmd.shard.arrays.sharded import holds_full_value, placement_token, ShardedArray
 from spmd.shard.arrays.spec import NamedSharding
 
@@ -147,8 +148,6 @@ def _read(x, how, what):
     if how == WHOLE:
         return x.value
     if how == RESHARD:
-        from spmd.shard.arrays.multiprocess import reshard
-
         y = reshard(x, what, "an input")
         return y.local_blocks() if y._value is None else y.value
     if how == CONVERT:

@@ -27,6 +27,7 @@ from spmd.mesh import AbstractMesh, Mesh
 from spmd.mesh.mesh import AxisType
 from spmd.shard.arrays.spec import PartitionSpec, ShardingError, check_spec
 from spmd.shard.explicit.mesh_context import concrete_mesh, get_mesh, require_mesh
+from spmd.shard.explicit.types import wrap
 from spmd.shard.maps.args import (Infer, ShardMapError, _as_global, _check_out,
                                   _inferred_specs, _spec_leaves, arg_type_spec,
                                   check_marked_specs)
@@ -34,6 +35,8 @@ from spmd.shard.maps.manual_axes import (_automatic_axis_error, _check_manual_sp
                                          _manual_axes, split_typed, typed_axes)
 from spmd.shard.maps.on_blocks import can_run_eagerly, run_eagerly
 from spmd.shard.maps.shard_map_rules import _bind_body, _block_aval, trace_body
+from spmd.shard.partition.manual import partition_partial_manual
+from spmd.shard.partition.placement import Placement
 
 __all__ = ["shard_map", "ShardMapError"]
 
@@ -153,12 +156,7 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
         # it runs unpartitioned: by its arguments' shardings, shard_map_rules._split).
         return tree_util.tree_unflatten(out_tree, _bind_body(
             closed, vals, mesh, flat_specs, out_flat_specs, check_vma, manual))
-    if manual is not None:
-        # Eager: split along the automatic axes by the arguments' shardings.
-        # (The partition package's import runs the partitioner's, which imports
-        # shard_map_rules, whose import of this module's package would come first.)
-        from spmd.shard.partition.manual import partition_partial_manual
-
+    if manual is not None:  # eager: split along the automatic axes by the args' shardings
         closed, flat_specs, out_flat_specs = partition_partial_manual(
             closed, mesh, manual, vals, flat_specs, out_flat_specs)
         check_vma = False  # the partitioned body is untyped (as jit's partitioned bodies)
@@ -188,9 +186,6 @@ def _inputs(in_specs, args, leaves, mesh, manual, fname):
     # are typed along them.
     typed = typed_axes(mesh, manual)
     body_types = [] if typed else None
-    if typed:
-        # (The partition package's import runs the partitioner's, see _call.)
-        from spmd.shard.partition.placement import Placement
     vals, flat_specs = [], []
     for i in dyn:
         spec, path = spec_paths[i]
@@ -232,8 +227,6 @@ def _trace(f, mesh, vals, specs, dyn, leaves, in_tree, body_types, check_vma, ma
 
     body = flat_body
     if body_types is not None:
-        from spmd.shard.explicit.types import wrap
-
         view = AbstractMesh(mesh.axis_sizes, mesh.axis_names, tuple(
             AxisType.Manual if a in manual else t for a, t in zip(mesh.axis_names,
                                                                  mesh.axis_types)))

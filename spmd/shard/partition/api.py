@@ -138,8 +138,6 @@ def _leaf_sharding(leaf, where: str):
     if isinstance(s, NamedSharding):
         return s
     if isinstance(s, PartitionSpec):
-        from spmd.shard.explicit.mesh_context import get_mesh
-
         if get_mesh() is not None:
             return NamedSharding(get_mesh(), s)
         raise PartitionError(f"{where}: ShapeDtypeStruct(sharding={s}) is a bare PartitionSpec, "
@@ -255,8 +253,6 @@ class PartitionedJit(Jit):
                                  f"({', '.join(map(repr, meshes))}); all inputs and outputs "
                                  "of one jit must share a mesh")
         if not meshes:
-            from spmd.shard.explicit.mesh_context import get_mesh
-
             if get_mesh() is not None:  # bare PartitionSpecs under use_mesh/set_mesh
                 return get_mesh(), specs
             raise PartitionError(f"{fname}: shardings need a mesh: give NamedSharding(mesh, "
