@@ -42,16 +42,16 @@ def _placed(f) -> list:
 
 @pytest.fixture
 def builds(monkeypatch):
-    """A list that grows by one at each call plan built over processes."""
-    from spmd.shard.call import dispatch
+    """A list that grows by one at each call plan decided (the one routing decision)."""
+    from spmd.shard.call import route
 
-    made, real = [], dispatch.plan_for
+    made, real = [], route.decide
 
     def counting(*args):
         made.append(1)
         return real(*args)
 
-    monkeypatch.setattr(dispatch, "plan_for", counting)
+    monkeypatch.setattr(route, "decide", counting)
     return made
 
 
@@ -268,7 +268,7 @@ def test_a_program_the_partitioner_cannot_take_whole_runs_by_equation_and_says_s
     (not a silent fallback), and the result is numpy's."""
     import warnings
 
-    from spmd.shard.call.dispatch import ByEquation
+    from spmd.shard.call.route import ByEquation
 
     n = spmd.device_count()  # every device: a mesh over the processes
     a = spmd.make_mesh((n,), ("i",))
@@ -294,8 +294,6 @@ def test_a_jit_equation_the_partitioner_cannot_take_is_run_by_equation_and_said(
     used to fall back silently), and numpy's result."""
     import warnings
 
-    from spmd.shard.call.dispatch import eval_jit_over
-
     n = spmd.device_count()
     a = spmd.make_mesh((n,), ("i",))
     b = spmd.make_mesh((n,), ("j",))
@@ -305,7 +303,7 @@ def test_a_jit_equation_the_partitioner_cannot_take_is_run_by_equation_and_said(
     program = spmd.make_jaxpr(lambda v: g(v * 2.0) + h(v))(x)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        (out,) = eval_jit_over(program, [x], b)
+        (out,) = jit_p.bind(x, program=program, name="bound")
     said = [w for w in caught if "equation by equation" in str(w.message)]
     assert len(said) == 1, [str(w.message) for w in caught]
     np.testing.assert_array_equal(np.asarray(out), 3 * x.reshape(n, 4).sum(0))  # (replicated)

@@ -14,13 +14,14 @@ import weakref
 from typing import Callable
 
 import numpy as np
-import optree
 
 from spmd import tree_util
 from spmd.compiler.core import array_module as _am, dtypes
 from spmd.compiler import extensions as _ext
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.avals import abstract_arg_aval
+from spmd.compiler.core.signature import (EMPTY, NDARRAY, NO_STATIC, arg_aval, flatten, leaf_key,
+                                         norm_argnums, upper_token, walk)
 from spmd.compiler.engine.codegen import Executable, compile_program
 from spmd.compiler.core.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
 from spmd.compiler.core.ir import ClosedProgram
@@ -28,7 +29,7 @@ from spmd.compiler.core.program_vma import call_types, call_vma
 from spmd.compiler.passes.pipeline import dce, lower_for_execution, optimize
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import (_state as _trace_state, axis_env_key, eval_plain, eval_program,
-                                 get_aval, hoist_traced_consts, is_eager, preparing,
+                                 hoist_traced_consts, is_eager, preparing,
                                  to_array_value, trace_to_program, Tracer, wrap_value)
 from spmd.compiler.core.tracer import is_array_like
 from spmd.config import config
@@ -75,24 +76,7 @@ def _jit_abstract_eval(*avals, program: ClosedProgram, name: str):
 jit_p.rules.inline = lambda eqn: eqn.params["program"]
 
 
-# ------------------------------------------------------- argument handling
-
-def _norm_argnums(argnums, n_params, fname, what) -> tuple[int, ...]:
-    if argnums is None:
-        return ()
-    if isinstance(argnums, int):
-        argnums = (argnums,)
-    out = []
-    for i in argnums:
-        if not isinstance(i, int):
-            raise StaticArgumentError(f"jit({fname}): {what} entries must be ints, got {i!r}")
-        if n_params is not None and not -n_params <= i < n_params:
-            raise StaticArgumentError(
-                f"jit({fname}): {what}={i} is out of range for a function of {n_params} "
-                "positional parameters")
-        out.append(i % n_params if n_params is not None and i < 0 else i)
-    return tuple(sorted(set(out)))
-
+# ------------------------------------------------------- results
 
 def flatten_outputs(outs, fname: str):
     """Flatten a function's results, checking that every leaf is an array."""
@@ -104,110 +88,6 @@ def flatten_outputs(outs, fname: str):
                 f"{leaf!r:.60}; transformed functions must return arrays (or pytrees of "
                 "arrays). Return Python values through static arguments or outside the function")
     return [leaf for _, leaf in paths_leaves], treedef
-
-
-_flatten = functools.partial(optree.tree_flatten, none_is_leaf=False,
-                             namespace=tree_util.NAMESPACE)
-_ndarray = np.ndarray
-_NO_STATIC = ((), ())
-_EMPTY: dict = {}
-_SCALAR_TYPES = frozenset({bool, int, float, complex})
-
-
-def _leaf_key(x, upper=None):
-    """The part of a call's fast key for a leaf that is not an exact numpy array.
-
-    spmd Arrays give their aval (its hash is precomputed); Arrays of an upper
-    layer's type ``upper(x)`` where given; Python and numpy scalars their type,
-    which fixes their dtype and weak type; anything else (ndarray subclasses,
-    tracers) a 3-tuple with its type and aval, which never equals the
-    ``(shape, dtype)`` pair of a numpy array.
-    """
-    t = type(x)
-    if t is Array:
-        return x.aval
-    if upper is not None and isinstance(x, Array):
-        return upper(x)
-    if t in _SCALAR_TYPES or isinstance(x, np.generic):
-        return t
-    if _am.is_device_array(x):  # a cupy array: like a numpy array's key, with its type
-        return (t, x.shape, x.dtype)
-    return (t, _arg_aval(x), None)
-
-
-def _arg_aval(x):
-    """The aval of an argument: a value's, or an abstract one's (ShapeDtypeStruct)."""
-    a = abstract_arg_aval(x)
-    return get_aval(x) if a is None else a
-
-
-def _upper_token(x):
-    """The compiler's key token for an Array of an upper layer's type."""
-    return (type(x), x.aval)
-
-
-def _walk(x, leaves: list, toks: list, upper=_upper_token) -> bool:
-    """Flatten ``x`` if it is built of tuples, lists, dicts and None around
-    numpy arrays, spmd Arrays and scalars: append its leaves to ``leaves`` and
-    a prefix encoding of its structure and leaf keys to ``toks``.
-
-    False when anything else is met (a registered node, a tracer, a device
-    array, an unsortable dict): the caller then takes the general path.  On
-    these arguments it is twice as fast as ``optree`` plus the leaf keys, and
-    the token tuple is the cache key itself (no treedef to hash).  Tokens:
-    ``tuple``/``list`` then the length; ``(dict, sorted keys)``; ``None``;
-    a leaf's key as in :func:`_leaf_key` (an Array of an upper layer's type:
-    ``upper(leaf)``, by default ``(its type, its aval)``; the shard layer's jit adds
-    the placement).  No leaf key equals a node token,
-    so two token tuples are equal only for equal structures and leaf keys.
-    """
-    t = type(x)
-    if t is tuple or t is list:
-        toks.append(t)
-        toks.append(len(x))
-        for c in x:
-            if type(c) is _ndarray:  # the common leaves, without a call
-                leaves.append(c)
-                toks.append((c.shape, c.dtype))
-            elif isinstance(c, Array):
-                leaves.append(c)
-                toks.append(c.aval if type(c) is Array else upper(c))
-            elif type(c) in _SCALAR_TYPES:
-                leaves.append(c)
-                toks.append(type(c))
-            elif not _walk(c, leaves, toks, upper):
-                return False
-        return True
-    if t is _ndarray:
-        leaves.append(x)
-        toks.append((x.shape, x.dtype))
-        return True
-    if t is Array:
-        leaves.append(x)
-        toks.append(x.aval)
-        return True
-    if t is dict:
-        try:
-            keys = sorted(x)  # optree's order of a dict's children
-        except TypeError:
-            return False
-        toks.append((dict, tuple(keys)))
-        for k in keys:
-            if not _walk(x[k], leaves, toks, upper):
-                return False
-        return True
-    if x is None:  # an empty node (none_is_leaf=False)
-        toks.append(None)
-        return True
-    if t in _SCALAR_TYPES or isinstance(x, np.generic):
-        leaves.append(x)
-        toks.append(t)
-        return True
-    if isinstance(x, Array):  # an upper layer's array type
-        leaves.append(x)
-        toks.append(upper(x))
-        return True
-    return False
 
 
 class _Entry:
@@ -301,8 +181,8 @@ class JitFunction:
                 p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
         except (TypeError, ValueError):
             sig, n_pos = None, None
-        self._static_argnums = _norm_argnums(static_argnums, n_pos, self._name, "static_argnums")
-        self._donate_argnums = _norm_argnums(donate_argnums, n_pos, self._name, "donate_argnums")
+        self._static_argnums = norm_argnums(static_argnums, n_pos, self._name, "static_argnums")
+        self._donate_argnums = norm_argnums(donate_argnums, n_pos, self._name, "donate_argnums")
         if isinstance(static_argnames, str):
             static_argnames = (static_argnames,)
         self._static_argnames = tuple(static_argnames or ())
@@ -314,17 +194,17 @@ class JitFunction:
                     self._static_argnums = tuple(sorted(set(self._static_argnums)
                                                         | {names.index(nm)}))
         self._cache: dict = {}   # (treedef, static key, avals, x64) -> _Entry
-        self._plans: dict = {}   # cheap key (see _walk and _plan) -> _CallPlan
+        self._plans: dict = {}   # cheap key (see walk and _plan) -> _CallPlan
         self._no_static = not self._static_argnums and not self._static_argnames
 
-    # The key token of an Array of an upper layer's type (see _walk).
-    _upper = staticmethod(_upper_token)
+    # The key token of an Array of an upper layer's type (see walk).
+    _upper = staticmethod(upper_token)
 
     # The signature of a call with static arguments: the static key (checked
     # hashable), the leaves and the structure of the dynamic arguments.
     def _signature(self, args, kwargs):
         if self._no_static:
-            return _NO_STATIC, *_flatten((args, kwargs))
+            return NO_STATIC, *flatten((args, kwargs))
         static_pos = []
         dyn_args = []
         for i, a in enumerate(args):
@@ -349,7 +229,7 @@ class JitFunction:
                         "must be hashable: pass a tuple instead of a list, or make the argument "
                         "non-static") from None
             raise
-        return static_key, *_flatten((tuple(dyn_args), dyn_kw))
+        return static_key, *flatten((tuple(dyn_args), dyn_kw))
 
     def _trace(self, static_key, treedef, avals, wrap=None) -> _Entry:
         """Trace the function on ``avals``; ``wrap`` (an upper layer's, e.g. explicit
@@ -373,7 +253,7 @@ class JitFunction:
 
     # Two caches.  ``_plans`` is keyed by what is cheap to read off the
     # arguments: the structure, the x64 switch and a key per leaf (no aval is
-    # built, only C-level hashing: see _leaf_key); on a miss, the avals are
+    # built, only C-level hashing: see leaf_key); on a miss, the avals are
     # computed and ``_cache`` (keyed by avals: a numpy array and an spmd.Array
     # of one aval share their trace) gives the entry.  Without static or
     # keyword arguments (the common case) the key holds the structure of
@@ -382,18 +262,18 @@ class JitFunction:
         """The call plan for these arguments (tracing on a miss), and the leaves."""
         up = self._upper
         if self._no_static and not kwargs:
-            leaves, treedef = _flatten(args)
+            leaves, treedef = flatten(args)
             key = (treedef, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
-                   tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x, up)
+                   tuple([(x.shape, x.dtype) if type(x) is NDARRAY else leaf_key(x, up)
                           for x in leaves]))
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._new_plan(key, _NO_STATIC, _flatten((args, _EMPTY))[1], leaves)
+                plan = self._new_plan(key, NO_STATIC, flatten((args, EMPTY))[1], leaves)
             return plan, leaves
         static_key, leaves, treedef = self._signature(args, kwargs)
         # A 6-tuple: never equal to the 5-tuple keys of the common case.
         key = (treedef, static_key, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
-               tuple([(x.shape, x.dtype) if type(x) is _ndarray else _leaf_key(x, up)
+               tuple([(x.shape, x.dtype) if type(x) is NDARRAY else leaf_key(x, up)
                       for x in leaves]))
         plan = self._plans.get(key)
         if plan is None:
@@ -417,7 +297,7 @@ class JitFunction:
         on a miss); not cacheable when it closed over an enclosing trace's values.
         ``extra`` and ``wrap``: an upper layer's part of the key and its transformation
         of the function (see ``_trace``)."""
-        avals = tuple(map(_arg_aval, leaves))  # raises DTypeError on unsupported leaves
+        avals = tuple(map(arg_aval, leaves))  # raises DTypeError on unsupported leaves
         # The named axes in scope are part of the signature: a body traced inside a
         # shard_map over an 8-device axis is not the program for another mesh.
         akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key(),
@@ -435,18 +315,18 @@ class JitFunction:
         return _CallPlan(entry, leaves, avals)
 
     def _walked_plan(self, key, args, leaves) -> _CallPlan | None:
-        """The plan for a call that _walk flattened (None: take the general path)."""
-        flat, treedef = _flatten((args, _EMPTY))
+        """The plan for a call that walk flattened (None: take the general path)."""
+        flat, treedef = flatten((args, EMPTY))
         if len(flat) != len(leaves) or any(a is not b for a, b in zip(flat, leaves)):
             return None  # optree orders these leaves otherwise: never expected
-        return self._new_plan(key, _NO_STATIC, treedef, leaves)
+        return self._new_plan(key, NO_STATIC, treedef, leaves)
 
     def _entry(self, args, kwargs):
         """The traced entry for these arguments, their leaves and avals, without a call
         plan (``lower``, ``trace``, ``eval_shape``: nothing is run, and no upper layer's
         plan is built, so one process alone may ask)."""
         if self._no_static and not kwargs:
-            static_key, (leaves, treedef) = _NO_STATIC, _flatten((args, _EMPTY))
+            static_key, (leaves, treedef) = NO_STATIC, flatten((args, EMPTY))
         else:
             static_key, leaves, treedef = self._signature(args, kwargs)
         with preparing(f"jit({self._name})"):
@@ -462,11 +342,11 @@ class JitFunction:
     def _lookup(self, args, kwargs) -> tuple:
         """The call plan of these arguments (made on a miss) and their leaves."""
         # The common case (no static or keyword arguments; containers, arrays
-        # and scalars) keys the plans on _walk's tokens; anything else, _plan.
+        # and scalars) keys the plans on walk's tokens; anything else, _plan.
         vals: list = []
         toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else (),
                 _ext.CONTEXT_KEY.fn()]
-        if self._no_static and not kwargs and _walk(args, vals, toks, self._upper):
+        if self._no_static and not kwargs and walk(args, vals, toks, self._upper):
             key = tuple(toks)
             plan = self._plans.get(key)
             if plan is None:
@@ -507,9 +387,9 @@ class JitFunction:
         # except 0-d ones (numpy scalars), which wrap_value converts.
         if plan.single:
             o, a = outs[0], plan.out_avals[0]
-            return Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
+            return Array(o, a) if type(o) is NDARRAY and o.dtype == a.dtype else wrap_value(o, a)
         return plan.out_tree.unflatten(
-            [Array(o, a) if type(o) is _ndarray and o.dtype == a.dtype else wrap_value(o, a)
+            [Array(o, a) if type(o) is NDARRAY and o.dtype == a.dtype else wrap_value(o, a)
              for o, a in zip(outs, plan.out_avals)])
 
     def _delete_donated(self, args):

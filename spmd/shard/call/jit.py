@@ -6,9 +6,10 @@ Arrays, Arrays spread over processes closed over, a ``shard_map`` over processes
 inside).  Its call plans are keyed on the structure, each leaf's type and aval,
 and for a placed leaf its sharding and whether it holds blocks or the whole value
 (:func:`spmd.shard.call.plan.token`), with the statics, x64, the named axes and the mesh
-context; on a miss the plan is built directly (trace, partition when needed, the
-per-process executable, how each leaf is read, the output placements,
-:mod:`spmd.shard.call.plan`), on a hit it is called.  Calls on unplaced values run the
+context; on a miss the program is traced and handed to
+:func:`spmd.shard.call.route.route`, which decides the plan (partition when
+needed, the per-process executable, how each leaf is read, the output placements,
+:mod:`spmd.shard.call.plan`); on a hit it is called.  Calls on unplaced values run the
 compiler's plan as they always did.
 
 >>> f = spmd.jit(lambda v: v * 2 + 1)
@@ -25,10 +26,12 @@ from spmd.compiler.core.trace import Tracer, is_eager
 from spmd.compiler.core.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
 from spmd.shard.call import plan as _call
+# (A module: it imports the partitioner, whose package imports this module.)
+from spmd.shard.call import route as routing
 from spmd.shard.explicit import types as _explicit
 from spmd.shard.explicit.mesh_context import tracing_call
 from spmd.mesh import Mesh
-from spmd.shard.call.spread import output_wrappers, spread_equation
+from spmd.shard.call.spread import spread_equation
 from spmd.errors import SpmdError
 
 
@@ -108,18 +111,10 @@ class Jit(JitFunction):
         if plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
                 or any(isinstance(x, Tracer) for x in leaves):
             return plan  # abstract values, or a call under a transformation
-        from spmd.shard.call.dispatch import mesh_of, plan_for
-
         everything = [*entry.hoisted, *leaves]
-        mesh = mesh_of(everything) if plan.bind else None
-        if mesh is None:
-            eqn = spread_equation(entry.closed)  # a shard_map over processes inside
-            mesh = eqn.params["mesh"] if eqn is not None else None
-        if mesh is not None:
-            return Placed(entry, avals, False, plan_for(entry.closed, everything, mesh))
-        wrappers = output_wrappers(entry.closed)
-        if wrappers is not None:  # results placed by a shard_map's out specs, a constraint
-            return Placed(entry, avals, False, _call.unplaced(entry.closed, everything, wrappers))
+        placed = routing.route(entry.closed, everything)
+        if placed is not None:
+            return Placed(entry, avals, False, placed)
         if not entry.hoisted:
             plan.bind = False  # sharded leaves of no one mesh: whole values, unplaced
         return plan
@@ -142,9 +137,7 @@ class Lowered(_Lowered):
         eqn = spread_equation(self._entry.optimized)
         if eqn is None:
             return super()._executed()
-        from spmd.shard.call.dispatch import executed_program
-
-        return executed_program(self._entry.optimized, eqn.params["mesh"],
+        return routing.executed_program(self._entry.optimized, eqn.params["mesh"],
                                 leading=self._entry.hoisted)
 
 

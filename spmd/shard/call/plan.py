@@ -3,11 +3,12 @@
 Every eager call on placed values ends here (``docs/architecture.md``, "The one
 call path"): a jitted call (:mod:`spmd.shard.call.jit`), a jit with in/out shardings,
 an eager operation on a sharded array (:mod:`spmd.shard.partition.eager`), an
-eager ``jit`` equation with sharded operands (:mod:`spmd.shard.call.dispatch`).  The
-caller keys its plans on what decides the route -- the structure of the
-arguments, each leaf's type and aval, and for a placed leaf its sharding and
-whether it holds blocks or the whole value -- so a plan is built once from the
-first call of its key and then called as it is: no guard re-checks what the key
+eager ``jit`` equation with sharded operands (:mod:`spmd.shard.call.dispatch`).
+:func:`spmd.shard.call.route.route` decides which plan a call gets and keeps it,
+keyed on what decides the route -- the program, each leaf's type and aval, and
+for a placed leaf its sharding and whether it holds blocks or the whole value --
+so a plan is built once from the first call of its key and then called as it is
+(a jit keeps it under its own call key too): no guard re-checks what the key
 holds, and nothing is recorded and replayed.
 
 A plan is one of:
@@ -37,6 +38,7 @@ from spmd.compiler.core.ir import ClosedProgram
 from spmd.compiler.core.jit import executable_for
 from spmd.compiler.core.trace import get_aval, to_array_value, wrap_value
 from spmd.shard.maps import stacked as execute
+from spmd.shard.arrays.multiprocess import reshard
 from spmd.shard.arrays.sharded import holds_full_value, placement_token, ShardedArray
 from spmd.shard.arrays.spec import NamedSharding
 
@@ -146,8 +148,6 @@ def _read(x, how, what):
     if how == WHOLE:
         return x.value
     if how == RESHARD:
-        from spmd.shard.arrays.multiprocess import reshard
-
         y = reshard(x, what, "an input")
         return y.local_blocks() if y._value is None else y.value
     if how == CONVERT:

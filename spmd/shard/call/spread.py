@@ -26,7 +26,7 @@ import weakref
 
 from spmd.compiler.core.ir import ClosedProgram
 from spmd.compiler.core.trace import bind, trace_to_program
-from spmd.shard.maps.shard_map import shard_map_p
+from spmd.shard.maps.shard_map_rules import shard_map_p
 
 
 def spread_equation(closed: ClosedProgram):

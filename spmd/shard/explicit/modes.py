@@ -20,6 +20,7 @@ from spmd.mesh.mesh import AxisType, Mesh
 from spmd.shard.explicit.types import (ExplicitTracer, _resolve, _suspended, active, explicit_trace,
                                  is_explicit, pin, reshard, type_of)
 from spmd.shard.arrays.sharded import ShardedArray
+from spmd.shard.call.jit import Jit
 from spmd.shard.explicit.rules import explicit_only
 from spmd.shard.explicit.mesh_context import get_mesh
 from spmd.shard.partition.placement import Placement
@@ -60,8 +61,6 @@ def _eager_jit(fn, static, out_sharding, where):
     key = (fn, static, out_sharding, where)
     j = _EAGER.get(key)
     if j is None:
-        from spmd.shard.call.jit import Jit
-
         def call(*xs):
             return with_out_sharding(fn, xs, out_sharding, where, static)
 
@@ -127,8 +126,6 @@ def auto_axes(fun=None, /, *, axes=None, out_sharding=None):
             raise TypeError("auto_axes: missing required keyword argument 'out_sharding' "
                             "(the results' shardings on the explicit axes)")
         if is_eager() and any(type_of(a) is not None for a in tree_util.tree_leaves(args)):
-            from spmd.shard.call.jit import Jit
-
             return Jit(lambda *a: auto(*a, out_sharding=out_s), user=False)(*args, **kwargs)
         tr = active()
         if tr is None:

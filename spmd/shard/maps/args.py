@@ -13,7 +13,7 @@ import numpy as np
 from spmd import tree_util
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.tracer import get_aval, is_array_like, Tracer
-from spmd.errors import SpmdError
+from spmd.errors import DTypeError, SpmdError
 from spmd.mesh.mesh import AxisType
 from spmd.shard.arrays.spec import NamedSharding, PartitionSpec, ShardingError, check_spec
 from spmd.compiler.core.array_module import is_device_array, to_device
@@ -47,7 +47,6 @@ def _as_global(x, where: str = "argument"):
     if isinstance(x, (Tracer, Array)):
         return x
     if not is_array_like(x):
-        from spmd.errors import DTypeError
         raise DTypeError(f"shard_map: {where} of type {type(x).__name__} is not an array; "
                          "give it the in_specs entry None to pass it to the body as it is")
     aval = get_aval(x)  # numpy values are canonicalised; Python scalars stay weak

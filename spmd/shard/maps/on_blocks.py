@@ -32,24 +32,21 @@ import re
 import numpy as np
 
 from spmd import tree_util
-from spmd.compiler.core.array_module import to_host
-from spmd.collectives.layout import ProcessLayout
-from spmd.compiler.transforms.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
-from spmd.compiler.core.jit import flatten_outputs
-from spmd.compiler.core.trace import (extend_axis_env, full_raise, get_aval, is_eager, new_main,
-                                 to_array_value, Tracer)
-from spmd.errors import TracerBoolConversionError
-from spmd.shard.explicit.mesh_context import in_body
-from spmd.shard.maps.manual_axes import _check_manual_spec
-from spmd.shard.maps.args import _as_global, _check_out, _spec_leaves
 from spmd.collectives import mpi
+from spmd.compiler.core.array_module import to_host
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.ir import ClosedProgram, Program
-from spmd.compiler.ops.structural import broadcast_in_dim
-from spmd.mesh import process_index
-from spmd.shard.maps.stacked import _my_blocks, from_blocks
+from spmd.compiler.core.jit import flatten_outputs
+from spmd.compiler.core.trace import full_raise, get_aval, is_eager, to_array_value, Tracer
+from spmd.errors import TracerBoolConversionError
+from spmd.shard.arrays.multiprocess import reshard
 from spmd.shard.arrays.sharded import ShardedArray, from_whole
 from spmd.shard.arrays.spec import NamedSharding, global_shape
+from spmd.shard.call.fingerprint import agree_text, mesh_line
+from spmd.shard.explicit.mesh_context import in_body
+from spmd.shard.maps.args import _as_global, _check_out, _spec_leaves
+from spmd.shard.maps.manual_axes import _check_manual_spec
+from spmd.shard.maps.stacked import local_positions, run_stacked, stack_input, unstack_output
 
 
 def can_run_eagerly(vals) -> bool:
@@ -88,8 +85,6 @@ class EagerMesh:
 
     def agree(self, *extra: str) -> None:
         if self.local is not None:
-            from spmd.shard.call.fingerprint import agree_text
-
             agree_text("\n".join(self.log + list(extra)), self.ranks)
 
     def blocks(self, tracer) -> list:
@@ -146,68 +141,73 @@ def run_eagerly(f, mesh, vals, specs, dyn, leaves, in_tree, out_specs, check_vma
                 fname):
     """Run ``f`` on every device's concrete blocks; the global outputs, placed."""
     multi = mesh.is_multi_process
-    local = _local_positions(mesh) if multi else None
+    local = local_positions(mesh) if multi else None
     hook = EagerMesh(mesh, local, check_vma)
     if multi:  # the processes agree on the call before any data moves
-        from spmd.shard.call.fingerprint import mesh_line
-
         hook.log += [mesh_line(mesh), "inputs: " + ", ".join(str(get_aval(v)) for v in vals),
                      f"in_specs: {list(specs)}", f"check_vma: {check_vma}"]
         hook.agree()
-        flat = list(mesh.devices.flat)
-        layout = ProcessLayout(local, tuple(d.process_index for d in flat), process_index())
-        level = NamedAxes(mesh.axis_names, mesh.axis_sizes, layout, concrete=hook)
         stacked = [_local_blocks(v, s, mesh, local) for v, s in zip(vals, specs)]
     else:
-        from spmd.shard.maps.stacked import to_blocks
-
-        level = NamedAxes(mesh.axis_names, mesh.axis_sizes, concrete=hook)
         # Split the whole values (one process holds them): the splitting is data
         # movement of this call, not the program's operations on placed (typed) values.
-        stacked = [to_blocks(v.as_plain() if isinstance(v, ShardedArray) else v, s, mesh)
+        stacked = [stack_input(v.as_plain() if isinstance(v, ShardedArray) else v, s, mesh)
                    for v, s in zip(vals, specs)]
     scope = dict(mesh.shape) if manual is None else {a: mesh.shape[a] for a in manual}
-    with new_main(BatchTrace, (level, len(hook.positions)), dynamic=True) as main, \
-            extend_axis_env(scope, track_vma=check_vma, main=main, manual=True), \
-            in_body(mesh, manual, eager=True):
-        hook.main = main
-        trace = BatchTrace(main)
-        full = list(leaves)
-        for i, (v, d), s in zip(dyn, stacked, specs):
-            vma = frozenset(a for a in s.mesh_axes if a in scope) if check_vma else None
-            full[i] = BatchTracer(trace, v, d, vma)
-        outs = f(*tree_util.tree_unflatten(in_tree, full))
-        out_leaves, out_tree = flatten_outputs(outs, fname)
-        tracers = [full_raise(trace, x) for x in out_leaves]
-        if callable(out_specs):
-            out_specs = out_specs()
-        out_spec_paths = _spec_leaves(out_specs, outs, "out_specs", fname)
-        hook.agree("outputs: " + ", ".join(str(t.aval) for t in tracers),
-                   f"out_specs: {[s for s, _ in out_spec_paths]}")
-        for t, (spec, path) in zip(tracers, out_spec_paths):
-            if manual is not None:
-                _check_manual_spec(spec, manual, f"out_specs{path}", fname)
-            _check_out(t.aval, spec, path, mesh, check_vma, fname)
-        raw = [(t.val, t.bdim) for t in tracers]
-    specs_out = [s for s, _ in out_spec_paths]
-    results = _outputs_multi(raw, specs_out, mesh, local) if multi else \
-        _outputs_local(raw, specs_out, mesh)
-    return tree_util.tree_unflatten(out_tree, results)
+    vmas = [frozenset(a for a in s.mesh_axes if a in scope) if check_vma else None
+            for s in specs]
+    out: list = []  # the outputs' tree and specs
+
+    def body(trace, tracers):
+        hook.main = trace.main
+        with in_body(mesh, manual, eager=True):
+            full = list(leaves)
+            for i, t in zip(dyn, tracers):
+                full[i] = t
+            outs = f(*tree_util.tree_unflatten(in_tree, full))
+            out_leaves, out_tree = flatten_outputs(outs, fname)
+            results = [full_raise(trace, x) for x in out_leaves]
+            out[:] = [out_tree, _checked_out_specs(results, outs, out_specs, hook, mesh,
+                                                   check_vma, manual, fname)]
+        return results
+
+    raw = run_stacked(body, mesh, stacked, local=local, concrete=hook, scope=scope,
+                      track_vma=check_vma, manual=True, dynamic=True, vmas=vmas)
+    out_tree, specs_out = out
+    return tree_util.tree_unflatten(out_tree, [
+        _placed_output(v, d, s, mesh, local) for (v, d), s in zip(raw, specs_out)])
 
 
-def _outputs_local(raw, specs, mesh):
-    results = []
-    for (v, d), s in zip(raw, specs):
-        out = _as_global(from_blocks(v, d, s, mesh))  # a constant output may be numpy
-        results.append(from_whole(out.value, out.aval, NamedSharding(mesh, s)))
-    return results
+def _checked_out_specs(results, outs, out_specs, hook, mesh, check_vma, manual, fname):
+    """The flat out specs of an eager body's ``outs``, checked against their types (the
+    processes agree on them first)."""
+    if callable(out_specs):
+        out_specs = out_specs()
+    out_spec_paths = _spec_leaves(out_specs, outs, "out_specs", fname)
+    hook.agree("outputs: " + ", ".join(str(t.aval) for t in results),
+               f"out_specs: {[s for s, _ in out_spec_paths]}")
+    for t, (spec, path) in zip(results, out_spec_paths):
+        if manual is not None:
+            _check_manual_spec(spec, manual, f"out_specs{path}", fname)
+        _check_out(t.aval, spec, path, mesh, check_vma, fname)
+    return [s for s, _ in out_spec_paths]
 
 
-# ------------------------------------------------------ multi-process meshes
-
-def _local_positions(mesh) -> tuple[int, ...]:
-    me = process_index()
-    return tuple(i for i, d in enumerate(mesh.devices.flat) if d.process_index == me)
+def _placed_output(v, d, spec, mesh, local):
+    """An eager body's output as an Array placed by ``spec``: from the whole value in one
+    process; across processes, this process's blocks of a split output, or the whole
+    value of a replicated one."""
+    s = NamedSharding(mesh, spec)
+    if local is None:
+        out = _as_global(unstack_output(v, d, spec, mesh))  # a constant output may be numpy
+        return from_whole(out.value, out.aval, s)
+    aval = get_aval(v)
+    block = aval.shape if d is None else aval.shape[:d] + aval.shape[d + 1:]
+    g = ShapedArray(global_shape(spec, mesh, block), aval.dtype, aval.weak_type)
+    v = unstack_output(v, d, spec, mesh, local)
+    if not spec.mesh_axes:  # replicated: every device holds the whole value
+        return ShardedArray(to_array_value(v, g), g, s)
+    return ShardedArray(None, g, s, to_array_value(v, get_aval(v)))
 
 
 def _local_blocks(x, spec, mesh, local):
@@ -217,40 +217,13 @@ def _local_blocks(x, spec, mesh, local):
     if isinstance(x, ShardedArray) and x._value is None:
         want = NamedSharding(mesh, spec)
         if x._sharding != want:
-            from spmd.shard.arrays.multiprocess import reshard
-
             x = reshard(x, want, "an input")
         if x._value is None:
             return x.local_blocks(), 0
     # A whole value (an Array replicated over the processes included) enters as its
     # plain buffer: operations on a placed Array inside the body would dispatch as
     # SPMD programs of their own, and the body's collectives cannot.
-    return _my_blocks(to_array_value(x, get_aval(x)), spec, mesh, local)
-
-
-def _outputs_multi(raw, specs, mesh, local):
-    """This process's outputs: its devices' blocks of split outputs, whole replicated
-    ones, as ShardedArrays placed by the specs."""
-    n_local = len(local)
-    results = []
-    for (v, d), spec in zip(raw, specs):
-        aval = get_aval(v)
-        block_shape = aval.shape if d is None else aval.shape[:d] + aval.shape[d + 1:]
-        g = ShapedArray(global_shape(spec, mesh, block_shape), aval.dtype, aval.weak_type)
-        s = NamedSharding(mesh, spec)
-        if not spec.mesh_axes:  # replicated: every device holds the whole value
-            if d is not None:
-                v = move_to_front(v, d)[0]
-            results.append(ShardedArray(to_array_value(v, g), g, s))
-            continue
-        if d is None:  # the same block on every device of this process
-            v = broadcast_in_dim(v, (n_local,) + tuple(block_shape),
-                                 tuple(range(1, 1 + len(block_shape))))
-        else:
-            v = move_to_front(v, d)
-        blocks = to_array_value(v, get_aval(v))
-        results.append(ShardedArray(None, g, s, blocks))
-    return results
+    return stack_input(to_array_value(x, get_aval(x)), spec, mesh, local)
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

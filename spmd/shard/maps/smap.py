@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 from spmd import tree_util
 from spmd.errors import ArgumentError
+from spmd.mesh.mesh import AxisType
+from spmd.shard.explicit.mesh_context import get_mesh
 from spmd.shard.maps.shard_map import shard_map
 from spmd.shard.maps.args import Infer
 from spmd.shard.arrays.spec import PartitionSpec
@@ -93,8 +95,6 @@ def smap(f: Callable | None = None, /, *, in_axes: Any = Infer, out_axes: Any,
 def _check_inferrable(axis_name):
     """Without ``in_axes`` the arguments' specs come from their types: that needs
     ``axis_name`` to be an explicit axis of the current mesh, as in JAX."""
-    from spmd.mesh.mesh import AxisType
-    from spmd.shard.explicit.mesh_context import get_mesh
 
     mesh = get_mesh()
     types = dict(zip(mesh.axis_names, mesh.axis_types)) if mesh is not None else {}

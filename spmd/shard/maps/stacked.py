@@ -1,18 +1,30 @@
-"""Running a ``shard_map`` on the local backend: all simulated devices at once.
+"""The one stacked runner: a ``shard_map`` body run on every device at once.
 
 The per-device program runs under one batch level that stands for every mesh
 axis (:class:`spmd.compiler.transforms.batching.NamedAxes`): an input split over some mesh
 axes becomes a stacked array with one block per device (row-major device
 order); an input replicated over the whole mesh stays one unstacked array.
 The collectives' batching rules do the communication
-(:mod:`spmd.collectives.local`).  The whole thing is traced once into a
-program over global arrays and compiled like any jitted program.
+(:mod:`spmd.collectives.local`).  :func:`run_stacked` is that level, for every
+caller:
 
-On a mesh spread over processes (:func:`call`) each process runs only its own
-devices: the program it compiles reads this process's blocks of each input (the
-blocks an Array spread over processes holds, stacked, or slices of a whole value)
-and returns this process's blocks of each output, which become the outputs'
-Arrays as they are.  No buffer of a global shape is made.
+- a compiled body on one process (:func:`local_program`): every device of the
+  mesh, traced once into a program over global arrays and compiled like any
+  jitted program;
+- a compiled body on a mesh spread over processes (:func:`process_program`):
+  this process's devices only; the program reads this process's blocks of each
+  input (the blocks an Array spread over processes holds, stacked, or slices of
+  a whole value) and returns this process's blocks of each output, which become
+  the outputs' Arrays as they are (no buffer of a global shape is made);
+- an eager body (:func:`spmd.shard.maps.on_blocks.run_eagerly`): either of the
+  two, on concrete blocks, at a level marked concrete.
+
+Inputs enter by :func:`stack_input` and outputs leave by :func:`unstack_output`,
+for all devices (``local=None``) or this process's (``local``: their flat mesh
+positions, :func:`local_positions`).
+
+>>> raw = run_stacked(lambda trace, xs: [x * 2 for x in xs], mesh,
+...                   [stack_input(x, P("i"), mesh)])          # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -32,7 +44,9 @@ from spmd.compiler.core.trace import (eval_program, extend_axis_env, full_raise,
                                  trace_to_program)
 from spmd.compiler.core import array_module
 from spmd.compiler.core.avals import ShapedArray
+from spmd.errors import SpreadOverProcessesError
 from spmd.mesh import process_index
+from spmd.shard.call.fingerprint import agree
 from spmd.shard.arrays.sharded import ShardedArray, placement_token
 from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 
@@ -48,8 +62,6 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
     hit = per.get(key)
     if hit is None:
         if mesh.is_multi_process:
-            from spmd.errors import SpreadOverProcessesError
-
             # Calls run such programs partitioned over the mesh (dispatch.py); only
             # compiling one for this process alone gets here.
             raise SpreadOverProcessesError(
@@ -62,7 +74,7 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
                              reduced=frozenset())
                     for a, s in zip(program.in_avals, in_specs)]
         hit = trace_to_program(
-            lambda *xs: run_on_mesh(program, mesh, in_specs, out_specs, xs), in_avals)
+            lambda *xs: run_program(program, mesh, in_specs, out_specs, xs), in_avals)
         per[key] = hit
     return hit
 
@@ -76,19 +88,68 @@ def _global(block, spec, mesh):
                  for d, s in enumerate(block))
 
 
-def run_on_mesh(program, mesh, in_specs, out_specs, global_args):
-    """Split the inputs into per-device blocks, run the body batched, assemble outputs."""
-    level = NamedAxes(mesh.axis_names, mesh.axis_sizes)
-    n = mesh.size
-    stacked = [to_blocks(x, s, mesh) for x, s in zip(global_args, in_specs)]
-    with new_main(BatchTrace, (level, n)) as main, \
-            extend_axis_env(dict(mesh.shape), main=main):
+def run_stacked(body, mesh, stacked, *, local=None, concrete=None, scope=None,
+                track_vma: bool = False, manual: bool = False, dynamic: bool = False,
+                vmas=None) -> list:
+    """Run ``body(trace, tracers)`` at one batch level standing for the devices of
+    ``mesh`` (all of them, or this process's ``local`` ones), on ``stacked`` inputs
+    (``(value, 0)`` stacked blocks or ``(value, None)`` one replicated value, see
+    :func:`stack_input`); the outputs as ``(value, batch dim or None)``.
+
+    ``concrete``: the hook of an eager body's level (``NamedAxes.concrete``);
+    ``scope``: the axes in scope (default: all of the mesh's), with ``track_vma``
+    and ``manual`` as :func:`extend_axis_env` takes them; ``vmas``: each input's
+    varying axes (an eager body's typed values; then replicated inputs are tracers
+    too)."""
+    layout = None if local is None else ProcessLayout(
+        local, tuple(d.process_index for d in mesh.devices.flat), process_index())
+    level = NamedAxes(mesh.axis_names, mesh.axis_sizes, layout, concrete=concrete)
+    n = mesh.size if local is None else len(local)
+    with new_main(BatchTrace, (level, n), dynamic=dynamic) as main, \
+            extend_axis_env(dict(mesh.shape) if scope is None else scope, track_vma=track_vma,
+                            main=main, manual=manual):
         trace = BatchTrace(main)
-        tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
-        outs = eval_program(program, *_summands_in(tracers, in_specs))
-        outs = [full_raise(trace, o) for o in _summed_out(outs, out_specs)]
-        raw = [(o.val, o.bdim) for o in outs]
-    return [from_blocks(v, d, s, mesh) for (v, d), s in zip(raw, out_specs)]
+        if vmas is None:
+            tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
+        else:
+            tracers = [BatchTracer(trace, v, d, vma) for (v, d), vma in zip(stacked, vmas)]
+        outs = [full_raise(trace, o) for o in body(trace, tracers)]
+        return [(o.val, o.bdim) for o in outs]
+
+
+def run_program(program, mesh, in_specs, out_specs, args, local=None, kinds=None) -> list:
+    """Run ``program`` stacked on the devices of ``mesh`` (``local``: this process's;
+    ``kinds``: how each input comes, see :func:`process_program`): the outputs, global
+    values, or as this process holds them (:func:`unstack_output`)."""
+    kinds = kinds or ("whole",) * len(args)
+    stacked = [(x, 0) if k == "blocks" else stack_input(x, s, mesh, local)
+               for x, s, k in zip(args, in_specs, kinds)]
+
+    def body(trace, tracers):
+        return _summed_out(eval_program(program, *_summands_in(tracers, in_specs)), out_specs)
+
+    raw = run_stacked(body, mesh, stacked, local=local)
+    return [unstack_output(v, d, s, mesh, local) for (v, d), s in zip(raw, out_specs)]
+
+
+def local_positions(mesh) -> tuple[int, ...]:
+    """The flat mesh positions of this process's devices."""
+    me = process_index()
+    return tuple(i for i, d in enumerate(mesh.devices.flat) if d.process_index == me)
+
+
+def stack_input(x, spec, mesh, local=None):
+    """``(blocks of x stacked, 0)``, or ``(x, None)`` when replicated: the blocks of
+    every device (``local=None``) or of this process's devices at flat positions
+    ``local``, of the global value ``x``."""
+    return to_blocks(x, spec, mesh) if local is None else _my_blocks(x, spec, mesh, local)
+
+
+def unstack_output(v, d, spec, mesh, local=None):
+    """An output ``v`` (stacked along ``d``, or None: the same on every device) as the
+    global value whose blocks, placed by ``spec``, are the devices' values
+    (``local=None``), or as this process holds it (:func:`_local_out`)."""
+    return from_blocks(v, d, spec, mesh) if local is None else _local_out(v, d, spec, len(local))
 
 
 # An unreduced value outside a body is its sum (an Array holds the value): entering a
@@ -180,46 +241,21 @@ def process_program(program: ClosedProgram, mesh, in_specs, out_specs,
     key = ("process", mesh, tuple(in_specs), tuple(out_specs), kinds)
     hit = per.get(key)
     if hit is None:
-        from spmd.shard.call.fingerprint import agree
-
-        n_local = len(_local_positions(mesh))
+        local = local_positions(mesh)
         global_avals = [a.update(shape=_global(a.shape, s, mesh), vma=frozenset(),
                                  reduced=frozenset())
                         for a, s in zip(program.in_avals, in_specs)]
-        in_avals = [a.update(shape=(n_local,) + b.shape, vma=frozenset(), reduced=frozenset())
+        in_avals = [a.update(shape=(len(local),) + b.shape, vma=frozenset(), reduced=frozenset())
                     if k == "blocks" else g
                     for a, b, g, k in zip(global_avals, program.in_avals, global_avals, kinds)]
         hit = trace_to_program(
-            lambda *xs: run_on_process(program, mesh, in_specs, out_specs, kinds, xs),
+            lambda *xs: run_program(program, mesh, in_specs, out_specs, xs, local, kinds),
             in_avals)
         # The per-device program and the global types are the same on every rank.
         # Cached only once agreed: after a mismatch, a retry agrees again.
         agree(program, global_avals, in_specs, out_specs, mesh)
         per[key] = hit
     return hit
-
-
-def _local_positions(mesh) -> tuple[int, ...]:
-    me = process_index()
-    return tuple(i for i, d in enumerate(mesh.devices.flat) if d.process_index == me)
-
-
-def run_on_process(program, mesh, in_specs, out_specs, kinds, args):
-    flat = list(mesh.devices.flat)
-    me = process_index()
-    local = _local_positions(mesh)
-    level = NamedAxes(mesh.axis_names, mesh.axis_sizes,
-                      ProcessLayout(local, tuple(d.process_index for d in flat), me))
-    stacked = [(x, 0) if k == "blocks" else _my_blocks(x, s, mesh, local)
-               for x, s, k in zip(args, in_specs, kinds)]
-    with new_main(BatchTrace, (level, len(local))) as main, \
-            extend_axis_env(dict(mesh.shape), main=main):
-        trace = BatchTrace(main)
-        tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
-        outs = eval_program(program, *_summands_in(tracers, in_specs))
-        outs = [full_raise(trace, o) for o in _summed_out(outs, out_specs)]
-        raw = [(o.val, o.bdim) for o in outs]
-    return [_local_out(v, d, s, len(local)) for (v, d), s in zip(raw, out_specs)]
 
 
 def _block_index(spec, mesh, shape, flat_pos):
@@ -307,8 +343,6 @@ def _in_shardings(mesh, in_specs: tuple) -> tuple:
     key = (mesh, in_specs)
     hit = _sharding_cache.get(key)
     if hit is None:
-        from spmd.shard.arrays.spec import NamedSharding
-
         if len(_sharding_cache) > 4096:
             _sharding_cache.clear()
         hit = _sharding_cache[key] = tuple(NamedSharding(mesh, s) for s in in_specs)

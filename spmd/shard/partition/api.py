@@ -9,11 +9,12 @@ from typing import Callable
 from spmd import tree_util
 from spmd.compiler.core.avals import ShapeDtypeStruct, abstract_arg_aval
 from spmd.compiler.core.ir import ClosedProgram
-from spmd.compiler.core.jit import _norm_argnums, flatten_outputs
+from spmd.compiler.core.jit import flatten_outputs
+from spmd.compiler.core.signature import norm_argnums
 from spmd.compiler.core.trace import (Tracer, axis_env_key, axis_scope, get_aval,
                                  hoist_traced_consts, trace_to_program)
 from spmd.errors import StaticArgumentError
-from spmd.shard.call import plan as call
+from spmd.shard.call import route as routing  # (a module: the partition package loads first)
 from spmd.shard.explicit import types as explicit
 from spmd.shard.partition.placement import Placement
 from spmd.shard.call.jit import Jit, Placed
@@ -22,7 +23,7 @@ from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.arrays.sharded import ShardedArray, SingleDeviceSharding
 from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 from spmd.shard.explicit.mesh_context import get_mesh, resolve_specs
-from spmd.shard.maps.shard_map import _bind_body
+from spmd.shard.maps.shard_map_rules import _bind_body
 
 # ------------------------------------------------------ with_sharding_constraint
 
@@ -96,7 +97,6 @@ class _Entry:
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.out_specs = out_specs
-        self.plans: dict = {}  # leaf tokens -> call plan (spmd.shard.call.plan), built when called
 
 
 def _argnums(fun, name, static_argnums, static_argnames, donate_argnums):
@@ -109,8 +109,8 @@ def _argnums(fun, name, static_argnums, static_argnames, donate_argnums):
     n_pos = None
     if params is not None and not any(p.kind == p.VAR_POSITIONAL for p in params):
         n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-    static = set(_norm_argnums(static_argnums, n_pos, name, "static_argnums"))
-    donate = _norm_argnums(donate_argnums, n_pos, name, "donate_argnums")
+    static = set(norm_argnums(static_argnums, n_pos, name, "static_argnums"))
+    donate = norm_argnums(donate_argnums, n_pos, name, "donate_argnums")
     names = (static_argnames,) if isinstance(static_argnames, str) else \
         tuple(static_argnames or ())
     for nm in names:
@@ -138,8 +138,6 @@ def _leaf_sharding(leaf, where: str):
     if isinstance(s, NamedSharding):
         return s
     if isinstance(s, PartitionSpec):
-        from spmd.shard.explicit.mesh_context import get_mesh
-
         if get_mesh() is not None:
             return NamedSharding(get_mesh(), s)
         raise PartitionError(f"{where}: ShapeDtypeStruct(sharding={s}) is a bare PartitionSpec, "
@@ -255,8 +253,6 @@ class PartitionedJit(Jit):
                                  f"({', '.join(map(repr, meshes))}); all inputs and outputs "
                                  "of one jit must share a mesh")
         if not meshes:
-            from spmd.shard.explicit.mesh_context import get_mesh
-
             if get_mesh() is not None:  # bare PartitionSpecs under use_mesh/set_mesh
                 return get_mesh(), specs
             raise PartitionError(f"{fname}: shardings need a mesh: give NamedSharding(mesh, "
@@ -333,14 +329,8 @@ class PartitionedJit(Jit):
         abstract = any(type(x) is ShapeDtypeStruct for x in leaves)
         plan = None
         if not abstract and not any(isinstance(x, Tracer) for x in everything):
-            # One plan per way of reading the leaves (the entry's key leaves out
-            # whether a leaf is a numpy array, an Array or a scalar, and a placed
-            # one's blocks).
-            reads = tuple(map(call.leaf_token, everything))
-            plan = entry.plans.get(reads)
-            if plan is None:  # (in one process: the global program, placed results)
-                plan = entry.plans[reads] = call.build(entry.partitioned, entry.closed,
-                                                       entry.mesh, everything)
+            # (In one process: the global program, placed results.)
+            plan = routing.route(entry.closed, everything, entry.mesh, entry.partitioned)
         placed = Placed(entry, avals, abstract, plan)
         if not any(isinstance(h, Tracer) for h in entry.hoisted):
             self._plans[key] = placed  # (else: this call only, as a trace's values)

@@ -16,6 +16,7 @@ PartitionSpec('data',)
 from __future__ import annotations
 
 from spmd.compiler.core.trace import bind
+from spmd.shard.call.jit import Jit
 
 # One jit per (primitive, params); its plans are keyed on avals and shardings.
 _CACHE: dict = {}
@@ -38,8 +39,6 @@ def run_sharded(prim, args, params, mesh):
         key = None
     pj = _CACHE.get(key) if key is not None else None
     if pj is None:
-        from spmd.shard.call.jit import Jit
-
         def fn(*xs):
             out = bind(prim, *xs, **params)
             return list(out) if prim.multiple_results else [out]

@@ -34,7 +34,7 @@ from spmd.shard.partition.registry import (DECISIONS, MissingPartitionRuleError,
                                            PartitionError, Propagate, Replicate,
                                            Structural, Unreachable)
 from spmd.shard.partition.reshard import Context, plan, reshard
-from spmd.shard.maps.shard_map import shard_map_p, trace_body
+from spmd.shard.maps.shard_map_rules import shard_map_p, trace_body
 from spmd.shard.arrays.spec import PartitionSpec, check_spec
 from spmd.collectives.api import axis_index
 from spmd.compiler.ops.elementwise import add, convert, mul
