@@ -264,8 +264,6 @@ def _expire(c, limit: float) -> None:
     # the job down at once: without a moment's grace the report can be lost (seen
     # once on a loaded machine, where the job ended with no report).
     time.sleep(ABORT_GRACE_S)
-    from spmd.collectives.mpi import world
-
     world().Abort(1)
 
 
