@@ -12,6 +12,7 @@ from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.core.trace import get_aval
+from spmd.errors import ArgumentError
 from spmd.shard.explicit.modes import with_out_sharding
 from spmd.numpy._elementwise import add, multiply, subtract
 from spmd.numpy._shape import expand_dims
@@ -21,7 +22,7 @@ from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, check_keeps_
 
 __all__ = ["array", "asarray", "full", "zeros", "ones", "arange", "astype", "empty",
            "zeros_like", "ones_like", "full_like", "empty_like", "linspace", "eye",
-           "identity", "tri"]
+           "identity", "tri", "copy"]
 
 
 def array(object, dtype=None, copy: bool = True):
@@ -90,6 +91,17 @@ def arange(start, stop=None, step=None, dtype=None):
 def astype(x, dtype):
     """``x`` converted to ``dtype`` (64-bit types narrowed unless x64 is on)."""
     return convert(to_array(x), dtypes.canonicalize(dtype, "spmd.numpy.astype"))
+
+
+def copy(a, order=None):
+    """A copy of ``a`` (a new buffer for concrete arrays; traced values are values)."""
+    if order not in (None, "K", "C", "A"):
+        raise ArgumentError(f"spmd.numpy.copy: order={order!r} is not supported; arrays are "
+                            "C-ordered")
+    x = to_array(a, fname="spmd.numpy.copy")
+    if isinstance(x, Array) and x is a:
+        return x.copy()
+    return x
 
 
 def empty(shape, dtype=None, *, out_sharding=None):
