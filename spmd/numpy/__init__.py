@@ -14,8 +14,8 @@ import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.compiler.core.array import Array as ndarray
 from spmd.numpy import (_calculus, _comparison, _complex, _convolution, _creation, _diagonals,
                         _dtype_queries, _elementwise, _elementwise_composed, _index_tricks,
-                        _indexing, _joining, _linalg, _methods, _products, _ranges, _reductions,
-                        _scalar_types, _shape, _statistics, _take, _tiling)
+                        _indexing, _inserting, _joining, _linalg, _methods, _products, _ranges,
+                        _reductions, _scalar_types, _shape, _statistics, _take, _tiling)
 from spmd.numpy._complex import *  # noqa: F401,F403
 from spmd.numpy._creation import *  # noqa: F401,F403
 from spmd.numpy._elementwise import *  # noqa: F401,F403
@@ -27,6 +27,7 @@ from spmd.numpy._convolution import *  # noqa: F401,F403
 from spmd.numpy._reductions import *  # noqa: F401,F403
 from spmd.numpy._shape import *  # noqa: F401,F403
 from spmd.numpy._joining import *  # noqa: F401,F403
+from spmd.numpy._inserting import *  # noqa: F401,F403
 from spmd.numpy._tiling import *  # noqa: F401,F403
 from spmd.numpy._take import *  # noqa: F401,F403
 from spmd.numpy._diagonals import *  # noqa: F401,F403
@@ -54,7 +55,7 @@ signedinteger, unsignedinteger, complexfloating = (_np.signedinteger, _np.unsign
 __all__ = [
     *_complex.__all__, *_creation.__all__, *_elementwise.__all__, *_indexing.__all__,
     *_linalg.__all__, *_comparison.__all__, *_convolution.__all__, *_reductions.__all__,
-    *_shape.__all__, *_joining.__all__, *_tiling.__all__, *_take.__all__,
+    *_shape.__all__, *_joining.__all__, *_inserting.__all__, *_tiling.__all__, *_take.__all__,
     *_diagonals.__all__, *_ranges.__all__, *_calculus.__all__, *_products.__all__,
     *_statistics.__all__, *_elementwise_composed.__all__, *_dtype_queries.__all__,
     *_index_tricks.__all__,
