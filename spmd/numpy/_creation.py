@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.collectives.api import pvary
 from spmd.compiler.core import dtypes
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.array_module import is_device_array, to_host
@@ -119,8 +120,6 @@ def _like(fname, a, fill_value, dtype, shape):
     if av.vma:
         # Inside shard_map the result varies as ``a`` does (as JAX's full_like): a
         # zeros_like(x) in a custom rule is then of x's type, not an invariant value.
-        from spmd.collectives.api import pvary
-
         out = pvary(out, tuple(sorted(av.vma)))
     return out
 
