@@ -12,7 +12,7 @@ layers between a jitted ``shard_map`` psum and the raw mpi4py call:
    the receive buffer, the per-collective bookkeeping of
    ``spmd.collectives.mpi.control.Collective``, the communicator cache);
 3. the ``mpi`` equation as generated code calls it (``rules["bind_impl"]``: for an
-   all-reduce, ``mpi._BoundAllreduce``, which after its first call of a shape makes
+   all-reduce, ``mpi.primitive._BoundAllreduce``, which after its first call of a shape makes
    MPI's call directly inside the collective's bookkeeping);
 4. the compiled per-process program of the jitted psum, called on the global
    input (slicing this rank's block, reshapes, the ``mpi`` call);
@@ -110,9 +110,9 @@ def measure(nbytes: int = 4096, rounds: int = 30, number: int = 200) -> list[tup
 
     parts = [("  part: Collective bookkeeping (threads, watchdog record)", bookkeeping),
              ("  part: communicator(ranks) (cached)", lambda: mpi.communicator(ranks)),
-             ("  part: _widen(x)", lambda: mpi._widen(mine)),
-             ("  part: _recv_buffer(shape, dtype)",
-              lambda: mpi._recv_buffer(mine.shape, mine.dtype))]
+             ("  part: widen(x)", lambda: mpi.buffers.widen(mine)),
+             ("  part: recv_buffer(shape, dtype)",
+              lambda: mpi.buffers.recv_buffer(mine.shape, mine.dtype))]
     parts += _without_communication(f, g, exe, x)
     # The fastest of 15 rounds: with no communication, the load only adds time.
     part_rows = [(name, min(_per_call(fn, 2000) for _ in range(15))) for name, fn in parts]

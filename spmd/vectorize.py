@@ -12,6 +12,7 @@ from spmd import tree_util
 from spmd.compiler.transforms.batching import NamedAxes, batch_flat, broadcast_prefix  # noqa: F401
 from spmd.compiler.core.jit import flatten_outputs
 from spmd.errors import ArgumentError
+from spmd.shard.explicit.types import type_of
 
 
 def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,
@@ -44,35 +45,7 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,
                                 tuple([axes_tree] * len(args)), args, "in_axes", fname)
         kw_leaves, kw_tree = tree_util.tree_flatten(kwargs)
         paths = [p for p, _ in tree_util.tree_flatten_with_path(args)[0]]
-        norm_dims = []
-        size, size_from = axis_size, "axis_size"
-        for leaf, d, path in zip(leaves, dims, paths):
-            if d is None:
-                norm_dims.append(None)
-                continue
-            nd = np.ndim(leaf)
-            if not -nd <= d < nd:
-                raise ArgumentError(f"{fname}: in_axes={d} is out of range for argument"
-                                    f"{tree_util.keystr(path)} of shape {np.shape(leaf)}")
-            d %= nd
-            n = np.shape(leaf)[d]
-            where = f"argument{tree_util.keystr(path)} (axis {d}, shape {np.shape(leaf)})"
-            if size is None:
-                size, size_from = n, where
-            elif n != size:
-                raise ArgumentError(f"{fname}: inconsistent sizes of the mapped axis: {n} for "
-                                    f"{where} but {size} for {size_from}")
-            norm_dims.append(d)
-        for leaf in kw_leaves:
-            n = np.shape(leaf)[0] if np.ndim(leaf) else None
-            if size is None:
-                size = n
-            elif n != size:
-                raise ArgumentError(f"{fname}: keyword argument has mapped size {n}, expected "
-                                    f"{size}")
-        if size is None:
-            raise ArgumentError(f"{fname}: no argument is mapped (all in_axes are None); pass "
-                                "axis_size= to say how many copies to make")
+        norm_dims, size = _mapped_dims(fname, leaves, dims, paths, kw_leaves, axis_size)
         out_tree_box: list = []
 
         def flat(*all_leaves):
@@ -82,39 +55,86 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,
             out_tree_box[:] = [out_tree, outs]
             return outs
 
-        # out_axes is a prefix of the outputs, known only after tracing: resolve lazily.
-        class _OutDims:
-            def __iter__(self_inner):
-                out_tree, outs = out_tree_box
-                full = tree_util.tree_unflatten(out_tree, list(range(len(outs))))
-                return iter(broadcast_prefix(out_axes, full, "out_axes", fname))
-
-        level = axis_name
-        explicit = _explicit_batch_axes(leaves, norm_dims)
-        if explicit is not None and spmd_name is not None and explicit == spmd_name:
-            explicit = None  # both say the same split
-        if explicit is not None and spmd_name is not None:
-            raise ArgumentError(
-                f"{fname}: spmd_axis_name={spmd_axis_name!r}, and the mapped arguments are "
-                f"split over explicit mesh axes {explicit} along the mapped axis; only one "
-                "of the two can say how the batch is split (as in JAX): drop "
-                "spmd_axis_name, or reshard the arguments whole along the mapped axis")
-        if spmd_name is not None or explicit is not None:
-            names = () if axis_name is None else (axis_name,)
-            level = NamedAxes(names, (size,) * len(names), spmd_name=spmd_name,
-                              explicit_axes=explicit)
+        level = _batch_level(fname, leaves, norm_dims, size, axis_name, spmd_name,
+                             spmd_axis_name)
         outs = batch_flat(flat, leaves + kw_leaves, norm_dims + [0] * len(kw_leaves), size,
-                          level, _OutDims())
+                          level, _OutDims(out_tree_box, out_axes, fname))
         return tree_util.tree_unflatten(out_tree_box[0], outs)
 
     return batched
 
 
+def _mapped_dims(fname, leaves, dims, paths, kw_leaves, axis_size) -> tuple:
+    """``(dims, size)``: each positional leaf's mapped axis made non-negative (None where
+    unmapped), checked in range, and the mapped axis's one size (keyword leaves are
+    mapped over their leading axis; ``axis_size`` when nothing is mapped)."""
+    norm_dims = []
+    size, size_from = axis_size, "axis_size"
+    for leaf, d, path in zip(leaves, dims, paths):
+        if d is None:
+            norm_dims.append(None)
+            continue
+        nd = np.ndim(leaf)
+        if not -nd <= d < nd:
+            raise ArgumentError(f"{fname}: in_axes={d} is out of range for argument"
+                                f"{tree_util.keystr(path)} of shape {np.shape(leaf)}")
+        d %= nd
+        n = np.shape(leaf)[d]
+        where = f"argument{tree_util.keystr(path)} (axis {d}, shape {np.shape(leaf)})"
+        if size is None:
+            size, size_from = n, where
+        elif n != size:
+            raise ArgumentError(f"{fname}: inconsistent sizes of the mapped axis: {n} for "
+                                f"{where} but {size} for {size_from}")
+        norm_dims.append(d)
+    for leaf in kw_leaves:
+        n = np.shape(leaf)[0] if np.ndim(leaf) else None
+        if size is None:
+            size = n
+        elif n != size:
+            raise ArgumentError(f"{fname}: keyword argument has mapped size {n}, expected "
+                                f"{size}")
+    if size is None:
+        raise ArgumentError(f"{fname}: no argument is mapped (all in_axes are None); pass "
+                            "axis_size= to say how many copies to make")
+    return norm_dims, size
+
+
+class _OutDims:
+    """The outputs' mapped axes: ``out_axes`` is a prefix of the outputs, known only
+    after tracing (``box``: [their tree, the outputs], filled by the trace), so it is
+    resolved lazily, when iterated."""
+
+    def __init__(self, box: list, out_axes, fname: str):
+        self.box, self.out_axes, self.fname = box, out_axes, fname
+
+    def __iter__(self):
+        out_tree, outs = self.box
+        full = tree_util.tree_unflatten(out_tree, list(range(len(outs))))
+        return iter(broadcast_prefix(self.out_axes, full, "out_axes", self.fname))
+
+
+def _batch_level(fname, leaves, dims, size, axis_name, spmd_name, spmd_axis_name):
+    """The batch level's name: ``axis_name``, or the named axes that say how the batch
+    is split over mesh axes (``spmd_axis_name``, or the arguments' explicit axes)."""
+    explicit = _explicit_batch_axes(leaves, dims)
+    if explicit is not None and spmd_name is not None and explicit == spmd_name:
+        explicit = None  # both say the same split
+    if explicit is not None and spmd_name is not None:
+        raise ArgumentError(
+            f"{fname}: spmd_axis_name={spmd_axis_name!r}, and the mapped arguments are "
+            f"split over explicit mesh axes {explicit} along the mapped axis; only one "
+            "of the two can say how the batch is split (as in JAX): drop "
+            "spmd_axis_name, or reshard the arguments whole along the mapped axis")
+    if spmd_name is None and explicit is None:
+        return axis_name
+    names = () if axis_name is None else (axis_name,)
+    return NamedAxes(names, (size,) * len(names), spmd_name=spmd_name, explicit_axes=explicit)
+
+
 def _explicit_batch_axes(leaves, dims):
     """The explicit mesh axes the mapped arguments' types split the mapped axis over,
     when they all agree (else None: the batch is whole where it meets a constraint)."""
-    from spmd.shard.explicit.types import type_of
-
     found = set()
     for leaf, d in zip(leaves, dims):
         if d is None:

@@ -66,7 +66,7 @@ def test_restore_reads_only_each_devices_block(tmp_path, monkeypatch):
     ckpt.save(str(tmp_path), {"w": spmd.device_put(W, NamedSharding(meshes["8"], P()))},
               step=0)
     reads = []
-    real = ckpt._store
+    real = ckpt.layout.open_store
 
     def spying_store(path, meta=None):
         store = real(path, meta)
@@ -81,7 +81,7 @@ def test_restore_reads_only_each_devices_block(tmp_path, monkeypatch):
                 return store.read()
         return Spy()
 
-    monkeypatch.setattr(ckpt, "_store", spying_store)
+    monkeypatch.setattr(ckpt.layout, "open_store", spying_store)
     out = ckpt.restore(str(tmp_path), {"w": NamedSharding(meshes["4x2"], P("data", "model"))})
     np.testing.assert_array_equal(np.asarray(out["w"]), W)
     assert "all" not in reads and len(reads) == 8  # one (2, 4) block per device
@@ -91,14 +91,14 @@ def test_restore_reads_only_each_devices_block(tmp_path, monkeypatch):
 def test_save_writes_each_block_once_even_when_replicated(tmp_path, monkeypatch):
     mesh = _meshes()["4x2"]
     written = []
-    real = ckpt._blocks_to_write
+    real = ckpt.writing._blocks_to_write
 
     def spy(x, sharding, me):
         for index, block in real(x, sharding, me):
             written.append(block.shape)
             yield index, block
 
-    monkeypatch.setattr(ckpt, "_blocks_to_write", spy)
+    monkeypatch.setattr(ckpt.writing, "_blocks_to_write", spy)
     # Split over 'data' only: each block is held by the 2 devices of a 'model' row.
     ckpt.save(str(tmp_path), {"w": spmd.device_put(W, NamedSharding(mesh, P("data")))}, step=0)
     assert written == [(2, 8)] * 4
@@ -126,7 +126,7 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     mesh = _meshes()["4x2"]
     ckpt.save(str(tmp_path), _tree(mesh), step=1)
     calls = []
-    real = ckpt._store
+    real = ckpt.layout.open_store
 
     def failing(path, meta=None):  # the second leaf's writes fail
         if meta is None:
@@ -135,12 +135,12 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
                 raise OSError("disk full")
         return real(path, meta)
 
-    monkeypatch.setattr(ckpt, "_store", failing)
+    monkeypatch.setattr(ckpt.layout, "open_store", failing)
     with pytest.raises(CheckpointError, match="writing the blocks failed on process"):
         ckpt.save(str(tmp_path), _tree(mesh), step=2)
     assert ckpt.latest_step(str(tmp_path)) == 1
     assert any(n.startswith(".tmp-step_2.") for n in os.listdir(tmp_path))
-    monkeypatch.setattr(ckpt, "_store", real)
+    monkeypatch.setattr(ckpt.layout, "open_store", real)
     _check(ckpt.restore(str(tmp_path), _tree(mesh)))
     ckpt.save(str(tmp_path), _tree(mesh), step=2)  # the next save clears the debris
     assert not any(n.startswith(".tmp-") for n in os.listdir(tmp_path))
@@ -153,7 +153,7 @@ def test_a_failure_reading_the_blocks_fails_the_save_before_writing(tmp_path, mo
         raise MemoryError("no room for the copy")
         yield
 
-    monkeypatch.setattr(ckpt, "_blocks_to_write", failing)
+    monkeypatch.setattr(ckpt.writing, "_blocks_to_write", failing)
     with pytest.raises(CheckpointError, match="reading the blocks failed on process"):
         ckpt.save(str(tmp_path), _tree(mesh), step=1)
     assert ckpt.latest_step(str(tmp_path)) is None
@@ -187,7 +187,7 @@ def test_save_async_checks_its_arguments_at_once_and_raises_failures_in_wait(tmp
     def failing(path, meta=None):
         raise OSError("read-only file system")
 
-    monkeypatch.setattr(ckpt, "_store", failing)
+    monkeypatch.setattr(ckpt.layout, "open_store", failing)
     pending = ckpt.save_async(str(tmp_path), {"x": np.ones(2, np.float32)}, step=2)
     with pytest.raises(CheckpointError, match="creating the arrays failed"):
         pending.wait()
@@ -295,12 +295,12 @@ _KILLED = textwrap.dedent("""
     x = spmd.make_array_from_callback((8,), NamedSharding(mesh, P("d")),
                                       lambda idx: np.arange(8, dtype=np.float32)[idx])
     ckpt.save({d!r}, {{"x": x}}, step=1)
-    real = ckpt._store
+    real = ckpt.layout.open_store
     def dying(path, meta=None):  # rank 2 dies while writing its blocks
         if meta is None and spmd.process_index() == 2:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(path, meta)
-    ckpt._store = dying
+    ckpt.layout.open_store = dying
     ckpt.save({d!r}, {{"x": x * 10}}, step=2)
 """)
 
@@ -324,16 +324,16 @@ def test_saved_on_4_ranks_restored_on_2_ranks_and_on_one_process(tmp_path):
 
 
 def test_a_failed_async_save_never_waited_on_fails_the_next_save(tmp_path, monkeypatch):
-    real = ckpt._store
+    real = ckpt.layout.open_store
 
     def failing(path, meta=None):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "_store", failing)
+    monkeypatch.setattr(ckpt.layout, "open_store", failing)
     pending = ckpt.save_async(str(tmp_path), {"x": np.ones(2, np.float32)}, step=1)
     while not pending.done():  # let it fail (its wait() is never called)
         time.sleep(0.01)
-    monkeypatch.setattr(ckpt, "_store", real)
+    monkeypatch.setattr(ckpt.layout, "open_store", real)
     with pytest.raises(CheckpointError, match=r"asynchronous save of .*step_1 failed \(its "
                                               r"wait\(\) was never called\)"):
         ckpt.save(str(tmp_path), {"x": np.ones(2, np.float32)}, step=2)

@@ -27,6 +27,8 @@ import warnings
 
 import numpy as np
 
+from spmd.checkpointing.coordination import watched
+
 MANIFEST = "spmd_manifest.{}.json"
 _DIGEST_BYTES = 4  # crc32c, little-endian, after the chunk's data
 _TS_FILE = re.compile(r'Error reading local file "([^"]+)"')
@@ -48,8 +50,6 @@ def agreed(comm, fn, what: str, error_type, share: bool = False):
         return [value] if share else value
     text = None if error is None else (str(error) if isinstance(error, error_type)
                                        else f"{what}: {type(error).__name__}: {error}")
-    from spmd.checkpointing import watched  # here: spmd.checkpointing imports this module
-
     with watched(what):
         gathered = comm.allgather((text, value if share and error is None else None))
     bad = [r for r, (t, _) in enumerate(gathered) if t is not None]

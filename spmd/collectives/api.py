@@ -45,6 +45,7 @@ def _groups(axis_index_groups, axes, fname):
     """Validated ``axis_index_groups`` over ``axes`` (None when not given)."""
     if axis_index_groups is None:
         return None
+    # (spmd.collectives.groups here and below: it imports this module's collectives.)
     from spmd.collectives.groups import Groups
 
     return Groups(axis_index_groups, _size(axes), fname)

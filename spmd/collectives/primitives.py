@@ -38,7 +38,10 @@ from spmd.compiler.core.manual_types import UnreducedRuleError
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import axis_scope, axes_in_scope, bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError, SpmdError
-from spmd.compiler.transforms.batching import NamedAxes, move_to_front
+from spmd.collectives.local import LocalGroup
+from spmd.compiler.ops.indexing import dynamic_slice
+from spmd.compiler.ops.structural import squeeze
+from spmd.compiler.transforms.batching import NamedAxes, broadcast_batch, move_to_front
 from spmd.compiler.ops.elementwise import add, convert, div, eq, mul
 
 
@@ -117,8 +120,6 @@ def _linear_jvp(p):
 def _batch(p, local_rule, shift):
     """Batching: communicate when the level stands for the axes, else map over data."""
     def rule(args, dims, *, _axis_data, **params):
-        from spmd.collectives.local import LocalGroup
-
         level, _ = _axis_data
         (x,), (d,) = (args, dims) if args else ((None,), (None,))
         axes = params["axes"]
@@ -149,8 +150,6 @@ def group_for(level, axes):
     """The communicator for ``axes`` at a batch level that stands for mesh axes: all
     devices in this process (local backend), or this process's devices of a
     multi-process mesh (the mpi backend)."""
-    from spmd.collectives.local import LocalGroup
-
     layout = getattr(level, "layout", None)
     if layout is None:
         return LocalGroup(level.names, level.sizes, axes)
@@ -386,7 +385,6 @@ def _stacked(method: str, *names):
     (a value the same on every device is stacked first)."""
     def rule(group, x, d, params):
         if d is None:
-            from spmd.compiler.transforms.batching import broadcast_batch
             x, d = broadcast_batch(x, None, group.stacked), 0
         return getattr(group, method)(_front(x, d), *(params[n] for n in names))
 
@@ -432,9 +430,6 @@ def _all_gather_transpose(ct, x, *, axes, axis, tiled, axis_size, invariant=Fals
         return [bind(psum_scatter_p, as_summands(ct, axes), axes=axes, scatter_dimension=axis,
                      tiled=tiled, axis_size=axis_size)]
     if invariant:  # every device has the whole cotangent: each keeps its own block
-        from spmd.compiler.ops.indexing import dynamic_slice
-        from spmd.compiler.ops.structural import squeeze
-
         ct_aval = get_aval(ct)
         k = x.aval.shape[axis] if tiled else 1
         start = mul(bind(axis_index_p, axes=axes), np.int32(k))
@@ -525,8 +520,6 @@ def _axis_index_jvp(primals, tangents, *, axes):
 
 
 def _axis_index_batch(args, dims, *, _axis_data, axes):
-    from spmd.collectives.local import LocalGroup
-
     level, _ = _axis_data
     if isinstance(level, NamedAxes) and all(a in level.names for a in axes):
         return group_for(level, axes).axis_index()

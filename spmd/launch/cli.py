@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from spmd.launch import _rank, alive, hosts, multihost
+from spmd.launch import _rank, alive, hosts, multihost, nodes
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
 from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
                                  lost_host, stranded_summary, timeout_summary)
@@ -262,8 +262,6 @@ def _ranks_per_node(n: int, environ, simulate: bool = False,
     # node count; with simulate, SPMD_SIMULATE_NODES too).
     if rank_hosts:
         return max(len(r) for r in hosts.ranks_per_host(rank_hosts).values())
-    from spmd.launch import nodes
-
     return nodes.ranks_per_node(n, environ, simulate)
 
 

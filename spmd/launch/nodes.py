@@ -33,6 +33,7 @@ import socket
 import sys
 
 from spmd.errors import ArgumentError
+from spmd.launch import mpi, runtime
 
 ENV = "SPMD_SIMULATE_NODES"
 
@@ -99,8 +100,6 @@ def world_rank_size() -> tuple[int, int]:
     >>> world_rank_size()[1] >= 1
     True
     """
-    from spmd.launch import runtime
-
     if not runtime.launched_by_mpi():
         return 0, 1
     if not _mpi_started():
@@ -108,8 +107,6 @@ def world_rank_size() -> tuple[int, int]:
         size = _env_int(runtime._SIZE_VARS)
         if rank is not None and size is not None and size > 1:
             return rank, size
-    from spmd.launch import mpi
-
     comm = mpi.world()
     return comm.Get_rank(), comm.Get_size()
 
@@ -232,8 +229,6 @@ def local_rank_size() -> tuple[int, int | None]:
     >>> local_rank_size()[0] >= 0
     True
     """
-    from spmd.launch import runtime
-
     if not runtime.launched_by_mpi():
         return 0, None
     real_rank = _env_int(LOCAL_RANK_VARS) or 0

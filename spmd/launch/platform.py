@@ -37,6 +37,7 @@ import numpy as np
 
 from spmd.compiler.core import array_module
 from spmd.errors import SpmdError
+from spmd.launch import nodes, runtime
 
 PLATFORMS = ("cpu", "gpu")
 GPU_BACKENDS = ("nccl", "mpi")
@@ -56,8 +57,6 @@ def _cupy_installed() -> bool:
 
 def requested() -> str | None:
     """The platform asked for (``initialize``, else ``SPMD_PLATFORM``), or None."""
-    from spmd.launch import runtime
-
     value = runtime._forced.get("platform") or os.environ.get("SPMD_PLATFORM", "")
     value = value.strip().lower()
     if not value:
@@ -170,8 +169,6 @@ def local_rank() -> int:
     >>> local_rank() >= 0
     True
     """
-    from spmd.launch import nodes
-
     return nodes.local_rank_size()[0]
 
 
@@ -200,8 +197,6 @@ def gpu_for_rank(rank: int, local_size: int | None, gpus: int, backend: str,
 
 def select_gpu(cupy) -> int:
     """Make this rank's GPU the current CUDA device; returns its id."""
-    from spmd.launch import nodes, runtime
-
     gpus = int(cupy.cuda.runtime.getDeviceCount())
     rank, local_size = nodes.local_rank_size()  # (0, None) outside MPI
     backend = gpu_backend() if runtime.launched_by_mpi() else "mpi"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from spmd.errors import DeviceError
+from spmd.launch import mpi
 
 # Environment variables that launchers set in every rank, by launcher.
 _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
@@ -51,6 +52,9 @@ def _env_count(name: str, default: int) -> int:
 
 def describe() -> tuple[int, int, int, str]:
     """``(process_index, process_count, local_device_count, platform)``."""
+    # (Here: spmd.launch.platform and spmd.launch.nodes import this module; the compiler
+    # below is loaded only when asked for, so that spmd-run, which loads this module,
+    # does not load it.)
     from spmd.launch.platform import current
 
     if launched_by_mpi():
@@ -63,8 +67,6 @@ def describe() -> tuple[int, int, int, str]:
 
         array_module.current()  # picks this rank's GPU now (and checks ranks vs GPUs)
     if launched_by_mpi():
-        from spmd.launch import mpi
-
         comm = mpi.world()
         local = _forced.get("local_devices") or _env_count("SPMD_LOCAL_DEVICES", 1)
         return comm.Get_rank(), comm.Get_size(), local, platform

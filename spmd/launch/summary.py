@@ -103,80 +103,30 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
     """(the message, the launcher's exit status) for a job that did not succeed;
     ``killed``: rank -> the signal that killed it (as mpiexec reported it);
     ``hosts``: rank -> its host (named when the job spans several); ``lost``: (host,
-    its ranks, how) when a whole host stopped answering (:func:`lost_host`)."""
+    its ranks, how) when a whole host stopped answering (:func:`lost_host`).
+
+    >>> failure_summary(2, {0: {"status": 0}}, 1, {}, killed={1: 9})[1]
+    137
+    """
     failed = {r: rep for r, rep in reports.items() if rep.get("status", 1) != 0}
     silent = [r for r in range(np) if r not in reports]
     crashed = {r: _without_launcher(faults[r]) for r in silent if faults.get(r, "").strip()}
     killed = {r: s for r, s in (killed or {}).items() if r in silent}
-    lines = []
     per_host = _host_ranks(hosts)
     whole = _whole_host(killed, per_host) if spans_hosts(hosts) else None
     # A rank of another host may crash on the lost connection a moment later: the
     # lost host still came first.
     if lost is not None and not failed and not any(r in crashed for r in lost[1]):
-        status = rc if rc else 1
-        why = ("its ranks' connections to spmd-run stayed open after mpiexec lost the "
-               "host's MPI proxy and exited with status {rc}: the machine is down or cut "
-               "from the network" if lost[2] == "silent" else
-               "mpiexec lost its connection to the host's MPI proxy and exited with status "
-               "{rc}: the machine went down, lost its network, or all its processes were "
-               "killed").format(rc=rc)
-        lines.append(f"{PROG}: {lost[0]} lost ({_listing(lost[1])}): it stopped answering "
-                     f"({why}); the job was ended")
+        lines, status = _lost_host_lines(lost, rc)
         killed = {r: 0 for r in lost[1]}  # (not listed again below)
     elif whole is not None and not failed and not any(r in crashed for r in killed):
-        sig = min(killed.values())
-        status = 128 + sig
-        lines.append(f"{PROG}: {whole} lost ({_listing(per_host[whole])}): killed by "
-                     f"{_signal_name(sig)} (no Python error: e.g. the out-of-memory killer, "
-                     "the machine's shutdown, or a kill command); the job was ended")
+        lines, status = _killed_host_lines(whole, per_host[whole], killed)
     elif killed and not failed and not any(r in crashed for r in killed):
-        # No Python stack either: a signal that cannot be caught (SIGKILL) or was sent.
-        sig = min(killed.values())
-        status = 128 + sig
-        ranks = sorted(killed)
-        verb = "was" if len(ranks) == 1 else "were"
-        lines.append(f"{PROG}: {_plural(ranks, hosts)} of {np} {verb} killed by {_signal_name(sig)} "
-                     "(no Python error: e.g. the out-of-memory killer, or a kill command); the "
-                     "job was ended"
-                     + ("" if len(ranks) == 1 else
-                        f" (one of them first, the others by the job's cleanup at the same "
-                        f"moment: which came first cannot be told)"))
+        lines, status = _killed_lines(np, killed, hosts)
     elif failed:
-        first = min(failed, key=lambda r: (failed[r].get("time", 0), r))
-        status = int(failed[first]["status"])
-        # Ranks failing the same way are shown once.
-        groups: dict[tuple, list[int]] = {}
-        for r, rep in sorted(failed.items()):
-            groups.setdefault((rep["status"], rep.get("kind"), rep.get("error", "")), []).append(r)
-        if len(failed) == 1:
-            lines.append(f"{PROG}: {_plural([first], hosts)} of {np} failed with exit status {status}; "
-                         "the job was ended")
-        else:
-            lines.append(f"{PROG}: {_plural(sorted(failed), hosts)} of {np} failed; rank {first} "
-                         f"first, with exit status {status}; the job was ended")
-        for (st, kind, error), ranks in groups.items():
-            what = {"exception": "raised an exception", "exit": f"called sys.exit({st})",
-                    "interrupt": "was interrupted (KeyboardInterrupt)",
-                    "deadline": "reported a collective deadline"}.get(kind, "failed")
-            lines.append(f"--- {_plural(ranks, hosts)}: {what}, exit status {st}")
-            if error.strip():
-                lines.append(_tail(error))
+        lines, status = _failed_lines(np, failed, hosts)
     else:
-        status = rc if rc else 1
-        if crashed:
-            sigs = sorted({_signal_name(killed[r]) for r in crashed if r in killed})
-            lines.append(f"{PROG}: {_plural(sorted(crashed), hosts)} of {np} died on a fatal signal"
-                         + (f" ({', '.join(sigs)})" if sigs else "")
-                         + f"; the job was ended (mpiexec exit status {rc})")
-        elif spans_hosts(hosts) and rc == 255 and not killed:
-            lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc}, as when it "
-                         "loses its connection to a host's MPI proxy (a machine went down, lost "
-                         "its network, or all its processes were killed), and no rank reported "
-                         "an error from Python; which host went first cannot be told from here")
-        else:
-            lines.append(f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
-                         "reported an error from Python")
+        lines, status = _unreported_lines(np, rc, crashed, killed, hosts)
     after = f" after {lost[0]} was lost" if lost is not None else ""
     for r, text in sorted(crashed.items()):
         lines.append(f"--- {_plural([r], hosts)}: died on a fatal signal{after}")
@@ -186,6 +136,85 @@ def failure_summary(np: int, reports: dict[int, dict], rc: int | None,
         lines.append(f"({_plural(others, hosts)}: no result; ended with the job, killed by a signal "
                      "(e.g. out of memory), or stopped by MPI_Abort)")
     return "\n".join(lines), status
+
+
+def _lost_host_lines(lost: tuple[str, list[int], str], rc: int | None) -> tuple[list, int]:
+    """A whole host stopped answering (:func:`lost_host`)."""
+    why = ("its ranks' connections to spmd-run stayed open after mpiexec lost the "
+           "host's MPI proxy and exited with status {rc}: the machine is down or cut "
+           "from the network" if lost[2] == "silent" else
+           "mpiexec lost its connection to the host's MPI proxy and exited with status "
+           "{rc}: the machine went down, lost its network, or all its processes were "
+           "killed").format(rc=rc)
+    return [f"{PROG}: {lost[0]} lost ({_listing(lost[1])}): it stopped answering "
+            f"({why}); the job was ended"], rc if rc else 1
+
+
+def _killed_host_lines(host: str, ranks: list[int], killed: dict[int, int]
+                       ) -> tuple[list, int]:
+    """Every rank of one host, and only those, killed by a signal."""
+    sig = min(killed.values())
+    return [f"{PROG}: {host} lost ({_listing(ranks)}): killed by "
+            f"{_signal_name(sig)} (no Python error: e.g. the out-of-memory killer, "
+            "the machine's shutdown, or a kill command); the job was ended"], 128 + sig
+
+
+def _killed_lines(np: int, killed: dict[int, int], hosts) -> tuple[list, int]:
+    """Ranks killed by a signal, with no Python stack: a signal that cannot be caught
+    (SIGKILL) or was sent."""
+    sig = min(killed.values())
+    ranks = sorted(killed)
+    verb = "was" if len(ranks) == 1 else "were"
+    return [f"{PROG}: {_plural(ranks, hosts)} of {np} {verb} killed by {_signal_name(sig)} "
+            "(no Python error: e.g. the out-of-memory killer, or a kill command); the "
+            "job was ended"
+            + ("" if len(ranks) == 1 else
+               f" (one of them first, the others by the job's cleanup at the same "
+               f"moment: which came first cannot be told)")], 128 + sig
+
+
+def _failed_lines(np: int, failed: dict[int, dict], hosts) -> tuple[list, int]:
+    """Ranks that reported a failure from Python: the first one's status; ranks failing
+    the same way are shown once."""
+    first = min(failed, key=lambda r: (failed[r].get("time", 0), r))
+    status = int(failed[first]["status"])
+    groups: dict[tuple, list[int]] = {}
+    for r, rep in sorted(failed.items()):
+        groups.setdefault((rep["status"], rep.get("kind"), rep.get("error", "")), []).append(r)
+    if len(failed) == 1:
+        lines = [f"{PROG}: {_plural([first], hosts)} of {np} failed with exit status {status}; "
+                 "the job was ended"]
+    else:
+        lines = [f"{PROG}: {_plural(sorted(failed), hosts)} of {np} failed; rank {first} "
+                 f"first, with exit status {status}; the job was ended"]
+    for (st, kind, error), ranks in groups.items():
+        what = {"exception": "raised an exception", "exit": f"called sys.exit({st})",
+                "interrupt": "was interrupted (KeyboardInterrupt)",
+                "deadline": "reported a collective deadline"}.get(kind, "failed")
+        lines.append(f"--- {_plural(ranks, hosts)}: {what}, exit status {st}")
+        if error.strip():
+            lines.append(_tail(error))
+    return lines, status
+
+
+def _unreported_lines(np: int, rc: int | None, crashed: dict[int, str],
+                      killed: dict[int, int], hosts) -> tuple[list, int]:
+    """No rank reported an error from Python: ranks that died on a fatal signal, or
+    mpiexec's status alone."""
+    if crashed:
+        sigs = sorted({_signal_name(killed[r]) for r in crashed if r in killed})
+        line = (f"{PROG}: {_plural(sorted(crashed), hosts)} of {np} died on a fatal signal"
+                + (f" ({', '.join(sigs)})" if sigs else "")
+                + f"; the job was ended (mpiexec exit status {rc})")
+    elif spans_hosts(hosts) and rc == 255 and not killed:
+        line = (f"{PROG}: the job failed: mpiexec exited with status {rc}, as when it "
+                "loses its connection to a host's MPI proxy (a machine went down, lost "
+                "its network, or all its processes were killed), and no rank reported "
+                "an error from Python; which host went first cannot be told from here")
+    else:
+        line = (f"{PROG}: the job failed: mpiexec exited with status {rc} and no rank "
+                "reported an error from Python")
+    return [line], rc if rc else 1
 
 
 def _host_ranks(hosts: dict[int, str] | None) -> dict[str, list[int]]:

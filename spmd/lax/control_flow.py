@@ -24,6 +24,8 @@ from spmd.compiler.ops.control_programs import same_type
 from spmd.compiler.ops.control_scan import scan_bind
 from spmd.compiler.ops.control_while import while_bind
 from spmd.compiler.ops.elementwise import add, convert, lt, max as lax_max, min as lax_min, ne
+from spmd.compiler.ops.slicing import concatenate
+from spmd.compiler.ops.structural import reshape
 from spmd.compiler.core.trace import Tracer, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError
 from spmd.lax import _eager_control as _eager
@@ -397,9 +399,7 @@ def map(f: Callable, xs, *, batch_size: int | None = None):  # noqa: A001 (JAX's
             or batch_size < 1:
         raise ArgumentError(f"map: batch_size={batch_size!r} must be a positive int (or None "
                             "for one slice at a time)")
-    from spmd.compiler.ops.slicing import concatenate
-    from spmd.compiler.ops.structural import reshape
-    from spmd.vectorize import vmap
+    from spmd.vectorize import vmap  # here: a front end, which runs the installer as it loads
 
     xs_leaves, _, xs_paths = _flatten(xs, "map", "xs")
     n = _scan_length(xs_leaves, xs_paths, None)

@@ -12,22 +12,31 @@ import numpy as _np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.compiler.core.array import Array as ndarray
-from spmd.numpy import (_complex, _creation, _elementwise, _index_tricks, _indexing, _linalg,
-                        _methods, _misc, _more, _reductions, _scalar_types, _shape, _shape_more,
-                        _take, _ufuncs_more)
+from spmd.numpy import (_calculus, _comparison, _complex, _convolution, _creation, _diagonals,
+                        _dtype_queries, _elementwise, _elementwise_composed, _index_tricks,
+                        _indexing, _inserting, _joining, _linalg, _methods, _products, _ranges,
+                        _reductions, _scalar_types, _shape, _statistics, _take, _tiling)
 from spmd.numpy._complex import *  # noqa: F401,F403
 from spmd.numpy._creation import *  # noqa: F401,F403
 from spmd.numpy._elementwise import *  # noqa: F401,F403
 from spmd.numpy._indexing import *  # noqa: F401,F403
 from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
 from spmd.numpy._linalg import *  # noqa: F401,F403
-from spmd.numpy._misc import *  # noqa: F401,F403
+from spmd.numpy._comparison import *  # noqa: F401,F403
+from spmd.numpy._convolution import *  # noqa: F401,F403
 from spmd.numpy._reductions import *  # noqa: F401,F403
 from spmd.numpy._shape import *  # noqa: F401,F403
-from spmd.numpy._shape_more import *  # noqa: F401,F403
+from spmd.numpy._joining import *  # noqa: F401,F403
+from spmd.numpy._inserting import *  # noqa: F401,F403
+from spmd.numpy._tiling import *  # noqa: F401,F403
 from spmd.numpy._take import *  # noqa: F401,F403
-from spmd.numpy._more import *  # noqa: F401,F403
-from spmd.numpy._ufuncs_more import *  # noqa: F401,F403
+from spmd.numpy._diagonals import *  # noqa: F401,F403
+from spmd.numpy._ranges import *  # noqa: F401,F403
+from spmd.numpy._calculus import *  # noqa: F401,F403
+from spmd.numpy._products import *  # noqa: F401,F403
+from spmd.numpy._statistics import *  # noqa: F401,F403
+from spmd.numpy._elementwise_composed import *  # noqa: F401,F403
+from spmd.numpy._dtype_queries import *  # noqa: F401,F403
 from spmd.numpy._index_tricks import *  # noqa: F401,F403
 from spmd.numpy._util import broadcast_shapes
 from spmd.numpy import linalg  # noqa: F401,E402  (spmd.numpy.linalg, a module as in numpy)
@@ -45,9 +54,11 @@ signedinteger, unsignedinteger, complexfloating = (_np.signedinteger, _np.unsign
 
 __all__ = [
     *_complex.__all__, *_creation.__all__, *_elementwise.__all__, *_indexing.__all__,
-    *_linalg.__all__,
-    *_misc.__all__, *_reductions.__all__, *_shape.__all__, *_shape_more.__all__,
-    *_take.__all__, *_more.__all__, *_ufuncs_more.__all__, *_index_tricks.__all__,
+    *_linalg.__all__, *_comparison.__all__, *_convolution.__all__, *_reductions.__all__,
+    *_shape.__all__, *_joining.__all__, *_inserting.__all__, *_tiling.__all__, *_take.__all__,
+    *_diagonals.__all__, *_ranges.__all__, *_calculus.__all__, *_products.__all__,
+    *_statistics.__all__, *_elementwise_composed.__all__, *_dtype_queries.__all__,
+    *_index_tricks.__all__,
     "broadcast_shapes", "ndarray",
     *_scalar_types.__all__, "dtype",
     "pi", "e", "inf", "nan", "newaxis",

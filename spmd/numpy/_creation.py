@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.collectives.api import pvary
 from spmd.compiler.core import dtypes
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.array_module import is_device_array, to_host
@@ -12,6 +13,7 @@ from spmd.compiler.ops import structural as st
 from spmd.compiler.ops.elementwise import convert
 from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.core.trace import get_aval
+from spmd.errors import ArgumentError
 from spmd.shard.explicit.modes import with_out_sharding
 from spmd.numpy._elementwise import add, multiply, subtract
 from spmd.numpy._shape import expand_dims
@@ -21,7 +23,7 @@ from spmd.numpy._util import (broadcast_shapes, broadcast_to_shape, check_keeps_
 
 __all__ = ["array", "asarray", "full", "zeros", "ones", "arange", "astype", "empty",
            "zeros_like", "ones_like", "full_like", "empty_like", "linspace", "eye",
-           "identity", "tri"]
+           "identity", "tri", "copy"]
 
 
 def array(object, dtype=None, copy: bool = True):
@@ -92,6 +94,17 @@ def astype(x, dtype):
     return convert(to_array(x), dtypes.canonicalize(dtype, "spmd.numpy.astype"))
 
 
+def copy(a, order=None):
+    """A copy of ``a`` (a new buffer for concrete arrays; traced values are values)."""
+    if order not in (None, "K", "C", "A"):
+        raise ArgumentError(f"spmd.numpy.copy: order={order!r} is not supported; arrays are "
+                            "C-ordered")
+    x = to_array(a, fname="spmd.numpy.copy")
+    if isinstance(x, Array) and x is a:
+        return x.copy()
+    return x
+
+
 def empty(shape, dtype=None, *, out_sharding=None):
     """Like :func:`zeros` (arrays are immutable, so there is nothing to leave uninitialised)."""
     return zeros(shape, dtype, out_sharding=out_sharding)
@@ -107,8 +120,6 @@ def _like(fname, a, fill_value, dtype, shape):
     if av.vma:
         # Inside shard_map the result varies as ``a`` does (as JAX's full_like): a
         # zeros_like(x) in a custom rule is then of x's type, not an invariant value.
-        from spmd.collectives.api import pvary
-
         out = pvary(out, tuple(sorted(av.vma)))
     return out
 

@@ -17,14 +17,16 @@ import numpy as np
 from spmd.compiler.core import dtypes
 from spmd.compiler.core.trace import Tracer
 from spmd.errors import ArgumentError, ConcretizationError, ShapeError
+from spmd.numpy._calculus import diff, searchsorted
 from spmd.numpy._complex import conj
 from spmd.numpy._creation import arange, asarray, linspace, ones, zeros
+from spmd.numpy._diagonals import diagonal
 from spmd.numpy._elementwise import sqrt, where
-from spmd.numpy._more import diagonal, diff, searchsorted
+from spmd.numpy._joining import concatenate
 from spmd.numpy._reductions import any as any_, mean
 from spmd.numpy._shape import broadcast_arrays, broadcast_to, stack, swapaxes
-from spmd.numpy._shape_more import concatenate, flip
 from spmd.numpy._take import take
+from spmd.numpy._tiling import flip
 from spmd.numpy._util import (canonicalize_axis, check_arraylike, promote_to_float,
                               require_static, to_array)
 

@@ -77,7 +77,7 @@ def stack(arrays, axis: int = 0):
     if len(shapes) != 1:
         raise ShapeError(f"spmd.numpy.stack: all input arrays must have the same shape, got "
                          f"{sorted(shapes)}")
-    from spmd.numpy._shape_more import concatenate  # here: _shape_more imports this module
+    from spmd.numpy._joining import concatenate  # here: _joining imports this module
 
     ax = canonicalize_axis(axis, len(next(iter(shapes))) + 1, "spmd.numpy.stack")
     return concatenate([expand_dims(a, ax) for a in arrs], axis=ax)

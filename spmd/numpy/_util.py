@@ -81,6 +81,16 @@ def check_arraylike(fname: str, *args) -> None:
                             f"spmd.numpy.asarray(...) first (as JAX requires)")
 
 
+def checked_array(a, fname: str):
+    """``a`` as an Array or tracer, after :func:`check_arraylike` (never a list).
+
+    >>> checked_array(2.0, "spmd.numpy.diag").shape
+    ()
+    """
+    check_arraylike(fname, a)
+    return to_array(a, fname=fname)
+
+
 def promote_dtypes(*args, fname: str = "spmd.numpy"):
     """Convert ``args`` to their common dtype (weak types follow JEP 9407); list and
     tuple operands raise ``TypeError`` (:func:`check_arraylike`)."""

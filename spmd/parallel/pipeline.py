@@ -135,48 +135,65 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     ...                 "pipe"), mesh=mesh, in_specs=(P("pipe"), P(), P()),
     ...                 out_specs=(P(), PipelineGrads(P("pipe"), P(), P())))  # doctest: +SKIP
     """
-    axes = _axes(axis_name, "pipeline_value_and_grad")
-    S = _size(axes)
-    xs, ys = snp.asarray(microbatches), snp.asarray(targets)
-    xa, ya = get_aval(xs), get_aval(ys)
-    if xa.ndim < 1 or xa.shape[0] < 1 or ya.ndim < 1 or ya.shape[0] != xa.shape[0]:
-        raise ShapeError(f"pipeline_value_and_grad: microbatches {xa.shape} and targets "
-                         f"{ya.shape} must both be (M, ...) with the same M >= 1")
-    M = xa.shape[0]
-    mb = _microbatch(stage, stage_params, xs, "pipeline_value_and_grad")
-    # Per stage: no gradient is summed over the pipeline axis implicitly (that would be
-    # a collective inside the schedule's per-stage branches, which stages take apart).
-    stage_params = pvary(stage_params, axes)
-    head = (lambda q, y, t: loss(y, t)) if loss_params is None else loss
-    # Varying along the pipeline axis: each stage's gradient of the head stays its own
-    # (only the last stage's counts).  Invariant, autodiff would sum every stage's into
-    # it (the transpose of the implicit pvary is a psum).
-    lp = () if loss_params is None else pvary(loss_params, axes)
-    sched = build(schedule, S, M)
-    K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
-    f_mb, b_mb, f_in, b_in = _as_run(*sched.arrays())
-    s = axis_index(axes)
-    first, last = s == 0, s == S - 1
-    forward = [(i, i + 1) for i in range(S - 1)]
-    backward = [(i + 1, i) for i in range(S - 1)]
-    scale = np.asarray(1.0 / M, np.float32)
-    # The loss's dtype (float64 under x64): the accumulated loss keeps it.
-    loss_dtype = np.dtype(eval_shape(head, lp, xs[0], ys[0]).dtype)
-    add = lambda a, b: tree_util.tree_map(lambda u, v: u + v, a, b)  # noqa: E731
-    # Every index a tick uses, worked out here from the static table (one column per
-    # stage) and this device's stage's column taken once: a tick reads its own
-    # numbers instead of computing them (measured: ~70 scalar operations a tick).
-    table = _tick_table(f_mb, b_mb, f_in, b_in, K, C, M)
-    cols = snp.asarray(table)[s]  # (T, fields) of this stage
-    # The yes/no fields as booleans: a cond's predicate as it is (a switch's index is
-    # clamped into range first, three operations a tick each).
-    cols = [cols[:, k] != 0 if k in _FLAGS else cols[:, k] for k in range(table.shape[-1])]
+    return _GradRun(stage, loss, stage_params, microbatches, targets, axis_name,
+                    loss_params, schedule).run()
 
+
+class _GradRun:
+    """One :func:`pipeline_value_and_grad`: its set-up (the checked arguments, the
+    schedule's table, this device's stage's column of it), then its named steps: a
+    tick's forward and backward (:meth:`tick`), scanned over the schedule's segments
+    (:meth:`run`)."""
+
+    def __init__(self, stage, loss, stage_params, microbatches, targets, axis_name,
+                 loss_params, schedule):
+        self.stage, self.loss_params = stage, loss_params
+        self.axes = axes = _axes(axis_name, "pipeline_value_and_grad")
+        S = _size(axes)
+        self.xs, self.ys = xs, ys = snp.asarray(microbatches), snp.asarray(targets)
+        xa, ya = get_aval(xs), get_aval(ys)
+        if xa.ndim < 1 or xa.shape[0] < 1 or ya.ndim < 1 or ya.shape[0] != xa.shape[0]:
+            raise ShapeError(f"pipeline_value_and_grad: microbatches {xa.shape} and targets "
+                             f"{ya.shape} must both be (M, ...) with the same M >= 1")
+        self.M = M = xa.shape[0]
+        self.mb = _microbatch(stage, stage_params, xs, "pipeline_value_and_grad")
+        # Per stage: no gradient is summed over the pipeline axis implicitly (that would
+        # be a collective inside the schedule's per-stage branches, which stages take
+        # apart).
+        self.stage_params = pvary(stage_params, axes)
+        self.head = head = (lambda q, y, t: loss(y, t)) if loss_params is None else loss
+        # Varying along the pipeline axis: each stage's gradient of the head stays its
+        # own (only the last stage's counts).  Invariant, autodiff would sum every
+        # stage's into it (the transpose of the implicit pvary is a psum).
+        self.lp = lp = () if loss_params is None else pvary(loss_params, axes)
+        sched = build(schedule, S, M)
+        self.K, self.C = K, C = max(1, max(sched.inputs_held)), max(sched.cotangents_held)
+        self.f_mb, self.b_mb, self.f_in, self.b_in = f_mb, b_mb, f_in, b_in = \
+            _as_run(*sched.arrays())
+        s = axis_index(axes)
+        self.first, self.last = s == 0, s == S - 1
+        self.forward = [(i, i + 1) for i in range(S - 1)]
+        self.backward = [(i + 1, i) for i in range(S - 1)]
+        self.scale = np.asarray(1.0 / M, np.float32)
+        # The loss's dtype (float64 under x64): the accumulated loss keeps it.
+        self.loss_dtype = np.dtype(eval_shape(head, lp, xs[0], ys[0]).dtype)
+        # Every index a tick uses, worked out here from the static table (one column per
+        # stage) and this device's stage's column taken once: a tick reads its own
+        # numbers instead of computing them (measured: ~70 scalar operations a tick).
+        table = _tick_table(f_mb, b_mb, f_in, b_in, K, C, M)
+        cols = snp.asarray(table)[s]  # (T, fields) of this stage
+        # The yes/no fields as booleans: a cond's predicate as it is (a switch's index
+        # is clamped into range first, three operations a tick each).
+        self.cols = [cols[:, k] != 0 if k in _FLAGS else cols[:, k]
+                     for k in range(table.shape[-1])]
+
+    @staticmethod
     def at(a, i):
         # The table's indices are in range: no wrap of negative ones (a tick's
         # arithmetic, not its data).
         return dynamic_index_in_dim(a, i, 0, keepdims=False, allow_negative_indices=False)
 
+    @staticmethod
     def put(buf, slot, v, arrived):
         # A value into its slot (one copy of a microbatch), only on a stage that got
         # one: elsewhere the tick writes nothing (measured: each copy ~45-90 us on two
@@ -190,40 +207,44 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
 
         return cond(arrived, write, lambda b, v: b, buf, v)
 
-    def input_of(buf, slot, i):
+    def input_of(self, buf, slot, i):
         # Stage 0 reads its microbatches where they are; the others, their buffer (a
         # cond: a process takes only its own slice).
-        return cond(first, lambda b: at(xs, i), lambda b: at(b, slot), buf)
+        return cond(self.first, lambda b: self.at(self.xs, i), lambda b: self.at(b, slot), buf)
 
-    def bwd(buf, cts, b_slot, b_i, ct_slot):
+    def bwd(self, buf, cts, b_slot, b_i, ct_slot):
         # A backward: the forward again (for the vjp), the loss on the last stage, the
         # vjp: (the input's cotangent, (what the parameters' gradient adds up)).
+        lp, loss_dtype, scale = self.lp, self.loss_dtype, self.scale
+
         def from_next(y, cts):
             # Not the last stage: the cotangent the next stage sent; no loss here.
-            return (at(cts, ct_slot), tree_util.tree_map(snp.zeros_like, lp),
-                    pvary(np.zeros((), loss_dtype), axes))
+            return (self.at(cts, ct_slot), tree_util.tree_map(snp.zeros_like, lp),
+                    pvary(np.zeros((), loss_dtype), self.axes))
 
         def from_head(y, cts):
-            value, (dq, dy) = value_and_grad(head, argnums=(0, 1))(lp, y, at(ys, b_i))
+            value, (dq, dy) = value_and_grad(self.head, argnums=(0, 1))(lp, y,
+                                                                        self.at(self.ys, b_i))
             return (dy * scale.astype(dy.dtype),
                     tree_util.tree_map(lambda g: g * scale.astype(g.dtype), dq),
                     value.astype(loss_dtype) * scale.astype(loss_dtype))
 
-        y, back = vjp(stage, stage_params, input_of(buf, b_slot, b_i))
-        ct, dq, value = cond(last, from_head, from_next, y, cts)
+        y, back = vjp(self.stage, self.stage_params, self.input_of(buf, b_slot, b_i))
+        ct, dq, value = cond(self.last, from_head, from_next, y, cts)
         g, dx = back(ct)
         return dx, (g, dq, value)
 
-    def tick(carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
+    def tick(self, carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
         buf, cts, gx, acc, held = carry
         (f_on, b_on, f_i, b_i, f_slot, b_slot, ct_slot, f_put, b_put, gx_put,
          f_got, b_got, gx_got, w_add) = row
+        mb = self.mb
 
         def no_fwd(buf):
             return snp.zeros(mb.shape, mb.dtype)
 
         def fwd(buf):
-            return stage(stage_params, input_of(buf, f_slot, f_i))
+            return self.stage(self.stage_params, self.input_of(buf, f_slot, f_i))
 
         # A tick's forward, its result sent on at once (the next stage reads it next
         # tick).  What arrives goes into its buffer at the tick's end: a cond's
@@ -232,68 +253,84 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
         got_f = None
         if fwds:  # (GPipe's backward ticks have no forward on any stage)
             send_f = cond(f_on, fwd, no_fwd, buf)
-            got_f = ppermute(send_f, axes, forward) if moves_f else None
+            got_f = ppermute(send_f, self.axes, self.forward) if moves_f else None
         got_b = None
         if backs:
-            # The backward in two parts (spmd.compiler.transforms.split): the input's cotangent,
-            # which the stage before waits for, goes back as soon as it is computed; the
-            # parameters' gradient, which nobody waits for, is computed after.
-            cotangent, gradient = split(bwd, buf, cts, b_slot, b_i, ct_slot)
-
-            def no_cotangent(*args):
-                dx, *carried = (snp.zeros(a.shape, a.dtype) for a in cotangent.out_avals)
-                return dx, tuple(carried)
-
-            def no_gradient(carried, acc):
-                return acc
-
-            def accumulate(carried, acc):
-                g, dq, value = gradient(carried)
-                gs, gq, total = acc
-                return add(gs, g), add(gq, dq), total + value
-
-            dx, carried = cond(b_on, cotangent, no_cotangent, buf, cts, b_slot, b_i,
-                               ct_slot)
-            got_b = ppermute(dx, axes, backward) if moves_b else None
-            # Stage 0's backward results are the inputs' gradients (other stages and
-            # idle ticks write none).
-            gx = put(gx, gx_put, dx, gx_got)
-            # The parameters' gradient (_w_adds): a stage's own after its cotangent
-            # has gone; the last stage's a tick later, after the next backward's
-            # cotangent has gone, so that it keeps a weights' gradient's time ahead of
-            # the stage before, which otherwise waits for each cotangent whenever the
-            # last stage's backward runs slower than its own.  (One cond selects,
-            # computing nothing; `accumulate` is in one branch only: a stage with
-            # collectives runs every branch of a cond, control_cond.)
-            added, held = cond(last, lambda c, h: (h, c), lambda c, h: (c, h),
-                               carried, held)
-            acc = cond(w_add, accumulate, no_gradient, added, acc)
+            gx, acc, held, got_b = self.tick_backward(
+                buf, cts, gx, acc, held, (b_on, b_i, b_slot, ct_slot, gx_put, gx_got, w_add),
+                moves_b)
         if got_f is not None:
-            buf = put(buf, f_put, got_f, f_got)
+            buf = self.put(buf, f_put, got_f, f_got)
         if got_b is not None:
-            cts = put(cts, b_put, got_b, b_got)
+            cts = self.put(cts, b_put, got_b, b_got)
         return (buf, cts, gx, acc, held), None
 
-    acc = (tree_util.tree_map(snp.zeros_like, stage_params),
-           tree_util.tree_map(snp.zeros_like, lp), np.zeros((), loss_dtype))
-    slots = lambda n: snp.zeros((n,) + mb.shape, mb.dtype)  # noqa: E731
-    buf, cts = slots(K), slots(C)
-    # The last stage's held backward (tick's w_add): zeros of the types of what a
-    # backward hands its parameters' gradient.
-    parts = split(bwd, buf, cts, cols[5][0], cols[3][0], cols[6][0])[0].out_avals[1:]
-    held = tuple(snp.zeros(a.shape, a.dtype) for a in parts)
-    carry = (buf, cts, slots(M), acc, held)
-    for start, stop, moves_f, moves_b, fwds, backs in _segments(f_in, b_in, f_mb, b_mb):
-        body = functools.partial(tick, moves_f=moves_f, moves_b=moves_b, fwds=fwds,
-                                 backs=backs)
-        carry, _ = scan(body, carry, tuple(c[start:stop] for c in cols))
-    gx, (gs, gq, total) = carry[2], carry[3]
-    # The loss and the head's gradient live on the last stage, the inputs' on the first:
-    # every device gets them.
-    gq = tree_util.tree_map(lambda g: psum(g, axes), gq)
-    gx = psum(gx, axes)
-    grads = PipelineGrads(gs, None if loss_params is None else gq, gx)
-    return psum(total, axes), grads
+    def tick_backward(self, buf, cts, gx, acc, held, row, moves_b):
+        """A tick's backward: ``(gx, acc, held, what comes back)``."""
+        b_on, b_i, b_slot, ct_slot, gx_put, gx_got, w_add = row
+        # The backward in two parts (spmd.compiler.transforms.split): the input's
+        # cotangent, which the stage before waits for, goes back as soon as it is
+        # computed; the parameters' gradient, which nobody waits for, is computed after.
+        cotangent, gradient = split(self.bwd, buf, cts, b_slot, b_i, ct_slot)
+
+        def no_cotangent(*args):
+            dx, *carried = (snp.zeros(a.shape, a.dtype) for a in cotangent.out_avals)
+            return dx, tuple(carried)
+
+        def no_gradient(carried, acc):
+            return acc
+
+        def accumulate(carried, acc):
+            g, dq, value = gradient(carried)
+            gs, gq, total = acc
+            return _add(gs, g), _add(gq, dq), total + value
+
+        dx, carried = cond(b_on, cotangent, no_cotangent, buf, cts, b_slot, b_i, ct_slot)
+        got_b = ppermute(dx, self.axes, self.backward) if moves_b else None
+        # Stage 0's backward results are the inputs' gradients (other stages and idle
+        # ticks write none).
+        gx = self.put(gx, gx_put, dx, gx_got)
+        # The parameters' gradient (_w_adds): a stage's own after its cotangent has
+        # gone; the last stage's a tick later, after the next backward's cotangent has
+        # gone, so that it keeps a weights' gradient's time ahead of the stage before,
+        # which otherwise waits for each cotangent whenever the last stage's backward
+        # runs slower than its own.  (One cond selects, computing nothing; `accumulate`
+        # is in one branch only: a stage with collectives runs every branch of a cond,
+        # control_cond.)
+        added, held = cond(self.last, lambda c, h: (h, c), lambda c, h: (c, h),
+                           carried, held)
+        acc = cond(w_add, accumulate, no_gradient, added, acc)
+        return gx, acc, held, got_b
+
+    def run(self):
+        """The ticks, scanned segment by segment; ``(loss, PipelineGrads)``."""
+        mb, cols, axes = self.mb, self.cols, self.axes
+        acc = (tree_util.tree_map(snp.zeros_like, self.stage_params),
+               tree_util.tree_map(snp.zeros_like, self.lp), np.zeros((), self.loss_dtype))
+        slots = lambda n: snp.zeros((n,) + mb.shape, mb.dtype)  # noqa: E731
+        buf, cts = slots(self.K), slots(self.C)
+        # The last stage's held backward (tick's w_add): zeros of the types of what a
+        # backward hands its parameters' gradient.
+        parts = split(self.bwd, buf, cts, cols[5][0], cols[3][0], cols[6][0])[0].out_avals[1:]
+        held = tuple(snp.zeros(a.shape, a.dtype) for a in parts)
+        carry = (buf, cts, slots(self.M), acc, held)
+        for start, stop, moves_f, moves_b, fwds, backs in _segments(self.f_in, self.b_in,
+                                                                     self.f_mb, self.b_mb):
+            body = functools.partial(self.tick, moves_f=moves_f, moves_b=moves_b, fwds=fwds,
+                                     backs=backs)
+            carry, _ = scan(body, carry, tuple(c[start:stop] for c in cols))
+        gx, (gs, gq, total) = carry[2], carry[3]
+        # The loss and the head's gradient live on the last stage, the inputs' on the
+        # first: every device gets them.
+        gq = tree_util.tree_map(lambda g: psum(g, axes), gq)
+        gx = psum(gx, axes)
+        grads = PipelineGrads(gs, None if self.loss_params is None else gq, gx)
+        return psum(total, axes), grads
+
+
+def _add(a, b):
+    """Two pytrees of the same structure, added leaf by leaf."""
+    return tree_util.tree_map(lambda u, v: u + v, a, b)
 
 
 def _as_run(f_mb, b_mb, f_in, b_in) -> tuple:

@@ -24,8 +24,13 @@ from typing import Iterator
 
 import numpy as np
 
+import spmd
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
+from spmd.compiler.core.array import Array
 from spmd.errors import ArgumentError
+from spmd.launch import runtime
+from spmd.mesh.devices import reset_for_tests
+from spmd.shard.arrays.placing import device_put
 
 __all__ = ["assert_sharded_allclose", "simulated_devices"]
 
@@ -68,8 +73,6 @@ def assert_sharded_allclose(actual, expected, *, rtol: float = 1e-6, atol: float
     >>> x = spmd.device_put(np.arange(8.0), NamedSharding(mesh, P("i")))
     >>> assert_sharded_allclose(spmd.jit(lambda v: v * 2)(x), np.arange(8.0) * 2)
     """
-    from spmd.compiler.core.array import Array
-
     if not isinstance(actual, Array):
         raise ArgumentError(f"assert_sharded_allclose: actual must be an spmd.Array (a placed "
                             f"array), got {type(actual).__name__}; compare plain arrays with "
@@ -99,8 +102,6 @@ def assert_sharded_allclose(actual, expected, *, rtol: float = 1e-6, atol: float
             # Values only: expected's blocks are moved to actual's placement (on a mesh of
             # several processes a collective of every rank, which this assertion is called
             # on), so that each rank compares its own blocks and none reads the whole value.
-            from spmd.shard.arrays.placing import device_put
-
             expected = device_put(expected, actual.sharding)
     want_blocks = {s.device: s for s in expected.addressable_shards} if placed else None
     whole = None if placed else np.asarray(expected)
@@ -135,10 +136,6 @@ def simulated_devices(n: int) -> Iterator[None]:
     >>> with simulated_devices(16):
     ...     mesh = spmd.make_mesh((4, 4), ("i", "j"))   # doctest: +SKIP
     """
-    import spmd
-    from spmd.launch import runtime
-    from spmd.mesh.devices import reset_for_tests
-
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ArgumentError(f"simulated_devices: n={n!r} must be a positive number of devices")
     if spmd.process_count() > 1:

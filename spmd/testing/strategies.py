@@ -27,7 +27,9 @@ except ImportError as e:  # pragma: no cover - the test extra has it
     raise ImportError("spmd.testing.strategies needs hypothesis: pip install hypothesis "
                       "(or spmd[test])") from e
 
+import spmd
 from spmd.errors import ArgumentError
+from spmd.shard.arrays.spec import NamedSharding, P
 
 __all__ = ["meshes", "partition_specs", "shapes_and_specs", "sharded_arrays"]
 
@@ -47,8 +49,6 @@ def meshes(draw, *, max_devices: int | None = None, max_axes: int = 3,
 
     >>> mesh = meshes(max_devices=8).example()   # doctest: +SKIP
     """
-    import spmd
-
     have = spmd.device_count()
     cap = have if max_devices is None else int(max_devices)
     if cap < 1 or cap > have:
@@ -76,8 +76,6 @@ def partition_specs(draw, shape, mesh):
 
     >>> spec = partition_specs((8, 6), mesh).example()   # doctest: +SKIP
     """
-    from spmd.shard.arrays.spec import P
-
     shape = tuple(int(s) for s in shape)
     unused = list(draw(st.permutations(list(mesh.axis_names))))
     entries = []
@@ -109,8 +107,6 @@ def shapes_and_specs(draw, mesh, *, max_rank: int = 3, max_blocks: int = 3):
 
     >>> shape, spec = shapes_and_specs(mesh).example()   # doctest: +SKIP
     """
-    from spmd.shard.arrays.spec import P
-
     rank = draw(st.integers(0, max_rank))
     unused = list(draw(st.permutations(list(mesh.axis_names))))
     spec, shape = [], []
@@ -134,9 +130,6 @@ def sharded_arrays(draw, mesh=None, *, shape=None, spec=None, dtype=np.float32,
 
     >>> x = sharded_arrays(mesh, shape=(8, 4)).example()   # doctest: +SKIP
     """
-    import spmd
-    from spmd.shard.arrays.spec import NamedSharding
-
     mesh = draw(meshes()) if mesh is None else mesh
     if shape is None and spec is None:
         shape, spec = draw(shapes_and_specs(mesh, max_rank=max_rank))

@@ -26,40 +26,40 @@ def empty_pool():
 
 
 def test_small_buffers_are_not_pooled():
-    a = mpi._recv_buffer((4,), np.float32)
+    a = mpi.buffers.recv_buffer((4,), np.float32)
     assert a.shape == (4,) and a.dtype == np.float32
-    assert not mpi._pool
+    assert not mpi.buffers._pool
 
 
 def test_a_buffer_is_reused_only_when_nothing_refers_to_it():
-    a = mpi._recv_buffer(BIG, np.float32)
-    b = mpi._recv_buffer(BIG, np.float32)
+    a = mpi.buffers.recv_buffer(BIG, np.float32)
+    b = mpi.buffers.recv_buffer(BIG, np.float32)
     assert a is not b  # a is still held here
     view = a.reshape(-1)[3:10]  # a view keeps its base alive
     a_id = id(a)
     del a
-    c = mpi._recv_buffer(BIG, np.float32)
+    c = mpi.buffers.recv_buffer(BIG, np.float32)
     assert id(c) != a_id and c is not b
     del view
-    d = mpi._recv_buffer(BIG, np.float32)
+    d = mpi.buffers.recv_buffer(BIG, np.float32)
     assert id(d) == a_id  # now free: reused
 
 
 def test_results_of_earlier_calls_are_never_overwritten():
     kept = []
     for i in range(mpi.POOL_PER_SHAPE + 3):
-        buf = mpi._recv_buffer(BIG, np.float32)
+        buf = mpi.buffers.recv_buffer(BIG, np.float32)
         buf[...] = i
         kept.append(buf)
     for i, buf in enumerate(kept):
         assert np.all(buf == i)
-    assert len(mpi._pool[(BIG, np.dtype(np.float32))]) == mpi.POOL_PER_SHAPE
+    assert len(mpi.buffers._pool[(BIG, np.dtype(np.float32))]) == mpi.POOL_PER_SHAPE
 
 
 def test_distinct_shapes_and_dtypes_get_distinct_buffers():
-    a = mpi._recv_buffer(BIG, np.float32)
-    b = mpi._recv_buffer(BIG, np.int32)
-    c = mpi._recv_buffer((BIG[0] * 2,), np.float32)
+    a = mpi.buffers.recv_buffer(BIG, np.float32)
+    b = mpi.buffers.recv_buffer(BIG, np.int32)
+    c = mpi.buffers.recv_buffer((BIG[0] * 2,), np.float32)
     assert len({id(a), id(b), id(c)}) == 3
     assert (b.dtype, c.shape) == (np.int32, (BIG[0] * 2,))
 
@@ -72,7 +72,7 @@ needs_mpi4py = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
 @pytest.mark.parametrize("split", [False, True])
 def test_allreduce_on_one_rank(monkeypatch, split):
     # With a one-rank world every algorithm must return the input itself.
-    monkeypatch.setattr(mpi, "_split_bytes", lambda: 0 if split else 1 << 62)
+    monkeypatch.setattr(mpi.communicators, "split_bytes", lambda: 0 if split else 1 << 62)
     x = np.arange(np.prod(BIG), dtype=np.float32).reshape(BIG)
     first = mpi.allreduce(x, (0,), "sum")
     np.testing.assert_array_equal(first, x)
@@ -100,7 +100,7 @@ HUGE = (mpi.HUGE_BYTES // 4 + 8,)  # float32 elements: an aligned buffer
 
 
 def test_large_buffers_start_on_a_huge_page_boundary():
-    a = mpi._recv_buffer(HUGE, np.float32)
+    a = mpi.buffers.recv_buffer(HUGE, np.float32)
     assert a.shape == HUGE and a.dtype == np.float32 and a.flags.c_contiguous
     assert a.__array_interface__["data"][0] % mpi.HUGE_BYTES == 0
 
@@ -108,17 +108,17 @@ def test_large_buffers_start_on_a_huge_page_boundary():
 def test_a_large_buffer_is_reused_only_when_no_view_of_it_is_left():
     # The pool keeps the memory owner; a result is a view of it, and so is any view
     # the caller takes of the result: each keeps the owner alive.
-    a = mpi._recv_buffer(HUGE, np.float32)
+    a = mpi.buffers.recv_buffer(HUGE, np.float32)
     a[...] = 1.0
     view = a.reshape(-1)[5:9]
     addr = a.__array_interface__["data"][0]
     del a
-    b = mpi._recv_buffer(HUGE, np.float32)
+    b = mpi.buffers.recv_buffer(HUGE, np.float32)
     assert b.__array_interface__["data"][0] != addr  # `view` still holds the memory
     b[...] = 2.0
     assert np.all(view == 1.0)
     del view
-    c = mpi._recv_buffer(HUGE, np.float32)
+    c = mpi.buffers.recv_buffer(HUGE, np.float32)
     assert c.__array_interface__["data"][0] == addr  # now free: reused
     assert np.all(b == 2.0)
 
@@ -126,7 +126,7 @@ def test_a_large_buffer_is_reused_only_when_no_view_of_it_is_left():
 def test_large_results_of_earlier_calls_are_never_overwritten():
     kept = []
     for i in range(mpi.POOL_PER_SHAPE + 2):
-        buf = mpi._recv_buffer(HUGE, np.float32)
+        buf = mpi.buffers.recv_buffer(HUGE, np.float32)
         buf[...] = i
         kept.append(buf)
     for i, buf in enumerate(kept):

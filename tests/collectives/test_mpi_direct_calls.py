@@ -42,7 +42,7 @@ def _full(params):
 def test_the_bound_operation_gives_what_the_impl_gives(kind, params, x):
     fn = mpi.mpi_p.rules.bind_impl(np, kind=kind, ranks=RANKS, **_full(params))
     if kind == "allreduce":  # its own bound form (the fast call after the first)
-        assert isinstance(fn, mpi._BoundAllreduce)
+        assert isinstance(fn, mpi.primitive._BoundAllreduce)
     else:
         assert isinstance(fn, functools.partial) and fn.func is getattr(mpi, kind)
     want = mpi.mpi_p.impl(np, x, kind=kind, ranks=RANKS, **_full(params))
@@ -101,7 +101,7 @@ def test_generated_code_calls_the_backend_operation_directly():
                               [ShapedArray((2, 3), np.dtype(np.float32), False)])
     exe = compile_program(closed, np)
     bound = [v for k, v in exe.fn.__globals__.items() if k.startswith("_mpi_")]
-    assert len(bound) == 1 and isinstance(bound[0], mpi._BoundAllreduce), exe.source
+    assert len(bound) == 1 and isinstance(bound[0], mpi.primitive._BoundAllreduce), exe.source
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     (out,) = exe(x)
     np.testing.assert_array_equal(out, x)
@@ -111,7 +111,7 @@ def test_generated_code_calls_the_backend_operation_directly():
                                np.array(2.5, np.float32)],
                          ids=["2d", "0d"])
 def test_widen_passes_contiguous_arrays_as_they_are(x):
-    buf, orig = mpi._widen(x)
+    buf, orig = mpi.buffers.widen(x)
     assert buf is x and orig is None
 
 
@@ -123,7 +123,7 @@ def test_widen_passes_contiguous_arrays_as_they_are(x):
     (np.float32(3.0), np.float32),                                   # a numpy scalar
 ], ids=["transposed", "strided", "f16", "bool", "scalar"])
 def test_widen_copies_what_mpi_cannot_read_as_it_is(x, dtype):
-    buf, orig = mpi._widen(x)
+    buf, orig = mpi.buffers.widen(x)
     assert buf is not x and buf.flags.c_contiguous and buf.dtype == dtype
     assert buf.shape == np.shape(x)
     np.testing.assert_array_equal(buf, np.asarray(x).astype(dtype))

@@ -69,12 +69,12 @@ def test_a_bad_split_setting_names_the_variable_and_the_value(monkeypatch):
     from spmd.collectives import mpi
 
     monkeypatch.setenv("SPMD_MPI_ALLREDUCE_SPLIT_BYTES", "big")
-    mpi._split_bytes.cache_clear()
+    mpi.communicators.split_bytes.cache_clear()
     try:
         with pytest.raises(ArgumentError, match="SPMD_MPI_ALLREDUCE_SPLIT_BYTES='big' is not"):
-            mpi._split_bytes()
+            mpi.communicators.split_bytes()
     finally:
-        mpi._split_bytes.cache_clear()
+        mpi.communicators.split_bytes.cache_clear()
 
 
 @pytest.mark.parametrize("raw", ["lots", "-5", "1.5"])

@@ -200,9 +200,9 @@ def test_a_request_dropped_before_its_wait_keeps_its_buffers():
 
     n = spmd.process_count()
     req = mpi.iallreduce(np.ones(1000, np.float32), tuple(range(n)), "sum", what="psum")
-    kept = len(mpi._abandoned)
+    kept = len(mpi.nonblocking._abandoned)
     del req
-    assert len(mpi._abandoned) == kept + 1
-    raw, out, _ = mpi._abandoned.pop()
+    assert len(mpi.nonblocking._abandoned) == kept + 1
+    raw, out, _ = mpi.nonblocking._abandoned.pop()
     raw.Wait()  # (every rank completes it, so the next test's collectives pair up)
     np.testing.assert_array_equal(out, np.full(1000, n, np.float32))

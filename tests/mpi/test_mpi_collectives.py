@@ -214,7 +214,7 @@ def test_a_ppermute_sender_does_not_wait_for_its_receiver(monkeypatch):
     else:
         comm.Barrier()
     backend.settle_sends(wait=True)
-    assert not backend._sends
+    assert not backend.nonblocking._sends
     comm.Barrier()
 
 
@@ -231,14 +231,14 @@ def test_a_send_nobody_receives_holds_no_rank(monkeypatch):
     if r == 0:
         backend.sendrecv(x, pair, 1, None)
         backend.settle_sends()          # does not wait for the receiver
-        assert len(backend._sends) == 1
-        backend._settle_at_exit(limit_s=0.2)  # bounded: returns, the send pending
-        assert len(backend._sends) == 1 and not backend._sends[0][0].Test()
+        assert len(backend.nonblocking._sends) == 1
+        backend.nonblocking._settle_at_exit(limit_s=0.2)  # bounded: returns, the send pending
+        assert len(backend.nonblocking._sends) == 1 and not backend.nonblocking._sends[0][0].Test()
     comm.Barrier()
     if r == 1:
         np.testing.assert_array_equal(backend.sendrecv(np.zeros_like(x), pair, None, 0), x)
     backend.settle_sends(wait=True)
-    assert not backend._sends
+    assert not backend.nonblocking._sends
     comm.Barrier()
 
 
@@ -261,14 +261,14 @@ def test_a_started_exchange_is_read_at_its_wait(monkeypatch):
         got = ex.wait()
         np.testing.assert_array_equal(got, np.arange(1 << 16, dtype=np.float32) + other)
         assert work.shape == (256, 256)
-        kept = len(backend._abandoned)
+        kept = len(backend.nonblocking._abandoned)
         backend.isendrecv(np.full(8, r, np.float32), pair, other, other)  # dropped
-        assert len(backend._abandoned) == kept + 1
-        req, out, _ = backend._abandoned.pop()
+        assert len(backend.nonblocking._abandoned) == kept + 1
+        req, out, _ = backend.nonblocking._abandoned.pop()
         req.Wait()
         np.testing.assert_array_equal(out, np.full(8, other, np.float32))
     backend.settle_sends(wait=True)
-    assert not backend._sends
+    assert not backend.nonblocking._sends
     comm.Barrier()
 
 

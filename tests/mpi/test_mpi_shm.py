@@ -360,4 +360,4 @@ def test_ranks_that_read_different_settings_all_raise(fresh_shm, monkeypatch, ra
     want = (r"rank 0: \(min, slot\) = \(32768" if rank0_reads == "32768"
             else "rank 0: SPMD_MPI_SHM_MIN_BYTES='lots' is not a number of bytes")
     with pytest.raises(ArgumentError, match=want):
-        mpi._agree_settings(all_ranks(), control(all_ranks()))
+        mpi.communicators._agree_settings(all_ranks(), control(all_ranks()))

@@ -33,14 +33,19 @@ collective across its ranks before its data moves (:func:`_check_call`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
 import time
 
+import numpy as np
+
+from spmd.collectives.mpi.buffers import as_bytes, recv_buffer
 from spmd.errors import ArgumentError, ProgramMismatchError, SpmdError
 from spmd.compiler.core.ir import Namer, pp_eqn
 from spmd.compiler.core.trace import current_equation, current_function, user_source_info
+from spmd.launch.mpi import world
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -171,7 +176,7 @@ def control(ranks: tuple, what=None):
     collective over them: ``what``, for reports)."""
     comm = _controls.get(ranks)
     if comm is None:
-        from spmd.collectives.mpi import communicator
+        from spmd.collectives.mpi.communicators import communicator  # (it imports this module)
 
         communicator(ranks, what)
         comm = _controls[ranks]
@@ -179,8 +184,6 @@ def control(ranks: tuple, what=None):
 
 
 def _me() -> int:
-    from spmd.collectives.mpi import world
-
     return world().Get_rank()
 
 
@@ -423,19 +426,13 @@ def _check_threads(c: Collective) -> None:
     from a thread of the same name at the same equation.  MPI pairs collectives by
     their order, which threads make differ from rank to rank; unchecked, a thread
     could receive another thread's data."""
-    import hashlib
-
-    import numpy as np
-
-    from spmd.collectives.mpi import _bytes, _recv_buffer
-
     w = c.what
     desc = (f"thread {threading.current_thread().name!r} issues {w or 'a collective'}"
             + (f" in {w.describe()}" if isinstance(w, Site) else ""))
     digest = np.frombuffer(hashlib.blake2b(desc.encode(), digest_size=16).digest(), np.uint8)
     comm = control(c.ranks)
-    src = _bytes(digest)
-    rows = _recv_buffer((len(c.ranks), 16), np.uint8)
+    src = as_bytes(digest)
+    rows = recv_buffer((len(c.ranks), 16), np.uint8)
     comm.Allgather(src, rows)
     if all((r == rows[0]).all() for r in rows):
         return
@@ -479,11 +476,6 @@ def _check_call(c: "Collective") -> None:
     instead of pairing its data with another collective's (a silent wrong result when
     the shapes happen to fit) or waiting for the deadline.  One small control
     ``Allgather`` per collective (measured: docs/launching.md)."""
-    import hashlib
-
-    import numpy as np
-
-    from spmd.collectives.mpi import _recv_buffer
     if c.control:
         c.seq = _seq.get(c.ranks, 0)  # (reported, not counted: control traffic)
         mine = np.array((_CONTROL, c.seq, 0, 0), np.int64)
@@ -497,7 +489,7 @@ def _check_call(c: "Collective") -> None:
             if w.__class__ is Site and threading.get_ident() == _MAIN:
                 w.key = key
         mine = np.array((_CALL, c.seq) + key, np.int64)
-    rows = _recv_buffer((len(c.ranks), 4), np.int64)
+    rows = recv_buffer((len(c.ranks), 4), np.int64)
     comm = control(c.ranks)
     comm.Allgather(mine, rows)
     if (rows == mine).all():

@@ -80,6 +80,7 @@ import functools
 import numpy as np
 
 from spmd.collectives.mpi import shm as mpi_shm
+from spmd.collectives.mpi.buffers import recv_buffer
 from spmd.collectives.mpi.control import Collective, Site, control
 from spmd.launch import nodes
 
@@ -146,7 +147,7 @@ class Plan:
         flat, L = buf.reshape(-1), self.per_node
         if flat.size % L == 0:
             return flat.reshape(L, -1)
-        padded = _mpi._recv_buffer((L, -(-flat.size // L)), flat.dtype)
+        padded = recv_buffer((L, -(-flat.size // L)), flat.dtype)
         whole = padded.reshape(-1)
         whole[:flat.size] = flat
         whole[flat.size:] = 0
@@ -177,7 +178,7 @@ class Plan:
                     # again after the windows were reset (tests).
                     self.fused = (seg, all(control(self.ranks).allgather(seg is not None)))
                 if self.fused[1]:
-                    out = _mpi._recv_buffer(buf.shape, buf.dtype)
+                    out = recv_buffer(buf.shape, buf.dtype)
                     seg.allreduce_sum(buf, out, self._across)
                     return out
         part = _mpi.reduce_scatter(self._chunks(buf), self.node_ranks, op, what)
@@ -195,7 +196,7 @@ class Plan:
         both: IEEE addition commutes); MPI's all-reduce counts two (its reduce-scatter
         and all-gather) from 2 KiB up.  From three nodes, MPI's all-reduce."""
         if self.nodes == 2:
-            theirs = _mpi._recv_buffer(part.shape, part.dtype)
+            theirs = recv_buffer(part.shape, part.dtype)
             peer = 1 - self.node
             self.pair.Sendrecv(part, peer, 0, theirs, peer, 0)
             np.add(part, theirs, out=part)
@@ -210,7 +211,7 @@ class Plan:
         self.calls["reduce_scatter"] += 1
         rows = buf
         if self.order is not None:
-            rows = _mpi._recv_buffer(buf.shape, buf.dtype)
+            rows = recv_buffer(buf.shape, buf.dtype)
             np.take(buf, self.order, axis=0, out=rows)
         rows = rows.reshape((self.per_node, self.nodes) + buf.shape[1:])
         part = _mpi.reduce_scatter(rows, self.node_ranks, op, what)  # (nodes, *row)
@@ -225,7 +226,7 @@ class Plan:
         rows = both.reshape((len(self.ranks),) + src.shape)
         if self.back is None:
             return rows
-        out = _mpi._recv_buffer(rows.shape, rows.dtype)
+        out = recv_buffer(rows.shape, rows.dtype)
         np.take(rows, self.back, axis=0, out=out)
         return out
 
@@ -347,6 +348,7 @@ def reset() -> None:
     min_bytes.cache_clear()
 
 
-# Last: spmd.collectives.mpi imports this module and reads ``plans`` as it loads, so
-# whichever of the two is imported first, everything above exists by then.
+# Last, and the package (its operations read when called): spmd.collectives.mpi.calls
+# imports this module and reads ``plans`` as it loads, so whichever of the two is
+# imported first, everything above exists by then.
 from spmd.collectives import mpi as _mpi  # noqa: E402

@@ -87,7 +87,7 @@ import functools
 import os
 
 import numpy as np
-from spmd.collectives.mpi.control import complete_within
+from spmd.collectives.mpi.control import complete_within, control as control_comm
 from spmd.errors import ArgumentError
 from spmd.launch import nodes
 
@@ -393,13 +393,11 @@ def segment_for(ranks: tuple, comm, nbytes: int, use: str):
         return None
     seg = _segments.get(ranks, False)
     if seg is False:
-        from spmd.collectives.mpi.control import control
-
         # At least 64 bytes per member: a reduce-scatter's piece is at least one
         # column of every row (members x itemsize, up to 32 bytes), and a piece must
         # never spill into the next slot.
         slot = max(-(-hi // 64), len(ranks)) * 64
-        seg = _segments[ranks] = _make(comm, control(ranks), slot, ranks)
+        seg = _segments[ranks] = _make(comm, control_comm(ranks), slot, ranks)
     return seg
 
 

@@ -57,8 +57,8 @@ _threads_ok = [True]
 
 def start() -> None:
     """Start the watchdog thread (once per process: mpi_control does it)."""
-    from spmd.launch import _rank  # noqa: F401  (see below)
-    # What the ticks use is loaded here, by the starting thread: a first-time import
+    # What the ticks use is imported at the top, by the thread that loads this module
+    # (spmd.launch._rank too, which the reports read): a first-time import
     # in the watchdog thread would load a module at a moment of its own, in the middle
     # of whatever the program then does (and of its memory measurements).
     # Its questions and answers are MPI calls from a second thread: they need
@@ -264,8 +264,6 @@ def _expire(c, limit: float) -> None:
     # the job down at once: without a moment's grace the report can be lost (seen
     # once on a loaded machine, where the job ended with no report).
     time.sleep(ABORT_GRACE_S)
-    from spmd.collectives.mpi import world
-
     world().Abort(1)
 
 

@@ -1,5 +1,8 @@
-"""More elementwise functions and dtype helpers of numpy, composed from the
-primitives' functions (so they differentiate, batch and partition through them).
+"""Elementwise functions of numpy composed from the primitives' functions (so they
+differentiate, batch and partition through them): logarithms and exponentials in
+other bases, inverse hyperbolic functions, angle conversions, ``hypot``, ``cbrt``,
+``sinc``, ``fmax``/``fmin``/``fmod``, rounding toward zero, ``isposinf``/``isneginf``,
+``nan_to_num``.
 
 >>> import spmd.numpy as snp
 >>> snp.log10(snp.array([1.0, 100.0]))
@@ -13,19 +16,20 @@ import numpy as np
 from spmd.compiler.core import dtypes
 from spmd.compiler.ops import complex as cx
 from spmd.compiler.ops.elementwise import rem
-from spmd.compiler.core.trace import get_aval
 from spmd.errors import DTypeError
 from spmd.numpy._elementwise import (abs as abs_, ceil, exp, floor, log, log1p, logaddexp, maximum,
                                      minimum, power, round as round_, sign, sin, sqrt, where)
 from spmd.numpy._util import check_arraylike, promote_and_broadcast, promote_to_float, to_array
 
-__all__ = ["arccosh", "arcsinh", "arctanh", "can_cast", "cbrt", "deg2rad", "degrees", "exp2",
-           "finfo", "fix", "float_power", "fmax", "fmin", "fmod", "heaviside", "hypot",
-           "iinfo", "isneginf", "isposinf", "issubdtype", "log10", "log2", "logaddexp2",
-           "nan_to_num", "ndim", "positive", "promote_types", "rad2deg", "radians",
-           "result_type", "rint", "shape", "sinc", "size", "trunc"]
+__all__ = ["arccosh", "arcsinh", "arctanh", "cbrt", "deg2rad", "degrees", "exp2", "fix",
+           "float_power", "fmax", "fmin", "fmod", "heaviside", "hypot", "isneginf", "isposinf",
+           "log10", "log2", "logaddexp2", "nan_to_num", "positive", "rad2deg", "radians", "rint",
+           "sinc", "trunc"]
+
 
 _LN2 = float(np.log(2.0))
+
+
 _LN10 = float(np.log(10.0))
 
 
@@ -225,66 +229,3 @@ def nan_to_num(x, copy: bool = True, nan=0.0, posinf=None, neginf=None):
     a = where(a != a, _c(a, nan), a)
     a = where(a == _c(a, np.inf), _c(a, hi), a)
     return where(a == _c(a, -np.inf), _c(a, lo), a)
-
-
-# ------------------------------------------------------------- dtype helpers
-
-def _dtype_of(x):
-    """A dtype, a scalar type, a dtype name, or an array's dtype."""
-    if isinstance(x, (type, np.dtype, str)):
-        return np.dtype(x)
-    return np.dtype(x.dtype)
-
-
-def finfo(dtype):
-    """Machine limits of a float dtype or array (``numpy.finfo``)."""
-    return np.finfo(_dtype_of(dtype))
-
-
-def iinfo(dtype):
-    """Machine limits of an integer dtype or array (``numpy.iinfo``)."""
-    return np.iinfo(_dtype_of(dtype))
-
-
-def issubdtype(arg1, arg2) -> bool:
-    """``numpy.issubdtype``."""
-    return bool(np.issubdtype(arg1, arg2))
-
-
-def can_cast(from_, to, casting: str = "safe") -> bool:
-    """``numpy.can_cast`` on dtypes."""
-    return bool(np.can_cast(_dtype_of(from_), to, casting))
-
-
-def result_type(*args):
-    """The dtype the arguments promote to, with JAX's rules (weak Python scalars)."""
-    typed = []
-    for a in args:
-        if isinstance(a, (type, np.dtype, str)):
-            typed.append((dtypes.canonicalize(a), False))
-        else:
-            av = get_aval(to_array(a, fname="spmd.numpy.result_type"))
-            typed.append((av.dtype, av.weak_type))
-    return dtypes.result_type(*typed)[0]
-
-
-def promote_types(type1, type2):
-    """The dtype two dtypes promote to (JAX's table)."""
-    return result_type(np.dtype(type1), np.dtype(type2))
-
-
-def ndim(a) -> int:
-    """The number of dimensions (traced values too)."""
-    return len(shape(a))
-
-
-def shape(a) -> tuple:
-    """The shape (traced values too)."""
-    s = getattr(a, "shape", None)
-    return tuple(s) if s is not None else tuple(np.shape(a))
-
-
-def size(a, axis=None) -> int:
-    """The number of elements (along ``axis`` when given)."""
-    s = shape(a)
-    return int(np.prod(s)) if axis is None else s[axis]
