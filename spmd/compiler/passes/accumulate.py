@@ -37,7 +37,7 @@ MIN_ELEMENTS = 1 << 14
 
 class _Group:
     """One sum ``acc + total`` whose ``total`` is made by ``products`` (one product, or
-    the slabs of a ``concatenate`` (``buf``) that :class:`~spmd.compiler.engine.codegen.
+    the slabs of a ``concatenate`` (``buf``) that :class:`~spmd.compiler.engine.flat_writes.
     FlatWrites` has every product write into)."""
 
     __slots__ = ("acc", "total", "products", "first", "buf", "view", "decided")
