@@ -118,7 +118,7 @@ class Frame:
 
 def _frame_of_sum(eqn, min_elements: int) -> Frame | None:
     """The frame of a ``reduce_sum`` over its operand's trailing axes, else None."""
-    if eqn.primitive.name != "reduce_sum":
+    if "sum" not in eqn.primitive.traits:
         return None
     x = eqn.inputs[0].aval
     axes = tuple(sorted(eqn.params["axes"]))
@@ -138,14 +138,14 @@ def _role(eqn, frame: Frame):
     space = frame.space(out.shape)
     if space not in ("full", "row"):
         return None
-    name = eqn.primitive.name
-    if name == "reduce_sum":
+    traits = eqn.primitive.traits
+    if "sum" in traits:
         f = _frame_of_sum(eqn, 0)
         return ("sum", "row") if f is not None and f.key() == frame.key() else None
-    if name == "reshape":
+    if "same_order" in traits:
         inner = frame.space(eqn.inputs[0].aval.shape)
         return ("alias", space) if inner == space and out.dtype in _FLOATS else None
-    if name == "broadcast_in_dim":
+    if "broadcast" in traits:
         return ("broadcast", space) if out.dtype in _FLOATS + (_BOOL,) else None
     # fusion's test of an equation that may join a kernel (operands of the result's
     # shape or scalars, float or boolean dtypes as the op needs), then the loop's ops.
@@ -455,9 +455,9 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
             if e is None or not e.inputs or not isinstance(e.inputs[0], Var) or \
                     e.inputs[0] in node_of:
                 break
-            if e.primitive.name == "reshape":
+            if "same_order" in e.primitive.traits:
                 reshaped = True
-            elif e.primitive.name == "broadcast_in_dim" and (wide is None or not reshaped):
+            elif "broadcast" in e.primitive.traits and (wide is None or not reshaped):
                 inner = e.params["broadcast_dimensions"]
                 wide = (e.outputs[0].aval.shape, inner, e.inputs[0].aval.shape) \
                     if wide is None else \
@@ -523,7 +523,7 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
                 margs.append(unfused(a, wide))
                 args.append(read(a, wide))
         params = {"member": len(mems)}
-        if e.primitive.name == "integer_pow":
+        if e.primitive.rules.kernel_op == "integer_pow":  # (its exponent)
             params["y"] = e.params["y"]
         nodes.append(("alias" if kind == "broadcast" else kind,
                       e.primitive.rules.kernel_op, params, tuple(args),

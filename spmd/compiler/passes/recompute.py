@@ -53,11 +53,13 @@ MAX_CHAIN = 12
 # With ``views=True``, values smaller than this (a layer norm's row statistics) count
 # as alive wherever they are defined: keeping them longer costs little.
 SMALL_ELEMENTS = 1 << 14
-_VIEWS = ("broadcast_in_dim", "reshape")
+# With ``views``, the equations recomputed besides elementwise ones (by their traits).
+_VIEWS = frozenset(("broadcast", "same_order"))
 
 
 def _eligible(eqn, views: bool = False) -> bool:
-    if views and eqn.primitive.name in _VIEWS and len(eqn.outputs) == 1:
+    if views and not _VIEWS.isdisjoint(eqn.primitive.traits) and \
+            len(eqn.outputs) == 1:
         return True
     return _kernel_op(eqn, 0) is not None and not eqn.primitive.rules.never_recompute
 
