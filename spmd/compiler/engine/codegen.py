@@ -9,15 +9,26 @@ primitive whose expression depends on its operands' types registers
 (``dot_general``: ``(a.T @ b)`` for a transposed 2-d operand; it is told the array
 module, ``xp=``); for a
 primitive with the ``fresh_result`` trait it is also called with ``out=NAME``, a
-dead buffer of the result's shape and dtype that its code may write into.
+dead buffer of the result's shape and dtype, and code it returns for that call
+writes there (the rule's contract: nothing reads the code to find out).
+
+The code is planned before it is written: :func:`emit_eqns` walks the equations
+once, deciding from each equation, its primitive's rules and the buffer plan
+(:mod:`spmd.compiler.engine.buffers`, :mod:`spmd.compiler.engine.flat_writes`,
+:mod:`spmd.compiler.passes.accumulate`) what its line calls and which buffers it
+writes, into typed records (:mod:`spmd.compiler.engine.annotations`); rendering
+the records into lines is the last step.  An emit rule's code is read once, where it
+is planned, for what it is: a numpy ufunc applied to the operands (:func:`ufunc_of`:
+its result may go into a buffer with ``out=``), or a reduction's call.
 
 Which primitive gets which treatment is read from its traits
 (:data:`spmd.compiler.core.primitives.TRAITS`: ``view``, ``implicit_broadcast``,
 ``broadcast``, ``fresh_result``), never from its name.  The exceptions are
 patterns of particular primitives, compared by identity with the primitive
 object: the flat ``concatenate`` of ``reshape``s that combining collectives
-builds (:class:`FlatWrites`), and ``reduce_sum``'s own emitted ``xp.sum(...)``,
-given ``out=`` (and its ``_blas_sum(...)``, a float sum as a product with ones).
+builds (:class:`~spmd.compiler.engine.flat_writes.FlatWrites`), and ``reduce_sum``'s
+own emitted ``xp.sum(...)``, given ``out=`` (and its ``_blas_sum(...)``, a float sum
+as a product with ones).
 
 Example of generated code (``spmd.jit(f).lower(x).compile().source``)::
 
