@@ -4,11 +4,14 @@
 once, asks the rules and the buffer plan (:mod:`spmd.compiler.engine.buffers`) what
 each one calls, which buffer its result goes into and which values it takes over,
 and records the answers here.  Rendering (:func:`render`) then turns the records into
-lines of source, and nothing decides anything from the text it renders.
+lines of source, each with the value names it mentions and binds (:class:`Line`, which
+:func:`spmd.compiler.engine.codegen.release_dead_names` reads), and nothing decides
+anything from the text it renders.
 
 Example::
 
-    >>> render([Assign(("v2",), False, Call("xp.add", ("v0", "v1"), out="v0"))])
+    >>> [ln.text for ln in render([Assign(("v2",), False,
+    ...                                   Call("xp.add", ("v0", "v1"), out="v0"))])]
     ['v2 = xp.add(v0, v1, out=v0)']
 """
 
@@ -17,19 +20,57 @@ from __future__ import annotations
 import dataclasses
 
 
+class Code(str):
+    """The source of an expression for a buffer, with the value names it mentions
+    (``v3[0:128].reshape((8, 16))`` mentions ``v3``): planned beside the text, so
+    that nothing reads the text back.  A plain string is a name itself."""
+
+    def __new__(cls, text: str, names):
+        self = super().__new__(cls, text)
+        self.names = tuple(names)
+        return self
+
+
+def mentioned(code) -> tuple:
+    """The value names ``code`` (a :class:`Code`, or a name) mentions."""
+    return code.names if isinstance(code, Code) else (code,)
+
+
+@dataclasses.dataclass(slots=True)
+class Line:
+    """A line of source, the names it mentions (reads, or writes into) and the names it
+    binds (assigns)."""
+
+    text: str
+    mentions: tuple = ()
+    binds: tuple = ()
+
+
 @dataclasses.dataclass(slots=True)
 class Call:
     """What an equation's line calls: a function by name (``fn``: a primitive's bound
     impl put in the namespace, or an ``xp`` ufunc) with ``args``, or the code
-    ``template`` of a primitive's emit rule, taken as it is.  ``out``: the buffer it
+    ``template`` of a primitive's emit rule, taken as it is (made from ``args``, the
+    operands it reads).  ``out``: the buffer it
     writes its result into (a keyword ``out=``); ``outs``: the buffers (or None, a new
-    one) of each of several results (``out=(...)``, :func:`buffers.results_into`)."""
+    one) of each of several results (``out=(...)``, :func:`buffers.results_into`);
+    ``writes``: the buffer a template's code writes into (its rule was given it)."""
 
     fn: str | None
     args: tuple = ()
     out: str | None = None
     outs: tuple | None = None
     template: str | None = None
+    writes: str | None = None  # the buffer a template's code writes into, if any
+
+    def mentions(self) -> tuple:
+        """Its operands' and buffers' names (a template's code mentions its ``args``)."""
+        got = [n for a in self.args for n in mentioned(a)]
+        for b in (self.out, self.writes):
+            if b is not None:
+                got += mentioned(b)
+        got += [n for b in self.outs or () if b is not None for n in mentioned(b)]
+        return tuple(got)
 
     def code(self) -> str:
         if self.fn is None:
@@ -58,12 +99,18 @@ class Assign:
     tests: tuple = ()
 
     def lines(self) -> list:
-        lhs = ((", ".join(self.outs) + ",") if self.outs else "_") if self.multiple \
-            else self.outs[0]
-        out = [f"{lhs} = {self.call.code()}{self.note}"]
+        if self.multiple:
+            lhs = (", ".join(self.outs) + ",") if self.outs else "_"
+        else:
+            lhs = self.outs[0]
+        # (The results of a line of several count as mentioned, not bound, as the text
+        # once read them: they are never deleted before the function returns.)
+        out = [Line(f"{lhs} = {self.call.code()}{self.note}",
+                    self.call.mentions() + self.outs, () if self.multiple else self.outs)]
         if self.copy_into is not None:
-            out.append(f"{self.copy_into}[...] = {self.outs[0]}")
-        out.extend(f"{h}.test()" for h in self.tests)
+            out.append(Line(f"{self.copy_into}[...] = {self.outs[0]}",
+                            mentioned(self.copy_into) + self.outs[:1]))
+        out.extend(Line(f"{h}.test()") for h in self.tests)
         return out
 
 
@@ -76,7 +123,8 @@ class Alloc:
     dtype: str     # the namespace name of its dtype
 
     def lines(self) -> list:
-        return [f"{self.name} = xp.empty({self.shape}, dtype={self.dtype})"]
+        return [Line(f"{self.name} = xp.empty({self.shape}, dtype={self.dtype})",
+                     (self.name,), (self.name,))]
 
 
 @dataclasses.dataclass(slots=True)
@@ -89,7 +137,8 @@ class SlabCopy:
     src: str
 
     def lines(self) -> list:
-        return [f"{self.buf}[{self.start}:{self.stop}] = {self.src}"]
+        return [Line(f"{self.buf}[{self.start}:{self.stop}] = {self.src}",
+                     mentioned(self.buf) + mentioned(self.src))]
 
 
 @dataclasses.dataclass(slots=True)
@@ -102,9 +151,9 @@ class Compact:
     shape: tuple | None
 
     def lines(self) -> list:
-        if self.shape is None:
-            return [f"{self.out} = {self.src}"]
-        return [f"{self.out} = {self.src}.reshape({self.shape!r})"]
+        text = f"{self.out} = {self.src}" if self.shape is None else \
+            f"{self.out} = {self.src}.reshape({self.shape!r})"
+        return [Line(text, (self.out, self.src), (self.out,))]
 
 
 @dataclasses.dataclass(slots=True)
@@ -117,7 +166,8 @@ class Start:
     note: str
 
     def lines(self) -> list:
-        return [f"{self.handle} = {self.fn}({', '.join(self.args)}){self.note}"]
+        return [Line(f"{self.handle} = {self.fn}({', '.join(self.args)}){self.note}",
+                     self.args)]
 
 
 @dataclasses.dataclass(slots=True)
@@ -129,9 +179,10 @@ class Wait:
     note: str
 
     def lines(self) -> list:
-        return [f"{self.out} = {self.handle}.wait(){self.note}"]
+        return [Line(f"{self.out} = {self.handle}.wait(){self.note}", (self.out,),
+                     (self.out,))]
 
 
 def render(steps) -> list:
-    """The lines of source of the planned ``steps``, in order."""
+    """The lines of source (:class:`Line`) of the planned ``steps``, in order."""
     return [ln for step in steps for ln in step.lines()]

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
 
 import numpy as np
 
@@ -94,7 +93,7 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
     with its carries): the code may update them in place."""
     program = closed.program
     namespace: dict = {"xp": xp}
-    lines: list[str] = []
+    lines: list = []  # of annotations.Line
     gen = _names()
     names: dict = {}
     const_ids = itertools.count()
@@ -125,9 +124,10 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
     # A constant (or literal) returned as a result is copied: results must not
     # alias the buffers the compiled function keeps for its next call.
     const_names = {names[v] for v in program.in_vars[:n_consts]}
+    returned = [atom(a) for a in program.out_atoms]
     outs = ", ".join(f"xp.array({n})" if n in const_names or isinstance(a, Literal) else n
-                     for a, n in zip(program.out_atoms, map(atom, program.out_atoms)))
-    lines = release_dead_names(lines, outs, args)
+                     for a, n in zip(program.out_atoms, returned))
+    lines = release_dead_names(lines, returned, args)
     src = f"def {name}({', '.join(args)}):\n" + "".join(f"    {ln}\n" for ln in lines)
     src += f"    return [{outs}]\n"
     exec(compile(src, f"<spmd:{name}>", "exec"), namespace)
@@ -138,29 +138,25 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
                       [written.aliases(a, arg_vars) for a in program.out_atoms])
 
 
-_VALUE_NAME = re.compile(r"\bv\d+\b")
-_ASSIGNED = re.compile(r"^((?:v\d+\s*,\s*)*v\d+)\s*=[^=]")
-
-
-def release_dead_names(lines: list, returned: str, args=()) -> list:
-    """``lines`` with a ``del`` of each value name after the last line that reads it.
+def release_dead_names(lines: list, returned, args=()) -> list:
+    """The text of ``lines`` (:class:`~spmd.compiler.engine.annotations.Line`), with a
+    ``del`` of each value name after the last line that mentions it.
 
     A local of the generated function lives until it returns: without this, every
     intermediate of a training step stays allocated to its end (the big transformer
     step's peak resident set was the sum of them, 1 GiB, against JAX's 0.56).  A name
     is kept while any later line mentions it (a dead buffer reused with ``out=NAME``
-    is a mention) and when the function returns it.  The code is straight-line, so
+    is a mention) and when the function returns it (``returned``).  Only names a line
+    binds, and the arguments ``args``, are released.  The code is straight-line, so
     the last line that mentions a name is its last use.
     """
     last: dict = {}
-    bound = set(args)  # only names the code binds are released (not a mention in text)
+    bound = set(args)
     for i, ln in enumerate(lines):
-        for n in _VALUE_NAME.findall(ln):
+        for n in ln.mentions + ln.binds:
             last[n] = i
-        target = _ASSIGNED.match(ln)
-        if target:
-            bound.update(_VALUE_NAME.findall(target.group(1)))
-    keep = set(_VALUE_NAME.findall(returned)) | (set(last) - bound)
+        bound.update(ln.binds)
+    keep = set(returned) | (set(last) - bound)
     dead_after: dict = {}
     for n, i in last.items():
         if n not in keep:
@@ -168,8 +164,8 @@ def release_dead_names(lines: list, returned: str, args=()) -> list:
     out = []
     for i, ln in enumerate(lines):  # on the same line: one line per equation stays
         dead = dead_after.get(i)
-        out.append(ln if not dead else
-                   f"{ln}; del {', '.join(sorted(dead, key=lambda n: int(n[1:])))}")
+        out.append(ln.text if not dead else
+                   f"{ln.text}; del {', '.join(sorted(dead, key=lambda n: int(n[1:])))}")
     return out
 
 
@@ -303,7 +299,9 @@ def _note(eqn) -> str:
 
 def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
               donated=()) -> Ownership:
-    """Append one line of code per equation to ``lines``.
+    """Append the lines of code of the equations to ``lines``
+    (:class:`~spmd.compiler.engine.annotations.Line`: the text, and the value names
+    each mentions and binds).
 
     ``live_out`` are the atoms the caller reads after these equations (the
     program's outputs); values among them are always materialised and never
@@ -392,67 +390,68 @@ class _Planner:
         whether its results never alias an operand; per result, the operands it may
         alias (None: every one)."""
         prim = eqn.primitive
-        template, wrote = self._template(eqn, ins, target, into)
+        template, written = self._template(eqn, ins, target, into)
         array_result = len(eqn.outputs) == 1 and eqn.outputs[0].aval.ndim > 0
         fresh = "fresh_result" in prim.traits
         if fresh and array_result and into is None:
             self.owned.add(eqn.outputs[0])
         elif fresh and prim.multiple_results:  # a fused kernel's new arrays
             self.owned.update(o for o in eqn.outputs if o.aval.ndim)
-        if wrote:
+        if written is not None and written is into:
             into = None  # written in place
         if template is None:
             call, aliasing = self._impl_call(i, eqn, ins)
             return call, into, fresh, aliasing
-        call = Call(None, template=template)
+        call = Call(None, tuple(ins), template=template, writes=written)
         if not prim.multiple_results and array_result:
-            call, into, fresh = self._ufunc_call(eqn, ins, template, into, fresh)
+            call, into, fresh = self._ufunc_call(eqn, ins, call, into, fresh)
         # (A reduction's result is new whatever its rank: reading a value there leaves
         # no view of it.)
         return call, into, fresh or template.startswith(_FRESH_CALLS), None
 
     def _template(self, eqn, ins, target, into):
         """The code of the primitive's emit rule for ``eqn`` (None: its impl is called),
-        and whether that code writes into ``into``: an ``emit_avals`` rule of a
-        ``fresh_result`` primitive given ``out=`` writes there when it gives code (its
-        contract), accumulating with ``target``."""
+        and the buffer that code writes into (None: a new one): an ``emit_avals`` rule
+        of a ``fresh_result`` primitive given ``out=`` (``into``, else a dead buffer)
+        writes there when it gives code (its contract), accumulating into ``target``."""
         prim, xp = eqn.primitive, self.xp
         emit_avals = prim.rules.emit_avals
         if emit_avals is None:
             use = prim.emit is not None and (xp is np or not prim.rules.emit_numpy_only)
-            return (prim.emit(ins, **eqn.params) if use else None), False
+            return (prim.emit(ins, **eqn.params) if use else None), None
         in_avals = [a.aval for a in eqn.inputs]
         expr = emit_avals(ins, in_avals, xp=xp, **eqn.params)
         fresh = "fresh_result" in prim.traits
         array_result = len(eqn.outputs) == 1 and eqn.outputs[0].aval.ndim > 0
         buf = into or (self.dead.take(eqn.outputs[0].aval)
                        if expr is not None and array_result and fresh else None)
-        wrote = False
+        written = None
         if target is not None:  # (Accumulations checked that it emits this)
             expr = emit_avals(ins, in_avals, xp=xp, out=target, accumulate=True,
                               **eqn.params)
-            wrote = expr is not None
+            written = target if expr is not None else None
         elif buf is not None and fresh:  # the same code, writing into a dead buffer
-            written = emit_avals(ins, in_avals, xp=xp, out=buf, **eqn.params)
-            if written is not None:
-                expr, wrote = written, into is not None
+            code = emit_avals(ins, in_avals, xp=xp, out=buf, **eqn.params)
+            if code is not None:
+                expr, written = code, buf
         if expr is not None:  # the functions its code calls besides xp's
             self.namespace.update(prim.rules.emit_globals or {})
-        return expr, wrote
+        return expr, written
 
-    def _ufunc_call(self, eqn, ins, template, into, fresh):
-        """``(call, into, fresh)`` for a one-result template with an array result: a
+    def _ufunc_call(self, eqn, ins, call, into, fresh):
+        """``(call, into, fresh)`` for the template ``call`` of one array result: a
         ufunc's result is a fresh buffer (0-d results are numpy scalars: immutable,
         and never reused), written straight into ``into``, else into an operand's
         buffer or a dead one; reduce_sum's call is given ``into`` too."""
+        template = call.template
         uf = ufunc_of(template, ins)
         if uf is not None and into is not None:  # straight into the flat buffer
             return Call(f"xp.{uf}", tuple(ins), out=into), None, True
         if into is not None and eqn.primitive is reduce_sum_p and \
                 template.startswith(_SUM_CALLS):
-            return Call(None, out=into, template=template), None, True
+            return Call(None, tuple(ins), out=into, template=template), None, True
         if uf is None:
-            return Call(None, template=template), into, fresh
+            return call, into, fresh
         target = reusable_input(eqn, self.owned, self.uses)
         if target is not None:
             self.dead.handed_on.add(target)
@@ -460,7 +459,7 @@ class _Planner:
             self.dead.take(eqn.outputs[0].aval)
         self.owned.add(eqn.outputs[0])
         if out is None:
-            return Call(None, template=template), into, True
+            return call, into, True
         return Call(f"xp.{uf}", tuple(ins), out=out), into, True
 
     def _impl_call(self, i, eqn, ins):

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from spmd.compiler.core.ir import Var
-from spmd.compiler.engine.annotations import Alloc, SlabCopy
+from spmd.compiler.engine.annotations import Alloc, Code, SlabCopy
 from spmd.compiler.ops.slicing import concatenate_p
 from spmd.compiler.ops.structural import reshape_p
 
@@ -104,7 +104,7 @@ class FlatWrites:
 
     @staticmethod
     def _flat(buf, name) -> str:
-        return name if buf.aval.ndim == 1 else f"{name}.reshape(-1)"
+        return name if buf.aval.ndim == 1 else Code(f"{name}.reshape(-1)", (name,))
 
     def pack(self, eqn, names, atom) -> list | None:
         """For a planned ``concatenate``: the copies of the operands not written in
@@ -114,10 +114,14 @@ class FlatWrites:
             return None
         out = eqn.outputs[0]
         buf = self._flat(out, names[out])
-        flat = atom if out.aval.ndim == 1 else (lambda p: f"xp.reshape({atom(p)}, -1)")
-        return [SlabCopy(buf, a, b, flat(p)) for p, a, b in copied]
+        steps = []
+        for p, a, b in copied:
+            src = atom(p)
+            steps.append(SlabCopy(buf, a, b, src if out.aval.ndim == 1 else
+                                  Code(f"xp.reshape({src}, -1)", (src,))))
+        return steps
 
-    def view(self, eqn, names) -> str | None:
+    def view(self, eqn, names) -> Code | None:
         """The code of the view ``eqn``'s result goes into, or None."""
         if len(eqn.outputs) != 1:
             return None
@@ -125,5 +129,5 @@ class FlatWrites:
         if hit is None:
             return None
         buf, a, b = hit
-        return f"{self._flat(buf, names[buf])}[{a}:{b}].reshape(" \
-               f"{tuple(eqn.outputs[0].aval.shape)!r})"
+        return Code(f"{self._flat(buf, names[buf])}[{a}:{b}].reshape("
+                    f"{tuple(eqn.outputs[0].aval.shape)!r})", (names[buf],))
