@@ -51,10 +51,10 @@ class Call:
     """What an equation's line calls: a function by name (``fn``: a primitive's bound
     impl put in the namespace, or an ``xp`` ufunc) with ``args``, or the code
     ``template`` of a primitive's emit rule, taken as it is (made from ``args``, the
-    operands it reads).  ``out``: the buffer it
-    writes its result into (a keyword ``out=``); ``outs``: the buffers (or None, a new
-    one) of each of several results (``out=(...)``, :func:`buffers.results_into`);
-    ``writes``: the buffer a template's code writes into (its rule was given it)."""
+    operands it reads).  ``out``: the buffer it writes its result into (a keyword
+    ``out=``); ``outs``: the buffers (or None, a new one) of each of several results
+    (``out=(...)``, :func:`buffers.results_into`); ``writes``: the buffer a template's
+    code writes into (its rule was given it)."""
 
     fn: str | None
     args: tuple = ()
