@@ -520,12 +520,16 @@ def test_dead_values_are_released():
     so a program's peak memory is its live set, not the sum of its intermediates."""
     import tracemalloc
 
+    from spmd.compiler.engine.annotations import Line
     from spmd.compiler.engine.codegen import release_dead_names
 
-    lines = ["v2 = f(v0)", "v3 = g(v2, out=v1)", "v4 = h(v3, 'v9')", "v5 = k(v2)"]
-    assert release_dead_names(lines, "v5, v0", ("v0", "v1")) == [
+    lines = [Line("v2 = f(v0)", ("v0",), ("v2",)),
+             Line("v3 = g(v2, out=v1)", ("v2", "v1"), ("v3",)),
+             Line("v4 = h(v3, 'v9')", ("v3",), ("v4",)),
+             Line("v5 = k(v2)", ("v2",), ("v5",))]
+    assert release_dead_names(lines, ["v5", "v0"], ("v0", "v1")) == [
         "v2 = f(v0)", "v3 = g(v2, out=v1); del v1", "v4 = h(v3, 'v9'); del v3, v4",
-        "v5 = k(v2); del v2"]  # v0 and v5 are returned; 'v9' is text, never bound
+        "v5 = k(v2); del v2"]  # v0 and v5 are returned; the text is never read
 
     rng = np.random.default_rng(0)
     ws = [rng.standard_normal((64 * (i + 1), 64 * (i + 2))).astype(F32) for i in range(8)]

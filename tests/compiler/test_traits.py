@@ -91,6 +91,8 @@ def test_the_traits_of_todays_primitives(registry):
     assert holders["fresh_result"] == ["dot_general", "dynamic_update_slice", "fused_elementwise",
                                        "fused_rows", "scatter", "select_n"]
     assert holders["dot"] == ["dot_general"]
+    assert holders["same_order"] == ["reshape"]
+    assert holders["sum"] == ["reduce_sum"]
 
 
 def _section() -> str:

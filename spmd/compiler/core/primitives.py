@@ -71,6 +71,10 @@ TRAITS: dict[str, str] = {
     "fresh_result": "its code returns a new buffer that nothing else references, though "
                     "it is no ufunc call (codegen may reuse the buffer, or write into a "
                     "dead one through its emit_avals rule's out=)",
+    "same_order": "its result is its one operand's elements in the same order, in another "
+                  "shape (row kernels and recomputation look through it)",
+    "sum": "it sums its one operand over params['axes'] (a row kernel loops over the rows "
+           "of a sum over the trailing axes)",
     "dot": "a matrix product with dot_general's dimension_numbers param: the checkpoint "
            "policies dots_saveable and dots_with_no_batch_dims_saveable save its result",
 }

@@ -30,13 +30,14 @@ def read_counts(eqns, live_out) -> dict:
     return uses
 
 
-def results_into(eqn, rule, owned, uses, dead, names) -> str:
-    """``, out=(...)``: the buffers a primitive with several fresh results writes them
-    into (``rules.results_into(j, **params)``: the operands result ``j`` may
-    overwrite), as a ufunc writes into a dead or dying buffer: an operand this code
-    owns alone and never reads again, else a dead value's buffer; else ``None`` (it
-    allocates).  Without it a fused kernel's results were new allocations where the
-    unfused code wrote in place: a step's heap grew by 380 MiB."""
+def results_into(eqn, rule, owned, uses, dead, names) -> tuple | None:
+    """The ``out=(...)`` of a call: the buffers a primitive with several fresh results
+    writes them into (``rules.results_into(j, **params)``: the operands result ``j``
+    may overwrite), as a ufunc writes into a dead or dying buffer: an operand this
+    code owns alone and never reads again, else a dead value's buffer; else ``None``
+    (it allocates); None where all are (no ``out=``).  Without it a fused kernel's
+    results were new allocations where the unfused code wrote in place: a step's heap
+    grew by 380 MiB."""
     taken, bufs = set(), []
     for j, o in enumerate(eqn.outputs):
         buf = None
@@ -49,9 +50,7 @@ def results_into(eqn, rule, owned, uses, dead, names) -> str:
                 buf = names[a]
                 break
         bufs.append(buf or (dead.take(o.aval) if o.aval.ndim else None))
-    if all(b is None for b in bufs):
-        return ""
-    return f", out=({', '.join(b or 'None' for b in bufs)},)"
+    return None if all(b is None for b in bufs) else tuple(bufs)
 
 
 def reusable_input(eqn, owned, uses):

@@ -9,15 +9,26 @@ primitive whose expression depends on its operands' types registers
 (``dot_general``: ``(a.T @ b)`` for a transposed 2-d operand; it is told the array
 module, ``xp=``); for a
 primitive with the ``fresh_result`` trait it is also called with ``out=NAME``, a
-dead buffer of the result's shape and dtype that its code may write into.
+dead buffer of the result's shape and dtype, and code it returns for that call
+writes there (the rule's contract: nothing reads the code to find out).
+
+The code is planned before it is written: :func:`emit_eqns` walks the equations
+once, deciding from each equation, its primitive's rules and the buffer plan
+(:mod:`spmd.compiler.engine.buffers`, :mod:`spmd.compiler.engine.flat_writes`,
+:mod:`spmd.compiler.passes.accumulate`) what its line calls and which buffers it
+writes, into typed records (:mod:`spmd.compiler.engine.annotations`); rendering
+the records into lines is the last step.  An emit rule's code is read once, where it
+is planned, for what it is: a numpy ufunc applied to the operands (:func:`ufunc_of`:
+its result may go into a buffer with ``out=``), or a reduction's call.
 
 Which primitive gets which treatment is read from its traits
 (:data:`spmd.compiler.core.primitives.TRAITS`: ``view``, ``implicit_broadcast``,
 ``broadcast``, ``fresh_result``), never from its name.  The exceptions are
 patterns of particular primitives, compared by identity with the primitive
 object: the flat ``concatenate`` of ``reshape``s that combining collectives
-builds (:class:`FlatWrites`), and ``reduce_sum``'s own emitted ``xp.sum(...)``,
-given ``out=`` (and its ``_blas_sum(...)``, a float sum as a product with ones).
+builds (:class:`~spmd.compiler.engine.flat_writes.FlatWrites`), and ``reduce_sum``'s
+own emitted ``xp.sum(...)``, given ``out=`` (and its ``_blas_sum(...)``, a float sum
+as a product with ones).
 
 Example of generated code (``spmd.jit(f).lower(x).compile().source``)::
 
@@ -31,19 +42,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
-import re
 
 import numpy as np
 
-from spmd.compiler.passes.accumulate import Accumulations
+from spmd.compiler.core.ir import ClosedProgram, Literal, Var
+from spmd.compiler.engine.annotations import Assign, Call, Compact, Start, Wait, render
 from spmd.compiler.engine.buffers import (DeadBuffers, Ownership, read_counts,
-                                    results_into, reusable_input, takeable,
-                                    updatable_operand)
-from spmd.compiler.core.ir import ClosedProgram, Literal, Program, Var
+                                          results_into, reusable_input, takeable,
+                                          updatable_operand)
+from spmd.compiler.engine.flat_writes import FlatWrites
 from spmd.compiler.ops.reduce import reduce_sum_p
-from spmd.compiler.ops.slicing import concatenate_p
-from spmd.compiler.ops.structural import reshape_p
+from spmd.compiler.passes.accumulate import Accumulations
 
 
 class Executable:
@@ -84,7 +93,7 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
     with its carries): the code may update them in place."""
     program = closed.program
     namespace: dict = {"xp": xp}
-    lines: list[str] = []
+    lines: list = []  # of annotations.Line
     gen = _names()
     names: dict = {}
     const_ids = itertools.count()
@@ -115,9 +124,10 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
     # A constant (or literal) returned as a result is copied: results must not
     # alias the buffers the compiled function keeps for its next call.
     const_names = {names[v] for v in program.in_vars[:n_consts]}
+    returned = [atom(a) for a in program.out_atoms]
     outs = ", ".join(f"xp.array({n})" if n in const_names or isinstance(a, Literal) else n
-                     for a, n in zip(program.out_atoms, map(atom, program.out_atoms)))
-    lines = release_dead_names(lines, outs, args)
+                     for a, n in zip(program.out_atoms, returned))
+    lines = release_dead_names(lines, returned, args)
     src = f"def {name}({', '.join(args)}):\n" + "".join(f"    {ln}\n" for ln in lines)
     src += f"    return [{outs}]\n"
     exec(compile(src, f"<spmd:{name}>", "exec"), namespace)
@@ -128,29 +138,25 @@ def compile_program(closed: ClosedProgram, xp=np, name: str = "program",
                       [written.aliases(a, arg_vars) for a in program.out_atoms])
 
 
-_VALUE_NAME = re.compile(r"\bv\d+\b")
-_ASSIGNED = re.compile(r"^((?:v\d+\s*,\s*)*v\d+)\s*=[^=]")
-
-
-def release_dead_names(lines: list, returned: str, args=()) -> list:
-    """``lines`` with a ``del`` of each value name after the last line that reads it.
+def release_dead_names(lines: list, returned, args=()) -> list:
+    """The text of ``lines`` (:class:`~spmd.compiler.engine.annotations.Line`), with a
+    ``del`` of each value name after the last line that mentions it.
 
     A local of the generated function lives until it returns: without this, every
     intermediate of a training step stays allocated to its end (the big transformer
     step's peak resident set was the sum of them, 1 GiB, against JAX's 0.56).  A name
     is kept while any later line mentions it (a dead buffer reused with ``out=NAME``
-    is a mention) and when the function returns it.  The code is straight-line, so
+    is a mention) and when the function returns it (``returned``).  Only names a line
+    binds, and the arguments ``args``, are released.  The code is straight-line, so
     the last line that mentions a name is its last use.
     """
     last: dict = {}
-    bound = set(args)  # only names the code binds are released (not a mention in text)
+    bound = set(args)
     for i, ln in enumerate(lines):
-        for n in _VALUE_NAME.findall(ln):
+        for n in ln.mentions + ln.binds:
             last[n] = i
-        target = _ASSIGNED.match(ln)
-        if target:
-            bound.update(_VALUE_NAME.findall(target.group(1)))
-    keep = set(_VALUE_NAME.findall(returned)) | (set(last) - bound)
+        bound.update(ln.binds)
+    keep = set(returned) | (set(last) - bound)
     dead_after: dict = {}
     for n, i in last.items():
         if n not in keep:
@@ -158,8 +164,8 @@ def release_dead_names(lines: list, returned: str, args=()) -> list:
     out = []
     for i, ln in enumerate(lines):  # on the same line: one line per equation stays
         dead = dead_after.get(i)
-        out.append(ln if not dead else
-                   f"{ln}; del {', '.join(sorted(dead, key=lambda n: int(n[1:])))}")
+        out.append(ln.text if not dead else
+                   f"{ln.text}; del {', '.join(sorted(dead, key=lambda n: int(n[1:])))}")
     return out
 
 
@@ -284,286 +290,227 @@ _SUM_CALLS = ("xp.sum(", "_blas_sum(")
 _FRESH_CALLS = _SUM_CALLS + ("xp.max(", "xp.min(", "xp.prod(", "xp.any(", "xp.all(")
 
 
-class FlatWrites:
-    """Operands of a ``concatenate`` of contiguous slabs written straight into its buffer.
-
-    Combining collectives (:mod:`spmd.compiler.passes.combine`) packs the gradients
-    into one flat buffer: ``concatenate(reshape(g1), reshape(g2), ...)``.  A
-    hand-written step has each gradient's matmul or sum write into its slice
-    of that buffer (``out=``); so does the generated code, for every operand
-    ``g`` produced in this program and read only by its ``reshape``: the
-    buffer is allocated before the first of them is produced, ``g``'s
-    equation writes into a view of its slice (or copies into it, where its
-    code cannot write into a given array), and the ``concatenate`` only copies
-    the operands that were not written so (used elsewhere too, or inputs).
-    The same holds for any concatenation whose operands are contiguous slabs of
-    the result (every dimension before the joined one of size 1): the gradient of
-    stacked layers' weights, each layer's product written into its slab.
-    """
-
-    def __init__(self, eqns, live_out, uses):
-        self.views: dict = {}    # g -> (concatenate output, start, stop)
-        self.copies: dict = {}   # concatenate equation -> [(operand, start, stop)] to copy
-        self.alloc: dict = {}    # equation index -> concatenate outputs to allocate there
-        # (Kept: spmd.compiler.passes.accumulate plans on the same maps.)
-        self.producer = producer = {o: (i, e) for i, e in enumerate(eqns) for o in e.outputs}
-        self.live = live = {a for a in live_out if isinstance(a, Var)}
-        for e in eqns:
-            if e.primitive is not concatenate_p:
-                continue
-            d, shape = e.params["dimension"], e.outputs[0].aval.shape
-            if any(n != 1 for n in shape[:d]):
-                continue
-            inner = math.prod(shape[d + 1:])  # elements per index of the joined dimension
-            written, copied, at, first = [], [], 0, None
-            for p in e.inputs:
-                size = p.aval.shape[d] * inner
-                g = self._source(p, producer, uses, live)
-                if g is None:
-                    copied.append((p, at, at + size))
-                else:
-                    written.append((g, at, at + size))
-                    idx = producer[g][0]
-                    first = idx if first is None else min(first, idx)
-                at += size
-            if written:
-                buf = e.outputs[0]
-                for g, a, b in written:
-                    self.views[g] = (buf, a, b)
-                self.copies[e] = copied
-                self.alloc.setdefault(first, []).append(buf)
-
-    @staticmethod
-    def _source(p, producer, uses, live):
-        """The value ``g`` whose ``reshape`` is operand ``p``, when ``g`` may be
-        written into the buffer."""
-        if not isinstance(p, Var) or uses.get(p) != 1 or p not in producer:
-            return None
-        r = producer[p][1]
-        if r.primitive is not reshape_p or not isinstance(r.inputs[0], Var):
-            return None
-        g = r.inputs[0]
-        if uses.get(g) != 1 or g in live or g not in producer or g.aval.dtype != p.aval.dtype:
-            return None
-        made = producer[g][1]
-        if len(made.outputs) != 1 or made.primitive.multiple_results or \
-                made.primitive.effectful or not g.aval.ndim or "view" in made.primitive.traits:
-            return None
-        return g
-
-    def write_into(self, buf, name, names) -> None:
-        """Have the slabs of ``buf`` written into the existing buffer ``name`` (of its
-        shape and dtype) instead of a new one (:mod:`spmd.compiler.passes.accumulate`)."""
-        for bufs in self.alloc.values():
-            if buf in bufs:
-                bufs.remove(buf)
-        names[buf] = name
-
-    def allocate(self, i, names, gen, const, lines) -> None:
-        for buf in self.alloc.get(i, ()):
-            names[buf] = next(gen)
-            a = buf.aval
-            shape = a.shape[0] if a.ndim == 1 else tuple(a.shape)
-            lines.append(f"{names[buf]} = xp.empty({shape}, dtype={const(np.dtype(a.dtype))})")
-
-    @staticmethod
-    def _flat(buf, name) -> str:
-        return name if buf.aval.ndim == 1 else f"{name}.reshape(-1)"
-
-    def pack(self, eqn, names, atom, lines) -> bool:
-        """For a planned ``concatenate``: copy the operands not written in place into
-        its buffer (True); other equations: False."""
-        copied = self.copies.get(eqn)
-        if copied is None:
-            return False
-        out = eqn.outputs[0]
-        buf = self._flat(out, names[out])
-        flat = atom if out.aval.ndim == 1 else (lambda p: f"xp.reshape({atom(p)}, -1)")
-        lines.extend(f"{buf}[{a}:{b}] = {flat(p)}" for p, a, b in copied)
-        return True
-
-    def view(self, eqn, names) -> str | None:
-        """The code of the view ``eqn``'s result goes into, or None."""
-        if len(eqn.outputs) != 1:
-            return None
-        hit = self.views.get(eqn.outputs[0])
-        if hit is None:
-            return None
-        buf, a, b = hit
-        return f"{self._flat(buf, names[buf])}[{a}:{b}].reshape(" \
-               f"{tuple(eqn.outputs[0].aval.shape)!r})"
-
-
-def _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines) -> None:
-    """``collective_start`` keeps its request in ``_r<tag>``; ``collective_wait`` waits
-    for it (see :mod:`spmd.compiler.passes.overlap`)."""
-    tag = eqn.params["tag"]
-    handle = f"_r{tag}"
+def _note(eqn) -> str:
+    """A collective names what it implements (e.g. "psum x7 combined (2678828 bytes)"):
+    shown after its line, where the call itself says nothing."""
     what = eqn.params.get("what")
-    note = f"  # {what}" if isinstance(what, str) and "\n" not in what else ""
-    if eqn.primitive.rules.starts:
-        fname = f"_{eqn.primitive.name}_{i}"
-        namespace[fname] = functools.partial(eqn.primitive.impl, xp, **eqn.params)
-        lines.append(f"{handle} = {fname}({', '.join(ins)}){note}")
-        pending.append(handle)
-    else:
-        lines.append(f"{outs[0]} = {handle}.wait(){note}")
-        pending.remove(handle)
+    return f"  # {what}" if isinstance(what, str) and "\n" not in what else ""
 
 
 def emit_eqns(eqns, xp, namespace, names, gen, const, atom, lines, live_out=(),
               donated=()) -> Ownership:
-    """Append one line of code per equation to ``lines``.
+    """Append the lines of code of the equations to ``lines``
+    (:class:`~spmd.compiler.engine.annotations.Line`: the text, and the value names
+    each mentions and binds).
 
     ``live_out`` are the atoms the caller reads after these equations (the
     program's outputs); values among them are always materialised and never
     overwritten.  ``donated`` are input variables whose buffers are this code's to
-    overwrite (see :func:`compile_program`).
+    overwrite (see :func:`compile_program`).  Each equation is planned first (a
+    record of :mod:`spmd.compiler.engine.annotations`), and the records are rendered
+    into source last.
     """
-    compact = plan_implicit_broadcasts(eqns, live_out)
-    uses = read_counts(eqns, live_out)
-    # Values in buffers that only this program's code references.
-    owned: set = set(donated)
-    dead = DeadBuffers(eqns, live_out)
-    dead.keep.update(donated)  # a donated buffer is updated in place, not recycled
-    done = Ownership(owned, dead, donated)
-    flat = FlatWrites(eqns, live_out, uses)
-    sums = Accumulations(eqns, uses, flat, xp)
-    pending: list = []  # requests of started collectives not waited for yet
+    plan = _Planner(eqns, xp, namespace, names, gen, const, atom, live_out, donated)
     for i, eqn in enumerate(eqns):
-        prim = eqn.primitive
-        sums.decide(i, names, owned, uses, dead, flat)
-        flat.allocate(i, names, gen, const, lines)
-        if sums.emit_sum(eqn, names, owned, dead):  # its products added into acc
-            continue
-        if flat.pack(eqn, names, atom, lines):  # its operands are in its buffer
+        plan.equation(i, eqn)
+    lines.extend(render(plan.steps))
+    return plan.done
+
+
+class _Planner:
+    """The state of planning one program's code: its names, the buffers it owns and
+    may reuse, the requests of started collectives, the records planned so far."""
+
+    def __init__(self, eqns, xp, namespace, names, gen, const, atom, live_out, donated):
+        self.xp, self.namespace, self.names, self.gen = xp, namespace, names, gen
+        self.const, self.atom = const, atom
+        self.compact = plan_implicit_broadcasts(eqns, live_out)
+        self.uses = read_counts(eqns, live_out)
+        # Values in buffers that only this program's code references.
+        self.owned: set = set(donated)
+        self.dead = DeadBuffers(eqns, live_out)
+        self.dead.keep.update(donated)  # a donated buffer is updated in place, not recycled
+        self.done = Ownership(self.owned, self.dead, donated)
+        self.flat = FlatWrites(eqns, live_out, self.uses)
+        self.sums = Accumulations(eqns, self.uses, self.flat, xp)
+        self.pending: list = []  # requests of started collectives not waited for yet
+        self.steps: list = []
+
+    def equation(self, i, eqn) -> None:
+        """Plan the code of equation ``i``."""
+        names, owned, dead, flat = self.names, self.owned, self.dead, self.flat
+        self.sums.decide(i, names, owned, self.uses, dead, flat)
+        self.steps.extend(flat.allocate(i, names, self.gen, self.const))
+        if self.sums.emit_sum(eqn, names, owned, dead):  # its products added into acc
+            return
+        copies = flat.pack(eqn, names, self.atom)
+        if copies is not None:  # its operands are in its buffer
+            self.steps.extend(copies)
             dead.release_inputs(eqn, names, owned, never_aliases=False)
-            continue
-        ins = [atom(a) for a in eqn.inputs]
+            return
+        ins = [self.atom(a) for a in eqn.inputs]
         outs = []
         for v in eqn.outputs:
-            names[v] = next(gen)
+            names[v] = next(self.gen)
             outs.append(names[v])
+        prim = eqn.primitive
         if prim.rules.starts or prim.rules.waits:
-            _emit_request(eqn, i, xp, ins, outs, namespace, pending, lines)
+            self.steps.append(self._request(eqn, i, ins, outs))
             dead.release_inputs(eqn, names, owned, never_aliases=False)
-            continue
-        target = sums.target(eqn, names, flat)  # a product accumulated into a sum
+            return
+        target = self.sums.target(eqn, names, flat)  # a product accumulated into a sum
         into = target or flat.view(eqn, names)
-        aliasing = None  # every operand, unless the primitive says which (below)
-        if eqn.outputs and eqn.outputs[0] in compact:
-            shape = compact[eqn.outputs[0]]
+        if eqn.outputs and eqn.outputs[0] in self.compact:
+            shape = self.compact[eqn.outputs[0]]
             same = shape == eqn.inputs[0].aval.shape
-            lines.append(f"{outs[0]} = {ins[0]}" if same else
-                         f"{outs[0]} = {ins[0]}.reshape({shape!r})")
+            self.steps.append(Compact(outs[0], ins[0], None if same else shape))
             dead.release_inputs(eqn, names, owned, never_aliases=False)  # a view
-            continue
-        out_aval = eqn.outputs[0].aval if len(eqn.outputs) == 1 else None
-        array_result = out_aval is not None and out_aval.ndim > 0
-        emit_avals = prim.rules.emit_avals
-        if emit_avals is not None:  # an emit rule that needs the operands' types
-            in_avals = [a.aval for a in eqn.inputs]
-            expr = emit_avals(ins, in_avals, xp=xp, **eqn.params)
-            buf = into or (dead.take(out_aval) if expr is not None and array_result and
-                           "fresh_result" in prim.traits else None)
-            if target is not None:  # (Accumulations checked that it emits this)
-                expr = emit_avals(ins, in_avals, xp=xp, out=target, accumulate=True,
-                                  **eqn.params)
-            elif buf is not None:  # the same code, writing into a dead buffer
-                expr = emit_avals(ins, in_avals, xp=xp, out=buf, **eqn.params) or expr
-            if expr is not None:  # the functions its code calls besides xp's
-                namespace.update(prim.rules.emit_globals or {})
-        else:
-            expr = prim.emit(ins, **eqn.params) if prim.emit is not None and (
-            xp is np or not prim.rules.emit_numpy_only) else None
+            return
+        call, into, fresh, aliasing = self._call(i, eqn, ins, target, into)
+        dead.release_inputs(eqn, names, owned, never_aliases=fresh, aliasing=aliasing)
+        self.steps.append(Assign(tuple(outs), prim.multiple_results, call, _note(eqn),
+                                 into, tuple(self.pending)))
+
+    def _request(self, eqn, i, ins, outs):
+        """``collective_start`` keeps its request in ``_r<tag>``; ``collective_wait``
+        waits for it (see :mod:`spmd.compiler.passes.overlap`)."""
+        handle = f"_r{eqn.params['tag']}"
+        if eqn.primitive.rules.starts:
+            fname = f"_{eqn.primitive.name}_{i}"
+            self.namespace[fname] = functools.partial(eqn.primitive.impl, self.xp,
+                                                      **eqn.params)
+            self.pending.append(handle)
+            return Start(handle, fname, tuple(ins), _note(eqn))
+        self.pending.remove(handle)
+        return Wait(outs[0], handle, _note(eqn))
+
+    def _call(self, i, eqn, ins, target, into):
+        """``(call, into, fresh, aliasing)``: what ``eqn``'s line calls; the buffer its
+        result is still to be copied into (None: none, or its code writes there);
+        whether its results never alias an operand; per result, the operands it may
+        alias (None: every one)."""
+        prim = eqn.primitive
+        template, written = self._template(eqn, ins, target, into)
+        array_result = len(eqn.outputs) == 1 and eqn.outputs[0].aval.ndim > 0
         fresh = "fresh_result" in prim.traits
         if fresh and array_result and into is None:
-            owned.add(eqn.outputs[0])
+            self.owned.add(eqn.outputs[0])
         elif fresh and prim.multiple_results:  # a fused kernel's new arrays
-            owned.update(o for o in eqn.outputs if o.aval.ndim)
-        if into is not None and expr is not None and f"out={into}" in expr:
+            self.owned.update(o for o in eqn.outputs if o.aval.ndim)
+        if written is not None and written is into:
             into = None  # written in place
-        if expr is None:
-            # A primitive may give its implementation with the parameters bound in a
-            # cheaper form (rules.bind_impl: e.g. a collective calling its backend
-            # operation directly); else the impl with its parameters as keywords.
-            bind_impl = prim.rules.bind_impl
-            fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
-            target = updatable_operand(eqn, owned, uses, dead)
-            donate = prim.rules.donated_impl
-            given = [k for k, a in enumerate(eqn.inputs)
-                     if takeable(a, eqn, owned, uses, dead)] \
-                if donate is not None else []
-            if donate is not None:
-                # A higher-order primitive (cond, scan, while) taking over operands this
-                # code owns alone and never reads again: its programs may update them in
-                # place.  Its results that are its own alone become this code's (one
-                # loop's carries taken over by the next, not copied again).
-                fn, taken, exclusive = donate(xp, tuple(given), **eqn.params)
-                dead.handed_on.update(eqn.inputs[k] for k in taken)
-                owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)
-            aliased = prim.rules.aliased_operands
-            if aliased is not None:
-                # Per result, the operands it may share buffers with (a cond's branches
-                # returning an operand or a view of it), and every operand it took
-                # over: the others stay this code's own (a loop's carry read by a
-                # cond stays exclusive, so the loop need not copy it every step, and
-                # a buffer the cond read is free to update once the results that may
-                # view it are gone).
-                aliasing = [ks | frozenset(given)
-                            for ks in aliased(xp, tuple(given), **eqn.params)]
-            if target is not None:
-                # Its operand's buffer is this code's alone and read nowhere else:
-                # update it in place (rules.in_place) instead of a copy.
-                fn = functools.partial(prim.rules.in_place, xp, **eqn.params)
-                dead.handed_on.add(target)
-            if fn is None:
-                fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
-                    functools.partial(prim.impl, xp)
-            fname = f"_{prim.name}_{'in_place_' if target is not None else ''}{i}".replace(
-                "-", "_")
-            namespace[fname] = fn
-            into_rule = prim.rules.results_into if xp is np else None
-            expr = f"{fname}({', '.join(ins)}" + (
-                results_into(eqn, into_rule, owned, uses, dead, names) if into_rule
-                else "") + ")"
-        elif not prim.multiple_results and array_result:
-            # A ufunc with an array result returns a fresh buffer (0-d results
-            # are numpy scalars: immutable, and never reused).
-            uf = ufunc_of(expr, ins)
-            if uf is not None and into is not None:  # straight into the flat buffer
-                expr, into, fresh = f"xp.{uf}({', '.join(ins)}, out={into})", None, True
-            elif into is not None and prim is reduce_sum_p and expr.startswith(_SUM_CALLS):
-                expr, into, fresh = f"{expr[:-1]}, out={into})", None, True
-            elif uf is not None:
-                fresh = True
-                target = reusable_input(eqn, owned, uses)
-                if target is not None:
-                    dead.handed_on.add(target)
-                out = names[target] if target is not None else dead.take(out_aval)
-                if out is not None:
-                    expr = f"xp.{uf}({', '.join(ins)}, out={out})"
-                owned.add(eqn.outputs[0])
+        if template is None:
+            call, aliasing = self._impl_call(i, eqn, ins)
+            return call, into, fresh, aliasing
+        call = Call(None, tuple(ins), template=template, writes=written)
+        if not prim.multiple_results and array_result:
+            call, into, fresh = self._ufunc_call(eqn, ins, call, into, fresh)
         # (A reduction's result is new whatever its rank: reading a value there leaves
         # no view of it.)
-        fresh = fresh or expr.startswith(_FRESH_CALLS)
-        dead.release_inputs(eqn, names, owned, never_aliases=fresh, aliasing=aliasing)
-        if prim.multiple_results:
-            lhs = (", ".join(outs) + ",") if outs else "_"
-        else:
-            lhs = outs[0]
-        what = eqn.params.get("what")
-        # A collective names what it implements (e.g. "psum x7 combined (2678828
-        # bytes)"): shown in the source, where the call itself says nothing.
-        note = f"  # {what}" if isinstance(what, str) and "\n" not in what else ""
-        lines.append(f"{lhs} = {expr}{note}")
-        if into is not None:  # the producer cannot write into the buffer: copy
-            lines.append(f"{into}[...] = {outs[0]}")
-        if pending:
-            # Let the MPI library move the started collectives' data: it progresses
-            # only inside MPI calls, and a bucket needs several rounds between the
-            # ranks (after heavy equations only, a 1 MB bucket of the MLP step had
-            # seldom completed at its wait; after every equation, often: about
-            # 1 microsecond per test).
-            lines.extend(f"{h}.test()" for h in pending)
-    return done
+        return call, into, fresh or template.startswith(_FRESH_CALLS), None
+
+    def _template(self, eqn, ins, target, into):
+        """The code of the primitive's emit rule for ``eqn`` (None: its impl is called),
+        and the buffer that code writes into (None: a new one): an ``emit_avals`` rule
+        of a ``fresh_result`` primitive given ``out=`` (``into``, else a dead buffer)
+        writes there when it gives code (its contract), accumulating into ``target``."""
+        prim, xp = eqn.primitive, self.xp
+        emit_avals = prim.rules.emit_avals
+        if emit_avals is None:
+            use = prim.emit is not None and (xp is np or not prim.rules.emit_numpy_only)
+            return (prim.emit(ins, **eqn.params) if use else None), None
+        in_avals = [a.aval for a in eqn.inputs]
+        expr = emit_avals(ins, in_avals, xp=xp, **eqn.params)
+        fresh = "fresh_result" in prim.traits
+        array_result = len(eqn.outputs) == 1 and eqn.outputs[0].aval.ndim > 0
+        buf = into or (self.dead.take(eqn.outputs[0].aval)
+                       if expr is not None and array_result and fresh else None)
+        written = None
+        if target is not None:  # (Accumulations checked that it emits this)
+            expr = emit_avals(ins, in_avals, xp=xp, out=target, accumulate=True,
+                              **eqn.params)
+            written = target if expr is not None else None
+        elif buf is not None and fresh:  # the same code, writing into a dead buffer
+            code = emit_avals(ins, in_avals, xp=xp, out=buf, **eqn.params)
+            if code is not None:
+                expr, written = code, buf
+        if expr is not None:  # the functions its code calls besides xp's
+            self.namespace.update(prim.rules.emit_globals or {})
+        return expr, written
+
+    def _ufunc_call(self, eqn, ins, call, into, fresh):
+        """``(call, into, fresh)`` for the template ``call`` of one array result: a
+        ufunc's result is a fresh buffer (0-d results are numpy scalars: immutable,
+        and never reused), written straight into ``into``, else into an operand's
+        buffer or a dead one; reduce_sum's call is given ``into`` too."""
+        template = call.template
+        uf = ufunc_of(template, ins)
+        if uf is not None and into is not None:  # straight into the flat buffer
+            return Call(f"xp.{uf}", tuple(ins), out=into), None, True
+        if into is not None and eqn.primitive is reduce_sum_p and \
+                template.startswith(_SUM_CALLS):
+            return Call(None, tuple(ins), out=into, template=template), None, True
+        if uf is None:
+            return call, into, fresh
+        target = reusable_input(eqn, self.owned, self.uses)
+        if target is not None:
+            self.dead.handed_on.add(target)
+        out = self.names[target] if target is not None else \
+            self.dead.take(eqn.outputs[0].aval)
+        self.owned.add(eqn.outputs[0])
+        if out is None:
+            return call, into, True
+        return Call(f"xp.{uf}", tuple(ins), out=out), into, True
+
+    def _impl_call(self, i, eqn, ins):
+        """The call of the primitive's impl (bound to its params once, or in the form its
+        rules give), and per result the operands it may alias (None: every one)."""
+        prim, xp, owned, uses, dead = eqn.primitive, self.xp, self.owned, self.uses, \
+            self.dead
+        # A primitive may give its implementation with the parameters bound in a
+        # cheaper form (rules.bind_impl: e.g. a collective calling its backend
+        # operation directly); else the impl with its parameters as keywords.
+        bind_impl = prim.rules.bind_impl
+        fn = bind_impl(xp, **eqn.params) if bind_impl is not None else None
+        target = updatable_operand(eqn, owned, uses, dead)
+        given, aliasing = [], None
+        if prim.rules.donated_impl is not None:
+            fn, given = self._donate(eqn)
+        aliased = prim.rules.aliased_operands
+        if aliased is not None:
+            # Per result, the operands it may share buffers with (a cond's branches
+            # returning an operand or a view of it), and every operand it took
+            # over: the others stay this code's own (a loop's carry read by a
+            # cond stays exclusive, so the loop need not copy it every step, and
+            # a buffer the cond read is free to update once the results that may
+            # view it are gone).
+            aliasing = [ks | frozenset(given)
+                        for ks in aliased(xp, tuple(given), **eqn.params)]
+        if target is not None:
+            # Its operand's buffer is this code's alone and read nowhere else:
+            # update it in place (rules.in_place) instead of a copy.
+            fn = functools.partial(prim.rules.in_place, xp, **eqn.params)
+            dead.handed_on.add(target)
+        if fn is None:
+            fn = functools.partial(prim.impl, xp, **eqn.params) if eqn.params else \
+                functools.partial(prim.impl, xp)
+        fname = f"_{prim.name}_{'in_place_' if target is not None else ''}{i}".replace(
+            "-", "_")
+        self.namespace[fname] = fn
+        into_rule = prim.rules.results_into if xp is np else None
+        outs = results_into(eqn, into_rule, owned, uses, dead, self.names) \
+            if into_rule else None
+        return Call(fname, tuple(ins), outs=outs), aliasing
+
+    def _donate(self, eqn):
+        """A higher-order primitive (cond, scan, while) taking over operands this code
+        owns alone and never reads again: its programs may update them in place.  Its
+        results that are its own alone become this code's (one loop's carries taken
+        over by the next, not copied again).  Its impl, and the positions given."""
+        given = [k for k, a in enumerate(eqn.inputs)
+                 if takeable(a, eqn, self.owned, self.uses, self.dead)]
+        fn, taken, exclusive = eqn.primitive.rules.donated_impl(self.xp, tuple(given),
+                                                                **eqn.params)
+        self.dead.handed_on.update(eqn.inputs[k] for k in taken)
+        self.owned.update(o for o, x in zip(eqn.outputs, exclusive) if x and o.aval.ndim)
+        return fn, given

@@ -118,7 +118,7 @@ class Frame:
 
 def _frame_of_sum(eqn, min_elements: int) -> Frame | None:
     """The frame of a ``reduce_sum`` over its operand's trailing axes, else None."""
-    if eqn.primitive.name != "reduce_sum":
+    if "sum" not in eqn.primitive.traits:
         return None
     x = eqn.inputs[0].aval
     axes = tuple(sorted(eqn.params["axes"]))
@@ -138,14 +138,14 @@ def _role(eqn, frame: Frame):
     space = frame.space(out.shape)
     if space not in ("full", "row"):
         return None
-    name = eqn.primitive.name
-    if name == "reduce_sum":
+    traits = eqn.primitive.traits
+    if "sum" in traits:
         f = _frame_of_sum(eqn, 0)
         return ("sum", "row") if f is not None and f.key() == frame.key() else None
-    if name == "reshape":
+    if "same_order" in traits:
         inner = frame.space(eqn.inputs[0].aval.shape)
         return ("alias", space) if inner == space and out.dtype in _FLOATS else None
-    if name == "broadcast_in_dim":
+    if "broadcast" in traits:
         return ("broadcast", space) if out.dtype in _FLOATS + (_BOOL,) else None
     # fusion's test of an equation that may join a kernel (operands of the result's
     # shape or scalars, float or boolean dtypes as the op needs), then the loop's ops.
@@ -413,6 +413,29 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
     group's reshapes and broadcasts whose values are read outside it: those stay
     views, computed after the loop from its results (or from its operands), never
     materialized by it."""
+    outside, after = _results_and_views(members, eqns, role, readers)
+    group = _GroupKernel(frame, defs)
+    outputs, out_vars = [], []
+    for k in members:
+        e = eqns[k]
+        if group.member(e, *role[k]) is None:
+            return None  # the groups met through another member: not a loop
+        if k in outside:
+            outputs.append(len(group.nodes) - 1)
+            out_vars.append(e.outputs[0])
+    if not outputs:
+        return None
+    kernel = RowKernel(frame, group.nodes, [v.aval.dtype for v in group.operands], outputs,
+                       [v.aval.shape for v in out_vars], group.mems)
+    root = eqns[members[-1]]
+    return [Eqn(fused_rows_p, group.operands, out_vars, {"kernel": kernel},
+                root.source_info)] + [eqns[k] for k in sorted(after)]
+
+
+def _results_and_views(members, eqns, role, readers):
+    """``(outside, after)``: the members whose values the loop returns (read outside
+    the group), and the reshapes and broadcasts read outside, computed after it from
+    those results instead (views)."""
     inside = set(members)
     outside = {k for k in members
                if any(r not in inside for r in readers.get(eqns[k].outputs[0], ()))}
@@ -429,20 +452,30 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
             outside.add(j)
             if role[j][0] in ("alias", "broadcast"):
                 todo.append(j)
-    outside -= after
-    operands: list = []  # the variables read from outside, each once
-    index: dict = {}
-    node_of: dict = {}  # member var -> its node
-    read_nodes: dict = {}  # (operand, kind, expanded, target) -> its "read" node
-    nodes, mems, outputs, out_vars = [], [], [], []
+    return outside - after, after
 
-    def operand(a) -> int:
-        if a not in index:
-            index[a] = len(operands)
-            operands.append(a)
-        return index[a]
 
-    def resolve(a, wide):
+class _GroupKernel:
+    """The nodes of a group's row kernel and of its unfused program, built member by
+    member (:meth:`member`)."""
+
+    def __init__(self, frame: Frame, defs):
+        self.frame, self.defs = frame, defs
+        self.operands: list = []  # the variables read from outside, each once
+        self.index: dict = {}
+        self.node_of: dict = {}  # member var -> its node
+        self.read_nodes: dict = {}  # (operand, kind, expanded, target) -> its "read" node
+        self.nodes: list = []
+        self.mems: list = []
+        self.fallback: dict = {}  # (outside var, member's broadcast) -> unfused argument
+
+    def operand(self, a) -> int:
+        if a not in self.index:
+            self.index[a] = len(self.operands)
+            self.operands.append(a)
+        return self.index[a]
+
+    def resolve(self, a, wide):
         """What the loop reads for ``a`` (computed outside): the variable under the
         reshapes and broadcasts that made it, those equations in program order, and
         the broadcast they amount to, ``(shape, dimensions, operand shape)`` or None
@@ -451,13 +484,13 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
         order) and below it, not between two."""
         chain, cur, reshaped = [], a, False
         while True:
-            e = defs.get(cur)
+            e = self.defs.get(cur)
             if e is None or not e.inputs or not isinstance(e.inputs[0], Var) or \
-                    e.inputs[0] in node_of:
+                    e.inputs[0] in self.node_of:
                 break
-            if e.primitive.name == "reshape":
+            if "same_order" in e.primitive.traits:
                 reshaped = True
-            elif e.primitive.name == "broadcast_in_dim" and (wide is None or not reshaped):
+            elif "broadcast" in e.primitive.traits and (wide is None or not reshaped):
                 inner = e.params["broadcast_dimensions"]
                 wide = (e.outputs[0].aval.shape, inner, e.inputs[0].aval.shape) \
                     if wide is None else \
@@ -469,42 +502,41 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
             cur = e.inputs[0]
         return cur, chain, wide
 
-    def read(a, wide=None):
+    def read(self, a, wide=None):
         """The node reading ``a`` (computed outside) as this member needs it: through
         the reshapes and broadcasts that made it (views: the loop reads their
         operand, a layer norm's saved row values as rows, its scale as a column, a
         replicated value as the rows it repeats, never a copy)."""
-        base, _, wide = resolve(a, wide)
+        frame = self.frame
+        base, _, wide = self.resolve(a, wide)
         target, bdims, shape = wide if wide is not None else (a.aval.shape, None,
                                                               a.aval.shape)
         kind, expanded = _operand_kind(shape, target, bdims, frame)
-        key = (operand(base), kind, expanded, tuple(target))
-        if key not in read_nodes:
+        key = (self.operand(base), kind, expanded, tuple(target))
+        if key not in self.read_nodes:
             n = math.prod(target)
-            nodes.append(("read", None, {"operand": key[0], "kind": kind,
-                                         "expanded": expanded, "target": key[3]},
-                          (), np.dtype(a.aval.dtype),
-                          "row" if n == frame.rows else "full" if n > 1 else "scalar"))
-            read_nodes[key] = len(nodes) - 1
-        return ("node", read_nodes[key])
+            self.nodes.append(("read", None, {"operand": key[0], "kind": kind,
+                                              "expanded": expanded, "target": key[3]},
+                               (), np.dtype(a.aval.dtype),
+                               "row" if n == frame.rows else "full" if n > 1 else "scalar"))
+            self.read_nodes[key] = len(self.nodes) - 1
+        return ("node", self.read_nodes[key])
 
-    fallback: dict = {}  # (outside var, member's broadcast) -> the unfused argument
-
-    def unfused(a, wide):
+    def unfused(self, a, wide):
         """The unfused program's argument for ``a``: the loop's variable, through the
         same equations (members of the unfused code only)."""
-        if (a, wide) not in fallback:
-            base, chain, _ = resolve(a, wide)
-            arg = ("in", operand(base))
+        if (a, wide) not in self.fallback:
+            base, chain, _ = self.resolve(a, wide)
+            arg = ("in", self.operand(base))
             for c in chain:
-                mems.append((c.primitive, dict(c.params), (arg,)))
-                arg = ("node", len(mems) - 1)
-            fallback[(a, wide)] = arg
-        return fallback[(a, wide)]
+                self.mems.append((c.primitive, dict(c.params), (arg,)))
+                arg = ("node", len(self.mems) - 1)
+            self.fallback[(a, wide)] = arg
+        return self.fallback[(a, wide)]
 
-    for k in members:
-        e = eqns[k]
-        kind, space = role[k]
+    def member(self, e, kind, space):
+        """Add member ``e`` (of ``kind`` in ``space``): its node, and its equation in
+        the unfused program; the node's index, or None where it cannot join."""
         out = e.outputs[0].aval
         margs, args = [], []
         for a in e.inputs:
@@ -512,31 +544,22 @@ def _group(members: list, eqns, role, frame: Frame, readers, defs) -> list | Non
                 c = np.asarray(a.val, dtype=a.aval.dtype)
                 args.append(("const", c))
                 margs.append(("const", c))
-            elif a in node_of:
-                if kind == "broadcast" and not _broadcast_of_node_ok(e, frame):
-                    return None  # the groups met through another member: not a loop
-                args.append(("node", node_of[a]))
-                margs.append(("node", nodes[node_of[a]][2]["member"]))
+            elif a in self.node_of:
+                if kind == "broadcast" and not _broadcast_of_node_ok(e, self.frame):
+                    return None
+                args.append(("node", self.node_of[a]))
+                margs.append(("node", self.nodes[self.node_of[a]][2]["member"]))
             else:
                 wide = (out.shape, tuple(e.params["broadcast_dimensions"]),
                         a.aval.shape) if kind == "broadcast" else None
-                margs.append(unfused(a, wide))
-                args.append(read(a, wide))
-        params = {"member": len(mems)}
-        if e.primitive.name == "integer_pow":
+                margs.append(self.unfused(a, wide))
+                args.append(self.read(a, wide))
+        params = {"member": len(self.mems)}
+        if e.primitive.rules.kernel_op == "integer_pow":  # (its exponent)
             params["y"] = e.params["y"]
-        nodes.append(("alias" if kind == "broadcast" else kind,
-                      e.primitive.rules.kernel_op, params, tuple(args),
-                      np.dtype(out.dtype), space))
-        node_of[e.outputs[0]] = len(nodes) - 1
-        mems.append((e.primitive, dict(e.params), tuple(margs)))
-        if k in outside:
-            outputs.append(len(nodes) - 1)
-            out_vars.append(e.outputs[0])
-    if not outputs:
-        return None
-    kernel = RowKernel(frame, nodes, [v.aval.dtype for v in operands], outputs,
-                       [v.aval.shape for v in out_vars], mems)
-    root = eqns[members[-1]]
-    return [Eqn(fused_rows_p, operands, out_vars, {"kernel": kernel}, root.source_info)] + \
-        [eqns[k] for k in sorted(after)]
+        self.nodes.append(("alias" if kind == "broadcast" else kind,
+                           e.primitive.rules.kernel_op, params, tuple(args),
+                           np.dtype(out.dtype), space))
+        self.node_of[e.outputs[0]] = len(self.nodes) - 1
+        self.mems.append((e.primitive, dict(e.params), tuple(margs)))
+        return len(self.nodes) - 1

@@ -138,96 +138,9 @@ def source(kernel: RowKernel) -> str:
     """The numba module of ``kernel``: ``kern(r0, r1, cols, *reads, *results)``
     computes rows ``r0:r1`` (a full operand or result is ``(R, C)``, a row one ``(R,)``, a
     column one ``(C,)``, a scalar one a number: see :func:`signature`)."""
-    nodes = kernel.nodes
-    plan = _Plan(kernel)
-    where, level, base = plan.where, plan.level, plan.base
-    out_of = {k: j for j, k in enumerate(kernel.outputs)}
-    consts: dict = {}
-    lines: list = []
-
-    def const(v) -> str:
-        key = loops.literal(v)
-        if key not in consts:
-            consts[key] = f"k{len(consts)}"
-        return consts[key]
-
-    def row_of(b, at=None) -> str:
-        """The row holding full value ``b`` (computed, or a full/column operand), or
-        its element ``at`` (``"c"``)."""
-        kind, _, params, _, _, _ = nodes[b]
-        two_d = (kind == "read" and params["kind"] == "full") or \
-            (kind != "read" and b in out_of)
-        name = f"x{b}" if kind == "read" else f"o{out_of[b]}" if b in out_of else f"s{b}"
-        if at is None:
-            return f"{name}[r]" if two_d else name
-        return f"{name}[r, {at}]" if two_d else f"{name}[{at}]"
-
-    def ref(a, cur) -> str:
-        """The expression reading argument ``a`` in the pass of level ``cur``."""
-        if a[0] == "const":
-            return const(a[1])
-        b = base[a[1]]
-        kind, _, params, _, _, _ = nodes[b]
-        if kind == "read":
-            return {"full": f"x{b}[r, c]", "tile": f"x{b}[q{b}, c]", "col": f"x{b}[c]",
-                    "row": f"v{b}", "scalar": f"x{b}"}[params["kind"]]
-        if where[b] == "full" and level[b] < cur:
-            return row_of(b, "c")
-        return f"v{b}"
-
-    def store(k, ind) -> None:
-        """Write node ``k``'s value where it is kept or returned."""
-        j = out_of.get(k)
-        full_result = j is not None and nodes[k][5] == "full"
-        if where[k] == "full":
-            if j is not None or k in plan.kept:
-                lines.append(f"{ind}{row_of(k, 'c')} = v{k}")
-        elif j is not None:
-            lines.append(f"{ind}o{j}[r{', :' if full_result else ''}] = v{base[k]}")
-
-    def compute(k, cur, ind) -> None:
-        kind, op, params, args, dtype, _ = nodes[k]
-        if kind == "alias":
-            if k in out_of:
-                if where[k] == "full":
-                    lines.append(f"{ind}v{k} = {ref(args[0], cur)}")
-                store(k, ind)
-            return
-        if kind == "read":  # (never a result: reads are not members)
-            if where[k] == "row":
-                lines.append(f"{ind}v{k} = x{k}[r]")
-            return
-        if kind == "sum":  # added up in the pass of its operand
-            lines.append(f"{ind}v{k} = a{k}")
-        else:
-            xs = [ref(a, cur) for a in args]
-            one = f"T{k}(1)"
-            expr = loops.expression(op, xs, params, one)
-            cast = "" if dtype == np.dtype(bool) else f"T{k}"
-            lines.append(f"{ind}v{k} = {cast}({expr})")
-        store(k, ind)
-
-    sums = {k: level[k] - 1 for k, n in enumerate(nodes) if n[0] == "sum"}  # -> pass
-    for k, (kind, _, params, _, _, _) in enumerate(nodes):
-        if kind == "read" and params["kind"] == "tile":  # the row it repeats here
-            m, p = kernel.frame.repeat(params["expanded"], params["target"])
-            lines.append(f"        q{k} = (r // {m * p}) * {p} + r % {p}")
-    for cur in range(max(level, default=0) + 1):
-        for k in range(len(nodes)):
-            if level[k] == cur and where[k] != "full":
-                compute(k, cur, "        ")
-        for k, at in sums.items():
-            if at == cur:
-                lines.append(f"        a{k} = T{k}(0)")
-        n0 = len(lines)
-        lines.append("        for c in range(cols):")
-        for k in range(len(nodes)):
-            if level[k] == cur and where[k] == "full":
-                compute(k, cur, "            ")
-            elif sums.get(k) == cur:
-                lines.append(f"            a{k} += {ref(nodes[k][3][0], cur)}")
-        if len(lines) == n0 + 1:
-            lines.pop()
+    body = _Body(kernel)
+    lines = body.lines()
+    nodes, out_of = kernel.nodes, body.out_of
     reads = [k for k, n in enumerate(nodes) if n[0] == "read"]
     params = ", ".join([f"x{k}" for k in reads] + [f"o{j}" for j in range(len(out_of))])
     # The column count is an argument, not a constant: a loop of a constant count is
@@ -235,11 +148,11 @@ def source(kernel: RowKernel) -> str:
     # sum over (2048, 96)).
     head = [f"def kern(r0, r1, cols, {params}):"]
     head += [f"    s{k} = np.empty(cols, np.{_np_name(nodes[k][4])})"
-             for k in sorted(plan.kept) if k not in out_of]
+             for k in sorted(body.plan.kept) if k not in out_of]
     head.append("    for r in range(r0, r1):")
     casts = [f"T{k} = np.{_np_name(d)}" for k, (_, _, _, _, d, _) in enumerate(nodes)
              if d != np.dtype(bool)]
-    consts_src = [f"{name} = {src}" for src, name in consts.items()]
+    consts_src = [f"{name} = {src}" for src, name in body.consts.items()]
     # error_model="numpy": a division by zero gives inf or nan, as in numpy (numba's
     # default raises).  fastmath={"reassoc"} alone: sums may be added in any order
     # (vectorized); no flag that assumes the absence of NaN, infinity or signed zeros.
@@ -251,6 +164,109 @@ def source(kernel: RowKernel) -> str:
                      + ["", "", "@nb.njit(SIG, nogil=True, cache=True, error_model='numpy', "
                         "fastmath={'reassoc'})"]
                      + head + (lines or ["        pass"])) + "\n"
+
+
+class _Body:
+    """The lines of a row kernel's loop over the rows of ``r0:r1``: per row, a pass over
+    the columns per level of sums, each computing its nodes (:class:`_Plan`)."""
+
+    def __init__(self, kernel: RowKernel):
+        self.kernel, self.nodes = kernel, kernel.nodes
+        self.plan = _Plan(kernel)
+        self.out_of = {k: j for j, k in enumerate(kernel.outputs)}
+        self.consts: dict = {}  # literal's source -> its name
+        self.out: list = []
+
+    def const(self, v) -> str:
+        key = loops.literal(v)
+        if key not in self.consts:
+            self.consts[key] = f"k{len(self.consts)}"
+        return self.consts[key]
+
+    def row_of(self, b, at=None) -> str:
+        """The row holding full value ``b`` (computed, or a full/column operand), or
+        its element ``at`` (``"c"``)."""
+        kind, _, params, _, _, _ = self.nodes[b]
+        out_of = self.out_of
+        two_d = (kind == "read" and params["kind"] == "full") or \
+            (kind != "read" and b in out_of)
+        name = f"x{b}" if kind == "read" else f"o{out_of[b]}" if b in out_of else f"s{b}"
+        if at is None:
+            return f"{name}[r]" if two_d else name
+        return f"{name}[r, {at}]" if two_d else f"{name}[{at}]"
+
+    def ref(self, a, cur) -> str:
+        """The expression reading argument ``a`` in the pass of level ``cur``."""
+        if a[0] == "const":
+            return self.const(a[1])
+        b = self.plan.base[a[1]]
+        kind, _, params, _, _, _ = self.nodes[b]
+        if kind == "read":
+            return {"full": f"x{b}[r, c]", "tile": f"x{b}[q{b}, c]", "col": f"x{b}[c]",
+                    "row": f"v{b}", "scalar": f"x{b}"}[params["kind"]]
+        if self.plan.where[b] == "full" and self.plan.level[b] < cur:
+            return self.row_of(b, "c")
+        return f"v{b}"
+
+    def store(self, k, ind) -> None:
+        """Write node ``k``'s value where it is kept or returned."""
+        j = self.out_of.get(k)
+        full_result = j is not None and self.nodes[k][5] == "full"
+        if self.plan.where[k] == "full":
+            if j is not None or k in self.plan.kept:
+                self.out.append(f"{ind}{self.row_of(k, 'c')} = v{k}")
+        elif j is not None:
+            self.out.append(f"{ind}o{j}[r{', :' if full_result else ''}] = "
+                            f"v{self.plan.base[k]}")
+
+    def compute(self, k, cur, ind) -> None:
+        kind, op, params, args, dtype, _ = self.nodes[k]
+        where, lines = self.plan.where, self.out
+        if kind == "alias":
+            if k in self.out_of:
+                if where[k] == "full":
+                    lines.append(f"{ind}v{k} = {self.ref(args[0], cur)}")
+                self.store(k, ind)
+            return
+        if kind == "read":  # (never a result: reads are not members)
+            if where[k] == "row":
+                lines.append(f"{ind}v{k} = x{k}[r]")
+            return
+        if kind == "sum":  # added up in the pass of its operand
+            lines.append(f"{ind}v{k} = a{k}")
+        else:
+            xs = [self.ref(a, cur) for a in args]
+            one = f"T{k}(1)"
+            expr = loops.expression(op, xs, params, one)
+            cast = "" if dtype == np.dtype(bool) else f"T{k}"
+            lines.append(f"{ind}v{k} = {cast}({expr})")
+        self.store(k, ind)
+
+    def lines(self) -> list:
+        """The body of the loop over the rows."""
+        nodes, level, where, lines = self.nodes, self.plan.level, self.plan.where, self.out
+        sums = {k: level[k] - 1 for k, n in enumerate(nodes) if n[0] == "sum"}  # -> pass
+        for k, (kind, _, params, _, _, _) in enumerate(nodes):
+            if kind == "read" and params["kind"] == "tile":  # the row it repeats here
+                m, p = self.kernel.frame.repeat(params["expanded"], params["target"])
+                lines.append(f"        q{k} = (r // {m * p}) * {p} + r % {p}")
+        for cur in range(max(level, default=0) + 1):
+            for k in range(len(nodes)):
+                if level[k] == cur and where[k] != "full":
+                    self.compute(k, cur, "        ")
+            for k, at in sums.items():
+                if at == cur:
+                    lines.append(f"        a{k} = T{k}(0)")
+            n0 = len(lines)
+            lines.append("        for c in range(cols):")
+            for k in range(len(nodes)):
+                if level[k] == cur and where[k] == "full":
+                    self.compute(k, cur, "            ")
+                elif sums.get(k) == cur:
+                    lines.append(f"            a{k} += {self.ref(nodes[k][3][0], cur)}")
+            if len(lines) == n0 + 1:
+                lines.pop()
+        return lines
 
 
 # ------------------------------------------------------------------ unfused

@@ -43,7 +43,7 @@ def _norm_axes(axes):
 
 # --------------------------------------------------------------- reduce_sum
 
-reduce_sum_p = _batch_reduce(Primitive("reduce_sum", traits=(), linear=True))
+reduce_sum_p = _batch_reduce(Primitive("reduce_sum", traits=("sum",), linear=True))
 reduce_sum_p.unreduced = "keep"
 
 

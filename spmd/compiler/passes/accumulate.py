@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.engine.annotations import Code
 from spmd.compiler.engine.buffers import alone
 from spmd.compiler.engine.gemm import GEMM_DTYPES
 from spmd.compiler.core.ir import Var
@@ -37,7 +38,7 @@ MIN_ELEMENTS = 1 << 14
 
 class _Group:
     """One sum ``acc + total`` whose ``total`` is made by ``products`` (one product, or
-    the slabs of a ``concatenate`` (``buf``) that :class:`~spmd.compiler.engine.codegen.
+    the slabs of a ``concatenate`` (``buf``) that :class:`~spmd.compiler.engine.flat_writes.
     FlatWrites` has every product write into)."""
 
     __slots__ = ("acc", "total", "products", "first", "buf", "view", "decided")
@@ -137,7 +138,9 @@ class Accumulations:
             return None
         if g.buf is not None:
             return flat.view(eqn, names)
-        return names[g.acc] if g.view is None else f"{names[g.acc]}.reshape({g.view!r})"
+        if g.view is None:
+            return names[g.acc]
+        return Code(f"{names[g.acc]}.reshape({g.view!r})", (names[g.acc],))
 
     def emit_sum(self, eqn, names, owned, dead) -> bool:
         """A decided sum: its result is ``acc``'s buffer, which holds it already (True);

@@ -37,7 +37,7 @@ from spmd.compiler.core.ir import ClosedProgram, Literal, Program, Var
 from spmd.compiler.ops.elementwise import div_p, mul_p
 
 # The scalings folded, by primitive object (the rewrite is about these two).
-_OPS = {mul_p: "mul", div_p: "div"}
+_OPS = {mul_p: "*", div_p: "/"}
 
 
 def fold_scalar_chains(closed: ClosedProgram) -> ClosedProgram:
@@ -96,7 +96,7 @@ def _scaling(eqn):
     a, b = eqn.inputs
     if isinstance(a, Var) and isinstance(b, Literal):
         x, k = a, b
-    elif name == "mul" and isinstance(a, Literal) and isinstance(b, Var):
+    elif name == "*" and isinstance(a, Literal) and isinstance(b, Var):
         x, k = b, a
     else:
         return None
@@ -122,7 +122,7 @@ def _fold(op1: str, k1, op2: str, k2):
         return None
     # The power of two moves onto the other constant: multiplying x by it is
     # multiplying the other operation's constant by it (or dividing a divisor).
-    scale_up = (exact_op == "mul") == (op == "mul")
+    scale_up = (exact_op == "*") == (op == "*")
     dtype = np.asarray(inexact).dtype
     with np.errstate(over="ignore", under="ignore"):
         c = inexact * exact if scale_up else inexact / exact
@@ -135,5 +135,5 @@ def _fold(op1: str, k1, op2: str, k2):
 
 def _rebuild(eqn, x, op: str, c):
     lit = next(a for a in eqn.inputs if isinstance(a, Literal))
-    prim = mul_p if op == "mul" else div_p
+    prim = mul_p if op == "*" else div_p
     return eqn.replace(primitive=prim, inputs=[x, Literal(c, lit.aval.update(dtype=c.dtype))])

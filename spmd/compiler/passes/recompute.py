@@ -53,11 +53,13 @@ MAX_CHAIN = 12
 # With ``views=True``, values smaller than this (a layer norm's row statistics) count
 # as alive wherever they are defined: keeping them longer costs little.
 SMALL_ELEMENTS = 1 << 14
-_VIEWS = ("broadcast_in_dim", "reshape")
+# With ``views``, the equations recomputed besides elementwise ones (by their traits).
+_VIEWS = frozenset(("broadcast", "same_order"))
 
 
 def _eligible(eqn, views: bool = False) -> bool:
-    if views and eqn.primitive.name in _VIEWS and len(eqn.outputs) == 1:
+    if views and not _VIEWS.isdisjoint(eqn.primitive.traits) and \
+            len(eqn.outputs) == 1:
         return True
     return _kernel_op(eqn, 0) is not None and not eqn.primitive.rules.never_recompute
 
@@ -70,54 +72,72 @@ def recompute_elementwise(closed: ClosedProgram, views: bool = False) -> ClosedP
     ``x - mean`` from ``x`` and the row means inside its loop instead of reading a
     saved copy (memory, not arithmetic, is what such a loop costs)."""
     program = closed.program
-    eqns = program.eqns
-    n = len(eqns)
-    producer: dict = {}
-    reads: dict = {}
-    for i, e in enumerate(eqns):
-        for a in e.inputs:
-            if isinstance(a, Var):
-                reads.setdefault(a, []).append(i)
-        if _eligible(e, views):
-            producer[e.outputs[0]] = i
-    outputs = {a for a in program.out_atoms if isinstance(a, Var)}
-    last = {v: r[-1] for v, r in reads.items()}
-    last.update((v, n) for v in outputs)  # alive to the end
-    split = {}  # value -> index of its first late read
-    for v, i in producer.items():
-        if v in outputs or v not in reads or math.prod(v.aval.shape) < MIN_ELEMENTS:
-            continue
-        prev = i
-        for r in reads[v]:
-            if r - prev > GAP:
-                split[v] = r
-                break
-            prev = r
+    plan = _Recomputation(program, views)
+    split = plan.late_splits()
     if not split:
         return closed
+    dropped = plan.settle(split)
+    if not dropped:
+        return closed
+    out = plan.rewrite(split, dropped)
+    # The forward's copies read only late are now dead: the caller removes them (dce).
+    return ClosedProgram(Program(program.in_vars, out, program.out_atoms), closed.consts)
 
-    defined = {o for e in eqns for o in e.outputs}
 
-    def alive(a, at, dropped) -> bool:
+class _Recomputation:
+    """Where each eligible value of a program is read, and which of them can be
+    recomputed at their late reads."""
+
+    def __init__(self, program: Program, views: bool):
+        self.eqns, self.views = eqns, views = program.eqns, views
+        self.producer: dict = {}  # eligible value -> index of its equation
+        self.reads: dict = {}     # value -> indices of the equations reading it
+        for i, e in enumerate(eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    self.reads.setdefault(a, []).append(i)
+            if _eligible(e, views):
+                self.producer[e.outputs[0]] = i
+        self.outputs = {a for a in program.out_atoms if isinstance(a, Var)}
+        self.last = {v: r[-1] for v, r in self.reads.items()}
+        self.last.update((v, len(eqns)) for v in self.outputs)  # alive to the end
+        self.defined = {o for e in eqns for o in e.outputs}
+
+    def late_splits(self) -> dict:
+        """``{value: index of its first late read}`` of the large eligible values."""
+        split = {}
+        for v, i in self.producer.items():
+            if v in self.outputs or v not in self.reads or \
+                    math.prod(v.aval.shape) < MIN_ELEMENTS:
+                continue
+            prev = i
+            for r in self.reads[v]:
+                if r - prev > GAP:
+                    split[v] = r
+                    break
+                prev = r
+        return split
+
+    def alive(self, a, at, dropped) -> bool:
         """``a`` is in memory at equation ``at`` without this pass's help (literals,
         program inputs and constants always are)."""
-        if not isinstance(a, Var) or a not in defined:
+        if not isinstance(a, Var) or a not in self.defined:
             return True
-        if views and math.prod(a.aval.shape) < SMALL_ELEMENTS:
+        if self.views and math.prod(a.aval.shape) < SMALL_ELEMENTS:
             return True
         # With views, a value read up to GAP equations before is kept that much longer
         # (a layer norm's x - mean, read by its backward just before 2 (x - mean)).
-        return a not in dropped and last.get(a, -1) >= at - (GAP if views else 0)
+        return a not in dropped and self.last.get(a, -1) >= at - (GAP if self.views else 0)
 
-    def chain(v, at, dropped, budget) -> int | None:
+    def chain(self, v, at, dropped, budget) -> int | None:
         """How many equations recompute ``v`` at ``at`` (None: it cannot be)."""
-        if v not in producer or _kernel_op(eqns[producer[v]], 0) in OP_NS:
+        if v not in self.producer or _kernel_op(self.eqns[self.producer[v]], 0) in OP_NS:
             return None
         count = 1
-        for a in eqns[producer[v]].inputs:
-            if alive(a, at, dropped):
+        for a in self.eqns[self.producer[v]].inputs:
+            if self.alive(a, at, dropped):
                 continue
-            k = chain(a, at, dropped, budget - count)
+            k = self.chain(a, at, dropped, budget - count)
             if k is None:
                 return None
             count += k
@@ -125,50 +145,54 @@ def recompute_elementwise(closed: ClosedProgram, views: bool = False) -> ClosedP
                 return None
         return count
 
-    # Every late read needs its recomputation there (a reader joining a kernel gets
-    # its own), so each is checked: an operand alive at the first may be dead later.
-    late_reads = {v: sorted({r for r in reads[v] if r >= split[v]}) for v in split}
-    dropped = set(split)
-    changed = True
-    while changed:  # dropping fewer values only keeps more alive: this settles
-        changed = False
-        # In program order: which values stay dropped can depend on the order they are
-        # checked in (two that each need the other), and every process must make the
-        # same program (a set's order follows the values' ids, which differ by process).
-        for v in sorted(dropped, key=producer.__getitem__):
-            if any(chain(v, r, dropped, MAX_CHAIN) is None for r in late_reads[v]):
-                dropped.discard(v)
-                changed = True
-    if not dropped:
-        return closed
+    def settle(self, split) -> set:
+        """The values of ``split`` dropped: each late read can recompute them."""
+        # Every late read needs its recomputation there (a reader joining a kernel gets
+        # its own), so each is checked: an operand alive at the first may be dead later.
+        late_reads = {v: sorted({r for r in self.reads[v] if r >= split[v]}) for v in split}
+        dropped = set(split)
+        changed = True
+        while changed:  # dropping fewer values only keeps more alive: this settles
+            changed = False
+            # In program order: which values stay dropped can depend on the order they
+            # are checked in (two that each need the other), and every process must make
+            # the same program (a set's order follows the values' ids, which differ by
+            # process).
+            for v in sorted(dropped, key=self.producer.__getitem__):
+                if any(self.chain(v, r, dropped, MAX_CHAIN) is None for r in late_reads[v]):
+                    dropped.discard(v)
+                    changed = True
+        return dropped
 
-    out: list = []
-    shared: dict = {}
+    def rewrite(self, split, dropped) -> list:
+        """The equations, each late read of a dropped value reading its recomputation."""
+        out: list = []
+        shared: dict = {}
 
-    def ensure(v, at, private):
-        """A recomputation of ``v`` at ``at``: its own for a reader that joins a kernel
-        (which then computes it inside, with no buffer of its own), else one shared
-        by the other late readers."""
-        if not private and v in shared:
-            return shared[v]
-        e = eqns[producer[v]]
-        # The operands recomputed here have one reader, this equation: a kernel's.
-        ins = [a if alive(a, at, dropped) else ensure(a, at, True) for a in e.inputs]
-        new = Var(v.aval)
-        out.append(Eqn(e.primitive, ins, [new], e.params, e.source_info))
-        if not private:
-            shared[v] = new
-        return new
+        def ensure(v, at, private):
+            """A recomputation of ``v`` at ``at``: its own for a reader that joins a
+            kernel (which then computes it inside, with no buffer of its own), else one
+            shared by the other late readers."""
+            if not private and v in shared:
+                return shared[v]
+            e = self.eqns[self.producer[v]]
+            # The operands recomputed here have one reader, this equation: a kernel's.
+            ins = [a if self.alive(a, at, dropped) else ensure(a, at, True)
+                   for a in e.inputs]
+            new = Var(v.aval)
+            out.append(Eqn(e.primitive, ins, [new], e.params, e.source_info))
+            if not private:
+                shared[v] = new
+            return new
 
-    for i, e in enumerate(eqns):
-        late = [k for k, a in enumerate(e.inputs)
-                if isinstance(a, Var) and a in dropped and i >= split[a]]
-        if late:
-            private = _eligible(e, views)
-            ins = list(e.inputs)
-            for k in late:
-                ins[k] = ensure(ins[k], i, private)
-            e = Eqn(e.primitive, ins, e.outputs, e.params, e.source_info)
-        out.append(e)
-    # The forward's copies read only late are now dead: the caller removes them (dce).
-    return ClosedProgram(Program(program.in_vars, out, program.out_atoms), closed.consts)
+        for i, e in enumerate(self.eqns):
+            late = [k for k, a in enumerate(e.inputs)
+                    if isinstance(a, Var) and a in dropped and i >= split[a]]
+            if late:
+                private = _eligible(e, self.views)
+                ins = list(e.inputs)
+                for k in late:
+                    ins[k] = ensure(ins[k], i, private)
+                e = Eqn(e.primitive, ins, e.outputs, e.params, e.source_info)
+            out.append(e)
+        return out
