@@ -23,7 +23,6 @@ from spmd.compiler.core.avals import abstract_arg_aval
 from spmd.compiler.core.signature import (EMPTY, NDARRAY, NO_STATIC, arg_aval, flatten, leaf_key,
                                          norm_argnums, upper_token, walk)
 from spmd.compiler.engine.codegen import Executable, compile_program
-from spmd.compiler.core.traced import Compiled, Lowered  # noqa: F401  (jit's staging API)
 from spmd.compiler.core.ir import ClosedProgram
 from spmd.compiler.core.program_vma import call_types, call_vma
 from spmd.compiler.passes.pipeline import dce, lower_for_execution, optimize
@@ -36,7 +35,6 @@ from spmd.config import config
 from spmd.errors import OutputTypeError, StaticArgumentError
 from spmd.compiler.transforms.ad import jvp_flat
 from spmd.compiler.transforms.batching import batch_flat
-from spmd.compiler.core.traced import Traced
 
 # ------------------------------------------------------------- the primitive
 
@@ -166,7 +164,7 @@ class _CallPlan:
 
 
 class JitFunction:
-    """The result of :func:`jit`: call it, or ``.lower(*args)`` to inspect it."""
+    """The result of :func:`jit`: call it (``spmd.jit`` adds the stages, ``.trace``/``.lower``)."""
 
     def __init__(self, fun: Callable, static_argnums=None, static_argnames=None,
                  donate_argnums=None):
@@ -398,17 +396,6 @@ class JitFunction:
                 for leaf in tree_util.tree_leaves(args[i]):
                     if isinstance(leaf, Array):
                         leaf.delete()
-
-    def lower(self, *args, **kwargs) -> "Lowered":
-        entry, _, _ = self._entry(args, kwargs)
-        return Lowered(entry, self._name)
-
-    def trace(self, *args, **kwargs):
-        """Trace for these arguments (arrays or ``ShapeDtypeStruct``): a
-        :class:`~spmd.compiler.core.traced.Traced` with ``.jaxpr``, ``.out_info`` and
-        ``.lower()``."""
-        entry, _, avals = self._entry(args, kwargs)
-        return Traced(entry, self._name, avals)
 
     def eval_shape(self, *args, **kwargs):
         entry, _, _ = self._entry(args, kwargs)

@@ -23,7 +23,6 @@ from __future__ import annotations
 from spmd.compiler.core.jit import JitFunction, _CallPlan, _Entry
 from spmd.compiler.passes.pipeline import dce
 from spmd.compiler.core.trace import Tracer, is_eager
-from spmd.compiler.core.traced import Lowered as _Lowered, Traced as _Traced
 from spmd.config import config
 from spmd.shard.call import plan as _call
 # (A module: it imports the partitioner, whose package imports this module.)
@@ -31,7 +30,7 @@ from spmd.shard.call import route as routing
 from spmd.shard.explicit import types as _explicit
 from spmd.shard.explicit.mesh_context import tracing_call
 from spmd.mesh import Mesh
-from spmd.shard.call.spread import spread_equation
+from spmd.shard.call.stages import Lowered, Traced
 from spmd.errors import SpmdError
 
 
@@ -126,26 +125,6 @@ class Jit(JitFunction):
     def trace(self, *args, **kwargs) -> "Traced":
         entry, _, avals = self._entry(args, kwargs)
         return Traced(entry, self._name, avals)
-
-
-class Lowered(_Lowered):
-    """``spmd.jit(f).lower(...)``: a program holding a shard_map over processes
-    prints, with ``as_text(executed=True)``, the per-process program this process
-    runs (partitioned over that shard_map's mesh)."""
-
-    def _executed(self):
-        eqn = spread_equation(self._entry.optimized)
-        if eqn is None:
-            return super()._executed()
-        return routing.executed_program(self._entry.optimized, eqn.params["mesh"],
-                                leading=self._entry.hoisted)
-
-
-class Traced(_Traced):
-    """``spmd.jit(f).trace(...)``, lowering to :class:`Lowered`."""
-
-    def lower(self):
-        return Lowered(self._entry, self.fun_name)
 
 
 def make_jaxpr(fun, static_argnums=None):

@@ -18,6 +18,7 @@ from spmd.shard.call import route as routing  # (a module: the partition package
 from spmd.shard.explicit import types as explicit
 from spmd.shard.partition.placement import Placement
 from spmd.shard.call.jit import Jit, Placed
+from spmd.shard.call.stages import Lowered, Traced
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.arrays.sharded import ShardedArray, SingleDeviceSharding
@@ -336,15 +337,15 @@ class PartitionedJit(Jit):
             self._plans[key] = placed  # (else: this call only, as a trace's values)
         return placed
 
-    def lower(self, *args, **kwargs) -> "PartitionedLowered":
+    def lower(self, *args, **kwargs) -> Lowered:
         """The per-device program for these arguments (arrays or ``ShapeDtypeStruct``s).
 
         >>> print(step.lower(x, y).as_text())  # doctest: +SKIP
         """
         entry, _, _ = self._entry(args, kwargs)
-        return PartitionedLowered(entry)
+        return Lowered(entry, self._name)
 
-    def trace(self, *args, **kwargs) -> "PartitionedTraced":
+    def trace(self, *args, **kwargs) -> Traced:
         """Trace for these arguments (arrays or ``ShapeDtypeStruct``s): ``.jaxpr``,
         ``.out_info`` (with the output shardings) and ``.lower()``.
 
@@ -352,7 +353,7 @@ class PartitionedJit(Jit):
         ... # doctest: +SKIP
         """
         entry, _, avals = self._entry(args, kwargs)
-        return PartitionedTraced(entry, self._name, avals)
+        return Traced(entry, self._name, avals)
 
     def eval_shape(self, *args, **kwargs):
         """The outputs' ``ShapeDtypeStruct``s (with their shardings), computing nothing."""
@@ -391,5 +392,3 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None,
     return PartitionedJit(fun, in_shardings, out_shardings, forbid_gather_bytes, static_argnums,
                           static_argnames, donate_argnums)
 
-
-from spmd.shard.partition.stages import PartitionedLowered, PartitionedTraced  # noqa: E402
