@@ -452,15 +452,18 @@ def make_jaxpr(fun: Callable, static_argnums=None):
 def eval_shape(fun: Callable, *args, **kwargs):
     """The output avals (shape, dtype) of ``fun`` without running it.
 
-    A function that knows its outputs' shardings (a jit with shardings, which defines
-    ``__spmd_eval_shape__``) answers itself, with ``ShapeDtypeStruct``s carrying them.
+    A function that knows its outputs' shardings (a jit with shardings, whose
+    ``__spmd_eval_shape__`` does not return NotImplemented) answers itself, with
+    ``ShapeDtypeStruct``s carrying them.
 
     >>> eval_shape(lambda x: x[:2], ShapeDtypeStruct((5,), np.float32))
     f32[2]
     """
     own = getattr(type(fun), "__spmd_eval_shape__", None)
     if own is not None:
-        return own(fun, *args, **kwargs)
+        out = own(fun, *args, **kwargs)
+        if out is not NotImplemented:  # (a jit without shardings: as any function)
+            return out
     return JitFunction(fun).eval_shape(*args, **kwargs)
 
 

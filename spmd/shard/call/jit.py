@@ -20,6 +20,8 @@ PartitionSpec('d',)
 
 from __future__ import annotations
 
+from spmd import tree_util
+from spmd.compiler.core.avals import ShapeDtypeStruct
 from spmd.compiler.core.jit import JitFunction, _CallPlan, _Entry
 from spmd.compiler.passes.pipeline import dce
 from spmd.compiler.core.trace import Tracer, is_eager
@@ -31,6 +33,8 @@ from spmd.shard.explicit import types as _explicit
 from spmd.shard.explicit.mesh_context import tracing_call
 from spmd.mesh import Mesh
 from spmd.shard.call.stages import Lowered, Traced
+# (A module of the partition package, which loads first: see spmd.shard.call.route.)
+from spmd.shard.partition import partitioned_jit as _partitioned
 from spmd.errors import SpmdError
 
 
@@ -62,14 +66,29 @@ def _unrunnable(leaves):
 
 
 class Jit(JitFunction):
-    """The result of ``spmd.jit(f)`` (see the module docstring).  ``user=False``
-    marks the jits that run eager operations of sharded Arrays: ``disable_jit``
-    leaves them on (they would recurse)."""
+    """The result of ``spmd.jit(f)`` (see the module docstring), plain or with
+    shardings.  Given ``in_shardings``, ``out_shardings`` or ``forbid_gather_bytes`` it
+    holds a :class:`~spmd.shard.partition.partitioned_jit.Partitioning`, and its
+    traces partition the function over the shardings' mesh (``.trace``/``.lower``/
+    ``.eval_shape`` take arrays or ``ShapeDtypeStruct``s, whose ``sharding`` counts
+    as an Array's); else ``_partitioning`` is None.  ``user=False`` marks the jits that
+    run eager operations of sharded Arrays: ``disable_jit`` leaves them on (they would
+    recurse)."""
 
     _upper = staticmethod(_call.token)
 
     def __init__(self, fun, static_argnums=None, static_argnames=None, donate_argnums=None,
-                 *, user: bool = True):
+                 *, in_shardings=None, out_shardings=None, forbid_gather_bytes=None,
+                 user: bool = True):
+        self._partitioning = None
+        if in_shardings is not None or out_shardings is not None or \
+                forbid_gather_bytes is not None:
+            name = getattr(fun, "__name__", "fun")
+            static_argnums, static_argnames, donate_argnums = _partitioned.argnums(
+                fun, name, static_argnums, static_argnames, donate_argnums)
+            self._partitioning = _partitioned.Partitioning(
+                name, in_shardings, out_shardings, forbid_gather_bytes, static_argnums,
+                static_argnames)
         super().__init__(fun, static_argnums, static_argnames, donate_argnums)
         self._user = user
 
@@ -118,13 +137,77 @@ class Jit(JitFunction):
             plan.bind = False  # sharded leaves of no one mesh: whole values, unplaced
         return plan
 
-    def lower(self, *args, **kwargs) -> "Lowered":
+    def _entry(self, args, kwargs):
+        if self._partitioning is None:
+            return super()._entry(args, kwargs)
+        return self._partitioning.entry(self._fun, args, kwargs)
+
+    def _prepare(self, key, static_key, treedef, leaves):
+        """The call plan of a new call signature (see :meth:`__call__`); with shardings,
+        the partitioned trace of :meth:`_entry`, and how this call's leaves run it."""
+        if self._partitioning is None:
+            return super()._prepare(key, static_key, treedef, leaves)
+        static_pos, static_kw = static_key
+        dyn, dkw = tree_util.tree_unflatten(treedef, leaves)
+        args = list(dyn)
+        for i, v in static_pos:
+            args.insert(i, v)
+        entry, leaves, avals = self._entry(tuple(args), {**dkw, **dict(static_kw)})
+        everything = [*entry.hoisted, *leaves]
+        abstract = any(type(x) is ShapeDtypeStruct for x in leaves)
+        plan = None
+        if not abstract and not any(isinstance(x, Tracer) for x in everything):
+            # (In one process: the global program, placed results.)
+            plan = routing.route(entry.closed, everything, entry.mesh, entry.partitioned)
+        placed = Placed(entry, avals, abstract, plan)
+        if not any(isinstance(h, Tracer) for h in entry.hoisted):
+            self._plans[key] = placed  # (else: this call only, as a trace's values)
+        return placed
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        """The lowered program for these arguments (arrays or ``ShapeDtypeStruct``s);
+        with shardings, the per-device program.
+
+        >>> print(step.lower(x, y).as_text())  # doctest: +SKIP
+        """
         entry, _, _ = self._entry(args, kwargs)
         return Lowered(entry, self._name)
 
-    def trace(self, *args, **kwargs) -> "Traced":
+    def trace(self, *args, **kwargs) -> Traced:
+        """Trace for these arguments (arrays or ``ShapeDtypeStruct``s): ``.jaxpr``,
+        ``.out_info`` (with shardings: the output shardings) and ``.lower()``.
+
+        >>> spmd.jit(f).trace(ShapeDtypeStruct((8, 4), np.float32)).out_info  # doctest: +SKIP
+        """
         entry, _, avals = self._entry(args, kwargs)
         return Traced(entry, self._name, avals)
+
+    def eval_shape(self, *args, **kwargs):
+        """The outputs' avals (with shardings: ``ShapeDtypeStruct``s with their
+        shardings), computing nothing."""
+        return self.trace(*args, **kwargs).out_info
+
+    def __spmd_eval_shape__(self, *args, **kwargs):
+        # spmd.eval_shape(f, ...) of a jit with shardings answers with its shardings;
+        # of a plain jit, as of any function (NotImplemented).
+        if self._partitioning is None:
+            return NotImplemented
+        return self.eval_shape(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        if self._partitioning is not None:
+            self._partitioning.entries.clear()
+        super().clear_cache()
+
+    def _cache_size(self) -> int:
+        if self._partitioning is not None:
+            return len(self._partitioning.entries)
+        return super()._cache_size()
+
+    def __repr__(self):
+        if self._partitioning is not None:
+            return f"<jit {self._name} (partitioned)>"
+        return super().__repr__()
 
 
 def make_jaxpr(fun, static_argnums=None):
