@@ -124,7 +124,7 @@ class _Entry:
 class _CallPlan:
     """What a call with one fast key does: the traced entry, and per-leaf work.
 
-    The fast key of a call (see :meth:`JitFunction._fast_key`) fixes the Python
+    The fast key of a call (see :func:`lookup`) fixes the Python
     type of every leaf, and of numpy arrays their shape and raw dtype, so the
     work each leaf needs before the generated code runs is known once per key:
     ``arrays`` are the positions of ``spmd.Array`` leaves (their buffer is
@@ -163,247 +163,278 @@ class _CallPlan:
         self.abstract = any(abstract_arg_aval(x) is not None for x in leaves)
 
 
-class JitFunction:
-    """The result of :func:`jit`: call it (``spmd.jit`` adds the stages, ``.trace``/``.lower``)."""
+# ------------------------------------------------------- a jit's signature
+# A jit is an object holding ``_fun``, ``_name``, its static and donated arguments
+# (set by init_jit), its two caches and ``_upper`` (the key token of an upper layer's
+# Arrays, see walk).  The functions below key, trace and run it; the compiler's own
+# jit (JitFunction) and the shard layer's (spmd.shard.call.jit.Jit) call them.
 
-    def __init__(self, fun: Callable, static_argnums=None, static_argnames=None,
-                 donate_argnums=None):
-        functools.update_wrapper(self, fun)
-        self._fun = fun
-        self._name = getattr(fun, "__name__", "fun")
-        try:
-            sig = inspect.signature(fun)
-            params = list(sig.parameters.values())
-            varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
-            n_pos = None if varargs else sum(
-                p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-        except (TypeError, ValueError):
-            sig, n_pos = None, None
-        self._static_argnums = norm_argnums(static_argnums, n_pos, self._name, "static_argnums")
-        self._donate_argnums = norm_argnums(donate_argnums, n_pos, self._name, "donate_argnums")
-        if isinstance(static_argnames, str):
-            static_argnames = (static_argnames,)
-        self._static_argnames = tuple(static_argnames or ())
-        # static_argnames may name positional parameters too (as in JAX).
-        if sig is not None:
-            names = list(sig.parameters)
-            for nm in self._static_argnames:
-                if nm in names and n_pos is not None and names.index(nm) < n_pos:
-                    self._static_argnums = tuple(sorted(set(self._static_argnums)
-                                                        | {names.index(nm)}))
-        self._cache: dict = {}   # (treedef, static key, avals, x64) -> _Entry
-        self._plans: dict = {}   # cheap key (see walk and _plan) -> _CallPlan
-        self._no_static = not self._static_argnums and not self._static_argnames
+def init_jit(j, fun: Callable, static_argnums=None, static_argnames=None,
+             donate_argnums=None) -> None:
+    """Set on ``j`` what the functions below read: the function, its name, the static
+    and donated argument positions, the static keyword names and the empty caches."""
+    functools.update_wrapper(j, fun)
+    j._fun = fun
+    j._name = getattr(fun, "__name__", "fun")
+    try:
+        sig = inspect.signature(fun)
+        params = list(sig.parameters.values())
+        varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+        n_pos = None if varargs else sum(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    except (TypeError, ValueError):
+        sig, n_pos = None, None
+    j._static_argnums = norm_argnums(static_argnums, n_pos, j._name, "static_argnums")
+    j._donate_argnums = norm_argnums(donate_argnums, n_pos, j._name, "donate_argnums")
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
+    j._static_argnames = tuple(static_argnames or ())
+    # static_argnames may name positional parameters too (as in JAX).
+    if sig is not None:
+        names = list(sig.parameters)
+        for nm in j._static_argnames:
+            if nm in names and n_pos is not None and names.index(nm) < n_pos:
+                j._static_argnums = tuple(sorted(set(j._static_argnums) | {names.index(nm)}))
+    j._cache = {}   # (treedef, static key, avals, x64, ...) -> _Entry
+    j._plans = {}   # cheap key (see walk and plan_of) -> a call plan
+    j._no_static = not j._static_argnums and not j._static_argnames
+
+
+def signature(j, args, kwargs):
+    """The signature of a call with static arguments: the static key (checked
+    hashable), the leaves and the structure of the dynamic arguments."""
+    if j._no_static:
+        return NO_STATIC, *flatten((args, kwargs))
+    static_pos = []
+    dyn_args = []
+    for i, a in enumerate(args):
+        if i in j._static_argnums:
+            static_pos.append((i, a))
+        else:
+            dyn_args.append(a)
+    static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in j._static_argnames))
+    dyn_kw = {k: v for k, v in kwargs.items() if k not in j._static_argnames}
+    static_key = (tuple(static_pos), static_kw)
+    try:
+        hash(static_key)
+    except TypeError:
+        for where, v in list(static_pos) + list(static_kw):
+            try:
+                hash(v)
+            except TypeError:
+                what = f"argument {where}" if isinstance(where, int) else f"argument {where!r}"
+                raise StaticArgumentError(
+                    f"jit({j._name}): static {what} is an unhashable "
+                    f"{type(v).__name__} ({v!r:.60}); static arguments are cache keys and "
+                    "must be hashable: pass a tuple instead of a list, or make the argument "
+                    "non-static") from None
+        raise
+    return static_key, *flatten((tuple(dyn_args), dyn_kw))
+
+
+def trace_entry(j, static_key, treedef, avals, wrap=None) -> _Entry:
+    """Trace ``j``'s function on ``avals``; ``wrap`` (an upper layer's, e.g. explicit
+    sharding's) transforms the flat function first."""
+    static_pos, static_kw = static_key
+    out_tree_box = []
+
+    def flat_fun(*tracers):
+        dyn_args, dyn_kw = tree_util.tree_unflatten(treedef, tracers)
+        args = list(dyn_args)
+        for i, v in static_pos:
+            args.insert(i, v)
+        outs = j._fun(*args, **dyn_kw, **dict(static_kw))
+        leaves, out_tree = flatten_outputs(outs, f"jit({j._name})")
+        out_tree_box.append(out_tree)
+        return leaves
+
+    fun = flat_fun if wrap is None else wrap(flat_fun)
+    closed, hoisted = hoist_traced_consts(trace_to_program(fun, avals))
+    return _Entry(closed, out_tree_box[0], hoisted)
+
+
+# Two caches.  ``_plans`` is keyed by what is cheap to read off the arguments: the
+# structure, the x64 switch and a key per leaf (no aval is built, only C-level
+# hashing: see leaf_key); on a miss, the avals are computed and ``_cache`` (keyed by
+# avals: a numpy array and an spmd.Array of one aval share their trace) gives the
+# entry.  Without static or keyword arguments (the common case) the key holds the
+# structure of ``args`` alone: no split, no sorting, and no wrapping tuple to flatten.
+# ``prepare(key, static_key, treedef, leaves)``: the jit's maker of a new plan (it
+# traces, and stores the plan under ``key`` when it may be kept).
+def plan_of(j, args, kwargs, prepare):
+    """The call plan for these arguments (made on a miss), and the leaves."""
+    up = j._upper
+    if j._no_static and not kwargs:
+        leaves, treedef = flatten(args)
+        key = (treedef, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
+               tuple([(x.shape, x.dtype) if type(x) is NDARRAY else leaf_key(x, up)
+                      for x in leaves]))
+        plan = j._plans.get(key)
+        if plan is None:
+            plan = new_plan(j, prepare, key, NO_STATIC, flatten((args, EMPTY))[1], leaves)
+        return plan, leaves
+    static_key, leaves, treedef = signature(j, args, kwargs)
+    # A 6-tuple: never equal to the 5-tuple keys of the common case.
+    key = (treedef, static_key, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
+           tuple([(x.shape, x.dtype) if type(x) is NDARRAY else leaf_key(x, up)
+                  for x in leaves]))
+    plan = j._plans.get(key)
+    if plan is None:
+        plan = new_plan(j, prepare, key, static_key, treedef, leaves)
+    return plan, leaves
+
+
+def new_plan(j, prepare, key, static_key, treedef, leaves):
+    # (Named for what an upper layer does meanwhile: e.g. a collective set up.)
+    with preparing(f"jit({j._name})"):
+        return prepare(key, static_key, treedef, leaves)
+
+
+def traced(j, static_key, treedef, leaves, extra=(), wrap=None) -> tuple:
+    """``(entry, avals, cacheable)``: the traced program of a call signature (traced on
+    a miss); not cacheable when it closed over an enclosing trace's values.  ``extra``
+    and ``wrap``: an upper layer's part of the key and its transformation of the
+    function (see :func:`trace_entry`)."""
+    avals = tuple(map(arg_aval, leaves))  # raises DTypeError on unsupported leaves
+    # The named axes in scope are part of the signature: a body traced inside a
+    # shard_map over an 8-device axis is not the program for another mesh.
+    akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key(),
+            _ext.CONTEXT_KEY.fn(), extra)
+    entry = j._cache.get(akey)
+    if entry is None:
+        entry = trace_entry(j, static_key, treedef, avals, wrap)
+        if any(isinstance(h, Tracer) for h in entry.hoisted):
+            return entry, avals, False  # closed over an enclosing trace's values
+        j._cache[akey] = entry  # only reached when tracing succeeded
+    return entry, avals, True
+
+
+def walked_plan(j, prepare, key, args, leaves):
+    """The plan for a call that walk flattened (None: take the general path)."""
+    flat, treedef = flatten((args, EMPTY))
+    if len(flat) != len(leaves) or any(a is not b for a, b in zip(flat, leaves)):
+        return None  # optree orders these leaves otherwise: never expected
+    return new_plan(j, prepare, key, NO_STATIC, treedef, leaves)
+
+
+def entry_of(j, args, kwargs, traced_by=traced):
+    """The traced entry for these arguments, their leaves and avals, without a call
+    plan (``lower``, ``trace``, ``eval_shape``: nothing is run, and no upper layer's
+    plan is built, so one process alone may ask); ``traced_by``: the jit's
+    :func:`traced`."""
+    if j._no_static and not kwargs:
+        static_key, (leaves, treedef) = NO_STATIC, flatten((args, EMPTY))
+    else:
+        static_key, leaves, treedef = signature(j, args, kwargs)
+    with preparing(f"jit({j._name})"):
+        entry, avals, _ = traced_by(j, static_key, treedef, leaves)
+    return entry, leaves, avals
+
+
+def lookup(j, args, kwargs, prepare) -> tuple:
+    """The call plan of these arguments (made on a miss by ``prepare``) and their leaves."""
+    # The common case (no static or keyword arguments; containers, arrays and
+    # scalars) keys the plans on walk's tokens; anything else, plan_of.
+    vals: list = []
+    toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else (),
+            _ext.CONTEXT_KEY.fn()]
+    if j._no_static and not kwargs and walk(args, vals, toks, j._upper):
+        key = tuple(toks)
+        plan = j._plans.get(key)
+        if plan is None:
+            plan = walked_plan(j, prepare, key, args, vals)
+            if plan is None:
+                plan, vals = plan_of(j, args, kwargs, prepare)
+    else:
+        plan, vals = plan_of(j, args, kwargs, prepare)
+        if plan.abstract:
+            raise TypeError(f"jit({j._name}) was called with abstract arguments "
+                            "(ShapeDtypeStruct), which have no values; pass arrays, or use "
+                            ".trace(...), .lower(...) or spmd.eval_shape to trace only")
+    return plan, vals
+
+
+def run(j, plan: _CallPlan, args, vals: list):
+    """Run a call of ``plan`` on its leaves ``vals`` (a fresh list: it is changed)."""
+    if plan.bind or not is_eager():
+        # Under a transformation, or (the compiler-only jit) arrays of an upper layer
+        # among the leaves: the ``jit`` equation is bound, and evaluated by the trace
+        # (eagerly: by those arrays' layer, extensions.EAGER_EVAL).
+        outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
+                          name=j._name)
+        if plan.bind and j._donate_argnums:
+            delete_donated(j, args)
+        return outs[0] if plan.single else plan.out_tree.unflatten(outs)
+    # Only the leaves that need it are touched (``vals`` is a fresh list).
+    for i in plan.arrays:
+        vals[i] = vals[i].value
+    for i, a in plan.converts:
+        vals[i] = to_array_value(vals[i], a)
+    fn = plan.fn
+    if fn is None:
+        fn = plan.fn = plan.entry.exe.fn
+    outs = fn(*vals)
+    if j._donate_argnums:
+        delete_donated(j, args)
+    # Results of the generated code are fresh ndarrays of the right dtype, except
+    # 0-d ones (numpy scalars), which wrap_value converts.
+    if plan.single:
+        o, a = outs[0], plan.out_avals[0]
+        return Array(o, a) if type(o) is NDARRAY and o.dtype == a.dtype else wrap_value(o, a)
+    return plan.out_tree.unflatten(
+        [Array(o, a) if type(o) is NDARRAY and o.dtype == a.dtype else wrap_value(o, a)
+         for o, a in zip(outs, plan.out_avals)])
+
+
+def delete_donated(j, args) -> None:
+    for i in j._donate_argnums:
+        if i < len(args):
+            for leaf in tree_util.tree_leaves(args[i]):
+                if isinstance(leaf, Array):
+                    leaf.delete()
+
+
+def clear_caches(j) -> None:
+    j._cache.clear()
+    j._plans.clear()
+
+
+# ------------------------------------------------------- the compiler's own jit
+
+class JitFunction:
+    """The compiler's own jit (the result of :func:`jit`): the functions above, with the
+    compiler's plans (:class:`_CallPlan`).  ``spmd.jit`` is the shard layer's
+    :class:`spmd.shard.call.jit.Jit`, which adds placed values and the stages."""
 
     # The key token of an Array of an upper layer's type (see walk).
     _upper = staticmethod(upper_token)
 
-    # The signature of a call with static arguments: the static key (checked
-    # hashable), the leaves and the structure of the dynamic arguments.
-    def _signature(self, args, kwargs):
-        if self._no_static:
-            return NO_STATIC, *flatten((args, kwargs))
-        static_pos = []
-        dyn_args = []
-        for i, a in enumerate(args):
-            if i in self._static_argnums:
-                static_pos.append((i, a))
-            else:
-                dyn_args.append(a)
-        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
-        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
-        static_key = (tuple(static_pos), static_kw)
-        try:
-            hash(static_key)
-        except TypeError:
-            for where, v in list(static_pos) + list(static_kw):
-                try:
-                    hash(v)
-                except TypeError:
-                    what = f"argument {where}" if isinstance(where, int) else f"argument {where!r}"
-                    raise StaticArgumentError(
-                        f"jit({self._name}): static {what} is an unhashable "
-                        f"{type(v).__name__} ({v!r:.60}); static arguments are cache keys and "
-                        "must be hashable: pass a tuple instead of a list, or make the argument "
-                        "non-static") from None
-            raise
-        return static_key, *flatten((tuple(dyn_args), dyn_kw))
-
-    def _trace(self, static_key, treedef, avals, wrap=None) -> _Entry:
-        """Trace the function on ``avals``; ``wrap`` (an upper layer's, e.g. explicit
-        sharding's) transforms the flat function first."""
-        static_pos, static_kw = static_key
-        out_tree_box = []
-
-        def flat_fun(*tracers):
-            dyn_args, dyn_kw = tree_util.tree_unflatten(treedef, tracers)
-            args = list(dyn_args)
-            for i, v in static_pos:
-                args.insert(i, v)
-            outs = self._fun(*args, **dyn_kw, **dict(static_kw))
-            leaves, out_tree = flatten_outputs(outs, f"jit({self._name})")
-            out_tree_box.append(out_tree)
-            return leaves
-
-        fun = flat_fun if wrap is None else wrap(flat_fun)
-        closed, hoisted = hoist_traced_consts(trace_to_program(fun, avals))
-        return _Entry(closed, out_tree_box[0], hoisted)
-
-    # Two caches.  ``_plans`` is keyed by what is cheap to read off the
-    # arguments: the structure, the x64 switch and a key per leaf (no aval is
-    # built, only C-level hashing: see leaf_key); on a miss, the avals are
-    # computed and ``_cache`` (keyed by avals: a numpy array and an spmd.Array
-    # of one aval share their trace) gives the entry.  Without static or
-    # keyword arguments (the common case) the key holds the structure of
-    # ``args`` alone: no split, no sorting, and no wrapping tuple to flatten.
-    def _plan(self, args, kwargs):
-        """The call plan for these arguments (tracing on a miss), and the leaves."""
-        up = self._upper
-        if self._no_static and not kwargs:
-            leaves, treedef = flatten(args)
-            key = (treedef, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
-                   tuple([(x.shape, x.dtype) if type(x) is NDARRAY else leaf_key(x, up)
-                          for x in leaves]))
-            plan = self._plans.get(key)
-            if plan is None:
-                plan = self._new_plan(key, NO_STATIC, flatten((args, EMPTY))[1], leaves)
-            return plan, leaves
-        static_key, leaves, treedef = self._signature(args, kwargs)
-        # A 6-tuple: never equal to the 5-tuple keys of the common case.
-        key = (treedef, static_key, config.enable_x64, axis_env_key(), _ext.CONTEXT_KEY.fn(),
-               tuple([(x.shape, x.dtype) if type(x) is NDARRAY else leaf_key(x, up)
-                      for x in leaves]))
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._new_plan(key, static_key, treedef, leaves)
-        return plan, leaves
-
-    def _new_plan(self, key, static_key, treedef, leaves) -> _CallPlan:
-        # (Named for what an upper layer does meanwhile: e.g. a collective set up.)
-        with preparing(f"jit({self._name})"):
-            return self._prepare(key, static_key, treedef, leaves)
-
-    def _prepare(self, key, static_key, treedef, leaves) -> _CallPlan:
-        entry, avals, keep = self._traced(static_key, treedef, leaves)
-        plan = self._make_plan(entry, leaves, avals)
-        if keep:
-            self._plans[key] = plan
-        return plan
-
-    def _traced(self, static_key, treedef, leaves, extra=(), wrap=None) -> tuple:
-        """``(entry, avals, cacheable)``: the traced program of a call signature (traced
-        on a miss); not cacheable when it closed over an enclosing trace's values.
-        ``extra`` and ``wrap``: an upper layer's part of the key and its transformation
-        of the function (see ``_trace``)."""
-        avals = tuple(map(arg_aval, leaves))  # raises DTypeError on unsupported leaves
-        # The named axes in scope are part of the signature: a body traced inside a
-        # shard_map over an 8-device axis is not the program for another mesh.
-        akey = (treedef, static_key, avals, dtypes.x64_enabled(), axis_env_key(),
-                _ext.CONTEXT_KEY.fn(), extra)
-        entry = self._cache.get(akey)
-        if entry is None:
-            entry = self._trace(static_key, treedef, avals, wrap)
-            if any(isinstance(h, Tracer) for h in entry.hoisted):
-                return entry, avals, False  # closed over an enclosing trace's values
-            self._cache[akey] = entry  # only reached when tracing succeeded
-        return entry, avals, True
-
-    def _make_plan(self, entry: _Entry, leaves, avals):
-        """The plan of a new call signature (an upper layer's jit may make its own)."""
-        return _CallPlan(entry, leaves, avals)
-
-    def _walked_plan(self, key, args, leaves) -> _CallPlan | None:
-        """The plan for a call that walk flattened (None: take the general path)."""
-        flat, treedef = flatten((args, EMPTY))
-        if len(flat) != len(leaves) or any(a is not b for a, b in zip(flat, leaves)):
-            return None  # optree orders these leaves otherwise: never expected
-        return self._new_plan(key, NO_STATIC, treedef, leaves)
-
-    def _entry(self, args, kwargs):
-        """The traced entry for these arguments, their leaves and avals, without a call
-        plan (``lower``, ``trace``, ``eval_shape``: nothing is run, and no upper layer's
-        plan is built, so one process alone may ask)."""
-        if self._no_static and not kwargs:
-            static_key, (leaves, treedef) = NO_STATIC, flatten((args, EMPTY))
-        else:
-            static_key, leaves, treedef = self._signature(args, kwargs)
-        with preparing(f"jit({self._name})"):
-            entry, avals, _ = self._traced(static_key, treedef, leaves)
-        return entry, leaves, avals
+    def __init__(self, fun: Callable, static_argnums=None, static_argnames=None,
+                 donate_argnums=None):
+        init_jit(self, fun, static_argnums, static_argnames, donate_argnums)
 
     def __call__(self, *args, **kwargs):
         if config.disable_jit:  # spmd.disable_jit(): run the Python function op by op
             return self._fun(*args, **kwargs)
-        plan, vals = self._lookup(args, kwargs)
-        return self._run(plan, args, vals)
+        plan, vals = lookup(self, args, kwargs, self._prepare)
+        return run(self, plan, args, vals)
 
-    def _lookup(self, args, kwargs) -> tuple:
-        """The call plan of these arguments (made on a miss) and their leaves."""
-        # The common case (no static or keyword arguments; containers, arrays
-        # and scalars) keys the plans on walk's tokens; anything else, _plan.
-        vals: list = []
-        toks = [config.enable_x64, axis_env_key() if _trace_state.axis_env else (),
-                _ext.CONTEXT_KEY.fn()]
-        if self._no_static and not kwargs and walk(args, vals, toks, self._upper):
-            key = tuple(toks)
-            plan = self._plans.get(key)
-            if plan is None:
-                plan = self._walked_plan(key, args, vals)
-                if plan is None:
-                    plan, vals = self._plan(args, kwargs)
-        else:
-            plan, vals = self._plan(args, kwargs)
-            if plan.abstract:
-                raise TypeError(f"jit({self._name}) was called with abstract arguments "
-                                "(ShapeDtypeStruct), which have no values; pass arrays, or use "
-                                ".trace(...), .lower(...) or spmd.eval_shape to trace only")
-        return plan, vals
+    def _prepare(self, key, static_key, treedef, leaves) -> _CallPlan:
+        entry, avals, keep = traced(self, static_key, treedef, leaves)
+        plan = _CallPlan(entry, leaves, avals)
+        if keep:
+            self._plans[key] = plan
+        return plan
 
-    def _run(self, plan: _CallPlan, args, vals: list):
-        """Run a call of ``plan`` on its leaves ``vals`` (a fresh list: it is changed)."""
-        if plan.bind or not is_eager():
-            # Under a transformation, or (this compiler-only jit) arrays of an upper
-            # layer among the leaves: the ``jit`` equation is bound, and evaluated by
-            # the trace (eagerly: by those arrays' layer, extensions.EAGER_EVAL).
-            outs = jit_p.bind(*plan.entry.hoisted, *vals, program=plan.entry.closed,
-                              name=self._name)
-            if plan.bind and self._donate_argnums:
-                self._delete_donated(args)
-            return outs[0] if plan.single else plan.out_tree.unflatten(outs)
-        # Only the leaves that need it are touched (``vals`` is a fresh list).
-        for i in plan.arrays:
-            vals[i] = vals[i].value
-        for i, a in plan.converts:
-            vals[i] = to_array_value(vals[i], a)
-        fn = plan.fn
-        if fn is None:
-            fn = plan.fn = plan.entry.exe.fn
-        outs = fn(*vals)
-        if self._donate_argnums:
-            self._delete_donated(args)
-        # Results of the generated code are fresh ndarrays of the right dtype,
-        # except 0-d ones (numpy scalars), which wrap_value converts.
-        if plan.single:
-            o, a = outs[0], plan.out_avals[0]
-            return Array(o, a) if type(o) is NDARRAY and o.dtype == a.dtype else wrap_value(o, a)
-        return plan.out_tree.unflatten(
-            [Array(o, a) if type(o) is NDARRAY and o.dtype == a.dtype else wrap_value(o, a)
-             for o, a in zip(outs, plan.out_avals)])
-
-    def _delete_donated(self, args):
-        for i in self._donate_argnums:
-            if i < len(args):
-                for leaf in tree_util.tree_leaves(args[i]):
-                    if isinstance(leaf, Array):
-                        leaf.delete()
+    def _entry(self, args, kwargs):
+        return entry_of(self, args, kwargs)
 
     def eval_shape(self, *args, **kwargs):
-        entry, _, _ = self._entry(args, kwargs)
+        entry, _, _ = entry_of(self, args, kwargs)
         return tree_util.tree_unflatten(entry.out_tree, list(entry.out_avals))
 
     def clear_cache(self) -> None:
-        self._cache.clear()
-        self._plans.clear()
+        clear_caches(self)
 
     def _cache_size(self) -> int:
         return len(self._cache)
@@ -443,7 +474,7 @@ def make_jaxpr(fun: Callable, static_argnums=None):
     """
     def traced(*args, **kwargs):
         jf = JitFunction(fun, static_argnums=static_argnums)
-        entry, _, _ = jf._entry(args, kwargs)
+        entry, _, _ = entry_of(jf, args, kwargs)
         return dce(entry.closed)  # dead equations are noise in a printed program
 
     return traced

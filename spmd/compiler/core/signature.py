@@ -1,6 +1,6 @@
 """A jitted call's signature: its arguments flattened into leaves, and the key of each.
 
-:class:`spmd.compiler.core.jit.JitFunction` keys its call plans on what these
+:func:`spmd.compiler.core.jit.lookup` keys a jit's call plans on what these
 functions produce: :func:`walk` flattens the common arguments (tuples, lists,
 dicts and None around numpy arrays, spmd Arrays and scalars) straight into the
 key; anything else goes through :func:`flatten` (optree) and :func:`leaf_key`.

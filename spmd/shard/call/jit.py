@@ -1,9 +1,11 @@
 """``spmd.jit``: the front door of a jitted call, placed values included.
 
-The compiler's :class:`~spmd.compiler.core.jit.JitFunction` traces, keys and compiles;
-this subclass owns what happens when a call's arguments are placed (sharded
-Arrays, Arrays spread over processes closed over, a ``shard_map`` over processes
-inside).  Its call plans are keyed on the structure, each leaf's type and aval,
+One class, :class:`Jit`, plain or with shardings (then it holds a
+:class:`~spmd.shard.partition.partitioned_jit.Partitioning`: its traces partition the
+function).  It keys, traces and runs with the compiler's functions
+(:mod:`spmd.compiler.core.jit`: ``lookup``, ``traced``, ``run``) and owns what
+happens when a call's arguments are placed (sharded Arrays, Arrays spread over
+processes closed over, a ``shard_map`` over processes inside).  Its call plans are keyed on the structure, each leaf's type and aval,
 and for a placed leaf its sharding and whether it holds blocks or the whole value
 (:func:`spmd.shard.call.plan.token`), with the statics, x64, the named axes and the mesh
 context; on a miss the program is traced and handed to
@@ -20,9 +22,12 @@ PartitionSpec('d',)
 
 from __future__ import annotations
 
+import functools
+
 from spmd import tree_util
 from spmd.compiler.core.avals import ShapeDtypeStruct
-from spmd.compiler.core.jit import JitFunction, _CallPlan, _Entry
+from spmd.compiler.core import jit as compiler_jit
+from spmd.compiler.core.jit import _CallPlan, _Entry
 from spmd.compiler.passes.pipeline import dce
 from spmd.compiler.core.trace import Tracer, is_eager
 from spmd.config import config
@@ -65,7 +70,7 @@ def _unrunnable(leaves):
                     "eagerly; a tracer may have escaped its transformation")
 
 
-class Jit(JitFunction):
+class Jit:
     """The result of ``spmd.jit(f)`` (see the module docstring), plain or with
     shardings.  Given ``in_shardings``, ``out_shardings`` or ``forbid_gather_bytes`` it
     holds a :class:`~spmd.shard.partition.partitioned_jit.Partitioning`, and its
@@ -89,64 +94,36 @@ class Jit(JitFunction):
             self._partitioning = _partitioned.Partitioning(
                 name, in_shardings, out_shardings, forbid_gather_bytes, static_argnums,
                 static_argnames)
-        super().__init__(fun, static_argnums, static_argnames, donate_argnums)
+        compiler_jit.init_jit(self, fun, static_argnums, static_argnames, donate_argnums)
         self._user = user
 
     def __call__(self, *args, **kwargs):
         if config.disable_jit and self._user:
             return self._fun(*args, **kwargs)
-        plan, vals = self._lookup(args, kwargs)
+        plan, vals = compiler_jit.lookup(self, args, kwargs, self._prepare)
         if plan.__class__ is Placed and is_eager():
             outs = plan.run(plan.hoisted + vals if plan.hoisted else vals)
             if self._donate_argnums:
-                self._delete_donated(args)
+                compiler_jit.delete_donated(self, args)
             return outs[0] if plan.single else plan.out_tree.unflatten(outs)
-        return self._run(plan, args, vals)
-
-    def _traced(self, static_key, treedef, leaves, extra=(), wrap=None):
-        # A shard_map(mesh=AbstractMesh) inside may run on the mesh of the placed
-        # arguments.
-        meshes = tuple(dict.fromkeys(m for m in (getattr(getattr(x, "_sharding", None), "mesh",
-                                                          None) for x in leaves)
-                                     if isinstance(m, Mesh)))
-        # (So the meshes key the trace: arguments on another mesh of the same shape
-        # are another program.)
-        on = ("meshes",) + meshes if meshes else ()
-        with tracing_call(meshes):
-            # On explicit mesh axes the values' shardings are part of their types: the
-            # function is traced with them (spmd.shard.explicit.types), and they key the trace.
-            sig = _explicit.signature(leaves)
-            if sig is None:
-                return super()._traced(static_key, treedef, leaves, on)
-            mesh, types = sig
-            lenient = _explicit.lenient_now()  # (an eager operation inside out_sharding=)
-            return super()._traced(static_key, treedef, leaves,
-                                   ("explicit", mesh, types, lenient) + on,
-                                   lambda f: _explicit.wrap(f, mesh, types, lenient))
-
-    def _make_plan(self, entry: _Entry, leaves, avals):
-        plan = _CallPlan(entry, leaves, avals)
-        if plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
-                or any(isinstance(x, Tracer) for x in leaves):
-            return plan  # abstract values, or a call under a transformation
-        everything = [*entry.hoisted, *leaves]
-        placed = routing.route(entry.closed, everything)
-        if placed is not None:
-            return Placed(entry, avals, False, placed)
-        if not entry.hoisted:
-            plan.bind = False  # sharded leaves of no one mesh: whole values, unplaced
-        return plan
+        return compiler_jit.run(self, plan, args, vals)
 
     def _entry(self, args, kwargs):
+        """The traced entry for these arguments, their leaves and avals (no call plan:
+        see :func:`spmd.compiler.core.jit.entry_of`)."""
         if self._partitioning is None:
-            return super()._entry(args, kwargs)
+            return compiler_jit.entry_of(self, args, kwargs, _traced)
         return self._partitioning.entry(self._fun, args, kwargs)
 
     def _prepare(self, key, static_key, treedef, leaves):
         """The call plan of a new call signature (see :meth:`__call__`); with shardings,
         the partitioned trace of :meth:`_entry`, and how this call's leaves run it."""
         if self._partitioning is None:
-            return super()._prepare(key, static_key, treedef, leaves)
+            entry, avals, keep = _traced(self, static_key, treedef, leaves)
+            plan = _make_plan(entry, leaves, avals)
+            if keep:
+                self._plans[key] = plan
+            return plan
         static_pos, static_kw = static_key
         dyn, dkw = tree_util.tree_unflatten(treedef, leaves)
         args = list(dyn)
@@ -197,17 +174,60 @@ class Jit(JitFunction):
     def clear_cache(self) -> None:
         if self._partitioning is not None:
             self._partitioning.entries.clear()
-        super().clear_cache()
+        compiler_jit.clear_caches(self)
 
     def _cache_size(self) -> int:
         if self._partitioning is not None:
             return len(self._partitioning.entries)
-        return super()._cache_size()
+        return len(self._cache)
 
     def __repr__(self):
         if self._partitioning is not None:
             return f"<jit {self._name} (partitioned)>"
-        return super().__repr__()
+        return f"<jit {self._name}>"
+
+    def __get__(self, obj, objtype=None):  # so that jit works on methods
+        return self if obj is None else functools.partial(self, obj)
+
+
+def _traced(j, static_key, treedef, leaves):
+    """:func:`spmd.compiler.core.jit.traced` for a :class:`Jit`: the meshes of placed
+    arguments and, on explicit axes, the values' types key the trace (and the
+    function is traced with those types)."""
+    # A shard_map(mesh=AbstractMesh) inside may run on the mesh of the placed
+    # arguments.
+    meshes = tuple(dict.fromkeys(m for m in (getattr(getattr(x, "_sharding", None), "mesh",
+                                                      None) for x in leaves)
+                                 if isinstance(m, Mesh)))
+    # (So the meshes key the trace: arguments on another mesh of the same shape
+    # are another program.)
+    on = ("meshes",) + meshes if meshes else ()
+    with tracing_call(meshes):
+        # On explicit mesh axes the values' shardings are part of their types: the
+        # function is traced with them (spmd.shard.explicit.types), and they key the trace.
+        sig = _explicit.signature(leaves)
+        if sig is None:
+            return compiler_jit.traced(j, static_key, treedef, leaves, on)
+        mesh, types = sig
+        lenient = _explicit.lenient_now()  # (an eager operation inside out_sharding=)
+        return compiler_jit.traced(j, static_key, treedef, leaves,
+                                  ("explicit", mesh, types, lenient) + on,
+                                  lambda f: _explicit.wrap(f, mesh, types, lenient))
+
+
+def _make_plan(entry: _Entry, leaves, avals):
+    """The plan of a new unpartitioned call signature: routed when its values are placed."""
+    plan = _CallPlan(entry, leaves, avals)
+    if plan.abstract or any(isinstance(h, Tracer) for h in entry.hoisted) \
+            or any(isinstance(x, Tracer) for x in leaves):
+        return plan  # abstract values, or a call under a transformation
+    everything = [*entry.hoisted, *leaves]
+    placed = routing.route(entry.closed, everything)
+    if placed is not None:
+        return Placed(entry, avals, False, placed)
+    if not entry.hoisted:
+        plan.bind = False  # sharded leaves of no one mesh: whole values, unplaced
+    return plan
 
 
 def make_jaxpr(fun, static_argnums=None):
