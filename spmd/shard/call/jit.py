@@ -85,16 +85,18 @@ class Jit:
     def __init__(self, fun, static_argnums=None, static_argnames=None, donate_argnums=None,
                  *, in_shardings=None, out_shardings=None, forbid_gather_bytes=None,
                  user: bool = True):
-        self._partitioning = None
+        partitioning = None
         if in_shardings is not None or out_shardings is not None or \
                 forbid_gather_bytes is not None:
             name = getattr(fun, "__name__", "fun")
             static_argnums, static_argnames, donate_argnums = _partitioned.argnums(
                 fun, name, static_argnums, static_argnames, donate_argnums)
-            self._partitioning = _partitioned.Partitioning(
+            partitioning = _partitioned.Partitioning(
                 name, in_shardings, out_shardings, forbid_gather_bytes, static_argnums,
                 static_argnames)
+        # (After init_jit, whose update_wrapper copies the attributes of a jitted ``fun``.)
         compiler_jit.init_jit(self, fun, static_argnums, static_argnames, donate_argnums)
+        self._partitioning = partitioning
         self._user = user
 
     def __call__(self, *args, **kwargs):
