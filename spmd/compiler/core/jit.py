@@ -172,7 +172,12 @@ class _CallPlan:
 def init_jit(j, fun: Callable, static_argnums=None, static_argnames=None,
              donate_argnums=None) -> None:
     """Set on ``j`` what the functions below read: the function, its name, the static
-    and donated argument positions, the static keyword names and the empty caches."""
+    and donated argument positions, the static keyword names and the empty caches.
+
+    >>> jf = JitFunction(lambda x, n: x * n, static_argnums=1)  # calls init_jit
+    >>> jf._static_argnums, jf._no_static
+    ((1,), False)
+    """
     functools.update_wrapper(j, fun)
     j._fun = fun
     j._name = getattr(fun, "__name__", "fun")
@@ -294,7 +299,10 @@ def traced(j, static_key, treedef, leaves, extra=(), wrap=None) -> tuple:
     """``(entry, avals, cacheable)``: the traced program of a call signature (traced on
     a miss); not cacheable when it closed over an enclosing trace's values.  ``extra``
     and ``wrap``: an upper layer's part of the key and its transformation of the
-    function (see :func:`trace_entry`)."""
+    function (see :func:`trace_entry`).
+
+    >>> entry, avals, keep = traced(jf, NO_STATIC, treedef, leaves)  # doctest: +SKIP
+    """
     avals = tuple(map(arg_aval, leaves))  # raises DTypeError on unsupported leaves
     # The named axes in scope are part of the signature: a body traced inside a
     # shard_map over an 8-device axis is not the program for another mesh.
@@ -321,7 +329,10 @@ def entry_of(j, args, kwargs, traced_by=traced):
     """The traced entry for these arguments, their leaves and avals, without a call
     plan (``lower``, ``trace``, ``eval_shape``: nothing is run, and no upper layer's
     plan is built, so one process alone may ask); ``traced_by``: the jit's
-    :func:`traced`."""
+    :func:`traced`.
+
+    >>> entry, leaves, avals = entry_of(jf, (np.ones(3),), {})  # doctest: +SKIP
+    """
     if j._no_static and not kwargs:
         static_key, (leaves, treedef) = NO_STATIC, flatten((args, EMPTY))
     else:
@@ -332,7 +343,12 @@ def entry_of(j, args, kwargs, traced_by=traced):
 
 
 def lookup(j, args, kwargs, prepare) -> tuple:
-    """The call plan of these arguments (made on a miss by ``prepare``) and their leaves."""
+    """The call plan of these arguments (made on a miss by ``prepare``) and their leaves.
+
+    >>> plan, vals = lookup(jf, (np.ones(3),), {}, jf._prepare)  # doctest: +SKIP
+    >>> run(jf, plan, (np.ones(3),), vals)                        # doctest: +SKIP
+    Array([2., 2., 2.], dtype=float32)
+    """
     # The common case (no static or keyword arguments; containers, arrays and
     # scalars) keys the plans on walk's tokens; anything else, plan_of.
     vals: list = []
@@ -355,7 +371,8 @@ def lookup(j, args, kwargs, prepare) -> tuple:
 
 
 def run(j, plan: _CallPlan, args, vals: list):
-    """Run a call of ``plan`` on its leaves ``vals`` (a fresh list: it is changed)."""
+    """Run a call of ``plan`` on its leaves ``vals`` (a fresh list: it is changed); see
+    :func:`lookup` for an example."""
     if plan.bind or not is_eager():
         # Under a transformation, or (the compiler-only jit) arrays of an upper layer
         # among the leaves: the ``jit`` equation is bound, and evaluated by the trace
