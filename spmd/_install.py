@@ -1,12 +1,14 @@
 """The one installer of the compiler's extension points (and of the array methods).
 
 The compiler declares what it needs from the layers above it
-(:mod:`spmd.compiler.extensions`); :func:`install_extensions` fills every point
-from the layer that provides it, then loads ``spmd.numpy``, whose import installs
-the numpy operators and methods of ``Array`` and tracers
-(``spmd/numpy/_methods.py``).  No module fills a point when it is imported, so
-each layer can be loaded and tested alone, and this file is where a reader finds
-the wiring.
+(:mod:`spmd.compiler.extensions`); :func:`install_extensions` calls the
+``register()`` of each layer above it, in layer order (``spmd.launch``,
+``spmd.collectives``, ``spmd.shard``: each fills the points it provides, and the
+shard layer the partition decisions), then loads ``spmd.numpy``, whose import
+installs the numpy operators and methods of ``Array`` and tracers
+(``spmd/numpy/_methods.py``).  No module fills a point or another module's table
+when it is imported, so each layer can be loaded and tested alone, and this file is
+where a reader finds the wiring.
 
 Who runs it (``spmd/__init__.py`` is lazy, so that ``import spmd.compiler`` loads
 nothing above the compiler; see docs/architecture.md, "Loading lazily"):
@@ -138,21 +140,16 @@ def run_once() -> None:
 
 
 def _fill_points() -> None:
-    from spmd.collectives.api import as_summands, preduced_traced, pvary_traced
-    from spmd.launch.platform import resolve_array_module
-    from spmd.shard.call.dispatch import eval_primitive
-    from spmd.shard.explicit.mesh_context import get_mesh
-    from spmd.shard.arrays.sharded import plain_sharding, plain_shards
+    """Each layer above the compiler fills what it provides (its ``register()``), in
+    layer order; then every point must be filled."""
+    import spmd.collectives
+    import spmd.launch
+    import spmd.shard
 
-    extensions.PVARY.install(pvary_traced, by="spmd.collectives.api")
-    extensions.PREDUCED.install(preduced_traced, by="spmd.collectives.api")
-    extensions.SUMMANDS.install(as_summands, by="spmd.collectives.primitives")
-    extensions.ARRAY_MODULE.install(resolve_array_module, by="spmd.launch.platform")
-    extensions.CONTEXT_KEY.install(get_mesh, by="spmd.shard.explicit.mesh_context")
-    extensions.PLAIN_SHARDING.install(plain_sharding, by="spmd.shard.arrays.sharded")
-    extensions.PLAIN_SHARDS.install(plain_shards, by="spmd.shard.arrays.sharded")
-    extensions.EAGER_EVAL.install(eval_primitive, by="spmd.shard.call.dispatch")
+    for layer in (spmd.launch, spmd.collectives, spmd.shard):
+        layer.register()
     left = [p.name for p in extensions.POINTS if p.installed_by is None]
-    if left:  # a point declared without a line above
+    if left:  # a point declared without a layer that fills it
         raise RuntimeError(f"install_extensions: extension points left at their default: "
-                           f"{left}; fill them here")
+                           f"{left}; fill them in the register() of the layer that "
+                           "provides them")

@@ -4,7 +4,10 @@ Without MPI one process owns ``SPMD_NUM_DEVICES`` simulated devices (default
 8).  Under ``mpirun``/``mpiexec``/``srun`` (detected from the environment) each
 rank owns ``SPMD_LOCAL_DEVICES`` devices (default 1).  The devices' platform
 (``cpu``, or ``gpu`` when asked for or when CuPy sees a GPU) is decided by
-:mod:`spmd.launch.platform`; which ranks share a node, by :mod:`spmd.launch.nodes`.
+:mod:`spmd.launch.platform`; which ranks share a node, by :mod:`spmd.launch.nodes`;
+all of it together, by :func:`spmd.launch.process.describe`.  This module reads the
+environment only: the modules of the launch layer import it, and it imports none of
+them.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import os
 
 from spmd.errors import DeviceError
-from spmd.launch import mpi
 
 # Environment variables that launchers set in every rank, by launcher.
 _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
@@ -50,28 +52,14 @@ def _env_count(name: str, default: int) -> int:
     return n
 
 
-def describe() -> tuple[int, int, int, str]:
-    """``(process_index, process_count, local_device_count, platform)``."""
-    # (Here: spmd.launch.platform and spmd.launch.nodes import this module; the compiler
-    # below is loaded only when asked for, so that spmd-run, which loads this module,
-    # does not load it.)
-    from spmd.launch.platform import current
-
+def local_device_count() -> int:
+    """This process's device count: as forced, else ``SPMD_LOCAL_DEVICES`` (default 1)
+    for an MPI rank, ``SPMD_NUM_DEVICES`` (default 8) for a process alone."""
+    if _forced.get("local_devices"):
+        return _forced["local_devices"]
     if launched_by_mpi():
-        from spmd.launch import nodes
-
-        nodes.simulated()  # a bad SPMD_SIMULATE_NODES raises now, on every rank alike
-    platform = current()  # raises PlatformError when gpu is asked for and cannot run
-    if platform == "gpu":
-        from spmd.compiler.core import array_module
-
-        array_module.current()  # picks this rank's GPU now (and checks ranks vs GPUs)
-    if launched_by_mpi():
-        comm = mpi.world()
-        local = _forced.get("local_devices") or _env_count("SPMD_LOCAL_DEVICES", 1)
-        return comm.Get_rank(), comm.Get_size(), local, platform
-    local = _forced.get("local_devices") or _env_count("SPMD_NUM_DEVICES", 8)
-    return 0, 1, local, platform
+        return _env_count("SPMD_LOCAL_DEVICES", 1)
+    return _env_count("SPMD_NUM_DEVICES", 8)
 
 
 def overrides() -> dict:

@@ -6,7 +6,7 @@ import functools
 
 # DeviceError lives in spmd.errors (the launch layer raises it too); importable here.
 from spmd.errors import DeviceError  # noqa: F401
-from spmd.launch import platform, runtime
+from spmd.launch import platform, process
 
 
 class Device:
@@ -44,7 +44,7 @@ class Device:
 @functools.lru_cache(maxsize=None)
 def _runtime():
     """(process_index, process_count, local device count, platform), decided once."""
-    return runtime.describe()
+    return process.describe()
 
 
 def process_index() -> int:

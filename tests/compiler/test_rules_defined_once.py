@@ -64,16 +64,15 @@ _WATCH = textwrap.dedent('''
     P.Rules.__setattr__ = watched_rules_setattr
 
     import spmd, spmd.numpy, spmd.lax, spmd.random, spmd.shard, spmd.autodiff  # noqa
-    import spmd.compiler.ops  # noqa
+    import spmd.compiler.ops, spmd.collectives.mpi, spmd.host, spmd.nn  # noqa
+    import spmd.parallel, spmd.optim, spmd.scipy, spmd.checkpointing  # noqa
     print(json.dumps({"primitives": len(owner), "found": found}))
 ''')
 
 
-# Known cases outside the compiler, each to move into its primitive's module (issue
-# 55); the list only shrinks: a case fixed must leave it.
-KNOWN = {
-    "shard_map.rules.output_array: set in spmd.shard.call.dispatch",
-}
+# Known cases, each to move into its primitive's module; the list only shrinks (a
+# case fixed must leave it), and is empty.
+KNOWN: set = set()
 
 
 def _watch() -> dict:

@@ -165,7 +165,7 @@ def test_a_bad_value_raises_on_every_rank_alike(simulate, raw):
     simulate(raw)
     ranks = tuple(range(n))
     with pytest.raises(ArgumentError, match=f"SPMD_SIMULATE_NODES='{raw}'") as e:
-        nodes.simulated()  # what each rank meets first (spmd.launch.runtime.describe)
+        nodes.simulated()  # what each rank meets first (spmd.launch.process.describe)
     assert f"from 1 to the job's {n} ranks" in str(e.value)
     with pytest.raises(ArgumentError,
                        match=re.escape(f"ranks {list(ranks)}: SPMD_SIMULATE_NODES='{raw}'")):

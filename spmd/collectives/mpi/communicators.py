@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 
-from spmd.collectives.mpi import hier as mpi_hier, shm as mpi_shm
+from spmd.collectives.mpi import settings
 from spmd.collectives.mpi.control import Collective, Site, checking, register
 from spmd.errors import ArgumentError
 from spmd.launch import nodes
@@ -60,8 +60,8 @@ def _settings() -> tuple:
     """The environment settings that choose a collective's algorithm (every member must
     choose alike), or the error reading them gave."""
     try:
-        return ("ok", mpi_shm.size_range(), split_bytes(), checking(), nodes.simulated(),
-                mpi_hier.min_bytes())
+        return ("ok", settings.size_range(), split_bytes(), checking(), nodes.simulated(),
+                settings.min_bytes())
     except ArgumentError as e:
         return ("error", str(e))
 

@@ -75,34 +75,13 @@ at its wait.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from spmd.collectives.mpi import shm as mpi_shm
 from spmd.collectives.mpi.buffers import recv_buffer
 from spmd.collectives.mpi.control import Collective, Site, control
+from spmd.collectives.mpi.settings import HIER_MIN_BYTES, min_bytes  # noqa: F401
 from spmd.launch import nodes
-
-# Operands (per member) of this many bytes or more go through the hierarchy.
-# Measured on 2 emulated nodes x 2 ranks (benchmarks/bench_multinode.py; see
-# docs/performance.md, "Several nodes"): below, the hierarchy's three calls cost
-# more than the flat call's one.
-HIER_MIN_BYTES = 64 * 1024
-
-
-@functools.lru_cache(maxsize=None)
-def min_bytes() -> int:
-    """The smallest operand in bytes that takes the hierarchical path, from
-    ``SPMD_MPI_HIER_MIN_BYTES`` once (``0``: never; unset: :data:`HIER_MIN_BYTES`).
-
-    >>> min_bytes() > 0
-    True
-    """
-    value = mpi_shm.bytes_setting("SPMD_MPI_HIER_MIN_BYTES", HIER_MIN_BYTES,
-                                  "to keep collectives across nodes flat")
-    return value if value > 0 else 1 << 62
-
 
 class Plan:
     """How the members of one communicator reduce through their nodes.

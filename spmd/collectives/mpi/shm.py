@@ -88,43 +88,14 @@ import os
 
 import numpy as np
 from spmd.collectives.mpi.control import complete_within, control as control_comm
-from spmd.errors import ArgumentError
+# (The settings are read in their own module; named here too, as the window's.)
+from spmd.collectives.mpi.settings import SHM_MAX_BYTES, SHM_MIN_BYTES, size_range  # noqa: F401
 from spmd.launch import nodes
 
-SHM_MIN_BYTES = 16 * 1024        # below: MPI's all-reduce is faster (barrier cost)
-SHM_MAX_BYTES = 2 * 1024 * 1024  # a slot: the largest operand in one piece (see _MOST)
 RING = 4                         # slots for started sums (in flight at once, per member)
 SPLIT_MEMBERS = 3                # from this many members and ...
 SPLIT_BYTES = 1024 * 1024        # ... a piece this big, a sum splits the adding (two barriers)
 _SHM_RESERVE = 0.5               # never take more than this share of /dev/shm's free space
-
-
-def bytes_setting(name: str, default: int, zero: str = "") -> int:
-    """A number of bytes >= 0 from environment variable ``name`` (``default`` when it
-    is unset or empty); an ArgumentError naming the variable, its value and the fix
-    otherwise (``zero``: what 0 does, added to the fix).
-
-    >>> bytes_setting("SPMD_NO_SUCH_SETTING", 16)
-    16
-    """
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = int(raw) if raw else default
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ArgumentError(f"{name}={raw!r} is not a number of bytes >= 0; unset it for "
-                            f"the default ({default})" + (f", or 0 {zero}" if zero else ""))
-    return value
-
-
-@functools.lru_cache(maxsize=None)
-def size_range() -> tuple[int, int]:
-    """``(smallest operand, slot)`` in bytes for the shared-memory collectives (from
-    the environment once; slot ``0``: never)."""
-    return (bytes_setting("SPMD_MPI_SHM_MIN_BYTES", SHM_MIN_BYTES),
-            bytes_setting("SPMD_MPI_SHM_MAX_BYTES", SHM_MAX_BYTES,
-                          "to turn the shared-memory path off"))
 
 
 @functools.lru_cache(maxsize=256)

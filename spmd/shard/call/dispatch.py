@@ -33,8 +33,6 @@ from __future__ import annotations
 
 from spmd.compiler.core.jit import jit_p
 from spmd.compiler.core.trace import get_aval
-from spmd.shard.arrays.sharded import placed
-from spmd.shard.arrays.spec import NamedSharding
 from spmd.shard.call.route import mesh_of, route
 from spmd.shard.call.spread import one_equation, spread_equation, sub_programs
 from spmd.shard.maps.shard_map_rules import _split, shard_map_p
@@ -88,14 +86,3 @@ def eval_shard_map(args, params):
     part = Partitioned(params["program"], tuple(params["in_specs"]),
                        tuple(params["out_specs"]), [])
     return route(program, args, params["mesh"], part).run(args)
-
-
-def _output_array(eqn, i):
-    """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
-    (and as in JAX)."""
-    s = NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
-    return lambda a: placed(a, s)
-
-
-# A jitted shard_map's results keep their out_specs placement (spmd.shard.call.spread).
-shard_map_p.rules.output_array = _output_array

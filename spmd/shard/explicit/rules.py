@@ -47,10 +47,7 @@ from spmd.mesh.mesh import AxisType
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import DECISIONS, Propagate, Replicate, Unreachable
-# Importing the rule modules registers every partition decision rule_for derives from.
-from spmd.shard.partition import rules, rules_attention, rules_collectives  # noqa: F401
-from spmd.shard.partition import rules_conv, rules_index, rules_linalg  # noqa: F401
-from spmd.shard.partition import rules_random  # noqa: F401
+# (rule_for derives from the partition decisions, which spmd.shard.register() fills.)
 from spmd.shard.partition.rules_explicit import from_outputs, never, replicated, show, whole_only
 # (untyped: the rule upper layers register for results the partitioner places)
 from spmd.shard.partition.rules_explicit import untyped  # noqa: F401

@@ -34,7 +34,9 @@ from spmd.compiler.transforms.ad import backward_pass, jvp_flat, partial_eval
 from spmd.compiler.transforms.ad_util import Zero, instantiate, is_undefined
 from spmd.compiler.transforms.batching import (active_spmd_axis_names, batch_flat,
                                                collective_axes, move_to_front)
-from spmd.shard.arrays.spec import PartitionSpec, block_shape, ct_spec, global_shape
+from spmd.shard.arrays.sharded import placed
+from spmd.shard.arrays.spec import (NamedSharding, PartitionSpec, block_shape, ct_spec,
+                                     global_shape)
 from spmd.shard.explicit.mesh_context import in_body
 from spmd.shard.maps.args import ShardMapError
 from spmd.shard.maps.stacked import executable, local_program
@@ -431,3 +433,14 @@ def _shard_map_dce(eqn, used_outputs):
 
 
 shard_map_p.rules.dce = _shard_map_dce
+
+
+def _output_array(eqn, i):
+    """A jitted shard_map returns Arrays placed by its out_specs, as the eager one does
+    (and as in JAX)."""
+    s = NamedSharding(eqn.params["mesh"], eqn.params["out_specs"][i])
+    return lambda a: placed(a, s)
+
+
+# A jitted shard_map's results keep their out_specs placement (spmd.shard.call.spread).
+shard_map_p.rules.output_array = _output_array

@@ -22,7 +22,6 @@ from spmd.compiler.ops.control_programs import trace_closed
 from spmd.compiler.ops.control_scan import scan_p
 from spmd.compiler.ops.control_while import while_p
 from spmd.compiler.core.trace import bind
-from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Structural
 from spmd.shard.partition.reshard import Context, plan, reshard
@@ -191,4 +190,3 @@ TABLE = {
     while_p: Structural(_keeping_reason(_while)),
     scan_p: Structural(_keeping_reason(_scan)),
 }
-registry.register_all(TABLE)

@@ -25,9 +25,7 @@ from spmd.compiler.ops.structural import broadcast_in_dim_p, iota_p
 from spmd.compiler.passes.pipeline import inline_calls
 from spmd.compiler.transforms.remat import remat_lin_p, remat_p
 from spmd.compiler.core.trace import bind, eval_program
-from spmd.shard.partition import control, registry  # noqa: F401  (control registers)
-from spmd.shard.partition import rules, rules_collectives, rules_conv, rules_index  # noqa: F401
-from spmd.shard.partition import rules_attention, rules_linalg, rules_random  # noqa: F401
+from spmd.shard.partition import registry, rules
 from spmd.shard.partition.constraint import sharding_constraint_p
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import (DECISIONS, MissingPartitionRuleError,
@@ -393,7 +391,6 @@ TABLE = {
         "the linear part of a linearized remat: produced and consumed by reverse mode, "
         "which has run before a partitioned program is traced; computed whole if met"),
 }
-registry.register_all(TABLE)
 
 
 __all__ = ["PartitionError", "Partitioned", "partition", "Evaluator"]

@@ -28,7 +28,6 @@ from spmd.compiler.engine.rows import fused_rows_p
 from spmd.compiler.ops import complex as cx, elementwise as ew, reduce as rd, structural as st
 from spmd.compiler.ops import cumulative as cm
 from spmd.compiler.ops.linalg import dot_general_p
-from spmd.shard.partition import registry
 from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate, Replicate, Unreachable
@@ -367,4 +366,3 @@ def _table() -> dict:
 
 
 TABLE = _table()
-registry.register_all(TABLE)

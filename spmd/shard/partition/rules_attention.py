@@ -18,7 +18,6 @@ from typing import Callable
 
 from spmd.compiler.ops import attention as at
 from spmd.errors import ShardingTypeError
-from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
 from spmd.shard.partition.rules_explicit import RESHARD, show
@@ -95,5 +94,5 @@ def explicit_rule(prim) -> Callable:
     return rule
 
 
-registry.register_all({p: Propagate(_rule(p), explicit=explicit_rule(p))
-                       for p in (at.attention_p, at.attention_tangent_p, at.attention_grad_p)})
+TABLE = {p: Propagate(_rule(p), explicit=explicit_rule(p))
+         for p in (at.attention_p, at.attention_tangent_p, at.attention_grad_p)}

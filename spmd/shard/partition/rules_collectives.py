@@ -20,7 +20,6 @@ from __future__ import annotations
 from spmd.collectives import mpi, nccl
 from spmd.collectives import primitives as cp
 from spmd.compiler.passes import overlap
-from spmd.shard.partition import registry
 from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import PartitionError, Structural, Unreachable
@@ -117,4 +116,3 @@ TABLE.update({
     overlap.collective_start_p: Unreachable(_OVERLAP),
     overlap.collective_wait_p: Unreachable(_OVERLAP),
 })
-registry.register_all(TABLE)

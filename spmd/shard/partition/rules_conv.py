@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 
 from spmd.compiler.ops.conv import conv_p
-from spmd.shard.partition import registry
 from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
@@ -83,5 +82,4 @@ def conv_rule(pls, avals_in, avals_out, mesh, *, feature_group_count, batch_grou
 
 
 # Explicit mode types a convolution only whole (a typed split is not yet declared).
-registry.register(conv_p, Propagate(conv_rule,
-                                    explicit=typed.whole_only("conv_general_dilated")))
+TABLE = {conv_p: Propagate(conv_rule, explicit=typed.whole_only("conv_general_dilated"))}

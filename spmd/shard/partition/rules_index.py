@@ -12,7 +12,6 @@ from spmd.compiler.ops import indexing as ix
 from spmd.compiler.ops import cumulative as cm
 from spmd.compiler.ops import slicing as sm
 from spmd.compiler.ops.sort import sort_p
-from spmd.shard.partition import registry
 from spmd.shard.partition import rules_explicit as typed
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
@@ -186,4 +185,3 @@ TABLE = {
     cm.cummin_p: Propagate(_unsplit_dims_rule(_whole("axis"), linear=False), explicit=_KEEP),
     sm.rev_p: Propagate(_unsplit_dims_rule(_whole("dimensions"), linear=True), explicit=_KEEP),
 }
-registry.register_all(TABLE)

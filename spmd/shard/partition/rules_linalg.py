@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from spmd.compiler.ops import linalg_decomp as ld
 from spmd.compiler.ops import special as sp
-from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate
 from spmd.shard.partition import rules_explicit as typed
@@ -35,9 +34,10 @@ def batched_matrix_rule(pls, avals_in, avals_out, mesh, **params):
 
 
 # Explicit mode types them only whole (a typed batch split is not yet declared).
-registry.register_all({p: Propagate(batched_matrix_rule, explicit=typed.whole_only(p.name))
-                       for p in (ld.cholesky_p, ld.solve_p, ld.slogdet_p, ld.qr_p, ld.eigh_p,
-                                 ld.svd_p)})
-registry.register_all({p: elementwise("none")
-                       for p in (sp.erf_p, sp.erfc_p, sp.erf_inv_p, sp.lgamma_p,
-                                 sp.digamma_p, sp.polygamma_p)})
+TABLE = {
+    **{p: Propagate(batched_matrix_rule, explicit=typed.whole_only(p.name))
+       for p in (ld.cholesky_p, ld.solve_p, ld.slogdet_p, ld.qr_p, ld.eigh_p, ld.svd_p)},
+    **{p: elementwise("none")
+       for p in (sp.erf_p, sp.erfc_p, sp.erf_inv_p, sp.lgamma_p, sp.digamma_p,
+                 sp.polygamma_p)},
+}

@@ -17,7 +17,6 @@ import numpy as np
 
 from spmd.compiler.ops.threefry import (random_bits_p, random_unit_float_p, rng_counter_p,
                                         threefry2x32_p)
-from spmd.shard.partition import registry
 from spmd.shard.partition.placement import Placement
 from spmd.shard.partition.registry import Propagate, Replicate
 from spmd.shard.partition import rules_explicit as typed
@@ -78,10 +77,12 @@ def random_bits_source(ev, eqn, vals, pls, want_spec):
 
 
 # Explicit mode types the bits only whole (the typed split is not yet declared).
-registry.register(random_bits_p, Propagate(random_bits_rule, source=random_bits_source,
-                                           explicit=typed.whole_only("random_bits")))
-# Elementwise in their operands (counters/bits of the same shape as the output).
-registry.register(threefry2x32_p, elementwise("none"))
-registry.register(random_unit_float_p, elementwise("none"))
-registry.register(rng_counter_p, Replicate("a scalar read from a host counter: every device "
-                                           "reads the same count"))
+TABLE = {
+    random_bits_p: Propagate(random_bits_rule, source=random_bits_source,
+                             explicit=typed.whole_only("random_bits")),
+    # Elementwise in their operands (counters/bits of the same shape as the output).
+    threefry2x32_p: elementwise("none"),
+    random_unit_float_p: elementwise("none"),
+    rng_counter_p: Replicate("a scalar read from a host counter: every device reads the "
+                             "same count"),
+}
