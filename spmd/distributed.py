@@ -12,7 +12,7 @@ from __future__ import annotations
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.collectives.mpi import control as mpi_control  # no MPI import: only the counters
 from spmd.errors import ArgumentError
-from spmd.launch import mpi, runtime
+from spmd.launch import mpi_init as mpi, runtime
 from spmd.mesh.devices import reset_for_tests
 
 _BACKENDS = ("mpi", "local")

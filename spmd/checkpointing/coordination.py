@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from spmd.collectives.mpi.control import Watched
 from spmd.errors import SpmdError
-from spmd.launch.mpi import world
+from spmd.launch.mpi_init import world
 from spmd.mesh import process_count
 
 class CheckpointError(SpmdError, ValueError):

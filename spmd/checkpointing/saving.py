@@ -16,7 +16,7 @@ import warnings
 
 from spmd.checkpointing import writing
 from spmd.checkpointing.coordination import CheckpointError
-from spmd.launch.mpi import threads_may_call_mpi
+from spmd.launch.mpi_init import threads_may_call_mpi
 from spmd.mesh import process_count
 
 

@@ -33,7 +33,7 @@ import socket
 import sys
 
 from spmd.errors import ArgumentError
-from spmd.launch import mpi, runtime
+from spmd.launch import mpi_init as mpi, runtime
 
 ENV = "SPMD_SIMULATE_NODES"
 
@@ -250,7 +250,7 @@ def split_by_node(comm):
     the caller frees it.  Members must have agreed on the setting first
     (:func:`check_agreed`): one that raised here would leave the others in the split.
 
-    >>> from spmd.launch import mpi  # doctest: +SKIP
+    >>> from spmd.launch import mpi_init as mpi  # doctest: +SKIP
     >>> split_by_node(mpi.world()).Get_size()  # doctest: +SKIP
     2
     """

@@ -2,14 +2,14 @@
 
 The one function the mesh layer asks (:func:`describe`).  It sits above the launch
 layer's other modules, which it combines: the environment (:mod:`spmd.launch.runtime`),
-MPI (:mod:`spmd.launch.mpi`), the nodes (:mod:`spmd.launch.nodes`) and the platform
+MPI (:mod:`spmd.launch.mpi_init`), the nodes (:mod:`spmd.launch.nodes`) and the platform
 (:mod:`spmd.launch.platform`).
 """
 
 from __future__ import annotations
 
 from spmd.compiler.core import array_module
-from spmd.launch import mpi, nodes, runtime
+from spmd.launch import mpi_init as mpi, nodes, runtime
 from spmd.launch.platform import current
 
 

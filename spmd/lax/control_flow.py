@@ -28,7 +28,7 @@ from spmd.compiler.ops.slicing import concatenate
 from spmd.compiler.ops.structural import reshape
 from spmd.compiler.core.trace import Tracer, axes_in_scope, get_aval, trace_to_program
 from spmd.errors import ArgumentError, DTypeError, ProgramTypeError, ShapeError
-from spmd.lax import _eager_control as _eager
+from spmd.lax import _python_control as _eager
 from spmd.numpy._util import promote_dtypes, to_array
 
 __all__ = ["cond", "switch", "fori_loop", "while_loop", "scan", "map"]

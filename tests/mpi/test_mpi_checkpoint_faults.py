@@ -29,7 +29,7 @@ BLOCK = 4096  # elements per device's block
 
 
 def _world():
-    from spmd.launch.mpi import world
+    from spmd.launch.mpi_init import world
 
     return world()
 

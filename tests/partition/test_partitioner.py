@@ -614,7 +614,7 @@ def test_gradient_through_partitioned_jit(mesh42):
 # ------------------------------------------------------------ eager sharded arrays
 
 def test_eager_ops_on_sharded_arrays(mesh42):
-    from spmd.shard.partition import eager
+    from spmd.shard.partition import placed_ops as eager
 
     xv, wv = _x(8, 4), _x(4, 6)
     x = spmd.device_put(xv, NS(mesh42, P("data")))

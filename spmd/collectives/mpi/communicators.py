@@ -17,7 +17,7 @@ from spmd.collectives.mpi import settings
 from spmd.collectives.mpi.control import Collective, Site, checking, register
 from spmd.errors import ArgumentError
 from spmd.launch import nodes
-from spmd.launch.mpi import world as _world
+from spmd.launch.mpi_init import world as _world
 
 
 def world():

@@ -45,7 +45,7 @@ from spmd.collectives.mpi.buffers import as_bytes, recv_buffer
 from spmd.errors import ArgumentError, ProgramMismatchError, SpmdError
 from spmd.compiler.core.ir import Namer, pp_eqn
 from spmd.compiler.core.trace import current_equation, current_function, user_source_info
-from spmd.launch.mpi import world
+from spmd.launch.mpi_init import world
 
 DEFAULT_TIMEOUT_S = 600.0
 

@@ -30,7 +30,7 @@ import traceback
 
 from spmd.collectives.mpi import control as ctl
 from spmd.launch import _rank
-from spmd.launch.mpi import threads_may_call_mpi, world
+from spmd.launch.mpi_init import threads_may_call_mpi, world
 
 TICK_S = 0.1
 PUBLISH_AFTER_S = 1.0

@@ -243,10 +243,10 @@ def linearize_flat(fun: Callable, primals, diff_mask, eager: bool = False):
 
     Returns ``(primal_outs, LinearFunction)``.  With ``eager`` and concrete primals
     (not under jit), the primal computation runs on concrete values, so Python
-    control flow on them works (``ad_eager.py``).
+    control flow on them works (``ad_concrete.py``).
     """
-    # (ad_eager is built on this module: it is read when asked for.)
-    from spmd.compiler.transforms.ad_eager import can_linearize_eagerly, linearize_eager
+    # (ad_concrete is built on this module: it is read when asked for.)
+    from spmd.compiler.transforms.ad_concrete import can_linearize_eagerly, linearize_eager
 
     if eager and can_linearize_eagerly(primals):
         return linearize_eager(fun, primals, diff_mask)

@@ -15,7 +15,7 @@ mesh:
   its results carry the shardings the partitioner propagated (the call plan
   that :func:`spmd.shard.call.route.route` decides, as for every call);
 - any other primitive runs as a (cached) partitioned jit of that one primitive
-  (:mod:`spmd.shard.partition.eager`);
+  (:mod:`spmd.shard.partition.placed_ops`);
 - on unplaced values, a ``jit``, loop, ``cond``, ``checkpoint`` or custom
   derivative whose programs hold a ``shard_map`` over processes
   (:func:`spmd.shard.call.spread.spread_equation`) runs partitioned over its mesh; any
@@ -36,7 +36,7 @@ from spmd.compiler.core.trace import get_aval
 from spmd.shard.call.route import mesh_of, route
 from spmd.shard.call.spread import one_equation, spread_equation, sub_programs
 from spmd.shard.maps.shard_map_rules import _split, shard_map_p
-from spmd.shard.partition.eager import run_sharded
+from spmd.shard.partition.placed_ops import run_sharded
 from spmd.shard.partition.partitioner import Partitioned
 
 

@@ -2,7 +2,7 @@
 
 Every eager call on placed values ends here (``docs/architecture.md``, "The one
 call path"): a jitted call (:mod:`spmd.shard.call.jit`), a jit with in/out shardings,
-an eager operation on a sharded array (:mod:`spmd.shard.partition.eager`), an
+an eager operation on a sharded array (:mod:`spmd.shard.partition.placed_ops`), an
 eager ``jit`` equation with sharded operands (:mod:`spmd.shard.call.dispatch`).
 :func:`spmd.shard.call.route.route` decides which plan a call gets and keeps it,
 keyed on what decides the route -- the program, each leaf's type and aval, and

@@ -7,7 +7,7 @@ equation its program, an eager loop, ``cond``, ``checkpoint`` or custom
 derivative its one-equation program, an eager ``shard_map`` its one-equation
 program with its body as the partition (:mod:`spmd.shard.call.dispatch`; an eager
 primitive on a sharded array is a jit of that primitive,
-:mod:`spmd.shard.partition.eager`).  :func:`route` decides once per program and
+:mod:`spmd.shard.partition.placed_ops`).  :func:`route` decides once per program and
 call signature which call plan (:mod:`spmd.shard.call.plan`) runs it:
 
 - **given partition** (a jit with shardings, a shard_map's body): over
