@@ -549,4 +549,7 @@ def test_dead_values_are_released():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 0.5 * intermediates, (peak, intermediates)
+    # The live set is the two largest intermediates (0.39 of the sum); with the engine's
+    # threads on (OPENBLAS_THREAD_TIMEOUT set, as under spmd-run) a blocked kernel keeps
+    # one more block alive (0.48).  Every intermediate kept would be 1.0.
+    assert peak < 0.6 * intermediates, (peak, intermediates)

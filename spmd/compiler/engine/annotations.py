@@ -103,10 +103,10 @@ class Assign:
             lhs = (", ".join(self.outs) + ",") if self.outs else "_"
         else:
             lhs = self.outs[0]
-        # (The results of a line of several count as mentioned, not bound, as the text
-        # once read them: they are never deleted before the function returns.)
+        # A line of several results binds each of them too: a fused kernel's or a
+        # loop's results are released after their last read, as any other value.
         out = [Line(f"{lhs} = {self.call.code()}{self.note}",
-                    self.call.mentions() + self.outs, () if self.multiple else self.outs)]
+                    self.call.mentions() + self.outs, self.outs)]
         if self.copy_into is not None:
             out.append(Line(f"{self.copy_into}[...] = {self.outs[0]}",
                             mentioned(self.copy_into) + self.outs[:1]))
