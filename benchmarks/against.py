@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import shutil
 import statistics
 import subprocess
@@ -44,10 +45,11 @@ import common  # noqa: E402
 
 # name -> (command in the tree, with {python} {mpiexec} {out}; the results file's stem)
 BENCHES = {
-    "call_path": ("{mpiexec} -n 2 {python} benchmarks/bench_call_path.py --rounds 20 --out {out}",
-                  "call_path_n2"),
+    "call_path": ("{mpiexec} -n 2 {python} benchmarks/against.py --as-rank {out} "
+                  "benchmarks/bench_call_path.py --rounds 20 --out {out}", "call_path_n2"),
     "engine": ("{python} benchmarks/bench_engine.py --rounds 8 --no-memory --out {out}", "engine"),
-    "mpi": ("{mpiexec} -n 2 {python} benchmarks/bench_mpi.py --out {out}", "mpi_n2"),
+    "mpi": ("{mpiexec} -n 2 {python} benchmarks/against.py --as-rank {out} "
+            "benchmarks/bench_mpi.py --out {out}", "mpi_n2"),
 }
 
 
@@ -75,12 +77,22 @@ def run_once(tree: str, bench: str, python: str, mpiexec: str) -> dict:
         # machine may bring mpi4py or numba on PYTHONPATH).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True,
-                              timeout=1800)
+        # Output into files, not pipes: a launcher's forwarding (MPICH's gforker) may
+        # close a pipe before the last rank's last line.
+        log = os.path.join(out, "output.txt")
+        with open(log, "w") as sink:
+            done = subprocess.run(argv, cwd=tree, env=env, stdout=sink,
+                                  stderr=subprocess.STDOUT, timeout=1800)
         if done.returncode != 0:
+            # (errors="replace": two ranks' lines may interleave inside a character)
+            text = ""
+            for name in sorted(os.listdir(out)):
+                if name.endswith(".txt"):
+                    with open(os.path.join(out, name), encoding="utf-8",
+                              errors="replace") as f:
+                        text += f"--- {name}\n" + f.read()
             raise SystemExit(f"against.py: {bench} failed in {tree} (exit "
-                             f"{done.returncode}):\n{done.stdout[-3000:]}\n"
-                             f"{done.stderr[-3000:]}")
+                             f"{done.returncode}):\n{text[-4000:]}")
         with open(os.path.join(out, f"{stem}.json")) as f:
             return medians(json.load(f))
 
@@ -139,7 +151,23 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def as_rank(logdir: str, script: str, *args: str) -> None:
+    """Run ``script`` as this MPI rank with its output in ``logdir/rank<N>.txt``: a
+    launcher's forwarding of ranks' output (MPICH's gforker) may close its pipe
+    before the last line, and the rank then dies of a broken pipe."""
+    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+    sink = open(os.path.join(logdir, f"rank{rank}.txt"), "w")
+    os.dup2(sink.fileno(), 1)
+    os.dup2(sink.fileno(), 2)
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--as-rank"]:
+        as_rank(*argv[1:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", help="the commit to compare against")
     ap.add_argument("--head", default="HEAD", help="the commit measured (default HEAD)")
