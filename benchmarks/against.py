@@ -138,13 +138,16 @@ def compare(trees: dict, benches: list, rounds: int, python: str, mpiexec: str) 
 
 
 def table(rows: list) -> str:
-    """The Markdown table of an ``against.json`` (``make_tables.py`` calls it): spmd's
-    rows, the median over rounds at each commit, and head / base."""
+    """The Markdown table of an ``against.json`` (``make_tables.py`` calls it): the
+    measured rows (spmd's, and the floors', whose code the commits share: their ratio
+    is the machine's drift between the runs), the median over rounds at each commit,
+    and head / base."""
     lines = ["| benchmark / variant | base | head | head / base |",
              "| --- | --- | --- | --- |"]
+    derived = ("added", " vs ", "faster floor")  # computed from the measured rows
     for r in rows:
-        if "spmd" not in r["benchmark"].split(" / ")[-1]:
-            continue  # floors and derived rows: the commits share them
+        if any(w in r["benchmark"].split(" / ")[-1] for w in derived):
+            continue
         b, h = statistics.median(r["base_s"]), statistics.median(r["head_s"])
         lines.append(f"| {r['benchmark']} | {common.fmt_time(b, 'us')} | "
                      f"{common.fmt_time(h, 'us')} | {h / b:.2f} |")
@@ -204,6 +207,9 @@ def main(argv=None) -> int:
     for row in rows:
         row.update(variant="head vs base", base_commit=commits["base"],
                    head_commit=commits["head"], rounds=args.rounds)
+    # The results file's commit is the one measured (head); the rows name both.  (Read
+    # from the copies: this script's own tree may be a folder without git.)
+    common._PROVENANCE.update(commit=commits["head"], dirty=False)
     print(f"\nbase {commits['base']}, head {commits['head']}, {args.rounds} rounds\n\n"
           + table(rows))
     if not args.no_save:

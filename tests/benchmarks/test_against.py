@@ -28,13 +28,14 @@ def test_medians_read_both_results_formats():
                                     "engine small mesh 1 / spmd": 5.0}
 
 
-def test_table_shows_spmd_rows_and_the_ratio_of_median_rounds():
+def test_table_shows_measured_rows_and_the_ratio_of_median_rounds():
     rows = [{"benchmark": "x / spmd", "base_s": [2e-6, 4e-6, 3e-6],
              "head_s": [3e-6, 3e-6, 9e-6]},
-            {"benchmark": "x / floor", "base_s": [1e-6], "head_s": [1e-6]}]
+            {"benchmark": "x / floor", "base_s": [1e-6], "head_s": [2e-6]},
+            {"benchmark": "x / added", "base_s": [1e-6], "head_s": [1e-6]}]
     text = against.table(rows)
     assert "| x / spmd | 3 µs | 3 µs | 1.00 |" in text
-    assert "floor" not in text
+    assert "| x / floor | 1 µs | 2 µs | 2.00 |" in text and "added" not in text
 
 
 @pytest.mark.parametrize("argv, says", [
