@@ -28,6 +28,7 @@ from spmd import tree_util
 from spmd.compiler.core.avals import ShapeDtypeStruct
 from spmd.compiler.core import jit as compiler_jit
 from spmd.compiler.core.jit import _CallPlan, _Entry
+from spmd.compiler.core.jit import lookup as _lookup  # (a global: read on every call)
 from spmd.compiler.passes.pipeline import dce
 from spmd.compiler.core.trace import Tracer, is_eager
 from spmd.config import config
@@ -102,7 +103,7 @@ class Jit:
     def __call__(self, *args, **kwargs):
         if config.disable_jit and self._user:
             return self._fun(*args, **kwargs)
-        plan, vals = compiler_jit.lookup(self, args, kwargs, self._prepare)
+        plan, vals = _lookup(self, args, kwargs)
         if plan.__class__ is Placed and is_eager():
             outs = plan.run(plan.hoisted + vals if plan.hoisted else vals)
             if self._donate_argnums:
