@@ -473,11 +473,7 @@ def fuse_elementwise(closed: ClosedProgram, min_elements: int | None = None,
             j = producer.get(a) if isinstance(a, Var) else None
             if j is None or a.aval.shape != shape or group_of[j] == i:
                 continue
-            theirs = groups[group_of[j]]
-            if _may_compute_at(i, j, theirs, groups[i], eqns, producer, readers):
-                for k in groups.pop(group_of[j]):
-                    group_of[k] = i
-                groups[i] |= theirs
+            _join(i, j, groups, group_of, eqns, producer, readers)
     kept = {}
     for root, members in groups.items():
         # The heavy ops count; arithmetic only over large operands: below that it is
@@ -513,6 +509,17 @@ def _readers(program: Program) -> dict:
         if isinstance(a, Var):
             readers.setdefault(a, []).append(len(program.eqns))
     return readers
+
+
+def _join(i: int, j: int, groups: dict, group_of: dict, eqns, producer, readers) -> None:
+    """Merge the group of ``j`` (the producer of an operand of ``i``) into ``i``'s, where
+    :func:`_may_compute_at` allows it (the elementwise kernels' and the row kernels'
+    grouping step)."""
+    theirs = groups[group_of[j]]
+    if _may_compute_at(i, j, theirs, groups[i], eqns, producer, readers):
+        for k in groups.pop(group_of[j]):
+            group_of[k] = i
+        groups[i] |= theirs
 
 
 def _may_compute_at(i: int, j: int, theirs: set, mine: set, eqns, producer,

@@ -52,7 +52,7 @@ import numpy as np
 
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.engine.fusion import (_BOOL, _COMPARISONS, _FLOATS, _kernel_op, _letters,
-                                  _may_compute_at, _readers)
+                                  _join, _readers)
 from spmd.compiler.core.ir import ClosedProgram, Eqn, Literal, Program, Var
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.engine.rows_jit import RowRunner, evaluate, overwritable
@@ -382,11 +382,7 @@ def _fuse(closed: ClosedProgram, frames: list) -> ClosedProgram:
                 continue
             if kind == "broadcast" and not _broadcast_of_node_ok(e, frame):
                 continue
-            theirs = groups[group_of[j]]
-            if _may_compute_at(i, j, theirs, groups[i], eqns, producer, readers):
-                for k in groups.pop(group_of[j]):
-                    group_of[k] = i
-                groups[i] |= theirs
+            _join(i, j, groups, group_of, eqns, producer, readers)
     defs = {o: e for e in eqns for o in e.outputs}
     kept = {}
     for root, members in groups.items():
