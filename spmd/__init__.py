@@ -79,7 +79,7 @@ _PUBLIC: dict = {
         "numpy", "lax", "nn", "random", "scipy", "sharding", "distributed", "debug",
         "experimental",
         "autodiff", "vectorize", "linear_util", "ad_checkpoint", "custom_derivatives",
-        "test_util")},
+        "test_util", "profiler")},
 }
 # `from spmd import *` gives what it gave when this file imported everything eagerly.
 __all__ = sorted(_PUBLIC)

@@ -10,17 +10,36 @@ numpy program for all devices at once.
 The interface is the seven collectives over a group of mesh axes (the
 ``Group`` protocol of ``spmd.collectives.backend``); ``stacked`` values have the
 device axis first.
+
+**On a trace** (:mod:`spmd.launch.timeline.recorder`): a program stacked while a
+trace is on (its devices given, see :func:`stacked_devices`) brackets each
+collective's array operations with two ``timeline_mark`` equations, effectful
+identities on its operand and its result: when the program runs, the first notes
+the arrival, the second records one span per member device on that device's track,
+with the fields every collective of a trace has (``comm``: the member device ids,
+``seq``: its number on that member set, ``op``: the spmd collective's name,
+``bytes``: one member's operand bytes).  All members of a stacked collective
+arrive together (one array operation runs them all), so the merge finds their
+wait phase ~0: that is the truth of simulated devices, not a lost measurement.
+A program stacked without a trace has no markers; the caches keep the two apart
+(the trace state is part of the traced programs' context key,
+:func:`spmd.shard.explicit.mesh_context.context_key`).
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from spmd.compiler.core.primitives import Primitive
+from spmd.compiler.core.trace import bind
 from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops.elementwise import mul
 from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.ops.structural import broadcast_in_dim, full, reshape, transpose
 from spmd.compiler.core.trace import get_aval
+from spmd.launch.timeline import recorder as _timeline
 
 
 class LocalGroup:
@@ -28,10 +47,12 @@ class LocalGroup:
 
     ``names``/``sizes`` describe the whole mesh the stacked axis stands for;
     ``axes`` (a subset of ``names``) is the group the collective spans: devices
-    that share their coordinates on the other axes form one group.
+    that share their coordinates on the other axes form one group.  ``devices``:
+    the global ids of the stacked devices (row-major), given only while a trace is
+    on: then each collective is bracketed by markers (see the module docstring).
     """
 
-    def __init__(self, names, sizes, axes):
+    def __init__(self, names, sizes, axes, devices=None):
         self.names, self.sizes, self.axes = tuple(names), tuple(sizes), tuple(axes)
         self.a_pos = [self.names.index(a) for a in self.axes]  # in the group's order
         self.b_pos = [i for i in range(len(self.names)) if i not in self.a_pos]
@@ -39,6 +60,7 @@ class LocalGroup:
         self.stacked = self.n  # every device of the mesh is stacked here
         self.na = int(np.prod([self.sizes[i] for i in self.a_pos], dtype=np.int64))
         self.nb = self.n // self.na
+        self.devices = None if devices is None else tuple(devices)
 
     # (N, *r) -> (nB, nA, *r): each row of nB is one group, in group order.
     def _groups(self, x):
@@ -72,6 +94,11 @@ class LocalGroup:
     # ----------------------------------------------------------- collectives
     def all_reduce(self, x, op: str):
         """Sum/max/min over the group; every member gets the result."""
+        if self.devices is not None:
+            return self._marked(_REDUCE_NAMES[op], self._all_reduce, x, op)
+        return self._all_reduce(x, op)
+
+    def _all_reduce(self, x, op: str):
         reducer = {"sum": red.reduce_sum, "max": red.reduce_max, "min": red.reduce_min}[op]
         if self.nb == 1:
             # The group is the whole mesh: reduce the stacked axis directly (a sum
@@ -80,6 +107,11 @@ class LocalGroup:
         return self._spread(reducer(self._groups(x), (1,)))
 
     def all_gather(self, x, axis: int, tiled: bool):
+        if self.devices is not None:
+            return self._marked("all_gather", self._all_gather, x, axis, tiled)
+        return self._all_gather(x, axis, tiled)
+
+    def _all_gather(self, x, axis: int, tiled: bool):
         g = self._groups(x)  # (nB, nA, *r)
         r = tuple(get_aval(g).shape[2:])
         nd = len(r)
@@ -92,6 +124,11 @@ class LocalGroup:
         return self._spread(g)
 
     def reduce_scatter(self, x, dim: int, tiled: bool):
+        if self.devices is not None:
+            return self._marked("psum_scatter", self._reduce_scatter, x, dim, tiled)
+        return self._reduce_scatter(x, dim, tiled)
+
+    def _reduce_scatter(self, x, dim: int, tiled: bool):
         s = red.reduce_sum(self._groups(x), (1,))  # (nB, *r)
         r = tuple(get_aval(s).shape[1:])
         c = r[dim] // self.na
@@ -105,6 +142,11 @@ class LocalGroup:
         return self._ungroup(out), 0
 
     def all_to_all(self, x, split_axis: int, concat_axis: int):
+        if self.devices is not None:
+            return self._marked("all_to_all", self._all_to_all, x, split_axis, concat_axis)
+        return self._all_to_all(x, split_axis, concat_axis)
+
+    def _all_to_all(self, x, split_axis: int, concat_axis: int):
         """Tiled all-to-all: chunk j of ``split_axis`` goes to member j, and the chunks a
         member receives are concatenated along ``concat_axis`` in source order."""
         g = self._groups(x)  # (nB, nA_src, *r)
@@ -124,6 +166,11 @@ class LocalGroup:
         return self._ungroup(y), 0
 
     def ppermute(self, x, perm):
+        if self.devices is not None:
+            return self._marked("ppermute", self._ppermute, x, perm)
+        return self._ppermute(x, perm)
+
+    def _ppermute(self, x, perm):
         """Member ``dst`` receives member ``src``'s value for each ``(src, dst)``; others
         receive zeros."""
         g = self._groups(x)  # (nB, nA, *r)
@@ -138,6 +185,20 @@ class LocalGroup:
         out = concatenate(parts, 1) if len(parts) > 1 else parts[0]
         return self._ungroup(out), 0
 
+    def _marked(self, op: str, run, x, *params):
+        """``run(x, *params)`` bracketed by the trace's markers (see the module
+        docstring): the operand passes the arrival marker, the result the exit one."""
+        site = _Site(op, self._comms(), _member_bytes(x))
+        out, d = run(bind(timeline_mark_p, x, site=site, phase="arrive"), *params)
+        return bind(timeline_mark_p, out, site=site, phase="exit"), d
+
+    def _comms(self) -> tuple:
+        """Per group: ``(comm, member ids)``, ``comm`` the sorted ids joined by commas."""
+        ids = np.asarray(self.devices).reshape(self.sizes)
+        rows = np.transpose(ids, tuple(self.b_pos) + tuple(self.a_pos)).reshape(self.nb, self.na)
+        return tuple((",".join(map(str, sorted(int(i) for i in row))),
+                      tuple(int(i) for i in row)) for row in rows)
+
     def axis_index(self):
         """Each device's index in its group (a constant stacked array)."""
         coords = np.indices(self.sizes).reshape(len(self.sizes), -1)
@@ -149,3 +210,85 @@ class LocalGroup:
     def scale(self, x, dim):
         """``psum`` of a value that is the same on every member: multiply by the group size."""
         return mul(x, np.array(self.na, get_aval(x).dtype)[()]), dim
+
+
+# ------------------------------------------------------------ the trace's markers
+
+_REDUCE_NAMES = {"sum": "psum", "max": "pmax", "min": "pmin"}
+
+# An effectful identity: never removed or merged, and run in program order between
+# the operations that produce its operand and those that read its result.
+timeline_mark_p = Primitive("timeline_mark", traits=("view",), effectful=True)
+timeline_mark_p.def_abstract_eval(lambda x, *, site, phase: x)
+timeline_mark_p.def_vma(lambda x, *, site, phase: [x.vma])
+
+
+class _Site:
+    """One collective of a stacked program: its op, its groups ``(comm, member ids)``,
+    one member's operand bytes, and the arrival time of the run in progress."""
+
+    __slots__ = ("op", "comms", "bytes", "t0")
+
+    def __init__(self, op: str, comms: tuple, nbytes: int):
+        self.op, self.comms, self.bytes, self.t0 = op, comms, nbytes, 0.0
+
+    def __repr__(self):
+        return f"{self.op}[{' | '.join(c for c, _ in self.comms)}]"
+
+
+def _member_bytes(x) -> int:
+    """One member's bytes of a stacked operand (device axis first)."""
+    aval = get_aval(x)
+    return int(np.prod(aval.shape[1:], dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+
+
+@timeline_mark_p.def_impl
+def _mark(xp, x, *, site, phase):
+    if phase == "arrive":
+        site.t0 = time.monotonic()
+    else:
+        _record(site, time.monotonic())
+    return x
+
+
+@timeline_mark_p.def_jvp
+def _mark_jvp(primals, tangents, *, site, phase):
+    return bind(timeline_mark_p, primals[0], site=site, phase=phase), tangents[0]
+
+
+# Per recording: comm -> the next sequence number on it (equal for all its members,
+# since one marker records them all).
+_seqs: dict = {}
+_seqs_of: list = [None]
+
+
+def _record(site: _Site, t1: float) -> None:
+    """One span per member device of each of the site's groups, on its track."""
+    r = _timeline.ACTIVE
+    if r is None:
+        return  # (a program stacked while a trace was on, run after it stopped)
+    if _seqs_of[0] is not r:
+        _seqs.clear()
+        _seqs_of[0] = r
+    for comm, members in site.comms:
+        seq = _seqs.get(comm, 0)
+        _seqs[comm] = seq + 1
+        for d in members:
+            r.span(site.op, "collective", site.t0, t1, d,
+                   {"comm": comm, "seq": seq, "op": site.op, "bytes": site.bytes})
+
+
+# While a trace is on, the stacked runner notes here which devices a batch level
+# stands for (id of its NamedAxes -> their global ids, row-major), for the
+# collectives' groups (spmd.collectives.primitives.group_for).
+STACKED: dict = {}
+
+
+def stacked_devices(level):
+    """The global ids of the devices ``level`` stands for, when noted (a trace is on
+    and the level stacks a mesh's devices), else None.
+
+    >>> stacked_devices(object()) is None
+    True
+    """
+    return STACKED.get(id(level))

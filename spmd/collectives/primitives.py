@@ -38,7 +38,7 @@ from spmd.compiler.core.manual_types import UnreducedRuleError
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import axis_scope, axes_in_scope, bind, get_aval
 from spmd.errors import ArgumentError, DTypeError, ShapeError, SpmdError
-from spmd.collectives.local import LocalGroup
+from spmd.collectives.local import LocalGroup, stacked_devices
 from spmd.compiler.ops.indexing import dynamic_slice
 from spmd.compiler.ops.structural import squeeze
 from spmd.compiler.transforms.batching import NamedAxes, broadcast_batch, move_to_front
@@ -152,7 +152,8 @@ def group_for(level, axes):
     multi-process mesh (the mpi backend)."""
     layout = getattr(level, "layout", None)
     if layout is None:
-        return LocalGroup(level.names, level.sizes, axes)
+        # (The devices are noted only while a trace is on: the collectives are marked.)
+        return LocalGroup(level.names, level.sizes, axes, stacked_devices(level))
     from spmd.collectives.process_group import ProcessGroup
 
     return ProcessGroup(level.names, level.sizes, axes, layout.local, layout.procs, layout.me)

@@ -35,7 +35,7 @@ raise :class:`ExtensionNotInstalledError` instead of answering wrongly.
 | :data:`PVARY` | ``spmd.collectives.api.pvary_traced`` | raises ExtensionNotInstalledError |
 | :data:`PREDUCED` | ``spmd.collectives.api.preduced_traced`` | raises ExtensionNotInstalledError |
 | :data:`SUMMANDS` | ``spmd.collectives.primitives.as_summands`` | raises ExtensionNotInstalledError |
-| :data:`CONTEXT_KEY` | ``spmd.shard.explicit.mesh_context.get_mesh`` | returns None (no ambient state) |
+| :data:`CONTEXT_KEY` | ``spmd.shard.explicit.mesh_context.context_key`` | returns None (no ambient state) |
 | :data:`PLAIN_SHARDING` | ``spmd.shard.arrays.sharded.plain_sharding`` | raises ExtensionNotInstalledError |
 | :data:`PLAIN_SHARDS` | ``spmd.shard.arrays.sharded.plain_shards`` | raises ExtensionNotInstalledError |
 | :data:`ARRAY_MODULE` | ``spmd.launch.platform.resolve_array_module`` | returns numpy |

@@ -38,7 +38,33 @@ class Device:
     def __lt__(self, other):
         return self.id < other.id
 
+    def memory_stats(self) -> dict:
+        """``{"bytes_in_use": int, "peak_bytes_in_use": int}`` (JAX's keys): the bytes of
+        live Arrays' blocks this device holds, and their peak since counting began
+        (at the first call of this method or the first trace: see
+        :mod:`spmd.shard.arrays.memory` for exactly what is counted).  Only this
+        process's devices can be asked.
 
+        >>> spmd.devices()[0].memory_stats()["bytes_in_use"] >= 0   # doctest: +SKIP
+        True
+        """
+        if self.process_index != process_index():
+            raise DeviceError(
+                f"{self!r}.memory_stats(): this device belongs to process "
+                f"{self.process_index}, and this is process {process_index()}; only a "
+                "process's own devices can be asked (call it there, on "
+                "spmd.local_devices())")
+        if MEMORY_STATS[0] is None:
+            raise DeviceError(f"{self!r}.memory_stats(): the arrays' accounting is not "
+                              "loaded; import spmd (not only spmd.mesh) first")
+        return MEMORY_STATS[0](self.id)
+
+
+
+
+# The arrays' layer answers memory_stats (spmd.shard.arrays.memory.stats, installed by
+# spmd.shard.register): this layer knows devices, not arrays.
+MEMORY_STATS: list = [None]
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,6 +16,8 @@ from spmd.shard import partition as _partition
 from spmd.shard.arrays import sharded as _sharded
 from spmd.shard.call import dispatch as _dispatch
 from spmd.shard.explicit import mesh_context as _mesh_context
+from spmd.shard.arrays import memory as _memory
+from spmd.mesh.devices import MEMORY_STATS as _MEMORY_STATS
 
 
 def register() -> None:
@@ -27,12 +29,13 @@ def register() -> None:
     >>> extensions.EAGER_EVAL.installed_by
     'spmd.shard.call.dispatch'
     """
-    _extensions.CONTEXT_KEY.install(_mesh_context.get_mesh,
+    _extensions.CONTEXT_KEY.install(_mesh_context.context_key,
                                     by="spmd.shard.explicit.mesh_context")
     _extensions.PLAIN_SHARDING.install(_sharded.plain_sharding, by="spmd.shard.arrays.sharded")
     _extensions.PLAIN_SHARDS.install(_sharded.plain_shards, by="spmd.shard.arrays.sharded")
     _extensions.EAGER_EVAL.install(_dispatch.eval_primitive, by="spmd.shard.call.dispatch")
     _partition.register()
+    _MEMORY_STATS[0] = _memory.stats
 
 
 # The last line of the shard layer: run the wiring (through the installer that

@@ -23,6 +23,7 @@ PartitionSpec('d',)
 from __future__ import annotations
 
 import functools
+import time
 
 from spmd import tree_util
 from spmd.compiler.core.avals import ShapeDtypeStruct
@@ -42,6 +43,8 @@ from spmd.shard.call.stages import Lowered, Traced
 # (A module of the partition package, which loads first: see spmd.shard.call.route.)
 from spmd.shard.partition import partitioned_jit as _partitioned
 from spmd.errors import SpmdError
+from spmd.launch.timeline import recorder as _timeline
+from spmd.shard.call import recording as _recording
 
 
 class Placed:
@@ -104,6 +107,9 @@ class Jit:
         if config.disable_jit and self._user:
             return self._fun(*args, **kwargs)
         plan, vals = _lookup(self, args, kwargs)
+        if _timeline.ACTIVE is not None:  # (a load and a test: no call when no trace is on)
+            return _recorded(self, plan, args, vals)
+        # (The body of _call, written out: this is every jitted call's path.)
         if plan.__class__ is Placed and is_eager():
             outs = plan.run(plan.hoisted + vals if plan.hoisted else vals)
             if self._donate_argnums:
@@ -191,6 +197,27 @@ class Jit:
 
     def __get__(self, obj, objtype=None):  # so that jit works on methods
         return self if obj is None else functools.partial(self, obj)
+
+
+def _call(j: Jit, plan, args, vals):
+    """Run a call of ``plan`` (what :meth:`Jit.__call__` does after the lookup)."""
+    if plan.__class__ is Placed and is_eager():
+        outs = plan.run(plan.hoisted + vals if plan.hoisted else vals)
+        if j._donate_argnums:
+            compiler_jit.delete_donated(j, args)
+        return outs[0] if plan.single else plan.out_tree.unflatten(outs)
+    return compiler_jit.run(j, plan, args, vals)
+
+
+def _recorded(j: Jit, plan, args, vals):
+    """A call while a trace is on: run, and its span recorded on the devices it ran on
+    (:mod:`spmd.shard.call.recording`; under a transformation nothing runs: no span)."""
+    if not is_eager():
+        return _call(j, plan, args, vals)
+    t0 = time.monotonic()
+    out = _call(j, plan, args, vals)
+    _recording.program_called(j._name, plan, t0, time.monotonic())
+    return out
 
 
 def _traced(j, static_key, treedef, leaves):

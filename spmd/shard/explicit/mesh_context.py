@@ -18,6 +18,7 @@ from typing import Optional
 
 from spmd.errors import SpmdError
 from spmd import tree_util
+from spmd.launch.timeline import recorder as _timeline
 from spmd.mesh import AbstractMesh, AxisType, Mesh
 from spmd.mesh.devices import Device
 from spmd.shard.arrays.placing import device_put as put
@@ -58,6 +59,24 @@ def get_mesh() -> Optional[object]:
     """
     stack = _state.stack
     return stack[-1] if stack else _base[0]
+
+
+def context_key():
+    """What the caches of traced programs key on (the compiler's ``CONTEXT_KEY``): the
+    current mesh, and whether a trace is on (a program stacked while a trace is on
+    carries the markers of its collectives, :mod:`spmd.collectives.local`, and is
+    never served to a call without one, nor the reverse).  The same work as
+    :func:`get_mesh`, written out: it runs on every jitted call.
+
+    >>> context_key() is get_mesh()   # no trace on
+    True
+    """
+    stack = _state.stack
+    mesh = stack[-1] if stack else _base[0]
+    return mesh if _timeline.ACTIVE is None else (_TRACING, mesh)
+
+
+_TRACING = "a trace is on"  # (a key part no mesh equals)
 
 
 class use_mesh:

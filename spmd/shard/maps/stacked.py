@@ -33,6 +33,7 @@ import weakref
 
 import numpy as np
 
+from spmd.collectives import local as _local_backend
 from spmd.collectives.layout import ProcessLayout
 from spmd.collectives.primitives import as_summands, psum_p
 from spmd.compiler.transforms.batching import BatchTrace, BatchTracer, NamedAxes, move_to_front
@@ -45,6 +46,7 @@ from spmd.compiler.core.trace import (eval_program, extend_axis_env, full_raise,
 from spmd.compiler.core import array_module
 from spmd.compiler.core.avals import ShapedArray
 from spmd.errors import SpreadOverProcessesError
+from spmd.launch.timeline import recorder as _timeline
 from spmd.mesh import process_index
 from spmd.shard.call.fingerprint import agree
 from spmd.shard.arrays.sharded import ShardedArray, placement_token
@@ -58,7 +60,8 @@ def local_program(program: ClosedProgram, mesh, in_specs, out_specs) -> ClosedPr
     per = _programs.get(program)
     if per is None:
         per = _programs[program] = {}
-    key = (mesh, tuple(in_specs), tuple(out_specs))
+    # (Stacked while a trace is on, its collectives are marked: another program.)
+    key = (mesh, tuple(in_specs), tuple(out_specs), _timeline.ACTIVE is not None)
     hit = per.get(key)
     if hit is None:
         if mesh.is_multi_process:
@@ -105,16 +108,26 @@ def run_stacked(body, mesh, stacked, *, local=None, concrete=None, scope=None,
         local, tuple(d.process_index for d in mesh.devices.flat), process_index())
     level = NamedAxes(mesh.axis_names, mesh.axis_sizes, layout, concrete=concrete)
     n = mesh.size if local is None else len(local)
-    with new_main(BatchTrace, (level, n), dynamic=dynamic) as main, \
-            extend_axis_env(dict(mesh.shape) if scope is None else scope, track_vma=track_vma,
-                            main=main, manual=manual):
-        trace = BatchTrace(main)
-        if vmas is None:
-            tracers = [BatchTracer(trace, v, d) if d is not None else v for v, d in stacked]
-        else:
-            tracers = [BatchTracer(trace, v, d, vma) for (v, d), vma in zip(stacked, vmas)]
-        outs = [full_raise(trace, o) for o in body(trace, tracers)]
-        return [(o.val, o.bdim) for o in outs]
+    # While a trace is on, the collectives of this level are marked (spmd.collectives.local).
+    noted = _timeline.ACTIVE is not None and local is None
+    if noted:
+        _local_backend.STACKED[id(level)] = tuple(d.id for d in mesh.devices.flat)
+    try:
+        with new_main(BatchTrace, (level, n), dynamic=dynamic) as main, \
+                extend_axis_env(dict(mesh.shape) if scope is None else scope,
+                                track_vma=track_vma, main=main, manual=manual):
+            trace = BatchTrace(main)
+            if vmas is None:
+                tracers = [BatchTracer(trace, v, d) if d is not None else v
+                           for v, d in stacked]
+            else:
+                tracers = [BatchTracer(trace, v, d, vma)
+                           for (v, d), vma in zip(stacked, vmas)]
+            outs = [full_raise(trace, o) for o in body(trace, tracers)]
+            return [(o.val, o.bdim) for o in outs]
+    finally:
+        if noted:
+            _local_backend.STACKED.pop(id(level), None)
 
 
 def run_program(program, mesh, in_specs, out_specs, args, local=None, kinds=None) -> list:
@@ -238,7 +251,8 @@ def process_program(program: ClosedProgram, mesh, in_specs, out_specs,
     per = _programs.get(program)
     if per is None:
         per = _programs[program] = {}
-    key = ("process", mesh, tuple(in_specs), tuple(out_specs), kinds)
+    key = ("process", mesh, tuple(in_specs), tuple(out_specs), kinds,
+           _timeline.ACTIVE is not None)
     hit = per.get(key)
     if hit is None:
         local = local_positions(mesh)

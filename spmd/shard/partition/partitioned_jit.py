@@ -27,7 +27,7 @@ from spmd.errors import StaticArgumentError
 from spmd.shard.arrays.sharded import ShardedArray, SingleDeviceSharding
 from spmd.shard.arrays.spec import NamedSharding, PartitionSpec
 from spmd.shard.explicit import types as explicit
-from spmd.shard.explicit.mesh_context import get_mesh
+from spmd.shard.explicit.mesh_context import context_key, get_mesh
 from spmd.shard.maps.shard_map_rules import _bind_body
 from spmd.shard.partition.partitioner import PartitionError, partition
 from spmd.shard.partition.placement import Placement
@@ -225,7 +225,9 @@ class Partitioning:
         avals = tuple(_leaf_aval(x) for x in leaves)
         shard_key = tuple(x.sharding if isinstance(x, ShardedArray) or
                           type(x) is ShapeDtypeStruct else None for x in leaves)
-        key = (in_tree, static, avals, shard_key, axis_env_key(), get_mesh())
+        # (context_key: the mesh, and whether a trace is on: a trace's programs are
+        # other programs, spmd.collectives.local.)
+        key = (in_tree, static, avals, shard_key, axis_env_key(), context_key())
         entry = self.entries.get(key)
         if entry is None:
             entry = self._build(fun, args, kwargs, dyn, leaves, in_tree, avals)

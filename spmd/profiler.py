@@ -1,0 +1,235 @@
+"""``spmd.profiler``: record a timeline of this process, with JAX's names.
+
+``with spmd.profiler.trace(path):`` (or :func:`start_trace` / :func:`stop_trace`)
+records, until it ends:
+
+- each call of a compiled program (``"jit(step)"``, ``cat == "program"``) on the
+  track of each device it runs on (``tid`` = the device's global id; simulated
+  devices each get their own track);
+- each collective among simulated devices (``cat == "collective"``, ``args``:
+  ``comm``, ``seq``, ``op``, ``bytes``), one span per member device, split by the
+  merge into a ``wait`` and a ``transfer`` phase.  Simulated devices run a
+  collective together in one array operation, so their wait is ~0: that is what
+  happens, not a lost measurement (:mod:`spmd.collectives.local`);
+- checkpoint saves and restores, and the spans of :class:`TraceAnnotation`,
+  :class:`StepTraceAnnotation` and :func:`annotate_function`, on the host track;
+- after each program call, each of its devices' memory (``memory`` counters:
+  ``bytes_in_use``, ``peak_bytes_in_use``, :mod:`spmd.shard.arrays.memory`).
+
+At the end the events are written as one Chrome trace (``{"traceEvents": [...]}``),
+which Perfetto and ``chrome://tracing`` open.  ``path``: a file name ending in
+``.json`` or ``.json.gz`` is written as it is; anything else is a directory
+(created if needed) and the file is ``<path>/trace.json.gz``.
+
+Programs compiled while a trace is on carry the markers of their collectives: the
+first call of each jitted function after a trace starts (and after it stops)
+compiles it again, once.  Without a trace, annotations cost one test of a module
+global.  In a job of several processes, record with ``spmd-run --trace PATH``
+instead (every rank's timeline, clock-aligned, in one file).
+
+>>> import spmd, numpy as np
+>>> with spmd.profiler.trace("/tmp/spmd-trace"):                # doctest: +SKIP
+...     with spmd.profiler.StepTraceAnnotation("train", step_num=0):
+...         step(params, batch)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+
+from spmd.errors import SpmdError
+from spmd.launch.timeline import recorder as _timeline
+
+__all__ = ["trace", "start_trace", "stop_trace", "TraceAnnotation", "StepTraceAnnotation",
+           "annotate_function", "ProfilerError"]
+
+DEFAULT_FILE = "trace.json.gz"  # the file written in a directory ``path``
+
+
+class ProfilerError(SpmdError, RuntimeError):
+    """A trace started twice, stopped without a start, or given a path it cannot write."""
+
+
+# The file the recording in progress will be written to (None: no trace of this module).
+_file: list = [None]
+
+
+def start_trace(log_dir, create_perfetto_link: bool = False,
+                create_perfetto_trace: bool = False) -> None:
+    """Begin recording this process's timeline, to be written to ``log_dir`` by
+    :func:`stop_trace` (a ``.json``/``.json.gz`` file, else a directory holding
+    ``trace.json.gz``; checked writable now).  The two flags are JAX's, accepted and
+    ignored: the file is Chrome trace JSON, which Perfetto opens.
+
+    >>> spmd.profiler.start_trace("/tmp/run1")          # doctest: +SKIP
+    >>> step(x); spmd.profiler.stop_trace()             # doctest: +SKIP
+    """
+    _check_single_process()
+    if _timeline.ACTIVE is not None:
+        raise ProfilerError(
+            "spmd.profiler.start_trace: a trace is already being recorded in this process "
+            f"(to {_file[0] or 'the launcher (spmd-run --trace)'}); call "
+            "spmd.profiler.stop_trace() first, or use one spmd.profiler.trace(...) block")
+    path = output_file(log_dir)
+    _timeline.start()
+    _file[0] = path
+    _counting_starts()
+
+
+def stop_trace() -> str:
+    """End the recording :func:`start_trace` began and write it (merged into one Chrome
+    trace, :mod:`spmd.launch.timeline.merge`); the file's path.
+
+    >>> spmd.profiler.stop_trace()                      # doctest: +SKIP
+    '/tmp/run1/trace.json.gz'
+    """
+    path = _file[0]
+    if path is None:
+        raise ProfilerError(
+            "spmd.profiler.stop_trace: no trace was started by spmd.profiler in this process "
+            "(call spmd.profiler.start_trace(path) first; a trace of spmd-run --trace ends "
+            "with the job)")
+    _file[0] = None
+    part = _timeline.stop()
+    return write(part, path)
+
+
+@contextlib.contextmanager
+def trace(log_dir, create_perfetto_link: bool = False, create_perfetto_trace: bool = False):
+    """Record this process's timeline inside the block and write it at its end (even
+    when the block raises): :func:`start_trace` / :func:`stop_trace` as a context
+    manager.
+
+    >>> with spmd.profiler.trace("/tmp/t.json.gz"):     # doctest: +SKIP
+    ...     step(x)
+    """
+    start_trace(log_dir, create_perfetto_link, create_perfetto_trace)
+    try:
+        yield
+    finally:
+        stop_trace()
+
+
+# ------------------------------------------------------------ the small steps
+
+def output_file(log_dir) -> str:
+    """The file a trace to ``log_dir`` is written to (see the module docstring), its
+    directory made and checked writable.
+
+    >>> output_file("/tmp/x.json")
+    '/tmp/x.json'
+    """
+    path = os.fspath(log_dir)
+    if not path:
+        raise ProfilerError("spmd.profiler: log_dir is empty; give a directory or a file "
+                            "name ending in .json or .json.gz")
+    if not path.endswith((".json", ".json.gz")):
+        path = os.path.join(path, DEFAULT_FILE)
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ProfilerError(f"spmd.profiler: cannot create the directory {folder!r} for the "
+                            f"trace {path!r} ({e}); give a path in a writable place") from e
+    if not os.access(folder, os.W_OK | os.X_OK) or os.path.isdir(path):
+        raise ProfilerError(f"spmd.profiler: cannot write the trace {path!r} (its directory "
+                            f"{folder!r} is not writable, or the path is a directory); give "
+                            "a path in a writable place")
+    return path
+
+
+def write(part: dict, path: str) -> str:
+    """Merge one process's recorded ``part`` into a Chrome trace and write it to ``path``."""
+    from spmd.launch.timeline import merge
+
+    merge.write(merge.merge([part]), path)
+    return path
+
+
+def _check_single_process() -> None:
+    from spmd.mesh import process_count
+
+    if process_count() > 1:
+        raise ProfilerError(
+            "spmd.profiler.start_trace: this is one of several processes; record a job's "
+            "timeline with the launcher instead: spmd-run --trace PATH ... (every rank's "
+            "events, clock-aligned, merged into one file)")
+
+
+def _counting_starts() -> None:
+    """Memory counting begins with the trace (one scan of the live Arrays)."""
+    from spmd.shard.arrays import memory
+
+    memory.start()
+
+
+# ---------------------------------------------------------------- annotations
+
+class TraceAnnotation:
+    """A span of host work on the trace (``cat == "user"``), named ``name``, with
+    ``kwargs`` as its ``args``; nothing (one test) when no trace is on.
+
+    >>> with spmd.profiler.TraceAnnotation("load batch", shard=3):   # doctest: +SKIP
+    ...     batch = next(loader)
+    """
+
+    __slots__ = ("name", "args", "_t0")
+    cat = "user"
+
+    def __init__(self, name: str, **kwargs):
+        self.name = name
+        self.args = kwargs or None
+        self._t0 = None
+
+    def __enter__(self):
+        if _timeline.ACTIVE is not None:
+            self._t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        t0 = self._t0
+        if t0 is not None:
+            self._t0 = None
+            r = _timeline.ACTIVE
+            if r is not None:
+                r.span(self.name, self.cat, t0, time.monotonic(), _timeline.HOST, self.args)
+        return False
+
+
+class StepTraceAnnotation(TraceAnnotation):
+    """A training step on the trace (``cat == "step"``, ``args.step_num``), as JAX's.
+
+    >>> for i in range(3):                                           # doctest: +SKIP
+    ...     with spmd.profiler.StepTraceAnnotation("train", step_num=i):
+    ...         state = step(state)
+    """
+
+    __slots__ = ()
+    cat = "step"
+
+
+def annotate_function(func=None, name: str | None = None, **kwargs):
+    """Decorate ``func`` so that each call is a :class:`TraceAnnotation` span named
+    ``name`` (default: its qualified name); one test per call when no trace is on.
+
+    >>> @spmd.profiler.annotate_function
+    ... def load(i):
+    ...     return i
+    >>> load(2)
+    2
+    """
+    if func is None:
+        return functools.partial(annotate_function, name=name, **kwargs)
+    label = name or getattr(func, "__qualname__", None) or getattr(func, "__name__", "function")
+
+    @functools.wraps(func)
+    def annotated(*args, **kw):
+        if _timeline.ACTIVE is None:
+            return func(*args, **kw)
+        with TraceAnnotation(label, **kwargs):
+            return func(*args, **kw)
+
+    return annotated

@@ -1,0 +1,146 @@
+"""Memory per device: the bytes of live Arrays' blocks each device holds, and the peak.
+
+What the numbers mean (``Device.memory_stats()``, and the ``memory`` counters of a
+trace): each device of this process counts its own blocks of every live Array --
+
+- an Array never placed (the compiler's ``Array``): its whole value, on this
+  process's first device (its default device);
+- a placed Array (:class:`~spmd.shard.arrays.sharded.ShardedArray`): for each of its
+  sharding's devices in this process, the bytes of that device's block (its shard
+  shape times the item size); a replicated array counts whole on each device it is
+  on, an array split over 4 devices a quarter on each -- whatever buffers this
+  process really holds for it (simulated devices share the host's memory);
+- ``bytes_in_use``: the sum over the live Arrays; an Array stops counting when it
+  is deleted (``.delete()``, donation to a jitted call) or collected;
+- ``peak_bytes_in_use``: the largest ``bytes_in_use`` since counting began.
+
+Not counted: numpy arrays, the temporaries of a running program, compiled programs'
+constants, buffers no Array holds.
+
+Counting begins at the first :meth:`spmd.Device.memory_stats` call or the first trace
+(:func:`spmd.profiler.start_trace`, or a program call while the launcher records one):
+:func:`start` scans the live objects once (``gc.get_objects()``) for the Arrays that
+exist, whose total is the first peak; from then on every Array made adds its blocks
+and every one deleted or collected subtracts them, for the rest of the process.  Until
+then making an Array costs nothing more: the counting constructors are installed by
+:func:`start` (the Array classes' ``__init__`` and ``delete`` wrapped), not tested on
+every creation.  Counters are updated without a lock: Arrays made concurrently by
+several threads may be counted approximately.
+
+>>> from spmd.shard.arrays import memory
+>>> memory.start()
+>>> memory.stats(0)["bytes_in_use"] >= 0
+True
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+
+from spmd.compiler.core.array import Array
+from spmd.mesh.devices import local_devices, process_index
+from spmd.shard.arrays.sharded import ShardedArray, ordered_devices
+
+COUNTING = False  # whether start() ran (read by the trace's hooks)
+_in_use: dict = {}  # device id -> bytes of live Arrays' blocks
+_peak: dict = {}  # device id -> the most bytes_in_use since counting began
+_charges: dict = {}  # id(array) -> ((device id, bytes), ...) it adds
+_per_kind: dict = {}  # placement token or aval -> its charges (the same for every array)
+_originals: dict = {}  # class -> its own (__init__, delete), while counting
+
+
+def stats(device_id: int) -> dict:
+    """``{"bytes_in_use": int, "peak_bytes_in_use": int}`` of this process's device
+    ``device_id`` (JAX's keys; see the module docstring), counting from now if it
+    had not begun."""
+    if not COUNTING:
+        start()
+    return {"bytes_in_use": _in_use.get(device_id, 0),
+            "peak_bytes_in_use": _peak.get(device_id, 0)}
+
+
+def start() -> None:
+    """Begin counting (once; later calls do nothing): scan the live Arrays, then
+    count each one made, deleted or collected."""
+    global COUNTING
+    if COUNTING:
+        return
+    for cls in (Array, ShardedArray):
+        _originals[cls] = (cls.__dict__["__init__"], cls.__dict__.get("delete"))
+    Array.__init__ = _counting_init(_originals[Array][0])
+    ShardedArray.__init__ = _counting_init(_originals[ShardedArray][0])
+    Array.delete = _counting_delete(_originals[Array][1])  # (ShardedArray's calls it)
+    COUNTING = True
+    for obj in gc.get_objects():
+        if isinstance(obj, Array) and not obj._deleted:
+            track(obj)
+    _peak.update(_in_use)
+
+
+def stop() -> None:
+    """Stop counting and forget the numbers (for tests: a process counts from its
+    first ``memory_stats()`` to its end)."""
+    global COUNTING
+    for cls, (init, delete) in _originals.items():
+        cls.__init__ = init
+        if cls.__dict__.get("delete") is not delete:
+            cls.delete = delete
+    _originals.clear()
+    COUNTING = False
+    _in_use.clear(), _peak.clear(), _charges.clear(), _per_kind.clear()
+
+
+def _counting_init(init):
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        track(self)
+
+    return __init__
+
+
+def _counting_delete(delete):
+    def delete_counted(self) -> None:
+        delete(self)
+        release(id(self))
+
+    delete_counted.__name__ = "delete"
+    return delete_counted
+
+
+def track(a: Array) -> None:
+    """Add ``a``'s blocks to its devices (until it is deleted or collected)."""
+    key = id(a)
+    if key in _charges:
+        return
+    kind = a._token if isinstance(a, ShardedArray) else a.aval
+    charges = _per_kind.get(kind)
+    if charges is None:
+        charges = _per_kind[kind] = _blocks_of(a)
+    _charges[key] = charges
+    weakref.finalize(a, release, key)
+    for d, n in charges:
+        now = _in_use[d] = _in_use.get(d, 0) + n
+        if now > _peak.get(d, 0):
+            _peak[d] = now
+
+
+def release(key: int) -> None:
+    """Subtract the blocks of the Array whose ``id`` was ``key`` (once)."""
+    charges = _charges.pop(key, None)
+    if charges:
+        for d, n in charges:
+            _in_use[d] -= n
+
+
+def _blocks_of(a: Array) -> tuple:
+    """``((device id, bytes), ...)``: the block each of this process's devices holds of ``a``."""
+    itemsize = np.dtype(a.aval.dtype).itemsize
+    sharding = getattr(a, "_sharding", None)
+    if sharding is None:  # never placed: whole, on the default device
+        return ((local_devices()[0].id, int(np.prod(a.aval.shape, dtype=np.int64)) * itemsize),)
+    block = int(np.prod(sharding.shard_shape(a.aval.shape), dtype=np.int64)) * itemsize
+    me = process_index()
+    return tuple((d.id, block) for d in ordered_devices(sharding) if d.process_index == me)
