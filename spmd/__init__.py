@@ -79,13 +79,13 @@ _PUBLIC: dict = {
         "numpy", "lax", "nn", "random", "scipy", "sharding", "distributed", "debug",
         "experimental",
         "autodiff", "vectorize", "linear_util", "ad_checkpoint", "custom_derivatives",
-        "test_util", "profiler")},
+        "test_util")},
 }
 # `from spmd import *` gives what it gave when this file imported everything eagerly.
 __all__ = sorted(_PUBLIC)
 # Reachable as attributes too, but not star-imported (this file never imported them).
 _PUBLIC.update({n: (f"spmd.{n}", None) for n in ("optim", "checkpointing", "testing", "parallel",
-                                                  "dtypes")})
+                                                  "dtypes", "profiler")})
 
 
 def _run_installer() -> None:

@@ -40,8 +40,11 @@ import functools
 import os
 import time
 
+import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.errors import SpmdError
-from spmd.launch.timeline import recorder as _timeline
+from spmd.launch.timeline import merge, recorder as _timeline
+from spmd.mesh import process_count
+from spmd.shard.arrays import memory
 
 __all__ = ["trace", "start_trace", "stop_trace", "TraceAnnotation", "StepTraceAnnotation",
            "annotate_function", "ProfilerError"]
@@ -94,6 +97,7 @@ def stop_trace() -> str:
             "with the job)")
     _file[0] = None
     part = _timeline.stop()
+    _counting_ends()
     return write(part, path)
 
 
@@ -143,15 +147,11 @@ def output_file(log_dir) -> str:
 
 def write(part: dict, path: str) -> str:
     """Merge one process's recorded ``part`` into a Chrome trace and write it to ``path``."""
-    from spmd.launch.timeline import merge
-
     merge.write(merge.merge([part]), path)
     return path
 
 
 def _check_single_process() -> None:
-    from spmd.mesh import process_count
-
     if process_count() > 1:
         raise ProfilerError(
             "spmd.profiler.start_trace: this is one of several processes; record a job's "
@@ -161,9 +161,11 @@ def _check_single_process() -> None:
 
 def _counting_starts() -> None:
     """Memory counting begins with the trace (one scan of the live Arrays)."""
-    from spmd.shard.arrays import memory
+    memory.start("trace")
 
-    memory.start()
+
+def _counting_ends() -> None:
+    memory.release("trace")
 
 
 # ---------------------------------------------------------------- annotations
@@ -176,12 +178,13 @@ class TraceAnnotation:
     ...     batch = next(loader)
     """
 
-    __slots__ = ("name", "args", "_t0")
-    cat = "user"
+    __slots__ = ("name", "args", "cat", "_t0")
+    CAT = "user"
 
     def __init__(self, name: str, **kwargs):
         self.name = name
         self.args = kwargs or None
+        self.cat = self.CAT
         self._t0 = None
 
     def __enter__(self):
@@ -208,7 +211,19 @@ class StepTraceAnnotation(TraceAnnotation):
     """
 
     __slots__ = ()
-    cat = "step"
+    CAT = "step"
+
+
+def host_span(name: str, cat: str, **args) -> TraceAnnotation:
+    """A span of the library's own host work (e.g. ``cat="checkpoint"``): a
+    :class:`TraceAnnotation` of another category.
+
+    >>> with host_span("checkpoint save", "checkpoint", path="ckpt", step=3):
+    ...     pass
+    """
+    span = TraceAnnotation(name, **args)
+    span.cat = cat
+    return span
 
 
 def annotate_function(func=None, name: str | None = None, **kwargs):

@@ -17,6 +17,7 @@ from spmd.checkpointing import layout, manifest
 from spmd.checkpointing.coordination import CheckpointError, communicator
 from spmd.checkpointing.layout import all_steps, incomplete, latest_step, read_meta, step_dir
 from spmd.checkpointing.saving import wait_pending
+from spmd.profiler import host_span
 from spmd.shard.arrays.placing import SingleDeviceSharding, make_array_from_callback
 from spmd.shard.arrays.spec import NamedSharding, ShardingError, check_spec
 
@@ -54,6 +55,13 @@ def restore(directory: str, target, *, step: int | None = None):
 
     >>> state = restore("ckpt", tree_map(lambda x: x.sharding, state))
     """
+    span = host_span("checkpoint restore", "checkpoint", path=str(directory), step=step)
+    with span:
+        return _restore(directory, target, step, span)
+
+
+def _restore(directory: str, target, step, span):
+    """:func:`restore`'s work (``span``: its trace span, told the step chosen)."""
     wait_pending()  # the agreements below use the communicator of a pending save
     # Every process raises alike (see manifest.agreed), so none waits in a collective.
     steps = manifest.agreed(communicator(), lambda: _step_to_restore(directory, step), "restore",
@@ -64,6 +72,7 @@ def restore(directory: str, target, *, step: int | None = None):
                            f"complete steps in {directory!r} ({steps}, by process); "
                            f"restoring step {min(steps)}, the oldest of them")
     chosen = min(steps)
+    span.args["step"] = chosen
     return manifest.agreed(communicator(), lambda: _restore_step(directory, chosen, target),
                            f"restore of {step_dir(directory, chosen)}", CheckpointError)
 

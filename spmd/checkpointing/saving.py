@@ -12,8 +12,11 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+import time
 import warnings
 
+from spmd.launch.timeline import recorder as _timeline
+from spmd.profiler import host_span
 from spmd.checkpointing import writing
 from spmd.checkpointing.coordination import CheckpointError
 from spmd.launch.mpi_init import threads_may_call_mpi
@@ -31,8 +34,9 @@ def save(directory: str, tree, *, step: int, keep: int | None = None) -> str:
     >>> save("ckpt", {"params": params}, step=10, keep=2)
     'ckpt/step_10'
     """
-    wait_pending()  # one save at a time uses the checkpoint communicator
-    return writing.write(writing.plan(directory, tree, step, keep, copy=False))
+    with host_span("checkpoint save", "checkpoint", path=str(directory), step=step):
+        wait_pending()  # one save at a time uses the checkpoint communicator
+        return writing.write(writing.plan(directory, tree, step, keep, copy=False))
 
 
 class PendingSave:
@@ -49,10 +53,16 @@ class PendingSave:
             self._thread.join()
 
     def _run(self, plan):
+        t0 = time.monotonic()
         try:
             writing.write(plan)
         except BaseException as e:  # re-raised by wait() in the caller's thread
             self._error = e
+        r = _timeline.ACTIVE
+        if r is not None:  # (the background part: from its start to its commit)
+            r.span("checkpoint save (background write)", "checkpoint", t0, time.monotonic(),
+                   _timeline.HOST, {"path": self.path, "step": plan.step,
+                                    "failed": self._error is not None})
 
     def done(self) -> bool:
         """True once the checkpoint is committed (or its save failed)."""
@@ -88,7 +98,9 @@ def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> P
     >>> pending.wait()
     'ckpt/step_200'
     """
-    with _pending_lock:
+    # (The span: the part the caller waits for; the write has its own, _run's.)
+    with _pending_lock, host_span("checkpoint save", "checkpoint", path=str(directory),
+                                  step=step, asynchronous=True):
         # The plan's checks are collectives on the checkpoint communicator, which a
         # pending save's thread may still be using: one save at a time.
         wait_pending()

@@ -17,18 +17,20 @@ trace): each device of this process counts its own blocks of every live Array --
 Not counted: numpy arrays, the temporaries of a running program, compiled programs'
 constants, buffers no Array holds.
 
-Counting begins at the first :meth:`spmd.Device.memory_stats` call or the first trace
-(:func:`spmd.profiler.start_trace`, or a program call while the launcher records one):
-:func:`start` scans the live objects once (``gc.get_objects()``) for the Arrays that
-exist, whose total is the first peak; from then on every Array made adds its blocks
-and every one deleted or collected subtracts them, for the rest of the process.  Until
-then making an Array costs nothing more: the counting constructors are installed by
-:func:`start` (the Array classes' ``__init__`` and ``delete`` wrapped), not tested on
-every creation.  Counters are updated without a lock: Arrays made concurrently by
+Counting begins at the first :meth:`spmd.Device.memory_stats` call or at a trace's
+start (:func:`spmd.profiler.start_trace`, or the first program call while the launcher
+records one): :func:`start` scans the live objects once (``gc.get_objects()``) for the
+Arrays that exist, whose total is the first peak; from then on every Array made adds
+its blocks and every one deleted or collected subtracts them.  Counting that
+``memory_stats()`` began lasts for the rest of the process; counting a trace began
+ends with the trace (:func:`release`), so that after it making an Array costs what
+it cost before (the next ``memory_stats()`` or trace counts afresh: its peak is
+from then).  While nothing counts, making an Array costs nothing more: the counting
+constructors are installed by :func:`start` (the Array classes' ``__init__`` and
+``delete`` wrapped), not tested on every creation.  Counters are updated without a lock: Arrays made concurrently by
 several threads may be counted approximately.
 
 >>> from spmd.shard.arrays import memory
->>> memory.start()
 >>> memory.stats(0)["bytes_in_use"] >= 0
 True
 """
@@ -44,7 +46,8 @@ from spmd.compiler.core.array import Array
 from spmd.mesh.devices import local_devices, process_index
 from spmd.shard.arrays.sharded import ShardedArray, ordered_devices
 
-COUNTING = False  # whether start() ran (read by the trace's hooks)
+COUNTING = False  # whether counting is on (read by the trace's hooks)
+_reasons: set = set()  # who asked for the counting: "memory_stats", "trace"
 _in_use: dict = {}  # device id -> bytes of live Arrays' blocks
 _peak: dict = {}  # device id -> the most bytes_in_use since counting began
 _charges: dict = {}  # id(array) -> ((device id, bytes), ...) it adds
@@ -56,16 +59,18 @@ def stats(device_id: int) -> dict:
     """``{"bytes_in_use": int, "peak_bytes_in_use": int}`` of this process's device
     ``device_id`` (JAX's keys; see the module docstring), counting from now if it
     had not begun."""
-    if not COUNTING:
-        start()
+    if "memory_stats" not in _reasons:
+        start("memory_stats")
     return {"bytes_in_use": _in_use.get(device_id, 0),
             "peak_bytes_in_use": _peak.get(device_id, 0)}
 
 
-def start() -> None:
-    """Begin counting (once; later calls do nothing): scan the live Arrays, then
-    count each one made, deleted or collected."""
+def start(reason: str = "trace") -> None:
+    """Begin counting for ``reason`` (``"trace"`` or ``"memory_stats"``; if counting
+    already, only note the reason): scan the live Arrays, then count each one made,
+    deleted or collected."""
     global COUNTING
+    _reasons.add(reason)
     if COUNTING:
         return
     for cls in (Array, ShardedArray):
@@ -80,10 +85,17 @@ def start() -> None:
     _peak.update(_in_use)
 
 
+def release(reason: str = "trace") -> None:
+    """``reason`` no longer needs counting: stop when nothing else does (a trace's end)."""
+    _reasons.discard(reason)
+    if not _reasons and COUNTING:
+        stop()
+
+
 def stop() -> None:
-    """Stop counting and forget the numbers (for tests: a process counts from its
-    first ``memory_stats()`` to its end)."""
+    """Stop counting and forget the numbers (whoever asked: tests begin afresh)."""
     global COUNTING
+    _reasons.clear()
     for cls, (init, delete) in _originals.items():
         cls.__init__ = init
         if cls.__dict__.get("delete") is not delete:
@@ -104,7 +116,7 @@ def _counting_init(init):
 def _counting_delete(delete):
     def delete_counted(self) -> None:
         delete(self)
-        release(id(self))
+        forget(id(self))
 
     delete_counted.__name__ = "delete"
     return delete_counted
@@ -120,14 +132,14 @@ def track(a: Array) -> None:
     if charges is None:
         charges = _per_kind[kind] = _blocks_of(a)
     _charges[key] = charges
-    weakref.finalize(a, release, key)
+    weakref.finalize(a, forget, key)
     for d, n in charges:
         now = _in_use[d] = _in_use.get(d, 0) + n
         if now > _peak.get(d, 0):
             _peak[d] = now
 
 
-def release(key: int) -> None:
+def forget(key: int) -> None:
     """Subtract the blocks of the Array whose ``id`` was ``key`` (once)."""
     charges = _charges.pop(key, None)
     if charges:

@@ -40,7 +40,7 @@ def program_called(name: str, plan, t0: float, t1: float) -> None:
     for tid in tids:
         r.span(label, "program", t0, t1, tid)
     if not memory.COUNTING:
-        memory.start()  # (a trace the launcher started: count from here)
+        memory.start("trace")  # (a trace the launcher started: count from here)
     for tid in tids:
         r.counter("memory", t1, tid, memory.stats(tid))
 
