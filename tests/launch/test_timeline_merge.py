@@ -340,3 +340,37 @@ def test_plot_writes_a_png(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["timeline.png"]
     with pytest.raises(TimelineError, match="nowhere.*does not exist"):
         plot.plot(trace, str(tmp_path / "nowhere" / "t.png"))
+
+
+def test_a_rank_with_two_devices_and_collectives_on_one():
+    """Under MPI a rank records its collectives on its first device and programs on
+    each: its shares come from the tracks that took part in collectives."""
+    parts = _job([0.0, 2.0])
+    for r, part in enumerate(parts):
+        extra = 10 + r  # the rank's second local device
+        part["events"] += [("X", "jit(step)", "program", e[3], e[4], extra, None)
+                           for e in list(part["events"]) if e[2] == "program"]
+    s = summary.summarize(merge.merge(parts))
+    for row in s["per_rank"]:
+        assert row["tracks"] == 1
+        wait = 10 * (ARRIVE + 0.001 - arrival(row["rank"], 2))  # (no late rank of 2)
+        assert row["wait_s"] == pytest.approx(wait)
+        assert row["compute_s"] == pytest.approx(10 * (PROGRAM - (EXIT - ARRIVE - 0.001)) - wait)
+    assert s["steps"]["1"]["device"] == 1 and s["steps"]["1"]["count"] == 10
+
+
+def test_a_recorders_part_merges():
+    recorder.start(rank=0, host="box")
+    try:
+        r = recorder.ACTIVE
+        for d in range(2):
+            r.span("jit(f)", "program", 1.0, 2.0, tid=d)
+            r.span("psum", "collective", 1.2 + 0.1 * d, 1.5, tid=d,
+                   args={"comm": "0,1", "seq": 0, "op": "psum", "bytes": 8})
+        r.counter("memory", 2.0, 0, {"bytes_in_use": 8, "peak_bytes_in_use": 16})
+    finally:
+        part = recorder.stop()
+    trace = merge.merge([part])
+    assert [e["args"]["last"] for e in _x(trace, phase="wait")] == [[0, 1], [0, 1]]
+    assert [round(e["ts"]) for e in _x(trace, phase="transfer")] == [300000, 300000]
+    assert summary.summarize(trace)["straggler"]["label"] == "device 1"

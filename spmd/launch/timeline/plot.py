@@ -72,7 +72,8 @@ def _bars(ax, s: dict) -> None:
     ax.invert_yaxis()  # (rank 0 on top, as in the trace viewer)
     ax.set_xlabel("seconds")
     ax.set_title("where time went")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize="small",
+              frameon=False)
 
 
 def _strip(ax, s: dict) -> None:
@@ -85,8 +86,13 @@ def _strip(ax, s: dict) -> None:
     ax.set_title("step times" + (f": {', '.join(names)}" if names else " (no programs)"))
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
+    longest = max((max(step["durations_s"]) for step in s["steps"].values()), default=0.0)
+    # (from zero, so that a few percent between ranks looks like a few percent)
+    ax.set_ylim(0, longest * 1e3 * 1.15 or 1.0)
+    ax.ticklabel_format(axis="y", useOffset=False)
     if s["steps"]:
-        ax.legend(loc="upper right", fontsize="small")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(s["steps"]), 8),
+                  fontsize="small", frameon=False)
 
 
 def _title(s: dict) -> str:
@@ -94,6 +100,6 @@ def _title(s: dict) -> str:
     title = f"spmd timeline: {n} rank{'s' * (n != 1)}, {s['duration_s']:.3g} s"
     st = s["straggler"]
     if st is not None:
-        title += (f"; straggler {st['label']}, last at {st['share']:.0%} of collectives, "
+        title += (f"\nstraggler {st['label']}, last at {st['share']:.0%} of collectives, "
                   f"{st['late_median_s'] * 1e3:.1f} ms late (median)")
     return title

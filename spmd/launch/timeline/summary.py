@@ -56,6 +56,7 @@ def summarize(trace: dict) -> dict:
     end = max((b[1] for b in bounds.values()), default=0.0)
     errors = [c["error_us"] for c in other.get("clock", {}).values() if c.get("error_us") is not None]
     single = len(pids) == 1
+    busy = _busy(programs, members, where)
     arrivals, straggler, calls = _stragglers(members, hosts, single)
     dropped = {p: {"dropped": n, "capacity": other.get("capacity", {}).get(p)}
                for p, n in other.get("dropped", {}).items() if n}
@@ -63,7 +64,7 @@ def summarize(trace: dict) -> dict:
         "ranks": len(pids),
         "duration_s": (end - start) / 1e6,
         "clock_error_s": max(errors) / 1e6 if errors else None,
-        "per_rank": [_shares(pid, hosts.get(str(pid)), bounds.get(pid), programs, members, where)
+        "per_rank": [_shares(pid, hosts.get(str(pid)), bounds.get(pid), busy.get(pid, {}))
                      for pid in pids],
         "collectives": calls,
         "incomplete": other.get("incomplete", 0),
@@ -105,7 +106,7 @@ def _scan(events: list) -> tuple[dict, dict, dict]:
         cat = e.get("cat")
         if cat == "program":
             programs.setdefault((pid, e["tid"]), []).append((ts, end, e["name"]))
-        elif cat == "collective":
+        elif cat == "collective" and "phase" in e["args"]:
             a = e["args"]
             key = (pid, e["tid"], str(a.get("comm")), a.get("seq"))
             m = members.get(key)
@@ -148,27 +149,32 @@ def _enclosing(members: dict, programs: dict) -> dict:
 
 # --------------------------------------------------------------- shares
 
-def _shares(pid: int, host, bound, programs: dict, members: dict, where: dict) -> dict:
-    """One rank's total, compute, transfer, wait and other time and shares."""
-    busy: dict = {}  # tid -> [program, collective inside programs, wait, transfer]
-    for (p, tid), spans in programs.items():
-        if p == pid and tid != HOST_TID:
-            busy.setdefault(tid, [0.0, 0.0, 0.0, 0.0])[0] += sum(s[1] - s[0] for s in spans)
-    with_collectives = set()
+def _busy(programs: dict, members: dict, where: dict) -> dict:
+    """Per rank, per device track: ``[program, collectives inside programs, wait,
+    transfer, has collectives]`` (microseconds), in one pass over each."""
+    busy: dict = {}
+    for (pid, tid), spans in programs.items():
+        if tid != HOST_TID:
+            t = busy.setdefault(pid, {}).setdefault(tid, [0.0, 0.0, 0.0, 0.0, False])
+            t[0] += sum(s[1] - s[0] for s in spans)
     for key, m in members.items():
-        if key[0] != pid:
-            continue
-        t = busy.setdefault(key[1], [0.0, 0.0, 0.0, 0.0])
-        with_collectives.add(key[1])
+        t = busy.setdefault(key[0], {}).setdefault(key[1], [0.0, 0.0, 0.0, 0.0, False])
         t[2] += m[2]
         t[3] += m[3]
+        t[4] = True
         if key in where:
             t[1] += m[2] + m[3]
-    tracks = sorted(with_collectives or busy)
+    return busy
+
+
+def _shares(pid: int, host, bound, busy: dict) -> dict:
+    """One rank's total, compute, transfer, wait and other time and shares (``busy``:
+    its tracks from :func:`_busy`)."""
+    tracks = [t for t in busy.values() if t[4]] or list(busy.values())
     n = max(len(tracks), 1)
-    compute = sum(busy[t][0] - busy[t][1] for t in tracks) / n / 1e6
-    wait = sum(busy[t][2] for t in tracks) / n / 1e6
-    transfer = sum(busy[t][3] for t in tracks) / n / 1e6
+    compute = sum(t[0] - t[1] for t in tracks) / n / 1e6
+    wait = sum(t[2] for t in tracks) / n / 1e6
+    transfer = sum(t[3] for t in tracks) / n / 1e6
     total = (bound[1] - bound[0]) / 1e6 if bound else 0.0
     row = {"rank": pid, "host": host, "tracks": len(tracks), "total_s": total,
            "compute_s": compute, "transfer_s": transfer, "wait_s": wait,
@@ -290,12 +296,14 @@ def render(summary: dict) -> str:
         where = f" in {w['program']}" if w["program"] else ""
         size = f" ({_bytes(w['bytes'])})" if w["bytes"] is not None else ""
         lines.append(f"{'most waiting:' if i == 0 else '':<13} {w['op']} over {w['comm']}{size}"
-                     f"{where}: {_time(w['wait_s'])} over {w['calls']} calls "
-                     f"({_time(w['mean_wait_s'])} each)")
-    if s["steps"]:
-        lines.append("steps (median): " + ", ".join(
-            f"rank {pid} {_time(step['median_s'])} x{step['count']} {step['name']}"
-            for pid, step in s["steps"].items()))
+                     f"{where}: {_time(w['wait_s'])} waited (all members) over {w['calls']} calls, "
+                     f"{_time(w['mean_wait_s'])} per call")
+    names = {step["name"] for step in s["steps"].values()}
+    if names:
+        one = len(names) == 1  # (the usual case: name the step once)
+        lines.append(f"step times ({names.pop() + ', ' if one else ''}median): " + ", ".join(
+            f"rank {pid} {_time(step['median_s'])} x{step['count']}"
+            + ("" if one else f" {step['name']}") for pid, step in s["steps"].items()))
     for pid, d in s["dropped"].items():
         lines.append(f"dropped events: rank {pid} dropped {d['dropped']} "
                      f"(capacity {d['capacity']}); its timeline ends early")
