@@ -8,6 +8,7 @@ is the common clock plus that rank's offset (large ones, +-300 s, included).
 import gzip
 import json
 import os
+import sys
 
 import pytest
 
@@ -374,3 +375,21 @@ def test_a_recorders_part_merges():
     assert [e["args"]["last"] for e in _x(trace, phase="wait")] == [[0, 1], [0, 1]]
     assert [round(e["ts"]) for e in _x(trace, phase="transfer")] == [300000, 300000]
     assert summary.summarize(trace)["straggler"]["label"] == "device 1"
+
+
+def test_plot_without_matplotlib_names_the_install(tmp_path, monkeypatch):
+    from spmd.launch.timeline import plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # (as if not installed)
+    with pytest.raises(ImportError, match=r"pip install matplotlib.*spmd\[examples\]"):
+        plot.plot(merge.merge(_job([0.0])), str(tmp_path / "t.png"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_written_files_are_readable_as_the_umask_allows(tmp_path):
+    old = os.umask(0o022)
+    try:
+        merge.write(merge.merge(_job([0.0])), str(tmp_path / "t.json"))
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "t.json").st_mode & 0o777 == 0o644

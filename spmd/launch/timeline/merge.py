@@ -31,12 +31,13 @@ after a member's exit; that member's transfer is then empty at its exit, and
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import json
 import os
 import re
-import tempfile
+import uuid
 
 from spmd.errors import SpmdError
 from spmd.launch.timeline.recorder import HOST, read_part
@@ -249,18 +250,46 @@ def write(trace: dict, path: str) -> None:
 
     >>> write(merge([{"meta": {"rank": 0}, "events": []}]), "/tmp/t.json.gz")  # doctest: +SKIP
     """
+    data = json.dumps(trace, separators=(",", ":")).encode()
+    with atomic_file(path, "write") as raw:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as f:
+                f.write(data)
+        else:
+            raw.write(data)
+
+
+def output_directory(path: str, caller: str) -> str:
+    """The directory ``path`` will be written in, which must exist (``caller``: the
+    function named in the error).
+
+    >>> output_directory("/tmp/t.json", "write")
+    '/tmp'
+    """
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise TimelineError(f"write: the directory of {path!r} does not exist; "
+        raise TimelineError(f"{caller}: the directory of {path!r} does not exist; "
                             "create it first or pass a path in an existing directory")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".trace-", suffix=".tmp")
+    return directory
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, caller: str):
+    """A binary file that becomes ``path`` when the block ends without an error (a
+    temporary file beside it, then ``os.replace``); ``caller`` names the function
+    in the error for a missing directory.
+
+    >>> with atomic_file("/tmp/out.bin", "write") as f:  # doctest: +SKIP
+    ...     f.write(b"...")
+    """
+    directory = output_directory(path, caller)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    # (os.open with 0o666: the file gets the user's umask, as a plain open() would;
+    # mkstemp's 0o600 would hide a trace from the colleague it is for)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "wb") as raw:
-            if path.endswith(".gz"):
-                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as f:
-                    f.write(json.dumps(trace, separators=(",", ":")).encode())
-            else:
-                raw.write(json.dumps(trace, separators=(",", ":")).encode())
+        with os.fdopen(fd, "wb") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

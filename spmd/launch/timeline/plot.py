@@ -12,10 +12,7 @@ only here, when a plot is asked for.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-from spmd.launch.timeline.merge import TimelineError
+from spmd.launch.timeline.merge import atomic_file, output_directory
 from spmd.launch.timeline.summary import summarize
 
 PHASES = (("compute", "#4c72b0"), ("transfer", "#55a868"), ("wait", "#c44e52"),
@@ -28,10 +25,7 @@ def plot(trace: dict, path: str) -> None:
 
     >>> plot(merge.merge(merge.read_parts("spool")), "timeline.png")  # doctest: +SKIP
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise TimelineError(f"plot: the directory of {path!r} does not exist; "
-                            "create it first or pass a path in an existing directory")
+    output_directory(path, "plot")  # (before the drawing: a typo fails fast)
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:
@@ -45,19 +39,12 @@ def plot(trace: dict, path: str) -> None:
     s = summarize(trace)
     fig = Figure(figsize=(10, 3 + 0.4 * max(s["ranks"], 1)), layout="constrained")
     FigureCanvasAgg(fig)
-    bars, strip = fig.subplots(1, 2, width_ratios=(1, 1.4))
+    bars, strip = fig.subplots(1, 2, gridspec_kw={"width_ratios": (1, 1.4)})
     _bars(bars, s)
     _strip(strip, s)
     fig.suptitle(_title(s))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".plot-", suffix=".png")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, "plot") as f:
+        fig.savefig(f, format="png", dpi=100)
 
 
 def _bars(ax, s: dict) -> None:
