@@ -110,7 +110,8 @@ def merge(parts: list[dict]) -> dict:
     spans: dict = {}  # (comm, seq) -> [(pid, tid, t0, t1, name, args)] on the common clock
     tracks: dict = {}  # pid -> set of trace tids
     for part, info in zip(parts, infos):
-        _convert(part.get("events") or [], info, base, events, spans, tracks.setdefault(info["pid"], set()))
+        _convert(part.get("events") or [], info, base, events, spans,
+                 tracks.setdefault(info["pid"], set()))
     clamped, incomplete = _collectives(spans, base, events)
     meta_events = _metadata(infos, tracks)
     other = _other_data(infos, clamped, incomplete)
