@@ -33,12 +33,12 @@ import time
 import numpy as np
 
 from spmd.compiler.core.primitives import Primitive
-from spmd.compiler.core.trace import bind
 from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops.elementwise import mul
 from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.ops.structural import broadcast_in_dim, full, reshape, transpose
-from spmd.compiler.core.trace import get_aval
+from spmd.compiler.core.trace import Tracer, get_aval
+from spmd.compiler.core.trace import bind
 from spmd.launch.timeline import recorder as _timeline
 
 
@@ -186,11 +186,17 @@ class LocalGroup:
         return self._ungroup(out), 0
 
     def _marked(self, op: str, run, x, *params):
-        """``run(x, *params)`` bracketed by the trace's markers (see the module
-        docstring): the operand passes the arrival marker, the result the exit one."""
+        """``run(x, *params)`` between the trace's two markers (see the module
+        docstring).  Neither sits on the data path: the arrival marker reads nothing
+        and the exit marker only reads the result, so the passes see the collective's
+        operations as they are (a psum of per-device products still folds into one
+        product, :func:`spmd.compiler.passes.pipeline.sum_batched_dots`; its time then
+        shows in the product, before the arrival)."""
         site = _Site(op, self._comms(), _member_bytes(x))
-        out, d = run(bind(timeline_mark_p, x, site=site, phase="arrive"), *params)
-        return bind(timeline_mark_p, out, site=site, phase="exit"), d
+        _arrive(x, site)
+        out, d = run(x, *params)
+        bind(timeline_mark_p, out, site=site, phase="exit")
+        return out, d
 
     def _comms(self) -> tuple:
         """Per group: ``(comm, member ids)``, ``comm`` the sorted ids joined by commas."""
@@ -216,11 +222,11 @@ class LocalGroup:
 
 _REDUCE_NAMES = {"sum": "psum", "max": "pmax", "min": "pmin"}
 
-# An effectful identity: never removed or merged, and run in program order between
-# the operations that produce its operand and those that read its result.
-timeline_mark_p = Primitive("timeline_mark", traits=("view",), effectful=True)
-timeline_mark_p.def_abstract_eval(lambda x, *, site, phase: x)
-timeline_mark_p.def_vma(lambda x, *, site, phase: [x.vma])
+# Effectful (never removed, merged or moved past another effectful equation) and
+# without results: the arrival reads nothing, the exit reads the collective's result.
+timeline_mark_p = Primitive("timeline_mark", traits=(), multiple_results=True, effectful=True)
+timeline_mark_p.def_abstract_eval(lambda *xs, site, phase: [])
+timeline_mark_p.def_vma(lambda *xs, site, phase: [])
 
 
 class _Site:
@@ -243,17 +249,22 @@ def _member_bytes(x) -> int:
 
 
 @timeline_mark_p.def_impl
-def _mark(xp, x, *, site, phase):
+def _mark(xp, *xs, site, phase):
     if phase == "arrive":
         site.t0 = time.monotonic()
     else:
         _record(site, time.monotonic())
-    return x
+    return []
 
 
-@timeline_mark_p.def_jvp
-def _mark_jvp(primals, tangents, *, site, phase):
-    return bind(timeline_mark_p, primals[0], site=site, phase=phase), tangents[0]
+def _arrive(x, site: "_Site") -> None:
+    """The arrival marker, in the program ``x`` is traced into (an equation without
+    operands: bound to ``x``'s trace, not through ``bind``, which would place it in
+    the innermost one); on a concrete ``x`` (an eager body) the arrival is now."""
+    if isinstance(x, Tracer):
+        x._trace.process_primitive(timeline_mark_p, [], {"site": site, "phase": "arrive"})
+    else:
+        site.t0 = time.monotonic()
 
 
 # Per recording: comm -> the next sequence number on it (equal for all its members,
