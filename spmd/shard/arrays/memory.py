@@ -48,9 +48,9 @@ from spmd.shard.arrays.sharded import ShardedArray, ordered_devices
 
 COUNTING = False  # whether counting is on (read by the trace's hooks)
 _reasons: set = set()  # who asked for the counting: "memory_stats", "trace"
-_in_use: dict = {}  # device id -> bytes of live Arrays' blocks
-_peak: dict = {}  # device id -> the most bytes_in_use since counting began
-_charges: dict = {}  # id(array) -> ((device id, bytes), ...) it adds
+IN_USE: dict = {}  # device id -> bytes of live Arrays' blocks
+PEAK: dict = {}  # device id -> the most bytes_in_use since counting began
+_charges: dict = {}  # id(array) -> (((device id, bytes), ...) it adds, weak reference to it)
 _per_kind: dict = {}  # placement token or aval -> its charges (the same for every array)
 _originals: dict = {}  # class -> its own (__init__, delete), while counting
 
@@ -61,8 +61,8 @@ def stats(device_id: int) -> dict:
     had not begun."""
     if "memory_stats" not in _reasons:
         start("memory_stats")
-    return {"bytes_in_use": _in_use.get(device_id, 0),
-            "peak_bytes_in_use": _peak.get(device_id, 0)}
+    return {"bytes_in_use": IN_USE.get(device_id, 0),
+            "peak_bytes_in_use": PEAK.get(device_id, 0)}
 
 
 def start(reason: str = "trace") -> None:
@@ -82,7 +82,7 @@ def start(reason: str = "trace") -> None:
     for obj in gc.get_objects():
         if isinstance(obj, Array) and not obj._deleted:
             track(obj)
-    _peak.update(_in_use)
+    PEAK.update(IN_USE)
 
 
 def release(reason: str = "trace") -> None:
@@ -102,7 +102,7 @@ def stop() -> None:
             cls.delete = delete
     _originals.clear()
     COUNTING = False
-    _in_use.clear(), _peak.clear(), _charges.clear(), _per_kind.clear()
+    IN_USE.clear(), PEAK.clear(), _charges.clear(), _per_kind.clear()
 
 
 def _counting_init(init):
@@ -131,20 +131,21 @@ def track(a: Array) -> None:
     charges = _per_kind.get(kind)
     if charges is None:
         charges = _per_kind[kind] = _blocks_of(a)
-    _charges[key] = charges
-    weakref.finalize(a, forget, key)
+    # (A weak reference with a callback, kept with the charges: cheaper than a
+    # weakref.finalize, and gone with them.)
+    _charges[key] = (charges, weakref.ref(a, lambda _, k=key: forget(k)))
     for d, n in charges:
-        now = _in_use[d] = _in_use.get(d, 0) + n
-        if now > _peak.get(d, 0):
-            _peak[d] = now
+        now = IN_USE[d] = IN_USE.get(d, 0) + n
+        if now > PEAK.get(d, 0):
+            PEAK[d] = now
 
 
 def forget(key: int) -> None:
     """Subtract the blocks of the Array whose ``id`` was ``key`` (once)."""
-    charges = _charges.pop(key, None)
-    if charges:
-        for d, n in charges:
-            _in_use[d] -= n
+    held = _charges.pop(key, None)
+    if held is not None:
+        for d, n in held[0]:
+            IN_USE[d] -= n
 
 
 def _blocks_of(a: Array) -> tuple:

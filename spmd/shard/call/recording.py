@@ -5,8 +5,10 @@ While a trace is on, each call of a compiled program (``spmd.jit``'s, see
 (``"jit(step)"``), ``cat == "program"``, on the track of every device of this
 process that it runs on (``tid`` = the device's global id): the devices of the
 meshes its values are placed on and of the ``shard_map``s inside it; without any,
-this process's first device, where an unplaced program runs.  After it, one
-``memory`` counter per such device (:mod:`spmd.shard.arrays.memory`).  Nothing here
+this process's first device, where an unplaced program runs.  After it, the
+``memory`` counters of each such device (:mod:`spmd.shard.arrays.memory`) where they
+changed since the last ones recorded (a counter track holds its value until its
+next event; steady training steps end with the same numbers).  Nothing here
 runs when no trace is on: the caller tests ``recorder.ACTIVE`` first.
 
 >>> recorder.start()                                      # doctest: +SKIP
@@ -41,8 +43,20 @@ def program_called(name: str, plan, t0: float, t1: float) -> None:
         r.span(label, "program", t0, t1, tid)
     if not memory.COUNTING:
         memory.start("trace")  # (a trace the launcher started: count from here)
+    in_use, peak = memory.IN_USE, memory.PEAK  # (read here: one call per program call)
+    if _last_of[0] is not r:
+        _last.clear()
+        _last_of[0] = r
     for tid in tids:
-        r.counter("memory", t1, tid, memory.stats(tid))
+        now = (in_use.get(tid, 0), peak.get(tid, 0))
+        if _last.get(tid) != now:  # (a counter holds its value until the next event)
+            _last[tid] = now
+            r.counter("memory", t1, tid, {"bytes_in_use": now[0], "peak_bytes_in_use": now[1]})
+
+
+# Per recording: device id -> the memory counters last recorded (steady steps repeat them).
+_last: dict = {}
+_last_of: list = [None]
 
 
 def devices_of(plan) -> tuple:
