@@ -231,3 +231,20 @@ def test_checkpoint_save_and_restore_record_spans(tmp_path):
                                     ("checkpoint save (background write)", 4),
                                     ("checkpoint restore", 4)])
     assert all(e[5] == recorder.HOST for e in part["events"] if e[2] == "checkpoint")
+
+
+def test_an_eager_shard_map_records_its_span_and_collectives():
+    mesh = spmd.make_mesh((8,), ("d",))
+    f = spmd.shard_map(lambda b: lax.psum(b, "d") * b, mesh=mesh, in_specs=P("d"),
+                       out_specs=P("d"))
+    x = np.arange(8, dtype=np.float32)
+    recorder.start()
+    try:
+        y = np.asarray(f(x))
+    finally:
+        part = recorder.stop()
+    np.testing.assert_array_equal(y, x * 28)
+    spans = [(e[1], e[2], e[5]) for e in part["events"] if e[0] == "X"]
+    assert sorted(spans) == sorted([("psum", "collective", d) for d in range(8)] +
+                                   [("shard_map(<lambda>)", "program", d) for d in range(8)])
+    np.testing.assert_array_equal(np.asarray(f(x)), y)  # (and without the trace)

@@ -1,8 +1,9 @@
 """What a program call adds to a trace (:mod:`spmd.launch.timeline.recorder`).
 
 While a trace is on, each call of a compiled program (``spmd.jit``'s, see
-:meth:`spmd.shard.call.jit.Jit.__call__`) records a span named after the function
-(``"jit(step)"``), ``cat == "program"``, on the track of every device of this
+:meth:`spmd.shard.call.jit.Jit.__call__`; and each eager ``shard_map`` call, run
+on concrete blocks) records a span named after the function (``"jit(step)"``,
+``"shard_map(f)"``), ``cat == "program"``, on the track of every device of this
 process that it runs on (``tid`` = the device's global id): the devices of the
 meshes its values are placed on and of the ``shard_map``s inside it; without any,
 this process's first device, where an unplaced program runs.  After it, the
@@ -34,11 +35,21 @@ _devices: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def program_called(name: str, plan, t0: float, t1: float) -> None:
     """Record the call of ``plan`` (a jit's call plan) of function ``name`` from ``t0``
     to ``t1`` (``time.monotonic()``), and the memory of its devices after it."""
+    if _timeline.ACTIVE is not None:
+        ran(f"jit({name})", devices_of(plan), t0, t1)
+
+
+def eager_called(label: str, mesh, t0: float, t1: float) -> None:
+    """Record an eager ``shard_map`` call (``label``: ``"shard_map(f)"``) over ``mesh``
+    from ``t0`` to ``t1``, and the memory of this process's devices of it after it."""
+    if _timeline.ACTIVE is not None:
+        me = process_index()
+        ran(label, tuple(d.id for d in mesh.devices.flat if d.process_index == me), t0, t1)
+
+
+def ran(label: str, tids: tuple, t0: float, t1: float) -> None:
+    """A program's span on each device of ``tids``, then their memory counters."""
     r = _timeline.ACTIVE
-    if r is None:
-        return
-    tids = devices_of(plan)
-    label = f"jit({name})"
     for tid in tids:
         r.span(label, "program", t0, t1, tid)
     if not memory.COUNTING:

@@ -16,6 +16,7 @@ rules are in :mod:`spmd.shard.call.dispatch`).
 from __future__ import annotations
 
 import functools
+import time
 from typing import Callable
 
 from spmd import tree_util
@@ -23,9 +24,11 @@ from spmd.collectives.primitives import CollectiveAxisError
 from spmd.compiler.core.jit import flatten_outputs
 from spmd.compiler.core.trace import axis_scope, get_aval
 from spmd.errors import ConcretizationError
+from spmd.launch.timeline import recorder as _timeline
 from spmd.mesh import AbstractMesh, Mesh
 from spmd.mesh.mesh import AxisType
 from spmd.shard.arrays.spec import PartitionSpec, ShardingError, check_spec
+from spmd.shard.call import recording as _recording
 from spmd.shard.explicit.mesh_context import concrete_mesh, get_mesh, require_mesh
 from spmd.shard.explicit.types import wrap
 from spmd.shard.maps.args import (Infer, ShardMapError, _as_global, _check_out,
@@ -139,6 +142,11 @@ def _call(f, mesh, in_specs, out_specs, check_vma, fname, args, manual=None):
     run = functools.partial(run_eagerly, f, mesh, vals, flat_specs, dyn, leaves, in_tree,
                             out_specs, check_vma, manual, fname)
     if manual is None and not marked and eager:
+        if _timeline.ACTIVE is not None:  # (its span on the trace: spmd.profiler)
+            t0 = time.monotonic()
+            out = run()
+            _recording.eager_called(fname, mesh, t0, time.monotonic())
+            return out
         return run()
     bound = frozenset(mesh.axis_names if manual is None else manual)
     _check_not_rebound(bound, fname)
