@@ -17,7 +17,7 @@ would transpose to a ``psum`` that the untyped ``shard_map`` transpose also adds
 
 from __future__ import annotations
 
-from spmd.collectives import mpi, nccl
+from spmd.collectives import local, mpi, nccl
 from spmd.collectives import primitives as cp
 from spmd.compiler.passes import overlap
 from spmd.shard.partition import rules_explicit as typed
@@ -106,6 +106,9 @@ _RULES = {cp.psum_p: _keep, cp.ppermute_p: _keep, cp.pmax_p: _reduced, cp.pmin_p
           cp.all_gather_p: _all_gather, cp.psum_scatter_p: _psum_scatter,
           cp.all_to_all_p: _all_to_all, cp.axis_index_p: _axis_index}
 
+_MARKS = ("the trace's markers of a collective (spmd.collectives.local) are made when a "
+          "shard_map body is stacked over its simulated devices, after partitioning")
+
 TABLE = {p: _collective(p, rule) for p, rule in _RULES.items()}
 TABLE.update({
     # (a mark, or a cast, of the varying axes: no data moves, the type is kept)
@@ -115,4 +118,5 @@ TABLE.update({
     nccl.nccl_p: Unreachable(_TRANSPORT),
     overlap.collective_start_p: Unreachable(_OVERLAP),
     overlap.collective_wait_p: Unreachable(_OVERLAP),
+    local.timeline_mark_p: Unreachable(_MARKS),
 })
