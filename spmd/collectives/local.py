@@ -257,6 +257,21 @@ def _mark(xp, *xs, site, phase):
     return []
 
 
+# Under a transformation of a program that holds a marker (the stacked program is
+# final, but the rules keep the primitive usable anywhere): it marks the primal
+# values, once, with nothing to differentiate or batch.
+@timeline_mark_p.def_jvp
+def _mark_jvp(primals, tangents, *, site, phase):
+    bind(timeline_mark_p, *primals, site=site, phase=phase)
+    return [], []
+
+
+@timeline_mark_p.def_batch
+def _mark_batch(args, dims, *, site, phase):
+    bind(timeline_mark_p, *args, site=site, phase=phase)
+    return [], []
+
+
 def _arrive(x, site: "_Site") -> None:
     """The arrival marker, in the program ``x`` is traced into (an equation without
     operands: bound to ``x``'s trace, not through ``bind``, which would place it in
