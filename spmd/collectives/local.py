@@ -13,9 +13,10 @@ device axis first.
 
 **On a trace** (:mod:`spmd.launch.timeline.recorder`): a program stacked while a
 trace is on (its devices given, see :func:`stacked_devices`) brackets each
-collective's array operations with two ``timeline_mark`` equations, effectful
-identities on its operand and its result: when the program runs, the first notes
-the arrival, the second records one span per member device on that device's track,
+collective's array operations with two effectful ``timeline_mark`` equations,
+without results, off the data path (the first reads nothing, the second the
+collective's result): when the program runs, the first notes the arrival, the
+second records one span per member device on that device's track,
 with the fields every collective of a trace has (``comm``: the member device ids,
 ``seq``: its number on that member set, ``op``: the spmd collective's name,
 ``bytes``: one member's operand bytes).  All members of a stacked collective
@@ -37,8 +38,7 @@ from spmd.compiler.ops import reduce as red
 from spmd.compiler.ops.elementwise import mul
 from spmd.compiler.ops.slicing import concatenate, slice_in_dim
 from spmd.compiler.ops.structural import broadcast_in_dim, full, reshape, transpose
-from spmd.compiler.core.trace import Tracer, get_aval
-from spmd.compiler.core.trace import bind
+from spmd.compiler.core.trace import Tracer, bind, get_aval
 from spmd.launch.timeline import recorder as _timeline
 
 
@@ -142,13 +142,13 @@ class LocalGroup:
         return self._ungroup(out), 0
 
     def all_to_all(self, x, split_axis: int, concat_axis: int):
+        """Tiled all-to-all: chunk j of ``split_axis`` goes to member j, and the chunks a
+        member receives are concatenated along ``concat_axis`` in source order."""
         if self.devices is not None:
             return self._marked("all_to_all", self._all_to_all, x, split_axis, concat_axis)
         return self._all_to_all(x, split_axis, concat_axis)
 
     def _all_to_all(self, x, split_axis: int, concat_axis: int):
-        """Tiled all-to-all: chunk j of ``split_axis`` goes to member j, and the chunks a
-        member receives are concatenated along ``concat_axis`` in source order."""
         g = self._groups(x)  # (nB, nA_src, *r)
         r = tuple(get_aval(g).shape[2:])
         s = split_axis
@@ -166,13 +166,13 @@ class LocalGroup:
         return self._ungroup(y), 0
 
     def ppermute(self, x, perm):
+        """Member ``dst`` receives member ``src``'s value for each ``(src, dst)``; others
+        receive zeros."""
         if self.devices is not None:
             return self._marked("ppermute", self._ppermute, x, perm)
         return self._ppermute(x, perm)
 
     def _ppermute(self, x, perm):
-        """Member ``dst`` receives member ``src``'s value for each ``(src, dst)``; others
-        receive zeros."""
         g = self._groups(x)  # (nB, nA, *r)
         source = {d: s for s, d in perm}
         parts = []
