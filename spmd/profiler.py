@@ -13,18 +13,21 @@ records, until it ends:
   happens, not a lost measurement (:mod:`spmd.collectives.local`);
 - checkpoint saves and restores, and the spans of :class:`TraceAnnotation`,
   :class:`StepTraceAnnotation` and :func:`annotate_function`, on the host track;
-- after each program call, each of its devices' memory (``memory`` counters:
-  ``bytes_in_use``, ``peak_bytes_in_use``, :mod:`spmd.shard.arrays.memory`).
+- after each program call, each of its devices' memory where it changed (``memory``
+  counters: ``bytes_in_use``, ``peak_bytes_in_use``, :mod:`spmd.shard.arrays.memory`;
+  counting begins with the trace, and ends with it unless ``Device.memory_stats()``
+  asked for it meanwhile).
 
 At the end the events are written as one Chrome trace (``{"traceEvents": [...]}``),
 which Perfetto and ``chrome://tracing`` open.  ``path``: a file name ending in
 ``.json`` or ``.json.gz`` is written as it is; anything else is a directory
 (created if needed) and the file is ``<path>/trace.json.gz``.
 
-Programs compiled while a trace is on carry the markers of their collectives: the
-first call of each jitted function after a trace starts (and after it stops)
-compiles it again, once.  Without a trace, annotations cost one test of a module
-global.  In a job of several processes, record with ``spmd-run --trace PATH``
+Programs compiled while a trace is on carry the markers of their collectives, and
+are kept apart from those compiled without one: the first call of each jitted
+function under a trace compiles it again (once; later traces reuse that program,
+and calls after the trace the one from before).  Without a trace, annotations cost
+one test of a module global.  In a job of several processes, record with ``spmd-run --trace PATH``
 instead (every rank's timeline, clock-aligned, in one file).
 
 >>> import spmd, numpy as np

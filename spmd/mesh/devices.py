@@ -60,8 +60,6 @@ class Device:
         return MEMORY_STATS[0](self.id)
 
 
-
-
 # The arrays' layer answers memory_stats (spmd.shard.arrays.memory.stats, installed by
 # spmd.shard.register): this layer knows devices, not arrays.
 MEMORY_STATS: list = [None]
