@@ -25,6 +25,12 @@ what a launcher needs on top:
   or has waited in a collective for a while: one of the ways the launcher knows which
   segments are this job's, to remove them after an abnormal end
   (:mod:`spmd.launch.cleanup`).
+- When ``$SPMD_TRACE_DIR`` names a directory (``spmd-run --trace``), the rank
+  records its timeline into ``rank-<k>.jsonl`` there
+  (:mod:`spmd.launch.timeline.recorder`): before the target, every rank starts
+  its recording and the ranks align their clocks (:mod:`spmd.launch.timeline.clock`,
+  collective over them all); at every end -- normal, an uncaught exception, a
+  non-zero ``sys.exit`` -- what was recorded is flushed to the file.
 """
 
 from __future__ import annotations
@@ -301,6 +307,36 @@ def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
     return argv[0], None, argv[1:]
 
 
+def _start_timeline() -> None:
+    """With ``$SPMD_TRACE_DIR`` set: start recording this rank's timeline into that
+    directory and align the ranks' clocks (collective over every rank: each runs
+    this wrapper).  MPI starts here then, before the target."""
+    directory = os.environ.get("SPMD_TRACE_DIR")
+    if not directory:
+        return
+    from spmd.launch.mpi_init import world
+    from spmd.launch.timeline import clock, launcher, recorder
+
+    capacity, skew = launcher.events_setting(), launcher.skew_setting()
+    rank = world().Get_rank()
+    recorder.start(rank=rank, host=socket.gethostname(), capacity=capacity,
+                   spool=os.path.join(directory, f"rank-{rank}.jsonl"), skew=skew * rank)
+    comm = world().Dup()  # (its own communicator: no message of the target pairs with it)
+    try:
+        clock.align(comm)
+    finally:
+        comm.Free()
+    recorder.flush()  # (the rank's facts on file at once: a rank killed early is named)
+
+
+def _flush_timeline() -> None:
+    """Write what this rank's timeline holds to its file (nothing when not traced)."""
+    if os.environ.get("SPMD_TRACE_DIR"):
+        from spmd.launch.timeline import recorder
+
+        recorder.flush()
+
+
 def _run_target(script: str | None, module: str | None, args: list[str]) -> None:
     if module is not None:
         # As `python -m module`: argv[0] becomes the module's file, the
@@ -331,8 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     _line_buffered()
     try:
         affinity.bind_from_env()  # before the target starts its threads, which inherit it
+        _start_timeline()
         _run_target(script, module, args)
     except SystemExit as e:
+        _flush_timeline()
         status, message = _exit_code(e.code)
         if message:
             sys.stderr.write(message + "\n")
@@ -341,13 +379,16 @@ def main(argv: list[str] | None = None) -> int:
             _die(status)
         return 0
     except KeyboardInterrupt:
+        _flush_timeline()
         report.finish(INTERRUPTED, "interrupt", "KeyboardInterrupt")
         _die(INTERRUPTED)
     except BaseException as e:  # noqa: BLE001 - every failure must end the rank
+        _flush_timeline()
         text = _user_traceback(e)
         sys.stderr.write(text)
         report.finish(1, "exception", text)
         _die(1)
+    _flush_timeline()
     report.finish(0, "ok")
     return 0
 
