@@ -111,7 +111,8 @@ OWN_TABLES = {"transformer": "bench_transformer", "engine": "bench_engine",
               "jax_shard_map_tests": "jax_compat", "scaling": "bench_scaling",
               "scaling_binding": "bench_scaling:binding_table",
               "scaling_probe": "bench_scaling:probe_table",
-              "scaling_waits": "scaling_waits", "against": "against"}
+              "scaling_waits": "scaling_waits", "against": "against",
+              "trace": "bench_trace"}
 
 
 def section(doc: dict) -> str:
