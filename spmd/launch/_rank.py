@@ -45,8 +45,11 @@ import sys
 import time
 import traceback
 
+from spmd.errors import ArgumentError
 from spmd.launch import affinity
 from spmd.launch import alive, cleanup
+from spmd.launch.mpi_init import world
+from spmd.launch.timeline import clock, recorder
 
 # Launchers set one of these in every rank (MPICH/Hydra, PMIx, Open MPI,
 # MVAPICH, Slurm), first match wins.
@@ -55,6 +58,11 @@ _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_R
 
 # Exit status of a rank ended by Ctrl-C (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
+
+# Set by spmd-run --trace (spmd.launch.timeline.launcher): where the ranks record their
+# timelines; the events each keeps at most; tests: rank k's clock set k times this ahead.
+TRACE_DIR_ENV, TRACE_EVENTS_ENV, TRACE_SKEW_ENV = \
+    "SPMD_TRACE_DIR", "SPMD_TRACE_EVENTS", "SPMD_TRACE_TEST_SKEW"
 
 USAGE = "usage: python -m spmd.launch._rank (script.py | -m module) [args...]"
 
@@ -307,17 +315,42 @@ def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
     return argv[0], None, argv[1:]
 
 
+def trace_settings(environ=None) -> tuple[int | None, float]:
+    """``(capacity, skew)`` of a rank's recording: ``$SPMD_TRACE_EVENTS``, the events it
+    keeps at most (None: the recorder's default), and ``$SPMD_TRACE_TEST_SKEW``, the
+    seconds per rank its clock is set ahead (tests of the alignment; 0: none).
+    :class:`~spmd.errors.ArgumentError` naming the variable when one is malformed.
+
+    >>> trace_settings({"SPMD_TRACE_EVENTS": "5000", "SPMD_TRACE_TEST_SKEW": "0.3"})
+    (5000, 0.3)
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TRACE_EVENTS_ENV, "").strip()
+    capacity = None
+    if raw:
+        capacity = int(raw) if raw.isdigit() else 0
+        if capacity < 1:
+            raise ArgumentError(f"{TRACE_EVENTS_ENV}={raw!r} is not a positive integer; set "
+                                "it to the events each rank keeps at most (e.g. 1000000), or "
+                                "unset it for the default")
+    raw = environ.get(TRACE_SKEW_ENV, "").strip()
+    try:
+        skew = float(raw) if raw else 0.0
+    except ValueError:
+        raise ArgumentError(f"{TRACE_SKEW_ENV}={raw!r} is not a number of seconds; unset it "
+                            "(it is for tests of the clock alignment) or set e.g. "
+                            "0.3") from None
+    return capacity, skew
+
+
 def _start_timeline() -> None:
     """With ``$SPMD_TRACE_DIR`` set: start recording this rank's timeline into that
     directory and align the ranks' clocks (collective over every rank: each runs
     this wrapper).  MPI starts here then, before the target."""
-    directory = os.environ.get("SPMD_TRACE_DIR")
+    directory = os.environ.get(TRACE_DIR_ENV)
     if not directory:
         return
-    from spmd.launch.mpi_init import world
-    from spmd.launch.timeline import clock, launcher, recorder
-
-    capacity, skew = launcher.events_setting(), launcher.skew_setting()
+    capacity, skew = trace_settings()
     rank = world().Get_rank()
     recorder.start(rank=rank, host=socket.gethostname(), capacity=capacity,
                    spool=os.path.join(directory, f"rank-{rank}.jsonl"), skew=skew * rank)
@@ -327,14 +360,6 @@ def _start_timeline() -> None:
     finally:
         comm.Free()
     recorder.flush()  # (the rank's facts on file at once: a rank killed early is named)
-
-
-def _flush_timeline() -> None:
-    """Write what this rank's timeline holds to its file (nothing when not traced)."""
-    if os.environ.get("SPMD_TRACE_DIR"):
-        from spmd.launch.timeline import recorder
-
-        recorder.flush()
 
 
 def _run_target(script: str | None, module: str | None, args: list[str]) -> None:
@@ -370,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         _start_timeline()
         _run_target(script, module, args)
     except SystemExit as e:
-        _flush_timeline()
+        recorder.flush()  # (this rank's timeline to its file; no-op untraced)
         status, message = _exit_code(e.code)
         if message:
             sys.stderr.write(message + "\n")
@@ -379,16 +404,16 @@ def main(argv: list[str] | None = None) -> int:
             _die(status)
         return 0
     except KeyboardInterrupt:
-        _flush_timeline()
+        recorder.flush()
         report.finish(INTERRUPTED, "interrupt", "KeyboardInterrupt")
         _die(INTERRUPTED)
     except BaseException as e:  # noqa: BLE001 - every failure must end the rank
-        _flush_timeline()
+        recorder.flush()
         text = _user_traceback(e)
         sys.stderr.write(text)
         report.finish(1, "exception", text)
         _die(1)
-    _flush_timeline()
+    recorder.flush()
     report.finish(0, "ok")
     return 0
 

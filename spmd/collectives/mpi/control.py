@@ -45,6 +45,7 @@ from spmd.collectives.mpi.buffers import as_bytes, recv_buffer
 from spmd.errors import ArgumentError, ProgramMismatchError, SpmdError
 from spmd.compiler.core.ir import Namer, pp_eqn
 from spmd.compiler.core.trace import current_equation, current_function, user_source_info
+from spmd.launch import runtime
 from spmd.launch.mpi_init import world
 from spmd.launch.timeline import recorder as _timeline
 
@@ -391,8 +392,6 @@ def _record(c: Collective, rec, end: float) -> None:
     arrival to its exit, on this process's first device's track; the merge splits it
     at the last member's arrival (``spmd.launch.timeline.recorder``)."""
     if not _first_device:
-        from spmd.launch import runtime
-
         _first_device.append(world().Get_rank() * runtime.local_device_count())
     comm = _comm_names.get(c.ranks)
     if comm is None:

@@ -23,8 +23,7 @@ core the exchanging pair needs and lengthen its round trips).
 from __future__ import annotations
 
 import time
-
-import numpy as np
+from array import array
 
 from spmd.launch.timeline import recorder
 
@@ -52,15 +51,13 @@ def align(comm, rounds: int = ROUNDS, now=None) -> tuple[float, float]:
         now = rec.now
     me, n = comm.Get_rank(), comm.Get_size()
     if me == 0:
-        results = np.zeros((n, 2))
+        results = [array("d", _measure(comm, peer, rounds, now)) for peer in range(1, n)]
         for peer in range(1, n):
-            results[peer] = _measure(comm, peer, rounds, now)
-        for peer in range(1, n):
-            comm.Send(results[peer], dest=peer, tag=_TAG)
+            comm.Send(results[peer - 1], dest=peer, tag=_TAG)
         offset, error = 0.0, 0.0
     else:
         _answer(comm, rounds, now)
-        mine = np.zeros(2)
+        mine = array("d", (0.0, 0.0))
         _wait(comm.Irecv(mine, source=0, tag=_TAG))
         offset, error = float(mine[0]), float(mine[1])
     if rec is not None:
@@ -70,7 +67,7 @@ def align(comm, rounds: int = ROUNDS, now=None) -> tuple[float, float]:
 
 def _measure(comm, peer: int, rounds: int, now) -> tuple[float, float]:
     """Rank 0's side with ``peer``: (offset, error) of the round with the shortest trip."""
-    ping, pong = np.zeros(1), np.zeros(1)
+    ping, pong = array("d", (0.0,)), array("d", (0.0,))
     best = (0.0, float("inf"))
     for _ in range(rounds):
         ping[0] = t_send = now()
@@ -85,7 +82,7 @@ def _measure(comm, peer: int, rounds: int, now) -> tuple[float, float]:
 
 def _answer(comm, rounds: int, now) -> None:
     """A peer's side: answer each of rank 0's pings with this clock's reading."""
-    ping, pong = np.zeros(1), np.zeros(1)
+    ping, pong = array("d", (0.0,)), array("d", (0.0,))
     _wait(comm.Irecv(ping, source=0, tag=_TAG))  # (its turn may come late)
     for k in range(rounds):
         if k:

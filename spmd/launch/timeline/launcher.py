@@ -18,8 +18,8 @@ attempt's is written, the previous attempt's is moved to ``PATH`` with
 ``.attempt-N`` before its suffix (``trace.attempt-1.json.gz``: the first attempt),
 and the same for ``--trace-plot``.
 
-This module is imported by ``spmd-run`` itself: the merge, summary and plot
-modules (and matplotlib) are imported only when a job with a trace ends.
+``spmd-run`` imports this module (and the merge's, which load numpy), never the
+compiler; matplotlib is loaded only to draw.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import sys
 import tempfile
 
 from spmd.errors import ArgumentError
+from spmd.launch import _rank
+from spmd.launch.timeline import merge, plot, summary
 
-SPOOL_ENV = "SPMD_TRACE_DIR"         # the spool directory, for the ranks
-EVENTS_ENV = "SPMD_TRACE_EVENTS"     # events a rank keeps at most
-SKEW_ENV = "SPMD_TRACE_TEST_SKEW"    # tests: rank k's clock runs k times this ahead
+SPOOL_ENV = _rank.TRACE_DIR_ENV      # the spool directory, for the ranks
 PATH_ENV = "SPMD_TRACE"              # --trace's default
-RANK_VARS = (SPOOL_ENV, EVENTS_ENV, SKEW_ENV)  # what Open MPI must export to the ranks
+RANK_VARS = (SPOOL_ENV, _rank.TRACE_EVENTS_ENV, _rank.TRACE_SKEW_ENV)  # (Open MPI exports)
 _SUFFIXES = (".json.gz", ".json")
 PROG = "spmd-run"
 
@@ -113,9 +113,11 @@ def check(ns: argparse.Namespace, environ=None) -> None:
             raise TraceOptionError(
                 f"--trace-plot {ns.trace_plot!r}: the picture needs matplotlib, which cannot "
                 f"be imported ({e}); install it with `pip install matplotlib` (or "
-                "`pip install spmd[plot]`), or leave out --trace-plot") from None
-    events_setting(environ)
-    skew_setting(environ)
+                "the `spmd[examples]` extra), or leave out --trace-plot") from None
+    try:
+        _rank.trace_settings(environ)
+    except ArgumentError as e:
+        raise TraceOptionError(str(e)) from None
 
 
 def _stem(path: str) -> str:
@@ -134,47 +136,6 @@ def _writable_dir(option: str, path: str) -> None:
     except OSError as e:
         raise TraceOptionError(f"{option} {path!r}: cannot write in {directory!r} "
                                f"({e.strerror}); give a path in a writable directory") from None
-
-
-def events_setting(environ=None) -> int | None:
-    """``$SPMD_TRACE_EVENTS``: the events each rank keeps at most (None: the default,
-    :data:`spmd.launch.timeline.recorder.DEFAULT_CAPACITY`).
-
-    >>> events_setting({"SPMD_TRACE_EVENTS": "5000"})
-    5000
-    """
-    environ = os.environ if environ is None else environ
-    raw = environ.get(EVENTS_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise TraceOptionError(f"{EVENTS_ENV}={raw!r} is not a positive integer; set it to "
-                               "the events each rank keeps at most (e.g. 1000000), or unset "
-                               "it for the default")
-    return value
-
-
-def skew_setting(environ=None) -> float:
-    """``$SPMD_TRACE_TEST_SKEW`` (tests of the alignment): seconds rank k's clock is set
-    ahead per rank (0: none).
-
-    >>> skew_setting({"SPMD_TRACE_TEST_SKEW": "0.3"})
-    0.3
-    """
-    environ = os.environ if environ is None else environ
-    raw = environ.get(SKEW_ENV, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        return float(raw)
-    except ValueError:
-        raise TraceOptionError(f"{SKEW_ENV}={raw!r} is not a number of seconds; unset it "
-                               "(it is for tests of the clock alignment) or set e.g. "
-                               "0.3") from None
 
 
 # ------------------------------------------------------------------ the job
@@ -212,8 +173,6 @@ def finish(ns: argparse.Namespace, launch_dir: str, attempt: int = 0) -> None:
     if not wanted(ns):
         return
     try:
-        from spmd.launch.timeline import merge, summary
-
         trace = merge.merge(merge.read_parts(spool_dir(launch_dir)))
         if ns.trace:
             _keep_previous(ns.trace, attempt)
@@ -227,8 +186,6 @@ def finish(ns: argparse.Namespace, launch_dir: str, attempt: int = 0) -> None:
     print(f"{PROG}: timeline{where}:\n{text}", file=sys.stderr, flush=True)
     if ns.trace_plot:
         try:
-            from spmd.launch.timeline import plot
-
             _keep_previous(ns.trace_plot, attempt)
             plot.plot(trace, ns.trace_plot)
         except Exception as e:  # noqa: BLE001 - as above
