@@ -160,3 +160,31 @@ def test_a_bad_event_count_is_named(tmp_path, value):
     assert f"SPMD_TRACE_EVENTS={value!r} is not a positive integer" in out, out
     assert "ran" not in out.split(), out
 
+
+
+@pytest.mark.timeout(200)
+def test_every_kind_of_data_collective_is_a_span_and_control_traffic_is_not(tmp_path):
+    # the backend's calls directly, a started all-reduce and exchange included (their
+    # start and their wait: two spans each); bytes: this member's operand
+    script = textwrap.dedent("""
+        import numpy as np
+        import spmd
+        from spmd.collectives import mpi
+        me, ranks = spmd.process_index(), (0, 1)
+        x = np.arange(8, dtype=np.float32)
+        mpi.allreduce(x, ranks, "sum", "psum")
+        mpi.allgather(x, ranks, "all_gather")
+        mpi.allgather(x, ranks, "agreement", control=True)
+        mpi.reduce_scatter(x.reshape(2, 4), ranks, "sum", "psum_scatter")
+        mpi.alltoall(x.reshape(2, 4), ranks, "all_to_all")
+        mpi.sendrecv(x, ranks, 1 - me, 1 - me, "ppermute")
+        mpi.iallreduce(x, ranks, "sum", "psum").wait()
+        mpi.isendrecv(x[:2], ranks, 1 - me, 1 - me, "ppermute").wait()
+    """)
+    status, out, parts = _traced(script, 2, tmp_path)
+    assert status == 0, out
+    for k in (0, 1):
+        got = [(e[1], e[6]["seq"], e[6]["bytes"]) for e in _collectives(parts[k])]
+        assert got == [("psum", 1, 32), ("all_gather", 2, 32), ("psum_scatter", 3, 32),
+                       ("all_to_all", 4, 32), ("ppermute", 5, 32), ("psum", 6, 32),
+                       ("psum", 7, 32), ("ppermute", 8, 8), ("ppermute", 9, 8)], got
