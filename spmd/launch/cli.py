@@ -11,7 +11,10 @@ the whole job and prints which rank failed, its exit status and the end of its
 error.  Its own exit status is the failing rank's (124 after ``--timeout``,
 130 after Ctrl-C).  After every job it removes the shared-memory segments the
 job's ranks left (:mod:`spmd.launch.cleanup`).  With ``--max-restarts N`` a job
-whose ranks failed is started again, up to N times (:func:`run`).
+whose ranks failed is started again, up to N times (:func:`run`).  With ``--trace
+PATH`` (or ``--trace-summary``, ``--trace-plot PNG``) every rank records its timeline
+and, after the job however it ended, the launcher merges, summarises and draws it
+(:mod:`spmd.launch.timeline.launcher`).
 
     spmd-run -n 8 --hosts node0:4,node1:4 --mpiexec-arg -launcher --mpiexec-arg ssh train.py
 

@@ -263,3 +263,55 @@ def test_a_bad_event_count_is_refused_before_launch(tmp_path, value):
 def test_a_bad_test_skew_is_refused_before_launch(tmp_path):
     _refused(tmp_path, ["--trace-summary"], env={"SPMD_TRACE_TEST_SKEW": "soon"},
              contains=["SPMD_TRACE_TEST_SKEW='soon' is not a number of seconds"])
+
+
+# ------------------------------------------------------------ other ends of a job
+
+@pytest.mark.timeout(300)
+def test_a_job_ended_by_its_timeout_leaves_a_trace(tmp_path):
+    path = tmp_path / "trace.json"
+    script = _steps(3) + "time.sleep(600)\n"
+    status, out = _spmd_run(script, 2, tmp_path, ["--timeout", "20", "--trace", path])
+    assert status == 124, out
+    seqs = _psums_of(_read(path))
+    assert sorted(seqs) == [0, 1], seqs  # (each wrote its file at least at the start)
+    assert out.index("spmd timeline:") > out.index("--timeout"), out
+
+
+@pytest.mark.timeout(300)
+def test_the_deadline_writes_the_ranks_record_before_it_aborts(tmp_path):
+    path = tmp_path / "trace.json"
+    # rank 1 never comes to the fourth psum: rank 0's deadline fires and aborts the job
+    script = _steps(3) + textwrap.dedent("""
+        if me == 1:
+            time.sleep(600)
+        step(x)
+    """)
+    status, out = _spmd_run(script, 2, tmp_path, ["--trace", path],
+                            env={"SPMD_COLLECTIVE_TIMEOUT": "3"})
+    assert status not in (0, None), out
+    assert "CollectiveTimeoutError" in out, out
+    seqs = _psums_of(_read(path))
+    assert len(seqs[0]) == 3, seqs
+
+
+@pytest.mark.timeout(300)
+def test_a_trace_that_cannot_be_written_keeps_the_jobs_status(tmp_path):
+    where = tmp_path / "out"
+    where.mkdir()
+    # the job removes the trace's directory: the write at its end fails
+    script = _MARK + f"import shutil, sys; shutil.rmtree({str(where)!r}, True); sys.exit(3)\n"
+    status, out = _spmd_run(script, 2, tmp_path, ["--trace", where / "t.json"])
+    assert status == 3, out
+    assert "spmd-run: the ranks' timelines could not be merged or written (" in out, out
+    assert "the job's exit status is its own" in out, out
+
+
+@pytest.mark.timeout(300)
+def test_a_job_of_one_rank_is_traced_too(tmp_path):
+    path = tmp_path / "trace.json"
+    status, out = _spmd_run(_steps(3), 1, tmp_path, ["--trace", path])
+    assert status == 0, out
+    names = [e["args"]["name"] for e in _read(path)["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"]
+    assert len(names) == 1 and names[0].startswith("rank 0 ("), names

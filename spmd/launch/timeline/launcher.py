@@ -179,8 +179,8 @@ def finish(ns: argparse.Namespace, launch_dir: str, attempt: int = 0) -> None:
             merge.write(trace, ns.trace)
         text = summary.render(summary.summarize(trace))
     except Exception as e:  # noqa: BLE001 - the job's own status must come through
-        print(f"{PROG}: the trace could not be merged ({type(e).__name__}: {e}); the job's "
-              "exit status is unchanged", file=sys.stderr)
+        print(f"{PROG}: the ranks' timelines could not be merged or written "
+              f"({type(e).__name__}: {e}); the job's exit status is its own", file=sys.stderr)
         return
     where = f" (written to {ns.trace})" if ns.trace else ""
     print(f"{PROG}: timeline{where}:\n{text}", file=sys.stderr, flush=True)
