@@ -315,3 +315,15 @@ def test_a_job_of_one_rank_is_traced_too(tmp_path):
     names = [e["args"]["name"] for e in _read(path)["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"]
     assert len(names) == 1 and names[0].startswith("rank 0 ("), names
+
+
+def test_spmd_run_with_its_trace_modules_loads_no_compiler():
+    import subprocess
+
+    code = ("import sys, spmd.launch.cli, spmd.launch.timeline.launcher\n"
+            "print(sorted(m for m in sys.modules if m.startswith('spmd.compiler.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), text=True,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # (spmd/__init__ registers the extension points, which are no compiler)
+    assert out.stdout.strip() == "['spmd.compiler.extensions']", out.stdout
