@@ -216,6 +216,11 @@ def test_a_trace_path_must_end_in_json(tmp_path):
                        "give a path ending in .json or .json.gz"])
 
 
+def test_a_trace_path_from_the_environment_is_named_so(tmp_path):
+    _refused(tmp_path, [], env={"SPMD_TRACE": "trace.csv"},
+             contains=["$SPMD_TRACE 'trace.csv': the trace is Chrome trace JSON"])
+
+
 def test_a_trace_path_in_a_missing_directory(tmp_path):
     _refused(tmp_path, ["--trace", tmp_path / "nowhere" / "t.json"],
              contains=[f"the directory '{tmp_path / 'nowhere'}' does not exist; create it"])

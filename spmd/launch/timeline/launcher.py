@@ -77,8 +77,9 @@ def apply_defaults(ns: argparse.Namespace, environ=None) -> None:
     't.json'
     """
     environ = os.environ if environ is None else environ
+    ns.trace_option = "--trace"  # (what the errors name)
     if ns.trace is None and environ.get(PATH_ENV, "").strip():
-        ns.trace = environ[PATH_ENV].strip()
+        ns.trace, ns.trace_option = environ[PATH_ENV].strip(), f"${PATH_ENV}"
 
 
 def wanted(ns: argparse.Namespace) -> bool:
@@ -91,27 +92,27 @@ def check(ns: argparse.Namespace, environ=None) -> None:
     """Raise :class:`TraceOptionError` naming the option, its value and the fix when a
     trace option cannot work; nothing is made or left behind.
 
-    >>> check(argparse.Namespace(trace="t.txt", trace_summary=False, trace_plot=None))
-    ... # doctest: +SKIP
+    >>> check(parse_args(["-n", "2", "--trace", "t.txt", "job.py"]))  # doctest: +SKIP
     TraceOptionError: --trace 't.txt': the trace is Chrome trace JSON; give a path ...
     """
     environ = os.environ if environ is None else environ
     if not wanted(ns):
         return
-    trace, plot = getattr(ns, "trace", None), getattr(ns, "trace_plot", None)
-    if trace:
-        if not ns.trace.endswith(_SUFFIXES):
+    path, png = getattr(ns, "trace", None), getattr(ns, "trace_plot", None)
+    if path:
+        option = getattr(ns, "trace_option", "--trace")
+        if not path.endswith(_SUFFIXES):
             raise TraceOptionError(
-                f"--trace {ns.trace!r}: the trace is Chrome trace JSON; give a path ending "
-                f"in .json or .json.gz (e.g. --trace {_stem(ns.trace)}.json.gz)")
-        _writable_dir("--trace", ns.trace)
-    if plot:
-        _writable_dir("--trace-plot", ns.trace_plot)
+                f"{option} {path!r}: the trace is Chrome trace JSON; give a path ending "
+                f"in .json or .json.gz (e.g. {_stem(path)}.json.gz)")
+        _writable_dir(option, path)
+    if png:
+        _writable_dir("--trace-plot", png)
         try:
             importlib.import_module("matplotlib")
         except ImportError as e:
             raise TraceOptionError(
-                f"--trace-plot {ns.trace_plot!r}: the picture needs matplotlib, which cannot "
+                f"--trace-plot {png!r}: the picture needs matplotlib, which cannot "
                 f"be imported ({e}); install it with `pip install matplotlib` (or "
                 "the `spmd[examples]` extra), or leave out --trace-plot") from None
     try:
