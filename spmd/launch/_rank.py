@@ -25,6 +25,12 @@ what a launcher needs on top:
   or has waited in a collective for a while: one of the ways the launcher knows which
   segments are this job's, to remove them after an abnormal end
   (:mod:`spmd.launch.cleanup`).
+- When ``$SPMD_TRACE_DIR`` names a directory (``spmd-run --trace``), the rank
+  records its timeline into ``rank-<k>.jsonl`` there
+  (:mod:`spmd.launch.timeline.recorder`): before the target, every rank starts
+  its recording and the ranks align their clocks (:mod:`spmd.launch.timeline.clock`,
+  collective over them all); at every end -- normal, an uncaught exception, a
+  non-zero ``sys.exit`` -- what was recorded is flushed to the file.
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ import sys
 import time
 import traceback
 
+from spmd.errors import ArgumentError
 from spmd.launch import affinity
 from spmd.launch import alive, cleanup
+from spmd.launch.mpi_init import world
+from spmd.launch.timeline import clock, recorder
 
 # Launchers set one of these in every rank (MPICH/Hydra, PMIx, Open MPI,
 # MVAPICH, Slurm), first match wins.
@@ -49,6 +58,11 @@ _RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_R
 
 # Exit status of a rank ended by Ctrl-C (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
+
+# Set by spmd-run --trace (spmd.launch.timeline.launcher): where the ranks record their
+# timelines; the events each keeps at most; tests: rank k's clock set k times this ahead.
+TRACE_DIR_ENV, TRACE_EVENTS_ENV, TRACE_SKEW_ENV = \
+    "SPMD_TRACE_DIR", "SPMD_TRACE_EVENTS", "SPMD_TRACE_TEST_SKEW"
 
 USAGE = "usage: python -m spmd.launch._rank (script.py | -m module) [args...]"
 
@@ -301,6 +315,53 @@ def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
     return argv[0], None, argv[1:]
 
 
+def trace_settings(environ=None) -> tuple[int | None, float]:
+    """``(capacity, skew)`` of a rank's recording: ``$SPMD_TRACE_EVENTS``, the events it
+    keeps at most (None: the recorder's default), and ``$SPMD_TRACE_TEST_SKEW``, the
+    seconds per rank its clock is set ahead (tests of the alignment; 0: none).
+    :class:`~spmd.errors.ArgumentError` naming the variable when one is malformed.
+
+    >>> trace_settings({"SPMD_TRACE_EVENTS": "5000", "SPMD_TRACE_TEST_SKEW": "0.3"})
+    (5000, 0.3)
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TRACE_EVENTS_ENV, "").strip()
+    capacity = None
+    if raw:
+        capacity = int(raw) if raw.isdigit() else 0
+        if capacity < 1:
+            raise ArgumentError(f"{TRACE_EVENTS_ENV}={raw!r} is not a positive integer; set "
+                                "it to the events each rank keeps at most (e.g. 1000000), or "
+                                "unset it for the default")
+    raw = environ.get(TRACE_SKEW_ENV, "").strip()
+    try:
+        skew = float(raw) if raw else 0.0
+    except ValueError:
+        raise ArgumentError(f"{TRACE_SKEW_ENV}={raw!r} is not a number of seconds; unset it "
+                            "(it is for tests of the clock alignment) or set e.g. "
+                            "0.3") from None
+    return capacity, skew
+
+
+def _start_timeline() -> None:
+    """With ``$SPMD_TRACE_DIR`` set: start recording this rank's timeline into that
+    directory and align the ranks' clocks (collective over every rank: each runs
+    this wrapper).  MPI starts here then, before the target."""
+    directory = os.environ.get(TRACE_DIR_ENV)
+    if not directory:
+        return
+    capacity, skew = trace_settings()
+    rank = world().Get_rank()
+    recorder.start(rank=rank, host=socket.gethostname(), capacity=capacity,
+                   spool=os.path.join(directory, f"rank-{rank}.jsonl"), skew=skew * rank)
+    comm = world().Dup()  # (its own communicator: no message of the target pairs with it)
+    try:
+        clock.align(comm)
+    finally:
+        comm.Free()
+    recorder.flush()  # (the rank's facts on file at once: a rank killed early is named)
+
+
 def _run_target(script: str | None, module: str | None, args: list[str]) -> None:
     if module is not None:
         # As `python -m module`: argv[0] becomes the module's file, the
@@ -331,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     _line_buffered()
     try:
         affinity.bind_from_env()  # before the target starts its threads, which inherit it
+        _start_timeline()
         _run_target(script, module, args)
     except SystemExit as e:
+        recorder.flush()  # (this rank's timeline to its file; no-op untraced)
         status, message = _exit_code(e.code)
         if message:
             sys.stderr.write(message + "\n")
@@ -341,13 +404,16 @@ def main(argv: list[str] | None = None) -> int:
             _die(status)
         return 0
     except KeyboardInterrupt:
+        recorder.flush()
         report.finish(INTERRUPTED, "interrupt", "KeyboardInterrupt")
         _die(INTERRUPTED)
     except BaseException as e:  # noqa: BLE001 - every failure must end the rank
+        recorder.flush()
         text = _user_traceback(e)
         sys.stderr.write(text)
         report.finish(1, "exception", text)
         _die(1)
+    recorder.flush()
     report.finish(0, "ok")
     return 0
 

@@ -11,7 +11,10 @@ the whole job and prints which rank failed, its exit status and the end of its
 error.  Its own exit status is the failing rank's (124 after ``--timeout``,
 130 after Ctrl-C).  After every job it removes the shared-memory segments the
 job's ranks left (:mod:`spmd.launch.cleanup`).  With ``--max-restarts N`` a job
-whose ranks failed is started again, up to N times (:func:`run`).
+whose ranks failed is started again, up to N times (:func:`run`).  With ``--trace
+PATH`` (or ``--trace-summary``, ``--trace-plot PNG``) every rank records its timeline
+and, after the job however it ended, the launcher merges, summarises and draws it
+(:mod:`spmd.launch.timeline.launcher`).
 
     spmd-run -n 8 --hosts node0:4,node1:4 --mpiexec-arg -launcher --mpiexec-arg ssh train.py
 
@@ -37,6 +40,7 @@ import time
 
 from spmd.launch import _rank, alive, hosts, multihost, nodes
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
+from spmd.launch.timeline import launcher as timeline
 from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
                                  lost_host, stranded_summary, timeout_summary)
 
@@ -102,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                         "than this one it must be on a filesystem every host mounts at the "
                         "same path (default: .spmd-run/ in the working directory; on one "
                         "host: a temporary directory)")
+    timeline.add_arguments(p)
     p.add_argument("-m", dest="module", metavar="MODULE",
                    help="run a module as `python -m MODULE` would")
     return p
@@ -176,6 +181,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--hosts {ns.hosts!r} and --hostfile {ns.hostfile!r} both name the "
                      "hosts; give one of them")
     ns.placement, ns.rank_hosts, ns.remote = None, None, False  # (resolve_hosts)
+    timeline.apply_defaults(ns)
     if ns.module is not None:
         ns.target, ns.args = None, rest
     elif rest:
@@ -324,6 +330,7 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
     # As torchrun's TORCHELASTIC_RESTART_COUNT / TORCHELASTIC_MAX_RESTARTS.
     env["SPMD_RESTART_ATTEMPT"] = str(attempt)
     env["SPMD_MAX_RESTARTS"] = str(getattr(ns, "max_restarts", 0) or 0)
+    timeline.rank_env(ns, launch_dir, env)
     return env
 
 
@@ -331,7 +338,7 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
 _EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "SPMD_GPU_BACKEND", "OMP_NUM_THREADS",
              "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
              "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR", "SPMD_LAUNCHER_ALIVE",
-             "SPMD_RESTART_ATTEMPT", "SPMD_MAX_RESTARTS")
+             "SPMD_RESTART_ATTEMPT", "SPMD_MAX_RESTARTS") + timeline.RANK_VARS
 
 
 def build_command(ns: argparse.Namespace, mpiexec: str, impl: str,
@@ -405,6 +412,7 @@ def run(ns: argparse.Namespace) -> int:
     the next one starts."""
     if ns.target is not None and not os.path.isfile(ns.target):
         raise LaunchError(f"script {ns.target!r} not found (working directory {os.getcwd()})")
+    timeline.check(ns)
     resolve_hosts(ns)
     if ns.platform == "gpu":
         check_gpu(ns)
@@ -453,7 +461,9 @@ def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
         address = alive.launcher_address(ns.mpiexec_args, env) if ns.remote else None
         job = Job(build_command(ns, mpiexec, impl, env), env, ns.np, launch_dir,
                   rank_hosts=ns.rank_hosts, alive_address=address)
-        return _supervise(job, ns, deadline)
+        outcome = _supervise(job, ns, deadline)
+        timeline.finish(ns, launch_dir, attempt)  # (after the job's summary, if any)
+        return outcome
     finally:
         try:
             if job is not None:
@@ -525,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         return run(ns)
-    except (LaunchError, hosts.HostsError) as e:
+    except (LaunchError, hosts.HostsError, timeline.TraceOptionError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
 

@@ -48,7 +48,8 @@ def allreduce(x, ranks, op, what=None):
         out = plan.allreduce(buf, op, what)
         return out.astype(orig) if orig is not None else out
     out = recv_buffer(buf.shape, buf.dtype)
-    with Collective(ranks, what):
+    with Collective(ranks, what) as c:
+        c.nbytes = buf.nbytes
         shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes, "allreduce")
         if shm:
             shm.allreduce_sum(buf, out)
@@ -72,7 +73,8 @@ def allgather(x, ranks, what=None, *, control=False):
     if not control and (plan := hier_plan(ranks, comm, src.nbytes, what)) is not None:
         return plan.allgather(src, what).view(x.dtype).reshape((n,) + x.shape)
     out = recv_buffer((n,) + src.shape, np.uint8)
-    with Collective(ranks, what, control_traffic=control):
+    with Collective(ranks, what, control_traffic=control) as c:
+        c.nbytes = src.nbytes
         shm = not control and mpi_shm.segment_for(ranks, comm, src.nbytes, "move")
         if shm:
             shm.allgather(src, out)
@@ -89,7 +91,8 @@ def reduce_scatter(x, ranks, op="sum", what=None):
         out = plan.reduce_scatter(buf, op, what)
         return out.astype(orig) if orig is not None else out
     out = recv_buffer(buf.shape[1:], buf.dtype)
-    with Collective(ranks, what):
+    with Collective(ranks, what) as c:
+        c.nbytes = buf.nbytes
         shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes,
                                                   "reduce_scatter")
         if shm:
@@ -105,7 +108,8 @@ def alltoall(x, ranks, what=None):
     n = len(ranks)
     src = as_bytes(x)
     out = recv_buffer(src.shape, np.uint8)
-    with Collective(ranks, what):
+    with Collective(ranks, what) as c:
+        c.nbytes = src.nbytes
         shm = mpi_shm.segment_for(ranks, comm, src.nbytes, "move")
         if shm:  # (rows of bytes: a 1-d x's byte view has n * itemsize entries)
             shm.alltoall(src.reshape(n, -1), out.reshape(n, -1))

@@ -45,7 +45,9 @@ from spmd.collectives.mpi.buffers import as_bytes, recv_buffer
 from spmd.errors import ArgumentError, ProgramMismatchError, SpmdError
 from spmd.compiler.core.ir import Namer, pp_eqn
 from spmd.compiler.core.trace import current_equation, current_function, user_source_info
+from spmd.launch import runtime
 from spmd.launch.mpi_init import world
+from spmd.launch.timeline import recorder as _timeline
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -299,13 +301,14 @@ class Collective:
     ``control_traffic=True`` for the control communicator's own collectives."""
 
     __slots__ = ("ranks", "what", "control", "seq", "limit", "since", "thread", "lock",
-                 "checked")
+                 "checked", "nbytes")
 
     def __init__(self, ranks: tuple, what, control_traffic: bool = False,
                  checked: bool = True):
         self.ranks, self.what, self.control = ranks, what, control_traffic
         self.checked = checked  # (False: it makes the control communicator it would use)
         self.limit = timeout_s()
+        self.nbytes = 0  # this member's operand, for the timeline (set by the caller)
 
     def __enter__(self):
         ranks = self.ranks
@@ -348,7 +351,10 @@ class Collective:
             # others): what collective_time() reports.  Unlocked: a rare lost update
             # between threads on different groups only blurs a statistic.
             _totals[0] += 1
-            _totals[1] += _monotonic() - self.since
+            end = _monotonic()
+            _totals[1] += end - self.since
+            if _timeline.ACTIVE is not None:  # (a trace is on: one global load when not)
+                _record(self, _timeline.ACTIVE, end)
         inflight.pop(self.thread, None)
         self.lock.release()
         return False
@@ -375,6 +381,24 @@ class Collective:
     def wall(self) -> float:
         """When it began, as ``time.time()``."""
         return time.time() - (time.monotonic() - self.since)
+
+
+_first_device: list = []  # this process's first global device id (the trace's tid)
+_comm_names: dict = {}    # ranks -> "0,1,2,3", the trace's name of the communicator
+
+
+def _record(c: Collective, rec, end: float) -> None:
+    """Add collective ``c`` (just ended) to the trace ``rec``: a span from this member's
+    arrival to its exit, on this process's first device's track; the merge splits it
+    at the last member's arrival (``spmd.launch.timeline.recorder``)."""
+    if not _first_device:
+        _first_device.append(world().Get_rank() * runtime.local_device_count())
+    comm = _comm_names.get(c.ranks)
+    if comm is None:
+        comm = _comm_names[c.ranks] = ",".join(map(str, c.ranks))
+    op = str(c.what) if c.what is not None else "collective"
+    rec.span(op, "collective", c.since, end, _first_device[0],
+             {"comm": comm, "seq": c.seq, "op": op, "bytes": c.nbytes})
 
 
 class Watched(Collective):

@@ -146,7 +146,8 @@ class Plan:
         self.calls["allreduce"] += 1
         lo, hi = mpi_shm.size_range()
         if op == "sum" and hi > 0 and buf.nbytes >= lo:
-            with Collective(self.ranks, what):
+            with Collective(self.ranks, what) as c:
+                c.nbytes = buf.nbytes
                 seg = mpi_shm.segment_for(self.node_ranks, self.node_comm, buf.nbytes,
                                           "allreduce")
                 if self.fused is None or self.fused[0] is not seg:
@@ -162,7 +163,8 @@ class Plan:
                     return out
         part = _mpi.reduce_scatter(self._chunks(buf), self.node_ranks, op, what)
         if op == "sum":
-            with Collective(self.cross_ranks, what):
+            with Collective(self.cross_ranks, what) as c:
+                c.nbytes = part.nbytes
                 self._across(part)
         else:
             part = _mpi.allreduce(part, self.cross_ranks, op, what)

@@ -44,7 +44,8 @@ def sendrecv(x, ranks, dst, src, what=None):
     from mpi4py import MPI
 
     comm = communicator(ranks, what or "ppermute")
-    with Collective(ranks, what or "ppermute"):
+    with Collective(ranks, what or "ppermute") as c:
+        c.nbytes = x.nbytes
         out, reqs, _ = _post(comm, x, ranks, dst, src)
         if reqs and isinstance(reqs[0], mpi_p2p.Receive):
             reqs[0].Wait()
@@ -109,8 +110,11 @@ class Exchange:
 
     def wait(self):
         # A wait is a collective for the watchdog (a hang here gets the deadline report),
-        # on every member alike, whether it receives or not.
-        with Collective(self._ranks, self._what):
+        # on every member alike, whether it receives or not.  On the timeline: from
+        # this member's arrival at the wait to the message's completion (the send and
+        # the travel overlapped the compute since the start, recorded on its own).
+        with Collective(self._ranks, self._what) as c:
+            c.nbytes = self._out.nbytes
             for r in self._reqs:
                 r.Wait()
             self._reqs, self._keep = [], None
@@ -139,7 +143,10 @@ def isendrecv(x, ranks, dst, src, what=None, xp=np) -> Exchange:
     """
     what = what or "ppermute"
     comm = communicator(ranks, what)
-    with Collective(ranks, what):
+    # On the timeline the start is a collective of its own (its post, usually short);
+    # the wait is another (Exchange.wait).
+    with Collective(ranks, what) as c:
+        c.nbytes = x.nbytes
         out, reqs, keep = _post(comm, x, ranks, dst, src)
     return Exchange(reqs, out, keep, ranks, what, xp)
 
@@ -174,7 +181,11 @@ class Request:
 
     def wait(self):
         # A wait is a collective for the watchdog: a hang here gets the deadline report.
-        with Collective(self._ranks, self._what):
+        # On the timeline it is a collective of its own: from this member's arrival at
+        # the wait to the result's completion; the time the data moved during the
+        # compute since the start is not seen (MPI does not say when that was).
+        with Collective(self._ranks, self._what) as c:
+            c.nbytes = self._out.nbytes
             self._req.Wait()
             if self._gather is not None:  # the split all-reduce's second half
                 from mpi4py import MPI
@@ -232,7 +243,10 @@ def iallreduce(x, ranks, op, what=None, xp=np) -> Request:
         return plan.start(buf, op, what, orig, xp)  # (step 1 now, step 2 started)
     out = recv_buffer(buf.shape, buf.dtype)
     mine, gather = split_slice(comm, buf, out, len(ranks)), None
-    with Collective(ranks, str(what) if what is not None else None):
+    # On the timeline: the start (posting the operation, or copying into the shared
+    # window) as one collective; the wait as another (Request.wait).
+    with Collective(ranks, str(what) if what is not None else None) as c:
+        c.nbytes = buf.nbytes
         shm = op == "sum" and mpi_shm.segment_for(ranks, comm, buf.nbytes, "started")
         if shm:
             # The operand is copied into shared memory now: nothing to keep alive.

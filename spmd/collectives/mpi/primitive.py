@@ -102,6 +102,7 @@ class _BoundAllreduce:
             if not shm and split_slice(comm, x, x, len(self.ranks)) is None \
                     and hier_plan(self.ranks, comm, x.nbytes, self.what) is None:
                 self.record = Collective(self.ranks, self.what)
+                self.record.nbytes = x.nbytes  # (the fast calls' shape is this one)
                 self.fast = (x.shape, x.dtype, comm, reduce_op(self.op))
         return out
 

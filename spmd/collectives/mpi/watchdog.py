@@ -31,6 +31,7 @@ import traceback
 from spmd.collectives.mpi import control as ctl
 from spmd.launch import _rank
 from spmd.launch.mpi_init import threads_may_call_mpi, world
+from spmd.launch.timeline import recorder as timeline
 
 TICK_S = 0.1
 PUBLISH_AFTER_S = 1.0
@@ -255,6 +256,7 @@ def _expire(c, limit: float) -> None:
     sys.stderr.write(f"Traceback of thread {name!r} (most recent call last):\n"
                      f"{_stack(c.thread)}{error}")
     _rank.record_failure(ctl._me(), 1, "deadline", error)
+    timeline.flush()  # (the abort ends every rank at once: what this one recorded, kept)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
