@@ -431,6 +431,9 @@ def parse_args(argv=None):
     ap.add_argument("--plot", default=None, metavar="PNG")
     ap.add_argument("--sample", type=int, default=120, help="symbols to generate at the end")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default=None, metavar="PATH",
+                    help="record a timeline of the training steps to PATH (.json or .json.gz; "
+                         "spmd.profiler.trace; under spmd-run, use its --trace instead)")
     ap.add_argument("--stats", default=None, metavar="JSON",
                     help="write this rank's measurements to JSON.rank<k>.json (benchmarks)")
     return ap.parse_args(argv)
@@ -498,10 +501,13 @@ def main(argv=None) -> int:
     steady = None  # (time, tokens) after the first step, which traces and compiles
     pending = None  # the checkpoint being written in the background
     bar = _progress(args.steps - first, rank0)
+    if args.profile:
+        spmd.profiler.start_trace(args.profile)
     for k in range(first + 1, args.steps + 1):
-        batch = _put_batch(batch_at(corpus, k, args.batch, cfg.context, args.seed), mesh)
-        params, state, loss = step_fn(params, state, batch)
-        loss = float(loss)
+        with spmd.profiler.StepTraceAnnotation("train", step_num=k):
+            batch = _put_batch(batch_at(corpus, k, args.batch, cfg.context, args.seed), mesh)
+            params, state, loss = step_fn(params, state, batch)
+            loss = float(loss)
         losses.append((k, loss))
         tokens += args.batch * cfg.context
         rate = tokens / (time.perf_counter() - t0)
@@ -520,6 +526,9 @@ def main(argv=None) -> int:
                                                step=k, keep=3)
     if pending is not None:
         pending.wait()
+    if args.profile:
+        spmd.profiler.stop_trace()
+        say(f"timeline written to {args.profile}")
     if bar is not None:
         bar.close()
     if losses:

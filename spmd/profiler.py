@@ -27,8 +27,14 @@ Programs compiled while a trace is on carry the markers of their collectives, an
 are kept apart from those compiled without one: the first call of each jitted
 function under a trace compiles it again (once; later traces reuse that program,
 and calls after the trace the one from before).  Without a trace, annotations cost
-one test of a module global.  In a job of several processes, record with ``spmd-run --trace PATH``
-instead (every rank's timeline, clock-aligned, in one file).
+one test of a module global.
+
+In a job of several processes, every process calls :func:`start_trace` and
+:func:`stop_trace` (they are collective, like a collective operation): the start
+aligns the ranks' clocks (:mod:`spmd.launch.timeline.clock`), the stop gathers
+every rank's events to rank 0, which writes the one merged file (on rank 0's
+file system); each rank returns its path.  ``spmd-run --trace PATH`` records the
+whole job instead, and its ranks then refuse a second recording.
 
 >>> import spmd, numpy as np
 >>> with spmd.profiler.trace("/tmp/spmd-trace"):                # doctest: +SKIP
@@ -73,14 +79,16 @@ def start_trace(log_dir, create_perfetto_link: bool = False,
     >>> spmd.profiler.start_trace("/tmp/run1")          # doctest: +SKIP
     >>> step(x); spmd.profiler.stop_trace()             # doctest: +SKIP
     """
-    _check_single_process()
     if _timeline.ACTIVE is not None:
         raise ProfilerError(
             "spmd.profiler.start_trace: a trace is already being recorded in this process "
             f"(to {_file[0] or 'the launcher (spmd-run --trace)'}); call "
             "spmd.profiler.stop_trace() first, or use one spmd.profiler.trace(...) block")
-    path = output_file(log_dir)
-    _timeline.start()
+    if process_count() > 1:
+        path = _start_ranks(log_dir)
+    else:
+        path = output_file(log_dir)
+        _timeline.start()
     _file[0] = path
     _counting_starts()
 
@@ -101,6 +109,8 @@ def stop_trace() -> str:
     _file[0] = None
     part = _timeline.stop()
     _counting_ends()
+    if process_count() > 1:
+        return _stop_ranks(part, path)
     return write(part, path)
 
 
@@ -150,16 +160,72 @@ def output_file(log_dir) -> str:
 
 def write(part: dict, path: str) -> str:
     """Merge one process's recorded ``part`` into a Chrome trace and write it to ``path``."""
-    merge.write(merge.merge([part]), path)
+    return write_parts([part], path)
+
+
+# ------------------------------------------------------- several processes
+#
+# Rank 0 checks the path and writes the file; every rank learns its verdict, so that
+# a path bad on rank 0 raises on every rank alike (instead of leaving the others in
+# the clock's exchange).  One duplicate of the world communicator carries it all: no
+# message of the program pairs with these.
+
+_comm: list = [None]
+
+
+def _world():
+    if _comm[0] is None:
+        from spmd.launch.mpi_init import world
+
+        _comm[0] = world().Dup()
+    return _comm[0]
+
+
+def _on_rank0(comm, fn):
+    """``fn()`` on rank 0, its result (or its ProfilerError, raised) on every rank."""
+    result = None
+    if comm.Get_rank() == 0:
+        try:
+            result = ("ok", fn())
+        except ProfilerError as e:
+            result = ("error", str(e))
+    kind, value = comm.bcast(result, root=0)
+    if kind == "error":
+        raise ProfilerError(value)
+    return value
+
+
+def _start_ranks(log_dir) -> str:
+    """Every rank's recording, its clock aligned with rank 0's (collective)."""
+    import socket
+
+    from spmd.launch.timeline import clock
+
+    comm = _world()
+    path = _on_rank0(comm, lambda: output_file(log_dir))
+    _timeline.start(rank=comm.Get_rank(), host=socket.gethostname())
+    clock.align(comm)
     return path
 
 
-def _check_single_process() -> None:
-    if process_count() > 1:
-        raise ProfilerError(
-            "spmd.profiler.start_trace: this is one of several processes; record a job's "
-            "timeline with the launcher instead: spmd-run --trace PATH ... (every rank's "
-            "events, clock-aligned, merged into one file)")
+def _stop_ranks(part: dict, path: str) -> str:
+    """Every rank's events gathered to rank 0, merged and written there (collective)."""
+    comm = _world()
+    parts = comm.gather(part, root=0)
+
+    def written():
+        try:
+            return write_parts(parts, path)
+        except (OSError, ValueError) as e:
+            raise ProfilerError(f"spmd.profiler.stop_trace: cannot write the trace {path!r} "
+                                f"({e})") from e
+    return _on_rank0(comm, written)
+
+
+def write_parts(parts: list, path: str) -> str:
+    """Merge the recorded ``parts`` (one per process) and write them to ``path``."""
+    merge.write(merge.merge(parts), path)
+    return path
 
 
 def _counting_starts() -> None:

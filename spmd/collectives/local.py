@@ -296,14 +296,13 @@ def _record(site: _Site, t1: float) -> None:
     if _seqs_of[0] is not r:
         _seqs.clear()
         _seqs_of[0] = r
-    op, t0, span = site.op, site.t0, r.span
+    op, t0 = site.op, site.t0
     for comm, members in site.comms:
         seq = _seqs.get(comm, 0)
         _seqs[comm] = seq + 1
         # (One args dict for the members' spans: events are read, never changed.)
-        args = {"comm": comm, "seq": seq, "op": op, "bytes": site.bytes}
-        for d in members:
-            span(op, "collective", t0, t1, d, args)
+        r.spans(op, "collective", t0, t1, members,
+                {"comm": comm, "seq": seq, "op": op, "bytes": site.bytes})
 
 
 # While a trace is on, the stacked runner notes here which devices a batch level

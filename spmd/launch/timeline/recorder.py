@@ -21,9 +21,10 @@ same on every member), ``op`` and ``bytes``; it runs from this member's arrival
 to its exit, and the merge splits it at the last member's arrival.
 
 A spool (``spool=`` a file name) receives the events as JSON lines: the
-recorder appends what it holds every :data:`FLUSH_EVENTS` events or
-:data:`FLUSH_SECONDS`, and at :func:`flush`, so that a rank killed mid-job
-still leaves what it recorded up to about a second before.  Lines are
+recorder appends what it holds every :data:`FLUSH_EVENTS` events, every
+:data:`FLUSH_SECONDS` (a thread of its own, so a rank that sleeps or hangs is
+written too), and at :func:`flush`, so that a rank killed mid-job still leaves
+what it recorded up to about a second before.  Lines are
 ``{"meta": {...}}`` (this rank's facts; later keys replace earlier ones) or an
 event as a JSON array.  A reader skips a torn last line.
 
@@ -69,18 +70,41 @@ class Recorder:
         self.recorded = 0  # events accepted (written or held)
         self.dropped = 0
         self._lock = threading.Lock()  # flushes only; appends are atomic in CPython
-        self._last_flush = time.monotonic()
         self._meta_written = False
+        self._stopped = threading.Event()
         if spool:
             os.makedirs(os.path.dirname(os.path.abspath(spool)), exist_ok=True)
             with open(spool, "w"):
                 pass  # (a fresh file per run: an earlier attempt's events are not this one's)
+            # A rank that stops recording events (asleep, hung, waiting in MPI) still
+            # has its latest on file within a second: a job killed then keeps them.
+            threading.Thread(target=self._flush_every_second, daemon=True,
+                             name="spmd-timeline-flush").start()
+
+    def _flush_every_second(self) -> None:
+        while not self._stopped.wait(FLUSH_SECONDS):
+            if self.events:
+                try:
+                    self.flush()
+                except OSError:
+                    return  # (the spool's disk is gone: the rank's exit flush says so)
 
     # ------------------------------------------------------------- recording
     def span(self, name: str, cat: str, t0: float, t1: float, tid: int = HOST,
              args: dict | None = None) -> None:
         """Record a span of this process from ``t0`` to ``t1`` (``time.monotonic()``)."""
         self._add(("X", name, cat, t0, t1, tid, args))
+
+    def spans(self, name: str, cat: str, t0: float, t1: float, tids,
+              args: dict | None = None) -> None:
+        """The same span on each track of ``tids`` (a program or a collective of
+        several devices of this process): one call for all of them."""
+        room = self.capacity - self.recorded
+        if room < len(tids):
+            self.dropped += len(tids) - max(room, 0)
+            tids = tids[:max(room, 0)]
+        self.recorded += len(tids)
+        self.events.extend([("X", name, cat, t0, t1, tid, args) for tid in tids])
 
     def counter(self, name: str, t: float, tid: int, values: dict) -> None:
         """Record counter ``values`` (series name -> number) of ``tid`` at ``t``."""
@@ -92,8 +116,7 @@ class Recorder:
             return
         self.recorded += 1
         self.events.append(event)
-        if self.spool and (len(self.events) >= FLUSH_EVENTS
-                           or event[0] == "X" and event[4] - self._last_flush > FLUSH_SECONDS):
+        if self.spool and len(self.events) >= FLUSH_EVENTS:
             self.flush()
 
     def now(self) -> float:
@@ -133,7 +156,6 @@ class Recorder:
             lines.append(json.dumps({"meta": self.meta()}, default=_plain))
             with open(self.spool, "a") as f:
                 f.write("\n".join(lines) + "\n")
-            self._last_flush = time.monotonic()
 
     def part(self) -> dict:
         """This process's record as the merge reads it: ``{"meta": ..., "events": [...]}``
@@ -185,6 +207,7 @@ def stop() -> dict:
     if r is None:
         raise RuntimeError("no trace is being recorded in this process "
                            "(spmd.profiler.start_trace(path) starts one)")
+    r._stopped.set()
     if r.spool:
         r.flush()
         return read_part(r.spool)

@@ -50,8 +50,7 @@ def eager_called(label: str, mesh, t0: float, t1: float) -> None:
 def ran(label: str, tids: tuple, t0: float, t1: float) -> None:
     """A program's span on each device of ``tids``, then their memory counters."""
     r = _timeline.ACTIVE
-    for tid in tids:
-        r.span(label, "program", t0, t1, tid)
+    r.spans(label, "program", t0, t1, tids)
     if not memory.COUNTING:
         memory.start("trace")  # (a trace the launcher started: count from here)
     in_use, peak = memory.IN_USE, memory.PEAK  # (read here: one call per program call)
