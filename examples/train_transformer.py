@@ -8,6 +8,8 @@ sharded data parallelism, with checkpoints that resume on another mesh.
     python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
     python examples/train_transformer.py --mesh data=2,model=2,seq=2   # context parallel
     python examples/train_transformer.py --mesh data=2,model=2,expert=2 --experts 4  # MoE
+    spmd-run -n 4 --trace trace.json.gz examples/train_transformer.py   # a timeline
+    python examples/train_transformer.py --profile trace.json.gz        # (one process)
 
 The model is a decoder-only transformer (token and position embeddings, pre-norm
 blocks of causal multi-head attention and a GELU MLP, a final layer norm, output

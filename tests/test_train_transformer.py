@@ -4,6 +4,7 @@ resumes on another mesh and process count (short runs, small sizes)."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -141,6 +142,27 @@ def test_script_in_one_process_trains(ex, capsys):
     losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
     assert len(losses) == 4 and losses[-1] < 0.85 * losses[0], out
     assert "final loss" in out and "sample: " in out
+
+
+def test_a_profiled_run_computes_what_an_unprofiled_one_does(ex, capsys, tmp_path):
+    # --profile wraps the steps in spmd.profiler.trace: programs compiled with the
+    # trace's markers must give the losses the same run gives without them.
+    args = SMALL + ["--mesh", "data=4,model=2", "--steps", "6", "--log-every", "1",
+                    "--sample", "0"]
+    runs = []
+    for extra in ([], ["--profile", str(tmp_path / "t.json.gz")], []):
+        assert ex.main(args + extra) == 0
+        out = capsys.readouterr().out
+        runs.append([line.split()[3] for line in out.splitlines() if line.startswith("step ")])
+    assert len(runs[0]) == 6 and runs[0] == runs[1] == runs[2], runs
+    with gzip.open(tmp_path / "t.json.gz", "rt") as f:
+        events = json.load(f)["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert [e["args"]["step_num"] for e in steps] == list(range(1, 7))
+    programs = {e["tid"] for e in events if e["ph"] == "X" and e["name"] == "jit(step)"}
+    assert programs == set(range(8)), programs  # (one track per simulated device)
+    collectives = [e for e in events if e["ph"] == "X" and e["cat"] == "collective"]
+    assert collectives and {e["args"]["phase"] for e in collectives} == {"wait", "transfer"}
 
 
 def test_mesh_that_does_not_match_the_devices(ex):
