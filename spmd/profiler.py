@@ -47,11 +47,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import socket
 import time
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.errors import SpmdError
-from spmd.launch.timeline import merge, recorder as _timeline
+from spmd.launch import mpi_init
+from spmd.launch.timeline import clock, merge, recorder as _timeline
 from spmd.mesh import process_count
 from spmd.shard.arrays import memory
 
@@ -175,9 +177,7 @@ _comm: list = [None]
 
 def _world():
     if _comm[0] is None:
-        from spmd.launch.mpi_init import world
-
-        _comm[0] = world().Dup()
+        _comm[0] = mpi_init.world().Dup()
     return _comm[0]
 
 
@@ -197,10 +197,6 @@ def _on_rank0(comm, fn):
 
 def _start_ranks(log_dir) -> str:
     """Every rank's recording, its clock aligned with rank 0's (collective)."""
-    import socket
-
-    from spmd.launch.timeline import clock
-
     comm = _world()
     path = _on_rank0(comm, lambda: output_file(log_dir))
     _timeline.start(rank=comm.Get_rank(), host=socket.gethostname())
