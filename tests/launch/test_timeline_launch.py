@@ -129,7 +129,7 @@ def test_a_rank_that_sleeps_before_every_step_is_named_the_straggler(tmp_path):
 def test_a_failed_job_leaves_a_trace_of_every_ranks_steps_before_the_failure(tmp_path):
     path = tmp_path / "trace.json"
     # 2 s of steps: the ranks mpiexec ends have written their files meanwhile (their
-    # recorders write every second; the failing rank writes at its end)
+    # recorders write four times a second; the failing rank writes at its end)
     script = _steps(20, pause_s=0.1) + textwrap.dedent("""
         if me == 1:
             raise RuntimeError("boom after twenty steps")
@@ -140,7 +140,9 @@ def test_a_failed_job_leaves_a_trace_of_every_ranks_steps_before_the_failure(tmp
     assert "boom after twenty steps" in out, out
     seqs = _psums_of(_read(path))
     assert sorted(seqs) == [0, 1, 2], seqs
-    assert len(seqs[1]) == 20 and len(seqs[0]) >= 5 and len(seqs[2]) >= 5, seqs
+    # (the others lose at most their last quarter second, ~3 steps; 10 leaves room
+    # for a loaded machine's late writes)
+    assert len(seqs[1]) == 20 and len(seqs[0]) >= 10 and len(seqs[2]) >= 10, seqs
     # the summary comes after the failure's
     assert out.index("spmd timeline:") > out.index("boom after twenty steps"), out
 

@@ -24,7 +24,7 @@ A spool (``spool=`` a file name) receives the events as JSON lines: the
 recorder appends what it holds every :data:`FLUSH_EVENTS` events, every
 :data:`FLUSH_SECONDS` (a thread of its own, so a rank that sleeps or hangs is
 written too), and at :func:`flush`, so that a rank killed mid-job still leaves
-what it recorded up to about a second before.  Lines are
+what it recorded up to a quarter of a second before.  Lines are
 ``{"meta": {...}}`` (this rank's facts; later keys replace earlier ones) or an
 event as a JSON array.  A reader skips a torn last line.
 
@@ -47,7 +47,7 @@ from collections import deque
 HOST = -1  # the tid of a process's host-side work
 DEFAULT_CAPACITY = 1_000_000  # events a process keeps (about 150 MB of tuples at most)
 FLUSH_EVENTS = 20_000
-FLUSH_SECONDS = 1.0
+FLUSH_SECONDS = 0.25  # (mpiexec SIGKILLs a failed job's other ranks: what they lose)
 
 ACTIVE: "Recorder | None" = None  # the recording in progress, read by every hook
 
@@ -77,7 +77,7 @@ class Recorder:
             with open(spool, "w"):
                 pass  # (a fresh file per run: an earlier attempt's events are not this one's)
             # A rank that stops recording events (asleep, hung, waiting in MPI) still
-            # has its latest on file within a second: a job killed then keeps them.
+            # has its latest on file within FLUSH_SECONDS: a job killed then keeps them.
             threading.Thread(target=self._flush_every_second, daemon=True,
                              name="spmd-timeline-flush").start()
 
