@@ -18,8 +18,8 @@ attempt's is written, the previous attempt's is moved to ``PATH`` with
 ``.attempt-N`` before its suffix (``trace.attempt-1.json.gz``: the first attempt),
 and the same for ``--trace-plot``.
 
-``spmd-run`` imports this module (and the merge's, which load numpy), never the
-compiler; matplotlib is loaded only to draw.
+``spmd-run`` imports this module and the merge's, never the compiler nor numpy;
+matplotlib is loaded only to draw.
 """
 
 from __future__ import annotations

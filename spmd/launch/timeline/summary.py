@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
-import numpy as np
+import statistics
 
 from spmd.launch.timeline.merge import HOST_TID, member_label
 
@@ -211,8 +211,8 @@ def _stragglers(members: dict, hosts: dict, single: bool) -> tuple[list, dict | 
                      "label": _label(key, hosts, single),
                      "last": len(lateness), "of": took_part[key],
                      "share": len(lateness) / took_part[key],
-                     "late_median_s": float(np.median(lateness)) if lateness else 0.0,
-                     "late_p90_s": float(np.percentile(lateness, 90)) if lateness else 0.0})
+                     "late_median_s": statistics.median(lateness) if lateness else 0.0,
+                     "late_p90_s": _p90(lateness) if lateness else 0.0})
     candidates = [r for r in rows if r["last"]]
     straggler = max(candidates, key=lambda r: (r["last"], r["late_median_s"]), default=None)
     return rows, straggler, len(calls)
@@ -261,7 +261,7 @@ def _steps(programs: dict) -> dict:
                   if p == pid and any(s[2] == name for s in spans))
         durations = [(s[1] - s[0]) / 1e6 for s in programs[(pid, tid)] if s[2] == name]
         out[str(pid)] = {"name": name, "device": tid, "count": len(durations),
-                         "median_s": float(np.median(durations)), "durations_s": durations}
+                         "median_s": statistics.median(durations), "durations_s": durations}
     return out
 
 
@@ -330,3 +330,11 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n} B"
+
+
+def _p90(values: list) -> float:
+    """The 90th percentile, interpolated between the two nearest values (numpy's
+    default); without numpy: the launcher that prints it loads no array library."""
+    if len(values) == 1:
+        return float(values[0])
+    return statistics.quantiles(values, n=10, method="inclusive")[8]
