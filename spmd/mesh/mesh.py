@@ -217,9 +217,13 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], axis_types=
               devices: Sequence[Device] | None = None) -> Mesh:
     """A mesh of the first ``prod(axis_shapes)`` devices (or of ``devices``); its
     ``axis_types`` (one ``AxisType`` per axis) are ``Auto`` unless given (``Explicit``:
-    shardings in types, docs/explicit_sharding.md).
+    shardings in types, docs/explicit_sharding.md).  One axis size may be ``-1``: that
+    axis takes the rest of the devices (all of them over the other axes' product,
+    which must divide their number), so a program follows the job's size.
 
     >>> mesh = make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Auto,) * 2)
+    >>> make_mesh((-1, 2), ("data", "model")).shape   # doctest: +SKIP
+    {'data': 4, 'model': 2}
     """
     axis_shapes = tuple(int(s) for s in axis_shapes)
     axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
@@ -228,10 +232,12 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], axis_types=
     if len(axis_shapes) != len(axis_names):
         raise DeviceError(f"make_mesh: {len(axis_shapes)} axis sizes {axis_shapes} but "
                           f"{len(axis_names)} names {axis_names}")
-    if any(s < 1 for s in axis_shapes):
-        raise DeviceError(f"make_mesh: axis sizes must be positive, got {axis_shapes}")
-    need = math.prod(axis_shapes)
     pool = list(devices) if devices is not None else all_devices()
+    axis_shapes = _rest_of_the_devices(axis_shapes, axis_names, len(pool))
+    if any(s < 1 for s in axis_shapes):
+        raise DeviceError(f"make_mesh: axis sizes must be positive (or one -1: the rest of "
+                          f"the devices), got {axis_shapes}")
+    need = math.prod(axis_shapes)
     if need > len(pool):
         have = len(pool)
         from spmd.launch.runtime import launched_by_mpi
@@ -247,3 +253,23 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], axis_types=
                           f"only {have} exist; {hint}")
     return Mesh(np.array(pool[:need], dtype=object).reshape(axis_shapes), axis_names,
                 axis_types)
+
+
+def _rest_of_the_devices(shapes: tuple, names: tuple, have: int) -> tuple:
+    """``shapes`` with its one ``-1`` replaced by ``have`` over the others' product."""
+    rest = [i for i, s in enumerate(shapes) if s == -1]
+    if not rest:
+        return shapes
+    if len(rest) > 1:
+        raise DeviceError(f"make_mesh: axis_shapes {shapes} has -1 for "
+                          f"{[names[i] for i in rest]}; only one axis can take the rest of "
+                          "the devices: give the others' sizes")
+    if any(s < 1 for s in shapes if s != -1):
+        return shapes  # (the caller's check names the bad size)
+    others = math.prod(s for s in shapes if s != -1)
+    if have % others:
+        raise DeviceError(f"make_mesh: axis {names[rest[0]]!r} = -1 takes the rest of the "
+                          f"{have} devices, but the other axes' sizes "
+                          f"{tuple(s for s in shapes if s != -1)} (product {others}) do not "
+                          f"divide {have}; give sizes whose product divides {have}")
+    return tuple(have // others if s == -1 else s for s in shapes)

@@ -131,6 +131,36 @@ def test_make_mesh_errors():
         make_mesh((0, 2), ("i", "j"))
 
 
+@pytest.mark.parametrize("shapes, expected", [((-1,), (8,)), ((-1, 2), (4, 2)),
+                                              ((2, -1), (2, 4)), ((2, -1, 2), (2, 2, 2)),
+                                              ((-1, 8), (1, 8))])
+def test_make_mesh_minus_one_takes_the_rest_of_the_devices(shapes, expected):
+    names = ("a", "b", "c")[:len(shapes)]
+    mesh = make_mesh(shapes, names)
+    assert mesh.axis_sizes == expected
+    assert [d.id for d in mesh.devices.flat] == list(range(8))  # (all of them, in order)
+    assert make_mesh(shapes, names) == make_mesh(expected, names)
+
+
+def test_make_mesh_minus_one_over_explicit_devices():
+    devs = spmd.devices()[2:8]
+    mesh = make_mesh((-1, 2), ("i", "j"), devices=devs)
+    assert mesh.axis_sizes == (3, 2) and list(mesh.devices.flat) == devs
+
+
+def test_make_mesh_minus_one_errors():
+    with pytest.raises(DeviceError, match=r"-1 for \['i', 'j'\]; only one axis"):
+        make_mesh((-1, -1), ("i", "j"))
+    with pytest.raises(DeviceError, match=r"'i' = -1 takes the rest of the 8 devices, but "
+                                          r"the other axes' sizes \(3,\) \(product 3\) do not "
+                                          r"divide 8"):
+        make_mesh((-1, 3), ("i", "j"))
+    with pytest.raises(DeviceError, match="positive"):
+        make_mesh((-2, 2), ("i", "j"))
+    with pytest.raises(DeviceError, match="positive"):
+        make_mesh((-1, 0), ("i", "j"))
+
+
 def test_mesh_wrong_number_of_names():
     devs = np.array(spmd.devices()).reshape(4, 2)
     with pytest.raises(DeviceError, match=r"2 dimensions .* 1 axis names"):
