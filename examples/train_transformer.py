@@ -5,6 +5,7 @@ sharded data parallelism, with checkpoints that resume on another mesh.
     spmd-run -n 4 examples/train_transformer.py --mesh data=2,model=2 --fsdp --ckpt-dir ck
     spmd-run -n 2 examples/train_transformer.py --mesh data=1,model=2 --ckpt-dir ck
     spmd-run -n 4 --max-restarts 2 examples/train_transformer.py --ckpt-dir ck --save-every 10
+    spmd-run -n 4 examples/train_transformer.py --mesh data=-1,model=2   # data: the rest
     python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
     python examples/train_transformer.py --mesh data=2,model=2,seq=2   # context parallel
     python examples/train_transformer.py --mesh data=2,model=2,expert=2 --experts 4  # MoE
@@ -360,18 +361,27 @@ def sample(cfg: Config, params, specs_whole, start: str, n: int, seed: int) -> s
 
 def parse_mesh(text: str, n_devices: int) -> tuple[int, int, int, int, int]:
     """``(data, model, seq, expert, pipe)`` of ``--mesh data=D,model=M[,seq=C][,expert=E]
-    [,pipe=S]`` (``seq``, ``expert`` and ``pipe`` 1 when left out)."""
+    [,pipe=S]`` (``seq``, ``expert`` and ``pipe`` 1 when left out; ``data=-1``: the rest
+    of the devices, so that the run follows the job's size)."""
     try:
         parts = dict(kv.split("=") for kv in text.split(","))
         data, model = int(parts.pop("data")), int(parts.pop("model"))
         seq, expert = int(parts.pop("seq", 1)), int(parts.pop("expert", 1))
         pipe = int(parts.pop("pipe", 1))
-        if parts or min(data, model, seq, expert, pipe) < 1:
+        if parts or min(model, seq, expert, pipe) < 1 or (data < 1 and data != -1):
             raise ValueError
     except (ValueError, KeyError):
         raise SystemExit(f"--mesh must read data=D,model=M with optional ,seq=C, ,expert=E "
-                         f"and ,pipe=S, got {text!r}") from None
-    need = data * model * seq * expert * pipe
+                         f"and ,pipe=S (D may be -1: the rest of the devices), "
+                         f"got {text!r}") from None
+    others = model * seq * expert * pipe
+    if data == -1:
+        if n_devices % others:
+            raise SystemExit(f"--mesh {text}: data=-1 takes the rest of the {n_devices} "
+                             f"devices, but the other axes' product {others} does not "
+                             f"divide {n_devices}")
+        data = n_devices // others
+    need = data * others
     if need != n_devices:
         raise SystemExit(f"--mesh {text} needs {need} devices, but "
                          f"this job has {n_devices} (the number of MPI ranks times "
@@ -402,6 +412,7 @@ def batch_spec(mesh) -> P:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mesh", default=None, help="data=D,model=M[,seq=C][,expert=E][,pipe=S] "
+                    "(D=-1: the rest of the devices) "
                     "(default: data=N/2,model=2); seq splits the sequence (ring attention), "
                     "expert the experts (with --experts), pipe the blocks into pipeline "
                     "stages")

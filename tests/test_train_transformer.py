@@ -165,6 +165,17 @@ def test_a_profiled_run_computes_what_an_unprofiled_one_does(ex, capsys, tmp_pat
     assert collectives and {e["args"]["phase"] for e in collectives} == {"wait", "transfer"}
 
 
+def test_data_minus_one_takes_the_rest_of_the_devices(ex):
+    assert ex.parse_mesh("data=-1,model=2", 8) == (4, 2, 1, 1, 1)
+    assert ex.parse_mesh("data=-1,model=2", 4) == (2, 2, 1, 1, 1)
+    assert ex.parse_mesh("data=-1,model=1,seq=2", 8) == (4, 1, 2, 1, 1)
+    with pytest.raises(SystemExit, match=r"data=-1 takes the rest of the 8 devices, but the "
+                                         r"other axes' product 3 does not divide 8"):
+        ex.parse_mesh("data=-1,model=3", 8)
+    with pytest.raises(SystemExit, match="D may be -1"):
+        ex.parse_mesh("data=-2,model=2", 8)
+
+
 def test_mesh_that_does_not_match_the_devices(ex):
     with pytest.raises(SystemExit, match="needs 6 devices, but this job has 8"):
         ex.main(["--mesh", "data=3,model=2"])
