@@ -182,13 +182,16 @@ def _world():
 
 
 def _on_rank0(comm, fn):
-    """``fn()`` on rank 0, its result (or its ProfilerError, raised) on every rank."""
+    """``fn()`` on rank 0, its result (or its error, raised as a ProfilerError) on every
+    rank: whatever rank 0 meets, the others are told instead of left waiting."""
     result = None
     if comm.Get_rank() == 0:
         try:
             result = ("ok", fn())
         except ProfilerError as e:
             result = ("error", str(e))
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it
+            result = ("error", f"spmd.profiler: on rank 0: {type(e).__name__}: {e}")
     kind, value = comm.bcast(result, root=0)
     if kind == "error":
         raise ProfilerError(value)
