@@ -14,7 +14,6 @@ import threading
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.compiler.core.jit import JitFunction
-from spmd.errors import ArgumentError
 from spmd.mesh import local_devices
 from spmd.shard.call.jit import Jit
 
@@ -73,7 +72,8 @@ def named_scope(name: str):
     ...     y = snp.tanh(x @ w)      # doctest: +SKIP
     """
     if not isinstance(name, str):
-        raise ArgumentError(f"named_scope: name must be a str, got {name!r}")
+        # TypeError, as JAX raises (a wrong type, not a wrong value)
+        raise TypeError(f"named_scope: name must be a str, got {name!r}")
     names = getattr(_scopes, "names", ())
     _scopes.names = names + (name,)
     try:

@@ -61,13 +61,14 @@ def device_get(x: Any) -> Any:
     return tree_util.tree_map(get, x)
 
 
-def make_array_from_single_device_arrays(shape: Sequence[int], sharding,
-                                         arrays: Sequence) -> Array:
+def make_array_from_single_device_arrays(shape: Sequence[int], sharding, arrays: Sequence,
+                                         *, dtype=None) -> Array:
     """An Array of global ``shape`` placed by ``sharding`` from ``arrays``: one block per
     device of this process in the sharding's order (``sharding.mesh.devices.flat``,
     this process's only), each of the sharding's block shape, as
     ``jax.make_array_from_single_device_arrays``.  On a mesh spread over processes each
-    process passes the blocks of its own devices.
+    process passes the blocks of its own devices.  ``dtype``, when given, is checked
+    against the blocks'.
 
     >>> s = NamedSharding(mesh, P("i"))                # 4 devices
     >>> x = spmd.make_array_from_single_device_arrays(
@@ -88,7 +89,7 @@ def make_array_from_single_device_arrays(shape: Sequence[int], sharding,
                             f"devices of this process in {sharding!r}; pass one per device, "
                             "in the order of sharding.mesh.devices.flat")
     want = sharding.shard_shape(shape)
-    dtype = None
+    dtype_of_blocks = None
     for k, a in enumerate(arrays):
         if isinstance(a, Tracer):
             raise ArgumentError(f"{fname}: arrays[{k}] is a traced value; pass concrete "
@@ -98,10 +99,16 @@ def make_array_from_single_device_arrays(shape: Sequence[int], sharding,
             raise ShapeError(f"{fname}: arrays[{k}] (device {devices[k]}) has shape "
                              f"{tuple(a_shape)}, but {sharding!r} gives each device a "
                              f"block of shape {tuple(want)} of the global shape {shape}")
-        if dtype is not None and np.dtype(a_dtype) != dtype:
+        if dtype_of_blocks is not None and np.dtype(a_dtype) != dtype_of_blocks:
             raise ArgumentError(f"{fname}: arrays[{k}] has dtype {np.dtype(a_dtype)} but "
-                                f"arrays[0] has {dtype}; give every block one dtype")
-        dtype = np.dtype(a_dtype)
+                                f"arrays[0] has {dtype_of_blocks}; give every block one dtype")
+        dtype_of_blocks = np.dtype(a_dtype)
+    if not arrays:
+        raise ArgumentError(f"{fname}: this process holds no device of {sharding!r}; call it "
+                            "on the processes of the sharding's mesh")
+    if dtype is not None and np.dtype(dtype) != dtype_of_blocks:
+        raise ArgumentError(f"{fname}: dtype={np.dtype(dtype)} but the arrays have dtype "
+                            f"{dtype_of_blocks}; convert them, or leave dtype=None")
     imap = sharding.devices_indices_map(shape)
     by_block: dict = {}
     for d, a in zip(devices, arrays):  # replicas: the first device's block stands

@@ -76,6 +76,10 @@ def test_make_array_from_single_device_arrays_errors():
         spmd.make_array_from_single_device_arrays((8,), s, mixed)
     with pytest.raises(ArgumentError, match="not one array"):
         spmd.make_array_from_single_device_arrays((8,), s, np.zeros((4, 2)))
+    with pytest.raises(ArgumentError, match=r"dtype=int32 but the arrays have dtype float32"):
+        spmd.make_array_from_single_device_arrays((8,), s, blocks, dtype=np.int32)
+    x = spmd.make_array_from_single_device_arrays((8,), s, blocks, dtype=np.float32)
+    assert x.dtype == np.float32
     with pytest.raises(ArgumentError, match="shape must be a tuple of ints"):
         spmd.make_array_from_single_device_arrays(None, s, blocks)
 
@@ -122,7 +126,7 @@ def test_named_scope_nests_and_changes_nothing_of_the_program():
     np.testing.assert_allclose(spmd.jit(spmd.grad(f))(x), 2 * (1 - np.tanh(np.arange(3.0)) ** 2),
                                rtol=1e-6)
     assert spmd.compilation.name_stack() == ""
-    with pytest.raises(ArgumentError, match="named_scope: name must be a str, got 3"):
+    with pytest.raises(TypeError, match="named_scope: name must be a str, got 3"):
         with spmd.named_scope(3):
             pass
 
