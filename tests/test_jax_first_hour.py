@@ -80,6 +80,9 @@ def test_make_array_from_single_device_arrays_errors():
         spmd.make_array_from_single_device_arrays((8,), s, blocks, dtype=np.int32)
     x = spmd.make_array_from_single_device_arrays((8,), s, blocks, dtype=np.float32)
     assert x.dtype == np.float32
+    with pytest.raises(ArgumentError, match=r"arrays\[0\] is a traced value"):
+        spmd.jit(lambda b: spmd.make_array_from_single_device_arrays((8,), s, [b] * 4))(
+            blocks[0])
     with pytest.raises(ArgumentError, match="shape must be a tuple of ints"):
         spmd.make_array_from_single_device_arrays(None, s, blocks)
 
@@ -176,6 +179,8 @@ def test_create_device_mesh():
         mesh_utils.create_device_mesh((3, 2))
     with pytest.raises(ArgumentError, match="size below 1"):
         mesh_utils.create_device_mesh((0, 8))
+    with pytest.raises(ArgumentError, match="mesh_shape must be a sequence of ints"):
+        mesh_utils.create_device_mesh(8)
     with pytest.raises(ArgumentError, match="must be spmd Devices"):
         mesh_utils.create_device_mesh((2,), ["a", "b"])
 
@@ -262,6 +267,18 @@ _MULTIHOST_JOB = textwrap.dedent("""
     x = spmd.make_array_from_single_device_arrays(
         (4,), NamedSharding(mesh, P("i")), [np.full(2, me, np.float32)])
     assert mu.process_allgather(x).tolist() == [0, 0, 1, 1]
+    try:
+        mu.broadcast_one_to_all({"x": x})
+        raise SystemExit("a spread array was broadcast")
+    except spmd.errors.ArgumentError as e:
+        assert "spread over processes" in str(e), e
+    if me == 0:  # a mesh of process 1's device only: none of this process's
+        other = NamedSharding(spmd.Mesh(np.array(spmd.devices()[1:]), ("i",)), P())
+        try:
+            spmd.make_array_from_single_device_arrays((2,), other, [])
+            raise SystemExit("no devices, yet an array")
+        except spmd.errors.ArgumentError as e:
+            assert "holds no device" in str(e), e
     try:
         spmd.device_get(x)
         raise SystemExit("device_get of a spread array worked")

@@ -44,6 +44,12 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
         raise ArgumentError(f"broadcast_one_to_all: exactly one process must be the source "
                             f"(is_source=True), got processes {sources}; pass is_source=True "
                             "on one process only, or None everywhere for process 0")
+    for leaf in tree_util.tree_leaves(in_tree):
+        if not getattr(leaf, "is_fully_addressable", True):
+            raise ArgumentError(f"broadcast_one_to_all: got an Array spread over processes "
+                                f"({leaf.sharding!r}); its value is one global value already: "
+                                "pass process-local values (numpy, or Arrays of this "
+                                "process's devices)")
     src = sources[0]
     # One allgather per leaf (the values of every process, stacked); the source's row.
     return tree_util.tree_map(lambda x: np.asarray(process_allgather(x)[src]), in_tree)
