@@ -364,6 +364,31 @@ def test_loss_values_and_gradients_match_the_closed_form(name, x64):
                                rtol=1e-6, atol=1e-7)
 
 
+OPTAX_CASES = [
+    ("softmax_cross_entropy", (_LOGITS, _PROBS), {}),
+    ("softmax_cross_entropy_with_integer_labels", (_LOGITS, _INT_LABELS), {}),
+    ("sigmoid_binary_cross_entropy", (_LOGITS, _BIN), {}),
+    ("l2_loss", (_PRED, _TARG), {}), ("squared_error", (_PRED, _TARG), {}),
+    ("huber_loss", (_PRED, _TARG), {"delta": 0.5}), ("log_cosh", (_PRED, _TARG), {}),
+    ("cosine_similarity", (_PRED, _TARG), {}), ("cosine_distance", (_PRED, _TARG), {})]
+
+
+@pytest.mark.parametrize("name,args,kwargs", OPTAX_CASES, ids=[c[0] for c in OPTAX_CASES])
+def test_losses_match_optax(name, args, kwargs):
+    """Where JAX and optax are installed (an optional test dependency): the same
+    values and gradients (with respect to the first argument) in float32."""
+    optax = pytest.importorskip("optax")
+    jax = pytest.importorskip("jax")
+    first, rest = np.asarray(args[0], np.float32), [
+        a if a.dtype.kind == "i" else np.asarray(a, np.float32) for a in args[1:]]
+    ours, theirs = getattr(optim, name), getattr(optax, name)
+    np.testing.assert_allclose(np.asarray(ours(snp.asarray(first), *rest, **kwargs)),
+                               np.asarray(theirs(first, *rest, **kwargs)), rtol=2e-5, atol=1e-6)
+    g_ours = spmd.grad(lambda x: ours(x, *rest, **kwargs).sum())(snp.asarray(first))
+    g_theirs = jax.grad(lambda x: theirs(x, *rest, **kwargs).sum())(first)
+    np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_theirs), rtol=2e-5, atol=1e-6)
+
+
 def test_losses_shard_and_keep_float32():
     mesh = spmd.make_mesh((4,), ("b",))
     logits = spmd.device_put(np.asarray(_RNG.normal(size=(8, 5)), np.float32),
