@@ -86,6 +86,14 @@ __all__ = sorted(_PUBLIC)
 # Reachable as attributes too, but not star-imported (this file never imported them).
 _PUBLIC.update({n: (f"spmd.{n}", None) for n in ("optim", "checkpointing", "testing", "parallel",
                                                   "dtypes", "profiler")})
+# JAX's first-hour names (issue 58): attributes and `from spmd import name`, kept out of
+# `__all__` so that the star import stays what it was.
+_PUBLIC.update({n: ("spmd.transfer", n) for n in (
+    "block_until_ready", "device_get", "make_array_from_single_device_arrays")})
+_PUBLIC.update({n: ("spmd.compilation", n) for n in (
+    "clear_caches", "default_backend", "named_scope")})
+_PUBLIC.update({n: (f"spmd.{n}", None) for n in ("transfer", "compilation")})
+_PUBLIC["losses"] = ("spmd.optim.losses", None)
 
 
 def _run_installer() -> None:

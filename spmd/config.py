@@ -138,11 +138,45 @@ class Config:
         # the others apply to programs compiled after the change.)
         self._listeners: list = []
 
-    def update(self, name: str, value) -> None:
-        if not hasattr(self, name) or name.startswith("_"):
-            known = sorted(k for k in vars(self) if not k.startswith("_"))
+    def _options(self) -> list:
+        return sorted(k for k in vars(self) if not k.startswith("_"))
+
+    def _option_name(self, name, where: str) -> str:
+        """spmd's name of option ``name``: JAX's ``jax_<name>`` is spmd's ``<name>``, so
+        ``config.update("jax_enable_x64", True)`` from a JAX program works unchanged."""
+        if isinstance(name, str) and name.startswith("jax_") and name[4:] in vars(self) \
+                and not name[4:].startswith("_"):
+            return name[4:]
+        if not isinstance(name, str) or name not in vars(self) or name.startswith("_"):
+            known = self._options()
             raise ArgumentError(
-                f"spmd.config.update: unknown option {name!r}; known options: {known}")
+                f"spmd.config.{where}: unknown option {name!r}; known options: {known} "
+                f"(each also as JAX names it: {['jax_' + k for k in known]})")
+        return name
+
+    def __getattr__(self, name: str):
+        # Only names not found normally: JAX's `config.jax_enable_x64` reads enable_x64.
+        if name.startswith("jax_") and name[4:] in vars(self) and not name[4:].startswith("_"):
+            return vars(self)[name[4:]]
+        raise AttributeError(f"spmd.config has no option {name!r}; known options: "
+                             f"{self._options()} (also with JAX's 'jax_' prefix)")
+
+    def read(self, name: str):
+        """The value of option ``name`` (spmd's or JAX's name for it), as JAX's
+        ``config.read``.
+
+        >>> spmd.config.read("jax_enable_x64")
+        False
+        """
+        return getattr(self, self._option_name(name, "read"))
+
+    def update(self, name: str, value) -> None:
+        """Set option ``name`` (spmd's name, or JAX's: ``"jax_enable_x64"`` is
+        ``"enable_x64"``) to ``value``.
+
+        >>> spmd.config.update("jax_enable_x64", True)
+        """
+        name = self._option_name(name, "update")
         if name in ("combine_collectives_bytes", "overlap_bucket_bytes") and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 0):
             what = "combined collective; 0 disables combining" if name.startswith("combine") \

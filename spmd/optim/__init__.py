@@ -17,6 +17,10 @@ from spmd.optim._base import (EmptyState, GradientTransformation, OptimError,  #
                               apply_updates, chain, global_norm, stateless)
 from spmd.optim._schedules import (constant_schedule, cosine_decay_schedule,  # noqa: F401
                                    linear_schedule, warmup_cosine_decay_schedule)
+from spmd.optim.losses import (cosine_distance, cosine_similarity, huber_loss,  # noqa: F401
+                               l2_loss, log_cosh, sigmoid_binary_cross_entropy,
+                               softmax_cross_entropy,
+                               softmax_cross_entropy_with_integer_labels, squared_error)
 from spmd.optim._transforms import (ScaleByAdamState, ScaleByLionState,  # noqa: F401
                                     ScaleByScheduleState, TraceState, add_decayed_weights, adam,
                                     adamw, clip_by_global_norm, lion, scale, scale_by_adam,
