@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from spmd.launch import _rank, alive, hosts, multihost, nodes
+from spmd.launch import _rank, alive, elastic, hosts, multihost, nodes
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
 from spmd.launch.timeline import launcher as timeline
 from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
@@ -88,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", metavar="N", type=_non_negative_int, default=0,
                    help="start the whole job again after its ranks fail, up to N times "
                         "(sets SPMD_RESTART_ATTEMPT and SPMD_MAX_RESTARTS; default 0)")
+    p.add_argument("--min-ranks", metavar="M", type=_positive(int, "a positive integer"),
+                   help="with --max-restarts: after ranks die (killed, or their host lost), "
+                        "restart on the survivors while at least M remain (docs/launching.md)")
+    p.add_argument("--spare", metavar="HOST:SLOTS,...",
+                   help="with --min-ranks: hosts that take a lost host's place before the "
+                        "job shrinks")
     p.add_argument("--mpiexec", metavar="PATH",
                    help="the mpiexec to use (default: $SPMD_MPIEXEC, the one next to this "
                         "Python, then mpiexec/mpirun on PATH, then the mpich wheel's)")
@@ -414,6 +420,8 @@ def run(ns: argparse.Namespace) -> int:
         raise LaunchError(f"script {ns.target!r} not found (working directory {os.getcwd()})")
     timeline.check(ns)
     resolve_hosts(ns)
+    ns.spare_hosts = elastic.parse_spare(ns.spare)
+    elastic.check_options(ns.np, ns.min_ranks, ns.max_restarts, ns.spare_hosts, ns.placement)
     if ns.platform == "gpu":
         check_gpu(ns)
     mpiexec = find_mpiexec(ns.mpiexec)
@@ -429,15 +437,18 @@ def run(ns: argparse.Namespace) -> int:
                 for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None}
     try:
         for attempt in range(attempts):
-            status, restartable = _attempt(ns, mpiexec, impl, attempt, deadline)
+            status, restartable, loss = _attempt(ns, mpiexec, impl, attempt, deadline)
             if status == 0 or not restartable or attempt + 1 == attempts:
                 return status
             if deadline is not None and time.monotonic() >= deadline:
                 print(f"{PROG}: not restarting the job: --timeout {ns.timeout:g}s has passed",
                       file=sys.stderr)
                 return status
-            print(f"{PROG}: restarting the job (attempt {attempt + 2} of {attempts})",
-                  file=sys.stderr, flush=True)
+            if ns.min_ranks is None:
+                print(f"{PROG}: restarting the job (attempt {attempt + 2} of {attempts})",
+                      file=sys.stderr, flush=True)
+            elif not _resize(ns, loss, f"attempt {attempt + 2} of {attempts}"):
+                return status
         return status
     except KeyboardInterrupt:  # between two attempts (during one, _supervise has it)
         print(f"\n{PROG}: interrupted; not restarting the job", file=sys.stderr)
@@ -451,9 +462,31 @@ def run(ns: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def _resize(ns: argparse.Namespace, loss: elastic.Loss | None, which: str) -> bool:
+    """``--min-ranks``: set the next attempt's size and hosts in ``ns`` after ``loss``
+    (None: the failure was not a lost rank, the size stays) and say so; False, with
+    the error printed, when fewer than --min-ranks ranks are left."""
+    current = elastic.Attempt(ns.np, ns.placement, ns.spare_hosts)
+    try:
+        nxt = current if loss is None else elastic.next_attempt(current, ns.rank_hosts, loss,
+                                                                ns.min_ranks)
+    except elastic.ElasticError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return False
+    ns.np, ns.placement, ns.spare_hosts = nxt.np, nxt.placement, nxt.spare
+    ns.rank_hosts = None if nxt.placement is None else hosts.assign(nxt.placement, nxt.np)
+    ns.remote = bool(ns.rank_hosts) and not all(hosts.is_local(h) for h in ns.rank_hosts)
+    where = "" if not ns.rank_hosts else " (" + ",".join(
+        f"{h}:{len(rs)}" for h, rs in hosts.ranks_per_host(ns.rank_hosts).items()) + ")"
+    why = nxt.why or "the same size (the failure was not a lost rank)"
+    print(f"{PROG}: {which} on {ns.np} ranks{where}: {why}", file=sys.stderr, flush=True)
+    return True
+
+
 def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
-             deadline: float | None) -> tuple[int, bool]:
-    """One run of the job: (exit status, whether a restart may follow)."""
+             deadline: float | None) -> tuple[int, bool, elastic.Loss | None]:
+    """One run of the job: (exit status, whether a restart may follow, the ranks it
+    lost: :func:`spmd.launch.elastic.lost_ranks`)."""
     launch_dir = multihost.make_launch_dir(ns)
     job = None
     try:
@@ -475,9 +508,10 @@ def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
 
 
 def _supervise(job: Job, ns: argparse.Namespace,
-               deadline: float | None = None) -> tuple[int, bool]:
+               deadline: float | None = None) -> tuple[int, bool, elastic.Loss | None]:
     """Start and watch ``job``, end it when needed and print why it failed; return
-    (exit status, whether the failure is one that ``--max-restarts`` restarts)."""
+    (exit status, whether the failure is one that ``--max-restarts`` restarts, the
+    ranks it lost when it failed because ranks died)."""
     try:
         job.start()
         remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -485,12 +519,12 @@ def _supervise(job: Job, ns: argparse.Namespace,
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; ending the job", file=sys.stderr)
         job.end()
-        return INTERRUPTED, False
+        return INTERRUPTED, False, None
     except _Terminated as e:
         print(f"{PROG}: received {signal.Signals(e.signum).name}; ending the job",
               file=sys.stderr)
         job.end()
-        return 128 + e.signum, False
+        return 128 + e.signum, False, None
     if outcome == "timeout":
         pids = job.pids()
         reports = job.reports()
@@ -499,17 +533,17 @@ def _supervise(job: Job, ns: argparse.Namespace,
         job.end()
         print(timeout_summary(ns.np, ns.timeout, reports, pids, stacks, job.hosts()),
               file=sys.stderr)
-        return TIMED_OUT, False
+        return TIMED_OUT, False, None
     if outcome == "stranded":
         finished, waits = rc
         job.end()
         print(stranded_summary(ns.np, finished, waits, job.hosts()), file=sys.stderr)
-        return STRANDED, True
+        return STRANDED, True, None
     if outcome == "failed":
         rc = job.end()
     reports = job.reports()
     if rc == 0 and all(rep.get("status") == 0 for rep in reports.values()):
-        return 0, False
+        return 0, False, None
     if rc is not None and rc < 0:
         rc = 128 - rc  # mpiexec itself died on a signal
     faults = {r: _rank.read_text(job.dir, r, "fault") for r in range(ns.np)}
@@ -523,7 +557,7 @@ def _supervise(job: Job, ns: argparse.Namespace,
     hydra = job.mpiexec_messages()
     if hydra and not killed:  # (a rank's banner says no more than the summary)
         print(hydra, file=sys.stderr)
-    return status, True
+    return status, True, elastic.lost_ranks(ns.np, reports, faults, killed, lost, hosts)
 
 
 def _raise_terminated(signum, frame):
@@ -535,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         return run(ns)
-    except (LaunchError, hosts.HostsError, timeline.TraceOptionError) as e:
+    except (LaunchError, hosts.HostsError, elastic.ElasticError,
+            timeline.TraceOptionError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
 
