@@ -66,6 +66,19 @@ class Run(Background):
         super().__init__([sys.executable, "-m", "spmd.launch", *options, str(target),
                           *map(str, args)], cwd, full)
 
+    def lose_node(self, nodes: EmulatedNodes, k: int, marker: str, count: int,
+                  limit_s: float) -> int | None:
+        """Once ``marker`` has been printed ``count`` times, kill node ``k`` (every
+        process in it) and wait for the job's end: its exit status, or None past
+        ``limit_s``.  The job never outlives the call."""
+        try:
+            assert self.wait_for(marker, count, limit_s), self.out[-3000:]
+            assert nodes.kill_node(k), f"node{k} had no process"
+            return self.wait(limit_s)
+        finally:
+            if self.proc.poll() is None:
+                self.wait(0)
+
 
 def run(nodes, options, target, args=(), *, cwd, env=None, limit_s=120) -> tuple:
     """(exit status or None past ``limit_s``, output) of one ``spmd-run``."""

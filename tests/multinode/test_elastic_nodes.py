@@ -47,13 +47,7 @@ def _lose_node1(nodes, options, tmp_path) -> tuple[int | None, str]:
     script.write_text(_JOB)
     job = Run(nodes, ["-n", "4", "--hosts", "node0:2,node1:2", *emulated(nodes),
                       "--max-restarts", "1", *options], script, cwd=tmp_path)
-    try:
-        assert job.wait_for("SIZE 0 ", 4, LIMIT_S), job.out[-3000:]
-        assert nodes.kill_node(1), "node1 had no process"
-        status = job.wait(LIMIT_S)
-    finally:
-        if job.proc.poll() is None:
-            job.wait(0)
+    status = job.lose_node(nodes, 1, "SIZE 0 ", 4, LIMIT_S)
     return status, job.out
 
 

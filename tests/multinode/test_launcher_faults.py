@@ -37,13 +37,7 @@ def test_losing_node1_restarts_and_resumes_to_the_same_result(make_nodes, tmp_pa
     job = Run(nodes, hosts + ["--max-restarts", "1"], SCRIPT,
               SMALL + ["--ckpt-dir", tmp_path / "ck", "--stats", tmp_path / "lost"],
               cwd=tmp_path, env=EXACT)
-    try:
-        assert job.wait_for("] step 9 loss", 1, LIMIT_S), job.out[-3000:]
-        assert nodes.kill_node(1), "node1 had no process"
-        status = job.wait(LIMIT_S)
-    finally:
-        if job.proc.poll() is None:
-            job.wait(0)
+    status = job.lose_node(nodes, 1, "] step 9 loss", 1, LIMIT_S)
     out = job.out
     assert status == 0, out[-5000:]
     lost = [ln for ln in out.splitlines() if "lost (" in ln]
