@@ -436,6 +436,11 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--ckpt-dir", default=None)
     ap.add_argument("--save-every", type=int, default=0, help="0: only at the end")
+    ap.add_argument("--keep", type=int, default=3, help="checkpoints kept on disk")
+    ap.add_argument("--save-local-every", type=int, default=0, metavar="N",
+                    help="also keep the state in the nodes' memory every N steps "
+                         "(checkpointing.save(local=True); under spmd-run): a restart "
+                         "after a lost node resumes from there, not from disk")
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
                     help="restore the latest complete checkpoint in --ckpt-dir (default: when "
                          "there is one); --resume fails without one, --no-resume starts from "
@@ -459,7 +464,9 @@ def main(argv=None) -> int:
         args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
     if args.resume and not args.ckpt_dir:
         raise SystemExit("--resume needs --ckpt-dir")
-    # Decided before any collective, from what every rank reads alike.
+    if args.save_local_every and not args.ckpt_dir:
+        raise SystemExit("--save-local-every needs --ckpt-dir (the checkpoints it belongs to)")
+    # Decided first, from what every rank reads alike (or agrees on).
     first = _resume_step(args)
     rank0 = spmd.process_index() == 0
     say = print if rank0 else (lambda *a, **k: None)
@@ -532,11 +539,14 @@ def main(argv=None) -> int:
         if k == 1 or k % args.log_every == 0:
             msg = f"step {k} loss {loss:.4f} ({rate:,.0f} tokens/s)"
             bar.write(msg) if bar is not None else say(msg, flush=True)
-        if args.ckpt_dir and (k == args.steps or (args.save_every and k % args.save_every == 0)):
+        to_disk = k == args.steps or (args.save_every and k % args.save_every == 0)
+        to_memory = args.save_local_every and k % args.save_local_every == 0
+        if args.ckpt_dir and (to_disk or to_memory):
             # Written by a background thread while the next steps train.
             pending = checkpointing.save_async(args.ckpt_dir, TP.to_save(params, state, pipe,
                                                                          cfg.layers),
-                                               step=k, keep=3)
+                                               step=k, keep=args.keep if to_disk else None,
+                                               local=not to_disk)
     if pending is not None:
         pending.wait()
     if args.profile:
@@ -565,7 +575,9 @@ def _resume_step(args) -> int:
     """The step to resume after: the latest complete checkpoint in ``--ckpt-dir``
     (``checkpointing.latest_step``, which skips saves that did not finish), or 0 to
     start fresh, as ``--resume`` / ``--no-resume`` / neither ask."""
-    latest = checkpointing.latest_step(args.ckpt_dir) if args.ckpt_dir else None
+    # With in-memory steps: the newest of both tiers, agreed by every rank (collective).
+    latest = checkpointing.latest_step(args.ckpt_dir, local=bool(args.save_local_every)) \
+        if args.ckpt_dir else None
     if args.resume is False:
         if latest is not None:
             # Its saves would mix with these, and keeping the newest three by step

@@ -25,6 +25,10 @@ every process has written its chunks, process 0 writes the metadata and renames
 the directory to ``step_<k>``.  A crash mid-save leaves only a ``.tmp-`` directory,
 which :func:`latest_step` never picks (and the next save removes).
 
+Fast tier: ``save(..., local=True)`` keeps a step in the nodes' memory, with a copy
+of each process's blocks on another node; ``restore`` reads it while it is the
+newest complete step (:mod:`~spmd.checkpointing.memory`).
+
 Modules: :mod:`~spmd.checkpointing.layout` (the files), :mod:`~spmd.checkpointing.writing`
 (one save's stages), :mod:`~spmd.checkpointing.saving` (``save``, ``save_async``),
 :mod:`~spmd.checkpointing.restoring`, :mod:`~spmd.checkpointing.coordination` (the
@@ -34,10 +38,10 @@ exchanges between processes), :mod:`~spmd.checkpointing.manifest` (the checks).
 from __future__ import annotations
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
-from spmd.checkpointing import layout, manifest, restoring, saving, writing  # noqa: F401
+from spmd.checkpointing import layout, manifest, memory, restoring, saving, writing  # noqa: F401
 from spmd.checkpointing.coordination import CheckpointError, watched
-from spmd.checkpointing.layout import METADATA, all_steps, latest_step, step_dir
-from spmd.checkpointing.restoring import restore, saved_metadata
+from spmd.checkpointing.layout import METADATA, all_steps, step_dir
+from spmd.checkpointing.restoring import latest_step, restore, saved_metadata
 from spmd.checkpointing.saving import PendingSave, save, save_async, wait_pending
 
 __all__ = ["CheckpointError", "METADATA", "PendingSave", "all_steps", "latest_step",

@@ -13,9 +13,10 @@ import os
 import numpy as np
 
 from spmd import tree_util
-from spmd.checkpointing import layout, manifest
+from spmd.checkpointing import layout, manifest, memory
 from spmd.checkpointing.coordination import CheckpointError, communicator
-from spmd.checkpointing.layout import all_steps, incomplete, latest_step, read_meta, step_dir
+from spmd.checkpointing.layout import all_steps, incomplete, read_meta, step_dir
+from spmd.checkpointing.layout import latest_step as _latest_on_disk
 from spmd.checkpointing.saving import wait_pending
 from spmd.profiler import host_span
 from spmd.shard.arrays.placing import SingleDeviceSharding, make_array_from_callback
@@ -40,10 +41,47 @@ def _target_info(t, path: str):
             None if dtype is None else np.dtype(dtype))
 
 
+def latest_step(directory: str, *, local: bool = False) -> int | None:
+    """The newest complete checkpoint's step in ``directory`` (None when there is none).
+
+    Temporary directories of saves that did not finish are never picked, nor steps
+    whose chunks are not all there with the sizes their manifests list (a stat per
+    chunk, no reads): such a step is skipped with a warning, once per process.
+
+    ``local=True`` counts the in-memory steps too (``save(..., local=True)``): the
+    newest step that :func:`restore` would read, from memory or disk; collective
+    then (every process must call it), and the same on every process.
+
+    >>> latest_step("ckpt")
+    100
+    """
+    if not local:
+        return _latest_on_disk(directory)
+    wait_pending()  # (the agreements below use the communicator of a pending save)
+    found = memory.newest(directory)
+    disk = _disk_step(directory)
+    if found is None:
+        return disk
+    return found.step if disk is None else max(found.step, disk)
+
+
+def _disk_step(directory: str) -> int | None:
+    """The latest complete step on disk as every process sees it (the oldest of their
+    views), collective."""
+    steps = manifest.agreed(communicator(), lambda: _latest_on_disk(directory),
+                            "latest_step", CheckpointError, share=True)
+    return None if None in steps else min(steps)
+
+
 def restore(directory: str, target, *, step: int | None = None):
     """Read the checkpoint of ``step`` (default: the latest complete one) in
     ``directory`` into the structure of ``target``, placed by its shardings; every
     process must call it.
+
+    The in-memory steps (``save(..., local=True)``) count too: the newest complete
+    step is read from memory when the live processes' nodes hold every block of it
+    and it is at least as new as the newest on disk; a step damaged in memory (its
+    checksums) is not read: the newest on disk is, with a warning.
 
     ``target`` is a pytree like the saved one whose leaves are ``NamedSharding``s,
     arrays (their sharding, shape and dtype), or abstract arrays with ``.shape``,
@@ -63,6 +101,9 @@ def restore(directory: str, target, *, step: int | None = None):
 def _restore(directory: str, target, step, span):
     """:func:`restore`'s work (``span``: its trace span, told the step chosen)."""
     wait_pending()  # the agreements below use the communicator of a pending save
+    tree = _from_memory(directory, target, step, span)
+    if tree is not None:
+        return tree
     # Every process raises alike (see manifest.agreed), so none waits in a collective.
     steps = manifest.agreed(communicator(), lambda: _step_to_restore(directory, step), "restore",
                             CheckpointError, share=True)
@@ -77,10 +118,30 @@ def _restore(directory: str, target, step, span):
                            f"restore of {step_dir(directory, chosen)}", CheckpointError)
 
 
+def _from_memory(directory: str, target, step, span):
+    """The tree from the newest whole in-memory step when it is the one to restore
+    (None: read the disk)."""
+    found = memory.newest(directory, step)
+    if found is None:
+        return None
+    disk = None if step is not None else _disk_step(directory)
+    if disk is not None and disk > found.step:
+        return None
+    try:
+        tree = memory.read(directory, found, lambda meta: _checked(
+            meta, target, f"the in-memory step {found.step}"))
+    except memory.TierDamaged as e:
+        manifest.warn_once(("memory", found.name), f"spmd.checkpointing.restore: {e}; "
+                           "restoring from the checkpoints on disk instead", stacklevel=5)
+        return None
+    span.args.update(step=found.step, tier="memory")
+    return tree
+
+
 def _step_to_restore(directory: str, step) -> int:
     if step is not None:
         return int(step)
-    found = latest_step(directory)
+    found = _latest_on_disk(directory)
     if found is not None:
         return found
     committed = all_steps(directory)
@@ -102,6 +163,17 @@ def _restore_step(directory: str, step: int, target):
         raise CheckpointError(f"restore: no checkpoint for step {step} in {directory!r} "
                               f"(steps there: {all_steps(directory)})")
     meta = read_meta(path)
+    plans, treedef = _checked(meta, target, path)
+    checks = manifest.ReadChecks(directory, step, path, meta, lambda: next(
+        (s for s in reversed(all_steps(directory))
+         if s != step and incomplete(step_dir(directory, s)) is None), None))
+    leaves = [_read_leaf(checks, *plan) for plan in plans]
+    return tree_util.tree_unflatten(treedef, leaves)
+
+
+def _checked(meta: dict, target, where: str):
+    """``(plans, treedef)``: the target's leaves as ``(saved leaf, shape, sharding or
+    None)``, in its order, checked against what ``meta`` says was saved."""
     saved = {leaf["path"]: leaf for leaf in meta["leaves"]}
     paths_targets, treedef = tree_util.tree_flatten_with_path(
         target, is_leaf=lambda x: isinstance(x, (NamedSharding, SingleDeviceSharding)))
@@ -110,7 +182,7 @@ def _restore_step(directory: str, step: int, target):
     extra = [p for p in saved if p not in set(wanted)]
     if missing or extra:
         raise CheckpointError(
-            f"restore: the target's structure differs from the checkpoint {path}: "
+            f"restore: the target's structure differs from the checkpoint {where}: "
             f"in the target only: {missing[:8] or 'none'}; in the checkpoint only: "
             f"{extra[:8] or 'none'}")
     plans = []
@@ -131,11 +203,7 @@ def _restore_step(directory: str, step: int, target):
                 raise CheckpointError(f"restore: the target sharding of the leaf at {p} does "
                                       f"not fit its saved shape {shape}: {e}") from None
         plans.append((leaf, shape, sh))
-    checks = manifest.ReadChecks(directory, step, path, meta, lambda: next(
-        (s for s in reversed(all_steps(directory))
-         if s != step and incomplete(step_dir(directory, s)) is None), None))
-    leaves = [_read_leaf(checks, *plan) for plan in plans]
-    return tree_util.tree_unflatten(treedef, leaves)
+    return plans, treedef
 
 
 def _read_leaf(checks, leaf: dict, shape: tuple, sharding):

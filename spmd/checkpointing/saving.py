@@ -17,13 +17,14 @@ import warnings
 
 from spmd.launch.timeline import recorder as _timeline
 from spmd.profiler import host_span
-from spmd.checkpointing import writing
+from spmd.checkpointing import memory, writing
 from spmd.checkpointing.coordination import CheckpointError
 from spmd.launch.mpi_init import threads_may_call_mpi
 from spmd.mesh import process_count
 
 
-def save(directory: str, tree, *, step: int, keep: int | None = None) -> str:
+def save(directory: str, tree, *, step: int, keep: int | None = None,
+         local: bool = False) -> str:
     """Save ``tree`` as ``<directory>/step_<step>``; every process must call it.
 
     Each process writes only the blocks its devices hold (replicated blocks
@@ -31,19 +32,30 @@ def save(directory: str, tree, *, step: int, keep: int | None = None) -> str:
     Returns the checkpoint's directory.  Waits for a pending :func:`save_async`
     first, so checkpoints commit in the order they were asked for.
 
+    ``local=True`` keeps the step in memory instead, the fast tier of
+    :mod:`spmd.checkpointing.memory`: each process's blocks in its node's
+    ``/dev/shm`` and a copy on the next node's (``keep``: steps kept, default 1);
+    :func:`restore` of ``directory`` reads it while it is newer than the steps on
+    disk.  Returns the step's directory in this node's memory.
+
     >>> save("ckpt", {"params": params}, step=10, keep=2)
     'ckpt/step_10'
+    >>> save("ckpt", {"params": params}, step=11, local=True)     # doctest: +SKIP
+    '/dev/shm/spmd-tier-3f2a9c0d1e7b4a55/5be1c0a2d9e8f734/step_11.a0'
     """
-    with host_span("checkpoint save", "checkpoint", path=str(directory), step=step):
+    with host_span("checkpoint save", "checkpoint", path=str(directory), step=step,
+                   local=bool(local)):
         wait_pending()  # one save at a time uses the checkpoint communicator
+        if local:
+            return memory.write(memory.plan(directory, tree, step, keep))
         return writing.write(writing.plan(directory, tree, step, keep, copy=False))
 
 
 class PendingSave:
     """A checkpoint being written by a background thread (see :func:`save_async`)."""
 
-    def __init__(self, plan: "writing.Plan", background: bool = True):
-        self.path = plan.final
+    def __init__(self, plan, background: bool = True, write=writing.write):
+        self.path, self._write = plan.final, write
         self._error: BaseException | None = None
         self._reported = False  # whether its error reached the caller
         self._thread = threading.Thread(target=self._run, args=(plan,),
@@ -55,7 +67,7 @@ class PendingSave:
     def _run(self, plan):
         t0 = time.monotonic()
         try:
-            writing.write(plan)
+            self._write(plan)
         except BaseException as e:  # re-raised by wait() in the caller's thread
             self._error = e
         r = _timeline.ACTIVE
@@ -82,7 +94,8 @@ _pending: list[PendingSave] = []
 _pending_lock = threading.Lock()
 
 
-def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> PendingSave:
+def save_async(directory: str, tree, *, step: int, keep: int | None = None,
+               local: bool = False) -> PendingSave:
     """Start saving ``tree`` as ``<directory>/step_<step>`` in a background thread and
     return at once; every process must call it.
 
@@ -91,7 +104,7 @@ def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> P
     save (async or not) first waits for a pending one, so checkpoints commit in
     order and at most one is in flight; ``wait()`` on the
     returned handle re-raises a failed save's error.  The program waits for a
-    pending save at exit.
+    pending save at exit.  ``local=True``: into memory, as :func:`save`'s.
 
     >>> pending = save_async("ckpt", state, step=200, keep=3)
     >>> ...                                   # more training steps
@@ -100,17 +113,19 @@ def save_async(directory: str, tree, *, step: int, keep: int | None = None) -> P
     """
     # (The span: the part the caller waits for; the write has its own, _run's.)
     with _pending_lock, host_span("checkpoint save", "checkpoint", path=str(directory),
-                                  step=step, asynchronous=True):
+                                  step=step, asynchronous=True, local=bool(local)):
         # The plan's checks are collectives on the checkpoint communicator, which a
         # pending save's thread may still be using: one save at a time.
         wait_pending()
-        plan = writing.plan(directory, tree, step, keep, copy=True)
+        plan = (memory.plan(directory, tree, step, keep) if local else
+                writing.plan(directory, tree, step, keep, copy=True))
         if not _exit_hook:
             # Registered now, after MPI is up (the plan made the communicator), so that
             # it runs before MPI finalises at exit (atexit runs last-in, first-out).
             atexit.register(_wait_at_exit)
             _exit_hook.append(True)
-        handle = PendingSave(plan, background=_threads_may_call_mpi())
+        handle = PendingSave(plan, background=_threads_may_call_mpi(),
+                             write=memory.write if local else writing.write)
         _pending.append(handle)
     return handle
 

@@ -42,6 +42,8 @@ import stat
 import sys
 import time
 
+from spmd.launch import memory_tier
+
 SHM_DIR = "/dev/shm"
 
 # (st_dev, st_ino): how a segment is identified.
@@ -298,12 +300,24 @@ def clean_node(launch_dir: str, host: str | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m spmd.launch.cleanup LAUNCH_DIR``: :func:`clean_node` on this node
-    (``spmd-run`` starts one on every host after a job across hosts)."""
-
+    (``spmd-run`` starts one on every host after a job across hosts);
+    ``python -m spmd.launch.cleanup --memory-tier JOB``: remove the job's in-memory
+    checkpoints on this node (:mod:`spmd.launch.memory_tier`; once the job ended)."""
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--memory-tier":
+        try:
+            job = memory_tier.job_id({memory_tier.JOB_ENV: argv[1]})
+        except memory_tier.MemoryTierError as e:
+            print(f"usage: python -m spmd.launch.cleanup --memory-tier JOB: {e}",
+                  file=sys.stderr)
+            return 2
+        if job and memory_tier.remove(job):
+            print(f"{socket.gethostname()}: removed the job's in-memory checkpoints "
+                  f"{memory_tier.job_dir(job)}")
+        return 0
     if len(argv) != 1 or not os.path.isdir(argv[0]):
-        print(f"usage: python -m spmd.launch.cleanup LAUNCH_DIR (got {argv!r}: give the "
-              "launch directory of a job that has ended)", file=sys.stderr)
+        print(f"usage: python -m spmd.launch.cleanup LAUNCH_DIR | --memory-tier JOB (got "
+              f"{argv!r}: give the launch directory of a job that has ended)", file=sys.stderr)
         return 2
     for path in clean_node(os.path.abspath(argv[0])):
         print(f"{socket.gethostname()}: removed the job's leftover {path}")

@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from spmd.launch import _rank, alive, elastic, hosts, multihost, nodes
+from spmd.launch import _rank, alive, elastic, hosts, memory_tier, multihost, nodes
 from spmd.launch.job import FAILURE_GRACE_S, TERM_GRACE_S, Job, _Terminated  # noqa: F401
 from spmd.launch.timeline import launcher as timeline
 from spmd.launch.summary import (PROG, failure_summary, format_ranks,  # noqa: F401
@@ -336,6 +336,9 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
     # As torchrun's TORCHELASTIC_RESTART_COUNT / TORCHELASTIC_MAX_RESTARTS.
     env["SPMD_RESTART_ATTEMPT"] = str(attempt)
     env["SPMD_MAX_RESTARTS"] = str(getattr(ns, "max_restarts", 0) or 0)
+    # One id for the whole run, its restarts included: the in-memory checkpoints'
+    # directory (spmd.launch.memory_tier), found again by the next attempt.
+    env[memory_tier.JOB_ENV] = getattr(ns, "job_id", None) or memory_tier.new_job_id()
     timeline.rank_env(ns, launch_dir, env)
     return env
 
@@ -344,7 +347,7 @@ def build_env(ns: argparse.Namespace, launch_dir: str, environ=None,
 _EXPORTED = ("SPMD_LOCAL_DEVICES", "SPMD_NUM_DEVICES", "SPMD_PLATFORM", "SPMD_GPU_BACKEND", "OMP_NUM_THREADS",
              "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
              "PYTHONUNBUFFERED", "SPMD_LAUNCH_DIR", "SPMD_LAUNCHER_ALIVE",
-             "SPMD_RESTART_ATTEMPT", "SPMD_MAX_RESTARTS") + timeline.RANK_VARS
+             "SPMD_RESTART_ATTEMPT", "SPMD_MAX_RESTARTS", memory_tier.JOB_ENV) + timeline.RANK_VARS
 
 
 def build_command(ns: argparse.Namespace, mpiexec: str, impl: str,
@@ -435,8 +438,10 @@ def run(ns: argparse.Namespace) -> int:
     # job as Ctrl-C does, also between two attempts.
     previous = {sig: signal.signal(sig, _raise_terminated)
                 for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None}
+    ns.job_id, used = memory_tier.new_job_id(), []  # (used: every attempt's hosts)
     try:
         for attempt in range(attempts):
+            used += ns.rank_hosts or []
             status, restartable, loss = _attempt(ns, mpiexec, impl, attempt, deadline)
             if status == 0 or not restartable or attempt + 1 == attempts:
                 return status
@@ -458,8 +463,11 @@ def run(ns: argparse.Namespace) -> int:
               file=sys.stderr)
         return 128 + e.signum
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        try:  # (however the job ended: its in-memory checkpoints are of no more use)
+            multihost.remove_memory_tier(ns, mpiexec, impl, dict(os.environ), used)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _resize(ns: argparse.Namespace, loss: elastic.Loss | None, which: str) -> bool:

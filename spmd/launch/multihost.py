@@ -18,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 
-from spmd.launch.hosts import HostsError, host_args
+from spmd.launch import memory_tier
+from spmd.launch.hosts import HostsError, host_args, is_local as _is_local
 from spmd.launch.summary import PROG
 
 # The launch directory's parent when hosts other than this one run ranks.
@@ -66,27 +67,31 @@ def remove_launch_dir(launch_dir: str) -> None:
             pass
 
 
-def cleanup_command(ns: argparse.Namespace, mpiexec: str, impl: str, launch_dir: str) -> list[str]:
-    """One process on every host of the job, each removing its own node's leftover
-    segments (:func:`spmd.launch.cleanup.main`), started as the job was."""
-    used = list(dict.fromkeys(ns.rank_hosts))
+def cleanup_command(ns: argparse.Namespace, mpiexec: str, impl: str, launch_dir: str,
+                    hosts: list[str] | None = None, what: list[str] | None = None) -> list[str]:
+    """One process on every host of the job (or of ``hosts``), each removing its own
+    node's leftovers: the segments (:func:`spmd.launch.cleanup.main`), or ``what``
+    (other arguments of that pass), started as the job was."""
+    used = list(dict.fromkeys(ns.rank_hosts if hosts is None else hosts))
     cmd = [mpiexec]
     if impl == "openmpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += host_args(ns, impl, launch_dir, placement=[(h, 1) for h in used])
     cmd += list(ns.mpiexec_args or [])
-    return cmd + ["-n", str(len(used)), sys.executable, "-m", "spmd.launch.cleanup", launch_dir]
+    return cmd + ["-n", str(len(used)), sys.executable, "-m", "spmd.launch.cleanup",
+                  *(what or [launch_dir])]
 
 
 def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
-                     launch_dir: str) -> bool:
+                     launch_dir: str, hosts: list[str] | None = None,
+                     what: list[str] | None = None, name: str = "shared memory") -> bool:
     """Run the cleanup pass on every host (a node cleans its own /dev/shm: the
     launcher cannot see it); whether it completed.  Says so when it did not.
 
     >>> clean_every_host(ns, "mpiexec", "mpich", env, launch_dir)  # doctest: +SKIP
     True
     """
-    cmd = cleanup_command(ns, mpiexec, impl, launch_dir)
+    cmd = cleanup_command(ns, mpiexec, impl, launch_dir, hosts, what)
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -94,8 +99,8 @@ def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and what it started here
         proc.communicate()
-        print(f"{PROG}: the cleanup of the hosts' shared memory did not finish within "
-              f"{CLEANUP_PASS_S:g}s (a host does not answer?); segments may be left in "
+        print(f"{PROG}: the cleanup of the hosts' {name} did not finish within "
+              f"{CLEANUP_PASS_S:g}s (a host does not answer?); it may be left in "
               "/dev/shm there", file=sys.stderr)
         return False
     except BaseException:  # Ctrl-C or SIGTERM meanwhile: leave nothing running
@@ -104,8 +109,32 @@ def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
         raise
     if proc.returncode != 0:
         tail = "\n".join(text.strip().splitlines()[-5:])
-        print(f"{PROG}: the cleanup of the hosts' shared memory failed (mpiexec exit status "
-              f"{proc.returncode}); segments may be left in /dev/shm there:\n{tail}",
+        print(f"{PROG}: the cleanup of the hosts' {name} failed (mpiexec exit status "
+              f"{proc.returncode}); it may be left in /dev/shm there:\n{tail}",
               file=sys.stderr)
         return False
     return True
+
+
+def remove_memory_tier(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
+                       used: list[str]) -> None:
+    """Once the job has ended: remove its in-memory checkpoints
+    (:mod:`spmd.launch.memory_tier`) on every host it used.  The last attempt's
+    hosts first, in one pass; then, each alone, hosts only earlier attempts used (a
+    lost host may not answer: it must not keep the others' memory from being freed).
+
+    >>> remove_memory_tier(ns, "mpiexec", "mpich", env, ["node0", "node1"])  # doctest: +SKIP
+    """
+    if all(_is_local(h) for h in used):
+        memory_tier.remove(ns.job_id)  # every rank ran here
+        return
+    last = list(dict.fromkeys(ns.rank_hosts or []))
+    passes = [last] + [[h] for h in dict.fromkeys(used) if h not in last]
+    launch_dir = make_launch_dir(ns)
+    try:
+        for hosts in passes:
+            if hosts:
+                clean_every_host(ns, mpiexec, impl, env, launch_dir, hosts,
+                                 ["--memory-tier", ns.job_id], "in-memory checkpoints")
+    finally:
+        remove_launch_dir(launch_dir)

@@ -66,6 +66,6 @@ def test_the_pass_needs_a_launch_directory(tmp_path):
                          capture_output=True, text=True, timeout=60,
                              cwd=str(REPO_ROOT))
     assert out.returncode == 2
-    assert "usage: python -m spmd.launch.cleanup LAUNCH_DIR (got [" in out.stderr
+    assert "usage: python -m spmd.launch.cleanup LAUNCH_DIR | --memory-tier JOB (got [" in out.stderr
     assert "give the launch directory of a job that has ended" in out.stderr
     assert cleanup.clean_node(str(tmp_path)) == []  # no records: nothing to do

@@ -1,0 +1,453 @@
+"""The fast tier: checkpoints kept in the nodes' memory, which survive the loss of a node.
+
+``save(directory, tree, step=k, local=True)`` keeps each process's blocks (those
+it would write to disk: its devices' replica-0 blocks) in its node's ``/dev/shm``
+and sends a copy to one process on the next node, which keeps it in *its*
+``/dev/shm``.  :func:`spmd.checkpointing.restore` reads a step from here when the
+processes still alive hold every saving process's blocks (their own or the
+copies) of a step newer than the persistent checkpoint's, on any mesh, and
+otherwise reads the persistent checkpoint.
+
+Layout, per node: ``/dev/shm/spmd-tier-<job>/<key>/step_<k>.a<attempt>/`` (``<job>``:
+:mod:`spmd.launch.memory_tier`; ``<key>``: a digest of the persistent directory's
+path, so two checkpoint series never mix), holding for each process ``r`` whose
+blocks are on this node ``r<r>.bin`` (the blocks' bytes, one after another) and
+``r<r>.json`` (where each block lies in the file and in its array, the leaves,
+the size and the crc32 of the bytes), written under temporary names and renamed,
+``.json`` last; and ``commit.r<p>``, written by each process ``p`` of the node once
+every process of the job has written its files and its copy (an agreement).  A
+step with a commit mark on any node was written whole everywhere.  After a commit
+each process removes the node's older steps.
+
+Nodes are told apart by host name; on one node there is no copy (a lost process's
+node, and its memory, are still there).  Within a step the blocks are disjoint (one
+replica of each), so a block is read once, and each region a process restores is
+checked to be covered exactly.
+
+>>> checkpointing.save("ckpt", state, step=k, local=True)          # every step
+>>> checkpointing.save("ckpt", state, step=k)                      # now and then
+>>> state = checkpointing.restore("ckpt", target)                  # the newest of both
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import zlib
+
+import numpy as np
+
+from spmd import tree_util
+from spmd.checkpointing import manifest, writing
+from spmd.checkpointing.coordination import CheckpointError, all_ok, communicator, watched
+from spmd.launch import memory_tier
+from spmd.mesh import process_count, process_index
+from spmd.shard.arrays.placing import make_array_from_callback
+
+try:
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 names with numpy)
+except ImportError:  # pragma: no cover - a dependency of tensorstore
+    pass
+
+FORMAT = 1
+_STEP = re.compile(r"^step_(\d+)\.a(\d+)$")
+_TAG_HEADER, _TAG_DATA = 7101, 7102  # the copy's messages on the checkpoint communicator
+
+
+def tier_dir(directory: str, what: str = "save(local=True)") -> str:
+    """This node's directory of in-memory steps of the checkpoints in ``directory``."""
+    try:
+        job = memory_tier.job_id()
+    except memory_tier.MemoryTierError as e:
+        raise CheckpointError(f"{what}: {e}") from None
+    if job is None:
+        raise CheckpointError(
+            f"{what}: in-memory checkpoints need a job that outlives its processes, and "
+            f"${memory_tier.JOB_ENV} is not set; run under spmd-run (which sets it, keeps "
+            "the tier through restarts and removes it at the end), or set it to a name "
+            "unique to this job and remove /dev/shm/spmd-tier-<name> after the job")
+    key = hashlib.sha1(os.path.realpath(directory).encode()).hexdigest()[:16]
+    return os.path.join(memory_tier.job_dir(job), key)
+
+
+def enabled() -> bool:
+    """Whether this job may hold in-memory checkpoints (``$SPMD_JOB_ID`` is set)."""
+    try:
+        return memory_tier.job_id() is not None
+    except memory_tier.MemoryTierError:
+        return True  # (tier_dir then names the bad value)
+
+
+# ------------------------------------------------------------------ the nodes
+
+_hosts_cache: list = []
+
+
+def _hosts() -> list[str]:
+    """Every process's host name, by rank (one allgather, once)."""
+    if not _hosts_cache:
+        comm = communicator()
+        here = socket.gethostname()
+        if comm is None:
+            _hosts_cache.append([here])
+        else:
+            with watched("finding the nodes"):
+                _hosts_cache.append(comm.allgather(here))
+    return _hosts_cache[0]
+
+
+def partners(hosts: list[str]) -> list[int | None]:
+    """For each rank, the rank on the next node that keeps the copy of its blocks
+    (the same position among that node's ranks, wrapped); None on one node.
+
+    >>> partners(["a", "a", "b", "b"])
+    [2, 3, 0, 1]
+    >>> partners(["a", "a", "b"])
+    [2, 2, 0]
+    """
+    nodes: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        nodes.setdefault(h, []).append(r)
+    order = list(nodes)
+    if len(order) == 1:
+        return [None] * len(hosts)
+    out: list[int | None] = []
+    for r, h in enumerate(hosts):
+        mine = nodes[h]
+        there = nodes[order[(order.index(h) + 1) % len(order)]]
+        out.append(there[mine.index(r) % len(there)])
+    return out
+
+
+# ------------------------------------------------------------------ saving
+
+class TierPlan:
+    """One process's part of one in-memory save: its blocks copied into one buffer,
+    and the header that says where each lies."""
+
+    def __init__(self, directory: str, tier: str, step: int, keep: int, header: dict,
+                 buf: np.ndarray):
+        self.directory, self.tier, self.step, self.keep = directory, tier, step, keep
+        self.header, self.buf = header, buf
+        self.final = os.path.join(tier, f"step_{step}.a{header['attempt']}")
+
+
+def plan(directory: str, tree, step, keep) -> TierPlan:
+    """The plan of an in-memory save of ``tree``: this process's blocks (its devices'
+    replica-0 blocks, as a save to disk writes), their bytes copied now so that
+    training may go on and change its arrays."""
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"save(local=True): step must be an integer >= 0, got {step!r}")
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+        raise CheckpointError(f"save(local=True): keep must be an integer >= 1 or None, got "
+                              f"{keep!r}")
+    paths_leaves, _ = tree_util.tree_flatten_with_path(tree)
+    me, ok, leaves = process_index(), True, []
+    communicator()  # created here, in the calling thread: Dup is a collective on the world
+    try:  # a process-local failure (memory, a device) must fail every process
+        tier = tier_dir(directory)
+        for path, x in paths_leaves:
+            p = tree_util.keystr(path)
+            shape, dtype, sh = writing._leaf_info(x, p)
+            if dtype.kind not in "biufcV" or not _named(dtype):
+                raise CheckpointError(f"save(local=True): the leaf at {p} has dtype {dtype}; "
+                                      "checkpoints hold numeric and bool arrays")
+            leaves.append((p, shape, dtype, sh, list(writing._blocks_to_write(x, sh, me))))
+        return _snapshot(directory, tier, int(step), keep, leaves)
+    except BaseException:
+        ok = False
+        raise
+    finally:
+        all_ok(ok, f"in-memory save of step {step}: reading the blocks")
+
+
+def _snapshot(directory: str, tier: str, step: int, keep, leaves) -> TierPlan:
+    """The blocks' bytes in one buffer, and the header that says where each lies."""
+    metas, entries, total = [], [], 0
+    for i, (p, shape, dtype, _, blocks) in enumerate(leaves):
+        metas.append({"path": p, "shape": list(shape), "dtype": dtype.name})
+        for index, b in blocks:
+            n = int(np.asarray(b).nbytes)
+            entries.append([i, manifest._bounds(index, shape), total, n])
+            total += n
+    buf = np.empty(total, np.uint8)
+    for (i, _, offset, n), b in zip(entries, (b for leaf in leaves for _, b in leaf[4])):
+        buf[offset:offset + n] = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    header = {"format": FORMAT, "step": int(step), "world": process_count(),
+              "rank": process_index(), "host": socket.gethostname(),
+              "attempt": int(os.environ.get("SPMD_RESTART_ATTEMPT", "0") or 0),
+              "leaves": metas, "blocks": entries, "size": total}
+    return TierPlan(directory, tier, int(step), keep or 1, header, buf)
+
+
+def write(plan: TierPlan) -> str:
+    """Keep ``plan``'s blocks in this node's memory and its copy on the partner's; once
+    every process has done both, mark the step committed and drop the node's older
+    steps.  Returns the step's directory on this node."""
+    comm, me = communicator(), process_index()
+    header = dict(plan.header, crc32=zlib.crc32(plan.buf))
+    dest = partners(_hosts())
+    sends = []
+    if dest[me] is not None:  # posted first: the partner's receive never waits in vain
+        with watched("sending the in-memory copy"):
+            sends = [comm.isend(header, dest=dest[me], tag=_TAG_HEADER),
+                     comm.Isend(plan.buf, dest=dest[me], tag=_TAG_DATA)]
+    error = None
+    try:
+        os.makedirs(plan.final, exist_ok=True)
+        _write_files(plan.final, header, plan.buf)
+    except OSError as e:
+        error = e
+    for src in (r for r, d in enumerate(dest) if d == me):
+        with watched("receiving an in-memory copy"):
+            got = comm.recv(source=src, tag=_TAG_HEADER)
+            data = np.empty(got["size"], np.uint8)
+            comm.Recv(data, source=src, tag=_TAG_DATA)
+        if error is None:
+            error = _keep_copy(plan.final, got, data)
+    if sends:
+        with watched("sending the in-memory copy"):
+            sends[0].wait()
+            sends[1].Wait()
+    all_ok(error is None, f"in-memory save of step {plan.step} ({plan.final}: "
+                          f"{error or 'written'})")
+    open(os.path.join(plan.final, f"commit.r{me}"), "w").close()
+    _prune(plan.tier, plan.keep)
+    return plan.final
+
+
+def _keep_copy(path: str, header: dict, data: np.ndarray) -> Exception | None:
+    if zlib.crc32(data) != header["crc32"]:
+        return CheckpointError(f"the copy of process {header['rank']}'s blocks arrived "
+                               "altered (crc32 differs)")
+    try:
+        _write_files(path, header, data)
+    except OSError as e:
+        return e
+    return None
+
+
+def _write_files(path: str, header: dict, data: np.ndarray) -> None:
+    """``r<rank>.bin`` then ``r<rank>.json``, each under a temporary name first: a
+    header on file means its bytes are all there."""
+    name = os.path.join(path, f"r{header['rank']}")
+    with open(name + ".bin.tmp", "wb") as f:
+        f.write(memoryview(data))
+    os.replace(name + ".bin.tmp", name + ".bin")
+    with open(name + ".json.tmp", "w") as f:
+        json.dump(header, f)
+    os.replace(name + ".json.tmp", name + ".json")
+
+
+def _prune(tier: str, keep: int) -> None:
+    """Drop all but the ``keep`` newest committed steps on this node (older ones and
+    what failed or dead attempts left)."""
+    committed = sorted((s, a, n) for s, a, n, _, ok in _steps(tier) if ok)
+    kept = {n for _, _, n in committed[-keep:]}
+    for _, _, name, _, _ in _steps(tier):
+        if name not in kept:
+            shutil.rmtree(os.path.join(tier, name), ignore_errors=True)
+
+
+def _steps(tier: str) -> list[tuple[int, int, str, list[int], bool]]:
+    """(step, attempt, name, the ranks whose blocks are here, committed) per step
+    directory on this node."""
+    out = []
+    for name in sorted(os.listdir(tier)) if os.path.isdir(tier) else []:
+        m = _STEP.match(name)
+        if not m:
+            continue
+        try:
+            files = os.listdir(os.path.join(tier, name))
+        except OSError:  # removed meanwhile by another process of the node
+            continue
+        ranks = sorted(int(f[1:-5]) for f in files if re.fullmatch(r"r\d+\.json", f))
+        out.append((int(m.group(1)), int(m.group(2)), name, ranks,
+                    any(f.startswith("commit.") for f in files)))
+    return out
+
+
+# ------------------------------------------------------------------ restoring
+
+class TierDamaged(CheckpointError):
+    """An in-memory step that turned out damaged as it was read (restore then reads
+    the persistent checkpoint)."""
+
+
+class Found:
+    """A step that the live processes' nodes hold whole: for each saving process,
+    the live process that reads its blocks (``reader``)."""
+
+    def __init__(self, step: int, attempt: int, world: int, reader: dict[int, int]):
+        self.step, self.attempt, self.world, self.reader = step, attempt, world, reader
+        self.name = f"step_{step}.a{attempt}"
+
+
+def _listing(tier: str) -> list[tuple[int, int, int, list[int]]]:
+    """(step, attempt, saving processes, ranks held here) of this node's committed steps."""
+    out = []
+    for step, attempt, name, ranks, committed in _steps(tier):
+        if committed and ranks:
+            try:
+                with open(os.path.join(tier, name, f"r{ranks[0]}.json")) as f:
+                    world = int(json.load(f)["world"])
+            except (OSError, ValueError, KeyError):
+                continue  # (damaged: never picked)
+            out.append((step, attempt, world, ranks))
+    return out
+
+
+def newest(directory: str, step: int | None = None) -> Found | None:
+    """The newest step (or ``step``) that the nodes of the live processes hold whole
+    in memory; collective over every process (None: none, or no tier in this job)."""
+    if not enabled():
+        return None
+    tier = tier_dir(directory, "restore")
+    listings = manifest.agreed(communicator(), lambda: _listing(tier),
+                               "restore (listing the in-memory checkpoints)", CheckpointError,
+                               share=True)
+    held: dict[tuple[int, int, int], dict[int, int]] = {}
+    for rank, listing in enumerate(listings):
+        for s, a, world, ranks in listing:
+            readers = held.setdefault((s, a, world), {})
+            for r in ranks:
+                readers.setdefault(r, rank)  # (the lowest live rank that holds it)
+    whole = [(s, a, w) for (s, a, w), readers in held.items()
+             if set(readers) == set(range(w)) and (step is None or s == step)]
+    if not whole:
+        return None
+    s, a, w = max(whole)
+    return Found(s, a, w, held[(s, a, w)])
+
+
+def read(directory: str, found: Found, check):
+    """The tree saved as ``found``, placed by the target: each saving process's blocks
+    read (and their crc32 checked) once, by the process ``found.reader`` names, and
+    each region sent to the processes whose devices need it.  ``check(meta)``:
+    ``(plans, treedef)`` of the target checked against the saved leaves, plans as
+    ``(leaf, shape, sharding or None)`` in the target's order."""
+    comm, me = communicator(), process_index()
+    path = os.path.join(tier_dir(directory, "restore"), found.name)
+    mine = [r for r, reader in sorted(found.reader.items()) if reader == me]
+    held = manifest.agreed(comm, lambda: [_load(path, r, found) for r in mine],
+                           f"restore of the in-memory step {found.step}", TierDamaged)
+    leaves = held[0][0]["leaves"] if found.reader[0] == me else None
+    if comm is not None:
+        with watched("restore (the saved leaves)"):
+            leaves = comm.bcast(leaves, root=found.reader[0])
+    plans, treedef = check({"leaves": leaves})
+    position = {leaf["path"]: j for j, (leaf, _, _) in enumerate(plans)}
+    sends = _pieces(held, leaves, position, plans, process_count())
+    if comm is None:
+        received = sends
+    else:
+        with watched("restore (moving the in-memory blocks)"):
+            received = comm.alltoall(sends)
+    arrays = manifest.agreed(comm, lambda: _assemble(plans, received, found.step),
+                             f"restore of the in-memory step {found.step}", CheckpointError)
+    return tree_util.tree_unflatten(treedef, arrays)
+
+
+def _load(path: str, rank: int, found: Found) -> tuple[dict, np.ndarray]:
+    name = os.path.join(path, f"r{rank}")
+    with open(name + ".json") as f:
+        header = json.load(f)
+    data = np.fromfile(name + ".bin", np.uint8)
+    if data.size != header["size"] or zlib.crc32(data) != header["crc32"]:
+        raise TierDamaged(
+            f"restore: the in-memory blocks of process {rank} of step {found.step} "
+            f"({name}.bin) are {'truncated' if data.size != header['size'] else 'altered'}"
+            f" (the crc32 or size differs from its header)")
+    if header["step"] != found.step or header["world"] != found.world:
+        raise TierDamaged(f"restore: {name}.json belongs to another save (step "
+                              f"{header['step']} of {header['world']} processes)")
+    return header, data
+
+
+def _needed(shape: tuple, sharding, nprocs: int) -> list[list[list[tuple[int, int]]]]:
+    """For each process, the distinct regions its devices hold (everything: unplaced)."""
+    if sharding is None:
+        return [[[(0, int(n)) for n in shape]] for _ in range(nprocs)]
+    out: list[list] = [[] for _ in range(nprocs)]
+    for device, index in sharding.devices_indices_map(shape).items():
+        bounds = manifest._bounds(index, shape)
+        if bounds not in out[device.process_index]:
+            out[device.process_index].append(bounds)
+    return out
+
+
+def _overlap(a, b):
+    """The intersection of two regions (None when empty; [] for 0-d values)."""
+    out = [(max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b)]
+    return None if any(hi <= lo for lo, hi in out) else out
+
+
+def _pieces(held, leaves, position, plans, nprocs) -> list[list]:
+    """For each process, the parts of the blocks read here that its devices need:
+    ``(target leaf, region, data)``."""
+    needs = [_needed(shape, sh, nprocs) for _, shape, sh in plans]
+    sends: list[list] = [[] for _ in range(nprocs)]
+    for header, data in held:
+        for i, bounds, offset, nbytes in header["blocks"]:
+            j = position[leaves[i]["path"]]
+            bounds = [tuple(b) for b in bounds]
+            block = data[offset:offset + nbytes].view(_dtype(leaves[i]["dtype"])).reshape(
+                [hi - lo for lo, hi in bounds])
+            for q in range(nprocs):
+                for region in needs[j][q]:
+                    part = _overlap(bounds, region)
+                    if part is not None:
+                        cut = tuple(slice(lo - b0, hi - b0) for (lo, hi), (b0, _) in
+                                    zip(part, bounds))
+                        sends[q].append((j, part, block[cut].copy()))  # (ascontiguousarray: 0-d to 1-d)
+    return sends
+
+
+def _assemble(plans, received, step: int) -> list:
+    """The target's leaves from the parts received, each region checked to be
+    covered exactly (never a partial step)."""
+    parts: list[list] = [[] for _ in plans]
+    for batch in received:
+        for j, region, data in batch:
+            parts[j].append(([tuple(r) for r in region], data))
+    out = []
+    for (leaf, shape, sh), mine in zip(plans, parts):
+        dtype = _dtype(leaf["dtype"])
+
+        def region_of(index, mine=mine, shape=shape, dtype=dtype, leaf=leaf):
+            want = manifest._bounds(index, shape)
+            block = np.empty([hi - lo for lo, hi in want], dtype)
+            covered = 0
+            for region, data in mine:
+                if _overlap(region, want) is None:
+                    continue
+                block[tuple(slice(lo - w0, hi - w0) for (lo, hi), (w0, _) in
+                            zip(region, want))] = data
+                covered += math.prod(hi - lo for lo, hi in region)
+            if covered != math.prod(hi - lo for lo, hi in want):
+                raise CheckpointError(f"restore: the in-memory step {step} does not cover "
+                                      f"the region {want} of the leaf at {leaf['path']}")
+            return block
+
+        out.append(region_of(Ellipsis) if sh is None else
+                   make_array_from_callback(shape, sh, region_of))
+    return out
+
+
+def _named(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is found again from its name (bfloat16 is; a struct is not)."""
+    try:
+        return np.dtype(dtype.name) == dtype
+    except TypeError:
+        return False
+
+
+def _dtype(name: str) -> np.dtype:
+    """A saved dtype's name as a dtype (bfloat16 and the float8 types: ml_dtypes has
+    registered their names with numpy)."""
+    return np.dtype(name)
