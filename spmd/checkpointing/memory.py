@@ -147,10 +147,11 @@ def plan(directory: str, tree, step, keep) -> TierPlan:
         raise CheckpointError(f"save(local=True): keep must be an integer >= 1 or None, got "
                               f"{keep!r}")
     paths_leaves, _ = tree_util.tree_flatten_with_path(tree)
-    me, ok, leaves = process_index(), True, []
-    communicator()  # created here, in the calling thread: Dup is a collective on the world
-    try:  # a process-local failure (memory, a device) must fail every process
+    me = process_index()
+
+    def read_blocks() -> TierPlan:
         tier = tier_dir(directory)
+        leaves = []
         for path, x in paths_leaves:
             p = tree_util.keystr(path)
             shape, dtype, sh = writing._leaf_info(x, p)
@@ -159,11 +160,10 @@ def plan(directory: str, tree, step, keep) -> TierPlan:
                                       "checkpoints hold numeric and bool arrays")
             leaves.append((p, shape, dtype, sh, list(writing._blocks_to_write(x, sh, me))))
         return _snapshot(directory, tier, int(step), keep, leaves)
-    except BaseException:
-        ok = False
-        raise
-    finally:
-        all_ok(ok, f"in-memory save of step {step}: reading the blocks")
+
+    # (A process-local failure, memory or a device, fails every process, with its words.)
+    return manifest.agreed(communicator(), read_blocks,
+                           f"in-memory save of step {step}: reading the blocks", CheckpointError)
 
 
 def _snapshot(directory: str, tier: str, step: int, keep, leaves) -> TierPlan:

@@ -131,7 +131,8 @@ def _from_memory(directory: str, target, step, span):
         tree = memory.read(directory, found, lambda meta: _checked(
             meta, target, f"the in-memory step {found.step}"))
     except memory.TierDamaged as e:
-        manifest.warn_once(("memory", found.name), f"spmd.checkpointing.restore: {e}; "
+        manifest.warn_once(("memory", memory.tier_dir(directory), found.name),
+                           f"spmd.checkpointing.restore: {e}; "
                            "restoring from the checkpoints on disk instead", stacklevel=5)
         return None
     span.args.update(step=found.step, tier="memory")

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from spmd.launch import cleanup
+from spmd.launch import cleanup, memory_tier
 from tests.mpi import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or not sys.platform.startswith(
@@ -69,3 +69,18 @@ def test_the_pass_needs_a_launch_directory(tmp_path):
     assert "usage: python -m spmd.launch.cleanup LAUNCH_DIR | --memory-tier JOB (got [" in out.stderr
     assert "give the launch directory of a job that has ended" in out.stderr
     assert cleanup.clean_node(str(tmp_path)) == []  # no records: nothing to do
+
+
+def test_the_pass_removes_a_jobs_memory_tier():
+    job = "cleanup-test-" + str(os.getpid())
+    where = memory_tier.job_dir(job)
+    os.makedirs(os.path.join(where, "k", "step_1.a0"))
+    out = subprocess.run([sys.executable, "-m", "spmd.launch.cleanup", "--memory-tier", job],
+                         capture_output=True, text=True, timeout=60, cwd=str(REPO_ROOT))
+    assert out.returncode == 0, out.stderr
+    assert f"removed the job's in-memory checkpoints {where}" in out.stdout
+    assert not os.path.exists(where)
+    bad = subprocess.run([sys.executable, "-m", "spmd.launch.cleanup", "--memory-tier", "a/b"],
+                         capture_output=True, text=True, timeout=60, cwd=str(REPO_ROOT))
+    assert bad.returncode == 2
+    assert "SPMD_JOB_ID='a/b' cannot name a directory" in bad.stderr

@@ -1,0 +1,90 @@
+"""The fast tier across processes on one machine: ``spmd-run`` gives every attempt of a
+run the same ``SPMD_JOB_ID``, so the attempt after a lost rank (``--min-ranks``: on
+fewer ranks) restores the step the previous one kept in memory, onto its own mesh;
+and once the run has ended, however it ended, its memory is gone.
+
+(On one machine there is no copy on another node: the lost rank's node, and its
+memory, are still there.  Across nodes: tests/multinode/test_fast_recovery.py.)  The
+jobs run under ``python -m spmd.launch`` with a time limit.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.launch.jobs import Launch  # noqa: E402
+
+from spmd.launch import cli, memory_tier  # noqa: E402
+
+LIMIT_S = 150
+
+# Attempt 0 on 4 ranks keeps step 3 in memory (a 12 x 4 array split over the ranks,
+# and a count), then rank 3 dies; the next attempt restores onto a mesh of its size,
+# the array split along the other axis, and each rank checks its own block.
+_JOB = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import spmd
+    from spmd import P, NamedSharding, checkpointing
+
+    CKPT = sys.argv[1]
+    WHOLE = np.arange(48.0, dtype=np.float32).reshape(12, 4)
+    attempt, me = os.environ["SPMD_RESTART_ATTEMPT"], spmd.process_index()
+    n = spmd.process_count()
+    mesh = spmd.make_mesh((n,), ("i",))
+    print(f"JOB {me} {os.environ['SPMD_JOB_ID']}", flush=True)
+    if attempt == "0":
+        x = spmd.make_array_from_callback((12, 4), NamedSharding(mesh, P("i")),
+                                          lambda idx: WHOLE[idx])
+        checkpointing.save(CKPT, {"x": x, "count": np.int64(3)}, step=3, local=True)
+        if me == 3:
+            os.kill(os.getpid(), 9)
+        time.sleep(60)
+    step = checkpointing.latest_step(CKPT, local=True)
+    target = {"x": NamedSharding(mesh, P(None, "i") if 4 % n == 0 else P()),
+              "count": np.int64(0)}
+    out = checkpointing.restore(CKPT, target)
+    for shard in out["x"].addressable_shards:
+        assert np.array_equal(np.asarray(shard.data), WHOLE[shard.index]), shard.index
+    print(f"RESTORED {me} of {n}: step {step} count {int(out['count'])}", flush=True)
+""")
+
+
+def _tiers() -> set[str]:
+    return set(glob.glob(os.path.join(memory_tier.SHM, memory_tier.PREFIX + "*")))
+
+
+def test_the_attempt_after_a_lost_rank_restores_from_memory(tmp_path):
+    before = _tiers()
+    job = Launch(_JOB, 4, tmp_path, options=["--max-restarts", "1", "--min-ranks", "2"],
+                 args=[tmp_path / "ck"])
+    status = job.wait(LIMIT_S)
+    out = job.out
+    assert status == 0, out[-5000:]
+    assert "spmd-run: attempt 2 of 2 on 3 ranks" in out, out[-5000:]
+    for r in range(3):
+        assert f"RESTORED {r} of 3: step 3 count 3" in out, out[-5000:]
+    jobs = {line.split()[-1] for line in out.splitlines() if "JOB " in line}
+    assert len(jobs) == 1, jobs  # one id for both attempts
+    assert not os.path.exists(tmp_path / "ck")  # nothing was on disk
+    assert _tiers() == before  # removed at the end
+
+
+def test_a_failed_run_leaves_no_memory_either(tmp_path):
+    before = _tiers()
+    job = Launch(_JOB, 4, tmp_path, args=[tmp_path / "ck"])  # no restart
+    status = job.wait(LIMIT_S)
+    assert status not in (0, None), job.out[-5000:]
+    assert "JOB 0 " in job.out, job.out[-5000:]
+    assert _tiers() == before
+
+
+def test_every_attempt_gets_the_runs_id():
+    ns = cli.parse_args(["-n", "2", "--max-restarts", "3", "t.py"])
+    ns.job_id = "abc123"
+    assert cli.build_env(ns, "/tmp/x", environ={}, attempt=2)[memory_tier.JOB_ENV] == "abc123"
+    assert memory_tier.JOB_ENV in cli._EXPORTED  # (Open MPI is told to pass it on)
