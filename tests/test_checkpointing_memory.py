@@ -60,7 +60,7 @@ def test_a_step_in_memory_restores_onto_another_mesh(job, tmp_path):
     where = ckpt.save(str(tmp_path), _tree(mesh), step=5, local=True)
     assert where == os.path.join(memory.tier_dir(str(tmp_path)), "step_5.a0")
     assert where.startswith(memory_tier.job_dir(job))
-    assert sorted(os.listdir(where)) == ["commit.r0", "r0.bin", "r0.json"]
+    assert sorted(os.listdir(where)) == ["commit.r0", "r0.w0.bin", "r0.w0.json"]
     assert not os.listdir(tmp_path)  # nothing on disk
     assert ckpt.latest_step(str(tmp_path)) is None
     assert ckpt.latest_step(str(tmp_path), local=True) == 5
@@ -98,16 +98,16 @@ def test_only_the_newest_steps_are_kept(job, tmp_path):
 
 def _damage(path: str, how: str) -> None:
     if how == "altered":
-        with open(os.path.join(path, "r0.bin"), "r+b") as f:
+        with open(os.path.join(path, "r0.w0.bin"), "r+b") as f:
             f.seek(17)
             byte = f.read(1)
             f.seek(17)
             f.write(bytes([byte[0] ^ 0xFF]))
     elif how == "truncated":
-        with open(os.path.join(path, "r0.bin"), "r+b") as f:
+        with open(os.path.join(path, "r0.w0.bin"), "r+b") as f:
             f.truncate(100)
     elif how == "a process's blocks missing":
-        os.remove(os.path.join(path, "r0.json"))
+        os.remove(os.path.join(path, "r0.w0.json"))
     else:  # the save never committed
         os.remove(os.path.join(path, "commit.r0"))
 

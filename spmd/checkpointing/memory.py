@@ -11,15 +11,17 @@ otherwise reads the persistent checkpoint.
 Layout, per node: ``/dev/shm/spmd-tier-<job>/<key>/step_<k>.a<attempt>/`` (``<job>``:
 :mod:`spmd.launch.memory_tier`; ``<key>``: a digest of the persistent directory's
 path, so two checkpoint series never mix), holding for each process ``r`` whose
-blocks are on this node ``r<r>.bin`` (the blocks' bytes, one after another) and
-``r<r>.json`` (where each block lies in the file and in its array, the leaves,
-the size and the crc32 of the bytes), written under temporary names and renamed,
-``.json`` last; and ``commit.r<p>``, written by each process ``p`` of the node once
-every process of the job has written its files and its copy (an agreement).  A
+blocks process ``w`` of this node keeps (``w == r`` or the copy) ``r<r>.w<w>.bin``
+(the blocks' bytes, one after another) and ``r<r>.w<w>.json`` (where each block lies
+in the file and in its array, the leaves, the size and the crc32 of the bytes),
+written under temporary names and renamed, ``.json`` last; and ``commit.r<p>``,
+written by each process ``p`` of the node once every process of the job has written
+its files and its copy (an agreement).  A
 step with a commit mark on any node was written whole everywhere.  After a commit
 each process removes the node's older steps.
 
-Nodes are told apart by host name; on one node there is no copy (a lost process's
+Nodes are told apart as :func:`spmd.launch.nodes.node_name` does (the host name,
+or ``SPMD_SIMULATE_NODES``'s simulated nodes); on one node there is no copy (a lost process's
 node, and its memory, are still there).  Within a step the blocks are disjoint (one
 replica of each), so a block is read once, and each region a process restores is
 checked to be covered exactly.
@@ -45,7 +47,7 @@ import numpy as np
 from spmd import tree_util
 from spmd.checkpointing import manifest, writing
 from spmd.checkpointing.coordination import CheckpointError, all_ok, communicator, watched
-from spmd.launch import memory_tier
+from spmd.launch import memory_tier, nodes
 from spmd.mesh import process_count, process_index
 from spmd.shard.arrays.placing import make_array_from_callback
 
@@ -56,6 +58,7 @@ except ImportError:  # pragma: no cover - a dependency of tensorstore
 
 FORMAT = 1
 _STEP = re.compile(r"^step_(\d+)\.a(\d+)$")
+_FILE = re.compile(r"r(\d+)\.w(\d+)\.json")
 _TAG_HEADER, _TAG_DATA = 7101, 7102  # the copy's messages on the checkpoint communicator
 
 
@@ -89,10 +92,11 @@ _hosts_cache: list = []
 
 
 def _hosts() -> list[str]:
-    """Every process's host name, by rank (one allgather, once)."""
+    """Every process's node, by rank (one allgather, once): the host name, or with
+    ``SPMD_SIMULATE_NODES`` the simulated node (:func:`spmd.launch.nodes.node_name`)."""
     if not _hosts_cache:
         comm = communicator()
-        here = socket.gethostname()
+        here = nodes.node_name()
         if comm is None:
             _hosts_cache.append([here])
         else:
@@ -235,7 +239,7 @@ def _keep_copy(path: str, header: dict, data: np.ndarray) -> Exception | None:
 def _write_files(path: str, header: dict, data: np.ndarray) -> None:
     """``r<rank>.bin`` then ``r<rank>.json``, each under a temporary name first: a
     header on file means its bytes are all there."""
-    name = os.path.join(path, f"r{header['rank']}")
+    name = os.path.join(path, f"r{header['rank']}.w{process_index()}")
     with open(name + ".bin.tmp", "wb") as f:
         f.write(memoryview(data))
     os.replace(name + ".bin.tmp", name + ".bin")
@@ -254,9 +258,11 @@ def _prune(tier: str, keep: int) -> None:
             shutil.rmtree(os.path.join(tier, name), ignore_errors=True)
 
 
-def _steps(tier: str) -> list[tuple[int, int, str, list[int], bool]]:
-    """(step, attempt, name, the ranks whose blocks are here, committed) per step
-    directory on this node."""
+def _steps(tier: str) -> list[tuple[int, int, str, dict[int, str], bool]]:
+    """(step, attempt, name, {saving rank: its file's stem here}, committed) per step
+    directory on this node.  A file's stem ``r<rank>.w<writer>`` names the process
+    whose blocks it holds and the one that wrote it (nodes simulated on one machine
+    share a /dev/shm: a copy then never has its original's name)."""
     out = []
     for name in sorted(os.listdir(tier)) if os.path.isdir(tier) else []:
         m = _STEP.match(name)
@@ -266,7 +272,11 @@ def _steps(tier: str) -> list[tuple[int, int, str, list[int], bool]]:
             files = os.listdir(os.path.join(tier, name))
         except OSError:  # removed meanwhile by another process of the node
             continue
-        ranks = sorted(int(f[1:-5]) for f in files if re.fullmatch(r"r\d+\.json", f))
+        ranks = {}
+        for f in sorted(files):
+            held = _FILE.fullmatch(f)
+            if held:
+                ranks.setdefault(int(held.group(1)), f[:-5])
         out.append((int(m.group(1)), int(m.group(2)), name, ranks,
                     any(f.startswith("commit.") for f in files)))
     return out
@@ -281,20 +291,22 @@ class TierDamaged(CheckpointError):
 
 class Found:
     """A step that the live processes' nodes hold whole: for each saving process,
-    the live process that reads its blocks (``reader``)."""
+    the live process that reads its blocks and the file's stem (``reader``)."""
 
-    def __init__(self, step: int, attempt: int, world: int, reader: dict[int, int]):
+    def __init__(self, step: int, attempt: int, world: int,
+                 reader: dict[int, tuple[int, str]]):
         self.step, self.attempt, self.world, self.reader = step, attempt, world, reader
         self.name = f"step_{step}.a{attempt}"
 
 
-def _listing(tier: str) -> list[tuple[int, int, int, list[int]]]:
-    """(step, attempt, saving processes, ranks held here) of this node's committed steps."""
+def _listing(tier: str) -> list[tuple[int, int, int, dict[int, str]]]:
+    """(step, attempt, saving processes, {rank: file stem} held here) of this node's
+    committed steps."""
     out = []
     for step, attempt, name, ranks, committed in _steps(tier):
         if committed and ranks:
             try:
-                with open(os.path.join(tier, name, f"r{ranks[0]}.json")) as f:
+                with open(os.path.join(tier, name, next(iter(ranks.values())) + ".json")) as f:
                     world = int(json.load(f)["world"])
             except (OSError, ValueError, KeyError):
                 continue  # (damaged: never picked)
@@ -315,8 +327,8 @@ def newest(directory: str, step: int | None = None) -> Found | None:
     for rank, listing in enumerate(listings):
         for s, a, world, ranks in listing:
             readers = held.setdefault((s, a, world), {})
-            for r in ranks:
-                readers.setdefault(r, rank)  # (the lowest live rank that holds it)
+            for r, stem in ranks.items():
+                readers.setdefault(int(r), (rank, stem))  # (the lowest live rank holding it)
     whole = [(s, a, w) for (s, a, w), readers in held.items()
              if set(readers) == set(range(w)) and (step is None or s == step)]
     if not whole:
@@ -333,13 +345,13 @@ def read(directory: str, found: Found, check):
     ``(leaf, shape, sharding or None)`` in the target's order."""
     comm, me = communicator(), process_index()
     path = os.path.join(tier_dir(directory, "restore"), found.name)
-    mine = [r for r, reader in sorted(found.reader.items()) if reader == me]
-    held = manifest.agreed(comm, lambda: [_load(path, r, found) for r in mine],
+    mine = [(r, stem) for r, (reader, stem) in sorted(found.reader.items()) if reader == me]
+    held = manifest.agreed(comm, lambda: [_load(path, r, stem, found) for r, stem in mine],
                            f"restore of the in-memory step {found.step}", TierDamaged)
-    leaves = held[0][0]["leaves"] if found.reader[0] == me else None
+    leaves = held[0][0]["leaves"] if found.reader[0][0] == me else None
     if comm is not None:
         with watched("restore (the saved leaves)"):
-            leaves = comm.bcast(leaves, root=found.reader[0])
+            leaves = comm.bcast(leaves, root=found.reader[0][0])
     plans, treedef = check({"leaves": leaves})
     position = {leaf["path"]: j for j, (leaf, _, _) in enumerate(plans)}
     sends = _pieces(held, leaves, position, plans, process_count())
@@ -353,8 +365,8 @@ def read(directory: str, found: Found, check):
     return tree_util.tree_unflatten(treedef, arrays)
 
 
-def _load(path: str, rank: int, found: Found) -> tuple[dict, np.ndarray]:
-    name = os.path.join(path, f"r{rank}")
+def _load(path: str, rank: int, stem: str, found: Found) -> tuple[dict, np.ndarray]:
+    name = os.path.join(path, stem)
     with open(name + ".json") as f:
         header = json.load(f)
     data = np.fromfile(name + ".bin", np.uint8)
@@ -363,7 +375,7 @@ def _load(path: str, rank: int, found: Found) -> tuple[dict, np.ndarray]:
             f"restore: the in-memory blocks of process {rank} of step {found.step} "
             f"({name}.bin) are {'truncated' if data.size != header['size'] else 'altered'}"
             f" (the crc32 or size differs from its header)")
-    if header["step"] != found.step or header["world"] != found.world:
+    if (header["step"], header["world"], header["rank"]) != (found.step, found.world, rank):
         raise TierDamaged(f"restore: {name}.json belongs to another save (step "
                               f"{header['step']} of {header['world']} processes)")
     return header, data

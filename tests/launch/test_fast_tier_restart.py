@@ -88,3 +88,50 @@ def test_every_attempt_gets_the_runs_id():
     ns.job_id = "abc123"
     assert cli.build_env(ns, "/tmp/x", environ={}, attempt=2)[memory_tier.JOB_ENV] == "abc123"
     assert memory_tier.JOB_ENV in cli._EXPORTED  # (Open MPI is told to pass it on)
+
+
+# Nodes simulated on one machine (SPMD_SIMULATE_NODES=2: ranks 0-1 and 2-3): each
+# rank's copy goes to the other node's rank; with the files node1's ranks wrote
+# gone, as with node1, the step still restores whole from node0's copies.
+_COPIES = textwrap.dedent("""
+    import glob, os, sys
+    import numpy as np
+    import spmd
+    from spmd import P, NamedSharding, checkpointing
+    from spmd.checkpointing import memory
+
+    CKPT = sys.argv[1]
+    WHOLE = np.arange(96.0, dtype=np.float32).reshape(8, 12)
+    me = spmd.process_index()
+    mesh = spmd.make_mesh((2, 2), ("a", "b"))
+    x = spmd.make_array_from_callback((8, 12), NamedSharding(mesh, P("a", "b")),
+                                      lambda idx: WHOLE[idx])
+    where = checkpointing.save(CKPT, {"x": x}, step=2, local=True)
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Barrier()
+    if me == 0:
+        names = sorted(os.listdir(where))
+        print("FILES " + " ".join(names), flush=True)
+        for name in names:  # what node1's ranks wrote: lost with node1
+            if ".w2." in name or ".w3." in name:
+                os.remove(os.path.join(where, name))
+    MPI.COMM_WORLD.Barrier()
+    out = checkpointing.restore(CKPT, {"x": NamedSharding(mesh, P(None, ("a", "b")))})
+    for shard in out["x"].addressable_shards:
+        assert np.array_equal(np.asarray(shard.data), WHOLE[shard.index]), shard.index
+    print(f"RESTORED {me}", flush=True)
+""")
+
+
+def test_copies_go_to_the_other_node_and_stand_in_for_it(tmp_path):
+    job = Launch(_COPIES, 4, tmp_path, env={"SPMD_SIMULATE_NODES": "2"},
+                 args=[tmp_path / "ck"])
+    status = job.wait(LIMIT_S)
+    out = job.out
+    assert status == 0, out[-5000:]
+    files = next(line for line in out.splitlines() if "FILES " in line).split("FILES ")[1]
+    assert files.split() == ["commit.r0", "commit.r1", "commit.r2", "commit.r3",
+                             *[f"r{r}.w{w}.{ext}" for r, w in [(0, 0), (0, 2), (1, 1), (1, 3),
+                                                              (2, 0), (2, 2), (3, 1), (3, 3)]
+                               for ext in ("bin", "json")]], files
+    assert all(f"RESTORED {r}" in out for r in range(4)), out[-5000:]
