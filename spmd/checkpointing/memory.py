@@ -355,11 +355,7 @@ def read(directory: str, found: Found, check):
     plans, treedef = check({"leaves": leaves})
     position = {leaf["path"]: j for j, (leaf, _, _) in enumerate(plans)}
     sends = _pieces(held, leaves, position, plans, process_count())
-    if comm is None:
-        received = sends
-    else:
-        with watched("restore (moving the in-memory blocks)"):
-            received = comm.alltoall(sends)
+    received = sends[0] if comm is None else _exchange(comm, sends)
     arrays = manifest.agreed(comm, lambda: _assemble(plans, received, found.step),
                              f"restore of the in-memory step {found.step}", CheckpointError)
     return tree_util.tree_unflatten(treedef, arrays)
@@ -416,23 +412,71 @@ def _pieces(held, leaves, position, plans, nprocs) -> list[list]:
                     if part is not None:
                         cut = tuple(slice(lo - b0, hi - b0) for (lo, hi), (b0, _) in
                                     zip(part, bounds))
-                        sends[q].append((j, part, block[cut].copy()))  # (ascontiguousarray: 0-d to 1-d)
+                        sends[q].append((j, part, block[cut]))  # (a view: packed once)
     return sends
+
+
+_ALIGN = 64  # each part's bytes start at a multiple: its view is aligned for any dtype
+
+
+def _exchange(comm, sends: list[list]) -> list[tuple]:
+    """Every process's parts for this one, ``(target leaf, region, data)``: the
+    descriptions in one small all-to-all, the bytes packed once per destination
+    (parts for this process are kept as they are) and moved by one ``Alltoallv``;
+    each received part a view of the receive buffer."""
+    me, n = comm.Get_rank(), comm.Get_size()
+    said, counts = [], np.zeros(n, np.int64)
+    for q, parts in enumerate(sends):
+        entries, size = [], 0
+        for j, region, data in parts if q != me else ():
+            entries.append((j, region, data.dtype.str, data.shape, size))
+            size += -(-data.nbytes // _ALIGN) * _ALIGN
+        said.append(entries)
+        counts[q] = size
+    with watched("restore (moving the in-memory blocks)"):
+        heard = comm.alltoall(said)
+    rcounts = np.array([sum(-(-np.dtype(d).itemsize * int(np.prod(shape)) // _ALIGN) * _ALIGN
+                            for _, _, d, shape, _ in entries) for entries in heard], np.int64)
+    if max(counts.max(initial=0), rcounts.max(initial=0)) >= 2 ** 31:
+        raise CheckpointError("restore: more than 2 GiB of one process's in-memory blocks go "
+                              "to one other process (MPI counts are 32-bit); restore onto "
+                              "more processes")
+    sdispl = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rdispl = np.concatenate([[0], np.cumsum(rcounts)[:-1]])
+    sendbuf = np.empty(int(counts.sum()), np.uint8)
+    for q, entries in enumerate(said):
+        for (_, _, d, shape, at), (_, _, data) in zip(entries, sends[q]):
+            start = int(sdispl[q]) + at
+            np.copyto(sendbuf[start:start + data.nbytes].view(data.dtype).reshape(shape), data)
+    recvbuf = np.empty(int(rcounts.sum()), np.uint8)
+    with watched("restore (moving the in-memory blocks)"):
+        comm.Alltoallv([sendbuf, (counts.astype(np.int32), sdispl.astype(np.int32))],
+                       [recvbuf, (rcounts.astype(np.int32), rdispl.astype(np.int32))])
+    out = [(j, region, data) for j, region, data in sends[me]]
+    for p, entries in enumerate(heard):
+        for j, region, d, shape, at in entries:
+            dtype = np.dtype(d)
+            start = int(rdispl[p]) + at
+            size = dtype.itemsize * int(np.prod(shape))
+            out.append((j, region, recvbuf[start:start + size].view(dtype).reshape(shape)))
+    return out
 
 
 def _assemble(plans, received, step: int) -> list:
     """The target's leaves from the parts received, each region checked to be
     covered exactly (never a partial step)."""
     parts: list[list] = [[] for _ in plans]
-    for batch in received:
-        for j, region, data in batch:
-            parts[j].append(([tuple(r) for r in region], data))
+    for j, region, data in received:
+        parts[j].append(([tuple(r) for r in region], data))
     out = []
     for (leaf, shape, sh), mine in zip(plans, parts):
         dtype = _dtype(leaf["dtype"])
 
         def region_of(index, mine=mine, shape=shape, dtype=dtype, leaf=leaf):
             want = manifest._bounds(index, shape)
+            whole = [data for region, data in mine if region == want]
+            if whole:  # (one part is the region: itself, no copy)
+                return whole[0]
             block = np.empty([hi - lo for lo, hi in want], dtype)
             covered = 0
             for region, data in mine:
