@@ -19,6 +19,7 @@ from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, SpmdError
 from spmd.numpy._util import to_array
+from spmd.shard.call.tracebacks import api_boundary
 from spmd.shard.explicit import types as explicit
 from spmd.vectorize import vmap
 
@@ -243,6 +244,7 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: b
     """
     fname = "grad"
 
+    @api_boundary
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
         single, nums = _check_argnums(fun, argnums, len(args), fname)
@@ -304,6 +306,7 @@ def grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = Fals
     """
     vg = value_and_grad(fun, argnums, has_aux, allow_int, holomorphic)
 
+    @api_boundary
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
         (out, g) = vg(*args, **kwargs)
