@@ -43,6 +43,7 @@ def _name(f) -> str:
     return getattr(f, "__name__", type(f).__name__)
 
 
+@api_boundary
 def jvp(fun: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = False):
     """Forward mode: ``(fun(*primals), J @ tangents)``.
 
@@ -88,6 +89,7 @@ def _stop_aux(aux):
     return stop_gradient(aux)
 
 
+@api_boundary
 def linearize(fun: Callable, *primals):
     """``(fun(*primals), f_jvp)`` where ``f_jvp(*tangents)`` is the linear map (evaluated
     without re-running the non-linear part)."""
@@ -109,6 +111,7 @@ def linearize(fun: Callable, *primals):
     return tree_util.tree_unflatten(out_tree, out_p), f_jvp
 
 
+@api_boundary
 def vjp(fun: Callable, *primals, has_aux: bool = False):
     """``(fun(*primals), f_vjp)``; ``f_vjp(ct)`` returns one cotangent per primal.
 
@@ -338,6 +341,7 @@ def jacfwd(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = 
     The result has the output's structure; each leaf has shape ``out.shape + in.shape``.
     Complex inputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
     """
+    @api_boundary
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacfwd")
         diff = tuple(args[i] for i in nums)
@@ -369,6 +373,7 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = 
 
     Complex outputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
     """
+    @api_boundary
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacrev")
         diff = tuple(args[i] for i in nums)

@@ -105,11 +105,22 @@ def test_users_type_error_under_jit_of_grad():
     assert e.__notes__ == [tracebacks.NOTE]
 
 
-def test_grad_and_vmap_alone_are_boundaries_too():
-    e = _raise(spmd.grad(_loss), np.ones(3, np.float32))
-    assert _spmd_frames(e) == [] and _user_functions(e) == ["_raise", "_loss", "_helper"]
-    e = _raise(spmd.vmap(_matmul_body), np.ones((4, 2, 3)), np.ones((4, 2, 3)))
-    assert _spmd_frames(e) == [] and _user_functions(e) == ["_raise", "_matmul_body"]
+W = np.ones(3, np.float32)
+
+
+@pytest.mark.parametrize("transform", [
+    lambda: spmd.grad(_loss)(W), lambda: spmd.value_and_grad(_loss)(W),
+    lambda: spmd.vjp(_loss, W), lambda: spmd.jvp(_loss, (W,), (W,)),
+    lambda: spmd.linearize(_loss, W), lambda: spmd.jacfwd(_loss)(W),
+    lambda: spmd.jacrev(_loss)(W), lambda: spmd.hessian(_loss)(W),
+    lambda: spmd.vmap(_loss)(np.ones((2, 3), np.float32))],
+    ids=["grad", "value_and_grad", "vjp", "jvp", "linearize", "jacfwd", "jacrev", "hessian",
+         "vmap"])
+def test_the_transformations_alone_are_boundaries_too(transform):
+    e = _raise(transform)
+    assert type(e) is TypeError and _spmd_frames(e) == []
+    assert _user_functions(e) == ["_raise", "<lambda>", "_loss", "_helper"]
+    assert e.__notes__ == [tracebacks.NOTE]
 
 
 def test_nested_jit_shard_map_jit_filters_once():
