@@ -254,3 +254,18 @@ def test_environment_variables_choose_the_mode(tmp_path):
     bad = _run(script, {"JAX_TRACEBACK_FILTERING": "sometimes"})
     assert bad.returncode == 1
     assert "JAX_TRACEBACK_FILTERING='sometimes' is not one of" in bad.stderr
+
+
+def test_an_eager_operation_on_placed_arrays_is_not_an_entry_point():
+    """spmd's own jits (eager operations on sharded Arrays) leave the traceback whole, as
+    any eager operation outside jit does."""
+    mesh = spmd.make_mesh((4,), ("i",))
+    x = spmd.device_put(np.ones((8, 3), np.float32), spmd.NamedSharding(mesh, P("i")))
+    y = spmd.device_put(np.ones((8, 4), np.float32), spmd.NamedSharding(mesh, P("i")))
+
+    def eager(a, b):
+        return a + b  # (run by a jit of spmd's: spmd.numpy's placed elementwise ops)
+
+    e = _raise(eager, x, y)
+    assert type(e) is ShapeError and not hasattr(e, "__notes__")
+    assert _user_functions(e)[:2] == ["_raise", "eager"] and _spmd_frames(e)

@@ -120,7 +120,10 @@ class Jit:
                 return outs[0] if plan.single else plan.out_tree.unflatten(outs)
             return compiler_jit.run(self, plan, args, vals)
         except Exception as e:
-            tracebacks.filter_exception(e)  # (the user's frames only: spmd.shard.call.tracebacks)
+            # The user's frames only (spmd.shard.call.tracebacks); a jit of spmd's own (an
+            # eager operation on placed arrays) is no entry point: it filters nothing.
+            if self._user:
+                tracebacks.filter_exception(e)
             raise
 
     def _entry(self, args, kwargs):
