@@ -459,6 +459,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_ckpt_dir(args.ckpt_dir)
     n = spmd.device_count()
     data, model, seq, expert, pipe = parse_mesh(
         args.mesh or f"data={max(n // 2, 1)},model={min(n, 2)}", n)
@@ -569,6 +570,15 @@ def main(argv=None) -> int:
             text = sample(cfg, whole, specs1, "Return the ", args.sample, args.seed)
             say("sample: " + repr(text))
     return 0
+
+
+def check_ckpt_dir(path) -> None:
+    """Fail now, not at the first save after minutes of training, when ``--ckpt-dir``
+    cannot hold checkpoints: a file, a path under a file, or a directory that cannot be
+    created or written (it is created here when missing)."""
+    problem = path and checkpointing.layout.create_directory(path)
+    if problem:
+        raise SystemExit(f"--ckpt-dir: {problem}")
 
 
 def _resume_step(args) -> int:

@@ -19,6 +19,7 @@ from spmd.compiler.ops.structural import full, reshape, transpose
 from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, SpmdError
 from spmd.numpy._util import to_array
+from spmd.shard.call.tracebacks import api_boundary
 from spmd.shard.explicit import types as explicit
 from spmd.vectorize import vmap
 
@@ -42,6 +43,7 @@ def _name(f) -> str:
     return getattr(f, "__name__", type(f).__name__)
 
 
+@api_boundary
 def jvp(fun: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = False):
     """Forward mode: ``(fun(*primals), J @ tangents)``.
 
@@ -87,6 +89,7 @@ def _stop_aux(aux):
     return stop_gradient(aux)
 
 
+@api_boundary
 def linearize(fun: Callable, *primals):
     """``(fun(*primals), f_jvp)`` where ``f_jvp(*tangents)`` is the linear map (evaluated
     without re-running the non-linear part)."""
@@ -108,6 +111,7 @@ def linearize(fun: Callable, *primals):
     return tree_util.tree_unflatten(out_tree, out_p), f_jvp
 
 
+@api_boundary
 def vjp(fun: Callable, *primals, has_aux: bool = False):
     """``(fun(*primals), f_vjp)``; ``f_vjp(ct)`` returns one cotangent per primal.
 
@@ -243,6 +247,7 @@ def value_and_grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: b
     """
     fname = "grad"
 
+    @api_boundary
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
         single, nums = _check_argnums(fun, argnums, len(args), fname)
@@ -304,6 +309,7 @@ def grad(fun: Callable, argnums=0, has_aux: bool = False, allow_int: bool = Fals
     """
     vg = value_and_grad(fun, argnums, has_aux, allow_int, holomorphic)
 
+    @api_boundary
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
         (out, g) = vg(*args, **kwargs)
@@ -335,6 +341,7 @@ def jacfwd(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = 
     The result has the output's structure; each leaf has shape ``out.shape + in.shape``.
     Complex inputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
     """
+    @api_boundary
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacfwd")
         diff = tuple(args[i] for i in nums)
@@ -366,6 +373,7 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False, holomorphic: bool = 
 
     Complex outputs need ``holomorphic=True`` (as in JAX): the result is then ``f'(z)``.
     """
+    @api_boundary
     def jac(*args):
         single, nums = _check_argnums(fun, argnums, len(args), "jacrev")
         diff = tuple(args[i] for i in nums)

@@ -55,6 +55,23 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ArgumentError(f"{name}={os.environ[name]!r} is not a switch; set it to 1 or 0")
 
 
+def _env_choice(names: tuple, choices: tuple, default: str) -> str:
+    """The value of the first of ``names`` set in the environment, one of ``choices``."""
+    for name in names:
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            if raw.lower() not in choices:
+                raise ArgumentError(f"{name}={raw!r} is not one of {list(choices)}; set it to "
+                                    f"one of them (or unset it for {default!r})")
+            return raw.lower()
+    return default
+
+
+# JAX's modes of traceback filtering (spmd.shard.call.tracebacks says what each does).
+TRACEBACK_FILTERING_MODES = ("off", "tracebackhide", "remove_frames", "quiet_remove_frames",
+                             "auto")
+
+
 # glibc's malloc, by default, gives a freed buffer of more than 128 KiB back to the
 # system (and raises that threshold only as it sees large frees), so a program that
 # frees each value after its last use (spmd.compiler.engine.codegen.release_dead_names)
@@ -133,6 +150,12 @@ class Config:
         # always computed in their operands' dtype (numpy's and CuPy's defaults; no
         # TF32 or bfloat16 passes), which is JAX's "highest".
         self.default_matmul_precision = None
+        # Which frames a user's error under spmd.jit or shard_map shows
+        # (spmd.shard.call.tracebacks): JAX's modes and environment variable, so a
+        # ported program's setting carries over.
+        self.traceback_filtering: str = _env_choice(
+            ("SPMD_TRACEBACK_FILTERING", "JAX_TRACEBACK_FILTERING"), TRACEBACK_FILTERING_MODES,
+            "auto")
         # Listeners are told of every change.  (None is registered today: a switch
         # that changes traced programs, enable_x64, is part of the jit cache key;
         # the others apply to programs compiled after the change.)
@@ -192,6 +215,10 @@ class Config:
                 not isinstance(value, bool):
             raise ArgumentError(f"spmd.config.update: {name} must be True or False, "
                                 f"got {value!r}")
+        if name == "traceback_filtering" and value not in TRACEBACK_FILTERING_MODES:
+            raise ArgumentError(f"spmd.config.update: traceback_filtering={value!r} is not one "
+                                f"of {list(TRACEBACK_FILTERING_MODES)} (JAX's modes; 'off' shows "
+                                "spmd's own frames)")
         setattr(self, name, value)
         for fn in self._listeners:
             fn(name, value)

@@ -12,6 +12,7 @@ from spmd import tree_util
 from spmd.compiler.transforms.batching import NamedAxes, batch_flat, broadcast_prefix  # noqa: F401
 from spmd.compiler.core.jit import flatten_outputs
 from spmd.errors import ArgumentError
+from spmd.shard.call.tracebacks import api_boundary
 from spmd.shard.explicit.types import type_of
 
 
@@ -33,6 +34,7 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size=None,
         in_axes = tuple(in_axes)
     fname = f"vmap({getattr(fun, '__name__', 'fun')})"
 
+    @api_boundary
     @functools.wraps(fun)
     def batched(*args, **kwargs):
         # As in JAX, keyword arguments are mapped over their leading axis.

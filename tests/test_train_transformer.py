@@ -271,6 +271,20 @@ def test_a_run_resumes_by_itself_from_the_latest_checkpoint(ex, tmp_path, capsys
         ex.main(argv[:-2] + ["--ckpt-dir", str(tmp_path / "empty"), "--resume"])
 
 
+def test_a_ckpt_dir_that_is_a_file_fails_before_training(ex, tmp_path, capsys):
+    log = tmp_path / "train.log"
+    log.write_text("")
+    for where, why in ((log, "is a file"), (log / "ck", f"cannot be created: {str(log)!r} is "
+                                                         "a file")):
+        with pytest.raises(SystemExit) as info:
+            ex.main(SMALL + ["--steps", "2", "--ckpt-dir", str(where)])
+        assert str(info.value) == (f"--ckpt-dir: directory {str(where)!r} {why}; give a "
+                                   "directory path (it is created if missing)")
+    assert capsys.readouterr().out == ""  # nothing built, loaded or trained
+    ex.check_ckpt_dir(str(tmp_path / "new" / "ck"))  # a missing one is created
+    assert (tmp_path / "new" / "ck").is_dir()
+
+
 def _executed_and_losses(ex, mesh_shape, batches):
     """The step's executed program text, its losses over ``batches`` and the final
     parameters, built under the settings in force."""

@@ -29,8 +29,13 @@ def step_dir(directory: str, step: int) -> str:
 def all_steps(directory: str) -> list[int]:
     """The steps of the committed checkpoints in ``directory`` (their metadata
     written), ascending; :func:`latest_step` also checks that their chunks are all
-    there."""
+    there.  A missing directory has none; a file is an error (a mistyped path must not
+    read as "no checkpoint yet", which would start training over)."""
     if not os.path.isdir(directory):
+        if os.path.exists(directory):
+            raise CheckpointError(
+                f"{directory!r} is {_kind(directory)}, not a directory of checkpoints; give "
+                "the directory that save wrote them into (save creates it)")
         return []
     steps = []
     for name in os.listdir(directory):
@@ -58,6 +63,37 @@ def latest_step(directory: str) -> int | None:
                            f"spmd.checkpointing.latest_step: skipping step {step} in "
                            f"{directory!r}: {why}")
     return None
+
+
+_FIX = "give a directory path (it is created if missing)"
+
+
+def create_directory(directory: str) -> str | None:
+    """Create ``directory`` (and its parents) where missing, to save checkpoints into:
+    None, or why it cannot hold them, with the fix (a phrase for the caller's message).
+
+    >>> create_directory("train.log")  # doctest: +SKIP
+    "directory 'train.log' is a file; give a directory path (it is created if missing)"
+    """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        return f"directory {directory!r} is {_kind(directory)}; {_FIX}"
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        # (Name the file in the way: makedirs says only "Not a directory".)
+        above = os.path.dirname(os.path.abspath(directory))
+        while not os.path.exists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        why = f"{above!r} is {_kind(above)}" if not os.path.isdir(above) else \
+            f"{e.strerror or type(e).__name__}"
+        return f"directory {directory!r} cannot be created: {why}; {_FIX}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"directory {directory!r} is not writable; give one you can write into"
+    return None
+
+
+def _kind(path: str) -> str:
+    return "a file" if os.path.isfile(path) else "not a directory"
 
 
 def incomplete(path: str) -> str | None:

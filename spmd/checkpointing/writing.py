@@ -74,6 +74,12 @@ def plan(directory: str, tree, step, keep, *, copy: bool) -> Plan:
     paths_leaves, treedef = tree_util.tree_flatten_with_path(tree)
     me = process_index()
     communicator()  # created here, in the calling thread: Dup is a collective on the world
+    # Before any work: a path that is a file (or under one) is named as such, not met
+    # as a failure to create the arrays.  Process 0 creates the directory (it writes
+    # the metadata), so its view decides, and every process raises or none.
+    problem = bcast(layout.create_directory(directory) if me == 0 else None)
+    if problem is not None:
+        raise CheckpointError(f"save: {problem}")
     leaves = []
     for path, x in paths_leaves:
         p = tree_util.keystr(path)

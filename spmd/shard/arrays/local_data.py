@@ -12,6 +12,8 @@ builds on both).
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from spmd.compiler.core import array_module, dtypes
@@ -19,12 +21,14 @@ from spmd.compiler.core.array import Array
 from spmd.compiler.core.array_module import to_host
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.trace import Tracer
-from spmd.errors import ArgumentError, ShapeError
-from spmd.mesh.devices import process_index
+from spmd.collectives import mpi
+from spmd.collectives.mpi import control as mpi_control
+from spmd.errors import ArgumentError, ShapeError, SpmdError
+from spmd.mesh.devices import process_count, process_index
 from spmd.shard.arrays.placing import _as_sharding, _leaf_array
 from spmd.shard.arrays.multiprocess import check_full_value
 from spmd.shard.arrays.sharded import (SingleDeviceSharding, from_blocks, from_whole,
-                                holds_full_value, my_devices, placed)
+                                holds_full_value, my_devices, placed, processes)
 from spmd.shard.arrays.spec import NamedSharding, block_coord, check_spec
 from spmd.mesh import Mesh
 
@@ -73,10 +77,8 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
     value = to_host(local.value)
     if isinstance(sharding, SingleDeviceSharding):
         sharding = NamedSharding(_one_device_mesh(sharding.device), ())
-    if global_shape is not None:
-        global_shape = _shape_arg(global_shape, value.ndim, fname)
-    gshape, read_global = _resolve_shape(sharding, value.shape, global_shape, fname)
-    check_spec(sharding.spec, sharding.mesh, gshape, f"{fname}: sharding")
+    gshape, read_global = _agreed_shape(sharding, value.shape, local.dtype, global_shape,
+                                        fname)
     aval = ShapedArray(gshape, local.dtype, local.weak_type)
     if holds_full_value(sharding):  # this process holds every block: local is global
         return from_whole(_on_devices(np.array(value, copy=True)), aval, sharding)
@@ -93,6 +95,64 @@ def make_array_from_process_local_data(sharding, local_data, global_shape=None) 
                           * block[k]) for k in range(len(gshape)))
         out[i] = value[src]
     return from_blocks(_on_devices(out), aval, sharding)
+
+
+def _agreed_shape(sharding, local_shape, dtype, global_shape, fname):
+    """``(global shape, whether local_data is the whole global value)``, the same on
+    every process of the mesh, or :class:`ShapeError` on all of them.
+
+    Each process infers the global shape from its own ``local_data``: ranks that give
+    different local shapes (a last batch shorter on one rank) would each build an array
+    of another global shape, and the mismatch would surface later, at some ``jit``, as a
+    :class:`ProgramMismatchError`.  So the processes agree here, on one small exchange
+    of the global shape and dtype (a hash, over the control communicator); a process
+    whose own arguments fail a check takes part too, with its error as its answer, so
+    that every process raises and none is left waiting in the exchange."""
+    def resolve():
+        shape = None if global_shape is None else _shape_arg(global_shape, len(local_shape),
+                                                             fname)
+        out, read_global = _resolve_shape(sharding, local_shape, shape, fname)
+        check_spec(sharding.spec, sharding.mesh, out, f"{fname}: sharding")
+        return out, read_global
+
+    ranks = processes(sharding)
+    if process_count() < 2 or len(ranks) < 2 or process_index() not in ranks:
+        # (One process: nothing to agree with (a mesh may name pretend processes' devices
+        # in a test); this one not in the mesh: it raises.)
+        return resolve()
+    try:
+        result, failure = resolve(), None
+        key = f"global shape {result[0]} {np.dtype(dtype).name}"
+    except SpmdError as e:
+        result, failure, key = None, e, f"error: {e}"
+    _agree(key, f"local_data {tuple(local_shape)} {np.dtype(dtype).name}", ranks, fname,
+           failure)
+    if failure is not None:  # (the same on every process: each raises its own)
+        raise failure
+    return result
+
+
+def _agree(key: str, local: str, ranks: tuple, fname: str, cause) -> None:
+    """Raise :class:`ShapeError` (from ``cause``, this process's own error if any) on
+    every one of ``ranks`` unless all give the same ``key``; the message names each
+    rank's ``local`` arguments and ``key``."""
+    digest = np.frombuffer(hashlib.blake2b(key.encode(), digest_size=16).digest(), np.uint8)
+    # Control traffic: it never pairs with a data collective.
+    rows = mpi.allgather(digest, ranks, what=f"the {fname} shape check", control=True)
+    if all((r == rows[0]).all() for r in rows):
+        return
+    texts = mpi_control.control(ranks).allgather(f"{local} -> {key}")  # (the error path)
+    groups: dict = {}
+    for r, t in zip(ranks, texts):
+        groups.setdefault(t, []).append(r)
+    detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {t}"
+                       for t, rs in groups.items())
+    raise ShapeError(
+        f"{fname}: the processes of the mesh would build arrays of different global shapes "
+        f"or dtypes from their local_data ({detail}). Every process must give its own "
+        "blocks of one global array: local_data of the same shape and dtype on every "
+        "process that holds as many blocks (e.g. drop or pad a short last batch on every "
+        "rank alike), or pass the same global_shape= everywhere") from cause
 
 
 def _on_devices(buf):

@@ -45,6 +45,7 @@ from spmd.shard.partition import partitioned_jit as _partitioned
 from spmd.errors import SpmdError
 from spmd.launch.timeline import recorder as _timeline
 from spmd.shard.call import recording as _recording
+from spmd.shard.call import tracebacks
 
 
 class Placed:
@@ -104,18 +105,26 @@ class Jit:
         self._user = user
 
     def __call__(self, *args, **kwargs):
-        if config.disable_jit and self._user:
-            return self._fun(*args, **kwargs)
-        plan, vals = _lookup(self, args, kwargs)
-        if _timeline.ACTIVE is not None:  # (a load and a test: no call when no trace is on)
-            return _recorded(self, plan, args, vals)
-        # (The body of _call, written out: this is every jitted call's path.)
-        if plan.__class__ is Placed and is_eager():
-            outs = plan.run(plan.hoisted + vals if plan.hoisted else vals)
-            if self._donate_argnums:
-                compiler_jit.delete_donated(self, args)
-            return outs[0] if plan.single else plan.out_tree.unflatten(outs)
-        return compiler_jit.run(self, plan, args, vals)
+        # (An API boundary written out, not a wrapper: a try costs nothing until a raise.)
+        try:
+            if config.disable_jit and self._user:
+                return self._fun(*args, **kwargs)
+            plan, vals = _lookup(self, args, kwargs)
+            if _timeline.ACTIVE is not None:  # (a load and a test: no call when no trace)
+                return _recorded(self, plan, args, vals)
+            # (The body of _call, written out: this is every jitted call's path.)
+            if plan.__class__ is Placed and is_eager():
+                outs = plan.run(plan.hoisted + vals if plan.hoisted else vals)
+                if self._donate_argnums:
+                    compiler_jit.delete_donated(self, args)
+                return outs[0] if plan.single else plan.out_tree.unflatten(outs)
+            return compiler_jit.run(self, plan, args, vals)
+        except Exception as e:
+            # The user's frames only (spmd.shard.call.tracebacks); a jit of spmd's own (an
+            # eager operation on placed arrays) is no entry point: it filters nothing.
+            if self._user:
+                tracebacks.filter_exception(e)
+            raise
 
     def _entry(self, args, kwargs):
         """The traced entry for these arguments, their leaves and avals (no call plan:
@@ -150,6 +159,7 @@ class Jit:
             self._plans[key] = placed  # (else: this call only, as a trace's values)
         return placed
 
+    @tracebacks.api_boundary
     def lower(self, *args, **kwargs) -> Lowered:
         """The lowered program for these arguments (arrays or ``ShapeDtypeStruct``s);
         with shardings, the per-device program.
@@ -159,6 +169,7 @@ class Jit:
         entry, _, _ = self._entry(args, kwargs)
         return Lowered(entry, self._name)
 
+    @tracebacks.api_boundary
     def trace(self, *args, **kwargs) -> Traced:
         """Trace for these arguments (arrays or ``ShapeDtypeStruct``s): ``.jaxpr``,
         ``.out_info`` (with shardings: the output shardings) and ``.lower()``.
@@ -197,6 +208,9 @@ class Jit:
 
     def __get__(self, obj, objtype=None):  # so that jit works on methods
         return self if obj is None else functools.partial(self, obj)
+
+
+tracebacks.register(Jit.__call__)
 
 
 def _call(j: Jit, plan, args, vals):
@@ -268,6 +282,7 @@ def make_jaxpr(fun, static_argnums=None):
 
     >>> print(spmd.make_jaxpr(lambda x: x + 1)(np.ones(3, np.float32)))  # doctest: +SKIP
     """
+    @tracebacks.api_boundary
     def traced(*args, **kwargs):
         entry, leaves, _ = Jit(fun, static_argnums=static_argnums,
                                user=False)._entry(args, kwargs)

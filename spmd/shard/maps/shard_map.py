@@ -29,6 +29,7 @@ from spmd.mesh import AbstractMesh, Mesh
 from spmd.mesh.mesh import AxisType
 from spmd.shard.arrays.spec import PartitionSpec, ShardingError, check_spec
 from spmd.shard.call import recording as _recording
+from spmd.shard.call import tracebacks
 from spmd.shard.explicit.mesh_context import concrete_mesh, get_mesh, require_mesh
 from spmd.shard.explicit.types import wrap
 from spmd.shard.maps.args import (Infer, ShardMapError, _as_global, _check_out,
@@ -79,6 +80,7 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=_R
         check_vma = check_rep
     fname = f"shard_map({getattr(f, '__name__', 'f')})"
 
+    @tracebacks.api_boundary
     @functools.wraps(f)
     def wrapped(*args):
         m = mesh if mesh is not None else require_mesh(fname)
