@@ -16,6 +16,8 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import Device, Mesh, NamedSharding, P, lax
+from spmd.compiler.core import dlpack_capsules as capsules
+from spmd.compiler.core import dtypes
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.core.dlpack import DLPackError
@@ -225,8 +227,11 @@ def test_a_read_only_producer_is_shared_and_computes():
     assert _addr(x) == _addr(a) and not np.asarray(x).flags.writeable
     np.testing.assert_array_equal(np.asarray(spmd.jit(lambda v: v * 2 + 1)(x)), a * 2 + 1)
     np.testing.assert_array_equal(np.asarray(x.at[0, 0].set(7.0))[0], [7.0, 1.0, 2.0])
-    # A DLPack 1 consumer is told it is read-only (numpy's from_dlpack asks for it).
+    # A DLPack 1 consumer is told it is read-only (numpy's from_dlpack asks for it);
+    # a legacy one cannot be, and numpy refuses it.
     assert not np.from_dlpack(x).flags.writeable
+    with pytest.raises(BufferError, match="readonly"):
+        x.__dlpack__()
 
 
 def test_an_array_round_trips_through_from_dlpack_without_a_copy():
@@ -261,6 +266,41 @@ def test_device_places_the_result_sharing_where_it_can():
 
 def test_from_dlpack_is_listed_in_the_namespace():
     assert "from_dlpack" in snp.__all__ and snp.from_dlpack.__module__ == "spmd.numpy._dlpack"
+
+
+# ----------------------------------------------------------------- bfloat16
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_the_capsule_structures_read_numpys_capsules(versioned):
+    a = _values((2, 3))[:, ::2]
+    cap = a.__dlpack__(max_version=(1, 0)) if versioned else a.__dlpack__()
+    t = capsules.tensor(cap)
+    assert (t.ndim, t.shape[0], t.shape[1], t.strides[1]) == (2, 2, 2, 2)
+    assert t.data + t.byte_offset == a.__array_interface__["data"][0]
+    assert (t.device.device_type, t.device.device_id) == (1, 0)
+    assert capsules.dtype_of(cap) == (2, 32, 1)  # kDLFloat, 32 bits
+    np.from_dlpack(capsules.Held(cap, (1, 0)))  # consumed: no longer readable
+    with pytest.raises(ValueError, match="used_dltensor"):
+        capsules.tensor(cap)
+
+
+needs_bfloat16 = pytest.mark.skipif(dtypes.bfloat16 is None, reason="ml_dtypes not installed")
+
+
+@needs_bfloat16
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_bfloat16_crosses_dlpack_without_a_copy(max_version):
+    v = np.arange(6, dtype=np.float32).reshape(2, 3).astype(dtypes.bfloat16)
+    x = snp.asarray(v) * 2
+    # What a consumer (PyTorch) reads: kDLBfloat, 16 bits, on the Array's memory.
+    cap = x.__dlpack__(max_version=max_version)
+    assert capsules.dtype_of(cap) == capsules.BFLOAT16
+    assert capsules.tensor(cap).data == _addr(x)
+    y = snp.from_dlpack(x)
+    assert y.dtype == dtypes.bfloat16 and _addr(y) == _addr(x)
+    np.testing.assert_array_equal(np.asarray(y).astype(np.float32), v.astype(np.float32) * 2)
+    with pytest.raises((BufferError, RuntimeError), match="dtype"):  # numpy has no bfloat16
+        np.from_dlpack(x)
 
 
 # ------------------------------------ what spmd does never reaches shared memory
@@ -320,6 +360,11 @@ def test_torch_tensors_share_memory_both_ways():
     assert b.dtype == np.bool_
     with pytest.raises(DLPackError, match="not C-contiguous"):
         snp.from_dlpack(t.T, copy=False)
+    h = torch.arange(4, dtype=torch.float32).to(torch.bfloat16)
+    xb = snp.from_dlpack(h)
+    assert xb.dtype == dtypes.bfloat16 and _addr(xb) == h.data_ptr()
+    hb = torch.from_dlpack(xb)
+    assert hb.dtype == torch.bfloat16 and hb.data_ptr() == h.data_ptr()
 
 
 def test_cupy_arrays_are_copied_to_the_host_on_the_cpu_path():

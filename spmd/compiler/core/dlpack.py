@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler.core import array_module, dtypes
+from spmd.compiler.core import dlpack_capsules as capsules
 from spmd.errors import SpmdError
 
 # DLPack's device types (dlpack.h, DLDeviceType) that spmd's array modules use.
@@ -84,6 +85,10 @@ def export(buffer, made: bool, what: str, *, stream=None, max_version=None,
     # standard asks).
     given = {k: v for k, v in (("stream", stream), ("max_version", max_version),
                                ("dl_device", dl_device)) if v is not None}
+    if buffer.dtype == dtypes.bfloat16 and not array_module.is_device_array(buffer):
+        # numpy exports no bfloat16: its bits as uint16, retyped in the capsule.
+        return capsules.retype(buffer.view(np.uint16).__dlpack__(**given),
+                               capsules.UINT16, capsules.BFLOAT16)
     return buffer.__dlpack__(**given)
 
 
@@ -130,7 +135,7 @@ def _in_module(x, kind: int, copy, fname: str):
     xp = array_module.current()
     on_host = kind in _HOST_KINDS
     if xp is np and on_host:
-        return np.from_dlpack(x), False
+        return _from_host(x, kind), False
     if xp is not np and not on_host:  # GPU producer, GPU devices: cupy takes it
         shared = xp.from_dlpack(x)
         mine = array_module.to_device(shared)  # (a copy when on another GPU)
@@ -142,6 +147,17 @@ def _in_module(x, kind: int, copy, fname: str):
             f"{'GPU' if xp is not np else 'host'} memory; moving it is a copy: pass "
             "copy=None")
     if on_host:  # a host producer on GPU devices: copied up
-        return array_module.to_device(np.from_dlpack(x)), True
+        return array_module.to_device(_from_host(x, kind)), True
     # A GPU producer on the CPU path: ask it for a host copy (numpy >= 2.1).
     return np.from_dlpack(x, device="cpu", copy=True), True
+
+
+def _from_host(x, kind: int) -> np.ndarray:
+    """numpy's view of a host producer's memory; a bfloat16 producer's too (numpy
+    takes no bfloat16: its capsule is retyped uint16 and the view is bfloat16)."""
+    capsule = capsules.capsule_of(x)
+    bf16 = dtypes.bfloat16 is not None and capsules.dtype_of(capsule) == capsules.BFLOAT16
+    if bf16:
+        capsules.retype(capsule, capsules.BFLOAT16, capsules.UINT16)
+    out = np.from_dlpack(capsules.Held(capsule, (kind, 0)))
+    return out.view(dtypes.bfloat16) if bf16 else out
