@@ -115,6 +115,13 @@ def test_an_array_held_as_blocks_is_assembled_and_copy_false_refuses():
     assert "copy=None" in str(e.value)
 
 
+def test_from_dlpack_copy_false_of_an_array_held_as_blocks_raises():
+    v, x = _blocks_array(P("i"))
+    with pytest.raises(DLPackError, match="copy=False"):
+        snp.from_dlpack(x, copy=False)
+    np.testing.assert_array_equal(np.asarray(snp.from_dlpack(x)), v)
+
+
 def test_a_replicated_array_held_as_blocks_exports_its_first_block():
     v, x = _blocks_array(P())
     y = np.from_dlpack(x)
@@ -365,6 +372,32 @@ def test_torch_tensors_share_memory_both_ways():
     assert xb.dtype == dtypes.bfloat16 and _addr(xb) == h.data_ptr()
     hb = torch.from_dlpack(xb)
     assert hb.dtype == torch.bfloat16 and hb.data_ptr() == h.data_ptr()
+
+
+class _GpuProducer:
+    """A producer in CUDA memory, as the standard has one answer a CPU consumer
+    (no GPU here): asked for ``dl_device=(1, 0)`` with ``copy=True``, it hands a host
+    copy of its values; asked for anything else, it fails the test."""
+
+    def __init__(self, values):
+        self.values, self.asked = values, []
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, **kwargs):
+        self.asked.append(kwargs)
+        assert kwargs.get("dl_device") == (1, 0) and kwargs.get("copy") is True, kwargs
+        return self.values.copy().__dlpack__(max_version=kwargs.get("max_version"))
+
+
+@needs_numpy_21
+def test_a_gpu_producer_on_the_cpu_path_is_asked_for_a_host_copy():
+    g = _GpuProducer(_values((2, 3)))
+    with pytest.raises(DLPackError, match="device type 2 memory.*copy=None"):
+        snp.from_dlpack(g, copy=False)
+    assert g.asked == []  # refused before the producer copied anything
+    np.testing.assert_array_equal(np.asarray(snp.from_dlpack(g)), g.values)
 
 
 def test_cupy_arrays_are_copied_to_the_host_on_the_cpu_path():

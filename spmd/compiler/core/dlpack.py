@@ -13,7 +13,9 @@ already; what this module adds is spmd's side of the contract:
   process's array module, else a copy in that form -- every buffer an Array holds
   has the layout spmd's own producers give it, so no later use copies again;
 - :class:`DLPackError` (a ``BufferError``, the standard's type) names what made
-  a copy necessary where ``copy=False`` forbids one.
+  a copy necessary where ``copy=False`` forbids one;
+- bfloat16, which numpy's DLPack lacks, crosses both ways as DLPack's own type
+  (:mod:`spmd.compiler.core.dlpack_capsules` rewrites the capsules' type).
 
 Sharing memory is safe because spmd never writes into a buffer it did not make:
 ``donate_argnums`` only marks the Array deleted, and compiled code updates in place
@@ -135,7 +137,7 @@ def _in_module(x, kind: int, copy, fname: str):
     xp = array_module.current()
     on_host = kind in _HOST_KINDS
     if xp is np and on_host:
-        return _from_host(x, kind), False
+        return _from_host(x, kind, copy), False
     if xp is not np and not on_host:  # GPU producer, GPU devices: cupy takes it
         shared = xp.from_dlpack(x)
         mine = array_module.to_device(shared)  # (a copy when on another GPU)
@@ -147,15 +149,15 @@ def _in_module(x, kind: int, copy, fname: str):
             f"{'GPU' if xp is not np else 'host'} memory; moving it is a copy: pass "
             "copy=None")
     if on_host:  # a host producer on GPU devices: copied up
-        return array_module.to_device(_from_host(x, kind)), True
+        return array_module.to_device(_from_host(x, kind, None)), True
     # A GPU producer on the CPU path: ask it for a host copy (numpy >= 2.1).
     return np.from_dlpack(x, device="cpu", copy=True), True
 
 
-def _from_host(x, kind: int) -> np.ndarray:
+def _from_host(x, kind: int, copy) -> np.ndarray:
     """numpy's view of a host producer's memory; a bfloat16 producer's too (numpy
     takes no bfloat16: its capsule is retyped uint16 and the view is bfloat16)."""
-    capsule = capsules.capsule_of(x)
+    capsule = capsules.capsule_of(x, copy)
     bf16 = dtypes.bfloat16 is not None and capsules.dtype_of(capsule) == capsules.BFLOAT16
     if bf16:
         capsules.retype(capsule, capsules.BFLOAT16, capsules.UINT16)

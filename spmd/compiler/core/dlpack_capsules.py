@@ -96,14 +96,15 @@ def retype(capsule, old: tuple, new: tuple):
     return capsule
 
 
-def capsule_of(x, dl_device=None):
+def capsule_of(x, copy=None):
     """``x``'s DLPack capsule, DLPack 1 where the producer has it (as the standard
-    asks a consumer to try first), the legacy one otherwise."""
-    given = {} if dl_device is None else {"dl_device": dl_device}
+    asks a consumer to try first), the legacy one otherwise.  ``copy=False`` is
+    passed on (the producer must not copy; one before DLPack 1 never does)."""
+    given = {} if copy is not False else {"copy": False}
     try:
         return x.__dlpack__(max_version=(1, 0), **given)
-    except TypeError:  # a producer before DLPack 1: no max_version keyword
-        return x.__dlpack__(**given)
+    except TypeError:  # a producer before DLPack 1: no max_version (nor copy) keyword
+        return x.__dlpack__()
 
 
 class Held:
