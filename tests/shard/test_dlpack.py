@@ -73,6 +73,13 @@ def test_each_addressable_shards_data_exports_its_block_without_a_copy():
         assert np.shares_memory(block, whole)  # a view of the Array's buffer
 
 
+def test_an_array_holding_a_numpy_scalar_exports_it_as_0_d():
+    x = Array(np.float32(2.5), ShapedArray((), np.dtype(np.float32)))
+    assert x.__dlpack_device__() == (1, 0)
+    y = np.from_dlpack(x)
+    assert y.shape == () and float(y) == 2.5
+
+
 @needs_numpy_21
 def test_copy_true_exports_a_fresh_buffer_and_copy_false_the_same_one():
     x = snp.arange(6.0) + 1

@@ -56,7 +56,13 @@ def device_of(buffer) -> tuple[int, int]:
     >>> device_of(np.zeros(2))
     (1, 0)
     """
-    return tuple(buffer.__dlpack_device__())
+    return tuple(_exportable(buffer).__dlpack_device__())
+
+
+def _exportable(buffer):
+    """``buffer`` as an array that exports: a numpy scalar (a 0-d value some paths
+    may hold) has no ``__dlpack__`` of its own, its 0-d array has."""
+    return np.asarray(buffer) if isinstance(buffer, np.generic) else buffer
 
 
 def export(buffer, made: bool, what: str, *, stream=None, max_version=None,
@@ -72,6 +78,7 @@ def export(buffer, made: bool, what: str, *, stream=None, max_version=None,
     >>> type(export(np.arange(3), False, "x", copy=True)).__name__
     'PyCapsule'
     """
+    buffer = _exportable(buffer)
     if dl_device is not None and tuple(dl_device) != device_of(buffer):
         if array_module.is_device_array(buffer) and tuple(dl_device)[0] == KDL_CPU:
             if copy is False:
