@@ -381,6 +381,27 @@ def test_torch_tensors_share_memory_both_ways():
     assert hb.dtype == torch.bfloat16 and hb.data_ptr() == h.data_ptr()
 
 
+def test_jax_arrays_cross_both_ways_bfloat16_too():
+    # JAX's DLPack (XLA's) reads and writes the capsules: an independent check of
+    # the bfloat16 capsules spmd rewrites.  (On the CPU backend; JAX may copy an
+    # import whose memory is not aligned as XLA wants, so only values are compared
+    # on its side.)
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    cpu = jax.devices("cpu")[0]
+    for dtype in (np.float32, np.int32, dtypes.bfloat16):
+        if dtype is None:
+            continue
+        v = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
+        j = jax.device_put(jnp.asarray(v), cpu)
+        x = snp.from_dlpack(j)
+        assert x.dtype == np.dtype(dtype) and _addr(x) == j.unsafe_buffer_pointer()
+        np.testing.assert_array_equal(np.asarray(x), v)
+        back = jnp.from_dlpack(snp.asarray(v))
+        assert back.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(np.asarray(back), v)
+
+
 class _GpuProducer:
     """A producer in CUDA memory, as the standard has one answer a CPU consumer
     (no GPU here): asked for ``dl_device=(1, 0)`` with ``copy=True``, it hands a host
