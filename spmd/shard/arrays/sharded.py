@@ -167,28 +167,25 @@ def processes(sharding) -> tuple[int, ...]:
     return tuple(sorted({d.process_index for d in sharding.device_set}))
 
 
-def not_here_error(shape, dtype, sharding, what: str) -> NotFullyAddressableError:
+def not_here_error(shape, dtype, sharding, what: str, fix: str = "") -> NotFullyAddressableError:
+    """``what`` needs the whole value, which this process does not hold; ``fix``: a
+    remedy of that operation's own, named before the general ones."""
     mine = sorted(d.id for d in sharding.device_set if d.process_index == process_index())
     return NotFullyAddressableError(
         f"{what}: this Array of shape {shape} and dtype {dtype} is spread over the "
         f"processes {list(processes(sharding))} ({sharding!r}); process {process_index()} "
-        f"holds only the blocks of its devices {mine}, not the whole value. To get the "
+        f"holds only the blocks of its devices {mine}, not the whole value. {fix}To get the "
         "value, " + _GATHER_HINT)
 
 
 def not_exportable_error(x) -> NotFullyAddressableError:
     """``__dlpack__`` of an Array spread over processes: DLPack hands over one buffer
     of the whole value, which no process holds."""
-    s = x.sharding
-    mine = sorted(d.id for d in s.device_set if d.process_index == process_index())
-    return NotFullyAddressableError(
-        f"x.__dlpack__(): this Array of shape {x.shape} and dtype {x.dtype} is spread "
-        f"over the processes {list(processes(s))} ({s!r}); process {process_index()} "
-        f"holds only the blocks of its devices {mine}, and DLPack exports one buffer of "
-        "the whole value. Export this process's blocks one by one instead: "
-        "np.from_dlpack(x.addressable_shards[i].data) (x.addressable_shards[i].index is "
-        "where each block sits), or gather the value first with spmd.process_allgather(x) "
-        "(every process of its mesh must call it)")
+    return not_here_error(
+        x.shape, x.dtype, x.sharding, "x.__dlpack__()",
+        fix="DLPack exports one buffer of the whole value: export this process's blocks "
+            "one by one instead, np.from_dlpack(x.addressable_shards[i].data) "
+            "(x.addressable_shards[i].index is where each block sits). ")
 
 
 # ------------------------------------------------------------------- the array
