@@ -162,6 +162,27 @@ def test_an_array_replicated_over_processes_is_whole_here_and_exports():
     np.testing.assert_array_equal(np.from_dlpack(x), v)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_over_mpi_processes_each_exports_its_own_blocks():
+    n = spmd.device_count()
+    mesh = spmd.make_mesh((n,), ("i",))
+    v = _values((2 * n, 3))
+    split = NamedSharding(mesh, P("i"))
+    x = spmd.device_put(v, split)
+    with pytest.raises(NotFullyAddressableError, match=r"addressable_shards\[i\]\.data"):
+        np.from_dlpack(x)
+    assert spmd.process_count() >= 2 and x.addressable_shards  # every rank holds some
+    for s in x.addressable_shards:
+        np.testing.assert_array_equal(np.from_dlpack(s.data), v[s.index])
+    np.testing.assert_array_equal(np.from_dlpack(spmd.device_put(v, NamedSharding(mesh, P()))), v)
+    # Each process gives the whole value; it keeps copies of its own blocks.
+    y = snp.from_dlpack(v, device=split)
+    np.testing.assert_array_equal(np.asarray(spmd.process_allgather(y, tiled=True)), v)
+    with pytest.raises(DLPackError, match="only some of its blocks"):
+        snp.from_dlpack(v, device=split, copy=False)
+
+
 @pytest.mark.parametrize("placed", [False, True])
 def test_a_donated_or_deleted_array_raises(placed):
     x = snp.arange(4.0) + 1
