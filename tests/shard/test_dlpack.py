@@ -5,7 +5,8 @@ addresses), copies otherwise, and the errors of the cases that cannot be done.
 
 spmd never writes into a buffer it did not make, so an Array on a producer's memory
 and a consumer's view of an Array's buffer stay as they are through donation, loops
-that update their carries in place and ``.at[...].set``: the last tests hold that.
+that update their carries in place and ``.at[...].set``: the tests under "what spmd
+does never reaches shared memory" hold that.
 """
 
 from __future__ import annotations
@@ -368,15 +369,15 @@ def test_donating_an_array_on_a_producers_memory_leaves_the_producer():
 
 
 def test_a_consumers_view_of_a_loop_result_keeps_its_value():
-    # A loop's result is a buffer the loop owns; passed to the next loop as its
+    # A loop's result is a buffer the loop made; passed to the next loop as its
     # carry, or donated, that buffer must not be written while a consumer views it.
-    f = spmd.jit(_rows(4))
-    y = f(snp.zeros((4, 3)) - 1)
+    y = spmd.jit(_rows(4))(snp.zeros((4, 3)) - 1)
     view = np.from_dlpack(y)
     kept = view.copy()
-    f(y * 1)  # (y's own buffer as the next carry's source)
-    f(y)
-    spmd.jit(_rows(4), donate_argnums=0)(y)
+    add = lambda c: lax.fori_loop(0, 4, lambda i, c: c.at[i].add(10.0), c)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(spmd.jit(add)(y)), kept + 10)
+    np.testing.assert_array_equal(np.asarray(add(y)), kept + 10)
+    spmd.jit(add, donate_argnums=0)(y)
     np.testing.assert_array_equal(view, kept)
 
 
