@@ -17,6 +17,7 @@ import pytest
 import spmd
 import spmd.numpy as snp
 from spmd import Device, Mesh, NamedSharding, P, lax
+from spmd.collectives.mpi import buffers
 from spmd.compiler.core import dlpack_capsules as capsules
 from spmd.compiler.core import dtypes
 from spmd.compiler.core.array import Array
@@ -379,6 +380,28 @@ def test_a_consumers_view_of_a_loop_result_keeps_its_value():
     np.testing.assert_array_equal(np.asarray(add(y)), kept + 10)
     spmd.jit(add, donate_argnums=0)(y)
     np.testing.assert_array_equal(view, kept)
+
+
+@pytest.mark.parametrize("shape", [(128, 256), (1024, 1024)])  # pooled; huge-page backed
+def test_a_pooled_receive_buffer_is_not_reused_while_a_consumer_views_it(shape):
+    # MPI receive buffers are reused once nothing refers to them (their refcount):
+    # a DLPack consumer's view holds a reference through its capsule.
+    buffers.clear_buffers()
+    try:
+        b = buffers.recv_buffer(shape, np.float32)
+        first = _addr(b)
+        b[...] = 3.0
+        x = Array(b, ShapedArray(shape, np.dtype(np.float32)))
+        view = np.from_dlpack(x)
+        del x, b
+        again = buffers.recv_buffer(shape, np.float32)
+        assert not np.shares_memory(again, view)
+        again[...] = -1.0
+        assert (view == 3.0).all()
+        del view, again
+        assert _addr(buffers.recv_buffer(shape, np.float32)) == first  # freed: reused
+    finally:
+        buffers.clear_buffers()
 
 
 # ------------------------------------------------------------- other producers
