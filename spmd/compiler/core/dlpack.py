@@ -20,7 +20,9 @@ already; what this module adds is spmd's side of the contract:
 Sharing memory is safe because spmd never writes into a buffer it did not make:
 ``donate_argnums`` only marks the Array deleted, and compiled code updates in place
 only buffers it allocated itself (loop carries are copied before the loop;
-:mod:`spmd.compiler.ops.loop_runs`).  ``tests/shard/test_dlpack.py`` holds this.
+:mod:`spmd.compiler.ops.loop_runs`), and MPI's pooled receive buffers are reused
+only once nothing refers to them (a consumer's capsule does).
+``tests/shard/test_dlpack.py`` holds this.
 
 >>> import numpy as np
 >>> a = np.arange(4.0, dtype=np.float32)
