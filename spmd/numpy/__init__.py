@@ -18,6 +18,7 @@ from spmd.numpy import (_calculus, _comparison, _complex, _convolution, _creatio
                         _reductions, _scalar_types, _shape, _statistics, _take, _tiling)
 from spmd.numpy._complex import *  # noqa: F401,F403
 from spmd.numpy._creation import *  # noqa: F401,F403
+from spmd.numpy._dlpack import from_dlpack  # noqa: F401
 from spmd.numpy._elementwise import *  # noqa: F401,F403
 from spmd.numpy._indexing import *  # noqa: F401,F403
 from spmd.numpy._indexing import _getitem, _IndexUpdateHelper  # noqa: F401
@@ -59,7 +60,7 @@ __all__ = [
     *_diagonals.__all__, *_ranges.__all__, *_calculus.__all__, *_products.__all__,
     *_statistics.__all__, *_elementwise_composed.__all__, *_dtype_queries.__all__,
     *_index_tricks.__all__,
-    "broadcast_shapes", "ndarray",
+    "broadcast_shapes", "ndarray", "from_dlpack",
     *_scalar_types.__all__, "dtype",
     "pi", "e", "inf", "nan", "newaxis",
     "generic", "number", "inexact", "floating", "integer", "signedinteger",

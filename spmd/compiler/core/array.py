@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd.compiler import extensions as _ext
+from spmd.compiler.core import dlpack as _dlpack
 from spmd.compiler.core.array_module import device_types, synchronize, to_host
 from spmd.compiler.core.avals import ShapedArray
 from spmd.errors import DeletedArrayError
@@ -68,6 +69,28 @@ class Array:
     def __array__(self, dtype=None, copy=None):
         v = to_host(self.value)
         return v if dtype is None else v.astype(dtype, copy=False)
+
+    # ---------------------------------------------------------------- DLPack
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """The array API standard's export (as numpy >= 2 has it): a DLPack capsule
+        sharing this Array's buffer (``copy=True``: a fresh copy).  Deleted (donated)
+        Arrays raise ``DeletedArrayError``; see :mod:`spmd.compiler.core.dlpack`.
+
+        >>> np.from_dlpack(snp.arange(3))   # doctest: +SKIP
+        array([0, 1, 2], dtype=int32)
+        """
+        buffer, made = self._dlpack_buffer(copy)
+        return _dlpack.export(buffer, made, "x", stream=stream, max_version=max_version,
+                              dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(DLPack device type, id)`` of the buffer: ``(1, 0)`` for host memory."""
+        return _dlpack.device_of(self.value)
+
+    def _dlpack_buffer(self, copy):
+        """``(buffer, made)``: what :meth:`__dlpack__` exports, and whether it was
+        made for it.  A subclass whose buffer is not the whole value overrides it."""
+        return self.value, False
 
     def delete(self) -> None:
         self._deleted = True

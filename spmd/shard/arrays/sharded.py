@@ -34,6 +34,7 @@ from typing import Any
 from spmd.compiler.core import array_module
 from spmd.compiler.core.array import Array
 from spmd.compiler.core.avals import ShapedArray
+from spmd.compiler.core.dlpack import DLPackError, device_of
 from spmd.errors import NotFullyAddressableError
 from spmd.mesh.devices import Device, local_devices, process_index
 from spmd.shard.arrays.spec import NamedSharding, ShardingError, block_coord
@@ -166,13 +167,25 @@ def processes(sharding) -> tuple[int, ...]:
     return tuple(sorted({d.process_index for d in sharding.device_set}))
 
 
-def not_here_error(shape, dtype, sharding, what: str) -> NotFullyAddressableError:
+def not_here_error(shape, dtype, sharding, what: str, fix: str = "") -> NotFullyAddressableError:
+    """``what`` needs the whole value, which this process does not hold; ``fix``: a
+    remedy of that operation's own, named before the general ones."""
     mine = sorted(d.id for d in sharding.device_set if d.process_index == process_index())
     return NotFullyAddressableError(
         f"{what}: this Array of shape {shape} and dtype {dtype} is spread over the "
         f"processes {list(processes(sharding))} ({sharding!r}); process {process_index()} "
-        f"holds only the blocks of its devices {mine}, not the whole value. To get the "
+        f"holds only the blocks of its devices {mine}, not the whole value. {fix}To get the "
         "value, " + _GATHER_HINT)
+
+
+def not_exportable_error(x) -> NotFullyAddressableError:
+    """``__dlpack__`` of an Array spread over processes: DLPack hands over one buffer
+    of the whole value, which no process holds."""
+    return not_here_error(
+        x.shape, x.dtype, x.sharding, "x.__dlpack__()",
+        fix="DLPack exports one buffer of the whole value: export this process's blocks "
+            "one by one instead, np.from_dlpack(x.addressable_shards[i].data) "
+            "(x.addressable_shards[i].index is where each block sits). ")
 
 
 # ------------------------------------------------------------------- the array
@@ -296,6 +309,34 @@ class ShardedArray(Array):
 
     def _holds_value(self) -> bool:
         return self._value is not None or holds_full_value(self._sharding)
+
+    # ---------------------------------------------------------------- DLPack
+    def _dlpack_buffer(self, copy):
+        """The whole value's buffer for ``__dlpack__``: the one held, the first block
+        where each block is the whole value, else the blocks assembled (a copy, which
+        ``copy=False`` refuses)."""
+        Array.value.fget(self)  # raises for a donated array
+        if self._value is not None:
+            return self._value, False
+        s = self._sharding
+        if not holds_full_value(s):
+            raise not_exportable_error(self)
+        if tuple(s.shard_shape(self.shape)) == tuple(self.shape):
+            return self._blocks[0], False  # replicated: every block is the whole value
+        if copy is False:
+            raise DLPackError(
+                f"x.__dlpack__(copy=False): this Array of shape {self.shape} is held as "
+                f"{len(self._blocks)} blocks of shape {s.shard_shape(self.shape)}, one per "
+                f"device of this process ({s!r}); one buffer of the whole value is a copy "
+                "of them: pass copy=None, or export each block without a copy: "
+                "np.from_dlpack(x.addressable_shards[i].data)")
+        return self._assemble("x.__dlpack__()"), True
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        Array.value.fget(self)  # raises for a donated array
+        if self._value is None and not holds_full_value(self._sharding):
+            raise not_exportable_error(self)
+        return device_of(self._value if self._value is not None else self._blocks)
 
     def _check(self, what: str):
         if self._value is None and not holds_full_value(self._sharding):
