@@ -101,8 +101,10 @@ def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False):
     av = get_aval(x)
     axes = canonicalize_axes(axis, av.ndim, "spmd.numpy.mean")
     out_dtype = _float_dtype(av, dtype, "spmd.numpy.mean")
-    s = sum(ew.convert(x, out_dtype, av.weak_type), axis=axes, keepdims=keepdims)
-    return ew.div(s, np.array(_count(av.shape, axes), out_dtype)[()])
+    cdt = dtypes.compute_dtype(out_dtype)  # bfloat16: in float32, rounded once (as JAX)
+    s = sum(ew.convert(x, cdt, av.weak_type), axis=axes, keepdims=keepdims)
+    m = ew.div(s, np.array(_count(av.shape, axes), cdt)[()])
+    return m if cdt == out_dtype else ew.convert(m, out_dtype, av.weak_type)
 
 
 def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = False):

@@ -77,6 +77,40 @@ def ipow_aval(x, *, y):
 
 # ------------------------------------------------ implementations and code
 
+def in_float32(impl):
+    """``impl`` for operands of the narrow floats (bfloat16, float8) computed in float32
+    and its float result rounded once, as XLA's CPU evaluates one op: an impl of several
+    numpy calls (logistic, rsqrt, erf_inv) would otherwise round after each call.
+    Other dtypes call ``impl`` as it is.
+
+    >>> import ml_dtypes
+    >>> in_float32(lambda xp, x: 1 / xp.sqrt(x))(np, np.array([3.0], ml_dtypes.bfloat16))
+    array([0.577148], dtype=bfloat16)
+    """
+    def run(xp, *args, **params):
+        narrow = next((a.dtype for a in args
+                       if dtypes.is_narrow_float(getattr(a, "dtype", np.float32))), None)
+        if narrow is None:
+            return impl(xp, *args, **params)
+        wide = [a.astype(np.float32) if dtypes.is_narrow_float(getattr(a, "dtype", np.float32))
+                else a for a in args]
+        out = impl(xp, *wide, **params)
+        return out.astype(narrow) if out.dtype == np.float32 else out
+    run.__doc__ = impl.__doc__
+    return run
+
+
+def unless_narrow(emit):
+    """An ``emit_avals`` rule: ``emit``'s code, or None (the impl, through
+    :func:`in_float32`) when an operand is a narrow float, where ``emit``'s code is
+    more than one numpy call and would round after each."""
+    def rule(names, avals, *, xp=np, out=None, **params):
+        if any(dtypes.is_narrow_float(a.dtype) for a in avals):
+            return None
+        return emit(names, **params)
+    return rule
+
+
 # The numpy module has no `logistic` or `rsqrt`; the impl reaches them here.
 def logistic_impl(xp, x):
     if x.dtype.kind == "c":  # 1 / (1 + e^-x), holomorphic (JAX's complex logistic)
