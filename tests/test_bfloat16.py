@@ -15,7 +15,7 @@ import pytest
 
 import spmd
 import spmd.numpy as snp
-from spmd import lax
+from spmd import P, lax
 from spmd.errors import DTypeError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -255,3 +255,141 @@ def test_matches_jax_eager():
     assert jnp.promote_types(jnp.bfloat16, jnp.float16) == snp.promote_types(BF16, np.float16)
     ours_sum = spmd.jit(snp.sum)(np.ones(1000, BF16))
     assert f32(ours_sum) == f32(np.asarray(jax.jit(jnp.sum)(jnp.ones(1000, jnp.bfloat16))))
+
+
+# ------------------------------------------------- collectives, simulated devices
+
+def _blocks(dtype, seed=31):
+    """8 devices' blocks of (2, 3), with values whose float32 sum rounds differently
+    from a bfloat16 running sum (checked in the psum test)."""
+    return values(dtype, n=8 * 2 * 3, seed=seed, scale=3.0).reshape(16, 3)
+
+
+def _shmap(fn, out_specs, mesh=None):
+    mesh = mesh or spmd.make_mesh((8,), ("i",))
+    return spmd.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=out_specs)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_psum_sums_in_float32_and_rounds_once(jit):
+    x = _blocks(BF16)
+    parts = f32(x).reshape(8, 2, 3)
+    want = rnd(parts.astype(np.float64).sum(0), BF16)
+    running = parts[0].astype(BF16)
+    for p in parts[1:]:  # what adding in bfloat16 device by device would give
+        running = rnd(f32(running) + p, BF16)
+    assert (f32(running) != f32(want)).any()
+    f = _shmap(lambda b: lax.psum(b, "i"), P())
+    got = (spmd.jit(f) if jit else f)(x)
+    same(got, want)
+
+
+@pytest.mark.parametrize("dtype", NARROW, ids=IDS)
+def test_data_movement_collectives_keep_the_bits(dtype):
+    x = _blocks(dtype)
+    gathered = _shmap(lambda b: lax.all_gather(b, "i", tiled=True, to="invarying"), P())(x)
+    same(gathered, x)
+    perm = [(i, (i + 1) % 8) for i in range(8)]
+    shifted = spmd.jit(_shmap(lambda b: lax.ppermute(b, "i", perm), P("i")))(x)
+    same(shifted, np.roll(x.reshape(8, 2, 3), 1, axis=0).reshape(16, 3))
+    x8 = values(dtype, n=8 * 8, seed=3).reshape(64, 1)
+    want = x8.reshape(8, 8, 1).transpose(1, 0, 2).reshape(64, 1)
+    same(spmd.shard_map(lambda b: lax.all_to_all(b, "i", 0, 0, tiled=True),
+                        mesh=spmd.make_mesh((8,), ("i",)), in_specs=P("i"),
+                        out_specs=P("i"))(x8), want)
+
+
+def test_pmean_is_the_rounded_sum_divided_and_rounded():
+    x = _blocks(BF16)
+    s = rnd(f32(x).reshape(8, 2, 3).astype(np.float64).sum(0), BF16)
+    same(_shmap(lambda b: lax.pmean(b, "i"), P())(x), rnd(f32(s) / 8, BF16))
+
+
+# ------------------------------------------------------------------ autodiff
+
+def test_grad_through_bfloat16_gives_bfloat16_cotangents():
+    x = values(BF16, n=16, seed=41)
+
+    def loss(a):
+        return snp.sum(snp.tanh(a) * a)
+
+    g = spmd.jit(spmd.grad(loss))(x)
+    assert g.dtype == BF16
+    # d/da tanh(a) a = tanh(a) + a (1 - tanh(a)^2): each op rounds to bfloat16 (a few
+    # ulps of 2**-8 in all).
+    t = np.tanh(f32(x))
+    np.testing.assert_allclose(f32(g), t + f32(x) * (1 - t * t), rtol=2 ** -5, atol=2 ** -5)
+
+
+def test_grad_of_a_float32_loss_of_bfloat16_weights():
+    w = values(BF16, n=8 * 4, seed=43).reshape(8, 4)
+    x = values(BF16, n=4 * 8, seed=44).reshape(4, 8)
+
+    def loss(w):
+        y = (x @ w).astype(F32)
+        return snp.mean(y * y)
+
+    g = spmd.grad(loss)(w)
+    assert g.dtype == BF16
+    y = f32(rnd(f32(x) @ f32(w), BF16))
+    want = f32(x).T @ (2 * y / y.size)
+    np.testing.assert_allclose(f32(g), want, rtol=2 ** -6, atol=2 ** -8)
+
+
+# ------------------------------------------------------------- random numbers
+
+def test_random_samplers_draw_bfloat16():
+    from spmd import random as sr
+
+    key = sr.key(0)
+    u = sr.uniform(key, (20000,), snp.bfloat16)
+    assert u.dtype == BF16
+    u = f32(u)
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.02
+    assert np.all(u * 2 ** 8 == np.round(u * 2 ** 8))  # bfloat16's 8 significant bits
+    n = sr.normal(key, (20000,), snp.bfloat16)
+    assert n.dtype == BF16
+    assert abs(f32(n).mean()) < 0.03 and abs(f32(n).std() - 1) < 0.03
+    for name in ("exponential", "laplace", "logistic", "gumbel"):
+        v = getattr(sr, name)(key, (1000,), snp.bfloat16)
+        assert v.dtype == BF16 and np.all(np.isfinite(f32(v))), name
+    e = sr.uniform(key, (1000,), snp.float8_e4m3fn)
+    assert e.dtype == E4M3 and 0 <= f32(e).min() and f32(e).max() < 1
+
+
+def test_float8_samplers_other_than_uniform_are_refused():
+    from spmd import random as sr
+
+    with pytest.raises(DTypeError, match=r"float8_e4m3fn.*astype"):
+        sr.normal(sr.key(0), (4,), snp.float8_e4m3fn)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def _checkpoint_error():
+    try:
+        from spmd.checkpointing import CheckpointError
+    except ImportError:  # pragma: no cover - tensorstore missing: the test skips first
+        return Exception
+    return CheckpointError
+
+
+# spmd.checkpointing's writing._zarr_dtype refuses dtypes of kind "V"; tensorstore's
+# zarr3 stores bfloat16, float8_e4m3fn and float8_e5m2 under those names, and the
+# round trip passes once _zarr_dtype returns dtype.name for them (another change's
+# file: this test turns strict-xfail into a failure when that lands, to be unmarked).
+@pytest.mark.xfail(strict=True, raises=_checkpoint_error(),
+                   reason="checkpoints do not yet store narrow floats (writing._zarr_dtype)")
+def test_checkpoint_round_trip_keeps_bfloat16_bits(tmp_path):
+    pytest.importorskip("tensorstore")
+    from spmd import checkpointing as ckpt
+
+    mesh = spmd.make_mesh((8,), ("d",))
+    w = values(BF16, n=64, seed=51).reshape(8, 8)
+    tree = {"w": spmd.device_put(w, spmd.NamedSharding(mesh, P("d"))),
+            "s": values(BF16, n=1, seed=52)[0]}
+    ckpt.save(str(tmp_path), tree, step=1)
+    target = {"w": spmd.NamedSharding(mesh, P(None, "d")), "s": np.zeros((), BF16)}
+    out = ckpt.restore(str(tmp_path), target)
+    same(out["w"], w)
+    same(out["s"], tree["s"])
