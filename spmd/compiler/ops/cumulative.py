@@ -100,7 +100,9 @@ def _cumulative(name, np_expr, kinds, emit_expr):
     # The common forward case is one inline numpy call (the impl's for narrow floats).
     def emit(names, avals, *, axis, reverse, xp=np, out=None):
         narrow = dtypes.is_narrow_float(avals[0].dtype)
-        return None if reverse or narrow else emit_expr(names[0], axis)
+        if reverse or narrow or (p.rules.emit_numpy_only and xp is not np):
+            return None
+        return emit_expr(names[0], axis)
 
     p.rules.emit_avals = emit
 

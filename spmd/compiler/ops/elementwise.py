@@ -95,6 +95,8 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
         return ShapedArray(x.shape, dtype, x.weak_type)
 
     p.def_emit(emit or (lambda ins: f"xp.{fn_name}({ins[0]})"))
+    if emit is None:
+        p.rules.emit_avals = _narrow_in_float32(p, p.emit, fn_name)
     p.def_batch(_batch_elementwise(p))
     if jvp_rule is not None:
         p.def_jvp(jvp_rule)
@@ -110,6 +112,22 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
     else:  # piecewise-constant functions (floor, sign, comparisons): zero derivative
         _zero_jvp(p)
     return p
+
+
+def _narrow_in_float32(p, default, fn_name):
+    """The emit rule of a one-ufunc unary primitive: on a narrow float (bfloat16,
+    float8), the ufunc of the operand widened to float32, rounded back once -- the
+    same values as ml_dtypes' own loop (which computes in float32 too), and numpy's
+    vectorized float32 loop instead of a scalar one (``tanh`` of 2**20 bfloat16
+    values: 36 ms in ml_dtypes' loop, 3.6 ms so).  ``p.emit`` is read at each call:
+    a primitive given another emit rule after (or none: its impl) keeps it."""
+    def rule(names, avals, *, xp=np, out=None, **params):
+        if p.emit is None or (p.rules.emit_numpy_only and xp is not np):
+            return None
+        if p.emit is default and dtypes.is_narrow_float(avals[0].dtype):
+            return f"xp.{fn_name}({names[0]}.astype(xp.float32)).astype({names[0]}.dtype)"
+        return p.emit(names, **params)
+    return rule
 
 
 def binary(name, np_name, kinds=("float", "int", "complex"), emit_op=None, out_dtype=None):
