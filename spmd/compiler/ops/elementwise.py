@@ -21,7 +21,7 @@ from spmd.compiler.core.array import Array
 from spmd.compiler.ops.elementwise_eval import (  # how they evaluate; here, their rules
     binary_aval, check_convert, check_kind, convert_aval, convert_emit, convert_impl,
     div_emit, div_impl, in_float32, ipow_aval, ipow_impl, logistic_impl, pow_impl,
-    select_aval, select_impl, sign_impl, unless_narrow)
+    narrow_in_float32, select_aval, select_impl, sign_impl, unless_narrow)
 from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
 from spmd.compiler.transforms.batching import bdim_size, move_to_front
 
@@ -96,7 +96,7 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
 
     p.def_emit(emit or (lambda ins: f"xp.{fn_name}({ins[0]})"))
     if emit is None:
-        p.rules.emit_avals = _narrow_in_float32(p, p.emit, fn_name)
+        p.rules.emit_avals = narrow_in_float32(p, p.emit, fn_name)
     p.def_batch(_batch_elementwise(p))
     if jvp_rule is not None:
         p.def_jvp(jvp_rule)
@@ -112,22 +112,6 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
     else:  # piecewise-constant functions (floor, sign, comparisons): zero derivative
         _zero_jvp(p)
     return p
-
-
-def _narrow_in_float32(p, default, fn_name):
-    """The emit rule of a one-ufunc unary primitive: on a narrow float (bfloat16,
-    float8), the ufunc of the operand widened to float32, rounded back once -- the
-    same values as ml_dtypes' own loop (which computes in float32 too), and numpy's
-    vectorized float32 loop instead of a scalar one (``tanh`` of 2**20 bfloat16
-    values: 36 ms in ml_dtypes' loop, 3.6 ms so).  ``p.emit`` is read at each call:
-    a primitive given another emit rule after (or none: its impl) keeps it."""
-    def rule(names, avals, *, xp=np, out=None, **params):
-        if p.emit is None or (p.rules.emit_numpy_only and xp is not np):
-            return None
-        if p.emit is default and dtypes.is_narrow_float(avals[0].dtype):
-            return f"xp.{fn_name}({names[0]}.astype(xp.float32)).astype({names[0]}.dtype)"
-        return p.emit(names, **params)
-    return rule
 
 
 def binary(name, np_name, kinds=("float", "int", "complex"), emit_op=None, out_dtype=None):

@@ -1,8 +1,9 @@
 """How the elementwise primitives evaluate, concretely and abstractly, where a rule is
 more than one numpy call or one dtype: the operand checks and result types, and the
 implementations and generated code of division, power, sign, logistic, select_n,
-convert_element_type and integer_pow.  They act on avals and buffers only (no other
-primitive); :mod:`spmd.compiler.ops.elementwise` defines the primitives with them,
+convert_element_type and integer_pow, and how the narrow floats (bfloat16, float8)
+evaluate: in float32, each op's result rounded once.  They act on avals and buffers
+only (no other primitive); :mod:`spmd.compiler.ops.elementwise` defines the primitives with them,
 beside their derivative and batching rules.
 
 >>> from spmd.compiler.core.avals import ShapedArray
@@ -98,6 +99,22 @@ def in_float32(impl):
         return out.astype(narrow) if out.dtype == np.float32 else out
     run.__doc__ = impl.__doc__
     return run
+
+
+def narrow_in_float32(p, default, fn_name):
+    """The emit rule of a one-ufunc unary primitive: on a narrow float (bfloat16,
+    float8), the ufunc of the operand widened to float32, rounded back once -- the
+    same values as ml_dtypes' own loop (which computes in float32 too), and numpy's
+    vectorized float32 loop instead of a scalar one (``tanh`` of 2**20 bfloat16
+    values: 36 ms in ml_dtypes' loop, 3.6 ms so).  ``p.emit`` is read at each call:
+    a primitive given another emit rule after (or none: its impl) keeps it."""
+    def rule(names, avals, *, xp=np, out=None, **params):
+        if p.emit is None or (p.rules.emit_numpy_only and xp is not np):
+            return None
+        if p.emit is default and dtypes.is_narrow_float(avals[0].dtype):
+            return f"xp.{fn_name}({names[0]}.astype(xp.float32)).astype({names[0]}.dtype)"
+        return p.emit(names, **params)
+    return rule
 
 
 def unless_narrow(emit):
