@@ -402,3 +402,15 @@ def test_scalings_of_float8_e5m2_are_not_folded():
     per_op = rnd(f32(rnd(f32(x) * F32(0.75), E5M2)) * F32(0.25), E5M2)
     assert (f32(per_op) != f32(rnd(f32(x) * F32(0.1875), E5M2))).any()
     same(spmd.jit(lambda a: (a * 0.75) * 0.25)(x), per_op)
+
+
+def test_var_computes_in_float32_and_rounds_once():
+    x = values(BF16, n=4096, seed=61).reshape(64, 64)
+    for axis in (None, 1):
+        want = rnd(f32(x).astype(np.float64).var(axis=axis), BF16)
+        got = spmd.jit(lambda a: snp.var(a, axis=axis))(x)
+        assert got.dtype == BF16
+        np.testing.assert_allclose(f32(got), f32(want), rtol=2 ** -7, atol=0)
+    # bfloat16 steps would lose the small spread around a large mean entirely.
+    y = rnd(256 + np.arange(8) * 2.0, BF16)
+    same(spmd.jit(snp.var)(y), rnd(np.var(f32(y)), BF16))

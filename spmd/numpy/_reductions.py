@@ -120,7 +120,8 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     x = to_array(a)
     av = get_aval(x)
     axes = canonicalize_axes(axis, av.ndim, "spmd.numpy.var")
-    dt = _float_dtype(av, dtype, "spmd.numpy.var")
+    out_dt = _float_dtype(av, dtype, "spmd.numpy.var")
+    dt = dtypes.compute_dtype(out_dt)  # bfloat16: in float32, rounded once (as JAX)
     x = ew.convert(x, dt, av.weak_type)
     n = _count(av.shape, axes)
     kept = tuple(i for i in range(av.ndim) if i not in axes)
@@ -139,6 +140,8 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     else:
         divisor = np.array(n - ddof if n > ddof else 0, dt)[()]
     v = ew.div(ss, divisor)
+    if dt != out_dt:
+        v = ew.convert(v, out_dt, av.weak_type)
     return _keep(v, av.shape, axes, keepdims)
 
 
