@@ -414,3 +414,18 @@ def test_var_computes_in_float32_and_rounds_once():
     # bfloat16 steps would lose the small spread around a large mean entirely.
     y = rnd(256 + np.arange(8) * 2.0, BF16)
     same(spmd.jit(snp.var)(y), rnd(np.var(f32(y)), BF16))
+
+
+# ------------------------------------------------------------------- placing
+
+def test_sharded_arrays_of_narrow_floats_are_made_and_read_back():
+    mesh = spmd.make_mesh((4, 2), ("a", "b"))
+    sharding = spmd.NamedSharding(mesh, P("a", "b"))
+    for dtype in NARROW:
+        x = values(dtype, n=64, seed=71).reshape(8, 8)
+        made = spmd.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+        assert made.dtype == dtype
+        same(made, x)
+        same(spmd.device_put(x, sharding), x)
+        same(spmd.make_array_from_process_local_data(sharding, x), x)
+        same(spmd.jit(lambda a: a * 2, out_shardings=sharding)(made), rnd(f32(x) * 2, dtype))
