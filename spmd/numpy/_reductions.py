@@ -140,7 +140,7 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     else:
         divisor = np.array(n - ddof if n > ddof else 0, dt)[()]
     v = ew.div(ss, divisor)
-    if dt != out_dt:
+    if dtypes.is_narrow_float(out_dt):  # (computed in float32: round once)
         v = ew.convert(v, out_dt, av.weak_type)
     return _keep(v, av.shape, axes, keepdims)
 
