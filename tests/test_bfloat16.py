@@ -429,3 +429,69 @@ def test_sharded_arrays_of_narrow_floats_are_made_and_read_back():
         same(spmd.device_put(x, sharding), x)
         same(spmd.make_array_from_process_local_data(sharding, x), x)
         same(spmd.jit(lambda a: a * 2, out_shardings=sharding)(made), rnd(f32(x) * 2, dtype))
+
+
+@pytest.mark.parametrize("dtype", NARROW, ids=IDS)
+def test_narrow_floats_are_floating_for_issubdtype(dtype):
+    # numpy puts ml_dtypes' types right under np.generic; JAX (and code that picks
+    # the floating leaves of a tree) counts them as floating.
+    for check in (snp.issubdtype, spmd.dtypes.issubdtype):
+        assert check(dtype, snp.floating) and check(dtype, np.inexact)
+        assert check(dtype, np.number) and check(dtype, dtype)
+        assert not check(dtype, np.integer) and not check(dtype, np.complexfloating)
+    assert spmd.dtypes.bfloat16 == BF16
+
+
+def test_untyped_shard_map_gradient_of_a_replicated_output():
+    # check_vma=False, out_specs=P(): the cotangent is divided among the copies, for
+    # bfloat16 as for float32 (numpy does not count bfloat16 as inexact).
+    mesh = spmd.make_mesh((8,), ("i",))
+    f = spmd.shard_map(lambda x: x * 2, mesh=mesh, in_specs=P(), out_specs=P(),
+                       check_vma=False)
+    for dtype in (F32, BF16):
+        g = spmd.grad(lambda v: snp.sum(f(v).astype(F32)))(np.ones(4, dtype))
+        assert g.dtype == dtype
+        np.testing.assert_array_equal(f32(g), [2.0] * 4)
+
+
+def test_grouped_pmax_of_bfloat16():
+    mesh = spmd.make_mesh((8,), ("i",))
+    g = spmd.shard_map(lambda x: lax.pmax(x, "i", axis_index_groups=[[0, 1, 2, 3],
+                                                                      [4, 5, 6, 7]]),
+                       mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    x = rnd(np.arange(8.0) - 2.5, BF16)
+    same(g(x), rnd([0.5] * 4 + [4.5] * 4, BF16))
+
+
+# ------------------------------------------------- jit and eager, op by op
+
+def _ops():
+    import spmd.nn as nn
+
+    return {
+        "is_finite": snp.isfinite, "abs": snp.abs, "floor": snp.floor, "sign": snp.sign,
+        "round": snp.round, "log1p": lambda a: snp.log1p(snp.abs(a)), "expm1": snp.expm1,
+        "erf": lax.erf, "lgamma": lambda a: lax.lgamma(snp.abs(a) + 0.5),
+        "pow": lambda a: snp.abs(a) ** a, "rem": lambda a: a % 0.7,
+        "atan2": lambda a: snp.arctan2(a, a + 1), "clip": lambda a: snp.clip(a, -1, 1),
+        "where": lambda a: snp.where(a > 0, a, 0.0), "sort": snp.sort,
+        "argsort": snp.argsort, "cumprod": snp.cumprod, "prod": snp.prod,
+        "softmax": nn.softmax, "log_softmax": nn.log_softmax, "gelu": nn.gelu,
+        "relu": nn.relu, "std": snp.std, "norm": snp.linalg.norm,
+        "select_n": lambda a: lax.select_n((a > 0).astype(np.int32) + (a > 1), a, a * 2,
+                                           a * 3),
+        "take": lambda a: a[np.array([3, 0, 1])], "scatter": lambda a: a.at[0].add(1.0),
+        "convolve": lambda a: snp.convolve(a, a[:3]),
+        "attention": lambda a: nn.dot_product_attention(*(a.reshape(1, 4, 2, 8),) * 3),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_ops()))
+def test_jit_and_eager_agree_on_bfloat16(name):
+    f = _ops()[name]
+    x = values(BF16, n=64, seed=81, scale=2.0)
+    jitted, eager = spmd.jit(f)(x), f(snp.asarray(x))
+    assert jitted.dtype == eager.dtype
+    assert jitted.dtype in (BF16, np.dtype(bool), np.dtype(np.int32)), jitted.dtype
+    np.testing.assert_array_equal(np.asarray(jitted).astype(F32),
+                                  np.asarray(eager).astype(F32))

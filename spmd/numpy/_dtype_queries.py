@@ -38,8 +38,8 @@ def iinfo(dtype):
 
 
 def issubdtype(arg1, arg2) -> bool:
-    """``numpy.issubdtype``."""
-    return bool(np.issubdtype(arg1, arg2))
+    """``numpy.issubdtype`` (bfloat16 and the 8-bit floats are ``floating``, as in JAX)."""
+    return dtypes.issubdtype(arg1, arg2)
 
 
 def can_cast(from_, to, casting: str = "safe") -> bool:

@@ -92,6 +92,23 @@ def is_narrow_float(dtype) -> bool:
     return np.dtype(dtype) in NARROW_FLOATS
 
 
+def issubdtype(a, b) -> bool:
+    """``numpy.issubdtype``, with the narrow floats under ``np.floating`` as in JAX
+    (numpy puts ml_dtypes' types right under ``np.generic``, so
+    ``np.issubdtype(bfloat16, np.floating)`` is False).
+
+    >>> issubdtype(bfloat16, np.floating), issubdtype(bfloat16, np.integer)
+    (True, False)
+    """
+    try:
+        d = np.dtype(a)
+    except TypeError:
+        d = None
+    if d in NARROW_FLOATS and b in (np.floating, np.inexact, np.number):
+        return True
+    return bool(np.issubdtype(a, b))
+
+
 def compute_dtype(dtype) -> np.dtype:
     """The dtype an op computes in: float32 for the narrow floats, else ``dtype``.
 

@@ -96,7 +96,8 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
 
     p.def_emit(emit or (lambda ins: f"xp.{fn_name}({ins[0]})"))
     if emit is None:
-        p.rules.emit_avals = narrow_in_float32(p, p.emit, fn_name)
+        p.rules.emit_avals = narrow_in_float32(p, p.emit, fn_name, lambda d: (
+            out_dtype(d) if callable(out_dtype) else out_dtype or d))
     p.def_batch(_batch_elementwise(p))
     if jvp_rule is not None:
         p.def_jvp(jvp_rule)
