@@ -105,3 +105,38 @@ def test_psum_scatter_of_bfloat16(kind, axes):
     n = RefMesh.of(make_mesh(kind)).size(axes)
     _run(kind, lambda b: lax.psum_scatter(b, axes, tiled=True),
          lambda ref, blocks, c: ref.psum_scatter(blocks, c, axes, 0, True), (2 * n, 3), BF16)
+
+
+def test_mixed_precision_gradients_are_averaged_in_float32():
+    """bfloat16 compute, float32 master weights: each rank's gradient is the float32
+    value of a bfloat16 one, and the average over the ranks is their float32 mean
+    (not rounded to bfloat16)."""
+    import spmd.numpy as snp
+    import spmd.optim as optim
+
+    mesh = make_mesh("1d")
+    n = mesh.size
+    rng = np.random.default_rng(5)
+    params = {"w": rng.normal(size=(3, 2)).astype(np.float32)}
+    x = rng.normal(size=(4 * n, 3)).astype(np.float32)
+    y = rng.normal(size=(4 * n, 2)).astype(np.float32)
+
+    def loss_fn(p, a, b):
+        return snp.mean((a.astype(p["w"].dtype) @ p["w"] - b.astype(p["w"].dtype)) ** 2)
+
+    reduced = optim.mixed_precision.value_and_grad(loss_fn, axis_name="i")
+    own = optim.mixed_precision.value_and_grad(loss_fn)
+
+    def local(p, a, b):
+        mine = own(lax.pvary(p, "i"), a, b)[1]["w"]
+        return reduced(p, a, b)[1]["w"], mine[None]
+
+    sm = spmd.shard_map(local, mesh=mesh, in_specs=(P(), P("i"), P("i")),
+                        out_specs=(P(), P("i")))
+    g, parts = spmd.jit(sm)(params, x, y)
+    g = np.asarray(spmd.process_allgather(g))
+    parts = np.asarray(spmd.process_allgather(parts))
+    assert g.dtype == np.float32 and parts.shape == (n, 3, 2)
+    np.testing.assert_array_equal(parts, parts.astype(BF16).astype(np.float32))
+    np.testing.assert_allclose(g, parts.astype(np.float64).mean(0), rtol=1e-6, atol=1e-7)
+    assert not np.array_equal(g, g.astype(BF16).astype(np.float32))
