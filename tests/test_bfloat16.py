@@ -495,3 +495,10 @@ def test_jit_and_eager_agree_on_bfloat16(name):
     assert jitted.dtype in (BF16, np.dtype(bool), np.dtype(np.int32)), jitted.dtype
     np.testing.assert_array_equal(np.asarray(jitted).astype(F32),
                                   np.asarray(eager).astype(F32))
+
+
+@pytest.mark.parametrize("dtype", NARROW, ids=IDS)
+def test_complex_of_narrow_parts_is_refused_with_the_fix(dtype):
+    x = np.ones(2, dtype)
+    with pytest.raises(DTypeError, match=r"float32 or float64.*astype"):
+        spmd.jit(lambda a: lax.complex(a, a))(x)
