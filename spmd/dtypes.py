@@ -11,7 +11,7 @@ import numpy as np
 
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.compiler.core import dtypes as _dtypes
-from spmd.compiler.core.dtypes import float0
+from spmd.compiler.core.dtypes import bfloat16, float0
 
 
 def canonicalize_dtype(dtype) -> np.dtype:
@@ -26,8 +26,8 @@ def canonicalize_dtype(dtype) -> np.dtype:
 
 def issubdtype(a, b) -> bool:
     """``numpy.issubdtype`` (``jax.dtypes.issubdtype``; ``float0`` is a subtype of no
-    number type)."""
-    return np.issubdtype(a, b)
+    number type; bfloat16 and the 8-bit floats are ``floating``)."""
+    return _dtypes.issubdtype(a, b)
 
 
-__all__ = ["float0", "canonicalize_dtype", "issubdtype"]
+__all__ = ["bfloat16", "float0", "canonicalize_dtype", "issubdtype"]

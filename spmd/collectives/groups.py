@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd.compiler.core import dtypes
 from spmd.compiler.ops.elementwise import mul
 from spmd.compiler.ops.indexing import dynamic_slice, dynamic_update_slice, gather
 from spmd.compiler.ops.structural import full, reshape, transpose
@@ -91,7 +92,7 @@ def grouped_psum(x, axes, groups: Groups):
 
 def grouped_extremum(x, axes, groups: Groups, which: str):
     dt = get_aval(x).dtype
-    if np.issubdtype(dt, np.floating):
+    if dtypes.is_float(dt):  # (bfloat16 too, which numpy does not count as floating)
         fill = -np.inf if which == "max" else np.inf
     elif dt == np.bool_:
         fill = which != "max"

@@ -27,8 +27,9 @@ def _dtype_of(x):
 
 
 def finfo(dtype):
-    """Machine limits of a float dtype or array (``numpy.finfo``)."""
-    return np.finfo(_dtype_of(dtype))
+    """Machine limits of a float dtype or array (``numpy.finfo``; ml_dtypes' for
+    bfloat16 and the 8-bit floats): ``finfo(snp.bfloat16).eps`` is 2**-7."""
+    return dtypes.finfo(_dtype_of(dtype))
 
 
 def iinfo(dtype):
@@ -37,8 +38,8 @@ def iinfo(dtype):
 
 
 def issubdtype(arg1, arg2) -> bool:
-    """``numpy.issubdtype``."""
-    return bool(np.issubdtype(arg1, arg2))
+    """``numpy.issubdtype`` (bfloat16 and the 8-bit floats are ``floating``, as in JAX)."""
+    return dtypes.issubdtype(arg1, arg2)
 
 
 def can_cast(from_, to, casting: str = "safe") -> bool:

@@ -101,8 +101,10 @@ def mean(a, axis=None, dtype=None, out=None, keepdims: bool = False):
     av = get_aval(x)
     axes = canonicalize_axes(axis, av.ndim, "spmd.numpy.mean")
     out_dtype = _float_dtype(av, dtype, "spmd.numpy.mean")
-    s = sum(ew.convert(x, out_dtype, av.weak_type), axis=axes, keepdims=keepdims)
-    return ew.div(s, np.array(_count(av.shape, axes), out_dtype)[()])
+    cdt = dtypes.compute_dtype(out_dtype)  # bfloat16: in float32, rounded once (as JAX)
+    s = sum(ew.convert(x, cdt, av.weak_type), axis=axes, keepdims=keepdims)
+    m = ew.div(s, np.array(_count(av.shape, axes), cdt)[()])
+    return m if cdt == out_dtype else ew.convert(m, out_dtype, av.weak_type)
 
 
 def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = False):
@@ -118,7 +120,8 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     x = to_array(a)
     av = get_aval(x)
     axes = canonicalize_axes(axis, av.ndim, "spmd.numpy.var")
-    dt = _float_dtype(av, dtype, "spmd.numpy.var")
+    out_dt = _float_dtype(av, dtype, "spmd.numpy.var")
+    dt = dtypes.compute_dtype(out_dt)  # bfloat16: in float32, rounded once (as JAX)
     x = ew.convert(x, dt, av.weak_type)
     n = _count(av.shape, axes)
     kept = tuple(i for i in range(av.ndim) if i not in axes)
@@ -137,6 +140,8 @@ def var(a, axis=None, dtype=None, out=None, ddof: int = 0, keepdims: bool = Fals
     else:
         divisor = np.array(n - ddof if n > ddof else 0, dt)[()]
     v = ew.div(ss, divisor)
+    if dtypes.is_narrow_float(out_dt):  # (computed in float32: round once)
+        v = ew.convert(v, out_dt, av.weak_type)
     return _keep(v, av.shape, axes, keepdims)
 
 

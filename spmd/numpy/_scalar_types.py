@@ -68,9 +68,12 @@ int8, int16, int32, int64 = (_make(t) for t in (np.int8, np.int16, np.int32, np.
 uint8, uint16, uint32, uint64 = (_make(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 float16, float32, float64 = (_make(t) for t in (np.float16, np.float32, np.float64))
 complex64, complex128 = _make(np.complex64), _make(np.complex128)
+# The narrow floats come with ml_dtypes; they compute in float32 and round each result.
 bfloat16 = None if dtypes.bfloat16 is None else _make(dtypes.bfloat16.type, "bfloat16")
+float8_e4m3fn = None if dtypes.float8_e4m3fn is None else \
+    _make(dtypes.float8_e4m3fn.type, "float8_e4m3fn")
+float8_e5m2 = None if dtypes.float8_e5m2 is None else _make(dtypes.float8_e5m2.type, "float8_e5m2")
 
 __all__ = ["bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
            "float16", "float32", "float64", "complex64", "complex128"]
-if bfloat16 is not None:
-    __all__.append("bfloat16")
+__all__ += [n for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2") if globals()[n] is not None]

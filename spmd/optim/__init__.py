@@ -15,6 +15,7 @@ parameter (see docs/training.md).
 import spmd.shard  # noqa: F401  (first, and whole: spmd/_install.py, "Threads")
 from spmd.optim._base import (EmptyState, GradientTransformation, OptimError,  # noqa: F401
                               apply_updates, chain, global_norm, stateless)
+from spmd.optim import mixed_precision  # noqa: F401  (bfloat16 compute, float32 masters)
 from spmd.optim._schedules import (constant_schedule, cosine_decay_schedule,  # noqa: F401
                                    linear_schedule, warmup_cosine_decay_schedule)
 from spmd.optim.losses import (cosine_distance, cosine_similarity, huber_loss,  # noqa: F401
@@ -31,6 +32,6 @@ __all__ = ["EmptyState", "GradientTransformation", "OptimError", "ScaleByAdamSta
            "ScaleByLionState", "ScaleByScheduleState", "TraceState", "add_decayed_weights",
            "adam", "adamw", "apply_updates", "chain", "clip_by_global_norm",
            "constant_schedule", "cosine_decay_schedule", "global_norm", "lion",
-           "linear_schedule", "scale", "scale_by_adam", "scale_by_learning_rate",
+           "linear_schedule", "mixed_precision", "scale", "scale_by_adam", "scale_by_learning_rate",
            "scale_by_lion", "scale_by_schedule", "sgd", "stateless", "trace",
            "warmup_cosine_decay_schedule"]

@@ -54,6 +54,12 @@ def _float_dtype(dtype, name):
     if not dtypes.is_float(d):
         raise DTypeError(f"spmd.random.{name}: dtype={d} must be a float dtype "
                          "(float16, bfloat16, float32, float64 with x64)")
+    if d in dtypes.FLOAT8 and name != "uniform":
+        # Their 2 or 3 mantissa bits make the transforms after the uniform draw (erf_inv,
+        # log1p, ...) meaningless, and truncated_normal's NaN: sample wider, then convert.
+        raise DTypeError(f"spmd.random.{name}: dtype={d} is not supported (8-bit floats "
+                         f"are for uniform only); sample in float32 and convert, e.g. "
+                         f"spmd.random.{name}(key, shape).astype(snp.{d})")
     return dtypes.canonicalize(d)
 
 
@@ -216,7 +222,7 @@ def exponential(key, shape=(), dtype=None):
 def laplace(key, shape=(), dtype=None):
     """Laplace(0, 1) floats."""
     dtype = _float_dtype(dtype, "laplace")
-    epsneg = np.finfo(dtype).epsneg if dtype != dtypes.bfloat16 else 2.0 ** -8
+    epsneg = float(dtypes.finfo(dtype).epsneg)
     u = uniform(key, _shape(shape, "laplace"), dtype, -1.0 + epsneg, 1.0)
     return snp.sign(u) * snp.log1p(-snp.abs(u))
 
@@ -229,7 +235,7 @@ def logistic(key, shape=(), dtype=None):
 
 
 def _tiny(dtype):
-    return float(np.finfo(dtype).tiny) if dtype != dtypes.bfloat16 else 1.1754944e-38
+    return float(dtypes.finfo(dtype).tiny)
 
 
 def gumbel(key, shape=(), dtype=None, mode=None):

@@ -14,6 +14,8 @@ import sys
 
 import numpy as np
 
+from spmd.compiler.core import dtypes
+
 
 # MPI has no reduction over these types: reduce in a wider one.
 WIDEN = {np.dtype(np.float16): np.dtype(np.float32), np.dtype(np.bool_): np.dtype(np.uint8)}
@@ -21,7 +23,9 @@ WIDEN = {np.dtype(np.float16): np.dtype(np.float32), np.dtype(np.bool_): np.dtyp
 
 def widen(x):
     dt = WIDEN.get(x.dtype)
-    if dt is None and x.dtype.kind == "V":  # bfloat16 and other extension types
+    if dt is None and (x.dtype.kind == "V" or x.dtype in dtypes.NARROW_FLOATS):
+        # bfloat16 and the 8-bit floats (float8_e5m2 is of kind "f", and MPI has no
+        # datatype for it either): summed in float32, rounded once at the end.
         dt = np.dtype(np.float32)
     if dt is None and type(x) is np.ndarray and x.flags.c_contiguous:
         return x, None  # the common case: MPI reads it as it is

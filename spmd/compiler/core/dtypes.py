@@ -21,13 +21,21 @@ complex64, complex128 = np.dtype(np.complex64), np.dtype(np.complex128)
 SUPPORTED = frozenset([bool_, int8, int16, int32, int64, uint8, uint16, uint32, uint64,
                        float16, float32, float64, complex64, complex128])
 
-try:  # bfloat16 is optional: it comes with ml_dtypes when installed.
+try:  # the narrow floats come with ml_dtypes (a dependency; optional here all the same)
     import ml_dtypes
 
     bfloat16 = np.dtype(ml_dtypes.bfloat16)
-    SUPPORTED = SUPPORTED | {bfloat16}
+    float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+    float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
 except ImportError:  # pragma: no cover - depends on the environment
-    bfloat16 = None
+    bfloat16 = float8_e4m3fn = float8_e5m2 = None
+
+# The 8-bit floats: no implicit promotion with other floats (JAX's rule).
+FLOAT8 = frozenset(d for d in (float8_e4m3fn, float8_e5m2) if d is not None)
+# Floats narrower than the machine computes in: every op computes in float32 and rounds
+# its result to the narrow type (XLA's CPU does the same; docs/jax_differences.md).
+NARROW_FLOATS = FLOAT8 | frozenset(d for d in (bfloat16,) if d is not None)
+SUPPORTED = SUPPORTED | NARROW_FLOATS
 
 _NARROW = {int64: int32, uint64: uint32, float64: float32, complex128: complex64}
 
@@ -44,6 +52,8 @@ def _short_names() -> dict:
         names[d] = f"u{d.itemsize * 8}"
     if bfloat16 is not None:
         names[bfloat16] = "bf16"
+    for d in FLOAT8:  # JAX's short names: f8_e4m3fn, f8_e5m2
+        names[d] = d.name.replace("float", "f")
     names[float0] = "float0"
     return names
 
@@ -70,7 +80,52 @@ def default_complex() -> np.dtype:
 def is_float(dtype) -> bool:
     """Real floating point (not complex): ``is_float('f32')`` is True."""
     dtype = np.dtype(dtype)
-    return dtype.kind == "f" or dtype == bfloat16
+    return dtype.kind == "f" or dtype in NARROW_FLOATS
+
+
+def is_narrow_float(dtype) -> bool:
+    """bfloat16 or an 8-bit float: computed in float32, each result rounded back.
+
+    >>> is_narrow_float(bfloat16), is_narrow_float(np.float16)
+    (True, False)
+    """
+    return np.dtype(dtype) in NARROW_FLOATS
+
+
+def issubdtype(a, b) -> bool:
+    """``numpy.issubdtype``, with the narrow floats under ``np.floating`` as in JAX
+    (numpy puts ml_dtypes' types right under ``np.generic``, so
+    ``np.issubdtype(bfloat16, np.floating)`` is False).
+
+    >>> issubdtype(bfloat16, np.floating), issubdtype(bfloat16, np.integer)
+    (True, False)
+    """
+    try:
+        d = np.dtype(a)
+    except TypeError:
+        d = None
+    if d in NARROW_FLOATS and b in (np.floating, np.inexact, np.number):
+        return True
+    return bool(np.issubdtype(a, b))
+
+
+def compute_dtype(dtype) -> np.dtype:
+    """The dtype an op computes in: float32 for the narrow floats, else ``dtype``.
+
+    >>> compute_dtype(bfloat16), compute_dtype(np.int8)
+    (dtype('float32'), dtype('int8'))
+    """
+    d = np.dtype(dtype)
+    return float32 if d in NARROW_FLOATS else d
+
+
+def finfo(dtype):
+    """Machine limits of a float dtype, the narrow floats too (numpy's ``finfo`` does
+    not know them; ml_dtypes' does): ``finfo(bfloat16).eps`` is 2**-7."""
+    d = np.dtype(dtype)
+    if d in NARROW_FLOATS:
+        return ml_dtypes.finfo(d)
+    return np.finfo(d)
 
 
 def is_complex(dtype) -> bool:
@@ -152,6 +207,8 @@ def _promote_strong(a: np.dtype, b: np.dtype) -> np.dtype:
     if a == b:
         return a
     ra, rb = _kind_rank(a), _kind_rank(b)
+    if a in FLOAT8 or b in FLOAT8:
+        return _promote_float8(a, b, ra, rb)
     if ra != rb:  # int with float gives the float (JAX's lattice), bool gives the other
         hi, lo = (a, b) if ra > rb else (b, a)
         if is_complex(hi) and is_float(lo):  # f64 with c64 gives c128, as in numpy and JAX
@@ -165,6 +222,17 @@ def _promote_strong(a: np.dtype, b: np.dtype) -> np.dtype:
             return float32 if other == float16 else other
         return a if a.itemsize >= b.itemsize else b
     return np.promote_types(a, b)
+
+
+def _promote_float8(a: np.dtype, b: np.dtype, ra: int, rb: int) -> np.dtype:
+    """JAX's lattice: an 8-bit float sits right above the weak float and below nothing,
+    so bools and integers promote to it and every other float or complex type has
+    no common type with it."""
+    if min(ra, rb) < 2:
+        return a if ra > rb else b
+    raise DTypeError(
+        f"spmd: no implicit promotion between {a} and {b}: 8-bit floats do not promote "
+        "with other floats (as in JAX); convert explicitly, e.g. x.astype(np.float32)")
 
 
 def _no_bf16(d: np.dtype) -> np.dtype:
@@ -186,6 +254,10 @@ def result_type(*typed) -> tuple:
         # A weak operand only matters when it is of a higher kind.
         top_weak = max((_kind_rank(d) for d in weak), default=-1)
         if top_weak > _kind_rank(out):
+            if top_weak == 3 and out in FLOAT8:
+                raise DTypeError(
+                    f"spmd: no implicit promotion between {out} and a complex scalar (as in "
+                    "JAX); convert explicitly, e.g. x.astype(np.complex64)")
             if top_weak == 3:  # a complex scalar meets a real array: f32 -> c64 (JAX)
                 return canonicalize(complex_dtype(out) if is_float(out)
                                     else default_complex()), not is_float(out)

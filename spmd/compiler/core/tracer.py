@@ -113,7 +113,11 @@ def get_aval(x) -> ShapedArray:
     if isinstance(x, (np.ndarray, np.generic)):
         if x.dtype == dtypes.float0:  # a cotangent of an integer value (no data)
             return ShapedArray(x.shape, dtypes.float0, False)
-        if x.dtype == object or x.dtype.kind in "USV":
+        if x.dtype.kind == "V" and x.dtype not in dtypes.SUPPORTED:
+            # ml_dtypes' types are of kind "V" (bfloat16 and two float8 are supported):
+            # check_dtype's error names the dtype, the supported ones and the fix.
+            dtypes.check_dtype(x.dtype, "spmd: tracing an array argument")
+        if x.dtype == object or x.dtype.kind in "US":
             raise DTypeError(f"spmd: arrays of dtype {x.dtype} are not supported; only numeric "
                              "and bool arrays can be traced")
         return ShapedArray(x.shape, dtypes.canonicalize(x.dtype), False)

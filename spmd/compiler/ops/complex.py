@@ -90,7 +90,7 @@ def _complex_impl(xp, x, y):
 
 @complex_p.def_abstract_eval
 def _complex_aval(x, y):
-    if not dtypes.is_float(x.dtype) or dtypes.bfloat16 == x.dtype or x.dtype == np.float16:
+    if not dtypes.is_float(x.dtype) or dtypes.is_narrow_float(x.dtype) or x.dtype == np.float16:
         raise DTypeError(f"complex: operand dtype {x.dtype} must be float32 or float64 "
                          "(convert the parts first with .astype)")
     a = binary_aval("complex", x, y)

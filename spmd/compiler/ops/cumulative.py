@@ -91,11 +91,20 @@ def _cumulative(name, np_expr, kinds, emit_expr):
     def impl(xp, x, *, axis, reverse):
         if reverse:
             x = xp.flip(x, axis)
-        out = np_expr(xp, x, axis)
+        if dtypes.is_narrow_float(x.dtype):  # each prefix in float32, rounded once
+            out = np_expr(xp, x.astype(np.float32), axis).astype(x.dtype)
+        else:
+            out = np_expr(xp, x, axis)
         return xp.flip(out, axis) if reverse else out
 
-    # The common forward case is one inline numpy call.
-    p.def_emit(lambda ins, axis, reverse: None if reverse else emit_expr(ins[0], axis))
+    # The common forward case is one inline numpy call (the impl's for narrow floats).
+    def emit(names, avals, *, axis, reverse, xp=np, out=None):
+        narrow = dtypes.is_narrow_float(avals[0].dtype)
+        if reverse or narrow or (p.rules.emit_numpy_only and xp is not np):
+            return None
+        return emit_expr(names[0], axis)
+
+    p.rules.emit_avals = emit
 
     @p.def_abstract_eval
     def aval(x, *, axis, reverse):

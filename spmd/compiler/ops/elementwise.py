@@ -20,8 +20,8 @@ from spmd.compiler.core.trace import bind, get_aval
 from spmd.compiler.core.array import Array
 from spmd.compiler.ops.elementwise_eval import (  # how they evaluate; here, their rules
     binary_aval, check_convert, check_kind, convert_aval, convert_emit, convert_impl,
-    div_emit, div_impl, ipow_aval, ipow_impl, logistic_impl, pow_impl, select_aval,
-    select_impl, sign_impl)
+    div_emit, div_impl, in_float32, ipow_aval, ipow_impl, logistic_impl, pow_impl,
+    narrow_in_float32, select_aval, select_impl, sign_impl, unless_narrow)
 from spmd.compiler import ops  # sibling families, read at call time (rules build each other's ops)
 from spmd.compiler.transforms.batching import bdim_size, move_to_front
 
@@ -95,6 +95,9 @@ def unary(name, np_name, jvp=None, kinds=("float",), emit=None, out_dtype=None,
         return ShapedArray(x.shape, dtype, x.weak_type)
 
     p.def_emit(emit or (lambda ins: f"xp.{fn_name}({ins[0]})"))
+    if emit is None:
+        p.rules.emit_avals = narrow_in_float32(p, p.emit, fn_name, lambda d: (
+            out_dtype(d) if callable(out_dtype) else out_dtype or d))
     p.def_batch(_batch_elementwise(p))
     if jvp_rule is not None:
         p.def_jvp(jvp_rule)
@@ -200,9 +203,11 @@ not_p = unary("not", "invert", kinds=("bool", "int"), emit=lambda ins: f"(~{ins[
 
 
 # The numpy module has no `logistic` or `rsqrt`; the impl reaches them here.
-logistic_p.def_impl(logistic_impl)
+# (Narrow floats: these take several numpy calls, computed in float32 and rounded once.)
+logistic_p.def_impl(in_float32(logistic_impl))
 logistic_p.def_emit(None)
-rsqrt_p.def_impl(lambda xp, x: 1 / xp.sqrt(x))
+rsqrt_p.def_impl(in_float32(lambda xp, x: 1 / xp.sqrt(x)))
+rsqrt_p.rules.emit_avals = unless_narrow(rsqrt_p.emit)
 sign_p.def_impl(sign_impl)
 
 # Binary arithmetic.
@@ -551,7 +556,7 @@ convert_p.def_batch(_convert_batch)
 
 # `integer_pow` (x ** n for a static int n) keeps x**2 a cheap multiply.
 integer_pow_p = Primitive("integer_pow", traits=())
-integer_pow_p.def_impl(ipow_impl)
+integer_pow_p.def_impl(in_float32(ipow_impl))
 integer_pow_p.def_abstract_eval(ipow_aval)
 integer_pow_p.def_emit(lambda ins, y: f"({ins[0]} * {ins[0]})" if y == 2 else None)
 

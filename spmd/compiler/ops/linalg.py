@@ -45,6 +45,12 @@ def _plan(lhs_shape, rhs_shape, dimension_numbers):
 
 @dot_general_p.def_impl
 def _dot_impl(xp, x, y, *, dimension_numbers):
+    if dtypes.is_narrow_float(x.dtype):
+        # In float32 (BLAS), the result rounded once, as XLA's CPU computes a bfloat16
+        # product (ml_dtypes' own matmul is a scalar loop, and einsum refuses them).
+        f32 = _dot_impl(xp, x.astype(np.float32), y.astype(np.float32),
+                        dimension_numbers=dimension_numbers)
+        return f32.astype(x.dtype)
     (lc, rc), (lb, rb) = dimension_numbers
     if not lb and len(lc) == 1 and x.ndim <= 2 and y.ndim <= 2:
         # Straight to BLAS; a transposed operand is passed as a view (``x.T @ g``),
@@ -198,8 +204,8 @@ def _dot_emit(names, avals, *, dimension_numbers, xp=np, out=None, accumulate=Fa
     """
     (lc, rc), (lb, rb) = dimension_numbers
     x, y = avals
-    if len(lc) != 1:
-        return None
+    if len(lc) != 1 or dtypes.is_narrow_float(x.dtype):
+        return None  # (narrow floats: the impl's float32 product)
     large = xp is np and bool(lb) and _flops(avals, dimension_numbers) >= SPLIT_FLOPS
     if not lb and 1 <= x.ndim <= 2 and 1 <= y.ndim <= 2:
         a = names[0] if lc[0] == x.ndim - 1 else f"{names[0]}.T"

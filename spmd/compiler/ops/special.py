@@ -17,7 +17,7 @@ from spmd.compiler.transforms.ad_util import Zero
 from spmd.compiler.core.avals import ShapedArray
 from spmd.compiler.ops import threefry_native
 from spmd.compiler.ops.elementwise import _batch_elementwise, exp, mul, neg, unary
-from spmd.compiler.ops.elementwise_eval import check_kind
+from spmd.compiler.ops.elementwise_eval import check_kind, in_float32
 from spmd.compiler.core.primitives import Primitive
 from spmd.compiler.core.trace import bind, Tracer
 from spmd.errors import ArgumentError
@@ -125,7 +125,7 @@ def _erf_inv_impl(xp, x):
         return _erf_inv_f32(xp, x).astype(x.dtype, copy=False)
 
 
-erf_inv_p.def_impl(_erf_inv_impl)
+erf_inv_p.def_impl(in_float32(_erf_inv_impl))  # (narrow floats: the float32 polynomial)
 
 polygamma_p = Primitive("polygamma", traits=())
 

@@ -241,7 +241,8 @@ def _callback_block(data_callback, index, want, fname):
                             "return a concrete numpy array")
     # (np.asarray of an Array checks that its value is whole; cupy blocks are copied.)
     block = np.asarray(block) if isinstance(block, Array) else array_module.to_host(block)
-    if block.dtype == object or block.dtype.kind in "USVc":
+    if block.dtype == object or (block.dtype.kind in "USVc"
+                                 and not dtypes.is_narrow_float(block.dtype)):
         raise DTypeError(f"{fname}: data_callback({index}) returned an array of dtype "
                          f"{block.dtype}; return numeric or bool arrays")
     if block.shape != want:

@@ -22,6 +22,7 @@ import numpy as np
 
 from spmd.collectives.api import psum
 from spmd.collectives.primitives import as_summands, pvary_p
+from spmd.compiler.core import dtypes
 from spmd.compiler.core.avals import ShapedArray, tangent_aval
 from spmd.compiler.core.ir import ClosedProgram, Eqn, Program, Var
 from spmd.compiler.core.primitives import Primitive
@@ -349,7 +350,7 @@ def _out_ct(ct, aval, spec, mesh, check_vma, names):
     marked = spec.unreduced | spec.reduced
     copies = int(np.prod([mesh.shape[a] for a in names if a not in spec.mesh_axes
                           and a not in marked], dtype=np.int64))
-    if copies == 1 or not np.issubdtype(get_aval(ct).dtype, np.inexact):
+    if copies == 1 or not dtypes.is_inexact(get_aval(ct).dtype):  # (bfloat16 too)
         return ct
     return div(ct, np.array(copies, get_aval(ct).dtype)[()])
 
