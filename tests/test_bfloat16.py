@@ -366,33 +366,25 @@ def test_float8_samplers_other_than_uniform_are_refused():
 
 # ---------------------------------------------------------------- checkpoints
 
-def _checkpoint_error():
-    try:
-        from spmd.checkpointing import CheckpointError
-    except ImportError:  # pragma: no cover - tensorstore missing: the test skips first
-        return Exception
-    return CheckpointError
-
-
-# spmd.checkpointing's writing._zarr_dtype refuses dtypes of kind "V"; tensorstore's
-# zarr3 stores bfloat16, float8_e4m3fn and float8_e5m2 under those names, and the
-# round trip passes once _zarr_dtype returns dtype.name for them (another change's
-# file: this test turns strict-xfail into a failure when that lands, to be unmarked).
-@pytest.mark.xfail(strict=True, raises=_checkpoint_error(),
-                   reason="checkpoints do not yet store narrow floats (writing._zarr_dtype)")
+# tensorstore's zarr3 stores bfloat16, float8_e4m3fn and float8_e5m2 under those names.
 def test_checkpoint_round_trip_keeps_bfloat16_bits(tmp_path):
     pytest.importorskip("tensorstore")
     from spmd import checkpointing as ckpt
 
     mesh = spmd.make_mesh((8,), ("d",))
     w = values(BF16, n=64, seed=51).reshape(8, 8)
+    f8 = {k: rnd(np.linspace(-3, 3, 8, dtype=np.float32), t) for k, t in
+          (("e4m3", ml_dtypes.float8_e4m3fn), ("e5m2", E5M2))}
     tree = {"w": spmd.device_put(w, spmd.NamedSharding(mesh, P("d"))),
-            "s": values(BF16, n=1, seed=52)[0]}
+            "s": values(BF16, n=1, seed=52)[0], **f8}
+    target = {"w": spmd.NamedSharding(mesh, P(None, "d")), "s": np.zeros((), BF16),
+              **{k: np.zeros_like(v) for k, v in f8.items()}}
     ckpt.save(str(tmp_path), tree, step=1)
-    target = {"w": spmd.NamedSharding(mesh, P(None, "d")), "s": np.zeros((), BF16)}
     out = ckpt.restore(str(tmp_path), target)
     same(out["w"], w)
     same(out["s"], tree["s"])
+    for k, v in f8.items():
+        same(out[k], v)
 
 
 def test_scalings_of_float8_e5m2_are_not_folded():

@@ -47,6 +47,7 @@ import numpy as np
 from spmd import tree_util
 from spmd.checkpointing import manifest, writing
 from spmd.checkpointing.coordination import CheckpointError, all_ok, communicator, watched
+from spmd.compiler.core import dtypes
 from spmd.launch import memory_tier, nodes
 from spmd.mesh import process_count, process_index
 from spmd.shard.arrays.placing import make_array_from_callback
@@ -159,9 +160,11 @@ def plan(directory: str, tree, step, keep) -> TierPlan:
         for path, x in paths_leaves:
             p = tree_util.keystr(path)
             shape, dtype, sh = writing._leaf_info(x, p)
-            if dtype.kind not in "biufcV" or not _named(dtype):
-                raise CheckpointError(f"save(local=True): the leaf at {p} has dtype {dtype}; "
-                                      "checkpoints hold numeric and bool arrays")
+            if not (dtype.kind in "biuf" and dtype.itemsize <= 8 or
+                    dtype in dtypes.NARROW_FLOATS):
+                raise CheckpointError(f"save(local=True): the leaf at {p} has dtype {dtype}, "
+                                      "which checkpoints do not store (bool, integer and "
+                                      "floating dtypes, bfloat16 and the float8 types)")
             leaves.append((p, shape, dtype, sh, list(writing._blocks_to_write(x, sh, me))))
         return _snapshot(directory, tier, int(step), keep, leaves)
 
@@ -493,14 +496,6 @@ def _assemble(plans, received, step: int) -> list:
         out.append(region_of(Ellipsis) if sh is None else
                    make_array_from_callback(shape, sh, region_of))
     return out
-
-
-def _named(dtype: np.dtype) -> bool:
-    """Whether ``dtype`` is found again from its name (bfloat16 is; a struct is not)."""
-    try:
-        return np.dtype(dtype.name) == dtype
-    except TypeError:
-        return False
 
 
 def _dtype(name: str) -> np.dtype:

@@ -21,6 +21,7 @@ from spmd import tree_util
 from spmd.checkpointing import layout, manifest
 from spmd.checkpointing.coordination import CheckpointError, all_ok, bcast, communicator
 from spmd.checkpointing.layout import FORMAT, METADATA, all_steps, incomplete, step_dir
+from spmd.compiler.core import dtypes
 from spmd.compiler.core.array import Array
 from spmd.mesh import process_count, process_index
 from spmd.shard.arrays.spec import NamedSharding
@@ -191,9 +192,12 @@ def _remove_stale_tmp(directory: str) -> None:
 
 
 def _zarr_dtype(dtype: np.dtype, path: str) -> str:
+    if dtype in dtypes.NARROW_FLOATS:  # zarr v3 (tensorstore) names them as numpy does
+        return dtype.name
     if dtype.kind not in "biuf" or dtype.itemsize > 8:
         raise CheckpointError(f"save: the leaf at {path} has dtype {dtype}, which checkpoints "
-                              "do not store (bool, integer and floating dtypes)")
+                              "do not store (bool, integer and floating dtypes, bfloat16 "
+                              "and the float8 types)")
     return "bool" if dtype.kind == "b" else dtype.name
 
 
