@@ -15,6 +15,8 @@ from spmd.shard.maps.shard_map import shard_map  # noqa: F401
 from spmd.shard import partition as _partition
 from spmd.shard.arrays import sharded as _sharded
 from spmd.shard.call import dispatch as _dispatch
+from spmd.shard.call import jit as _jit
+from spmd.shard.call import tracebacks as _tracebacks
 from spmd.shard.explicit import mesh_context as _mesh_context
 from spmd.shard.arrays import memory as _memory
 from spmd.mesh.devices import MEMORY_STATS as _MEMORY_STATS
@@ -36,6 +38,7 @@ def register() -> None:
     _extensions.EAGER_EVAL.install(_dispatch.eval_primitive, by="spmd.shard.call.dispatch")
     _partition.register()
     _MEMORY_STATS[0] = _memory.stats
+    _tracebacks.register(_jit.Jit.__call__)  # (its try is inline: the hot path)
 
 
 # The last line of the shard layer: run the wiring (through the installer that

@@ -210,9 +210,6 @@ class Jit:
         return self if obj is None else functools.partial(self, obj)
 
 
-tracebacks.register(Jit.__call__)
-
-
 def _call(j: Jit, plan, args, vals):
     """Run a call of ``plan`` (what :meth:`Jit.__call__` does after the lookup)."""
     if plan.__class__ is Placed and is_eager():
