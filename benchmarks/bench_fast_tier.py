@@ -243,10 +243,12 @@ def measure_restore(n: int, megabytes: float, rounds: int, mpiexec: str) -> dict
 # ------------------------------------------------------------------ results
 
 def table(rows: list[dict]) -> str:
-    lines = ["| goal | job | measured (median) | floor or parts | goal | |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| goal | job | measured (median) | floor or parts | goal | | run |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ok = "met" if r["met"] else "not met"
+        ok += (f" | {r['date'][:10]}, `{str(r.get('commit', '?'))[:7]}`, "
+               f"{r['machine'].get('usable_cores', '?')} cores")
         if r["part"] == "overhead":
             lines.append(f"| save to memory every step | example, {r['ranks']} ranks, "
                          f"{r['nodes']} nodes | {r['tokens_per_s_per_rank_on'] / 1e3:.2f}k "
@@ -301,9 +303,10 @@ def main(argv=None) -> int:
             old = [r for r in json.load(f)["rows"] if r["part"] not in {r["part"] for r in rows}]
     every = sorted(old + rows, key=lambda r: list(GOALS).index(r["part"]))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"benchmark": "the fast tier of checkpoints (issue 57)", "rows": every}, f,
-                  indent=1)
+    with open(args.out, "w") as f:  # (the call's provenance; each row keeps its own)
+        json.dump({"benchmark": "the fast tier of checkpoints (issue 57)",
+                   "date": common.now_iso(), **provenance, "machine": common.machine_info(),
+                   "rows": every}, f, indent=1)
     print(table(every))
     return 0
 

@@ -112,7 +112,7 @@ OWN_TABLES = {"transformer": "bench_transformer", "engine": "bench_engine",
               "scaling_binding": "bench_scaling:binding_table",
               "scaling_probe": "bench_scaling:probe_table",
               "scaling_waits": "scaling_waits", "against": "against",
-              "trace": "bench_trace"}
+              "trace": "bench_trace", "fast_tier": "bench_fast_tier"}
 
 
 def section(doc: dict) -> str:

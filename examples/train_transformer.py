@@ -55,6 +55,9 @@ from the latest one (so does a job that ``spmd-run --max-restarts`` starts
 again after a failure); ``--resume`` insists on one, ``--no-resume`` refuses to
 mix a fresh run's checkpoints with those already there.  The batch of step k is
 a function of k, so a resumed run computes what the uninterrupted run would have.
+``--save-local-every N`` also keeps the state in the nodes' memory every N steps
+(``checkpointing.save(local=True)``, under ``spmd-run``): a restart after a lost
+node (``spmd-run --min-ranks``, with ``--mesh data=-1,...``) resumes from there.
 """
 
 from __future__ import annotations
