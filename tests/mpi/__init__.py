@@ -120,6 +120,21 @@ def _wide(a):
     return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
 
 
+def data_movements(axes, n: int) -> list[tuple]:
+    """``(per-device function, its RefMesh reference, block shape)`` of the data
+    movements each dtype's tests check over ``axes`` (of ``n`` devices): a tiled
+    all_gather, a ring ppermute, a tiled all_to_all."""
+    from spmd import lax
+
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    return [(lambda b: lax.all_gather(b, axes, axis=1, tiled=True),
+             lambda ref, blocks, c: ref.all_gather(blocks, c, axes, 1, True), (2, 3)),
+            (lambda b: lax.ppermute(b, axes, perm),
+             lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm), (2, 3)),
+            (lambda b: lax.all_to_all(b, axes, 0, 1, tiled=True),
+             lambda ref, blocks, c: ref.all_to_all(blocks, c, axes, 0, 1, True), (2 * n, 3))]
+
+
 class RefMesh:
     """What each device of a mesh holds, computed with numpy and loops over coordinates.
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests.mpi import (MESH_AXES, RefMesh, axes_id, make_mesh,  # noqa: E402
+from tests.mpi import (MESH_AXES, RefMesh, axes_id, data_movements, make_mesh,  # noqa: E402
                        run_per_device, values, x64_if)
 
 import spmd  # noqa: E402
@@ -59,13 +59,8 @@ def test_reductions(kind, axes, op, dtype):
 @pytest.mark.parametrize("dtype", CDTYPES, ids=CIDS)
 def test_data_movement(kind, axes, dtype):
     n = RefMesh.of(make_mesh(kind)).size(axes)
-    perm = [(i, (i + 1) % n) for i in range(n)]
-    _run(kind, lambda b: lax.all_gather(b, axes, axis=1, tiled=True),
-         lambda ref, blocks, c: ref.all_gather(blocks, c, axes, 1, True), (2, 3), dtype)
-    _run(kind, lambda b: lax.ppermute(b, axes, perm),
-         lambda ref, blocks, c: ref.ppermute(blocks, c, axes, perm), (2, 3), dtype)
-    _run(kind, lambda b: lax.all_to_all(b, axes, 0, 1, tiled=True),
-         lambda ref, blocks, c: ref.all_to_all(blocks, c, axes, 0, 1, True), (2 * n, 3), dtype)
+    for fn, ref_fn, shape in data_movements(axes, n):
+        _run(kind, fn, ref_fn, shape, dtype)
     _run(kind, lambda b: lax.psum_scatter(b, axes, tiled=True),
          lambda ref, blocks, c: ref.psum_scatter(blocks, c, axes, 0, True), (2 * n, 3), dtype)
 
