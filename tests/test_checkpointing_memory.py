@@ -11,6 +11,7 @@ tests/launch/test_fast_tier_restart.py and tests/multinode/test_fast_recovery.py
 from __future__ import annotations
 
 import os
+import re
 import uuid
 import warnings
 
@@ -58,7 +59,8 @@ def _check(out, scale=1.0):
 def test_a_step_in_memory_restores_onto_another_mesh(job, tmp_path):
     mesh, other = spmd.make_mesh((4, 2), ("a", "b")), spmd.make_mesh((8,), ("d",))
     where = ckpt.save(str(tmp_path), _tree(mesh), step=5, local=True)
-    assert where == os.path.join(memory.tier_dir(str(tmp_path)), "step_5.a0")
+    assert os.path.dirname(where) == memory.tier_dir(str(tmp_path))
+    assert re.fullmatch(r"step_5\.a0\.s\d+", os.path.basename(where)), where
     assert where.startswith(memory_tier.job_dir(job))
     assert sorted(os.listdir(where)) == ["commit.r0", "r0.w0.bin", "r0.w0.json"]
     assert not os.listdir(tmp_path)  # nothing on disk
@@ -87,14 +89,15 @@ def test_only_the_newest_steps_are_kept(job, tmp_path):
     tier = memory.tier_dir(str(tmp_path))
     for k in range(1, 4):
         ckpt.save(str(tmp_path), _tree(mesh, k), step=k, local=True)
-    steps = lambda: sorted(n for n in os.listdir(tier) if not n.startswith("."))  # noqa: E731
+    steps = lambda: sorted(n.rsplit(".s", 1)[0] for n in os.listdir(tier)  # noqa: E731
+                           if not n.startswith("."))
     assert steps() == ["step_3.a0"]
     # (the dropped steps' block files are kept aside, to be written over)
     assert len(os.listdir(os.path.join(tier, ".spare"))) >= 1
     ckpt.save(str(tmp_path), _tree(mesh, 4.0), step=4, local=True, keep=2)
     assert steps() == ["step_3.a0", "step_4.a0"]
     pending = ckpt.save_async(str(tmp_path), _tree(mesh, 5.0), step=5, local=True, keep=2)
-    assert pending.wait() == os.path.join(tier, "step_5.a0")
+    assert pending.wait().startswith(os.path.join(tier, "step_5.a0.s"))
     assert steps() == ["step_4.a0", "step_5.a0"]
     _check(ckpt.restore(str(tmp_path), _target(mesh)), 5.0)
 
@@ -157,6 +160,14 @@ def test_a_target_that_does_not_match_is_an_error_not_a_fallback(job, tmp_path):
     target = dict(_target(mesh), count=np.zeros(3, np.int32))
     with pytest.raises(CheckpointError, match=r"the leaf at \['count'\] was saved with shape"):
         ckpt.restore(str(tmp_path), target)
+
+
+def test_a_step_saved_again_never_mixes_with_its_first_save(job, tmp_path):
+    mesh = spmd.make_mesh((4, 2), ("a", "b"))
+    first = ckpt.save(str(tmp_path), _tree(mesh, 1.0), step=6, local=True)
+    again = ckpt.save(str(tmp_path), _tree(mesh, 2.0), step=6, local=True)
+    assert first != again and not os.path.exists(first)  # its own directory; the first dropped
+    _check(ckpt.restore(str(tmp_path), _target(mesh)), 2.0)
 
 
 def test_two_checkpoint_directories_never_mix(job, tmp_path):

@@ -8,7 +8,8 @@ processes still alive hold every saving process's blocks (their own or the
 copies) of a step newer than the persistent checkpoint's, on any mesh, and
 otherwise reads the persistent checkpoint.
 
-Layout, per node: ``/dev/shm/spmd-tier-<job>/<key>/step_<k>.a<attempt>/`` (``<job>``:
+Layout, per node: ``/dev/shm/spmd-tier-<job>/<key>/step_<k>.a<attempt>.s<save>/``
+(``<save>``: the process's count of its saves, the same on every process; ``<job>``:
 :mod:`spmd.launch.memory_tier`; ``<key>``: a digest of the persistent directory's
 path, so two checkpoint series never mix), holding for each process ``r`` whose
 blocks process ``w`` of this node keeps (``w == r`` or the copy) ``r<r>.w<w>.bin``
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -59,7 +61,10 @@ except ImportError:  # pragma: no cover - a dependency of tensorstore
     pass
 
 FORMAT = 1
-_STEP = re.compile(r"^step_(\d+)\.a(\d+)$")
+# step_<k>.a<attempt>.s<save>: a save's own directory, even of a step saved again
+# (its files are never written over a committed save's).
+_STEP = re.compile(r"^step_(\d+)\.a(\d+)\.s(\d+)$")
+_saves = itertools.count()  # this process's saves: the same count on every process
 _FILE = re.compile(r"r(\d+)\.w(\d+)\.json")
 _SPARES = ".spare"  # dropped steps' block files, to be written over
 _TAG_HEADER, _TAG_DATA = 7101, 7102  # the copy's messages on the checkpoint communicator
@@ -141,13 +146,18 @@ class TierPlan:
                  buf: np.ndarray):
         self.directory, self.tier, self.step, self.keep = directory, tier, step, keep
         self.header, self.buf = header, buf
-        self.final = os.path.join(tier, f"step_{step}.a{header['attempt']}")
+
+    @property
+    def final(self) -> str:
+        """The step's directory on this node."""
+        h = self.header
+        return os.path.join(self.tier, f"step_{self.step}.a{h['attempt']}.s{h['save']}")
 
 
 def plan(directory: str, tree, step, keep) -> TierPlan:
-    """The plan of an in-memory save of ``tree``: this process's blocks (its devices'
-    replica-0 blocks, as a save to disk writes), their bytes copied now so that
-    training may go on and change its arrays."""
+    """The plan of an in-memory save of ``tree``: this process's blocks (each distinct
+    block once, by one of its holders: :func:`_blocks_to_keep`), their bytes copied now
+    so that training may go on and change its arrays."""
     if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"save(local=True): step must be an integer >= 0, got {step!r}")
     if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
@@ -173,8 +183,10 @@ def plan(directory: str, tree, step, keep) -> TierPlan:
         return _snapshot(directory, tier, int(step), keep, leaves)
 
     # (A process-local failure, memory or a device, fails every process, with its words.)
-    return manifest.agreed(communicator(), read_blocks,
+    made = manifest.agreed(communicator(), read_blocks,
                            f"in-memory save of step {step}: reading the blocks", CheckpointError)
+    made.header["save"] = next(_saves)  # (counted once all agree: alike everywhere)
+    return made
 
 
 def _blocks_to_keep(x, sharding, shape, dtype, me: int, load: list[int]):
@@ -252,8 +264,12 @@ def write(plan: TierPlan) -> str:
         with watched("sending the in-memory copy"):
             sends[0].wait()
             sends[1].Wait()
-    all_ok(error is None, f"in-memory save of step {plan.step} ({plan.final}: "
-                          f"{error or 'written'})")
+    try:
+        all_ok(error is None, f"in-memory save of step {plan.step} into {plan.final}")
+    except CheckpointError as e:
+        if error is None:
+            raise
+        raise CheckpointError(f"{e}; here: {error}") from error
     open(os.path.join(plan.final, f"commit.r{me}"), "w").close()
     _prune(plan.tier, plan.keep)
     return plan.final
@@ -333,8 +349,8 @@ def _prune(tier: str, keep: int) -> None:
 
 
 def _steps(tier: str) -> list[tuple[int, int, str, dict[int, str], bool]]:
-    """(step, attempt, name, {saving rank: its file's stem here}, committed) per step
-    directory on this node.  A file's stem ``r<rank>.w<writer>`` names the process
+    """(step, (attempt, save), name, {saving rank: its file's stem here}, committed) per
+    step directory on this node.  A file's stem ``r<rank>.w<writer>`` names the process
     whose blocks it holds and the one that wrote it (nodes simulated on one machine
     share a /dev/shm: a copy then never has its original's name)."""
     out = []
@@ -351,7 +367,7 @@ def _steps(tier: str) -> list[tuple[int, int, str, dict[int, str], bool]]:
             held = _FILE.fullmatch(f)
             if held:
                 ranks.setdefault(int(held.group(1)), f[:-5])
-        out.append((int(m.group(1)), int(m.group(2)), name, ranks,
+        out.append((int(m.group(1)), (int(m.group(2)), int(m.group(3))), name, ranks,
                     any(f.startswith("commit.") for f in files)))
     return out
 
@@ -367,24 +383,23 @@ class Found:
     """A step that the live processes' nodes hold whole: for each saving process,
     the live process that reads its blocks and the file's stem (``reader``)."""
 
-    def __init__(self, step: int, attempt: int, world: int,
+    def __init__(self, step: int, name: str, world: int,
                  reader: dict[int, tuple[int, str]]):
-        self.step, self.attempt, self.world, self.reader = step, attempt, world, reader
-        self.name = f"step_{step}.a{attempt}"
+        self.step, self.name, self.world, self.reader = step, name, world, reader
 
 
-def _listing(tier: str) -> list[tuple[int, int, int, dict[int, str]]]:
-    """(step, attempt, saving processes, {rank: file stem} held here) of this node's
-    committed steps."""
+def _listing(tier: str) -> list[tuple]:
+    """(step, (attempt, save), name, saving processes, {rank: file stem} held here) of
+    this node's committed steps."""
     out = []
-    for step, attempt, name, ranks, committed in _steps(tier):
+    for step, order, name, ranks, committed in _steps(tier):
         if committed and ranks:
             try:
                 with open(os.path.join(tier, name, next(iter(ranks.values())) + ".json")) as f:
                     world = int(json.load(f)["world"])
             except (OSError, ValueError, KeyError):
                 continue  # (damaged: never picked)
-            out.append((step, attempt, world, ranks))
+            out.append((step, order, name, world, ranks))
     return out
 
 
@@ -397,18 +412,18 @@ def newest(directory: str, step: int | None = None) -> Found | None:
     listings = manifest.agreed(communicator(), lambda: _listing(tier),
                                "restore (listing the in-memory checkpoints)", CheckpointError,
                                share=True)
-    held: dict[tuple[int, int, int], dict[int, int]] = {}
+    held: dict[tuple, dict[int, tuple[int, str]]] = {}
     for rank, listing in enumerate(listings):
-        for s, a, world, ranks in listing:
-            readers = held.setdefault((s, a, world), {})
+        for s, order, name, world, ranks in listing:
+            readers = held.setdefault((s, tuple(order), name, world), {})
             for r, stem in ranks.items():
                 readers.setdefault(int(r), (rank, stem))  # (the lowest live rank holding it)
-    whole = [(s, a, w) for (s, a, w), readers in held.items()
-             if set(readers) == set(range(w)) and (step is None or s == step)]
+    whole = [key for key, readers in held.items()
+             if set(readers) == set(range(key[3])) and (step is None or key[0] == step)]
     if not whole:
         return None
-    s, a, w = max(whole)
-    return Found(s, a, w, held[(s, a, w)])
+    key = max(whole)
+    return Found(key[0], key[2], key[3], held[key])
 
 
 def read(directory: str, found: Found, check):

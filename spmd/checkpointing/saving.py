@@ -41,7 +41,7 @@ def save(directory: str, tree, *, step: int, keep: int | None = None,
     >>> save("ckpt", {"params": params}, step=10, keep=2)
     'ckpt/step_10'
     >>> save("ckpt", {"params": params}, step=11, local=True)     # doctest: +SKIP
-    '/dev/shm/spmd-tier-3f2a9c0d1e7b4a55/5be1c0a2d9e8f734/step_11.a0'
+    '/dev/shm/spmd-tier-3f2a9c0d1e7b4a55/5be1c0a2d9e8f734/step_11.a0.s3'
     """
     with host_span("checkpoint save", "checkpoint", path=str(directory), step=step,
                    local=bool(local)):
