@@ -406,10 +406,10 @@ def _listing(tier: str) -> list[tuple]:
 def newest(directory: str, step: int | None = None) -> Found | None:
     """The newest step (or ``step``) that the nodes of the live processes hold whole
     in memory; collective over every process (None: none, or no tier in this job)."""
-    if not enabled():
-        return None
-    tier = tier_dir(directory, "restore")
-    listings = manifest.agreed(communicator(), lambda: _listing(tier),
+    def mine():  # (every process takes part, with or without a job id of its own)
+        return _listing(tier_dir(directory, "restore")) if enabled() else []
+
+    listings = manifest.agreed(communicator(), mine,
                                "restore (listing the in-memory checkpoints)", CheckpointError,
                                share=True)
     held: dict[tuple, dict[int, tuple[int, str]]] = {}
@@ -433,10 +433,14 @@ def read(directory: str, found: Found, check):
     ``(plans, treedef)`` of the target checked against the saved leaves, plans as
     ``(leaf, shape, sharding or None)`` in the target's order."""
     comm, me = communicator(), process_index()
-    path = os.path.join(tier_dir(directory, "restore"), found.name)
     mine = [(r, stem) for r, (reader, stem) in sorted(found.reader.items()) if reader == me]
-    held = manifest.agreed(comm, lambda: [_load(path, r, stem, found) for r, stem in mine],
-                           f"restore of the in-memory step {found.step}", TierDamaged)
+
+    def load():  # (a reader listed the files: its job id names them)
+        path = os.path.join(tier_dir(directory, "restore"), found.name) if mine else ""
+        return [_load(path, r, stem, found) for r, stem in mine]
+
+    held = manifest.agreed(comm, load, f"restore of the in-memory step {found.step}",
+                           TierDamaged)
     leaves = held[0][0]["leaves"] if found.reader[0][0] == me else None
     if comm is not None:
         with watched("restore (the saved leaves)"):

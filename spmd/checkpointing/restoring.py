@@ -18,6 +18,7 @@ from spmd.checkpointing.coordination import CheckpointError, communicator
 from spmd.checkpointing.layout import all_steps, incomplete, read_meta, step_dir
 from spmd.checkpointing.layout import latest_step as _latest_on_disk
 from spmd.checkpointing.saving import wait_pending
+from spmd.launch import memory_tier
 from spmd.profiler import host_span
 from spmd.shard.arrays.placing import SingleDeviceSharding, make_array_from_callback
 from spmd.shard.arrays.spec import NamedSharding, ShardingError, check_spec
@@ -131,7 +132,8 @@ def _from_memory(directory: str, target, step, span):
         tree = memory.read(directory, found, lambda meta: _checked(
             meta, target, f"the in-memory step {found.step}"))
     except memory.TierDamaged as e:
-        manifest.warn_once(("memory", memory.tier_dir(directory), found.name),
+        manifest.warn_once(("memory", os.path.realpath(directory), found.name,
+                            os.environ.get(memory_tier.JOB_ENV)),
                            f"spmd.checkpointing.restore: {e}; "
                            "restoring from the checkpoints on disk instead", stacklevel=5)
         return None

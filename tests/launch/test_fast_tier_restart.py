@@ -135,3 +135,33 @@ def test_copies_go_to_the_other_node_and_stand_in_for_it(tmp_path):
                                                               (2, 0), (2, 2), (3, 1), (3, 3)]
                                for ext in ("bin", "json")]], files
     assert all(f"RESTORED {r}" in out for r in range(4)), out[-5000:]
+
+
+# Ranks that disagree: rank 1 loses its job id before restoring.  Every rank still
+# takes part in the listing (none waits for another), and the step rank 0's node
+# holds whole is restored on both.
+_DISAGREE = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import spmd
+    from spmd import P, NamedSharding, checkpointing
+
+    CKPT = sys.argv[1]
+    WHOLE = np.arange(16.0, dtype=np.float32)
+    me = spmd.process_index()
+    mesh = spmd.make_mesh((2,), ("i",))
+    x = spmd.make_array_from_callback((16,), NamedSharding(mesh, P("i")), lambda i: WHOLE[i])
+    checkpointing.save(CKPT, {"x": x}, step=4, local=True)
+    if me == 1:
+        del os.environ["SPMD_JOB_ID"]
+    out = checkpointing.restore(CKPT, {"x": NamedSharding(mesh, P())})
+    assert np.array_equal(np.asarray(out["x"]), WHOLE)
+    print(f"RESTORED {me}", flush=True)
+""")
+
+
+def test_ranks_that_disagree_on_the_job_id_restore_alike(tmp_path):
+    job = Launch(_DISAGREE, 2, tmp_path, args=[tmp_path / "ck"])
+    status = job.wait(LIMIT_S)
+    assert status == 0, job.out[-5000:]
+    assert "RESTORED 0" in job.out and "RESTORED 1" in job.out, job.out[-5000:]
