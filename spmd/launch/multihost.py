@@ -84,7 +84,8 @@ def cleanup_command(ns: argparse.Namespace, mpiexec: str, impl: str, launch_dir:
 
 def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
                      launch_dir: str, hosts: list[str] | None = None,
-                     what: list[str] | None = None, name: str = "shared memory") -> bool:
+                     what: list[str] | None = None, name: str = "shared memory",
+                     left: str = "segments") -> bool:
     """Run the cleanup pass on every host (a node cleans its own /dev/shm: the
     launcher cannot see it); whether it completed.  Says so when it did not.
 
@@ -100,7 +101,7 @@ def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
         os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and what it started here
         proc.communicate()
         print(f"{PROG}: the cleanup of the hosts' {name} did not finish within "
-              f"{CLEANUP_PASS_S:g}s (a host does not answer?); it may be left in "
+              f"{CLEANUP_PASS_S:g}s (a host does not answer?); {left} may be left in "
               "/dev/shm there", file=sys.stderr)
         return False
     except BaseException:  # Ctrl-C or SIGTERM meanwhile: leave nothing running
@@ -110,7 +111,7 @@ def clean_every_host(ns: argparse.Namespace, mpiexec: str, impl: str, env: dict,
     if proc.returncode != 0:
         tail = "\n".join(text.strip().splitlines()[-5:])
         print(f"{PROG}: the cleanup of the hosts' {name} failed (mpiexec exit status "
-              f"{proc.returncode}); it may be left in /dev/shm there:\n{tail}",
+              f"{proc.returncode}); {left} may be left in /dev/shm there:\n{tail}",
               file=sys.stderr)
         return False
     return True
@@ -135,6 +136,7 @@ def remove_memory_tier(ns: argparse.Namespace, mpiexec: str, impl: str, env: dic
         for hosts in passes:
             if hosts:
                 clean_every_host(ns, mpiexec, impl, env, launch_dir, hosts,
-                                 ["--memory-tier", ns.job_id], "in-memory checkpoints")
+                                 ["--memory-tier", ns.job_id], "in-memory checkpoints",
+                                 "they")
     finally:
         remove_launch_dir(launch_dir)
