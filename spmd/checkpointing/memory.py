@@ -122,16 +122,16 @@ def partners(hosts: list[str]) -> list[int | None]:
     >>> partners(["a", "a", "b"])
     [2, 2, 0]
     """
-    nodes: dict[str, list[int]] = {}
+    by_node: dict[str, list[int]] = {}
     for r, h in enumerate(hosts):
-        nodes.setdefault(h, []).append(r)
-    order = list(nodes)
+        by_node.setdefault(h, []).append(r)
+    order = list(by_node)
     if len(order) == 1:
         return [None] * len(hosts)
     out: list[int | None] = []
     for r, h in enumerate(hosts):
-        mine = nodes[h]
-        there = nodes[order[(order.index(h) + 1) % len(order)]]
+        mine = by_node[h]
+        there = by_node[order[(order.index(h) + 1) % len(order)]]
         out.append(there[mine.index(r) % len(there)])
     return out
 
@@ -271,7 +271,7 @@ def write(plan: TierPlan) -> str:
             raise
         raise CheckpointError(f"{e}; here: {error}") from error
     open(os.path.join(plan.final, f"commit.r{me}"), "w").close()
-    _prune(plan.tier, plan.keep)
+    _prune(plan.tier, plan.keep, (plan.header["attempt"], plan.header["save"]))
     return plan.final
 
 
@@ -326,21 +326,24 @@ def _write_files(path: str, header: dict, data: np.ndarray) -> None:
     os.replace(name + ".json.tmp", name + ".json")
 
 
-def _prune(tier: str, keep: int) -> None:
-    """Drop all but the ``keep`` newest committed steps on this node (older ones and
-    what failed or dead attempts left); the block files this process wrote there
-    are kept aside to be written over by its next saves (:func:`_spare`)."""
-    committed = sorted((s, a, n) for s, a, n, _, ok in _steps(tier) if ok)
-    kept = {n for _, _, n in committed[-keep:]}
+def _prune(tier: str, keep: int, current: tuple[int, int]) -> None:
+    """Drop all but the ``keep`` latest committed saves on this node, up to ``current``
+    (attempt, save): the older ones, and what failed or dead attempts left.  A later
+    save's directory is never touched: another process of the node may be writing it
+    already while this one prunes.  The block files this process wrote in what is
+    dropped are kept aside, to be written over by its next saves (:func:`_spare`)."""
+    steps = [entry for entry in _steps(tier) if entry[1] <= current]
+    committed = sorted((order, name) for _, order, name, _, ok in steps if ok)
+    kept = {name for _, name in committed[-keep:]}
     spares = os.path.join(tier, _SPARES)
-    for _, _, name, _, _ in _steps(tier):
+    for _, _, name, _, _ in steps:
         if name in kept:
             continue
         os.makedirs(spares, exist_ok=True)
-        mine = f".w{process_index()}.bin"
+        mine = f"w{process_index()}"
         try:
             for f in os.listdir(os.path.join(tier, name)):
-                if f.endswith(mine):  # (only its own: the node's others do theirs)
+                if f.split(".")[1:] == [mine, "bin"]:  # (its own: the node's others do theirs)
                     os.replace(os.path.join(tier, name, f),
                                os.path.join(spares, f"w{process_index()}.{name}.{f}"))
         except OSError:
@@ -348,7 +351,7 @@ def _prune(tier: str, keep: int) -> None:
         shutil.rmtree(os.path.join(tier, name), ignore_errors=True)
 
 
-def _steps(tier: str) -> list[tuple[int, int, str, dict[int, str], bool]]:
+def _steps(tier: str) -> list[tuple[int, tuple[int, int], str, dict[int, str], bool]]:
     """(step, (attempt, save), name, {saving rank: its file's stem here}, committed) per
     step directory on this node.  A file's stem ``r<rank>.w<writer>`` names the process
     whose blocks it holds and the one that wrote it (nodes simulated on one machine
