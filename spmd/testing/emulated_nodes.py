@@ -41,11 +41,10 @@ __all__ = ["EmulatedNodes", "unavailable", "address", "hostname"]
 FIRST_OCTET = 2
 
 # The ssh stand-in.  hydra runs it as ``<script> -x HOST COMMAND...``; it maps the
-# host (an address 127.0.0.N or a name nodeK) to the node, records the node's UTS
-# namespace (to find its processes later: :meth:`EmulatedNodes.kill_node`), and
-# runs the command in fresh UTS, mount and IPC namespaces with the node's host
-# name and /dev/shm.  ``--fork`` makes the command a child of unshare, so it is
-# PID 1 of nothing: signals reach it as usual.
+# host (an address 127.0.0.N or a name nodeK) to the node and runs the command in
+# fresh UTS, mount and IPC namespaces with the node's host name and /dev/shm.
+# ``--fork`` makes the command a child of unshare, so it is PID 1 of nothing:
+# signals reach it as usual.
 _SCRIPT = r"""#!/bin/sh
 # Written by spmd.testing.emulated_nodes: hydra's "ssh" into an emulated node.
 [ "$1" = "-x" ] && shift
@@ -58,7 +57,7 @@ esac
 dir="ROOT/node$k"
 mkdir -p "$dir/shm"
 exec unshare --uts --mount --ipc --fork -- sh -c '
-  hostname "node$1" && mount --bind "$2/shm" /dev/shm && readlink /proc/self/ns/uts > "$2/uts" &&
+  hostname "node$1" && mount --bind "$2/shm" /dev/shm &&
   shift 2 && exec sh -c "$*"' sh "$k" "$dir" "$@"
 """
 
@@ -164,22 +163,18 @@ class EmulatedNodes:
                 for k in range(self.count) if os.listdir(self.shm_dir(k))}
 
     def pids(self, k: int) -> list[int]:
-        """The processes running in node ``k`` now: those of its last launch's UTS
-        namespace whose ``/dev/shm`` is the node's own directory.  The namespace alone
-        is not enough once the node's processes have ended: the kernel gives its
-        number to the next namespace made (another test's node, in a session running
-        beside this one), and killing by it alone could hit that node."""
-        try:
-            ns = (self.root / hostname(k) / "uts").read_text().strip()
-        except OSError:
-            return []
+        """The processes running in node ``k`` now, of any of its launches: those whose
+        ``/dev/shm`` is the node's own directory (a path under this object's root, so
+        never another test's node).  Not by the last launch's UTS namespace alone: a
+        proxy of an earlier launch (an attempt whose mpiexec was killed; hydra's ssh
+        launcher puts it in a session of its own) is the node's too, and the kernel
+        reuses a namespace's number once its processes have ended."""
         own = str(self.shm_dir(k))
         found = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    if os.readlink(f"/proc/{entry}/ns/uts") == ns and \
-                            own.endswith(_shm_root(entry)):
+                    if own.endswith(_shm_root(entry)):
                         found.append(int(entry))
                 except OSError:
                     continue
