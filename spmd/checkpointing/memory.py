@@ -186,6 +186,8 @@ def plan(directory: str, tree, step, keep) -> TierPlan:
     made = manifest.agreed(communicator(), read_blocks,
                            f"in-memory save of step {step}: reading the blocks", CheckpointError)
     made.header["save"] = next(_saves)  # (counted once all agree: alike everywhere)
+    if made.header["save"] == 0:
+        memory_tier.note_used()  # (spmd-run then removes the memory on every host)
     return made
 
 

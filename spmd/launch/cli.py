@@ -506,6 +506,7 @@ def _attempt(ns: argparse.Namespace, mpiexec: str, impl: str, attempt: int,
         timeline.finish(ns, launch_dir, attempt)  # (after the job's summary, if any)
         return outcome
     finally:
+        ns.tier_used = getattr(ns, "tier_used", False) or memory_tier.used(launch_dir)
         try:
             if job is not None:
                 job.cleanup()

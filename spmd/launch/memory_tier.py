@@ -22,6 +22,7 @@ import uuid
 JOB_ENV = "SPMD_JOB_ID"
 PREFIX = "spmd-tier-"
 SHM = "/dev/shm"
+MARK = "memory-tier"  # in the attempt's launch directory: some rank kept a step in memory
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -67,3 +68,20 @@ def remove(job: str, root: str = SHM) -> bool:
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True
+
+
+def note_used(environ=None) -> None:
+    """Tell ``spmd-run`` that this job keeps steps in memory (a mark in the attempt's
+    launch directory, ``$SPMD_LAUNCH_DIR``, which every host shares): only then does it
+    run the removal pass on the hosts at the end.  Nothing without the directory."""
+    launch_dir = (os.environ if environ is None else environ).get("SPMD_LAUNCH_DIR")
+    if launch_dir and os.path.isdir(launch_dir):
+        try:
+            open(os.path.join(launch_dir, MARK), "a").close()
+        except OSError:
+            pass  # (the pass then runs anyway: see used())
+
+
+def used(launch_dir: str) -> bool:
+    """Whether a rank of the attempt run in ``launch_dir`` kept a step in memory."""
+    return os.path.exists(os.path.join(launch_dir, MARK))

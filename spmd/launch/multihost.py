@@ -129,6 +129,8 @@ def remove_memory_tier(ns: argparse.Namespace, mpiexec: str, impl: str, env: dic
     if all(_is_local(h) for h in used):
         memory_tier.remove(ns.job_id)  # every rank ran here
         return
+    if not getattr(ns, "tier_used", False):
+        return  # (no rank kept a step in memory: no pass over the hosts)
     last = list(dict.fromkeys(ns.rank_hosts or []))
     passes = [last] + [[h] for h in dict.fromkeys(used) if h not in last]
     launch_dir = make_launch_dir(ns)

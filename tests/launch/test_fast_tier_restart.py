@@ -15,6 +15,8 @@ import os
 import sys
 import textwrap
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tests.launch.jobs import Launch  # noqa: E402
 
@@ -165,3 +167,26 @@ def test_ranks_that_disagree_on_the_job_id_restore_alike(tmp_path):
     status = job.wait(LIMIT_S)
     assert status == 0, job.out[-5000:]
     assert "RESTORED 0" in job.out and "RESTORED 1" in job.out, job.out[-5000:]
+
+
+def test_the_hosts_removal_pass_runs_only_for_a_job_that_kept_memory(tmp_path):
+    import argparse
+
+    from spmd.launch import multihost
+
+    launch_dir = tmp_path / "attempt"
+    launch_dir.mkdir()
+    assert not memory_tier.used(str(launch_dir))
+    memory_tier.note_used({"SPMD_LAUNCH_DIR": str(launch_dir)})  # (a rank's first save)
+    assert memory_tier.used(str(launch_dir))
+    memory_tier.note_used({})  # (no launch directory: nothing, no error)
+    ns = argparse.Namespace(remote=True, rank_hosts=["nodeA", "nodeB"], job_id="j1",
+                            tier_used=False, launch_dir=str(tmp_path), mpiexec_args=[],
+                            hostfile=None, placement=None)
+    # Nothing kept in memory: no pass (an mpiexec that does not exist is never run).
+    multihost.remove_memory_tier(ns, str(tmp_path / "no-mpiexec"), "mpich", {},
+                                 ["nodeA", "nodeB"])
+    ns.tier_used = True
+    with pytest.raises(OSError):
+        multihost.remove_memory_tier(ns, str(tmp_path / "no-mpiexec"), "mpich", {},
+                                     ["nodeA", "nodeB"])
