@@ -17,6 +17,7 @@ import spmd.optim as optim
 from spmd import NamedSharding, P, lax
 from spmd.errors import ArgumentError, DTypeError, ShapeError
 from spmd.experimental import mesh_utils, multihost_utils
+from tests.tolerance import numerical_grad
 from spmd.experimental.shard_map import shard_map as old_shard_map
 from spmd.shard.maps.shard_map import ShardMapError
 from tests.mpi import run_spmd_run
@@ -296,16 +297,6 @@ def test_multihost_utils_on_two_ranks(tmp_path):
 
 # ------------------------------------------------------------------ losses
 
-def _num_grad(f, x, eps=1e-6):
-    x = np.asarray(x, np.float64)
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        d = np.zeros_like(x)
-        d[i] = eps
-        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
-    return g
-
-
 def _np_log_softmax(z):
     z = z - z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -360,7 +351,8 @@ def test_loss_values_and_gradients_match_the_closed_form(name, x64):
     got = spmd.jit(loss)(x)
     np.testing.assert_allclose(np.asarray(got), ref(x), rtol=1e-10, atol=1e-12)
     grad = spmd.jit(spmd.grad(lambda x: loss(x).sum()))(x)
-    np.testing.assert_allclose(np.asarray(grad), _num_grad(lambda x: ref(x).sum(), x),
+    np.testing.assert_allclose(np.asarray(grad),
+                               numerical_grad(lambda x: ref(x).sum(), x, 1e-6),
                                rtol=1e-6, atol=1e-7)
 
 

@@ -10,6 +10,9 @@ keeps is the rounding bound: ``n`` float terms added in any order are within
 so it also covers two computations compared with each other).  A wrong result (a
 term lost, doubled or misplaced) is off by about one term, far more than that.
 
+The oracle of gradient tests, a central difference in float64, is here too
+(:func:`numerical_grad`).
+
 >>> assert_product_close(split_matmul(a, b), a, b)          # doctest: +SKIP
 >>> assert_sum_close(total, x, axis=0)                      # doctest: +SKIP
 """
@@ -73,3 +76,20 @@ def assert_sum_close(actual, x, axis=None, what: str = "the sum") -> None:
     (compared with the sum in float64)."""
     exact = np.asarray(x, np.float64).sum(axis=axis)
     assert_within(actual, exact, sum_tolerance(x, axis), what)
+
+
+def numerical_grad(f, x, eps: float) -> np.ndarray:
+    """The central-difference gradient of the scalar function ``f`` at ``x``, in
+    float64: the oracle of gradient tests (its error is O(eps**2) plus rounding of
+    order ``1e-16 / eps``; choose ``eps`` and the tolerance together).
+
+    >>> numerical_grad(lambda x: (x ** 2).sum(), np.array([1.0, 2.0]), 1e-3)
+    array([2., 4.])
+    """
+    x = np.asarray(x, np.float64)
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = eps
+        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
+    return g

@@ -12,6 +12,7 @@ import spmd
 import spmd.numpy as snp
 from spmd import P, lax
 from spmd.test_util import check_grads
+from tests.tolerance import numerical_grad
 
 MESH = spmd.make_mesh((4, 2), ("i", "j"))
 MESH4 = spmd.make_mesh((4,), ("i",))
@@ -119,17 +120,7 @@ W, XS = _x(4, 3), _x(8, 4)
 LOSS = sm(_loss_body, (P(), P(("i", "j"))), P())
 
 
-def _num_grad(f, w, eps=1e-3):
-    w = w.astype(np.float64)
-    g = np.zeros_like(w)
-    for idx in np.ndindex(w.shape):
-        d = np.zeros_like(w)
-        d[idx] = eps
-        g[idx] = (f(w + d) - f(w - d)) / (2 * eps)
-    return g
-
-
-G_REF = _num_grad(lambda w: _loss_ref(w, XS.astype(np.float64)), W)
+G_REF = numerical_grad(lambda w: _loss_ref(w, XS.astype(np.float64)), W, 1e-3)
 
 
 def test_grad_of_shard_map():
@@ -147,7 +138,7 @@ def test_value_and_grad_two_args():
     v, (gw, gx) = spmd.value_and_grad(LOSS, argnums=(0, 1))(W, XS)
     _close(v, _loss_ref(W, XS), 1e-5)
     _close(gw, G_REF)
-    gx_ref = _num_grad(lambda x: _loss_ref(W.astype(np.float64), x), XS)
+    gx_ref = numerical_grad(lambda x: _loss_ref(W.astype(np.float64), x), XS, 1e-3)
     _close(gx, gx_ref)
 
 
@@ -201,7 +192,7 @@ def test_shard_map_of_vmap():
     _close(f(ws, XS), [_loss_ref(w, XS) for w in ws], 1e-5)
     g = spmd.grad(lambda ws: snp.sum(f(ws, XS)))(ws)
     _close(g[0], G_REF)
-    _close(g[1], _num_grad(lambda w: _loss_ref(w, XS.astype(np.float64)), 2 * W))
+    _close(g[1], numerical_grad(lambda w: _loss_ref(w, XS.astype(np.float64)), 2 * W, 1e-3))
 
 
 def test_vmap_grad_with_named_axis():
