@@ -1,12 +1,11 @@
 """The fast tier: checkpoints kept in the nodes' memory, which survive the loss of a node.
 
-``save(directory, tree, step=k, local=True)`` keeps each process's blocks (those
-it would write to disk: its devices' replica-0 blocks) in its node's ``/dev/shm``
-and sends a copy to one process on the next node, which keeps it in *its*
-``/dev/shm``.  :func:`spmd.checkpointing.restore` reads a step from here when the
-processes still alive hold every saving process's blocks (their own or the
-copies) of a step newer than the persistent checkpoint's, on any mesh, and
-otherwise reads the persistent checkpoint.
+``save(directory, tree, step=k, local=True)`` keeps each process's blocks (each
+distinct block once, by one of its holders) in its node's ``/dev/shm`` and a copy in
+one process's on the next node.  :func:`spmd.checkpointing.restore` reads a step from
+here when the live processes hold every saving process's blocks (their own or the
+copies) of a step newer than the persistent checkpoint's, on any mesh; otherwise it
+reads the persistent checkpoint.
 
 Layout, per node: ``/dev/shm/spmd-tier-<job>/<key>/step_<k>.a<attempt>.s<save>/``
 (``<save>``: the process's count of its saves, the same on every process; ``<job>``:
@@ -34,7 +33,6 @@ checked to be covered exactly.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -48,9 +46,9 @@ import zlib
 import numpy as np
 
 from spmd import tree_util
-from spmd.checkpointing import manifest, writing
-from spmd.checkpointing.coordination import CheckpointError, all_ok, communicator, watched
-from spmd.compiler.core import dtypes
+from spmd.checkpointing import manifest, memory_blocks
+from spmd.checkpointing.coordination import (CheckpointError, agree_quietly, communicator,
+                                             wait_quietly, watched)
 from spmd.launch import memory_tier, nodes
 from spmd.mesh import process_count, process_index
 from spmd.shard.arrays.placing import make_array_from_callback
@@ -143,9 +141,10 @@ class TierPlan:
     and the header that says where each lies."""
 
     def __init__(self, directory: str, tier: str, step: int, keep: int, header: dict,
-                 buf: np.ndarray):
+                 buf: np.ndarray, error: Exception | None = None):
         self.directory, self.tier, self.step, self.keep = directory, tier, step, keep
         self.header, self.buf = header, buf
+        self.error = error  # this process's failure to make it: write() raises it on all
 
     @property
     def final(self) -> str:
@@ -156,91 +155,41 @@ class TierPlan:
 
 def plan(directory: str, tree, step, keep) -> TierPlan:
     """The plan of an in-memory save of ``tree``: this process's blocks (each distinct
-    block once, by one of its holders: :func:`_blocks_to_keep`), their bytes copied now
-    so that training may go on and change its arrays."""
+    block once, by one of its holders: :mod:`~spmd.checkpointing.memory_blocks`), their
+    bytes copied now so that training may go on and change its arrays."""
     if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"save(local=True): step must be an integer >= 0, got {step!r}")
     if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
         raise CheckpointError(f"save(local=True): keep must be an integer >= 1 or None, got "
                               f"{keep!r}")
-    paths_leaves, _ = tree_util.tree_flatten_with_path(tree)
     me = process_index()
-
-    def read_blocks() -> TierPlan:
+    save = next(_saves)  # (every process counts every call: alike everywhere)
+    try:
         tier = tier_dir(directory)
-        leaves, load = [], [0] * process_count()
-        for path, x in paths_leaves:
-            p = tree_util.keystr(path)
-            shape, dtype, sh = writing._leaf_info(x, p)
-            if not (dtype.kind in "biuf" and dtype.itemsize <= 8 or
-                    dtype in dtypes.NARROW_FLOATS):
-                raise CheckpointError(f"save(local=True): the leaf at {p} has dtype {dtype}, "
-                                      "which checkpoints do not store (bool, integer and "
-                                      "floating dtypes, bfloat16 and the float8 types)")
-            blocks = (writing._blocks_to_write(x, sh, me) if sh is None else
-                      _blocks_to_keep(x, sh, shape, dtype, me, load))
-            leaves.append((p, shape, dtype, sh, list(blocks)))
-        return _snapshot(directory, tier, int(step), keep, leaves)
-
-    # (A process-local failure, memory or a device, fails every process, with its words.)
-    made = manifest.agreed(communicator(), read_blocks,
-                           f"in-memory save of step {step}: reading the blocks", CheckpointError)
-    made.header["save"] = next(_saves)  # (counted once all agree: alike everywhere)
-    if made.header["save"] == 0:
+        layout, leaves = memory_blocks.layout_of(tree)
+        header = {"format": FORMAT, "step": int(step), "world": process_count(), "rank": me,
+                  "host": socket.gethostname(), "attempt": memory_tier.attempt(),
+                  "leaves": layout.metas, "blocks": layout.entries, "size": layout.total}
+        made = TierPlan(directory, tier, int(step), keep or 1, header,
+                        memory_blocks.copy(layout, leaves))
+    except Exception as e:
+        # Not agreed on here, which would cost every step a wait for the slowest
+        # process: :func:`write` tells every process, which then all raise.
+        made = TierPlan(directory, "", int(step), keep or 1,
+                        {"rank": me, "size": 0, "attempt": memory_tier.attempt()},
+                        np.empty(0, np.uint8), e)
+    made.header["save"] = save
+    if save == 0:
         memory_tier.note_used()  # (spmd-run then removes the memory on every host)
     return made
-
-
-def _blocks_to_keep(x, sharding, shape, dtype, me: int, load: list[int]):
-    """The (index, block) pairs this process keeps of a placed leaf: each distinct block
-    once, by the process holding a replica of it that keeps the fewest bytes so far
-    (``load``, over the leaves in order: every process decides alike).  Unlike the
-    disk's choice (replica 0), replicated leaves are spread over their holders, so
-    that no process keeps and sends what all hold (data parallelism's parameters)."""
-    mine = None
-    nbytes = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * dtype.itemsize
-    for key, index, holders in _distinct_blocks(sharding, tuple(shape)):
-        keeper = min(holders, key=lambda p: (load[p], p))
-        load[keeper] += nbytes
-        if keeper == me:
-            if mine is None:
-                mine = {tuple(manifest._bounds(s.index, shape)): s for s in x.addressable_shards}
-            yield index, np.asarray(mine[key].data)
-
-
-@functools.lru_cache(maxsize=1024)
-def _distinct_blocks(sharding, shape: tuple) -> list[tuple]:
-    """``(bounds, index, processes holding it)`` of each distinct block, in order."""
-    found: dict = {}
-    for device, index in sharding.devices_indices_map(shape).items():
-        key = tuple(manifest._bounds(index, shape))
-        found.setdefault(key, (index, set()))[1].add(device.process_index)
-    return [(key, index, sorted(procs)) for key, (index, procs) in sorted(found.items())]
-
-
-def _snapshot(directory: str, tier: str, step: int, keep, leaves) -> TierPlan:
-    """The blocks' bytes in one buffer, and the header that says where each lies."""
-    metas, entries, total = [], [], 0
-    for i, (p, shape, dtype, _, blocks) in enumerate(leaves):
-        metas.append({"path": p, "shape": list(shape), "dtype": dtype.name})
-        for index, b in blocks:
-            n = int(np.asarray(b).nbytes)
-            entries.append([i, manifest._bounds(index, shape), total, n])
-            total += n
-    buf = _buffer("blocks", total)
-    for (i, _, offset, n), b in zip(entries, (b for leaf in leaves for _, b in leaf[4])):
-        buf[offset:offset + n] = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    header = {"format": FORMAT, "step": int(step), "world": process_count(),
-              "rank": process_index(), "host": socket.gethostname(),
-              "attempt": int(os.environ.get("SPMD_RESTART_ATTEMPT", "0") or 0),
-              "leaves": metas, "blocks": entries, "size": total}
-    return TierPlan(directory, tier, int(step), keep or 1, header, buf)
 
 
 def write(plan: TierPlan) -> str:
     """Keep ``plan``'s blocks in this node's memory and its copy on the partner's; once
     every process has done both, mark the step committed and drop the node's older
-    steps.  Returns the step's directory on this node."""
+    steps.  Returns the step's directory on this node.  Its waits sleep rather than
+    spin (:func:`~spmd.checkpointing.coordination.wait_quietly`): it runs beside
+    training, on the same cores."""
     comm, me = communicator(), process_index()
     header = dict(plan.header, crc32=zlib.crc32(plan.buf))
     dest = partners(_hosts())
@@ -249,29 +198,25 @@ def write(plan: TierPlan) -> str:
         with watched("sending the in-memory copy"):
             sends = [comm.isend(header, dest=dest[me], tag=_TAG_HEADER),
                      comm.Isend(plan.buf, dest=dest[me], tag=_TAG_DATA)]
-    error = None
-    try:
-        os.makedirs(plan.final, exist_ok=True)
-        _write_files(plan.final, header, plan.buf)
-    except OSError as e:
-        error = e
+    error = plan.error
+    if error is None:
+        try:
+            os.makedirs(plan.final, exist_ok=True)
+            _write_files(plan.final, header, plan.buf)
+        except OSError as e:
+            error = e
     for src in (r for r, d in enumerate(dest) if d == me):
-        with watched("receiving an in-memory copy"):
-            got = comm.recv(source=src, tag=_TAG_HEADER)
-            data = _buffer(f"copy of {src}", got["size"])
-            comm.Recv(data, source=src, tag=_TAG_DATA)
-        if error is None:
+        wait_quietly(lambda: comm.Iprobe(source=src, tag=_TAG_HEADER),
+                     "receiving an in-memory copy")
+        got = comm.recv(source=src, tag=_TAG_HEADER)
+        data = memory_blocks.buffer(f"copy of {src}", got["size"])
+        request = comm.Irecv(data, source=src, tag=_TAG_DATA)
+        wait_quietly(lambda: request.Test(), "receiving an in-memory copy")
+        if error is None and "leaves" in got:  # (none: the sender failed, and says so)
             error = _keep_copy(plan.final, got, data)
-    if sends:
-        with watched("sending the in-memory copy"):
-            sends[0].wait()
-            sends[1].Wait()
-    try:
-        all_ok(error is None, f"in-memory save of step {plan.step} into {plan.final}")
-    except CheckpointError as e:
-        if error is None:
-            raise
-        raise CheckpointError(f"{e}; here: {error}") from error
+    wait_quietly(lambda: all([r.Test() for r in sends]), "sending the in-memory copy")
+    agree_quietly(error, f"in-memory save of step {plan.step}" +
+                  (f" into {plan.final}" if plan.tier else ""))
     open(os.path.join(plan.final, f"commit.r{me}"), "w").close()
     _prune(plan.tier, plan.keep, (plan.header["attempt"], plan.header["save"]))
     return plan.final
@@ -284,20 +229,6 @@ def _keep_copy(path: str, header: dict, data: np.ndarray) -> Exception | None:
     except OSError as e:
         return e
     return None
-
-
-_buffers: dict[str, np.ndarray] = {}
-
-
-def _buffer(key: str, size: int) -> np.ndarray:
-    """A buffer of ``size`` bytes kept for the next save: a fresh one would cost a
-    page fault per 4 KiB each time (a 5 MB copy into new memory took 9 ms, into
-    memory touched before 1 ms).  Safe to reuse: a save starts only once the
-    previous one has finished (``saving.wait_pending``)."""
-    have = _buffers.get(key)
-    if have is None or have.size < size:
-        have = _buffers[key] = np.empty(size, np.uint8)
-    return have[:size]
 
 
 def _spare(path: str) -> str | None:

@@ -19,6 +19,7 @@ from spmd.launch.timeline import recorder as _timeline
 from spmd.profiler import host_span
 from spmd.checkpointing import memory, writing
 from spmd.checkpointing.coordination import CheckpointError
+from spmd.launch import affinity
 from spmd.launch.mpi_init import threads_may_call_mpi
 from spmd.mesh import process_count
 
@@ -66,6 +67,7 @@ class PendingSave:
 
     def _run(self, plan):
         t0 = time.monotonic()
+        affinity.to_spare_cores()  # (none: it shares its rank's cores with training)
         try:
             self._write(plan)
         except BaseException as e:  # re-raised by wait() in the caller's thread

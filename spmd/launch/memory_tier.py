@@ -52,6 +52,17 @@ def job_id(environ=None) -> str | None:
     return raw
 
 
+def attempt(environ=None) -> int:
+    """This run's restart attempt, as ``spmd-run`` numbers them (0 outside it): the
+    in-memory steps of attempts before it are told apart by it.
+
+    >>> attempt({"SPMD_RESTART_ATTEMPT": "2"})
+    2
+    """
+    return int((os.environ if environ is None else environ).get("SPMD_RESTART_ATTEMPT", "0")
+               or 0)
+
+
 def job_dir(job: str, root: str = SHM) -> str:
     """The job's directory of in-memory checkpoints on this node."""
     return os.path.join(root, PREFIX + job)

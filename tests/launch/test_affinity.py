@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -9,6 +12,7 @@ from spmd.errors import ArgumentError
 from spmd.launch import affinity
 from tests.launch.test_cli import _env, needs_mpi, spmd_run, write
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
@@ -76,3 +80,36 @@ def test_a_bad_bind_setting_fails_the_job_naming_it(tmp_path):
     proc, _ = spmd_run("-n", "2", script, cwd=tmp_path, env=_env(SPMD_BIND="socket"))
     assert proc.returncode != 0
     assert "SPMD_BIND='socket' is not a binding" in proc.stderr
+
+
+SPARE = """
+    import json, os, sys, threading
+    from spmd.launch import affinity
+    mine = affinity.bind_this_rank(0, 1, {"SPMD_NUM_THREADS": "1"})
+    seen = {}
+    def background():
+        seen["moved"] = affinity.to_spare_cores()
+        seen["thread"] = sorted(os.sched_getaffinity(0))
+    t = threading.Thread(target=background)
+    t.start(); t.join()
+    print(json.dumps({"mine": mine, "main": sorted(os.sched_getaffinity(0)), **seen}))
+"""
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs a mask of 2 cores or more")
+def test_a_background_thread_moves_to_the_cores_no_rank_took(tmp_path):
+    # A rank of one thread alone on its node: the other cores are spare.  The
+    # thread moves; the rank's own thread stays on its core.
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(SPARE)], capture_output=True,
+                         text=True, timeout=60, check=True,
+                         env=dict(os.environ, PYTHONPATH=REPO)).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["mine"] == got["main"] == CORES[:1]
+    assert got["moved"] == got["thread"] == CORES[1:]
+
+
+def test_without_spare_cores_a_background_thread_stays(monkeypatch):
+    monkeypatch.setattr(affinity, "_spare", [])
+    before = sorted(os.sched_getaffinity(0)) if CORES else None
+    assert affinity.to_spare_cores() is None
+    assert (sorted(os.sched_getaffinity(0)) if CORES else None) == before
