@@ -13,6 +13,7 @@ import numpy as np
 
 from spmd.collectives.mpi.control import Watched
 from spmd.errors import SpmdError
+from spmd.launch import affinity
 from spmd.launch.mpi_init import world
 from spmd.mesh import process_count
 
@@ -66,38 +67,54 @@ def bcast(value):
 
 
 
-# Between two tests of a background save's requests: MPI's own waits spin a core, the
-# core training runs on where a rank is bound to one (a 13 ms wait for the slowest
-# rank's files cost the step 13 ms of its core); a sleep gives it back, and adds at
-# most this much to a save that the program does not wait for.
+# How a background save waits for its MPI requests.  On the cores no rank took
+# (:func:`spmd.launch.affinity.to_spare_cores`) it waits in MPI, which spins and so
+# moves the transfer on at once; MPI's progress is shared by the threads, so a
+# transfer left waiting is done piece by piece inside the training thread's own
+# collectives (8 ranks on 13 cores: the write took 114 ms a step that way, 33 ms
+# waiting in MPI).  On its rank's cores a spinning wait would take the core from
+# training instead (13 ms a step, for the slowest rank's files): there it tests and
+# sleeps this long between tests.
 PAUSE_S = 2e-4
 
 
-def wait_quietly(done, what: str) -> None:
-    """Wait until ``done()`` holds, sleeping between tries instead of spinning (for a
-    background thread's MPI requests: ``done`` tests them, which also moves them on).
+def settle(requests: list, what: str) -> None:
+    """Wait for a background thread's MPI ``requests`` (see ``PAUSE_S``).
 
-    >>> wait_quietly(lambda: all([r.Test() for r in requests]), "sending the copy")  # doctest: +SKIP
+    >>> settle([comm.Isend(buf, dest=1, tag=7)], "sending the copy")  # doctest: +SKIP
     """
-    if done():
+    if not requests:
         return
     with watched(what):
-        while not done():
-            time.sleep(PAUSE_S)
+        if affinity.on_spare_cores():
+            for r in requests:
+                r.Wait()  # (mpi4py lets go of the GIL while MPI waits)
+        else:
+            while not all([r.Test() for r in requests]):  # (each tested: each moves on)
+                time.sleep(PAUSE_S)
+
+
+def receive(comm, source: int, tag: int, what: str):
+    """A background thread's ``comm.recv(source=source, tag=tag)``, waiting as
+    :func:`settle` does."""
+    with watched(what):
+        if not affinity.on_spare_cores():
+            while not comm.Iprobe(source=source, tag=tag):
+                time.sleep(PAUSE_S)
+        return comm.recv(source=source, tag=tag)
 
 
 def agree_quietly(error: BaseException | None, what: str) -> None:
     """:func:`all_ok` for a background thread: raise on every process unless ``error``
     is None on all, with the first failing process's words; waits by
-    :func:`wait_quietly`."""
+    :func:`settle`."""
     comm = communicator()
     if comm is None:
         if error is not None:
             raise error
         return
     flags = np.zeros(comm.Get_size(), np.uint8)
-    request = comm.Iallgather(np.array([error is not None], np.uint8), flags)
-    wait_quietly(lambda: request.Test(), what)
+    settle([comm.Iallgather(np.array([error is not None], np.uint8), flags)], what)
     bad = [int(r) for r in np.flatnonzero(flags)]
     if not bad:
         return

@@ -48,7 +48,7 @@ import numpy as np
 from spmd import tree_util
 from spmd.checkpointing import manifest, memory_blocks
 from spmd.checkpointing.coordination import (CheckpointError, agree_quietly, communicator,
-                                             wait_quietly, watched)
+                                             receive, settle, watched)
 from spmd.launch import memory_tier, nodes
 from spmd.mesh import process_count, process_index
 from spmd.shard.arrays.placing import make_array_from_callback
@@ -187,9 +187,8 @@ def plan(directory: str, tree, step, keep) -> TierPlan:
 def write(plan: TierPlan) -> str:
     """Keep ``plan``'s blocks in this node's memory and its copy on the partner's; once
     every process has done both, mark the step committed and drop the node's older
-    steps.  Returns the step's directory on this node.  Its waits sleep rather than
-    spin (:func:`~spmd.checkpointing.coordination.wait_quietly`): it runs beside
-    training, on the same cores."""
+    steps.  Returns the step's directory on this node.  It runs beside training: its
+    waits are :func:`~spmd.checkpointing.coordination.settle`'s."""
     comm, me = communicator(), process_index()
     header = dict(plan.header, crc32=zlib.crc32(plan.buf))
     dest = partners(_hosts())
@@ -198,6 +197,14 @@ def write(plan: TierPlan) -> str:
         with watched("sending the in-memory copy"):
             sends = [comm.isend(header, dest=dest[me], tag=_TAG_HEADER),
                      comm.Isend(plan.buf, dest=dest[me], tag=_TAG_DATA)]
+    # The transfers first, while this thread waits on them (settle): left to go on
+    # alone, MPI would do them inside training's collectives.
+    copies = []
+    for src in (r for r, d in enumerate(dest) if d == me):
+        got = receive(comm, src, _TAG_HEADER, "receiving an in-memory copy")
+        data = memory_blocks.buffer(f"copy of {src}", got["size"])
+        copies.append((got, data, comm.Irecv(data, source=src, tag=_TAG_DATA)))
+    settle(sends + [r for _, _, r in copies], "exchanging the in-memory copies")
     error = plan.error
     if error is None:
         try:
@@ -205,16 +212,9 @@ def write(plan: TierPlan) -> str:
             _write_files(plan.final, header, plan.buf)
         except OSError as e:
             error = e
-    for src in (r for r, d in enumerate(dest) if d == me):
-        wait_quietly(lambda: comm.Iprobe(source=src, tag=_TAG_HEADER),
-                     "receiving an in-memory copy")
-        got = comm.recv(source=src, tag=_TAG_HEADER)
-        data = memory_blocks.buffer(f"copy of {src}", got["size"])
-        request = comm.Irecv(data, source=src, tag=_TAG_DATA)
-        wait_quietly(lambda: request.Test(), "receiving an in-memory copy")
+    for got, data, _ in copies:
         if error is None and "leaves" in got:  # (none: the sender failed, and says so)
             error = _keep_copy(plan.final, got, data)
-    wait_quietly(lambda: all([r.Test() for r in sends]), "sending the in-memory copy")
     agree_quietly(error, f"in-memory save of step {plan.step}" +
                   (f" into {plan.final}" if plan.tier else ""))
     open(os.path.join(plan.final, f"commit.r{me}"), "w").close()

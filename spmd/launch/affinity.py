@@ -118,6 +118,16 @@ def bind_this_rank(rank: int, size: int, environ=os.environ) -> list[int] | None
 _spare: list[int] = []  # the mask's cores that no rank of this node is bound to
 
 
+def on_spare_cores() -> bool:
+    """Whether the calling thread runs on the spare cores only (:func:`to_spare_cores`
+    put it there), where it may spin without taking a rank's core.
+
+    >>> on_spare_cores()          # the main thread of a rank                # doctest: +SKIP
+    False
+    """
+    return bool(_spare) and os.sched_getaffinity(0) == set(_spare)
+
+
 def to_spare_cores() -> list[int] | None:
     """Move the calling thread onto the cores that no rank of this node is bound to,
     where there are some; returns them, or None (it stays on its rank's cores).  For a
