@@ -190,3 +190,48 @@ def test_the_hosts_removal_pass_runs_only_for_a_job_that_kept_memory(tmp_path):
     with pytest.raises(OSError):
         multihost.remove_memory_tier(ns, str(tmp_path / "no-mpiexec"), "mpich", {},
                                      ["nodeA", "nodeB"])
+
+
+# A process that cannot make its part of a save (here rank 1's leaf has a dtype
+# checkpoints do not store: ranks that disagree) is not agreed on when the save is
+# asked for (that would hold every step for the slowest process) but in the
+# background write: every rank raises from wait(), naming rank 1 and its reason,
+# nothing is committed, and the next save goes on.  With copies between simulated
+# nodes, so the failing rank's partner waits for a copy that says it failed.
+_ONE_FAILS = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import spmd
+    from spmd import P, NamedSharding, checkpointing
+    from spmd.checkpointing import CheckpointError
+
+    CKPT = sys.argv[1]
+    me = spmd.process_index()
+    mesh = spmd.make_mesh((2,), ("i",))
+    x = spmd.make_array_from_callback((8,), NamedSharding(mesh, P("i")),
+                                      lambda i: np.arange(8.0)[i])
+    bad = {"x": x, "y": np.array([1 + 2j]) if me == 1 else np.array([1.0])}
+    pending = checkpointing.save_async(CKPT, bad, step=1, local=True)
+    try:
+        pending.wait()
+        print(f"NO ERROR {me}", flush=True)
+    except CheckpointError as e:
+        print(f"RAISED {me}: {e}", flush=True)
+    where = checkpointing.save(CKPT, {"x": x, "y": np.array([1.0])}, step=2, local=True)
+    commits = sorted(n for n in os.listdir(os.path.dirname(where)) if not n.startswith("."))
+    print(f"STEPS {me}: {commits} {checkpointing.latest_step(CKPT, local=True)}", flush=True)
+""")
+
+
+def test_a_process_that_fails_its_part_of_a_save_fails_it_on_every_process(tmp_path):
+    job = Launch(_ONE_FAILS, 2, tmp_path, env={"SPMD_SIMULATE_NODES": "2"},
+                 args=[tmp_path / "ck"])
+    status = job.wait(LIMIT_S)
+    out = job.out
+    assert status == 0, out[-5000:]
+    for r in range(2):
+        line = next(l for l in out.splitlines() if f"RAISED {r}:" in l)
+        assert "in-memory save of step 1" in line and "failed on process(es) [1]" in line, line
+        assert r"the leaf at ['y'] has dtype complex128" in line, line
+        assert f"STEPS {r}: ['step_2.a0.s1'] 2" in out, out[-5000:]
+    assert "NO ERROR" not in out, out[-5000:]
