@@ -15,7 +15,8 @@ name ``spmd`` does not have is an :class:`Unclaimed` placeholder, which raises
 evaluation, ...) stay JAX's: a test that reads them checks JAX's implementation, not
 its behaviour.
 
-Each test method ends in one of four outcomes (``outcome`` in the results file):
+Each test *case* (a parametrised method's cases each count once) ends in one of these
+outcomes (``outcome`` in the results file):
 
 - ``pass``;
 - ``pass, other wording``: it expected an error and got it, of the type JAX raises,
@@ -28,9 +29,15 @@ Each test method ends in one of four outcomes (``outcome`` in the results file):
   implementation, which ``spmd`` does not share;
 - ``fail``: any other failure, error or hang (each test has a time limit).
 
-The goal (issue 28): at least 90% of the applicable methods (all but ``n/a``) pass.
-The results go to ``benchmarks/results/jax_shard_map_tests.json``;
-``benchmarks/make_tables.py`` renders them (:func:`table`).
+The results are counted by test *method* (issue 58: ``Class::method``, a parametrised
+method's cases together), :func:`by_method`: a method is ``n/a`` when all its cases
+are; otherwise it passes when all its applicable cases pass (``pass, other wording``
+when one of them passed so), is ``not claimed`` when every failing case failed on an
+unclaimed name, and fails otherwise, with its cause: the first failing case's error
+type and message, and the cases that failed.  The goal (issues 28 and 58): at least
+90% of the applicable methods (all but ``n/a``) pass.  The results go to
+``benchmarks/results/jax_shard_map_tests.json`` (``rows``: the methods; ``cases``: the
+cases); ``benchmarks/make_tables.py`` renders them (:func:`table`).
 """
 
 from __future__ import annotations
@@ -185,7 +192,11 @@ def install() -> None:
     facade.__path__ = real.__path__  # (submodules not replaced are JAX's own)
     sys.modules["jax"] = facade
 
-    # JAX's harness, with spmd's meshes and gradient checks.
+    _patch_harness(jtu, spmd)
+
+
+def _patch_harness(jtu, spmd) -> None:
+    """JAX's test harness, with ``spmd``'s meshes and gradient checks."""
     import unittest
 
     def create_mesh(mesh_shape, axis_names, iota_order=False, axis_types=None):
@@ -233,10 +244,16 @@ def install() -> None:
 
 
 class Collect:
-    """A pytest plugin: each test's outcome and, for a failure, why."""
+    """A pytest plugin: each test case's outcome and, for a failure, why; and the
+    method each case belongs to (:func:`method_of`)."""
 
     def __init__(self):
         self.rows: dict = {}
+        self.methods: dict = {}  # case name -> "Class::method"
+
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            self.methods[item.nodeid.split("::", 1)[-1]] = method_of(item)
 
     def pytest_runtest_setup(self, item):
         _TOUCHED.clear()
@@ -256,6 +273,22 @@ class Collect:
             row["outcome"] = "failed"
 
 
+def method_of(item) -> str:
+    """``Class::method`` of a collected test case.  absl's parametrised cases are
+    functions that wrap their method (``__wrapped__``), named after it plus a suffix
+    (``test_x0``, ``test_x_named``); any other case is its own method.
+
+    Example: the case ``ShardMapTest::test_all_to_all_single_axis_name`` gives
+    ``ShardMapTest::test_all_to_all``."""
+    cls_case = item.nodeid.split("::", 1)[-1]
+    cls, _, case = cls_case.rpartition("::")
+    fn = getattr(item, "obj", None)
+    inner = getattr(getattr(fn, "__func__", fn), "__wrapped__", None)
+    name = getattr(inner, "__name__", "") or ""
+    method = name if name and case.startswith(name) else case
+    return f"{cls}::{method}" if cls else method
+
+
 def failing_lines(report) -> str:
     """The lines of the test file where the failure happened (pytest marks them with
     ``>`` in each frame of its traceback; the test file's innermost frame's)."""
@@ -270,6 +303,7 @@ def failing_lines(report) -> str:
 
 
 def classify(rows: dict) -> list[dict]:
+    """The collected cases with their outcomes (:data:`OUTCOMES`), sorted by name."""
     out = []
     for name, row in rows.items():
         text = row.pop("_text", "")
@@ -292,26 +326,120 @@ def classify(rows: dict) -> list[dict]:
     return sorted(out, key=lambda r: r["test"])
 
 
+OUTCOMES = ("pass", "pass, other wording", "fail", "not claimed", "n/a")
+PASSING = ("pass", "pass, other wording")
+FAILING = ("fail", "not claimed")
+# A failure's first line: ``module.ErrorType: message`` (pytest's ``E`` line).
+CAUSE = re.compile(r"^([A-Za-z_][\w.]*):\s?(.*)$", re.S)
+
+
+def split_cause(why: str) -> tuple[str, str]:
+    """A failure's error type (its last dotted part) and message.
+
+    Example: ``split_cause("spmd.errors.DTypeError: no bfloat16")`` is
+    ``("DTypeError", "no bfloat16")``; a line of no such form is all message."""
+    m = CAUSE.match(why)
+    return (m.group(1).rsplit(".", 1)[-1], m.group(2)) if m else ("", why)
+
+
+def by_method(cases: list[dict], methods: dict) -> list[dict]:
+    """The cases counted by method (``methods``: case name -> ``Class::method``, from
+    :class:`Collect`; a case not in it is its own method), one row a method, sorted.
+
+    Example: the cases ``T::test_a0`` (pass) and ``T::test_a1`` (fail) make the
+    method ``T::test_a``, failed, with ``test_a1`` in ``failed_cases``."""
+    groups: dict = {}
+    for r in cases:
+        groups.setdefault(methods.get(r["test"], r["test"]), []).append(r)
+    return sorted((method_row(m, rs) for m, rs in groups.items()), key=lambda r: r["test"])
+
+
+def method_row(method: str, cases: list[dict]) -> dict:
+    """One method's row from its cases' rows: its outcome (see the module's text), its
+    cause (``error``, ``why``: the first failing case's), and the cases that failed."""
+    counts = {k: sum(r["outcome"] == k for r in cases) for k in OUTCOMES}
+    row = {"test": method, "outcome": "pass", "error": "", "why": "", "failed_cases": [],
+           "case_outcomes": {k: v for k, v in counts.items() if v}}
+    failing = [r for r in cases if r["outcome"] in FAILING]
+    if counts["n/a"] == len(cases):
+        row.update(outcome="n/a", why=cases[0]["why"])
+    elif failing:
+        outcome = "fail" if counts["fail"] else "not claimed"
+        first = next(r for r in failing if r["outcome"] == outcome)
+        error, message = split_cause(first["why"]) if outcome == "fail" else ("", first["why"])
+        row.update(outcome=outcome, error=error, why=message,
+                   failed_cases=[r["test"].rpartition("::")[2] for r in failing])
+    elif counts["pass, other wording"]:
+        other = next(r for r in cases if r["outcome"] == "pass, other wording")
+        row.update(outcome="pass, other wording", why=other["why"])
+    return row
+
+
+def _cell(text: str, limit: int = 160) -> str:
+    text = text.replace("|", "/").replace("\n", " ").replace("\r", " ")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _cases_cell(row: dict) -> str:
+    names = row.get("failed_cases", [])
+    total = sum(row.get("case_outcomes", {}).values()) or 1
+    if total == 1 or not names:
+        return f"{len(names)} of {total}" if names else ""
+    shown = ", ".join(f"`{n}`" for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{len(names)} of {total}: {shown}"
+
+
 def table(rows: list[dict]) -> str:
-    """The results: counts by outcome against the goal, and each test that did not
-    pass (make_tables calls this)."""
-    counts = {k: sum(r["outcome"] == k for r in rows) for k in
-              ("pass", "pass, other wording", "fail", "not claimed", "n/a")}
-    applicable = len(rows) - counts["n/a"]
-    passed = counts["pass"] + counts["pass, other wording"]
-    share = passed / applicable if applicable else 0.0
-    lines = ["| outcome | methods |", "| --- | --- |"]
-    lines += [f"| {k} | {v} |" for k, v in counts.items()]
-    lines.append(f"| applicable (all but n/a) | {applicable} |")
-    lines.append(f"| **passing of applicable** | **{share:.1%}** (goal >= {GOAL:.0%}: "
-                 f"{'pass' if share >= GOAL else 'FAIL'}) |")
-    bad = [r for r in rows if r["outcome"] in ("fail", "not claimed")
-           or r["why"].startswith("reads JAX internals")]
+    """The results (method rows, :func:`by_method`): counts by outcome, of methods and
+    of their cases, against the goal, then each method that did not pass, by cause
+    (make_tables calls this)."""
+    counts = {k: sum(r["outcome"] == k for r in rows) for k in OUTCOMES}
+    cases = {k: sum(r.get("case_outcomes", {r["outcome"]: 1}).get(k, 0) for r in rows)
+             for k in OUTCOMES}
+
+    def share(c):
+        applicable = sum(c.values()) - c["n/a"]
+        return applicable, (c["pass"] + c["pass, other wording"]) / (applicable or 1)
+
+    (applicable, method_share), (case_applicable, case_share) = share(counts), share(cases)
+    lines = ["| outcome | methods | cases |", "| --- | --- | --- |"]
+    lines += [f"| {k} | {counts[k]} | {cases[k]} |" for k in OUTCOMES]
+    lines.append(f"| applicable (all but n/a) | {applicable} | {case_applicable} |")
+    lines.append(f"| **passing of applicable** | **{method_share:.1%}** (goal >= {GOAL:.0%}:"
+                 f" {'pass' if method_share >= GOAL else 'FAIL'}) | {case_share:.1%} |")
+    order = {"fail": 0, "not claimed": 1, "n/a": 2}
+    bad = sorted((r for r in rows if r["outcome"] in FAILING
+                  or r["why"].startswith("reads JAX internals")),
+                 key=lambda r: (order[r["outcome"]], r.get("error", ""), r["why"], r["test"]))
     if bad:
-        lines += ["", "| test | outcome | why |", "| --- | --- | --- |"]
-        lines += [f"| `{r['test']}` | {r['outcome']} | "
-                  f"{r['why'].replace('|', '/').replace(chr(10), ' ')} |" for r in bad]
+        lines += ["", "Methods that did not pass, by cause (the first failing case's error):",
+                  "", "| method | outcome | failed cases | cause |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{r['test']}` | {r['outcome']} | {_cases_cell(r)} | "
+                  f"{_cell(': '.join(x for x in (r.get('error', ''), r['why']) if x))} |"
+                  for r in bad]
     return "\n".join(lines)
+
+
+def save(tests: str, rows: list[dict], cases: list[dict], seconds: float) -> str:
+    """Write the results file (the methods as ``rows``, the cases as ``cases``)."""
+    import hashlib
+    import json
+
+    path = os.path.join(HERE, "results", f"{RESULTS_NAME}.json")
+    prov = common.provenance()
+    with open(tests, "rb") as f:
+        digest = hashlib.md5(f.read()).hexdigest()
+    prov["command"] = (f"python benchmarks/jax_compat.py --tests shard_map_test.py (md5 "
+                       f"{digest}; JAX's harness from jax {JAX_VERSION[0]})")
+    doc = {"benchmark": RESULTS_NAME, "date": common.now_iso(), **prov, "quick": False,
+           "wall_seconds": round(seconds, 2), "machine": common.machine_info(),
+           "jax_tests": os.path.basename(tests), "counted_by": "method",
+           "rows": rows, "cases": cases}
+    with open(path + ".partial", "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".partial", path)
+    return path
 
 
 def main(argv=None) -> int:
@@ -336,28 +464,12 @@ def main(argv=None) -> int:
     if args.k:
         pargs += ["-k", args.k]
     pytest.main(pargs, plugins=[plugin])
-    rows = classify(plugin.rows)
+    cases = classify(plugin.rows)
+    rows = by_method(cases, plugin.methods)
     seconds = time.perf_counter() - t0
     print(table(rows))
     if not args.no_save and not args.k:
-        import json
-
-        path = os.path.join(HERE, "results", f"{RESULTS_NAME}.json")
-        prov = common.provenance()
-        import hashlib
-
-        with open(args.tests, "rb") as f:
-            digest = hashlib.md5(f.read()).hexdigest()
-        prov["command"] = (f"python benchmarks/jax_compat.py --tests shard_map_test.py (md5 "
-                           f"{digest}; JAX's harness from jax {JAX_VERSION[0]})")
-        doc = {"benchmark": RESULTS_NAME, "date": common.now_iso(), **prov, "quick": False,
-               "wall_seconds": round(seconds, 2), "machine": common.machine_info(),
-               "jax_tests": os.path.basename(args.tests), "rows": rows}
-        with open(path + ".partial", "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(path + ".partial", path)
-        print(f"saved {path}")
+        print(f"saved {save(args.tests, rows, cases, seconds)}")
     return 0
 
 
