@@ -73,8 +73,16 @@ def ones(shape, dtype=None, *, out_sharding=None):
                    out_sharding, "spmd.numpy.ones")
 
 
-def arange(start, stop=None, step=None, dtype=None):
-    """Evenly spaced values; the bounds must be concrete (they decide the shape)."""
+def arange(start, stop=None, step=None, dtype=None, *, out_sharding=None):
+    """Evenly spaced values; the bounds must be concrete (they decide the shape).
+    ``out_sharding``: the result's sharding, as for :func:`zeros`.
+
+    >>> arange(4, dtype="float32").tolist()
+    [0.0, 1.0, 2.0, 3.0]"""
+    return _placed(_arange(start, stop, step, dtype), out_sharding, "spmd.numpy.arange")
+
+
+def _arange(start, stop, step, dtype):
     for v, argname in ((start, "start"), (stop, "stop"), (step, "step")):
         require_static(v, "spmd.numpy.arange", argname, "number")
     # CuPy scalars (0-d device arrays) to host values: numpy cannot read them.
