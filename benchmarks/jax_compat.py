@@ -309,9 +309,7 @@ def classify(rows: dict) -> list[dict]:
         text = row.pop("_text", "")
         at = row.pop("_at", "")
         if row["outcome"] == "failed":
-            last = [ln for ln in text.splitlines() if ln.startswith("E ")]
-            why = (last[0][2:].strip() if last else text.strip().splitlines()[-1:] or [""])
-            why = why if isinstance(why, str) else why[0]
+            why = first_error(text)
             if "NotClaimed" in text or "not claimed by spmd" in text:
                 m = re.findall(r"not claimed by spmd: ([\w.(), ]+)", text)
                 row.update(outcome="not claimed", why=m[-1] if m else why)
@@ -324,6 +322,29 @@ def classify(rows: dict) -> list[dict]:
             row["why"] = row["why"][:200]
         out.append(row)
     return sorted(out, key=lambda r: r["test"])
+
+
+def first_error(text: str) -> str:
+    """A failure's first error, from pytest's report ``text``: its first ``E`` line, and
+    when that line has no message (``AssertionError:`` of an array comparison), the
+    ``E`` lines that follow it, joined.
+
+    Example: ``E   AssertionError:`` then ``E   Arrays are not equal`` gives
+    ``AssertionError: Arrays are not equal``."""
+    lines = text.splitlines()
+    first = next((i for i, ln in enumerate(lines) if ln.startswith("E ")), None)
+    if first is None:
+        return (text.strip().splitlines() or [""])[-1]
+    why = lines[first][2:].strip()
+    if why.endswith(":"):
+        more = []
+        for ln in lines[first + 1:]:
+            if not ln.startswith("E"):
+                break
+            if ln[2:].strip():
+                more.append(ln[2:].strip())
+        why = " ".join([why] + more[:6])
+    return why
 
 
 OUTCOMES = ("pass", "pass, other wording", "fail", "not claimed", "n/a")

@@ -149,3 +149,14 @@ def test_methods_come_from_pytests_collection_of_parametrised_cases(jc, tmp_path
         "T::test_p0": "T::test_p", "T::test_p1": "T::test_p",
         "T::test_p_named": "T::test_p", "T::test_p_extra": "T::test_p_extra",
         "T::test_plain": "T::test_plain"}
+
+
+def test_an_error_without_a_message_takes_the_lines_that_follow(jc):
+    text = "\n".join(["    def test_x(self):", ">       self.assertArraysEqual(a, b)",
+                      "E       AssertionError: ", "E       Arrays are not equal",
+                      "E       ", "E        [0, 0]: 28.0 (ACTUAL), 2.0 (DESIRED)",
+                      "", "E   later: chained"])
+    assert jc.first_error(text) == ("AssertionError: Arrays are not equal "
+                                    "[0, 0]: 28.0 (ACTUAL), 2.0 (DESIRED)")
+    assert jc.first_error("E   ValueError: bad\nE   more") == "ValueError: bad"
+    assert jc.first_error("no E lines\nlast line") == "last line"
