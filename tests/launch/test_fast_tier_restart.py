@@ -56,6 +56,15 @@ _JOB = textwrap.dedent("""
 """)
 
 
+def _ran(script: str, n: int, tmp_path, **launch) -> str:
+    """The output of ``script`` run on ``n`` ranks with the checkpoint directory as its
+    argument, which must succeed."""
+    job = Launch(script, n, tmp_path, args=[tmp_path / "ck"], **launch)
+    status = job.wait(LIMIT_S)
+    assert status == 0, job.out[-5000:]
+    return job.out
+
+
 def _tiers() -> set[str]:
     return set(glob.glob(os.path.join(memory_tier.SHM, memory_tier.PREFIX + "*")))
 
@@ -126,11 +135,7 @@ _COPIES = textwrap.dedent("""
 
 
 def test_copies_go_to_the_other_node_and_stand_in_for_it(tmp_path):
-    job = Launch(_COPIES, 4, tmp_path, env={"SPMD_SIMULATE_NODES": "2"},
-                 args=[tmp_path / "ck"])
-    status = job.wait(LIMIT_S)
-    out = job.out
-    assert status == 0, out[-5000:]
+    out = _ran(_COPIES, 4, tmp_path, env={"SPMD_SIMULATE_NODES": "2"})
     files = next(line for line in out.splitlines() if "FILES " in line).split("FILES ")[1]
     assert files.split() == ["commit.r0", "commit.r1", "commit.r2", "commit.r3",
                              *[f"r{r}.w{w}.{ext}" for r, w in [(0, 0), (0, 2), (1, 1), (1, 3),
@@ -163,10 +168,8 @@ _DISAGREE = textwrap.dedent("""
 
 
 def test_ranks_that_disagree_on_the_job_id_restore_alike(tmp_path):
-    job = Launch(_DISAGREE, 2, tmp_path, args=[tmp_path / "ck"])
-    status = job.wait(LIMIT_S)
-    assert status == 0, job.out[-5000:]
-    assert "RESTORED 0" in job.out and "RESTORED 1" in job.out, job.out[-5000:]
+    out = _ran(_DISAGREE, 2, tmp_path)
+    assert "RESTORED 0" in out and "RESTORED 1" in out, out[-5000:]
 
 
 def test_the_hosts_removal_pass_runs_only_for_a_job_that_kept_memory(tmp_path):
@@ -224,11 +227,7 @@ _ONE_FAILS = textwrap.dedent("""
 
 
 def test_a_process_that_fails_its_part_of_a_save_fails_it_on_every_process(tmp_path):
-    job = Launch(_ONE_FAILS, 2, tmp_path, env={"SPMD_SIMULATE_NODES": "2"},
-                 args=[tmp_path / "ck"])
-    status = job.wait(LIMIT_S)
-    out = job.out
-    assert status == 0, out[-5000:]
+    out = _ran(_ONE_FAILS, 2, tmp_path, env={"SPMD_SIMULATE_NODES": "2"})
     for r in range(2):
         line = next(l for l in out.splitlines() if f"RAISED {r}:" in l)
         assert "in-memory save of step 1" in line and "failed on process(es) [1]" in line, line
