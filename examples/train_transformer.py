@@ -40,9 +40,10 @@ Parallelism on the mesh ``('data', 'model')``, written as one ``shard_map``:
 - ``pipe=S`` in ``--mesh`` cuts the blocks into ``S`` pipeline stages over a
   ``'pipe'`` axis, ``--microbatches K`` of each device's rows flowing through them by
   ``--schedule gpipe|1f1b`` (``spmd.parallel.pipeline_value_and_grad``; the step is in
-  ``transformer_pipeline.py``); it composes with ``data`` and ``model``, and its
-  checkpoints keep the usual layout (a run saved with ``pipe=2`` resumes with
-  ``pipe=1``).
+  ``transformer_pipeline.py``); it composes with every other axis (``data``,
+  ``model``, ``seq``, ``expert``/``--experts`` and ``--fsdp``), and its checkpoints
+  keep the usual layout (a run saved with ``pipe=2`` resumes with ``pipe=1`` or on
+  another mesh).
 
 The optimizer is ``spmd.optim.adamw`` with a warm-up cosine schedule, applied
 inside the same program to each device's blocks.  Rank 0 shows a progress bar
@@ -492,8 +493,9 @@ def main(argv=None) -> int:
                                                   end_value=args.lr / 10)
     opt = optim.adamw(schedule, b2=0.99, weight_decay=0.01, mask=TP.decay_mask)
     if pipe > 1:
-        model_fns = types.SimpleNamespace(block=block, layer_norm=layer_norm,
-                                          batch_spec=batch_spec, _state_specs=_state_specs)
+        model_fns = types.SimpleNamespace(block=block, layer_norm=layer_norm, _gather=_gather,
+                                          AUX_WEIGHT=AUX_WEIGHT, batch_spec=batch_spec,
+                                          _state_specs=_state_specs)
         step_fn, state_specs = TP.make_pipe_step(model_fns, cfg, mesh, specs, opt,
                                                  args.microbatches, args.schedule)
     else:
