@@ -9,6 +9,7 @@ sharded data parallelism, with checkpoints that resume on another mesh.
     python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
     python examples/train_transformer.py --mesh data=2,model=2,seq=2   # context parallel
     python examples/train_transformer.py --mesh data=2,model=2,expert=2 --experts 4  # MoE
+    SPMD_NUM_DEVICES=16 python examples/train_transformer.py --mesh data=2,model=2,seq=2,pipe=2
     spmd-run -n 4 --trace trace.json.gz examples/train_transformer.py   # a timeline
     python examples/train_transformer.py --profile trace.json.gz        # (one process)
 

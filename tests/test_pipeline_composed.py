@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import spmd
+import spmd.numpy as snp
+from spmd import P
 from spmd.testing import simulated_devices
 from tests.mpi import mpiexec_or_skip  # noqa: F401  (skips the MPI tests without one)
 from tests.test_train_transformer import SMALL, _losses_on_ranks, ex  # noqa: F401
@@ -119,9 +121,9 @@ def test_pipelined_checkpoints_resume_on_another_mesh(ex, tmp_path, capsys, save
     import spmd.checkpointing as ckpt
 
     ck = str(tmp_path / "ck")
-    argv = SMALL + ["--microbatches", "2"] + extra + ["--steps", "8", "--save-every", "4", "--ckpt-dir", ck,
-                            "--sample", "0", "--log-every", "4", "--warmup", "2",
-                            "--stats", str(tmp_path / "stats")]
+    argv = SMALL + ["--microbatches", "2"] + extra + [
+        "--steps", "8", "--save-every", "4", "--ckpt-dir", ck, "--sample", "0",
+        "--log-every", "4", "--warmup", "2", "--stats", str(tmp_path / "stats")]
     assert ex.main(argv + ["--mesh", saved_on]) == 0
     with open(tmp_path / "stats.rank0.json") as f:
         whole = json.load(f)["losses"]
@@ -157,3 +159,77 @@ def test_pipe_with_seq_and_with_fsdp_on_4_ranks_match_one_rank_for_20_steps(tmp_
     fsdp, = _losses_on_ranks(tmp_path, [(4, "data=2,model=1,pipe=2")],
                              ["--microbatches", "2", "--fsdp"])
     np.testing.assert_allclose(fsdp, one, rtol=1e-3)
+
+
+# ------------------------------------------- spmd.parallel: a stage's own loss term
+
+def _term(w, b, x):
+    """A stage's loss term, of its parameters and of its input (so that its gradient
+    reaches both, and the stages before through the input)."""
+    return 0.1 * snp.mean(x ** 2) + 0.01 * snp.sum(w ** 2) * snp.mean(b)
+
+
+def _layer_and_term(p, x):
+    w, b = p
+    return snp.tanh(x @ w[0] + b[0]), _term(w[0], b[0], x)
+
+
+def _unpipelined_with_terms(stage_params, h, emb, xs, ys):
+    w, b = stage_params
+    a, terms = xs @ emb, 0.0
+    for s in range(w.shape[0]):
+        # Each microbatch's term, averaged over them as the pipeline does.
+        terms = terms + snp.mean(snp.stack([_term(w[s], b[s], a[m])
+                                            for m in range(a.shape[0])]))
+        a = snp.tanh(a @ w[s] + b[s])
+    return ((a @ h - ys) ** 2).mean(axis=(1, 2)).mean() + terms
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(2, 3), (4, 5)])
+def test_stage_loss_terms_join_the_loss_and_the_gradients(schedule, stages, microbatches):
+    """``pipeline_value_and_grad(..., stage_loss=True)``: each stage's term of each
+    microbatch is in the loss and in every gradient (the stages', the head's, the
+    inputs'), as in the unpipelined model's."""
+    from spmd.parallel import pipeline_value_and_grad
+    from tests.parallel.test_pipeline_schedules import _data, _head, _model
+
+    p, h, emb = _model(stages)
+    xs, ys = _data(stages, microbatches)
+    want_loss, want = spmd.value_and_grad(_unpipelined_with_terms, argnums=(0, 1, 2))(
+        p, h, emb, xs, ys)
+
+    def step(p, h, emb, xs, ys):
+        a, back = spmd.vjp(lambda e: xs @ e, emb)
+        loss, g = pipeline_value_and_grad(_layer_and_term, _head, p, a, ys, "pipe",
+                                          loss_params=h, schedule=schedule, stage_loss=True)
+        return loss, g.stage, g.loss, back(g.inputs)[0]
+
+    f = spmd.jit(spmd.shard_map(step, mesh=spmd.make_mesh((stages,), ("pipe",)),
+                                in_specs=((P("pipe"), P("pipe")), P(), P(), P(), P()),
+                                out_specs=(P(), (P("pipe"), P("pipe")), P(), P())))
+    loss, gs, gh, ge = f(p, h, emb, xs, ys)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    for got, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-5, atol=1e-6)
+
+
+def test_a_stage_loss_stage_must_return_a_pair():
+    from spmd.errors import ShapeError
+    from spmd.parallel import pipeline_value_and_grad
+    from tests.parallel.test_pipeline_schedules import _layer, _model
+
+    p, _, _ = _model(2)
+    mse = lambda y, t: ((y - t) ** 2).mean()  # noqa: E731
+    xs = np.ones((2, 4, 8), np.float32)
+    # An output alone, and a pair whose second is no scalar.
+    for stage in (_layer, lambda p, x: (_layer(p, x), _layer(p, x))):
+        run = spmd.shard_map(
+            lambda p, xs, ys, stage=stage: pipeline_value_and_grad(
+                stage, mse, p, xs, ys, "pipe", stage_loss=True)[0],
+            mesh=spmd.make_mesh((2,), ("pipe",)), in_specs=((P("pipe"), P("pipe")), P(), P()),
+            out_specs=P())
+        with pytest.raises(ShapeError, match=r"with stage_loss=True the stage must return "
+                                             r"\(output, a scalar loss term\), got .*; return "
+                                             r"the pair, or leave stage_loss out"):
+            run(p, xs, xs)
