@@ -142,6 +142,9 @@ class Config:
         self.experts = getattr(args, "experts", 0)
         self.top_k = getattr(args, "top_k", 2)
         self.capacity_factor = getattr(args, "capacity_factor", 1.25)
+        # The experts split over 'expert' x 'model' (whole experts on each device), not
+        # each expert's hidden units over 'model'.
+        self.experts_over_model = getattr(args, "experts_over_model", False)
 
 
 AUX_WEIGHT = 0.01  # of the router's load-balancing loss (Switch Transformer's)
@@ -154,7 +157,11 @@ def param_specs(cfg: Config, fsdp: bool, expert: bool = False):
     block = {"ln1": (P(), P()), "ln2": (P(), P()),
              "wqkv": P(f, None, "model", None),      # (d, 3, heads, head_dim)
              "wo": P("model", None, f)}               # (heads, head_dim, d)
-    if cfg.experts:
+    if cfg.experts and cfg.experts_over_model:
+        e = ("expert", "model") if expert else "model"
+        block.update({"router": P(), "w_in": P(e, None, None), "w_out": P(e, None, None),
+                      "b2": P()})
+    elif cfg.experts:
         e = "expert" if expert else None
         block.update({"router": P(),                  # (d, experts)
                       "w_in": P(e, None, "model"),    # (experts, d, hidden)
@@ -237,14 +244,18 @@ def block(cfg: Config, x, blk, bspec, seq: str | None = None, expert: str = "exp
     x = x + lax.psum(y, "model")
     h = layer_norm(x, blk["ln2"])
     if cfg.experts:
-        # The experts' hidden units are split over 'model', as the dense MLP's: each device
-        # of a 'model' group computes its slice of every token's experts, and the slices'
-        # partial outputs are summed (the combine is linear in them).
         b, t_, d = h.shape
+        # Either each expert's hidden units are split over 'model', as the dense MLP's
+        # (each device of a 'model' group computes its slice of every token's experts, and
+        # the slices' partial outputs are summed: the combine is linear in them), or
+        # (--experts-over-model) the experts themselves, each device routing its share
+        # of the group's tokens.
+        over_model = cfg.experts_over_model
         y, stats = moe(snp.reshape(h, (b * t_, d)), blk["router"], blk["w_in"],
                        blk["w_out"], expert, top_k=cfg.top_k,
-                       capacity_factor=cfg.capacity_factor, token_axes=token_axes)
-        y = lax.psum(y, "model")
+                       capacity_factor=cfg.capacity_factor, token_axes=token_axes,
+                       replicated_axes="model" if over_model else None)
+        y = y if over_model else lax.psum(y, "model")
         return x + snp.reshape(y, (b, t_, d)) + blk["b2"], stats["aux_loss"] / cfg.layers
     a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
     return x + lax.psum(a @ gb("w2"), "model") + blk["b2"], np.float32(0.0)
@@ -430,6 +441,10 @@ def parse_args(argv=None):
     ap.add_argument("--top-k", type=int, default=2, help="experts per token")
     ap.add_argument("--capacity-factor", type=float, default=1.25,
                     help="slots per expert, relative to an even share of the tokens")
+    ap.add_argument("--experts-over-model", action="store_true",
+                    help="split the experts over 'expert' x 'model' (whole experts on each "
+                         "device; each 'model' device routes its share of the tokens) "
+                         "instead of each expert's hidden units over 'model'")
     ap.add_argument("--fsdp", action="store_true", help="also shard weights over 'data'")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -485,6 +500,7 @@ def main(argv=None) -> int:
     if expert > 1 and (not cfg.experts or cfg.experts % expert):
         raise SystemExit(f"--mesh: 'expert'={expert} must divide --experts "
                          f"({cfg.experts}; give --experts N)")
+    check_experts_over_model(cfg, args, data, model, seq, expert, pipe)
     if pipe > 1:
         TP.check(cfg, args, data, seq, expert, pipe)
     mesh = make_mesh(data, model, seq, expert, moe=cfg.experts > 0, pipe=pipe)
@@ -576,6 +592,24 @@ def main(argv=None) -> int:
             text = sample(cfg, whole, specs1, "Return the ", args.sample, args.seed)
             say("sample: " + repr(text))
     return 0
+
+
+def check_experts_over_model(cfg: Config, args, data: int, model: int, seq: int,
+                             expert: int, pipe: int) -> None:
+    """``--experts-over-model`` with experts that 'expert' x 'model' divide, and calls of
+    the experts' layer whose tokens 'model' divides (a device's rows, or a microbatch's
+    under a pipeline, times its positions), or SystemExit saying what to change."""
+    if not args.experts_over_model:
+        return
+    if not cfg.experts or cfg.experts % (expert * model):
+        raise SystemExit(f"--experts-over-model: 'expert' x 'model' = {expert * model} must "
+                         f"divide --experts ({cfg.experts}); give --experts a multiple of it")
+    rows = args.batch // (data * expert) // (args.microbatches if pipe > 1 else 1)
+    tokens = rows * (cfg.context // seq)
+    if tokens % model:
+        raise SystemExit(f"--experts-over-model: 'model'={model} must divide the tokens of "
+                         f"each call of the experts' layer ({tokens}: --batch, --context, "
+                         "the mesh and, with pipe=S, --microbatches give them)")
 
 
 def check_ckpt_dir(path) -> None:
