@@ -38,6 +38,10 @@ Parallelism on the mesh ``('data', 'model')``, written as one ``shard_map``:
   (``spmd.parallel.moe``), and ``expert=E`` in ``--mesh`` splits the experts over an
   ``'expert'`` axis, which also splits the batch: tokens reach their experts'
   devices by ``all_to_all``; the router's load-balancing loss is added to the loss;
+  each expert's hidden units are split over ``'model'``, or with
+  ``--experts-over-model`` the experts themselves are split over ``'expert'`` x
+  ``'model'`` (``moe(..., replicated_axes="model")``: each ``'model'`` device routes
+  its share of its group's tokens);
 - ``pipe=S`` in ``--mesh`` cuts the blocks into ``S`` pipeline stages over a
   ``'pipe'`` axis, ``--microbatches K`` of each device's rows flowing through them by
   ``--schedule gpipe|1f1b`` (``spmd.parallel.pipeline_value_and_grad``; the step is in
@@ -500,9 +504,9 @@ def main(argv=None) -> int:
     if expert > 1 and (not cfg.experts or cfg.experts % expert):
         raise SystemExit(f"--mesh: 'expert'={expert} must divide --experts "
                          f"({cfg.experts}; give --experts N)")
-    check_experts_over_model(cfg, args, data, model, seq, expert, pipe)
     if pipe > 1:
         TP.check(cfg, args, data, seq, expert, pipe)
+    check_experts_over_model(cfg, args, data, model, seq, expert, pipe)
     mesh = make_mesh(data, model, seq, expert, moe=cfg.experts > 0, pipe=pipe)
     specs = param_specs(cfg, args.fsdp, expert="expert" in mesh.axis_names)
     schedule = optim.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup,
@@ -598,7 +602,10 @@ def check_experts_over_model(cfg: Config, args, data: int, model: int, seq: int,
                              expert: int, pipe: int) -> None:
     """``--experts-over-model`` with experts that 'expert' x 'model' divide, and calls of
     the experts' layer whose tokens 'model' divides (a device's rows, or a microbatch's
-    under a pipeline, times its positions), or SystemExit saying what to change."""
+    under a pipeline, times its positions), or SystemExit saying what to change.
+
+    >>> check_experts_over_model(cfg, args, 2, 2, 1, 2, 1)  # doctest: +SKIP
+    """
     if not args.experts_over_model:
         return
     if not cfg.experts or cfg.experts % (expert * model):
