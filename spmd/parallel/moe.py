@@ -79,25 +79,9 @@ def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: f
                               _axes(replicated_axes, "moe"), top_k=top_k,
                               capacity_factor=capacity_factor, activation=activation)
     n = _size(axes)
-    xa, ra, ia, oa = (get_aval(a) for a in (x, router, w_in, w_out))
-    if xa.ndim != 2 or ra.ndim != 2 or ia.ndim != 3 or oa.ndim != 3:
-        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
-                         f"{oa.shape} must be (t, d), (d, E), (E/n, d, h) and (E/n, h, d)")
-    t, d = xa.shape
-    experts = ra.shape[1]
-    local = ia.shape[0]
-    if ra.shape[0] != d or ia.shape[1] != d or oa.shape[2] != d or oa.shape[:2] != \
-            (local, ia.shape[2]) or local * n != experts:
-        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
-                         f"{oa.shape} do not agree: with {experts} experts over {n} devices "
-                         f"each holds {experts // n if experts % n == 0 else '?'} experts of "
-                         f"width {d}")
-    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
-        raise ArgumentError(f"moe: top_k={top_k!r} must be an int in [1, {experts}]")
-    if not capacity_factor > 0:
-        raise ArgumentError(f"moe: capacity_factor={capacity_factor!r} must be > 0")
+    t, d, experts, local = _sizes(x, router, w_in, w_out, n, top_k, capacity_factor)
     cap = moe_capacity(t, experts, top_k, capacity_factor)
-    dtype = xa.dtype
+    dtype = get_aval(x).dtype
 
     probs = nn.softmax(x @ router, axis=-1)                      # (t, E)
     top_p, top_e = lax_top_k(probs, top_k)                       # (t, k)
@@ -149,3 +133,25 @@ def _moe_of_shares(x, router, w_in, w_out, axes, stat_axes, replicated, **kw):
                  token_axes=stat_axes + replicated, **kw)
     # The transpose of an invariant gather keeps each device's block: its share's.
     return all_gather(y, replicated, axis=0, tiled=True, to="invarying"), aux
+
+
+def _sizes(x, router, w_in, w_out, n: int, top_k, capacity_factor) -> tuple:
+    """:func:`moe`'s arguments checked: ``(tokens, width, experts, experts per device)``."""
+    xa, ra, ia, oa = (get_aval(a) for a in (x, router, w_in, w_out))
+    if xa.ndim != 2 or ra.ndim != 2 or ia.ndim != 3 or oa.ndim != 3:
+        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
+                         f"{oa.shape} must be (t, d), (d, E), (E/n, d, h) and (E/n, h, d)")
+    t, d = xa.shape
+    experts = ra.shape[1]
+    local = ia.shape[0]
+    if ra.shape[0] != d or ia.shape[1] != d or oa.shape[2] != d or oa.shape[:2] != \
+            (local, ia.shape[2]) or local * n != experts:
+        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
+                         f"{oa.shape} do not agree: with {experts} experts over {n} devices "
+                         f"each holds {experts // n if experts % n == 0 else '?'} experts of "
+                         f"width {d}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        raise ArgumentError(f"moe: top_k={top_k!r} must be an int in [1, {experts}]")
+    if not capacity_factor > 0:
+        raise ArgumentError(f"moe: capacity_factor={capacity_factor!r} must be > 0")
+    return t, d, experts, local
