@@ -1,7 +1,9 @@
 """examples/train_transformer.py with ``pipe=S`` and every other parallel axis: the
 pipelined step on meshes with 'seq' (ring attention), 'expert' (a mixture of
 experts), ``--fsdp`` and all of 'data', 'model', 'pipe' and 'seq' at once computes the
-losses of one device, and its checkpoints resume on other meshes (issue 58)."""
+losses of one device, and its checkpoints resume on other meshes; what it rests on in
+``spmd.parallel`` (a stage's own loss term, ``stage_loss``) and the experts split over
+'expert' x 'model' (``moe(replicated_axes=)``, ``--experts-over-model``) (issue 58)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import spmd
 import spmd.numpy as snp
 from spmd import P
 from spmd.testing import simulated_devices
-from tests.mpi import mpiexec_or_skip  # noqa: F401  (skips the MPI tests without one)
 from tests.test_train_transformer import SMALL, _losses_on_ranks, ex  # noqa: F401
 
 MOE = ["--experts", "4", "--capacity-factor", "4"]  # a capacity that drops no token
