@@ -9,6 +9,7 @@ sharded data parallelism, with checkpoints that resume on another mesh.
     python examples/train_transformer.py --mesh data=4,model=2     # 8 simulated devices
     python examples/train_transformer.py --mesh data=2,model=2,seq=2   # context parallel
     python examples/train_transformer.py --mesh data=2,model=2,expert=2 --experts 4  # MoE
+    SPMD_NUM_DEVICES=16 python examples/train_transformer.py --mesh data=2,model=2,seq=2,pipe=2
     spmd-run -n 4 --trace trace.json.gz examples/train_transformer.py   # a timeline
     python examples/train_transformer.py --profile trace.json.gz        # (one process)
 
@@ -37,12 +38,17 @@ Parallelism on the mesh ``('data', 'model')``, written as one ``shard_map``:
   (``spmd.parallel.moe``), and ``expert=E`` in ``--mesh`` splits the experts over an
   ``'expert'`` axis, which also splits the batch: tokens reach their experts'
   devices by ``all_to_all``; the router's load-balancing loss is added to the loss;
+  each expert's hidden units are split over ``'model'``, or with
+  ``--experts-over-model`` the experts themselves are split over ``'expert'`` x
+  ``'model'`` (``moe(..., replicated_axes="model")``: each ``'model'`` device routes
+  its share of its group's tokens);
 - ``pipe=S`` in ``--mesh`` cuts the blocks into ``S`` pipeline stages over a
   ``'pipe'`` axis, ``--microbatches K`` of each device's rows flowing through them by
   ``--schedule gpipe|1f1b`` (``spmd.parallel.pipeline_value_and_grad``; the step is in
-  ``transformer_pipeline.py``); it composes with ``data`` and ``model``, and its
-  checkpoints keep the usual layout (a run saved with ``pipe=2`` resumes with
-  ``pipe=1``).
+  ``transformer_pipeline.py``); it composes with every other axis (``data``,
+  ``model``, ``seq``, ``expert``/``--experts`` and ``--fsdp``), and its checkpoints
+  keep the usual layout (a run saved with ``pipe=2`` resumes with ``pipe=1`` or on
+  another mesh).
 
 The optimizer is ``spmd.optim.adamw`` with a warm-up cosine schedule, applied
 inside the same program to each device's blocks.  Rank 0 shows a progress bar
@@ -140,6 +146,9 @@ class Config:
         self.experts = getattr(args, "experts", 0)
         self.top_k = getattr(args, "top_k", 2)
         self.capacity_factor = getattr(args, "capacity_factor", 1.25)
+        # The experts split over 'expert' x 'model' (whole experts on each device), not
+        # each expert's hidden units over 'model'.
+        self.experts_over_model = getattr(args, "experts_over_model", False)
 
 
 AUX_WEIGHT = 0.01  # of the router's load-balancing loss (Switch Transformer's)
@@ -152,7 +161,11 @@ def param_specs(cfg: Config, fsdp: bool, expert: bool = False):
     block = {"ln1": (P(), P()), "ln2": (P(), P()),
              "wqkv": P(f, None, "model", None),      # (d, 3, heads, head_dim)
              "wo": P("model", None, f)}               # (heads, head_dim, d)
-    if cfg.experts:
+    if cfg.experts and cfg.experts_over_model:
+        e = ("expert", "model") if expert else "model"
+        block.update({"router": P(), "w_in": P(e, None, None), "w_out": P(e, None, None),
+                      "b2": P()})
+    elif cfg.experts:
         e = "expert" if expert else None
         block.update({"router": P(),                  # (d, experts)
                       "w_in": P(e, None, "model"),    # (experts, d, hidden)
@@ -235,14 +248,18 @@ def block(cfg: Config, x, blk, bspec, seq: str | None = None, expert: str = "exp
     x = x + lax.psum(y, "model")
     h = layer_norm(x, blk["ln2"])
     if cfg.experts:
-        # The experts' hidden units are split over 'model', as the dense MLP's: each device
-        # of a 'model' group computes its slice of every token's experts, and the slices'
-        # partial outputs are summed (the combine is linear in them).
         b, t_, d = h.shape
+        # Either each expert's hidden units are split over 'model', as the dense MLP's
+        # (each device of a 'model' group computes its slice of every token's experts, and
+        # the slices' partial outputs are summed: the combine is linear in them), or
+        # (--experts-over-model) the experts themselves, each device routing its share
+        # of the group's tokens.
+        over_model = cfg.experts_over_model
         y, stats = moe(snp.reshape(h, (b * t_, d)), blk["router"], blk["w_in"],
                        blk["w_out"], expert, top_k=cfg.top_k,
-                       capacity_factor=cfg.capacity_factor, token_axes=token_axes)
-        y = lax.psum(y, "model")
+                       capacity_factor=cfg.capacity_factor, token_axes=token_axes,
+                       replicated_axes="model" if over_model else None)
+        y = y if over_model else lax.psum(y, "model")
         return x + snp.reshape(y, (b, t_, d)) + blk["b2"], stats["aux_loss"] / cfg.layers
     a = spmd.nn.gelu(h @ gb("w1") + blk["b1"])
     return x + lax.psum(a @ gb("w2"), "model") + blk["b2"], np.float32(0.0)
@@ -428,6 +445,10 @@ def parse_args(argv=None):
     ap.add_argument("--top-k", type=int, default=2, help="experts per token")
     ap.add_argument("--capacity-factor", type=float, default=1.25,
                     help="slots per expert, relative to an even share of the tokens")
+    ap.add_argument("--experts-over-model", action="store_true",
+                    help="split the experts over 'expert' x 'model' (whole experts on each "
+                         "device; each 'model' device routes its share of the tokens) "
+                         "instead of each expert's hidden units over 'model'")
     ap.add_argument("--fsdp", action="store_true", help="also shard weights over 'data'")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -485,6 +506,7 @@ def main(argv=None) -> int:
                          f"({cfg.experts}; give --experts N)")
     if pipe > 1:
         TP.check(cfg, args, data, seq, expert, pipe)
+    check_experts_over_model(cfg, args, data, model, seq, expert, pipe)
     mesh = make_mesh(data, model, seq, expert, moe=cfg.experts > 0, pipe=pipe)
     specs = param_specs(cfg, args.fsdp, expert="expert" in mesh.axis_names)
     schedule = optim.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup,
@@ -492,8 +514,9 @@ def main(argv=None) -> int:
                                                   end_value=args.lr / 10)
     opt = optim.adamw(schedule, b2=0.99, weight_decay=0.01, mask=TP.decay_mask)
     if pipe > 1:
-        model_fns = types.SimpleNamespace(block=block, layer_norm=layer_norm,
-                                          batch_spec=batch_spec, _state_specs=_state_specs)
+        model_fns = types.SimpleNamespace(block=block, layer_norm=layer_norm, _gather=_gather,
+                                          AUX_WEIGHT=AUX_WEIGHT, batch_spec=batch_spec,
+                                          _state_specs=_state_specs)
         step_fn, state_specs = TP.make_pipe_step(model_fns, cfg, mesh, specs, opt,
                                                  args.microbatches, args.schedule)
     else:
@@ -573,6 +596,27 @@ def main(argv=None) -> int:
             text = sample(cfg, whole, specs1, "Return the ", args.sample, args.seed)
             say("sample: " + repr(text))
     return 0
+
+
+def check_experts_over_model(cfg: Config, args, data: int, model: int, seq: int,
+                             expert: int, pipe: int) -> None:
+    """``--experts-over-model`` with experts that 'expert' x 'model' divide, and calls of
+    the experts' layer whose tokens 'model' divides (a device's rows, or a microbatch's
+    under a pipeline, times its positions), or SystemExit saying what to change.
+
+    >>> check_experts_over_model(cfg, args, 2, 2, 1, 2, 1)  # doctest: +SKIP
+    """
+    if not args.experts_over_model:
+        return
+    if not cfg.experts or cfg.experts % (expert * model):
+        raise SystemExit(f"--experts-over-model: 'expert' x 'model' = {expert * model} must "
+                         f"divide --experts ({cfg.experts}); give --experts a multiple of it")
+    rows = args.batch // (data * expert) // (args.microbatches if pipe > 1 else 1)
+    tokens = rows * (cfg.context // seq)
+    if tokens % model:
+        raise SystemExit(f"--experts-over-model: 'model'={model} must divide the tokens of "
+                         f"each call of the experts' layer ({tokens}: --batch, --context, "
+                         "the mesh and, with pipe=S, --microbatches give them)")
 
 
 def check_ckpt_dir(path) -> None:

@@ -6,8 +6,21 @@ leading dimension of the stage's blocks, split over ``'pipe'``).  The embedding 
 before the pipeline (on every stage: it is small), the final layer norm and the
 tied output projection are the pipeline's loss head on the last stage, and
 ``spmd.parallel.pipeline_value_and_grad`` runs ``--microbatches K`` microbatches of the
-device's rows by ``--schedule gpipe|1f1b``.  Composes with ``'data'`` and ``'model'``
-(the tensor-parallel ``psum``s run inside the stages).
+device's rows by ``--schedule gpipe|1f1b``.  Composes with every other axis of the mesh, their
+collectives running inside the stages: ``'data'`` (with ``--fsdp``, the stage
+gathers its blocks' weights over it), ``'model'`` (the tensor-parallel ``psum`` calls),
+``'seq'`` (each device embeds its block of the positions; the stages' attention is
+ring attention) and ``'expert'``/``--experts`` (the stages' mixture-of-experts
+``all_to_all``; each stage adds its blocks' load-balancing loss for each microbatch,
+``stage_loss``, so the loss is the one the unpipelined step computes, the balancing
+term averaged over the microbatches rather than taken over the device's rows at once:
+equal with ``--microbatches 1``).
+
+The loss is written as a sum over the devices that split the tokens (``'data'``,
+``'expert'``, ``'seq'``: ``N`` of them): each device's term is its mean token loss
+over ``N`` (and ``1 / N`` of the load-balancing loss, which every device computes
+alike), so the gradients that autodiff sums over those axes are the loss's, with no
+division after.
 
 Checkpoints keep the model's usual layout (a list of blocks): :func:`stacked` and
 :func:`unstacked` convert, so a run saved with ``pipe=2`` resumes with ``pipe=1`` and
@@ -17,6 +30,8 @@ the other way round.
 from __future__ import annotations
 
 import functools
+
+import numpy as np
 
 import spmd
 import spmd.numpy as snp
@@ -55,16 +70,19 @@ def decay_mask(params):
 
 
 def check(cfg, args, data: int, seq: int, expert: int, pipe: int) -> None:
-    """``--mesh ...,pipe=S`` with what it composes with, or SystemExit saying why not."""
-    if seq > 1 or expert > 1 or cfg.experts or args.fsdp:
-        raise SystemExit("--mesh ...,pipe=S composes with 'data' and 'model' only (not with "
-                         "seq=, expert=, --experts or --fsdp yet)")
+    """``--mesh ...,pipe=S`` checked against the model and the batch, or SystemExit
+    saying what to change (every mesh axis composes with 'pipe'; ``seq`` is checked
+    by the caller, as without a pipeline).
+
+    >>> check(cfg, parse_args(["--layers", "4"]), 1, 1, 1, 2)  # doctest: +SKIP
+    """
     if cfg.layers % pipe:
-        raise SystemExit(f"--mesh: 'pipe'={pipe} must divide --layers ({cfg.layers})")
-    rows = args.batch // data
+        raise SystemExit(f"--mesh: 'pipe'={pipe} must divide --layers ({cfg.layers}); "
+                         "give a multiple of it")
+    rows = args.batch // (data * expert)
     if args.microbatches < 1 or rows % args.microbatches:
-        raise SystemExit(f"--microbatches {args.microbatches} must divide each 'data' "
-                         f"device's rows ({rows} = --batch {args.batch} / data={data})")
+        raise SystemExit(f"--microbatches {args.microbatches} must divide each device's rows "
+                         f"({rows} = --batch {args.batch} / data={data} x expert={expert})")
 
 
 def to_save(params, state, pipe: int, layers: int):
@@ -78,45 +96,56 @@ def to_save(params, state, pipe: int, layers: int):
 
 def make_pipe_step(T, cfg, mesh, specs, opt, microbatches: int, schedule: str):
     """The jitted pipelined step (``T``: the model's ``block``, ``layer_norm``,
-    ``batch_spec`` and ``_state_specs``, from ``train_transformer``; ``specs``: the
-    list layout's); it takes and returns :func:`stacked` parameters."""
-    stages = mesh.shape["pipe"]
-    per_stage = cfg.layers // stages
-    bspec = specs["blocks"][0]
+    ``_gather``, ``AUX_WEIGHT``, ``batch_spec`` and ``_state_specs``, from
+    ``train_transformer``; ``specs``: the list layout's); it takes and returns
+    :func:`stacked` parameters.
+
+    >>> step, state_specs = make_pipe_step(ex, cfg, mesh, specs, opt, 4, "1f1b")  # doctest: +SKIP
+    """
     sspecs = pipe_specs(specs)
     state_specs = T._state_specs(opt, sspecs)
-    data = mesh.shape["data"]
-
-    def stage(blocks, x):  # this device's (per_stage, ...) blocks
-        for k in range(per_stage):
-            x, _ = T.block(cfg, x, tree_map(lambda a: a[k], blocks), bspec)
-        return x
+    seq = "seq" if mesh.shape.get("seq", 1) > 1 else None
+    rows_over = T.batch_spec(mesh)[0]
+    tok_axes = (rows_over if isinstance(rows_over, tuple) else (rows_over,)) + \
+        ((seq,) if seq else ())  # every axis the tokens are split over
+    n_tok = int(np.prod([mesh.shape[a] for a in tok_axes]))
+    stage = _stage(T, cfg, specs["blocks"][0], cfg.layers // mesh.shape["pipe"], seq,
+                   tok_axes, n_tok)
 
     def head(hp, y, targets):
         lnf, tok = hp
-        logp = spmd.nn.log_softmax(T.layer_norm(y, lnf) @ tok.T)
-        return -snp.mean(snp.take_along_axis(logp, targets[..., None], axis=-1))
+        logp = spmd.nn.log_softmax(T.layer_norm(y, lnf) @ T._gather(tok, specs["tok"]).T)
+        # This device's share of the mean over all N token-splitting devices' tokens.
+        return -snp.mean(snp.take_along_axis(logp, targets[..., None], axis=-1)) / n_tok
 
     def loss_and_grads(params, batch):
         tokens, targets = batch[:, :-1], batch[:, 1:]
+        if seq is not None:  # this device's block of the positions (equal blocks)
+            t = tokens.shape[1] // mesh.shape[seq]
+            tokens, targets = (lax.dynamic_slice_in_dim(a, lax.axis_index(seq) * t, t, axis=1)
+                               for a in (tokens, targets))
         rows, t = tokens.shape
         k = microbatches
 
         def embed(tok, pos):
-            x = snp.take(tok, tokens, axis=0) + pos[:t]
+            pos = T._gather(pos, specs["pos"])
+            pos = pos[:t] if seq is None else \
+                lax.dynamic_slice_in_dim(pos, lax.axis_index(seq) * t, t, axis=0)
+            x = snp.take(T._gather(tok, specs["tok"]), tokens, axis=0) + pos
             return snp.reshape(x, (k, rows // k, t, cfg.d))
 
         xs, back = spmd.vjp(embed, params["tok"], params["pos"])
         loss, g = pipeline_value_and_grad(
             stage, head, params["blocks"], xs, snp.reshape(targets, (k, rows // k, t)),
-            "pipe", loss_params=(params["lnf"], params["tok"]), schedule=schedule)
+            "pipe", loss_params=(params["lnf"], params["tok"]), schedule=schedule,
+            stage_loss=bool(cfg.experts))
         d_tok, d_pos = back(g.inputs)
-        # Each 'data' device's loss is the mean over its rows: the parameters, the same on
-        # every 'data' device, get the sum of their gradients, so the mean is a division.
-        mean = lambda x: x / data  # noqa: E731
-        grads = {"tok": mean(d_tok + g.loss[1]), "pos": mean(d_pos),
-                 "lnf": tree_map(mean, g.loss[0]), "blocks": tree_map(mean, g.stage)}
-        return lax.pmean(loss, "data"), grads
+        # Every parameter is the same on the N devices (or, under FSDP, gathered over
+        # 'data'): autodiff sums their gradients, which are of each device's share of
+        # the loss, so the sum is the loss's gradient.
+        grads = {"tok": d_tok + g.loss[1], "pos": d_pos, "lnf": g.loss[0],
+                 "blocks": g.stage}
+        return lax.psum(loss, tok_axes), grads
 
     @spmd.jit
     @functools.partial(spmd.shard_map, mesh=mesh,
@@ -128,6 +157,26 @@ def make_pipe_step(T, cfg, mesh, specs, opt, microbatches: int, schedule: str):
         return optim.apply_updates(params, updates), state, loss
 
     return step, state_specs
+
+
+def _stage(T, cfg, bspec, per_stage: int, seq, tok_axes, n_tok: int):
+    """A stage: this device's ``(per_stage, ...)`` stacked blocks on a microbatch; with
+    experts, ``(output, this device's share of the blocks' load-balancing loss)``."""
+
+    def stage(blocks, x):
+        aux = np.float32(0.0)
+        for k in range(per_stage):
+            x, a = T.block(cfg, x, tree_map(lambda a: a[k], blocks), bspec, seq, "expert",
+                           tok_axes)
+            aux = aux + a
+        if not cfg.experts:
+            return x
+        # The balancing loss is the same on the N token-splitting devices (its
+        # statistics are over all their tokens): each carries 1/N of it as its own
+        # summand, so the loss (their sum) counts it once and so does its gradient.
+        return x, lax.pvary(T.AUX_WEIGHT * aux / n_tok, tok_axes)
+
+    return stage
 
 
 def map_param_trees(state, fn):

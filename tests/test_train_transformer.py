@@ -417,12 +417,11 @@ def test_pipelined_on_4_ranks_matches_one_rank_and_resumes_without_pipe(tmp_path
 
 
 def test_pipeline_meshes_are_checked(ex):
-    with pytest.raises(SystemExit, match=r"composes with 'data' and 'model' only"):
-        ex.main(SMALL + ["--mesh", "data=1,model=1,seq=2,pipe=4", "--steps", "1"])
+    # (pipe with seq, expert and --fsdp: tests/test_pipeline_composed.py)
     with pytest.raises(SystemExit, match=r"'pipe'=8 must divide --layers \(2\)"):
         ex.main(SMALL + ["--mesh", "data=1,model=1,pipe=8", "--steps", "1"])
-    with pytest.raises(SystemExit, match=r"--microbatches 3 must divide each 'data' device's "
-                                         r"rows \(4 = --batch 8 / data=2\)"):
+    with pytest.raises(SystemExit, match=r"--microbatches 3 must divide each device's "
+                                         r"rows \(4 = --batch 8 / data=2 x expert=1\)"):
         ex.main(SMALL + ["--mesh", "data=2,model=2,pipe=2", "--microbatches", "3",
                          "--steps", "1"])
 

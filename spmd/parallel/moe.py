@@ -32,11 +32,11 @@ import numpy as np
 
 import spmd.numpy as snp
 from spmd import nn
-from spmd.collectives.api import all_to_all, pmean, psum
+from spmd.collectives.api import all_gather, all_to_all, axis_index, pmean, psum
 from spmd.collectives.primitives import _axes, _size
 from spmd.compiler.core.trace import get_aval
 from spmd.errors import ArgumentError, ShapeError
-from spmd.lax import top_k as lax_top_k
+from spmd.lax import dynamic_slice_in_dim, top_k as lax_top_k
 
 __all__ = ["moe", "moe_capacity"]
 
@@ -48,7 +48,7 @@ def moe_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) 
 
 
 def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: float = 1.25,
-        activation: Callable = nn.gelu, token_axes=None):
+        activation: Callable = nn.gelu, token_axes=None, replicated_axes=None):
     """The mixture-of-experts MLP on this device's tokens, inside a ``shard_map`` over
     ``axis_name`` (the expert axis).
 
@@ -61,32 +61,27 @@ def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: f
     say, a data axis): the loss's routing statistics are averaged over them, so it is
     the loss of all the tokens, whatever the split.
 
+    ``replicated_axes``: mesh axes along which ``x`` is the same on every device (a
+    tensor-parallel group's, say): the experts are split over them too (``w_in`` and
+    ``w_out`` hold ``E / (n r)`` experts, ``r`` devices along them), each device takes
+    its ``1 / r`` share of the tokens to the experts (not every device all of them,
+    which would compute each token ``r`` times), and the shares' outputs are gathered
+    back: ``y`` is again the same along them.
+
     >>> layer = shard_map(lambda x, r, a, b: moe(x, r, a, b, "expert"), mesh=mesh,
     ...                   in_specs=(P("expert"), P(), P("expert"), P("expert")),
     ...                   out_specs=(P("expert"), P()))  # doctest: +SKIP
     """
     axes = _axes(axis_name, "moe")
-    n = _size(axes)
     stat_axes = axes if token_axes is None else _axes(token_axes, "moe")
-    xa, ra, ia, oa = (get_aval(a) for a in (x, router, w_in, w_out))
-    if xa.ndim != 2 or ra.ndim != 2 or ia.ndim != 3 or oa.ndim != 3:
-        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
-                         f"{oa.shape} must be (t, d), (d, E), (E/n, d, h) and (E/n, h, d)")
-    t, d = xa.shape
-    experts = ra.shape[1]
-    local = ia.shape[0]
-    if ra.shape[0] != d or ia.shape[1] != d or oa.shape[2] != d or oa.shape[:2] != \
-            (local, ia.shape[2]) or local * n != experts:
-        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
-                         f"{oa.shape} do not agree: with {experts} experts over {n} devices "
-                         f"each holds {experts // n if experts % n == 0 else '?'} experts of "
-                         f"width {d}")
-    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
-        raise ArgumentError(f"moe: top_k={top_k!r} must be an int in [1, {experts}]")
-    if not capacity_factor > 0:
-        raise ArgumentError(f"moe: capacity_factor={capacity_factor!r} must be > 0")
+    if replicated_axes is not None:
+        return _moe_of_shares(x, router, w_in, w_out, axes, stat_axes,
+                              _axes(replicated_axes, "moe"), top_k=top_k,
+                              capacity_factor=capacity_factor, activation=activation)
+    n = _size(axes)
+    t, d, experts, local = _sizes(x, router, w_in, w_out, n, top_k, capacity_factor)
     cap = moe_capacity(t, experts, top_k, capacity_factor)
-    dtype = xa.dtype
+    dtype = get_aval(x).dtype
 
     probs = nn.softmax(x @ router, axis=-1)                      # (t, E)
     top_p, top_e = lax_top_k(probs, top_k)                       # (t, k)
@@ -120,3 +115,43 @@ def moe(x, router, w_in, w_out, axis_name, *, top_k: int = 2, capacity_factor: f
     aux = {"aux_loss": experts * snp.sum(fraction * importance),
            "dropped": psum(snp.sum(1 - snp.asarray(kept, np.int32)), stat_axes)}
     return y, aux
+
+
+def _moe_of_shares(x, router, w_in, w_out, axes, stat_axes, replicated, **kw):
+    """:func:`moe` of tokens the same along ``replicated``: each device's share of them,
+    over the experts split along ``axes`` and ``replicated``; the shares' outputs
+    gathered back (the same along ``replicated`` again)."""
+    r = _size(replicated)
+    xa = get_aval(x)
+    if xa.ndim != 2 or xa.shape[0] % r:
+        raise ShapeError(f"moe: x {xa.shape} must be (t, d) with t a multiple of the {r} "
+                         f"devices along replicated_axes={replicated}, which share the "
+                         "tokens out; give a multiple of them")
+    t = xa.shape[0] // r
+    mine = dynamic_slice_in_dim(x, axis_index(replicated) * t, t, axis=0)
+    y, aux = moe(mine, router, w_in, w_out, axes + replicated,
+                 token_axes=stat_axes + replicated, **kw)
+    # The transpose of an invariant gather keeps each device's block: its share's.
+    return all_gather(y, replicated, axis=0, tiled=True, to="invarying"), aux
+
+
+def _sizes(x, router, w_in, w_out, n: int, top_k, capacity_factor) -> tuple:
+    """:func:`moe`'s arguments checked: ``(tokens, width, experts, experts per device)``."""
+    xa, ra, ia, oa = (get_aval(a) for a in (x, router, w_in, w_out))
+    if xa.ndim != 2 or ra.ndim != 2 or ia.ndim != 3 or oa.ndim != 3:
+        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
+                         f"{oa.shape} must be (t, d), (d, E), (E/n, d, h) and (E/n, h, d)")
+    t, d = xa.shape
+    experts = ra.shape[1]
+    local = ia.shape[0]
+    if ra.shape[0] != d or ia.shape[1] != d or oa.shape[2] != d or oa.shape[:2] != \
+            (local, ia.shape[2]) or local * n != experts:
+        raise ShapeError(f"moe: x {xa.shape}, router {ra.shape}, w_in {ia.shape}, w_out "
+                         f"{oa.shape} do not agree: with {experts} experts over {n} devices "
+                         f"each holds {experts // n if experts % n == 0 else '?'} experts of "
+                         f"width {d}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        raise ArgumentError(f"moe: top_k={top_k!r} must be an int in [1, {experts}]")
+    if not capacity_factor > 0:
+        raise ArgumentError(f"moe: capacity_factor={capacity_factor!r} must be > 0")
+    return t, d, experts, local

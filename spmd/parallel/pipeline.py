@@ -38,11 +38,19 @@ def gpipe_bubble(stages: int, microbatches: int) -> float:
     return theory_bubble(stages, microbatches)
 
 
-def _microbatch(stage, stage_params, xs, fname: str):
+def _microbatch(stage, stage_params, xs, fname: str, stage_loss: bool = False):
     """A microbatch's abstract value, checked to be what ``stage`` maps it to (each
-    stage's output is the next stage's input)."""
+    stage's output is the next stage's input; with ``stage_loss``, the first of
+    ``(output, loss term)``, the term a scalar)."""
     mb = get_aval(xs[0])
     out = eval_shape(stage, stage_params, xs[0])
+    if stage_loss:
+        if not (isinstance(out, tuple) and len(out) == 2 and getattr(out[1], "shape",
+                                                                      None) == ()):
+            raise ShapeError(f"{fname}: with stage_loss=True the stage must return (output, "
+                             f"a scalar loss term), got {out}; return the pair, or leave "
+                             "stage_loss out")
+        out = out[0]
     if (out.shape, out.dtype) != (mb.shape, mb.dtype):
         raise ShapeError(f"{fname}: the stage maps a microbatch {mb.shape} {mb.dtype} to "
                          f"{out.shape} {out.dtype}; each stage's output must be the next "
@@ -100,7 +108,7 @@ class PipelineGrads(NamedTuple):
 
 def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, microbatches,
                             targets, axis_name, *, loss_params=None,
-                            schedule: str = "1f1b"):
+                            schedule: str = "1f1b", stage_loss: bool = False):
     """The mean loss over ``M`` microbatches of an ``S``-stage pipeline over
     ``axis_name`` and its gradients (:class:`PipelineGrads`), run by a schedule
     (``"1f1b"`` or ``"gpipe"``, :mod:`spmd.parallel.schedule`), inside a ``shard_map``
@@ -129,14 +137,19 @@ def pipeline_value_and_grad(stage: Callable, loss: Callable, stage_params, micro
     ``stage`` of this device's stage parameters (never summed over the pipeline axis),
     ``loss`` of ``loss_params`` and ``inputs`` of the microbatches (both the same on
     every device).  ``stage`` may use collectives over other mesh axes (a tensor-parallel
-    ``psum``); then every process runs every branch (see ``control_cond``'s batching).
+    ``psum``, ring attention's ``ppermute``, the experts' ``all_to_all``, FSDP's
+    ``all_gather``); then every process runs every branch (see ``control_cond``'s
+    batching).  With ``stage_loss=True``, ``stage`` returns ``(output, term)``: a
+    scalar term of the loss that the stage adds for the microbatch (a mixture of
+    experts' load-balancing loss); the loss is then the head's plus every stage's
+    terms, each averaged over the microbatches, and the gradients are of that sum.
 
     >>> run = shard_map(lambda p, xs, ys: pipeline_value_and_grad(layer, mse, p, xs, ys,
     ...                 "pipe"), mesh=mesh, in_specs=(P("pipe"), P(), P()),
     ...                 out_specs=(P(), PipelineGrads(P("pipe"), P(), P())))  # doctest: +SKIP
     """
     return _GradRun(stage, loss, stage_params, microbatches, targets, axis_name,
-                    loss_params, schedule).run()
+                    loss_params, schedule, stage_loss).run()
 
 
 class _GradRun:
@@ -146,8 +159,12 @@ class _GradRun:
     (:meth:`run`)."""
 
     def __init__(self, stage, loss, stage_params, microbatches, targets, axis_name,
-                 loss_params, schedule):
-        self.stage, self.loss_params = stage, loss_params
+                 loss_params, schedule, stage_loss=False):
+        # A forward needs the stage's output alone (the term's gradient comes with the
+        # backward, which runs the forward again).
+        self.stage_and_term = stage if stage_loss else None
+        self.stage = (lambda p, x: stage(p, x)[0]) if stage_loss else stage
+        self.loss_params = loss_params
         self.axes = axes = _axes(axis_name, "pipeline_value_and_grad")
         S = _size(axes)
         self.xs, self.ys = xs, ys = snp.asarray(microbatches), snp.asarray(targets)
@@ -156,7 +173,7 @@ class _GradRun:
             raise ShapeError(f"pipeline_value_and_grad: microbatches {xa.shape} and targets "
                              f"{ya.shape} must both be (M, ...) with the same M >= 1")
         self.M = M = xa.shape[0]
-        self.mb = _microbatch(stage, stage_params, xs, "pipeline_value_and_grad")
+        self.mb = _microbatch(stage, stage_params, xs, "pipeline_value_and_grad", stage_loss)
         # Per stage: no gradient is summed over the pipeline axis implicitly (that would
         # be a collective inside the schedule's per-stage branches, which stages take
         # apart).
@@ -229,10 +246,18 @@ class _GradRun:
                     tree_util.tree_map(lambda g: g * scale.astype(g.dtype), dq),
                     value.astype(loss_dtype) * scale.astype(loss_dtype))
 
-        y, back = vjp(self.stage, self.stage_params, self.input_of(buf, b_slot, b_i))
+        x = self.input_of(buf, b_slot, b_i)
+        if self.stage_and_term is None:
+            y, back = vjp(self.stage, self.stage_params, x)
+            ct, dq, value = cond(self.last, from_head, from_next, y, cts)
+            g, dx = back(ct)
+            return dx, (g, dq, value)
+        # The stage's own loss term: its value joins the loss on every stage, and its
+        # cotangent (the microbatch's share, as the head's) joins the output's.
+        (y, term), back = vjp(self.stage_and_term, self.stage_params, x)
         ct, dq, value = cond(self.last, from_head, from_next, y, cts)
-        g, dx = back(ct)
-        return dx, (g, dq, value)
+        g, dx = back((ct, snp.ones_like(term) * scale.astype(get_aval(term).dtype)))
+        return dx, (g, dq, value + term.astype(loss_dtype) * scale.astype(loss_dtype))
 
     def tick(self, carry, row, moves_f=True, moves_b=True, fwds=True, backs=True):
         buf, cts, gx, acc, held = carry
