@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import spmd
+import spmd.numpy as snp
 from spmd import lax
+from spmd.autodiff import TangentVaryingError
 from spmd.shard.maps.shard_map import ShardMapError
 from spmd.sharding import AxisType, NamedSharding, P
 
@@ -48,3 +50,47 @@ def test_axis_names_may_not_name_an_axis_vmap_maps_over(jit):
     xn = np.asarray(x)
     np.testing.assert_allclose(np.asarray(wrap(whole)(x)), xn[:2] + xn[2:])
 
+
+def _mean_square(x):
+    return snp.mean(x ** 2)
+
+
+def test_linearize_tangent_must_vary_like_its_primal():
+    # JAX's shard_map_test.test_shmap_linearize_and_linearize_transpose_error: the
+    # primal is a constant (invariant), the tangent a block (varying along "x").
+    mesh = spmd.make_mesh((2,), ("x",))
+
+    def body(t, cast):
+        p = snp.array([1.0], dtype=np.float32)
+        if cast:  # the fix the error names
+            p = lax.pcast(p, "x", to="varying")
+        _, f_jvp = spmd.linearize(_mean_square, p)
+        return f_jvp(t)
+
+    def run(cast):
+        return spmd.shard_map(lambda t: body(t, cast) * snp.ones((1,), np.float32), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x"))(
+            np.array([1.0, 3.0], np.float32))
+
+    with pytest.raises(TangentVaryingError,
+                       match=r"tangent 0 varies along mesh axes \['x'\].*pcast\(\.\.\., "
+                             r"\('x',\), to='varying'\)` to the primal"):
+        run(cast=False)
+    assert issubclass(TangentVaryingError, ValueError)
+    # d/dp mean(p**2) = 2p = 2, times each device's tangent.
+    np.testing.assert_allclose(np.asarray(run(cast=True)), [2.0, 6.0])
+
+
+def test_linearize_tangent_invariant_where_the_primal_varies():
+    mesh = spmd.make_mesh((2,), ("x",))
+
+    def body(p):
+        _, f_jvp = spmd.linearize(_mean_square, p)
+        return f_jvp(snp.ones((1,), np.float32))
+
+    with pytest.raises(TangentVaryingError, match=r"to the tangent passed to the `f_jvp`"):
+        spmd.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(
+            np.array([1.0, 3.0], np.float32))
+    # Outside shard_map nothing varies: the same call is fine.
+    _, f_jvp = spmd.linearize(_mean_square, np.array([3.0], np.float32))
+    np.testing.assert_allclose(np.asarray(f_jvp(np.ones((1,), np.float32))), 6.0)
