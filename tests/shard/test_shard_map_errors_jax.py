@@ -94,3 +94,32 @@ def test_linearize_tangent_invariant_where_the_primal_varies():
     # Outside shard_map nothing varies: the same call is fine.
     _, f_jvp = spmd.linearize(_mean_square, np.array([3.0], np.float32))
     np.testing.assert_allclose(np.asarray(f_jvp(np.ones((1,), np.float32))), 6.0)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_nested_shard_map_given_the_mesh_without_axis_names(jit):
+    # JAX's shard_map_test.test_partial_auto_mismatch_mesh_error: inside a body manual
+    # over "i", the context mesh has "i" manual; the concrete mesh= does not match it.
+    mesh = spmd.make_mesh((2, 2), ("i", "j"))
+    v = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+    vs = spmd.device_put(v, NamedSharding(mesh, P("i", "j")))
+
+    def outer(inner):
+        f = spmd.shard_map(inner, mesh=mesh, in_specs=P("i", None), out_specs=P("i", None),
+                           check_vma=False, axis_names=frozenset({"i"}))
+        return spmd.jit(f) if jit else f
+
+    def square(x):
+        return x * x
+
+    concrete = outer(lambda x: spmd.shard_map(square, mesh=mesh, in_specs=P(None, "j"),
+                                              out_specs=P(None, "j"))(x))
+    with pytest.raises(ShardMapError, match=r"context mesh inside the enclosing shard_map's "
+                                            r"body .*should match the mesh passed"):
+        concrete(vs)
+    # The context's abstract mesh, or the nested one's axes named: fine.
+    for inner in (lambda x: spmd.shard_map(square, mesh=spmd.sharding.get_abstract_mesh(),
+                                           in_specs=P(None, "j"), out_specs=P(None, "j"))(x),
+                  lambda x: spmd.shard_map(square, mesh=mesh, in_specs=P(None, "j"),
+                                           out_specs=P(None, "j"), axis_names={"j"})(x)):
+        np.testing.assert_allclose(np.asarray(outer(inner)(vs)), v * v)
