@@ -278,7 +278,11 @@ def active_explicit_batch_axes() -> frozenset:
     """The explicit mesh axes that enclosing ``vmap`` levels split their batch over
     because the mapped inputs' types do (JAX's ``explicit_mesh_axis_names`` of the axis
     environment): vmap has taken them, so a ``shard_map`` inside may not be manual
-    over them."""
+    over them.
+
+    >>> active_explicit_batch_axes()  # outside any vmap
+    frozenset()
+    """
     return _active_level_axes("explicit_axes")
 
 
