@@ -28,6 +28,12 @@ class GradientError(SpmdError, TypeError):
     """A bad use of grad/vjp/jvp (non-scalar output, integer input, bad argnums...)."""
 
 
+class TangentVaryingError(SpmdError, ValueError):
+    """Inside ``shard_map``: ``linearize``'s ``f_jvp`` got a tangent that varies along
+    other mesh axes than its primal (JAX's ValueError): the linear map was built for
+    the primal's type."""
+
+
 def _flat_fun(fun, in_tree, fname, out_tree_box):
     def flat(*leaves):
         args = tree_util.tree_unflatten(in_tree, leaves)
@@ -106,9 +112,33 @@ def linearize(fun: Callable, *primals):
             raise GradientError(f"linearize: tangents' structure {t_tree} differs from the "
                                 f"primals' {p_tree}")
         ts = [_tangent_in(p, t) for p, t, d in zip(p_leaves, t_leaves, diff) if d]
+        for i, (p, t) in enumerate(zip([p for p, d in zip(p_leaves, diff) if d], ts)):
+            _check_tangent_varying(p, t, i)
         return tree_util.tree_unflatten(out_tree, lin.jvp(ts))
 
     return tree_util.tree_unflatten(out_tree, out_p), f_jvp
+
+
+def _check_tangent_varying(primal, tangent, i):
+    """A tangent passed to ``linearize``'s ``f_jvp`` must vary along the mesh axes its
+    primal varies along (inside ``shard_map``), as in JAX: the linear map was traced
+    for the primal's type, and a tangent of another type would be summed or copied
+    wrongly.  Raises :class:`TangentVaryingError` naming the ``pcast`` that fixes it."""
+    p_vma, t_vma = get_aval(primal).vma, get_aval(tangent).vma
+    if p_vma == t_vma:
+        return
+    fixes = []
+    if t_vma - p_vma:
+        fixes.append(f"applying `lax.pcast(..., {tuple(sorted(t_vma - p_vma))}, "
+                     "to='varying')` to the primal value passed to `linearize`")
+    if p_vma - t_vma:
+        fixes.append(f"applying `lax.pcast(..., {tuple(sorted(p_vma - t_vma))}, "
+                     "to='varying')` to the tangent passed to the `f_jvp` that "
+                     "`linearize` returned")
+    raise TangentVaryingError(
+        f"linearize: f_jvp's tangent {i} varies along mesh axes {sorted(t_vma)}, but its "
+        f"primal varies along {sorted(p_vma)}; they must match. Fix it by "
+        + " and ".join(fixes))
 
 
 @api_boundary

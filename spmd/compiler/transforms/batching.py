@@ -271,12 +271,29 @@ def active_spmd_axis_names() -> frozenset:
     batch over (JAX's ``spmd_axis_names`` of the axis environment): a ``shard_map``
     differentiated inside such a vmap keeps its residuals per device along the other
     axes only, the batch being split along these."""
+    return _active_level_axes("spmd_name")
+
+
+def active_explicit_batch_axes() -> frozenset:
+    """The explicit mesh axes that enclosing ``vmap`` levels split their batch over
+    because the mapped inputs' types do (JAX's ``explicit_mesh_axis_names`` of the axis
+    environment): vmap has taken them, so a ``shard_map`` inside may not be manual
+    over them.
+
+    >>> active_explicit_batch_axes()  # outside any vmap
+    frozenset()
+    """
+    return _active_level_axes("explicit_axes")
+
+
+def _active_level_axes(attr) -> frozenset:
+    """The union of the enclosing batch levels' ``NamedAxes.<attr>`` mesh axes."""
     names = set()
     for main in _state.stack:
         data = main.global_data
         if main.trace_type is BatchTrace and isinstance(data, tuple) and data and \
-                getattr(data[0], "spmd_name", None):
-            names.update(data[0].spmd_name)
+                getattr(data[0], attr, None):
+            names.update(getattr(data[0], attr))
     return frozenset(names)
 
 

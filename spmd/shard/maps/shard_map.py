@@ -23,6 +23,7 @@ from spmd import tree_util
 from spmd.collectives.primitives import CollectiveAxisError
 from spmd.compiler.core.jit import flatten_outputs
 from spmd.compiler.core.trace import axis_scope, get_aval
+from spmd.compiler.transforms.batching import active_explicit_batch_axes
 from spmd.errors import ConcretizationError
 from spmd.launch.timeline import recorder as _timeline
 from spmd.mesh import AbstractMesh, Mesh
@@ -94,14 +95,43 @@ def shard_map(f: Callable | None = None, mesh=None, in_specs=Infer, out_specs=_R
             raise ShardMapError(f"{fname}: shard_map requires a non-empty mesh, got {m!r}; "
                                 "make one with axes (spmd.make_mesh((n,), ('i',)))")
         names = axis_names
+        if names is not None:
+            _check_not_vmapped(names, fname)
         if names is None:  # JAX's default: the axes not manual here already
             taken = {a for a in m.axis_names if getattr(axis_scope(a), "manual", False)}
             if taken and len(taken) < len(m.axis_names):
+                if isinstance(mesh, Mesh):
+                    _check_body_mesh(taken, m, fname)
                 names = frozenset(a for a in m.axis_names if a not in taken)
         manual = _manual_axes(names, m, fname)
         return _call(f, m, in_specs, out_specs, check_vma, fname, args, manual)
 
     return wrapped
+
+
+def _check_not_vmapped(axis_names, fname):
+    """``axis_names`` may not name an explicit mesh axis that an enclosing ``vmap``
+    splits its batch over (the mapped inputs' types are split along it), as in JAX:
+    vmap has taken that axis, and the body cannot be manual over it as well."""
+    taken = sorted(set(axis_names) & active_explicit_batch_axes())
+    if taken:
+        raise ShardMapError(
+            f"{fname}: axis_names={sorted(axis_names)} names {taken[0]!r}, an explicit mesh "
+            "axis that an enclosing vmap maps over (its mapped arguments are split along "
+            f"it); leave {taken[0]!r} out of axis_names (or leave axis_names out), or "
+            "reshard the arguments whole along the mapped axis")
+
+
+def _check_body_mesh(taken, mesh, fname):
+    """Inside a shard_map's body, where axes ``taken`` are manual, a nested shard_map
+    given the concrete ``mesh=`` without ``axis_names`` is an error, as in JAX: the
+    context mesh there (``get_abstract_mesh()``, whose ``taken`` axes are manual) should
+    match the mesh passed, so it is unclear which axes the nested one is manual over."""
+    raise ShardMapError(
+        f"{fname}: the context mesh inside the enclosing shard_map's body (mesh axes "
+        f"{sorted(taken)} manual) should match the mesh passed to shard_map, {mesh}; pass "
+        "mesh=spmd.sharding.get_abstract_mesh() (or leave mesh= out), or name the axes "
+        "the nested shard_map is manual over with axis_names=")
 
 
 def _check_not_rebound(bound, fname):
