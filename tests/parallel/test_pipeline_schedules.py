@@ -126,10 +126,7 @@ def test_loss_and_gradients_equal_the_unpipelined_models(schedule, stages, micro
                                 in_specs=((P("pipe"), P("pipe")), P(), P(), P(), P()),
                                 out_specs=(P(), (P("pipe"), P("pipe")), P(), P()),
                                 check_vma=check_vma))
-    loss, gs, gh, ge = f(p, h, emb, xs, ys)
-    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
-    for got, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-5, atol=1e-6)
+    assert_matches(f(p, h, emb, xs, ys), want_loss, want)
 
 
 def test_eagerly_and_without_a_head():
@@ -178,10 +175,16 @@ def test_with_a_data_parallel_axis():
                                 in_specs=((P("pipe"), P("pipe")), P(), P(), P(None, "data"),
                                           P(None, "data")),
                                 out_specs=(P(), (P("pipe"), P("pipe")), P(), P())))
-    loss, gs, gh, ge = f(p, h, emb, xs, ys)
+    assert_matches(f(p, h, emb, xs, ys), want_loss, want)
+
+
+def assert_matches(got, want_loss, want) -> None:
+    """A pipelined step's ``(loss, stage grads, head grads, input grads)`` against the
+    unpipelined loss and ``want`` (its gradients, in that order)."""
+    loss, gs, gh, ge = got
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
-    for got, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-5, atol=1e-6)
+    for g, exp in zip([*gs, gh, ge], [*want[0], want[1], want[2]]):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(exp), rtol=2e-5, atol=1e-6)
 
 
 def test_shape_errors_are_named():
