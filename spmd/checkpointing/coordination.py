@@ -66,7 +66,6 @@ def bcast(value):
         return comm.bcast(value, root=0)
 
 
-
 # How a background save waits for its MPI requests.  On the cores no rank took
 # (:func:`spmd.launch.affinity.to_spare_cores`) it waits in MPI, which spins and so
 # moves the transfer on at once; MPI's progress is shared by the threads, so a

@@ -391,3 +391,22 @@ def _cells(line: str) -> list[str]:
     for bar in "│┃":
         line = line.replace(bar, "|")
     return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+@pytest.mark.parametrize("shape,spec", CASES)
+def test_addressable_block_is_the_shards_data(shape, spec):
+    # addressable_block reads a shard's bytes without building the shards (the fast
+    # tier of checkpoints reads every leaf at every step): the same bytes, for arrays
+    # holding their whole value (device_put) and their blocks (a jitted result).
+    from spmd.shard.arrays.sharded import addressable_block
+
+    mesh = _mesh(shape)
+    whole = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    x = spmd.device_put(whole, NamedSharding(mesh, spec))
+    y = spmd.jit(lambda a: a * 2, out_shardings=NamedSharding(mesh, spec))(x)
+    for arr, want in ((x, whole), (y, whole * 2)):
+        shards = arr.addressable_shards
+        for k, s in enumerate(shards):
+            got = np.asarray(addressable_block(arr, k))
+            np.testing.assert_array_equal(got, np.asarray(s.data))
+            np.testing.assert_array_equal(got, want[s.index])
