@@ -265,6 +265,32 @@ def block(cfg: Config, x, blk, bspec, seq: str | None = None, expert: str = "exp
     return x + lax.psum(a @ gb("w2"), "model") + blk["b2"], np.float32(0.0)
 
 
+def embed(tok, pos, tokens, seq: str | None):
+    """The embeddings of this device's ``tokens`` (rows, T) plus their positions' (with
+    ``seq``, this device's block ``axis_index(seq)`` of the sequence); ``tok`` and
+    ``pos`` whole (gathered)."""
+    t = tokens.shape[1]
+    pos = pos[:t] if seq is None else \
+        lax.dynamic_slice_in_dim(pos, lax.axis_index(seq) * t, t, axis=0)
+    return snp.take(tok, tokens, axis=0) + pos
+
+
+def token_axes(mesh, seq: str | None) -> tuple:
+    """Every mesh axis the tokens are split over: the batch's rows' and ``seq``."""
+    rows = batch_spec(mesh)[0]
+    return (rows if isinstance(rows, tuple) else (rows,)) + ((seq,) if seq else ())
+
+
+def own_positions(mesh, seq: str | None, *arrays) -> tuple:
+    """Each (rows, T) array's block of the positions on this device (equal blocks along
+    ``seq``); the arrays as they are without ``seq``."""
+    if seq is None:
+        return arrays
+    t = arrays[0].shape[1] // mesh.shape[seq]
+    start = lax.axis_index(seq) * t
+    return tuple(lax.dynamic_slice_in_dim(a, start, t, axis=1) for a in arrays)
+
+
 def forward(cfg: Config, params, specs, tokens, seq: str | None = None,
             expert: str = "expert", token_axes=None):
     """Per-device logits: ``tokens`` (rows, T) of this device; the heads and hidden units
@@ -274,13 +300,8 @@ def forward(cfg: Config, params, specs, tokens, seq: str | None = None,
     the mesh axis the experts are split over, ``token_axes`` all those the tokens are
     (the loss's statistics are over all tokens)."""
     g = lambda name, p=params, s=specs: _gather(p[name], s[name])  # noqa: E731
-    t = tokens.shape[1]
     tok = g("tok")
-    if seq is None:
-        pos = g("pos")[:t]
-    else:  # this device's positions: block axis_index(seq) of the sequence
-        pos = lax.dynamic_slice_in_dim(g("pos"), lax.axis_index(seq) * t, t, axis=0)
-    x = snp.take(tok, tokens, axis=0) + pos
+    x = embed(tok, g("pos"), tokens, seq)
     aux = np.float32(0.0)
     for blk, bspec in zip(params["blocks"], specs["blocks"]):
         x, a = block(cfg, x, blk, bspec, seq, expert, token_axes)
@@ -295,17 +316,10 @@ def make_step(cfg: Config, mesh, specs, opt):
     state_specs = _state_specs(opt, specs)
 
     seq = "seq" if mesh.shape.get("seq", 1) > 1 else None
-    batch_axes = batch_spec(mesh)[0]
+    axes = token_axes(mesh, seq)
 
     def loss_fn(params, batch):
-        tokens, targets = batch[:, :-1], batch[:, 1:]
-        if seq is not None:  # this device's block of the positions (equal blocks)
-            t = tokens.shape[1] // mesh.shape[seq]
-            start = lax.axis_index(seq) * t
-            tokens, targets = (lax.dynamic_slice_in_dim(a, start, t, axis=1)
-                               for a in (tokens, targets))
-        axes = (tuple(batch_axes) if isinstance(batch_axes, tuple) else (batch_axes,)) + \
-            ((seq,) if seq else ())  # every axis the tokens are split over
+        tokens, targets = own_positions(mesh, seq, batch[:, :-1], batch[:, 1:])
         out = forward(cfg, params, specs, tokens, seq, token_axes=axes)
         logits, aux = out if cfg.experts else (out, 0.0)
         logp = spmd.nn.log_softmax(logits)
@@ -516,7 +530,8 @@ def main(argv=None) -> int:
     if pipe > 1:
         model_fns = types.SimpleNamespace(block=block, layer_norm=layer_norm, _gather=_gather,
                                           AUX_WEIGHT=AUX_WEIGHT, batch_spec=batch_spec,
-                                          _state_specs=_state_specs)
+                                          _state_specs=_state_specs, embed=embed,
+                                          own_positions=own_positions, token_axes=token_axes)
         step_fn, state_specs = TP.make_pipe_step(model_fns, cfg, mesh, specs, opt,
                                                  args.microbatches, args.schedule)
     else:

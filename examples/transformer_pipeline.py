@@ -96,7 +96,8 @@ def to_save(params, state, pipe: int, layers: int):
 
 def make_pipe_step(T, cfg, mesh, specs, opt, microbatches: int, schedule: str):
     """The jitted pipelined step (``T``: the model's ``block``, ``layer_norm``,
-    ``_gather``, ``AUX_WEIGHT``, ``batch_spec`` and ``_state_specs``, from
+    ``_gather``, ``embed``, ``own_positions``, ``token_axes``, ``AUX_WEIGHT``,
+    ``batch_spec`` and ``_state_specs``, from
     ``train_transformer``; ``specs``: the list layout's); it takes and returns
     :func:`stacked` parameters.
 
@@ -105,9 +106,7 @@ def make_pipe_step(T, cfg, mesh, specs, opt, microbatches: int, schedule: str):
     sspecs = pipe_specs(specs)
     state_specs = T._state_specs(opt, sspecs)
     seq = "seq" if mesh.shape.get("seq", 1) > 1 else None
-    rows_over = T.batch_spec(mesh)[0]
-    tok_axes = (rows_over if isinstance(rows_over, tuple) else (rows_over,)) + \
-        ((seq,) if seq else ())  # every axis the tokens are split over
+    tok_axes = T.token_axes(mesh, seq)  # every axis the tokens are split over
     n_tok = int(np.prod([mesh.shape[a] for a in tok_axes]))
     stage = _stage(T, cfg, specs["blocks"][0], cfg.layers // mesh.shape["pipe"], seq,
                    tok_axes, n_tok)
@@ -119,19 +118,12 @@ def make_pipe_step(T, cfg, mesh, specs, opt, microbatches: int, schedule: str):
         return -snp.mean(snp.take_along_axis(logp, targets[..., None], axis=-1)) / n_tok
 
     def loss_and_grads(params, batch):
-        tokens, targets = batch[:, :-1], batch[:, 1:]
-        if seq is not None:  # this device's block of the positions (equal blocks)
-            t = tokens.shape[1] // mesh.shape[seq]
-            tokens, targets = (lax.dynamic_slice_in_dim(a, lax.axis_index(seq) * t, t, axis=1)
-                               for a in (tokens, targets))
+        tokens, targets = T.own_positions(mesh, seq, batch[:, :-1], batch[:, 1:])
         rows, t = tokens.shape
         k = microbatches
 
         def embed(tok, pos):
-            pos = T._gather(pos, specs["pos"])
-            pos = pos[:t] if seq is None else \
-                lax.dynamic_slice_in_dim(pos, lax.axis_index(seq) * t, t, axis=0)
-            x = snp.take(T._gather(tok, specs["tok"]), tokens, axis=0) + pos
+            x = T.embed(T._gather(tok, specs["tok"]), T._gather(pos, specs["pos"]), tokens, seq)
             return snp.reshape(x, (k, rows // k, t, cfg.d))
 
         xs, back = spmd.vjp(embed, params["tok"], params["pos"])
